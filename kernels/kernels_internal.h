@@ -1,0 +1,16 @@
+/* Private to kernels/: hooks between the generic code and the backends. */
+#ifndef WEFT_KERNELS_INTERNAL_H
+#define WEFT_KERNELS_INTERNAL_H
+
+#include "kernels.h"
+
+void weft_mem_account_alloc_(weft_device dev, int64_t bytes);
+void weft_mem_account_free_(weft_device dev, int64_t bytes);
+
+/* CUDA backend hooks (kernels/cuda/; stubs returning WEFT_ERR_UNSUPPORTED or
+ * false in CPU-only builds, see kernels/cuda_stub.c). */
+weft_status weft_cuda_alloc_(size_t bytes, void **out);
+bool weft_cuda_owns_(const void *ptr);
+size_t weft_cuda_free_(void *ptr); /* returns the block's size */
+
+#endif

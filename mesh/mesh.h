@@ -1,0 +1,234 @@
+/* weft/mesh.h — process setup, the N-dimensional DeviceMesh and collectives
+ * over one mesh dimension (MPI; NCCL on GPU builds).
+ *
+ * A tour (every rank runs this, SPMD):
+ *
+ *     weft_init(&argc, &argv);
+ *     int shape[2] = {2, 2};
+ *     const char *names[2] = {"dp", "tp"};
+ *     weft_mesh *mesh;
+ *     if (weft_mesh_create(2, shape, names, &mesh)) { puts(weft_last_error()); ... }
+ *     int tp;  weft_mesh_dim_index(mesh, "tp", &tp);
+ *     // sum a buffer over the tp ranks that share this rank's dp coordinate
+ *     weft_all_reduce(mesh, tp, buf, buf, n, WEFT_F32, WEFT_OP_SUM, NULL);
+ *     weft_mesh_destroy(mesh);
+ *     weft_finalize();
+ *
+ * Semantics follow torch.distributed.DeviceMesh: ranks are laid out row-major
+ * (arange(prod(shape)).view(shape)); the group of mesh dim d for a rank is
+ * the ranks whose coordinates differ from it only in d; dim names are
+ * unique. Sub-meshes and flattened dims reuse the communicators made once by
+ * the root mesh.
+ *
+ * Contracts for every collective below:
+ * - every rank of the dim's group calls it, in the same order as the other
+ *   collectives on that mesh (SPMD), with the same count, dtype and op;
+ * - async (work != NULL): the call returns at once with a handle; buffers
+ *   must stay untouched until weft_work_wait/test reports completion;
+ * - blocking (work == NULL): returns when this rank's part is complete;
+ * - waiting polls with MPI_Test and backs off (spin, then sleep) so that
+ *   more ranks than cores stays fast; after WEFT_TIMEOUT seconds (default
+ *   300) the wait fails with WEFT_ERR_TIMEOUT naming the collective, the
+ *   mesh dim and its sequence number;
+ * - under WEFT_DEBUG=1 the ranks first exchange a fingerprint (op, dim,
+ *   dtype, count, sequence number); a mismatch fails with WEFT_ERR_MISMATCH
+ *   on every rank of the group and names the ranks that differ; a rank that
+ *   never arrives is named in the timeout message.
+ * - Buffers are host memory, or device memory on CUDA builds (then NCCL is
+ *   used where it can be, else MPI with host staging).
+ */
+#ifndef WEFT_MESH_H
+#define WEFT_MESH_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ process setup */
+
+/* Initialises MPI (MPI_Init_thread, MPI_THREAD_MULTIPLE if available, else
+ * the highest level offered), finds the node-local rank through
+ * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), and sets the error-message rank.
+ * RANK / WORLD_SIZE / LOCAL_RANK in the environment, when set, must agree with
+ * MPI (a mismatch is WEFT_ERR_INVALID); LOCAL_RANK overrides the node-local
+ * rank. Safe to call if MPI is already initialised (then weft_finalize does
+ * not finalise it). argc/argv may be NULL. */
+weft_status weft_init(int *argc, char ***argv);
+/* Releases weft's global state and finalises MPI if weft_init started it. */
+weft_status weft_finalize(void);
+bool weft_is_initialized(void);
+
+int weft_world_rank(void);
+int weft_world_size(void);
+int weft_local_rank(void);  /* rank among the processes on this node */
+int weft_local_size(void);  /* processes on this node */
+
+/* ------------------------------------------------------------------- mesh */
+
+#define WEFT_MESH_MAX_DIMS 8
+#define WEFT_MESH_NAME_MAX 32
+
+typedef struct weft_mesh weft_mesh;
+
+/* A mesh over all ranks of MPI_COMM_WORLD. Collective over the world.
+ * Errors (same on every rank, no communication needed to detect them):
+ * ndim outside 1..8, a size < 1, product of shape != world size, a name
+ * empty, too long or repeated. */
+weft_status weft_mesh_create(int ndim, const int *shape, const char *const *names,
+                             weft_mesh **out);
+/* Same over the ranks of `comm` (duplicated; the caller keeps comm). */
+weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape,
+                                       const char *const *names, weft_mesh **out);
+/* Destroys a mesh or sub-mesh. A root mesh with live sub-meshes, or any mesh
+ * still referenced (weft_mesh_retain, e.g. by DTensors), returns WEFT_ERR_BUSY
+ * and stays valid. NULL: no-op. Collective over the mesh for a root. */
+weft_status weft_mesh_destroy(weft_mesh *mesh);
+/* Reference counting for objects that hold a mesh (DTensors, modules). */
+void weft_mesh_retain(weft_mesh *mesh);
+void weft_mesh_release(weft_mesh *mesh);
+
+int weft_mesh_ndim(const weft_mesh *mesh);
+int weft_mesh_size(const weft_mesh *mesh);               /* product of the shape */
+int weft_mesh_dim_size(const weft_mesh *mesh, int dim);  /* 0 if dim out of range */
+const char *weft_mesh_dim_name(const weft_mesh *mesh, int dim);
+/* Index of a dim by name; WEFT_ERR_NOT_FOUND naming the dim and listing the
+ * mesh's dims otherwise. */
+weft_status weft_mesh_dim_index(const weft_mesh *mesh, const char *name, int *dim);
+/* This rank's coordinate along dim (its rank within that dim's group). */
+int weft_mesh_coord(const weft_mesh *mesh, int dim);
+/* This rank's rank within the mesh (row-major linear index of its coords). */
+int weft_mesh_rank(const weft_mesh *mesh);
+/* World rank of the mesh member with the given coordinates (ndim entries). */
+int weft_mesh_world_rank_of(const weft_mesh *mesh, const int *coords);
+/* Writes a readable picture of the mesh ("mesh (dp=2, tp=2): [[0, 1], [2, 3]]"). */
+void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap);
+/* The MPI communicator of one dim (owned by the mesh). */
+MPI_Comm weft_mesh_dim_comm(const weft_mesh *mesh, int dim);
+/* The communicator spanning the whole mesh (owned by the mesh). */
+MPI_Comm weft_mesh_comm(const weft_mesh *mesh);
+
+/* Sub-mesh of the dims named (in the given order, like mesh["dp","tp"]).
+ * Names may also be flattened dims registered by weft_mesh_flatten. The
+ * result reuses the parent's communicators (no communication) and must be
+ * destroyed before the root. Not collective. */
+weft_status weft_mesh_submesh(weft_mesh *mesh, int n, const char *const *names,
+                              weft_mesh **out);
+/* Flattens the named dims (adjacent or not, in order) into one dim called
+ * `flat_name`, as DeviceMesh._flatten: returns a 1-D mesh over that group and
+ * registers the name on the root so later submesh calls find it. Creates the
+ * flattened communicator once (collective over the mesh the first time;
+ * later calls with the same dims are free). */
+weft_status weft_mesh_flatten(weft_mesh *mesh, int n, const char *const *names,
+                              const char *flat_name, weft_mesh **out);
+
+/* ------------------------------------------------------------ collectives */
+
+typedef enum weft_reduce_op {
+  WEFT_OP_SUM = 0,
+  WEFT_OP_AVG = 1, /* sum, then divide by the group size (integers: truncated) */
+  WEFT_OP_MAX = 2,
+  WEFT_OP_MIN = 3,
+  WEFT_OP_COUNT
+} weft_reduce_op;
+const char *weft_reduce_op_name(weft_reduce_op op);
+
+typedef enum weft_coll_kind {
+  WEFT_COLL_ALL_GATHER = 0,
+  WEFT_COLL_REDUCE_SCATTER,
+  WEFT_COLL_ALL_REDUCE,
+  WEFT_COLL_BROADCAST,
+  WEFT_COLL_ALL_TO_ALL,
+  WEFT_COLL_BARRIER,
+  WEFT_COLL_KIND_COUNT
+} weft_coll_kind;
+const char *weft_coll_kind_name(weft_coll_kind kind);
+
+/* An in-flight async collective. */
+typedef struct weft_work weft_work;
+/* Waits for completion (with backoff and timeout), then frees the handle.
+ * On error the handle is freed too. NULL: no-op returning WEFT_OK. */
+weft_status weft_work_wait(weft_work *work);
+/* Non-blocking check: *done = true when complete (the handle is then freed
+ * and must not be used again); false otherwise. */
+weft_status weft_work_test(weft_work *work, bool *done);
+
+/* All-gather over `dim`: each rank contributes `count` elements; recv holds
+ * group_size * count elements, rank i's at offset i * count. */
+weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, void *recv,
+                            int64_t count, weft_dtype dt, weft_work **work);
+/* Uneven all-gather: rank i contributes counts[i] elements (counts has
+ * group_size entries, identical on all ranks); recv is contiguous, rank i's
+ * part at sum(counts[0..i)). */
+weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, void *recv,
+                              const int64_t *counts, weft_dtype dt, weft_work **work);
+/* Reduce-scatter over `dim`: send holds group_size * count elements; rank i
+ * receives the reduction of block i (count elements). */
+weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send, void *recv,
+                                int64_t count, weft_dtype dt, weft_reduce_op op,
+                                weft_work **work);
+/* All-reduce over `dim`; send == recv is allowed (in place). */
+weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, void *recv,
+                            int64_t count, weft_dtype dt, weft_reduce_op op, weft_work **work);
+/* Broadcast from the rank whose coordinate along `dim` is `root`. */
+weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t count,
+                           weft_dtype dt, int root, weft_work **work);
+/* All-to-all: send holds group_size blocks of `count` elements, block j goes
+ * to rank j; recv block i comes from rank i. */
+weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, void *recv,
+                            int64_t count, weft_dtype dt, weft_work **work);
+/* Uneven all-to-all: send_counts[j] elements at send_displs[j] go to rank j;
+ * recv_counts[i] from rank i land at recv_displs[i] (all in elements). */
+weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
+                              const int64_t *send_counts, const int64_t *send_displs, void *recv,
+                              const int64_t *recv_counts, const int64_t *recv_displs,
+                              weft_dtype dt, weft_work **work);
+/* Barrier over one dim; dim = -1 for the whole mesh. */
+weft_status weft_barrier(const weft_mesh *mesh, int dim, weft_work **work);
+
+/* ---------------------------------------------------- comm accounting */
+
+/* Per (mesh dim, collective kind): number of calls, payload bytes (the full
+ * logical buffer: all-gather output, reduce-scatter input, all-reduce and
+ * broadcast buffer, all-to-all send buffer) and bus bytes (what one rank
+ * sends in a ring/pairwise algorithm, nccl-tests convention: all-gather,
+ * reduce-scatter and all-to-all payload*(n-1)/n, all-reduce 2*payload*(n-1)/n,
+ * broadcast payload). Accounted at the call, per rank, for the root mesh's
+ * dims (a sub-mesh's dims count on the root's dims; flattened dims have
+ * their own rows). */
+typedef struct weft_comm_count {
+  int64_t calls;
+  int64_t bytes;
+  int64_t bus_bytes;
+} weft_comm_count;
+
+/* Count for one dim of this mesh (dim indexes this mesh, sub-mesh or
+ * flattened mesh; it is mapped to the root's row). */
+weft_comm_count weft_comm_stats(const weft_mesh *mesh, int dim, weft_coll_kind kind);
+/* Sum over every kind for one dim. */
+weft_comm_count weft_comm_stats_dim(const weft_mesh *mesh, int dim);
+/* Zeroes every counter of the root mesh (and its flattened dims). */
+void weft_comm_stats_reset(weft_mesh *mesh);
+
+/* ------------------------------------------------------------- settings */
+
+/* Settings from the environment, read at weft_init (one place). */
+typedef struct weft_settings {
+  double timeout_s;   /* WEFT_TIMEOUT, default 300 */
+  bool debug;         /* WEFT_DEBUG=1 */
+  int backoff;        /* WEFT_BACKOFF: -1 auto (default), 0 never sleep, 1 always back off */
+} weft_settings;
+const weft_settings *weft_get_settings(void);
+/* Overrides (tests); takes effect for later collectives. */
+void weft_set_timeout(double seconds);
+void weft_set_debug(bool on);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WEFT_MESH_H */

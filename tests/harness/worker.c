@@ -1,0 +1,41 @@
+#include "worker.h"
+
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mesh.h"
+
+int weft_worker_failures = 0;
+int weft_worker_rank = -1;
+int weft_worker_argc = 0;
+char **weft_worker_argv = NULL;
+
+int weft_worker_main(int argc, char **argv, const weft_worker_case *cases) {
+  if (weft_init(&argc, &argv) != WEFT_OK) {
+    fprintf(stderr, "worker: weft_init failed: %s\n", weft_last_error());
+    return 2;
+  }
+  weft_worker_rank = weft_world_rank();
+  weft_worker_argc = argc;
+  weft_worker_argv = argv;
+  const weft_worker_case *c = NULL;
+  for (int i = 0; argc > 1 && cases[i].name; i++)
+    if (strcmp(cases[i].name, argv[1]) == 0) c = &cases[i];
+  if (!c) {
+    if (weft_worker_rank == 0) {
+      fprintf(stderr, "worker: unknown case '%s'; cases:", argc > 1 ? argv[1] : "(none)");
+      for (int i = 0; cases[i].name; i++) fprintf(stderr, " %s", cases[i].name);
+      fprintf(stderr, "\n");
+    }
+    weft_finalize();
+    return 2;
+  }
+  c->fn();
+  int total = 0;
+  MPI_Allreduce(&weft_worker_failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (total && weft_worker_rank == 0)
+    fprintf(stderr, "worker case '%s': %d failed check(s) across ranks\n", c->name, total);
+  weft_finalize();
+  return total ? 1 : 0;
+}

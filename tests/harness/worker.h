@@ -1,0 +1,64 @@
+/* tests/harness/worker.h — the MPI side of a multi-rank test.
+ *
+ * A worker program is an ordinary MPI program with a table of cases:
+ *
+ *     static void case_all_gather(void) {
+ *       ...
+ *       WCHECK(got == want, "elem %d: got %g want %g", i, got, want);
+ *     }
+ *     static const weft_worker_case cases[] = {{"all_gather", case_all_gather}, {0}};
+ *     int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }
+ *
+ * Every rank runs the case; WCHECK prints a failure with the rank and keeps
+ * going (so all ranks reach the same collectives and nothing hangs); at the
+ * end each rank exits non-zero if any check failed on any rank (the failure
+ * count is summed over the world). A case that must stop early on a failure
+ * uses WREQUIRE, which returns from the case function.
+ */
+#ifndef WEFT_TEST_WORKER_H
+#define WEFT_TEST_WORKER_H
+
+#include <stdio.h>
+
+typedef struct weft_worker_case {
+  const char *name;
+  void (*fn)(void);
+} weft_worker_case;
+
+extern int weft_worker_failures;
+extern int weft_worker_rank;
+
+#define WCHECK(cond, ...)                                                          \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
+      weft_worker_failures++;                                                      \
+      fprintf(stderr, "[rank %d] %s:%d: check failed: %s: ", weft_worker_rank,     \
+              __FILE__, __LINE__, #cond);                                          \
+      fprintf(stderr, __VA_ARGS__);                                                \
+      fprintf(stderr, "\n");                                                       \
+    }                                                                              \
+  } while (0)
+
+#define WREQUIRE(cond, ...)                                                        \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
+      WCHECK(cond, __VA_ARGS__);                                                   \
+      return;                                                                      \
+    }                                                                              \
+  } while (0)
+
+/* Checks a weft_status is WEFT_OK, printing weft_last_error otherwise. */
+#define WOK(expr)                                                                  \
+  do {                                                                             \
+    weft_status wok_st_ = (expr);                                                  \
+    WCHECK(wok_st_ == WEFT_OK, "%s -> %s: %s", #expr, weft_status_str(wok_st_),    \
+           weft_last_error());                                                     \
+  } while (0)
+
+/* Runs the case named argv[1] (weft_init/weft_finalize around it); the case
+ * may read argv[2..] through weft_worker_argc/argv. Returns the exit code. */
+int weft_worker_main(int argc, char **argv, const weft_worker_case *cases);
+extern int weft_worker_argc;
+extern char **weft_worker_argv;
+
+#endif

@@ -1,0 +1,7 @@
+/* weft/weft.h — the umbrella header: includes every weft library. */
+#ifndef WEFT_H
+#define WEFT_H
+#include "status.h"
+#include "kernels.h"
+#include "mesh.h"
+#endif
