@@ -3,5 +3,6 @@
 #define WEFT_H
 #include "status.h"
 #include "kernels.h"
+#include "layers.h"
 #include "mesh.h"
 #endif

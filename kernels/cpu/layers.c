@@ -1,0 +1,697 @@
+/* CPU fp32 kernels of the reference model: embedding, linear, RMSNorm, RoPE,
+ * causal GQA attention, SwiGLU, residual, cross-entropy (whole and
+ * vocab-sharded), AdamW, SGD. Shapes and formulas are documented in
+ * layers.h; this file says how. */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "layers.h"
+
+/* TEMPORARY (until kernels/cpu/gemm.c lands): a weak weft_sgemm so this file
+ * links on its own; the real one overrides it. */
+#include <cblas.h>
+__attribute__((weak)) void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n,
+                                      int64_t k, float alpha, const float *a, int64_t lda,
+                                      const float *b, int64_t ldb, float beta, float *c,
+                                      int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
+              (int)ldb, beta, c, (int)ldc);
+}
+
+/* ---------------------------------------------------------------- checks */
+
+/* Every size must be >= 0. */
+#define CHECK_SIZES(...)                                                      \
+  do {                                                                        \
+    const int64_t sizes_[] = {__VA_ARGS__};                                   \
+    for (size_t i_ = 0; i_ < sizeof sizes_ / sizeof sizes_[0]; i_++)          \
+      if (sizes_[i_] < 0)                                                     \
+        return weft_error(WEFT_ERR_INVALID, "size argument %zu is negative (%lld)", i_ + 1, \
+                          (long long)sizes_[i_]);                             \
+  } while (0)
+
+/* A pointer to an array of `count` elements may be NULL only if count == 0. */
+#define CHECK_PTR(p, count)                                                   \
+  do {                                                                        \
+    if ((p) == NULL && (count) > 0)                                           \
+      return weft_error(WEFT_ERR_INVALID, "%s is NULL", #p);                  \
+  } while (0)
+
+/* ------------------------------------------------------------- embedding */
+
+weft_status weft_embedding_forward(float *out, const int32_t *tokens, const float *weight,
+                                   int64_t N, int64_t V, int64_t C) {
+  CHECK_SIZES(N, V, C);
+  CHECK_PTR(out, N * C);
+  CHECK_PTR(tokens, N);
+  CHECK_PTR(weight, V * C);
+  for (int64_t n = 0; n < N; n++)
+    if (tokens[n] < 0 || tokens[n] >= V)
+      return weft_error(WEFT_ERR_INVALID, "tokens[%lld] = %d is outside the vocabulary [0, %lld)",
+                        (long long)n, tokens[n], (long long)V);
+  for (int64_t n = 0; n < N; n++)
+    memcpy(out + n * C, weight + (int64_t)tokens[n] * C, (size_t)C * sizeof(float));
+  return WEFT_OK;
+}
+
+weft_status weft_embedding_backward(float *dweight, const int32_t *tokens, const float *dout,
+                                    int64_t N, int64_t V, int64_t C) {
+  CHECK_SIZES(N, V, C);
+  CHECK_PTR(dweight, V * C);
+  CHECK_PTR(tokens, N);
+  CHECK_PTR(dout, N * C);
+  for (int64_t n = 0; n < N; n++)
+    if (tokens[n] < 0 || tokens[n] >= V)
+      return weft_error(WEFT_ERR_INVALID, "tokens[%lld] = %d is outside the vocabulary [0, %lld)",
+                        (long long)n, tokens[n], (long long)V);
+  for (int64_t n = 0; n < N; n++) {
+    float *dw = dweight + (int64_t)tokens[n] * C;
+    const float *d = dout + n * C;
+    for (int64_t c = 0; c < C; c++) dw[c] += d[c];
+  }
+  return WEFT_OK;
+}
+
+static weft_status check_tokens_nonneg(const int32_t *tokens, int64_t N) {
+  for (int64_t n = 0; n < N; n++)
+    if (tokens[n] < 0)
+      return weft_error(WEFT_ERR_INVALID, "tokens[%lld] = %d is negative", (long long)n,
+                        tokens[n]);
+  return WEFT_OK;
+}
+
+weft_status weft_embedding_range_forward(float *out, const int32_t *tokens,
+                                         const float *weight_local, int64_t N, int64_t v0,
+                                         int64_t nv, int64_t C) {
+  CHECK_SIZES(N, v0, nv, C);
+  CHECK_PTR(out, N * C);
+  CHECK_PTR(tokens, N);
+  CHECK_PTR(weight_local, nv * C);
+  WEFT_CHECK(check_tokens_nonneg(tokens, N));
+  for (int64_t n = 0; n < N; n++) {
+    int64_t r = (int64_t)tokens[n] - v0;
+    if (r >= 0 && r < nv)
+      memcpy(out + n * C, weight_local + r * C, (size_t)C * sizeof(float));
+    else
+      memset(out + n * C, 0, (size_t)C * sizeof(float));
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_embedding_range_backward(float *dweight_local, const int32_t *tokens,
+                                          const float *dout, int64_t N, int64_t v0, int64_t nv,
+                                          int64_t C) {
+  CHECK_SIZES(N, v0, nv, C);
+  CHECK_PTR(dweight_local, nv * C);
+  CHECK_PTR(tokens, N);
+  CHECK_PTR(dout, N * C);
+  WEFT_CHECK(check_tokens_nonneg(tokens, N));
+  for (int64_t n = 0; n < N; n++) {
+    int64_t r = (int64_t)tokens[n] - v0;
+    if (r < 0 || r >= nv) continue;
+    float *dw = dweight_local + r * C;
+    const float *d = dout + n * C;
+    for (int64_t c = 0; c < C; c++) dw[c] += d[c];
+  }
+  return WEFT_OK;
+}
+
+/* ---------------------------------------------------------------- linear */
+
+weft_status weft_linear_forward(float *out, const float *inp, const float *weight,
+                                const float *bias, int64_t N, int64_t IC, int64_t OC) {
+  CHECK_SIZES(N, IC, OC);
+  CHECK_PTR(out, N * OC);
+  CHECK_PTR(inp, N * IC);
+  CHECK_PTR(weight, OC * IC);
+  if (N == 0 || OC == 0) return WEFT_OK;
+  /* out (N, OC) = inp (N, IC) @ weight^T (IC, OC) */
+  weft_sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
+  if (bias)
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t o = 0; o < OC; o++) out[n * OC + o] += bias[o];
+  return WEFT_OK;
+}
+
+weft_status weft_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int64_t N, int64_t IC,
+                                 int64_t OC, bool accumulate_dinp, bool accumulate_dweight) {
+  CHECK_SIZES(N, IC, OC);
+  CHECK_PTR(dout, N * OC);
+  if (dinp) CHECK_PTR(weight, OC * IC);
+  if (dweight) CHECK_PTR(inp, N * IC);
+  if (dinp && N * IC > 0) {
+    /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
+    weft_sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC,
+               accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
+  }
+  if (dweight && OC * IC > 0) {
+    /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC) */
+    weft_sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC,
+               accumulate_dweight ? 1.0f : 0.0f, dweight, IC);
+  }
+  if (dbias) {
+    if (!accumulate_dweight) memset(dbias, 0, (size_t)OC * sizeof(float));
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t o = 0; o < OC; o++) dbias[o] += dout[n * OC + o];
+  }
+  return WEFT_OK;
+}
+
+/* --------------------------------------------------------------- RMSNorm */
+
+weft_status weft_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                                 int64_t N, int64_t C, float eps) {
+  CHECK_SIZES(N, C);
+  if (C == 0 && N > 0) return weft_error(WEFT_ERR_INVALID, "C = 0: RMSNorm over an empty row");
+  CHECK_PTR(out, N * C);
+  CHECK_PTR(rstd, N);
+  CHECK_PTR(inp, N * C);
+  CHECK_PTR(weight, C);
+  if (!(eps >= 0.0f)) return weft_error(WEFT_ERR_INVALID, "eps = %g must be >= 0", (double)eps);
+  for (int64_t n = 0; n < N; n++) {
+    const float *x = inp + n * C;
+    double ss = 0.0;
+    for (int64_t c = 0; c < C; c++) ss += (double)x[c] * x[c];
+    float r = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
+    rstd[n] = r;
+    float *y = out + n * C;
+    for (int64_t c = 0; c < C; c++) y[c] = x[c] * r * weight[c];
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
+                                  const float *inp, const float *weight, const float *rstd,
+                                  int64_t N, int64_t C, bool accumulate_dinp) {
+  CHECK_SIZES(N, C);
+  CHECK_PTR(dinp, N * C);
+  CHECK_PTR(dweight, C);
+  CHECK_PTR(dout, N * C);
+  CHECK_PTR(inp, N * C);
+  CHECK_PTR(weight, C);
+  CHECK_PTR(rstd, N);
+  for (int64_t n = 0; n < N; n++) {
+    const float *x = inp + n * C, *dy = dout + n * C;
+    float *dx = dinp + n * C;
+    float r = rstd[n];
+    double gx = 0.0; /* sum_j g_j x_j with g = dy * w */
+    for (int64_t c = 0; c < C; c++) {
+      gx += (double)(dy[c] * weight[c]) * x[c];
+      dweight[c] += dy[c] * x[c] * r;
+    }
+    float k = (float)(gx / (double)C) * r * r;
+    if (accumulate_dinp)
+      for (int64_t c = 0; c < C; c++) dx[c] += r * (dy[c] * weight[c] - x[c] * k);
+    else
+      for (int64_t c = 0; c < C; c++) dx[c] = r * (dy[c] * weight[c] - x[c] * k);
+  }
+  return WEFT_OK;
+}
+
+/* ------------------------------------------------------------------ RoPE */
+
+weft_status weft_rope_tables(float *cosb, float *sinb, int64_t max_pos, int64_t hd,
+                             double theta) {
+  CHECK_SIZES(max_pos, hd);
+  if (hd == 0 || hd % 2 != 0)
+    return weft_error(WEFT_ERR_INVALID, "head dim %lld must be even and > 0", (long long)hd);
+  if (!(theta > 0.0)) return weft_error(WEFT_ERR_INVALID, "theta = %g must be > 0", theta);
+  CHECK_PTR(cosb, max_pos * hd / 2);
+  CHECK_PTR(sinb, max_pos * hd / 2);
+  int64_t half = hd / 2;
+  for (int64_t j = 0; j < half; j++) {
+    double freq = pow(theta, -2.0 * (double)j / (double)hd);
+    for (int64_t p = 0; p < max_pos; p++) {
+      double a = (double)p * freq;
+      cosb[p * half + j] = (float)cos(a);
+      sinb[p * half + j] = (float)sin(a);
+    }
+  }
+  return WEFT_OK;
+}
+
+/* Shared by forward (sign = +1) and backward (sign = -1, the transpose). */
+static weft_status rope_apply(float *out, const float *inp, const float *cosb, const float *sinb,
+                              int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
+                              int64_t pos0, float sign) {
+  CHECK_SIZES(max_pos, B, T, NH, hd, pos0);
+  if (hd == 0 || hd % 2 != 0)
+    return weft_error(WEFT_ERR_INVALID, "head dim %lld must be even and > 0", (long long)hd);
+  if (pos0 + T > max_pos)
+    return weft_error(WEFT_ERR_INVALID,
+                      "positions [%lld, %lld) run past the tables' %lld rows", (long long)pos0,
+                      (long long)(pos0 + T), (long long)max_pos);
+  int64_t n = B * T * NH * hd;
+  CHECK_PTR(out, n);
+  CHECK_PTR(inp, n);
+  CHECK_PTR(cosb, (pos0 + T) * hd / 2);
+  CHECK_PTR(sinb, (pos0 + T) * hd / 2);
+  int64_t half = hd / 2;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      const float *cp = cosb + (pos0 + t) * half, *sp = sinb + (pos0 + t) * half;
+      for (int64_t h = 0; h < NH; h++) {
+        int64_t off = ((b * T + t) * NH + h) * hd;
+        const float *x = inp + off;
+        float *y = out + off;
+        for (int64_t j = 0; j < half; j++) {
+          float c = cp[j], s = sign * sp[j];
+          float x0 = x[2 * j], x1 = x[2 * j + 1];
+          y[2 * j] = x0 * c - x1 * s;
+          y[2 * j + 1] = x0 * s + x1 * c;
+        }
+      }
+    }
+  return WEFT_OK;
+}
+
+weft_status weft_rope_forward(float *out, const float *inp, const float *cosb, const float *sinb,
+                              int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
+                              int64_t pos0) {
+  return rope_apply(out, inp, cosb, sinb, max_pos, B, T, NH, hd, pos0, 1.0f);
+}
+
+weft_status weft_rope_backward(float *dinp, const float *dout, const float *cosb,
+                               const float *sinb, int64_t max_pos, int64_t B, int64_t T,
+                               int64_t NH, int64_t hd, int64_t pos0) {
+  return rope_apply(dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0, -1.0f);
+}
+
+/* ------------------------------------------------------------- attention */
+
+/* Query rows per block. A block of rows [t0, t0 + nb) needs keys [0, t0 +
+ * nb) only (causal), so blocking skips most of the upper triangle. */
+#define ATT_BLOCK 64
+
+int64_t weft_attention_scratch_floats(int64_t T) {
+  if (T <= 0) return 0;
+  return 2 * (T < ATT_BLOCK ? T : ATT_BLOCK) * T;
+}
+
+static weft_status attention_check(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd) {
+  CHECK_SIZES(B, T, H, Hkv, hd);
+  if (H > 0 && (Hkv == 0 || H % Hkv != 0))
+    return weft_error(WEFT_ERR_INVALID, "H = %lld query heads is not a multiple of Hkv = %lld",
+                      (long long)H, (long long)Hkv);
+  return WEFT_OK;
+}
+
+weft_status weft_attention_forward(float *out, float *lse, const float *q, const float *k,
+                                   const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                   int64_t hd, float *scratch) {
+  WEFT_CHECK(attention_check(B, T, H, Hkv, hd));
+  CHECK_PTR(out, B * T * H * hd);
+  CHECK_PTR(lse, B * H * T);
+  CHECK_PTR(q, B * T * H * hd);
+  CHECK_PTR(k, B * T * Hkv * hd);
+  CHECK_PTR(v, B * T * Hkv * hd);
+  CHECK_PTR(scratch, B * H * hd > 0 ? weft_attention_scratch_floats(T) : 0);
+  if (B * T * H == 0) return WEFT_OK;
+  if (hd == 0) { /* no features: softmax over zeros, empty outputs */
+    for (int64_t i = 0; i < B * H; i++)
+      for (int64_t t = 0; t < T; t++) lse[i * T + t] = logf((float)(t + 1));
+    return WEFT_OK;
+  }
+  const float scale = (float)(1.0 / sqrt((double)hd));
+  const int64_t ldq = H * hd, ldk = Hkv * hd, group = H / Hkv;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t g = h / group;
+      const float *qb = q + b * T * ldq + h * hd;
+      const float *kb = k + b * T * ldk + g * hd;
+      const float *vb = v + b * T * ldk + g * hd;
+      float *ob = out + b * T * ldq + h * hd;
+      float *lb = lse + (b * H + h) * T;
+      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+        const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
+        float *S = scratch; /* (nb, nk) */
+        /* S = scale * Q[t0:t0+nb] K[0:nk]^T */
+        weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, S, nk);
+        for (int64_t r = 0; r < nb; r++) {
+          float *row = S + r * nk;
+          const int64_t valid = t0 + r + 1; /* keys 0..t */
+          float mx = row[0];
+          for (int64_t j = 1; j < valid; j++) mx = row[j] > mx ? row[j] : mx;
+          double sum = 0.0;
+          for (int64_t j = 0; j < valid; j++) {
+            float e = expf(row[j] - mx);
+            row[j] = e;
+            sum += e;
+          }
+          const float inv = (float)(1.0 / sum);
+          for (int64_t j = 0; j < valid; j++) row[j] *= inv;
+          for (int64_t j = valid; j < nk; j++) row[j] = 0.0f;
+          lb[t0 + r] = mx + (float)log(sum);
+        }
+        /* O[t0:t0+nb] = P V[0:nk] */
+        weft_sgemm(false, false, nb, hd, nk, 1.0f, S, nk, vb, ldk, 0.0f, ob + t0 * ldq, ldq);
+      }
+    }
+  return WEFT_OK;
+}
+
+weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                    const float *q, const float *k, const float *v,
+                                    const float *lse, int64_t B, int64_t T, int64_t H,
+                                    int64_t Hkv, int64_t hd, float *scratch) {
+  WEFT_CHECK(attention_check(B, T, H, Hkv, hd));
+  CHECK_PTR(dq, B * T * H * hd);
+  CHECK_PTR(dk, B * T * Hkv * hd);
+  CHECK_PTR(dv, B * T * Hkv * hd);
+  CHECK_PTR(dout, B * T * H * hd);
+  CHECK_PTR(q, B * T * H * hd);
+  CHECK_PTR(k, B * T * Hkv * hd);
+  CHECK_PTR(v, B * T * Hkv * hd);
+  CHECK_PTR(lse, B * H * T);
+  CHECK_PTR(scratch, B * H * hd > 0 ? weft_attention_scratch_floats(T) : 0);
+  if (B * T * Hkv * hd > 0) {
+    memset(dk, 0, (size_t)(B * T * Hkv * hd) * sizeof(float));
+    memset(dv, 0, (size_t)(B * T * Hkv * hd) * sizeof(float));
+  }
+  if (B * T * H * hd == 0) return WEFT_OK;
+  const float scale = (float)(1.0 / sqrt((double)hd));
+  const int64_t ldq = H * hd, ldk = Hkv * hd, group = H / Hkv;
+  const int64_t bs = T < ATT_BLOCK ? T : ATT_BLOCK;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t g = h / group;
+      const float *qb = q + b * T * ldq + h * hd, *dob = dout + b * T * ldq + h * hd;
+      const float *kb = k + b * T * ldk + g * hd, *vb = v + b * T * ldk + g * hd;
+      float *dqb = dq + b * T * ldq + h * hd;
+      float *dkb = dk + b * T * ldk + g * hd, *dvb = dv + b * T * ldk + g * hd;
+      const float *lb = lse + (b * H + h) * T;
+      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+        const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
+        float *P = scratch, *dP = scratch + bs * T; /* each (nb, nk) */
+        /* recompute P = exp(scale * Q K^T - lse), zero above the diagonal */
+        weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, P, nk);
+        /* dP = dO V^T */
+        weft_sgemm(false, true, nb, nk, hd, 1.0f, dob + t0 * ldq, ldq, vb, ldk, 0.0f, dP, nk);
+        for (int64_t r = 0; r < nb; r++) {
+          float *prow = P + r * nk, *drow = dP + r * nk;
+          const int64_t valid = t0 + r + 1;
+          const float l = lb[t0 + r];
+          double dsum = 0.0; /* rowsum(P * dP) = dO . O */
+          for (int64_t j = 0; j < valid; j++) {
+            prow[j] = expf(prow[j] - l);
+            dsum += (double)prow[j] * drow[j];
+          }
+          const float d = (float)dsum;
+          /* dS (times the score scale, folded in here) */
+          for (int64_t j = 0; j < valid; j++) drow[j] = prow[j] * (drow[j] - d) * scale;
+          for (int64_t j = valid; j < nk; j++) prow[j] = drow[j] = 0.0f;
+        }
+        /* dV[0:nk] += P^T dO[t0:t0+nb] */
+        weft_sgemm(true, false, nk, hd, nb, 1.0f, P, nk, dob + t0 * ldq, ldq, 1.0f, dvb, ldk);
+        /* dQ[t0:t0+nb] = dS K[0:nk] */
+        weft_sgemm(false, false, nb, hd, nk, 1.0f, dP, nk, kb, ldk, 0.0f, dqb + t0 * ldq, ldq);
+        /* dK[0:nk] += dS^T Q[t0:t0+nb] */
+        weft_sgemm(true, false, nk, hd, nb, 1.0f, dP, nk, qb + t0 * ldq, ldq, 1.0f, dkb, ldk);
+      }
+    }
+  return WEFT_OK;
+}
+
+/* ---------------------------------------------------------------- SwiGLU */
+
+weft_status weft_swiglu_forward(float *out, const float *a, const float *b, int64_t n) {
+  CHECK_SIZES(n);
+  CHECK_PTR(out, n);
+  CHECK_PTR(a, n);
+  CHECK_PTR(b, n);
+  for (int64_t i = 0; i < n; i++) {
+    float x = a[i];
+    out[i] = x / (1.0f + expf(-x)) * b[i];
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_swiglu_backward(float *da, float *db, const float *dout, const float *a,
+                                 const float *b, int64_t n) {
+  CHECK_SIZES(n);
+  CHECK_PTR(da, n);
+  CHECK_PTR(db, n);
+  CHECK_PTR(dout, n);
+  CHECK_PTR(a, n);
+  CHECK_PTR(b, n);
+  for (int64_t i = 0; i < n; i++) {
+    float x = a[i], y = b[i], d = dout[i];
+    float s = 1.0f / (1.0f + expf(-x));
+    float silu = x * s;
+    da[i] = d * y * s * (1.0f + x * (1.0f - s));
+    db[i] = d * silu;
+  }
+  return WEFT_OK;
+}
+
+/* -------------------------------------------------------------- residual */
+
+weft_status weft_residual_forward(float *out, const float *a, const float *b, int64_t n) {
+  CHECK_SIZES(n);
+  CHECK_PTR(out, n);
+  CHECK_PTR(a, n);
+  CHECK_PTR(b, n);
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+  return WEFT_OK;
+}
+
+weft_status weft_residual_backward(float *da, float *db, const float *dout, int64_t n) {
+  CHECK_SIZES(n);
+  CHECK_PTR(dout, n);
+  if (da)
+    for (int64_t i = 0; i < n; i++) da[i] += dout[i];
+  if (db)
+    for (int64_t i = 0; i < n; i++) db[i] += dout[i];
+  return WEFT_OK;
+}
+
+/* --------------------------------------------------------- cross-entropy */
+
+static weft_status check_targets(const int32_t *targets, int64_t N, int64_t V) {
+  for (int64_t n = 0; n < N; n++)
+    if (targets[n] < 0 || (V >= 0 && targets[n] >= V))
+      return V >= 0 ? weft_error(WEFT_ERR_INVALID,
+                                 "targets[%lld] = %d is outside the vocabulary [0, %lld)",
+                                 (long long)n, targets[n], (long long)V)
+                    : weft_error(WEFT_ERR_INVALID, "targets[%lld] = %d is negative",
+                                 (long long)n, targets[n]);
+  return WEFT_OK;
+}
+
+weft_status weft_cross_entropy_forward(double *loss, float *lse, const float *logits,
+                                       const int32_t *targets, int64_t N, int64_t V) {
+  CHECK_SIZES(N, V);
+  CHECK_PTR(loss, 1);
+  CHECK_PTR(logits, N * V);
+  CHECK_PTR(targets, N);
+  if (V == 0 && N > 0) return weft_error(WEFT_ERR_INVALID, "V = 0: no classes");
+  WEFT_CHECK(check_targets(targets, N, V));
+  double total = 0.0;
+  for (int64_t n = 0; n < N; n++) {
+    const float *row = logits + n * V;
+    float mx = row[0];
+    for (int64_t j = 1; j < V; j++) mx = row[j] > mx ? row[j] : mx;
+    double sum = 0.0;
+    for (int64_t j = 0; j < V; j++) sum += expf(row[j] - mx);
+    double l = (double)mx + log(sum);
+    if (lse) lse[n] = (float)l;
+    total += l - (double)row[targets[n]];
+  }
+  *loss = N > 0 ? total / (double)N : 0.0;
+  return WEFT_OK;
+}
+
+weft_status weft_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
+                                        const int32_t *targets, int64_t N, int64_t V,
+                                        float scale) {
+  CHECK_SIZES(N, V);
+  CHECK_PTR(dlogits, N * V);
+  CHECK_PTR(logits, N * V);
+  CHECK_PTR(lse, N);
+  CHECK_PTR(targets, N);
+  WEFT_CHECK(check_targets(targets, N, V));
+  return weft_cross_entropy_backward_local(dlogits, logits, lse, targets, N, 0, V, scale);
+}
+
+weft_status weft_cross_entropy_local_max(float *row_max, const float *logits_local, int64_t N,
+                                         int64_t nv) {
+  CHECK_SIZES(N, nv);
+  CHECK_PTR(row_max, N);
+  CHECK_PTR(logits_local, N * nv);
+  for (int64_t n = 0; n < N; n++) {
+    const float *row = logits_local + n * nv;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < nv; j++) mx = row[j] > mx ? row[j] : mx;
+    row_max[n] = mx;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_cross_entropy_local_target(float *target_logit, const float *logits_local,
+                                            const int32_t *targets, int64_t N, int64_t v0,
+                                            int64_t nv) {
+  CHECK_SIZES(N, v0, nv);
+  CHECK_PTR(target_logit, N);
+  CHECK_PTR(logits_local, N * nv);
+  CHECK_PTR(targets, N);
+  WEFT_CHECK(check_targets(targets, N, -1));
+  for (int64_t n = 0; n < N; n++) {
+    int64_t j = (int64_t)targets[n] - v0;
+    target_logit[n] = (j >= 0 && j < nv) ? logits_local[n * nv + j] : 0.0f;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_cross_entropy_local_sumexp(float *sumexp, const float *logits_local,
+                                            const float *gmax, int64_t N, int64_t nv) {
+  CHECK_SIZES(N, nv);
+  CHECK_PTR(sumexp, N);
+  CHECK_PTR(logits_local, N * nv);
+  CHECK_PTR(gmax, N);
+  for (int64_t n = 0; n < N; n++) {
+    const float *row = logits_local + n * nv;
+    const float mx = gmax[n];
+    double sum = 0.0;
+    for (int64_t j = 0; j < nv; j++) sum += expf(row[j] - mx);
+    sumexp[n] = (float)sum;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_cross_entropy_finish(double *loss, float *lse, const float *gmax,
+                                      const float *gsum, const float *gtarget, int64_t N) {
+  CHECK_SIZES(N);
+  CHECK_PTR(loss, 1);
+  CHECK_PTR(gmax, N);
+  CHECK_PTR(gsum, N);
+  CHECK_PTR(gtarget, N);
+  for (int64_t n = 0; n < N; n++)
+    if (!(gsum[n] > 0.0f))
+      return weft_error(WEFT_ERR_INVALID, "sum of exponentials of row %lld is %g (must be > 0)",
+                        (long long)n, (double)gsum[n]);
+  double total = 0.0;
+  for (int64_t n = 0; n < N; n++) {
+    double l = (double)gmax[n] + log((double)gsum[n]);
+    if (lse) lse[n] = (float)l;
+    total += l - (double)gtarget[n];
+  }
+  *loss = N > 0 ? total / (double)N : 0.0;
+  return WEFT_OK;
+}
+
+weft_status weft_cross_entropy_backward_local(float *dlogits_local, const float *logits_local,
+                                              const float *lse, const int32_t *targets,
+                                              int64_t N, int64_t v0, int64_t nv, float scale) {
+  CHECK_SIZES(N, v0, nv);
+  CHECK_PTR(dlogits_local, N * nv);
+  CHECK_PTR(logits_local, N * nv);
+  CHECK_PTR(lse, N);
+  CHECK_PTR(targets, N);
+  WEFT_CHECK(check_targets(targets, N, -1));
+  for (int64_t n = 0; n < N; n++) {
+    const float *row = logits_local + n * nv;
+    float *drow = dlogits_local + n * nv;
+    const float l = lse[n];
+    for (int64_t j = 0; j < nv; j++) drow[j] = scale * expf(row[j] - l);
+    int64_t t = (int64_t)targets[n] - v0;
+    if (t >= 0 && t < nv) drow[t] -= scale;
+  }
+  return WEFT_OK;
+}
+
+/* ------------------------------------------------------------ optimizers */
+
+weft_status weft_adamw_step(float *param, const float *grad, float *m, float *v, float *vmax,
+                            int64_t n, int64_t step, const weft_adamw_params *hp) {
+  CHECK_SIZES(n);
+  if (!hp) return weft_error(WEFT_ERR_INVALID, "hyper-parameters are NULL");
+  CHECK_PTR(param, n);
+  CHECK_PTR(grad, n);
+  CHECK_PTR(m, n);
+  CHECK_PTR(v, n);
+  if (hp->amsgrad) CHECK_PTR(vmax, n);
+  if (step < 1) return weft_error(WEFT_ERR_INVALID, "step = %lld must be >= 1", (long long)step);
+  /* torch's argument checks (AdamW.__init__) */
+  if (!(hp->lr >= 0.0f)) return weft_error(WEFT_ERR_INVALID, "Invalid learning rate: %g", (double)hp->lr);
+  if (!(hp->eps >= 0.0f)) return weft_error(WEFT_ERR_INVALID, "Invalid epsilon value: %g", (double)hp->eps);
+  if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f))
+    return weft_error(WEFT_ERR_INVALID, "Invalid beta parameter at index 0: %g", (double)hp->beta1);
+  if (!(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
+    return weft_error(WEFT_ERR_INVALID, "Invalid beta parameter at index 1: %g", (double)hp->beta2);
+  if (!(hp->weight_decay >= 0.0f))
+    return weft_error(WEFT_ERR_INVALID, "Invalid weight_decay value: %g", (double)hp->weight_decay);
+  /* Scalars as torch computes them (Python floats, i.e. double). */
+  const double bc1 = 1.0 - pow((double)hp->beta1, (double)step);
+  const double bc2 = 1.0 - pow((double)hp->beta2, (double)step);
+  const float step_size = (float)((double)hp->lr / bc1);
+  const float bc2_sqrt = (float)sqrt(bc2);
+  const float decay = (float)(1.0 - (double)hp->lr * (double)hp->weight_decay);
+  const float one_m_b1 = 1.0f - hp->beta1, one_m_b2 = 1.0f - hp->beta2;
+  const float sign = hp->maximize ? -1.0f : 1.0f;
+  for (int64_t i = 0; i < n; i++) {
+    const float g = sign * grad[i];
+    float p = param[i] * decay;
+    const float mi = m[i] + one_m_b1 * (g - m[i]); /* exp_avg.lerp_(grad, 1 - beta1) */
+    const float vi = v[i] * hp->beta2 + one_m_b2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float vv = vi;
+    if (hp->amsgrad) {
+      vv = vmax[i] > vi ? vmax[i] : vi;
+      vmax[i] = vv;
+    }
+    const float denom = sqrtf(vv) / bc2_sqrt + hp->eps;
+    param[i] = p - step_size * (mi / denom);
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_sgd_step(float *param, const float *grad, float *buf, int64_t n, int64_t step,
+                          const weft_sgd_params *hp) {
+  CHECK_SIZES(n);
+  if (!hp) return weft_error(WEFT_ERR_INVALID, "hyper-parameters are NULL");
+  CHECK_PTR(param, n);
+  CHECK_PTR(grad, n);
+  if (hp->momentum != 0.0f) CHECK_PTR(buf, n);
+  if (step < 1) return weft_error(WEFT_ERR_INVALID, "step = %lld must be >= 1", (long long)step);
+  /* torch's argument checks (SGD.__init__) */
+  if (!(hp->lr >= 0.0f)) return weft_error(WEFT_ERR_INVALID, "Invalid learning rate: %g", (double)hp->lr);
+  if (!(hp->momentum >= 0.0f))
+    return weft_error(WEFT_ERR_INVALID, "Invalid momentum value: %g", (double)hp->momentum);
+  if (!(hp->weight_decay >= 0.0f))
+    return weft_error(WEFT_ERR_INVALID, "Invalid weight_decay value: %g", (double)hp->weight_decay);
+  if (hp->nesterov && (hp->momentum <= 0.0f || hp->dampening != 0.0f))
+    return weft_error(WEFT_ERR_INVALID, "Nesterov momentum requires a momentum and zero dampening");
+  const float sign = hp->maximize ? -1.0f : 1.0f;
+  const float mom = hp->momentum, damp = 1.0f - hp->dampening, wd = hp->weight_decay;
+  for (int64_t i = 0; i < n; i++) {
+    float d = sign * grad[i];
+    if (wd != 0.0f) d += wd * param[i];
+    if (mom != 0.0f) {
+      float bi = step == 1 ? d : mom * buf[i] + damp * d;
+      buf[i] = bi;
+      d = hp->nesterov ? d + mom * bi : bi;
+    }
+    param[i] -= hp->lr * d;
+  }
+  return WEFT_OK;
+}
+
+double weft_sumsq(const float *x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; x && i < n; i++) s += (double)x[i] * x[i];
+  return s;
+}
+
+double weft_clip_coef(double total_norm, double max_norm) {
+  double c = max_norm / (total_norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+void weft_scale_f32(float *x, int64_t n, float alpha) {
+  for (int64_t i = 0; x && i < n; i++) x[i] *= alpha;
+}
