@@ -1,0 +1,274 @@
+/* CPU GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major.
+ *
+ * f32 and f64 go to OpenBLAS (cblas_sgemm / cblas_dgemm) when the build has
+ * it (WEFT_HAVE_BLAS), else to the blocked C GEMM below; bf16 and f16 are
+ * converted to f32, computed, and rounded back once (as torch does on CPU).
+ * BLAS semantics for the edge cases: alpha == 0 or K == 0 leaves
+ * C = beta * C without reading A or B, and beta == 0 overwrites C (NaN/inf
+ * already in C do not propagate).
+ */
+#include <inttypes.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "tensor_internal.h"
+#include "weft_config.h"
+
+#if WEFT_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+/* ------------------------------------------------ blocked fallback GEMM
+ * Packs a KC x NC panel of op(B) and an MC x KC block of alpha * op(A) into
+ * contiguous buffers, then runs rank-1 updates whose inner loop over N is
+ * unit-stride in both the packed B row and the C row (the compiler
+ * vectorises it). Block sizes keep the packed A block (64 KiB) in L2 and a
+ * packed B row segment in L1. */
+#define GEMM_MC 64
+#define GEMM_KC 256
+#define GEMM_NC 256
+
+#define DEFINE_BLOCKED_GEMM(NAME, T)                                                          \
+  static void NAME##_scale(int64_t m, int64_t n, T beta, T *c, int64_t ldc) {                 \
+    if (beta == (T)1) return;                                                                 \
+    for (int64_t i = 0; i < m; i++) {                                                         \
+      T *row = c + i * ldc;                                                                   \
+      if (beta == (T)0)                                                                       \
+        for (int64_t j = 0; j < n; j++) row[j] = (T)0;                                        \
+      else                                                                                    \
+        for (int64_t j = 0; j < n; j++) row[j] *= beta;                                       \
+    }                                                                                         \
+  }                                                                                           \
+  void NAME(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T *a,           \
+            int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {                \
+    if (m <= 0 || n <= 0) return;                                                             \
+    NAME##_scale(m, n, beta, c, ldc);                                                         \
+    if (k <= 0 || alpha == (T)0) return;                                                      \
+    T *pa = malloc(sizeof(T) * GEMM_MC * GEMM_KC);                                            \
+    T *pb = malloc(sizeof(T) * GEMM_KC * GEMM_NC);                                            \
+    if (!pa || !pb) {                                                                         \
+      /* no scratch: an unpacked triple loop, slow but still correct */                       \
+      free(pa);                                                                               \
+      free(pb);                                                                               \
+      for (int64_t i = 0; i < m; i++)                                                         \
+        for (int64_t p = 0; p < k; p++) {                                                     \
+          T av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);                              \
+          for (int64_t j = 0; j < n; j++) c[i * ldc + j] += av * (tb ? b[j * ldb + p] : b[p * ldb + j]); \
+        }                                                                                     \
+      return;                                                                                 \
+    }                                                                                         \
+    for (int64_t jc = 0; jc < n; jc += GEMM_NC) {                                             \
+      const int64_t nb = n - jc < GEMM_NC ? n - jc : GEMM_NC;                                 \
+      for (int64_t pc = 0; pc < k; pc += GEMM_KC) {                                           \
+        const int64_t kb = k - pc < GEMM_KC ? k - pc : GEMM_KC;                               \
+        /* pb[p][j] = op(B)[pc + p][jc + j] */                                                \
+        for (int64_t p = 0; p < kb; p++) {                                                    \
+          T *dst = pb + p * nb;                                                               \
+          if (tb)                                                                             \
+            for (int64_t j = 0; j < nb; j++) dst[j] = b[(jc + j) * ldb + pc + p];             \
+          else                                                                                \
+            memcpy(dst, b + (pc + p) * ldb + jc, sizeof(T) * (size_t)nb);                     \
+        }                                                                                     \
+        for (int64_t ic = 0; ic < m; ic += GEMM_MC) {                                         \
+          const int64_t mb = m - ic < GEMM_MC ? m - ic : GEMM_MC;                             \
+          /* pa[i][p] = alpha * op(A)[ic + i][pc + p] */                                      \
+          for (int64_t i = 0; i < mb; i++)                                                    \
+            for (int64_t p = 0; p < kb; p++)                                                  \
+              pa[i * kb + p] =                                                                \
+                  alpha * (ta ? a[(pc + p) * lda + ic + i] : a[(ic + i) * lda + pc + p]);     \
+          for (int64_t i = 0; i < mb; i++) {                                                  \
+            T *restrict crow = c + (ic + i) * ldc + jc;                                       \
+            const T *arow = pa + i * kb;                                                      \
+            for (int64_t p = 0; p < kb; p++) {                                                \
+              const T av = arow[p];                                                           \
+              const T *restrict brow = pb + p * nb;                                           \
+              for (int64_t j = 0; j < nb; j++) crow[j] += av * brow[j];                       \
+            }                                                                                 \
+          }                                                                                   \
+        }                                                                                     \
+      }                                                                                       \
+    }                                                                                         \
+    free(pa);                                                                                 \
+    free(pb);                                                                                 \
+  }
+
+DEFINE_BLOCKED_GEMM(weft_sgemm_blocked_, float)
+DEFINE_BLOCKED_GEMM(weft_dgemm_blocked_, double)
+
+/* Leading-dimension preconditions of a row-major GEMM; sets an error. */
+static bool ld_ok(const char *func, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                  int64_t lda, int64_t ldb, int64_t ldc) {
+  if (m < 0 || n < 0 || k < 0) {
+    weft_error_at(WEFT_ERR_INVALID, func, "negative size: m %" PRId64 ", n %" PRId64 ", k %" PRId64,
+                  m, n, k);
+    return false;
+  }
+  if (m == 0 || n == 0) return true;
+  int64_t acols = ta ? m : k, bcols = tb ? k : n;
+  if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < n) {
+    weft_error_at(WEFT_ERR_INVALID, func,
+                  "leading dims too small: lda %" PRId64 " (need >= %" PRId64 "), ldb %" PRId64
+                  " (need >= %" PRId64 "), ldc %" PRId64 " (need >= %" PRId64 ")",
+                  lda, acols, ldb, bcols, ldc, n);
+    return false;
+  }
+  return true;
+}
+
+#if WEFT_HAVE_BLAS
+static bool blas_fits(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {
+  return m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+         ldc <= INT_MAX;
+}
+#endif
+
+void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                int64_t ldc) {
+  if (!ld_ok(__func__, trans_a, trans_b, m, n, k, lda, ldb, ldc)) return;
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.0f) {
+    weft_sgemm_blocked__scale(m, n, beta, c, ldc);
+    return;
+  }
+#if WEFT_HAVE_BLAS
+  if (blas_fits(m, n, k, lda, ldb, ldc)) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
+                (int)ldb, beta, c, (int)ldc);
+    return;
+  }
+#endif
+  weft_sgemm_blocked_(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static void dgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+                  int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.0) {
+    weft_dgemm_blocked__scale(m, n, beta, c, ldc);
+    return;
+  }
+#if WEFT_HAVE_BLAS
+  if (blas_fits(m, n, k, lda, ldb, ldc)) {
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return;
+  }
+#endif
+  weft_dgemm_blocked_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* A 2-D operand as a row-major matrix: *ld its row stride; *flip set when
+ * the tensor is column-major (a transposed view), which GEMM handles by
+ * flipping the operand's transpose flag. */
+static weft_status matrix_layout(const char *func, const weft_tensor *t, const char *name,
+                                 bool allow_flip, int64_t *ld, bool *flip) {
+  const int64_t r = t->shape[0], c = t->shape[1];
+  *flip = false;
+  if ((c <= 1 || t->strides[1] == 1) && (r <= 1 || t->strides[0] >= c)) {
+    *ld = r <= 1 ? (c > 1 ? c : 1) : t->strides[0];
+    if (*ld < 1) *ld = 1; /* no columns: nothing is read */
+    return WEFT_OK;
+  }
+  if (allow_flip && (r <= 1 || t->strides[0] == 1) && (c <= 1 || t->strides[1] >= r)) {
+    *flip = true;
+    *ld = c <= 1 ? (r > 1 ? r : 1) : t->strides[1];
+    if (*ld < 1) *ld = 1;
+    return WEFT_OK;
+  }
+  char desc[256];
+  weft_tensor_describe(t, desc, sizeof desc);
+  return weft_error_at(WEFT_ERR_INVALID, func,
+                       "%s %s has strides [%" PRId64 ", %" PRId64 "]: gemm needs a unit-stride "
+                       "last dim and a row stride >= the row length%s",
+                       name, desc, t->strides[0], t->strides[1],
+                       allow_flip ? " (or a transposed view of such a matrix)" : "");
+}
+
+/* Converts the 2-D tensor t into a new contiguous f32 buffer (*buf). */
+static weft_status to_f32(const weft_tensor *t, weft_tensor **buf) {
+  WEFT_CHECK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, t->shape, buf));
+  weft_status st = weft_tensor_copy(*buf, t);
+  if (st != WEFT_OK) {
+    weft_tensor_destroy(*buf);
+    *buf = NULL;
+    return weft_error_trace(st, __func__);
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
+                      const weft_tensor *b, float beta, weft_tensor *c) {
+  const char *names[3] = {"A", "B", "C"};
+  const weft_tensor *ts[3] = {a, b, c};
+  for (int i = 0; i < 3; i++) {
+    if (!ts[i]) return weft_error(WEFT_ERR_INVALID, "%s is NULL", names[i]);
+    char desc[256];
+    weft_tensor_describe(ts[i], desc, sizeof desc);
+    if (ts[i]->ndim != 2)
+      return weft_error(WEFT_ERR_INVALID, "%s must be 2-D, got %s", names[i], desc);
+    if (ts[i]->device != WEFT_CPU)
+      return weft_error(WEFT_ERR_UNSUPPORTED, "%s %s: the CPU gemm needs cpu tensors", names[i], desc);
+  }
+  char da[256], db[256], dc[256];
+  weft_tensor_describe(a, da, sizeof da);
+  weft_tensor_describe(b, db, sizeof db);
+  weft_tensor_describe(c, dc, sizeof dc);
+  if (a->dtype != b->dtype || a->dtype != c->dtype)
+    return weft_error(WEFT_ERR_INVALID, "dtype mismatch: A %s, B %s, C %s", da, db, dc);
+  const weft_dtype dt = a->dtype;
+  if (dt != WEFT_F32 && dt != WEFT_F64 && dt != WEFT_BF16 && dt != WEFT_F16)
+    return weft_error(WEFT_ERR_UNSUPPORTED, "gemm supports f32, f64, bf16 and f16, got %s",
+                      weft_dtype_name(dt));
+  const int64_t m = trans_a ? a->shape[1] : a->shape[0];
+  const int64_t ka = trans_a ? a->shape[0] : a->shape[1];
+  const int64_t kb = trans_b ? b->shape[1] : b->shape[0];
+  const int64_t n = trans_b ? b->shape[0] : b->shape[1];
+  if (ka != kb)
+    return weft_error(WEFT_ERR_INVALID,
+                      "inner dims differ: op(A) is %" PRId64 " x %" PRId64 " (A %s%s), op(B) is %" PRId64
+                      " x %" PRId64 " (B %s%s)",
+                      m, ka, da, trans_a ? ", transposed" : "", kb, n, db, trans_b ? ", transposed" : "");
+  if (c->shape[0] != m || c->shape[1] != n)
+    return weft_error(WEFT_ERR_INVALID,
+                      "C is %s but op(A) @ op(B) is %" PRId64 " x %" PRId64 " (A %s, B %s)", dc, m, n,
+                      da, db);
+  const int64_t k = ka;
+  if (m == 0 || n == 0) return WEFT_OK;
+
+  if (dt == WEFT_BF16 || dt == WEFT_F16) {
+    /* convert (any strides), compute in f32, round back once */
+    weft_tensor *fa = NULL, *fb = NULL, *fc = NULL;
+    weft_status st = WEFT_OK;
+    WEFT_CHECK_GOTO(to_f32(a, &fa), st, done);
+    WEFT_CHECK_GOTO(to_f32(b, &fb), st, done);
+    if (beta != 0.0f) {
+      WEFT_CHECK_GOTO(to_f32(c, &fc), st, done);
+    } else {
+      WEFT_CHECK_GOTO(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, c->shape, &fc), st, done);
+    }
+    weft_sgemm(trans_a, trans_b, m, n, k, alpha, fa->data, fa->shape[1] > 0 ? fa->shape[1] : 1,
+               fb->data, fb->shape[1] > 0 ? fb->shape[1] : 1, beta, fc->data, n);
+    WEFT_CHECK_GOTO(weft_tensor_copy(c, fc), st, done);
+  done:
+    weft_tensor_destroy(fa);
+    weft_tensor_destroy(fb);
+    weft_tensor_destroy(fc);
+    return st;
+  }
+
+  int64_t lda, ldb, ldc;
+  bool fa, fb, fc;
+  WEFT_CHECK(matrix_layout(__func__, a, "A", true, &lda, &fa));
+  WEFT_CHECK(matrix_layout(__func__, b, "B", true, &ldb, &fb));
+  WEFT_CHECK(matrix_layout(__func__, c, "C", false, &ldc, &fc));
+  const bool ta = trans_a != fa, tb = trans_b != fb;
+  if (dt == WEFT_F32)
+    weft_sgemm(ta, tb, m, n, k, alpha, a->data, lda, b->data, ldb, beta, c->data, ldc);
+  else
+    dgemm(ta, tb, m, n, k, alpha, a->data, lda, b->data, ldb, beta, c->data, ldc);
+  return WEFT_OK;
+}

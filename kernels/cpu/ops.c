@@ -1,0 +1,344 @@
+/* CPU elementwise kernels (add, mul, scale, axpy) and reductions (sum, sum of
+ * squares, max; over a dim or over everything, accumulated in double).
+ *
+ * Elementwise ops compute in the dtype's own precision for f32/f64 and in
+ * f32 for bf16/f16 (round once to the dtype at the end), as torch does on
+ * CPU. Contiguous f32 operands take a direct loop with no iterator and no
+ * per-element dispatch: nn/ calls these in its hot path.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "tensor_internal.h"
+
+/* ----------------------------------------------------------- checks */
+
+static weft_status check_float_cpu(const char *func, const weft_tensor *t, const char *name) {
+  if (!t) return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", name);
+  char desc[256];
+  weft_tensor_describe(t, desc, sizeof desc);
+  if (t->ndim < 0 || t->ndim > WEFT_MAX_DIMS)
+    return weft_error_at(WEFT_ERR_INVALID, func, "%s has invalid ndim %d", name, t->ndim);
+  if (t->device != WEFT_CPU)
+    return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "%s %s: this kernel runs on cpu tensors only",
+                         name, desc);
+  if (!weft_dtype_is_float(t->dtype))
+    return weft_error_at(WEFT_ERR_INVALID, func,
+                         "%s %s: elementwise ops need a float dtype (f32, f64, bf16, f16)", name, desc);
+  return WEFT_OK;
+}
+
+static weft_status check_pair(const char *func, const weft_tensor *t, const char *tn,
+                              const weft_tensor *r, const char *rn) {
+  char dt[256], dr[256];
+  weft_tensor_describe(t, dt, sizeof dt);
+  weft_tensor_describe(r, dr, sizeof dr);
+  if (t->dtype != r->dtype)
+    return weft_error_at(WEFT_ERR_INVALID, func, "dtype mismatch: %s %s, %s %s", rn, dr, tn, dt);
+  if (!weft_tensor_same_shape(t, r))
+    return weft_error_at(WEFT_ERR_INVALID, func, "shape mismatch: %s %s, %s %s", rn, dr, tn, dt);
+  return WEFT_OK;
+}
+
+/* --------------------------------------------------------- elementwise */
+
+typedef enum { EW_ADD, EW_MUL, EW_SCALE, EW_AXPY } ew_kind;
+
+typedef struct ew_ctx {
+  ew_kind kind;
+  weft_dtype dt;
+  double alpha;
+} ew_ctx;
+
+/* Operand order in rows: binary (out, a, b); scale (t); axpy (y, x). */
+#define EW_LOOP(T, LOAD, STORE, CT, ALPHA)                                              \
+  do {                                                                                  \
+    const CT al_ = (CT)(ALPHA);                                                         \
+    T *o_ = (T *)p[0];                                                                  \
+    const int64_t s0 = st[0];                                                           \
+    switch (c->kind) {                                                                  \
+      case EW_ADD:                                                                      \
+      case EW_MUL: {                                                                    \
+        const T *a_ = (const T *)p[1], *b_ = (const T *)p[2];                           \
+        const int64_t s1 = st[1], s2 = st[2];                                           \
+        if (c->kind == EW_ADD)                                                          \
+          for (int64_t i = 0; i < n; i++) {                                             \
+            CT x = LOAD(a_[i * s1]), y = LOAD(b_[i * s2]);                              \
+            o_[i * s0] = STORE(x + y);                                                  \
+          }                                                                             \
+        else                                                                            \
+          for (int64_t i = 0; i < n; i++) {                                             \
+            CT x = LOAD(a_[i * s1]), y = LOAD(b_[i * s2]);                              \
+            o_[i * s0] = STORE(x * y);                                                  \
+          }                                                                             \
+        break;                                                                          \
+      }                                                                                 \
+      case EW_SCALE:                                                                    \
+        for (int64_t i = 0; i < n; i++) {                                               \
+          CT x = LOAD(o_[i * s0]);                                                      \
+          o_[i * s0] = STORE(x * al_);                                                  \
+        }                                                                               \
+        break;                                                                          \
+      case EW_AXPY: {                                                                   \
+        const T *x_ = (const T *)p[1];                                                  \
+        const int64_t s1 = st[1];                                                       \
+        for (int64_t i = 0; i < n; i++) {                                               \
+          CT y = LOAD(o_[i * s0]), x = LOAD(x_[i * s1]);                                \
+          o_[i * s0] = STORE(y + al_ * x);                                              \
+        }                                                                               \
+        break;                                                                          \
+      }                                                                                 \
+    }                                                                                   \
+  } while (0)
+
+#define ID_(x) (x)
+#define TO_BF16_(x) weft_f32_to_bf16(x)
+#define TO_F16_(x) weft_f32_to_f16(x)
+
+static void ew_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
+  const ew_ctx *c = vctx;
+  switch (c->dt) {
+    case WEFT_F32: EW_LOOP(float, ID_, ID_, float, c->alpha); break;
+    case WEFT_F64: EW_LOOP(double, ID_, ID_, double, c->alpha); break;
+    case WEFT_BF16: EW_LOOP(uint16_t, weft_bf16_to_f32, TO_BF16_, float, c->alpha); break;
+    case WEFT_F16: EW_LOOP(uint16_t, weft_f16_to_f32, TO_F16_, float, c->alpha); break;
+    default: break;
+  }
+}
+
+static void ew_run(ew_kind kind, double alpha, int nops, const weft_tensor *const *ops) {
+  weft_iter_ it;
+  weft_iter_init_(&it, nops, ops);
+  ew_ctx c = {kind, ops[0]->dtype, alpha};
+  weft_iter_run_(&it, ew_row, &c);
+}
+
+static bool all_contig_f32(int nops, const weft_tensor *const *ops) {
+  for (int i = 0; i < nops; i++)
+    if (ops[i]->dtype != WEFT_F32 || !weft_tensor_is_contiguous(ops[i])) return false;
+  return true;
+}
+
+static weft_status binary(const char *func, ew_kind kind, weft_tensor *out, const weft_tensor *a,
+                          const weft_tensor *b) {
+  weft_status st;
+  if ((st = check_float_cpu(func, out, "out")) != WEFT_OK) return st;
+  if ((st = check_float_cpu(func, a, "a")) != WEFT_OK) return st;
+  if ((st = check_float_cpu(func, b, "b")) != WEFT_OK) return st;
+  if ((st = check_pair(func, a, "a", out, "out")) != WEFT_OK) return st;
+  if ((st = check_pair(func, b, "b", out, "out")) != WEFT_OK) return st;
+  const weft_tensor *ops[3] = {out, a, b};
+  if (all_contig_f32(3, ops)) {
+    /* note: no restrict: out may alias a or b (same element, same index) */
+    float *o = out->data;
+    const float *x = a->data, *y = b->data;
+    const int64_t n = weft_tensor_numel(out);
+    if (kind == EW_ADD)
+      for (int64_t i = 0; i < n; i++) o[i] = x[i] + y[i];
+    else
+      for (int64_t i = 0; i < n; i++) o[i] = x[i] * y[i];
+    return WEFT_OK;
+  }
+  ew_run(kind, 0.0, 3, ops);
+  return WEFT_OK;
+}
+
+weft_status weft_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
+  return binary(__func__, EW_ADD, out, a, b);
+}
+
+weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
+  return binary(__func__, EW_MUL, out, a, b);
+}
+
+weft_status weft_scale(weft_tensor *t, double alpha) {
+  WEFT_CHECK(check_float_cpu(__func__, t, "t"));
+  const weft_tensor *ops[1] = {t};
+  if (all_contig_f32(1, ops)) {
+    float *x = t->data;
+    const float al = (float)alpha;
+    const int64_t n = weft_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++) x[i] *= al;
+    return WEFT_OK;
+  }
+  ew_run(EW_SCALE, alpha, 1, ops);
+  return WEFT_OK;
+}
+
+weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x) {
+  WEFT_CHECK(check_float_cpu(__func__, y, "y"));
+  WEFT_CHECK(check_float_cpu(__func__, x, "x"));
+  WEFT_CHECK(check_pair(__func__, x, "x", y, "y"));
+  const weft_tensor *ops[2] = {y, x};
+  if (all_contig_f32(2, ops)) {
+    float *py = y->data;
+    const float *px = x->data;
+    const float al = (float)alpha;
+    const int64_t n = weft_tensor_numel(y);
+    for (int64_t i = 0; i < n; i++) py[i] += al * px[i];
+    return WEFT_OK;
+  }
+  ew_run(EW_AXPY, alpha, 2, ops);
+  return WEFT_OK;
+}
+
+/* ---------------------------------------------------------- reductions */
+
+/* acc over n elements at p, step s (elements). max propagates NaN as torch. */
+static inline double reduce_span(const char *p, int64_t n, int64_t s, weft_dtype dt,
+                                 weft_reduce_kind kind, double acc) {
+  if (dt == WEFT_F32) {
+    const float *x = (const float *)p;
+    switch (kind) {
+      case WEFT_REDUCE_SUM:
+        for (int64_t i = 0; i < n; i++) acc += x[i * s];
+        return acc;
+      case WEFT_REDUCE_SUMSQ:
+        for (int64_t i = 0; i < n; i++) {
+          double v = x[i * s];
+          acc += v * v;
+        }
+        return acc;
+      case WEFT_REDUCE_MAX:
+        for (int64_t i = 0; i < n; i++) {
+          double v = x[i * s];
+          if (v != v) return v;
+          if (v > acc) acc = v;
+        }
+        return acc;
+    }
+    return acc;
+  }
+  const int64_t es = (int64_t)weft_dtype_size(dt);
+  for (int64_t i = 0; i < n; i++) {
+    double v = weft_load_f_(p + i * s * es, dt);
+    switch (kind) {
+      case WEFT_REDUCE_SUM: acc += v; break;
+      case WEFT_REDUCE_SUMSQ: acc += v * v; break;
+      case WEFT_REDUCE_MAX:
+        if (v != v) return v;
+        if (v > acc) acc = v;
+        break;
+    }
+  }
+  return acc;
+}
+
+static double reduce_init(weft_reduce_kind kind) {
+  return kind == WEFT_REDUCE_MAX ? -INFINITY : 0.0;
+}
+
+typedef struct red_all_ctx {
+  weft_reduce_kind kind;
+  weft_dtype dt;
+  double acc;
+} red_all_ctx;
+
+static void red_all_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
+  red_all_ctx *c = vctx;
+  if (c->kind == WEFT_REDUCE_MAX && c->acc != c->acc) return; /* NaN already */
+  c->acc = reduce_span(p[0], n, st[0], c->dt, c->kind, c->acc);
+}
+
+static weft_status check_reduce_input(const char *func, const weft_tensor *t,
+                                      weft_reduce_kind kind) {
+  if (!t) return weft_error_at(WEFT_ERR_INVALID, func, "tensor is NULL");
+  if (t->ndim < 0 || t->ndim > WEFT_MAX_DIMS || (unsigned)t->dtype >= WEFT_DTYPE_COUNT)
+    return weft_error_at(WEFT_ERR_INVALID, func, "not a valid tensor (ndim %d, dtype %d)", t->ndim,
+                         (int)t->dtype);
+  if (t->device != WEFT_CPU)
+    return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "tensor is on %s; reductions run on cpu only",
+                         weft_device_name(t->device));
+  if ((unsigned)kind > WEFT_REDUCE_MAX)
+    return weft_error_at(WEFT_ERR_INVALID, func, "unknown reduction kind %d", (int)kind);
+  return WEFT_OK;
+}
+
+weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind, double *out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  WEFT_CHECK(check_reduce_input(__func__, t, kind));
+  if (weft_tensor_numel(t) == 0 && kind == WEFT_REDUCE_MAX) {
+    char desc[256];
+    weft_tensor_describe(t, desc, sizeof desc);
+    return weft_error(WEFT_ERR_INVALID, "max of the empty tensor %s is undefined", desc);
+  }
+  if (t->dtype == WEFT_F32 && weft_tensor_is_contiguous(t)) {
+    *out = reduce_span(t->data, weft_tensor_numel(t), 1, WEFT_F32, kind, reduce_init(kind));
+    return WEFT_OK;
+  }
+  const weft_tensor *ops[1] = {t};
+  weft_iter_ it;
+  weft_iter_init_(&it, 1, ops);
+  red_all_ctx c = {kind, t->dtype, reduce_init(kind)};
+  weft_iter_run_(&it, red_all_row, &c);
+  *out = c.acc;
+  return WEFT_OK;
+}
+
+typedef struct red_dim_ctx {
+  weft_reduce_kind kind;
+  weft_dtype dt;
+  int64_t len, stride; /* the reduced dim of the input */
+} red_dim_ctx;
+
+/* Rows over (out, input with the reduced dim narrowed to 1). */
+static void red_dim_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
+  const red_dim_ctx *c = vctx;
+  const int64_t es = (int64_t)weft_dtype_size(c->dt);
+  for (int64_t i = 0; i < n; i++) {
+    double acc = reduce_span(p[1] + i * st[1] * es, c->len, c->stride, c->dt, c->kind,
+                             reduce_init(c->kind));
+    weft_store_f_(p[0] + i * st[0] * es, c->dt, acc);
+  }
+}
+
+weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out) {
+  WEFT_CHECK(check_reduce_input(__func__, t, kind));
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  char dt[256], dout[256];
+  weft_tensor_describe(t, dt, sizeof dt);
+  weft_tensor_describe(out, dout, sizeof dout);
+  if (out->device != WEFT_CPU)
+    return weft_error(WEFT_ERR_UNSUPPORTED, "out %s: reductions run on cpu only", dout);
+  /* a 0-d tensor reduces like one of shape [1] (torch accepts dim 0 / -1) */
+  const int nd = t->ndim > 0 ? t->ndim : 1;
+  if (dim < -nd || dim >= nd)
+    return weft_error(WEFT_ERR_INVALID, "dim %d out of range for %s (expected %d..%d)", dim, dt, -nd,
+                      nd - 1);
+  const int d = dim < 0 ? dim + nd : dim;
+  if (out->dtype != t->dtype)
+    return weft_error(WEFT_ERR_INVALID, "out %s must have the input's dtype (input %s)", dout, dt);
+  weft_tensor in = *t; /* input with the reduced dim narrowed to 1 */
+  in.base_ = NULL;
+  if (t->ndim == 0) {
+    in.ndim = 1;
+    in.shape[0] = 1;
+    in.strides[0] = 1;
+  }
+  const int64_t len = in.shape[d], stride = in.strides[d];
+  in.shape[d] = 1;
+  bool shape_ok = out->ndim == t->ndim;
+  for (int k = 0; shape_ok && k < t->ndim; k++)
+    if (out->shape[k] != in.shape[k]) shape_ok = false;
+  if (!shape_ok)
+    return weft_error(WEFT_ERR_INVALID,
+                      "out %s must be the input %s with dim %d of size 1 (keepdim)", dout, dt, d);
+  if (weft_tensor_numel(out) == 0) return WEFT_OK;
+  if (len == 0 && kind == WEFT_REDUCE_MAX)
+    return weft_error(WEFT_ERR_INVALID, "max over dim %d of size 0 in %s is undefined", d, dt);
+  weft_tensor ov = *out;
+  ov.base_ = NULL;
+  if (out->ndim == 0) {
+    ov.ndim = 1;
+    ov.shape[0] = 1;
+    ov.strides[0] = 1;
+  }
+  const weft_tensor *ops[2] = {&ov, &in};
+  weft_iter_ it;
+  weft_iter_init_(&it, 2, ops);
+  red_dim_ctx c = {kind, t->dtype, len, stride};
+  weft_iter_run_(&it, red_dim_row, &c);
+  return WEFT_OK;
+}

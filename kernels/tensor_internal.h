@@ -1,0 +1,195 @@
+/* Private to kernels/: scalar load/store by dtype and strided iteration over
+ * one to three same-shape tensors, shared by tensor.c, rng.c and cpu/ops.c.
+ *
+ * The iterator drops size-1 dims and merges dims that are contiguous in every
+ * operand, so a contiguous tensor becomes one row; a row callback then runs
+ * over the innermost dim with the operands' inner strides. The callback is
+ * called once per row (never per element).
+ */
+#ifndef WEFT_TENSOR_INTERNAL_H
+#define WEFT_TENSOR_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define WEFT_ITER_MAX_OPS 3
+
+typedef struct weft_iter_ {
+  int ndim;      /* >= 1 after init */
+  int nops;      /* 1..WEFT_ITER_MAX_OPS */
+  int64_t numel; /* 0: run does nothing */
+  int64_t shape[WEFT_MAX_DIMS];
+  int64_t strides[WEFT_ITER_MAX_OPS][WEFT_MAX_DIMS]; /* elements */
+  char *data[WEFT_ITER_MAX_OPS];
+  int64_t esize[WEFT_ITER_MAX_OPS];
+} weft_iter_;
+
+/* One row: n elements per operand starting at ptrs[op], step strides[op]
+ * elements. */
+typedef void (*weft_iter_row_fn_)(char *const *ptrs, const int64_t *strides, int64_t n,
+                                  void *ctx);
+
+/* ts[0..nops) must have the same shape (the caller checks); geometry comes
+ * from ts[0]. */
+void weft_iter_init_(weft_iter_ *it, int nops, const weft_tensor *const *ts);
+void weft_iter_run_(const weft_iter_ *it, weft_iter_row_fn_ fn, void *ctx);
+
+/* ---- scalar conversions -------------------------------------------------
+ * Float -> integer truncates toward zero and saturates (NaN -> 0), so no
+ * conversion is undefined behaviour; integer -> integer wraps modulo 2^bits
+ * as C's unsigned conversions do. */
+
+static inline int64_t weft_sat_i_(double v, double lo, double hi_excl, int64_t lo_i, int64_t hi_i) {
+  if (v != v) return 0;
+  if (v <= lo) return lo_i;
+  if (v >= hi_excl) return hi_i;
+  return (int64_t)v;
+}
+
+/* Element at p as double (i64 beyond 2^53 rounds). */
+static inline double weft_load_f_(const char *p, weft_dtype dt) {
+  switch (dt) {
+    case WEFT_F32: {
+      float v;
+      memcpy(&v, p, 4);
+      return v;
+    }
+    case WEFT_F64: {
+      double v;
+      memcpy(&v, p, 8);
+      return v;
+    }
+    case WEFT_BF16: {
+      uint16_t v;
+      memcpy(&v, p, 2);
+      return weft_bf16_to_f32(v);
+    }
+    case WEFT_F16: {
+      uint16_t v;
+      memcpy(&v, p, 2);
+      return weft_f16_to_f32(v);
+    }
+    case WEFT_I32: {
+      int32_t v;
+      memcpy(&v, p, 4);
+      return v;
+    }
+    case WEFT_I64: {
+      int64_t v;
+      memcpy(&v, p, 8);
+      return (double)v;
+    }
+    case WEFT_U8: return *(const uint8_t *)p;
+    default: return 0.0;
+  }
+}
+
+/* Element at p as int64 (integers exactly; floats truncated, saturated). */
+static inline int64_t weft_load_i_(const char *p, weft_dtype dt) {
+  switch (dt) {
+    case WEFT_I32: {
+      int32_t v;
+      memcpy(&v, p, 4);
+      return v;
+    }
+    case WEFT_I64: {
+      int64_t v;
+      memcpy(&v, p, 8);
+      return v;
+    }
+    case WEFT_U8: return *(const uint8_t *)p;
+    default:
+      return weft_sat_i_(weft_load_f_(p, dt), -9223372036854775808.0, 9223372036854775808.0,
+                         INT64_MIN, INT64_MAX);
+  }
+}
+
+/* Stores v at p as dtype dt (float: rounds to nearest even; integer:
+ * truncates and saturates). */
+static inline void weft_store_f_(char *p, weft_dtype dt, double v) {
+  switch (dt) {
+    case WEFT_F32: {
+      float f = (float)v;
+      memcpy(p, &f, 4);
+      return;
+    }
+    case WEFT_F64: memcpy(p, &v, 8); return;
+    case WEFT_BF16: {
+      uint16_t h = weft_f32_to_bf16((float)v);
+      memcpy(p, &h, 2);
+      return;
+    }
+    case WEFT_F16: {
+      uint16_t h = weft_f32_to_f16((float)v);
+      memcpy(p, &h, 2);
+      return;
+    }
+    case WEFT_I32: {
+      int32_t i = (int32_t)weft_sat_i_(v, -2147483648.0, 2147483647.0, INT32_MIN, INT32_MAX);
+      memcpy(p, &i, 4);
+      return;
+    }
+    case WEFT_I64: {
+      int64_t i = weft_sat_i_(v, -9223372036854775808.0, 9223372036854775808.0, INT64_MIN,
+                              INT64_MAX);
+      memcpy(p, &i, 8);
+      return;
+    }
+    case WEFT_U8: *(uint8_t *)p = (uint8_t)weft_sat_i_(v, 0.0, 255.0, 0, 255); return;
+    default: return;
+  }
+}
+
+/* Stores an integer value (integers wrap; floats convert). */
+static inline void weft_store_i_(char *p, weft_dtype dt, int64_t v) {
+  switch (dt) {
+    case WEFT_I32: {
+      int32_t i = (int32_t)(uint32_t)(uint64_t)v;
+      memcpy(p, &i, 4);
+      return;
+    }
+    case WEFT_I64: memcpy(p, &v, 8); return;
+    case WEFT_U8: *(uint8_t *)p = (uint8_t)(uint64_t)v; return;
+    case WEFT_F32: {
+      float f = (float)v;
+      memcpy(p, &f, 4);
+      return;
+    }
+    case WEFT_BF16: {
+      uint16_t h = weft_f32_to_bf16((float)v);
+      memcpy(p, &h, 2);
+      return;
+    }
+    case WEFT_F16: {
+      uint16_t h = weft_f32_to_f16((float)v);
+      memcpy(p, &h, 2);
+      return;
+    }
+    default: weft_store_f_(p, dt, (double)v); return;
+  }
+}
+
+/* dst (dtype dd) = src (dtype sd), converting as weft_tensor_copy documents. */
+static inline void weft_convert_elem_(char *dst, weft_dtype dd, const char *src, weft_dtype sd) {
+  if (weft_dtype_is_float(sd)) {
+    weft_store_f_(dst, dd, weft_load_f_(src, sd));
+  } else {
+    weft_store_i_(dst, dd, weft_load_i_(src, sd));
+  }
+}
+
+/* ---- CPU backend internals (kernels/cpu/gemm.c) -------------------------
+ * The blocked C GEMMs used when the build has no BLAS (and for operands too
+ * large for a 32-bit BLAS interface); row-major, arguments as weft_sgemm,
+ * already validated. Exposed so tests check them in every build. */
+void weft_sgemm_blocked_(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc);
+void weft_dgemm_blocked_(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                         const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
+                         double *c, int64_t ldc);
+
+#endif /* WEFT_TENSOR_INTERNAL_H */
