@@ -5,4 +5,5 @@
 #include "kernels.h"
 #include "layers.h"
 #include "mesh.h"
+#include "safetensors.h"
 #endif
