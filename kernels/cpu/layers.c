@@ -9,18 +9,6 @@
 #include "kernels.h"
 #include "layers.h"
 
-/* TEMPORARY (until kernels/cpu/gemm.c lands): a weak weft_sgemm so this file
- * links on its own; the real one overrides it. */
-#include <cblas.h>
-__attribute__((weak)) void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n,
-                                      int64_t k, float alpha, const float *a, int64_t lda,
-                                      const float *b, int64_t ldb, float beta, float *c,
-                                      int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
-              (int)ldb, beta, c, (int)ldc);
-}
-
 /* ---------------------------------------------------------------- checks */
 
 /* Every size must be >= 0. */
