@@ -1,0 +1,165 @@
+/* dtype table, parsing, and bf16/f16 conversions against independent
+ * references: exhaustive round trips over all 2^16 patterns, and
+ * round-to-nearest-even checked by comparing distances to both neighbours. */
+#include "kernels_testutil.h"
+
+static uint32_t fbits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+static float bitsf(uint32_t u) {
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+Test(dtype, table_names_sizes_and_parse_roundtrip) {
+  const struct {
+    weft_dtype dt;
+    const char *name, *alias;
+    size_t size;
+    bool is_float;
+  } want[] = {
+      {WEFT_F32, "f32", "float32", 4, true},   {WEFT_F64, "f64", "float64", 8, true},
+      {WEFT_BF16, "bf16", "bfloat16", 2, true}, {WEFT_F16, "f16", "float16", 2, true},
+      {WEFT_I32, "i32", "int32", 4, false},    {WEFT_I64, "i64", "int64", 8, false},
+      {WEFT_U8, "u8", "uint8", 1, false},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    cr_expect_eq(weft_dtype_size(want[i].dt), want[i].size, "%s", want[i].name);
+    cr_expect_str_eq(weft_dtype_name(want[i].dt), want[i].name);
+    cr_expect_eq(weft_dtype_is_float(want[i].dt), want[i].is_float, "%s", want[i].name);
+    weft_dtype p = WEFT_DTYPE_COUNT;
+    cr_expect_eq(weft_dtype_parse(want[i].name, &p), WEFT_OK);
+    cr_expect_eq(p, want[i].dt);
+    p = WEFT_DTYPE_COUNT;
+    cr_expect_eq(weft_dtype_parse(want[i].alias, &p), WEFT_OK);
+    cr_expect_eq(p, want[i].dt);
+  }
+  cr_expect_eq(weft_dtype_size(WEFT_DTYPE_COUNT), 0);
+  cr_expect_str_eq(weft_dtype_name((weft_dtype)99), "?");
+  cr_expect(!weft_dtype_is_float((weft_dtype)-1));
+}
+
+Test(dtype, parse_unknown_names_the_input) {
+  weft_dtype p;
+  EXPECT_ERR(weft_dtype_parse("float8", &p), WEFT_ERR_INVALID, "float8");
+  EXPECT_ERR(weft_dtype_parse(NULL, &p), WEFT_ERR_INVALID, "(null)");
+}
+
+Test(dtype, bf16_all_patterns_roundtrip) {
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = weft_bf16_to_f32((uint16_t)h);
+    cr_assert_eq(fbits(f), h << 16, "bf16 0x%04x decodes to bits 0x%08x", h, fbits(f));
+    uint16_t back = weft_f32_to_bf16(f);
+    if (isnan(f))
+      cr_assert(isnan(weft_bf16_to_f32(back)), "NaN 0x%04x -> 0x%04x not NaN", h, back);
+    else
+      cr_assert_eq(back, h, "bf16 0x%04x -> f32 -> 0x%04x", h, back);
+  }
+}
+
+/* Reference: x lies between the truncated pattern t and t + 1 (towards
+ * larger magnitude); pick the closer, ties to the even pattern. */
+static uint16_t ref_bf16(float x) {
+  uint32_t u = fbits(x);
+  uint16_t t = (uint16_t)(u >> 16);
+  uint16_t up = (uint16_t)(t + 1);
+  double ax = fabs((double)x);
+  double v0 = fabs((double)weft_bf16_to_f32(t));
+  double v1 = (up & 0x7fff) == 0x7f80 ? ldexp(1.0, 128) : fabs((double)weft_bf16_to_f32(up));
+  double d0 = ax - v0, d1 = v1 - ax;
+  if (d0 < d1) return t;
+  if (d1 < d0) return up;
+  return (t & 1) ? up : t;
+}
+
+Test(dtype, bf16_rounds_to_nearest_even) {
+  trng r = trng_make(11);
+  for (int i = 0; i < 300000; i++) {
+    uint32_t u = (uint32_t)trng_next(&r);
+    if ((u & 0x7f800000u) == 0x7f800000u) continue; /* inf/NaN below */
+    if (i % 4 == 0) u = (u & 0xffff0000u) | 0x8000u; /* exact ties */
+    float x = bitsf(u);
+    uint16_t got = weft_f32_to_bf16(x), want = ref_bf16(x);
+    cr_assert_eq(got, want, "bf16(%a = 0x%08x) = 0x%04x, want 0x%04x (seed %lu)", (double)x, u, got,
+                 want, weft_test_seed(11));
+  }
+  cr_expect_eq(weft_f32_to_bf16(bitsf(0x3f808000u)), 0x3f80, "tie at 1 + 2^-8 goes to even 1.0");
+  cr_expect_eq(weft_f32_to_bf16(bitsf(0x3f818000u)), 0x3f82, "tie goes up to the even pattern");
+  cr_expect_eq(weft_f32_to_bf16(bitsf(0x3f808001u)), 0x3f81, "just above a tie rounds up");
+  cr_expect_eq(weft_f32_to_bf16(-0.0f), 0x8000);
+  cr_expect_eq(weft_f32_to_bf16(INFINITY), 0x7f80);
+  cr_expect_eq(weft_f32_to_bf16(-INFINITY), 0xff80);
+  cr_expect_eq(weft_f32_to_bf16(bitsf(0x7f7fffffu)), 0x7f80, "FLT_MAX rounds to inf in bf16");
+  cr_expect(isnan(weft_bf16_to_f32(weft_f32_to_bf16(NAN))));
+  cr_expect(isnan(weft_bf16_to_f32(weft_f32_to_bf16(bitsf(0x7f800001u)))),
+            "signalling NaN with a low payload stays NaN");
+}
+
+Test(dtype, f16_all_patterns_roundtrip) {
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = weft_f16_to_f32((uint16_t)h);
+    uint16_t back = weft_f32_to_f16(f);
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) {
+      cr_assert(isnan(f), "f16 NaN 0x%04x decodes to %g", h, (double)f);
+      cr_assert(isnan(weft_f16_to_f32(back)));
+    } else {
+      cr_assert_eq(back, h, "f16 0x%04x -> %a -> 0x%04x", h, (double)f, back);
+    }
+  }
+  /* decoded values against the definition */
+  cr_expect_eq(weft_f16_to_f32(0x3c00), 1.0f);
+  cr_expect_eq(weft_f16_to_f32(0x7bff), 65504.0f);
+  cr_expect_eq(weft_f16_to_f32(0x0001), ldexpf(1.0f, -24));
+  cr_expect_eq(weft_f16_to_f32(0x0400), ldexpf(1.0f, -14));
+  cr_expect_eq(weft_f16_to_f32(0xc000), -2.0f);
+  cr_expect(isinf(weft_f16_to_f32(0x7c00)));
+}
+
+/* Reference: binary search over the monotonic positive patterns
+ * 0x0000..0x7bff, then nearest of the two neighbours, ties to even. */
+static uint16_t ref_f16(float x) {
+  double ax = fabs((double)x);
+  uint16_t sign = signbit(x) ? 0x8000 : 0;
+  int lo = 0, hi = 0x7bff; /* largest pattern with value <= ax */
+  if (ax >= 65504.0) {
+    lo = 0x7bff;
+  } else {
+    while (lo < hi) {
+      int mid = (lo + hi + 1) / 2;
+      if ((double)weft_f16_to_f32((uint16_t)mid) <= ax) lo = mid;
+      else hi = mid - 1;
+    }
+  }
+  double v0 = weft_f16_to_f32((uint16_t)lo);
+  double v1 = lo == 0x7bff ? 65536.0 : (double)weft_f16_to_f32((uint16_t)(lo + 1));
+  double d0 = ax - v0, d1 = v1 - ax;
+  uint16_t pick;
+  if (d0 < d1) pick = (uint16_t)lo;
+  else if (d1 < d0) pick = (uint16_t)(lo + 1);
+  else pick = (lo & 1) ? (uint16_t)(lo + 1) : (uint16_t)lo;
+  return sign | pick; /* lo + 1 == 0x7c00 is inf */
+}
+
+Test(dtype, f16_rounds_to_nearest_even_including_subnormals_and_overflow) {
+  trng r = trng_make(12);
+  for (int i = 0; i < 100000; i++) {
+    double mag = ldexp(1.0 + trng_unif(&r), (int)trng_int(&r, -27, 16));
+    float x = (float)(trng_unif(&r) < 0.5 ? -mag : mag);
+    if (i % 5 == 0) { /* exact ties between two f16 neighbours */
+      uint16_t h = (uint16_t)trng_int(&r, 0, 0x7bfe);
+      x = (float)(((double)weft_f16_to_f32(h) + (double)weft_f16_to_f32((uint16_t)(h + 1))) / 2);
+    }
+    uint16_t got = weft_f32_to_f16(x), want = ref_f16(x);
+    cr_assert_eq(got, want, "f16(%a) = 0x%04x, want 0x%04x (seed %lu)", (double)x, got, want,
+                 weft_test_seed(12));
+  }
+  cr_expect_eq(weft_f32_to_f16(65519.0f), 0x7bff, "65519 rounds down to 65504");
+  cr_expect_eq(weft_f32_to_f16(65520.0f), 0x7c00, "65520 ties to inf");
+  cr_expect_eq(weft_f32_to_f16(ldexpf(1.0f, -25)), 0x0000, "2^-25 ties to zero");
+  cr_expect_eq(weft_f32_to_f16(ldexpf(1.5f, -25)), 0x0001);
+  cr_expect_eq(weft_f32_to_f16(-INFINITY), 0xfc00);
+  cr_expect(isnan(weft_f16_to_f32(weft_f32_to_f16(NAN))));
+}
