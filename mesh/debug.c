@@ -1,0 +1,243 @@
+/* WEFT_DEBUG=1: before a collective, the ranks of its group compare what
+ * they are about to call.
+ *
+ * Protocol (on the group's control communicator, never the one the
+ * collective uses): every rank posts a receive from and a send to every
+ * other member, 1 message each way (a fingerprint: op, dim, dtype, count,
+ * reduce op, root, sequence number), then waits with the usual backoff and
+ * timeout. Every rank then holds all n fingerprints and reaches the same
+ * verdict, so a mismatch is reported on every rank with the same list of
+ * who called what. A rank that never arrives leaves its receive pending:
+ * the timeout names it. Messages between two ranks on one communicator do
+ * not overtake each other (MPI-4.0 §3.5), so the k-th fingerprint from a
+ * peer always pairs with this rank's k-th collective on the group.
+ *
+ * all_to_all_v adds the pairwise counts (what I send you, what I expect
+ * from you) to each message; since only the two ranks of a pair can see a
+ * disagreement, a second exchange shares each rank's verdict.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mesh_internal.h"
+
+enum { TAG_FP = 17, TAG_VERDICT = 18 };
+
+typedef struct fp_msg {
+  weft_fingerprint fp;
+  int64_t to_you, from_you; /* all_to_all_v pair counts */
+} fp_msg;
+
+/* The first pair this rank found inconsistent: sender sends `sends`
+ * elements to receiver, which expects `expects` (group ranks; -1: none). */
+typedef struct verdict_msg {
+  int64_t sender, receiver, sends, expects;
+} verdict_msg;
+
+static bool fp_equal(const weft_fingerprint *a, const weft_fingerprint *b) {
+  return memcmp(a, b, sizeof *a) == 0;
+}
+
+void weft__fingerprint_describe(const weft_fingerprint *fp, char *buf, size_t cap) {
+  if (fp->magic != WEFT_FP_MAGIC) {
+    snprintf(buf, cap, "(garbled fingerprint)");
+    return;
+  }
+  const char *kind = weft_coll_kind_name((weft_coll_kind)fp->kind);
+  int len = snprintf(buf, cap, "%s%s(", kind, fp->vflag ? "_v" : "");
+  if (len < 0 || (size_t)len >= cap) return;
+  if (fp->dtype >= 0)
+    len += snprintf(buf + len, cap - (size_t)len, "%s, ", weft_dtype_name((weft_dtype)fp->dtype));
+  if ((size_t)len < cap && fp->count >= 0)
+    len += snprintf(buf + len, cap - (size_t)len, "count %" PRId64 ", ", fp->count);
+  if ((size_t)len < cap && fp->vflag && fp->kind == WEFT_COLL_ALL_GATHER)
+    len += snprintf(buf + len, cap - (size_t)len, "counts hash %08" PRIx64 ", ",
+                    (uint64_t)fp->extra & 0xffffffffu);
+  if ((size_t)len < cap && fp->op >= 0)
+    len += snprintf(buf + len, cap - (size_t)len, "%s, ", weft_reduce_op_name((weft_reduce_op)fp->op));
+  if ((size_t)len < cap && fp->root >= 0)
+    len += snprintf(buf + len, cap - (size_t)len, "root %" PRId64 ", ", fp->root);
+  if ((size_t)len < cap)
+    snprintf(buf + len, cap - (size_t)len, "seq %" PRIu64 ")", (uint64_t)fp->seq);
+}
+
+/* Cancels the receives still pending (peers that never sent) and lets go of
+ * sends nobody took. Returns how many receives were missing, their world
+ * ranks in `missing`. */
+static int abandon(mesh_dim *d, MPI_Request *recvs, MPI_Request *sends, int *missing) {
+  int nmiss = 0;
+  for (int j = 0; j < d->size; j++) {
+    if (recvs[j] != MPI_REQUEST_NULL) {
+      missing[nmiss++] = d->members[j];
+      MPI_Cancel(&recvs[j]);
+      MPI_Request_free(&recvs[j]);
+    }
+    if (sends[j] != MPI_REQUEST_NULL) MPI_Request_free(&sends[j]);
+  }
+  return nmiss;
+}
+
+static weft_status exchange_timeout(mesh_dim *d, const weft_fingerprint *fp, MPI_Request *reqs,
+                                    const char *phase) {
+  int n = d->size;
+  int *missing = malloc((size_t)n * sizeof *missing);
+  char desc[256], ranks[512] = "?";
+  weft__fingerprint_describe(fp, desc, sizeof desc);
+  if (missing) {
+    int nmiss = abandon(d, reqs, reqs + n, missing);
+    weft__format_ranks(missing, nmiss, ranks, sizeof ranks);
+    free(missing);
+  }
+  d->broken = true;
+  snprintf(d->broken_msg, sizeof d->broken_msg, "%.120s timed out in the %.40s exchange", desc, phase);
+  return weft_error(WEFT_ERR_TIMEOUT,
+                    "%s on mesh dim '%s' not started within %g s: world ranks never arrived "
+                    "(%s exchange): %s",
+                    desc, d->name, weft__rt.settings.timeout_s, phase, ranks);
+}
+
+/* Second round for all_to_all_v: every rank shares its pairwise verdict. */
+static weft_status share_verdicts(mesh_dim *d, const weft_fingerprint *fp, verdict_msg mine) {
+  int n = d->size, me = d->coord;
+  verdict_msg *in = calloc((size_t)n, sizeof *in);
+  MPI_Request *reqs = malloc(2 * (size_t)n * sizeof *reqs);
+  if (!in || !reqs) {
+    free(in);
+    free(reqs);
+    return weft_error(WEFT_ERR_OOM, "no memory for the debug verdict exchange");
+  }
+  for (int j = 0; j < 2 * n; j++) reqs[j] = MPI_REQUEST_NULL;
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    MPI_Irecv(&in[j], (int)sizeof in[j], MPI_BYTE, j, TAG_VERDICT, d->ctl, &reqs[j]);
+    MPI_Isend(&mine, (int)sizeof mine, MPI_BYTE, j, TAG_VERDICT, d->ctl, &reqs[n + j]);
+  }
+  in[me] = mine;
+  weft_status st = weft__wait_all(2 * n, reqs, weft__rt.settings.timeout_s);
+  if (st == WEFT_ERR_TIMEOUT) st = exchange_timeout(d, fp, reqs, "all_to_all_v counts");
+  free(reqs);
+  if (st != WEFT_OK) {
+    free(in);
+    return st;
+  }
+  char list[768] = "";
+  size_t len = 0;
+  int nbad = 0;
+  for (int j = 0; j < n; j++) {
+    const verdict_msg *v = &in[j];
+    if (v->sender < 0 || v->sender >= n || v->receiver < 0 || v->receiver >= n) continue;
+    /* A bad pair shows up at both of its ends: report it once. */
+    bool dup = false;
+    for (int k = 0; k < j && !dup; k++)
+      dup = in[k].sender == v->sender && in[k].receiver == v->receiver;
+    if (dup) continue;
+    if (nbad < 4 && len < sizeof list)
+      len += (size_t)snprintf(list + len, sizeof list - len,
+                              "%sworld rank %d sends %" PRId64 " to world rank %d, which "
+                              "expects %" PRId64,
+                              nbad ? "; " : "", d->members[v->sender], v->sends,
+                              d->members[v->receiver], v->expects);
+    nbad++;
+  }
+  free(in);
+  if (!nbad) return WEFT_OK;
+  char desc[256];
+  weft__fingerprint_describe(fp, desc, sizeof desc);
+  return weft_error(WEFT_ERR_MISMATCH, "%s on mesh dim '%s': counts disagree: %s%s", desc,
+                    d->name, list, nbad > 4 ? "; ..." : "");
+}
+
+weft_status weft__debug_check(mesh_dim *d, const weft_fingerprint *fp, const int64_t *pair_send,
+                              const int64_t *pair_recv) {
+  int n = d->size, me = d->coord;
+  fp_msg *in = calloc((size_t)n, sizeof *in);
+  fp_msg *out = calloc((size_t)n, sizeof *out);
+  MPI_Request *reqs = malloc(2 * (size_t)n * sizeof *reqs);
+  int *cls = malloc((size_t)n * sizeof *cls);
+  weft_status st = WEFT_OK;
+  if (!in || !out || !reqs || !cls) {
+    st = weft_error(WEFT_ERR_OOM, "no memory for the debug fingerprint exchange");
+    goto done;
+  }
+  for (int j = 0; j < 2 * n; j++) reqs[j] = MPI_REQUEST_NULL;
+  for (int j = 0; j < n; j++) {
+    out[j].fp = *fp;
+    out[j].to_you = pair_send ? pair_send[j] : 0;
+    out[j].from_you = pair_recv ? pair_recv[j] : 0;
+  }
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    MPI_Irecv(&in[j], (int)sizeof in[j], MPI_BYTE, j, TAG_FP, d->ctl, &reqs[j]);
+    MPI_Isend(&out[j], (int)sizeof out[j], MPI_BYTE, j, TAG_FP, d->ctl, &reqs[n + j]);
+  }
+  in[me] = out[me];
+  st = weft__wait_all(2 * n, reqs, weft__rt.settings.timeout_s);
+  if (st == WEFT_ERR_TIMEOUT) st = exchange_timeout(d, fp, reqs, "fingerprint");
+  if (st != WEFT_OK) goto done;
+
+  /* Classes of equal fingerprints, numbered by their lowest group rank. */
+  int nclass = 0;
+  for (int j = 0; j < n; j++) {
+    cls[j] = j;
+    for (int k = 0; k < j; k++)
+      if (fp_equal(&in[j].fp, &in[k].fp)) {
+        cls[j] = cls[k];
+        break;
+      }
+    if (cls[j] == j) nclass++;
+  }
+  if (nclass > 1) {
+    char list[1400] = "";
+    size_t len = 0;
+    int shown = 0;
+    for (int c = 0; c < n && len < sizeof list; c++) {
+      if (cls[c] != c) continue;
+      if (shown == 4) {
+        len += (size_t)snprintf(list + len, sizeof list - len, "; ...");
+        break;
+      }
+      int ranks[16], nr = 0, more = 0;
+      for (int j = 0; j < n; j++)
+        if (cls[j] == c) {
+          if (nr < 16)
+            ranks[nr++] = d->members[j];
+          else
+            more++;
+        }
+      char rs[160], desc[256];
+      weft__format_ranks(ranks, nr, rs, sizeof rs);
+      weft__fingerprint_describe(&in[c].fp, desc, sizeof desc);
+      len += (size_t)snprintf(list + len, sizeof list - len, "%sworld rank%s %s%s called %s",
+                              shown ? "; " : "", nr + more > 1 ? "s" : "", rs,
+                              more ? ", ..." : "", desc);
+      shown++;
+    }
+    st = weft_error(WEFT_ERR_MISMATCH,
+                    "collective mismatch on mesh dim '%s' (group of %d, %d different calls): %s",
+                    d->name, n, nclass, list);
+    goto done;
+  }
+
+  if (pair_send) {
+    /* all_to_all_v: my send to j must be what j expects from me, and back. */
+    verdict_msg v = {-1, -1, 0, 0};
+    for (int j = 0; j < n && v.sender < 0; j++) {
+      int64_t j_to_me = j == me ? pair_send[me] : in[j].to_you;
+      int64_t j_from_me = j == me ? pair_recv[me] : in[j].from_you;
+      if (pair_send[j] != j_from_me)
+        v = (verdict_msg){me, j, pair_send[j], j_from_me};
+      else if (pair_recv[j] != j_to_me)
+        v = (verdict_msg){j, me, j_to_me, pair_recv[j]};
+    }
+    st = share_verdicts(d, fp, v);
+  }
+
+done:
+  free(in);
+  free(out);
+  free(reqs);
+  free(cls);
+  return st;
+}

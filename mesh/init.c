@@ -1,0 +1,323 @@
+/* Process setup: MPI init/finalize, node-local rank, settings from the
+ * environment (the one place they are read), bf16/f16 reduction ops. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mesh_internal.h"
+
+weft_runtime weft__rt = {
+    .world_rank = 0,
+    .world_size = 1,
+    .local_rank = 0,
+    .local_size = 1,
+    .settings = {.timeout_s = 300.0, .debug = false, .backoff = -1},
+    .sleep_waits = true,
+};
+
+bool weft_is_initialized(void) { return weft__rt.initialized; }
+int weft_world_rank(void) { return weft__rt.world_rank; }
+int weft_world_size(void) { return weft__rt.world_size; }
+int weft_local_rank(void) { return weft__rt.local_rank; }
+int weft_local_size(void) { return weft__rt.local_size; }
+const weft_settings *weft_get_settings(void) { return &weft__rt.settings; }
+void weft_set_timeout(double seconds) {
+  if (seconds > 0 && isfinite(seconds)) weft__rt.settings.timeout_s = seconds;
+}
+void weft_set_debug(bool on) { weft__rt.settings.debug = on; }
+
+weft_status weft__require_init(const char *func) {
+  if (weft__rt.initialized) return WEFT_OK;
+  return weft_error_at(WEFT_ERR_STATE, func, "weft_init has not been called");
+}
+
+/* ------------------------------------------------------------ settings */
+
+/* Parses a whole-string integer; false if s is not one. */
+static bool parse_int(const char *s, long *out) {
+  if (!s || !*s) return false;
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  while (*end && isspace((unsigned char)*end)) end++;
+  if (errno || *end) return false;
+  *out = v;
+  return true;
+}
+
+static bool word_is(const char *s, const char *const *words) {
+  for (int i = 0; words[i]; i++)
+    if (strcasecmp(s, words[i]) == 0) return true;
+  return false;
+}
+
+/* WEFT_TIMEOUT (seconds, > 0), WEFT_DEBUG (0/1), WEFT_BACKOFF (auto/0/1). */
+static weft_status read_settings(weft_settings *s) {
+  static const char *const yes[] = {"1", "true", "yes", "on", NULL};
+  static const char *const no[] = {"0", "false", "no", "off", "", NULL};
+  s->timeout_s = 300.0;
+  s->debug = false;
+  s->backoff = -1;
+  const char *v = getenv("WEFT_TIMEOUT");
+  if (v && *v) {
+    char *end;
+    double t = strtod(v, &end);
+    if (*end || !(t > 0) || !isfinite(t))
+      return weft_error(WEFT_ERR_INVALID, "WEFT_TIMEOUT='%s' is not a positive number of seconds",
+                        v);
+    s->timeout_s = t;
+  }
+  v = getenv("WEFT_DEBUG");
+  if (v) {
+    if (word_is(v, yes))
+      s->debug = true;
+    else if (!word_is(v, no))
+      return weft_error(WEFT_ERR_INVALID, "WEFT_DEBUG='%s' (expected 0 or 1)", v);
+  }
+  v = getenv("WEFT_BACKOFF");
+  if (v && *v) {
+    static const char *const never[] = {"0", "never", "spin", NULL};
+    static const char *const always[] = {"1", "always", "sleep", NULL};
+    static const char *const aut[] = {"-1", "auto", NULL};
+    if (word_is(v, never))
+      s->backoff = 0;
+    else if (word_is(v, always))
+      s->backoff = 1;
+    else if (!word_is(v, aut))
+      return weft_error(WEFT_ERR_INVALID, "WEFT_BACKOFF='%s' (expected auto, 0 or 1)", v);
+  }
+  return WEFT_OK;
+}
+
+/* ------------------------------------------------------- bf16/f16 ops */
+
+/* MPI has no bf16/f16 types: they travel as MPI_UINT16_T and reduce with
+ * user ops that widen to float, combine and round back (nearest even), as
+ * NCCL does per step. Each op is tied to one format and one operation. */
+#define WEFT_OP16_BODY(conv_in, conv_out, combine)                          \
+  uint16_t *a = in, *b = inout;                                            \
+  for (int i = 0; i < *len; i++) {                                         \
+    float x = conv_in(a[i]), y = conv_in(b[i]);                            \
+    b[i] = conv_out(combine);                                              \
+  }
+
+/* NaN propagates through max/min, as torch.maximum does. */
+static inline float max_nan(float x, float y) { return isnan(x) || x > y ? x : y; }
+static inline float min_nan(float x, float y) { return isnan(x) || x < y ? x : y; }
+
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  WEFT_OP16_BODY(weft_bf16_to_f32, weft_f32_to_bf16, x + y)
+}
+static void bf16_max(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  WEFT_OP16_BODY(weft_bf16_to_f32, weft_f32_to_bf16, max_nan(x, y))
+}
+static void bf16_min(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  WEFT_OP16_BODY(weft_bf16_to_f32, weft_f32_to_bf16, min_nan(x, y))
+}
+static void f16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  WEFT_OP16_BODY(weft_f16_to_f32, weft_f32_to_f16, x + y)
+}
+static void f16_max(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  WEFT_OP16_BODY(weft_f16_to_f32, weft_f32_to_f16, max_nan(x, y))
+}
+static void f16_min(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  WEFT_OP16_BODY(weft_f16_to_f32, weft_f32_to_f16, min_nan(x, y))
+}
+
+static void free_ops(void) {
+  for (int f = 0; f < 2; f++)
+    for (int o = 0; o < 3; o++)
+      if (weft__rt.ops16[f][o] != MPI_OP_NULL) MPI_Op_free(&weft__rt.ops16[f][o]);
+}
+
+static weft_status create_ops(void) {
+  MPI_User_function *fns[2][3] = {{bf16_sum, bf16_max, bf16_min}, {f16_sum, f16_max, f16_min}};
+  for (int f = 0; f < 2; f++)
+    for (int o = 0; o < 3; o++) weft__rt.ops16[f][o] = MPI_OP_NULL;
+  for (int f = 0; f < 2; f++)
+    for (int o = 0; o < 3; o++)
+      if (MPI_Op_create(fns[f][o], 1, &weft__rt.ops16[f][o]) != MPI_SUCCESS) {
+        free_ops();
+        return weft_error(WEFT_ERR_MPI, "MPI_Op_create failed for the bf16/f16 reductions");
+      }
+  return WEFT_OK;
+}
+
+/* -------------------------------------------------------------- init */
+
+/* What each rank tells the others at init (one nonblocking all-gather). */
+typedef struct init_record {
+  char host[MPI_MAX_PROCESSOR_NAME + 1];
+  int env_rank, env_size;     /* -1 unset, -2 not an integer */
+  int env_local_rank, env_local_size;
+  unsigned char cpus[sizeof(cpu_set_t)];
+} init_record;
+
+static int env_int(const char *name) {
+  const char *v = getenv(name);
+  if (!v || !*v) return -1;
+  long x;
+  if (!parse_int(v, &x) || x < 0 || x > 1 << 30) return -2;
+  return (int)x;
+}
+
+/* Appends one env complaint to buf for every rank whose value disagrees. */
+static int check_env(const init_record *recs, int n, char *buf, size_t cap) {
+  size_t len = strlen(buf);
+  int bad = 0;
+  for (int r = 0; r < n; r++) {
+    const init_record *x = &recs[r];
+    char one[192] = "";
+    if (x->env_rank == -2 || x->env_size == -2 || x->env_local_rank == -2 ||
+        x->env_local_size == -2)
+      snprintf(one, sizeof one, "world rank %d: RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE "
+               "is not a non-negative integer", r);
+    else if (x->env_rank >= 0 && x->env_rank != r)
+      snprintf(one, sizeof one, "world rank %d: RANK=%d disagrees with MPI rank %d", r,
+               x->env_rank, r);
+    else if (x->env_size >= 0 && x->env_size != n)
+      snprintf(one, sizeof one, "world rank %d: WORLD_SIZE=%d disagrees with MPI size %d", r,
+               x->env_size, n);
+    else if (x->env_local_rank >= 0 && x->env_local_size >= 0 &&
+             x->env_local_rank >= x->env_local_size)
+      snprintf(one, sizeof one, "world rank %d: LOCAL_RANK=%d is not below LOCAL_WORLD_SIZE=%d",
+               r, x->env_local_rank, x->env_local_size);
+    if (!one[0]) continue;
+    if (bad < 4 && len + strlen(one) + 3 < cap) {
+      len += (size_t)snprintf(buf + len, cap - len, "%s%s", bad ? "; " : "", one);
+    }
+    bad++;
+  }
+  if (bad > 4 && len + 32 < cap) snprintf(buf + len, cap - len, "; and %d more", bad - 4);
+  return bad;
+}
+
+weft_status weft_init(int *argc, char ***argv) {
+  if (weft__rt.initialized)
+    return weft_error(WEFT_ERR_STATE, "weft_init called twice (call weft_finalize first)");
+  weft_settings s;
+  WEFT_CHECK(read_settings(&s));
+  weft__rt.settings = s;
+
+  int inited = 0;
+  MPI_Initialized(&inited);
+  weft__rt.finalize_mpi = false;
+  if (!inited) {
+    int provided;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+      return weft_error(WEFT_ERR_MPI, "MPI_Init_thread failed");
+    weft__rt.finalize_mpi = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &weft__rt.world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &weft__rt.world_size);
+  weft_error_set_rank(weft__rt.world_rank);
+  int n = weft__rt.world_size, me = weft__rt.world_rank;
+
+  /* note: the node-local rank comes from an all-gather of host names rather
+   * than MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): with MPICH 4.0.2 the
+   * latter is a blocking, busy-polling collective that took 0.25 s on 8
+   * ranks over 2 cores, the nonblocking all-gather with backoff a few ms.
+   * The same record carries the env checks and CPU affinity. */
+  weft_status st = WEFT_OK;
+  init_record mine;
+  memset(&mine, 0, sizeof mine);
+  int hlen = 0;
+  MPI_Get_processor_name(mine.host, &hlen);
+  mine.env_rank = env_int("RANK");
+  mine.env_size = env_int("WORLD_SIZE");
+  mine.env_local_rank = env_int("LOCAL_RANK");
+  mine.env_local_size = env_int("LOCAL_WORLD_SIZE");
+  cpu_set_t cs;
+  CPU_ZERO(&cs);
+  if (sched_getaffinity(0, sizeof cs, &cs) != 0) CPU_SET(0, &cs);
+  memcpy(mine.cpus, &cs, sizeof cs);
+
+  init_record *recs = malloc((size_t)n * sizeof *recs);
+  if (!recs) {
+    st = weft_error(WEFT_ERR_OOM, "no memory for %d init records", n);
+    goto fail;
+  }
+  weft__rt.sleep_waits = true; /* policy unknown until the records are in */
+  MPI_Request req;
+  MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, recs, (int)sizeof mine, MPI_BYTE,
+                 MPI_COMM_WORLD, &req);
+  st = weft__wait_all(1, &req, s.timeout_s);
+  if (st == WEFT_ERR_TIMEOUT) {
+    st = weft_error(WEFT_ERR_TIMEOUT, "weft_init: not every rank reached weft_init within %g s",
+                    s.timeout_s);
+    free(recs);
+    weft_error_set_rank(-1);
+    return st; /* MPI cannot be finalised with the all-gather pending */
+  }
+  if (st != WEFT_OK) goto fail;
+
+  char msg[1024] = "";
+  if (check_env(recs, n, msg, sizeof msg)) {
+    st = weft_error(WEFT_ERR_INVALID, "environment disagrees with MPI: %s", msg);
+    goto fail;
+  }
+  int local = 0, nlocal = 0;
+  cpu_set_t node;
+  CPU_ZERO(&node);
+  for (int r = 0; r < n; r++) {
+    if (strcmp(recs[r].host, mine.host) != 0) continue;
+    if (r < me) local++;
+    nlocal++;
+    cpu_set_t c;
+    memcpy(&c, recs[r].cpus, sizeof c);
+    CPU_OR(&node, &node, &c);
+  }
+  weft__rt.node_procs = nlocal;
+  weft__rt.node_cpus = CPU_COUNT(&node) > 0 ? CPU_COUNT(&node) : 1;
+  weft__rt.local_rank = mine.env_local_rank >= 0 ? mine.env_local_rank : local;
+  weft__rt.local_size = mine.env_local_size >= 0 ? mine.env_local_size : nlocal;
+  /* Backoff policy: sleep between tests when this node runs more of our
+   * processes than it gives them CPUs (see wait.c for the measurements). */
+  if (s.backoff >= 0)
+    weft__rt.sleep_waits = s.backoff == 1;
+  else
+    weft__rt.sleep_waits = weft__rt.node_procs > weft__rt.node_cpus;
+  free(recs);
+  recs = NULL;
+
+  WEFT_CHECK_GOTO(create_ops(), st, fail);
+  weft__rt.initialized = true;
+  return WEFT_OK;
+
+fail:
+  free(recs);
+  if (weft__rt.finalize_mpi) MPI_Finalize();
+  weft__rt.finalize_mpi = false;
+  weft__rt.world_rank = 0;
+  weft__rt.world_size = 1;
+  return st;
+}
+
+weft_status weft_finalize(void) {
+  if (!weft__rt.initialized) return WEFT_OK;
+  free_ops();
+  weft_status st = WEFT_OK;
+  if (weft__rt.finalize_mpi) {
+    /* note: MPI_Finalize synchronises with a busy-polling barrier; meeting
+     * first in a backoff barrier keeps oversubscribed ranks from spinning
+     * against each other while the slowest one arrives. */
+    MPI_Request req;
+    MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    if (weft__wait_all(1, &req, weft__rt.settings.timeout_s) != WEFT_OK) {
+      st = weft_error(WEFT_ERR_TIMEOUT,
+                      "weft_finalize: not every rank reached weft_finalize within %g s",
+                      weft__rt.settings.timeout_s);
+      weft__rt.initialized = false;
+      return st;
+    }
+    MPI_Finalize();
+  }
+  weft__rt.initialized = false;
+  weft__rt.finalize_mpi = false;
+  weft_error_set_rank(-1);
+  return st;
+}

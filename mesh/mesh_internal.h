@@ -1,0 +1,126 @@
+/* mesh/mesh_internal.h — private state shared by the mesh sources.
+ *
+ * Layout of a mesh (every rank holds its own copy):
+ *
+ *   root weft_mesh ── dims[] ──► mesh_dim (one per root dim, then one per
+ *        ▲                        flattened dim; stable pointers, owned by
+ *        │ root                   the root; each owns its communicators)
+ *   sub-mesh / flattened mesh: dim_id[i] indexes root->dims[]
+ *
+ * A mesh_dim is one communication group as seen from this rank: its
+ * communicator (group ranks = coordinates along the dim), a second
+ * communicator for weft's own control messages (debug fingerprints), the
+ * world ranks of its members, a sequence number and the comm counters.
+ */
+#ifndef WEFT_MESH_INTERNAL_H
+#define WEFT_MESH_INTERNAL_H
+
+#include <stdint.h>
+
+#include "mesh.h"
+
+/* One communication group (a root dim, a flattened dim, or the whole mesh). */
+typedef struct mesh_dim {
+  char name[WEFT_MESH_NAME_MAX];   /* at most WEFT_MESH_NAME_MAX - 1 chars */
+  int nsrc;                      /* root dims this group spans (1 for a root dim) */
+  int src[WEFT_MESH_MAX_DIMS];   /* ... in flattening order (row-major over them) */
+  int size;                      /* group size */
+  int coord;                     /* this rank's rank in the group */
+  MPI_Comm comm;                 /* collectives */
+  MPI_Comm ctl;                  /* weft control messages (fingerprints) */
+  int *members;                  /* world rank of each group rank (size entries) */
+  uint64_t seq;                  /* collectives started on this group */
+  weft_comm_count stats[WEFT_COLL_KIND_COUNT];
+  bool broken;                   /* a collective timed out: the group is unusable */
+  char broken_msg[192];
+} mesh_dim;
+
+struct weft_mesh {
+  struct weft_mesh *root;        /* == this for a root mesh */
+  int ndim;
+  int shape[WEFT_MESH_MAX_DIMS];
+  int dim_id[WEFT_MESH_MAX_DIMS]; /* index into root->dims */
+  int refs;                      /* weft_mesh_retain count */
+  /* root only */
+  MPI_Comm comm;                 /* duplicate of the creating communicator */
+  int size, rank;                /* mesh size and this rank's mesh rank */
+  int *world_of;                 /* mesh rank -> world rank (size entries) */
+  int nsubs;                     /* live sub-meshes and flattened meshes */
+  int inflight;                  /* async works not yet completed */
+  mesh_dim **dims;               /* ndim root dims, then flattened dims */
+  int ndims_all, dims_cap;
+  mesh_dim whole;                /* the whole mesh (barrier over dim -1) */
+};
+
+/* ------------------------------------------------------------ init.c */
+
+/* Settings and process facts (valid after weft_init). */
+typedef struct weft_runtime {
+  bool initialized;
+  bool finalize_mpi;             /* weft_init started MPI */
+  int world_rank, world_size;
+  int local_rank, local_size;    /* as reported (LOCAL_RANK/LOCAL_WORLD_SIZE override) */
+  int node_procs;                /* processes of this job on this node (measured) */
+  int node_cpus;                 /* CPUs those processes may use (union of affinities) */
+  bool sleep_waits;              /* resolved backoff policy */
+  weft_settings settings;
+  MPI_Op ops16[2][3];            /* [bf16, f16][sum, max, min] user ops */
+} weft_runtime;
+extern weft_runtime weft__rt;
+
+/* WEFT_ERR_STATE unless weft_init has run. */
+weft_status weft__require_init(const char *func);
+
+/* ------------------------------------------------------------ wait.c */
+
+/* Waits until all n requests completed (completed ones become
+ * MPI_REQUEST_NULL), polling with MPI_Testsome and the backoff policy.
+ * Returns WEFT_OK, WEFT_ERR_TIMEOUT after timeout_s seconds (no message set;
+ * requests left pending) or WEFT_ERR_MPI (message set). */
+weft_status weft__wait_all(int n, MPI_Request *reqs, double timeout_s);
+double weft__now(void);
+
+/* ---------------------------------------------------------- debug.c */
+
+/* What a collective call looks like; compared across the group. */
+typedef struct weft_fingerprint {
+  int64_t magic;   /* WEFT_FP_MAGIC */
+  int64_t kind;    /* weft_coll_kind */
+  int64_t vflag;   /* 1 for the _v variants */
+  int64_t dim;     /* index of the group in the root's dim table (-1: whole mesh) */
+  int64_t dtype, count, op, root;  /* -1 where not meaningful */
+  int64_t seq;     /* the group's sequence number */
+  int64_t extra;   /* all_gather_v: hash of the counts */
+} weft_fingerprint;
+#define WEFT_FP_MAGIC 0x7765667466707631LL /* "weftfpv1" */
+
+/* Exchanges fingerprints with every member of d's group (point to point on
+ * d->ctl) and compares them. For all_to_all_v, pair_send/pair_recv (group
+ * size entries, or NULL) are this rank's send/recv counts, checked pairwise
+ * with a second exchange so every rank learns the verdict. Returns
+ * WEFT_ERR_MISMATCH (same verdict on every rank), WEFT_ERR_TIMEOUT naming
+ * the ranks that never arrived (d is then marked broken), or WEFT_OK. */
+weft_status weft__debug_check(mesh_dim *d, const weft_fingerprint *fp,
+                              const int64_t *pair_send, const int64_t *pair_recv);
+/* "all_reduce(f32, count 16, sum)" */
+void weft__fingerprint_describe(const weft_fingerprint *fp, char *buf, size_t cap);
+
+/* ----------------------------------------------------- accounting.c */
+
+/* Adds one call to d's counters: payload bytes and bus bytes as mesh.h
+ * documents them. */
+void weft__account(mesh_dim *d, weft_coll_kind kind, int64_t payload);
+
+/* ----------------------------------------------------------- mesh.c */
+
+/* The group behind dim `dim` (0..ndim-1) of mesh; NULL with a message
+ * naming the problem if mesh is NULL or dim out of range. */
+mesh_dim *weft__mesh_group(const weft_mesh *mesh, int dim, const char *func);
+/* The group spanning the whole mesh in its row-major order: the root's
+ * whole group, the single dim of a 1-D mesh, or a flattened dim over the
+ * same root dims in the same order; NULL when none exists. */
+mesh_dim *weft__mesh_whole(const weft_mesh *mesh);
+/* Formats world ranks "0, 2, 5" into buf. */
+void weft__format_ranks(const int *ranks, int n, char *buf, size_t cap);
+
+#endif /* WEFT_MESH_INTERNAL_H */
