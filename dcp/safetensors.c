@@ -625,7 +625,8 @@ weft_status weft_safetensors_write(const char *path, const weft_safetensors_entr
   int fd = -1;
   const char **names = malloc((size_t)(n ? n : 1) * sizeof *names);
   uint64_t *nbytes = malloc((size_t)(n ? n : 1) * sizeof *nbytes);
-  if (!names || !nbytes) { st = weft_error(WEFT_ERR_OOM, "%s: writer tables", path); goto out; }
+  uint64_t *start = malloc((size_t)(n ? n : 1) * sizeof *start);
+  if (!names || !nbytes || !start) { st = weft_error(WEFT_ERR_OOM, "%s: writer tables", path); goto out; }
   /* validate */
   for (int64_t i = 0; i < n; i++) {
     const weft_safetensors_entry *e = &tensors[i];
@@ -682,7 +683,16 @@ weft_status weft_safetensors_write(const char *path, const weft_safetensors_entr
     sb_str(&h, "}");
     first = false;
   }
+  /* Data layout: larger elements first (8, 4, 2, 1 bytes; the given order
+   * within a size), so each tensor starts at a multiple of its element size
+   * as the reference writer arranges; the header lists tensors as given. */
   uint64_t off = 0;
+  for (size_t esz = 8; esz >= 1; esz /= 2)
+    for (int64_t i = 0; i < n; i++)
+      if (weft_dtype_size(tensors[i].dtype) == esz) {
+        start[i] = off;
+        off += nbytes[i];
+      }
   for (int64_t i = 0; i < n; i++) {
     const weft_safetensors_entry *e = &tensors[i];
     char num[64];
@@ -696,9 +706,9 @@ weft_status weft_safetensors_write(const char *path, const weft_safetensors_entr
       snprintf(num, sizeof num, "%s%lld", d ? "," : "", (long long)e->shape[d]);
       sb_str(&h, num);
     }
-    snprintf(num, sizeof num, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + nbytes[i]);
+    snprintf(num, sizeof num, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", start[i],
+             start[i] + nbytes[i]);
     sb_str(&h, num);
-    off += nbytes[i];
   }
   sb_str(&h, "}");
   while (!h.oom && h.len % 8 != 0) sb_str(&h, " ");
@@ -714,8 +724,10 @@ weft_status weft_safetensors_write(const char *path, const weft_safetensors_entr
   for (int i = 0; i < 8; i++) lenb[i] = (uint8_t)((uint64_t)h.len >> (8 * i));
   WEFT_CHECK_GOTO(write_full(fd, lenb, 8, tmp), st, out);
   WEFT_CHECK_GOTO(write_full(fd, h.p, h.len, tmp), st, out);
-  for (int64_t i = 0; i < n; i++)
-    if (nbytes[i] > 0) WEFT_CHECK_GOTO(write_full(fd, tensors[i].data, (size_t)nbytes[i], tmp), st, out);
+  for (size_t esz = 8; esz >= 1; esz /= 2)
+    for (int64_t i = 0; i < n; i++)
+      if (weft_dtype_size(tensors[i].dtype) == esz && nbytes[i] > 0)
+        WEFT_CHECK_GOTO(write_full(fd, tensors[i].data, (size_t)nbytes[i], tmp), st, out);
   if (fsync(fd) != 0) { st = weft_error(WEFT_ERR_IO, "%s: fsync: %s", tmp, strerror(errno)); goto out; }
   if (close(fd) != 0) {
     fd = -1;
@@ -734,5 +746,6 @@ out:
   free(h.p);
   free(names);
   free(nbytes);
+  free(start);
   return st;
 }

@@ -27,8 +27,10 @@
  * rows or columns), converting between float dtypes on the way if asked.
  *
  * Writing produces what the reference implementation accepts: tensors laid
- * out back to back in the order given, the header padded with spaces to a
- * multiple of 8 bytes, written to a temporary file and renamed into place.
+ * out back to back with no gaps, larger elements first (so each tensor is
+ * aligned to its element size, as the reference writer arranges), the
+ * header padded with spaces to a multiple of 8 bytes, written to a
+ * temporary file and renamed into place.
  *
  *     weft_safetensors *f;
  *     WEFT_CHECK(weft_safetensors_open("init.safetensors", &f));
@@ -126,7 +128,8 @@ typedef struct weft_safetensors_entry {
   const void *data;     /* may be NULL when the tensor is empty */
 } weft_safetensors_entry;
 
-/* Writes n tensors (data back to back in the given order) to `path`, with
+/* Writes n tensors to `path` (header entries in the given order; data back
+ * to back, 8-byte dtypes first, then 4, 2, 1, the given order within each), with
  * optional metadata: `metadata` is NULL or a NULL-terminated list of
  * alternating keys and values ("format", "pt", NULL). The file is written
  * as `path`.tmp.<pid>, flushed to disk and renamed onto `path`, so `path` is
