@@ -1,0 +1,775 @@
+/* dtensor/dtensor.c — the DTensor object: construction (empty, distribute,
+ * from_local), consistency checks, exits (to_local, full_tensor),
+ * redistribute entry points, accessors and RNG fills. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtensor_internal.h"
+
+/* ------------------------------------------------------------- helpers */
+
+bool dt_same_mesh(const weft_mesh *a, const weft_mesh *b) {
+  if (a == b) return true;
+  if (!a || !b) return false;
+  int n = weft_mesh_ndim(a);
+  if (n != weft_mesh_ndim(b)) return false;
+  for (int i = 0; i < n; i++)
+    if (weft_mesh_dim_size(a, i) != weft_mesh_dim_size(b, i) ||
+        weft_mesh_dim_comm(a, i) != weft_mesh_dim_comm(b, i))
+      return false;
+  return true;
+}
+
+weft_status dt_wrap(weft_mesh *mesh, const weft_dtensor_spec *spec, weft_tensor *local, bool owns,
+                    weft_dtensor **out) {
+  weft_dtensor *dt = calloc(1, sizeof *dt);
+  if (!dt) return weft_error(WEFT_ERR_OOM, "DTensor header");
+  dt->mesh = mesh;
+  dt->spec = *spec;
+  dt->local = local;
+  dt->owns_local = owns;
+  weft_mesh_retain(mesh);
+  *out = dt;
+  return WEFT_OK;
+}
+
+static weft_status check_out(weft_dtensor **out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  return WEFT_OK;
+}
+
+static weft_status check_dt(const weft_dtensor *dt, const char *what) {
+  if (!dt) return weft_error(WEFT_ERR_INVALID, "%s is NULL", what);
+  return WEFT_OK;
+}
+
+void weft_dtensor_destroy(weft_dtensor *dt) {
+  if (!dt) return;
+  /* a VIEW's header is ours too (it owns no data), so destroy frees just it */
+  weft_tensor_destroy(dt->local);
+  weft_mesh_release(dt->mesh);
+  free(dt);
+}
+
+/* ------------------------------------------------------------- accessors */
+
+weft_tensor *weft_dtensor_local(const weft_dtensor *dt) { return dt ? dt->local : NULL; }
+weft_mesh *weft_dtensor_mesh(const weft_dtensor *dt) { return dt ? dt->mesh : NULL; }
+const weft_dtensor_spec *weft_dtensor_get_spec(const weft_dtensor *dt) {
+  return dt ? &dt->spec : NULL;
+}
+const weft_placement *weft_dtensor_placements(const weft_dtensor *dt) {
+  return dt ? dt->spec.placements : NULL;
+}
+int weft_dtensor_ndim(const weft_dtensor *dt) { return dt ? dt->spec.ndim : 0; }
+const int64_t *weft_dtensor_shape(const weft_dtensor *dt) { return dt ? dt->spec.shape : NULL; }
+weft_dtype weft_dtensor_dtype(const weft_dtensor *dt) { return dt ? dt->spec.dtype : WEFT_F32; }
+
+bool weft_dtensor_local_offset(const weft_dtensor *dt, int64_t *global_offset) {
+  int me[WEFT_MESH_MAX_DIMS];
+  dt_my_coords(dt->mesh, me);
+  bool contig = true;
+  if (weft_dtensor_spec_local_shape(&dt->spec, me, NULL, global_offset, &contig) != WEFT_OK)
+    return false;
+  return contig;
+}
+
+weft_status weft_dtensor_ranges(const weft_dtensor *dt, int dim, weft_range *ranges, int cap,
+                                int *count) {
+  WEFT_CHECK(check_dt(dt, "dt"));
+  int me[WEFT_MESH_MAX_DIMS];
+  dt_my_coords(dt->mesh, me);
+  return weft_dtensor_spec_ranges(&dt->spec, me, dim, ranges, cap, count);
+}
+
+void weft_dtensor_describe(const weft_dtensor *dt, char *buf, size_t cap) {
+  if (!buf || !cap) return;
+  if (!dt) {
+    snprintf(buf, cap, "(null)");
+    return;
+  }
+  char spec[512], mesh[256], loc[128], off[128];
+  weft_dtensor_spec_describe(&dt->spec, spec, sizeof spec);
+  weft_mesh_describe(dt->mesh, mesh, sizeof mesh);
+  weft_tensor_describe(dt->local, loc, sizeof loc);
+  int64_t o[WEFT_MAX_DIMS];
+  weft_dtensor_local_offset(dt, o);
+  size_t at = 0;
+  off[0] = '\0';
+  for (int d = 0; d < dt->spec.ndim && at < sizeof off; d++)
+    at += (size_t)snprintf(off + at, sizeof off - at, "%s%lld", d ? ", " : "", (long long)o[d]);
+  snprintf(buf, cap, "%s [%s], local %s at [%s]", spec, mesh, loc, off);
+}
+
+/* ------------------------------------------------------------ creation */
+
+static weft_status make_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
+                              const weft_placement *pl, int n, bool zero, weft_dtensor **out) {
+  WEFT_CHECK(check_out(out));
+  if (!mesh) return weft_error(WEFT_ERR_INVALID, "mesh is NULL");
+  weft_dtensor_spec spec;
+  WEFT_CHECK(weft_dtensor_spec_init_mesh(&spec, mesh, pl, n, dtype, ndim, shape));
+  int me[WEFT_MESH_MAX_DIMS];
+  int64_t lshape[WEFT_MAX_DIMS];
+  dt_my_coords(mesh, me);
+  WEFT_CHECK(weft_dtensor_spec_local_shape(&spec, me, lshape, NULL, NULL));
+  weft_tensor *t;
+  if (zero) WEFT_CHECK(weft_tensor_zeros(dtype, WEFT_CPU, ndim, lshape, &t));
+  else WEFT_CHECK(weft_tensor_create(dtype, WEFT_CPU, ndim, lshape, &t));
+  weft_status st = dt_wrap(mesh, &spec, t, true, out);
+  if (st != WEFT_OK) weft_tensor_destroy(t);
+  return st;
+}
+
+weft_status weft_dtensor_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
+                               const weft_placement *placements, int nplacements,
+                               weft_dtensor **out) {
+  return make_empty(mesh, dtype, ndim, shape, placements, nplacements, false, out);
+}
+
+weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
+                               const weft_placement *placements, int nplacements,
+                               weft_dtensor **out) {
+  return make_empty(mesh, dtype, ndim, shape, placements, nplacements, true, out);
+}
+
+/* Collective over the whole mesh: max of a flag (chained over the dims). */
+static weft_status mesh_any(const weft_mesh *mesh, int64_t *flag) {
+  int n = weft_mesh_ndim(mesh);
+  for (int i = 0; i < n; i++)
+    WEFT_CHECK(weft_all_reduce(mesh, i, flag, flag, 1, WEFT_I64, WEFT_OP_MAX, NULL));
+  return WEFT_OK;
+}
+
+/* Sorted union over every coordinate of the mesh dims >= from of the
+ * holding along each tensor dim, for the coordinates below `from` of me. */
+static weft_status union_box(const weft_dtensor_spec *spec, const int *me, int from,
+                             dt_box *out) {
+  out->ndim = spec->ndim;
+  for (int d = 0; d < spec->ndim; d++) {
+    int dims[WEFT_MESH_MAX_DIMS], nd = 0;
+    for (int i = from; i < spec->mesh_ndim; i++)
+      if (weft_placement_is_shard(spec->placements[i]) && spec->placements[i].dim == d)
+        dims[nd++] = i;
+    int c[WEFT_MESH_MAX_DIMS];
+    memcpy(c, me, sizeof c);
+    for (int k = 0; k < nd; k++) c[dims[k]] = 0;
+    /* mark the covered indices with an interval list: collect and merge */
+    dt_runs all = {0};
+    weft_status st = WEFT_OK;
+    for (;;) {
+      dt_runs h = {0};
+      st = dt_holding(spec, c, d, &h);
+      for (int r = 0; st == WEFT_OK && r < h.n; r++) {
+        /* plain append; sorted merge below */
+        if (all.n == all.cap) {
+          int ncap = all.cap ? 2 * all.cap : 8;
+          weft_range *nr = realloc(all.r, (size_t)ncap * sizeof *nr);
+          if (!nr) {
+            st = weft_error(WEFT_ERR_OOM, "union of holdings");
+            break;
+          }
+          all.r = nr;
+          all.cap = ncap;
+        }
+        all.r[all.n++] = h.r[r];
+      }
+      dt_runs_free(&h);
+      if (st != WEFT_OK) break;
+      int k = nd - 1;
+      while (k >= 0) {
+        if (++c[dims[k]] < spec->mesh_shape[dims[k]]) break;
+        c[dims[k]] = 0;
+        k--;
+      }
+      if (k < 0) break;
+    }
+    if (st != WEFT_OK) {
+      dt_runs_free(&all);
+      return st;
+    }
+    /* sort by start (insertion sort: lists are short) and merge */
+    for (int a = 1; a < all.n; a++) {
+      weft_range v = all.r[a];
+      int b = a - 1;
+      while (b >= 0 && all.r[b].start > v.start) {
+        all.r[b + 1] = all.r[b];
+        b--;
+      }
+      all.r[b + 1] = v;
+    }
+    out->d[d].n = 0;
+    int64_t end = -1;
+    for (int a = 0; a < all.n; a++) {
+      int64_t s = all.r[a].start, e = s + all.r[a].len;
+      if (end >= 0 && s <= end) {
+        if (e > end) {
+          out->d[d].r[out->d[d].n - 1].len += e - end;
+          end = e;
+        }
+      } else {
+        st = dt_runs_push(&out->d[d], s, e - s);
+        if (st != WEFT_OK) break;
+        end = e;
+      }
+    }
+    dt_runs_free(&all);
+    WEFT_CHECK(st);
+  }
+  return WEFT_OK;
+}
+
+static weft_status full_box(const weft_dtensor_spec *spec, dt_box *out) {
+  out->ndim = spec->ndim;
+  for (int d = 0; d < spec->ndim; d++) WEFT_CHECK(dt_runs_push(&out->d[d], 0, spec->shape[d]));
+  return WEFT_OK;
+}
+
+/* Views `full` as the local tensor of a "full box" (any strides). */
+static weft_status slice_from_full(const weft_dtensor_spec *spec, const int *me,
+                                   const weft_tensor *full, weft_tensor **out) {
+  dt_box fb = {0}, mb = {0};
+  dt_xfer xf = {0};
+  weft_tensor *t = NULL;
+  weft_status st;
+  WEFT_CHECK_GOTO(full_box(spec, &fb), st, done);
+  WEFT_CHECK_GOTO(dt_box_of(spec, me, &mb), st, done);
+  WEFT_CHECK_GOTO(dt_xfer_make(&fb, &mb, &xf), st, done);
+  int64_t shape[WEFT_MAX_DIMS];
+  for (int d = 0; d < spec->ndim; d++) shape[d] = dt_runs_total(&mb.d[d]);
+  WEFT_CHECK_GOTO(weft_tensor_create(spec->dtype, WEFT_CPU, spec->ndim, shape, &t), st, done);
+  dt_xfer_copy(&xf, full, t);
+  *out = t;
+  t = NULL;
+done:
+  weft_tensor_destroy(t);
+  dt_xfer_free(&xf);
+  dt_box_free(&fb);
+  dt_box_free(&mb);
+  return st;
+}
+
+#define META_WORDS (3 + WEFT_MAX_DIMS)
+
+weft_status weft_dtensor_distribute(weft_mesh *mesh, const weft_tensor *full, int src_rank,
+                                    const weft_placement *placements, int nplacements,
+                                    weft_dtensor **out) {
+  WEFT_CHECK(check_out(out));
+  if (!mesh) return weft_error(WEFT_ERR_INVALID, "mesh is NULL");
+  int k = weft_mesh_ndim(mesh);
+  int msize = weft_mesh_size(mesh);
+  if (src_rank != WEFT_DTENSOR_ALL_RANKS && (src_rank < 0 || src_rank >= msize))
+    return weft_error(WEFT_ERR_INVALID, "src_rank %d is not a rank of the mesh (size %d) nor "
+                      "WEFT_DTENSOR_ALL_RANKS", src_rank, msize);
+  for (int i = 0; i < nplacements && placements; i++)
+    if (placements[i].kind == WEFT_PLACE_PARTIAL)
+      return weft_error(WEFT_ERR_INVALID, "placement %d: cannot distribute a full tensor to a "
+                        "Partial placement (as distribute_tensor)", i);
+  if (nplacements != k)
+    return weft_error(WEFT_ERR_INVALID,
+                      "%d placements for a %d-dim mesh (need one placement per mesh dim)",
+                      nplacements, k);
+  int me[WEFT_MESH_MAX_DIMS], src[WEFT_MESH_MAX_DIMS];
+  dt_my_coords(mesh, me);
+  if (src_rank == WEFT_DTENSOR_ALL_RANKS) {
+    if (!full) return weft_error(WEFT_ERR_INVALID, "full is NULL (every rank must pass it)");
+    if (full->device != WEFT_CPU)
+      return weft_error(WEFT_ERR_UNSUPPORTED, "distribute from %s tensors",
+                        weft_device_name(full->device));
+    weft_dtensor_spec spec;
+    WEFT_CHECK(weft_dtensor_spec_init_mesh(&spec, mesh, placements, nplacements, full->dtype,
+                                           full->ndim, full->shape));
+    weft_tensor *t;
+    WEFT_CHECK(slice_from_full(&spec, me, full, &t));
+    weft_status st = dt_wrap(mesh, &spec, t, true, out);
+    if (st != WEFT_OK) weft_tensor_destroy(t);
+    return st;
+  }
+  /* The source's metadata travels along the same chain as the data; a
+   * source-side error travels with it so every rank fails together. */
+  int mshape[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) mshape[i] = weft_mesh_dim_size(mesh, i);
+  dt_unlinear(mshape, k, src_rank, src);
+  bool is_src = dt_linear(mshape, k, me) == src_rank;
+  int64_t meta[META_WORDS] = {0};
+  weft_status st = WEFT_OK;
+  if (is_src) {
+    if (!full) {
+      meta[0] = WEFT_ERR_INVALID;
+    } else if (full->device != WEFT_CPU) {
+      meta[0] = WEFT_ERR_UNSUPPORTED;
+    } else {
+      meta[1] = full->dtype;
+      meta[2] = full->ndim;
+      for (int d = 0; d < full->ndim; d++) meta[3 + d] = full->shape[d];
+    }
+  }
+  for (int i = 0; i < k; i++) WEFT_CHECK(weft_broadcast(mesh, i, meta, META_WORDS, WEFT_I64, src[i], NULL));
+  if (meta[0] != WEFT_OK)
+    return weft_error((weft_status)meta[0], "the source (mesh rank %d) passed %s", src_rank,
+                      meta[0] == WEFT_ERR_INVALID ? "full = NULL" : "a non-CPU tensor");
+  weft_dtensor_spec spec;
+  int64_t shape[WEFT_MAX_DIMS];
+  for (int d = 0; d < (int)meta[2]; d++) shape[d] = meta[3 + d];
+  weft_status sst = weft_dtensor_spec_init_mesh(&spec, mesh, placements, nplacements,
+                                                (weft_dtype)meta[1], (int)meta[2], shape);
+  if (sst != WEFT_OK) return weft_error_trace(sst, __func__); /* same on every rank */
+  int64_t bad = 0;
+  if (!is_src && full) {
+    bool same = full->dtype == spec.dtype && full->ndim == spec.ndim;
+    for (int d = 0; same && d < spec.ndim; d++) same = full->shape[d] == spec.shape[d];
+    if (!same) bad = 1;
+  }
+  char mydesc[96] = "";
+  if (bad) weft_tensor_describe(full, mydesc, sizeof mydesc);
+  WEFT_CHECK(mesh_any(mesh, &bad));
+  if (bad) {
+    if (mydesc[0]) {
+      char want[512];
+      weft_dtensor_spec_describe(&spec, want, sizeof want);
+      return weft_error(WEFT_ERR_MISMATCH, "this rank's full tensor %s does not match the "
+                        "source's (mesh rank %d): %s", mydesc, src_rank, want);
+    }
+    return weft_error(WEFT_ERR_MISMATCH, "a rank's full tensor does not match the source's "
+                      "(mesh rank %d) shape or dtype", src_rank);
+  }
+  /* Data: at step i the group along mesh dim i whose coordinates above i are
+   * the source's is live; its root (coordinate src[i]) holds the union U_i
+   * of what the group's members and their descendants need and sends each
+   * member its U_{i+1}. Other groups take part with zero counts. */
+  size_t esz = weft_dtype_size(spec.dtype);
+  dt_box cur = {0};
+  weft_tensor *curt = NULL; /* U_i for this rank (NULL before it has data) */
+  const weft_tensor *curv = NULL;
+  int64_t *cnt = NULL;
+  weft_tensor *res = NULL;
+  if (is_src) {
+    WEFT_CHECK_GOTO(full_box(&spec, &cur), st, fail);
+    curv = full;
+  }
+  cnt = calloc((size_t)4 * (size_t)msize + 4, sizeof *cnt);
+  if (!cnt) {
+    st = weft_error(WEFT_ERR_OOM, "distribute bookkeeping");
+    goto fail;
+  }
+  for (int i = 0; i < k; i++) {
+    int m = mshape[i];
+    bool live = true;
+    for (int j = i + 1; j < k; j++)
+      if (me[j] != src[j]) live = false;
+    bool root = live && me[i] == src[i];
+    dt_box next = {0};
+    weft_tensor *nt = NULL;
+    if (live) {
+      WEFT_CHECK_GOTO(union_box(&spec, me, i + 1, &next), st, fail);
+      int64_t ns[WEFT_MAX_DIMS];
+      for (int d = 0; d < spec.ndim; d++) ns[d] = dt_runs_total(&next.d[d]);
+      st = weft_tensor_create(spec.dtype, WEFT_CPU, spec.ndim, ns, &nt);
+      if (st != WEFT_OK) {
+        dt_box_free(&next);
+        goto fail;
+      }
+    }
+    if (spec.placements[i].kind == WEFT_PLACE_REPLICATE) {
+      /* the members' U_{i+1} equal the root's U_i (same box, same order) */
+      int64_t count = live ? weft_tensor_numel(nt) : 0;
+      if (root) {
+        dt_xfer xf = {0};
+        st = dt_xfer_make(&cur, &next, &xf);
+        if (st == WEFT_OK) dt_xfer_copy(&xf, curv, nt);
+        dt_xfer_free(&xf);
+      }
+      if (st == WEFT_OK)
+        st = weft_broadcast(mesh, i, live ? nt->data : NULL, count, spec.dtype, src[i], NULL);
+    } else {
+      int64_t *sc = cnt, *sd = cnt + msize, *rc = cnt + 2 * msize, *rd = cnt + 3 * msize;
+      memset(cnt, 0, (size_t)4 * (size_t)msize * sizeof *cnt);
+      void *sendbuf = NULL;
+      dt_xfer *xs = NULL;
+      if (root) {
+        xs = calloc((size_t)m, sizeof *xs);
+        if (!xs) st = weft_error(WEFT_ERR_OOM, "distribute transfers");
+        int64_t tot = 0;
+        int c[WEFT_MESH_MAX_DIMS];
+        memcpy(c, me, sizeof c);
+        for (int x = 0; x < m && st == WEFT_OK; x++) {
+          c[i] = x;
+          dt_box nb = {0};
+          st = union_box(&spec, c, i + 1, &nb);
+          if (st == WEFT_OK) st = dt_xfer_make(&cur, &nb, &xs[x]);
+          dt_box_free(&nb);
+          sc[x] = xs[x].numel;
+          sd[x] = tot;
+          tot += sc[x];
+        }
+        if (st == WEFT_OK) st = weft_alloc(WEFT_CPU, (size_t)tot * esz + 1, &sendbuf);
+        for (int x = 0; x < m && st == WEFT_OK; x++)
+          dt_xfer_pack(&xs[x], curv, (char *)sendbuf + (size_t)sd[x] * esz);
+      }
+      if (live) rc[src[i]] = weft_tensor_numel(nt);
+      if (st == WEFT_OK)
+        st = weft_all_to_all_v(mesh, i, sendbuf, sc, sd, live ? nt->data : NULL, rc, rd,
+                               spec.dtype, NULL);
+      weft_free(sendbuf);
+      if (xs)
+        for (int x = 0; x < m; x++) dt_xfer_free(&xs[x]);
+      free(xs);
+    }
+    if (st != WEFT_OK) {
+      weft_tensor_destroy(nt);
+      dt_box_free(&next);
+      goto fail;
+    }
+    dt_box_free(&cur);
+    weft_tensor_destroy(curt);
+    cur = next;
+    curt = nt;
+    curv = nt;
+  }
+  /* U_k is this rank's holding as a sorted set; put it in holding order */
+  {
+    dt_box mb = {0};
+    dt_xfer xf = {0};
+    int64_t ls[WEFT_MAX_DIMS];
+    st = dt_box_of(&spec, me, &mb);
+    if (st == WEFT_OK) st = dt_xfer_make(&cur, &mb, &xf);
+    for (int d = 0; d < spec.ndim; d++) ls[d] = dt_runs_total(&mb.d[d]);
+    if (st == WEFT_OK) st = weft_tensor_create(spec.dtype, WEFT_CPU, spec.ndim, ls, &res);
+    if (st == WEFT_OK) dt_xfer_copy(&xf, curv, res);
+    dt_xfer_free(&xf);
+    dt_box_free(&mb);
+    if (st != WEFT_OK) goto fail;
+  }
+  st = dt_wrap(mesh, &spec, res, true, out);
+  if (st != WEFT_OK) goto fail;
+  res = NULL;
+fail:
+  weft_tensor_destroy(res);
+  weft_tensor_destroy(curt);
+  dt_box_free(&cur);
+  free(cnt);
+  if (st != WEFT_OK) weft_error_trace(st, __func__);
+  return st;
+}
+
+/* ------------------------------------------------------------ from_local */
+
+/* One rank's view for weft_dtensor_check. */
+#define REC_WORDS (6 + 2 * WEFT_MAX_DIMS + 4 * WEFT_MESH_MAX_DIMS)
+
+static void rec_fill(int64_t *rec, int64_t status, int mesh_rank, const weft_dtensor_spec *spec,
+                     const weft_tensor *local) {
+  memset(rec, 0, REC_WORDS * sizeof *rec);
+  rec[0] = status;
+  rec[1] = mesh_rank;
+  if (!spec) return;
+  rec[2] = spec->dtype;
+  rec[3] = spec->ndim;
+  rec[4] = local ? local->ndim : -1;
+  rec[5] = local ? (int64_t)local->dtype : -1;
+  for (int d = 0; d < spec->ndim; d++) rec[6 + d] = spec->shape[d];
+  for (int d = 0; local && d < local->ndim; d++) rec[6 + WEFT_MAX_DIMS + d] = local->shape[d];
+  int64_t *p = rec + 6 + 2 * WEFT_MAX_DIMS;
+  for (int i = 0; i < spec->mesh_ndim; i++) {
+    p[4 * i] = spec->placements[i].kind;
+    p[4 * i + 1] = weft_placement_is_shard(spec->placements[i]) ? spec->placements[i].dim : 0;
+    p[4 * i + 2] = spec->placements[i].kind == WEFT_PLACE_STRIDED_SHARD
+                       ? spec->placements[i].split_factor : 0;
+    p[4 * i + 3] = spec->placements[i].kind == WEFT_PLACE_PARTIAL ? spec->placements[i].op : 0;
+  }
+}
+
+/* Collective: gathers every rank's record, checks them identically on every
+ * rank. `status` is this rank's local verdict (WEFT_OK or the error it
+ * found, which is then reported everywhere). */
+static weft_status check_collective(const weft_mesh *mesh, const weft_dtensor_spec *spec,
+                                    const weft_tensor *local, weft_status status) {
+  int k = weft_mesh_ndim(mesh), n = weft_mesh_size(mesh);
+  int64_t *all = malloc((size_t)n * REC_WORDS * sizeof *all);
+  int64_t *tmp = malloc((size_t)n * REC_WORDS * sizeof *tmp);
+  weft_status st = WEFT_OK;
+  if (!all || !tmp) {
+    /* still take part so nobody hangs: a one-word all-reduce of the error */
+    free(all);
+    free(tmp);
+    int64_t flag = 1;
+    mesh_any(mesh, &flag);
+    return weft_error(WEFT_ERR_OOM, "check buffers for %d ranks", n);
+  }
+  rec_fill(all, status, weft_mesh_rank(mesh), status == WEFT_OK ? spec : NULL, local);
+  int64_t have = 1;
+  for (int i = 0; i < k && st == WEFT_OK; i++) {
+    int m = weft_mesh_dim_size(mesh, i);
+    st = weft_all_gather(mesh, i, all, tmp, have * REC_WORDS, WEFT_I64, NULL);
+    memcpy(all, tmp, (size_t)(have * m) * REC_WORDS * sizeof *all);
+    have *= m;
+  }
+  free(tmp);
+  if (st != WEFT_OK) {
+    free(all);
+    return weft_error_trace(st, __func__);
+  }
+  /* order records by mesh rank */
+  int64_t *byrank[4096];
+  int64_t **br = n <= 4096 ? byrank : malloc((size_t)n * sizeof *br);
+  if (!br) {
+    free(all);
+    return weft_error(WEFT_ERR_OOM, "check index");
+  }
+  for (int r = 0; r < n; r++) br[r] = NULL;
+  for (int r = 0; r < n; r++) {
+    int64_t *rec = all + (size_t)r * REC_WORDS;
+    if (rec[1] >= 0 && rec[1] < n) br[rec[1]] = rec;
+  }
+  int mshape[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) mshape[i] = weft_mesh_dim_size(mesh, i);
+  const int64_t *ref = NULL;
+  for (int r = 0; r < n && st == WEFT_OK; r++) {
+    const int64_t *rec = br[r];
+    if (!rec) {
+      st = weft_error(WEFT_ERR_INTERNAL, "check: no record from mesh rank %d", r);
+      break;
+    }
+    if (rec[0] != WEFT_OK) {
+      st = weft_error(WEFT_ERR_MISMATCH, "mesh rank %d rejected its local shard: %s", r,
+                      weft_status_str((weft_status)rec[0]));
+      break;
+    }
+    if (!ref) ref = rec;
+    if (memcmp(ref + 2, rec + 2, 2 * sizeof *rec) != 0 ||
+        memcmp(ref + 6, rec + 6, WEFT_MAX_DIMS * sizeof *rec) != 0 ||
+        memcmp(ref + 6 + 2 * WEFT_MAX_DIMS, rec + 6 + 2 * WEFT_MAX_DIMS,
+               4 * WEFT_MESH_MAX_DIMS * sizeof *rec) != 0) {
+      st = weft_error(WEFT_ERR_MISMATCH,
+                      "mesh rank %d has a different global shape, dtype or placements than "
+                      "mesh rank %lld", r, (long long)ref[1]);
+      break;
+    }
+    /* rebuild that rank's spec and check its local shape */
+    weft_dtensor_spec s = *spec;
+    int c[WEFT_MESH_MAX_DIMS];
+    dt_unlinear(mshape, k, r, c);
+    int64_t want[WEFT_MAX_DIMS];
+    if (weft_dtensor_spec_local_shape(&s, c, want, NULL, NULL) != WEFT_OK) {
+      st = weft_error_trace(weft_last_status(), __func__);
+      break;
+    }
+    bool ok = rec[4] == s.ndim && rec[5] == s.dtype;
+    for (int d = 0; ok && d < s.ndim; d++) ok = rec[6 + WEFT_MAX_DIMS + d] == want[d];
+    if (!ok) {
+      char got[160] = "", exp[160] = "";
+      size_t a = 0, b = 0;
+      for (int d = 0; d < s.ndim; d++) {
+        a += (size_t)snprintf(got + a, a < sizeof got ? sizeof got - a : 0, "%s%lld", d ? ", " : "",
+                              (long long)rec[6 + WEFT_MAX_DIMS + d]);
+        b += (size_t)snprintf(exp + b, b < sizeof exp ? sizeof exp - b : 0, "%s%lld", d ? ", " : "",
+                              (long long)want[d]);
+      }
+      st = weft_error(WEFT_ERR_MISMATCH,
+                      "mesh rank %d holds a local shard of shape [%s] but the placements give "
+                      "[%s] for its coordinates",
+                      r, got, exp);
+      break;
+    }
+  }
+  if (br != byrank) free(br);
+  free(all);
+  return st;
+}
+
+weft_status weft_dtensor_check(const weft_dtensor *dt) {
+  WEFT_CHECK(check_dt(dt, "dt"));
+  return check_collective(dt->mesh, &dt->spec, dt->local, WEFT_OK);
+}
+
+weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_local_ownership own,
+                                    const weft_placement *placements, int nplacements,
+                                    const int64_t *global_shape, weft_dtensor **out) {
+  WEFT_CHECK(check_out(out));
+  if (!mesh) return weft_error(WEFT_ERR_INVALID, "mesh is NULL");
+  bool debug = weft_get_settings() && weft_get_settings()->debug;
+  weft_status st = WEFT_OK;
+  weft_dtensor_spec spec;
+  memset(&spec, 0, sizeof spec);
+  if (!local) st = weft_error(WEFT_ERR_INVALID, "local is NULL");
+  else if (own != WEFT_LOCAL_COPY && own != WEFT_LOCAL_TAKE && own != WEFT_LOCAL_VIEW)
+    st = weft_error(WEFT_ERR_INVALID, "invalid ownership %d", (int)own);
+  else if (local->device != WEFT_CPU)
+    st = weft_error(WEFT_ERR_UNSUPPORTED, "from_local of %s tensors",
+                    weft_device_name(local->device));
+  if (st == WEFT_OK) {
+    int64_t gshape[WEFT_MAX_DIMS];
+    int k = weft_mesh_ndim(mesh);
+    for (int d = 0; d < local->ndim; d++) {
+      if (global_shape) {
+        gshape[d] = global_shape[d];
+      } else {
+        gshape[d] = local->shape[d];
+        for (int i = 0; i < k && i < nplacements && placements; i++) {
+          weft_placement p = placements[i];
+          int pd = p.dim < 0 ? p.dim + local->ndim : p.dim;
+          if (weft_placement_is_shard(p) && pd == d) gshape[d] *= weft_mesh_dim_size(mesh, i);
+        }
+      }
+    }
+    st = weft_dtensor_spec_init_mesh(&spec, mesh, placements, nplacements, local->dtype,
+                                     local->ndim, gshape);
+  }
+  if (st == WEFT_OK) {
+    int me[WEFT_MESH_MAX_DIMS];
+    int64_t want[WEFT_MAX_DIMS];
+    dt_my_coords(mesh, me);
+    st = weft_dtensor_spec_local_shape(&spec, me, want, NULL, NULL);
+    for (int d = 0; st == WEFT_OK && d < spec.ndim; d++)
+      if (want[d] != local->shape[d]) {
+        char pl[256];
+        weft_placements_describe(spec.placements, spec.mesh_ndim, pl, sizeof pl);
+        st = weft_error(WEFT_ERR_INVALID,
+                        "local shard has size %lld along dim %d but %s of global size %lld gives "
+                        "this rank (mesh rank %d) %lld",
+                        (long long)local->shape[d], d, pl, (long long)spec.shape[d],
+                        weft_mesh_rank(mesh), (long long)want[d]);
+      }
+  }
+  if (debug) {
+    char mine[1024] = "";
+    if (st != WEFT_OK) snprintf(mine, sizeof mine, "%s", weft_last_error());
+    weft_status cst = check_collective(mesh, &spec, local, st);
+    if (cst != WEFT_OK) {
+      if (mine[0]) return weft_error(cst, "%s (this rank: %s)", weft_last_error(), mine);
+      return weft_error_trace(cst, __func__);
+    }
+  }
+  if (st != WEFT_OK) return weft_error_trace(st, __func__);
+  weft_tensor *t = NULL;
+  bool owns = true;
+  switch (own) {
+    case WEFT_LOCAL_COPY: WEFT_CHECK(weft_tensor_clone(local, &t)); break;
+    case WEFT_LOCAL_TAKE: t = local; break;
+    case WEFT_LOCAL_VIEW:
+      WEFT_CHECK(weft_tensor_wrap(local->data, local->dtype, local->device, 0, NULL, &t));
+      WEFT_CHECK(weft_tensor_view_init(t, local->data, local->dtype, local->device, local->ndim,
+                                       local->shape, local->strides));
+      owns = false;
+      break;
+  }
+  st = dt_wrap(mesh, &spec, t, owns, out);
+  if (st != WEFT_OK && own != WEFT_LOCAL_TAKE) weft_tensor_destroy(t);
+  return st;
+}
+
+/* ------------------------------------------------------------ exits */
+
+weft_status weft_dtensor_to_local(const weft_dtensor *dt, weft_tensor **out) {
+  WEFT_CHECK(check_dt(dt, "dt"));
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  return weft_tensor_clone(dt->local, out);
+}
+
+weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const weft_placement *placements,
+                                         int nplacements, const weft_redistribute_opts *opts,
+                                         weft_dtensor **out) {
+  WEFT_CHECK(check_out(out));
+  WEFT_CHECK(check_dt(dt, "dt"));
+  bool allow = opts && opts->version >= 1 && opts->allow_partial;
+  if (nplacements != dt->spec.mesh_ndim)
+    return weft_error(WEFT_ERR_INVALID,
+                      "%d placements for a %d-dim mesh (need one placement per mesh dim)",
+                      nplacements, dt->spec.mesh_ndim);
+  if (!placements) return weft_error(WEFT_ERR_INVALID, "placements is NULL");
+  weft_dtensor_spec dst;
+  WEFT_CHECK(dt_spec_with(&dt->spec, placements, nplacements, &dst));
+  dt_plan plan;
+  WEFT_CHECK(dt_plan_get(&dt->spec, dst.placements, allow, &plan));
+  return dt_redistribute_run(dt, &dst, &plan, out);
+}
+
+weft_status weft_dtensor_redistribute(const weft_dtensor *dt, const weft_placement *placements,
+                                      int nplacements, weft_dtensor **out) {
+  return weft_dtensor_redistribute_ex(dt, placements, nplacements, NULL, out);
+}
+
+weft_status weft_dtensor_full_tensor(const weft_dtensor *dt, weft_tensor **out) {
+  WEFT_CHECK(check_dt(dt, "dt"));
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  weft_placement r[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < dt->spec.mesh_ndim; i++) r[i] = weft_replicate();
+  weft_dtensor *rep;
+  WEFT_CHECK(weft_dtensor_redistribute(dt, r, dt->spec.mesh_ndim, &rep));
+  *out = rep->local;
+  rep->local = NULL;
+  rep->owns_local = false;
+  weft_dtensor_destroy(rep);
+  return WEFT_OK;
+}
+
+/* ------------------------------------------------------------ RNG fills */
+
+static weft_status fill_rng(weft_dtensor *dt, bool normal, uint64_t seed, uint64_t key, float a,
+                            float b) {
+  WEFT_CHECK(check_dt(dt, "dt"));
+  const weft_dtensor_spec *s = &dt->spec;
+  int me[WEFT_MESH_MAX_DIMS];
+  dt_my_coords(dt->mesh, me);
+  dt_box box = {0};
+  weft_status st = dt_box_of(s, me, &box);
+  if (st != WEFT_OK) {
+    dt_box_free(&box);
+    return weft_error_trace(st, __func__);
+  }
+  if (dt_box_numel(&box) == 0 || s->ndim == 0) {
+    if (s->ndim == 0) {
+      weft_rng_region reg = {0};
+      st = normal ? weft_tensor_fill_normal(dt->local, seed, key, &reg, a, b)
+                  : weft_tensor_fill_uniform(dt->local, seed, key, &reg, a, b);
+    }
+    dt_box_free(&box);
+    return st;
+  }
+  /* one view per combination of runs, each filled with its global offset */
+  int nd = s->ndim, idx[WEFT_MAX_DIMS] = {0};
+  int64_t pos[WEFT_MAX_DIMS] = {0};
+  size_t esz = weft_dtype_size(s->dtype);
+  for (;;) {
+    weft_rng_region reg;
+    reg.ndim = nd;
+    int64_t shape[WEFT_MAX_DIMS], off = 0;
+    for (int d = 0; d < nd; d++) {
+      reg.global_shape[d] = s->shape[d];
+      reg.offset[d] = box.d[d].r[idx[d]].start;
+      shape[d] = box.d[d].r[idx[d]].len;
+      off += pos[d] * dt->local->strides[d];
+    }
+    weft_tensor view;
+    st = weft_tensor_view_init(&view, (char *)dt->local->data + (size_t)off * esz, s->dtype,
+                               dt->local->device, nd, shape, dt->local->strides);
+    if (st == WEFT_OK)
+      st = normal ? weft_tensor_fill_normal(&view, seed, key, &reg, a, b)
+                  : weft_tensor_fill_uniform(&view, seed, key, &reg, a, b);
+    if (st != WEFT_OK) break;
+    int d = nd - 1;
+    while (d >= 0) {
+      pos[d] += box.d[d].r[idx[d]].len;
+      if (++idx[d] < box.d[d].n) break;
+      idx[d] = 0;
+      pos[d] = 0;
+      d--;
+    }
+    if (d < 0) break;
+  }
+  dt_box_free(&box);
+  if (st != WEFT_OK) weft_error_trace(st, __func__);
+  return st;
+}
+
+weft_status weft_dtensor_fill_normal(weft_dtensor *dt, uint64_t seed, uint64_t key, float mean,
+                                     float std) {
+  return fill_rng(dt, true, seed, key, mean, std);
+}
+
+weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t key, float lo,
+                                      float hi) {
+  return fill_rng(dt, false, seed, key, lo, hi);
+}
