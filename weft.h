@@ -5,5 +5,6 @@
 #include "kernels.h"
 #include "layers.h"
 #include "mesh.h"
+#include "dtensor.h"
 #include "safetensors.h"
 #endif
