@@ -12,44 +12,6 @@ static const weft_dtype all_dtypes[] = {WEFT_F32, WEFT_F64, WEFT_BF16, WEFT_F16,
                                         WEFT_I32, WEFT_I64, WEFT_U8};
 #define N_DTYPES 7
 
-/* A strided view of `shape` inside a larger contiguous base: dims permuted
- * in memory, each padded by 0..2 elements and offset inside the padding. */
-static weft_tensor *make_strided(weft_dtype dt, int ndim, const int64_t *shape, trng *r,
-                                 weft_tensor *view) {
-  int perm[WEFT_MAX_DIMS], inv[WEFT_MAX_DIMS];
-  for (int d = 0; d < ndim; d++) perm[d] = d;
-  for (int d = ndim - 1; d > 0; d--) {
-    int j = (int)trng_int(r, 0, d);
-    int tmp = perm[d];
-    perm[d] = perm[j];
-    perm[j] = tmp;
-  }
-  for (int j = 0; j < ndim; j++) inv[perm[j]] = j;
-  int64_t bs[WEFT_MAX_DIMS], off[WEFT_MAX_DIMS], bst[WEFT_MAX_DIMS];
-  for (int j = 0; j < ndim; j++) {
-    int64_t extra = trng_int(r, 0, 2);
-    bs[j] = shape[perm[j]] + extra;
-    off[j] = trng_int(r, 0, extra);
-  }
-  weft_tensor *base;
-  cr_assert_eq(weft_tensor_create(dt, WEFT_CPU, ndim, bs, &base), WEFT_OK, "%s", weft_last_error());
-  fill_rand(base, r); /* garbage around the view */
-  int64_t s = 1;
-  for (int j = ndim - 1; j >= 0; j--) {
-    bst[j] = s;
-    s *= bs[j];
-  }
-  int64_t st[WEFT_MAX_DIMS], o = 0;
-  for (int d = 0; d < ndim; d++) {
-    st[d] = bst[inv[d]];
-    o += off[inv[d]] * bst[inv[d]];
-  }
-  char *p = (char *)base->data + o * (int64_t)weft_dtype_size(dt);
-  cr_assert_eq(weft_tensor_view_init(view, p, dt, WEFT_CPU, ndim, shape, st), WEFT_OK, "%s",
-               weft_last_error());
-  return base;
-}
-
 /* f64 tensor with element (i, j, ...) = its row-major linear index. */
 static weft_tensor *iota(int ndim, const int64_t *shape) {
   weft_tensor *t;
