@@ -43,12 +43,12 @@ static void fill(float *f, double *d, int64_t n, double lo, double hi) {
   }
 }
 static float *fdup(const double *d, int64_t n) {
-  float *f = malloc((size_t)(n ? n : 1) * sizeof *f);
+  float *f = malloc((n > 0 ? (size_t)n : 1) * sizeof *f);
   for (int64_t i = 0; i < n; i++) f[i] = (float)d[i];
   return f;
 }
-static double *dalloc(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(double)); }
-static float *falloc(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
+static double *dalloc(int64_t n) { return calloc(n > 0 ? (size_t)n : 1, sizeof(double)); }
+static float *falloc(int64_t n) { return calloc(n > 0 ? (size_t)n : 1, sizeof(float)); }
 
 /* ||got - want|| / ||want|| and the worst element; fails above tol. */
 static double expect_close_(const char *what, const float *got, const double *want, int64_t n,
