@@ -1,6 +1,7 @@
 /* weft/weft.h — the umbrella header: includes every weft library. */
 #ifndef WEFT_H
 #define WEFT_H
+#include "weft_config.h"
 #include "status.h"
 #include "kernels.h"
 #include "layers.h"
