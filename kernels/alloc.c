@@ -7,6 +7,18 @@
 #include "kernels.h"
 #include "kernels_internal.h"
 
+/* Under AddressSanitizer, poison the block header and the tail padding (the
+ * data is rounded up to 64 bytes) so that an off-by-one in a kernel is
+ * reported instead of landing in slack that malloc never sees. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define WEFT_POISON_(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define WEFT_UNPOISON_(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define WEFT_POISON_(p, n) ((void)(p), (void)(n))
+#define WEFT_UNPOISON_(p, n) ((void)(p), (void)(n))
+#endif
+
 /* Every block carries a 64-byte header (keeps the data 64-byte aligned)
  * recording its size and device, so weft_free needs no size argument. */
 typedef struct alloc_header {
@@ -56,12 +68,15 @@ weft_status weft_alloc(weft_device dev, size_t bytes, void **out) {
   }
   if (bytes > ((size_t)1 << 46))
     return weft_error(WEFT_ERR_OOM, "refusing a host allocation of %zu bytes", bytes);
-  alloc_header *h = aligned_alloc(64, sizeof(alloc_header) + ((bytes + 63) & ~(size_t)63));
+  const size_t padded = (bytes + 63) & ~(size_t)63;
+  alloc_header *h = aligned_alloc(64, sizeof(alloc_header) + padded);
   if (!h) return weft_error(WEFT_ERR_OOM, "host allocation of %zu bytes failed", bytes);
   h->magic = ALLOC_MAGIC;
   h->bytes = bytes;
   h->device = WEFT_CPU;
   weft_mem_account_alloc_(WEFT_CPU, (int64_t)bytes);
+  WEFT_POISON_(h, sizeof *h);
+  WEFT_POISON_((char *)(h + 1) + bytes, padded - bytes);
   *out = h + 1;
   return WEFT_OK;
 }
@@ -74,7 +89,9 @@ void weft_free(void *ptr) {
     return;
   }
   alloc_header *h = (alloc_header *)ptr - 1;
+  WEFT_UNPOISON_(h, sizeof *h);
   WEFT_ASSERT(h->magic == ALLOC_MAGIC);
+  WEFT_UNPOISON_(ptr, (h->bytes + 63) & ~(uint64_t)63);
   h->magic = 0;
   weft_mem_account_free_(WEFT_CPU, (int64_t)h->bytes);
   free(h);
