@@ -19,7 +19,12 @@
  *   _view, _wrap, chunk results) never own and must not outlive their base.
  *   weft_tensor_destroy(NULL) is a no-op.
  * - Every allocation goes through weft_alloc so the accounting (current and
- *   peak bytes per device) is exact.
+ *   peak bytes per device) is exact. It counts tensor storage (numel * dtype
+ *   size, exactly) and kernel scratch (bf16/f16 gemm); the small tensor
+ *   headers come from malloc and are not counted, so views cost 0 bytes.
+ * - Dims may be negative (counting from the end) wherever a dim is taken.
+ * - Kernels run on CPU tensors; a WEFT_CUDA tensor passed to them fails with
+ *   WEFT_ERR_UNSUPPORTED (views of CUDA tensors work: they only move pointers).
  * - No kernel here communicates; they are all local and any rank may call them.
  */
 #ifndef WEFT_KERNELS_H
@@ -107,17 +112,20 @@ typedef struct weft_tensor {
 /* A new contiguous tensor owning uninitialised storage. shape may contain 0. */
 weft_status weft_tensor_create(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
                                weft_tensor **out);
-/* Same, zero-filled. */
+/* Same, zero-filled (CPU only until the CUDA backend adds a device memset:
+ * a CUDA request fails as weft_alloc does, or with WEFT_ERR_UNSUPPORTED). */
 weft_status weft_tensor_zeros(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
                               weft_tensor **out);
-/* A non-owning contiguous view of caller memory. */
+/* A non-owning contiguous view of caller memory. data must be aligned to the
+ * element size, and may be NULL only when the shape has 0 elements. */
 weft_status weft_tensor_wrap(void *data, weft_dtype dt, weft_device dev, int ndim,
                              const int64_t *shape, weft_tensor **out);
 /* Frees the tensor header and, if it owns it, the storage. NULL: no-op. */
 void weft_tensor_destroy(weft_tensor *t);
 
 /* Fills a caller-provided header as a view (no allocation, never owns). Use
- * for stack views in hot paths. strides NULL = contiguous. */
+ * for stack views in hot paths. strides NULL = contiguous; otherwise any
+ * strides (in elements) are taken as given. Same checks as _wrap. */
 weft_status weft_tensor_view_init(weft_tensor *view, void *data, weft_dtype dt, weft_device dev,
                                   int ndim, const int64_t *shape, const int64_t *strides);
 
@@ -125,14 +133,16 @@ int64_t weft_tensor_numel(const weft_tensor *t);
 size_t weft_tensor_nbytes(const weft_tensor *t); /* numel * dtype size */
 bool weft_tensor_is_contiguous(const weft_tensor *t);
 bool weft_tensor_same_shape(const weft_tensor *a, const weft_tensor *b);
-/* Writes "f32[4, 6]" into buf. */
+/* Writes "f32[4, 6]" into buf ("f32[4, 6] on cuda" for device tensors;
+ * "f64[]" for a 0-d tensor); truncates to cap, always terminated. */
 void weft_tensor_describe(const weft_tensor *t, char *buf, size_t cap);
 
 /* Views (never own; the base must outlive them). */
 /* elements [start, start+len) along dim. */
 weft_status weft_tensor_narrow(const weft_tensor *t, int dim, int64_t start, int64_t len,
                                weft_tensor **out);
-/* Reshape a contiguous tensor (numel must match; one -1 allowed). */
+/* Reshape a contiguous tensor (numel must match; one -1 allowed). A strided
+ * tensor is refused (WEFT_ERR_INVALID): clone it first. */
 weft_status weft_tensor_view(const weft_tensor *t, int ndim, const int64_t *shape,
                              weft_tensor **out);
 /* Swap two dims (a strided view). */
@@ -154,15 +164,20 @@ weft_status weft_tensor_cat(weft_tensor *const *ts, int n, int dim, weft_tensor 
 /* A new owning contiguous copy (same dtype). */
 weft_status weft_tensor_clone(const weft_tensor *t, weft_tensor **out);
 /* dst = src elementwise for any strides, converting dtype if they differ
- * (float->bf16/f16 round to nearest even; float->int truncates as C does).
- * Shapes must match. */
+ * (float->bf16/f16 round to nearest even, f64->bf16/f16 via f32 as torch;
+ * float->int truncates toward zero and saturates, NaN -> 0; int->int wraps
+ * modulo 2^bits). Shapes must match. dst and src may be the same view but
+ * must not otherwise overlap. */
 weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src);
-/* Sets every element to v (converted to dtype). */
+/* Sets every element to v (converted to dtype as weft_tensor_copy does). */
 weft_status weft_tensor_fill(weft_tensor *t, double v);
-/* Element at a multi-index, as double (tests and debugging). */
+/* Element at a multi-index, as double (tests and debugging). index may be
+ * NULL for a 0-d tensor. A bad index (or tensor) returns NaN, resp. writes
+ * nothing, and sets weft_last_error(). */
 double weft_tensor_get(const weft_tensor *t, const int64_t *index);
 void weft_tensor_set(weft_tensor *t, const int64_t *index, double v);
-/* true when dtype, shape and every element's bytes are equal. */
+/* true when dtype, shape and every element's bytes are equal (so 0.0 !=
+ * -0.0 and identical NaNs are equal); false for NULL or CUDA tensors. */
 bool weft_tensor_equal(const weft_tensor *a, const weft_tensor *b);
 
 /* -------------------------------------------------------------------- RNG */
@@ -170,11 +185,20 @@ bool weft_tensor_equal(const weft_tensor *a, const weft_tensor *b);
 /* Counter-based RNG (Philox4x32-10). The value of element e of a tensor is a
  * pure function of (seed, key, global linear index of e): filling a shard
  * with its global offset gives exactly the numbers of filling the full tensor
- * and slicing. */
+ * and slicing.
+ *
+ * The recipe (kernels/rng.c; a CUDA fill must follow it): for global
+ * row-major index e, x = weft_philox4x32(counter_lo = e, counter_hi = key,
+ * key = seed); a = x0 | x1 << 32, b = x2 | x3 << 32; uniform:
+ * lo + (hi - lo) * (a >> 11) * 2^-53; normal (Box-Muller): u1 = ((a >> 11) +
+ * 1) * 2^-53, u2 = (b >> 11) * 2^-53, mean + std * sqrt(-2 ln u1) cos(2 pi
+ * u2); computed in double, rounded once to the dtype. */
 
 /* A 64-bit stream key from a name (FNV-1a), e.g. a parameter's qualified name. */
 uint64_t weft_rng_key(const char *name);
-/* Philox4x32-10 of a 128-bit counter under a 64-bit key: 4 uint32 outputs. */
+/* Philox4x32-10 of a 128-bit counter under a 64-bit key: 4 uint32 outputs.
+ * Words as Random123 numbers them: counter {lo, lo >> 32, hi, hi >> 32}, key
+ * {key, key >> 32} (low halves first). */
 void weft_philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key, uint32_t out[4]);
 
 /* Global placement of a local tensor for the RNG: the full tensor's shape and
@@ -186,10 +210,13 @@ typedef struct weft_rng_region {
 } weft_rng_region;
 
 /* Normal(mean, std) per element (Box-Muller on the element's counter). f32,
- * f64, bf16, f16 tensors. */
+ * f64, bf16, f16 tensors, any strides. region: ndim must match the tensor's
+ * and offset + local size must fit global_shape in every dim. mean finite,
+ * std finite and >= 0. */
 weft_status weft_tensor_fill_normal(weft_tensor *t, uint64_t seed, uint64_t key,
                                     const weft_rng_region *region, float mean, float std);
-/* Uniform [lo, hi) per element. */
+/* Uniform [lo, hi) per element (finite lo < hi). A value that would round
+ * up to hi in the dtype is replaced by the largest value below hi. */
 weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key,
                                      const weft_rng_region *region, float lo, float hi);
 
@@ -197,19 +224,31 @@ weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key
 
 /* C = alpha * op(A) @ op(B) + beta * C for 2-D tensors, op = transpose when
  * trans_*. A: (M, K) or (K, M) if trans_a; B: (K, N) or (N, K); C: (M, N).
- * f32 (OpenBLAS sgemm), f64 (dgemm), bf16 (converted to f32, computed,
- * rounded back). Row-stride views are fine; the last dim must be unit-stride. */
+ * f32 (OpenBLAS sgemm), f64 (dgemm), bf16 and f16 (converted to f32,
+ * computed, rounded back; the f32 copies count as scratch). Without BLAS
+ * (meson -Dblas=disabled) a blocked C GEMM computes the same. Row-stride views
+ * are fine; the last dim must be unit-stride, except that A and B may also be
+ * transposed views of such matrices (column-major), handled by flipping the
+ * transpose. C must not overlap A or B. BLAS edge cases: alpha == 0 or K == 0
+ * give beta * C without reading A, B; beta == 0 overwrites C (NaN in C does
+ * not propagate). */
 weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
                       const weft_tensor *b, float beta, weft_tensor *c);
 
 /* Raw row-major f32 GEMM on pointers (the hot path of nn/): C[M,N] =
- * alpha*op(A)*op(B) + beta*C with leading dims lda, ldb, ldc. */
+ * alpha*op(A)*op(B) + beta*C with leading dims lda, ldb, ldc (row strides of
+ * A, B, C as stored). M, N or K may be 0 (M or N = 0: nothing is touched and
+ * the pointers may be NULL; K = 0: C = beta*C). Negative sizes or a leading
+ * dim smaller than the stored row length set weft_last_error() and leave C
+ * untouched (no status: check weft_last_status() when unsure). */
 void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                 const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                 int64_t ldc);
 
 /* Elementwise on same-shape tensors of one float dtype, any strides; out may
- * alias an input. */
+ * alias an input when it is the same view (same data and strides). f32 and
+ * f64 compute in their own precision, bf16/f16 in f32 rounded once; alpha is
+ * rounded to the compute precision first. Contiguous f32 takes a direct loop. */
 weft_status weft_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b); /* a + b */
 weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b); /* a * b */
 weft_status weft_scale(weft_tensor *t, double alpha);                              /* t *= alpha */
@@ -217,7 +256,11 @@ weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x);      
 
 /* Reductions, accumulated in double. dim = -1 ... over a dim (negative dims
  * count from the end); the output keeps that dim with size 1 (keepdim) and
- * has the input's dtype. _all variants reduce everything to one double. */
+ * has the input's dtype. _all variants reduce everything to one double.
+ * Any dtype (integers are accumulated as doubles), any strides; out must not
+ * overlap t. A 0-d input reduces over dim 0 / -1 into a 0-d out. Sums of an
+ * empty dim are 0; max over an empty dim is WEFT_ERR_INVALID; max propagates
+ * NaN as torch does. */
 typedef enum weft_reduce_kind { WEFT_REDUCE_SUM, WEFT_REDUCE_SUMSQ, WEFT_REDUCE_MAX } weft_reduce_kind;
 weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out);
 weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind, double *out);
