@@ -7,5 +7,6 @@
 #include "layers.h"
 #include "mesh.h"
 #include "dtensor.h"
+#include "nn.h"
 #include "safetensors.h"
 #endif

@@ -1,0 +1,171 @@
+/* nn/nn_internal.h — shared between the nn sources only: the module object,
+ * the per-kind vtable (a layer's raw forward/backward, reachable only
+ * through weft_module_forward/_backward so hooks always run) and helpers
+ * for buffers, placement rules and gradient reductions. */
+#ifndef WEFT_NN_INTERNAL_H
+#define WEFT_NN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nn.h"
+
+/* The raw computation of one module kind. forward/backward receive the
+ * tensors after the pre-hooks and return tensors they own (or a child
+ * owns); the dispatcher runs the post-hooks. backward may set *din = NULL
+ * (no input grad). destroy frees `impl` (buffers included), never the
+ * children or the parameters (the dispatcher does). */
+typedef struct nn_ops {
+  weft_status (*forward)(weft_module *m, const weft_dtensor *in, const weft_dtensor **out);
+  weft_status (*backward)(weft_module *m, const weft_dtensor *dout, const weft_dtensor **din);
+  void (*destroy)(weft_module *m);
+} nn_ops;
+
+typedef struct nn_hook {
+  weft_hook_kind kind;
+  weft_hook_fn fn;
+  void *ctx;
+  uint64_t id;
+  bool removed; /* removed while the module was running: dropped afterwards */
+} nn_hook;
+
+/* DTensors a module took over from hook replacements (freed at the next
+ * run of the same hook point). Heap array that only grows. */
+typedef struct nn_owned {
+  weft_dtensor **v;
+  int n;
+  int cap;
+} nn_owned;
+
+struct weft_module {
+  weft_module_kind kind;
+  char *name;
+  char *fqn;
+  weft_module *parent;
+  weft_module **children;
+  int nchildren;
+  int cap_children;
+  weft_param **params;
+  int nparams;
+  weft_mesh *mesh; /* retained */
+  const nn_ops *ops;
+  void *impl;
+  nn_hook *hooks;
+  int nhooks;
+  int cap_hooks;
+  uint64_t next_hook_id;
+  nn_owned owned[WEFT_HOOK_KIND_COUNT];
+  bool running;     /* inside forward or backward (re-entry and hook removal checks) */
+  bool fwd_pending; /* a forward ran and its backward has not */
+  weft_dtensor_spec out_spec; /* what the last forward returned (after post-hooks) */
+};
+
+/* ------------------------------------------------------------ module.c */
+
+/* A new root module of `kind` on mesh (retained) with the given impl and
+ * ops; *out owns impl from here on (ops->destroy frees it, also on error). */
+weft_status nn_module_new(weft_mesh *mesh, weft_module_kind kind, const char *name,
+                          const nn_ops *ops, void *impl, weft_module **out);
+/* Adds a child (any parent kind; the public add_child allows containers
+ * only). Recomputes the child's FQNs. */
+weft_status nn_module_attach(weft_module *parent, weft_module *child);
+/* A parameter "<name>" of m with the given global shape, all-Replicate on
+ * m's mesh, no storage. */
+weft_status nn_param_add(weft_module *m, const char *name, int ndim, const int64_t *shape,
+                         weft_param_init init, weft_param **out);
+/* The parameter's data, checked to be materialised, f32, contiguous, on a
+ * mesh of m's mesh shape. */
+weft_status nn_param_data(const weft_module *m, const weft_param *p, const weft_dtensor **out);
+
+/* ------------------------------------------------------------ util.c */
+
+/* Placements list of a DTensor as text, for messages. */
+void nn_describe_pl(const weft_placement *pl, int n, char *buf, size_t cap);
+
+/* Checks an activation: non-NULL, dtype, ndim (>= min_ndim), mesh shape
+ * equal to m's mesh, contiguous local tensor. `what` names it. */
+weft_status nn_check_input(const weft_module *m, const weft_dtensor *x, const char *what,
+                           weft_dtype dtype, int min_ndim);
+
+/* Makes *slot a DTensor with exactly this global shape and placements on
+ * mesh (f32 unless dtype says otherwise), reusing the existing one when it
+ * already matches (the steady state: no allocation). Contents undefined. */
+weft_status nn_ensure(weft_dtensor **slot, weft_mesh *mesh, weft_dtype dtype, int ndim,
+                      const int64_t *shape, const weft_placement *pl);
+/* A scratch host buffer of at least `floats` floats (grows, never shrinks). */
+typedef struct nn_scratch {
+  float *p;
+  int64_t cap;
+} nn_scratch;
+weft_status nn_scratch_reserve(nn_scratch *s, int64_t floats);
+void nn_scratch_free(nn_scratch *s);
+
+static inline float *nn_f32(const weft_dtensor *d) {
+  return (float *)weft_dtensor_local(d)->data;
+}
+static inline int64_t nn_numel(const weft_dtensor *d) {
+  return weft_tensor_numel(weft_dtensor_local(d));
+}
+
+/* Checks an output grad against the forward output's spec (global shape,
+ * mesh shape, f32) and brings it to a layout the layer's backward accepts:
+ * per mesh dim equal to the output's placement, or Partial(sum) where the
+ * output is Replicate (when partial_ok; the layer is linear in the grad),
+ * or Replicate where the output is Partial(sum). Anything else is
+ * redistributed to the output's placements with Partial -> Replicate
+ * (stored in *tmp, replacing what was there). *use is the tensor to use. */
+weft_status nn_coerce_grad(const weft_module *m, const weft_dtensor *dout,
+                           const weft_dtensor_spec *out_spec, bool partial_ok,
+                           const weft_dtensor **use, weft_dtensor **tmp);
+
+/* Brings `src` to `want` placements: returns src itself when equal, else a
+ * redistribute (Replicate -> Partial allowed) stored in *tmp. */
+weft_status nn_align(const weft_dtensor *src, const weft_placement *want,
+                     const weft_dtensor **use, weft_dtensor **tmp);
+/* dst (its local) = a + b, where a has dst's placements and b is aligned
+ * to them first (*tmp as for nn_align). Global shapes must match. */
+weft_status nn_add(weft_dtensor *dst, const weft_dtensor *a, const weft_dtensor *b,
+                   weft_dtensor **tmp);
+
+/* A locally computed tensor `buf` (n floats, the local shard of a tensor of
+ * spec `like` but with placements `have`) is turned in place into
+ * placements `want`: Partial(sum) -> Replicate differences are in-place
+ * all-reduces over those mesh dims of `mesh` (skipped for size-1 dims);
+ * any other difference goes through weft_dtensor_redistribute and is
+ * copied back (local shapes must then agree). */
+weft_status nn_reduce_to(weft_mesh *mesh, float *buf, const weft_dtensor_spec *like,
+                         const weft_placement *have, const weft_placement *want);
+
+/* Accumulates a weight gradient computed locally with placements `have`
+ * (dw: local floats, the shape of p->data's local) into p->grad (created
+ * zero on first use with data's spec), reducing to the param's placements
+ * first (nn_reduce_to). dw may be overwritten. */
+weft_status nn_grad_accumulate(const weft_module *m, weft_param *p, float *dw,
+                               const weft_placement *have);
+/* p->grad, created (zeros, data's spec) if NULL; checked to match data. */
+weft_status nn_grad_get(const weft_module *m, weft_param *p, weft_dtensor **out);
+
+/* Placement predicates. */
+static inline bool nn_is_r(weft_placement p) { return p.kind == WEFT_PLACE_REPLICATE; }
+static inline bool nn_is_s(weft_placement p, int dim) {
+  return p.kind == WEFT_PLACE_SHARD && p.dim == dim;
+}
+static inline bool nn_is_psum(weft_placement p) {
+  return p.kind == WEFT_PLACE_PARTIAL && p.op == WEFT_OP_SUM;
+}
+bool nn_pl_equal(const weft_placement *a, const weft_placement *b, int n);
+
+/* The error for an unsupported placement combination of module m. */
+weft_status nn_unsupported(const weft_module *m, int mesh_dim, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* -------------------------------------------------- constructors (impls) */
+
+weft_status nn_linear_new(weft_mesh *mesh, const char *name, int64_t in, int64_t out,
+                          float init_std, weft_module **m);
+weft_status nn_embedding_new(weft_mesh *mesh, const char *name, int64_t num, int64_t dim,
+                             float init_std, weft_module **m);
+weft_status nn_feed_forward_new(weft_mesh *mesh, const char *name, int64_t dim, int64_t ffn,
+                                float init_std, weft_module **m);
+
+#endif

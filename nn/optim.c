@@ -1,0 +1,401 @@
+/* nn/optim.c — AdamW and SGD over a module's parameters (local shards,
+ * torch.optim semantics through layers.h's kernels), the warmup + cosine
+ * learning-rate schedule and clip_grad_norm_ over any meshes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn_internal.h"
+
+typedef enum opt_kind { OPT_ADAMW, OPT_SGD } opt_kind;
+
+typedef struct opt_entry {
+  weft_param *p;
+  weft_dtensor_spec spec; /* the data's spec at creation */
+  weft_dtensor *s[3];     /* AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq; SGD: momentum_buffer */
+  int64_t step;
+} opt_entry;
+
+struct weft_optimizer {
+  opt_kind kind;
+  weft_adamw_params adam;
+  weft_sgd_params sgd;
+  opt_entry *e;
+  int n;
+  /* flattened named state, in entry order */
+  char **names;
+  weft_dtensor **states;
+  int nstates;
+  int64_t steps;
+  bool has_sched;
+  weft_lr_schedule sched;
+};
+
+void weft_optimizer_destroy(weft_optimizer *o) {
+  if (!o) return;
+  for (int i = 0; i < o->n; i++)
+    for (int k = 0; k < 3; k++) weft_dtensor_destroy(o->e[i].s[k]);
+  for (int i = 0; i < o->nstates; i++) free(o->names[i]);
+  free(o->names);
+  free(o->states);
+  free(o->e);
+  free(o);
+}
+
+static weft_status add_state(weft_optimizer *o, opt_entry *e, int k, const char *what) {
+  const weft_dtensor_spec *s = &e->spec;
+  WEFT_CHECK(weft_dtensor_zeros(weft_dtensor_mesh(e->p->data), s->dtype, s->ndim, s->shape,
+                                s->placements, s->mesh_ndim, &e->s[k]));
+  size_t len = strlen(e->p->fqn) + strlen(what) + 16;
+  char *name = malloc(len);
+  if (!name) return weft_error(WEFT_ERR_OOM, "state name");
+  snprintf(name, len, "state.%s.%s", e->p->fqn, what);
+  o->names[o->nstates] = name;
+  o->states[o->nstates++] = e->s[k];
+  return WEFT_OK;
+}
+
+static weft_status opt_create(weft_module *root, opt_kind kind, weft_optimizer **out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  if (!root) return weft_error(WEFT_ERR_INVALID, "root is NULL");
+  int count;
+  WEFT_CHECK(weft_module_parameters(root, NULL, 0, &count));
+  weft_optimizer *o = calloc(1, sizeof *o);
+  weft_param **ps = calloc((size_t)(count ? count : 1), sizeof *ps);
+  weft_status st = WEFT_OK;
+  if (!o || !ps) {
+    free(o);
+    free(ps);
+    return weft_error(WEFT_ERR_OOM, "optimizer");
+  }
+  o->kind = kind;
+  WEFT_CHECK_GOTO(weft_module_parameters(root, ps, count, &count), st, fail);
+  o->e = calloc((size_t)(count ? count : 1), sizeof *o->e);
+  o->names = calloc((size_t)(3 * count + 1), sizeof *o->names);
+  o->states = calloc((size_t)(3 * count + 1), sizeof *o->states);
+  if (!o->e || !o->names || !o->states) {
+    st = weft_error(WEFT_ERR_OOM, "optimizer state");
+    goto fail;
+  }
+  for (int i = 0; i < count; i++) {
+    weft_param *p = ps[i];
+    if (!p->requires_grad) continue;
+    if (!p->data) {
+      st = weft_error(WEFT_ERR_STATE,
+                      "optimizer: parameter '%s' has no storage (initialise or load the model, "
+                      "and shard it, before creating the optimizer)",
+                      p->fqn);
+      goto fail;
+    }
+    opt_entry *e = &o->e[o->n++];
+    e->p = p;
+    e->spec = *weft_dtensor_get_spec(p->data);
+    if (e->spec.dtype != WEFT_F32) {
+      st = weft_error(WEFT_ERR_UNSUPPORTED, "optimizer: parameter '%s' is %s (f32 only)", p->fqn,
+                      weft_dtype_name(e->spec.dtype));
+      goto fail;
+    }
+  }
+  *out = o;
+  free(ps);
+  return WEFT_OK;
+fail:
+  free(ps);
+  weft_optimizer_destroy(o);
+  return weft_error_trace(st, __func__);
+}
+
+weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
+                              weft_optimizer **out) {
+  if (!hp) return weft_error(WEFT_ERR_INVALID, "hyper-parameters are NULL");
+  if (!(hp->lr >= 0) || !(hp->eps >= 0) || !(hp->beta1 >= 0 && hp->beta1 < 1) ||
+      !(hp->beta2 >= 0 && hp->beta2 < 1) || !(hp->weight_decay >= 0))
+    return weft_error(WEFT_ERR_INVALID,
+                      "AdamW: need lr >= 0, eps >= 0, 0 <= betas < 1, weight_decay >= 0 (got lr "
+                      "%g, betas (%g, %g), eps %g, wd %g)",
+                      (double)hp->lr, (double)hp->beta1, (double)hp->beta2, (double)hp->eps,
+                      (double)hp->weight_decay);
+  weft_optimizer *o;
+  WEFT_CHECK(opt_create(root, OPT_ADAMW, &o));
+  o->adam = *hp;
+  weft_status st = WEFT_OK;
+  for (int i = 0; i < o->n && !st; i++) {
+    st = add_state(o, &o->e[i], 0, "exp_avg");
+    if (!st) st = add_state(o, &o->e[i], 1, "exp_avg_sq");
+    if (!st && hp->amsgrad) st = add_state(o, &o->e[i], 2, "max_exp_avg_sq");
+  }
+  if (st) {
+    weft_optimizer_destroy(o);
+    return weft_error_trace(st, __func__);
+  }
+  *out = o;
+  return WEFT_OK;
+}
+
+weft_status weft_sgd_create(weft_module *root, const weft_sgd_params *hp, weft_optimizer **out) {
+  if (!hp) return weft_error(WEFT_ERR_INVALID, "hyper-parameters are NULL");
+  if (!(hp->lr >= 0) || !(hp->momentum >= 0) || !(hp->weight_decay >= 0) ||
+      (hp->nesterov && (hp->momentum <= 0 || hp->dampening != 0)))
+    return weft_error(WEFT_ERR_INVALID,
+                      "SGD: need lr, momentum, weight_decay >= 0, and nesterov only with "
+                      "momentum > 0 and dampening 0 (got lr %g, momentum %g, dampening %g, wd %g, "
+                      "nesterov %d)",
+                      (double)hp->lr, (double)hp->momentum, (double)hp->dampening,
+                      (double)hp->weight_decay, (int)hp->nesterov);
+  weft_optimizer *o;
+  WEFT_CHECK(opt_create(root, OPT_SGD, &o));
+  o->sgd = *hp;
+  weft_status st = WEFT_OK;
+  for (int i = 0; i < o->n && !st && hp->momentum != 0; i++)
+    st = add_state(o, &o->e[i], 0, "momentum_buffer");
+  if (st) {
+    weft_optimizer_destroy(o);
+    return weft_error_trace(st, __func__);
+  }
+  *out = o;
+  return WEFT_OK;
+}
+
+weft_status weft_optimizer_step(weft_optimizer *o) {
+  if (!o) return weft_error(WEFT_ERR_INVALID, "optimizer is NULL");
+  /* validate everything before touching anything */
+  for (int i = 0; i < o->n; i++) {
+    opt_entry *e = &o->e[i];
+    weft_param *p = e->p;
+    if (!p->grad) continue;
+    char a[256], b[256];
+    if (!p->data || !weft_dtensor_spec_equal(weft_dtensor_get_spec(p->data), &e->spec)) {
+      if (p->data) weft_dtensor_spec_describe(weft_dtensor_get_spec(p->data), a, sizeof a);
+      else snprintf(a, sizeof a, "(none)");
+      weft_dtensor_spec_describe(&e->spec, b, sizeof b);
+      return weft_error(WEFT_ERR_STATE,
+                        "optimizer: parameter '%s' is now %s but was %s when the optimizer was "
+                        "created (create it after sharding)",
+                        p->fqn, a, b);
+    }
+    if (!weft_dtensor_spec_equal(weft_dtensor_get_spec(p->grad), &e->spec)) {
+      weft_dtensor_spec_describe(weft_dtensor_get_spec(p->grad), a, sizeof a);
+      weft_dtensor_spec_describe(&e->spec, b, sizeof b);
+      return weft_error(WEFT_ERR_STATE, "optimizer: grad of '%s' is %s, its data %s", p->fqn, a, b);
+    }
+    if (!weft_tensor_is_contiguous(weft_dtensor_local(p->data)) ||
+        !weft_tensor_is_contiguous(weft_dtensor_local(p->grad)))
+      return weft_error(WEFT_ERR_UNSUPPORTED, "optimizer: '%s' has a non-contiguous shard", p->fqn);
+  }
+  if (o->has_sched) {
+    float lr = weft_lr_schedule_at(&o->sched, o->steps);
+    o->adam.lr = lr;
+    o->sgd.lr = lr;
+  }
+  for (int i = 0; i < o->n; i++) {
+    opt_entry *e = &o->e[i];
+    weft_param *p = e->p;
+    if (!p->grad) continue;
+    int64_t n = nn_numel(p->data);
+    e->step++;
+    if (o->kind == OPT_ADAMW)
+      WEFT_CHECK(weft_adamw_step(nn_f32(p->data), nn_f32(p->grad), nn_f32(e->s[0]), nn_f32(e->s[1]),
+                                 e->s[2] ? nn_f32(e->s[2]) : NULL, n, e->step, &o->adam));
+    else
+      WEFT_CHECK(weft_sgd_step(nn_f32(p->data), nn_f32(p->grad), e->s[0] ? nn_f32(e->s[0]) : NULL, n,
+                               e->step, &o->sgd));
+  }
+  o->steps++;
+  return WEFT_OK;
+}
+
+void weft_optimizer_set_lr(weft_optimizer *o, float lr) {
+  if (!o) return;
+  o->adam.lr = lr;
+  o->sgd.lr = lr;
+}
+
+float weft_optimizer_get_lr(const weft_optimizer *o) {
+  if (!o) return 0.0f;
+  return o->kind == OPT_ADAMW ? o->adam.lr : o->sgd.lr;
+}
+
+int64_t weft_optimizer_num_steps(const weft_optimizer *o) { return o ? o->steps : 0; }
+
+int weft_optimizer_state_count(const weft_optimizer *o) { return o ? o->nstates : 0; }
+
+weft_status weft_optimizer_state_get(const weft_optimizer *o, int i, const char **name,
+                                     weft_dtensor **t) {
+  if (!o) return weft_error(WEFT_ERR_INVALID, "optimizer is NULL");
+  if (i < 0 || i >= o->nstates)
+    return weft_error(WEFT_ERR_INVALID, "state index %d outside [0, %d)", i, o->nstates);
+  if (name) *name = o->names[i];
+  if (t) *t = o->states[i];
+  return WEFT_OK;
+}
+
+weft_status weft_optimizer_state_find(const weft_optimizer *o, const char *name, weft_dtensor **t) {
+  if (!o || !name) return weft_error(WEFT_ERR_INVALID, "NULL argument");
+  for (int i = 0; i < o->nstates; i++)
+    if (strcmp(o->names[i], name) == 0) {
+      if (t) *t = o->states[i];
+      return WEFT_OK;
+    }
+  return weft_error(WEFT_ERR_NOT_FOUND, "optimizer has no state '%s'", name);
+}
+
+static opt_entry *find_entry(const weft_optimizer *o, const char *fqn) {
+  for (int i = 0; i < o->n; i++)
+    if (strcmp(o->e[i].p->fqn, fqn) == 0) return &o->e[i];
+  return NULL;
+}
+
+weft_status weft_optimizer_get_param_step(const weft_optimizer *o, const char *fqn, int64_t *step) {
+  if (!o || !fqn || !step) return weft_error(WEFT_ERR_INVALID, "NULL argument");
+  opt_entry *e = find_entry(o, fqn);
+  if (!e) return weft_error(WEFT_ERR_NOT_FOUND, "optimizer has no parameter '%s'", fqn);
+  *step = e->step;
+  return WEFT_OK;
+}
+
+weft_status weft_optimizer_set_param_step(weft_optimizer *o, const char *fqn, int64_t step) {
+  if (!o || !fqn) return weft_error(WEFT_ERR_INVALID, "NULL argument");
+  if (step < 0) return weft_error(WEFT_ERR_INVALID, "step %lld < 0", (long long)step);
+  opt_entry *e = find_entry(o, fqn);
+  if (!e) return weft_error(WEFT_ERR_NOT_FOUND, "optimizer has no parameter '%s'", fqn);
+  e->step = step;
+  return WEFT_OK;
+}
+
+/* ------------------------------------------------------------ schedule */
+
+static bool sched_ok(const weft_lr_schedule *s) {
+  return s->warmup_steps >= 0 && s->total_steps >= s->warmup_steps;
+}
+
+float weft_lr_schedule_at(const weft_lr_schedule *s, int64_t step) {
+  if (!s) return 0.0f;
+  if (!sched_ok(s)) return s->lr_max;
+  if (step < 0) step = 0;
+  if (step < s->warmup_steps)
+    return (float)((double)s->lr_max * (double)(step + 1) / (double)s->warmup_steps);
+  if (step >= s->total_steps) return s->lr_min;
+  double r = (double)(step - s->warmup_steps) / (double)(s->total_steps - s->warmup_steps);
+  double coeff = 0.5 * (1.0 + cos(M_PI * r));
+  return (float)((double)s->lr_min + coeff * ((double)s->lr_max - (double)s->lr_min));
+}
+
+weft_status weft_optimizer_set_schedule(weft_optimizer *o, const weft_lr_schedule *s) {
+  if (!o) return weft_error(WEFT_ERR_INVALID, "optimizer is NULL");
+  if (!s) {
+    o->has_sched = false;
+    return WEFT_OK;
+  }
+  if (!sched_ok(s) || !(s->lr_max >= 0) || !(s->lr_min >= 0))
+    return weft_error(WEFT_ERR_INVALID,
+                      "lr schedule: need warmup >= 0, total >= warmup, rates >= 0 (got warmup "
+                      "%lld, total %lld, lr_max %g, lr_min %g)",
+                      (long long)s->warmup_steps, (long long)s->total_steps, (double)s->lr_max,
+                      (double)s->lr_min);
+  o->sched = *s;
+  o->has_sched = true;
+  return WEFT_OK;
+}
+
+/* ------------------------------------------------------------ clipping */
+
+/* Parameters whose grads are sharded over the same mesh dims (of the same
+ * mesh) share one all-reduce of their summed squares. */
+#define CLIP_MAX_GROUPS 64
+typedef struct clip_group {
+  weft_mesh *mesh;
+  unsigned mask; /* mesh dims to reduce over */
+  double sum;
+} clip_group;
+
+weft_status weft_clip_grad_norm_params(weft_param *const *ps, int n, double max_norm,
+                                       double *total_norm) {
+  if (total_norm) *total_norm = 0.0;
+  if (n > 0 && !ps) return weft_error(WEFT_ERR_INVALID, "params is NULL");
+  if (!(max_norm > 0.0))
+    return weft_error(WEFT_ERR_INVALID, "clip_grad_norm: max_norm %g must be > 0", max_norm);
+  /* Partial grads are reduced first (collective, in parameter order). */
+  for (int i = 0; i < n; i++) {
+    weft_param *p = ps[i];
+    if (!p || !p->grad) continue;
+    const weft_dtensor_spec *s = weft_dtensor_get_spec(p->grad);
+    bool partial = false;
+    weft_placement want[WEFT_MESH_MAX_DIMS];
+    for (int d = 0; d < s->mesh_ndim; d++) {
+      partial |= s->placements[d].kind == WEFT_PLACE_PARTIAL;
+      want[d] = s->placements[d].kind == WEFT_PLACE_PARTIAL ? weft_replicate() : s->placements[d];
+    }
+    if (!partial) continue;
+    weft_dtensor *r;
+    WEFT_CHECK(weft_dtensor_redistribute(p->grad, want, s->mesh_ndim, &r));
+    weft_dtensor_destroy(p->grad);
+    p->grad = r;
+  }
+  clip_group g[CLIP_MAX_GROUPS];
+  int ng = 0;
+  for (int i = 0; i < n; i++) {
+    weft_param *p = ps[i];
+    if (!p || !p->grad) continue;
+    const weft_dtensor_spec *s = weft_dtensor_get_spec(p->grad);
+    weft_mesh *mesh = weft_dtensor_mesh(p->grad);
+    unsigned mask = 0;
+    for (int d = 0; d < s->mesh_ndim; d++)
+      if (weft_placement_is_shard(s->placements[d]) && s->mesh_shape[d] > 1) mask |= 1u << d;
+    const weft_tensor *l = weft_dtensor_local(p->grad);
+    double ss;
+    if (weft_tensor_is_contiguous(l) && l->dtype == WEFT_F32) ss = weft_sumsq(l->data, weft_tensor_numel(l));
+    else WEFT_CHECK(weft_reduce_all(l, WEFT_REDUCE_SUMSQ, &ss));
+    int k = 0;
+    while (k < ng && !(g[k].mesh == mesh && g[k].mask == mask)) k++;
+    if (k == ng) {
+      if (ng == CLIP_MAX_GROUPS)
+        return weft_error(WEFT_ERR_UNSUPPORTED, "clip_grad_norm: more than %d placement groups",
+                          CLIP_MAX_GROUPS);
+      g[ng].mesh = mesh;
+      g[ng].mask = mask;
+      g[ng].sum = 0.0;
+      ng++;
+    }
+    g[k].sum += ss;
+  }
+  double total2 = 0.0;
+  for (int k = 0; k < ng; k++) {
+    for (int d = 0; d < WEFT_MESH_MAX_DIMS; d++)
+      if (g[k].mask & (1u << d))
+        WEFT_CHECK(weft_all_reduce(g[k].mesh, d, &g[k].sum, &g[k].sum, 1, WEFT_F64, WEFT_OP_SUM,
+                                   NULL));
+    total2 += g[k].sum;
+  }
+  double total = sqrt(total2);
+  if (total_norm) *total_norm = total;
+  double coef = weft_clip_coef(total, max_norm);
+  if (coef < 1.0) {
+    for (int i = 0; i < n; i++) {
+      weft_param *p = ps[i];
+      if (!p || !p->grad) continue;
+      weft_tensor *l = weft_dtensor_local(p->grad);
+      if (weft_tensor_is_contiguous(l) && l->dtype == WEFT_F32)
+        weft_scale_f32(l->data, weft_tensor_numel(l), (float)coef);
+      else
+        WEFT_CHECK(weft_scale(l, coef));
+    }
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_clip_grad_norm(weft_module *root, double max_norm, double *total_norm) {
+  if (total_norm) *total_norm = 0.0;
+  if (!root) return weft_error(WEFT_ERR_INVALID, "root is NULL");
+  int count;
+  WEFT_CHECK(weft_module_parameters(root, NULL, 0, &count));
+  /* note: a small malloc per call (not weft_alloc, so not counted as a step
+   * allocation); the list is rebuilt because FSDP may swap grads. */
+  weft_param **ps = malloc((size_t)(count ? count : 1) * sizeof *ps);
+  if (!ps) return weft_error(WEFT_ERR_OOM, "param list");
+  weft_status st = weft_module_parameters(root, ps, count, &count);
+  if (!st) st = weft_clip_grad_norm_params(ps, count, max_norm, total_norm);
+  free(ps);
+  return st;
+}
