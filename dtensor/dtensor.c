@@ -524,37 +524,56 @@ static weft_status check_collective(const weft_mesh *mesh, const weft_dtensor_sp
   }
   int mshape[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) mshape[i] = weft_mesh_dim_size(mesh, i);
-  const int64_t *ref = NULL;
+  /* 1: every rank accepted its own arguments */
   for (int r = 0; r < n && st == WEFT_OK; r++) {
+    if (!br[r]) st = weft_error(WEFT_ERR_INTERNAL, "check: no record from mesh rank %d", r);
+    else if (br[r][0] != WEFT_OK)
+      st = weft_error(WEFT_ERR_MISMATCH, "mesh rank %d rejected its local shard (%s)", r,
+                      weft_status_str((weft_status)br[r][0]));
+  }
+  /* 2: everyone has mesh rank 0's spec */
+  const int64_t *ref = st == WEFT_OK ? br[0] : NULL;
+  for (int r = 1; r < n && st == WEFT_OK; r++) {
     const int64_t *rec = br[r];
-    if (!rec) {
-      st = weft_error(WEFT_ERR_INTERNAL, "check: no record from mesh rank %d", r);
-      break;
-    }
-    if (rec[0] != WEFT_OK) {
-      st = weft_error(WEFT_ERR_MISMATCH, "mesh rank %d rejected its local shard: %s", r,
-                      weft_status_str((weft_status)rec[0]));
-      break;
-    }
-    if (!ref) ref = rec;
     if (memcmp(ref + 2, rec + 2, 2 * sizeof *rec) != 0 ||
         memcmp(ref + 6, rec + 6, WEFT_MAX_DIMS * sizeof *rec) != 0 ||
         memcmp(ref + 6 + 2 * WEFT_MAX_DIMS, rec + 6 + 2 * WEFT_MAX_DIMS,
                4 * WEFT_MESH_MAX_DIMS * sizeof *rec) != 0) {
+      char a[160] = "", b[160] = "";
+      size_t x = 0, y = 0;
+      for (int d = 0; d < (int)ref[3] && d < WEFT_MAX_DIMS; d++)
+        x += (size_t)snprintf(a + x, x < sizeof a ? sizeof a - x : 0, "%s%lld", d ? ", " : "",
+                              (long long)ref[6 + d]);
+      for (int d = 0; d < (int)rec[3] && d < WEFT_MAX_DIMS; d++)
+        y += (size_t)snprintf(b + y, y < sizeof b ? sizeof b - y : 0, "%s%lld", d ? ", " : "",
+                              (long long)rec[6 + d]);
       st = weft_error(WEFT_ERR_MISMATCH,
-                      "mesh rank %d has a different global shape, dtype or placements than "
-                      "mesh rank %lld", r, (long long)ref[1]);
-      break;
+                      "mesh rank %d has a different global shape, dtype or placements (global "
+                      "[%s]) than mesh rank 0 (global [%s])",
+                      r, b, a);
     }
-    /* rebuild that rank's spec and check its local shape */
-    weft_dtensor_spec s = *spec;
+  }
+  /* 3: each rank's local shape is what the (common) spec gives it */
+  weft_dtensor_spec s;
+  memset(&s, 0, sizeof s);
+  if (st == WEFT_OK) {
+    weft_placement pl[WEFT_MESH_MAX_DIMS];
+    const int64_t *p = ref + 6 + 2 * WEFT_MAX_DIMS;
+    for (int i = 0; i < k; i++) {
+      pl[i].kind = (weft_placement_kind)p[4 * i];
+      pl[i].dim = (int)p[4 * i + 1];
+      pl[i].split_factor = p[4 * i + 2] ? (int)p[4 * i + 2] : 1;
+      pl[i].op = (weft_reduce_op)p[4 * i + 3];
+    }
+    st = weft_dtensor_spec_init(&s, k, mshape, pl, k, (weft_dtype)ref[2], (int)ref[3], ref + 6);
+  }
+  for (int r = 0; r < n && st == WEFT_OK; r++) {
+    const int64_t *rec = br[r];
     int c[WEFT_MESH_MAX_DIMS];
     dt_unlinear(mshape, k, r, c);
     int64_t want[WEFT_MAX_DIMS];
-    if (weft_dtensor_spec_local_shape(&s, c, want, NULL, NULL) != WEFT_OK) {
-      st = weft_error_trace(weft_last_status(), __func__);
-      break;
-    }
+    st = weft_dtensor_spec_local_shape(&s, c, want, NULL, NULL);
+    if (st != WEFT_OK) break;
     bool ok = rec[4] == s.ndim && rec[5] == s.dtype;
     for (int d = 0; ok && d < s.ndim; d++) ok = rec[6 + WEFT_MAX_DIMS + d] == want[d];
     if (!ok) {
@@ -570,7 +589,6 @@ static weft_status check_collective(const weft_mesh *mesh, const weft_dtensor_sp
                       "mesh rank %d holds a local shard of shape [%s] but the placements give "
                       "[%s] for its coordinates",
                       r, got, exp);
-      break;
     }
   }
   if (br != byrank) free(br);

@@ -285,9 +285,16 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
   int64_t osz[WEFT_MAX_DIMS], nsz[WEFT_MAX_DIMS];
   box_sizes(&ob[r], osz);
   box_sizes(&nb[r], nsz);
+  /* fixed-count all-to-all only when every block of the whole group's
+   * m x m exchange has one size (a group-wide decision: every member
+   * computes the same matrix) */
   bool even = true;
-  for (int c = 0; c < m; c++)
-    if (sc[c] != sc[0] || rc[c] != sc[0]) even = false;
+  for (int s = 0; s < m && even; s++)
+    for (int c = 0; c < m && even; c++) {
+      int64_t cnt = 1;
+      for (int d = 0; d < ob[s].ndim; d++) cnt *= dt_intersect_count(&ob[s].d[d], &nb[c].d[d]);
+      if (cnt != sc[0]) even = false;
+    }
   /* send: in place when every block is a contiguous piece of the input */
   bool sdirect = weft_tensor_is_contiguous(in);
   for (int c = 0; c < m && sdirect; c++)
