@@ -7,10 +7,16 @@
  * when the request completes. bf16/f16 move as MPI_UINT16_T and reduce
  * with the user ops made at weft_init.
  *
- * Counts are int64. A count or displacement above INT_MAX uses the MPI-4
- * large-count (_c) calls; all-reduce is split into chunks instead (so the
- * 16-bit user ops, which take an int length, never see a large count);
- * bf16/f16 reduce-scatter blocks above INT_MAX elements are unsupported.
+ * Counts are int64. A block larger than WEFT_CHUNK_BYTES (default 1 GiB)
+ * is posted as several MPI calls, one per chunk of every block, all in
+ * flight at once: contiguous pieces for all-reduce and broadcast; for
+ * all-gather, reduce-scatter and all-to-all a datatype of `len` elements
+ * resized to the block's extent (count * elem size), so that one "element"
+ * of it addresses the same chunk in every rank's block. This keeps every
+ * count an int and every message below 2 GiB: MPICH 4.0.2's nonblocking
+ * large-count calls fail (MPI_Ibcast_c of INT_MAX + 77 bytes on 2 ranks:
+ * "Invalid communicator" from the schedule). The _v collectives take int
+ * counts and displacements: above INT_MAX they are unsupported.
  */
 #include <inttypes.h>
 #include <limits.h>
@@ -36,9 +42,6 @@ const char *weft_coll_kind_name(weft_coll_kind kind) {
   return (unsigned)kind < WEFT_COLL_KIND_COUNT ? n[kind] : "?";
 }
 
-/* All-reduce chunk when count > INT_MAX (a multiple of 64 elements). */
-#define BIG_CHUNK ((int64_t)INT_MAX & ~(int64_t)63)
-
 #define WORK_INLINE_REQS 2
 
 struct weft_work {
@@ -49,6 +52,8 @@ struct weft_work {
   MPI_Request *reqs;         /* reqs_inline or malloc'd */
   MPI_Request reqs_inline[WORK_INLINE_REQS];
   void *owned;               /* counts/displs MPI reads until completion */
+  MPI_Datatype types[2];     /* chunk datatypes (freed at completion) */
+  int ntypes;
   void *avg_buf;             /* AVG: divide avg_count elements by the group size */
   int64_t avg_count;
   weft_dtype avg_dt;
@@ -76,6 +81,12 @@ static MPI_Op mpi_op(weft_dtype dt, weft_reduce_op op) {
   if (dt == WEFT_F16) return weft__rt.ops16[1][k];
   static const MPI_Op builtin[3] = {MPI_SUM, MPI_MAX, MPI_MIN};
   return builtin[k];
+}
+
+/* The op for chunked reduce-scatter (resized chunk types). */
+static MPI_Op mpi_op_blk(weft_dtype dt, weft_reduce_op op) {
+  int k = op == WEFT_OP_MAX ? 1 : op == WEFT_OP_MIN ? 2 : 0;
+  return weft__rt.ops_blk[dt][k];
 }
 
 /* Divides n elements by the group size g in place (integers truncate). */
@@ -174,7 +185,15 @@ static weft_status mpi_posted(int rc, const char *func, const char *call, mesh_d
 }
 
 /* Runs the post-completion step and releases what the work holds. */
+static void free_types(weft_work *w) {
+  /* note: freeing a datatype that a pending operation uses is allowed;
+   * MPI keeps it until the operation completes (MPI-4.0 §5.1.5). */
+  for (int i = 0; i < w->ntypes; i++) MPI_Type_free(&w->types[i]);
+  w->ntypes = 0;
+}
+
 static void work_complete(weft_work *w) {
+  free_types(w);
   if (w->avg_buf && w->avg_count > 0) avg_divide(w->avg_buf, w->avg_count, w->avg_dt, w->group->size);
   free(w->owned);
   w->owned = NULL;
@@ -186,6 +205,7 @@ static void work_complete(weft_work *w) {
 /* Releases a work whose requests may still be active (timeout / error):
  * the buffers MPI may still read are leaked on purpose. */
 static void work_abandon(weft_work *w) {
+  free_types(w);
   bool active = false;
   for (int i = 0; i < w->nreq; i++) active |= w->reqs[i] != MPI_REQUEST_NULL;
   if (!active) free(w->owned);
@@ -203,9 +223,8 @@ static weft_status work_timeout(weft_work *w, double waited) {
   snprintf(g->broken_msg, sizeof g->broken_msg, "%.160s timed out", desc);
   work_abandon(w);
   return weft_error(WEFT_ERR_TIMEOUT,
-                    "%s on mesh dim '%s' (seq %" PRId64 ") did not complete within %g s "
-                    "(group: world ranks %s)%s",
-                    desc, g->name, w->fp.seq, waited, members,
+                    "%s on mesh dim '%s' did not complete within %g s (group: world ranks %s)%s",
+                    desc, g->name, waited, members,
                     weft__rt.settings.debug
                         ? "; every rank passed the debug fingerprint check, so all arrived"
                         : "; run with WEFT_DEBUG=1 to learn which ranks never arrived");
@@ -289,6 +308,134 @@ static weft_status begin(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
   return WEFT_OK;
 }
 
+/* ------------------------------------------------------------ chunking */
+
+/* Elements per chunk of dtype dt (WEFT_CHUNK_BYTES / element size). */
+static int64_t chunk_elems(weft_dtype dt) {
+  int64_t c = weft__rt.settings.chunk_bytes / (int64_t)weft_dtype_size(dt);
+  if (c > INT_MAX) c = INT_MAX;
+  return c < 1 ? 1 : c;
+}
+
+/* Room for n requests in w. */
+static weft_status work_reqs(weft_work *w, int64_t n) {
+  if (n > INT_MAX / 2) return weft_error(WEFT_ERR_UNSUPPORTED, "%" PRId64 " chunks", n);
+  if (n > WORK_INLINE_REQS) {
+    w->reqs = malloc((size_t)n * sizeof *w->reqs);
+    if (!w->reqs) {
+      w->reqs = w->reqs_inline;
+      return weft_error(WEFT_ERR_OOM, "no memory for %" PRId64 " requests", n);
+    }
+  }
+  for (int64_t i = 0; i < n; i++) w->reqs[i] = MPI_REQUEST_NULL;
+  w->nreq = (int)n;
+  return WEFT_OK;
+}
+
+/* Error after `posted` requests went out: let those finish, then report. */
+static weft_status post_failed(weft_work *w, int posted, int rc, const char *func,
+                               const char *call) {
+  weft__wait_all(posted, w->reqs, weft__rt.settings.timeout_s);
+  free_types(w);
+  if (w->reqs != w->reqs_inline) free(w->reqs);
+  w->reqs = w->reqs_inline;
+  return mpi_posted(rc, func, call, w->group);
+}
+
+/* Datatype for a chunk of `len` elements inside a block of `count`:
+ * contiguous, resized to the block's extent so that item j of it is the
+ * same chunk of block j. Owned by w. */
+static int chunk_type(weft_work *w, MPI_Datatype base, int64_t len, int64_t count, size_t es,
+                      MPI_Datatype *out) {
+  MPI_Datatype c;
+  int rc = MPI_Type_contiguous((int)len, base, &c);
+  if (rc != MPI_SUCCESS) return rc;
+  rc = MPI_Type_create_resized(c, 0, (MPI_Aint)((size_t)count * es), out);
+  MPI_Type_free(&c);
+  if (rc != MPI_SUCCESS) return rc;
+  rc = MPI_Type_commit(out);
+  w->types[w->ntypes++] = *out;
+  return rc;
+}
+
+typedef enum { BLK_ALL_GATHER, BLK_REDUCE_SCATTER, BLK_ALL_TO_ALL } blk_kind;
+
+/* Posts an all-gather / reduce-scatter / all-to-all of n blocks of `count`
+ * elements: one MPI call, or one per chunk when a block is larger than a
+ * chunk (see the top of this file). sbuf may be MPI_IN_PLACE. */
+static weft_status post_blocks(weft_work *w, blk_kind k, const void *sbuf, void *recv,
+                               int64_t count, weft_dtype dt, MPI_Op op, const char *func) {
+  static const char *const call[3] = {"MPI_Iallgather", "MPI_Ireduce_scatter_block",
+                                      "MPI_Ialltoall"};
+  MPI_Comm comm = w->group->comm;
+  MPI_Datatype t = mpi_type(dt);
+  bool inplace = sbuf == MPI_IN_PLACE;
+  const void *s0 = inplace ? MPI_IN_PLACE : nz(sbuf);
+  int64_t ch = chunk_elems(dt);
+  int rc;
+  if (count <= ch) {
+    int c = (int)count;
+    if (k == BLK_ALL_GATHER)
+      rc = MPI_Iallgather(s0, c, t, nz(recv), c, t, comm, &w->reqs[0]);
+    else if (k == BLK_REDUCE_SCATTER)
+      rc = MPI_Ireduce_scatter_block(s0, nz(recv), c, t, op, comm, &w->reqs[0]);
+    else
+      rc = MPI_Ialltoall(s0, c, t, nz(recv), c, t, comm, &w->reqs[0]);
+    return rc == MPI_SUCCESS ? WEFT_OK : mpi_posted(rc, func, call[k], w->group);
+  }
+  int64_t nchunk = (count + ch - 1) / ch, last = count - (nchunk - 1) * ch;
+  WEFT_CHECK(work_reqs(w, nchunk));
+  size_t es = weft_dtype_size(dt);
+  MPI_Datatype full, tail;
+  rc = chunk_type(w, t, ch, count, es, &full);
+  if (rc == MPI_SUCCESS) {
+    tail = full;
+    if (last != ch) rc = chunk_type(w, t, last, count, es, &tail);
+  }
+  if (rc != MPI_SUCCESS) return post_failed(w, 0, rc, func, "MPI_Type_create_resized");
+  for (int64_t c = 0; c < nchunk; c++) {
+    size_t off = (size_t)(c * ch) * es;
+    int len = (int)(c == nchunk - 1 ? last : ch);
+    MPI_Datatype T = c == nchunk - 1 ? tail : full;
+    const void *s = inplace ? MPI_IN_PLACE : (const char *)sbuf + off;
+    char *r = (char *)recv + off;
+    if (k == BLK_ALL_GATHER)
+      rc = MPI_Iallgather(s, len, t, r, 1, T, comm, &w->reqs[c]);
+    else if (k == BLK_REDUCE_SCATTER)
+      rc = MPI_Ireduce_scatter_block(s, r, 1, T, op, comm, &w->reqs[c]);
+    else
+      rc = MPI_Ialltoall(s, 1, T, r, 1, T, comm, &w->reqs[c]);
+    if (rc != MPI_SUCCESS) return post_failed(w, (int)c, rc, func, call[k]);
+  }
+  return WEFT_OK;
+}
+
+/* Posts a contiguous all-reduce or broadcast, in chunks if large. */
+static weft_status post_flat(weft_work *w, bool bcast, const void *send, void *recv,
+                             int64_t count, weft_dtype dt, MPI_Op op, int root,
+                             const char *func) {
+  int64_t ch = chunk_elems(dt);
+  int64_t nchunk = count <= ch ? 1 : (count + ch - 1) / ch;
+  if (nchunk > 1) WEFT_CHECK(work_reqs(w, nchunk));
+  size_t es = weft_dtype_size(dt);
+  MPI_Datatype t = mpi_type(dt);
+  for (int64_t c = 0; c < nchunk; c++) {
+    size_t off = (size_t)(c * ch) * es;
+    int len = (int)(c == nchunk - 1 ? count - c * ch : ch);
+    char *r = (char *)nz(recv) + off;
+    int rc;
+    if (bcast) {
+      rc = MPI_Ibcast(r, len, t, root, w->group->comm, &w->reqs[c]);
+    } else {
+      const void *s = send == MPI_IN_PLACE ? MPI_IN_PLACE : (const char *)nz(send) + off;
+      rc = MPI_Iallreduce(s, r, len, t, op, w->group->comm, &w->reqs[c]);
+    }
+    if (rc != MPI_SUCCESS)
+      return post_failed(w, (int)c, rc, func, bcast ? "MPI_Ibcast" : "MPI_Iallreduce");
+  }
+  return WEFT_OK;
+}
+
 /* ------------------------------------------------------------- public */
 
 weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, void *recv,
@@ -311,18 +458,7 @@ weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, vo
   weft__account(g, WEFT_COLL_ALL_GATHER, n * count * es);
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
-  MPI_Datatype t = mpi_type(dt);
-  int rc;
-  if (count > INT_MAX) {
-#if MPI_VERSION >= 4
-    rc = MPI_Iallgather_c(nz(sbuf), count, t, nz(recv), count, t, g->comm, &w.reqs[0]);
-#else
-    return weft_error(WEFT_ERR_UNSUPPORTED, "count %" PRId64 " > INT_MAX needs MPI 4", count);
-#endif
-  } else {
-    rc = MPI_Iallgather(nz(sbuf), (int)count, t, nz(recv), (int)count, t, g->comm, &w.reqs[0]);
-  }
-  WEFT_CHECK(mpi_posted(rc, __func__, "MPI_Iallgather", g));
+  WEFT_CHECK(post_blocks(&w, BLK_ALL_GATHER, sbuf, recv, count, dt, MPI_OP_NULL, __func__));
   return finish(&w, work);
 }
 
@@ -340,10 +476,13 @@ weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, 
   for (int i = 0; i < n; i++) {
     if (counts[i] < 0)
       return weft_error(WEFT_ERR_INVALID, "counts[%d] = %" PRId64 " < 0", i, counts[i]);
-    big |= counts[i] > INT_MAX || total > INT_MAX;
     total += counts[i];
+    big |= counts[i] > INT_MAX || total > INT_MAX;
     h = (h ^ (uint64_t)counts[i]) * 1099511628211ull;
   }
+  if (big)
+    return weft_error(WEFT_ERR_UNSUPPORTED, "all_gather_v with counts or displacements above "
+                      "INT_MAX (total %" PRId64 " elements)", total);
   int64_t mine = counts[g->coord];
   WEFT_CHECK(check_buf(__func__, "send", send, mine * es));
   WEFT_CHECK(check_buf(__func__, "recv", recv, total * es));
@@ -357,8 +496,7 @@ weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, 
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv + "
                       "sum(counts[0..coord)))");
   /* MPI reads counts/displs until completion: keep our own copies. */
-  size_t each = big ? sizeof(MPI_Count) + sizeof(MPI_Aint) : 2 * sizeof(int);
-  void *arr = malloc((size_t)n * each + 1);
+  void *arr = malloc((size_t)n * 2 * sizeof(int) + 1);
   if (!arr) return weft_error(WEFT_ERR_OOM, "no memory for %d counts", n);
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_GATHER, true, dt,
                                 total, -1, -1);
@@ -372,28 +510,13 @@ weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, 
   }
   w.owned = arr;
   MPI_Datatype t = mpi_type(dt);
-  int rc;
-  if (big) {
-#if MPI_VERSION >= 4
-    MPI_Count *c = arr;
-    MPI_Aint *d = (MPI_Aint *)(c + n);
-    for (int i = 0; i < n; i++) {
-      c[i] = counts[i];
-      d[i] = i ? d[i - 1] + (MPI_Aint)counts[i - 1] : 0;
-    }
-    rc = MPI_Iallgatherv_c(nz(sbuf), mine, t, nz(recv), c, d, t, g->comm, &w.reqs[0]);
-#else
-    free(arr);
-    return weft_error(WEFT_ERR_UNSUPPORTED, "counts above INT_MAX need MPI 4");
-#endif
-  } else {
-    int *c = arr, *d = c + n;
-    for (int i = 0; i < n; i++) {
-      c[i] = (int)counts[i];
-      d[i] = i ? d[i - 1] + c[i - 1] : 0;
-    }
-    rc = MPI_Iallgatherv(nz(sbuf), (int)mine, t, nz(recv), c, d, t, g->comm, &w.reqs[0]);
+  int *c = arr, *d = c + n;
+  for (int i = 0; i < n; i++) {
+    c[i] = (int)counts[i];
+    d[i] = i ? d[i - 1] + c[i - 1] : 0;
   }
+  int rc = MPI_Iallgatherv(sbuf == MPI_IN_PLACE ? sbuf : nz(sbuf), (int)mine, t, nz(recv), c, d,
+                           t, g->comm, &w.reqs[0]);
   if (rc != MPI_SUCCESS) free(arr);
   WEFT_CHECK(mpi_posted(rc, __func__, "MPI_Iallgatherv", g));
   return finish(&w, work);
@@ -415,9 +538,6 @@ weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send
     sbuf = MPI_IN_PLACE; /* MPI's in-place: input in recv (n*count), result at its start */
   else if (overlap(send, (size_t)(n * count * es), recv, (size_t)(count * es)))
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv)");
-  if (count > INT_MAX && (dt == WEFT_BF16 || dt == WEFT_F16))
-    return weft_error(WEFT_ERR_UNSUPPORTED, "%s reduce_scatter blocks above INT_MAX elements",
-                      weft_dtype_name(dt));
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_REDUCE_SCATTER, false, dt,
                                 count, op, -1);
   weft__account(g, WEFT_COLL_REDUCE_SCATTER, n * count * es);
@@ -428,20 +548,8 @@ weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send
     w.avg_count = count;
     w.avg_dt = dt;
   }
-  MPI_Datatype t = mpi_type(dt);
-  int rc;
-  if (count > INT_MAX) {
-#if MPI_VERSION >= 4
-    rc = MPI_Ireduce_scatter_block_c(nz(sbuf), nz(recv), count, t, mpi_op(dt, op), g->comm,
-                                     &w.reqs[0]);
-#else
-    return weft_error(WEFT_ERR_UNSUPPORTED, "count %" PRId64 " > INT_MAX needs MPI 4", count);
-#endif
-  } else {
-    rc = MPI_Ireduce_scatter_block(nz(sbuf), nz(recv), (int)count, t, mpi_op(dt, op), g->comm,
-                                   &w.reqs[0]);
-  }
-  WEFT_CHECK(mpi_posted(rc, __func__, "MPI_Ireduce_scatter_block", g));
+  MPI_Op mop = count > chunk_elems(dt) ? mpi_op_blk(dt, op) : mpi_op(dt, op);
+  WEFT_CHECK(post_blocks(&w, BLK_REDUCE_SCATTER, sbuf, recv, count, dt, mop, __func__));
   return finish(&w, work);
 }
 
@@ -458,37 +566,18 @@ weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, vo
   bool in_place = send == recv;
   if (!in_place && overlap(send, (size_t)(count * es), recv, (size_t)(count * es)))
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv)");
-  int nchunk = count > INT_MAX ? (int)((count + BIG_CHUNK - 1) / BIG_CHUNK) : 1;
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_REDUCE, false, dt,
                                 count, op, -1);
   weft__account(g, WEFT_COLL_ALL_REDUCE, count * es);
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
-  if (nchunk > WORK_INLINE_REQS) {
-    w.reqs = malloc((size_t)nchunk * sizeof *w.reqs);
-    if (!w.reqs) return weft_error(WEFT_ERR_OOM, "no memory for %d requests", nchunk);
-  }
-  w.nreq = nchunk;
   if (op == WEFT_OP_AVG) {
     w.avg_buf = recv;
     w.avg_count = count;
     w.avg_dt = dt;
   }
-  MPI_Datatype t = mpi_type(dt);
-  MPI_Op mop = mpi_op(dt, op);
-  for (int c = 0; c < nchunk; c++) {
-    int64_t off = (int64_t)c * BIG_CHUNK;
-    int64_t len = count - off < BIG_CHUNK ? count - off : BIG_CHUNK;
-    if (nchunk == 1) len = count;
-    const void *s = in_place ? MPI_IN_PLACE : (const char *)nz(send) + off * es;
-    int rc = MPI_Iallreduce(s, (char *)nz(recv) + off * es, (int)len, t, mop, g->comm, &w.reqs[c]);
-    if (rc != MPI_SUCCESS) {
-      /* earlier chunks are in flight: wait for them before reporting */
-      weft__wait_all(c, w.reqs, weft__rt.settings.timeout_s);
-      if (w.reqs != w.reqs_inline) free(w.reqs);
-      return mpi_posted(rc, __func__, "MPI_Iallreduce", g);
-    }
-  }
+  WEFT_CHECK(post_flat(&w, false, in_place ? MPI_IN_PLACE : send, recv, count, dt, mpi_op(dt, op),
+                       -1, __func__));
   return finish(&w, work);
 }
 
@@ -508,18 +597,7 @@ weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t co
   weft__account(g, WEFT_COLL_BROADCAST, count * es);
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
-  MPI_Datatype t = mpi_type(dt);
-  int rc;
-  if (count > INT_MAX) {
-#if MPI_VERSION >= 4
-    rc = MPI_Ibcast_c(nz(buf), count, t, root, g->comm, &w.reqs[0]);
-#else
-    return weft_error(WEFT_ERR_UNSUPPORTED, "count %" PRId64 " > INT_MAX needs MPI 4", count);
-#endif
-  } else {
-    rc = MPI_Ibcast(nz(buf), (int)count, t, root, g->comm, &w.reqs[0]);
-  }
-  WEFT_CHECK(mpi_posted(rc, __func__, "MPI_Ibcast", g));
+  WEFT_CHECK(post_flat(&w, true, NULL, buf, count, dt, MPI_OP_NULL, root, __func__));
   return finish(&w, work);
 }
 
@@ -542,20 +620,7 @@ weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, vo
   weft__account(g, WEFT_COLL_ALL_TO_ALL, n * count * es);
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
-  MPI_Datatype t = mpi_type(dt);
-  int rc;
-  if (count > INT_MAX) {
-#if MPI_VERSION >= 4
-    rc = MPI_Ialltoall_c(sbuf == MPI_IN_PLACE ? sbuf : nz(sbuf), count, t, nz(recv), count, t,
-                         g->comm, &w.reqs[0]);
-#else
-    return weft_error(WEFT_ERR_UNSUPPORTED, "count %" PRId64 " > INT_MAX needs MPI 4", count);
-#endif
-  } else {
-    rc = MPI_Ialltoall(sbuf == MPI_IN_PLACE ? sbuf : nz(sbuf), (int)count, t, nz(recv),
-                       (int)count, t, g->comm, &w.reqs[0]);
-  }
-  WEFT_CHECK(mpi_posted(rc, __func__, "MPI_Ialltoall", g));
+  WEFT_CHECK(post_blocks(&w, BLK_ALL_TO_ALL, sbuf, recv, count, dt, MPI_OP_NULL, __func__));
   return finish(&w, work);
 }
 
@@ -583,12 +648,14 @@ weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
     if (recv_counts[i] && recv_displs[i] + recv_counts[i] > recv_end)
       recv_end = recv_displs[i] + recv_counts[i];
   }
+  if (big)
+    return weft_error(WEFT_ERR_UNSUPPORTED, "all_to_all_v with counts or displacements above "
+                      "INT_MAX");
   WEFT_CHECK(check_buf(__func__, "send", send, send_end * es));
   WEFT_CHECK(check_buf(__func__, "recv", recv, recv_end * es));
   if (overlap(send, (size_t)(send_end * es), recv, (size_t)(recv_end * es)))
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (all_to_all_v has no in-place form)");
-  size_t each = big ? 2 * (sizeof(MPI_Count) + sizeof(MPI_Aint)) : 4 * sizeof(int);
-  void *arr = malloc((size_t)n * each + 1);
+  void *arr = malloc((size_t)n * 4 * sizeof(int) + 1);
   if (!arr) return weft_error(WEFT_ERR_OOM, "no memory for %d counts", n);
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_TO_ALL, true, dt, -1,
                                 -1, -1);
@@ -601,32 +668,14 @@ weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
   }
   w.owned = arr;
   MPI_Datatype t = mpi_type(dt);
-  int rc;
-  if (big) {
-#if MPI_VERSION >= 4
-    MPI_Count *sc = arr, *rcn = sc + n;
-    MPI_Aint *sd = (MPI_Aint *)(rcn + n), *rd = sd + n;
-    for (int i = 0; i < n; i++) {
-      sc[i] = send_counts[i];
-      rcn[i] = recv_counts[i];
-      sd[i] = (MPI_Aint)send_displs[i];
-      rd[i] = (MPI_Aint)recv_displs[i];
-    }
-    rc = MPI_Ialltoallv_c(nz(send), sc, sd, t, nz(recv), rcn, rd, t, g->comm, &w.reqs[0]);
-#else
-    free(arr);
-    return weft_error(WEFT_ERR_UNSUPPORTED, "counts above INT_MAX need MPI 4");
-#endif
-  } else {
-    int *sc = arr, *rcn = sc + n, *sd = rcn + n, *rd = sd + n;
-    for (int i = 0; i < n; i++) {
-      sc[i] = (int)send_counts[i];
-      rcn[i] = (int)recv_counts[i];
-      sd[i] = (int)send_displs[i];
-      rd[i] = (int)recv_displs[i];
-    }
-    rc = MPI_Ialltoallv(nz(send), sc, sd, t, nz(recv), rcn, rd, t, g->comm, &w.reqs[0]);
+  int *sc = arr, *rcn = sc + n, *sd = rcn + n, *rd = sd + n;
+  for (int i = 0; i < n; i++) {
+    sc[i] = (int)send_counts[i];
+    rcn[i] = (int)recv_counts[i];
+    sd[i] = (int)send_displs[i];
+    rd[i] = (int)recv_displs[i];
   }
+  int rc = MPI_Ialltoallv(nz(send), sc, sd, t, nz(recv), rcn, rd, t, g->comm, &w.reqs[0]);
   if (rc != MPI_SUCCESS) free(arr);
   WEFT_CHECK(mpi_posted(rc, __func__, "MPI_Ialltoallv", g));
   return finish(&w, work);

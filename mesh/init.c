@@ -15,7 +15,7 @@ weft_runtime weft__rt = {
     .world_size = 1,
     .local_rank = 0,
     .local_size = 1,
-    .settings = {.timeout_s = 300.0, .debug = false, .backoff = -1},
+    .settings = {.timeout_s = 300.0, .debug = false, .backoff = -1, .chunk_bytes = 1 << 30},
     .sleep_waits = true,
 };
 
@@ -55,13 +55,15 @@ static bool word_is(const char *s, const char *const *words) {
   return false;
 }
 
-/* WEFT_TIMEOUT (seconds, > 0), WEFT_DEBUG (0/1), WEFT_BACKOFF (auto/0/1). */
+/* WEFT_TIMEOUT (seconds, > 0), WEFT_DEBUG (0/1), WEFT_BACKOFF (auto/0/1),
+ * WEFT_CHUNK_BYTES (64..2^30, default 2^30). */
 static weft_status read_settings(weft_settings *s) {
   static const char *const yes[] = {"1", "true", "yes", "on", NULL};
   static const char *const no[] = {"0", "false", "no", "off", "", NULL};
   s->timeout_s = 300.0;
   s->debug = false;
   s->backoff = -1;
+  s->chunk_bytes = 1 << 30;
   const char *v = getenv("WEFT_TIMEOUT");
   if (v && *v) {
     char *end;
@@ -90,6 +92,13 @@ static weft_status read_settings(weft_settings *s) {
     else if (!word_is(v, aut))
       return weft_error(WEFT_ERR_INVALID, "WEFT_BACKOFF='%s' (expected auto, 0 or 1)", v);
   }
+  v = getenv("WEFT_CHUNK_BYTES");
+  if (v && *v) {
+    long x;
+    if (!parse_int(v, &x) || x < 64 || x > (1l << 30))
+      return weft_error(WEFT_ERR_INVALID, "WEFT_CHUNK_BYTES='%s' (expected 64..2^30)", v);
+    s->chunk_bytes = x;
+  }
   return WEFT_OK;
 }
 
@@ -98,11 +107,23 @@ static weft_status read_settings(weft_settings *s) {
 /* MPI has no bf16/f16 types: they travel as MPI_UINT16_T and reduce with
  * user ops that widen to float, combine and round back (nearest even), as
  * NCCL does per step. Each op is tied to one format and one operation. */
+/* note: chunked collectives (collectives.c) reduce over a contiguous run of
+ * uint16 resized to a larger extent, so an "element" of *dt is `size / 2`
+ * values at a stride of `extent` bytes. */
 #define WEFT_OP16_BODY(conv_in, conv_out, combine)                          \
-  uint16_t *a = in, *b = inout;                                            \
-  for (int i = 0; i < *len; i++) {                                         \
-    float x = conv_in(a[i]), y = conv_in(b[i]);                            \
-    b[i] = conv_out(combine);                                              \
+  int size_ = 2;                                                           \
+  MPI_Aint lb_ = 0, extent_ = 2;                                           \
+  if (*dt != MPI_UINT16_T) {                                               \
+    MPI_Type_size(*dt, &size_);                                            \
+    MPI_Type_get_extent(*dt, &lb_, &extent_);                              \
+  }                                                                        \
+  for (int k = 0; k < *len; k++) {                                         \
+    uint16_t *a = (uint16_t *)((char *)in + (MPI_Aint)k * extent_);        \
+    uint16_t *b = (uint16_t *)((char *)inout + (MPI_Aint)k * extent_);     \
+    for (int i = 0; i < size_ / 2; i++) {                                  \
+      float x = conv_in(a[i]), y = conv_in(b[i]);                          \
+      b[i] = conv_out(combine);                                            \
+    }                                                                      \
   }
 
 /* NaN propagates through max/min, as torch.maximum does. */
@@ -128,23 +149,74 @@ static void f16_min(void *in, void *inout, int *len, MPI_Datatype *dt) {
   WEFT_OP16_BODY(weft_f16_to_f32, weft_f32_to_f16, min_nan(x, y))
 }
 
+/* Native types, for chunked reduce-scatter: same loop over the chunk type's
+ * layout as above, combining in the type itself. */
+#define WEFT_OPN(name, T, combine)                                          \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {    \
+    int size_;                                                             \
+    MPI_Aint lb_, extent_;                                                 \
+    MPI_Type_size(*dt, &size_);                                            \
+    MPI_Type_get_extent(*dt, &lb_, &extent_);                              \
+    int per = size_ / (int)sizeof(T);                                      \
+    for (int k = 0; k < *len; k++) {                                       \
+      const T *a = (const T *)((const char *)in + (MPI_Aint)k * extent_);  \
+      T *b = (T *)((char *)inout + (MPI_Aint)k * extent_);                 \
+      for (int i = 0; i < per; i++) {                                      \
+        T x = a[i], y = b[i];                                              \
+        b[i] = (T)(combine);                                               \
+      }                                                                    \
+    }                                                                      \
+  }
+#define WEFT_OPN3(tag, T)                                                   \
+  WEFT_OPN(tag##_sum, T, x + y)                                            \
+  WEFT_OPN(tag##_max, T, x > y ? x : y)                                    \
+  WEFT_OPN(tag##_min, T, x < y ? x : y)
+WEFT_OPN3(blk_f32, float)
+WEFT_OPN3(blk_f64, double)
+WEFT_OPN3(blk_i32, int32_t)
+WEFT_OPN3(blk_i64, int64_t)
+WEFT_OPN3(blk_u8, uint8_t)
+
 static void free_ops(void) {
   for (int f = 0; f < 2; f++)
     for (int o = 0; o < 3; o++)
       if (weft__rt.ops16[f][o] != MPI_OP_NULL) MPI_Op_free(&weft__rt.ops16[f][o]);
+  for (int d = 0; d < WEFT_DTYPE_COUNT; d++)
+    for (int o = 0; o < 3; o++) {
+      if (d != WEFT_BF16 && d != WEFT_F16 && weft__rt.ops_blk[d][o] != MPI_OP_NULL)
+        MPI_Op_free(&weft__rt.ops_blk[d][o]);
+      weft__rt.ops_blk[d][o] = MPI_OP_NULL;
+    }
 }
 
 static weft_status create_ops(void) {
   MPI_User_function *fns[2][3] = {{bf16_sum, bf16_max, bf16_min}, {f16_sum, f16_max, f16_min}};
+  MPI_User_function *blk[WEFT_DTYPE_COUNT][3] = {
+      [WEFT_F32] = {blk_f32_sum, blk_f32_max, blk_f32_min},
+      [WEFT_F64] = {blk_f64_sum, blk_f64_max, blk_f64_min},
+      [WEFT_I32] = {blk_i32_sum, blk_i32_max, blk_i32_min},
+      [WEFT_I64] = {blk_i64_sum, blk_i64_max, blk_i64_min},
+      [WEFT_U8] = {blk_u8_sum, blk_u8_max, blk_u8_min},
+  };
   for (int f = 0; f < 2; f++)
     for (int o = 0; o < 3; o++) weft__rt.ops16[f][o] = MPI_OP_NULL;
+  for (int d = 0; d < WEFT_DTYPE_COUNT; d++)
+    for (int o = 0; o < 3; o++) weft__rt.ops_blk[d][o] = MPI_OP_NULL;
   for (int f = 0; f < 2; f++)
     for (int o = 0; o < 3; o++)
-      if (MPI_Op_create(fns[f][o], 1, &weft__rt.ops16[f][o]) != MPI_SUCCESS) {
-        free_ops();
-        return weft_error(WEFT_ERR_MPI, "MPI_Op_create failed for the bf16/f16 reductions");
+      if (MPI_Op_create(fns[f][o], 1, &weft__rt.ops16[f][o]) != MPI_SUCCESS) goto fail;
+  for (int d = 0; d < WEFT_DTYPE_COUNT; d++)
+    for (int o = 0; o < 3; o++) {
+      if (d == WEFT_BF16 || d == WEFT_F16) {
+        weft__rt.ops_blk[d][o] = weft__rt.ops16[d == WEFT_F16][o];
+        continue;
       }
+      if (MPI_Op_create(blk[d][o], 1, &weft__rt.ops_blk[d][o]) != MPI_SUCCESS) goto fail;
+    }
   return WEFT_OK;
+fail:
+  free_ops();
+  return weft_error(WEFT_ERR_MPI, "MPI_Op_create failed for weft's reductions");
 }
 
 /* -------------------------------------------------------------- init */

@@ -222,6 +222,12 @@ typedef struct weft_settings {
   double timeout_s;   /* WEFT_TIMEOUT, default 300 */
   bool debug;         /* WEFT_DEBUG=1 */
   int backoff;        /* WEFT_BACKOFF: -1 auto (default), 0 never sleep, 1 always back off */
+  /* WEFT_CHUNK_BYTES (64 .. 2^30, default 2^30): a collective whose
+   * per-rank block is larger is posted as several MPI calls of at most
+   * this many bytes each (MPICH 4.0.2's nonblocking large-count calls
+   * fail: MPI_Ibcast_c of 2 GiB + 77 bytes returned "Invalid communicator").
+   * Tests set it small to exercise the chunked paths. */
+  int64_t chunk_bytes;
 } weft_settings;
 const weft_settings *weft_get_settings(void);
 /* Overrides (tests); takes effect for later collectives. */

@@ -65,6 +65,9 @@ typedef struct weft_runtime {
   bool sleep_waits;              /* resolved backoff policy */
   weft_settings settings;
   MPI_Op ops16[2][3];            /* [bf16, f16][sum, max, min] user ops */
+  /* [dtype][sum, max, min] user ops that accept the resized chunk types of
+   * chunked reduce-scatter (MPICH's builtin ops reject derived types) */
+  MPI_Op ops_blk[WEFT_DTYPE_COUNT][3];
 } weft_runtime;
 extern weft_runtime weft__rt;
 

@@ -44,14 +44,15 @@ double weft__now(void) {
 
 /* Tests the pending requests once (completed ones become MPI_REQUEST_NULL);
  * returns how many are still pending, or -1 on an MPI error. */
-static int test_pending(int n, MPI_Request *reqs, int *indices, int pending) {
+static int test_pending(int n, MPI_Request *reqs, int *indices, int pending, int *rc) {
   if (n == 1) {
     int flag = 0;
-    if (MPI_Test(&reqs[0], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+    if ((*rc = MPI_Test(&reqs[0], &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return -1;
     return flag ? 0 : 1;
   }
   int outcount = 0;
-  if (MPI_Testsome(n, reqs, &outcount, indices, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return -1;
+  if ((*rc = MPI_Testsome(n, reqs, &outcount, indices, MPI_STATUSES_IGNORE)) != MPI_SUCCESS)
+    return -1;
   if (outcount == MPI_UNDEFINED) return 0; /* none active */
   return pending - outcount;
 }
@@ -70,9 +71,13 @@ weft_status weft__wait_all(int n, MPI_Request *reqs, double timeout_s) {
   double t0 = weft__now(), t = t0;
   long sleep_ns = SLEEP_MIN_NS;
   for (unsigned long iter = 0;; iter++) {
-    int left = test_pending(n, reqs, indices, pending);
+    int rc = MPI_SUCCESS;
+    int left = test_pending(n, reqs, indices, pending, &rc);
     if (left < 0) {
-      st = weft_error(WEFT_ERR_MPI, "MPI_Test failed while waiting");
+      char msg[MPI_MAX_ERROR_STRING] = "";
+      int len = 0;
+      MPI_Error_string(rc, msg, &len);
+      st = weft_error(WEFT_ERR_MPI, "MPI_Test failed while waiting: %s", msg);
       break;
     }
     if (left == 0) break;

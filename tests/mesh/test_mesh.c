@@ -1,0 +1,106 @@
+/* tests/mesh — DeviceMesh, collectives, accounting, errors. Multi-rank
+ * checks run in MPI workers (mesh_worker.c, mesh_env_worker.c) started
+ * through mpiexec; each Criterion test names what its worker case proves.
+ * Timeouts: the worker's MPIEXEC_TIMEOUT (secs) sits below .timeout. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "harness.h"
+#include "mesh.h"
+
+#define MESH_WORKER WORKER("mesh_worker")
+#define ENV_WORKER WORKER("mesh_env_worker")
+
+static int collectives(int n, const char *shape) {
+  const char *extra[] = {shape, NULL};
+  return weft_test_mpiexec_args(n, MESH_WORKER, "collectives", 50, extra);
+}
+
+/* Every collective x dtype x op on every dim, exact against the members'
+ * values; groups equal the row-major layout; sub-meshes, flattening,
+ * accounting bytes; async overlap. */
+Test(mesh, collectives_exact_on_1_rank, .timeout = 60) { cr_assert_eq(collectives(1, "1"), 0); }
+Test(mesh, collectives_exact_on_2_ranks, .timeout = 60) { cr_assert_eq(collectives(2, "2"), 0); }
+Test(mesh, collectives_exact_on_3_ranks, .timeout = 60) { cr_assert_eq(collectives(3, "3"), 0); }
+Test(mesh, collectives_exact_on_2x2, .timeout = 60) { cr_assert_eq(collectives(4, "2x2"), 0); }
+Test(mesh, collectives_exact_on_1x4, .timeout = 60) { cr_assert_eq(collectives(4, "1x4"), 0); }
+Test(mesh, collectives_exact_on_2x3, .timeout = 60) { cr_assert_eq(collectives(6, "2x3"), 0); }
+Test(mesh, collectives_exact_submesh_flatten_on_2x2x2, .timeout = 60) {
+  cr_assert_eq(collectives(8, "2x2x2"), 0);
+}
+
+/* Same on 2x2x2 with WEFT_DEBUG=1: the fingerprint exchange before every
+ * collective changes no result. */
+Test(mesh, debug_fingerprints_keep_results_on_2x2x2, .timeout = 60) {
+  const char *env[] = {"WEFT_DEBUG=1", "MESH_SHAPE=2x2x2", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(8, MESH_WORKER, "collectives", 50, env), 0);
+}
+
+/* Bad shapes/names/args fail on every rank with a message and no hang;
+ * WEFT_DEBUG mismatches -> WEFT_ERR_MISMATCH on every rank of the group;
+ * a rank that skips a collective -> WEFT_ERR_TIMEOUT naming it. */
+Test(mesh, errors_mismatch_and_timeout_on_2x2, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(4, MESH_WORKER, "errors", 50), 0);
+}
+
+/* Counts above INT_MAX (2 GiB + 77 bytes, int64 counts split into
+ * chunks) are accepted and accounted (see case_big_count for why the data
+ * itself is not moved here; big_count_full does, slowly). */
+Test(mesh, counts_above_int_max_in_chunks, .timeout = 90) {
+  cr_assert_eq(weft_test_mpiexec(1, MESH_WORKER, "big_count", 80), 0);
+}
+
+/* Every collective again with 64-byte chunks: the chunked paths (resized
+ * block datatypes, user ops for reduce-scatter) give the same results. */
+Test(mesh, collectives_chunked_exact_on_2x2, .timeout = 60) {
+  const char *env[] = {"WEFT_CHUNK_BYTES=64", "MESH_SHAPE=2x2", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(4, MESH_WORKER, "collectives", 50, env), 0);
+}
+
+/* RANK / WORLD_SIZE disagreeing with MPI fail weft_init on every rank
+ * (RANK=0 is wrong only on rank 1, yet rank 0 fails too). */
+Test(mesh, env_rank_mismatch_fails_init_on_every_rank, .timeout = 30) {
+  const char *env[] = {"RANK=0", "MESH_NEEDLE=world rank 1: RANK=0 disagrees with MPI rank 1",
+                       NULL};
+  cr_assert_eq(weft_test_mpiexec_env(2, ENV_WORKER, "expect_invalid", 20, env), 0);
+}
+
+Test(mesh, env_world_size_mismatch_fails_init, .timeout = 30) {
+  const char *env[] = {"WORLD_SIZE=3", "MESH_NEEDLE=WORLD_SIZE=3 disagrees with MPI size 2", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(2, ENV_WORKER, "expect_invalid", 20, env), 0);
+}
+
+Test(mesh, env_bad_setting_fails_init, .timeout = 30) {
+  const char *env[] = {"WEFT_TIMEOUT=soon", "MESH_NEEDLE=WEFT_TIMEOUT='soon'", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_invalid", 20, env), 0);
+}
+
+/* Matching RANK/WORLD_SIZE pass; LOCAL_RANK/LOCAL_WORLD_SIZE override the
+ * node-local rank (torchrun style); without them it is the rank on the node. */
+Test(mesh, env_matching_rank_and_local_rank_override, .timeout = 30) {
+  const char *env[] = {"RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=5", "LOCAL_WORLD_SIZE=8",
+                       "MESH_LR=5", "MESH_LS=8", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_ok", 20, env), 0);
+  cr_assert_eq(weft_test_mpiexec(3, ENV_WORKER, "expect_ok", 20), 0);
+}
+
+/* No MPI needed: names, and calls before weft_init fail cleanly. */
+Test(mesh, names_and_calls_before_init) {
+  cr_assert_str_eq(weft_reduce_op_name(WEFT_OP_AVG), "avg");
+  cr_assert_str_eq(weft_reduce_op_name((weft_reduce_op)7), "?");
+  cr_assert_str_eq(weft_coll_kind_name(WEFT_COLL_REDUCE_SCATTER), "reduce_scatter");
+  cr_assert_str_eq(weft_coll_kind_name(WEFT_COLL_BARRIER), "barrier");
+  cr_assert_not(weft_is_initialized());
+  int shape[1] = {1};
+  const char *names[1] = {"x"};
+  weft_mesh *m = (weft_mesh *)0x1;
+  cr_assert_eq(weft_mesh_create(1, shape, names, &m), WEFT_ERR_STATE);
+  cr_assert(strstr(weft_last_error(), "weft_init") != NULL, "%s", weft_last_error());
+  cr_assert_eq(weft_mesh_destroy(NULL), WEFT_OK);
+  cr_assert_eq(weft_work_wait(NULL), WEFT_OK);
+  cr_assert_eq(weft_mesh_ndim(NULL), 0);
+  cr_assert_eq(weft_mesh_dim_comm(NULL, 0), MPI_COMM_NULL);
+  weft_comm_count c = weft_comm_stats(NULL, 0, WEFT_COLL_ALL_REDUCE);
+  cr_assert_eq(c.calls, 0);
+  cr_assert_eq(weft_get_settings()->timeout_s, 300.0);
+}
