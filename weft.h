@@ -8,5 +8,6 @@
 #include "mesh.h"
 #include "dtensor.h"
 #include "nn.h"
+#include "tp.h"
 #include "safetensors.h"
 #endif
