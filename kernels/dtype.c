@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "tensor_internal.h"
 
 static const struct {
   const char *name, *alias;
@@ -32,56 +33,9 @@ weft_status weft_dtype_parse(const char *name, weft_dtype *out) {
                     name ? name : "(null)");
 }
 
-static uint32_t f32_bits(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return u;
-}
-static float bits_f32(uint32_t u) {
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
-
-/* bf16 is the top 16 bits of an IEEE f32; rounding adds 0x7fff plus the
- * lowest kept bit (ties to even). NaN keeps a quiet-NaN payload. */
-uint16_t weft_f32_to_bf16(float x) {
-  uint32_t u = f32_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-float weft_bf16_to_f32(uint16_t x) { return bits_f32((uint32_t)x << 16); }
-
-/* IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. */
-uint16_t weft_f32_to_f16(float x) {
-  uint32_t u = f32_bits(x);
-  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-  uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return sign | 0x7e00u;          /* NaN */
-  if (absu >= 0x477ff000u) return sign | 0x7c00u;         /* overflow -> inf (rounds past 65504) */
-  if (absu < 0x38800000u) {                               /* subnormal or zero in f16 */
-    /* value = absf; f16 subnormal step is 2^-24: round(absf * 2^24) ties even */
-    float absf = bits_f32(absu);
-    float scaled = absf * 16777216.0f;                     /* exact: power of two */
-    float r = rintf(scaled);                               /* default mode: ties to even */
-    return sign | (uint16_t)r;
-  }
-  /* normal: rebias exponent, round 13 dropped mantissa bits to nearest even */
-  uint32_t mant_round = absu + 0x0fffu + ((absu >> 13) & 1u);
-  uint32_t h = (mant_round >> 13) - ((127u - 15u) << 10);
-  return sign | (uint16_t)h;
-}
-
-float weft_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    float v = (float)mant * (1.0f / 16777216.0f); /* subnormal: mant * 2^-24 */
-    return sign ? -v : v;
-  }
-  if (exp == 31) return bits_f32(sign | 0x7f800000u | (mant << 13));
-  return bits_f32(sign | ((exp + 127u - 15u) << 23) | (mant << 13));
-}
+/* The conversions live in tensor_internal.h as inline functions (so that
+ * conversion loops inline them); these are the public entry points. */
+uint16_t weft_f32_to_bf16(float x) { return weft_f32_to_bf16_i_(x); }
+float weft_bf16_to_f32(uint16_t x) { return weft_bf16_to_f32_i_(x); }
+uint16_t weft_f32_to_f16(float x) { return weft_f32_to_f16_i_(x); }
+float weft_f16_to_f32(uint16_t x) { return weft_f16_to_f32_i_(x); }

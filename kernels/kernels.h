@@ -188,11 +188,12 @@ bool weft_tensor_equal(const weft_tensor *a, const weft_tensor *b);
  * and slicing.
  *
  * The recipe (kernels/rng.c; a CUDA fill must follow it): for global
- * row-major index e, x = weft_philox4x32(counter_lo = e, counter_hi = key,
- * key = seed); a = x0 | x1 << 32, b = x2 | x3 << 32; uniform:
- * lo + (hi - lo) * (a >> 11) * 2^-53; normal (Box-Muller): u1 = ((a >> 11) +
- * 1) * 2^-53, u2 = (b >> 11) * 2^-53, mean + std * sqrt(-2 ln u1) cos(2 pi
- * u2); computed in double, rounded once to the dtype. */
+ * row-major index e, x = weft_philox4x32(counter_lo = e >> 1, counter_hi =
+ * key, key = seed); a = x0 | x1 << 32, b = x2 | x3 << 32; uniform:
+ * lo + (hi - lo) * ((e even ? a : b) >> 11) * 2^-53; normal (Box-Muller):
+ * u1 = ((a >> 11) + 1) * 2^-53, u2 = (b >> 11) * 2^-53, mean + std *
+ * sqrt(-2 ln u1) * (e even ? cos : sin)(2 pi u2); computed in double,
+ * rounded once to the dtype. */
 
 /* A 64-bit stream key from a name (FNV-1a), e.g. a parameter's qualified name. */
 uint64_t weft_rng_key(const char *name);

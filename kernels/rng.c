@@ -3,13 +3,16 @@
  * whose every element is a pure function of (seed, key, global index).
  *
  * Element e of a tensor filled under (seed, key), where e is the element's
- * row-major linear index in the region's global shape:
+ * row-major linear index in the region's global shape; elements 2j and 2j+1
+ * share one Philox call:
  *
- *     x[0..3] = philox4x32(counter_lo = e, counter_hi = key, key = seed)
+ *     x[0..3] = philox4x32(counter_lo = e >> 1, counter_hi = key, key = seed)
  *     a = x[0] | x[1] << 32,  b = x[2] | x[3] << 32         (64-bit words)
- *     uniform:  u = (a >> 11) * 2^-53 in [0, 1);  v = lo + (hi - lo) * u
- *     normal:   u1 = ((a >> 11) + 1) * 2^-53 in (0, 1],  u2 = (b >> 11) * 2^-53
- *               z = sqrt(-2 ln u1) * cos(2 pi u2)  (Box-Muller);  v = mean + std * z
+ *     uniform:  u = ((e even ? a : b) >> 11) * 2^-53 in [0, 1);
+ *               v = lo + (hi - lo) * u
+ *     normal:   u1 = ((a >> 11) + 1) * 2^-53 in (0, 1],  u2 = (b >> 11) * 2^-53,
+ *               r = sqrt(-2 ln u1),  z = r cos(2 pi u2) for even e, r sin(2 pi u2)
+ *               for odd e (both Box-Muller outputs);  v = mean + std * z
  *
  * computed in double and rounded once to the tensor's dtype. note: the
  * stream key goes into the counter's high half, not into the Philox key:
@@ -80,20 +83,36 @@ typedef struct dist {
   bool have_below;
 } dist;
 
-static inline double sample(const dist *d, uint64_t e) {
-  uint32_t x[4];
-  weft_philox4x32(e, d->key, d->seed, x);
-  uint64_t a = (uint64_t)x[0] | (uint64_t)x[1] << 32;
-  const double two_m53 = 1.0 / 9007199254740992.0; /* 2^-53 */
-  if (d->kind == DIST_UNIFORM) {
-    double u = (double)(a >> 11) * two_m53;
-    return d->a + (d->b - d->a) * u;
+/* The two values of counter c = e >> 1 (elements 2c and 2c + 1), cached so
+ * that a row computes each pair once. */
+typedef struct pair_cache {
+  uint64_t counter;
+  bool valid;
+  double v[2];
+} pair_cache;
+
+static inline double sample(const dist *d, uint64_t e, pair_cache *pc) {
+  const uint64_t c = e >> 1;
+  if (!pc->valid || pc->counter != c) {
+    uint32_t x[4];
+    weft_philox4x32(c, d->key, d->seed, x);
+    const uint64_t a = (uint64_t)x[0] | (uint64_t)x[1] << 32;
+    const uint64_t b = (uint64_t)x[2] | (uint64_t)x[3] << 32;
+    const double two_m53 = 1.0 / 9007199254740992.0; /* 2^-53 */
+    if (d->kind == DIST_UNIFORM) {
+      pc->v[0] = d->a + (d->b - d->a) * ((double)(a >> 11) * two_m53);
+      pc->v[1] = d->a + (d->b - d->a) * ((double)(b >> 11) * two_m53);
+    } else {
+      const double u1 = (double)((a >> 11) + 1) * two_m53;
+      const double u2 = (double)(b >> 11) * two_m53;
+      const double r = sqrt(-2.0 * log(u1)), th = 6.283185307179586476925 * u2;
+      pc->v[0] = d->a + d->b * (r * cos(th));
+      pc->v[1] = d->a + d->b * (r * sin(th));
+    }
+    pc->counter = c;
+    pc->valid = true;
   }
-  uint64_t b = (uint64_t)x[2] | (uint64_t)x[3] << 32;
-  double u1 = (double)((a >> 11) + 1) * two_m53;
-  double u2 = (double)(b >> 11) * two_m53;
-  double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
-  return d->a + d->b * z;
+  return pc->v[e & 1];
 }
 
 static inline void store_sample(char *p, weft_dtype dt, const dist *d, double v) {
@@ -183,8 +202,9 @@ static weft_status fill_random(const char *func, weft_tensor *t, const weft_rng_
 
   const weft_dtype dt = t->dtype;
   const int64_t es = (int64_t)weft_dtype_size(dt);
+  pair_cache pc = {0, false, {0, 0}};
   if (nd == 0) {
-    store_sample((char *)t->data, dt, d, sample(d, 0));
+    store_sample((char *)t->data, dt, d, sample(d, 0, &pc));
     return WEFT_OK;
   }
   int64_t g0 = 0;
@@ -194,7 +214,7 @@ static weft_status fill_random(const char *func, weft_tensor *t, const weft_rng_
   char *row = (char *)t->data;
   int64_t g = g0; /* global index of the row's first element */
   for (;;) {
-    for (int64_t j = 0; j < n; j++) store_sample(row + j * st * es, dt, d, sample(d, (uint64_t)(g + j)));
+    for (int64_t j = 0; j < n; j++) store_sample(row + j * st * es, dt, d, sample(d, (uint64_t)(g + j), &pc));
     int k = nd - 2;
     for (; k >= 0; k--) {
       idx[k]++;

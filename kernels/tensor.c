@@ -475,10 +475,10 @@ static void copy_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
     }
   }
   /* the conversions mixed precision uses, without a per-element switch */
-  if (c->dst == WEFT_BF16 && c->src == WEFT_F32) COPY_LOOP(uint16_t, float, weft_f32_to_bf16(x));
-  else if (c->dst == WEFT_F32 && c->src == WEFT_BF16) COPY_LOOP(float, uint16_t, weft_bf16_to_f32(x));
-  else if (c->dst == WEFT_F16 && c->src == WEFT_F32) COPY_LOOP(uint16_t, float, weft_f32_to_f16(x));
-  else if (c->dst == WEFT_F32 && c->src == WEFT_F16) COPY_LOOP(float, uint16_t, weft_f16_to_f32(x));
+  if (c->dst == WEFT_BF16 && c->src == WEFT_F32) COPY_LOOP(uint16_t, float, weft_f32_to_bf16_i_(x));
+  else if (c->dst == WEFT_F32 && c->src == WEFT_BF16) COPY_LOOP(float, uint16_t, weft_bf16_to_f32_i_(x));
+  else if (c->dst == WEFT_F16 && c->src == WEFT_F32) COPY_LOOP(uint16_t, float, weft_f32_to_f16_i_(x));
+  else if (c->dst == WEFT_F32 && c->src == WEFT_F16) COPY_LOOP(float, uint16_t, weft_f16_to_f32_i_(x));
   else if (c->dst == WEFT_F64 && c->src == WEFT_F32) COPY_LOOP(double, float, (double)x);
   else if (c->dst == WEFT_F32 && c->src == WEFT_F64) COPY_LOOP(float, double, (float)x);
   else {

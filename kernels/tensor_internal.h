@@ -37,6 +37,60 @@ typedef void (*weft_iter_row_fn_)(char *const *ptrs, const int64_t *strides, int
 void weft_iter_init_(weft_iter_ *it, int nops, const weft_tensor *const *ts);
 void weft_iter_run_(const weft_iter_ *it, weft_iter_row_fn_ fn, void *ctx);
 
+/* ---- bf16 / f16 conversions. The public weft_f32_to_bf16 ... (dtype.c) call
+ * these; they are inline so that conversion loops make no call per element. */
+
+static inline uint32_t weft_f32_bits_(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+static inline float weft_bits_f32_(uint32_t u) {
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+/* bf16 is the top 16 bits of an IEEE f32; rounding adds 0x7fff plus the
+ * lowest kept bit (ties to even). NaN keeps a quiet-NaN payload. */
+static inline uint16_t weft_f32_to_bf16_i_(float x) {
+  uint32_t u = weft_f32_bits_(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float weft_bf16_to_f32_i_(uint16_t x) { return weft_bits_f32_((uint32_t)x << 16); }
+
+/* IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. */
+static inline uint16_t weft_f32_to_f16_i_(float x) {
+  uint32_t u = weft_f32_bits_(x);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t absu = u & 0x7fffffffu;
+  if (absu > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
+  if (absu >= 0x477ff000u) return sign | 0x7c00u; /* overflow -> inf (rounds past 65504) */
+  if (absu < 0x38800000u) {                       /* subnormal or zero in f16 */
+    /* the f16 subnormal step is 2^-24: round(|x| * 2^24), ties to even */
+    float scaled = weft_bits_f32_(absu) * 16777216.0f; /* exact: power of two */
+    return sign | (uint16_t)rintf(scaled);              /* default mode: ties to even */
+  }
+  /* normal: rebias the exponent, round the 13 dropped mantissa bits to even */
+  uint32_t mant_round = absu + 0x0fffu + ((absu >> 13) & 1u);
+  return sign | (uint16_t)((mant_round >> 13) - ((127u - 15u) << 10));
+}
+
+static inline float weft_f16_to_f32_i_(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {
+    float v = (float)mant * (1.0f / 16777216.0f); /* subnormal: mant * 2^-24 */
+    return sign ? -v : v;
+  }
+  if (exp == 31) return weft_bits_f32_(sign | 0x7f800000u | (mant << 13));
+  return weft_bits_f32_(sign | ((exp + 127u - 15u) << 23) | (mant << 13));
+}
+
 /* ---- scalar conversions -------------------------------------------------
  * Float -> integer truncates toward zero and saturates (NaN -> 0), so no
  * conversion is undefined behaviour; integer -> integer wraps modulo 2^bits
@@ -65,12 +119,12 @@ static inline double weft_load_f_(const char *p, weft_dtype dt) {
     case WEFT_BF16: {
       uint16_t v;
       memcpy(&v, p, 2);
-      return weft_bf16_to_f32(v);
+      return weft_bf16_to_f32_i_(v);
     }
     case WEFT_F16: {
       uint16_t v;
       memcpy(&v, p, 2);
-      return weft_f16_to_f32(v);
+      return weft_f16_to_f32_i_(v);
     }
     case WEFT_I32: {
       int32_t v;
@@ -118,12 +172,12 @@ static inline void weft_store_f_(char *p, weft_dtype dt, double v) {
     }
     case WEFT_F64: memcpy(p, &v, 8); return;
     case WEFT_BF16: {
-      uint16_t h = weft_f32_to_bf16((float)v);
+      uint16_t h = weft_f32_to_bf16_i_((float)v);
       memcpy(p, &h, 2);
       return;
     }
     case WEFT_F16: {
-      uint16_t h = weft_f32_to_f16((float)v);
+      uint16_t h = weft_f32_to_f16_i_((float)v);
       memcpy(p, &h, 2);
       return;
     }
@@ -159,12 +213,12 @@ static inline void weft_store_i_(char *p, weft_dtype dt, int64_t v) {
       return;
     }
     case WEFT_BF16: {
-      uint16_t h = weft_f32_to_bf16((float)v);
+      uint16_t h = weft_f32_to_bf16_i_((float)v);
       memcpy(p, &h, 2);
       return;
     }
     case WEFT_F16: {
-      uint16_t h = weft_f32_to_f16((float)v);
+      uint16_t h = weft_f32_to_f16_i_((float)v);
       memcpy(p, &h, 2);
       return;
     }

@@ -21,81 +21,131 @@
 #endif
 
 /* ------------------------------------------------ blocked fallback GEMM
- * Packs a KC x NC panel of op(B) and an MC x KC block of alpha * op(A) into
- * contiguous buffers, then runs rank-1 updates whose inner loop over N is
- * unit-stride in both the packed B row and the C row (the compiler
- * vectorises it). Block sizes keep the packed A block (64 KiB) in L2 and a
- * packed B row segment in L1. */
-#define GEMM_MC 64
+ * The GotoBLAS structure (Goto & van de Geijn, "Anatomy of high-performance
+ * matrix multiplication", TOMS 2008) in portable C: C is first scaled by
+ * beta; then for each KC x NC panel of op(B) and MC x KC block of
+ * alpha * op(A), both are packed into micro-panels (B: NR columns, A: MR
+ * rows, zero-padded at the edges), and a micro-kernel keeps an MR x NR tile
+ * of C in registers (GCC/Clang vector extensions, 2 vectors per row) for the
+ * whole KC loop. Packed A (64 KiB for f32) stays in L2, one B micro-panel in
+ * L1. */
+#define GEMM_MR 4
+#define GEMM_MC 64  /* multiple of MR */
 #define GEMM_KC 256
-#define GEMM_NC 256
+#define GEMM_NC 256 /* multiple of NR */
 
-#define DEFINE_BLOCKED_GEMM(NAME, T)                                                          \
-  static void NAME##_scale(int64_t m, int64_t n, T beta, T *c, int64_t ldc) {                 \
-    if (beta == (T)1) return;                                                                 \
-    for (int64_t i = 0; i < m; i++) {                                                         \
-      T *row = c + i * ldc;                                                                   \
-      if (beta == (T)0)                                                                       \
-        for (int64_t j = 0; j < n; j++) row[j] = (T)0;                                        \
-      else                                                                                    \
-        for (int64_t j = 0; j < n; j++) row[j] *= beta;                                       \
-    }                                                                                         \
-  }                                                                                           \
-  void NAME(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T *a,           \
-            int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {                \
-    if (m <= 0 || n <= 0) return;                                                             \
-    NAME##_scale(m, n, beta, c, ldc);                                                         \
-    if (k <= 0 || alpha == (T)0) return;                                                      \
-    T *pa = malloc(sizeof(T) * GEMM_MC * GEMM_KC);                                            \
-    T *pb = malloc(sizeof(T) * GEMM_KC * GEMM_NC);                                            \
-    if (!pa || !pb) {                                                                         \
-      /* no scratch: an unpacked triple loop, slow but still correct */                       \
-      free(pa);                                                                               \
-      free(pb);                                                                               \
-      for (int64_t i = 0; i < m; i++)                                                         \
-        for (int64_t p = 0; p < k; p++) {                                                     \
-          T av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);                              \
-          for (int64_t j = 0; j < n; j++) c[i * ldc + j] += av * (tb ? b[j * ldb + p] : b[p * ldb + j]); \
-        }                                                                                     \
-      return;                                                                                 \
-    }                                                                                         \
-    for (int64_t jc = 0; jc < n; jc += GEMM_NC) {                                             \
-      const int64_t nb = n - jc < GEMM_NC ? n - jc : GEMM_NC;                                 \
-      for (int64_t pc = 0; pc < k; pc += GEMM_KC) {                                           \
-        const int64_t kb = k - pc < GEMM_KC ? k - pc : GEMM_KC;                               \
-        /* pb[p][j] = op(B)[pc + p][jc + j] */                                                \
-        for (int64_t p = 0; p < kb; p++) {                                                    \
-          T *dst = pb + p * nb;                                                               \
-          if (tb)                                                                             \
-            for (int64_t j = 0; j < nb; j++) dst[j] = b[(jc + j) * ldb + pc + p];             \
-          else                                                                                \
-            memcpy(dst, b + (pc + p) * ldb + jc, sizeof(T) * (size_t)nb);                     \
-        }                                                                                     \
-        for (int64_t ic = 0; ic < m; ic += GEMM_MC) {                                         \
-          const int64_t mb = m - ic < GEMM_MC ? m - ic : GEMM_MC;                             \
-          /* pa[i][p] = alpha * op(A)[ic + i][pc + p] */                                      \
-          for (int64_t i = 0; i < mb; i++)                                                    \
-            for (int64_t p = 0; p < kb; p++)                                                  \
-              pa[i * kb + p] =                                                                \
-                  alpha * (ta ? a[(pc + p) * lda + ic + i] : a[(ic + i) * lda + pc + p]);     \
-          for (int64_t i = 0; i < mb; i++) {                                                  \
-            T *restrict crow = c + (ic + i) * ldc + jc;                                       \
-            const T *arow = pa + i * kb;                                                      \
-            for (int64_t p = 0; p < kb; p++) {                                                \
-              const T av = arow[p];                                                           \
-              const T *restrict brow = pb + p * nb;                                           \
-              for (int64_t j = 0; j < nb; j++) crow[j] += av * brow[j];                       \
-            }                                                                                 \
-          }                                                                                   \
-        }                                                                                     \
-      }                                                                                       \
-    }                                                                                         \
-    free(pa);                                                                                 \
-    free(pb);                                                                                 \
+typedef float gemm_v4f __attribute__((vector_size(16)));
+typedef double gemm_v2d __attribute__((vector_size(16)));
+
+/* NAME: function; T: scalar; V: vector of VL lanes; NR = 2 * VL. */
+#define DEFINE_BLOCKED_GEMM(NAME, T, V, VL)                                                     \
+  enum { NAME##_NR = 2 * (VL) };                                                                \
+  static void NAME##_scale(int64_t m, int64_t n, T beta, T *c, int64_t ldc) {                   \
+    if (beta == (T)1) return;                                                                   \
+    for (int64_t i = 0; i < m; i++) {                                                           \
+      T *row = c + i * ldc;                                                                     \
+      if (beta == (T)0)                                                                         \
+        for (int64_t j = 0; j < n; j++) row[j] = (T)0;                                          \
+      else                                                                                      \
+        for (int64_t j = 0; j < n; j++) row[j] *= beta;                                         \
+    }                                                                                           \
+  }                                                                                             \
+  /* C[0..mr, 0..nr) += A_panel (kb x MR) * B_panel (kb x NR) */                                \
+  static void NAME##_micro(int64_t kb, const T *ap, const T *bp, T *c, int64_t ldc, int64_t mr,   \
+                           int64_t nr) {                                                        \
+    V c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};     \
+    for (int64_t p = 0; p < kb; p++) {                                                          \
+      V b0, b1, a;                                                                              \
+      memcpy(&b0, bp, sizeof b0);                                                               \
+      memcpy(&b1, bp + (VL), sizeof b1);                                                        \
+      a = (V){0} + ap[0];                                                                       \
+      c00 += a * b0;                                                                            \
+      c01 += a * b1;                                                                            \
+      a = (V){0} + ap[1];                                                                       \
+      c10 += a * b0;                                                                            \
+      c11 += a * b1;                                                                            \
+      a = (V){0} + ap[2];                                                                       \
+      c20 += a * b0;                                                                            \
+      c21 += a * b1;                                                                            \
+      a = (V){0} + ap[3];                                                                       \
+      c30 += a * b0;                                                                            \
+      c31 += a * b1;                                                                            \
+      ap += GEMM_MR;                                                                            \
+      bp += NAME##_NR;                                                                          \
+    }                                                                                           \
+    T tile[GEMM_MR][NAME##_NR];                                                                 \
+    memcpy(&tile[0][0], &c00, sizeof c00);                                                      \
+    memcpy(&tile[0][VL], &c01, sizeof c01);                                                     \
+    memcpy(&tile[1][0], &c10, sizeof c10);                                                      \
+    memcpy(&tile[1][VL], &c11, sizeof c11);                                                     \
+    memcpy(&tile[2][0], &c20, sizeof c20);                                                      \
+    memcpy(&tile[2][VL], &c21, sizeof c21);                                                     \
+    memcpy(&tile[3][0], &c30, sizeof c30);                                                      \
+    memcpy(&tile[3][VL], &c31, sizeof c31);                                                     \
+    for (int64_t i = 0; i < mr; i++)                                                            \
+      for (int64_t j = 0; j < nr; j++) c[i * ldc + j] += tile[i][j];                            \
+  }                                                                                             \
+  void NAME(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T *a,             \
+            int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {                  \
+    if (m <= 0 || n <= 0) return;                                                               \
+    NAME##_scale(m, n, beta, c, ldc);                                                           \
+    if (k <= 0 || alpha == (T)0) return;                                                        \
+    T *pa = malloc(sizeof(T) * GEMM_MC * GEMM_KC);                                              \
+    T *pb = malloc(sizeof(T) * GEMM_KC * GEMM_NC);                                              \
+    if (!pa || !pb) {                                                                           \
+      /* no scratch: an unpacked triple loop, slow but still correct */                         \
+      free(pa);                                                                                 \
+      free(pb);                                                                                 \
+      for (int64_t i = 0; i < m; i++)                                                           \
+        for (int64_t p = 0; p < k; p++) {                                                       \
+          T av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);                                \
+          for (int64_t j = 0; j < n; j++)                                                       \
+            c[i * ldc + j] += av * (tb ? b[j * ldb + p] : b[p * ldb + j]);                      \
+        }                                                                                       \
+      return;                                                                                   \
+    }                                                                                           \
+    const int64_t NR = NAME##_NR;                                                               \
+    for (int64_t jc = 0; jc < n; jc += GEMM_NC) {                                               \
+      const int64_t nb = n - jc < GEMM_NC ? n - jc : GEMM_NC;                                   \
+      for (int64_t pc = 0; pc < k; pc += GEMM_KC) {                                             \
+        const int64_t kb = k - pc < GEMM_KC ? k - pc : GEMM_KC;                                 \
+        /* pb: micro-panel jr holds op(B)[pc + p][jc + jr + jj] at [jr * kb + p * NR + jj] */   \
+        for (int64_t jr = 0; jr < nb; jr += NR) {                                               \
+          T *dst = pb + jr * kb;                                                                \
+          const int64_t nr = nb - jr < NR ? nb - jr : NR;                                       \
+          for (int64_t p = 0; p < kb; p++)                                                      \
+            for (int64_t jj = 0; jj < NR; jj++)                                                 \
+              dst[p * NR + jj] = jj >= nr ? (T)0                                                \
+                                 : tb     ? b[(jc + jr + jj) * ldb + pc + p]                    \
+                                          : b[(pc + p) * ldb + jc + jr + jj];                   \
+        }                                                                                       \
+        for (int64_t ic = 0; ic < m; ic += GEMM_MC) {                                           \
+          const int64_t mb = m - ic < GEMM_MC ? m - ic : GEMM_MC;                               \
+          /* pa: micro-panel ir holds alpha * op(A)[ic + ir + ii][pc + p] at                   \
+           * [ir * kb + p * MR + ii] */                                                         \
+          for (int64_t ir = 0; ir < mb; ir += GEMM_MR) {                                        \
+            T *dst = pa + ir * kb;                                                              \
+            const int64_t mr = mb - ir < GEMM_MR ? mb - ir : GEMM_MR;                           \
+            for (int64_t p = 0; p < kb; p++)                                                    \
+              for (int64_t ii = 0; ii < GEMM_MR; ii++)                                          \
+                dst[p * GEMM_MR + ii] =                                                         \
+                    ii >= mr ? (T)0                                                             \
+                    : alpha * (ta ? a[(pc + p) * lda + ic + ir + ii]                            \
+                                  : a[(ic + ir + ii) * lda + pc + p]);                          \
+          }                                                                                     \
+          for (int64_t jr = 0; jr < nb; jr += NR)                                               \
+            for (int64_t ir = 0; ir < mb; ir += GEMM_MR)                                        \
+              NAME##_micro(kb, pa + ir * kb, pb + jr * kb, c + (ic + ir) * ldc + jc + jr, ldc,  \
+                           mb - ir < GEMM_MR ? mb - ir : GEMM_MR, nb - jr < NR ? nb - jr : NR); \
+        }                                                                                       \
+      }                                                                                         \
+    }                                                                                           \
+    free(pa);                                                                                   \
+    free(pb);                                                                                   \
   }
 
-DEFINE_BLOCKED_GEMM(weft_sgemm_blocked_, float)
-DEFINE_BLOCKED_GEMM(weft_dgemm_blocked_, double)
+DEFINE_BLOCKED_GEMM(weft_sgemm_blocked_, float, gemm_v4f, 4)
+DEFINE_BLOCKED_GEMM(weft_dgemm_blocked_, double, gemm_v2d, 2)
 
 /* Leading-dimension preconditions of a row-major GEMM; sets an error. */
 static bool ld_ok(const char *func, bool ta, bool tb, int64_t m, int64_t n, int64_t k,

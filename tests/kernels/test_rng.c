@@ -40,11 +40,12 @@ Test(rng, key_is_fnv1a_64) {
 /* The recipe documented in kernels/rng.c, recomputed here. */
 static double recipe(uint64_t seed, uint64_t key, uint64_t e, bool normal, double a, double b) {
   uint32_t x[4];
-  weft_philox4x32(e, key, seed, x);
+  weft_philox4x32(e / 2, key, seed, x);
   uint64_t w0 = (uint64_t)x[0] | (uint64_t)x[1] << 32, w1 = (uint64_t)x[2] | (uint64_t)x[3] << 32;
-  if (!normal) return a + (b - a) * ldexp((double)(w0 >> 11), -53);
+  if (!normal) return a + (b - a) * ldexp((double)((e % 2 ? w1 : w0) >> 11), -53);
   double u1 = ldexp((double)((w0 >> 11) + 1), -53), u2 = ldexp((double)(w1 >> 11), -53);
-  return a + b * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+  double r = sqrt(-2.0 * log(u1));
+  return a + b * (e % 2 ? r * sin(2.0 * M_PI * u2) : r * cos(2.0 * M_PI * u2));
 }
 
 Test(rng, elements_follow_the_documented_recipe) {
