@@ -7,7 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "weft.h"
+#include "nn.h"
+#include "safetensors.h"
 
 typedef struct golden {
   char dir[512];
