@@ -34,8 +34,21 @@
  *   dtype, count, sequence number); a mismatch fails with WEFT_ERR_MISMATCH
  *   on every rank of the group and names the ranks that differ; a rank that
  *   never arrives is named in the timeout message.
- * - Buffers are host memory, or device memory on CUDA builds (then NCCL is
- *   used where it can be, else MPI with host staging).
+ * - in place: all_reduce and all_to_all with send == recv; all_gather with
+ *   send == recv + coord * count (this rank's block); reduce_scatter with
+ *   send == recv (the result lands in its first count elements, as
+ *   MPI_IN_PLACE does). Any other overlap of send and recv is
+ *   WEFT_ERR_INVALID; all_to_all_v has no in-place form;
+ * - arguments are checked locally first (dim, dtype, op, count, root,
+ *   buffers): a bad one fails on the rank that passed it, before any
+ *   communication and without using a sequence number;
+ * - after a timeout the dim's group is unusable: later collectives on it
+ *   fail at once with WEFT_ERR_STATE (MPI cannot cancel a collective);
+ *   other dims keep working;
+ * - one thread at a time per mesh (counters and sequence numbers are not
+ *   atomic).
+ * - Buffers are host memory. (Device memory and NCCL on CUDA builds are not
+ *   implemented yet.)
  */
 #ifndef WEFT_MESH_H
 #define WEFT_MESH_H
@@ -53,14 +66,27 @@ extern "C" {
 /* ------------------------------------------------------------ process setup */
 
 /* Initialises MPI (MPI_Init_thread, MPI_THREAD_MULTIPLE if available, else
- * the highest level offered), finds the node-local rank through
- * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), and sets the error-message rank.
- * RANK / WORLD_SIZE / LOCAL_RANK in the environment, when set, must agree with
- * MPI (a mismatch is WEFT_ERR_INVALID); LOCAL_RANK overrides the node-local
- * rank. Safe to call if MPI is already initialised (then weft_finalize does
- * not finalise it). argc/argv may be NULL. */
+ * the highest level offered), reads the settings (weft_settings below),
+ * finds the node-local rank and sets the error-message rank. Collective
+ * over MPI_COMM_WORLD.
+ * - Node-local rank: the rank among the world ranks with the same processor
+ *   name (one nonblocking all-gather; note: not
+ *   MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), which in MPICH 4.0.2 is a
+ *   busy-polling blocking collective: 0.25 s on 8 ranks over 2 cores).
+ * - RANK / WORLD_SIZE in the environment (torchrun's names), when set, must
+ *   agree with MPI; a disagreement on any rank fails weft_init on every rank
+ *   with WEFT_ERR_INVALID naming the ranks. LOCAL_RANK / LOCAL_WORLD_SIZE,
+ *   when set, override the node-local rank and size (to pick a GPU).
+ * - A bad setting (WEFT_TIMEOUT=abc) is WEFT_ERR_INVALID before MPI starts.
+ * - On failure MPI is finalised again if weft_init started it.
+ * Safe to call if MPI is already initialised (then weft_finalize does not
+ * finalise it). A second call without weft_finalize is WEFT_ERR_STATE.
+ * argc/argv may be NULL. */
 weft_status weft_init(int *argc, char ***argv);
-/* Releases weft's global state and finalises MPI if weft_init started it. */
+/* Releases weft's global state and finalises MPI if weft_init started it
+ * (after a backoff barrier, so oversubscribed ranks do not spin in
+ * MPI_Finalize's own barrier). Collective over MPI_COMM_WORLD. No-op if
+ * weft is not initialised. Meshes should be destroyed first. */
 weft_status weft_finalize(void);
 bool weft_is_initialized(void);
 
@@ -77,19 +103,27 @@ int weft_local_size(void);  /* processes on this node */
 typedef struct weft_mesh weft_mesh;
 
 /* A mesh over all ranks of MPI_COMM_WORLD. Collective over the world.
- * Errors (same on every rank, no communication needed to detect them):
- * ndim outside 1..8, a size < 1, product of shape != world size, a name
- * empty, too long or repeated. */
+ * Errors, on every rank alike: WEFT_ERR_INVALID for ndim outside 1..8, a
+ * size < 1, product of shape != world size, a name NULL, empty, longer than
+ * WEFT_MESH_NAME_MAX - 1 or repeated; WEFT_ERR_MISMATCH when ranks pass
+ * different arguments (compared first, so no rank is left waiting);
+ * WEFT_ERR_TIMEOUT when not every rank calls it within WEFT_TIMEOUT.
+ * Communicators are made here, once per dim (MPI_Comm_create_group over
+ * each dim's group, plus a duplicate of each for weft's control messages). */
 weft_status weft_mesh_create(int ndim, const int *shape, const char *const *names,
                              weft_mesh **out);
 /* Same over the ranks of `comm` (duplicated; the caller keeps comm). */
 weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape,
                                        const char *const *names, weft_mesh **out);
-/* Destroys a mesh or sub-mesh. A root mesh with live sub-meshes, or any mesh
- * still referenced (weft_mesh_retain, e.g. by DTensors), returns WEFT_ERR_BUSY
- * and stays valid. NULL: no-op. Collective over the mesh for a root. */
+/* Destroys a mesh or sub-mesh. A root mesh with live sub-meshes (or
+ * flattened meshes) or async collectives in flight, or any mesh still
+ * referenced (weft_mesh_retain, e.g. by DTensors), returns WEFT_ERR_BUSY and
+ * stays valid. NULL: no-op. Frees the communicators of a root (no
+ * communication). */
 weft_status weft_mesh_destroy(weft_mesh *mesh);
-/* Reference counting for objects that hold a mesh (DTensors, modules). */
+/* Reference counting for objects that hold a mesh (DTensors, modules):
+ * while retained, destroy returns WEFT_ERR_BUSY. release never destroys;
+ * the owner still calls weft_mesh_destroy. NULL: no-op. */
 void weft_mesh_retain(weft_mesh *mesh);
 void weft_mesh_release(weft_mesh *mesh);
 
@@ -100,30 +134,50 @@ const char *weft_mesh_dim_name(const weft_mesh *mesh, int dim);
 /* Index of a dim by name; WEFT_ERR_NOT_FOUND naming the dim and listing the
  * mesh's dims otherwise. */
 weft_status weft_mesh_dim_index(const weft_mesh *mesh, const char *name, int *dim);
-/* This rank's coordinate along dim (its rank within that dim's group). */
+/* This rank's coordinate along dim (its rank within that dim's group); -1
+ * if dim is out of range. */
 int weft_mesh_coord(const weft_mesh *mesh, int dim);
 /* This rank's rank within the mesh (row-major linear index of its coords). */
 int weft_mesh_rank(const weft_mesh *mesh);
-/* World rank of the mesh member with the given coordinates (ndim entries). */
+/* World rank of the mesh member with the given coordinates (ndim entries;
+ * for a sub-mesh, the member that shares this rank's other root
+ * coordinates); -1 if a coordinate is out of range. */
 int weft_mesh_world_rank_of(const weft_mesh *mesh, const int *coords);
 /* Writes a readable picture of the mesh ("mesh (dp=2, tp=2): [[0, 1], [2, 3]]"). */
 void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap);
 /* The MPI communicator of one dim (owned by the mesh). */
 MPI_Comm weft_mesh_dim_comm(const weft_mesh *mesh, int dim);
-/* The communicator spanning the whole mesh (owned by the mesh). */
+/* The communicator spanning the whole mesh, ranks in its row-major order
+ * (owned by the mesh): the root's, a 1-D mesh's dim, or a flattened dim over
+ * the same root dims in the same order. MPI_COMM_NULL for a sub-mesh of
+ * several dims that no such communicator spans (weft_mesh_flatten makes
+ * one). */
 MPI_Comm weft_mesh_comm(const weft_mesh *mesh);
 
-/* Sub-mesh of the dims named (in the given order, like mesh["dp","tp"]).
- * Names may also be flattened dims registered by weft_mesh_flatten. The
- * result reuses the parent's communicators (no communication) and must be
- * destroyed before the root. Not collective. */
+/* Sub-mesh of the dims named (in the given order, like mesh["dp","tp"];
+ * another order transposes it). Names are dims of `mesh`, or flattened dims
+ * registered on the root by weft_mesh_flatten whose dims all belong to
+ * `mesh`. Errors: WEFT_ERR_NOT_FOUND for an unknown name (the message lists
+ * the mesh's dims), WEFT_ERR_INVALID for a repeated name or two names that
+ * share a root dim ("dp" and "dp_shard"). The result reuses the parent's
+ * communicators (no communication) and must be destroyed before the root.
+ * Not collective. */
 weft_status weft_mesh_submesh(weft_mesh *mesh, int n, const char *const *names,
                               weft_mesh **out);
+/* The root mesh that `mesh` was taken from (mesh itself for a root), as
+ * DeviceMesh's _mesh_resources.get_root_mesh: fsdp/ lays a parameter out
+ * over the dp dims and the tp dims of that one mesh. Not retained; NULL
+ * for NULL. Not collective. */
+weft_mesh *weft_mesh_root(const weft_mesh *mesh);
 /* Flattens the named dims (adjacent or not, in order) into one dim called
- * `flat_name`, as DeviceMesh._flatten: returns a 1-D mesh over that group and
- * registers the name on the root so later submesh calls find it. Creates the
- * flattened communicator once (collective over the mesh the first time;
- * later calls with the same dims are free). */
+ * `flat_name`, as DeviceMesh._flatten: returns a 1-D mesh over that group
+ * (coordinate = row-major index over the named dims) and registers the name
+ * on the root so later submesh calls find it. The first call creates the
+ * flattened communicator and is collective over the root mesh (every rank
+ * calls it; arguments are compared as in weft_mesh_create); later calls
+ * with the same dims are free and local. flat_name must not be a root dim
+ * name, nor a flattened name registered over other dims (WEFT_ERR_INVALID).
+ * Destroy the result like a sub-mesh. */
 weft_status weft_mesh_flatten(weft_mesh *mesh, int n, const char *const *names,
                               const char *flat_name, weft_mesh **out);
 
@@ -163,8 +217,9 @@ weft_status weft_work_test(weft_work *work, bool *done);
 weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, void *recv,
                             int64_t count, weft_dtype dt, weft_work **work);
 /* Uneven all-gather: rank i contributes counts[i] elements (counts has
- * group_size entries, identical on all ranks); recv is contiguous, rank i's
- * part at sum(counts[0..i)). */
+ * group_size entries, identical on all ranks; zeros allowed); recv is
+ * contiguous, rank i's part at sum(counts[0..i)). Counts and their sum must
+ * fit in an int (else WEFT_ERR_UNSUPPORTED). */
 weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, void *recv,
                               const int64_t *counts, weft_dtype dt, weft_work **work);
 /* Reduce-scatter over `dim`: send holds group_size * count elements; rank i
@@ -183,12 +238,16 @@ weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t co
 weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, void *recv,
                             int64_t count, weft_dtype dt, weft_work **work);
 /* Uneven all-to-all: send_counts[j] elements at send_displs[j] go to rank j;
- * recv_counts[i] from rank i land at recv_displs[i] (all in elements). */
+ * recv_counts[i] from rank i land at recv_displs[i] (all in elements, each
+ * fitting in an int). Under WEFT_DEBUG the pairwise counts are checked too
+ * (my send_counts[j] == rank j's recv_counts[me]). */
 weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
                               const int64_t *send_counts, const int64_t *send_displs, void *recv,
                               const int64_t *recv_counts, const int64_t *recv_displs,
                               weft_dtype dt, weft_work **work);
-/* Barrier over one dim; dim = -1 for the whole mesh. */
+/* Barrier over one dim; dim = -1 for the whole mesh (over
+ * weft_mesh_comm's communicator; for a sub-mesh that has none, one barrier
+ * per dim in turn, blocking only: async is WEFT_ERR_UNSUPPORTED). */
 weft_status weft_barrier(const weft_mesh *mesh, int dim, weft_work **work);
 
 /* ---------------------------------------------------- comm accounting */
@@ -200,7 +259,9 @@ weft_status weft_barrier(const weft_mesh *mesh, int dim, weft_work **work);
  * reduce-scatter and all-to-all payload*(n-1)/n, all-reduce 2*payload*(n-1)/n,
  * broadcast payload). Accounted at the call, per rank, for the root mesh's
  * dims (a sub-mesh's dims count on the root's dims; flattened dims have
- * their own rows). */
+ * their own rows; dim -1 is the row of weft_mesh_comm's group, where
+ * whole-mesh barriers count). A call counts once its arguments passed the
+ * local checks, even if it then fails (debug mismatch, timeout). */
 typedef struct weft_comm_count {
   int64_t calls;
   int64_t bytes;
