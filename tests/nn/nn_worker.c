@@ -961,7 +961,8 @@ static void case_bad(void) {
   ids[7] = keep;
   ((int32_t *)tgt->data)[0] = 99;
   WERR(weft_llama_forward(model, tok, tgt, NULL), WEFT_ERR_INVALID, "targets[0, 0] = 99");
-  random_ids(&tgt, 2, 5, cfg.vocab, 2); /* (leaks the old one's header: freed below) */
+  weft_tensor_destroy(tgt);
+  random_ids(&tgt, 2, 5, cfg.vocab, 2);
   /* rejected inputs changed nothing: the earlier forward can still be
    * back-propagated, once */
   WOK(weft_llama_backward(model));
