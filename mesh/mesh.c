@@ -677,6 +677,8 @@ static weft_status sub_new(weft_mesh *root, int n, const int *ids, weft_mesh **o
   return WEFT_OK;
 }
 
+weft_mesh *weft_mesh_root(const weft_mesh *mesh) { return mesh ? mesh->root : NULL; }
+
 weft_status weft_mesh_submesh(weft_mesh *mesh, int n, const char *const *names, weft_mesh **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
   *out = NULL;
