@@ -162,7 +162,12 @@ typedef struct weft_param_init {
  * them; the comments say who may write what.
  * note: `data` and `grad` are owned by the parameter and destroyed with its
  * module, whatever they point to then. Code that swaps them (FSDP swaps
- * `data` between its sharded and unsharded DTensors) keeps them valid. */
+ * `data` between its sharded and unsharded DTensors) keeps them valid.
+ * A layer reads `data` at its forward and again at its backward (so the
+ * unsharded data must be back by then: a pre-backward hook), and
+ * accumulates into `grad`, which at that moment must be NULL (then created
+ * zero with data's spec) or have exactly data's spec (WEFT_ERR_STATE
+ * otherwise): whoever swaps `data` swaps `grad` along with it. */
 typedef struct weft_param {
   const char *fqn;      /* read-only: "layers.0.attention.wq.weight" (changes when
                            the module is added to a parent) */

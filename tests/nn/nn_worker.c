@@ -1025,12 +1025,145 @@ static void case_bad(void) {
   WOK(weft_mesh_destroy(mesh));
 }
 
+/* ------------------------------------ loss override, accumulation, trees */
+
+/* A replacement loss: mean over rows of the sum of each row's logits, so
+ * dlogits = dloss / N everywhere. Counts its calls. */
+typedef struct sum_loss {
+  int fwd, bwd;
+} sum_loss;
+
+static weft_status sum_loss_forward(void *ctx, const weft_dtensor *logits, const weft_tensor *targets,
+                                    double *loss) {
+  sum_loss *c = ctx;
+  c->fwd++;
+  (void)targets;
+  const weft_tensor *l = weft_dtensor_local(logits);
+  const float *z = l->data;
+  double s = 0;
+  for (int64_t i = 0; i < weft_tensor_numel(l); i++) s += z[i];
+  *loss = s / (double)(l->shape[0] * l->shape[1]);
+  return WEFT_OK;
+}
+
+static weft_status sum_loss_backward(void *ctx, const weft_dtensor *logits,
+                                     const weft_tensor *targets, double dloss,
+                                     weft_dtensor *dlogits) {
+  sum_loss *c = ctx;
+  c->bwd++;
+  (void)targets;
+  weft_tensor *d = weft_dtensor_local(dlogits);
+  const weft_tensor *l = weft_dtensor_local(logits);
+  return weft_tensor_fill(d, dloss / (double)(l->shape[0] * l->shape[1]));
+}
+
+static weft_status collect_fqn(weft_module *m, void *ctx) {
+  trace *tr = ctx;
+  const char *f = weft_module_fqn(m);
+  if (tr->n < 512) snprintf(tr->e[tr->n++], 64, "%s", f[0] ? f : "(root)");
+  return WEFT_OK;
+}
+
+static void case_misc(void) {
+  weft_mesh *mesh = NULL;
+  WOK(mesh_world(&mesh));
+  weft_llama_config cfg = small_cfg(2, 4, 2, 13);
+  weft_module *model = NULL;
+  WOK(weft_llama_create(&cfg, mesh, &model));
+  WREQUIRE(model, "model");
+  WOK(weft_module_init_weights(model, 9));
+  weft_tensor *tok, *tgt;
+  random_ids(&tok, 3, 7, cfg.vocab, 5);
+  random_ids(&tgt, 3, 7, cfg.vocab, 6);
+  /* named_modules order (pre-order, children in creation order) */
+  trace *tr = calloc(1, sizeof *tr);
+  WOK(weft_module_visit(model, collect_fqn, tr));
+  static const char *const want[] = {"(root)", "tok_embeddings", "layers", "layers.0",
+                                     "layers.0.attention_norm", "layers.0.attention",
+                                     "layers.0.attention.wq", "layers.0.attention.wk",
+                                     "layers.0.attention.wv", "layers.0.attention.wo",
+                                     "layers.0.ffn_norm", "layers.0.feed_forward",
+                                     "layers.0.feed_forward.w1", "layers.0.feed_forward.w2",
+                                     "layers.0.feed_forward.w3", "layers.1"};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    WCHECK(strcmp(tr->e[i], want[i]) == 0, "visit[%zu] = %s want %s", i, tr->e[i], want[i]);
+  WCHECK(tr->n == 3 + 2 * 12 + 3, "visit count %d", tr->n);
+  WCHECK(strcmp(tr->e[tr->n - 1], "loss") == 0 && strcmp(tr->e[tr->n - 2], "output") == 0 &&
+             strcmp(tr->e[tr->n - 3], "norm") == 0,
+         "last modules %s %s %s", tr->e[tr->n - 3], tr->e[tr->n - 2], tr->e[tr->n - 1]);
+  free(tr);
+  /* gradient accumulation: a second backward without zero_grad doubles
+   * every grad (g + g = 2g exactly) */
+  weft_param *ps[64];
+  int np;
+  WOK(weft_module_parameters(model, ps, 64, &np));
+  WOK(weft_llama_forward(model, tok, tgt, NULL));
+  WOK(weft_llama_backward(model));
+  weft_tensor *g1[64] = {0};
+  for (int i = 0; i < np; i++) WOK(weft_tensor_clone(weft_dtensor_local(ps[i]->grad), &g1[i]));
+  WOK(weft_llama_forward(model, tok, tgt, NULL));
+  WOK(weft_llama_backward(model));
+  for (int i = 0; i < np; i++) {
+    /* note: kernels that accumulate row by row into the grad (embedding,
+     * norms) round differently from g + g: compare to 1e-5 */
+    const float *a = g1[i]->data, *b = weft_dtensor_local(ps[i]->grad)->data;
+    for (int64_t k = 0; k < weft_tensor_numel(g1[i]); k++)
+      WCHECK(fabsf(b[k] - 2 * a[k]) <= 1e-5f * fabsf(2 * a[k]) + 1e-9f,
+             "%s[%lld]: accumulated %g != 2 * %g", ps[i]->fqn, (long long)k, b[k], a[k]);
+    weft_tensor_destroy(g1[i]);
+  }
+  WOK(weft_module_zero_grad(model, true));
+  for (int i = 0; i < np; i++) WCHECK(ps[i]->grad == NULL, "%s: grad not dropped", ps[i]->fqn);
+  /* requires_grad false: no grad for that parameter */
+  weft_param *pn;
+  WOK(weft_module_find_param(model, "norm.weight", &pn));
+  pn->requires_grad = false;
+  /* a replacement loss is used in forward and backward */
+  weft_module *loss = NULL;
+  WOK(weft_module_find(model, "loss", &loss));
+  sum_loss sl = {0, 0};
+  weft_loss_impl impl = {sum_loss_forward, sum_loss_backward};
+  WOK(weft_loss_set_impl(loss, &impl, &sl));
+  double lv = 0;
+  WOK(weft_llama_forward(model, tok, tgt, &lv));
+  const weft_dtensor *logits = weft_llama_logits(model);
+  WREQUIRE(logits, "logits");
+  const weft_tensor *ll = weft_dtensor_local(logits);
+  double want_l = 0;
+  for (int64_t i = 0; i < weft_tensor_numel(ll); i++) want_l += ((const float *)ll->data)[i];
+  want_l /= 21.0;
+  WCHECK(fabs(lv - want_l) <= 1e-12 * (fabs(want_l) + 1), "custom loss %g want %g", lv, want_l);
+  WOK(weft_llama_backward(model));
+  WCHECK(sl.fwd == 1 && sl.bwd == 1, "custom loss calls %d %d", sl.fwd, sl.bwd);
+  WCHECK(pn->grad == NULL, "requires_grad=false param got a grad");
+  /* dlogits = 1/N everywhere: every row of output.weight's grad is the
+   * same (the mean of the final norm's output rows) */
+  weft_param *po;
+  WOK(weft_module_find_param(model, "output.weight", &po));
+  WREQUIRE(po->grad, "output grad");
+  const float *go = weft_dtensor_local(po->grad)->data;
+  for (int64_t v = 1; v < cfg.vocab; v++)
+    for (int64_t d = 0; d < cfg.dim; d++)
+      WCHECK(fabsf(go[v * cfg.dim + d] - go[d]) <= 1e-6f * (fabsf(go[d]) + 1e-6f),
+             "output grad row %lld differs", (long long)v);
+  WOK(weft_loss_set_impl(loss, NULL, NULL));
+  WOK(weft_llama_forward(model, tok, tgt, &lv));
+  WCHECK(lv > 1.0 && lv < 2 * log((double)cfg.vocab), "default loss back: %g", lv);
+  weft_loss_impl half = {sum_loss_forward, NULL};
+  WCHECK(weft_loss_set_impl(loss, &half, NULL) == WEFT_ERR_INVALID, "impl without backward");
+  weft_tensor_destroy(tok);
+  weft_tensor_destroy(tgt);
+  WOK(weft_module_destroy(model));
+  WOK(weft_mesh_destroy(mesh));
+}
+
 static void case_single(void) {
   case_golden();
   case_hooks();
   case_optim();
   case_steady();
   case_bad();
+  case_misc();
 }
 
 /* ---------------------------------------------------------------- timing */
@@ -1102,6 +1235,7 @@ static const weft_worker_case cases[] = {
     {"optim", case_optim},
     {"steady", case_steady},
     {"bad", case_bad},
+    {"misc", case_misc},
     {"single", case_single},
     {"timing", case_timing},
     {0, 0},

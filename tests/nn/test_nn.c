@@ -47,6 +47,10 @@ Test(nn, unsupported_tp_placements_fail_cleanly_on_every_rank, .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec(2, NN_WORKER, "tp_errors", 50), 0);
 }
 
+Test(nn, visit_order_grad_accumulation_requires_grad_and_custom_loss, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(1, NN_WORKER, "misc", 50), 0);
+}
+
 /* ------------------------------------------------------------ in process */
 
 /* llm.c's get_lr: warmup (s+1)/W, then cosine from lr_max to lr_min. */
