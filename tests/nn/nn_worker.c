@@ -159,6 +159,23 @@ static void run_golden(const char *name, int plan) {
     free(init);
     weft_tensor_destroy(full);
   }
+  /* more steps: memory in use comes back to the same level each step
+   * (redistributes under TP allocate, but nothing is left behind) */
+  int64_t bytes[4] = {0}, allocs[4] = {0};
+  for (int s = 0; s < 4; s++) {
+    WOK(weft_module_zero_grad(model, false));
+    WOK(weft_llama_forward(model, g.tokens, g.targets, NULL));
+    WOK(weft_llama_backward(model));
+    WOK(weft_clip_grad_norm(model, g.clip, NULL));
+    WOK(weft_optimizer_step(opt));
+    weft_mem_stats ms = weft_mem_get(WEFT_CPU);
+    bytes[s] = ms.current_bytes;
+    allocs[s] = ms.alloc_count;
+  }
+  WCHECK(bytes[3] == bytes[2] && bytes[2] == bytes[1], "%s plan %d: bytes in use %lld %lld %lld",
+         name, plan, (long long)bytes[1], (long long)bytes[2], (long long)bytes[3]);
+  WCHECK(plan != 0 || allocs[3] == allocs[2], "%s: %lld allocations in a replicated step", name,
+         (long long)(allocs[3] - allocs[2]));
   if (weft_worker_rank == 0)
     printf("golden %s plan %d ranks %d: loss rel err %.3g, worst grad rel err %.3g, norm rel err "
            "%.3g, worst update rel err %.3g; fwd+bwd %.2f ms, adamw %.2f ms\n",
