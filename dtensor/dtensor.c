@@ -46,8 +46,10 @@ static weft_status check_dt(const weft_dtensor *dt, const char *what) {
 
 void weft_dtensor_destroy(weft_dtensor *dt) {
   if (!dt) return;
-  /* a VIEW's header is ours too (it owns no data), so destroy frees just it */
-  weft_tensor_destroy(dt->local);
+  /* a VIEW's header is ours too (it owns no data), so destroy frees just it;
+   * an owned buffer may go back to the buffer cache */
+  if (dt->owns_local) dt_tensor_release(dt->local);
+  else weft_tensor_destroy(dt->local);
   weft_mesh_release(dt->mesh);
   free(dt);
 }
@@ -700,7 +702,38 @@ weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const weft_plac
   WEFT_CHECK(dt_spec_with(&dt->spec, placements, nplacements, &dst));
   dt_plan plan;
   WEFT_CHECK(dt_plan_get(&dt->spec, dst.placements, allow, &plan));
-  return dt_redistribute_run(dt, &dst, &plan, out);
+  return dt_redistribute_run(dt, &dst, &plan, NULL, out);
+}
+
+weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor *out,
+                                           const weft_redistribute_opts *opts) {
+  WEFT_CHECK(check_dt(dt, "dt"));
+  WEFT_CHECK(check_dt(out, "out"));
+  if (dt == out) return weft_error(WEFT_ERR_INVALID, "out is the input DTensor");
+  if (!dt_same_mesh(dt->mesh, out->mesh))
+    return weft_error(WEFT_ERR_INVALID, "out lives on a different mesh than the input");
+  const weft_dtensor_spec *a = &dt->spec, *b = &out->spec;
+  bool same = a->ndim == b->ndim && a->dtype == b->dtype;
+  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+  if (!same) {
+    char da[512], db[512];
+    weft_dtensor_spec_describe(a, da, sizeof da);
+    weft_dtensor_spec_describe(b, db, sizeof db);
+    return weft_error(WEFT_ERR_INVALID, "out %s does not have the input's global shape and dtype (%s)",
+                      db, da);
+  }
+  bool allow = opts && opts->version >= 1 && opts->allow_partial;
+  dt_plan plan;
+  WEFT_CHECK(dt_plan_get(a, b->placements, allow, &plan));
+  int me[WEFT_MESH_MAX_DIMS];
+  int64_t want[WEFT_MAX_DIMS];
+  dt_my_coords(out->mesh, me);
+  WEFT_CHECK(weft_dtensor_spec_local_shape(b, me, want, NULL, NULL));
+  for (int d = 0; d < b->ndim; d++)
+    if (out->local->shape[d] != want[d])
+      return weft_error(WEFT_ERR_INVALID, "out's local tensor has size %lld on dim %d, its spec "
+                        "gives %lld", (long long)out->local->shape[d], d, (long long)want[d]);
+  return dt_redistribute_run(dt, b, &plan, out->local, NULL);
 }
 
 weft_status weft_dtensor_redistribute(const weft_dtensor *dt, const weft_placement *placements,

@@ -316,6 +316,24 @@ weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const weft_plac
                                          int nplacements, const weft_redistribute_opts *opts,
                                          weft_dtensor **out);
 
+/* Collective. Like weft_dtensor_redistribute_ex, but writes the result into
+ * an existing DTensor `out` — same mesh, global shape and dtype; its
+ * placements are the target — instead of making a new one, so the result
+ * needs no allocation (a multi-step plan still allocates its intermediate
+ * steps). out's local tensor is overwritten and may be a VIEW (e.g. a flat
+ * FSDP buffer); it must not overlap the input's. opts may be NULL. */
+weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor *out,
+                                           const weft_redistribute_opts *opts);
+
+/* Opt-in cache of host buffers for DTensor results and redistribute
+ * scratch, like PyTorch's caching allocator: up to max_bytes of blocks
+ * (>= 64 KiB) freed by weft_dtensor_destroy or by a redistribute are kept
+ * and reused by later ones, so a loop of same-size redistributes does not
+ * pay first-touch page faults on every result (16384 faults for 64 MiB).
+ * Off (0) by default: cached blocks stay allocated and counted by
+ * weft_mem_get. Setting 0 frees what is held. Process-wide, thread-safe. */
+void weft_dtensor_set_buffer_cache(size_t max_bytes);
+
 /* One step of a plan: mesh dim, placements before/after on that dim, and the
  * collective it uses (WEFT_COLL_KIND_COUNT for a local step). */
 typedef struct weft_redistribute_step {

@@ -116,9 +116,20 @@ weft_status dt_plan_get(const weft_dtensor_spec *src, const weft_placement *dst,
 weft_status dt_plan_cost(const weft_dtensor_spec *src, const weft_placement *dst,
                          bool allow_partial, double *cost);
 
-/* Executes one redistribution on this rank. */
+/* Executes one redistribution on this rank: into a new DTensor (*out), or
+ * into the local tensor `into` (of the target's local shape) when given. */
 weft_status dt_redistribute_run(const weft_dtensor *dt, const weft_dtensor_spec *dst_spec,
-                                const dt_plan *plan, weft_dtensor **out);
+                                const dt_plan *plan, weft_tensor *into, weft_dtensor **out);
+
+/* ------------------------------------------------------ buffer cache */
+
+/* Host buffers through the opt-in cache (cache.c); put takes the size the
+ * block was asked for. dt_tensor_new / dt_tensor_release make and drop
+ * owning contiguous tensors through it. */
+weft_status dt_buf_get(size_t bytes, void **out);
+void dt_buf_put(void *p, size_t bytes);
+weft_status dt_tensor_new(weft_dtype dt, int ndim, const int64_t *shape, weft_tensor **out);
+void dt_tensor_release(weft_tensor *t);
 
 /* ------------------------------------------------------------ helpers */
 

@@ -22,7 +22,22 @@ static weft_status new_local_for(const weft_dtensor_spec *spec, const dt_box *bo
                                  weft_tensor **out) {
   int64_t shape[WEFT_MAX_DIMS];
   for (int d = 0; d < spec->ndim; d++) shape[d] = dt_runs_total(&box->d[d]);
-  return weft_tensor_create(spec->dtype, WEFT_CPU, spec->ndim, shape, out);
+  return dt_tensor_new(spec->dtype, spec->ndim, shape, out);
+}
+
+/* The result tensor of a step: the caller's preset (last step of a
+ * redistribute_into) or a new one. */
+static weft_status out_tensor(const weft_dtensor_spec *spec, const dt_box *box, weft_tensor *preset,
+                              weft_tensor **out) {
+  if (preset) {
+    *out = preset;
+    return WEFT_OK;
+  }
+  return new_local_for(spec, box, out);
+}
+
+static void drop(weft_tensor *t, const weft_tensor *preset) {
+  if (t != preset) dt_tensor_release(t);
 }
 
 /* If the packed form of x is one contiguous piece of a contiguous tensor of
@@ -95,14 +110,17 @@ static weft_status group_boxes(const weft_dtensor_spec *spec, const int *me, int
   return WEFT_OK;
 }
 
-static weft_status alloc_buf(size_t bytes, void **out) {
-  return weft_alloc(WEFT_CPU, bytes ? bytes : 1, out);
+/* Scratch through the buffer cache; *size remembers the request for put. */
+static weft_status alloc_buf(size_t bytes, void **out, size_t *size) {
+  *size = bytes;
+  return dt_buf_get(bytes, out);
 }
 
 /* ------------------------------------------------------------- steps */
 
 static weft_status step_local(const weft_dtensor_spec *x, const weft_dtensor_spec *y,
-                              const int *me, const weft_tensor *in, weft_tensor **out) {
+                              const int *me, const weft_tensor *in, weft_tensor *preset,
+                              weft_tensor **out) {
   dt_box o = {0}, n = {0};
   dt_xfer xf = {0};
   weft_tensor *t = NULL;
@@ -114,12 +132,12 @@ static weft_status step_local(const weft_dtensor_spec *x, const weft_dtensor_spe
     st = weft_error(WEFT_ERR_INTERNAL, "local step: new holding not inside the old one");
     goto done;
   }
-  WEFT_CHECK_GOTO(new_local_for(y, &n, &t), st, done);
+  WEFT_CHECK_GOTO(out_tensor(y, &n, preset, &t), st, done);
   dt_xfer_copy(&xf, in, t);
   *out = t;
   t = NULL;
 done:
-  weft_tensor_destroy(t);
+  drop(t, preset);
   dt_xfer_free(&xf);
   dt_box_free(&o);
   dt_box_free(&n);
@@ -127,10 +145,16 @@ done:
 }
 
 static weft_status step_partition(const weft_dtensor_spec *x, const int *me, int i,
-                                  weft_placement to, const weft_tensor *in, weft_tensor **out) {
+                                  weft_placement to, const weft_tensor *in, weft_tensor *preset,
+                                  weft_tensor **out) {
   weft_tensor *t;
-  WEFT_CHECK(weft_tensor_clone(in, &t));
   weft_status st = WEFT_OK;
+  if (preset) {
+    t = preset;
+    WEFT_CHECK(weft_tensor_copy(t, in));
+  } else {
+    WEFT_CHECK(weft_tensor_clone(in, &t));
+  }
   int m = x->mesh_shape[i];
   if (to.op == WEFT_OP_SUM && m > 1) {
     if (weft_dtype_is_float(x->dtype)) {
@@ -142,7 +166,7 @@ static weft_status step_partition(const weft_dtensor_spec *x, const int *me, int
     }
   }
   if (st != WEFT_OK) {
-    weft_tensor_destroy(t);
+    drop(t, preset);
     return weft_error_trace(st, __func__);
   }
   *out = t;
@@ -150,18 +174,25 @@ static weft_status step_partition(const weft_dtensor_spec *x, const int *me, int
 }
 
 static weft_status step_all_reduce(const weft_mesh *mesh, const weft_dtensor_spec *x, int i,
-                                   weft_reduce_op op, const weft_tensor *in, weft_tensor **out) {
+                                   weft_reduce_op op, const weft_tensor *in, weft_tensor *preset,
+                                   weft_tensor **out) {
   weft_tensor *t;
   weft_status st;
   if (weft_tensor_is_contiguous(in)) {
-    WEFT_CHECK(weft_tensor_create(x->dtype, WEFT_CPU, in->ndim, in->shape, &t));
+    if (preset) t = preset;
+    else WEFT_CHECK(dt_tensor_new(x->dtype, in->ndim, in->shape, &t));
     st = weft_all_reduce(mesh, i, in->data, t->data, weft_tensor_numel(in), x->dtype, op, NULL);
   } else {
-    WEFT_CHECK(weft_tensor_clone(in, &t));
+    if (preset) {
+      t = preset;
+      WEFT_CHECK(weft_tensor_copy(t, in));
+    } else {
+      WEFT_CHECK(weft_tensor_clone(in, &t));
+    }
     st = weft_all_reduce(mesh, i, t->data, t->data, weft_tensor_numel(t), x->dtype, op, NULL);
   }
   if (st != WEFT_OK) {
-    weft_tensor_destroy(t);
+    drop(t, preset);
     return weft_error_trace(st, __func__);
   }
   *out = t;
@@ -171,13 +202,14 @@ static weft_status step_all_reduce(const weft_mesh *mesh, const weft_dtensor_spe
 /* S -> R: all-gather (exact counts when uneven). */
 static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spec *x,
                                    const weft_dtensor_spec *y, const int *me, int i,
-                                   const weft_tensor *in, weft_tensor **out) {
+                                   const weft_tensor *in, weft_tensor *preset, weft_tensor **out) {
   int m = x->mesh_shape[i];
   size_t esz = weft_dtype_size(x->dtype);
   dt_box *ob = NULL, nb = {0};
   dt_xfer *xf = NULL;
   int64_t *counts = NULL;
   void *sendbuf = NULL, *recvbuf = NULL;
+  size_t sendsz = 0, recvsz = 0;
   weft_tensor *t = NULL;
   weft_status st;
   WEFT_CHECK_GOTO(group_boxes(x, me, i, &ob), st, done);
@@ -196,7 +228,7 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
     total += counts[c];
     if (counts[c] != counts[0]) even = false;
   }
-  WEFT_CHECK_GOTO(new_local_for(y, &nb, &t), st, done);
+  WEFT_CHECK_GOTO(out_tensor(y, &nb, preset, &t), st, done);
   int64_t osz[WEFT_MAX_DIMS], nsz[WEFT_MAX_DIMS], off;
   box_sizes(&ob[me[i]], osz);
   box_sizes(&nb, nsz);
@@ -205,7 +237,7 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
   if (weft_tensor_is_contiguous(in) && xfer_contig(&xf[me[i]], true, osz, &off)) {
     send = (const char *)in->data + (size_t)off * esz;
   } else {
-    WEFT_CHECK_GOTO(alloc_buf((size_t)counts[me[i]] * esz, &sendbuf), st, done);
+    WEFT_CHECK_GOTO(alloc_buf((size_t)counts[me[i]] * esz, &sendbuf, &sendsz), st, done);
     dt_xfer_pack(&xf[me[i]], in, sendbuf);
     send = sendbuf;
   }
@@ -222,7 +254,7 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
   if (direct) {
     recv = t->data;
   } else {
-    WEFT_CHECK_GOTO(alloc_buf((size_t)total * esz, &recvbuf), st, done);
+    WEFT_CHECK_GOTO(alloc_buf((size_t)total * esz, &recvbuf, &recvsz), st, done);
     recv = recvbuf;
   }
   if (even)
@@ -240,9 +272,9 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
   *out = t;
   t = NULL;
 done:
-  weft_tensor_destroy(t);
-  weft_free(sendbuf);
-  weft_free(recvbuf);
+  drop(t, preset);
+  dt_buf_put(sendbuf, sendsz);
+  dt_buf_put(recvbuf, recvsz);
   xfers_free(xf, m);
   free(counts);
   boxes_free(ob, m);
@@ -254,13 +286,14 @@ done:
 /* S(a) -> S(b): all-to-all (exact counts when uneven). */
 static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spec *x,
                                    const weft_dtensor_spec *y, const int *me, int i,
-                                   const weft_tensor *in, weft_tensor **out) {
+                                   const weft_tensor *in, weft_tensor *preset, weft_tensor **out) {
   int m = x->mesh_shape[i], r = me[i];
   size_t esz = weft_dtype_size(x->dtype);
   dt_box *ob = NULL, *nb = NULL;
   dt_xfer *xs = NULL, *xr = NULL;
   int64_t *sc = NULL, *sd = NULL, *rc = NULL, *rd = NULL;
   void *sendbuf = NULL, *recvbuf = NULL;
+  size_t sendsz = 0, recvsz = 0;
   weft_tensor *t = NULL;
   weft_status st;
   WEFT_CHECK_GOTO(group_boxes(x, me, i, &ob), st, done);
@@ -281,7 +314,7 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
     sc[c] = xs[c].numel;
     rc[c] = xr[c].numel;
   }
-  WEFT_CHECK_GOTO(new_local_for(y, &nb[r], &t), st, done);
+  WEFT_CHECK_GOTO(out_tensor(y, &nb[r], preset, &t), st, done);
   int64_t osz[WEFT_MAX_DIMS], nsz[WEFT_MAX_DIMS];
   box_sizes(&ob[r], osz);
   box_sizes(&nb[r], nsz);
@@ -309,7 +342,7 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
       sd[c] = tot;
       tot += sc[c];
     }
-    WEFT_CHECK_GOTO(alloc_buf((size_t)tot * esz, &sendbuf), st, done);
+    WEFT_CHECK_GOTO(alloc_buf((size_t)tot * esz, &sendbuf, &sendsz), st, done);
     for (int c = 0; c < m; c++) dt_xfer_pack(&xs[c], in, (char *)sendbuf + (size_t)sd[c] * esz);
     send = sendbuf;
   }
@@ -326,7 +359,7 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
       rd[c] = tot;
       tot += rc[c];
     }
-    WEFT_CHECK_GOTO(alloc_buf((size_t)tot * esz, &recvbuf), st, done);
+    WEFT_CHECK_GOTO(alloc_buf((size_t)tot * esz, &recvbuf, &recvsz), st, done);
     recv = recvbuf;
   }
   if (even)
@@ -339,9 +372,9 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
   *out = t;
   t = NULL;
 done:
-  weft_tensor_destroy(t);
-  weft_free(sendbuf);
-  weft_free(recvbuf);
+  drop(t, preset);
+  dt_buf_put(sendbuf, sendsz);
+  dt_buf_put(recvbuf, recvsz);
   xfers_free(xs, m);
   xfers_free(xr, m);
   free(sc);
@@ -355,12 +388,13 @@ done:
 static weft_status step_reduce_scatter(const weft_mesh *mesh, const weft_dtensor_spec *x,
                                        const weft_dtensor_spec *y, const int *me, int i,
                                        weft_reduce_op op, const weft_tensor *in,
-                                       weft_tensor **out) {
+                                       weft_tensor *preset, weft_tensor **out) {
   int m = x->mesh_shape[i], r = me[i];
   size_t esz = weft_dtype_size(x->dtype);
   dt_box ob = {0}, *nb = NULL;
   dt_xfer *xs = NULL;
   void *sendbuf = NULL, *recvbuf = NULL;
+  size_t sendsz = 0, recvsz = 0;
   weft_tensor *t = NULL;
   weft_status st;
   WEFT_CHECK_GOTO(dt_box_of(x, me, &ob), st, done);
@@ -378,7 +412,7 @@ static weft_status step_reduce_scatter(const weft_mesh *mesh, const weft_dtensor
   }
   for (int c = 0; c < m; c++)
     if (xs[c].numel != count) even = false;
-  WEFT_CHECK_GOTO(new_local_for(y, &nb[r], &t), st, done);
+  WEFT_CHECK_GOTO(out_tensor(y, &nb[r], preset, &t), st, done);
   int64_t osz[WEFT_MAX_DIMS];
   box_sizes(&ob, osz);
   bool sdirect = even && weft_tensor_is_contiguous(in);
@@ -388,7 +422,7 @@ static weft_status step_reduce_scatter(const weft_mesh *mesh, const weft_dtensor
   }
   const void *send = in->data;
   if (!sdirect) {
-    WEFT_CHECK_GOTO(alloc_buf((size_t)(count * m) * esz, &sendbuf), st, done);
+    WEFT_CHECK_GOTO(alloc_buf((size_t)(count * m) * esz, &sendbuf, &sendsz), st, done);
     for (int c = 0; c < m; c++) {
       char *blk = (char *)sendbuf + (size_t)(c * count) * esz;
       dt_xfer_pack(&xs[c], in, blk);
@@ -399,7 +433,7 @@ static weft_status step_reduce_scatter(const weft_mesh *mesh, const weft_dtensor
   }
   void *recv = t->data;
   if (xs[r].numel != count) {
-    WEFT_CHECK_GOTO(alloc_buf((size_t)count * esz, &recvbuf), st, done);
+    WEFT_CHECK_GOTO(alloc_buf((size_t)count * esz, &recvbuf, &recvsz), st, done);
     recv = recvbuf;
   }
   st = weft_reduce_scatter(mesh, i, send, recv, count, x->dtype, op, NULL);
@@ -408,9 +442,9 @@ static weft_status step_reduce_scatter(const weft_mesh *mesh, const weft_dtensor
   *out = t;
   t = NULL;
 done:
-  weft_tensor_destroy(t);
-  weft_free(sendbuf);
-  weft_free(recvbuf);
+  drop(t, preset);
+  dt_buf_put(sendbuf, sendsz);
+  dt_buf_put(recvbuf, recvsz);
   xfers_free(xs, m);
   dt_box_free(&ob);
   boxes_free(nb, m);
@@ -421,12 +455,15 @@ done:
 /* ------------------------------------------------------------------ run */
 
 weft_status dt_redistribute_run(const weft_dtensor *dt, const weft_dtensor_spec *dst_spec,
-                                const dt_plan *plan, weft_dtensor **out) {
-  if (dt->local->device != WEFT_CPU)
+                                const dt_plan *plan, weft_tensor *into, weft_dtensor **out) {
+  if (dt->local->device != WEFT_CPU || (into && into->device != WEFT_CPU))
     return weft_error(WEFT_ERR_UNSUPPORTED, "redistribute of %s tensors is not implemented",
                       weft_device_name(dt->local->device));
   int me[WEFT_MESH_MAX_DIMS];
   dt_my_coords(dt->mesh, me);
+  /* the last step writes straight into `into` when it is a dense tensor of
+   * the right shape (checked by the caller), else the result is copied */
+  weft_tensor *preset = into && weft_tensor_is_contiguous(into) ? into : NULL;
   weft_dtensor_spec cur = dt->spec;
   const weft_tensor *in = dt->local;
   weft_tensor *owned = NULL; /* intermediate result */
@@ -437,28 +474,39 @@ weft_status dt_redistribute_run(const weft_dtensor *dt, const weft_dtensor_spec 
     weft_dtensor_spec next = cur;
     next.placements[i] = stp->to;
     weft_tensor *res = NULL;
+    weft_tensor *pre = s == plan->nsteps - 1 ? preset : NULL;
     dt_step_kind kind = stp->kind;
     if (cur.mesh_shape[i] == 1 && kind != DT_STEP_PARTITION) kind = DT_STEP_LOCAL;
     switch (kind) {
-      case DT_STEP_LOCAL: st = step_local(&cur, &next, me, in, &res); break;
-      case DT_STEP_PARTITION: st = step_partition(&cur, me, i, stp->to, in, &res); break;
-      case DT_STEP_ALL_GATHER: st = step_all_gather(dt->mesh, &cur, &next, me, i, in, &res); break;
-      case DT_STEP_ALL_TO_ALL: st = step_all_to_all(dt->mesh, &cur, &next, me, i, in, &res); break;
+      case DT_STEP_LOCAL: st = step_local(&cur, &next, me, in, pre, &res); break;
+      case DT_STEP_PARTITION: st = step_partition(&cur, me, i, stp->to, in, pre, &res); break;
+      case DT_STEP_ALL_GATHER:
+        st = step_all_gather(dt->mesh, &cur, &next, me, i, in, pre, &res);
+        break;
+      case DT_STEP_ALL_TO_ALL:
+        st = step_all_to_all(dt->mesh, &cur, &next, me, i, in, pre, &res);
+        break;
       case DT_STEP_ALL_REDUCE:
-        st = step_all_reduce(dt->mesh, &cur, i, stp->from.op, in, &res);
+        st = step_all_reduce(dt->mesh, &cur, i, stp->from.op, in, pre, &res);
         break;
       case DT_STEP_REDUCE_SCATTER:
-        st = step_reduce_scatter(dt->mesh, &cur, &next, me, i, stp->from.op, in, &res);
+        st = step_reduce_scatter(dt->mesh, &cur, &next, me, i, stp->from.op, in, pre, &res);
         break;
     }
     if (st != WEFT_OK) {
-      weft_tensor_destroy(owned);
+      dt_tensor_release(owned);
       return weft_error_trace(st, __func__);
     }
-    weft_tensor_destroy(owned);
-    owned = res;
+    dt_tensor_release(owned);
+    owned = res == preset ? NULL : res;
     in = res;
     cur = next;
+  }
+  if (into) {
+    if (in != into) st = weft_tensor_copy(into, in); /* no steps, or a strided `into` */
+    dt_tensor_release(owned);
+    if (st != WEFT_OK) return weft_error_trace(st, __func__);
+    return WEFT_OK;
   }
   if (!owned) WEFT_CHECK(weft_tensor_clone(dt->local, &owned));
   st = dt_wrap(dt->mesh, dst_spec, owned, true, out);

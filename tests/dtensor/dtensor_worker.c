@@ -855,7 +855,92 @@ static void case_fill(void) {
   WOK(weft_mesh_destroy(mesh));
 }
 
+/* redistribute_into (preallocated and VIEW outputs) equals redistribute;
+ * the buffer cache reuses blocks and gives them back when turned off. */
+static void case_into_cache(void) {
+  int s[2] = {2, 2};
+  weft_mesh *mesh = make_mesh(2, s);
+  if (!mesh) return;
+  ref_rng r;
+  ref_rng_seed(&r, 77);
+  int64_t shape[2] = {403, 197}; /* shards of 80-320 KiB: above the cache's 64 KiB floor */
+  weft_tensor *x;
+  weft_tensor_create(WEFT_F32, WEFT_CPU, 2, shape, &x);
+  ref_fill_bytes(x, 3);
+  int mshape[2] = {2, 2};
+  for (int it = 0; it < 40; it++) {
+    weft_placement a[2], b[2];
+    ref_random_placements(&r, 2, mshape, 2, a);
+    ref_random_placements(&r, 2, mshape, 2, b);
+    weft_dtensor *da = NULL, *want = NULL, *into = NULL;
+    WOK(weft_dtensor_distribute(mesh, x, WEFT_DTENSOR_ALL_RANKS, a, 2, &da));
+    if (!da) continue;
+    WOK(weft_dtensor_redistribute(da, b, 2, &want));
+    /* half the time the output is a VIEW of caller memory */
+    if (it & 1) {
+      weft_dtensor *tmp = NULL;
+      WOK(weft_dtensor_zeros(mesh, WEFT_F32, 2, shape, b, 2, &tmp));
+      weft_tensor *mem = NULL;
+      if (tmp) weft_tensor_clone(weft_dtensor_local(tmp), &mem);
+      weft_dtensor_destroy(tmp);
+      if (mem) WOK(weft_dtensor_from_local(mesh, mem, WEFT_LOCAL_TAKE, b, 2, shape, &into));
+    } else {
+      WOK(weft_dtensor_empty(mesh, WEFT_F32, 2, shape, b, 2, &into));
+    }
+    if (into && want) {
+      WOK(weft_dtensor_redistribute_into(da, into, NULL));
+      WCHECK(weft_tensor_equal(weft_dtensor_local(into), weft_dtensor_local(want)),
+             "case %d: into differs from redistribute", it);
+      check_local(into, x, "redistribute_into", "into");
+    }
+    weft_dtensor_destroy(into);
+    weft_dtensor_destroy(want);
+    weft_dtensor_destroy(da);
+  }
+  /* errors: a different shape; the input itself */
+  {
+    weft_placement rr[2] = {weft_replicate(), weft_replicate()};
+    int64_t other[2] = {403, 196};
+    weft_dtensor *da = NULL, *o = NULL;
+    WOK(weft_dtensor_distribute(mesh, x, WEFT_DTENSOR_ALL_RANKS, rr, 2, &da));
+    WOK(weft_dtensor_empty(mesh, WEFT_F32, 2, other, rr, 2, &o));
+    if (da && o) {
+      WCHECK(weft_dtensor_redistribute_into(da, o, NULL) == WEFT_ERR_INVALID, "shape mismatch");
+      WCHECK(weft_dtensor_redistribute_into(da, da, NULL) == WEFT_ERR_INVALID, "into itself");
+    }
+    weft_dtensor_destroy(o);
+    weft_dtensor_destroy(da);
+  }
+  /* cache: repeated same-size redistributes reuse blocks */
+  weft_mem_stats m0 = weft_mem_get(WEFT_CPU);
+  weft_dtensor_set_buffer_cache((size_t)64 << 20);
+  weft_placement S0[2] = {weft_shard(0), weft_replicate()}, S1[2] = {weft_replicate(), weft_shard(1)};
+  weft_dtensor *da = NULL;
+  WOK(weft_dtensor_distribute(mesh, x, WEFT_DTENSOR_ALL_RANKS, S0, 2, &da));
+  int64_t allocs_first = 0;
+  for (int it = 0; it < 6 && da; it++) {
+    weft_mem_stats before = weft_mem_get(WEFT_CPU);
+    weft_dtensor *db = NULL;
+    WOK(weft_dtensor_redistribute(da, S1, 2, &db));
+    if (db) check_local(db, x, "cached redistribute", "cache");
+    weft_dtensor_destroy(db);
+    weft_mem_stats after = weft_mem_get(WEFT_CPU);
+    int64_t n = after.alloc_count - before.alloc_count;
+    if (it == 0) allocs_first = n;
+    if (it >= 2) WCHECK(n < allocs_first, "call %d made %lld allocations, the first %lld", it,
+                        (long long)n, (long long)allocs_first);
+  }
+  weft_dtensor_destroy(da);
+  weft_dtensor_set_buffer_cache(0);
+  weft_mem_stats m1 = weft_mem_get(WEFT_CPU);
+  WCHECK(m1.current_bytes == m0.current_bytes, "cache off leaves %lld bytes (before %lld)",
+         (long long)m1.current_bytes, (long long)m0.current_bytes);
+  weft_tensor_destroy(x);
+  WOK(weft_mesh_destroy(mesh));
+}
+
 static const weft_worker_case cases[] = {{"property", case_property},
+                                         {"into_cache", case_into_cache},
                                          {"partial", case_partial},
                                          {"comm", case_comm},
                                          {"ops", case_ops},

@@ -75,3 +75,9 @@ Test(dtensor, from_local_mismatch_under_debug_fails_on_every_rank, .timeout = 60
 Test(dtensor, fill_by_global_index_matches_full_fill, .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec(4, WORKER("dtensor_worker"), "fill", 50), 0);
 }
+
+/* redistribute_into a preallocated / VIEW DTensor equals redistribute; the
+ * opt-in buffer cache reuses blocks and frees them when turned off. */
+Test(dtensor, redistribute_into_and_buffer_cache, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(4, WORKER("dtensor_worker"), "into_cache", 50), 0);
+}
