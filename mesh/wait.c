@@ -15,8 +15,15 @@
  * - otherwise: spin on MPI_Test; only a wait that lasts long (a peer still
  *   computing) starts sleeping, so a waiting rank does not steal a core
  *   from compute for seconds.
- * The constants were tuned on the 2-core machine with tests/mesh and
- * bench/collectives (see the report in the commit history).
+ * Tuning (2 cores; 900 small all-reduces over the dims of a 2x2x2 mesh,
+ * 150 1-MiB all-gathers, 100 whole-mesh barriers; 8 ranks): spinning
+ * (WEFT_BACKOFF=0) 5.3 s, this backoff 1.2-1.5 s. Among backoffs (first
+ * sleep 1-20 us, cap 32-1000 us, 4-100 tests first) the differences were
+ * within the noise of a shared machine, except that caps above ~100 us
+ * were slower on 4 ranks (1.3 s vs 0.8 s at 64 us) and a 1 us timer slack
+ * (prctl) was slower, not faster (more wake-ups). note: with the default
+ * 50 us timer slack a 1 us sleep lasts ~55 us, so the sleeps run ~55 to
+ * ~115 us.
  */
 #include <stdlib.h>
 #include <time.h>
@@ -29,9 +36,9 @@
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
 
 /* Oversubscribed: tests before the first sleep, first sleep, cap. */
-#define SLEEP_SPIN_TESTS 16
-#define SLEEP_MIN_NS 2000L
-#define SLEEP_MAX_NS 256000L
+#define SLEEP_SPIN_TESTS 4
+#define SLEEP_MIN_NS 1000L
+#define SLEEP_MAX_NS 64000L
 /* One core per rank: spin this long before backing off, then sleep up to. */
 #define SPIN_LIMIT_S 0.010
 #define SPIN_SLEEP_MAX_NS 100000L
