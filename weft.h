@@ -9,5 +9,6 @@
 #include "dtensor.h"
 #include "nn.h"
 #include "tp.h"
+#include "fsdp.h"
 #include "safetensors.h"
 #endif

@@ -1,0 +1,316 @@
+/* fsdp/comm.c — a group's communication: unshard (copy-in, all-gather,
+ * copy-out), reshard (free, or keep 1/k for a post-forward group of k
+ * ranks), and the gradient reduction (copy-in, reduce-scatter, HSDP
+ * all-reduce, average, accumulate into the sharded grads). The flat
+ * layout is described in fsdp_internal.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp_internal.h"
+
+/* dst[0..n) = src[0..n) converted between float dtypes (f32/bf16/f16). */
+static weft_status convert(void *dst, weft_dtype ddt, const void *src, weft_dtype sdt, int64_t n) {
+  if (n <= 0) return WEFT_OK;
+  if (ddt == sdt) {
+    memcpy(dst, src, (size_t)n * weft_dtype_size(ddt));
+    return WEFT_OK;
+  }
+  if (sdt == WEFT_F32 && ddt == WEFT_BF16) {
+    const float *s = src;
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = weft_f32_to_bf16(s[i]);
+    return WEFT_OK;
+  }
+  if (sdt == WEFT_BF16 && ddt == WEFT_F32) {
+    const uint16_t *s = src;
+    float *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = weft_bf16_to_f32(s[i]);
+    return WEFT_OK;
+  }
+  weft_tensor a, b;
+  int64_t shape[1] = {n};
+  WEFT_CHECK(weft_tensor_view_init(&a, dst, ddt, WEFT_CPU, 1, shape, NULL));
+  WEFT_CHECK(weft_tensor_view_init(&b, (void *)src, sdt, WEFT_CPU, 1, shape, NULL));
+  return weft_tensor_copy(&a, &b);
+}
+
+/* dst[i] += scale * src[i] (src of dtype sdt). */
+static void accumulate(float *dst, const void *src, weft_dtype sdt, int64_t n, float scale) {
+  if (sdt == WEFT_F32) {
+    const float *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] += scale * s[i];
+  } else if (sdt == WEFT_BF16) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] += scale * weft_bf16_to_f32(s[i]);
+  } else {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] += scale * weft_f16_to_f32(s[i]);
+  }
+}
+
+static char *elem(void *base, int64_t i, weft_dtype dt) {
+  return (char *)base + (size_t)i * weft_dtype_size(dt);
+}
+
+/* Block r of the flat layout (S elements of dt at dst): each parameter's
+ * rows chunk r taken from src(fp) (the tp-local tensor, f32, or NULL for
+ * zeros), padding zeroed. from_shard: src is this rank's shard (r must be
+ * f->coord), whose row 0 is the chunk's first row. */
+typedef const float *(*src_fn)(const fsdp_param *fp);
+
+static weft_status pack_block(const weft_fsdp *f, int r, void *dst, weft_dtype dt, src_fn src,
+                              bool from_shard) {
+  for (int i = 0; i < f->nparams; i++) {
+    const fsdp_param *fp = &f->params[i];
+    int64_t start, len;
+    weft_chunk_range(fp->rows, f->nshard, r, &start, &len);
+    char *d = elem(dst, fp->offset, dt);
+    int64_t n = len * fp->rest, pad = (fp->pad_rows - len) * fp->rest;
+    const float *s = src(fp);
+    if (s) WEFT_CHECK(convert(d, dt, s + (from_shard ? 0 : start * fp->rest), WEFT_F32, n));
+    else memset(d, 0, (size_t)n * weft_dtype_size(dt));
+    if (pad > 0) memset(d + (size_t)n * weft_dtype_size(dt), 0, (size_t)pad * weft_dtype_size(dt));
+  }
+  return WEFT_OK;
+}
+
+static const float *src_sharded(const fsdp_param *fp) {
+  return weft_dtensor_local(fp->sharded)->data;
+}
+static const float *src_unsharded(const fsdp_param *fp) {
+  return weft_dtensor_local(fp->unsharded)->data;
+}
+/* the unsharded grad taken at post-backward (NULL = no grad: zeros) */
+static const float *src_grad(const fsdp_param *fp) {
+  return fp->acc_grad ? weft_dtensor_local(fp->acc_grad)->data : NULL;
+}
+
+static int64_t dt_bytes(const weft_dtensor *d) {
+  return d ? (int64_t)weft_tensor_nbytes(weft_dtensor_local(d)) : 0;
+}
+
+/* ------------------------------------------------------------- unshard */
+
+weft_status fsdp__unshard_start(weft_fsdp *f, bool prefetch) {
+  if (f->state != FSDP_SHARDED) return WEFT_OK;
+  int64_t n = f->nshard, S = f->block;
+  weft_dtype dt = f->ag_dtype;
+  size_t bytes = (size_t)(n * S) * weft_dtype_size(dt);
+  void *buf;
+  WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, &buf));
+  fsdp__mem_add_unsharded_params((int64_t)bytes);
+  weft_status st;
+  weft_work *w = NULL;
+  if (f->small_buf) {
+    /* the post-forward 1/k: part j = blocks [j n/k, (j+1) n/k), gathered over k ranks */
+    int k = weft_mesh_dim_size(f->small_mesh, 1);
+    int j = weft_mesh_coord(f->small_mesh, 1);
+    int64_t L = (n / k) * S;
+    memcpy(elem(buf, j * L, dt), f->small_buf, f->small_bytes);
+    fsdp__drop_small(f);
+    st = weft_all_gather(f->small_mesh, 1, elem(buf, j * L, dt), buf, L, dt, &w);
+    if (!st) fsdp__comm_add(&f->comm.small_all_gather, (int64_t)bytes, k, false);
+    f->ag_small = true;
+  } else {
+    st = pack_block(f, f->coord, elem(buf, f->coord * S, dt), dt, src_sharded, true);
+    if (!st) st = weft_all_gather(f->dp_mesh, f->shard_dim, elem(buf, f->coord * S, dt), buf, S, dt, &w);
+    if (!st) fsdp__comm_add(&f->comm.all_gather, (int64_t)bytes, (int)n, false);
+    f->ag_small = false;
+  }
+  if (st) {
+    weft_free(buf);
+    fsdp__mem_add_unsharded_params(-(int64_t)bytes);
+    return weft_error_trace(st, __func__);
+  }
+  f->ag_buf = buf;
+  f->ag_bytes = bytes;
+  f->ag_work = w;
+  f->state = FSDP_UNSHARDING;
+  f->unshard_epoch++;
+  fsdp__event(WEFT_FSDP_EV_UNSHARD_START, f, prefetch, f->root ? f->root->in_backward : false);
+  return WEFT_OK;
+}
+
+static void free_ag(weft_fsdp *f) {
+  if (!f->ag_buf) return;
+  weft_free(f->ag_buf);
+  fsdp__mem_add_unsharded_params(-(int64_t)f->ag_bytes);
+  f->ag_buf = NULL;
+  f->ag_bytes = 0;
+}
+
+weft_status fsdp__unshard_wait(weft_fsdp *f) {
+  if (f->state == FSDP_UNSHARDED) return WEFT_OK;
+  if (f->state == FSDP_SHARDED) WEFT_CHECK(fsdp__unshard_start(f, false));
+  weft_status st = weft_work_wait(f->ag_work);
+  f->ag_work = NULL;
+  if (st) {
+    /* the all-gather failed: nothing was swapped; back to sharded */
+    free_ag(f);
+    f->state = FSDP_SHARDED;
+    return weft_error_trace(st, __func__);
+  }
+  /* copy-out into unsharded parameters on the model mesh */
+  int64_t n = f->nshard, S = f->block;
+  weft_dtype dt = f->ag_dtype;
+  for (int i = 0; i < f->nparams && !st; i++) {
+    fsdp_param *fp = &f->params[i];
+    const weft_dtensor_spec *ps = &fp->p->spec;
+    st = weft_dtensor_empty(fp->p->mesh, WEFT_F32, ps->ndim, ps->shape, ps->placements,
+                            ps->mesh_ndim, &fp->unsharded);
+    if (st) break;
+    fsdp__mem_add_unsharded_params(dt_bytes(fp->unsharded));
+    float *u = weft_dtensor_local(fp->unsharded)->data;
+    for (int64_t r = 0; r < n && !st; r++) {
+      int64_t start, len;
+      weft_chunk_range(fp->rows, n, r, &start, &len);
+      st = convert(u + start * fp->rest, WEFT_F32, elem(f->ag_buf, r * S + fp->offset, dt), dt,
+                   len * fp->rest);
+    }
+  }
+  free_ag(f);
+  if (st) {
+    for (int i = 0; i < f->nparams; i++) {
+      fsdp__mem_add_unsharded_params(-dt_bytes(f->params[i].unsharded));
+      weft_dtensor_destroy(f->params[i].unsharded);
+      f->params[i].unsharded = NULL;
+    }
+    f->state = FSDP_SHARDED;
+    return weft_error_trace(st, __func__);
+  }
+  for (int i = 0; i < f->nparams; i++) f->params[i].p->data = f->params[i].unsharded;
+  f->state = FSDP_UNSHARDED;
+  fsdp__event(WEFT_FSDP_EV_UNSHARD_DONE, f, false, f->root ? f->root->in_backward : false);
+  return WEFT_OK;
+}
+
+void fsdp__drop_small(weft_fsdp *f) {
+  if (!f->small_buf) return;
+  weft_free(f->small_buf);
+  fsdp__mem_add_unsharded_params(-(int64_t)f->small_bytes);
+  f->small_buf = NULL;
+  f->small_bytes = 0;
+}
+
+weft_status fsdp__reshard(weft_fsdp *f, bool small) {
+  if (f->state == FSDP_UNSHARDING) WEFT_CHECK(fsdp__unshard_wait(f));
+  if (f->state != FSDP_UNSHARDED) return WEFT_OK;
+  int k = (small && f->raf > 1 && f->small_mesh) ? weft_mesh_dim_size(f->small_mesh, 1) : 0;
+  if (k > 1) {
+    /* keep part j = blocks [j n/k, (j+1) n/k) for the k-rank backward all-gather */
+    int64_t n = f->nshard, S = f->block, per = n / k;
+    int j = weft_mesh_coord(f->small_mesh, 1);
+    weft_dtype dt = f->ag_dtype;
+    size_t bytes = (size_t)(per * S) * weft_dtype_size(dt);
+    fsdp__drop_small(f);
+    void *buf;
+    WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, &buf));
+    fsdp__mem_add_unsharded_params((int64_t)bytes);
+    weft_status st = WEFT_OK;
+    for (int64_t b = 0; b < per && !st; b++)
+      st = pack_block(f, (int)(j * per + b), elem(buf, b * S, dt), dt, src_unsharded, false);
+    if (st) {
+      weft_free(buf);
+      fsdp__mem_add_unsharded_params(-(int64_t)bytes);
+      return weft_error_trace(st, __func__);
+    }
+    f->small_buf = buf;
+    f->small_bytes = bytes;
+  }
+  for (int i = 0; i < f->nparams; i++) {
+    fsdp_param *fp = &f->params[i];
+    fp->p->data = fp->sharded;
+    fsdp__mem_add_unsharded_params(-dt_bytes(fp->unsharded));
+    weft_dtensor_destroy(fp->unsharded);
+    fp->unsharded = NULL;
+  }
+  f->state = FSDP_SHARDED;
+  fsdp__event(WEFT_FSDP_EV_RESHARD, f, false, f->root ? f->root->in_backward : false);
+  return WEFT_OK;
+}
+
+/* ----------------------------------------------------------- gradients */
+
+weft_status fsdp__post_backward_grads(weft_fsdp *f) {
+  /* take the unsharded grads (nn accumulated them on the model mesh) and
+   * give the parameters back their sharded grads */
+  for (int i = 0; i < f->nparams; i++) {
+    fsdp_param *fp = &f->params[i];
+    weft_param *p = fp->p;
+    fp->acc_grad = p->grad;
+    p->grad = fp->held_grad;
+    fp->held_grad = NULL;
+  }
+  if (!f->sync) return WEFT_OK; /* keep accumulating (no_sync) */
+  if (f->rs_pending) WEFT_CHECK(fsdp__reduce_finish(f));
+  int64_t n = f->nshard, S = f->block;
+  weft_dtype dt = f->rs_dtype;
+  size_t bytes = (size_t)(n * S) * weft_dtype_size(dt);
+  void *buf;
+  WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, &buf));
+  fsdp__mem_add_unsharded_grads((int64_t)bytes);
+  weft_status st = WEFT_OK;
+  for (int64_t r = 0; r < n && !st; r++) st = pack_block(f, (int)r, elem(buf, r * S, dt), dt, src_grad, false);
+  weft_work *w = NULL;
+  if (!st) st = weft_reduce_scatter(f->dp_mesh, f->shard_dim, buf, buf, S, dt, WEFT_OP_SUM, &w);
+  if (st) {
+    weft_free(buf);
+    fsdp__mem_add_unsharded_grads(-(int64_t)bytes);
+    return weft_error_trace(st, __func__);
+  }
+  fsdp__comm_add(&f->comm.reduce_scatter, (int64_t)bytes, (int)n, false);
+  /* the unsharded grads are in the buffer now: free them */
+  for (int i = 0; i < f->nparams; i++) {
+    weft_dtensor_destroy(f->params[i].acc_grad);
+    f->params[i].acc_grad = NULL;
+  }
+  f->rs_buf = buf;
+  f->rs_bytes = bytes;
+  f->rs_work = w;
+  f->rs_pending = true;
+  fsdp__event(WEFT_FSDP_EV_REDUCE_START, f, false, true);
+  return WEFT_OK;
+}
+
+weft_status fsdp__reduce_finish(weft_fsdp *f) {
+  if (!f->rs_pending) return WEFT_OK;
+  weft_status st = weft_work_wait(f->rs_work);
+  f->rs_work = NULL;
+  int64_t S = f->block;
+  weft_dtype dt = f->rs_dtype;
+  if (!st && f->nrep > 1) {
+    st = weft_all_reduce(f->dp_mesh, f->rep_dim, f->rs_buf, f->rs_buf, S, dt, WEFT_OP_SUM, NULL);
+    if (!st)
+      fsdp__comm_add(&f->comm.all_reduce, S * (int64_t)weft_dtype_size(dt), f->nrep, true);
+  }
+  /* average over every data-parallel rank (shard x replicate), as
+   * PyTorch's default gradient divide factor */
+  float scale = 1.0f / (float)(f->nshard * f->nrep);
+  for (int i = 0; i < f->nparams && !st; i++) {
+    fsdp_param *fp = &f->params[i];
+    weft_param *p = fp->p;
+    if (!p->requires_grad) continue;
+    if (!p->grad) {
+      const weft_dtensor_spec *s = weft_dtensor_get_spec(fp->sharded);
+      st = weft_dtensor_zeros(f->spmd_mesh, WEFT_F32, s->ndim, s->shape, s->placements,
+                              s->mesh_ndim, &p->grad);
+      if (st) break;
+    } else if (!weft_dtensor_spec_equal(weft_dtensor_get_spec(p->grad),
+                                        weft_dtensor_get_spec(fp->sharded)) ||
+               !weft_tensor_is_contiguous(weft_dtensor_local(p->grad))) {
+      st = weft_error(WEFT_ERR_STATE, "parameter '%s': its grad is not its sharded grad",
+                      p->fqn);
+      break;
+    }
+    accumulate(weft_dtensor_local(p->grad)->data, elem(f->rs_buf, fp->offset, dt), dt,
+               fp->shard_len * fp->rest, scale);
+  }
+  weft_free(f->rs_buf);
+  fsdp__mem_add_unsharded_grads(-(int64_t)f->rs_bytes);
+  f->rs_buf = NULL;
+  f->rs_bytes = 0;
+  f->rs_pending = false;
+  if (st) return weft_error_trace(st, __func__);
+  fsdp__event(WEFT_FSDP_EV_REDUCE_DONE, f, false, f->root ? f->root->in_backward : false);
+  return WEFT_OK;
+}
