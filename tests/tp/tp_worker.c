@@ -562,6 +562,16 @@ static void comm_run(weft_mesh *mesh, bool sp, bool lp) {
   WREQUIRE(tpst, "no tp state");
   WCHECK(weft_tp_num_applied(tpst) == (sp ? 25 : 16), "applications: %d",
          weft_tp_num_applied(tpst));
+  char desc[4096];
+  size_t need = weft_tp_describe(tpst, desc, sizeof desc);
+  WCHECK(need < sizeof desc && strstr(desc, "layers.1.attention.wq: colwise(in R, out S(-1))\n") &&
+             strstr(desc, sp ? "layers.0.feed_forward.w2: rowwise(in S(-1), out S(1))\n"
+                             : "layers.0.feed_forward.w2: rowwise(in S(-1), out R)\n") &&
+             (!sp || strstr(desc, "layers.1.attention: prepare_input(S(1) -> R)\n")),
+         "describe:\n%s", desc);
+  char small[16];
+  WCHECK(weft_tp_describe(tpst, small, sizeof small) == need && strlen(small) == 15,
+         "describe truncation");
   for (int i = 0; i < 7; i++) watch_post(model, at[i], &win[i]);
   WOK(weft_module_init_weights(model, 77));
   int64_t shape[2] = {B, T};
