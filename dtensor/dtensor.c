@@ -657,7 +657,9 @@ weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_lo
     if (st != WEFT_OK) snprintf(mine, sizeof mine, "%s", weft_last_error());
     weft_status cst = check_collective(mesh, &spec, local, st);
     if (cst != WEFT_OK) {
-      if (mine[0]) return weft_error(cst, "%s (this rank: %s)", weft_last_error(), mine);
+      /* a rank with bad arguments keeps its own code; the others report the
+       * mismatch, naming the first rank at fault */
+      if (mine[0]) return weft_error(st, "%s (across the mesh: %s)", mine, weft_last_error());
       return weft_error_trace(cst, __func__);
     }
   }

@@ -232,8 +232,9 @@ typedef enum weft_local_ownership {
  * the geometry of the spec (WEFT_ERR_INVALID naming dim and sizes). Under
  * WEFT_DEBUG=1 (weft_get_settings()->debug) it is collective: the ranks also
  * exchange their specs and local shapes (weft_dtensor_check), so a rank whose
- * shape, placements or dtype disagree is named in a WEFT_ERR_MISMATCH on
- * every rank. Without debug it does not communicate. */
+ * shape, placements or dtype disagree is named on every rank: WEFT_ERR_MISMATCH
+ * on the others, its own error code on a rank whose arguments were bad.
+ * Without debug it does not communicate. */
 weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_local_ownership own,
                                     const weft_placement *placements, int nplacements,
                                     const int64_t *global_shape, weft_dtensor **out);

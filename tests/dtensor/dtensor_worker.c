@@ -52,9 +52,16 @@ static bool check_local(const weft_dtensor *dt, const weft_tensor *x, const char
   /* the geometry API agrees with what was produced */
   int64_t ls[8], off[8];
   weft_dtensor_spec_local_shape(weft_dtensor_get_spec(dt), c, ls, off, NULL);
-  for (int d = 0; d < got->ndim; d++)
+  for (int d = 0; d < got->ndim; d++) {
     WCHECK(ls[d] == got->shape[d], "%s: %s: geometry says %lld on dim %d, local has %lld", desc,
            what, (long long)ls[d], d, (long long)got->shape[d]);
+    int64_t n;
+    int64_t *idx = ref_indices(weft_dtensor_get_spec(dt), c, d, &n);
+    int64_t want_off = n ? idx[0] : weft_dtensor_shape(dt)[d];
+    WCHECK(off[d] == want_off, "%s: %s: geometry offset %lld on dim %d, the shard starts at %lld",
+           desc, what, (long long)off[d], d, (long long)want_off);
+    free(idx);
+  }
   weft_tensor_destroy(want);
   return ok;
 }
@@ -821,7 +828,8 @@ static void case_debug_from_local(void) {
   ls[0] = 3;
   weft_tensor_create(WEFT_F32, WEFT_CPU, 2, ls, &loc);
   st = weft_dtensor_from_local(mesh, loc, WEFT_LOCAL_COPY, pl, me == 1 ? 1 : 2, NULL, &d);
-  expect_err(st, WEFT_ERR_MISMATCH, "bad placement count on rank 1", "mesh rank 1");
+  expect_err(st, me == 1 ? WEFT_ERR_INVALID : WEFT_ERR_MISMATCH, "bad placement count on rank 1",
+             "mesh rank 1");
   weft_dtensor_destroy(d);
   weft_tensor_destroy(loc);
   WOK(weft_mesh_destroy(mesh));
