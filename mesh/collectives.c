@@ -58,6 +58,7 @@ struct weft_work {
   int64_t avg_count;
   weft_dtype avg_dt;
   bool async;
+  int64_t bytes;             /* payload, for the wait policy */
 };
 
 /* --------------------------------------------------------------- types */
@@ -231,7 +232,7 @@ static weft_status work_timeout(weft_work *w, double waited) {
 }
 
 static weft_status work_wait_internal(weft_work *w) {
-  weft_status st = weft__wait_all(w->nreq, w->reqs, weft__rt.settings.timeout_s);
+  weft_status st = weft__wait_all_sized(w->nreq, w->reqs, weft__rt.settings.timeout_s, w->bytes);
   if (st == WEFT_ERR_TIMEOUT) return work_timeout(w, weft__rt.settings.timeout_s);
   if (st != WEFT_OK) {
     work_abandon(w);
@@ -301,6 +302,13 @@ static weft_status begin(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
   w->reqs = w->reqs_inline;
   w->nreq = 1;
   for (int i = 0; i < WORK_INLINE_REQS; i++) w->reqs_inline[i] = MPI_REQUEST_NULL;
+  if (fp->count > 0 && fp->dtype >= 0) {
+    int64_t b = fp->count * (int64_t)weft_dtype_size((weft_dtype)fp->dtype);
+    bool blocks = !fp->vflag && (fp->kind == WEFT_COLL_ALL_GATHER ||
+                                 fp->kind == WEFT_COLL_REDUCE_SCATTER ||
+                                 fp->kind == WEFT_COLL_ALL_TO_ALL);
+    w->bytes = blocks ? b * g->size : b;
+  }
   if (weft__rt.settings.debug && g->size > 1) return weft__debug_check(g, fp, pair_send, pair_recv);
   if (weft__rt.settings.debug && pair_send && pair_send[0] != pair_recv[0])
     return weft_error(WEFT_ERR_MISMATCH, "all_to_all_v on mesh dim '%s': sends %" PRId64

@@ -81,6 +81,9 @@ weft_status weft__require_init(const char *func);
  * Returns WEFT_OK, WEFT_ERR_TIMEOUT after timeout_s seconds (no message set;
  * requests left pending) or WEFT_ERR_MPI (message set). */
 weft_status weft__wait_all(int n, MPI_Request *reqs, double timeout_s);
+/* Same, for a collective moving `bytes` of payload: large ones wait with
+ * sched_yield instead of sleeps when oversubscribed (see wait.c). */
+weft_status weft__wait_all_sized(int n, MPI_Request *reqs, double timeout_s, int64_t bytes);
 double weft__now(void);
 
 /* ---------------------------------------------------------- debug.c */
