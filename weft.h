@@ -11,4 +11,5 @@
 #include "tp.h"
 #include "fsdp.h"
 #include "safetensors.h"
+#include "dcp.h"
 #endif

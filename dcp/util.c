@@ -1,0 +1,389 @@
+/* dcp/util.c — box geometry (intersections, tiling checks, the local boxes
+ * of a DTensor shard, n-d byte copies), byte buffers for the blobs ranks
+ * exchange, file helpers and fault injection. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dcp_internal.h"
+
+/* ------------------------------------------------------------ boxes */
+
+int64_t dcp_box_volume(const dcp_box *b, int ndim) {
+  int64_t v = 1;
+  for (int d = 0; d < ndim; d++) v *= b->size[d];
+  return v;
+}
+
+bool dcp_box_equal(const dcp_box *a, const dcp_box *b, int ndim) {
+  for (int d = 0; d < ndim; d++)
+    if (a->off[d] != b->off[d] || a->size[d] != b->size[d]) return false;
+  return true;
+}
+
+bool dcp_box_intersect(const dcp_box *a, const dcp_box *b, int ndim, dcp_box *out) {
+  dcp_box r;
+  for (int d = 0; d < ndim; d++) {
+    int64_t lo = a->off[d] > b->off[d] ? a->off[d] : b->off[d];
+    int64_t ea = a->off[d] + a->size[d], eb = b->off[d] + b->size[d];
+    int64_t hi = ea < eb ? ea : eb;
+    if (hi <= lo) return false;
+    r.off[d] = lo;
+    r.size[d] = hi - lo;
+  }
+  if (out) *out = r;
+  return true;
+}
+
+void dcp_box_describe(const dcp_box *b, int ndim, char *buf, size_t cap) {
+  size_t at = 0;
+  if (!cap) return;
+  buf[0] = '\0';
+  at += (size_t)snprintf(buf + at, cap - at, "[");
+  for (int d = 0; d < ndim && at < cap; d++)
+    at += (size_t)snprintf(buf + at, cap - at, "%s%" PRId64 ":%" PRId64, d ? ", " : "", b->off[d],
+                           b->off[d] + b->size[d]);
+  if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+static int cmp_off0(const void *a, const void *b, void *ctx) {
+  const dcp_box *const *bx = ctx;
+  int64_t x = bx[*(const int64_t *)a]->off[0], y = bx[*(const int64_t *)b]->off[0];
+  if (x != y) return x < y ? -1 : 1;
+  return *(const int64_t *)a < *(const int64_t *)b ? -1 : 1;
+}
+
+static const char *label(const char *(*owner)(int64_t, void *), void *ctx, int64_t i, char *buf,
+                         size_t cap) {
+  if (owner) snprintf(buf, cap, "%s", owner(i, ctx));
+  else snprintf(buf, cap, "chunk %" PRId64, i);
+  return buf;
+}
+
+weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
+                             const int64_t *shape, const dcp_box *const *boxes, int64_t n,
+                             const char *(*owner)(int64_t i, void *ctx), void *ctx) {
+  char bs[256], bs2[256], la[96], lb[96];
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) numel *= shape[d];
+  for (int64_t i = 0; i < n; i++) {
+    const dcp_box *b = boxes[i];
+    for (int d = 0; d < ndim; d++)
+      if (b->size[d] <= 0 || b->off[d] < 0 || b->off[d] > shape[d] - b->size[d]) {
+        dcp_box_describe(b, ndim, bs, sizeof bs);
+        return weft_error(WEFT_ERR_CORRUPT, "%s: tensor '%s': %s %s %s the tensor's shape (dim %d "
+                          "has size %" PRId64 ")", where, tensor, label(owner, ctx, i, la, sizeof la),
+                          bs, b->size[d] <= 0 ? "is empty in" : "lies outside", d, shape[d]);
+      }
+  }
+  if (ndim == 0) {
+    if (n > 1) {
+      return weft_error(WEFT_ERR_CORRUPT, "%s: tensor '%s' (a scalar): %s overlaps %s", where,
+                        tensor, label(owner, ctx, 1, lb, sizeof lb), label(owner, ctx, 0, la, sizeof la));
+    }
+  } else if (n > 1) {
+    int64_t *ord = malloc((size_t)n * sizeof *ord);
+    if (!ord) return weft_error(WEFT_ERR_OOM, "tiling check of %" PRId64 " chunks", n);
+    for (int64_t i = 0; i < n; i++) ord[i] = i;
+    qsort_r(ord, (size_t)n, sizeof *ord, cmp_off0, (void *)boxes);
+    for (int64_t i = 0; i < n; i++) {
+      const dcp_box *a = boxes[ord[i]];
+      for (int64_t j = i + 1; j < n; j++) {
+        const dcp_box *b = boxes[ord[j]];
+        if (b->off[0] >= a->off[0] + a->size[0]) break;
+        if (dcp_box_intersect(a, b, ndim, NULL)) {
+          dcp_box_describe(a, ndim, bs, sizeof bs);
+          dcp_box_describe(b, ndim, bs2, sizeof bs2);
+          weft_status st = weft_error(
+              WEFT_ERR_CORRUPT, "%s: tensor '%s': %s %s overlaps %s %s", where, tensor,
+              label(owner, ctx, ord[j], lb, sizeof lb), bs2, label(owner, ctx, ord[i], la, sizeof la), bs);
+          free(ord);
+          return st;
+        }
+      }
+    }
+    free(ord);
+  }
+  int64_t sum = 0;
+  for (int64_t i = 0; i < n; i++) sum += dcp_box_volume(boxes[i], ndim);
+  if (sum != numel)
+    return weft_error(WEFT_ERR_CORRUPT, "%s: tensor '%s': its chunks cover %" PRId64 " of its %" PRId64
+                      " elements (a hole: some part of the tensor was never saved)", where, tensor,
+                      sum, numel);
+  return WEFT_OK;
+}
+
+weft_status dcp_local_boxes(const weft_dtensor *dt, dcp_lbox **out, int64_t *n) {
+  *out = NULL;
+  *n = 0;
+  int nd = weft_dtensor_ndim(dt);
+  weft_range *runs[WEFT_MAX_DIMS] = {0};
+  int cnt[WEFT_MAX_DIMS];
+  weft_status st = WEFT_OK;
+  int64_t total = 1;
+  for (int d = 0; d < nd; d++) {
+    WEFT_CHECK_GOTO(weft_dtensor_ranges(dt, d, NULL, 0, &cnt[d]), st, done);
+    if (cnt[d] == 0) goto done; /* empty shard */
+    runs[d] = malloc((size_t)cnt[d] * sizeof **runs);
+    if (!runs[d]) { st = weft_error(WEFT_ERR_OOM, "runs"); goto done; }
+    int c2;
+    WEFT_CHECK_GOTO(weft_dtensor_ranges(dt, d, runs[d], cnt[d], &c2), st, done);
+    total *= cnt[d];
+  }
+  dcp_lbox *b = malloc((size_t)total * sizeof *b);
+  if (!b) { st = weft_error(WEFT_ERR_OOM, "%" PRId64 " local boxes", total); goto done; }
+  int idx[WEFT_MAX_DIMS] = {0};
+  for (int64_t k = 0; k < total; k++) {
+    memset(&b[k], 0, sizeof b[k]);
+    for (int d = 0; d < nd; d++) {
+      int64_t ls = 0;
+      for (int j = 0; j < idx[d]; j++) ls += runs[d][j].len;
+      b[k].g.off[d] = runs[d][idx[d]].start;
+      b[k].g.size[d] = runs[d][idx[d]].len;
+      b[k].lstart[d] = ls;
+    }
+    for (int d = nd - 1; d >= 0 && ++idx[d] == cnt[d]; d--) idx[d] = 0;
+  }
+  *out = b;
+  *n = total;
+done:
+  for (int d = 0; d < nd; d++) free(runs[d]);
+  return st;
+}
+
+void dcp_byte_strides(const weft_tensor *t, int64_t *out) {
+  size_t esz = weft_dtype_size(t->dtype);
+  for (int d = 0; d < t->ndim; d++) out[d] = t->strides[d] * (int64_t)esz;
+}
+
+void dcp_contig_strides(const int64_t *shape, int ndim, size_t esz, int64_t *out) {
+  int64_t s = (int64_t)esz;
+  for (int d = ndim - 1; d >= 0; d--) {
+    out[d] = s;
+    s *= shape[d];
+  }
+}
+
+void dcp_copy_box(char *dst, const int64_t *ds, const char *src, const int64_t *ss,
+                  const int64_t *len, int ndim, size_t esz) {
+  for (int d = 0; d < ndim; d++)
+    if (len[d] <= 0) return;
+  /* merge contiguous trailing dims into one run of `run` bytes; dims
+   * [0, k) are iterated */
+  int k = ndim;
+  size_t run = esz;
+  if (ndim > 0 && ds[ndim - 1] == (int64_t)esz && ss[ndim - 1] == (int64_t)esz) {
+    run = (size_t)len[ndim - 1] * esz;
+    k = ndim - 1;
+    while (k > 0 && ds[k - 1] == (int64_t)run && ss[k - 1] == (int64_t)run) {
+      run *= (size_t)len[k - 1];
+      k--;
+    }
+  }
+  if (k == 0) {
+    memcpy(dst, src, run);
+    return;
+  }
+  int64_t idx[WEFT_MAX_DIMS] = {0};
+  for (;;) {
+    int64_t od = 0, os = 0;
+    for (int d = 0; d < k; d++) {
+      od += idx[d] * ds[d];
+      os += idx[d] * ss[d];
+    }
+    memcpy(dst + od, src + os, run);
+    int d = k - 1;
+    while (d >= 0 && ++idx[d] == len[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
+}
+
+/* ------------------------------------------------------------ buffers */
+
+void dcp_buf_put(dcp_buf *b, const void *data, size_t n) {
+  if (b->oom) return;
+  if (b->len + n > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n) cap *= 2;
+    char *q = realloc(b->p, cap);
+    if (!q) {
+      b->oom = true;
+      return;
+    }
+    b->p = q;
+    b->cap = cap;
+  }
+  if (n) memcpy(b->p + b->len, data, n);
+  b->len += n;
+}
+void dcp_buf_u32(dcp_buf *b, uint32_t v) { dcp_buf_put(b, &v, 4); }
+void dcp_buf_u64(dcp_buf *b, uint64_t v) { dcp_buf_put(b, &v, 8); }
+void dcp_buf_str(dcp_buf *b, const char *s) {
+  size_t n = s ? strlen(s) : 0;
+  dcp_buf_u32(b, (uint32_t)n);
+  dcp_buf_put(b, s, n);
+}
+
+void dcp_rd_get(dcp_rd *r, void *out, size_t n) {
+  if (r->bad || r->len - r->at < n) {
+    r->bad = true;
+    memset(out, 0, n);
+    return;
+  }
+  memcpy(out, r->p + r->at, n);
+  r->at += n;
+}
+uint32_t dcp_rd_u32(dcp_rd *r) {
+  uint32_t v;
+  dcp_rd_get(r, &v, 4);
+  return v;
+}
+uint64_t dcp_rd_u64(dcp_rd *r) {
+  uint64_t v;
+  dcp_rd_get(r, &v, 8);
+  return v;
+}
+const char *dcp_rd_bytes(dcp_rd *r, size_t n) {
+  if (r->bad || r->len - r->at < n) {
+    r->bad = true;
+    return NULL;
+  }
+  const char *p = r->p + r->at;
+  r->at += n;
+  return p;
+}
+char *dcp_rd_str(dcp_rd *r) {
+  uint32_t n = dcp_rd_u32(r);
+  const char *p = dcp_rd_bytes(r, n);
+  if (!p) return NULL;
+  char *s = malloc((size_t)n + 1);
+  if (!s) {
+    r->bad = true;
+    return NULL;
+  }
+  memcpy(s, p, n);
+  s[n] = '\0';
+  return s;
+}
+
+/* ------------------------------------------------------------ files */
+
+char *dcp_strdup(const char *s) {
+  if (!s) return NULL;
+  size_t n = strlen(s) + 1;
+  char *p = malloc(n);
+  if (p) memcpy(p, s, n);
+  return p;
+}
+
+char *dcp_path_join(const char *dir, const char *name) {
+  size_t a = strlen(dir), b = strlen(name);
+  char *p = malloc(a + b + 2);
+  if (!p) return NULL;
+  memcpy(p, dir, a);
+  size_t at = a;
+  if (a && dir[a - 1] != '/') p[at++] = '/';
+  memcpy(p + at, name, b + 1);
+  return p;
+}
+
+weft_status dcp_write_full(int fd, const void *buf, size_t n, uint64_t off, const char *path) {
+  const char *p = buf;
+  while (n > 0) {
+    size_t piece = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+    ssize_t w = pwrite(fd, p, piece, (off_t)off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return weft_error(WEFT_ERR_IO, "%s: write of %zu bytes at %" PRIu64 ": %s", path, piece, off,
+                        strerror(errno));
+    }
+    p += w;
+    n -= (size_t)w;
+    off += (uint64_t)w;
+  }
+  return WEFT_OK;
+}
+
+weft_status dcp_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *path,
+                           const char *what) {
+  char *p = buf;
+  while (n > 0) {
+    size_t piece = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+    ssize_t r = pread(fd, p, piece, (off_t)off);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return weft_error(WEFT_ERR_IO, "%s: reading %s at byte %" PRIu64 ": %s", path, what, off,
+                        strerror(errno));
+    }
+    if (r == 0)
+      return weft_error(WEFT_ERR_CORRUPT, "%s: file ends at byte %" PRIu64 " while reading %s "
+                        "(truncated)", path, off, what);
+    p += r;
+    n -= (size_t)r;
+    off += (uint64_t)r;
+  }
+  return WEFT_OK;
+}
+
+weft_status dcp_fsync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return weft_error(WEFT_ERR_IO, "cannot open directory '%s': %s", dir, strerror(errno));
+  int rc = fsync(fd);
+  int e = errno;
+  close(fd);
+  if (rc != 0 && e != EINVAL) /* some file systems cannot fsync directories */
+    return weft_error(WEFT_ERR_IO, "fsync of directory '%s': %s", dir, strerror(e));
+  return WEFT_OK;
+}
+
+weft_status dcp_mkdirs(const char *dir) {
+  char *p = dcp_strdup(dir);
+  if (!p) return weft_error(WEFT_ERR_OOM, "path");
+  size_t n = strlen(p);
+  for (size_t i = 1; i <= n; i++) {
+    if (p[i] != '/' && p[i] != '\0') continue;
+    char c = p[i];
+    p[i] = '\0';
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+      weft_status st = weft_error(WEFT_ERR_IO, "cannot create directory '%s': %s", p, strerror(errno));
+      free(p);
+      return st;
+    }
+    p[i] = c;
+  }
+  struct stat sb;
+  weft_status st = WEFT_OK;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    st = weft_error(WEFT_ERR_IO, "'%s' exists and is not a directory", dir);
+  free(p);
+  return st;
+}
+
+/* ------------------------------------------------------------ faults */
+
+void dcp_fault_point(int rank, const char *stage) {
+  static int parsed = 0, frank = -1;
+  static char fstage[32];
+  if (!parsed) {
+    parsed = 1;
+    const char *e = getenv("WEFT_DCP_FAULT");
+    if (e && *e) {
+      char *end;
+      long r = strtol(e, &end, 10);
+      if (end != e && *end == ':' && r >= 0) {
+        frank = (int)r;
+        snprintf(fstage, sizeof fstage, "%s", end + 1);
+      }
+    }
+  }
+  if (frank == rank && strcmp(fstage, stage) == 0) {
+    fprintf(stderr, "[rank %d] WEFT_DCP_FAULT: exiting at stage '%s'\n", rank, stage);
+    fflush(stderr);
+    _exit(DCP_FAULT_EXIT);
+  }
+}
