@@ -36,8 +36,9 @@ weft_comm_count weft_comm_stats(const weft_mesh *mesh, int dim, weft_coll_kind k
   if (!mesh || (unsigned)kind >= WEFT_COLL_KIND_COUNT) return zero;
   const weft_mesh *root = mesh->root;
   if (dim == -1) {
-    /* whole-mesh row: only a mesh that is its root's whole has one */
-    return mesh == root ? root->whole.stats[kind] : zero;
+    /* the row of the group spanning the mesh (weft_mesh_comm's), if any */
+    const mesh_dim *g = weft__mesh_whole(mesh);
+    return g ? g->stats[kind] : zero;
   }
   if (dim < 0 || dim >= mesh->ndim) return zero;
   return root->dims[mesh->dim_id[dim]]->stats[kind];

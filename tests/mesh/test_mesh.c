@@ -40,7 +40,11 @@ Test(mesh, debug_fingerprints_keep_results_on_2x2x2, .timeout = 60) {
  * WEFT_DEBUG mismatches -> WEFT_ERR_MISMATCH on every rank of the group;
  * a rank that skips a collective -> WEFT_ERR_TIMEOUT naming it. */
 Test(mesh, errors_mismatch_and_timeout_on_2x2, .timeout = 60) {
-  cr_assert_eq(weft_test_mpiexec(4, MESH_WORKER, "errors", 50), 0);
+  /* note: the rank that never arrives leaves its peer's fingerprint
+   * unreceived, which UCX reports at exit as "unexpected tag-receive
+   * descriptor ... was not matched": expected here, so keep UCX quiet. */
+  const char *env[] = {"UCX_LOG_LEVEL=error", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(4, MESH_WORKER, "errors", 50, env), 0);
 }
 
 /* Counts above INT_MAX (2 GiB + 77 bytes, int64 counts split into
