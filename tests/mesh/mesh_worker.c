@@ -634,6 +634,12 @@ static void submesh_and_flatten(weft_mesh *mesh, int ndim, const int *shape) {
     check_group_matches(dp, 0, &g, "[flat dp]");
     WCHECK(strcmp(weft_mesh_dim_name(dp, 0), "dp") == 0, "flat name");
     WCHECK(weft_mesh_comm(sub01) == weft_mesh_dim_comm(dp, 0), "sub (dp_r, dp_s) comm = flat comm");
+    /* a whole-(sub)mesh barrier now runs on the flat group and counts there */
+    weft_comm_stats_reset(mesh);
+    WOK(weft_barrier(sub01, -1, NULL));
+    check_count(weft_comm_stats(dp, 0, WEFT_COLL_BARRIER), 1, 0, 0, "sub01 barrier on flat row");
+    check_count(weft_comm_stats(sub01, -1, WEFT_COLL_BARRIER), 1, 0, 0, "sub01 row -1");
+    check_count(weft_comm_stats(mesh, -1, WEFT_COLL_BARRIER), 0, 0, 0, "root row -1 untouched");
     check_collectives(dp, 0, &g, "[flat dp]");
     check_accounting(mesh, dp, 0, g.n, "[flat dp]");
     /* collectives on the flat dim count on its own row, not the root dims */
