@@ -152,7 +152,7 @@ weft_status dcp_agree(const dcp_comm *c, weft_status st, const char *what) {
   memset(&m, 0, sizeof m);
   if (c->rank == lowest) {
     m.code = (int32_t)st;
-    snprintf(m.msg, sizeof m.msg, "%s", weft_last_error());
+    snprintf(m.msg, sizeof m.msg, "%s", dcp_last_msg());
   }
   WEFT_CHECK(dcp_bcast(c, &m, (int64_t)sizeof m, lowest));
   if (c->rank == lowest) {

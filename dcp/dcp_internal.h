@@ -251,6 +251,11 @@ bool dcp_is_optimizer_key(const char *name);
 /* Completes a pending async save (if any) before another save or load. */
 void dcp_complete_pending(void);
 
+/* The last error's message without its "[rank N] function: " prefix and
+ * breadcrumbs (for re-raising it inside another message). Thread-local
+ * buffer, valid until the next call. */
+const char *dcp_last_msg(void);
+
 /* utility */
 char *dcp_strdup(const char *s);
 char *dcp_path_join(const char *dir, const char *name);

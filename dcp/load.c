@@ -26,7 +26,7 @@ static weft_status share_metadata(const dcp_comm *c, const char *dir, char **tex
   if (c->rank == 0) {
     st = dcp_read_metadata_file(dir, text, len);
     if (st != WEFT_OK) {
-      snprintf(msg, sizeof msg, "%s", weft_last_error());
+      snprintf(msg, sizeof msg, "%s", dcp_last_msg());
       hdr[0] = -(int64_t)st;
     } else {
       hdr[0] = (int64_t)*len;

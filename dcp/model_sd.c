@@ -328,7 +328,7 @@ static weft_status apply_bcast(const tlist *tl, char **sorted, const weft_state_
                         "it must hold full plain tensors (full_state_dict)", tl->t[i].key);
     }
     dcp_buf_u32(&hb, (uint32_t)s0);
-    dcp_buf_str(&hb, s0 ? weft_last_error() : "");
+    dcp_buf_str(&hb, s0 ? dcp_last_msg() : "");
     for (int64_t i = 0; s0 == WEFT_OK && i < tl->n; i++) {
       int64_t k = dcp_sd_index(sd, tl->t[i].key);
       dcp_buf_u32(&hb, k >= 0);
@@ -521,7 +521,7 @@ static weft_status set_step(void *ctx, const char *key, weft_sd_value_type type,
   opt_ctx *c = ctx;
   int64_t v = strtoll(text, NULL, 10);
   weft_status st = weft_optimizer_set_param_step(c->opt, c->fqn, v);
-  if (st != WEFT_OK) return weft_error(st, "'%s': %s", key, weft_last_error());
+  if (st != WEFT_OK) return weft_error(st, "'%s': %s", key, dcp_last_msg());
   return WEFT_OK;
 }
 

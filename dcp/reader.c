@@ -229,7 +229,7 @@ weft_status dcp_ck_prepare_chunk(weft_dcp_checkpoint *ck, const dcp_tmeta *t, co
   char bs[256];
   if (open_file(ck, c->file) != WEFT_OK) {
     char msg[1200];
-    snprintf(msg, sizeof msg, "%s", weft_last_error());
+    snprintf(msg, sizeof msg, "%s", dcp_last_msg());
     return weft_error(weft_last_status(), "tensor '%s': %s", t->name, msg);
   }
   const dcp_fmeta *fm = &ck->m.files[c->file];
@@ -293,7 +293,7 @@ static weft_status read_blocks(const creader *r, int64_t b0, int64_t b1, char *b
   weft_status st = dcp_pread_full(r->fd, buf, e - s, r->c->byte_off + s, r->fname, what);
   if (st != WEFT_OK) {
     char msg[1024];
-    snprintf(msg, sizeof msg, "%s", weft_last_error());
+    snprintf(msg, sizeof msg, "%s", dcp_last_msg());
     return weft_error(st, "tensor '%s': %s (in '%s')", r->t->name, msg, r->ck->dir);
   }
   for (int64_t b = b0; b <= b1; b++) {
@@ -542,10 +542,10 @@ weft_status weft_dcp_verify(weft_dcp_checkpoint *ck, int64_t *bad_blocks,
 #define NOTE(st_)                                                                 \
   do {                                                                            \
     bad++;                                                                        \
-    if (report) report(weft_last_error(), ctx);                                   \
+    if (report) report(dcp_last_msg(), ctx);                                   \
     if (first == WEFT_OK) {                                                       \
       first = (st_);                                                              \
-      snprintf(first_msg, sizeof first_msg, "%s", weft_last_error());             \
+      snprintf(first_msg, sizeof first_msg, "%s", dcp_last_msg());             \
     }                                                                             \
   } while (0)
   for (int f = 0; f < ck->m.nfiles; f++) {

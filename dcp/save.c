@@ -264,7 +264,7 @@ static void local_items_free(litem *it, int64_t n) {
 
 static void put_status(dcp_buf *b, weft_status st) {
   dcp_buf_u32(b, (uint32_t)st);
-  dcp_buf_str(b, st != WEFT_OK ? weft_last_error() : "");
+  dcp_buf_str(b, st != WEFT_OK ? dcp_last_msg() : "");
 }
 
 static void encode_plan(dcp_buf *b, weft_status st, uint64_t id, const litem *it, int64_t n,
@@ -524,7 +524,7 @@ static weft_status global_plan(const dcp_comm *c, int64_t block, gplan *p) {
     free(bx);
     if (st != WEFT_OK) {
       char msg[1500];
-      snprintf(msg, sizeof msg, "%s", weft_last_error());
+      snprintf(msg, sizeof msg, "%s", dcp_last_msg());
       st = weft_error(WEFT_ERR_INVALID, "%s (the ranks' shards must tile the tensor: a replica "
                       "holds exactly the same box)", msg);
       goto done;
@@ -729,7 +729,7 @@ done:
 
 static void record_io(save_ctx *c, weft_status st) {
   c->io_st = st;
-  if (st != WEFT_OK) snprintf(c->io_msg, sizeof c->io_msg, "%s", weft_last_error());
+  if (st != WEFT_OK) snprintf(c->io_msg, sizeof c->io_msg, "%s", dcp_last_msg());
 }
 
 /* ------------------------------------------------------------ commit */
@@ -999,7 +999,7 @@ static void *async_main(void *arg) {
   record_io(h->ctx, write_file(h->ctx));
   if (h->commit_in_thread) {
     h->result = commit(h->ctx);
-    if (h->result != WEFT_OK) snprintf(h->msg, sizeof h->msg, "%s", weft_last_error());
+    if (h->result != WEFT_OK) snprintf(h->msg, sizeof h->msg, "%s", dcp_last_msg());
   }
   __atomic_store_n(&h->io_done, 1, __ATOMIC_RELEASE);
   return NULL;
@@ -1013,7 +1013,7 @@ static void async_finish(weft_dcp_async *h) {
   h->thread_started = false;
   if (!h->commit_in_thread) {
     h->result = commit(h->ctx);
-    if (h->result != WEFT_OK) snprintf(h->msg, sizeof h->msg, "%s", weft_last_error());
+    if (h->result != WEFT_OK) snprintf(h->msg, sizeof h->msg, "%s", dcp_last_msg());
   }
   ctx_free(h->ctx);
   h->ctx = NULL;

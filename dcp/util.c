@@ -364,6 +364,26 @@ weft_status dcp_mkdirs(const char *dir) {
   return st;
 }
 
+/* ------------------------------------------------------------ messages */
+
+const char *dcp_last_msg(void) {
+  static _Thread_local char buf[2048];
+  const char *m = weft_last_error();
+  if (m[0] == '[') {
+    const char *e = strstr(m, "] ");
+    if (e) m = e + 2;
+  }
+  const char *p = m;
+  while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_')
+    p++;
+  if (p > m && p[0] == ':' && p[1] == ' ') m = p + 2;
+  size_t n = strcspn(m, "\n");
+  if (n >= sizeof buf) n = sizeof buf - 1;
+  memmove(buf, m, n);
+  buf[n] = '\0';
+  return buf;
+}
+
 /* ------------------------------------------------------------ faults */
 
 void dcp_fault_point(int rank, const char *stage) {

@@ -1,0 +1,256 @@
+/* weft-ckpt — inspect, verify and convert weft checkpoints.
+ *
+ *   weft-ckpt inspect DIR                    tensors, dtypes, shapes, chunks, who wrote what
+ *   weft-ckpt verify DIR                     every block checksum, file headers and sizes
+ *   weft-ckpt to-safetensors DIR FILE [--dtype f32|bf16|f16|f64] [--model-only]
+ *                                            one safetensors file of the whole tensors
+ *   weft-ckpt from-safetensors FILE DIR      a one-rank checkpoint of a safetensors file
+ *
+ * Errors print one line "weft-ckpt: ..." and exit 1 (usage errors: 2).
+ * inspect, verify and to-safetensors need no MPI; from-safetensors saves
+ * through weft_dcp_save as a one-process (singleton) MPI job. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcp.h"
+#include "safetensors.h"
+
+static int usage(void) {
+  fprintf(stderr,
+          "weft-ckpt: usage: weft-ckpt inspect DIR | verify DIR | to-safetensors DIR FILE "
+          "[--dtype f32|bf16|f16|f64] [--model-only] | from-safetensors FILE DIR\n");
+  return 2;
+}
+
+/* The first line of the last error. */
+static int fail(void) {
+  const char *m = weft_last_error();
+  size_t n = strcspn(m, "\n");
+  fprintf(stderr, "weft-ckpt: %.*s\n", (int)n, m);
+  return 1;
+}
+
+static void shape_str(int nd, const int64_t *s, char *buf, size_t cap) {
+  size_t at = (size_t)snprintf(buf, cap, "[");
+  for (int d = 0; d < nd && at < cap; d++)
+    at += (size_t)snprintf(buf + at, cap - at, "%s%" PRId64, d ? ", " : "", s[d]);
+  if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+static void box_str(int nd, const int64_t *o, const int64_t *s, char *buf, size_t cap) {
+  size_t at = (size_t)snprintf(buf, cap, "[");
+  for (int d = 0; d < nd && at < cap; d++)
+    at += (size_t)snprintf(buf + at, cap - at, "%s%" PRId64 ":%" PRId64, d ? ", " : "", o[d], o[d] + s[d]);
+  if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+static int cmd_inspect(const char *dir) {
+  weft_dcp_checkpoint *ck;
+  if (weft_dcp_open(dir, &ck) != WEFT_OK) return fail();
+  weft_dcp_info info;
+  weft_dcp_get_info(ck, &info);
+  printf("checkpoint %s: format version %d, id %016" PRIx64 ", saved by %d rank%s, checksum block %" PRId64
+         " bytes\n", dir, info.format_version, info.id, info.world_size, info.world_size == 1 ? "" : "s",
+         info.block_bytes);
+  uint64_t *bytes = calloc((size_t)info.world_size, sizeof *bytes);
+  int64_t *chunks = calloc((size_t)info.world_size, sizeof *chunks);
+  uint64_t total = 0;
+  printf("tensors (%" PRId64 "):\n", info.num_tensors);
+  for (int64_t i = 0; i < info.num_tensors; i++) {
+    weft_dcp_tensor_info t;
+    weft_dcp_tensor_get(ck, i, &t);
+    char sh[160];
+    shape_str(t.ndim, t.shape, sh, sizeof sh);
+    printf("  %s  %s%s  saved as %s  %" PRId64 " chunk%s\n", t.name, weft_dtype_name(t.dtype), sh,
+           t.layout[0] ? t.layout : "?", t.num_chunks, t.num_chunks == 1 ? "" : "s");
+    for (int64_t c = 0; c < t.num_chunks; c++) {
+      weft_dcp_chunk_info ci;
+      weft_dcp_chunk_get(ck, i, c, &ci);
+      char bx[256];
+      box_str(t.ndim, ci.offsets, ci.sizes, bx, sizeof bx);
+      printf("    %s  rank %d  %s @%" PRIu64 " +%" PRIu64 " bytes, %" PRId64 " block%s\n", bx, ci.rank,
+             ci.file, ci.byte_offset, ci.length, ci.num_blocks, ci.num_blocks == 1 ? "" : "s");
+      bytes[ci.rank] += ci.length;
+      chunks[ci.rank]++;
+      total += ci.length;
+    }
+  }
+  printf("values (%" PRId64 "):\n", info.num_values);
+  for (int64_t i = 0; i < info.num_values; i++) {
+    const char *name, *json;
+    weft_sd_value_type ty;
+    weft_dcp_value_get(ck, i, &name, &ty, &json);
+    const char *tn[] = {"int", "double", "string", "json"};
+    printf("  %s  %s  %.200s%s\n", name, (unsigned)ty < 4 ? tn[ty] : "?", json,
+           strlen(json) > 200 ? "..." : "");
+  }
+  printf("written per rank (%" PRIu64 " bytes of data in all):\n", total);
+  for (int r = 0; r < info.world_size; r++)
+    printf("  rank %d: %" PRId64 " chunk%s, %" PRIu64 " bytes (%.1f%%)\n", r, chunks[r],
+           chunks[r] == 1 ? "" : "s", bytes[r], total ? 100.0 * (double)bytes[r] / (double)total : 0.0);
+  free(bytes);
+  free(chunks);
+  weft_dcp_close(ck);
+  return 0;
+}
+
+static void report(const char *msg, void *ctx) {
+  (void)ctx;
+  size_t n = strcspn(msg, "\n");
+  fprintf(stderr, "weft-ckpt: %.*s\n", (int)n, msg);
+}
+
+static int cmd_verify(const char *dir) {
+  weft_dcp_checkpoint *ck;
+  if (weft_dcp_open(dir, &ck) != WEFT_OK) return fail();
+  int64_t bad = 0;
+  weft_status st = weft_dcp_verify(ck, &bad, report, NULL);
+  weft_dcp_info info;
+  weft_dcp_get_info(ck, &info);
+  int64_t nchunks = 0, nblocks = 0;
+  uint64_t nbytes = 0;
+  for (int64_t i = 0; i < info.num_tensors; i++) {
+    weft_dcp_tensor_info t;
+    weft_dcp_tensor_get(ck, i, &t);
+    for (int64_t c = 0; c < t.num_chunks; c++) {
+      weft_dcp_chunk_info ci;
+      weft_dcp_chunk_get(ck, i, c, &ci);
+      nchunks++;
+      nblocks += ci.num_blocks;
+      nbytes += ci.length;
+    }
+  }
+  weft_dcp_close(ck);
+  if (st != WEFT_OK) {
+    fprintf(stderr, "weft-ckpt: %s: %" PRId64 " problem%s found\n", dir, bad, bad == 1 ? "" : "s");
+    return 1;
+  }
+  printf("%s: %" PRId64 " tensors, %" PRId64 " chunks, %" PRId64 " blocks, %" PRIu64 " bytes: OK\n", dir,
+         info.num_tensors, nchunks, nblocks, nbytes);
+  return 0;
+}
+
+static int cmd_to_st(const char *dir, const char *file, int argc, char **argv) {
+  weft_dtype want = WEFT_DTYPE_COUNT; /* keep */
+  int model_only = 0;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--model-only")) {
+      model_only = 1;
+    } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+      if (weft_dtype_parse(argv[++i], &want) != WEFT_OK || !weft_dtype_is_float(want)) {
+        fprintf(stderr, "weft-ckpt: --dtype %s: not one of f32, bf16, f16, f64\n", argv[i]);
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "weft-ckpt: to-safetensors: unknown option '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  weft_dcp_checkpoint *ck;
+  if (weft_dcp_open(dir, &ck) != WEFT_OK) return fail();
+  weft_dcp_info info;
+  weft_dcp_get_info(ck, &info);
+  weft_safetensors_entry *e = calloc((size_t)info.num_tensors + 1, sizeof *e);
+  weft_tensor **keep = calloc((size_t)info.num_tensors + 1, sizeof *keep);
+  int64_t n = 0;
+  int rc = 0;
+  for (int64_t i = 0; i < info.num_tensors && !rc; i++) {
+    weft_dcp_tensor_info t;
+    weft_dcp_tensor_get(ck, i, &t);
+    if (model_only && (!strncmp(t.name, "state.", 6) || !strncmp(t.name, "param_groups.", 13))) continue;
+    weft_tensor *x = NULL;
+    int64_t zero[WEFT_MAX_DIMS] = {0};
+    if (weft_tensor_create(t.dtype, WEFT_CPU, t.ndim, t.shape, &x) != WEFT_OK ||
+        weft_dcp_read(ck, t.name, zero, t.shape, x->data, weft_tensor_nbytes(x)) != WEFT_OK) {
+      rc = fail();
+      weft_tensor_destroy(x);
+      break;
+    }
+    if (want != WEFT_DTYPE_COUNT && weft_dtype_is_float(t.dtype) && t.dtype != want) {
+      weft_tensor *y = NULL;
+      if (weft_cast(x, want, &y) != WEFT_OK) {
+        rc = fail();
+        weft_tensor_destroy(x);
+        break;
+      }
+      weft_tensor_destroy(x);
+      x = y;
+    }
+    keep[n] = x;
+    e[n].name = t.name;
+    e[n].dtype = x->dtype;
+    e[n].ndim = x->ndim;
+    e[n].shape = x->shape;
+    e[n].data = x->data;
+    n++;
+  }
+  if (!rc) {
+    /* values go to __metadata__ as their JSON text */
+    const char **meta = calloc((size_t)(2 * info.num_values + 3), sizeof *meta);
+    int k = 0;
+    meta[k++] = "format";
+    meta[k++] = "pt";
+    for (int64_t i = 0; i < info.num_values; i++) {
+      const char *name, *json;
+      weft_dcp_value_get(ck, i, &name, NULL, &json);
+      if (!strcmp(name, "format")) continue;
+      meta[k++] = name;
+      meta[k++] = json;
+    }
+    meta[k] = NULL;
+    if (weft_safetensors_write(file, e, n, meta) != WEFT_OK) rc = fail();
+    else printf("wrote %" PRId64 " tensors to %s\n", n, file);
+    free(meta);
+  }
+  for (int64_t i = 0; i < n; i++) weft_tensor_destroy(keep[i]);
+  free(keep);
+  free(e);
+  weft_dcp_close(ck);
+  return rc;
+}
+
+static int cmd_from_st(const char *file, const char *dir) {
+  weft_safetensors *f;
+  if (weft_safetensors_open(file, &f) != WEFT_OK) return fail();
+  int argc = 0;
+  if (weft_init(&argc, NULL) != WEFT_OK) {
+    weft_safetensors_close(f);
+    return fail();
+  }
+  int rc = 0;
+  weft_state_dict *sd = NULL;
+  if (weft_state_dict_create(&sd) != WEFT_OK) rc = fail();
+  for (int64_t i = 0; !rc && i < weft_safetensors_count(f); i++) {
+    weft_safetensors_info info;
+    weft_tensor *x = NULL;
+    if (weft_safetensors_get(f, i, &info) != WEFT_OK ||
+        weft_tensor_create(info.dtype, WEFT_CPU, info.ndim, info.shape, &x) != WEFT_OK ||
+        weft_safetensors_read_tensor(f, info.name, x) != WEFT_OK ||
+        weft_state_dict_add_tensor(sd, info.name, x, WEFT_LOCAL_TAKE) != WEFT_OK) {
+      weft_tensor_destroy(x);
+      rc = fail();
+    }
+  }
+  if (!rc && weft_dcp_save(sd, dir, NULL) != WEFT_OK) rc = fail();
+  if (!rc) printf("wrote %" PRId64 " tensors to checkpoint %s\n", weft_state_dict_count(sd), dir);
+  weft_state_dict_destroy(sd);
+  weft_safetensors_close(f);
+  weft_finalize();
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return usage();
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "inspect") && argc == 3) return cmd_inspect(argv[2]);
+  if (!strcmp(cmd, "verify") && argc == 3) return cmd_verify(argv[2]);
+  if (!strcmp(cmd, "to-safetensors") && argc >= 4) return cmd_to_st(argv[2], argv[3], argc - 4, argv + 4);
+  if (!strcmp(cmd, "from-safetensors") && argc == 4) return cmd_from_st(argv[2], argv[3]);
+  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help")) {
+    usage();
+    return 0;
+  }
+  return usage();
+}
