@@ -1,0 +1,104 @@
+/* examples/train/train.h — the training program's core, shared by weft-train
+ * (examples/train/main.c) and weft-plan --validate (examples/plan/plan.c).
+ *
+ * Everything here uses the public weft API exactly as a user program would:
+ * an N-D mesh (dp_replicate, dp_shard, tp) over the world, the Llama model
+ * (nn.h), torchtitan's TP plan (tp.h) on the tp dim, FSDP (fsdp.h) on the dp
+ * dims, AdamW with warmup + cosine, gradient clipping, DCP checkpoints and
+ * safetensors (dcp.h).
+ *
+ * SPMD: every rank parses the same argv and calls train_run. Errors in the
+ * options, the mesh, the model or the data are found alike on every rank
+ * (or agreed by an all-reduce) so that every rank returns non-zero and
+ * rank 0 prints one line.
+ */
+#ifndef WEFT_EXAMPLES_TRAIN_H
+#define WEFT_EXAMPLES_TRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "weft.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TRAIN_MAX_DIMS 4
+
+/* A mesh given as name=size pairs ("dp=2,tp=2"). Dims are laid out in the
+ * canonical order dp_replicate, dp_shard, tp (tp innermost, as FSDP + TP
+ * need: the dp dims come first in the root mesh). "dp" is dp_shard. */
+typedef struct train_mesh_spec {
+  int dp_replicate; /* 0 = absent */
+  int dp_shard;     /* 0 = absent ("dp" sets this) */
+  int tp;           /* 0 = absent */
+  bool given;       /* false: dp_shard = world size */
+} train_mesh_spec;
+
+typedef struct train_opts {
+  train_mesh_spec mesh;
+  weft_llama_config model;
+  char model_name[32];  /* preset name or "custom" */
+  int64_t steps, batch, grad_accum, warmup;
+  double lr, min_lr, weight_decay, clip;
+  uint64_t seed;
+  bool bf16;            /* --dtype bf16: FSDP param_dtype bf16 */
+  int reshard_after_forward; /* WEFT_FSDP_RESHARD_DEFAULT, 0, 1 or k */
+  bool sequence_parallel;
+  bool loss_parallel;   /* default true with tp > 1 */
+  bool cuda;            /* --device cuda */
+  const char *data, *val_data, *text;
+  int64_t val_every, val_batches;
+  const char *save_dir, *resume_dir, *export_path, *init_from, *log_json;
+  int64_t save_every;
+  double peak_flops;    /* per rank, for MFU */
+  bool quiet;           /* no per-step lines (summary only) */
+} train_opts;
+
+/* Defaults (the "demo" preset, 20 steps). */
+void train_opts_default(train_opts *o);
+
+/* Parses argv[1..argc) into o (after train_opts_default). Returns 0 on
+ * success, 1 when --help was given (help printed to stdout if print_help),
+ * -1 on a bad flag with a one-line message in err. Pure: no MPI. */
+int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap,
+                     bool print_help);
+void train_print_help(const char *prog);
+
+/* Applies a model preset by name (demo, tiny, small); false if unknown. */
+bool train_model_preset(const char *name, weft_llama_config *cfg);
+
+/* What one run measured (filled on every rank; memory is this rank's). */
+typedef struct train_result {
+  int64_t steps_run;
+  double first_loss, final_loss, val_loss, val_acc, first_val_loss;
+  double tokens_per_s, mfu;
+  int64_t num_params;
+  /* mesh dims of the root mesh, in order */
+  int ndim;
+  char dim_names[TRAIN_MAX_DIMS][WEFT_MESH_NAME_MAX];
+  int dim_sizes[TRAIN_MAX_DIMS];
+  /* communication of the last step, per dim: payload bytes (mesh.h
+   * accounting) and calls */
+  int64_t comm_bytes[TRAIN_MAX_DIMS];
+  int64_t comm_calls[TRAIN_MAX_DIMS];
+  /* the last step's bytes per (dim, collective kind) */
+  int64_t comm_kind_bytes[TRAIN_MAX_DIMS][WEFT_COLL_KIND_COUNT];
+  /* memory (this rank, bytes): allocator peak over the training steps, and
+   * FSDP's categories (zero without FSDP) */
+  int64_t peak_bytes;
+  int64_t param_bytes, grad_bytes, optim_bytes, unsharded_param_peak, unsharded_grad_peak;
+} train_result;
+
+/* Runs training with options o on the world (weft_init must have run).
+ * Collective over MPI_COMM_WORLD. Returns 0 on success; on error every rank
+ * returns non-zero and rank 0 has printed one line to stderr. res may be
+ * NULL. */
+int train_run(const train_opts *o, train_result *res);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
