@@ -224,6 +224,15 @@ int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap
       continue;
     }
     /* flags with a value */
+    static const char *const value_flags[] = {
+        "--dim", "--layers", "--heads", "--kv-heads", "--ffn-dim", "--vocab", "--seq-len",
+        "--steps", "--batch", "--grad-accum", "--warmup", "--val-every", "--val-batches",
+        "--save-every", "--lr", "--min-lr", "--weight-decay", "--clip", "--peak-tflops",
+        "--seed", "--mesh", "--model", "--dtype", "--device", "--data", "--val-data", "--text",
+        "--save", "--resume", "--export-safetensors", "--init-from", "--log-json", NULL};
+    bool known = false;
+    for (int k = 0; value_flags[k]; k++) known = known || !strcmp(flag, value_flags[k]);
+    if (!known) return perr(err, cap, "unknown flag '%s' (see --help)", flag);
     if (!val) {
       if (i + 1 >= argc) return perr(err, cap, "%s needs a value (see --help)", flag);
       val = argv[++i];
