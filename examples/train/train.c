@@ -971,7 +971,7 @@ int train_run(const train_opts *o, train_result *res) {
       rc = fail_all("--resume %s: %s", o->resume_dir, weft_last_error());
       goto done;
     }
-    if (s->rank == 0) printf("resumed from %s at step %lld\n", o->resume_dir, (long long)start_step);
+    if (s->rank == 0 && !o->silent) printf("resumed from %s at step %lld\n", o->resume_dir, (long long)start_step);
   }
 
   weft_lr_schedule sched = {(float)o->lr, (float)o->min_lr, o->warmup, o->steps};
@@ -1043,7 +1043,11 @@ int train_run(const train_opts *o, train_result *res) {
       cc[d] = k.calls;
       if (res)
         for (int kk = 0; kk < WEFT_COLL_KIND_COUNT; kk++)
-          res->comm_kind_bytes[d][kk] = weft_comm_stats(s->root, d, (weft_coll_kind)kk).bytes;
+        {
+          weft_comm_count kc = weft_comm_stats(s->root, d, (weft_coll_kind)kk);
+          res->comm_kind_bytes[d][kk] = kc.bytes;
+          res->comm_kind_calls[d][kk] = kc.calls;
+        }
     }
     int64_t peak = weft_mem_get(WEFT_CPU).peak_bytes;
     if (res) {
@@ -1058,6 +1062,7 @@ int train_run(const train_opts *o, train_result *res) {
         res->optim_bytes = fm.optimizer.peak;
         res->unsharded_param_peak = fm.unsharded_params.peak;
         res->unsharded_grad_peak = fm.unsharded_grads.peak;
+        res->other_peak = fm.other.peak;
       }
     }
     /* loss: mean over micro-batches and dp ranks (tp ranks agree) */
@@ -1100,7 +1105,7 @@ int train_run(const train_opts *o, train_result *res) {
         }
         printf("%s | %.0f ms\n", line, dtmax * 1e3);
       }
-      if (do_val) printf("  validation after step %lld: held-out loss %.4f, next-token accuracy %.1f%%\n",
+      if (do_val && !o->silent) printf("  validation after step %lld: held-out loss %.4f, next-token accuracy %.1f%%\n",
                          (long long)step + 1, vloss, 100 * vacc);
       if (tty) progress(step + 1, o->steps);
       fflush(stdout);
@@ -1189,7 +1194,7 @@ int train_run(const train_opts *o, train_result *res) {
     res->tokens_per_s = tps_avg;
     res->mfu = mfu_avg;
   }
-  if (s->rank == 0) {
+  if (s->rank == 0 && !o->silent) {
     char pbuf[32];
     fmt_bytes((double)peak_max, pbuf, sizeof pbuf);
     printf("\nsummary\n");

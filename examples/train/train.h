@@ -55,6 +55,7 @@ typedef struct train_opts {
   int64_t save_every;
   double peak_flops;    /* per rank, for MFU */
   bool quiet;           /* no per-step lines (summary only) */
+  bool silent;          /* nothing on stdout (weft-plan --validate); errors still print */
 } train_opts;
 
 /* Defaults (the "demo" preset, 20 steps). */
@@ -86,10 +87,12 @@ typedef struct train_result {
   int64_t comm_calls[TRAIN_MAX_DIMS];
   /* the last step's bytes per (dim, collective kind) */
   int64_t comm_kind_bytes[TRAIN_MAX_DIMS][WEFT_COLL_KIND_COUNT];
+  int64_t comm_kind_calls[TRAIN_MAX_DIMS][WEFT_COLL_KIND_COUNT];
   /* memory (this rank, bytes): allocator peak over the training steps, and
    * FSDP's categories (zero without FSDP) */
   int64_t peak_bytes;
   int64_t param_bytes, grad_bytes, optim_bytes, unsharded_param_peak, unsharded_grad_peak;
+  int64_t other_peak; /* FSDP's "other": activations, layer buffers, TP temporaries */
 } train_result;
 
 /* Runs training with options o on the world (weft_init must have run).
