@@ -7,14 +7,16 @@
  * weft's comm accounting: all-gather output, reduce-scatter input,
  * all-reduce buffer; f32, integer-valued so every sum is exact):
  *   - one warm-up call of each, whose results must be identical;
- *   - R rounds; each times `iters` back-to-back calls of weft (blocking,
+ *   - R rounds (7..31, as many as fit in ~1.6 s per row); each times
+ *     `iters` (>= 1, ~4 ms worth) back-to-back calls of weft (blocking,
  *     work = NULL) and right after (or before: the order alternates) the
  *     same number of MPI calls (MPI_Allgather / MPI_Reduce_scatter_block /
  *     MPI_Allreduce on a duplicate of MPI_COMM_WORLD). The time of a batch
  *     is the slowest rank's. Other load on the machine hits both halves of
  *     a round alike, so the reported ratio is the median over rounds of
  *     t_MPI / t_weft within each round; bandwidths are from each side's
- *     median batch.
+ *     median batch; "best" is the ratio of the two sides' fastest batches
+ *     (what each achieves when nothing else runs).
  * Bus bandwidth follows nccl-tests (doc/PERFORMANCE.md): algbw = S / t,
  * busbw = algbw * (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for
  * all-reduce. ratio = weft busbw / MPI busbw (> 1: weft faster). The last
@@ -89,7 +91,7 @@ static double max_over_ranks(ctx *x, double v) {
   return out;
 }
 
-#define MAX_ROUNDS 16
+#define MAX_ROUNDS 31
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -162,12 +164,12 @@ int main(int argc, char **argv) {
   if (x.rank == 0) {
     printf("weft-bench-collectives: %d ranks, f32 sum, WEFT_BACKOFF=%s\n", x.n,
            sleepy ? sleepy : "auto");
-    printf("%-15s %10s %8s %12s %12s %12s %7s\n", "collective", "bytes", "iters", "weft GB/s",
-           "MPI GB/s", "weft us/MiB", "ratio");
+    printf("%-15s %10s %9s %10s %10s %12s %7s %7s\n", "collective", "bytes", "rnd x it",
+           "weft GB/s", "MPI GB/s", "weft us/MiB", "ratio", "best");
   }
   double min_ratio = 1e30, t_start = now();
-  const int rounds = quick ? 5 : 9;
-  const double target = quick ? 0.005 : 0.01; /* seconds per timed batch */
+  const double target = 0.004;                 /* seconds per timed batch */
+  const double row_budget = quick ? 0.5 : 1.6; /* seconds of timed rounds per row */
   for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
     for (int c = 0; c < NCOLL; c++) {
       /* elements per block (AG, RS) or in total (AR); payload = bytes rounded down */
@@ -194,14 +196,18 @@ int main(int argc, char **argv) {
       }
       double t1 = max_over_ranks(&x, tw > tm ? tw : tm);
       int iters = (int)(target / (t1 > 1e-6 ? t1 : 1e-6));
-      if (iters < 2) iters = 2;
+      if (iters < 1) iters = 1;
       if (iters > 2000) iters = 2000;
-      double tws[MAX_ROUNDS], tms[MAX_ROUNDS], ratios[MAX_ROUNDS], best[2];
+      int rounds = (int)(row_budget / (2 * iters * (t1 > 1e-6 ? t1 : 1e-6)));
+      if (rounds < 7) rounds = 7;
+      if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
+      double tws[MAX_ROUNDS], tms[MAX_ROUNDS], ratios[MAX_ROUNDS], best[2], fast[2] = {1e30, 1e30};
       for (int r = 0; r < rounds; r++) {
         for (int k = 0; k < 2; k++) {
           bool use_weft = (r + k) % 2 == 0;
           double t = timed(&x, c, use_weft, count, iters);
           (use_weft ? tws : tms)[r] = t;
+          if (t < fast[use_weft ? 0 : 1]) fast[use_weft ? 0 : 1] = t;
         }
         ratios[r] = tms[r] / tws[r];
       }
@@ -211,20 +217,21 @@ int main(int argc, char **argv) {
       if (x.n == 1) factor = 1.0;
       double bw_w = (double)payload / best[0] * factor / 1e9;
       double bw_m = (double)payload / best[1] * factor / 1e9;
-      double ratio = median(ratios, rounds);
+      double ratio = median(ratios, rounds), ratio_best = fast[1] / fast[0];
       double us_per_mib = best[0] * 1e6 / ((double)payload / (1 << 20));
       if (bytes >= (1 << 20) && ratio < min_ratio) min_ratio = ratio;
       if (x.rank == 0) {
-        printf("%-15s %10lld %8d %12.3f %12.3f %12.1f %7.3f\n", coll_name[c], (long long)payload,
-               iters, bw_w, bw_m, us_per_mib, ratio);
+        printf("%-15s %10lld %4d x %-3d %10.3f %10.3f %12.1f %7.3f %7.3f\n", coll_name[c],
+               (long long)payload, rounds, iters, bw_w, bw_m, us_per_mib, ratio, ratio_best);
         fflush(stdout);
         if (jf)
           fprintf(jf,
                   "{\"collective\": \"%s\", \"ranks\": %d, \"bytes\": %lld, \"iters\": %d, "
                   "\"rounds\": %d, \"weft_s\": %.9g, \"mpi_s\": %.9g, \"weft_busbw_gbs\": %.6g, "
-                  "\"mpi_busbw_gbs\": %.6g, \"weft_us_per_mib\": %.6g, \"ratio\": %.6g}\n",
+                  "\"mpi_busbw_gbs\": %.6g, \"weft_us_per_mib\": %.6g, \"ratio\": %.6g, "
+                  "\"ratio_best\": %.6g}\n",
                   coll_name[c], x.n, (long long)payload, iters, rounds, best[0], best[1], bw_w,
-                  bw_m, us_per_mib, ratio);
+                  bw_m, us_per_mib, ratio, ratio_best);
       }
     }
   }

@@ -79,6 +79,9 @@ extern "C" {
  *   when set, override the node-local rank and size (to pick a GPU).
  * - A bad setting (WEFT_TIMEOUT=abc) is WEFT_ERR_INVALID before MPI starts.
  * - On failure MPI is finalised again if weft_init started it.
+ * - When it starts MPI, it sets MPIR_CVAR_IREDUCE_SCATTER_BLOCK_INTRA_ALGORITHM
+ *   =sched_pairwise unless already set (MPICH's default nonblocking
+ *   reduce-scatter was up to 2x slower than its blocking one at 1 MiB).
  * Safe to call if MPI is already initialised (then weft_finalize does not
  * finalise it). A second call without weft_finalize is WEFT_ERR_STATE.
  * argc/argv may be NULL. */

@@ -12,9 +12,11 @@
  * CPUs, or WEFT_BACKOFF):
  * - sleep_waits: test a few times, then sleep between tests, starting short
  *   and doubling up to a cap;
- * - otherwise: spin on MPI_Test; only a wait that lasts long (a peer still
- *   computing) starts sleeping, so a waiting rank does not steal a core
- *   from compute for seconds.
+ * - otherwise: spin on MPI_Test; a wait that lasts longer than SPIN_LIMIT_S
+ *   yields between tests (a 64 MiB all-reduce takes ~50-100 ms here and
+ *   must keep polling: sleeping after 10 ms made it 0.65-0.8x of MPI's), and
+ *   only a wait past YIELD_LIMIT_S (a peer still computing) sleeps, so a
+ *   waiting rank does not hold a core for seconds.
  * - sleep_waits and a payload of at least YIELD_BYTES: between tests call
  *   sched_yield instead of sleeping (for up to YIELD_LIMIT_S, then sleep).
  *   A large transfer advances only inside MPI calls on both sides (the
@@ -91,7 +93,7 @@ weft_status weft__wait_all_sized(int n, MPI_Request *reqs, double timeout_s, int
     return weft_error(WEFT_ERR_OOM, "no memory to wait for %d requests", n);
   weft_status st = WEFT_OK;
   bool sleepy = weft__rt.sleep_waits;
-  bool yieldy = sleepy && bytes >= YIELD_BYTES;
+  bool yieldy = !sleepy || bytes >= YIELD_BYTES;
   double t0 = weft__now(), t = t0;
   long sleep_ns = SLEEP_MIN_NS;
   for (unsigned long iter = 0;; iter++) {
