@@ -154,18 +154,19 @@ static void predict(const plan_opts *o, config *k) {
   k->m_params = 4 * shard_numel;
   k->m_grads = 4 * shard_numel;
   k->m_optim = 8 * shard_numel;
-  /* FSDP's unsharded buffers at the peak: the current and the prefetched
-   * group's all-gather buffer + unsharded f32 params, and in backward their
-   * unsharded grads + reduce-scatter buffers (one reduction in flight) */
+  /* FSDP's unsharded buffers at the step's peak (the backward of the
+   * largest group): its all-gather buffer and unsharded f32 params, its
+   * unsharded grads and reduce-scatter buffer (checked against the
+   * allocator's peak with --validate) */
   double gmax = blk.numel > last.numel ? blk.numel : last.numel;
   double gpad = blk.padded > last.padded ? blk.padded : last.padded;
-  k->m_unsharded = fsdp ? 2 * (gpad * S * pdt + 4 * gmax) + 2 * (gpad * S * rdt + 4 * gmax) : 0;
+  k->m_unsharded = fsdp ? (gpad * S * pdt + 4 * gmax) + (gpad * S * rdt + 4 * gmax) : 0;
   /* activations kept for backward and the grads of the inputs, per rank
    * (f32): per block the outputs of each module and the grads of their
    * inputs; s = t for the tensors sequence parallel shards. */
   double s = (o->sp && t > 1) ? t : 1;
   double qkv = (double)(H + 2 * Hk) * hd / t, att = (double)H * hd / t;
-  double per_tok_block = 6.0 * D / s + (t > 1 ? 4.0 * D : 0) + (o->sp && t > 1 ? 2.0 * D : 0) +
+  double per_tok_block = 9.0 * D / s + (t > 1 ? 2.0 * D : 0) + (o->sp && t > 1 ? 4.5 * D : 0) +
                          qkv + att + 3.0 * F / t + (double)H / t;
   double act = 2.0 * 4.0 * N * (L * per_tok_block + 3.0 * D / s + 2.0 * (double)V / t);
   k->m_act = act;
@@ -183,7 +184,7 @@ static void predict(const plan_opts *o, config *k) {
     double ND = 4 * N * D;
     if (!o->sp) {
       ADD(2, AR, acc * (1 + 2 * L), ND);      /* forward */
-      ADD(2, AR, acc * 2 * L, ND);            /* backward */
+      ADD(2, AR, acc * (2 * L + 1), ND);      /* backward (+ the final norm's input grad) */
     } else {
       ADD(2, RS, acc * (1 + 2 * L), ND);
       ADD(2, AG, acc * (2 * L + 1), ND);
@@ -564,9 +565,16 @@ static int validate(const plan_opts *o, int world) {
       fmt_b((double)mm[0], pb[1], 16);
       fmt_b(k->m_params + k->m_grads + k->m_optim, pb[2], 16);
       fmt_b((double)(mm[1] + mm[2] + mm[3]), pb[3], 16);
-      printf("  dp_replicate=%d dp_shard=%d tp=%d: comm %s, memory %s (predicted peak %s, measured %s, ratio %.3f; params+grads+optim %s vs %s)\n%s",
+      char ub[4][16];
+      fmt_b(k->m_unsharded, ub[0], 16);
+      fmt_b((double)mm[4], ub[1], 16);
+      fmt_b(k->m_act, ub[2], 16);
+      fmt_b((double)mm[5], ub[3], 16);
+      printf("  dp_replicate=%d dp_shard=%d tp=%d: comm %s, memory %s (predicted peak %s, measured %s, ratio %.3f)\n"
+             "    memory: params+grads+optim predicted %s measured %s; unsharded %s vs %s; activations etc. %s vs %s\n%s",
              k->rep, k->shard, k->tp, comm_ok ? "exact" : "MISMATCH", mem_ok ? "within 10%" : "OFF BY > 10%",
-             pb[0], pb[1], ratio, pb[2], pb[3], line);
+             pb[0], pb[1], ratio, pb[2], r.param_bytes ? pb[3] : "n/a (no FSDP)", ub[0],
+             r.param_bytes ? ub[1] : "n/a", ub[2], r.param_bytes ? ub[3] : "n/a", line);
     }
   }
   free(v);
