@@ -1,0 +1,314 @@
+/* tests/examples: weft-train and weft-plan end to end, as a user runs them
+ * (mpiexec -n N <program> flags...), sized for 2 shared cores.
+ *
+ * Each case starts mpiexec (or the program itself) with posix_spawn,
+ * stdout and stderr redirected to files, MPIEXEC_TIMEOUT below the
+ * Criterion timeout so a hang fails instead of blocking, and checks the
+ * exit status, the output and the wall time. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+extern char **environ;
+
+#define TRAIN WEFT_EXAMPLES_DIR "/weft-train"
+#define PLAN WEFT_EXAMPLES_DIR "/weft-plan"
+
+typedef struct run_out {
+  int rc;       /* exit status, 128 + signal, or -1 */
+  double secs;  /* wall time */
+  char *out;    /* stdout (malloc'ed) */
+  char *err;    /* stderr */
+} run_out;
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return strdup("");
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc((size_t)n + 1);
+  size_t got = fread(b, 1, (size_t)n, f);
+  b[got] = 0;
+  fclose(f);
+  return b;
+}
+
+static int tmp_counter = 0;
+
+/* Runs `mpiexec -n nranks prog args...` (nranks 0: prog args... directly). */
+static run_out run(int nranks, const char *prog, const char *const *args, int timeout_s) {
+  run_out r = {-1, 0, NULL, NULL};
+  char outp[256], errp[256];
+  snprintf(outp, sizeof outp, "/tmp/weft-test-examples-%d-%d.out", (int)getpid(), tmp_counter);
+  snprintf(errp, sizeof errp, "/tmp/weft-test-examples-%d-%d.err", (int)getpid(), tmp_counter++);
+  const char *argv[64];
+  int n = 0;
+  char nbuf[16];
+  if (nranks > 0) {
+    snprintf(nbuf, sizeof nbuf, "%d", nranks);
+    argv[n++] = WEFT_TEST_MPIEXEC;
+    argv[n++] = "-n";
+    argv[n++] = nbuf;
+  }
+  argv[n++] = prog;
+  for (int i = 0; args && args[i] && n < 62; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  /* environment: ours with MPIEXEC_TIMEOUT replaced */
+  int ne = 0;
+  while (environ[ne]) ne++;
+  char **envp = calloc((size_t)ne + 2, sizeof *envp);
+  int k = 0;
+  for (int i = 0; i < ne; i++)
+    if (strncmp(environ[i], "MPIEXEC_TIMEOUT=", 16)) envp[k++] = environ[i];
+  char tbuf[64];
+  snprintf(tbuf, sizeof tbuf, "MPIEXEC_TIMEOUT=%d", timeout_s);
+  envp[k++] = tbuf;
+  envp[k] = NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  pid_t pid;
+  if (posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, envp) == 0) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  posix_spawn_file_actions_destroy(&fa);
+  free(envp);
+  r.secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  r.out = slurp(outp);
+  r.err = slurp(errp);
+  unlink(outp);
+  unlink(errp);
+  return r;
+}
+
+static void run_free(run_out *r) {
+  free(r->out);
+  free(r->err);
+}
+
+static int count_lines(const char *s) {
+  int n = 0;
+  for (; *s; s++) n += *s == '\n';
+  return n;
+}
+
+/* The last "loss" and "val_loss" of a --log-json file (one object a line). */
+static bool read_json_last(const char *path, double *loss, double *val_loss, int *lines) {
+  char *t = slurp(path);
+  *lines = count_lines(t);
+  char *last = NULL;
+  for (char *p = t; (p = strstr(p, "\"loss\":")); p++) last = p;
+  bool ok = last != NULL;
+  if (last) *loss = strtod(last + 7, NULL);
+  char *v = NULL;
+  for (char *p = t; (p = strstr(p, "\"val_loss\":")); p++) v = p;
+  if (v) *val_loss = strtod(v + 11, NULL);
+  else ok = false;
+  free(t);
+  return ok;
+}
+
+/* ---------------------------------------------------------------- training */
+
+Test(examples, train_2x2_reaches_the_1_rank_loss, .timeout = 120) {
+  const char *j1 = "/tmp/weft-test-examples-1rank.jsonl", *j4 = "/tmp/weft-test-examples-2x2.jsonl";
+  const char *a1[] = {"--steps", "12", "--val-every", "6", "--log-json", j1, NULL};
+  const char *a4[] = {"--mesh", "dp=2,tp=2", "--steps", "12", "--val-every", "6", "--log-json", j4, NULL};
+  run_out r1 = run(1, TRAIN, a1, 50);
+  cr_assert_eq(r1.rc, 0, "1-rank run failed (rc %d): %s", r1.rc, r1.err);
+  run_out r4 = run(4, TRAIN, a4, 90);
+  cr_assert_eq(r4.rc, 0, "2x2 run failed (rc %d): %s", r4.rc, r4.err);
+  double l1 = 0, l4 = 0, v1 = 0, v4 = 0;
+  int n1 = 0, n4 = 0;
+  cr_assert(read_json_last(j1, &l1, &v1, &n1), "no loss/val_loss in %s", j1);
+  cr_assert(read_json_last(j4, &l4, &v4, &n4), "no loss/val_loss in %s", j4);
+  cr_assert_eq(n1, 12, "want one JSON line per step, got %d", n1);
+  cr_assert_eq(n4, 12, "want one JSON line per step, got %d", n4);
+  cr_assert(fabs(l4 - l1) <= 0.01 * l1, "final loss 2x2 %.6f vs 1 rank %.6f (> 1%%)", l4, l1);
+  cr_assert(fabs(v4 - v1) <= 0.01 * v1, "held-out loss 2x2 %.6f vs 1 rank %.6f (> 1%%)", v4, v1);
+  /* it learns: well below ln V = ln 64 = 4.159 after 12 steps */
+  cr_assert(l1 < 3.6 && v1 < 3.6, "the demo model did not learn: loss %.4f, held-out %.4f", l1, v1);
+  cr_assert(strstr(r4.out, "summary") && strstr(r4.out, "held-out accuracy"), "no summary:\n%s", r4.out);
+  cr_assert(strstr(r4.out, "step   12/12") != NULL, "no step lines:\n%s", r4.out);
+  /* the 2x2 run communicates on both dims */
+  cr_assert(strstr(r4.out, " dp ") && strstr(r4.out, " tp "), "no per-dim comm:\n%s", r4.out);
+  run_free(&r1);
+  run_free(&r4);
+  unlink(j1);
+  unlink(j4);
+}
+
+/* One bad invocation: non-zero exit, one error line, no hang. */
+static void expect_error(int nranks, const char *const *args, const char *needle) {
+  run_out r = run(nranks, TRAIN, args, 30);
+  cr_expect_neq(r.rc, 0, "[%s] want a non-zero exit, got 0", needle);
+  cr_expect(r.rc < 128, "[%s] killed (rc %d): a hang or a crash", needle, r.rc);
+  cr_expect(r.secs < 25, "[%s] took %.1f s", needle, r.secs);
+  cr_expect_eq(count_lines(r.err), 1, "[%s] want one line on stderr, got:\n%s", needle, r.err);
+  cr_expect(strstr(r.err, needle) != NULL, "[%s] not in stderr:\n%s", needle, r.err);
+  cr_expect(strstr(r.err, "weft-train: error:") != NULL, "[%s] no error prefix:\n%s", needle, r.err);
+  run_free(&r);
+}
+
+Test(examples, train_bad_input_gives_one_line_and_nonzero_exit_on_every_rank, .timeout = 200) {
+  const char *a1[] = {"--bogus-flag", NULL};
+  expect_error(2, a1, "unknown flag '--bogus-flag'");
+  const char *a2[] = {"--mesh", "dp=3,tp=2", NULL};
+  expect_error(2, a2, "needs 6 ranks but the world has 2");
+  const char *a3[] = {"--mesh", "tp=2", "--dim", "48", "--heads", "3", NULL};
+  expect_error(2, a3, "must be divisible by tp=2");
+  const char *a4[] = {"--data", "/nonexistent/train.bin", NULL};
+  expect_error(2, a4, "cannot open data file '/nonexistent/train.bin'");
+  const char *a5[] = {"--steps", "ten", NULL};
+  expect_error(2, a5, "--steps: want an integer");
+  const char *a6[] = {"--mesh", "dp=2,pp=1", NULL};
+  expect_error(2, a6, "unknown dim 'pp'");
+  const char *a7[] = {"--device", "cuda", NULL};
+  expect_error(2, a7, "not supported yet");
+  const char *a8[] = {"--batch", "3", NULL};
+  expect_error(2, a8, "divisible by the data-parallel size 2");
+  const char *a9[] = {"--text", "/nonexistent.txt", "--vocab", "256", NULL};
+  expect_error(2, a9, "cannot open text file");
+  const char *a10[] = {"--model", "huge", NULL};
+  expect_error(2, a10, "unknown preset 'huge'");
+}
+
+Test(examples, train_help_documents_every_flag, .timeout = 30) {
+  const char *a[] = {"--help", NULL};
+  run_out r = run(1, TRAIN, a, 20);
+  cr_assert_eq(r.rc, 0);
+  static const char *const flags[] = {
+      "--mesh", "--model", "--dim", "--layers", "--heads", "--kv-heads", "--ffn-dim", "--vocab",
+      "--seq-len", "--steps", "--batch", "--grad-accum", "--lr", "--warmup", "--weight-decay",
+      "--clip", "--seed", "--dtype", "--reshard-after-forward", "--sequence-parallel",
+      "--device", "--data", "--val-data", "--text", "--save", "--save-every", "--resume",
+      "--export-safetensors", "--init-from", "--log-json", NULL};
+  for (int i = 0; flags[i]; i++) cr_expect(strstr(r.out, flags[i]) != NULL, "--help lacks %s", flags[i]);
+  run_free(&r);
+}
+
+static void write_bin(const char *path, int n, int magic, int V) {
+  FILE *f = fopen(path, "wb");
+  int32_t h[256] = {0};
+  h[0] = magic;
+  h[1] = 1;
+  h[2] = n;
+  fwrite(h, sizeof h, 1, f);
+  for (int i = 0; i < n; i++) {
+    uint16_t t = (uint16_t)((i * 7 + (i / 5)) % V); /* a learnable pattern */
+    fwrite(&t, 2, 1, f);
+  }
+  fclose(f);
+}
+
+Test(examples, train_reads_llm_c_bin_and_text_files, .timeout = 120) {
+  const char *bin = "/tmp/weft-test-examples.bin", *badb = "/tmp/weft-test-examples-bad.bin";
+  const char *txt = "/tmp/weft-test-examples.txt";
+  write_bin(bin, 4000, 20240520, 64);
+  write_bin(badb, 4000, 12345, 64);
+  FILE *f = fopen(txt, "w");
+  for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d\n", i % 10);
+  fclose(f);
+  const char *a1[] = {"--mesh", "dp=2", "--data", bin, "--steps", "4", NULL};
+  run_out r = run(2, TRAIN, a1, 50);
+  cr_expect_eq(r.rc, 0, "bin run failed: %s", r.err);
+  cr_expect(strstr(r.out, "held-out loss") != NULL, "%s", r.out);
+  run_free(&r);
+  const char *a2[] = {"--mesh", "tp=2", "--text", txt, "--vocab", "256", "--steps", "3", NULL};
+  r = run(2, TRAIN, a2, 50);
+  cr_expect_eq(r.rc, 0, "text run failed: %s", r.err);
+  run_free(&r);
+  const char *a3[] = {"--data", badb, "--steps", "2", NULL};
+  expect_error(2, a3, "bad magic 12345");
+  const char *a4[] = {"--data", bin, "--vocab", "32", "--steps", "2", NULL};
+  expect_error(2, a4, ">= the model's vocab 32");
+  unlink(bin);
+  unlink(badb);
+  unlink(txt);
+}
+
+Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_model, .timeout = 150) {
+  const char *dir = "/tmp/weft-test-examples-ckpt", *st = "/tmp/weft-test-examples.safetensors";
+  system("rm -rf /tmp/weft-test-examples-ckpt");
+  const char *a1[] = {"--mesh", "dp=2", "--steps", "4", "--save", dir, "--save-every", "2",
+                      "--export-safetensors", st, NULL};
+  run_out r = run(2, TRAIN, a1, 60);
+  cr_assert_eq(r.rc, 0, "save run failed: %s", r.err);
+  run_free(&r);
+  struct stat sb;
+  cr_assert_eq(stat(st, &sb), 0, "no safetensors file");
+  const char *a2[] = {"--mesh", "tp=2", "--steps", "6", "--resume", dir, NULL};
+  r = run(2, TRAIN, a2, 60);
+  cr_expect_eq(r.rc, 0, "resume failed: %s", r.err);
+  cr_expect(strstr(r.out, "resumed from") && strstr(r.out, "at step 4"), "%s", r.out);
+  cr_expect(strstr(r.out, "step    5/6") != NULL, "resumed run did not start at step 5:\n%s", r.out);
+  run_free(&r);
+  const char *a3[] = {"--mesh", "dp=2", "--dim", "32", "--steps", "2", "--resume", dir, NULL};
+  expect_error(2, a3, "checkpoint of another model");
+  const char *a4[] = {"--mesh", "tp=2", "--steps", "1", "--init-from", st, NULL};
+  r = run(2, TRAIN, a4, 60);
+  cr_expect_eq(r.rc, 0, "--init-from failed: %s", r.err);
+  run_free(&r);
+  system("rm -rf /tmp/weft-test-examples-ckpt");
+  unlink(st);
+}
+
+/* ---------------------------------------------------------------- planning */
+
+Test(examples, plan_ranks_70b_on_128x8_in_under_a_second, .timeout = 30) {
+  const char *a[] = {"--model", "llama70b", "--nodes", "128", "--gpus-per-node", "8", "--batch",
+                     "1024", "--top", "0", NULL};
+  run_out r = run(0, PLAN, a, 20);
+  cr_assert_eq(r.rc, 0, "%s", r.err);
+  cr_expect(r.secs < 1.0, "took %.3f s", r.secs);
+  cr_expect(strstr(r.out, "1024 ranks = 128 nodes x 8") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "factorisations of 1024 ranks") != NULL, "%s", r.out);
+  /* tp in {1, 2, 4, 8} within a node, every (rep, shard) split of the rest:
+   * 11 + 10 + 9 + 8 = 38 rows, ranked 1..38 */
+  cr_expect(strstr(r.out, "38 factorisations") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "\n  38 ") != NULL, "no 38th row:\n%s", r.out);
+  run_free(&r);
+  /* a small model does fit: rows marked yes come first */
+  const char *b[] = {"--model", "tiny", "--nodes", "2", "--gpus-per-node", "4", "--batch", "16", NULL};
+  r = run(0, PLAN, b, 20);
+  cr_assert_eq(r.rc, 0, "%s", r.err);
+  char *yes = strstr(r.out, " yes ");
+  cr_expect(yes != NULL, "nothing fits:\n%s", r.out);
+  run_free(&r);
+  const char *c[] = {"--cluster", "nowhere", NULL};
+  r = run(0, PLAN, c, 20);
+  cr_expect_neq(r.rc, 0);
+  cr_expect(strstr(r.err, "unknown preset 'nowhere'") != NULL, "%s", r.err);
+  run_free(&r);
+}
+
+static void validate_on(int n, int timeout) {
+  const char *a[] = {"--validate", NULL};
+  run_out r = run(n, PLAN, a, timeout);
+  cr_expect_eq(r.rc, 0, "weft-plan --validate on %d ranks failed (rc %d):\n%s\n%s", n, r.rc, r.out, r.err);
+  cr_expect(strstr(r.out, "MISMATCH") == NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "comm exact") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, " 0 failed") != NULL, "%s", r.out);
+  run_free(&r);
+}
+
+Test(examples, plan_validate_2_ranks, .timeout = 120) { validate_on(2, 100); }
+Test(examples, plan_validate_4_ranks, .timeout = 300) { validate_on(4, 280); }
