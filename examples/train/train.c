@@ -966,6 +966,9 @@ int train_run(const train_opts *o, train_result *res) {
     weft_state_dict_create(&sd);
     st = set_model_sd(s, sd, 0);
     if (st == WEFT_OK) st = weft_dcp_load(sd, o->resume_dir, NULL, NULL);
+    /* the tensors were loaded in place (views); the optimizer's step counts
+     * and learning rate are values: apply them */
+    if (st == WEFT_OK) st = weft_set_optimizer_state_dict(s->model, s->opt, sd, NULL, NULL, NULL);
     weft_state_dict_destroy(sd);
     if (st != WEFT_OK) {
       rc = fail_all("--resume %s: %s", o->resume_dir, weft_last_error());

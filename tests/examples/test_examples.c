@@ -156,9 +156,25 @@ Test(examples, train_2x2_reaches_the_1_rank_loss, .timeout = 120) {
   unlink(j4);
 }
 
-/* One bad invocation: non-zero exit, one error line, no hang. */
+/* Each rank runs under `sh -c` that prints "rank-exit <status>" after the
+ * program ends, so the test sees every rank's own exit status. */
+static const char *const RANK_EXIT_SH = "\"$0\" \"$@\"; rc=$?; echo \"rank-exit $rc\"; exit $rc";
+
+/* One bad invocation: non-zero exit on every rank, one error line, no hang. */
 static void expect_error(int nranks, const char *const *args, const char *needle) {
-  run_out r = run(nranks, TRAIN, args, 30);
+  const char *argv[40] = {"-c", RANK_EXIT_SH, TRAIN};
+  int n = 3;
+  for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  run_out r = run(nranks, "/bin/sh", argv, 30);
+  int exits = 0, nonzero = 0;
+  for (const char *p = r.out; (p = strstr(p, "rank-exit ")); p += 10) {
+    exits++;
+    nonzero += atoi(p + 10) != 0;
+  }
+  cr_expect_eq(exits, nranks, "[%s] %d ranks reported an exit status, want %d:\n%s", needle, exits,
+               nranks, r.out);
+  cr_expect_eq(nonzero, nranks, "[%s] %d of %d ranks exited non-zero", needle, nonzero, nranks);
   cr_expect_neq(r.rc, 0, "[%s] want a non-zero exit, got 0", needle);
   cr_expect(r.rc < 128, "[%s] killed (rc %d): a hang or a crash", needle, r.rc);
   cr_expect(r.secs < 25, "[%s] took %.1f s", needle, r.secs);
@@ -205,6 +221,34 @@ Test(examples, train_help_documents_every_flag, .timeout = 30) {
   run_free(&r);
 }
 
+Test(examples, train_flag_variants_run_and_learn, .timeout = 120) {
+  static const char *const variants[][8] = {
+      {"--mesh", "dp=2", "--dtype", "bf16", NULL},
+      {"--mesh", "tp=2", "--sequence-parallel", NULL},
+      {"--mesh", "dp=2", "--reshard-after-forward=false", "--grad-accum", "2", NULL},
+      {"--mesh", "dp_replicate=2", NULL},
+      {"--mesh", "tp=2", "--no-loss-parallel", "--kv-heads", "2", NULL},
+  };
+  for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+    const char *argv[16];
+    int n = 0;
+    for (int i = 0; variants[v][i]; i++) argv[n++] = variants[v][i];
+    argv[n++] = "--steps";
+    argv[n++] = "4";
+    argv[n++] = "--log-json";
+    argv[n++] = "/tmp/weft-test-examples-v.jsonl";
+    argv[n] = NULL;
+    run_out r = run(2, TRAIN, argv, 60);
+    cr_expect_eq(r.rc, 0, "variant %zu (%s %s) failed: %s", v, variants[v][0], variants[v][1], r.err);
+    double l = 0, vl = 0;
+    int lines = 0;
+    cr_expect(read_json_last("/tmp/weft-test-examples-v.jsonl", &l, &vl, &lines));
+    cr_expect(l < 4.0 && vl < 4.0, "variant %zu does not learn: loss %.4f, held-out %.4f", v, l, vl);
+    run_free(&r);
+  }
+  unlink("/tmp/weft-test-examples-v.jsonl");
+}
+
 static void write_bin(const char *path, int n, int magic, int V) {
   FILE *f = fopen(path, "wb");
   int32_t h[256] = {0};
@@ -249,18 +293,35 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
   const char *dir = "/tmp/weft-test-examples-ckpt", *st = "/tmp/weft-test-examples.safetensors";
   system("rm -rf /tmp/weft-test-examples-ckpt");
   const char *a1[] = {"--mesh", "dp=2", "--steps", "4", "--save", dir, "--save-every", "2",
-                      "--export-safetensors", st, NULL};
+                      "--export-safetensors", st, "--warmup", "0", "--min-lr", "0.003", NULL};
   run_out r = run(2, TRAIN, a1, 60);
   cr_assert_eq(r.rc, 0, "save run failed: %s", r.err);
   run_free(&r);
   struct stat sb;
   cr_assert_eq(stat(st, &sb), 0, "no safetensors file");
-  const char *a2[] = {"--mesh", "tp=2", "--steps", "6", "--resume", dir, NULL};
+  /* constant lr (no warmup, min-lr = lr): saving after 4 of 4 steps and
+   * resuming to 6 is the same run as 6 steps straight */
+  const char *j6 = "/tmp/weft-test-examples-6.jsonl", *jr = "/tmp/weft-test-examples-r.jsonl";
+  const char *a2[] = {"--mesh", "tp=2", "--steps", "6", "--resume", dir, "--warmup", "0",
+                      "--min-lr", "0.003", "--log-json", jr, NULL};
   r = run(2, TRAIN, a2, 60);
   cr_expect_eq(r.rc, 0, "resume failed: %s", r.err);
   cr_expect(strstr(r.out, "resumed from") && strstr(r.out, "at step 4"), "%s", r.out);
   cr_expect(strstr(r.out, "step    5/6") != NULL, "resumed run did not start at step 5:\n%s", r.out);
   run_free(&r);
+  const char *a5[] = {"--steps", "6", "--warmup", "0", "--min-lr", "0.003", "--log-json", j6, NULL};
+  r = run(1, TRAIN, a5, 60);
+  cr_expect_eq(r.rc, 0, "straight run failed: %s", r.err);
+  run_free(&r);
+  double l6 = 0, lr6 = 0, v6 = 0, vr = 0;
+  int n6 = 0, nr = 0;
+  cr_expect(read_json_last(j6, &l6, &v6, &n6));
+  cr_expect(read_json_last(jr, &lr6, &vr, &nr));
+  cr_expect_eq(nr, 2, "the resumed run should log steps 5 and 6 only, got %d lines", nr);
+  cr_expect(fabs(l6 - lr6) <= 1e-4 * l6, "step 6 loss: resumed on tp=2 %.7f vs straight on 1 rank %.7f", lr6, l6);
+  cr_expect(fabs(v6 - vr) <= 1e-4 * v6, "held-out loss: resumed %.7f vs straight %.7f", vr, v6);
+  unlink(j6);
+  unlink(jr);
   const char *a3[] = {"--mesh", "dp=2", "--dim", "32", "--steps", "2", "--resume", dir, NULL};
   expect_error(2, a3, "checkpoint of another model");
   const char *a4[] = {"--mesh", "tp=2", "--steps", "1", "--init-from", st, NULL};
