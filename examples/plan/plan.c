@@ -448,15 +448,15 @@ static int enumerate(const plan_opts *o, int world, config **out) {
 static void print_table(const plan_opts *o, config *v, int n, int world) {
   qsort(v, (size_t)n, sizeof *v, cmp_cfg);
   printf("weft-plan: model %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld), batch %lld x %lld accum,\n"
-         "  %d ranks = %d nodes x %d, intra %.0f GB/s, inter %.0f GB/s, %.0f GiB and %.0f TFLOP/s per device%s%s\n",
+         "  %d ranks = %d nodes x %d, intra %.0f GB/s, inter %.0f GB/s, %.0f GiB and %.3g TFLOP/s per device%s%s\n",
          o->model_name, (long long)o->m.dim, (long long)o->m.n_layers, (long long)o->m.n_heads,
          (long long)o->m.n_kv_heads, (long long)o->m.ffn_dim, (long long)o->m.vocab,
          (long long)o->m.max_seq_len, (long long)o->batch, (long long)o->grad_accum, world,
          o->c.nodes, o->c.gpn, o->c.intra_bw / 1e9, o->c.inter_bw / 1e9, o->c.mem / (1 << 30),
          o->c.flops / 1e12, o->sp ? ", SP" : "", o->bf16 ? ", bf16 all-gathers" : "");
-  printf("%4s %6s %6s %4s | %9s %9s %9s %9s %9s %9s %4s | %10s %10s %10s | %9s %9s\n", "rank",
+  printf("%4s %6s %6s %4s | %9s %9s %9s %9s %9s %9s %4s | %10s %10s %10s | %8s %8s %8s %9s\n", "rank",
          "dp_rep", "dp_shd", "tp", "params", "grads", "optim", "unshard", "activ", "total", "fit",
-         "dp_rep B", "dp_shd B", "tp B", "comm s", "step s");
+         "dp_rep B", "dp_shd B", "tp B", "dp_rep s", "dp_shd s", "tp s", "step s");
   int shown = 0;
   for (int i = 0; i < n; i++) {
     config *k = &v[i];
@@ -477,9 +477,9 @@ static void print_table(const plan_opts *o, config *v, int n, int world) {
     for (int d = 0; d < 3; d++)
       for (int kk = 0; kk < WEFT_COLL_KIND_COUNT; kk++) db[d] += k->bytes[d][kk];
     for (int d = 0; d < 3; d++) fmt_b(db[d], b[6 + d], 16);
-    printf("%4d %6d %6d %4d | %9s %9s %9s %9s %9s %9s %4s | %10s %10s %10s | %9.4f %9.4f\n", i + 1,
+    printf("%4d %6d %6d %4d | %9s %9s %9s %9s %9s %9s %4s | %10s %10s %10s | %8.4f %8.4f %8.4f %9.4f\n", i + 1,
            k->rep, k->shard, k->tp, b[0], b[1], b[2], b[3], b[4], b[5], k->fits ? "yes" : "NO",
-           b[6], b[7], b[8], k->t_comm[0] + k->t_comm[1] + k->t_comm[2], k->t_step);
+           b[6], b[7], b[8], k->t_comm[0], k->t_comm[1], k->t_comm[2], k->t_step);
   }
   if (shown < n) printf("(%d more; --top 0 prints all)\n", n - shown);
 }

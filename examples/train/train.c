@@ -537,9 +537,10 @@ static int src_read(const token_src *s, int64_t pos, int64_t n, int32_t *out, in
   return 0;
 }
 
-/* Rows [row0, row0 + rows) of a batch: tokens and targets (rows, T). Row r
- * of step s starts at a pseudo-random position of the split (train) or at
- * evenly spaced positions (validation batch j). */
+/* Rows [row0, row0 + rows) of a batch: tokens and targets (rows, T). Row g
+ * of training step s is the window at (base_s + g (T + 1)) mod span, with
+ * base_s pseudo-random per step; validation batch j takes evenly spaced
+ * windows of the held-out split. Each dp rank reads only its own rows. */
 static int make_batch(const token_src *s, bool train, uint64_t seed, int64_t step, int64_t B,
                       int64_t T, int64_t row0, int64_t rows, int32_t *tok, int32_t *tgt,
                       int32_t *scratch, int64_t V, char *err, size_t cap) {
@@ -547,8 +548,12 @@ static int make_batch(const token_src *s, bool train, uint64_t seed, int64_t ste
   for (int64_t r = 0; r < rows; r++) {
     int64_t g = row0 + r, pos;
     if (train) {
-      pos = (int64_t)(mix64(seed * 0x100000001b3ULL ^ mix64((uint64_t)step * 1000003ULL + (uint64_t)g)) %
-                      (uint64_t)(span + 1));
+      /* consecutive windows from a random start per step: the rows of one
+       * step (and so the dp ranks' parts) are disjoint whenever the split
+       * holds B * (T + 1) tokens */
+      int64_t base = (int64_t)(mix64(seed * 0x100000001b3ULL ^ mix64((uint64_t)step * 1000003ULL)) %
+                               (uint64_t)(span + 1));
+      pos = (base + g * (T + 1)) % (span + 1);
     } else {
       int64_t slots = (span + 1);
       pos = ((step * B + g) * (T + 1)) % slots;

@@ -361,8 +361,8 @@ Test(examples, plan_ranks_70b_on_128x8_in_under_a_second, .timeout = 30) {
   run_free(&r);
 }
 
-static void validate_on(int n, int timeout) {
-  const char *a[] = {"--validate", NULL};
+static void validate_on(int n, int timeout, const char *flag) {
+  const char *a[] = {"--validate", flag, NULL};
   run_out r = run(n, PLAN, a, timeout);
   cr_expect_eq(r.rc, 0, "weft-plan --validate on %d ranks failed (rc %d):\n%s\n%s", n, r.rc, r.out, r.err);
   cr_expect(strstr(r.out, "MISMATCH") == NULL, "%s", r.out);
@@ -371,5 +371,9 @@ static void validate_on(int n, int timeout) {
   run_free(&r);
 }
 
-Test(examples, plan_validate_2_ranks, .timeout = 120) { validate_on(2, 100); }
-Test(examples, plan_validate_4_ranks, .timeout = 300) { validate_on(4, 280); }
+Test(examples, plan_validate_2_ranks, .timeout = 200) {
+  validate_on(2, 60, NULL);
+  validate_on(2, 60, "--sequence-parallel");
+  validate_on(2, 60, "--no-loss-parallel");
+}
+Test(examples, plan_validate_4_ranks, .timeout = 300) { validate_on(4, 280, NULL); }
