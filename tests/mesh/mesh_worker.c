@@ -577,6 +577,7 @@ static void submesh_and_flatten(weft_mesh *mesh, int ndim, const int *shape) {
     WOK(weft_mesh_submesh(mesh, 1, &names[d], &sub));
     WREQUIRE(sub, "submesh %s", names[d]);
     WCHECK(weft_mesh_ndim(sub) == 1, "sub ndim");
+    WCHECK(weft_mesh_root(sub) == mesh && weft_mesh_root(mesh) == mesh, "weft_mesh_root");
     WCHECK(weft_mesh_dim_comm(sub, 0) == weft_mesh_dim_comm(mesh, d), "sub %s comm not reused",
            names[d]);
     WCHECK(weft_mesh_comm(sub) == weft_mesh_dim_comm(mesh, d), "1-D sub mesh comm");
