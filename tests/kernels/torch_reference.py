@@ -62,7 +62,7 @@ def rope(x, pos0=0, theta=10000.0):
     freqs = theta ** (-2.0 * j / hd)
     p = torch.arange(pos0, pos0 + T, dtype=torch.float64)
     ang = torch.outer(p, freqs)  # (T, hd/2)
-    c, s = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
+    c, s = ang.cos()[None, :, None, :].to(x.dtype), ang.sin()[None, :, None, :].to(x.dtype)
     x0, x1 = x[..., 0::2], x[..., 1::2]
     y = torch.empty_like(x)
     y[..., 0::2] = x0 * c - x1 * s
