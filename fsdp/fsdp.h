@@ -229,7 +229,8 @@ weft_status weft_fsdp_destroy_all(weft_module *root);
 
 int weft_fsdp_num_modules(const weft_fsdp *f);
 weft_module *weft_fsdp_module(const weft_fsdp *f, int i);
-/* "layers.0" or "norm+output" (the modules' FQNs joined by '+'; "" for a root model). */
+/* "layers.0" or "norm+output": the modules' FQNs joined by '+' (a root
+ * module, whose FQN is "", by its local name: "model"). */
 const char *weft_fsdp_name(const weft_fsdp *f);
 int weft_fsdp_num_params(const weft_fsdp *f);
 weft_param *weft_fsdp_param(const weft_fsdp *f, int i);
@@ -300,9 +301,10 @@ weft_status weft_fsdp_set_modules_to_backward_prefetch(weft_fsdp *f, weft_fsdp *
                                                        int n);
 /* set_is_last_backward: with false the root's post-backward leaves the last
  * gradient reductions in flight (they finish at the next forward's root
- * pre-forward, the next post-backward, a reshard or destroy): use it for
- * micro-batches that are followed by more, never before an optimizer step.
- * Set on any group; applies to its root. */
+ * pre-forward, the next post-backward, weft_fsdp_wait_reductions or
+ * destroy): use it for micro-batches that are followed by more, never
+ * right before an optimizer step. Applies to f's root (f itself before the
+ * first forward has found the root: call it on the root group). */
 weft_status weft_fsdp_set_is_last_backward(weft_fsdp *f, bool last);
 /* Finishes every pending gradient reduction of f's root (waits). */
 weft_status weft_fsdp_wait_reductions(weft_fsdp *f);
