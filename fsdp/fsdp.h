@@ -288,7 +288,9 @@ weft_status weft_fsdp_set_requires_gradient_sync(weft_fsdp *f, bool sync, bool r
  * reshard (true or weft_fsdp_reshard) before an optimizer step, which
  * needs the sharded parameters. */
 weft_status weft_fsdp_set_reshard_after_backward(weft_fsdp *f, bool reshard, bool recurse);
-/* set_reshard_after_forward (values as in the options, not -1). */
+/* set_reshard_after_forward (values as in the options, not -1). A group
+ * size k >= 2 that f has no communicator for yet creates one: then
+ * collective over the shard dim (every rank calls it alike). */
 weft_status weft_fsdp_set_reshard_after_forward(weft_fsdp *f, int value, bool recurse);
 /* set_modules_to_forward_prefetch / _backward_prefetch: the groups whose
  * all-gathers f posts after its own unshard in pre-forward (resp.
