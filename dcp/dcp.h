@@ -31,7 +31,9 @@
  *               "state.<fqn>.max_exp_avg_sq" (amsgrad),
  *               "state.<fqn>.momentum_buffer" (SGD), "state.<fqn>.step"
  *               (an int value) and "param_groups.<fqn>.lr" (a double
- *               value), as torch's flattened optimizer state dict.
+ *               value), as torch's flattened optimizer state dict, and
+ *               "state.num_steps" (the optimizer's step count, which
+ *               drives its learning-rate schedule).
  * The optimizer namespace is every key that starts with "state." or
  * "param_groups."; the model functions ignore it and the optimizer
  * functions look at nothing else, so one state dict may hold both (and any
@@ -252,15 +254,19 @@ weft_status weft_set_model_state_dict(weft_module *model, const weft_state_dict 
 
 /* The optimizer's state under the optimizer namespace (see the top): its
  * state DTensors (views or, with full_state_dict, gathered full tensors),
- * each parameter's step count as an int value and the learning rate as a
- * double value per parameter. model is the module the optimizer was
+ * each parameter's step count as an int value, the learning rate as a
+ * double value per parameter, and the optimizer's step count
+ * ("state.num_steps"). Of the hyper-parameters only the learning rate is
+ * saved: nn offers no getters for the others (betas, eps, weight decay),
+ * which the optimizer being restored keeps from its creation. model is the module the optimizer was
  * created on. Same options as the model version. */
 weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
                                           const weft_state_dict_opts *opts,
                                           weft_state_dict *sd);
 /* Restores the optimizer from sd: state tensors as in
- * weft_set_model_state_dict, step counts, and the learning rate (from the
- * first param_groups.<fqn>.lr present). Keys of the optimizer namespace
+ * weft_set_model_state_dict, step counts (per parameter, and the
+ * optimizer's through weft_optimizer_set_num_steps), and the learning rate
+ * (from the first param_groups.<fqn>.lr present). Keys of the optimizer namespace
  * that match nothing are "unexpected". */
 weft_status weft_set_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
                                           const weft_state_dict *sd,

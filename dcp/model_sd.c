@@ -89,6 +89,7 @@ weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *op
     st = weft_optimizer_state_get(opt, i, &name, &dt);
     if (st == WEFT_OK) st = add_state_tensor(sd, name, dt, &o);
   }
+  if (st == WEFT_OK) st = weft_state_dict_set_int(sd, "state.num_steps", weft_optimizer_num_steps(opt));
   char key[4200];
   for (int i = 0; i < n && st == WEFT_OK; i++) {
     int64_t step;
@@ -525,6 +526,14 @@ static weft_status set_step(void *ctx, const char *key, weft_sd_value_type type,
   return WEFT_OK;
 }
 
+static weft_status set_num_steps(void *ctx, const char *key, weft_sd_value_type type,
+                                 const char *text) {
+  (void)type;
+  weft_status st = weft_optimizer_set_num_steps(ctx, strtoll(text, NULL, 10));
+  if (st != WEFT_OK) return weft_error(st, "'%s': %s", key, dcp_last_msg());
+  return WEFT_OK;
+}
+
 static weft_status set_nothing(void *ctx, const char *key, weft_sd_value_type type,
                                const char *text) {
   (void)ctx;
@@ -562,6 +571,7 @@ weft_status weft_set_optimizer_state_dict(weft_module *model, weft_optimizer *op
     st = weft_optimizer_state_get(opt, i, &name, &dt);
     if (st == WEFT_OK) st = tl_push(&tl, name, dt, NULL, NULL, false);
   }
+  if (st == WEFT_OK) st = tl_push(&tl, "state.num_steps", NULL, set_num_steps, opt, true);
   char key[4200];
   bool lr_done = false;
   for (int i = 0; i < n && st == WEFT_OK; i++) {

@@ -25,7 +25,7 @@
 #include "dcp_internal.h"
 
 #define STAGE_MIN ((size_t)8 << 20)
-#define DIRECT_GROUP ((uint64_t)4 << 20)
+#define DIRECT_GROUP ((uint64_t)1 << 20)
 #define MAX_PENDING 4096
 
 weft_status dcp_read_metadata_file(const char *dir, char **text, size_t *len) {

@@ -462,6 +462,9 @@ void weft_optimizer_set_lr(weft_optimizer *opt, float lr);
 float weft_optimizer_get_lr(const weft_optimizer *opt);
 /* Number of weft_optimizer_step calls so far. */
 int64_t weft_optimizer_num_steps(const weft_optimizer *opt);
+/* Sets that count (checkpoint restore, so that a schedule resumes where it
+ * was); n >= 0, WEFT_ERR_INVALID otherwise. */
+weft_status weft_optimizer_set_num_steps(weft_optimizer *opt, int64_t n);
 
 /* Named state tensors (for checkpoints): count, i-th, by name. The DTensors
  * are owned by the optimizer; a checkpoint loader may overwrite their

@@ -219,6 +219,13 @@ float weft_optimizer_get_lr(const weft_optimizer *o) {
 
 int64_t weft_optimizer_num_steps(const weft_optimizer *o) { return o ? o->steps : 0; }
 
+weft_status weft_optimizer_set_num_steps(weft_optimizer *o, int64_t n) {
+  if (!o) return weft_error(WEFT_ERR_INVALID, "optimizer is NULL");
+  if (n < 0) return weft_error(WEFT_ERR_INVALID, "num_steps %lld < 0", (long long)n);
+  o->steps = n;
+  return WEFT_OK;
+}
+
 int weft_optimizer_state_count(const weft_optimizer *o) { return o ? o->nstates : 0; }
 
 weft_status weft_optimizer_state_get(const weft_optimizer *o, int i, const char **name,

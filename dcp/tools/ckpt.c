@@ -24,11 +24,22 @@ static int usage(void) {
   return 2;
 }
 
+/* A message without weft's "[rank N] function: " prefix, first line only. */
+static void print_msg(const char *m) {
+  if (m[0] == '[') {
+    const char *e = strstr(m, "] ");
+    if (e) m = e + 2;
+  }
+  const char *p = m;
+  while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_')
+    p++;
+  if (p > m && p[0] == ':' && p[1] == ' ') m = p + 2;
+  fprintf(stderr, "weft-ckpt: %.*s\n", (int)strcspn(m, "\n"), m);
+}
+
 /* The first line of the last error. */
 static int fail(void) {
-  const char *m = weft_last_error();
-  size_t n = strcspn(m, "\n");
-  fprintf(stderr, "weft-ckpt: %.*s\n", (int)n, m);
+  print_msg(weft_last_error());
   return 1;
 }
 
@@ -98,8 +109,7 @@ static int cmd_inspect(const char *dir) {
 
 static void report(const char *msg, void *ctx) {
   (void)ctx;
-  size_t n = strcspn(msg, "\n");
-  fprintf(stderr, "weft-ckpt: %.*s\n", (int)n, msg);
+  print_msg(msg);
 }
 
 static int cmd_verify(const char *dir) {

@@ -48,8 +48,10 @@ static bool rank0(void) { return weft_world_rank() == 0; }
 static void barrier(void) { MPI_Barrier(MPI_COMM_WORLD); }
 
 static char *path2(const char *a, const char *b) {
-  char *p = malloc(strlen(a) + strlen(b) + 2);
-  sprintf(p, "%s/%s", a, b);
+  size_t n = strlen(a) + strlen(b) + 2;
+  char *p = malloc(n);
+  if (!p) abort();
+  snprintf(p, n, "%s/%s", a, b);
   return p;
 }
 
@@ -256,6 +258,10 @@ static void case_rt_save(void) {
   WREQUIRE(mesh, "mesh");
   weft_state_dict *sd = plain_sd(mesh, PL_SAVE, 0);
   add_values(sd);
+  /* a strided (transposed) view: saved through the copy path */
+  weft_tensor *base = reference(0, 98), *tv = NULL;
+  WOK(weft_tensor_transpose(base, 0, 1, &tv));
+  WOK(weft_state_dict_add_tensor(sd, "plain.t", tv, WEFT_LOCAL_VIEW));
   WOK(weft_dcp_save(sd, arg(2), NULL));
   weft_dcp_opts o = WEFT_DCP_OPTS_INIT;
   o.block_bytes = 64;
@@ -268,7 +274,7 @@ static void case_rt_save(void) {
     WREQUIRE(ck, "open");
     weft_dcp_info info;
     WOK(weft_dcp_get_info(ck, &info));
-    WCHECK(info.world_size == 4 && info.num_files == 4 && info.num_tensors == NTD + 1,
+    WCHECK(info.world_size == 4 && info.num_files == 4 && info.num_tensors == NTD + 2,
            "info: world %d files %d tensors %" PRId64, info.world_size, info.num_files,
            info.num_tensors);
     uint64_t bytes[4] = {0};
@@ -308,6 +314,8 @@ static void case_rt_save(void) {
     weft_dcp_close(ck);
   }
   weft_state_dict_destroy(sd);
+  weft_tensor_destroy(tv);
+  weft_tensor_destroy(base);
   WOK(weft_mesh_destroy(mesh));
 }
 
@@ -346,16 +354,47 @@ static void rt_load(const char *mesh_spec) {
     int64_t sh[2] = {13, 7};
     WOK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, 2, sh, &p));
     WOK(weft_state_dict_add_tensor(sd, "plain", p, WEFT_LOCAL_TAKE));
+    /* into a transposed view: the element-strided read path */
+    weft_tensor *tbuf = NULL, *tview = NULL;
+    WOK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, 2, sh, &tbuf));
+    WOK(weft_tensor_transpose(tbuf, 0, 1, &tview));
+    WOK(weft_state_dict_add_tensor(sd, "plain.t", tview, WEFT_LOCAL_TAKE));
     add_value_targets(sd, 4);
     weft_key_list miss = {0};
     WOK(weft_dcp_load(sd, dir, NULL, &miss));
+    weft_tensor *want_t = reference(0, 98);
+    WCHECK(weft_tensor_equal(tbuf, want_t), "transposed view target differs after load");
+    weft_tensor_destroy(want_t);
     WCHECK(miss.count == 0, "missing %" PRId64, miss.count);
     weft_key_list_clear(&miss);
     char what[64];
     snprintf(what, sizeof what, "mesh %s block %s", mesh_spec, pass ? "64" : "1M");
     check_loaded(sd, what);
     check_values(sd, 4);
+    if (pass == 0 && strcmp(mesh_spec, "1") != 0) {
+      /* save again from this layout (multi-run strided shards, other
+       * replicas) and load that into fully replicated targets */
+      WOK(weft_state_dict_remove(sd, "plain.t"));
+      char re[600];
+      snprintf(re, sizeof re, "%s.re.%s", dir, mesh_spec);
+      weft_dcp_opts o = WEFT_DCP_OPTS_INIT;
+      o.block_bytes = 128;
+      WOK(weft_dcp_save(sd, re, &o));
+      weft_state_dict *rsd = NULL;
+      WOK(weft_state_dict_create(&rsd));
+      const char *rep = nd == 1 ? "R" : nd == 2 ? "R,R" : "R,R,R";
+      for (int i = 0; i < NTD; i++)
+        WOK(weft_state_dict_add_dtensor(rsd, TD[i].name, make_target(mesh, i, rep), WEFT_LOCAL_TAKE));
+      weft_tensor *p2 = NULL;
+      WOK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, 2, sh, &p2));
+      WOK(weft_state_dict_add_tensor(rsd, "plain", p2, WEFT_LOCAL_TAKE));
+      WOK(weft_dcp_load(rsd, re, NULL, NULL));
+      snprintf(what, sizeof what, "re-saved from mesh %s", mesh_spec);
+      check_loaded(rsd, what);
+      weft_state_dict_destroy(rsd);
+    }
     weft_state_dict_destroy(sd);
+    weft_tensor_destroy(tbuf);
   }
   /* partial load: keys the checkpoint lacks are reported, others loaded */
   {
@@ -493,7 +532,11 @@ static bool lmodel_make(lmodel *L, const char *layout, uint64_t seed) {
   hp.lr = 1e-2f;
   hp.weight_decay = 0.1f;
   WOK(weft_adamw_create(L->m, &hp, &L->opt));
-  return L->opt != NULL;
+  if (!L->opt) return false;
+  /* a schedule, so that resuming must restore the optimizer's step count */
+  weft_lr_schedule sch = {1e-2f, 1e-3f, 1, 4};
+  WOK(weft_optimizer_set_schedule(L->opt, &sch));
+  return true;
 }
 
 static void lmodel_free(lmodel *L) {
@@ -628,7 +671,11 @@ static void model_load(const char *layout, const char *dir, const char *ref) {
   int64_t ps = -1;
   WOK(weft_optimizer_get_param_step(L.opt, "layers.1.feed_forward.w2.weight", &ps));
   WCHECK(ps == 2, "param step %" PRId64, ps);
-  WCHECK(weft_optimizer_get_lr(L.opt) == 1e-2f, "lr %g", (double)weft_optimizer_get_lr(L.opt));
+  double lr = -1;
+  WOK(weft_state_dict_get_double(sd, "param_groups.output.weight.lr", &lr));
+  WCHECK(lr > 0 && weft_optimizer_get_lr(L.opt) == (float)lr, "lr %g vs saved %g",
+         (double)weft_optimizer_get_lr(L.opt), lr);
+  WCHECK(weft_optimizer_num_steps(L.opt) == 2, "num_steps %" PRId64, weft_optimizer_num_steps(L.opt));
   char what[64];
   snprintf(what, sizeof what, "model on %s", layout);
   compare_ref(sd, ref, what);

@@ -35,8 +35,10 @@ static void rmrf(const char *p) {
 }
 
 static char *join(const char *a, const char *b) {
-  char *p = malloc(strlen(a) + strlen(b) + 2);
-  sprintf(p, "%s/%s", a, b);
+  size_t n = strlen(a) + strlen(b) + 2;
+  char *p = malloc(n);
+  cr_assert_not_null(p);
+  snprintf(p, n, "%s/%s", a, b);
   return p;
 }
 
@@ -152,7 +154,8 @@ Test(dcp, metadata_parser_accepts_the_format_and_rejects_each_broken_rule) {
   }
   /* trailing bytes, NUL bytes, truncation at every length */
   char *t = malloc(strlen(META) + 4);
-  sprintf(t, "%s x", META);
+  cr_assert_not_null(t);
+  snprintf(t, strlen(META) + 4, "%s x", META);
   cr_expect_eq(weft_dcp_metadata_check(t, strlen(t), "m"), WEFT_ERR_CORRUPT);
   cr_expect(strstr(weft_last_error(), "trailing"));
   strcpy(t, META);
