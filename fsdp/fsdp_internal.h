@@ -26,7 +26,6 @@ typedef struct fsdp_param {
   weft_dtensor *unsharded;   /* while unsharded: the DTensor in p->data (owned here) */
   weft_dtensor *held_grad;   /* during backward: the sharded grad moved out of p->grad */
   weft_dtensor *acc_grad;    /* unsharded grad kept for accumulation (sync off) */
-  weft_dtensor *pending_grad;/* unsharded grad taken at post-backward, until copied in */
   int ndim;
   int64_t local_shape[WEFT_MAX_DIMS]; /* on the model mesh (tp-local) */
   int64_t rows, rest;        /* local_shape[0], product of the others */
