@@ -2,7 +2,6 @@
  * test_tp.c through mpiexec; see tests/harness/worker.h). Every rank
  * checks. The reference for every parallel run is the same model on a
  * 1-rank mesh over MPI_COMM_SELF, computed on each rank. */
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +9,7 @@
 #include <time.h>
 
 #include "nn.h"
+#include "golden.h"
 #include "safetensors.h"
 #include "tp.h"
 #include "worker.h"
@@ -40,138 +40,24 @@ static weft_mesh *mesh_world(void) {
   return m;
 }
 
-/* ||a - b|| / ||b|| (both f32, accumulated in double). */
-static double rel_err(const float *a, const float *b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double d = (double)a[i] - (double)b[i];
-    num += d * d;
-    den += (double)b[i] * (double)b[i];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static double rel_scalar(double a, double b) { return fabs(a - b) / (fabs(b) > 0 ? fabs(b) : 1); }
 
 /* ------------------------------------------------------------- golden */
 
-typedef struct golden {
-  char dir[512];
-  weft_llama_config cfg;
-  int64_t B, T;
-  weft_adamw_params hp;
-  double clip;
-  weft_tensor *tokens, *targets; /* (B, T) int32 */
-} golden;
-
-static char *slurp(const char *path, long *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-    free(b);
-    b = NULL;
-  }
-  fclose(f);
-  if (b) b[n] = '\0';
-  if (len) *len = n;
-  return b;
-}
-
-static double jnum(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return cJSON_IsNumber(v) ? v->valuedouble : NAN;
-}
-
-/* tests/data/golden/<name>: expected.json (config, hyper-parameters) and
- * the llm.c token file (256 int32 header, then uint16 tokens; inputs
- * tokens[0:BT], targets tokens[1:BT+1]). */
-static bool golden_load(const char *name, golden *g) {
-  memset(g, 0, sizeof *g);
-  snprintf(g->dir, sizeof g->dir, "%s/golden/%s", WEFT_TEST_DATA_DIR, name);
-  char path[600];
-  snprintf(path, sizeof path, "%s/expected.json", g->dir);
-  char *txt = slurp(path, NULL);
-  WCHECK(txt, "cannot read %s", path);
-  if (!txt) return false;
-  cJSON *j = cJSON_Parse(txt);
-  free(txt);
-  WCHECK(j, "%s is not JSON", path);
-  if (!j) return false;
-  const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "config");
-  const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "hyperparameters");
-  weft_llama_config cfg = WEFT_LLAMA_CONFIG_INIT;
-  cfg.dim = (int64_t)jnum(c, "dim");
-  cfg.n_layers = (int64_t)jnum(c, "layers");
-  cfg.n_heads = (int64_t)jnum(c, "heads");
-  cfg.n_kv_heads = (int64_t)jnum(c, "kv_heads");
-  cfg.ffn_dim = (int64_t)jnum(c, "ffn");
-  cfg.vocab = (int64_t)jnum(c, "vocab");
-  cfg.max_seq_len = (int64_t)jnum(c, "seq");
-  g->cfg = cfg;
-  g->T = cfg.max_seq_len;
-  g->B = (int64_t)jnum(c, "batch");
-  g->hp = WEFT_ADAMW_DEFAULT;
-  g->hp.lr = (float)jnum(h, "lr");
-  g->hp.beta1 = (float)jnum(h, "beta1");
-  g->hp.beta2 = (float)jnum(h, "beta2");
-  g->hp.eps = (float)jnum(h, "eps");
-  g->hp.weight_decay = (float)jnum(h, "weight_decay");
-  g->clip = jnum(h, "clip");
-  cJSON_Delete(j);
-  snprintf(path, sizeof path, "%s/tokens.bin", g->dir);
-  long len;
-  char *b = slurp(path, &len);
-  WCHECK(b, "cannot read %s", path);
-  if (!b) return false;
-  int32_t hdr[256];
-  memcpy(hdr, b, sizeof hdr);
-  bool ok = hdr[0] == 20240520 && len == 1024 + 2 * (long)hdr[2] && hdr[2] >= g->B * g->T + 1;
-  WCHECK(ok, "%s: bad llm.c header", path);
-  if (!ok) {
-    free(b);
-    return false;
-  }
-  const uint16_t *tok = (const uint16_t *)(b + 1024);
-  int64_t shape[2] = {g->B, g->T};
-  WOK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &g->tokens));
-  WOK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &g->targets));
-  int32_t *in = g->tokens->data, *tg = g->targets->data;
-  for (int64_t i = 0; i < g->B * g->T; i++) {
-    in[i] = tok[i];
-    tg[i] = tok[i + 1];
-  }
-  free(b);
-  return true;
-}
-
-static void golden_free(golden *g) {
-  weft_tensor_destroy(g->tokens);
-  weft_tensor_destroy(g->targets);
+/* Loads tests/data/golden/<name> (tests/harness/golden.h); false, with a
+ * failed check, when it cannot. */
+static bool golden_open(const char *name, golden *g) {
+  weft_status st = golden_load(name, g);
+  WCHECK(st == WEFT_OK, "golden %s: %s", name, weft_last_error());
+  return st == WEFT_OK;
 }
 
 /* Every parameter from init.safetensors (names = FQNs), each rank keeping
  * its slice (weft_param_load). */
 static weft_status load_init(weft_module *model, const golden *g) {
   char path[600];
-  snprintf(path, sizeof path, "%s/init.safetensors", g->dir);
-  weft_safetensors *f;
-  WEFT_CHECK(weft_safetensors_open(path, &f));
-  weft_param *ps[MAXP];
-  int n;
-  weft_status st = weft_module_parameters(model, ps, MAXP, &n);
-  for (int i = 0; !st && i < n; i++) {
-    weft_tensor *t = NULL;
-    st = weft_tensor_create(WEFT_F32, WEFT_CPU, ps[i]->spec.ndim, ps[i]->spec.shape, &t);
-    if (!st) st = weft_safetensors_read_tensor(f, ps[i]->fqn, t);
-    if (!st) st = weft_param_load(ps[i], t);
-    weft_tensor_destroy(t);
-  }
-  weft_safetensors_close(f);
-  return st;
+  golden_path(g, "init.safetensors", path, sizeof path);
+  return load_params(model, path);
 }
 
 /* --------------------------------------------------------- trajectories */
@@ -323,7 +209,7 @@ static errs compare(const traj *a, const traj *ref) {
              "param %d: %s (%lld) vs %s (%lld)", i, a->name[i], (long long)a->numel[i],
              ref->name[i], (long long)ref->numel[i]);
       if (a->numel[i] != ref->numel[i]) continue;
-      double r = rel_err(a->grad[s][i], ref->grad[s][i], a->numel[i]);
+      double r = rel_err_f32(a->grad[s][i], ref->grad[s][i], a->numel[i]);
       if (getenv("TP_VERBOSE") && weft_worker_rank == 0)
         printf("    step %d %-36s rel %.2e\n", s, a->name[i], r);
       if (r > e.grad) {
@@ -335,7 +221,7 @@ static errs compare(const traj *a, const traj *ref) {
   for (int s = 0; s < NSTEPS; s++)
     for (int i = 0; i < a->np && i < ref->np; i++)
       if (a->numel[i] == ref->numel[i]) {
-        double r = rel_err(a->param[s][i], ref->param[s][i], a->numel[i]);
+        double r = rel_err_f32(a->param[s][i], ref->param[s][i], a->numel[i]);
         if (r > e.param) e.param = r;
       }
   return e;
@@ -371,7 +257,7 @@ static void check_errs(const char *name, const char *what, run_opts o, errs e, d
 static void parity_model(const char *name, weft_mesh *world, weft_mesh *self,
                          const run_opts *combos, int ncombos) {
   golden g;
-  if (!golden_load(name, &g)) return;
+  if (!golden_open(name, &g)) return;
   traj ref;
   run_opts r0 = {false, false, false, false};
   double t0 = now_s();
@@ -428,7 +314,7 @@ static void case_parity_tp4(void) {
   weft_mesh *w = mesh_world(), *s = mesh_self();
   parity_model("tiny_mha", w, s, all_combos, 4);
   golden g;
-  if (golden_load("tiny_gqa", &g)) {
+  if (golden_open("tiny_gqa", &g)) {
     weft_module *model = NULL;
     WOK(weft_llama_create(&g.cfg, w, &model));
     weft_tp *tp = (weft_tp *)1;
@@ -831,13 +717,13 @@ static void case_styles(void) {
     run_tree(s, which, false, &y0, &ny0, g0, ng0, &np0);
     run_tree(w, which, true, &y1, &ny1, g1, ng1, &np1);
     WCHECK(y0 && y1 && ny0 == ny1, "tree %d outputs", which);
-    double ey = (y0 && y1 && ny0 == ny1) ? rel_err(y1, y0, ny0) : 1;
+    double ey = (y0 && y1 && ny0 == ny1) ? rel_err_f32(y1, y0, ny0) : 1;
     double eg = 0;
     WCHECK(np0 == np1, "tree %d: %d vs %d params", which, np0, np1);
     for (int i = 0; i < np0 && i < np1; i++) {
       WCHECK(g0[i] && g1[i] && ng0[i] == ng1[i], "tree %d param %d grads", which, i);
       if (g0[i] && g1[i] && ng0[i] == ng1[i]) {
-        double e = rel_err(g1[i], g0[i], ng0[i]);
+        double e = rel_err_f32(g1[i], g0[i], ng0[i]);
         if (e > eg) eg = e;
       }
     }

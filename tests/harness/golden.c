@@ -1,0 +1,159 @@
+/* tests/harness/golden.c — see golden.h. */
+#include "golden.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void golden_path(const golden *g, const char *file, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s/%s", g->dir, file);
+}
+
+char *golden_slurp(const char *path, long *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+    free(b);
+    b = NULL;
+  }
+  fclose(f);
+  if (b) b[n] = '\0';
+  if (len) *len = n;
+  return b;
+}
+
+static double jnum(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+weft_status golden_load(const char *name, golden *g) {
+  memset(g, 0, sizeof *g);
+  snprintf(g->dir, sizeof g->dir, "%s/golden/%s", WEFT_TEST_DATA_DIR, name);
+  char path[600];
+  golden_path(g, "expected.json", path, sizeof path);
+  char *txt = golden_slurp(path, NULL);
+  if (!txt) return weft_error(WEFT_ERR_IO, "cannot read %s", path);
+  cJSON *j = cJSON_Parse(txt);
+  free(txt);
+  if (!j) return weft_error(WEFT_ERR_CORRUPT, "%s is not JSON", path);
+  const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "config");
+  const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "hyperparameters");
+  weft_llama_config cfg = WEFT_LLAMA_CONFIG_INIT;
+  cfg.dim = (int64_t)jnum(c, "dim");
+  cfg.n_layers = (int64_t)jnum(c, "layers");
+  cfg.n_heads = (int64_t)jnum(c, "heads");
+  cfg.n_kv_heads = (int64_t)jnum(c, "kv_heads");
+  cfg.ffn_dim = (int64_t)jnum(c, "ffn");
+  cfg.vocab = (int64_t)jnum(c, "vocab");
+  cfg.max_seq_len = (int64_t)jnum(c, "seq");
+  g->cfg = cfg;
+  g->T = cfg.max_seq_len;
+  g->B = (int64_t)jnum(c, "batch");
+  g->hp = WEFT_ADAMW_DEFAULT;
+  g->hp.lr = (float)jnum(h, "lr");
+  g->hp.beta1 = (float)jnum(h, "beta1");
+  g->hp.beta2 = (float)jnum(h, "beta2");
+  g->hp.eps = (float)jnum(h, "eps");
+  g->hp.weight_decay = (float)jnum(h, "weight_decay");
+  g->clip = jnum(h, "clip");
+  g->loss = jnum(j, "loss");
+  g->grad_norm = jnum(j, "grad_norm_before_clip");
+  cJSON_Delete(j);
+
+  golden_path(g, "tokens.bin", path, sizeof path);
+  long len;
+  char *b = golden_slurp(path, &len);
+  if (!b) return weft_error(WEFT_ERR_IO, "cannot read %s", path);
+  int32_t hdr[256];
+  if (len < (long)sizeof hdr) {
+    free(b);
+    return weft_error(WEFT_ERR_CORRUPT, "%s: shorter than the llm.c header", path);
+  }
+  memcpy(hdr, b, sizeof hdr);
+  int64_t ntok = hdr[2];
+  if (hdr[0] != 20240520 || hdr[1] != 1 || len != 1024 + 2 * ntok || ntok < g->B * g->T + 1) {
+    free(b);
+    return weft_error(WEFT_ERR_CORRUPT, "%s: bad llm.c header", path);
+  }
+  const uint16_t *tok = (const uint16_t *)(b + 1024);
+  int64_t shape[2] = {g->B, g->T};
+  weft_status st = weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &g->tokens);
+  if (!st) st = weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &g->targets);
+  if (st) {
+    free(b);
+    golden_free(g);
+    return st;
+  }
+  int32_t *in = g->tokens->data, *tg = g->targets->data;
+  for (int64_t i = 0; i < g->B * g->T; i++) {
+    in[i] = tok[i];
+    tg[i] = tok[i + 1];
+  }
+  free(b);
+  return WEFT_OK;
+}
+
+void golden_free(golden *g) {
+  weft_tensor_destroy(g->tokens);
+  weft_tensor_destroy(g->targets);
+  g->tokens = g->targets = NULL;
+}
+
+weft_status load_params(weft_module *root, const char *path) {
+  weft_safetensors *f;
+  WEFT_CHECK(weft_safetensors_open(path, &f));
+  weft_param *ps[512];
+  int n;
+  weft_status st = weft_module_parameters(root, ps, 512, &n);
+  for (int i = 0; !st && i < n; i++) {
+    weft_tensor *t = NULL;
+    st = weft_tensor_create(WEFT_F32, WEFT_CPU, ps[i]->spec.ndim, ps[i]->spec.shape, &t);
+    if (!st) st = weft_safetensors_read_tensor(f, ps[i]->fqn, t);
+    if (!st) st = weft_param_load(ps[i], t);
+    weft_tensor_destroy(t);
+  }
+  weft_safetensors_close(f);
+  return st;
+}
+
+double rel_err_f32_f64(const float *a, const double *b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = (double)a[i] - b[i];
+    num += d * d;
+    den += b[i] * b[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+double rel_err_f32(const float *a, const float *b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = (double)a[i] - (double)b[i];
+    num += d * d;
+    den += (double)b[i] * (double)b[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+weft_status read_f64(weft_safetensors *f, const char *name, double **out, int64_t *n) {
+  weft_safetensors_info info;
+  WEFT_CHECK(weft_safetensors_find(f, name, &info));
+  double *d = malloc((size_t)(info.numel ? info.numel : 1) * sizeof(double));
+  if (!d) return weft_error(WEFT_ERR_OOM, "f64 buffer");
+  weft_status st = weft_safetensors_read(f, name, WEFT_F64, d, info.numel);
+  if (st) {
+    free(d);
+    return st;
+  }
+  *out = d;
+  *n = info.numel;
+  return WEFT_OK;
+}

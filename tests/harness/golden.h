@@ -1,0 +1,55 @@
+/* tests/harness/golden.h — golden-data helpers shared by the test suites
+ * (nn, tp): the tests/data/golden/<name> files written by
+ * the scripts in tests/data/golden (expected.json, llm.c token file, safetensors),
+ * loading parameters by FQN, and relative error norms. Built as the
+ * weft_test_golden static library (tests/meson.build). */
+#ifndef WEFT_TEST_GOLDEN_H
+#define WEFT_TEST_GOLDEN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nn.h"
+#include "safetensors.h"
+
+typedef struct golden {
+  char dir[512];
+  weft_llama_config cfg;
+  int64_t B, T;
+  weft_adamw_params hp;
+  double clip;
+  double loss;
+  double grad_norm;
+  weft_tensor *tokens;  /* (B, T) int32: tokens[0:BT] */
+  weft_tensor *targets; /* (B, T) int32: tokens[1:BT+1] */
+} golden;
+
+/* Reads the whole file into a new malloc'd, NUL-terminated buffer; *len
+ * (if not NULL) gets its size. NULL when it cannot be read. */
+char *golden_slurp(const char *path, long *len);
+
+/* Loads <data_dir>/golden/<name>: expected.json (config, hyper-parameters,
+ * loss, grad norm) and tokens.bin (llm.c token file: 256 int32 header
+ * (magic 20240520, version 1, count), then uint16 tokens). On error g
+ * holds no tensors. */
+weft_status golden_load(const char *name, golden *g);
+/* Frees the tensors; g may be zeroed. */
+void golden_free(golden *g);
+/* "<dir>/<file>" */
+void golden_path(const golden *g, const char *file, char *buf, size_t cap);
+
+/* Loads every parameter of `root` from a safetensors file (names = FQNs),
+ * each rank keeping its slice (weft_param_load). */
+weft_status load_params(weft_module *root, const char *path);
+
+/* ||a - b|| / ||b|| over n elements (a f32, b f64; sqrt(num) if ||b|| = 0). */
+double rel_err_f32_f64(const float *a, const double *b, int64_t n);
+/* ||a - b|| / ||b|| over n elements (both f32, accumulated in double). */
+double rel_err_f32(const float *a, const float *b, int64_t n);
+
+/* Reads tensor `name` of file f as f64 into a new malloc'd array of
+ * *n elements. */
+weft_status read_f64(weft_safetensors *f, const char *name, double **out, int64_t *n);
+
+#endif
