@@ -104,79 +104,70 @@ static weft_status move(const weft_dtensor *t, weft_placement p, weft_dtensor **
 
 /* ---------------------------------------------------------------- moves */
 
-static weft_status app_input_forward(tp_app *a, const weft_dtensor *x, weft_dtensor **res) {
+/* One side (input or output) of an application, forward: checks that t
+ * arrives as the declared layout (when `check`), then moves it to `want`;
+ * *moved / *src remember the move for the backward. `verb` and `hint` word
+ * the mismatch error ("input arrives as X but the plan declares
+ * input_layouts Y (hint)"). */
+static weft_status side_forward(tp_app *a, const char *side, bool check, weft_placement decl_in,
+                                weft_placement want_in, const char *verb, const char *hint,
+                                const weft_dtensor *t, bool *moved, weft_placement *src,
+                                weft_dtensor **res) {
   *res = NULL;
-  a->in_moved = false;
-  if (weft_mesh_ndim(weft_dtensor_mesh(x)) != 1)
-    return weft_error(WEFT_ERR_INVALID, "tp: module '%s': input is not on a 1-D mesh",
-                      fqn_of(a->m));
-  int nd = weft_dtensor_ndim(x);
-  weft_placement have = weft_dtensor_placements(x)[0], want;
-  if (a->in_check) {
+  *moved = false;
+  if (weft_mesh_ndim(weft_dtensor_mesh(t)) != 1)
+    return weft_error(WEFT_ERR_INVALID, "tp: module '%s': %s is not on a 1-D mesh", fqn_of(a->m),
+                      side);
+  int nd = weft_dtensor_ndim(t);
+  weft_placement have = weft_dtensor_placements(t)[0], want;
+  if (check) {
     weft_placement decl;
-    WEFT_CHECK(norm_layout(a, "input", a->in_decl, nd, &decl));
+    WEFT_CHECK(norm_layout(a, side, decl_in, nd, &decl));
     if (!weft_placement_equal(have, decl)) {
       char s[96], h[32], d[32];
       weft_tp_style_describe(&a->style, s, sizeof s);
       weft_placement_describe(have, h, sizeof h);
       weft_placement_describe(decl, d, sizeof d);
       return weft_error(WEFT_ERR_INVALID,
-                        "tp: module '%s' (%s): input arrives as %s but the plan declares "
-                        "input_layouts %s (fix the plan: declare the layout the previous "
-                        "module leaves)",
-                        fqn_of(a->m), s, h, d);
+                        "tp: module '%s' (%s): %s %s %s but the plan declares %s_layouts %s%s",
+                        fqn_of(a->m), s, side, verb, h, side, d, hint);
     }
   }
-  WEFT_CHECK(norm_layout(a, "input", a->in_want, nd, &want));
-  WEFT_CHECK(move(x, want, res));
+  WEFT_CHECK(norm_layout(a, side, want_in, nd, &want));
+  WEFT_CHECK(move(t, want, res));
   if (*res) {
-    a->in_moved = true;
-    a->in_src = have;
+    *moved = true;
+    *src = have;
   }
   return WEFT_OK;
+}
+
+/* Backward of a side: moves the grad back to the layout the forward's
+ * input had (grad_target), when the forward moved it. */
+static weft_status side_backward(bool moved, weft_placement src, const weft_dtensor *g,
+                                 weft_dtensor **res) {
+  *res = NULL;
+  if (!moved || !g) return WEFT_OK;
+  return move(g, grad_target(src), res);
+}
+
+static weft_status app_input_forward(tp_app *a, const weft_dtensor *x, weft_dtensor **res) {
+  return side_forward(a, "input", a->in_check, a->in_decl, a->in_want, "arrives as",
+                      " (fix the plan: declare the layout the previous module leaves)", x,
+                      &a->in_moved, &a->in_src, res);
 }
 
 static weft_status app_input_backward(tp_app *a, const weft_dtensor *g, weft_dtensor **res) {
-  *res = NULL;
-  if (!a->in_moved || !g) return WEFT_OK;
-  return move(g, grad_target(a->in_src), res);
+  return side_backward(a->in_moved, a->in_src, g, res);
 }
 
 static weft_status app_output_forward(tp_app *a, const weft_dtensor *y, weft_dtensor **res) {
-  *res = NULL;
-  a->out_moved = false;
-  if (weft_mesh_ndim(weft_dtensor_mesh(y)) != 1)
-    return weft_error(WEFT_ERR_INVALID, "tp: module '%s': output is not on a 1-D mesh",
-                      fqn_of(a->m));
-  int nd = weft_dtensor_ndim(y);
-  weft_placement have = weft_dtensor_placements(y)[0], want;
-  if (a->out_check) {
-    weft_placement decl;
-    WEFT_CHECK(norm_layout(a, "output", a->out_decl, nd, &decl));
-    if (!weft_placement_equal(have, decl)) {
-      char s[96], h[32], d[32];
-      weft_tp_style_describe(&a->style, s, sizeof s);
-      weft_placement_describe(have, h, sizeof h);
-      weft_placement_describe(decl, d, sizeof d);
-      return weft_error(WEFT_ERR_INVALID,
-                        "tp: module '%s' (%s): output is %s but the plan declares "
-                        "output_layouts %s",
-                        fqn_of(a->m), s, h, d);
-    }
-  }
-  WEFT_CHECK(norm_layout(a, "output", a->out_want, nd, &want));
-  WEFT_CHECK(move(y, want, res));
-  if (*res) {
-    a->out_moved = true;
-    a->out_src = have;
-  }
-  return WEFT_OK;
+  return side_forward(a, "output", a->out_check, a->out_decl, a->out_want, "is", "", y,
+                      &a->out_moved, &a->out_src, res);
 }
 
 static weft_status app_output_backward(tp_app *a, const weft_dtensor *g, weft_dtensor **res) {
-  *res = NULL;
-  if (!a->out_moved || !g) return WEFT_OK;
-  return move(g, grad_target(a->out_src), res);
+  return side_backward(a->out_moved, a->out_src, g, res);
 }
 
 /* ------------------------------------------------------------ dispatcher */
