@@ -34,13 +34,20 @@ weft_tp_style weft_tp_colwise(void) {
   return s;
 }
 
-weft_tp_style weft_tp_colwise_ex(weft_placement input_layout, weft_placement output_layout,
-                                 bool use_local_output) {
-  weft_tp_style s = weft_tp_colwise();
+/* s with both layouts declared and use_local_output set (the _ex forms). */
+static weft_tp_style with_layouts(weft_tp_style s, weft_placement input_layout,
+                                  weft_placement output_layout, bool use_local_output) {
+  s.has_input_layout = true;
   s.input_layout = input_layout;
+  s.has_output_layout = true;
   s.output_layout = output_layout;
   s.use_local_output = use_local_output;
   return s;
+}
+
+weft_tp_style weft_tp_colwise_ex(weft_placement input_layout, weft_placement output_layout,
+                                 bool use_local_output) {
+  return with_layouts(weft_tp_colwise(), input_layout, output_layout, use_local_output);
 }
 
 weft_tp_style weft_tp_rowwise(void) {
@@ -54,12 +61,7 @@ weft_tp_style weft_tp_rowwise(void) {
 
 weft_tp_style weft_tp_rowwise_ex(weft_placement input_layout, weft_placement output_layout,
                                  bool use_local_output) {
-  weft_tp_style s = weft_tp_rowwise();
-  s.has_input_layout = true;
-  s.input_layout = input_layout;
-  s.output_layout = output_layout;
-  s.use_local_output = use_local_output;
-  return s;
+  return with_layouts(weft_tp_rowwise(), input_layout, output_layout, use_local_output);
 }
 
 weft_tp_style weft_tp_sequence_parallel(void) {
