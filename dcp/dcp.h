@@ -335,7 +335,8 @@ typedef struct weft_dcp_async weft_dcp_async;
  * flight per process: a new save (async or not) first completes the
  * pending one (whose handle then reports its result). Collective over the
  * group. Staging buffers are kept for the next async save (see
- * weft_dcp_release_staging). */
+ * weft_dcp_release_staging). Wait for the handle before weft_finalize.
+ * The environment variable WEFT_DCP_FAULT applies here too. */
 weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
                                 const weft_dcp_opts *opts, weft_dcp_async **out);
 /* Waits for the save to finish (commits it when that is left to wait) and

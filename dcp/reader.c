@@ -27,6 +27,7 @@
 #define STAGE_MIN ((size_t)8 << 20)
 #define DIRECT_GROUP ((uint64_t)1 << 20)
 #define MAX_PENDING 4096
+#define PIECE ((uint64_t)256 << 10)
 
 weft_status dcp_read_metadata_file(const char *dir, char **text, size_t *len) {
   *text = NULL;
@@ -285,19 +286,26 @@ static weft_status bad_crc(const creader *r, int64_t b, uint32_t got) {
                     r->fname, b, r->c->byte_off + (uint64_t)b * r->B, blen(r, b), r->c->crc[b], got);
 }
 
-/* Reads blocks [b0, b1] into buf and verifies them. */
+/* Reads blocks [b0, b1] into buf and verifies them. The read goes in
+ * pieces of at most PIECE bytes, each checksummed (CRC32C chains) right
+ * after its pread while it is still in the cache. */
 static weft_status read_blocks(const creader *r, int64_t b0, int64_t b1, char *buf) {
-  uint64_t s = (uint64_t)b0 * r->B, e = (uint64_t)b1 * r->B + blen(r, b1);
   char what[64];
   snprintf(what, sizeof what, "tensor '%s'", r->t->name);
-  weft_status st = dcp_pread_full(r->fd, buf, e - s, r->c->byte_off + s, r->fname, what);
-  if (st != WEFT_OK) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", dcp_last_msg());
-    return weft_error(st, "tensor '%s': %s (in '%s')", r->t->name, msg, r->ck->dir);
-  }
   for (int64_t b = b0; b <= b1; b++) {
-    uint32_t got = weft_crc32c(0, buf + (uint64_t)(b - b0) * r->B, blen(r, b));
+    uint64_t bs = (uint64_t)(b - b0) * r->B, n = blen(r, b);
+    uint32_t got = 0;
+    for (uint64_t at = 0; at < n; at += PIECE) {
+      uint64_t m = n - at < PIECE ? n - at : PIECE;
+      weft_status st = dcp_pread_full(r->fd, buf + bs + at, m, r->c->byte_off + (uint64_t)b * r->B + at,
+                                      r->fname, what);
+      if (st != WEFT_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", dcp_last_msg());
+        return weft_error(st, "tensor '%s': %s (in '%s')", r->t->name, msg, r->ck->dir);
+      }
+      got = weft_crc32c(got, buf + bs + at, m);
+    }
     if (got != r->c->crc[b]) return bad_crc(r, b, got);
   }
   return WEFT_OK;

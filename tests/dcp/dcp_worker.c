@@ -794,6 +794,42 @@ static void case_sd_opts(void) {
   int64_t st1 = -1;
   WOK(weft_optimizer_get_param_step(B.opt, "output.weight", &st1));
   WCHECK(st1 == 1, "broadcast step %" PRId64, st1);
+  /* a full, cpu_offload state dict (tensors on rank 0 only) saves through
+   * DCP (rank 0 writes every chunk) and loads into another sharding */
+  {
+    char *dir = path2(arg(2), "offload");
+    WOK(weft_dcp_save(r0, dir, NULL));
+    lmodel C;
+    WREQUIRE(lmodel_make(&C, "fsdp4", SEED + 9), "model C");
+    weft_state_dict *cv = full_sd(&C, NULL);
+    WOK(weft_dcp_load(cv, dir, NULL, NULL));
+    for (int64_t i = 0; i < weft_state_dict_count(views); i++) {
+      weft_sd_entry v, w;
+      WOK(weft_state_dict_get(views, i, &v));
+      if (v.kind != WEFT_SD_DTENSOR) continue;
+      WOK(weft_state_dict_find(cv, v.name, &w));
+      weft_tensor *g = NULL, *h = NULL;
+      WOK(weft_dtensor_full_tensor(v.dtensor, &g));
+      WOK(weft_dtensor_full_tensor(w.dtensor, &h));
+      WCHECK(g && h && weft_tensor_equal(g, h), "offloaded save -> load: '%s' differs", v.name);
+      weft_tensor_destroy(g);
+      weft_tensor_destroy(h);
+    }
+    if (rank0()) {
+      weft_dcp_checkpoint *ck = NULL;
+      WOK(weft_dcp_open(dir, &ck));
+      weft_dcp_tensor_info ti;
+      WOK(weft_dcp_tensor_find(ck, "layers.0.attention.wq.weight", &ti));
+      weft_dcp_chunk_info ci;
+      WOK(weft_dcp_chunk_get(ck, 0, 0, &ci));
+      WCHECK(ci.rank == 0 && !strcmp(ti.layout, "full"), "offloaded: chunk by rank %d, layout %s",
+             ci.rank, ti.layout);
+      weft_dcp_close(ck);
+    }
+    weft_state_dict_destroy(cv);
+    lmodel_free(&C);
+    free(dir);
+  }
   /* set from views of another mesh (A's DTensors on 2x2 into B on fsdp4:
    * gathered and sliced) and from a plain full state dict, locally */
   WOK(weft_set_model_state_dict(B.m, views, NULL, NULL, NULL));
@@ -1307,6 +1343,42 @@ static void case_corrupt(void) {
     free(vd);
     weft_state_dict_destroy(s3);
     weft_state_dict_destroy(s2);
+  }
+  /* a group: each rank saves and loads alone, on its own 1-rank mesh */
+  {
+    int one = 1;
+    const char *nm[1] = {"self"};
+    weft_mesh *self = NULL;
+    WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, nm, &self));
+    weft_state_dict *g = NULL, *h = NULL;
+    WOK(weft_state_dict_create(&g));
+    WOK(weft_state_dict_add_tensor(g, "mine", reference(0, 100 + (uint64_t)weft_world_rank()),
+                                   WEFT_LOCAL_TAKE));
+    weft_dcp_opts o = WEFT_DCP_OPTS_INIT;
+    o.group = self;
+    char gd[64];
+    snprintf(gd, sizeof gd, "group.%d", weft_world_rank());
+    char *gdir = path2(base, gd);
+    WOK(weft_dcp_save(g, gdir, &o));
+    weft_dcp_checkpoint *ck = NULL;
+    WOK(weft_dcp_open(gdir, &ck));
+    weft_dcp_info info = {0};
+    WOK(weft_dcp_get_info(ck, &info));
+    WCHECK(info.world_size == 1, "group save: world size %d", info.world_size);
+    weft_dcp_close(ck);
+    WOK(weft_state_dict_create(&h));
+    int64_t sh[2] = {13, 7};
+    weft_tensor *z = NULL;
+    WOK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, 2, sh, &z));
+    WOK(weft_state_dict_add_tensor(h, "mine", z, WEFT_LOCAL_TAKE));
+    WOK(weft_dcp_load(h, gdir, &o, NULL));
+    weft_tensor *want = reference(0, 100 + (uint64_t)weft_world_rank());
+    WCHECK(weft_tensor_equal(z, want), "group load differs");
+    weft_tensor_destroy(want);
+    weft_state_dict_destroy(g);
+    weft_state_dict_destroy(h);
+    free(gdir);
+    WOK(weft_mesh_destroy(self));
   }
   free(nodir);
   free(good);

@@ -404,7 +404,11 @@ Test(dcp, resume_k_steps_save_load_equals_straight_run_bitwise, .timeout = 200) 
 }
 
 Test(dcp, state_dict_options_full_offload_broadcast_strict, .timeout = 200) {
-  cr_expect_eq(run(4, "sd_opts", NULL, 180), 0);
+  char *d = mktmp("sdopts");
+  const char *a[] = {d, NULL};
+  cr_expect_eq(run(4, "sd_opts", a, 180), 0);
+  rmrf(d);
+  free(d);
 }
 
 /* Runs fault_save with WEFT_DCP_FAULT=spec into dir (passed in the
