@@ -158,6 +158,32 @@ static void attention_destroy(weft_module *m) {
 
 static const nn_ops attention_ops = {attention_forward, attention_backward, attention_destroy};
 
+/* A Linear child (no bias) of a module: name, in -> out features, and the
+ * impl field that keeps it. */
+typedef struct linear_child {
+  const char *n;
+  int64_t in, out;
+  weft_module **slot;
+} linear_child;
+
+/* Creates the n Linear children in order and attaches them to m, setting
+ * each slot (attention's wq/wk/wv/wo, feed-forward's w1/w2/w3). On error the
+ * child being created is freed; those already attached stay owned by m. */
+static weft_status attach_linears(weft_module *m, weft_mesh *mesh, const linear_child *lin, int n,
+                                  float init_std) {
+  for (int i = 0; i < n; i++) {
+    weft_module *c;
+    WEFT_CHECK(nn_linear_new(mesh, lin[i].n, lin[i].in, lin[i].out, init_std, &c));
+    weft_status st = nn_module_attach(m, c);
+    if (st) {
+      weft_module_destroy(c);
+      return st;
+    }
+    *lin[i].slot = c;
+  }
+  return WEFT_OK;
+}
+
 weft_status weft_attention_create(weft_mesh *mesh, const char *name, const weft_llama_config *cfg,
                                   weft_module **out) {
   if (out) *out = NULL;
@@ -178,25 +204,11 @@ weft_status weft_attention_create(weft_mesh *mesh, const char *name, const weft_
   WEFT_CHECK_GOTO(nn_scratch_reserve(&A->sinb, half), st, fail);
   WEFT_CHECK_GOTO(weft_rope_tables(A->cosb.p, A->sinb.p, A->max_seq, A->hd, cfg->rope_theta), st,
                   fail);
-  struct {
-    const char *n;
-    int64_t in, out;
-    weft_module **slot;
-  } lin[4] = {{"wq", A->dim, A->H * A->hd, &A->wq},
-              {"wk", A->dim, A->Hkv * A->hd, &A->wk},
-              {"wv", A->dim, A->Hkv * A->hd, &A->wv},
-              {"wo", A->H * A->hd, A->dim, &A->wo}};
-  for (int i = 0; i < 4; i++) {
-    weft_module *c;
-    WEFT_CHECK_GOTO(nn_linear_new(mesh, lin[i].n, lin[i].in, lin[i].out, cfg->init_std, &c), st,
-                    fail);
-    st = nn_module_attach(m, c);
-    if (st) {
-      weft_module_destroy(c);
-      goto fail;
-    }
-    *lin[i].slot = c;
-  }
+  const linear_child lin[4] = {{"wq", A->dim, A->H * A->hd, &A->wq},
+                                {"wk", A->dim, A->Hkv * A->hd, &A->wk},
+                                {"wv", A->dim, A->Hkv * A->hd, &A->wv},
+                                {"wo", A->H * A->hd, A->dim, &A->wo}};
+  WEFT_CHECK_GOTO(attach_linears(m, mesh, lin, 4, cfg->init_std), st, fail);
   *out = m;
   return WEFT_OK;
 fail:
@@ -279,27 +291,15 @@ weft_status nn_feed_forward_new(weft_mesh *mesh, const char *name, int64_t dim, 
   F->ffn = ffn;
   weft_module *m;
   WEFT_CHECK(nn_module_new(mesh, WEFT_MODULE_FEED_FORWARD, name, &ff_ops, F, &m));
-  struct {
-    const char *n;
-    int64_t in, out;
-    weft_module **slot;
-  } lin[3] = {{"w1", dim, ffn, &F->w1}, {"w2", ffn, dim, &F->w2}, {"w3", dim, ffn, &F->w3}};
-  weft_status st;
-  for (int i = 0; i < 3; i++) {
-    weft_module *c;
-    WEFT_CHECK_GOTO(nn_linear_new(mesh, lin[i].n, lin[i].in, lin[i].out, init_std, &c), st, fail);
-    st = nn_module_attach(m, c);
-    if (st) {
-      weft_module_destroy(c);
-      goto fail;
-    }
-    *lin[i].slot = c;
+  const linear_child lin[3] = {
+      {"w1", dim, ffn, &F->w1}, {"w2", ffn, dim, &F->w2}, {"w3", dim, ffn, &F->w3}};
+  weft_status st = attach_linears(m, mesh, lin, 3, init_std);
+  if (st) {
+    weft_module_destroy(m);
+    return weft_error_trace(st, __func__);
   }
   *out = m;
   return WEFT_OK;
-fail:
-  weft_module_destroy(m);
-  return st;
 }
 
 weft_status weft_feed_forward_create(weft_mesh *mesh, const char *name, int64_t dim,
