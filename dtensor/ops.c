@@ -40,9 +40,13 @@ static bool is_linear_partial(weft_placement p) {
 
 /* Picks the cheapest combination of per-mesh-dim options. For each option
  * set `opts[i][0..nopt[i])`, the cost is plan(a -> a targets) + plan(b -> b
- * targets); combinations whose output mixes Partial ops are skipped. */
+ * targets); combinations whose output mixes Partial ops are skipped. The
+ * chosen option of mesh dim i gives ta[i], tb[i] (the inputs' targets) and
+ * to[i] (the output's placement). */
 static weft_status choose(const weft_dtensor *a, const weft_dtensor *b, int k, opt opts[][MAX_OPTS],
-                          const int *nopt, bool allow_partial, int *best) {
+                          const int *nopt, bool allow_partial, weft_placement *ta_best,
+                          weft_placement *tb_best, weft_placement *to_best) {
+  int best[WEFT_MESH_MAX_DIMS] = {0};
   int64_t total = 1;
   for (int i = 0; i < k; i++) total *= nopt[i];
   if (total > MAX_COMBOS)
@@ -81,6 +85,11 @@ static weft_status choose(const weft_dtensor *a, const weft_dtensor *b, int k, o
   }
   weft_clear_error();
   if (!found) return weft_error(WEFT_ERR_UNSUPPORTED, "no sharding strategy applies");
+  for (int i = 0; i < k; i++) {
+    ta_best[i] = opts[i][best[i]].a;
+    tb_best[i] = opts[i][best[i]].b;
+    to_best[i] = opts[i][best[i]].out;
+  }
   return WEFT_OK;
 }
 
@@ -168,14 +177,8 @@ static weft_status mm(const weft_dtensor *a, const weft_dtensor *b, bool trans_b
     if (is_linear_partial(pb)) opts[i][n++] = (opt){weft_replicate(), pb, pb};
     nopt[i] = n;
   }
-  int best[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(choose(a, b, k, opts, nopt, false, best));
   weft_placement ta[WEFT_MESH_MAX_DIMS], tb[WEFT_MESH_MAX_DIMS], to[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < k; i++) {
-    ta[i] = opts[i][best[i]].a;
-    tb[i] = opts[i][best[i]].b;
-    to[i] = opts[i][best[i]].out;
-  }
+  WEFT_CHECK(choose(a, b, k, opts, nopt, false, ta, tb, to));
   int64_t oshape[WEFT_MAX_DIMS];
   for (int d = 0; d < na - 1; d++) oshape[d] = a->spec.shape[d];
   oshape[na - 1] = b->spec.shape[nb];
@@ -265,14 +268,8 @@ static weft_status elementwise(const weft_dtensor *a, const weft_dtensor *b, boo
     }
     nopt[i] = n;
   }
-  int best[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(choose(a, b, k, opts, nopt, is_add, best));
   weft_placement ta[WEFT_MESH_MAX_DIMS], tb[WEFT_MESH_MAX_DIMS], to[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < k; i++) {
-    ta[i] = opts[i][best[i]].a;
-    tb[i] = opts[i][best[i]].b;
-    to[i] = opts[i][best[i]].out;
-  }
+  WEFT_CHECK(choose(a, b, k, opts, nopt, is_add, ta, tb, to));
   weft_dtensor_spec ospec;
   WEFT_CHECK(dt_spec_with(&a->spec, to, k, &ospec));
   weft_dtensor *ra = NULL, *rb = NULL;
