@@ -28,6 +28,139 @@
       return weft_error(WEFT_ERR_INVALID, "%s is NULL", #p);                  \
   } while (0)
 
+/* --------------------------------------------------------- vector helpers
+ * The elementwise and row loops below run on 4-float vectors (GCC/Clang
+ * vector extensions, the SSE width that every x86-64 has; gcc -O2 leaves
+ * such loops scalar by itself), with the tail of a row done on a padded
+ * vector so that every element goes through the same arithmetic wherever
+ * it sits. Double accumulators stay double (2 lanes each, summed at the
+ * end), as layers.h promises. */
+typedef float vf4 __attribute__((vector_size(16)));
+typedef int32_t vi4 __attribute__((vector_size(16)));
+typedef float vf2 __attribute__((vector_size(8)));
+typedef double vd2 __attribute__((vector_size(16)));
+#define VL 4
+
+static inline vf4 vload(const float *p) {
+  vf4 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void vstore(float *p, vf4 v) { memcpy(p, &v, sizeof v); }
+/* The first n < VL elements of p, the other lanes `pad`. */
+static inline vf4 vload_tail(const float *p, int64_t n, float pad) {
+  vf4 v = {pad, pad, pad, pad};
+  memcpy(&v, p, (size_t)n * sizeof(float));
+  return v;
+}
+static inline void vstore_tail(float *p, vf4 v, int64_t n) {
+  memcpy(p, &v, (size_t)n * sizeof(float));
+}
+static inline vf4 vset(float x) { return (vf4){x, x, x, x}; }
+/* m ? a : b per lane (m from a vector comparison: all ones or zero). */
+static inline vf4 vsel(vi4 m, vf4 a, vf4 b) { return (vf4)((m & (vi4)a) | (~m & (vi4)b)); }
+static inline vf4 vmax(vf4 a, vf4 b) { return vsel(a > b, a, b); }
+static inline float hmax(vf4 v) {
+  float m = v[0];
+  for (int i = 1; i < VL; i++) m = v[i] > m ? v[i] : m;
+  return m;
+}
+/* The two halves of v widened to double. */
+static inline vd2 vlo_d(vf4 v) { return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1), vd2); }
+static inline vd2 vhi_d(vf4 v) { return __builtin_convertvector(__builtin_shufflevector(v, v, 2, 3), vd2); }
+/* Adds the 4 lanes of v, widened to double, into two double accumulators. */
+static inline void vacc_d(vd2 *lo, vd2 *hi, vf4 v) {
+  *lo += vlo_d(v);
+  *hi += vhi_d(v);
+}
+static inline double hsum_d(vd2 lo, vd2 hi) {
+  vd2 s = lo + hi;
+  return s[0] + s[1];
+}
+static inline vf4 vsqrt(vf4 x) {
+#if defined(__SSE__) && defined(__GNUC__) && !defined(__clang__)
+  return __builtin_ia32_sqrtps(x);
+#else
+  for (int i = 0; i < VL; i++) x[i] = sqrtf(x[i]);
+  return x;
+#endif
+}
+
+/* exp on 4 lanes, after Cephes' expf (S. L. Moshier, Cephes Math Library,
+ * expf.c): n = round(x log2 e), r = x - n ln2 with ln2 in two parts (the
+ * first short, so n * C1 is exact), exp(r) = 1 + r + r^2 p(r) with
+ * Cephes' degree-5 p on |r| <= ln2 / 2, then times 2^n as two factors
+ * 2^(n/2) 2^(n - n/2) so that results near overflow and in the denormal
+ * range come out right. Relative error about 1 ulp. x >= 89: +inf;
+ * x <= -104: 0; NaN: NaN. */
+static inline vf4 vexp(vf4 x) {
+  const vf4 lo = vset(-104.0f), hi = vset(89.0f);
+  vi4 nan = x != x;
+  x = vsel(x < lo, lo, x);
+  x = vsel(x > hi, hi, x);
+  x = vsel(nan, vset(0.0f), x);
+  const vf4 magic = vset(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+  vf4 n = (x * vset(1.44269504088896341f) + magic) - magic;
+  vf4 r = x - n * vset(0.693359375f);
+  r = r - n * vset(-2.12194440e-4f);
+  vf4 z = r * r;
+  vf4 p = vset(1.9875691500E-4f);
+  p = p * r + vset(1.3981999507E-3f);
+  p = p * r + vset(8.3334519073E-3f);
+  p = p * r + vset(4.1665795894E-2f);
+  p = p * r + vset(1.6666665459E-1f);
+  p = p * r + vset(5.0000001201E-1f);
+  p = p * z + r + vset(1.0f);
+  vi4 ni = __builtin_convertvector(n, vi4);
+  vi4 n1 = ni >> 1, n2 = ni - n1;
+  vf4 s1 = (vf4)((n1 + 127) << 23), s2 = (vf4)((n2 + 127) << 23);
+  p = p * s1 * s2;
+  return vsel(nan, vset(NAN), p);
+}
+
+/* out[j] = exp(x[j] - sub) * mul for j < n (out may be x). */
+static void row_exp(float *out, const float *x, int64_t n, float sub, float mul) {
+  const vf4 vs = vset(sub), vm = vset(mul);
+  int64_t j = 0;
+  for (; j + VL <= n; j += VL) vstore(out + j, vexp(vload(x + j) - vs) * vm);
+  if (j < n) vstore_tail(out + j, vexp(vload_tail(x + j, n - j, 0.0f) - vs) * vm, n - j);
+}
+
+/* y[j] += x[j] for j < n. */
+static void row_add(float *y, const float *x, int64_t n) {
+  int64_t j = 0;
+  for (; j + VL <= n; j += VL) vstore(y + j, vload(y + j) + vload(x + j));
+  for (; j < n; j++) y[j] += x[j];
+}
+
+/* Row maximum of x[0..n) (n >= 1). */
+static float row_max_of(const float *x, int64_t n) {
+  vf4 m = vset(-INFINITY);
+  int64_t j = 0;
+  for (; j + VL <= n; j += VL) m = vmax(m, vload(x + j));
+  if (j < n) m = vmax(m, vload_tail(x + j, n - j, -INFINITY));
+  return hmax(m);
+}
+
+/* sum_j exp(x[j] - sub) over j < n, accumulated in double; when out is
+ * non-NULL also out[j] = exp(x[j] - sub) * mul (out may be x). */
+static double row_exp_sum(float *out, const float *x, int64_t n, float sub, float mul) {
+  vd2 lo = {0}, hi = {0};
+  const vf4 vs = vset(sub), vm = vset(mul);
+  int64_t j = 0;
+  for (; j + VL <= n; j += VL) {
+    vf4 e = vexp(vload(x + j) - vs);
+    vacc_d(&lo, &hi, e);
+    if (out) vstore(out + j, e * vm);
+  }
+  if (j < n) {
+    vf4 e = vexp(vload_tail(x + j, n - j, -INFINITY) - vs);
+    vacc_d(&lo, &hi, e);
+    if (out) vstore_tail(out + j, e * vm, n - j);
+  }
+  return hsum_d(lo, hi);
+}
+
 /* ------------------------------------------------------------- embedding */
 
 weft_status weft_embedding_forward(float *out, const int32_t *tokens, const float *weight,
@@ -55,11 +188,7 @@ weft_status weft_embedding_backward(float *dweight, const int32_t *tokens, const
     if (tokens[n] < 0 || tokens[n] >= V)
       return weft_error(WEFT_ERR_INVALID, "tokens[%lld] = %d is outside the vocabulary [0, %lld)",
                         (long long)n, tokens[n], (long long)V);
-  for (int64_t n = 0; n < N; n++) {
-    float *dw = dweight + (int64_t)tokens[n] * C;
-    const float *d = dout + n * C;
-    for (int64_t c = 0; c < C; c++) dw[c] += d[c];
-  }
+  for (int64_t n = 0; n < N; n++) row_add(dweight + (int64_t)tokens[n] * C, dout + n * C, C);
   return WEFT_OK;
 }
 
@@ -100,9 +229,7 @@ weft_status weft_embedding_range_backward(float *dweight_local, const int32_t *t
   for (int64_t n = 0; n < N; n++) {
     int64_t r = (int64_t)tokens[n] - v0;
     if (r < 0 || r >= nv) continue;
-    float *dw = dweight_local + r * C;
-    const float *d = dout + n * C;
-    for (int64_t c = 0; c < C; c++) dw[c] += d[c];
+    row_add(dweight_local + r * C, dout + n * C, C);
   }
   return WEFT_OK;
 }
@@ -162,12 +289,22 @@ weft_status weft_rmsnorm_forward(float *out, float *rstd, const float *inp, cons
   if (!(eps >= 0.0f)) return weft_error(WEFT_ERR_INVALID, "eps = %g must be >= 0", (double)eps);
   for (int64_t n = 0; n < N; n++) {
     const float *x = inp + n * C;
-    double ss = 0.0;
-    for (int64_t c = 0; c < C; c++) ss += (double)x[c] * x[c];
+    vd2 lo = {0}, hi = {0};
+    int64_t c = 0;
+    for (; c + VL <= C; c += VL) {
+      vf4 v = vload(x + c);
+      vd2 a = vlo_d(v), b = vhi_d(v);
+      lo += a * a;
+      hi += b * b;
+    }
+    double ss = hsum_d(lo, hi);
+    for (; c < C; c++) ss += (double)x[c] * x[c];
     float r = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
     rstd[n] = r;
     float *y = out + n * C;
-    for (int64_t c = 0; c < C; c++) y[c] = x[c] * r * weight[c];
+    const vf4 vr = vset(r);
+    for (c = 0; c + VL <= C; c += VL) vstore(y + c, vload(x + c) * vr * vload(weight + c));
+    for (; c < C; c++) y[c] = x[c] * r * weight[c];
   }
   return WEFT_OK;
 }
@@ -186,16 +323,34 @@ weft_status weft_rmsnorm_backward(float *dinp, float *dweight, const float *dout
     const float *x = inp + n * C, *dy = dout + n * C;
     float *dx = dinp + n * C;
     float r = rstd[n];
-    double gx = 0.0; /* sum_j g_j x_j with g = dy * w */
-    for (int64_t c = 0; c < C; c++) {
+    const vf4 vr = vset(r);
+    vd2 lo = {0}, hi = {0}; /* sum_j g_j x_j with g = dy * w */
+    int64_t c = 0;
+    for (; c + VL <= C; c += VL) {
+      vf4 xv = vload(x + c), dyv = vload(dy + c);
+      vf4 g = dyv * vload(weight + c);
+      lo += vlo_d(g) * vlo_d(xv);
+      hi += vhi_d(g) * vhi_d(xv);
+      vstore(dweight + c, vload(dweight + c) + dyv * xv * vr);
+    }
+    double gx = hsum_d(lo, hi);
+    for (; c < C; c++) {
       gx += (double)(dy[c] * weight[c]) * x[c];
       dweight[c] += dy[c] * x[c] * r;
     }
     float k = (float)(gx / (double)C) * r * r;
-    if (accumulate_dinp)
-      for (int64_t c = 0; c < C; c++) dx[c] += r * (dy[c] * weight[c] - x[c] * k);
-    else
-      for (int64_t c = 0; c < C; c++) dx[c] = r * (dy[c] * weight[c] - x[c] * k);
+    const vf4 vk = vset(k);
+    c = 0;
+    if (accumulate_dinp) {
+      for (; c + VL <= C; c += VL)
+        vstore(dx + c, vload(dx + c) +
+                           vr * (vload(dy + c) * vload(weight + c) - vload(x + c) * vk));
+      for (; c < C; c++) dx[c] += r * (dy[c] * weight[c] - x[c] * k);
+    } else {
+      for (; c + VL <= C; c += VL)
+        vstore(dx + c, vr * (vload(dy + c) * vload(weight + c) - vload(x + c) * vk));
+      for (; c < C; c++) dx[c] = r * (dy[c] * weight[c] - x[c] * k);
+    }
   }
   return WEFT_OK;
 }
@@ -246,7 +401,18 @@ static weft_status rope_apply(float *out, const float *inp, const float *cosb, c
         int64_t off = ((b * T + t) * NH + h) * hd;
         const float *x = inp + off;
         float *y = out + off;
-        for (int64_t j = 0; j < half; j++) {
+        int64_t j = 0;
+        /* two pairs per vector: y = x * (c0 c0 c1 c1) + swap(x) * (-s0 s0 -s1 s1),
+         * the same products and sums as the scalar form below */
+        const vf4 sg = {-sign, sign, -sign, sign};
+        for (; j + 2 <= half; j += 2) {
+          vf4 xv = vload(x + 2 * j);
+          vf4 cv = {cp[j], cp[j], cp[j + 1], cp[j + 1]};
+          vf4 sv = (vf4){sp[j], sp[j], sp[j + 1], sp[j + 1]} * sg;
+          vf4 sw = __builtin_shufflevector(xv, xv, 1, 0, 3, 2);
+          vstore(y + 2 * j, xv * cv + sw * sv);
+        }
+        for (; j < half; j++) {
           float c = cp[j], s = sign * sp[j];
           float x0 = x[2 * j], x1 = x[2 * j + 1];
           y[2 * j] = x0 * c - x1 * s;
@@ -322,17 +488,13 @@ weft_status weft_attention_forward(float *out, float *lse, const float *q, const
         for (int64_t r = 0; r < nb; r++) {
           float *row = S + r * nk;
           const int64_t valid = t0 + r + 1; /* keys 0..t */
-          float mx = row[0];
-          for (int64_t j = 1; j < valid; j++) mx = row[j] > mx ? row[j] : mx;
-          double sum = 0.0;
-          for (int64_t j = 0; j < valid; j++) {
-            float e = expf(row[j] - mx);
-            row[j] = e;
-            sum += e;
-          }
-          const float inv = (float)(1.0 / sum);
-          for (int64_t j = 0; j < valid; j++) row[j] *= inv;
-          for (int64_t j = valid; j < nk; j++) row[j] = 0.0f;
+          const float mx = row_max_of(row, valid);
+          double sum = row_exp_sum(row, row, valid, mx, 1.0f); /* row = exp(row - mx) */
+          const vf4 inv = vset((float)(1.0 / sum));
+          int64_t j = 0;
+          for (; j + VL <= valid; j += VL) vstore(row + j, vload(row + j) * inv);
+          if (j < valid) vstore_tail(row + j, vload_tail(row + j, valid - j, 0.0f) * inv, valid - j);
+          memset(row + valid, 0, (size_t)(nk - valid) * sizeof(float));
           lb[t0 + r] = mx + (float)log(sum);
         }
         /* O[t0:t0+nb] = P V[0:nk] */
@@ -382,16 +544,33 @@ weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float
         for (int64_t r = 0; r < nb; r++) {
           float *prow = P + r * nk, *drow = dP + r * nk;
           const int64_t valid = t0 + r + 1;
-          const float l = lb[t0 + r];
-          double dsum = 0.0; /* rowsum(P * dP) = dO . O */
-          for (int64_t j = 0; j < valid; j++) {
-            prow[j] = expf(prow[j] - l);
+          const vf4 l = vset(lb[t0 + r]);
+          vd2 lo = {0}, hi = {0}; /* rowsum(P * dP) = dO . O, in double */
+          int64_t j = 0;
+          for (; j + VL <= valid; j += VL) {
+            vf4 pv = vexp(vload(prow + j) - l);
+            vstore(prow + j, pv);
+            vf4 dp = vload(drow + j);
+            lo += vlo_d(pv) * vlo_d(dp);
+            hi += vhi_d(pv) * vhi_d(dp);
+          }
+          double dsum = hsum_d(lo, hi);
+          for (; j < valid; j++) { /* the tail: the same exp, scalar products */
+            vf4 e = vexp(vset(prow[j]) - l);
+            prow[j] = e[0];
             dsum += (double)prow[j] * drow[j];
           }
-          const float d = (float)dsum;
+          const vf4 d = vset((float)dsum), sc = vset(scale);
           /* dS (times the score scale, folded in here) */
-          for (int64_t j = 0; j < valid; j++) drow[j] = prow[j] * (drow[j] - d) * scale;
-          for (int64_t j = valid; j < nk; j++) prow[j] = drow[j] = 0.0f;
+          for (j = 0; j + VL <= valid; j += VL)
+            vstore(drow + j, vload(prow + j) * (vload(drow + j) - d) * sc);
+          if (j < valid)
+            vstore_tail(drow + j,
+                        vload_tail(prow + j, valid - j, 0.0f) *
+                            (vload_tail(drow + j, valid - j, 0.0f) - d) * sc,
+                        valid - j);
+          memset(prow + valid, 0, (size_t)(nk - valid) * sizeof(float));
+          memset(drow + valid, 0, (size_t)(nk - valid) * sizeof(float));
         }
         /* dV[0:nk] += P^T dO[t0:t0+nb] */
         weft_sgemm(true, false, nk, hd, nb, 1.0f, P, nk, dob + t0 * ldq, ldq, 1.0f, dvb, ldk);
@@ -411,9 +590,15 @@ weft_status weft_swiglu_forward(float *out, const float *a, const float *b, int6
   CHECK_PTR(out, n);
   CHECK_PTR(a, n);
   CHECK_PTR(b, n);
-  for (int64_t i = 0; i < n; i++) {
-    float x = a[i];
-    out[i] = x / (1.0f + expf(-x)) * b[i];
+  const vf4 one = vset(1.0f);
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) {
+    vf4 x = vload(a + i);
+    vstore(out + i, x / (one + vexp(-x)) * vload(b + i));
+  }
+  if (i < n) {
+    vf4 x = vload_tail(a + i, n - i, 0.0f);
+    vstore_tail(out + i, x / (one + vexp(-x)) * vload_tail(b + i, n - i, 0.0f), n - i);
   }
   return WEFT_OK;
 }
@@ -426,12 +611,23 @@ weft_status weft_swiglu_backward(float *da, float *db, const float *dout, const 
   CHECK_PTR(dout, n);
   CHECK_PTR(a, n);
   CHECK_PTR(b, n);
-  for (int64_t i = 0; i < n; i++) {
-    float x = a[i], y = b[i], d = dout[i];
-    float s = 1.0f / (1.0f + expf(-x));
-    float silu = x * s;
-    da[i] = d * y * s * (1.0f + x * (1.0f - s));
-    db[i] = d * silu;
+  const vf4 one = vset(1.0f);
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) {
+    vf4 x = vload(a + i), y = vload(b + i), d = vload(dout + i);
+    vf4 s = one / (one + vexp(-x));
+    vf4 silu = x * s;
+    vstore(da + i, d * y * s * (one + x * (one - s)));
+    vstore(db + i, d * silu);
+  }
+  if (i < n) {
+    int64_t m = n - i;
+    vf4 x = vload_tail(a + i, m, 0.0f), y = vload_tail(b + i, m, 0.0f),
+        d = vload_tail(dout + i, m, 0.0f);
+    vf4 s = one / (one + vexp(-x));
+    vf4 silu = x * s;
+    vstore_tail(da + i, d * y * s * (one + x * (one - s)), m);
+    vstore_tail(db + i, d * silu, m);
   }
   return WEFT_OK;
 }
@@ -443,17 +639,23 @@ weft_status weft_residual_forward(float *out, const float *a, const float *b, in
   CHECK_PTR(out, n);
   CHECK_PTR(a, n);
   CHECK_PTR(b, n);
-  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) vstore(out + i, vload(a + i) + vload(b + i));
+  for (; i < n; i++) out[i] = a[i] + b[i];
   return WEFT_OK;
 }
 
 weft_status weft_residual_backward(float *da, float *db, const float *dout, int64_t n) {
   CHECK_SIZES(n);
   CHECK_PTR(dout, n);
-  if (da)
-    for (int64_t i = 0; i < n; i++) da[i] += dout[i];
-  if (db)
-    for (int64_t i = 0; i < n; i++) db[i] += dout[i];
+  float *dst[2] = {da, db};
+  for (int k = 0; k < 2; k++) {
+    float *x = dst[k];
+    if (!x) continue;
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) vstore(x + i, vload(x + i) + vload(dout + i));
+    for (; i < n; i++) x[i] += dout[i];
+  }
   return WEFT_OK;
 }
 
@@ -481,10 +683,8 @@ weft_status weft_cross_entropy_forward(double *loss, float *lse, const float *lo
   double total = 0.0;
   for (int64_t n = 0; n < N; n++) {
     const float *row = logits + n * V;
-    float mx = row[0];
-    for (int64_t j = 1; j < V; j++) mx = row[j] > mx ? row[j] : mx;
-    double sum = 0.0;
-    for (int64_t j = 0; j < V; j++) sum += expf(row[j] - mx);
+    const float mx = row_max_of(row, V);
+    double sum = row_exp_sum(NULL, row, V, mx, 1.0f);
     double l = (double)mx + log(sum);
     if (lse) lse[n] = (float)l;
     total += l - (double)row[targets[n]];
@@ -510,12 +710,8 @@ weft_status weft_cross_entropy_local_max(float *row_max, const float *logits_loc
   CHECK_SIZES(N, nv);
   CHECK_PTR(row_max, N);
   CHECK_PTR(logits_local, N * nv);
-  for (int64_t n = 0; n < N; n++) {
-    const float *row = logits_local + n * nv;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < nv; j++) mx = row[j] > mx ? row[j] : mx;
-    row_max[n] = mx;
-  }
+  for (int64_t n = 0; n < N; n++)
+    row_max[n] = nv > 0 ? row_max_of(logits_local + n * nv, nv) : -INFINITY;
   return WEFT_OK;
 }
 
@@ -540,13 +736,8 @@ weft_status weft_cross_entropy_local_sumexp(float *sumexp, const float *logits_l
   CHECK_PTR(sumexp, N);
   CHECK_PTR(logits_local, N * nv);
   CHECK_PTR(gmax, N);
-  for (int64_t n = 0; n < N; n++) {
-    const float *row = logits_local + n * nv;
-    const float mx = gmax[n];
-    double sum = 0.0;
-    for (int64_t j = 0; j < nv; j++) sum += expf(row[j] - mx);
-    sumexp[n] = (float)sum;
-  }
+  for (int64_t n = 0; n < N; n++)
+    sumexp[n] = (float)row_exp_sum(NULL, logits_local + n * nv, nv, gmax[n], 1.0f);
   return WEFT_OK;
 }
 
@@ -583,8 +774,7 @@ weft_status weft_cross_entropy_backward_local(float *dlogits_local, const float 
   for (int64_t n = 0; n < N; n++) {
     const float *row = logits_local + n * nv;
     float *drow = dlogits_local + n * nv;
-    const float l = lse[n];
-    for (int64_t j = 0; j < nv; j++) drow[j] = scale * expf(row[j] - l);
+    row_exp(drow, row, nv, lse[n], scale); /* drow = exp(row - lse) * scale */
     int64_t t = (int64_t)targets[n] - v0;
     if (t >= 0 && t < nv) drow[t] -= scale;
   }
@@ -620,7 +810,25 @@ weft_status weft_adamw_step(float *param, const float *grad, float *m, float *v,
   const float decay = (float)(1.0 - (double)hp->lr * (double)hp->weight_decay);
   const float one_m_b1 = 1.0f - hp->beta1, one_m_b2 = 1.0f - hp->beta2;
   const float sign = hp->maximize ? -1.0f : 1.0f;
-  for (int64_t i = 0; i < n; i++) {
+  int64_t i = 0;
+  if (!hp->amsgrad) {
+    /* the loop below on 4 lanes, the same operations in the same order */
+    const vf4 vsign = vset(sign), vdecay = vset(decay), vb1 = vset(one_m_b1), vb2 = vset(hp->beta2),
+              v1b2 = vset(one_m_b2), vbc2 = vset(bc2_sqrt), veps = vset(hp->eps),
+              vstep = vset(step_size);
+    for (; i + VL <= n; i += VL) {
+      const vf4 g = vsign * vload(grad + i);
+      vf4 p = vload(param + i) * vdecay;
+      vf4 mi = vload(m + i), vi = vload(v + i);
+      mi = mi + vb1 * (g - mi);
+      vi = vi * vb2 + v1b2 * g * g;
+      vstore(m + i, mi);
+      vstore(v + i, vi);
+      const vf4 denom = vsqrt(vi) / vbc2 + veps;
+      vstore(param + i, p - vstep * (mi / denom));
+    }
+  }
+  for (; i < n; i++) {
     const float g = sign * grad[i];
     float p = param[i] * decay;
     const float mi = m[i] + one_m_b1 * (g - m[i]); /* exp_avg.lerp_(grad, 1 - beta1) */
@@ -670,8 +878,17 @@ weft_status weft_sgd_step(float *param, const float *grad, float *buf, int64_t n
 }
 
 double weft_sumsq(const float *x, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; x && i < n; i++) s += (double)x[i] * x[i];
+  if (!x) return 0.0;
+  vd2 lo = {0}, hi = {0};
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) {
+    vf4 v = vload(x + i);
+    vd2 a = vlo_d(v), b = vhi_d(v);
+    lo += a * a;
+    hi += b * b;
+  }
+  double s = hsum_d(lo, hi);
+  for (; i < n; i++) s += (double)x[i] * x[i];
   return s;
 }
 
@@ -681,5 +898,9 @@ double weft_clip_coef(double total_norm, double max_norm) {
 }
 
 void weft_scale_f32(float *x, int64_t n, float alpha) {
-  for (int64_t i = 0; x && i < n; i++) x[i] *= alpha;
+  if (!x) return;
+  const vf4 a = vset(alpha);
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) vstore(x + i, vload(x + i) * a);
+  for (; i < n; i++) x[i] *= alpha;
 }
