@@ -1,0 +1,195 @@
+#!/usr/bin/python3
+"""One training step of the reference model, weft against PyTorch, in one run.
+
+    /usr/bin/python3 bench/step_torch.py --weft build/bench/weft-bench-step \
+        [--threads N] [--steps S] [--warmup W] CONFIG [CONFIG ...]
+
+For each config (tiny, small: see bench/step.c) this starts weft-bench-step
+in --serve mode, which writes its initial weights and tokens to a
+safetensors file; PyTorch (fp32, this process) starts from the same weights
+and tokens. The model is tests/kernels/torch_reference.py's forward (the
+one PyTorch model of DESIGN.md in this repository), with torch autograd,
+torch.nn.utils.clip_grad_norm_(1.0), torch.optim.AdamW (same
+hyper-parameters as weft; foreach=True, torch's fastest CPU path here) and
+zero_grad(set_to_none=True).
+
+Steps alternate between weft and PyTorch round by round (the order flips
+every round), and every round also times one 2048^3 SGEMM in the weft
+process, so load from other processes hits all three alike. Reported: the
+median step time of each after W warmup rounds, tokens/s, model FLOPs
+utilisation (model FLOPs per step as bench/step.c counts them, divided by
+the step time and by the median SGEMM rate), and the step time ratio
+weft/torch (the median over rounds of the per-round ratio). Both sides use
+N threads: torch.set_num_threads(N), OMP_NUM_THREADS=N and
+OPENBLAS_NUM_THREADS=N for both processes (torch's matmuls go to the same
+OpenBLAS here), and OMP_WAIT_POLICY=PASSIVE unless set (torch's fastest
+setting here, see main()).
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "kernels"))
+
+CONFIGS = {
+    "tiny": dict(dim=256, layers=4, heads=8, kv_heads=8, ffn=688, vocab=256, seq=256, batch=8),
+    "small": dict(dim=768, layers=12, heads=12, kv_heads=12, ffn=2048, vocab=8192, seq=512,
+                  batch=4),
+}
+
+
+class Weft:
+    """weft-bench-step --serve, driven line by line."""
+
+    def __init__(self, binary, config, dump, env):
+        self.p = subprocess.Popen([binary, config, "--serve", "--dump", dump],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                  universal_newlines=True, bufsize=1)
+        ready = self.p.stdout.readline().split()
+        if not ready or ready[0] != "ready":
+            raise RuntimeError("weft-bench-step did not start (got %r)" % ready)
+        self.flops = float(ready[2])
+
+    def ask(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        reply = self.p.stdout.readline().split()
+        if not reply or reply[0] != cmd:
+            raise RuntimeError("weft-bench-step: %r -> %r" % (cmd, reply))
+        return [float(x) for x in reply[1:]]
+
+    def close(self):
+        try:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            pass
+        self.p.wait(timeout=60)
+
+
+class Torch:
+    def __init__(self, torch, ref, path, cfg):
+        st = ref.load_safetensors(path)
+        self.torch = torch
+        self.ref = ref
+        self.inputs = st.pop("inputs").long()
+        self.targets = st.pop("targets").long()
+        self.params = {k: v.float().requires_grad_(True) for k, v in st.items()}
+        self.cfg = cfg
+        self.opt = torch.optim.AdamW(list(self.params.values()), lr=3e-4, betas=(0.9, 0.95),
+                                     eps=1e-8, weight_decay=0.1, foreach=True)
+
+    def step(self):
+        t0 = time.perf_counter()
+        loss = self.ref.forward(self.params, self.cfg, self.inputs, self.targets)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        norm = self.torch.nn.utils.clip_grad_norm_(list(self.params.values()), 1.0)
+        t3 = time.perf_counter()
+        self.opt.step()
+        t4 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        t5 = time.perf_counter()
+        return [t5 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, loss.item(), norm.item()]
+
+
+def run_config(name, args, torch, ref):
+    c = CONFIGS[name]
+    cfg = {"dim": c["dim"], "heads": c["heads"], "kv_heads": c["kv_heads"],
+           "layers": c["layers"]}
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads),
+               OMP_NUM_THREADS=str(args.threads))
+    fd, dump = tempfile.mkstemp(prefix="weft-step-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        weft = Weft(args.weft, name, dump, env)
+        tq = Torch(torch, ref, dump, cfg)
+    finally:
+        os.unlink(dump)
+    rounds = args.warmup + args.steps
+    wt, tt, sg, ratios = [], [], [], []
+    try:
+        for r in range(rounds):
+            if r % 2 == 0:
+                w = weft.ask("step")
+                t = tq.step()
+            else:
+                t = tq.step()
+                w = weft.ask("step")
+            g = weft.ask("sgemm")[0]
+            tag = " (warmup)" if r < args.warmup else ""
+            print("  %s round %d%s: weft %.1f ms (fwd %.1f bwd %.1f clip %.1f adamw %.1f zero "
+                  "%.1f) loss %.6f | torch %.1f ms (fwd %.1f bwd %.1f clip %.1f adamw %.1f zero "
+                  "%.1f) loss %.6f | sgemm %.1f GF/s" % (
+                      (name, r, tag) + tuple(x * 1e3 for x in w[:6]) + (w[6],) +
+                      tuple(x * 1e3 for x in t[:6]) + (t[6], g)), flush=True)
+            if r == 0 and abs(w[6] - t[6]) > 1e-4 * abs(t[6]):
+                print("  warning: first-step losses differ (weft %.9g, torch %.9g)" % (w[6], t[6]))
+            if r >= args.warmup:
+                wt.append(w[0])
+                tt.append(t[0])
+                sg.append(g)
+                ratios.append(w[0] / t[0])
+    finally:
+        weft.close()
+    flops, tokens = weft.flops, c["batch"] * c["seq"]
+    res = dict(name=name, weft=statistics.median(wt), torch=statistics.median(tt),
+               sgemm=statistics.median(sg), ratio=statistics.median(ratios), flops=flops,
+               tokens=tokens)
+    del tq
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True, help="path of weft-bench-step")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps-small", type=int, default=None,
+                    help="timed steps for the small config (default: --steps)")
+    ap.add_argument("configs", nargs="+", choices=sorted(CONFIGS))
+    args = ap.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+    # Idle OpenMP threads sleep instead of spinning: torch's OpenMP workers
+    # otherwise spin against the OpenBLAS threads (and other processes) for
+    # the cores; measured here on the tiny config under load, PASSIVE made
+    # torch's step about 3x faster. Set OMP_WAIT_POLICY to override.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch  # after the thread variables are set
+    import torch_reference as ref
+    torch.set_num_threads(args.threads)
+    print("threads %d (torch.get_num_threads() = %d, OMP_WAIT_POLICY=%s); load average before: %s"
+          % (args.threads, torch.get_num_threads(), os.environ["OMP_WAIT_POLICY"],
+             " ".join("%.2f" % x for x in os.getloadavg())))
+    results = []
+    for name in args.configs:
+        a = argparse.Namespace(**vars(args))
+        if name == "small" and args.steps_small:
+            a.steps = args.steps_small
+        results.append(run_config(name, a, torch, ref))
+    print("load average after: %s" % " ".join("%.2f" % x for x in os.getloadavg()))
+    print()
+    print("%-6s %12s %12s %12s %12s %9s %9s %10s %8s" % (
+        "config", "weft ms", "torch ms", "weft tok/s", "torch tok/s", "weft MFU", "torch MFU",
+        "SGEMM GF/s", "ratio"))
+    for r in results:
+        mfu = lambda t: 100.0 * r["flops"] / t / (r["sgemm"] * 1e9)
+        print("%-6s %12.1f %12.1f %12.0f %12.0f %8.1f%% %8.1f%% %10.1f %8.3f" % (
+            r["name"], r["weft"] * 1e3, r["torch"] * 1e3, r["tokens"] / r["weft"],
+            r["tokens"] / r["torch"], mfu(r["weft"]), mfu(r["torch"]), r["sgemm"], r["ratio"]))
+    print("(model FLOPs/step: %s; ratio = median over rounds of weft/torch step time)" % ", ".join(
+        "%s %.1f GFLOP" % (r["name"], r["flops"] * 1e-9) for r in results))
+    for r in results:
+        print("step time ratio weft/torch (%s): %.3f" % (r["name"], r["ratio"]))
+
+
+if __name__ == "__main__":
+    main()
