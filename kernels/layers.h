@@ -33,7 +33,10 @@
  * - No function here communicates; any rank may call any of them. The
  *   vocab-sharded pieces (embedding range, loss-parallel cross-entropy) are
  *   the local halves of algorithms whose reductions the caller performs.
- * - Not thread-parallel themselves (OpenBLAS may thread the GEMMs).
+ * - Not thread-parallel themselves (OpenBLAS may thread the GEMMs), except
+ *   attention: with the pthreads OpenBLAS set to N > 1 threads it runs its
+ *   (batch, head) pairs on N threads (OpenBLAS at 1 thread meanwhile) and
+ *   returns the same bits as with N = 1 (kernels/cpu/layers.c says how).
  */
 #ifndef WEFT_LAYERS_H
 #define WEFT_LAYERS_H

@@ -9,6 +9,7 @@
 
 #include "kernels.h"
 #include "layers.h"
+#include "weft_config.h"
 
 /* ---------------------------------------------------------------- checks */
 
@@ -610,12 +611,216 @@ int64_t weft_attention_scratch_floats(int64_t T) {
   return 2 * (T < ATT_BLOCK ? T : ATT_BLOCK) * T;
 }
 
+/* ------------------------------------------------- attention's threads
+ * The (batch, head) pairs of attention are independent and each one's
+ * GEMMs are small (64 query rows x at most T keys x hd): OpenBLAS splits
+ * such a GEMM over its threads with a synchronisation per call, which
+ * measured here makes 2-thread attention slower than 1 thread (4x512x12x64
+ * forward 35 -> 45 ms). So when OpenBLAS is the pthreads build and set to
+ * N > 1 threads (OPENBLAS_NUM_THREADS), attention sets it to 1 for the
+ * duration, runs the pairs on N threads of its own (the caller and N - 1
+ * pool workers, started on first use, each with its own scratch block),
+ * and restores N. Every pair is computed exactly as in the serial loop,
+ * so results do not depend on N. One caller at a time uses the pool; a
+ * concurrent caller runs serially. After fork() the child starts a new
+ * pool (the workers do not survive it). */
+#if WEFT_HAVE_BLAS
+#include <cblas.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+#define PAR_MAX 64
+
+typedef void (*par_fn)(void *ctx, int64_t item, float *scratch);
+
+static struct {
+  pthread_mutex_t call; /* held by the caller for a whole job */
+  pthread_mutex_t mu;   /* guards the fields below */
+  pthread_cond_t wake, idle;
+  int nworkers;         /* started workers, ids 1..nworkers */
+  uint64_t gen;         /* job generation */
+  int want;             /* workers 1..want take part in the current job */
+  int busy;             /* of those, still working */
+  par_fn fn;
+  void *ctx;
+  int64_t n;
+  atomic_llong next;    /* next item to take */
+  uint64_t start_gen[PAR_MAX]; /* the generation before the job a worker was started for */
+  float *scratch[PAR_MAX];
+  int64_t scratch_cap[PAR_MAX];
+} par = {.call = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
+         .wake = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER};
+static pthread_once_t par_once = PTHREAD_ONCE_INIT;
+
+static void par_items(par_fn fn, void *ctx, int64_t n, float *scratch) {
+  for (;;) {
+    int64_t i = atomic_fetch_add(&par.next, 1);
+    if (i >= n) break;
+    fn(ctx, i, scratch);
+  }
+}
+
+static void *par_worker(void *arg) {
+  const int id = (int)(intptr_t)arg;
+  pthread_mutex_lock(&par.mu);
+  uint64_t seen = par.start_gen[id]; /* so it joins the job it was started for */
+  for (;;) {
+    while (par.gen == seen) pthread_cond_wait(&par.wake, &par.mu);
+    seen = par.gen;
+    if (id > par.want) continue;
+    par_fn fn = par.fn;
+    void *ctx = par.ctx;
+    int64_t n = par.n;
+    float *scratch = par.scratch[id];
+    pthread_mutex_unlock(&par.mu);
+    par_items(fn, ctx, n, scratch);
+    pthread_mutex_lock(&par.mu);
+    if (--par.busy == 0) pthread_cond_signal(&par.idle);
+  }
+  return NULL;
+}
+
+static void par_prepare(void) {
+  pthread_mutex_lock(&par.call);
+  pthread_mutex_lock(&par.mu);
+}
+static void par_parent(void) {
+  pthread_mutex_unlock(&par.mu);
+  pthread_mutex_unlock(&par.call);
+}
+static void par_child(void) {
+  /* the workers are gone; the scratch blocks stay this process's */
+  par.nworkers = 0;
+  par.want = par.busy = 0;
+  pthread_mutex_unlock(&par.mu);
+  pthread_mutex_unlock(&par.call);
+}
+static void par_init(void) { pthread_atfork(par_prepare, par_parent, par_child); }
+
+/* Threads attention may use: OpenBLAS's setting, when it is the pthreads
+ * build (with the OpenMP build a setting made here would not reach the
+ * pool's threads); else 1. */
+static int par_threads(void) {
+  if (openblas_get_parallel() != 1) return 1;
+  int nt = openblas_get_num_threads();
+  return nt < 1 ? 1 : nt > PAR_MAX ? PAR_MAX : nt;
+}
+
+/* fn(ctx, i, scratch) for i in [0, n) on up to nt threads (this one
+ * included); each thread passes its own scratch of `floats` floats (the
+ * caller's is `own`). Falls back to this thread alone when the pool is
+ * busy or cannot grow. */
+static void par_run(int64_t n, int nt, par_fn fn, void *ctx, float *own, int64_t floats) {
+  if (nt > 1 && n > 1 && pthread_mutex_trylock(&par.call) == 0) {
+    pthread_once(&par_once, par_init);
+    int want = nt - 1 < n - 1 ? nt - 1 : (int)(n - 1);
+    for (int id = 1; id <= want; id++) {
+      if (par.scratch_cap[id] < floats) {
+        float *p = malloc((size_t)(floats > 0 ? floats : 1) * sizeof(float));
+        if (!p) {
+          want = id - 1;
+          break;
+        }
+        free(par.scratch[id]);
+        par.scratch[id] = p;
+        par.scratch_cap[id] = floats;
+      }
+    }
+    pthread_mutex_lock(&par.mu);
+    while (par.nworkers < want) {
+      pthread_t t;
+      par.start_gen[par.nworkers + 1] = par.gen;
+      if (pthread_create(&t, NULL, par_worker, (void *)(intptr_t)(par.nworkers + 1)) != 0) break;
+      pthread_detach(t);
+      par.nworkers++;
+    }
+    if (want > par.nworkers) want = par.nworkers;
+    par.fn = fn;
+    par.ctx = ctx;
+    par.n = n;
+    atomic_store(&par.next, 0);
+    par.want = par.busy = want;
+    par.gen++;
+    pthread_cond_broadcast(&par.wake);
+    pthread_mutex_unlock(&par.mu);
+    par_items(fn, ctx, n, own);
+    pthread_mutex_lock(&par.mu);
+    while (par.busy > 0) pthread_cond_wait(&par.idle, &par.mu);
+    pthread_mutex_unlock(&par.mu);
+    pthread_mutex_unlock(&par.call);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
+}
+
+/* Runs fn over the n items on OpenBLAS's thread count with OpenBLAS at 1
+ * thread meanwhile (see above). */
+static void att_parallel(int64_t n, par_fn fn, void *ctx, float *own, int64_t floats) {
+  const int nt = par_threads();
+  if (nt <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
+    return;
+  }
+  openblas_set_num_threads(1);
+  par_run(n, nt, fn, ctx, own, floats);
+  openblas_set_num_threads(nt);
+}
+#else
+typedef void (*par_fn)(void *ctx, int64_t item, float *scratch);
+static void att_parallel(int64_t n, par_fn fn, void *ctx, float *own, int64_t floats) {
+  (void)floats;
+  for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
+}
+#endif
+
 static weft_status attention_check(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd) {
   CHECK_SIZES(B, T, H, Hkv, hd);
   if (H > 0 && (Hkv == 0 || H % Hkv != 0))
     return weft_error(WEFT_ERR_INVALID, "H = %lld query heads is not a multiple of Hkv = %lld",
                       (long long)H, (long long)Hkv);
   return WEFT_OK;
+}
+
+/* What one (batch, head) item of forward or backward reads and writes. */
+typedef struct att_args {
+  float *out, *lse, *dq, *dk, *dv;
+  const float *q, *k, *v, *dout, *lse_in;
+  int64_t B, T, H, Hkv, hd;
+} att_args;
+
+/* Forward of item (b, h), h a query head. */
+static void att_forward_item(void *ctx, int64_t item, float *scratch) {
+  const att_args *a = ctx;
+  const int64_t T = a->T, H = a->H, hd = a->hd, b = item / H, h = item % H;
+  const float scale = (float)(1.0 / sqrt((double)hd));
+  const int64_t ldq = H * hd, ldk = a->Hkv * hd, group = H / a->Hkv;
+  const int64_t g = h / group;
+  const float *qb = a->q + b * T * ldq + h * hd;
+  const float *kb = a->k + b * T * ldk + g * hd;
+  const float *vb = a->v + b * T * ldk + g * hd;
+  float *ob = a->out + b * T * ldq + h * hd;
+  float *lb = a->lse + (b * H + h) * T;
+  for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+    const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
+    float *S = scratch; /* (nb, nk) */
+    /* S = scale * Q[t0:t0+nb] K[0:nk]^T */
+    weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, S, nk);
+    for (int64_t r = 0; r < nb; r++) {
+      float *row = S + r * nk;
+      const int64_t valid = t0 + r + 1; /* keys 0..t */
+      const float mx = row_max_of(row, valid);
+      double sum = row_exp_sum(row, row, valid, mx, 1.0f); /* row = exp(row - mx) */
+      const vf4 inv = vset((float)(1.0 / sum));
+      int64_t j = 0;
+      for (; j + VL <= valid; j += VL) vstore(row + j, vload(row + j) * inv);
+      if (j < valid) vstore_tail(row + j, vload_tail(row + j, valid - j, 0.0f) * inv, valid - j);
+      memset(row + valid, 0, (size_t)(nk - valid) * sizeof(float));
+      lb[t0 + r] = mx + (float)log(sum);
+    }
+    /* O[t0:t0+nb] = P V[0:nk] */
+    weft_sgemm(false, false, nb, hd, nk, 1.0f, S, nk, vb, ldk, 0.0f, ob + t0 * ldq, ldq);
+  }
 }
 
 weft_status weft_attention_forward(float *out, float *lse, const float *q, const float *k,
@@ -634,38 +839,60 @@ weft_status weft_attention_forward(float *out, float *lse, const float *q, const
       for (int64_t t = 0; t < T; t++) lse[i * T + t] = logf((float)(t + 1));
     return WEFT_OK;
   }
+  att_args a = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .B = B, .T = T, .H = H,
+                .Hkv = Hkv, .hd = hd};
+  att_parallel(B * H, att_forward_item, &a, scratch, weft_attention_scratch_floats(T));
+  return WEFT_OK;
+}
+
+/* Backward of item (b, g), g a kv head: its query heads in order (they
+ * all accumulate into the same dK, dV rows). */
+static void att_backward_item(void *ctx, int64_t item, float *scratch) {
+  const att_args *a = ctx;
+  const int64_t T = a->T, H = a->H, Hkv = a->Hkv, hd = a->hd, b = item / Hkv, g = item % Hkv;
   const float scale = (float)(1.0 / sqrt((double)hd));
   const int64_t ldq = H * hd, ldk = Hkv * hd, group = H / Hkv;
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++) {
-      const int64_t g = h / group;
-      const float *qb = q + b * T * ldq + h * hd;
-      const float *kb = k + b * T * ldk + g * hd;
-      const float *vb = v + b * T * ldk + g * hd;
-      float *ob = out + b * T * ldq + h * hd;
-      float *lb = lse + (b * H + h) * T;
-      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
-        const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
-        float *S = scratch; /* (nb, nk) */
-        /* S = scale * Q[t0:t0+nb] K[0:nk]^T */
-        weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, S, nk);
-        for (int64_t r = 0; r < nb; r++) {
-          float *row = S + r * nk;
-          const int64_t valid = t0 + r + 1; /* keys 0..t */
-          const float mx = row_max_of(row, valid);
-          double sum = row_exp_sum(row, row, valid, mx, 1.0f); /* row = exp(row - mx) */
-          const vf4 inv = vset((float)(1.0 / sum));
-          int64_t j = 0;
-          for (; j + VL <= valid; j += VL) vstore(row + j, vload(row + j) * inv);
-          if (j < valid) vstore_tail(row + j, vload_tail(row + j, valid - j, 0.0f) * inv, valid - j);
-          memset(row + valid, 0, (size_t)(nk - valid) * sizeof(float));
-          lb[t0 + r] = mx + (float)log(sum);
-        }
-        /* O[t0:t0+nb] = P V[0:nk] */
-        weft_sgemm(false, false, nb, hd, nk, 1.0f, S, nk, vb, ldk, 0.0f, ob + t0 * ldq, ldq);
+  const int64_t bs = T < ATT_BLOCK ? T : ATT_BLOCK;
+  for (int64_t h = g * group; h < (g + 1) * group; h++) {
+    const float *qb = a->q + b * T * ldq + h * hd, *dob = a->dout + b * T * ldq + h * hd;
+    const float *kb = a->k + b * T * ldk + g * hd, *vb = a->v + b * T * ldk + g * hd;
+    float *dqb = a->dq + b * T * ldq + h * hd;
+    float *dkb = a->dk + b * T * ldk + g * hd, *dvb = a->dv + b * T * ldk + g * hd;
+    const float *lb = a->lse_in + (b * H + h) * T;
+    for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+      const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
+      float *P = scratch, *dP = scratch + bs * T; /* each (nb, nk) */
+      /* recompute P = exp(scale * Q K^T - lse), zero above the diagonal */
+      weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, P, nk);
+      /* dP = dO V^T */
+      weft_sgemm(false, true, nb, nk, hd, 1.0f, dob + t0 * ldq, ldq, vb, ldk, 0.0f, dP, nk);
+      for (int64_t r = 0; r < nb; r++) {
+        float *prow = P + r * nk, *drow = dP + r * nk;
+        const int64_t valid = t0 + r + 1;
+        row_exp(prow, prow, valid, lb[t0 + r], 1.0f); /* P = exp(S - lse) */
+        /* rowsum(P * dP) = dO . O, in double */
+        const double dsum = row_dot_d(prow, drow, valid);
+        const vf4 d = vset((float)dsum), sc = vset(scale);
+        int64_t j = 0;
+        /* dS (times the score scale, folded in here) */
+        for (; j + VL <= valid; j += VL)
+          vstore(drow + j, vload(prow + j) * (vload(drow + j) - d) * sc);
+        if (j < valid)
+          vstore_tail(drow + j,
+                      vload_tail(prow + j, valid - j, 0.0f) *
+                          (vload_tail(drow + j, valid - j, 0.0f) - d) * sc,
+                      valid - j);
+        memset(prow + valid, 0, (size_t)(nk - valid) * sizeof(float));
+        memset(drow + valid, 0, (size_t)(nk - valid) * sizeof(float));
       }
+      /* dV[0:nk] += P^T dO[t0:t0+nb] */
+      weft_sgemm(true, false, nk, hd, nb, 1.0f, P, nk, dob + t0 * ldq, ldq, 1.0f, dvb, ldk);
+      /* dQ[t0:t0+nb] = dS K[0:nk] */
+      weft_sgemm(false, false, nb, hd, nk, 1.0f, dP, nk, kb, ldk, 0.0f, dqb + t0 * ldq, ldq);
+      /* dK[0:nk] += dS^T Q[t0:t0+nb] */
+      weft_sgemm(true, false, nk, hd, nb, 1.0f, dP, nk, qb + t0 * ldq, ldq, 1.0f, dkb, ldk);
     }
-  return WEFT_OK;
+  }
 }
 
 weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float *dout,
@@ -687,51 +914,9 @@ weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float
     memset(dv, 0, (size_t)(B * T * Hkv * hd) * sizeof(float));
   }
   if (B * T * H * hd == 0) return WEFT_OK;
-  const float scale = (float)(1.0 / sqrt((double)hd));
-  const int64_t ldq = H * hd, ldk = Hkv * hd, group = H / Hkv;
-  const int64_t bs = T < ATT_BLOCK ? T : ATT_BLOCK;
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++) {
-      const int64_t g = h / group;
-      const float *qb = q + b * T * ldq + h * hd, *dob = dout + b * T * ldq + h * hd;
-      const float *kb = k + b * T * ldk + g * hd, *vb = v + b * T * ldk + g * hd;
-      float *dqb = dq + b * T * ldq + h * hd;
-      float *dkb = dk + b * T * ldk + g * hd, *dvb = dv + b * T * ldk + g * hd;
-      const float *lb = lse + (b * H + h) * T;
-      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
-        const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
-        float *P = scratch, *dP = scratch + bs * T; /* each (nb, nk) */
-        /* recompute P = exp(scale * Q K^T - lse), zero above the diagonal */
-        weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, P, nk);
-        /* dP = dO V^T */
-        weft_sgemm(false, true, nb, nk, hd, 1.0f, dob + t0 * ldq, ldq, vb, ldk, 0.0f, dP, nk);
-        for (int64_t r = 0; r < nb; r++) {
-          float *prow = P + r * nk, *drow = dP + r * nk;
-          const int64_t valid = t0 + r + 1;
-          row_exp(prow, prow, valid, lb[t0 + r], 1.0f); /* P = exp(S - lse) */
-          /* rowsum(P * dP) = dO . O, in double */
-          const double dsum = row_dot_d(prow, drow, valid);
-          const vf4 d = vset((float)dsum), sc = vset(scale);
-          int64_t j = 0;
-          /* dS (times the score scale, folded in here) */
-          for (; j + VL <= valid; j += VL)
-            vstore(drow + j, vload(prow + j) * (vload(drow + j) - d) * sc);
-          if (j < valid)
-            vstore_tail(drow + j,
-                        vload_tail(prow + j, valid - j, 0.0f) *
-                            (vload_tail(drow + j, valid - j, 0.0f) - d) * sc,
-                        valid - j);
-          memset(prow + valid, 0, (size_t)(nk - valid) * sizeof(float));
-          memset(drow + valid, 0, (size_t)(nk - valid) * sizeof(float));
-        }
-        /* dV[0:nk] += P^T dO[t0:t0+nb] */
-        weft_sgemm(true, false, nk, hd, nb, 1.0f, P, nk, dob + t0 * ldq, ldq, 1.0f, dvb, ldk);
-        /* dQ[t0:t0+nb] = dS K[0:nk] */
-        weft_sgemm(false, false, nb, hd, nk, 1.0f, dP, nk, kb, ldk, 0.0f, dqb + t0 * ldq, ldq);
-        /* dK[0:nk] += dS^T Q[t0:t0+nb] */
-        weft_sgemm(true, false, nk, hd, nb, 1.0f, dP, nk, qb + t0 * ldq, ldq, 1.0f, dkb, ldk);
-      }
-    }
+  att_args a = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout,
+                .lse_in = lse, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd};
+  att_parallel(B * Hkv, att_backward_item, &a, scratch, weft_attention_scratch_floats(T));
   return WEFT_OK;
 }
 
