@@ -8,10 +8,11 @@
 #
 # Environment: STEP_THREADS (default: the number of CPUs) threads for both
 # sides; STEP_CONFIGS (default "tiny small"); STEP_STEPS (timed rounds, 5),
-# STEP_STEPS_SMALL (3), STEP_WARMUP (1). Prints the per-round times, a
-# table (ms/step, tokens/s, MFU against the OpenBLAS SGEMM rate measured in
-# the same run, ratio) and last `step time ratio weft/torch (small): R`.
-# About 3-5 minutes on 2 idle cores (mostly the small config's steps).
+# STEP_STEPS_SMALL (3), STEP_WARMUP (2: torch's first steps are slow).
+# Prints the per-round times, a table (ms/step, tokens/s, MFU against the
+# OpenBLAS SGEMM rate measured in the same run, ratios) and last
+# `step time ratio weft/torch (small): R`. About 3 minutes on 2 idle cores
+# (mostly the small config's steps); load from other processes stretches it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR="${1:-${WEFT_BUILD_DIR:-build}}"
@@ -30,5 +31,5 @@ echo "weft vs torch training step: $N threads, $(nproc) CPUs, OPENBLAS_CORETYPE=
 echo "uptime: $(uptime)"
 # shellcheck disable=SC2086
 exec /usr/bin/python3 bench/step_torch.py --weft "$BIN" --threads "$N" \
-  --steps "${STEP_STEPS:-5}" --steps-small "${STEP_STEPS_SMALL:-3}" --warmup "${STEP_WARMUP:-1}" \
+  --steps "${STEP_STEPS:-5}" --steps-small "${STEP_STEPS_SMALL:-3}" --warmup "${STEP_WARMUP:-2}" \
   ${STEP_CONFIGS:-tiny small}
