@@ -29,6 +29,7 @@
  * faults, on both sides alike. The bench turns mmap-backed malloc off
  * (mallopt) so those buffers are reused, as a long training run would.
  */
+#include "bench_util.h"
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,16 +94,7 @@ static double max_over_ranks(ctx *x, double v) {
 
 #define MAX_ROUNDS 31
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
-/* Median of v[0..n) (v is reordered). */
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Seconds per call for `iters` calls, slowest rank. */
 static double timed(ctx *x, int c, bool use_weft, int64_t count, int iters) {
@@ -211,13 +203,13 @@ int main(int argc, char **argv) {
         }
         ratios[r] = tms[r] / tws[r];
       }
-      best[0] = median(tws, rounds);
-      best[1] = median(tms, rounds);
+      best[0] = bench_median(tws, rounds);
+      best[1] = bench_median(tms, rounds);
       double factor = c == AR ? 2.0 * (x.n - 1) / x.n : (double)(x.n - 1) / x.n;
       if (x.n == 1) factor = 1.0;
       double bw_w = (double)payload / best[0] * factor / 1e9;
       double bw_m = (double)payload / best[1] * factor / 1e9;
-      double ratio = median(ratios, rounds), ratio_best = fast[1] / fast[0];
+      double ratio = bench_median(ratios, rounds), ratio_best = fast[1] / fast[0];
       double us_per_mib = best[0] * 1e6 / ((double)payload / (1 << 20));
       if (bytes >= (1 << 20) && ratio < min_ratio) min_ratio = ratio;
       if (x.rank == 0) {

@@ -23,6 +23,7 @@
  *   RESULT config=.. mode=.. ranks=.. tokens_per_s=.. step_s=.. peak_bytes=..
  *          rss_bytes=.. loss=.. comm=<dim>:<ag>/<rs>/<ar>/<other>,...
  */
+#include "bench_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,16 +42,7 @@
     }                                                                         \
   } while (0)
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 typedef struct bench_config {
   const char *name;
@@ -189,13 +181,13 @@ int main(int argc, char **argv) {
     if (s == warmup) weft_comm_stats_reset(root);
     make_batch(c, s, row0, rows, in, tgt);
     CHECK(weft_barrier(world, 0, NULL));
-    double t0 = now_s(), norm;
+    double t0 = bench_now_s(), norm;
     CHECK(weft_llama_forward(model, in, tgt, &loss));
     CHECK(weft_llama_backward(model));
     CHECK(weft_clip_grad_norm(model, 1.0, &norm));
     CHECK(weft_optimizer_step(opt));
     CHECK(weft_module_zero_grad(model, false));
-    double dt = max_over(world, now_s() - t0);
+    double dt = max_over(world, bench_now_s() - t0);
     if (s >= warmup) times[s - warmup] = dt;
     if (me == 0)
       printf("  step %d%s: %.3f s, loss %.5f, grad norm %.4f\n", s, s < warmup ? " (warmup)" : "",
@@ -203,7 +195,7 @@ int main(int argc, char **argv) {
   }
   for (int d = 0; d < 2; d++)
     for (int k = 0; k < WEFT_COLL_KIND_COUNT; k++) comm[d][k] = weft_comm_stats(root, d, k);
-  qsort(times, (size_t)steps, sizeof *times, cmp_double);
+  qsort(times, (size_t)steps, sizeof *times, bench_cmp_double);
   double med = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
   double peak = max_over(world, (double)weft_mem_get(WEFT_CPU).peak_bytes);
   struct rusage ru;

@@ -21,6 +21,7 @@
  *
  *     mpiexec -n 2 build/bench/weft-bench-redistribute [--no-mallopt] [SIZE_MIB] [REPS]
  */
+#include "bench_util.h"
 #include <malloc.h>
 #include <math.h>
 #include <mpi.h>
@@ -30,15 +31,7 @@
 
 #include "dtensor.h"
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Slowest rank's time. */
 static double tmax(double t) {
@@ -244,16 +237,16 @@ int main(int argc, char **argv) {
      * machine load), then their median */
     double rw, rc, ri, rd;
     for (int r = 0; r < reps; r++) rr[r] = tm[m * reps + r] / td[m * reps + r];
-    rd = median(rr, reps);
+    rd = bench_median(rr, reps);
     for (int r = 0; r < reps; r++) rr[r] = tm[m * reps + r] / tw[m * reps + r];
-    rw = median(rr, reps);
+    rw = bench_median(rr, reps);
     for (int r = 0; r < reps; r++) rr[r] = tm2[m * reps + r] / tc[m * reps + r];
-    rc = median(rr, reps);
+    rc = bench_median(rr, reps);
     for (int r = 0; r < reps; r++) rr[r] = tm[m * reps + r] / ti[m * reps + r];
-    ri = median(rr, reps);
-    double a = median(&tm[m * reps], reps), a2 = median(&tm2[m * reps], reps);
-    double w = median(&tw[m * reps], reps), c = median(&tc[m * reps], reps),
-           i = median(&ti[m * reps], reps), dd = median(&td[m * reps], reps);
+    ri = bench_median(rr, reps);
+    double a = bench_median(&tm[m * reps], reps), a2 = bench_median(&tm2[m * reps], reps);
+    double w = bench_median(&tw[m * reps], reps), c = bench_median(&tc[m * reps], reps),
+           i = bench_median(&ti[m * reps], reps), dd = bench_median(&td[m * reps], reps);
     if (rc < min_ratio) min_ratio = rc;
     if (rw < min_plain) min_plain = rw;
     if (ri < min_into) min_into = ri;

@@ -36,6 +36,7 @@
  *   quit   -> exits
  * after printing "ready <matmul params> <model FLOPs per step>".
  */
+#include "bench_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,11 +46,6 @@
 #include "nn.h"
 #include "safetensors.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double cpu_s(void) {
   struct timespec ts;
@@ -57,23 +53,7 @@ static double cpu_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
-static double median(const double *v, int n) {
-  double *c = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-  if (!c || n <= 0) {
-    free(c);
-    return NAN;
-  }
-  memcpy(c, v, sizeof(double) * (size_t)n);
-  qsort(c, (size_t)n, sizeof *c, cmp_double);
-  double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
-  free(c);
-  return m;
-}
 
 #define CHECK(x)                                                              \
   do {                                                                        \
@@ -134,9 +114,9 @@ static void sgemm_setup(sgemm_bench *s, int64_t n) {
 
 /* GFLOP/s of one n^3 SGEMM (C = A B). */
 static double sgemm_once(sgemm_bench *s) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   weft_sgemm(false, false, s->n, s->n, s->n, 1.0f, s->a, s->n, s->b, s->n, 0.0f, s->c, s->n);
-  double dt = now_s() - t0;
+  double dt = bench_now_s() - t0;
   return 2.0 * (double)s->n * s->n * s->n / dt * 1e-9;
 }
 
@@ -217,17 +197,17 @@ static void bench_dump(const bench *b, const char *path) {
 
 /* One step; t[0] total, t[1..5] forward, backward, clip, optimizer, zero_grad. */
 static void bench_step(bench *b, double t[6], double *loss, double *norm) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   CHECK(weft_llama_forward(b->model, b->inputs, b->targets, loss));
-  double t1 = now_s();
+  double t1 = bench_now_s();
   CHECK(weft_llama_backward(b->model));
-  double t2 = now_s();
+  double t2 = bench_now_s();
   CHECK(weft_clip_grad_norm(b->model, 1.0, norm));
-  double t3 = now_s();
+  double t3 = bench_now_s();
   CHECK(weft_optimizer_step(b->opt));
-  double t4 = now_s();
+  double t4 = bench_now_s();
   CHECK(weft_module_zero_grad(b->model, false));
-  double t5 = now_s();
+  double t5 = bench_now_s();
   t[0] = t5 - t0;
   t[1] = t1 - t0;
   t[2] = t2 - t1;
@@ -334,14 +314,14 @@ int main(int argc, char **argv) {
       }
     }
     for (int i = 3; i < 6; i++) gf[i] = sgemm_once(&sg);
-    double med = median(ts, steps), sgemm = gf[0];
+    double med = bench_median(ts, steps), sgemm = gf[0];
     for (int i = 1; i < 6; i++) sgemm = gf[i] > sgemm ? gf[i] : sgemm; /* load only lowers it */
     double flops = model_flops(cfg), tokens = (double)cfg->B * cfg->T;
     printf("median step %.1f ms (fwd %.1f bwd %.1f clip %.1f adamw %.1f zero %.1f; CPU time "
            "%.1f ms); %.0f tokens/s\n",
-           med * 1e3, median(ts + steps, steps) * 1e3, median(ts + 2 * steps, steps) * 1e3,
-           median(ts + 3 * steps, steps) * 1e3, median(ts + 4 * steps, steps) * 1e3,
-           median(ts + 5 * steps, steps) * 1e3, median(ts + 6 * steps, steps) * 1e3,
+           med * 1e3, bench_median(ts + steps, steps) * 1e3, bench_median(ts + 2 * steps, steps) * 1e3,
+           bench_median(ts + 3 * steps, steps) * 1e3, bench_median(ts + 4 * steps, steps) * 1e3,
+           bench_median(ts + 5 * steps, steps) * 1e3, bench_median(ts + 6 * steps, steps) * 1e3,
            tokens / med);
     printf("model %.3f GFLOP/step -> %.1f GFLOP/s; SGEMM 2048^3 (best) %.1f GFLOP/s; MFU %.1f%%\n",
            flops * 1e-9, flops / med * 1e-9, sgemm, 100.0 * flops / med * 1e-9 / sgemm);
