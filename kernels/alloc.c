@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "cuda/cuda.h"
 #include "kernels_internal.h"
 
 /* Under AddressSanitizer, poison the block header and the tail padding (the
@@ -61,11 +62,7 @@ weft_status weft_alloc(weft_device dev, size_t bytes, void **out) {
   *out = NULL;
   if ((unsigned)dev >= WEFT_DEVICE_COUNT)
     return weft_error(WEFT_ERR_INVALID, "unknown device %d", (int)dev);
-  if (dev == WEFT_CUDA) {
-    weft_status st = weft_cuda_alloc_(bytes, out);
-    if (st == WEFT_OK) weft_mem_account_alloc_(dev, (int64_t)bytes);
-    return st;
-  }
+  if (dev == WEFT_CUDA) return weft_cuda_malloc(bytes, out); /* counts the bytes itself */
   if (bytes > ((size_t)1 << 46))
     return weft_error(WEFT_ERR_OOM, "refusing a host allocation of %zu bytes", bytes);
   const size_t padded = (bytes + 63) & ~(size_t)63;
@@ -84,8 +81,7 @@ weft_status weft_alloc(weft_device dev, size_t bytes, void **out) {
 void weft_free(void *ptr) {
   if (!ptr) return;
   if (weft_cuda_owns_(ptr)) {
-    size_t bytes = weft_cuda_free_(ptr);
-    weft_mem_account_free_(WEFT_CUDA, (int64_t)bytes);
+    weft_cuda_free(ptr); /* counts the bytes itself */
     return;
   }
   alloc_header *h = (alloc_header *)ptr - 1;

@@ -1,0 +1,61 @@
+/* kernels/cuda/cuda_compat.h — private: what the .cu sources may use, so the
+ * same source compiles two ways:
+ *
+ *   nvcc (the real backend, in libweft_kernels when meson finds CUDA), or
+ *   a host C++ compiler with -DWEFT_CUDA_EMU (the emulator in emu/, which
+ *   runs every block's threads as fibers on the CPU; the test suite checks
+ *   the device kernels against the CPU kernels that way on machines
+ *   without a GPU). Emulated builds rename every weft_cuda_* symbol to
+ *   weft_emu_* (emu_names.h, generated) so both can live in one process.
+ *
+ * Rules for device code (the emulator supports exactly this):
+ * - launches only through WEFT_LAUNCH(kernel, grid, block, smem, stream, ...);
+ * - thread geometry: threadIdx, blockIdx, blockDim, gridDim (x, y, z),
+ *   warpSize (32); blocks of at most 1024 threads;
+ * - __syncthreads(), __syncwarp(); every thread of the block (warp) must
+ *   reach each barrier, or have returned;
+ * - shared memory: static `__shared__ T name[N];` arrays, and dynamic
+ *   memory through WEFT_DYN_SMEM(T, name) (size = the launch's smem bytes,
+ *   16-byte aligned; give each kernel's its own name: CUDA requires one
+ *   type per extern __shared__ name);
+ * - warp shuffles __shfl_sync, __shfl_xor_sync, __shfl_down_sync on
+ *   float, double, int, unsigned with a full mask (0xffffffff), called by
+ *   all 32 lanes;
+ * - atomicAdd on float and double, atomicMax on int and unsigned;
+ * - math: the float functions of <math.h> plus rsqrtf, __expf, __logf,
+ *   __fdividef;
+ * - bf16: __nv_bfloat16 with __float2bfloat16 (round to nearest even) and
+ *   __bfloat162float;
+ * - host API: cudaMalloc/Free, cudaMemcpy(Async), cudaMemset(Async),
+ *   streams, events (record, wait, synchronize, elapsed time),
+ *   cudaGetDeviceCount/SetDevice/GetDevice, cudaPointerGetAttributes,
+ *   cudaMemGetInfo, cudaGetLastError/GetErrorString, and cuBLAS:
+ *   cublasCreate/Destroy/SetStream/SetMathMode, cublasSgemm,
+ *   cublasSgemmStridedBatched, cublasGemmEx, cublasGemmStridedBatchedEx
+ *   (column-major, as the real library).
+ * Anything else is a compile error in one of the two builds.
+ */
+#ifndef WEFT_CUDA_COMPAT_H
+#define WEFT_CUDA_COMPAT_H
+
+#ifdef WEFT_CUDA_EMU
+#include "emu/cuda_emu.h"
+#else
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#endif
+
+#ifdef WEFT_CUDA_EMU
+/* weft_emu_launch_ runs the body for every block and thread (emu/emu.cpp). */
+#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)                               \
+  weft_emu_launch_((grid), (block), (size_t)(smem), (stream),                            \
+                   [=]() { kernel(__VA_ARGS__); })
+#define WEFT_DYN_SMEM(T, name) T *name = (T *)weft_emu_dyn_smem_()
+#else
+#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  kernel<<<(grid), (block), (size_t)(smem), (stream)>>>(__VA_ARGS__)
+#define WEFT_DYN_SMEM(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
+#endif /* WEFT_CUDA_COMPAT_H */
