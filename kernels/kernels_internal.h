@@ -4,6 +4,10 @@
 
 #include "kernels.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 void weft_mem_account_alloc_(weft_device dev, int64_t bytes);
 void weft_mem_account_free_(weft_device dev, int64_t bytes);
 
@@ -15,4 +19,7 @@ weft_status weft_cuda_alloc_(size_t bytes, void **out); /* uncounted block */
 bool weft_cuda_owns_(const void *ptr);                  /* start of a live block? */
 size_t weft_cuda_free_(void *ptr);                      /* returns its requested size */
 
+#ifdef __cplusplus
+}
+#endif
 #endif

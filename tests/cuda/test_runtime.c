@@ -1,0 +1,107 @@
+/* The CUDA runtime layer through the public API (cuda.h): what a program
+ * sees without a GPU (every build here: clear errors, no crash) and, on a
+ * GPU machine, device memory, accounting, the cache, copies and events. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "cuda.h"
+#include "weft_config.h"
+
+static bool have_gpu(void) { return weft_cuda_device_count() > 0; }
+
+Test(cuda_runtime, without_a_gpu_every_entry_fails_clearly) {
+  if (have_gpu()) cr_skip_test("a GPU is visible: the no-GPU paths do not apply");
+  cr_assert_eq(weft_cuda_current_device(), -1);
+  int dev = 7;
+  weft_status st = weft_cuda_init(0, &dev);
+  weft_status want = WEFT_HAVE_CUDA ? WEFT_ERR_NO_DEVICE : WEFT_ERR_UNSUPPORTED;
+  cr_assert_eq(st, want, "%s", weft_last_error());
+  cr_assert(strstr(weft_last_error(), WEFT_HAVE_CUDA ? "no CUDA device" : "without the CUDA") !=
+                NULL,
+            "%s", weft_last_error());
+  void *p = (void *)1;
+  cr_assert_eq(weft_alloc(WEFT_CUDA, 1024, &p), want);
+  cr_assert_null(p);
+  cr_assert_eq(weft_cuda_malloc(64, &p), want);
+  cr_assert_null(p);
+  weft_tensor *t = NULL;
+  int64_t shape[1] = {4};
+  cr_assert_neq(weft_tensor_create(WEFT_F32, WEFT_CUDA, 1, shape, &t), WEFT_OK);
+  cr_assert_null(t);
+  float host[4] = {1, 2, 3, 4};
+  cr_assert_eq(weft_cuda_memcpy(host, host, sizeof host, WEFT_COPY_H2D), want);
+  cr_assert_eq(weft_cuda_synchronize(), want);
+  cr_assert(!weft_cuda_is_device_ptr(host));
+  cr_assert_null(weft_cuda_stream_handle(WEFT_STREAM_COMPUTE));
+  weft_cuda_event *ev = NULL;
+  cr_assert_eq(weft_cuda_event_record(WEFT_STREAM_COMPUTE, &ev), want);
+  cr_assert_null(ev);
+  weft_cuda_cache_stats cs = weft_cuda_cache_get();
+  cr_assert_eq(cs.reserved_bytes, 0);
+  cr_assert_eq(weft_mem_get(WEFT_CUDA).current_bytes, 0);
+  weft_cuda_shutdown(); /* no-op, must not crash */
+  weft_cuda_free(NULL);
+}
+
+Test(cuda_runtime, init_rejects_a_negative_local_rank) {
+  if (!WEFT_HAVE_CUDA) cr_skip_test("CPU-only build");
+  cr_assert_eq(weft_cuda_init(-1, NULL), WEFT_ERR_INVALID);
+}
+
+/* ------------------------------------------------------ on a GPU only */
+
+Test(cuda_runtime, device_memory_accounting_and_cache) {
+  if (!have_gpu()) cr_skip_test("no GPU: %d CUDA devices visible", weft_cuda_device_count());
+  int dev = -1;
+  cr_assert_eq(weft_cuda_init(0, &dev), WEFT_OK, "%s", weft_last_error());
+  cr_assert_eq(dev, 0);
+  cr_assert_eq(weft_cuda_init(0, NULL), WEFT_OK, "idempotent");
+  weft_mem_stats m0 = weft_mem_get(WEFT_CUDA);
+  void *p;
+  cr_assert_eq(weft_alloc(WEFT_CUDA, 3000, &p), WEFT_OK, "%s", weft_last_error());
+  cr_assert(weft_cuda_is_device_ptr(p));
+  cr_assert(weft_cuda_is_device_ptr((char *)p + 2999), "interior pointer");
+  cr_assert_eq(weft_mem_get(WEFT_CUDA).current_bytes, m0.current_bytes + 3000);
+  weft_free(p);
+  cr_assert_eq(weft_mem_get(WEFT_CUDA).current_bytes, m0.current_bytes);
+  weft_cuda_cache_stats s = weft_cuda_cache_get();
+  cr_assert_geq(s.cached_bytes, 3072);
+  void *q;
+  cr_assert_eq(weft_alloc(WEFT_CUDA, 3000, &q), WEFT_OK);
+  cr_assert_eq(q, p, "same class, same stream: reused");
+  cr_assert_eq(weft_cuda_cache_get().hits, s.hits + 1);
+  weft_free(q);
+  cr_assert_eq(weft_cuda_empty_cache(), WEFT_OK);
+  cr_assert_eq(weft_cuda_cache_get().cached_bytes, 0);
+}
+
+Test(cuda_runtime, copies_events_and_tensors) {
+  if (!have_gpu()) cr_skip_test("no GPU: %d CUDA devices visible", weft_cuda_device_count());
+  cr_assert_eq(weft_cuda_init(0, NULL), WEFT_OK, "%s", weft_last_error());
+  int64_t shape[2] = {3, 5};
+  weft_tensor *h, *d, *back;
+  cr_assert_eq(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, shape, &h), WEFT_OK);
+  cr_assert_eq(weft_tensor_fill_normal(h, 3, weft_rng_key("x"), NULL, 0.f, 1.f), WEFT_OK);
+  weft_cuda_event *e0, *e1;
+  cr_assert_eq(weft_cuda_event_record(WEFT_STREAM_COMPUTE, &e0), WEFT_OK);
+  cr_assert_eq(weft_cuda_tensor_to(h, WEFT_CUDA, &d), WEFT_OK, "%s", weft_last_error());
+  cr_assert_eq(d->device, WEFT_CUDA);
+  cr_assert_eq(weft_cuda_tensor_to(d, WEFT_CPU, &back), WEFT_OK, "%s", weft_last_error());
+  cr_assert_eq(weft_cuda_event_record(WEFT_STREAM_COMPUTE, &e1), WEFT_OK);
+  cr_assert_eq(weft_cuda_event_synchronize(e1), WEFT_OK);
+  float ms = -1;
+  cr_assert_eq(weft_cuda_event_elapsed_ms(e0, e1, &ms), WEFT_OK);
+  cr_assert_geq(ms, 0.f);
+  cr_assert(weft_tensor_equal(h, back), "H2D then D2H returns the same bytes");
+  /* a zeroed device tensor via memset */
+  cr_assert_eq(weft_cuda_memset_zero(d->data, weft_tensor_nbytes(d)), WEFT_OK);
+  weft_tensor_destroy(back);
+  cr_assert_eq(weft_cuda_tensor_to(d, WEFT_CPU, &back), WEFT_OK);
+  cr_assert_eq(weft_tensor_get(back, (int64_t[]){2, 4}), 0.0);
+  weft_cuda_event_destroy(e0);
+  weft_cuda_event_destroy(e1);
+  weft_tensor_destroy(back);
+  weft_tensor_destroy(d);
+  weft_tensor_destroy(h);
+  cr_assert_eq(weft_cuda_synchronize(), WEFT_OK);
+}
