@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_comm.h"
 #include "mesh_internal.h"
 
 /* note: MPICH's mpi.h marks the status arguments with access attributes,
@@ -41,25 +42,6 @@ const char *weft_coll_kind_name(weft_coll_kind kind) {
       "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier"};
   return (unsigned)kind < WEFT_COLL_KIND_COUNT ? n[kind] : "?";
 }
-
-#define WORK_INLINE_REQS 2
-
-struct weft_work {
-  weft_mesh *root;
-  mesh_dim *group;
-  weft_fingerprint fp;       /* what was called, for messages */
-  int nreq;
-  MPI_Request *reqs;         /* reqs_inline or malloc'd */
-  MPI_Request reqs_inline[WORK_INLINE_REQS];
-  void *owned;               /* counts/displs MPI reads until completion */
-  MPI_Datatype types[2];     /* chunk datatypes (freed at completion) */
-  int ntypes;
-  void *avg_buf;             /* AVG: divide avg_count elements by the group size */
-  int64_t avg_count;
-  weft_dtype avg_dt;
-  bool async;
-  int64_t bytes;             /* payload, for the wait policy */
-};
 
 /* --------------------------------------------------------------- types */
 
@@ -261,11 +243,29 @@ static weft_status finish(weft_work *w, weft_work **out) {
   return WEFT_OK;
 }
 
+weft_status weft__work_wait_host(weft_work *w) { return work_wait_internal(w); }
+
 weft_status weft_work_wait(weft_work *work) {
   if (!work) return WEFT_OK;
-  weft_status st = work_wait_internal(work);
+  weft_status st = work->dev ? weft__device_work_wait(work) : work_wait_internal(work);
   free(work);
   return st;
+}
+
+weft_status weft__work_test_host(weft_work *work, bool *done) {
+  *done = false;
+  int flag = 0;
+  if (MPI_Testall(work->nreq, work->reqs, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+    weft_status st = weft_error(WEFT_ERR_MPI, "MPI_Testall failed on mesh dim '%s'",
+                                work->group->name);
+    work_abandon(work);
+    *done = true;
+    return st;
+  }
+  if (!flag) return WEFT_OK;
+  work_complete(work);
+  *done = true;
+  return WEFT_OK;
 }
 
 weft_status weft_work_test(weft_work *work, bool *done) {
@@ -275,20 +275,9 @@ weft_status weft_work_test(weft_work *work, bool *done) {
     *done = true;
     return WEFT_OK;
   }
-  int flag = 0;
-  if (MPI_Testall(work->nreq, work->reqs, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-    weft_status st = weft_error(WEFT_ERR_MPI, "MPI_Testall failed on mesh dim '%s'",
-                                work->group->name);
-    work_abandon(work);
-    free(work);
-    *done = true;
-    return st;
-  }
-  if (!flag) return WEFT_OK;
-  work_complete(work);
-  free(work);
-  *done = true;
-  return WEFT_OK;
+  weft_status st = work->dev ? weft__device_work_test(work, done) : weft__work_test_host(work, done);
+  if (*done) free(work);
+  return st;
 }
 
 /* Prepares w for the group; returns the debug-check status. */
@@ -314,6 +303,18 @@ static weft_status begin(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
     return weft_error(WEFT_ERR_MISMATCH, "all_to_all_v on mesh dim '%s': sends %" PRId64
                       " to itself but expects %" PRId64, g->name, pair_send[0], pair_recv[0]);
   return WEFT_OK;
+}
+
+weft_status weft__coll_start(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
+                             weft_coll_kind kind, bool v, weft_dtype dt, int64_t count, int op,
+                             int root, int64_t extra, int64_t payload, const int64_t *pair_send,
+                             const int64_t *pair_recv) {
+  weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), kind, v, dt, count, op, root);
+  fp.extra = extra;
+  weft__account(g, kind, payload);
+  weft_status st = begin(w, mesh, g, &fp, pair_send, pair_recv);
+  w->nreq = 0; /* the caller posts its own work */
+  return st;
 }
 
 /* ------------------------------------------------------------ chunking */
@@ -444,6 +445,16 @@ static weft_status post_flat(weft_work *w, bool bcast, const void *send, void *r
   return WEFT_OK;
 }
 
+/* Device buffers (see mesh.h): after the local checks, a call whose
+ * buffers are device memory goes to device_comm.c (NCCL, or MPI with host
+ * staging); host and device mixed is WEFT_ERR_INVALID naming which. */
+#define DEVICE_ROUTE(a, abytes, b, bbytes, call)                                              \
+  do {                                                                                      \
+    bool on_dev_ = false;                                                                   \
+    WEFT_CHECK(weft__device_route(__func__, #a, (a), (abytes), #b, (b), (bbytes), &on_dev_)); \
+    if (on_dev_) return (call);                                                             \
+  } while (0)
+
 /* ------------------------------------------------------------- public */
 
 weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, void *recv,
@@ -461,6 +472,8 @@ weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, vo
   else if (overlap(send, (size_t)(count * es), recv, (size_t)(n * count * es)))
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv + "
                       "coord * count, coord %d)", g->coord);
+  DEVICE_ROUTE(send, count * es, recv, n * count * es,
+               weft__device_all_gather(mesh, dim, g, send, recv, count, dt, work));
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_GATHER, false, dt,
                                 count, -1, -1);
   weft__account(g, WEFT_COLL_ALL_GATHER, n * count * es);
@@ -503,6 +516,8 @@ weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, 
   else if (overlap(send, (size_t)(mine * es), recv, (size_t)(total * es)))
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv + "
                       "sum(counts[0..coord)))");
+  DEVICE_ROUTE(send, mine * es, recv, total * es,
+               weft__device_all_gather_v(mesh, dim, g, send, recv, counts, dt, work));
   /* MPI reads counts/displs until completion: keep our own copies. */
   void *arr = malloc((size_t)n * 2 * sizeof(int) + 1);
   if (!arr) return weft_error(WEFT_ERR_OOM, "no memory for %d counts", n);
@@ -546,6 +561,8 @@ weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send
     sbuf = MPI_IN_PLACE; /* MPI's in-place: input in recv (n*count), result at its start */
   else if (overlap(send, (size_t)(n * count * es), recv, (size_t)(count * es)))
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv)");
+  DEVICE_ROUTE(send, n * count * es, recv, count * es,
+               weft__device_reduce_scatter(mesh, dim, g, send, recv, count, dt, op, work));
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_REDUCE_SCATTER, false, dt,
                                 count, op, -1);
   weft__account(g, WEFT_COLL_REDUCE_SCATTER, n * count * es);
@@ -574,6 +591,8 @@ weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, vo
   bool in_place = send == recv;
   if (!in_place && overlap(send, (size_t)(count * es), recv, (size_t)(count * es)))
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv)");
+  DEVICE_ROUTE(send, count * es, recv, count * es,
+               weft__device_all_reduce(mesh, dim, g, send, recv, count, dt, op, work));
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_REDUCE, false, dt,
                                 count, op, -1);
   weft__account(g, WEFT_COLL_ALL_REDUCE, count * es);
@@ -600,6 +619,8 @@ weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t co
                       g->size - 1, g->name);
   int64_t es = (int64_t)weft_dtype_size(dt);
   WEFT_CHECK(check_buf(__func__, "buf", buf, count * es));
+  DEVICE_ROUTE(buf, count * es, NULL, 0,
+               weft__device_broadcast(mesh, dim, g, buf, count, dt, root, work));
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_BROADCAST, false, dt,
                                 count, -1, root);
   weft__account(g, WEFT_COLL_BROADCAST, count * es);
@@ -623,6 +644,8 @@ weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, vo
     sbuf = MPI_IN_PLACE;
   else if (overlap(send, (size_t)(n * count * es), recv, (size_t)(n * count * es)))
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv)");
+  DEVICE_ROUTE(send, n * count * es, recv, n * count * es,
+               weft__device_all_to_all(mesh, dim, g, send, recv, count, dt, work));
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_TO_ALL, false, dt,
                                 count, -1, -1);
   weft__account(g, WEFT_COLL_ALL_TO_ALL, n * count * es);
@@ -663,6 +686,9 @@ weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
   WEFT_CHECK(check_buf(__func__, "recv", recv, recv_end * es));
   if (overlap(send, (size_t)(send_end * es), recv, (size_t)(recv_end * es)))
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (all_to_all_v has no in-place form)");
+  DEVICE_ROUTE(send, send_end * es, recv, recv_end * es,
+               weft__device_all_to_all_v(mesh, dim, g, send, send_counts, send_displs, recv,
+                                         recv_counts, recv_displs, dt, work));
   void *arr = malloc((size_t)n * 4 * sizeof(int) + 1);
   if (!arr) return weft_error(WEFT_ERR_OOM, "no memory for %d counts", n);
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_TO_ALL, true, dt, -1,

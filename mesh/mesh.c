@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_comm.h"
 #include "mesh_internal.h"
 
 enum { TAG_ROOT_DIM = 100, TAG_FLAT_DIM = 200 };
@@ -117,6 +118,7 @@ static void comm_free(MPI_Comm *c) {
 
 static void dim_free(mesh_dim *d) {
   if (!d) return;
+  weft__device_dim_free(d); /* NCCL communicator, if one was made */
   comm_free(&d->comm);
   comm_free(&d->ctl);
   free(d->members);

@@ -33,6 +33,9 @@ typedef struct mesh_dim {
   weft_comm_count stats[WEFT_COLL_KIND_COUNT];
   bool broken;                   /* a collective timed out: the group is unusable */
   char broken_msg[192];
+  /* device-buffer collectives (device_comm.c): backend chosen at the first
+   * one on this group, NCCL communicator; NULL until then */
+  struct weft_dev_dim *dev;
 } mesh_dim;
 
 struct weft_mesh {
@@ -110,6 +113,47 @@ weft_status weft__debug_check(mesh_dim *d, const weft_fingerprint *fp,
                               const int64_t *pair_send, const int64_t *pair_recv);
 /* "all_reduce(f32, count 16, sum)" */
 void weft__fingerprint_describe(const weft_fingerprint *fp, char *buf, size_t cap);
+
+/* ----------------------------------------------------- collectives.c */
+
+#define WORK_INLINE_REQS 2
+
+/* An in-flight collective (on the caller's stack while blocking, malloc'd
+ * once handed out). */
+struct weft_work {
+  weft_mesh *root;
+  mesh_dim *group;
+  weft_fingerprint fp;       /* what was called, for messages */
+  int nreq;
+  MPI_Request *reqs;         /* reqs_inline or malloc'd */
+  MPI_Request reqs_inline[WORK_INLINE_REQS];
+  void *owned;               /* counts/displs MPI reads until completion */
+  MPI_Datatype types[2];     /* chunk datatypes (freed at completion) */
+  int ntypes;
+  void *avg_buf;             /* AVG: divide avg_count elements by the group size */
+  int64_t avg_count;
+  weft_dtype avg_dt;
+  bool async;
+  int64_t bytes;             /* payload, for the wait policy */
+  /* device-buffer work (device_comm.c): host staging to finish after the
+   * MPI requests, or an NCCL completion event; NULL for host buffers */
+  struct weft_dev_work *dev;
+};
+
+/* Takes the group's next sequence number, accounts `payload` bytes (as
+ * weft__account) and prepares w (no requests yet); under WEFT_DEBUG
+ * compares fingerprints over the group. The NCCL path of device_comm.c uses
+ * it so that device collectives count, sequence and check like host ones.
+ * extra: the fingerprint's extra word (all_gather_v's counts hash). */
+weft_status weft__coll_start(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
+                             weft_coll_kind kind, bool v, weft_dtype dt, int64_t count, int op,
+                             int root, int64_t extra, int64_t payload, const int64_t *pair_send,
+                             const int64_t *pair_recv);
+/* Waits for w's MPI requests (backoff, timeout) and completes it, as
+ * weft_work_wait does for a host collective, without freeing w. */
+weft_status weft__work_wait_host(weft_work *w);
+/* Non-blocking form; *done as weft_work_test. Does not free w. */
+weft_status weft__work_test_host(weft_work *w, bool *done);
 
 /* ----------------------------------------------------- accounting.c */
 

@@ -1,0 +1,837 @@
+/* Collectives on device buffers: the backend choice per mesh dim, the NCCL
+ * path (WEFT_HAVE_NCCL builds) and the MPI path with host staging. See
+ * device_comm.h for the design and mesh.h for the contract.
+ *
+ * The staged path hands host bounce buffers to the host collective of
+ * collectives.c, keeping the call's layout: when send and recv overlap (the
+ * in-place forms) one bounce buffer covers both at the same relative
+ * offsets, so the host code sees the same in-place call. Only the bytes the
+ * call reads go device -> host, and only those it writes come back.
+ */
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "weft_config.h"
+
+#include "device_comm.h"
+
+#if WEFT_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+/* note: MPICH's mpi.h marks the status arguments with access attributes,
+ * and gcc 12 then flags MPI_STATUSES_IGNORE (a null pointer constant) as
+ * a zero-size region. */
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+
+/* ------------------------------------------------------------ hooks */
+
+static bool real_is_device(const void *p) { return weft_cuda_is_device_ptr(p); }
+static weft_status real_copy(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
+  return weft_cuda_memcpy(dst, src, bytes, kind);
+}
+static int real_device(void) { return weft_cuda_current_device(); }
+
+#define REAL_HOOKS {real_is_device, real_copy, real_device, WEFT_HAVE_NCCL != 0}
+static weft_device_hooks hooks = REAL_HOOKS;
+
+void weft__device_hooks_set(const weft_device_hooks *h) {
+  static const weft_device_hooks real = REAL_HOOKS;
+  hooks = h ? *h : real;
+}
+
+const weft_device_hooks *weft__device_hooks(void) { return &hooks; }
+
+/* ------------------------------------------------------------ state */
+
+struct weft_dev_dim {
+  weft_comm_backend backend;
+  char reason[320];
+#if WEFT_HAVE_NCCL
+  ncclComm_t nccl;
+#endif
+};
+
+typedef struct stage_copy {
+  void *dst;       /* device */
+  const void *src; /* host bounce */
+  size_t bytes;
+} stage_copy;
+
+enum { DW_STAGE = 1, DW_NCCL = 2 };
+
+struct weft_dev_work {
+  int kind;
+  /* staged: bounce buffers and the host -> device copies at completion */
+  void *hb[2];
+  int ncopy;
+  stage_copy *copies;
+#if WEFT_HAVE_NCCL
+  cudaEvent_t done; /* recorded on the comm stream after the NCCL call */
+  ncclComm_t nccl;
+#endif
+  double t0;
+};
+
+/* ------------------------------------------------------------ routing */
+
+weft_status weft__device_route(const char *func, const char *aname, const void *a,
+                               int64_t abytes, const char *bname, const void *b, int64_t bbytes,
+                               bool *device) {
+  *device = false;
+  bool ac = a && abytes > 0, bc = b && bbytes > 0;
+  if (!ac && !bc) return WEFT_OK;
+  bool ad = ac && hooks.is_device(a), bd = bc && hooks.is_device(b);
+  if (ac && bc && ad != bd)
+    return weft_error_at(WEFT_ERR_INVALID, func,
+                         "%s is %s memory but %s is %s memory (a collective takes host buffers "
+                         "or device buffers, not both)",
+                         aname, ad ? "device" : "host", bname, bd ? "device" : "host");
+  *device = ad || bd;
+  return WEFT_OK;
+}
+
+/* ------------------------------------------------------- backend choice */
+
+void weft__comm_facts_local(weft_comm_facts *f) {
+  memset(f, 0, sizeof *f);
+  char name[MPI_MAX_PROCESSOR_NAME + 1] = "";
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  uint64_t h = 1469598103934665603ull;
+  for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+  f->host_hash = h;
+  snprintf(f->host, sizeof f->host, "%s", name);
+  f->device = hooks.device ? hooks.device() : -1;
+  f->world_rank = weft__rt.world_rank;
+  f->have_nccl = hooks.nccl;
+  const char *e = getenv("WEFT_NCCL");
+  f->env_disabled = e && (strcmp(e, "0") == 0 || strcmp(e, "off") == 0 ||
+                          strcmp(e, "false") == 0 || strcmp(e, "no") == 0);
+}
+
+weft_comm_backend weft__comm_backend_choose(int n, const weft_comm_facts *f, char *reason,
+                                            size_t cap) {
+  char tmp[8];
+  if (!reason || !cap) {
+    reason = tmp;
+    cap = sizeof tmp;
+  }
+  reason[0] = 0;
+  int missing = 0, first = -1;
+  for (int i = 0; i < n; i++)
+    if (!f[i].have_nccl && missing++ == 0) first = i;
+  if (missing == n) {
+    snprintf(reason, cap, "this build has no NCCL (WEFT_HAVE_NCCL 0)");
+    return WEFT_COMM_MPI_STAGED;
+  }
+  if (missing) {
+    snprintf(reason, cap, "world rank %d cannot use NCCL (built without it)", f[first].world_rank);
+    return WEFT_COMM_MPI_STAGED;
+  }
+  int off = 0;
+  first = -1;
+  for (int i = 0; i < n; i++)
+    if (f[i].env_disabled && off++ == 0) first = i;
+  if (off == n) {
+    snprintf(reason, cap, "WEFT_NCCL=0 is set");
+    return WEFT_COMM_MPI_STAGED;
+  }
+  if (off) {
+    snprintf(reason, cap, "WEFT_NCCL=0 is set on world rank %d", f[first].world_rank);
+    return WEFT_COMM_MPI_STAGED;
+  }
+  for (int i = 0; i < n; i++)
+    if (f[i].device < 0) {
+      snprintf(reason, cap, "world rank %d has no CUDA device selected (weft_cuda_init)",
+               f[i].world_rank);
+      return WEFT_COMM_MPI_STAGED;
+    }
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++)
+      if (f[i].host_hash == f[j].host_hash && f[i].device == f[j].device) {
+        snprintf(reason, cap, "world ranks %d and %d share GPU %d on node %.64s",
+                 f[i].world_rank, f[j].world_rank, f[i].device, f[i].host);
+        return WEFT_COMM_MPI_STAGED;
+      }
+  snprintf(reason, cap, "%d rank%s on distinct GPUs", n, n == 1 ? "" : "s");
+  return WEFT_COMM_NCCL;
+}
+
+/* Marks g unusable after a control exchange that timed out. */
+static weft_status ctl_timeout(mesh_dim *g, const char *what) {
+  char members[256];
+  weft__format_ranks(g->members, g->size, members, sizeof members);
+  g->broken = true;
+  snprintf(g->broken_msg, sizeof g->broken_msg, "%s timed out", what);
+  return weft_error(WEFT_ERR_TIMEOUT,
+                    "%s on mesh dim '%s' did not complete within %g s (group: world ranks %s): "
+                    "every rank of the dim must make the same device collective",
+                    what, g->name, weft__rt.settings.timeout_s, members);
+}
+
+weft_status weft__comm_id_exchange(mesh_dim *g, void *blob, size_t bytes) {
+  if (!g || !blob) return weft_error(WEFT_ERR_INVALID, "group or blob is NULL");
+  if (bytes == 0 || bytes > INT_MAX)
+    return weft_error(WEFT_ERR_INVALID, "blob of %zu bytes (1..INT_MAX)", bytes);
+  if (g->broken)
+    return weft_error(WEFT_ERR_STATE, "mesh dim '%s' is unusable: %s", g->name, g->broken_msg);
+  if (g->size == 1) return WEFT_OK;
+  MPI_Request req;
+  int rc = MPI_Ibcast(blob, (int)bytes, MPI_BYTE, 0, g->ctl, &req);
+  if (rc != MPI_SUCCESS)
+    return weft_error(WEFT_ERR_MPI, "MPI_Ibcast of the communicator id on mesh dim '%s' failed",
+                      g->name);
+  weft_status st = weft__wait_all(1, &req, weft__rt.settings.timeout_s);
+  if (st == WEFT_ERR_TIMEOUT) return ctl_timeout(g, "the NCCL id exchange");
+  return st ? weft_error_trace(st, __func__) : WEFT_OK;
+}
+
+#if WEFT_HAVE_NCCL
+static weft_status nccl_check(ncclResult_t r, const char *func, const char *call,
+                              const mesh_dim *g) {
+  if (r == ncclSuccess) return WEFT_OK;
+  return weft_error_at(WEFT_ERR_NCCL, func, "%s on mesh dim '%s' failed: %s", call, g->name,
+                       ncclGetErrorString(r));
+}
+
+static weft_status cuda_check(cudaError_t e, const char *func, const char *call,
+                              const mesh_dim *g) {
+  if (e == cudaSuccess) return WEFT_OK;
+  return weft_error_at(WEFT_ERR_CUDA, func, "%s on mesh dim '%s' failed: %s", call, g->name,
+                       cudaGetErrorString(e));
+}
+
+/* The id and whether coordinate 0 could make one. */
+typedef struct id_blob {
+  int32_t ok;
+  char msg[124];
+  ncclUniqueId id;
+} id_blob;
+
+/* Makes g's NCCL communicator; *fallback with a reason when coordinate 0
+ * could not make an id (every rank learns it from the blob). */
+static weft_status nccl_create(mesh_dim *g, bool *fallback) {
+  *fallback = false;
+  id_blob b;
+  memset(&b, 0, sizeof b);
+  if (g->coord == 0) {
+    ncclResult_t r = ncclGetUniqueId(&b.id);
+    b.ok = r == ncclSuccess;
+    if (!b.ok) snprintf(b.msg, sizeof b.msg, "%s", ncclGetErrorString(r));
+  }
+  WEFT_CHECK(weft__comm_id_exchange(g, &b, sizeof b));
+  if (!b.ok) {
+    snprintf(g->dev->reason, sizeof g->dev->reason,
+             "ncclGetUniqueId failed on the dim's coordinate 0: %.120s", b.msg);
+    *fallback = true;
+    return WEFT_OK;
+  }
+  ncclComm_t c = NULL;
+  ncclResult_t r = ncclCommInitRank(&c, g->size, b.id, g->coord);
+  if (r != ncclSuccess) {
+    g->broken = true;
+    snprintf(g->broken_msg, sizeof g->broken_msg, "ncclCommInitRank failed: %.140s",
+             ncclGetErrorString(r));
+    return nccl_check(r, __func__, "ncclCommInitRank", g);
+  }
+  g->dev->nccl = c;
+  return WEFT_OK;
+}
+#endif
+
+weft_status weft__device_backend(mesh_dim *g, weft_comm_backend *out) {
+  *out = WEFT_COMM_UNDECIDED;
+  if (g->dev && g->dev->backend != WEFT_COMM_UNDECIDED) {
+    *out = g->dev->backend;
+    return WEFT_OK;
+  }
+  if (g->broken)
+    return weft_error(WEFT_ERR_STATE, "mesh dim '%s' is unusable: %s", g->name, g->broken_msg);
+  if (!g->dev) {
+    g->dev = calloc(1, sizeof *g->dev);
+    if (!g->dev) return weft_error(WEFT_ERR_OOM, "no memory for mesh dim '%s''s device state",
+                                   g->name);
+  }
+  weft_comm_facts mine;
+  weft__comm_facts_local(&mine);
+  weft_comm_facts *all = calloc((size_t)g->size, sizeof *all);
+  if (!all) return weft_error(WEFT_ERR_OOM, "no memory for %d facts", g->size);
+  MPI_Request req;
+  int rc = MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE,
+                          g->ctl, &req);
+  if (rc != MPI_SUCCESS) {
+    free(all);
+    return weft_error(WEFT_ERR_MPI, "MPI_Iallgather of device facts on mesh dim '%s' failed",
+                      g->name);
+  }
+  weft_status st = weft__wait_all(1, &req, weft__rt.settings.timeout_s);
+  if (st == WEFT_ERR_TIMEOUT) return ctl_timeout(g, "choosing the device backend"); /* leaks all */
+  if (st) {
+    free(all);
+    return weft_error_trace(st, __func__);
+  }
+  weft_comm_backend b = weft__comm_backend_choose(g->size, all, g->dev->reason,
+                                                  sizeof g->dev->reason);
+  free(all);
+#if WEFT_HAVE_NCCL
+  if (b == WEFT_COMM_NCCL) {
+    bool fallback = false;
+    WEFT_CHECK(nccl_create(g, &fallback));
+    if (fallback) b = WEFT_COMM_MPI_STAGED;
+  }
+#else
+  if (b == WEFT_COMM_NCCL) { /* unreachable: hooks.nccl is false without NCCL */
+    snprintf(g->dev->reason, sizeof g->dev->reason, "this build has no NCCL (WEFT_HAVE_NCCL 0)");
+    b = WEFT_COMM_MPI_STAGED;
+  }
+#endif
+  if (b == WEFT_COMM_MPI_STAGED && g->coord == 0) {
+    fprintf(stderr,
+            "weft: mesh dim '%s': NCCL not used (%s); collectives on device buffers go through "
+            "MPI with host staging\n",
+            g->name, g->dev->reason);
+    fflush(stderr);
+  }
+  g->dev->backend = b;
+  *out = b;
+  return WEFT_OK;
+}
+
+weft_comm_backend weft__device_dim_backend(const mesh_dim *g) {
+  return g && g->dev ? g->dev->backend : WEFT_COMM_UNDECIDED;
+}
+
+const char *weft__device_dim_reason(const mesh_dim *g) {
+  return g && g->dev ? g->dev->reason : "";
+}
+
+void weft__device_dim_free(mesh_dim *g) {
+  if (!g || !g->dev) return;
+#if WEFT_HAVE_NCCL
+  if (g->dev->nccl) {
+    if (g->broken)
+      ncclCommAbort(g->dev->nccl);
+    else
+      ncclCommDestroy(g->dev->nccl);
+  }
+#endif
+  free(g->dev);
+  g->dev = NULL;
+}
+
+/* ------------------------------------------------------------ staging */
+
+static struct weft_dev_work *stage_new(int ncopy) {
+  struct weft_dev_work *dw = calloc(1, sizeof *dw);
+  if (!dw) return NULL;
+  dw->kind = DW_STAGE;
+  if (ncopy > 0) {
+    dw->copies = calloc((size_t)ncopy, sizeof *dw->copies);
+    if (!dw->copies) {
+      free(dw);
+      return NULL;
+    }
+  }
+  return dw;
+}
+
+/* Copies the results back (when st is WEFT_OK) and frees dw. After a
+ * timeout MPI may still write the bounce buffers: they are leaked. */
+static weft_status stage_finish(struct weft_dev_work *dw, weft_status st) {
+  weft_status out = st;
+  if (st == WEFT_OK)
+    for (int i = 0; i < dw->ncopy && out == WEFT_OK; i++) {
+      stage_copy *c = &dw->copies[i];
+      if (c->bytes) {
+        out = hooks.copy(c->dst, c->src, c->bytes, WEFT_COPY_H2D);
+        if (out) weft_error_trace(out, "weft: copying a collective's result to the device");
+      }
+    }
+  if (st != WEFT_ERR_TIMEOUT) {
+    free(dw->hb[0]);
+    free(dw->hb[1]);
+  }
+  free(dw->copies);
+  free(dw);
+  return out;
+}
+
+static void stage_add(struct weft_dev_work *dw, void *dst, const void *src, size_t bytes) {
+  dw->copies[dw->ncopy++] = (stage_copy){dst, src, bytes};
+}
+
+/* Host stand-ins for device send (sbytes read) and recv (rspan bytes from
+ * recv); overlapping ranges share one bounce buffer at the same relative
+ * offsets. Copies send's bytes device -> host. Zero-byte buffers map to
+ * NULL. */
+static weft_status stage_pair(struct weft_dev_work *dw, const void *send, size_t sbytes,
+                              void *recv, size_t rspan, const void **hs, void **hr) {
+  bool sc = send && sbytes, rc = recv && rspan;
+  uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+  *hs = NULL;
+  *hr = NULL;
+  if (sc && rc && s < r + rspan && r < s + sbytes) {
+    uintptr_t lo = s < r ? s : r, hi = s + sbytes > r + rspan ? s + sbytes : r + rspan;
+    char *h = malloc(hi - lo);
+    if (!h) return weft_error(WEFT_ERR_OOM, "no memory for a %zu-byte host bounce buffer",
+                              (size_t)(hi - lo));
+    dw->hb[0] = h;
+    *hs = h + (s - lo);
+    *hr = h + (r - lo);
+  } else {
+    if (sc && !(dw->hb[0] = malloc(sbytes)))
+      return weft_error(WEFT_ERR_OOM, "no memory for a %zu-byte host bounce buffer", sbytes);
+    if (rc && !(dw->hb[1] = malloc(rspan)))
+      return weft_error(WEFT_ERR_OOM, "no memory for a %zu-byte host bounce buffer", rspan);
+    *hs = dw->hb[0];
+    *hr = dw->hb[1];
+  }
+  if (sc) WEFT_CHECK(hooks.copy((void *)*hs, send, sbytes, WEFT_COPY_D2H));
+  return WEFT_OK;
+}
+
+/* After the host collective: hand the staging to the async work, or copy
+ * back now (blocking). */
+static weft_status stage_end(struct weft_dev_work *dw, weft_status st, weft_work **work) {
+  if (st) {
+    stage_finish(dw, st);
+    return weft_error_trace(st, "weft: staged device collective");
+  }
+  if (work && *work) {
+    (*work)->dev = dw;
+    return WEFT_OK;
+  }
+  return stage_finish(dw, WEFT_OK);
+}
+
+#define STAGE_NEW(dw, n)                                                             \
+  struct weft_dev_work *dw = stage_new(n);                                           \
+  if (!dw) return weft_error(WEFT_ERR_OOM, "no memory for a staged collective")
+
+#define STAGE_PAIR(dw, send, sbytes, recv, rspan, hs, hr)                            \
+  do {                                                                               \
+    weft_status sp_st_ = stage_pair(dw, send, sbytes, recv, rspan, &hs, &hr);        \
+    if (sp_st_) {                                                                    \
+      stage_finish(dw, WEFT_ERR_INVALID);                                            \
+      return weft_error_trace(sp_st_, __func__);                                     \
+    }                                                                                \
+  } while (0)
+
+/* ------------------------------------------------------------ NCCL path */
+
+#if WEFT_HAVE_NCCL
+static ncclDataType_t nccl_type(weft_dtype dt) {
+  switch (dt) {
+    case WEFT_F32: return ncclFloat32;
+    case WEFT_F64: return ncclFloat64;
+    case WEFT_BF16: return ncclBfloat16;
+    case WEFT_F16: return ncclFloat16;
+    case WEFT_I32: return ncclInt32;
+    case WEFT_I64: return ncclInt64;
+    default: return ncclUint8;
+  }
+}
+
+static ncclRedOp_t nccl_op(weft_reduce_op op) {
+  switch (op) {
+    case WEFT_OP_AVG: return ncclAvg;
+    case WEFT_OP_MAX: return ncclMax;
+    case WEFT_OP_MIN: return ncclMin;
+    default: return ncclSum;
+  }
+}
+
+typedef struct nccl_ctx {
+  cudaStream_t comm, comp;
+  ncclComm_t nc;
+} nccl_ctx;
+
+/* Orders the comm stream after the compute stream's work so far. */
+static weft_status nccl_pre(mesh_dim *g, nccl_ctx *c, const char *func) {
+  c->comp = (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
+  c->comm = (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMM);
+  c->nc = g->dev->nccl;
+  if (!c->comm || !c->comp)
+    return weft_error_at(WEFT_ERR_NO_DEVICE, func,
+                         "device collective on mesh dim '%s' before weft_cuda_init", g->name);
+  cudaEvent_t e;
+  WEFT_CHECK(cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), func,
+                        "cudaEventCreate", g));
+  cudaError_t err = cudaEventRecord(e, c->comp);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(c->comm, e, 0);
+  cudaEventDestroy(e); /* released once the wait passed it */
+  return cuda_check(err, func, "ordering the comm stream after the compute stream", g);
+}
+
+/* After the NCCL call: blocking -> the compute stream waits for it;
+ * async -> a handle holding the completion event. */
+static weft_status nccl_post(weft_work *w, mesh_dim *g, nccl_ctx *c, weft_work **out,
+                             const char *func) {
+  cudaEvent_t done;
+  WEFT_CHECK(cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), func,
+                        "cudaEventCreate", g));
+  cudaError_t err = cudaEventRecord(done, c->comm);
+  if (err != cudaSuccess) {
+    cudaEventDestroy(done);
+    return cuda_check(err, func, "cudaEventRecord on the comm stream", g);
+  }
+  if (!out) {
+    err = cudaStreamWaitEvent(c->comp, done, 0);
+    cudaEventDestroy(done);
+    WEFT_CHECK(cuda_check(err, func, "ordering the compute stream after the collective", g));
+    ncclResult_t ae = ncclSuccess;
+    ncclCommGetAsyncError(c->nc, &ae);
+    return nccl_check(ae, func, "the NCCL communicator", g);
+  }
+  struct weft_dev_work *dw = calloc(1, sizeof *dw);
+  weft_work *h = dw ? malloc(sizeof *h) : NULL;
+  if (!h) {
+    free(dw);
+    cudaStreamWaitEvent(c->comp, done, 0);
+    cudaEventDestroy(done);
+    return weft_error_at(WEFT_ERR_OOM, func,
+                         "no memory for a work handle (the collective is ordered before later "
+                         "compute-stream work)");
+  }
+  dw->kind = DW_NCCL;
+  dw->done = done;
+  dw->nccl = c->nc;
+  dw->t0 = weft__now();
+  *h = *w;
+  h->reqs = h->reqs_inline;
+  h->nreq = 0;
+  h->async = true;
+  h->dev = dw;
+  h->root->inflight++;
+  *out = h;
+  return WEFT_OK;
+}
+
+/* Common prologue of the NCCL branches. */
+#define NCCL_BEGIN(kind, v, cnt, op, rt, extra, payload, ps, pr)                           \
+  weft_work w_;                                                                            \
+  WEFT_CHECK(weft__coll_start(&w_, mesh, g, kind, v, dt, cnt, op, rt, extra, payload, ps,  \
+                              pr));                                                        \
+  nccl_ctx c_;                                                                             \
+  WEFT_CHECK(nccl_pre(g, &c_, __func__))
+
+#define NCCL_CALL(expr, name) WEFT_CHECK(nccl_check((expr), __func__, name, g))
+#define NCCL_END() return nccl_post(&w_, g, &c_, work, __func__)
+
+static weft_status nccl_work_done(weft_work *w) {
+  struct weft_dev_work *dw = w->dev;
+  cudaStream_t comp = (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
+  cudaError_t err = comp ? cudaStreamWaitEvent(comp, dw->done, 0) : cudaSuccess;
+  cudaEventDestroy(dw->done);
+  ncclResult_t ae = ncclSuccess;
+  ncclCommGetAsyncError(dw->nccl, &ae);
+  free(dw);
+  w->dev = NULL;
+  if (w->async) w->root->inflight--;
+  WEFT_CHECK(cuda_check(err, __func__, "ordering the compute stream after the collective",
+                        w->group));
+  return nccl_check(ae, __func__, "the NCCL communicator", w->group);
+}
+#endif
+
+/* ------------------------------------------------------------ works */
+
+weft_status weft__device_work_wait(weft_work *w) {
+  struct weft_dev_work *dw = w->dev;
+  if (dw->kind == DW_STAGE) {
+    w->dev = NULL;
+    weft_status st = weft__work_wait_host(w);
+    return stage_finish(dw, st);
+  }
+#if WEFT_HAVE_NCCL
+  return nccl_work_done(w);
+#else
+  return weft_error(WEFT_ERR_INTERNAL, "NCCL work in a build without NCCL");
+#endif
+}
+
+weft_status weft__device_work_test(weft_work *w, bool *done) {
+  *done = false;
+  struct weft_dev_work *dw = w->dev;
+  if (dw->kind == DW_STAGE) {
+    weft_status st = weft__work_test_host(w, done);
+    if (!*done) return st;
+    w->dev = NULL;
+    return stage_finish(dw, st);
+  }
+#if WEFT_HAVE_NCCL
+  cudaError_t q = cudaEventQuery(dw->done);
+  if (q == cudaSuccess) {
+    *done = true;
+    return nccl_work_done(w);
+  }
+  mesh_dim *g = w->group;
+  ncclResult_t ae = ncclSuccess;
+  ncclCommGetAsyncError(dw->nccl, &ae);
+  double waited = weft__now() - dw->t0;
+  if (q == cudaErrorNotReady && ae == ncclSuccess && waited <= weft__rt.settings.timeout_s)
+    return WEFT_OK;
+  char desc[256];
+  weft__fingerprint_describe(&w->fp, desc, sizeof desc);
+  g->broken = true;
+  *done = true;
+  weft_status st;
+  if (ae != ncclSuccess && ae != ncclInProgress)
+    st = weft_error(WEFT_ERR_NCCL, "%s on mesh dim '%s' failed: %s", desc, g->name,
+                    ncclGetErrorString(ae));
+  else if (q != cudaErrorNotReady)
+    st = weft_error(WEFT_ERR_CUDA, "%s on mesh dim '%s' failed: %s", desc, g->name,
+                    cudaGetErrorString(q));
+  else
+    st = weft_error(WEFT_ERR_TIMEOUT, "%s on mesh dim '%s' did not complete within %g s (NCCL)",
+                    desc, g->name, waited);
+  snprintf(g->broken_msg, sizeof g->broken_msg, "%.160s failed", desc);
+  cudaEventDestroy(dw->done);
+  free(dw);
+  w->dev = NULL;
+  if (w->async) w->root->inflight--;
+  return st;
+#else
+  *done = true;
+  return weft_error(WEFT_ERR_INTERNAL, "NCCL work in a build without NCCL");
+#endif
+}
+
+/* ------------------------------------------------------------ collectives */
+
+#define BACKEND(b) \
+  weft_comm_backend b; \
+  WEFT_CHECK(weft__device_backend(g, &b))
+
+weft_status weft__device_all_gather(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
+                                    void *recv, int64_t count, weft_dtype dt, weft_work **work) {
+  BACKEND(b);
+  size_t es = weft_dtype_size(dt), n = (size_t)g->size, blk = (size_t)count * es;
+#if WEFT_HAVE_NCCL
+  if (b == WEFT_COMM_NCCL) {
+    NCCL_BEGIN(WEFT_COLL_ALL_GATHER, false, count, -1, -1, 0, (int64_t)(n * blk), NULL, NULL);
+    NCCL_CALL(ncclAllGather(send, recv, (size_t)count, nccl_type(dt), c_.nc, c_.comm),
+              "ncclAllGather");
+    NCCL_END();
+  }
+#endif
+  STAGE_NEW(dw, 1);
+  const void *hs;
+  void *hr;
+  STAGE_PAIR(dw, send, blk, recv, n * blk, hs, hr);
+  stage_add(dw, recv, hr, n * blk);
+  return stage_end(dw, weft_all_gather(mesh, dim, hs, hr, count, dt, work), work);
+}
+
+weft_status weft__device_all_gather_v(const weft_mesh *mesh, int dim, mesh_dim *g,
+                                      const void *send, void *recv, const int64_t *counts,
+                                      weft_dtype dt, weft_work **work) {
+  BACKEND(b);
+  size_t es = weft_dtype_size(dt);
+  int64_t total = 0;
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < g->size; i++) {
+    total += counts[i];
+    h = (h ^ (uint64_t)counts[i]) * 1099511628211ull;
+  }
+#if WEFT_HAVE_NCCL
+  if (b == WEFT_COMM_NCCL) {
+    NCCL_BEGIN(WEFT_COLL_ALL_GATHER, true, total, -1, -1, (int64_t)h, total * (int64_t)es, NULL,
+               NULL);
+    NCCL_CALL(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t r = ncclSuccess;
+    int64_t off = 0;
+    for (int i = 0; i < g->size && r == ncclSuccess; i++) {
+      char *dst = (char *)recv + (size_t)off * es;
+      if (counts[i] > 0)
+        r = ncclBroadcast(i == g->coord ? send : dst, dst, (size_t)counts[i], nccl_type(dt), i,
+                          c_.nc, c_.comm);
+      off += counts[i];
+    }
+    ncclResult_t e = ncclGroupEnd();
+    NCCL_CALL(r, "ncclBroadcast");
+    NCCL_CALL(e, "ncclGroupEnd");
+    NCCL_END();
+  }
+#else
+  (void)h;
+#endif
+  STAGE_NEW(dw, 1);
+  const void *hs;
+  void *hr;
+  STAGE_PAIR(dw, send, (size_t)counts[g->coord] * es, recv, (size_t)total * es, hs, hr);
+  stage_add(dw, recv, hr, (size_t)total * es);
+  return stage_end(dw, weft_all_gather_v(mesh, dim, hs, hr, counts, dt, work), work);
+}
+
+weft_status weft__device_reduce_scatter(const weft_mesh *mesh, int dim, mesh_dim *g,
+                                        const void *send, void *recv, int64_t count,
+                                        weft_dtype dt, weft_reduce_op op, weft_work **work) {
+  BACKEND(b);
+  size_t es = weft_dtype_size(dt), n = (size_t)g->size, blk = (size_t)count * es;
+#if WEFT_HAVE_NCCL
+  if (b == WEFT_COMM_NCCL) {
+    NCCL_BEGIN(WEFT_COLL_REDUCE_SCATTER, false, count, op, -1, 0, (int64_t)(n * blk), NULL,
+               NULL);
+    /* weft's in place (send == recv, result at the start) is not NCCL's
+     * (result at block coord): reduce into block coord, then move it. */
+    bool in_place = send == recv;
+    void *dst = in_place ? (char *)recv + (size_t)g->coord * blk : recv;
+    NCCL_CALL(ncclReduceScatter(send, dst, (size_t)count, nccl_type(dt), nccl_op(op), c_.nc,
+                                c_.comm),
+              "ncclReduceScatter");
+    if (in_place && g->coord != 0)
+      WEFT_CHECK(cuda_check(cudaMemcpyAsync(recv, dst, blk, cudaMemcpyDeviceToDevice, c_.comm),
+                            __func__, "cudaMemcpyAsync", g));
+    NCCL_END();
+  }
+#endif
+  STAGE_NEW(dw, 1);
+  const void *hs;
+  void *hr;
+  STAGE_PAIR(dw, send, n * blk, recv, blk, hs, hr);
+  stage_add(dw, recv, hr, blk);
+  return stage_end(dw, weft_reduce_scatter(mesh, dim, hs, hr, count, dt, op, work), work);
+}
+
+weft_status weft__device_all_reduce(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
+                                    void *recv, int64_t count, weft_dtype dt, weft_reduce_op op,
+                                    weft_work **work) {
+  BACKEND(b);
+  size_t bytes = (size_t)count * weft_dtype_size(dt);
+#if WEFT_HAVE_NCCL
+  if (b == WEFT_COMM_NCCL) {
+    NCCL_BEGIN(WEFT_COLL_ALL_REDUCE, false, count, op, -1, 0, (int64_t)bytes, NULL, NULL);
+    NCCL_CALL(ncclAllReduce(send, recv, (size_t)count, nccl_type(dt), nccl_op(op), c_.nc,
+                            c_.comm),
+              "ncclAllReduce");
+    NCCL_END();
+  }
+#endif
+  STAGE_NEW(dw, 1);
+  const void *hs;
+  void *hr;
+  STAGE_PAIR(dw, send, bytes, recv, bytes, hs, hr);
+  stage_add(dw, recv, hr, bytes);
+  return stage_end(dw, weft_all_reduce(mesh, dim, hs, hr, count, dt, op, work), work);
+}
+
+weft_status weft__device_broadcast(const weft_mesh *mesh, int dim, mesh_dim *g, void *buf,
+                                   int64_t count, weft_dtype dt, int root, weft_work **work) {
+  BACKEND(b);
+  size_t bytes = (size_t)count * weft_dtype_size(dt);
+#if WEFT_HAVE_NCCL
+  if (b == WEFT_COMM_NCCL) {
+    NCCL_BEGIN(WEFT_COLL_BROADCAST, false, count, -1, root, 0, (int64_t)bytes, NULL, NULL);
+    NCCL_CALL(ncclBroadcast(buf, buf, (size_t)count, nccl_type(dt), root, c_.nc, c_.comm),
+              "ncclBroadcast");
+    NCCL_END();
+  }
+#endif
+  STAGE_NEW(dw, 1);
+  bool is_root = g->coord == root;
+  /* only the root's data is read; only the others' is written */
+  const void *hs;
+  void *hr;
+  STAGE_PAIR(dw, is_root ? buf : NULL, bytes, buf, bytes, hs, hr);
+  if (!is_root) stage_add(dw, buf, hr, bytes);
+  return stage_end(dw, weft_broadcast(mesh, dim, hr, count, dt, root, work), work);
+}
+
+weft_status weft__device_all_to_all(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
+                                    void *recv, int64_t count, weft_dtype dt, weft_work **work) {
+  BACKEND(b);
+  size_t es = weft_dtype_size(dt), n = (size_t)g->size, blk = (size_t)count * es;
+#if WEFT_HAVE_NCCL
+  if (b == WEFT_COMM_NCCL) {
+    NCCL_BEGIN(WEFT_COLL_ALL_TO_ALL, false, count, -1, -1, 0, (int64_t)(n * blk), NULL, NULL);
+    const char *s = send;
+    void *tmp = NULL;
+    if (send == recv) { /* in place: send from a stream-ordered copy */
+      WEFT_CHECK(cuda_check(cudaMallocAsync(&tmp, n * blk, c_.comm), __func__,
+                            "cudaMallocAsync", g));
+      WEFT_CHECK(cuda_check(cudaMemcpyAsync(tmp, send, n * blk, cudaMemcpyDeviceToDevice,
+                                            c_.comm),
+                            __func__, "cudaMemcpyAsync", g));
+      s = tmp;
+    }
+    NCCL_CALL(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t r = ncclSuccess;
+    for (size_t j = 0; j < n && r == ncclSuccess; j++) {
+      r = ncclSend(s + j * blk, (size_t)count, nccl_type(dt), (int)j, c_.nc, c_.comm);
+      if (r == ncclSuccess)
+        r = ncclRecv((char *)recv + j * blk, (size_t)count, nccl_type(dt), (int)j, c_.nc,
+                     c_.comm);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (tmp) cudaFreeAsync(tmp, c_.comm);
+    NCCL_CALL(r, "ncclSend/ncclRecv");
+    NCCL_CALL(e, "ncclGroupEnd");
+    NCCL_END();
+  }
+#endif
+  STAGE_NEW(dw, 1);
+  const void *hs;
+  void *hr;
+  STAGE_PAIR(dw, send, n * blk, recv, n * blk, hs, hr);
+  stage_add(dw, recv, hr, n * blk);
+  return stage_end(dw, weft_all_to_all(mesh, dim, hs, hr, count, dt, work), work);
+}
+
+weft_status weft__device_all_to_all_v(const weft_mesh *mesh, int dim, mesh_dim *g,
+                                      const void *send, const int64_t *send_counts,
+                                      const int64_t *send_displs, void *recv,
+                                      const int64_t *recv_counts, const int64_t *recv_displs,
+                                      weft_dtype dt, weft_work **work) {
+  BACKEND(b);
+  size_t es = weft_dtype_size(dt);
+  int n = g->size;
+  int64_t stotal = 0, send_end = 0, recv_end = 0;
+  for (int i = 0; i < n; i++) {
+    stotal += send_counts[i];
+    if (send_counts[i] && send_displs[i] + send_counts[i] > send_end)
+      send_end = send_displs[i] + send_counts[i];
+    if (recv_counts[i] && recv_displs[i] + recv_counts[i] > recv_end)
+      recv_end = recv_displs[i] + recv_counts[i];
+  }
+#if WEFT_HAVE_NCCL
+  if (b == WEFT_COMM_NCCL) {
+    NCCL_BEGIN(WEFT_COLL_ALL_TO_ALL, true, -1, -1, -1, 0, stotal * (int64_t)es, send_counts,
+               recv_counts);
+    NCCL_CALL(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t r = ncclSuccess;
+    for (int j = 0; j < n && r == ncclSuccess; j++) {
+      if (send_counts[j] > 0)
+        r = ncclSend((const char *)send + (size_t)send_displs[j] * es, (size_t)send_counts[j],
+                     nccl_type(dt), j, c_.nc, c_.comm);
+      if (r == ncclSuccess && recv_counts[j] > 0)
+        r = ncclRecv((char *)recv + (size_t)recv_displs[j] * es, (size_t)recv_counts[j],
+                     nccl_type(dt), j, c_.nc, c_.comm);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    NCCL_CALL(r, "ncclSend/ncclRecv");
+    NCCL_CALL(e, "ncclGroupEnd");
+    NCCL_END();
+  }
+#else
+  (void)stotal;
+#endif
+  STAGE_NEW(dw, n);
+  const void *hs;
+  void *hr;
+  STAGE_PAIR(dw, send, (size_t)send_end * es, recv, (size_t)recv_end * es, hs, hr);
+  /* only the received pieces come back (gaps in recv stay as they were) */
+  for (int i = 0; i < n; i++)
+    if (recv_counts[i] > 0)
+      stage_add(dw, (char *)recv + (size_t)recv_displs[i] * es,
+                (const char *)hr + (size_t)recv_displs[i] * es, (size_t)recv_counts[i] * es);
+  return stage_end(dw,
+                   weft_all_to_all_v(mesh, dim, hs, send_counts, send_displs, hr, recv_counts,
+                                     recv_displs, dt, work),
+                   work);
+}
