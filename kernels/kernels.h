@@ -23,8 +23,12 @@
  *   size, exactly) and kernel scratch (bf16/f16 gemm); the small tensor
  *   headers come from malloc and are not counted, so views cost 0 bytes.
  * - Dims may be negative (counting from the end) wherever a dim is taken.
- * - Kernels run on CPU tensors; a WEFT_CUDA tensor passed to them fails with
- *   WEFT_ERR_UNSUPPORTED (views of CUDA tensors work: they only move pointers).
+ * - Kernels here run on CPU tensors; a WEFT_CUDA tensor passed to them fails
+ *   with WEFT_ERR_UNSUPPORTED (views of CUDA tensors work: they only move
+ *   pointers). CUDA tensors are made with weft_tensor_create/_zeros on
+ *   WEFT_CUDA (the caching allocator of cuda.h), copied with
+ *   weft_tensor_copy/_clone/weft_cast (contiguous; same dtype across devices,
+ *   f32 <-> bf16 on the device) and computed on with the kernels of cuda.h.
  * - No kernel here communicates; they are all local and any rank may call them.
  */
 #ifndef WEFT_KERNELS_H
@@ -112,8 +116,8 @@ typedef struct weft_tensor {
 /* A new contiguous tensor owning uninitialised storage. shape may contain 0. */
 weft_status weft_tensor_create(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
                                weft_tensor **out);
-/* Same, zero-filled (CPU only until the CUDA backend adds a device memset:
- * a CUDA request fails as weft_alloc does, or with WEFT_ERR_UNSUPPORTED). */
+/* Same, zero-filled (a CUDA tensor by an asynchronous device memset on the
+ * compute stream). */
 weft_status weft_tensor_zeros(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
                               weft_tensor **out);
 /* A non-owning contiguous view of caller memory. data must be aligned to the

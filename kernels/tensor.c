@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda.h"
 #include "kernels.h"
 #include "tensor_internal.h"
 
@@ -237,13 +238,14 @@ weft_status weft_tensor_create(weft_dtype dt, weft_device dev, int ndim, const i
 weft_status weft_tensor_zeros(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
                               weft_tensor **out) {
   WEFT_CHECK(weft_tensor_create(dt, dev, ndim, shape, out));
-  if ((*out)->device != WEFT_CPU) {
-    /* note: device memsets belong to the CUDA backend, which does not exist
-     * yet; a build that can allocate on CUDA must add one here. */
-    weft_tensor_destroy(*out);
-    *out = NULL;
-    return weft_error(WEFT_ERR_UNSUPPORTED, "zero-filling a %s tensor is not implemented",
-                      weft_device_name(dev));
+  if ((*out)->device == WEFT_CUDA) {
+    weft_status st = weft_cuda_memset_zero((*out)->data, weft_tensor_nbytes(*out));
+    if (st != WEFT_OK) {
+      weft_tensor_destroy(*out);
+      *out = NULL;
+      return weft_error_trace(st, __func__);
+    }
+    return WEFT_OK;
   }
   memset((*out)->data, 0, weft_tensor_nbytes(*out));
   return WEFT_OK;
@@ -488,6 +490,30 @@ static void copy_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
   }
 }
 
+/* weft_tensor_copy with a CUDA side: contiguous tensors only; same dtype
+ * (any direction) through weft_cuda_memcpy, f32 <-> bf16 on the device
+ * through the cast kernels. */
+static weft_status copy_device(weft_tensor *dst, const weft_tensor *src) {
+  if (!weft_tensor_is_contiguous(dst) || !weft_tensor_is_contiguous(src))
+    return weft_error(WEFT_ERR_UNSUPPORTED,
+                      "weft_tensor_copy: copies to or from a CUDA tensor need contiguous "
+                      "tensors (clone the strided one on its own device first)");
+  int64_t n = weft_tensor_numel(dst);
+  if (n == 0) return WEFT_OK;
+  if (dst->dtype == src->dtype) {
+    weft_copy_kind kind = src->device == WEFT_CPU   ? WEFT_COPY_H2D
+                          : dst->device == WEFT_CPU ? WEFT_COPY_D2H
+                                                    : WEFT_COPY_D2D;
+    return weft_cuda_memcpy(dst->data, src->data, weft_tensor_nbytes(dst), kind);
+  }
+  /* CAST-BRANCH: f32 <-> bf16 on the device joins with the cast kernels */
+  return weft_error(WEFT_ERR_UNSUPPORTED,
+                    "weft_tensor_copy: %s (%s) -> %s (%s) is not supported with a CUDA side "
+                    "(same dtype, or f32 <-> bf16 on the device)",
+                    weft_dtype_name(src->dtype), weft_device_name(src->device),
+                    weft_dtype_name(dst->dtype), weft_device_name(dst->device));
+}
+
 weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src) {
   WEFT_CHECK(check_tensor(__func__, dst, "dst"));
   WEFT_CHECK(check_tensor(__func__, src, "src"));
@@ -497,6 +523,7 @@ weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src) {
     weft_tensor_describe(src, ds, sizeof ds);
     return weft_error(WEFT_ERR_INVALID, "shape mismatch: dst %s, src %s", dd, ds);
   }
+  if (dst->device == WEFT_CUDA || src->device == WEFT_CUDA) return copy_device(dst, src);
   WEFT_CHECK(check_cpu(__func__, dst, "dst"));
   WEFT_CHECK(check_cpu(__func__, src, "src"));
   if (weft_tensor_numel(dst) == 0) return WEFT_OK;
@@ -516,7 +543,7 @@ weft_status weft_tensor_clone(const weft_tensor *t, weft_tensor **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
   *out = NULL;
   WEFT_CHECK(check_tensor(__func__, t, "tensor"));
-  WEFT_CHECK(check_cpu(__func__, t, "tensor"));
+  if (t->device != WEFT_CUDA) WEFT_CHECK(check_cpu(__func__, t, "tensor"));
   WEFT_CHECK(weft_tensor_create(t->dtype, t->device, t->ndim, t->shape, out));
   weft_status st = weft_tensor_copy(*out, t);
   if (st != WEFT_OK) {
@@ -532,7 +559,7 @@ weft_status weft_cast(const weft_tensor *t, weft_dtype dt, weft_tensor **out) {
   *out = NULL;
   WEFT_CHECK(check_tensor(__func__, t, "tensor"));
   if (!dtype_valid(dt)) return weft_error(WEFT_ERR_INVALID, "invalid dtype %d", (int)dt);
-  WEFT_CHECK(check_cpu(__func__, t, "tensor"));
+  if (t->device != WEFT_CUDA) WEFT_CHECK(check_cpu(__func__, t, "tensor"));
   WEFT_CHECK(weft_tensor_create(dt, t->device, t->ndim, t->shape, out));
   weft_status st = weft_tensor_copy(*out, t);
   if (st != WEFT_OK) {

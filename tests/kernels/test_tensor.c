@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "kernels_testutil.h"
+#include "weft_config.h"
 
 static const weft_dtype all_dtypes[] = {WEFT_F32, WEFT_F64, WEFT_BF16, WEFT_F16,
                                         WEFT_I32, WEFT_I64, WEFT_U8};
@@ -610,11 +611,18 @@ Test(tensor, cuda_views_work_but_cpu_kernels_refuse_them) {
   weft_tensor_describe(n, d, sizeof d);
   cr_expect_str_eq(d, "f32[2, 2] on cuda");
   EXPECT_ERR(weft_tensor_fill(g, 1.0), WEFT_ERR_UNSUPPORTED, "cuda");
-  EXPECT_ERR(weft_tensor_clone(g, &c), WEFT_ERR_UNSUPPORTED, "cuda");
+  /* copies with a CUDA side go to the backend: without weft_cuda_init (or
+   * without the backend) they fail there, naming it */
+  const weft_status no_backend = WEFT_HAVE_CUDA ? WEFT_ERR_NO_DEVICE : WEFT_ERR_UNSUPPORTED;
+  EXPECT_ERR(weft_tensor_clone(g, &c), no_backend, "weft_cuda");
   cr_expect_null(c);
   weft_tensor *h;
   EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, shape, &h));
-  EXPECT_ERR(weft_tensor_copy(h, g), WEFT_ERR_UNSUPPORTED, "src is on cuda");
+  EXPECT_ERR(weft_tensor_copy(h, g), no_backend, "weft_cuda_memcpy");
+  weft_tensor *hn;
+  EXPECT_OK(weft_tensor_narrow(h, 1, 1, 2, &hn));
+  EXPECT_ERR(weft_tensor_copy(hn, n), WEFT_ERR_UNSUPPORTED, "contiguous");
+  weft_tensor_destroy(hn);
   cr_expect(!weft_tensor_equal(h, g));
   weft_tensor_destroy(h);
   weft_tensor_destroy(n);
