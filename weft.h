@@ -5,6 +5,7 @@
 #include "status.h"
 #include "kernels.h"
 #include "layers.h"
+#include "cuda.h"
 #include "mesh.h"
 #include "dtensor.h"
 #include "nn.h"
