@@ -47,8 +47,57 @@
  *   other dims keep working;
  * - one thread at a time per mesh (counters and sequence numbers are not
  *   atomic).
- * - Buffers are host memory. (Device memory and NCCL on CUDA builds are not
- *   implemented yet.)
+ * - Buffers are host memory or device memory (kernels/cuda/cuda.h), see
+ *   below.
+ *
+ * Device buffers. A collective whose buffers are device memory
+ * (weft_cuda_is_device_ptr of send and recv) runs on them directly:
+ * - All buffers of one call are host memory or all device memory; a call
+ *   that mixes them is WEFT_ERR_INVALID (local, "send is device memory but
+ *   recv is host memory"). An empty buffer (0 bytes or NULL) does not count.
+ *   Every rank of the dim passes device buffers, or none does (else the
+ *   ranks that do wait for the others and fail with WEFT_ERR_TIMEOUT).
+ * - Backend: chosen per mesh dim (and per flattened dim) at its first
+ *   device collective, identically on every rank of the dim from facts
+ *   all-gathered over the dim: NCCL (one communicator per dim, made then
+ *   from an id broadcast by the dim's coordinate 0, ncclCommInitRank),
+ *   unless the build has no NCCL (WEFT_HAVE_NCCL 0 in weft_config.h),
+ *   WEFT_NCCL=0 (or off/false/no) is set on some rank, a rank has no device
+ *   (weft_cuda_init not called), or two ranks of the dim on one node use
+ *   the same device ordinal (NCCL refuses duplicate GPUs). Then the call
+ *   goes through the MPI collective above with host staging (device ->
+ *   host bounce buffer, MPI, host -> device, with weft_cuda_memcpy on the
+ *   compute stream), and the dim's coordinate 0 prints once to stderr:
+ *   "weft: mesh dim 'dp': NCCL not used (world ranks 0 and 1 share GPU 0
+ *   on node x); collectives on device buffers go through MPI with host
+ *   staging".
+ * - NCCL ordering: the call runs on the communication stream
+ *   (WEFT_STREAM_COMM) after an event recorded on the compute stream
+ *   (WEFT_STREAM_COMPUTE), so it sees every kernel queued before it there.
+ *   Blocking (work == NULL): the compute stream then waits (on the device)
+ *   for an event recorded after the NCCL call; the host does not wait, so
+ *   the result is ready for later compute-stream work, and for the host
+ *   after weft_cuda_synchronize. Async: the work handle holds that event;
+ *   weft_work_wait makes the compute stream wait for it (no host block,
+ *   never hangs); weft_work_test polls the event and fails with
+ *   WEFT_ERR_TIMEOUT after WEFT_TIMEOUT seconds (the dim is then unusable)
+ *   or WEFT_ERR_NCCL on an NCCL async error (ncclCommGetAsyncError).
+ *   Buffers must stay untouched until the compute stream passed the wait.
+ * - Staged ordering: the device -> host copy waits for the compute stream
+ *   at the call, and the host -> device copy lands on the compute stream
+ *   when the call (blocking) or weft_work_wait/test (async) completes; the
+ *   MPI part waits with the usual backoff and timeout.
+ * - Same contracts as for host buffers otherwise: arguments, in-place
+ *   forms, WEFT_DEBUG fingerprints, sequence numbers and comm accounting
+ *   count a device collective exactly like a host one. NCCL dtypes: f32,
+ *   f64, bf16, f16, i32, i64, u8; ops sum, avg (ncclAvg: floats multiply
+ *   by 1/n before summing, so they may differ from the host's sum-then-
+ *   divide in the last bit; integers divide after, truncating), max, min.
+ *   all_gather_v is a group of ncclBroadcast, all_to_all(_v) a group of
+ *   ncclSend/ncclRecv (in-place all_to_all sends from a stream-ordered
+ *   copy); the _v forms keep their int limits.
+ * - Meshes with NCCL communicators free them in weft_mesh_destroy (abort
+ *   after a failure); destroy meshes before weft_cuda_shutdown.
  */
 #ifndef WEFT_MESH_H
 #define WEFT_MESH_H
@@ -209,7 +258,9 @@ const char *weft_coll_kind_name(weft_coll_kind kind);
 /* An in-flight async collective. */
 typedef struct weft_work weft_work;
 /* Waits for completion (with backoff and timeout), then frees the handle.
- * On error the handle is freed too. NULL: no-op returning WEFT_OK. */
+ * On error the handle is freed too. NULL: no-op returning WEFT_OK. For an
+ * NCCL collective on device buffers it makes the compute stream wait for
+ * the collective instead and returns at once (see "Device buffers"). */
 weft_status weft_work_wait(weft_work *work);
 /* Non-blocking check: *done = true when complete (the handle is then freed
  * and must not be used again); false otherwise. */
