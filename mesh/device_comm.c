@@ -574,14 +574,15 @@ weft_status weft__device_work_test(weft_work *w, bool *done) {
   ncclResult_t ae = ncclSuccess;
   ncclCommGetAsyncError(dw->nccl, &ae);
   double waited = weft__now() - dw->t0;
-  if (q == cudaErrorNotReady && ae == ncclSuccess && waited <= weft__rt.settings.timeout_s)
+  bool nccl_ok = ae == ncclSuccess || ae == ncclInProgress;
+  if (q == cudaErrorNotReady && nccl_ok && waited <= weft__rt.settings.timeout_s)
     return WEFT_OK;
   char desc[256];
   weft__fingerprint_describe(&w->fp, desc, sizeof desc);
   g->broken = true;
   *done = true;
   weft_status st;
-  if (ae != ncclSuccess && ae != ncclInProgress)
+  if (!nccl_ok)
     st = weft_error(WEFT_ERR_NCCL, "%s on mesh dim '%s' failed: %s", desc, g->name,
                     ncclGetErrorString(ae));
   else if (q != cudaErrorNotReady)
