@@ -267,6 +267,13 @@ __global__ void mixed_warp_ops_k(float *o) {
   o[threadIdx.x] = v;
 }
 
+[[maybe_unused]] __global__ void big_stack_k(unsigned *o) {
+  volatile char big[512 * 1024]; /* over the 64 KiB fiber stack */
+  big[threadIdx.x] = 1;
+  __syncthreads();
+  o[threadIdx.x] = big[threadIdx.x];
+}
+
 void launch_deadlock(void) {
   float *o = nullptr;
   cudaMalloc(&o, 64 * sizeof(float));
@@ -561,6 +568,19 @@ Test(emu, misuse_messages) {
       {"different warp operations", "__syncwarp", "__shfl_xor_sync"});
   expect_abort([] { __syncthreads(); }, {"__syncthreads called outside a kernel"});
 }
+
+#if !defined(__SANITIZE_ADDRESS__) /* ASan reports the overflow itself */
+Test(emu, fiber_stack_overflow_is_reported) {
+  expect_abort(
+      [] {
+        unsetenv("WEFT_EMU_STACK_KB");
+        unsigned *o = nullptr;
+        cudaMalloc(&o, 64 * sizeof(unsigned));
+        WEFT_LAUNCH(big_stack_k, 1, 64, 0, 0, o);
+      },
+      {"fiber stack overflow", "WEFT_EMU_STACK_KB"});
+}
+#endif
 
 Test(emu, launch_validation) {
   int *p = dev_alloc<int>(1024);
@@ -905,7 +925,7 @@ Test(emu, sgemm_beta_nan_and_errors) {
       {CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, m, k - 1, m},  {CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, m, n - 1, m},
       {CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, m, k, m - 1},  {CUBLAS_OP_N, CUBLAS_OP_N, -1, n, k, m, k, m},
       {CUBLAS_OP_N, CUBLAS_OP_N, m, -1, k, m, k, m},     {CUBLAS_OP_N, CUBLAS_OP_N, m, n, -1, m, k, m},
-      {(cublasOperation_t)7, CUBLAS_OP_N, m, n, k, m, k, m},
+      {(cublasOperation_t)3, CUBLAS_OP_N, m, n, k, m, k, m}, /* CUBLAS_OP_CONJG */
       {CUBLAS_OP_N, CUBLAS_OP_N, 0, n, k, 0, k, 0}, /* ld >= max(1, rows) */
   };
   std::vector<float> before = from_dev(dC, C0.size());

@@ -24,6 +24,7 @@
 
 #include <cxxabi.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,8 +213,15 @@ struct Sched {
   unsigned cur = 0;          /* the running thread (linear id) */
   bool in_fiber = false;
   char *dyn_smem = nullptr;
+  char *altstack = nullptr; /* for the guard-page handler */
 
   ~Sched() {
+    if (altstack) {
+      stack_t ss{};
+      ss.ss_flags = SS_DISABLE;
+      sigaltstack(&ss, nullptr);
+      free(altstack);
+    }
     for (Stack *s : all) {
       munmap(s->map, s->map_size);
       delete s;
@@ -281,6 +289,64 @@ size_t stack_bytes() {
     if (*end == '\0' && v >= 16 && v <= 65536) kb = v;
   }
   return (size_t)kb * 1024;
+}
+
+/* Fiber stack overflow: a fault in a guard page aborts with a message
+ * (kernels compile with -fstack-clash-protection, so a big frame touches
+ * the guard page instead of jumping over it). Other faults go to the
+ * handler that was there before. Not under ASan, which reports them. */
+#if !WEFT_EMU_ASAN
+struct sigaction g_old_segv;
+std::once_flag g_segv_once;
+
+void segv_handler(int sig, siginfo_t *si, void *uc) {
+  Sched *s = tls_sched_;
+  if (s) {
+    for (Stack *st : s->all) {
+      if ((char *)si->si_addr >= st->map && (char *)si->si_addr < st->base) {
+        static const char m1[] = "weft CUDA emulator: fiber stack overflow in the kernel launch ";
+        static const char m2[] = " (raise WEFT_EMU_STACK_KB, or use less stack per thread)\n";
+        const char *name = s->launch && s->launch->kernel ? s->launch->kernel->name() : "?";
+        ssize_t r = write(2, m1, sizeof m1 - 1);
+        r = write(2, name, strlen(name));
+        r = write(2, m2, sizeof m2 - 1);
+        (void)r;
+        abort();
+      }
+    }
+  }
+  /* not ours: reinstate the previous handler; the fault repeats there */
+  sigaction(SIGSEGV, &g_old_segv, nullptr);
+  (void)sig;
+  (void)uc;
+}
+#endif
+
+void install_overflow_handler(Sched &s) {
+#if !WEFT_EMU_ASAN
+  if (!s.altstack) {
+    stack_t cur{};
+    if (sigaltstack(nullptr, &cur) == 0 && (cur.ss_flags & SS_DISABLE)) {
+      size_t sz = 64 * 1024;
+      s.altstack = (char *)malloc(sz);
+      if (s.altstack) {
+        stack_t ss{};
+        ss.ss_sp = s.altstack;
+        ss.ss_size = sz;
+        sigaltstack(&ss, nullptr);
+      }
+    }
+  }
+  std::call_once(g_segv_once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = segv_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+  });
+#else
+  (void)s;
+#endif
 }
 
 Stack *stack_get(Sched &s) {
@@ -1021,6 +1087,7 @@ void weft_emu_run_(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
     return;
   }
   Launch L{grid, block, smem, fn, ctx, &kernel};
+  install_overflow_handler(s);
   s.n = (unsigned)threads;
   s.fib.resize(s.n);
   s.warps.resize((s.n + 31) / 32);
