@@ -1,0 +1,345 @@
+/* The CUDA backend's GEMMs (cuBLAS) and the f32 <-> bf16 casts.
+ *
+ * Row-major on column-major cuBLAS: a row-major (r x c) matrix with leading
+ * dim ld is, read column-major, its transpose (c x r, same ld). So the
+ * row-major C = op(A) op(B) is computed as the column-major
+ *   C^T = op(B)^T op(A)^T,
+ * i.e. cuBLAS gets (B, A) swapped, the same transpose flags, and (n, m, k).
+ *
+ * Matmul precision (weft_cuda_set_matmul_precision), applied by
+ * weft_cuda_sgemm and weft_cuda_sgemm_strided_batched:
+ *   F32  cublasGemmEx, fp32 in/out, CUBLAS_COMPUTE_32F_PEDANTIC: plain fp32
+ *        FMA whatever the handle's math mode or NVIDIA_TF32_OVERRIDE says;
+ *   TF32 CUBLAS_COMPUTE_32F_FAST_TF32 on the fp32 operands (tensor cores);
+ *   BF16 both operands are first rounded to bf16 by a cast kernel into the
+ *        shared scratch buffer (weft_cuda_scratch_), round to nearest even
+ *        exactly as weft_f32_to_bf16, then cublasGemmEx with CUDA_R_16BF
+ *        inputs, fp32 C and CUBLAS_COMPUTE_32F (fp32 accumulation).
+ *        Chosen over CUBLAS_COMPUTE_32F_FAST_16BF because the result is then
+ *        specified bit for bit up to the accumulation order (cuBLAS does
+ *        not document how FAST_16BF rounds the operands, nor whether it
+ *        splits them), so the CPU reference and the emulator reproduce it;
+ *        the price is one extra pass over A and B (read 4, write 2 bytes per
+ *        element), small next to the GEMM for the model's shapes.
+ *
+ * Edge cases as weft_sgemm (BLAS): m == 0 or n == 0 does nothing; k == 0 or
+ * alpha == 0 sets C = beta * C without reading A or B (beta == 0 writes
+ * zeros, NaN in C does not propagate), done by a small kernel here so that
+ * it does not depend on cuBLAS's handling of k == 0.
+ */
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_compat.h"
+#include "cuda_internal.h"
+
+namespace {
+
+/* The process-wide matmul precision (a plain int: set it before launching
+ * work from other threads). */
+int g_precision = WEFT_MATMUL_F32;
+
+cudaStream_t compute_stream() {
+  return (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
+}
+
+/* Blocks for `work` items at `per_block` items per block, at least 1 and at
+ * most `cap` (the kernels below loop over the rest). */
+unsigned grid_for(int64_t work, int64_t per_block, int64_t cap = 65535) {
+  int64_t g = (work + per_block - 1) / per_block;
+  if (g < 1) g = 1;
+  if (g > cap) g = cap;
+  return (unsigned)g;
+}
+
+struct alignas(16) f4 {
+  float x, y, z, w;
+};
+struct alignas(8) h4 {
+  uint16_t x, y, z, w;
+};
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* weft_f32_to_bf16 (tensor_internal.h) on the device: round to nearest,
+ * ties to even; NaN stays a quiet NaN with its top payload bits. */
+__device__ inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+__device__ inline float bf16_value(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+/* out[i] = bf16(in[i]), i < n; 4 per thread when vec (n % 4 handled by the
+ * scalar tail below the vector part). */
+__global__ void cast_to_bf16_kernel(uint16_t *out, const float *in, int64_t n, bool vec) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t n4 = n / 4;
+    for (int64_t j = i; j < n4; j += stride) {
+      f4 v = ((const f4 *)in)[j];
+      h4 h = {bf16_bits(v.x), bf16_bits(v.y), bf16_bits(v.z), bf16_bits(v.w)};
+      ((h4 *)out)[j] = h;
+    }
+    done = n4 * 4;
+  }
+  for (int64_t j = done + i; j < n; j += stride) out[j] = bf16_bits(in[j]);
+}
+
+__global__ void cast_from_bf16_kernel(float *out, const uint16_t *in, int64_t n, bool vec) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t n4 = n / 4;
+    for (int64_t j = i; j < n4; j += stride) {
+      h4 h = ((const h4 *)in)[j];
+      f4 v = {bf16_value(h.x), bf16_value(h.y), bf16_value(h.z), bf16_value(h.w)};
+      ((f4 *)out)[j] = v;
+    }
+    done = n4 * 4;
+  }
+  for (int64_t j = done + i; j < n; j += stride) out[j] = bf16_value(in[j]);
+}
+
+/* Packs nbatch row-major (rows x cols) matrices, matrix b at src + b*stride
+ * with leading dim ld, into contiguous bf16: dst[(b*rows + r)*cols + c].
+ * One warp (threadIdx.y) per row, lanes along the columns; vec: cols, ld,
+ * stride and src are multiples of 4 floats (16 bytes). */
+__global__ void pack_bf16_kernel(uint16_t *dst, const float *src, int64_t rows, int64_t cols,
+                                 int64_t ld, int64_t stride, int64_t nbatch, bool vec) {
+  const int64_t total = rows * nbatch;
+  for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < total;
+       R += (int64_t)gridDim.x * blockDim.y) {
+    const int64_t b = R / rows, r = R - b * rows;
+    const float *s = src + b * stride + r * ld;
+    uint16_t *d = dst + R * cols;
+    if (vec) {
+      for (int64_t c = threadIdx.x; c < cols / 4; c += blockDim.x) {
+        f4 v = ((const f4 *)s)[c];
+        h4 h = {bf16_bits(v.x), bf16_bits(v.y), bf16_bits(v.z), bf16_bits(v.w)};
+        ((h4 *)d)[c] = h;
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = bf16_bits(s[c]);
+    }
+  }
+}
+
+/* C = beta * C (beta == 0: zeros) over nbatch (m x n) matrices, ldc, stride. */
+__global__ void scale_c_kernel(float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride,
+                               int64_t nbatch, float beta) {
+  const int64_t total = m * nbatch;
+  for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < total;
+       R += (int64_t)gridDim.x * blockDim.y) {
+    const int64_t b = R / m, r = R - b * m;
+    float *row = c + b * stride + r * ldc;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+      row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+  }
+}
+
+/* Operand kinds of one GEMM call. */
+enum operand_kind { OPERANDS_F32, OPERANDS_BF16 };
+
+/* Leading-dimension and size checks of a row-major GEMM, as weft_sgemm's. */
+weft_status check_gemm(const char *func, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                       int64_t lda, int64_t ldb, int64_t ldc) {
+  if (m < 0 || n < 0 || k < 0)
+    return weft_error_at(WEFT_ERR_INVALID, func, "negative size: m %lld, n %lld, k %lld",
+                         (long long)m, (long long)n, (long long)k);
+  if (m == 0 || n == 0) return WEFT_OK;
+  const int64_t acols = ta ? m : k, bcols = tb ? k : n;
+  if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < n)
+    return weft_error_at(WEFT_ERR_INVALID, func,
+                         "leading dims too small: lda %lld (need >= %lld), ldb %lld (need >= "
+                         "%lld), ldc %lld (need >= %lld)",
+                         (long long)lda, (long long)acols, (long long)ldb, (long long)bcols,
+                         (long long)ldc, (long long)n);
+  const int64_t dims[6] = {m, n, k, lda, ldb, ldc};
+  for (int i = 0; i < 6; i++)
+    if (dims[i] > INT_MAX)
+      return weft_error_at(WEFT_ERR_INVALID, func,
+                           "m %lld, n %lld, k %lld, lda %lld, ldb %lld, ldc %lld: cuBLAS takes "
+                           "32-bit sizes (each must be <= %d)",
+                           (long long)m, (long long)n, (long long)k, (long long)lda,
+                           (long long)ldb, (long long)ldc, INT_MAX);
+  return WEFT_OK;
+}
+
+size_t round_up_256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* Rounds nbatch matrices of a row-major operand (rows x cols, ld, stride)
+ * to packed bf16 at dst (nbatch * rows * cols elements). */
+weft_status pack_operand(const char *func, uint16_t *dst, const float *src, int64_t rows,
+                         int64_t cols, int64_t ld, int64_t stride, int64_t nbatch) {
+  const bool vec = cols % 4 == 0 && ld % 4 == 0 && stride % 4 == 0 && aligned16(src);
+  const dim3 block(32, 8);
+  WEFT_LAUNCH(pack_bf16_kernel, grid_for(rows * nbatch, 8), block, 0, compute_stream(), dst, src,
+              rows, cols, ld, stride, nbatch, vec);
+  return weft_cuda_check_((int)cudaGetLastError(), func);
+}
+
+/* The one GEMM path: count row-major GEMMs C_i = alpha op(A_i) op(B_i) +
+ * beta C_i. kind OPERANDS_F32: a and b are float and the matmul precision
+ * applies; OPERANDS_BF16: a and b are bf16 bit patterns. batched selects
+ * cublasGemmStridedBatchedEx (strides ignored otherwise). */
+weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta, bool tb,
+                     int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
+                     int64_t sa, const void *b, int64_t ldb, int64_t sb, float beta, float *c,
+                     int64_t ldc, int64_t sc, int64_t count) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  WEFT_CHECK(check_gemm(func, ta, tb, m, n, k, lda, ldb, ldc));
+  if (count < 0)
+    return weft_error_at(WEFT_ERR_INVALID, func, "negative batch count %lld", (long long)count);
+  if (count > INT_MAX)
+    return weft_error_at(WEFT_ERR_INVALID, func, "batch count %lld is more than cuBLAS's %d",
+                         (long long)count, INT_MAX);
+  if (m == 0 || n == 0 || count == 0) return WEFT_OK;
+  if (sa < 0 || sb < 0 || sc < 0)
+    return weft_error_at(WEFT_ERR_INVALID, func,
+                         "negative batch stride: stride_a %lld, stride_b %lld, stride_c %lld",
+                         (long long)sa, (long long)sb, (long long)sc);
+  const int64_t c_span = (m - 1) * ldc + n;
+  if (count > 1 && sc < c_span)
+    return weft_error_at(WEFT_ERR_INVALID, func,
+                         "stride_c %lld < %lld: the %lld x %lld C matrices (ldc %lld) of the "
+                         "batch would overlap",
+                         (long long)sc, (long long)c_span, (long long)m, (long long)n,
+                         (long long)ldc);
+  if (!c) return weft_error_at(WEFT_ERR_INVALID, func, "C is NULL");
+  const bool reads_ab = k > 0 && alpha != 0.0f;
+  if (reads_ab && (!a || !b))
+    return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", !a ? "A" : "B");
+  cudaStream_t s = compute_stream();
+  if (!reads_ab) {
+    WEFT_LAUNCH(scale_c_kernel, grid_for(m * count, 8), dim3(32, 8), 0, s, c, m, n, ldc, sc,
+                count, beta);
+    return weft_cuda_check_((int)cudaGetLastError(), func);
+  }
+
+  cudaDataType_t in_type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F_PEDANTIC;
+  if (kind == OPERANDS_BF16) {
+    in_type = CUDA_R_16BF;
+    compute = CUBLAS_COMPUTE_32F;
+  } else if (g_precision == WEFT_MATMUL_TF32) {
+    compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  } else if (g_precision == WEFT_MATMUL_BF16) {
+    /* round both operands into the scratch buffer, then a bf16 GEMM */
+    const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    const int64_t na = batched && sa != 0 ? count : 1, nb = batched && sb != 0 ? count : 1;
+    const size_t abytes = round_up_256((size_t)(na * ar * ac) * 2);
+    const size_t bbytes = (size_t)(nb * br * bc) * 2;
+    void *scratch;
+    WEFT_CHECK(weft_cuda_scratch_(abytes + bbytes, &scratch));
+    uint16_t *pa = (uint16_t *)scratch, *pb = (uint16_t *)((char *)scratch + abytes);
+    WEFT_CHECK(pack_operand(func, pa, (const float *)a, ar, ac, lda, sa, na));
+    WEFT_CHECK(pack_operand(func, pb, (const float *)b, br, bc, ldb, sb, nb));
+    a = pa;
+    b = pb;
+    lda = ac;
+    ldb = bc;
+    sa = na > 1 ? ar * ac : 0;
+    sb = nb > 1 ? br * bc : 0;
+    in_type = CUDA_R_16BF;
+    compute = CUBLAS_COMPUTE_32F;
+  }
+
+  cublasHandle_t h = (cublasHandle_t)weft_cuda_cublas_handle_();
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasStatus_t st;
+  /* C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m), column-major */
+  if (batched)
+    st = cublasGemmStridedBatchedEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, in_type,
+                                    (int)ldb, (long long)sb, a, in_type, (int)lda, (long long)sa,
+                                    &beta, c, CUDA_R_32F, (int)ldc, (long long)sc, (int)count,
+                                    compute, CUBLAS_GEMM_DEFAULT);
+  else
+    st = cublasGemmEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, in_type, (int)ldb, a,
+                      in_type, (int)lda, &beta, c, CUDA_R_32F, (int)ldc, compute,
+                      CUBLAS_GEMM_DEFAULT);
+  return weft_cuda_check_cublas_((int)st, func);
+}
+
+/* n-element casts: validation shared by both directions. */
+weft_status check_cast(const char *func, const void *out, const void *in, int64_t n) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  if (n < 0)
+    return weft_error_at(WEFT_ERR_INVALID, func, "negative element count %lld", (long long)n);
+  if (n > 0 && (!out || !in))
+    return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", !out ? "out" : "in");
+  return WEFT_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+void weft_cuda_set_matmul_precision(weft_matmul_precision p) {
+  if (p != WEFT_MATMUL_F32 && p != WEFT_MATMUL_TF32 && p != WEFT_MATMUL_BF16) {
+    (void)weft_error(WEFT_ERR_INVALID, "unknown matmul precision %d (kept %d)", (int)p,
+                     g_precision);
+    return;
+  }
+  g_precision = (int)p;
+}
+
+weft_matmul_precision weft_cuda_matmul_precision(void) {
+  return (weft_matmul_precision)g_precision;
+}
+
+weft_status weft_cuda_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                            float beta, float *c, int64_t ldc) {
+  return gemm_any(__func__, OPERANDS_F32, false, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b,
+                  ldb, 0, beta, c, ldc, 0, 1);
+}
+
+weft_status weft_cuda_sgemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n,
+                                            int64_t k, float alpha, const float *a, int64_t lda,
+                                            int64_t stride_a, const float *b, int64_t ldb,
+                                            int64_t stride_b, float beta, float *c, int64_t ldc,
+                                            int64_t stride_c, int64_t count) {
+  return gemm_any(__func__, OPERANDS_F32, true, trans_a, trans_b, m, n, k, alpha, a, lda,
+                  stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, count);
+}
+
+weft_status weft_cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                                int64_t ldb, float beta, float *c, int64_t ldc) {
+  return gemm_any(__func__, OPERANDS_BF16, false, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b,
+                  ldb, 0, beta, c, ldc, 0, 1);
+}
+
+weft_status weft_cuda_cast_f32_to_bf16(uint16_t *out, const float *in, int64_t n) {
+  WEFT_CHECK(check_cast(__func__, out, in, n));
+  if (n == 0) return WEFT_OK;
+  const bool vec = aligned16(in) && ((uintptr_t)out & 7u) == 0;
+  WEFT_LAUNCH(cast_to_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0,
+              compute_stream(), out, in, n, vec);
+  return weft_cuda_check_((int)cudaGetLastError(), __func__);
+}
+
+weft_status weft_cuda_cast_bf16_to_f32(float *out, const uint16_t *in, int64_t n) {
+  WEFT_CHECK(check_cast(__func__, out, in, n));
+  if (n == 0) return WEFT_OK;
+  const bool vec = aligned16(out) && ((uintptr_t)in & 7u) == 0;
+  WEFT_LAUNCH(cast_from_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0,
+              compute_stream(), out, in, n, vec);
+  return weft_cuda_check_((int)cudaGetLastError(), __func__);
+}
+
+}  // extern "C"
