@@ -1,0 +1,365 @@
+/* Causal GQA attention on the device (weft_attention_forward/_backward's
+ * math, kernels/cpu/layers.c), built on batched GEMMs so that it runs on
+ * tensor cores in the TF32 and BF16 matmul precisions.
+ *
+ * Layout. q is (B, T, H, hd) = (B, T, Hkv, G, hd) with G = H / Hkv query
+ * heads per kv head (h = g * G + j reads kv head g), and k, v are
+ * (B, T, Hkv, hd). Swapping the T and Hkv axes gives
+ *   Qp (B, Hkv, T, G, hd)   Kp, Vp (B, Hkv, T, hd)
+ * where, for each (b, g), the G query heads of a block of query rows
+ * [t0, t0 + nb) are the nb * G consecutive rows [t0 * G, (t0 + nb) * G) of
+ * one hd-wide matrix (row t * G + j), and their keys are the rows [0, end)
+ * of Kp's (b, g) matrix, end = t0 + nb (causal: later keys are masked for
+ * every row of the block). So one strided-batched GEMM over the B * Hkv
+ * pairs (b, g) covers all heads, with no copy of k and v per query head.
+ *
+ * Forward, per block of Bq = min(T, ATT_BQ) query rows:
+ *   S = Qblk Kp[0:end]^T / sqrt(hd)              (B*Hkv GEMMs, nb*G x end)
+ *   P = softmax(S + causal mask) row by row, lse  (one warp per row)
+ *   Oblk = P Vp[0:end]                            (nb*G x hd)
+ * then O is permuted back to (B, T, H, hd). lse is (B, H, T) in scaled
+ * units, as the CPU's.
+ * Backward recomputes P per block from lse, with D = rowsum(dO * O) (equal
+ * to rowsum(P * dP) because O = P V; from `out`, so without a pass over
+ * the scores):
+ *   P = exp(S - lse), dP = dOblk Vp[0:end]^T, dS = P * (dP - D) / sqrt(hd)
+ *   dV[0:end] += P^T dOblk,  dK[0:end] += dS^T Qblk,  dQblk = dS Kp[0:end]
+ * so a kv head's gradients sum over its G query heads inside the GEMMs.
+ *
+ * Scratch (weft_cuda_attention_scratch_bytes, floats, each region rounded
+ * up to 256 bytes): the permuted copies 3 * B*T*H*hd (Qp, dOp, dQp; forward
+ * uses two: Qp, Op) + 4 * B*T*Hkv*hd (Kp, Vp, dKp, dVp), D (B*H*T), and two
+ * score blocks of B*H*Bq*T floats each (forward uses one). Never a (T, T)
+ * matrix per head: for T = 1024, Bq = 128 the scores are 1/8 of it.
+ * The rows above the diagonal inside a block are computed and masked (for
+ * Bq = 128 and T = 1024, 12% more score work than the triangle).
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda_compat.h"
+#include "cuda_internal.h"
+
+#define ATT_BQ 128
+
+namespace {
+
+cudaStream_t compute_stream() {
+  return (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
+}
+
+unsigned grid_for(int64_t work, int64_t per_block, int64_t cap = 65535) {
+  int64_t g = (work + per_block - 1) / per_block;
+  if (g < 1) g = 1;
+  if (g > cap) g = cap;
+  return (unsigned)g;
+}
+
+struct alignas(16) f4 {
+  float x, y, z, w;
+};
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+weft_status launched(const char *func) {
+  return weft_cuda_check_((int)cudaGetLastError(), func);
+}
+
+/* Scratch regions, in floats from the start (each a multiple of 64). */
+struct att_layout {
+  int64_t bq;                         /* query rows per block */
+  int64_t qp, kp, vp, op, dqp, dkp, dvp, d, s, ds; /* offsets */
+  int64_t total;                      /* floats */
+};
+
+int64_t round64(int64_t x) { return (x + 63) / 64 * 64; }
+
+att_layout layout_for(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd) {
+  att_layout L;
+  L.bq = T < ATT_BQ ? T : ATT_BQ;
+  const int64_t nq = round64(B * T * H * hd), nkv = round64(B * T * Hkv * hd);
+  const int64_t nl = round64(B * H * T), ns = round64(B * H * L.bq * T);
+  int64_t o = 0;
+  L.qp = o, o += nq;
+  L.kp = o, o += nkv;
+  L.vp = o, o += nkv;
+  L.op = o, o += nq; /* O (forward) or dO (backward) */
+  L.s = o, o += ns;
+  L.dqp = o, o += nq;
+  L.dkp = o, o += nkv;
+  L.dvp = o, o += nkv;
+  L.d = o, o += nl;
+  L.ds = o, o += ns;
+  L.total = o;
+  return L;
+}
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* dst (A0, A2, A1, inner) = src (A0, A1, A2, inner) with axes 1 and 2
+ * swapped; one warp (threadIdx.y) per row of `inner` floats, in dst
+ * order. vec: inner % 4 == 0 and both 16-byte aligned. */
+__global__ void permute_kernel(float *dst, const float *src, int64_t A0, int64_t A1, int64_t A2,
+                               int64_t inner, bool vec) {
+  const int64_t rows = A0 * A1 * A2;
+  for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < rows;
+       R += (int64_t)gridDim.x * blockDim.y) {
+    const int64_t a1 = R % A1, rest = R / A1, a2 = rest % A2, a0 = rest / A2;
+    const float *s = src + ((a0 * A1 + a1) * A2 + a2) * inner;
+    float *d = dst + R * inner;
+    if (vec) {
+      for (int64_t c = threadIdx.x; c < inner / 4; c += 32) ((f4 *)d)[c] = ((const f4 *)s)[c];
+    } else {
+      for (int64_t c = threadIdx.x; c < inner; c += 32) d[c] = s[c];
+    }
+  }
+}
+
+weft_status permute(const char *func, float *dst, const float *src, int64_t A0, int64_t A1,
+                    int64_t A2, int64_t inner) {
+  const bool vec = inner % 4 == 0 && aligned16(dst) && aligned16(src);
+  WEFT_LAUNCH(permute_kernel, grid_for(A0 * A1 * A2, 8), dim3(32, 8), 0, compute_stream(), dst,
+              src, A0, A1, A2, inner, vec);
+  return launched(func);
+}
+
+/* Where row R of a score block lives: batch i = (b, g), row r = tl * G + j
+ * of the block starting at t0; its lse / D index is (b, h = g G + j, t). */
+struct row_pos {
+  int64_t t, lidx;
+};
+__device__ inline row_pos row_of(int64_t R, int64_t M, int64_t G, int64_t Hkv, int64_t H,
+                                 int64_t T, int64_t t0) {
+  const int64_t i = R / M, r = R - i * M;
+  const int64_t tl = r / G, j = r - tl * G;
+  const int64_t b = i / Hkv, g = i - b * Hkv;
+  row_pos p;
+  p.t = t0 + tl;
+  p.lidx = (b * H + g * G + j) * T + p.t;
+  return p;
+}
+
+/* Forward: rows of S (nrows x end, contiguous) become the causal softmax
+ * in place (0 past the diagonal), lse saved; one warp per row, online max
+ * and sum per lane merged across the warp. */
+__global__ void softmax_fwd_kernel(float *S, float *lse, int64_t nrows, int64_t end, int64_t M,
+                                   int64_t G, int64_t Hkv, int64_t H, int64_t T, int64_t t0) {
+  for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < nrows;
+       R += (int64_t)gridDim.x * blockDim.y) {
+    const row_pos p = row_of(R, M, G, Hkv, H, T, t0);
+    const int64_t valid = p.t + 1;
+    float *row = S + R * end;
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t c = threadIdx.x; c < valid; c += 32) {
+      const float x = row[c];
+      if (x > m) {
+        s = (m == -INFINITY ? 0.0f : s * expf(m - x)) + 1.0f;
+        m = x;
+      } else {
+        s += expf(x - m);
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+      const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+      if (m2 != -INFINITY) {
+        if (m == -INFINITY) {
+          m = m2;
+          s = s2;
+        } else if (m2 > m) {
+          s = s * expf(m - m2) + s2;
+          m = m2;
+        } else {
+          s += s2 * expf(m2 - m);
+        }
+      }
+    }
+    const float inv = 1.0f / s;
+    for (int64_t c = threadIdx.x; c < end; c += 32) row[c] = c < valid ? expf(row[c] - m) * inv : 0.0f;
+    if (threadIdx.x == 0) lse[p.lidx] = m + logf(s);
+  }
+}
+
+/* Backward: P = exp(S - lse) (0 past the diagonal) in place in S, and
+ * dS = P * (dP - D) * scale in place in dP. */
+__global__ void softmax_bwd_kernel(float *S, float *dP, const float *lse, const float *D,
+                                   int64_t nrows, int64_t end, int64_t M, int64_t G, int64_t Hkv,
+                                   int64_t H, int64_t T, int64_t t0, float scale) {
+  for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < nrows;
+       R += (int64_t)gridDim.x * blockDim.y) {
+    const row_pos p = row_of(R, M, G, Hkv, H, T, t0);
+    const int64_t valid = p.t + 1;
+    const float l = lse[p.lidx], d = D[p.lidx];
+    float *srow = S + R * end, *drow = dP + R * end;
+    for (int64_t c = threadIdx.x; c < end; c += 32) {
+      const float pv = c < valid ? expf(srow[c] - l) : 0.0f;
+      srow[c] = pv;
+      drow[c] = c < valid ? pv * (drow[c] - d) * scale : 0.0f;
+    }
+  }
+}
+
+/* D[(b*H + h)*T + t] = dout[b, t, h, :] . out[b, t, h, :]; warp per row. */
+__global__ void rowdot_kernel(float *D, const float *dout, const float *out, int64_t B, int64_t T,
+                              int64_t H, int64_t hd) {
+  const int64_t rows = B * T * H;
+  for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < rows;
+       R += (int64_t)gridDim.x * blockDim.y) {
+    const int64_t h = R % H, bt = R / H, t = bt % T, b = bt / T;
+    const float *x = dout + R * hd, *y = out + R * hd;
+    float s = 0.0f;
+    for (int64_t c = threadIdx.x; c < hd; c += 32) s += x[c] * y[c];
+    s = warp_sum(s);
+    if (threadIdx.x == 0) D[(b * H + h) * T + t] = s;
+  }
+}
+
+/* hd == 0: every score is 0, so lse = log(t + 1). */
+__global__ void lse_empty_kernel(float *lse, int64_t BH, int64_t T) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < BH * T; i += stride)
+    lse[i] = logf((float)(i % T + 1));
+}
+
+weft_status check_shape(const char *func, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                        int64_t hd) {
+  const int64_t sizes[] = {B, T, H, Hkv, hd};
+  for (int i = 0; i < 5; i++)
+    if (sizes[i] < 0)
+      return weft_error_at(WEFT_ERR_INVALID, func, "size argument %d is negative (%lld)", i + 1,
+                           (long long)sizes[i]);
+  if (H > 0 && (Hkv == 0 || H % Hkv != 0))
+    return weft_error_at(WEFT_ERR_INVALID, func,
+                         "H = %lld query heads is not a multiple of Hkv = %lld", (long long)H,
+                         (long long)Hkv);
+  return WEFT_OK;
+}
+
+/* NULL check of named pointers with element counts. */
+weft_status check_ptrs(const char *func, int n, const char *const *names, const void *const *ptrs,
+                       const int64_t *counts) {
+  for (int i = 0; i < n; i++)
+    if (!ptrs[i] && counts[i] > 0)
+      return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", names[i]);
+  return WEFT_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+size_t weft_cuda_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                         int64_t hd) {
+  if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || hd <= 0) return 0;
+  return (size_t)layout_for(B, T, H, Hkv, hd).total * sizeof(float);
+}
+
+weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
+                                        const float *v, int64_t B, int64_t T, int64_t H,
+                                        int64_t Hkv, int64_t hd, void *scratch) {
+  WEFT_CHECK(weft_cuda_require_init_(__func__));
+  WEFT_CHECK(check_shape(__func__, B, T, H, Hkv, hd));
+  {
+    const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
+    const char *names[6] = {"out", "lse", "q", "k", "v", "scratch"};
+    const void *ptrs[6] = {out, lse, q, k, v, scratch};
+    const int64_t counts[6] = {nq, B * H * T, nq, nkv, nkv, nq};
+    WEFT_CHECK(check_ptrs(__func__, 6, names, ptrs, counts));
+  }
+  if (B * T * H == 0) return WEFT_OK;
+  cudaStream_t s = compute_stream();
+  if (hd == 0) {
+    WEFT_LAUNCH(lse_empty_kernel, grid_for(B * H * T, 256), 256, 0, s, lse, B * H, T);
+    return launched(__func__);
+  }
+  const int64_t G = H / Hkv, count = B * Hkv;
+  const att_layout L = layout_for(B, T, H, Hkv, hd);
+  float *base = (float *)scratch;
+  float *Qp = base + L.qp, *Kp = base + L.kp, *Vp = base + L.vp, *Op = base + L.op,
+        *S = base + L.s;
+  const float scale = (float)(1.0 / sqrt((double)hd));
+  WEFT_CHECK(permute(__func__, Qp, q, B, T, Hkv, G * hd));
+  WEFT_CHECK(permute(__func__, Kp, k, B, T, Hkv, hd));
+  WEFT_CHECK(permute(__func__, Vp, v, B, T, Hkv, hd));
+  for (int64_t t0 = 0; t0 < T; t0 += L.bq) {
+    const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = t0 + nb, M = nb * G;
+    /* S = scale * Qblk Kp[0:end]^T, per (b, g) */
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, scale, Qp + t0 * G * hd,
+                                               hd, T * G * hd, Kp, hd, T * hd, 0.0f, S, end,
+                                               M * end, count));
+    WEFT_LAUNCH(softmax_fwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, S, lse,
+                count * M, end, M, G, Hkv, H, T, t0);
+    WEFT_CHECK(launched(__func__));
+    /* Oblk = P Vp[0:end] */
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, false, M, hd, end, 1.0f, S, end, M * end,
+                                               Vp, hd, T * hd, 0.0f, Op + t0 * G * hd, hd,
+                                               T * G * hd, count));
+  }
+  return permute(__func__, out, Op, B, Hkv, T, G * hd);
+}
+
+weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                         const float *q, const float *k, const float *v,
+                                         const float *lse, const float *out, int64_t B, int64_t T,
+                                         int64_t H, int64_t Hkv, int64_t hd, void *scratch) {
+  WEFT_CHECK(weft_cuda_require_init_(__func__));
+  WEFT_CHECK(check_shape(__func__, B, T, H, Hkv, hd));
+  const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
+  {
+    const char *names[10] = {"dq", "dk", "dv", "dout", "q", "k", "v", "lse", "out", "scratch"};
+    const void *ptrs[10] = {dq, dk, dv, dout, q, k, v, lse, out, scratch};
+    const int64_t counts[10] = {nq, nkv, nkv, nq, nq, nkv, nkv, B * H * T, nq, nq};
+    WEFT_CHECK(check_ptrs(__func__, 10, names, ptrs, counts));
+  }
+  if (nkv > 0 && H == 0) { /* no query heads read these kv heads */
+    WEFT_CHECK(weft_cuda_memset_zero(dk, (size_t)nkv * sizeof(float)));
+    WEFT_CHECK(weft_cuda_memset_zero(dv, (size_t)nkv * sizeof(float)));
+  }
+  if (nq == 0) return WEFT_OK;
+  cudaStream_t s = compute_stream();
+  const int64_t G = H / Hkv, count = B * Hkv;
+  const att_layout L = layout_for(B, T, H, Hkv, hd);
+  float *base = (float *)scratch;
+  float *Qp = base + L.qp, *Kp = base + L.kp, *Vp = base + L.vp, *dOp = base + L.op;
+  float *P = base + L.s, *dS = base + L.ds, *dQp = base + L.dqp, *dKp = base + L.dkp,
+        *dVp = base + L.dvp, *D = base + L.d;
+  const float scale = (float)(1.0 / sqrt((double)hd));
+  WEFT_CHECK(permute(__func__, Qp, q, B, T, Hkv, G * hd));
+  WEFT_CHECK(permute(__func__, Kp, k, B, T, Hkv, hd));
+  WEFT_CHECK(permute(__func__, Vp, v, B, T, Hkv, hd));
+  WEFT_CHECK(permute(__func__, dOp, dout, B, T, Hkv, G * hd));
+  WEFT_LAUNCH(rowdot_kernel, grid_for(B * T * H, 8), dim3(32, 8), 0, s, D, dout, out, B, T, H,
+              hd);
+  WEFT_CHECK(launched(__func__));
+  WEFT_CHECK(weft_cuda_memset_zero(dKp, (size_t)nkv * sizeof(float)));
+  WEFT_CHECK(weft_cuda_memset_zero(dVp, (size_t)nkv * sizeof(float)));
+  for (int64_t t0 = 0; t0 < T; t0 += L.bq) {
+    const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = t0 + nb, M = nb * G;
+    const float *Qb = Qp + t0 * G * hd, *dOb = dOp + t0 * G * hd;
+    /* S = scale * Qblk Kp^T, dP = dOblk Vp^T */
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, scale, Qb, hd, T * G * hd,
+                                               Kp, hd, T * hd, 0.0f, P, end, M * end, count));
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, 1.0f, dOb, hd,
+                                               T * G * hd, Vp, hd, T * hd, 0.0f, dS, end, M * end,
+                                               count));
+    WEFT_LAUNCH(softmax_bwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, P, dS, lse, D,
+                count * M, end, M, G, Hkv, H, T, t0, scale);
+    WEFT_CHECK(launched(__func__));
+    /* dV[0:end] += P^T dOblk, dK[0:end] += dS^T Qblk, dQblk = dS Kp[0:end] */
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(true, false, end, hd, M, 1.0f, P, end, M * end, dOb,
+                                               hd, T * G * hd, 1.0f, dVp, hd, T * hd, count));
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(true, false, end, hd, M, 1.0f, dS, end, M * end, Qb,
+                                               hd, T * G * hd, 1.0f, dKp, hd, T * hd, count));
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, false, M, hd, end, 1.0f, dS, end, M * end,
+                                               Kp, hd, T * hd, 0.0f, dQp + t0 * G * hd, hd,
+                                               T * G * hd, count));
+  }
+  WEFT_CHECK(permute(__func__, dq, dQp, B, Hkv, T, G * hd));
+  WEFT_CHECK(permute(__func__, dk, dKp, B, Hkv, T, hd));
+  return permute(__func__, dv, dVp, B, Hkv, T, hd);
+}
+
+}  // extern "C"
