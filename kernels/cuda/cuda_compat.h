@@ -18,10 +18,11 @@
  *   memory through WEFT_DYN_SMEM(T, name) (size = the launch's smem bytes,
  *   16-byte aligned; give each kernel's its own name: CUDA requires one
  *   type per extern __shared__ name);
- * - warp shuffles __shfl_sync, __shfl_xor_sync, __shfl_down_sync on
- *   float, double, int, unsigned with a full mask (0xffffffff), called by
- *   all 32 lanes;
- * - atomicAdd on float and double, atomicMax on int and unsigned;
+ * - warp shuffles __shfl_sync, __shfl_xor_sync, __shfl_down_sync,
+ *   __shfl_up_sync on float, double, int, unsigned (masks naming the lanes
+ *   that take part, as CUDA); __syncwarp(mask);
+ * - atomicAdd on float, double and int, atomicMax/atomicMin on int and
+ *   unsigned, atomicCAS, atomicExch;
  * - math: the float functions of <math.h> plus rsqrtf, __expf, __logf,
  *   __fdividef;
  * - bf16: __nv_bfloat16 with __float2bfloat16 (round to nearest even) and
@@ -47,10 +48,12 @@
 #endif
 
 #ifdef WEFT_CUDA_EMU
-/* weft_emu_launch_ runs the body for every block and thread (emu/emu.cpp). */
+/* weft_emu_launch_ runs the body for every block and thread (emu/emu.cpp).
+ * The arguments are evaluated once, at the launch, and copied by value into
+ * the body, as a CUDA launch does (not re-evaluated in every thread). */
 #define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)                               \
   weft_emu_launch_((grid), (block), (size_t)(smem), (stream),                            \
-                   [=]() { kernel(__VA_ARGS__); })
+                   [](auto... weft_a_) { return [=]() { kernel(weft_a_...); }; }(__VA_ARGS__))
 #define WEFT_DYN_SMEM(T, name) T *name = (T *)weft_emu_dyn_smem_()
 #else
 #define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...) \
