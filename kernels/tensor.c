@@ -506,7 +506,12 @@ static weft_status copy_device(weft_tensor *dst, const weft_tensor *src) {
                                                     : WEFT_COPY_D2D;
     return weft_cuda_memcpy(dst->data, src->data, weft_tensor_nbytes(dst), kind);
   }
-  /* CAST-BRANCH: f32 <-> bf16 on the device joins with the cast kernels */
+  if (dst->device == WEFT_CUDA && src->device == WEFT_CUDA) {
+    if (dst->dtype == WEFT_BF16 && src->dtype == WEFT_F32)
+      return weft_cuda_cast_f32_to_bf16(dst->data, src->data, n);
+    if (dst->dtype == WEFT_F32 && src->dtype == WEFT_BF16)
+      return weft_cuda_cast_bf16_to_f32(dst->data, src->data, n);
+  }
   return weft_error(WEFT_ERR_UNSUPPORTED,
                     "weft_tensor_copy: %s (%s) -> %s (%s) is not supported with a CUDA side "
                     "(same dtype, or f32 <-> bf16 on the device)",

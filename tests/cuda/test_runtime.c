@@ -43,6 +43,14 @@ Test(cuda_runtime, without_a_gpu_every_entry_fails_clearly) {
   weft_cuda_free(NULL);
 }
 
+Test(cuda_runtime, kernels_refuse_without_init) {
+  if (have_gpu()) cr_skip_test("a GPU is visible");
+  float x[8];
+  weft_status st = weft_cuda_rmsnorm_forward(x, x, x, x, 2, 4, 1e-5f);
+  cr_assert_neq(st, WEFT_OK);
+  cr_assert(st == WEFT_ERR_NO_DEVICE || st == WEFT_ERR_UNSUPPORTED, "%s", weft_last_error());
+}
+
 Test(cuda_runtime, init_rejects_a_negative_local_rank) {
   if (!WEFT_HAVE_CUDA) cr_skip_test("CPU-only build");
   cr_assert_eq(weft_cuda_init(-1, NULL), WEFT_ERR_INVALID);
