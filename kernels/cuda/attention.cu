@@ -39,25 +39,14 @@
 
 #include "cuda_compat.h"
 #include "cuda_internal.h"
+#include "device_util.cuh"
 
 #define ATT_BQ 128
 
 namespace {
 
-cudaStream_t compute_stream() {
-  return (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
-}
 
-unsigned grid_for(int64_t work, int64_t per_block, int64_t cap = 65535) {
-  int64_t g = (work + per_block - 1) / per_block;
-  if (g < 1) g = 1;
-  if (g > cap) g = cap;
-  return (unsigned)g;
-}
 
-struct alignas(16) f4 {
-  float x, y, z, w;
-};
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 

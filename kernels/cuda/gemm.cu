@@ -33,6 +33,7 @@
 
 #include "cuda_compat.h"
 #include "cuda_internal.h"
+#include "device_util.cuh"
 
 namespace {
 
@@ -40,22 +41,8 @@ namespace {
  * work from other threads). */
 int g_precision = WEFT_MATMUL_F32;
 
-cudaStream_t compute_stream() {
-  return (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
-}
 
-/* Blocks for `work` items at `per_block` items per block, at least 1 and at
- * most `cap` (the kernels below loop over the rest). */
-unsigned grid_for(int64_t work, int64_t per_block, int64_t cap = 65535) {
-  int64_t g = (work + per_block - 1) / per_block;
-  if (g < 1) g = 1;
-  if (g > cap) g = cap;
-  return (unsigned)g;
-}
 
-struct alignas(16) f4 {
-  float x, y, z, w;
-};
 struct alignas(8) h4 {
   uint16_t x, y, z, w;
 };

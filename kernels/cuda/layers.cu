@@ -29,25 +29,14 @@
 
 #include "cuda_compat.h"
 #include "cuda_internal.h"
+#include "device_util.cuh"
 
 namespace {
 
 /* ------------------------------------------------------------ helpers */
 
-cudaStream_t compute_stream() {
-  return (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
-}
 
-unsigned grid_for(int64_t work, int64_t per_block, int64_t cap = 65535) {
-  int64_t g = (work + per_block - 1) / per_block;
-  if (g < 1) g = 1;
-  if (g > cap) g = cap;
-  return (unsigned)g;
-}
 
-struct alignas(16) f4 {
-  float x, y, z, w;
-};
 struct alignas(8) f2 {
   float x, y;
 };

@@ -20,19 +20,14 @@
 
 #include "cuda_compat.h"
 #include "cuda_internal.h"
+#include "device_util.cuh"
 
 #define OPT_THREADS 256
 #define OPT_CHUNK 4096 /* elements per block: 256 threads x 4 floats x 4 */
 
 namespace {
 
-cudaStream_t compute_stream() {
-  return (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
-}
 
-struct alignas(16) f4 {
-  float x, y, z, w;
-};
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
