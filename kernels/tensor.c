@@ -323,7 +323,7 @@ weft_status weft_tensor_narrow(const weft_tensor *t, int dim, int64_t start, int
   if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
   *out = NULL;
   WEFT_CHECK(check_tensor(__func__, t, "tensor"));
-  int d;
+  int d = 0; /* set by norm_dim; initialised for -O3 maybe-uninitialized */
   WEFT_CHECK(norm_dim(__func__, t, dim, &d));
   int64_t n = t->shape[d];
   if (start < 0 || len < 0 || start > n || len > n - start) {
@@ -420,7 +420,7 @@ weft_status weft_tensor_chunk(const weft_tensor *t, int64_t k, int dim, weft_ten
   if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
   WEFT_CHECK(check_tensor(__func__, t, "tensor"));
   if (k < 1) return weft_error(WEFT_ERR_INVALID, "chunk count k must be >= 1, got %" PRId64, k);
-  int d;
+  int d = 0; /* set by norm_dim; initialised for -O3 maybe-uninitialized */
   WEFT_CHECK(norm_dim(__func__, t, dim, &d));
   for (int64_t i = 0; i < k; i++) {
     int64_t s, l;
@@ -588,7 +588,7 @@ weft_status weft_tensor_cat(weft_tensor *const *ts, int n, int dim, weft_tensor 
   }
   const weft_tensor *r = ts[0];
   if (r->ndim == 0) return weft_error(WEFT_ERR_INVALID, "cannot concatenate 0-d tensors");
-  int d;
+  int d = 0; /* set by norm_dim; initialised for -O3 maybe-uninitialized */
   WEFT_CHECK(norm_dim(__func__, r, dim, &d));
   int64_t total = 0;
   for (int i = 0; i < n; i++) {

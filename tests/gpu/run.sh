@@ -78,7 +78,7 @@ command -v mpiexec > /dev/null || { [ -x "${SYSROOT:-/nonexistent}/usr/bin/mpiex
   ln -sf mpiexec.hydra "$SYSROOT/usr/bin/mpiexec"; }
 
 if [ ! -f "$BUILD/build.ninja" ]; then
-  step configure 120 meson setup "$BUILD" -Dcuda=enabled -Dwerror=true --buildtype=release ||
+  step configure 120 meson setup "$BUILD" -Dcuda=enabled -Dwerror=true --buildtype=debugoptimized ||
     { printf '%s\n' "${SUMMARY[@]}"; exit 99; }
 fi
 step build 240 ninja -C "$BUILD" || { printf '%s\n' "${SUMMARY[@]}"; exit 99; }
