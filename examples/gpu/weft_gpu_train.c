@@ -21,13 +21,13 @@
  * line is machine-readable:
  *   RESULT config=... precision=... dp=... tokens_per_s=... mfu=... step_ms=...
  */
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_golden.h"
 #include "gpu_model.h"
 #include "safetensors.h"
 
@@ -119,102 +119,6 @@ static int parse_args(int argc, char **argv, opts *o, bool print) {
 
 /* ------------------------------------------------------------ golden data */
 
-typedef struct golden {
-  gpu_model_config cfg;
-  weft_adamw_params hp;
-  double clip, loss, grad_norm;
-  int32_t *inp, *tgt; /* (B, T) */
-} golden;
-
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
-  long n = ftell(f);
-  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
-  char *buf = malloc((size_t)n + 1);
-  size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
-  fclose(f);
-  if (!buf) return NULL;
-  buf[got] = '\0';
-  if (len) *len = got;
-  return buf;
-}
-
-static bool json_get(const cJSON *obj, const char *key, double *out) {
-  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!cJSON_IsNumber(it)) return false;
-  *out = it->valuedouble;
-  return true;
-}
-
-static weft_status golden_load(const char *dir, golden *g) {
-  memset(g, 0, sizeof *g);
-  char path[1100];
-  snprintf(path, sizeof path, "%s/expected.json", dir);
-  char *text = slurp(path, NULL);
-  if (!text) return weft_error(WEFT_ERR_IO, "cannot read %s", path);
-  cJSON *j = cJSON_Parse(text);
-  free(text);
-  if (!j) return weft_error(WEFT_ERR_CORRUPT, "%s: not JSON", path);
-  const cJSON *cf = cJSON_GetObjectItemCaseSensitive(j, "config");
-  const cJSON *hp = cJSON_GetObjectItemCaseSensitive(j, "hyperparameters");
-  double D, L, H, Hkv, F, V, T, B, lr, b1, b2, eps, wd;
-  bool ok = cf && hp && json_get(cf, "dim", &D) && json_get(cf, "layers", &L) &&
-            json_get(cf, "heads", &H) && json_get(cf, "kv_heads", &Hkv) &&
-            json_get(cf, "ffn", &F) && json_get(cf, "vocab", &V) && json_get(cf, "seq", &T) &&
-            json_get(cf, "batch", &B) && json_get(hp, "lr", &lr) && json_get(hp, "beta1", &b1) &&
-            json_get(hp, "beta2", &b2) && json_get(hp, "eps", &eps) &&
-            json_get(hp, "weight_decay", &wd) && json_get(hp, "clip", &g->clip) &&
-            json_get(j, "loss", &g->loss) && json_get(j, "grad_norm_before_clip", &g->grad_norm);
-  cJSON_Delete(j);
-  if (!ok) return weft_error(WEFT_ERR_CORRUPT, "%s: missing config / hyperparameters / loss", path);
-  g->cfg = (gpu_model_config){.D = (int64_t)D, .L = (int64_t)L, .H = (int64_t)H,
-                              .Hkv = (int64_t)Hkv, .F = (int64_t)F, .V = (int64_t)V,
-                              .T = (int64_t)T, .B = (int64_t)B, .rope_theta = 10000.0,
-                              .norm_eps = 1e-5f};
-  g->hp = (weft_adamw_params){.lr = (float)lr, .beta1 = (float)b1, .beta2 = (float)b2,
-                              .eps = (float)eps, .weight_decay = (float)wd};
-  /* llm.c token file: 256 int32 header (magic 20240520, version 1, count),
-   * then count uint16 tokens; inputs tokens[0:BT], targets tokens[1:BT+1] */
-  snprintf(path, sizeof path, "%s/tokens.bin", dir);
-  size_t len;
-  char *raw = slurp(path, &len);
-  if (!raw) return weft_error(WEFT_ERR_IO, "cannot read %s", path);
-  int32_t hdr[256];
-  const int64_t n = g->cfg.B * g->cfg.T;
-  if (len < sizeof hdr) { free(raw); return weft_error(WEFT_ERR_CORRUPT, "%s: short header", path); }
-  memcpy(hdr, raw, sizeof hdr);
-  if (hdr[0] != 20240520 || hdr[1] != 1 || hdr[2] < n + 1 ||
-      len != sizeof hdr + 2 * (size_t)hdr[2]) {
-    free(raw);
-    return weft_error(WEFT_ERR_CORRUPT, "%s: magic %d version %d count %d, %zu bytes (need %lld tokens)",
-                      path, hdr[0], hdr[1], hdr[2], len, (long long)(n + 1));
-  }
-  g->inp = malloc((size_t)n * sizeof *g->inp);
-  g->tgt = malloc((size_t)n * sizeof *g->tgt);
-  if (!g->inp || !g->tgt) { free(raw); return weft_error(WEFT_ERR_OOM, "golden tokens"); }
-  const uint8_t *t = (const uint8_t *)raw + sizeof hdr;
-  for (int64_t i = 0; i <= n; i++) {
-    int32_t tok = t[2 * i] | (t[2 * i + 1] << 8);
-    if (i < n) g->inp[i] = tok;
-    if (i > 0) g->tgt[i - 1] = tok;
-  }
-  free(raw);
-  return WEFT_OK;
-}
-
-/* ||got - base - (want - base)|| / ||want - base|| (base NULL: 0) */
-static double rel_norm(const float *got, const double *want, const float *base, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double b = base ? (double)base[i] : 0.0, w = want[i] - b, e = (double)got[i] - b - w;
-    num += e * e;
-    den += w * w;
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* Reads tensor i of the model from f as f64 into *buf (grown as needed). */
 static weft_status read_ref(weft_safetensors *f, const gpu_model *m, int i, double **buf) {
   int64_t n = gpu_model_tensor_numel(m, i);
@@ -225,7 +129,7 @@ static weft_status read_ref(weft_safetensors *f, const gpu_model *m, int i, doub
 }
 
 /* One step of the golden check; *bad counts the tolerances exceeded. */
-static weft_status golden_step(gpu_model *m, const char *dir, const golden *g, bool print,
+static weft_status golden_step(gpu_model *m, const char *dir, const gpu_golden *g, bool print,
                                int *bad) {
   char path[1100];
   const int np = gpu_model_num_tensors(m);
@@ -258,7 +162,7 @@ static weft_status golden_step(gpu_model *m, const char *dir, const golden *g, b
   for (int i = 0; i < np; i++) {
     WEFT_CHECK_GOTO(gpu_model_read_grad(m, i, got), st, out);
     WEFT_CHECK_GOTO(read_ref(f, m, i, &ref), st, out);
-    double r = rel_norm(got, ref, NULL, gpu_model_tensor_numel(m, i));
+    double r = gpu_golden_rel_err(got, ref, NULL, gpu_model_tensor_numel(m, i));
     if (r > 1e-5) {
       (*bad)++;
       if (print) printf("golden grad %s: rel err %.2e > 1e-5  FAIL\n", gpu_model_tensor_name(m, i), r);
@@ -285,7 +189,7 @@ static weft_status golden_step(gpu_model *m, const char *dir, const golden *g, b
   for (int i = 0; i < np; i++) {
     WEFT_CHECK_GOTO(gpu_model_read_param(m, i, got), st, out);
     WEFT_CHECK_GOTO(read_ref(f, m, i, &ref), st, out);
-    double r = rel_norm(got, ref, init[i], gpu_model_tensor_numel(m, i));
+    double r = gpu_golden_rel_err(got, ref, init[i], gpu_model_tensor_numel(m, i));
     if (r > 1e-3) {
       (*bad)++;
       if (print)
@@ -344,7 +248,7 @@ int main(int argc, char **argv) {
   int rc = 1;
   weft_mesh *mesh = NULL;
   gpu_model *m = NULL;
-  golden g = {0};
+  gpu_golden g = {0};
   int32_t *inp = NULL, *tgt = NULL;
   gpu_model_config cfg;
   weft_adamw_params hp = {.lr = (float)o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
@@ -385,7 +289,7 @@ int main(int argc, char **argv) {
     }
   }
   if (o.golden) {
-    if (golden_load(o.golden, &g) != WEFT_OK) {
+    if (gpu_golden_load(o.golden, &g) != WEFT_OK) {
       fail_msg("--golden");
       goto done;
     }
@@ -511,8 +415,7 @@ done:
     free(inp);
     free(tgt);
   }
-  free(g.inp);
-  free(g.tgt);
+  gpu_golden_free(&g);
   if (mesh) weft_mesh_destroy(mesh);
   weft_cuda_shutdown();
   weft_finalize();

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../examples/gpu/gpu_golden.h"
 #include "../../examples/gpu/gpu_model.h"
 #include "kernels.h"
 #include "layers.h"
@@ -28,99 +29,15 @@
 
 /* ------------------------------------------------------------ golden data */
 
-typedef struct golden {
-  char dir[512];
-  gpu_model_config cfg;
-  weft_adamw_params hp;
-  double clip, loss, grad_norm;
-  int32_t *inp, *tgt; /* (B, T) */
-} golden;
-
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  size_t got = fread(buf, 1, (size_t)n, f);
-  fclose(f);
-  buf[got] = '\0';
-  if (len) *len = got;
-  return buf;
+/* tests/data/golden/<name> through the trainer's loader (gpu_golden.c). */
+static void golden_load(const char *name, gpu_golden *g) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/golden/%s", WEFT_TEST_DATA_DIR, name);
+  weft_status st = gpu_golden_load(dir, g);
+  cr_assert_eq(st, WEFT_OK, "%s", weft_last_error());
 }
 
-/* The number after "key": in expected.json (keys there are unique). */
-static double json_num(const char *json, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\"", key);
-  const char *p = strstr(json, pat);
-  cr_assert(p != NULL, "expected.json has no \"%s\"", key);
-  p = strchr(p + strlen(pat), ':');
-  cr_assert(p != NULL);
-  return strtod(p + 1, NULL);
-}
-
-static void golden_load(const char *name, golden *g) {
-  memset(g, 0, sizeof *g);
-  snprintf(g->dir, sizeof g->dir, "%s/golden/%s", WEFT_TEST_DATA_DIR, name);
-  char path[1024];
-  snprintf(path, sizeof path, "%s/expected.json", g->dir);
-  char *j = slurp(path, NULL);
-  cr_assert(j != NULL, "cannot read %s", path);
-  g->cfg = (gpu_model_config){
-      .D = (int64_t)json_num(j, "dim"), .L = (int64_t)json_num(j, "layers"),
-      .H = (int64_t)json_num(j, "heads"), .Hkv = (int64_t)json_num(j, "kv_heads"),
-      .F = (int64_t)json_num(j, "ffn"), .V = (int64_t)json_num(j, "vocab"),
-      .T = (int64_t)json_num(j, "seq"), .B = (int64_t)json_num(j, "batch"),
-      .rope_theta = 10000.0, .norm_eps = 1e-5f};
-  g->hp = (weft_adamw_params){.lr = (float)json_num(j, "lr"),
-                              .beta1 = (float)json_num(j, "beta1"),
-                              .beta2 = (float)json_num(j, "beta2"),
-                              .eps = (float)json_num(j, "eps"),
-                              .weight_decay = (float)json_num(j, "weight_decay")};
-  g->clip = json_num(j, "clip");
-  g->loss = json_num(j, "loss");
-  g->grad_norm = json_num(j, "grad_norm_before_clip");
-  free(j);
-  /* llm.c token file: 256 int32 header, then uint16 tokens */
-  snprintf(path, sizeof path, "%s/tokens.bin", g->dir);
-  size_t len;
-  char *raw = slurp(path, &len);
-  cr_assert(raw != NULL && len >= 1024, "cannot read %s", path);
-  int32_t hdr[256];
-  memcpy(hdr, raw, sizeof hdr);
-  const int64_t n = g->cfg.B * g->cfg.T;
-  cr_assert(hdr[0] == 20240520 && hdr[1] == 1 && hdr[2] >= n + 1 &&
-                len == 1024 + 2 * (size_t)hdr[2],
-            "%s: bad llm.c header", path);
-  g->inp = malloc((size_t)n * sizeof *g->inp);
-  g->tgt = malloc((size_t)n * sizeof *g->tgt);
-  const uint8_t *t = (const uint8_t *)raw + 1024;
-  for (int64_t i = 0; i <= n; i++) {
-    int32_t tok = t[2 * i] | (t[2 * i + 1] << 8);
-    if (i < n) g->inp[i] = tok;
-    if (i > 0) g->tgt[i - 1] = tok;
-  }
-  free(raw);
-}
-
-static void golden_free(golden *g) {
-  free(g->inp);
-  free(g->tgt);
-}
-
-/* ||got - base - (want - base)|| / ||want - base|| (base NULL: 0), f64 reference */
-static double rel_norm64(const float *got, const double *want, const float *base, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double b = base ? base[i] : 0, w = want[i] - b, e = (double)got[i] - b - w;
-    num += e * e;
-    den += w * w;
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-/* same with an f32 reference */
+/* ||got - base - (want - base)|| / ||want - base|| (base NULL: 0), f32 reference */
 static double rel_norm32(const float *got, const float *want, const float *base, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -131,7 +48,7 @@ static double rel_norm32(const float *got, const float *want, const float *base,
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static gpu_model *make_model(const golden *g) {
+static gpu_model *make_model(const gpu_golden *g) {
   OK(weft_cuda_init(0, NULL));
   gpu_model *m;
   OK(gpu_model_create(&g->cfg, NULL, 0, &m));
@@ -159,7 +76,7 @@ static void free_all(float **a, int np) {
 /* ------------------------------------------------------------- golden step */
 
 static void check_golden(const char *name) {
-  golden g;
+  gpu_golden g;
   golden_load(name, &g);
   gpu_model_config preset;
   OK(gpu_model_config_preset(name, &preset));
@@ -189,7 +106,7 @@ static void check_golden(const char *name) {
     const int64_t n = gpu_model_tensor_numel(m, i);
     double *ref = malloc((size_t)n * sizeof *ref);
     OK(weft_safetensors_read(f, gpu_model_tensor_name(m, i), WEFT_F64, ref, n));
-    double r = rel_norm64(grads[i], ref, NULL, n);
+    double r = gpu_golden_rel_err(grads[i], ref, NULL, n);
     cr_expect(r <= 1e-5, "%s: grad of %s: rel err %.2e > 1e-5", name, gpu_model_tensor_name(m, i), r);
     if (r > worst) {
       worst = r;
@@ -226,7 +143,7 @@ static void check_golden(const char *name) {
     const int64_t n = gpu_model_tensor_numel(m, i);
     double *ref = malloc((size_t)n * sizeof *ref);
     OK(weft_safetensors_read(f, gpu_model_tensor_name(m, i), WEFT_F64, ref, n));
-    double r = rel_norm64(after[i], ref, init[i], n);
+    double r = gpu_golden_rel_err(after[i], ref, init[i], n);
     cr_expect(r <= 1e-3, "%s: AdamW update of %s: rel err %.2e > 1e-3", name,
               gpu_model_tensor_name(m, i), r);
     if (r > worst_u) worst_u = r;
@@ -241,7 +158,7 @@ static void check_golden(const char *name) {
   free_all(clipped, np);
   free_all(after, np);
   gpu_model_destroy(m);
-  golden_free(&g);
+  gpu_golden_free(&g);
 }
 
 Test(emu_train, tiny_mha_golden_step_matches_pytorch, .timeout = 60) { check_golden("tiny_mha"); }
@@ -266,7 +183,7 @@ typedef struct cpu_model {
 
 static float *fz(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
 
-static void cpu_build(cpu_model *m, const gpu_model *gm, const golden *gd) {
+static void cpu_build(cpu_model *m, const gpu_model *gm, const gpu_golden *gd) {
   memset(m, 0, sizeof *m);
   m->c = gd->cfg;
   const gpu_model_config *c = &m->c;
@@ -405,7 +322,7 @@ static void cpu_step(cpu_model *m, const weft_adamw_params *hp, double clip, int
 #define STEPS 3
 
 Test(emu_train, three_steps_lower_the_loss_and_match_the_cpu_kernels, .timeout = 90) {
-  golden g;
+  gpu_golden g;
   golden_load("tiny_gqa", &g);
   weft_adamw_params hp = g.hp;
   hp.lr = 1e-2f; /* big enough that 3 steps on one batch visibly lower the loss */
@@ -442,11 +359,11 @@ Test(emu_train, three_steps_lower_the_loss_and_match_the_cpu_kernels, .timeout =
   free_all(after, c.np);
   cpu_free(&c);
   gpu_model_destroy(m);
-  golden_free(&g);
+  gpu_golden_free(&g);
 }
 
 Test(emu_train, two_runs_from_the_same_weights_are_bitwise_identical, .timeout = 90) {
-  golden g;
+  gpu_golden g;
   golden_load("tiny_mha", &g);
   float **res[2];
   double loss[2][STEPS];
@@ -468,7 +385,7 @@ Test(emu_train, two_runs_from_the_same_weights_are_bitwise_identical, .timeout =
   gpu_model_destroy(m);
   free_all(res[0], np);
   free_all(res[1], np);
-  golden_free(&g);
+  gpu_golden_free(&g);
 }
 
 /* ------------------------------------------------------ init and arguments */
