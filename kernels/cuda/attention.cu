@@ -144,27 +144,12 @@ __global__ void softmax_fwd_kernel(float *S, float *lse, int64_t nrows, int64_t 
     float m = -INFINITY, s = 0.0f;
     for (int64_t c = threadIdx.x; c < valid; c += 32) {
       const float x = row[c];
-      if (x > m) {
-        s = (m == -INFINITY ? 0.0f : s * expf(m - x)) + 1.0f;
-        m = x;
-      } else {
-        s += expf(x - m);
-      }
+      lse_push(m, s, x);
     }
     for (int o = 16; o > 0; o >>= 1) {
       const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
       const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
-      if (m2 != -INFINITY) {
-        if (m == -INFINITY) {
-          m = m2;
-          s = s2;
-        } else if (m2 > m) {
-          s = s * expf(m - m2) + s2;
-          m = m2;
-        } else {
-          s += s2 * expf(m2 - m);
-        }
-      }
+      lse_merge(m, s, m2, s2);
     }
     const float inv = 1.0f / s;
     for (int64_t c = threadIdx.x; c < end; c += 32) row[c] = c < valid ? expf(row[c] - m) * inv : 0.0f;

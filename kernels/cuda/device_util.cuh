@@ -29,6 +29,33 @@ struct alignas(16) f4 {
   float x, y, z, w;
 };
 
+/* Online log-sum-exp: (m, s) with s = sum exp(x - m) over the values seen,
+ * m = -inf and s = 0 before the first. lse_push adds one value,
+ * lse_merge another pair (a warp's lanes combine theirs with shuffles). */
+__device__ inline void lse_push(float &m, float &s, float x) {
+  if (x > m) {
+    s = (m == -INFINITY ? 0.0f : s * expf(m - x)) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+/* (m, s) with s = sum exp(x - m): merges two such pairs. */
+__device__ inline void lse_merge(float &m, float &s, float m2, float s2) {
+  if (m2 == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = m2;
+    s = s2;
+    return;
+  }
+  if (m2 > m) {
+    s = s * expf(m - m2) + s2;
+    m = m2;
+  } else {
+    s += s2 * expf(m2 - m);
+  }
+}
+
 }  // namespace
 
 #endif /* WEFT_DEVICE_UTIL_CUH */

@@ -466,22 +466,6 @@ struct loss_result {
   unsigned pad;
 };
 
-/* (m, s) with s = sum exp(x - m): merges two such pairs. */
-__device__ inline void lse_merge(float &m, float &s, float m2, float s2) {
-  if (m2 == -INFINITY) return;
-  if (m == -INFINITY) {
-    m = m2;
-    s = s2;
-    return;
-  }
-  if (m2 > m) {
-    s = s * expf(m - m2) + s2;
-    m = m2;
-  } else {
-    s += s2 * expf(m2 - m);
-  }
-}
-
 /* Full-vocab forward, one block per row: online max/sum per thread, merged
  * by warp shuffles and then across warps in order; row_lse[n] and
  * row_loss[n] = lse - logits[n, target] (double) into scratch. A target
@@ -496,12 +480,7 @@ __global__ void ce_fwd_kernel(float *row_lse, double *row_loss, loss_result *res
     float m = -INFINITY, s = 0.0f;
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
       const float x = row[v];
-      if (x > m) {
-        s = (m == -INFINITY ? 0.0f : s * expf(m - x)) + 1.0f;
-        m = x;
-      } else {
-        s += expf(x - m);
-      }
+      lse_push(m, s, x);
     }
     for (int o = 16; o > 0; o >>= 1) {
       const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
