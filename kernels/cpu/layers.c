@@ -9,26 +9,8 @@
 
 #include "kernels.h"
 #include "layers.h"
+#include "arg_checks.h"
 #include "weft_config.h"
-
-/* ---------------------------------------------------------------- checks */
-
-/* Every size must be >= 0. */
-#define CHECK_SIZES(...)                                                      \
-  do {                                                                        \
-    const int64_t sizes_[] = {__VA_ARGS__};                                   \
-    for (size_t i_ = 0; i_ < sizeof sizes_ / sizeof sizes_[0]; i_++)          \
-      if (sizes_[i_] < 0)                                                     \
-        return weft_error(WEFT_ERR_INVALID, "size argument %zu is negative (%lld)", i_ + 1, \
-                          (long long)sizes_[i_]);                             \
-  } while (0)
-
-/* A pointer to an array of `count` elements may be NULL only if count == 0. */
-#define CHECK_PTR(p, count)                                                   \
-  do {                                                                        \
-    if ((p) == NULL && (count) > 0)                                           \
-      return weft_error(WEFT_ERR_INVALID, "%s is NULL", #p);                  \
-  } while (0)
 
 /* --------------------------------------------------------- vector helpers
  * The elementwise and row loops below run on 4-float vectors (GCC/Clang

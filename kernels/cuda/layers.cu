@@ -29,6 +29,7 @@
 
 #include "cuda_compat.h"
 #include "cuda_internal.h"
+#include "arg_checks.h"
 #include "device_util.cuh"
 
 namespace {
@@ -47,20 +48,6 @@ size_t round_up_256(size_t x) { return (x + 255) & ~(size_t)255; }
 weft_status launched(const char *func) {
   return weft_cuda_check_((int)cudaGetLastError(), func);
 }
-
-#define CHECK_SIZES(...)                                                                  \
-  do {                                                                                    \
-    const int64_t sizes_[] = {__VA_ARGS__};                                               \
-    for (size_t i_ = 0; i_ < sizeof sizes_ / sizeof sizes_[0]; i_++)                      \
-      if (sizes_[i_] < 0)                                                                 \
-        return weft_error(WEFT_ERR_INVALID, "size argument %zu is negative (%lld)", i_ + 1, \
-                          (long long)sizes_[i_]);                                         \
-  } while (0)
-
-#define CHECK_PTR(p, count)                                                               \
-  do {                                                                                    \
-    if ((p) == NULL && (count) > 0) return weft_error(WEFT_ERR_INVALID, "%s is NULL", #p); \
-  } while (0)
 
 #define REQUIRE_INIT() WEFT_CHECK(weft_cuda_require_init_(__func__))
 
