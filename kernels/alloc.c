@@ -1,11 +1,13 @@
-/* Host allocation with exact accounting; device allocations are delegated to
- * the CUDA backend when it is built. */
+/* Allocation with exact accounting, for every device: the block comes from
+ * the device's table (backend.h; the CPU's is the header scheme below), the
+ * bytes are counted here. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_internal.h"
+#include "cpu/cpu_internal.h"
 #include "kernels.h"
-#include "cuda/cuda.h"
 #include "kernels_internal.h"
 
 /* Under AddressSanitizer, poison the block header and the tail padding (the
@@ -58,39 +60,57 @@ void weft_mem_account_free_(weft_device dev, int64_t bytes) {
   atomic_fetch_add(&n_free[dev], 1);
 }
 
-weft_status weft_alloc(weft_device dev, size_t bytes, void **out) {
+/* The CPU table's alloc member: a 64-byte header, then the data. */
+weft_status weft_cpu_alloc_(size_t bytes, void **out) {
   *out = NULL;
-  if ((unsigned)dev >= WEFT_DEVICE_COUNT)
-    return weft_error(WEFT_ERR_INVALID, "unknown device %d", (int)dev);
-  if (dev == WEFT_CUDA) return weft_cuda_malloc(bytes, out); /* counts the bytes itself */
   if (bytes > ((size_t)1 << 46))
-    return weft_error(WEFT_ERR_OOM, "refusing a host allocation of %zu bytes", bytes);
+    return weft_error_at(WEFT_ERR_OOM, "weft_alloc", "refusing a host allocation of %zu bytes", bytes);
   const size_t padded = (bytes + 63) & ~(size_t)63;
   alloc_header *h = aligned_alloc(64, sizeof(alloc_header) + padded);
-  if (!h) return weft_error(WEFT_ERR_OOM, "host allocation of %zu bytes failed", bytes);
+  if (!h) return weft_error_at(WEFT_ERR_OOM, "weft_alloc", "host allocation of %zu bytes failed", bytes);
   h->magic = ALLOC_MAGIC;
   h->bytes = bytes;
   h->device = WEFT_CPU;
-  weft_mem_account_alloc_(WEFT_CPU, (int64_t)bytes);
   WEFT_POISON_(h, sizeof *h);
   WEFT_POISON_((char *)(h + 1) + bytes, padded - bytes);
   *out = h + 1;
   return WEFT_OK;
 }
 
-void weft_free(void *ptr) {
-  if (!ptr) return;
-  if (weft_cuda_owns_(ptr)) {
-    weft_cuda_free(ptr); /* counts the bytes itself */
-    return;
-  }
+/* The CPU table's free member. */
+size_t weft_cpu_free_(void *ptr) {
   alloc_header *h = (alloc_header *)ptr - 1;
   WEFT_UNPOISON_(h, sizeof *h);
   WEFT_ASSERT(h->magic == ALLOC_MAGIC);
   WEFT_UNPOISON_(ptr, (h->bytes + 63) & ~(uint64_t)63);
   h->magic = 0;
-  weft_mem_account_free_(WEFT_CPU, (int64_t)h->bytes);
+  size_t bytes = h->bytes;
   free(h);
+  return bytes;
+}
+
+weft_status weft_alloc(weft_device dev, size_t bytes, void **out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  weft_status st;
+  const weft_backend *be = weft_backend_find_(dev, offsetof(weft_backend, alloc), __func__, &st);
+  if (!be) return st;
+  st = be->alloc(bytes, out);
+  if (st != WEFT_OK) return weft_backend_trace_(st, be, __func__);
+  weft_mem_account_alloc_(dev, (int64_t)bytes);
+  return WEFT_OK;
+}
+
+void weft_free(void *ptr) {
+  if (!ptr) return;
+  /* a device block (a device's allocator knows its own), else the host's */
+  for (int d = 0; d < WEFT_DEVICE_COUNT; d++) {
+    const weft_backend *be = weft_backend_get((weft_device)d);
+    if (d == WEFT_CPU || !be || !be->owns || !be->owns(ptr)) continue;
+    weft_mem_account_free_((weft_device)d, (int64_t)be->free(ptr));
+    return;
+  }
+  weft_mem_account_free_(WEFT_CPU, (int64_t)weft_cpu_free_(ptr));
 }
 
 weft_mem_stats weft_mem_get(weft_device dev) {

@@ -1,29 +1,164 @@
-/* kernels/arg_checks.h — private: the argument checks of the layer kernels,
- * shared by kernels/cpu/layers.c and kernels/cuda/layers.cu so both backends
- * reject the same inputs with the same messages (C and C++). */
+/* kernels/arg_checks.h — private: the argument checks of the kernels,
+ * shared by the CPU kernels (kernels/cpu/) and the CUDA backend
+ * (kernels/cuda/), so every backend rejects the same inputs with the same
+ * message (C and C++). Messages name the operation, not the C function:
+ * weft_op_name_("weft_cuda_linear_forward") and
+ * weft_op_name_("weft_linear_forward") are both "linear_forward". */
 #ifndef WEFT_ARG_CHECKS_H
 #define WEFT_ARG_CHECKS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "status.h"
 
-/* Every size must be >= 0 (the enclosing function returns the error). */
-#define CHECK_SIZES(...)                                                      \
+/* The operation a kernel function implements: its name without the
+ * "weft_cuda_", "weft_cpu_" or "weft_" prefix (and a trailing '_'s stay). */
+static inline const char *weft_op_name_(const char *func) {
+  if (strncmp(func, "weft_cuda_", 10) == 0) return func + 10;
+  if (strncmp(func, "weft_cpu_", 9) == 0) return func + 9;
+  if (strncmp(func, "weft_", 5) == 0) return func + 5;
+  return func;
+}
+
+/* Every size must be >= 0 (the enclosing function returns the error). The
+ * _AT forms take the operation's name (for helpers shared by several). */
+#define CHECK_SIZES_AT(op, ...)                                               \
   do {                                                                        \
     const int64_t sizes_[] = {__VA_ARGS__};                                   \
     for (size_t i_ = 0; i_ < sizeof sizes_ / sizeof sizes_[0]; i_++)          \
       if (sizes_[i_] < 0)                                                     \
-        return weft_error(WEFT_ERR_INVALID, "size argument %zu is negative (%lld)", i_ + 1, \
-                          (long long)sizes_[i_]);                             \
+        return weft_error_at(WEFT_ERR_INVALID, (op),                          \
+                             "size argument %zu is negative (%lld)", i_ + 1,  \
+                             (long long)sizes_[i_]);                          \
   } while (0)
+#define CHECK_SIZES(...) CHECK_SIZES_AT(weft_op_name_(__func__), __VA_ARGS__)
 
 /* A pointer to an array of `count` elements may be NULL only if count == 0. */
-#define CHECK_PTR(p, count)                                                   \
+#define CHECK_PTR_AT(op, p, count)                                            \
   do {                                                                        \
     if ((p) == NULL && (count) > 0)                                           \
-      return weft_error(WEFT_ERR_INVALID, "%s is NULL", #p);                  \
+      return weft_error_at(WEFT_ERR_INVALID, (op), "%s is NULL", #p);         \
+  } while (0)
+#define CHECK_PTR(p, count) CHECK_PTR_AT(weft_op_name_(__func__), p, count)
+
+/* Sizes and leading dims of a row-major GEMM C[m,n] = op(A) op(B) (lda,
+ * ldb, ldc: row strides as stored). m or n = 0 needs no leading dims. */
+static inline weft_status weft_check_gemm_dims_(const char *op, bool ta, bool tb, int64_t m,
+                                                int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                                                int64_t ldc) {
+  if (m < 0 || n < 0 || k < 0)
+    return weft_error_at(WEFT_ERR_INVALID, op, "negative size: m %lld, n %lld, k %lld",
+                         (long long)m, (long long)n, (long long)k);
+  if (m == 0 || n == 0) return WEFT_OK;
+  int64_t acols = ta ? m : k, bcols = tb ? k : n;
+  if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < n)
+    return weft_error_at(WEFT_ERR_INVALID, op,
+                         "leading dims too small: lda %lld (need >= %lld), ldb %lld (need >= "
+                         "%lld), ldc %lld (need >= %lld)",
+                         (long long)lda, (long long)acols, (long long)ldb, (long long)bcols,
+                         (long long)ldc, (long long)n);
+  return WEFT_OK;
+}
+
+/* The arrays of a multi-tensor call: ntensors >= 0, n[i] >= 0, and for
+ * every required array k, arrays[k] and (when n[i] > 0) arrays[k][i]
+ * non-NULL. */
+static inline weft_status weft_check_multi_(const char *op, int ntensors, const int64_t *n,
+                                            int narrays, const char *const *names,
+                                            const void *const *const *arrays,
+                                            const bool *required) {
+  if (ntensors < 0)
+    return weft_error_at(WEFT_ERR_INVALID, op, "ntensors = %d is negative", ntensors);
+  if (ntensors == 0) return WEFT_OK;
+  if (!n) return weft_error_at(WEFT_ERR_INVALID, op, "n is NULL");
+  for (int k = 0; k < narrays; k++)
+    if (required[k] && !arrays[k])
+      return weft_error_at(WEFT_ERR_INVALID, op, "%s is NULL", names[k]);
+  for (int i = 0; i < ntensors; i++) {
+    if (n[i] < 0)
+      return weft_error_at(WEFT_ERR_INVALID, op, "n[%d] = %lld is negative", i, (long long)n[i]);
+    for (int k = 0; k < narrays; k++)
+      if (required[k] && n[i] > 0 && !arrays[k][i])
+        return weft_error_at(WEFT_ERR_INVALID, op, "%s[%d] is NULL (n[%d] = %lld)", names[k], i,
+                             i, (long long)n[i]);
+  }
+  return WEFT_OK;
+}
+
+/* torch.optim.AdamW.__init__'s checks, and step >= 1 (hp is a
+ * const weft_adamw_params *; layers.h). */
+#define WEFT_CHECK_ADAMW_HP_(op, hp, step)                                                    \
+  do {                                                                                        \
+    if (!(hp)) return weft_error_at(WEFT_ERR_INVALID, op, "hyper-parameters are NULL");      \
+    if ((step) < 1)                                                                           \
+      return weft_error_at(WEFT_ERR_INVALID, op, "step = %lld must be >= 1", (long long)(step)); \
+    if (!((hp)->lr >= 0.0f))                                                                  \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid learning rate: %g", (double)(hp)->lr); \
+    if (!((hp)->eps >= 0.0f))                                                                 \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid epsilon value: %g", (double)(hp)->eps); \
+    if (!((hp)->beta1 >= 0.0f && (hp)->beta1 < 1.0f))                                         \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid beta parameter at index 0: %g",    \
+                           (double)(hp)->beta1);                                              \
+    if (!((hp)->beta2 >= 0.0f && (hp)->beta2 < 1.0f))                                         \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid beta parameter at index 1: %g",    \
+                           (double)(hp)->beta2);                                              \
+    if (!((hp)->weight_decay >= 0.0f))                                                        \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid weight_decay value: %g",           \
+                           (double)(hp)->weight_decay);                                       \
+  } while (0)
+
+/* torch.optim.SGD.__init__'s checks, and step >= 1. */
+#define WEFT_CHECK_SGD_HP_(op, hp, step)                                                      \
+  do {                                                                                        \
+    if (!(hp)) return weft_error_at(WEFT_ERR_INVALID, op, "hyper-parameters are NULL");      \
+    if ((step) < 1)                                                                           \
+      return weft_error_at(WEFT_ERR_INVALID, op, "step = %lld must be >= 1", (long long)(step)); \
+    if (!((hp)->lr >= 0.0f))                                                                  \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid learning rate: %g", (double)(hp)->lr); \
+    if (!((hp)->momentum >= 0.0f))                                                            \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid momentum value: %g",               \
+                           (double)(hp)->momentum);                                           \
+    if (!((hp)->weight_decay >= 0.0f))                                                        \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid weight_decay value: %g",           \
+                           (double)(hp)->weight_decay);                                       \
+    if ((hp)->nesterov && ((hp)->momentum <= 0.0f || (hp)->dampening != 0.0f))               \
+      return weft_error_at(WEFT_ERR_INVALID, op,                                             \
+                           "Nesterov momentum requires a momentum and zero dampening");       \
+  } while (0)
+
+/* The pieces of a flat_pack / flat_split / flat_accumulate call: a float
+ * flat dtype, npieces >= 0, each piece's dtype float (f32 for accumulate),
+ * offset, count, pad >= 0, data non-NULL where count > 0 (pack allows NULL:
+ * zeros). The flat buffer must not be NULL when any piece is non-empty.
+ * pieces is a const weft_flat_piece * (backend.h). */
+#define WEFT_CHECK_FLAT_(op, flat, flat_dtype, pieces, npieces, data_may_be_null, need_f32)   \
+  do {                                                                                        \
+    if ((flat_dtype) != WEFT_F32 && (flat_dtype) != WEFT_BF16 && (flat_dtype) != WEFT_F16)   \
+      return weft_error_at(WEFT_ERR_UNSUPPORTED, op,                                         \
+                           "flat buffer dtype %s: f32, bf16 or f16", weft_dtype_name(flat_dtype)); \
+    if ((npieces) < 0)                                                                        \
+      return weft_error_at(WEFT_ERR_INVALID, op, "npieces = %d is negative", (npieces));     \
+    if ((npieces) > 0 && !(pieces)) return weft_error_at(WEFT_ERR_INVALID, op, "pieces is NULL"); \
+    for (int i_ = 0; i_ < (npieces); i_++) {                                                  \
+      const weft_flat_piece *p_ = &(pieces)[i_];                                              \
+      if (p_->offset < 0 || p_->count < 0 || p_->pad < 0)                                     \
+        return weft_error_at(WEFT_ERR_INVALID, op,                                           \
+                             "piece %d: offset %lld, count %lld, pad %lld must be >= 0", i_,  \
+                             (long long)p_->offset, (long long)p_->count, (long long)p_->pad); \
+      if ((need_f32) ? p_->dtype != WEFT_F32                                                  \
+                     : (p_->dtype != WEFT_F32 && p_->dtype != WEFT_BF16 && p_->dtype != WEFT_F16)) \
+        return weft_error_at(WEFT_ERR_UNSUPPORTED, op, "piece %d has dtype %s: %s", i_,      \
+                             weft_dtype_name(p_->dtype),                                      \
+                             (need_f32) ? "accumulation needs f32" : "f32, bf16 or f16");     \
+      if (!p_->data && p_->count > 0 && !(data_may_be_null))                                  \
+        return weft_error_at(WEFT_ERR_INVALID, op, "piece %d: data is NULL for %lld elements", \
+                             i_, (long long)p_->count);                                      \
+      if (!(flat) && p_->count + p_->pad > 0)                                                 \
+        return weft_error_at(WEFT_ERR_INVALID, op, "flat is NULL");                          \
+    }                                                                                         \
   } while (0)
 
 #endif /* WEFT_ARG_CHECKS_H */

@@ -23,12 +23,14 @@
  *   size, exactly) and kernel scratch (bf16/f16 gemm); the small tensor
  *   headers come from malloc and are not counted, so views cost 0 bytes.
  * - Dims may be negative (counting from the end) wherever a dim is taken.
- * - Kernels here run on CPU tensors; a WEFT_CUDA tensor passed to them fails
- *   with WEFT_ERR_UNSUPPORTED (views of CUDA tensors work: they only move
- *   pointers). CUDA tensors are made with weft_tensor_create/_zeros on
- *   WEFT_CUDA (the caching allocator of cuda.h), copied with
- *   weft_tensor_copy/_clone/weft_cast (contiguous; same dtype across devices,
- *   f32 <-> bf16 on the device) and computed on with the kernels of cuda.h.
+ * - Devices: every operation here runs on the tensors' device through that
+ *   device's table (backend.h): WEFT_CPU always, WEFT_CUDA in builds with the
+ *   CUDA backend (real or emulated). Arguments are checked here, the same
+ *   way for every device; the tensors of one operation must share a device
+ *   (weft_tensor_copy and weft_tensor_to excepted: they cross between the
+ *   host and a device). A device that cannot do an operation, or a dtype,
+ *   says so (WEFT_ERR_UNSUPPORTED naming the op, the device and the tensor).
+ *   Views of device tensors only move pointers and work everywhere.
  * - No kernel here communicates; they are all local and any rank may call them.
  */
 #ifndef WEFT_KERNELS_H
@@ -78,11 +80,12 @@ typedef enum weft_device { WEFT_CPU = 0, WEFT_CUDA = 1, WEFT_DEVICE_COUNT } weft
 
 const char *weft_device_name(weft_device dev);
 
-/* Allocates `bytes` (64-byte aligned) on `dev`, zero bytes allowed (returns a
- * unique non-NULL pointer). Counts toward that device's current/peak bytes.
- * WEFT_CUDA requires a build with the CUDA backend and a GPU. */
+/* Allocates `bytes` on `dev` through its table's allocator (64-byte aligned
+ * on the CPU, 256 on CUDA), zero bytes allowed (returns a unique non-NULL
+ * pointer). Counts toward that device's current/peak bytes. WEFT_CUDA
+ * requires a build with the CUDA backend and weft_device_init. */
 weft_status weft_alloc(weft_device dev, size_t bytes, void **out);
-/* Frees memory from weft_alloc; NULL is a no-op. */
+/* Frees memory from weft_alloc on any device; NULL is a no-op. */
 void weft_free(void *ptr);
 
 typedef struct weft_mem_stats {
@@ -165,23 +168,30 @@ void weft_chunk_range(int64_t n, int64_t k, int64_t i, int64_t *start, int64_t *
  * owning contiguous tensor. */
 weft_status weft_tensor_cat(weft_tensor *const *ts, int n, int dim, weft_tensor **out);
 
-/* A new owning contiguous copy (same dtype). */
+/* A new owning contiguous copy (same dtype, same device). */
 weft_status weft_tensor_clone(const weft_tensor *t, weft_tensor **out);
+/* A new owning contiguous copy of src on dev (same dtype): host <-> device
+ * copies, any strides on either side. */
+weft_status weft_tensor_to(const weft_tensor *src, weft_device dev, weft_tensor **out);
 /* dst = src elementwise for any strides, converting dtype if they differ
  * (float->bf16/f16 round to nearest even, f64->bf16/f16 via f32 as torch;
  * float->int truncates toward zero and saturates, NaN -> 0; int->int wraps
  * modulo 2^bits). Shapes must match. dst and src may be the same view but
- * must not otherwise overlap. */
+ * must not otherwise overlap. Between the host and a device the bytes cross
+ * once, contiguous; strides and conversions are done on one side. A device
+ * may support fewer dtype pairs than the CPU (it says which). */
 weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src);
 /* Sets every element to v (converted to dtype as weft_tensor_copy does). */
 weft_status weft_tensor_fill(weft_tensor *t, double v);
-/* Element at a multi-index, as double (tests and debugging). index may be
- * NULL for a 0-d tensor. A bad index (or tensor) returns NaN, resp. writes
- * nothing, and sets weft_last_error(). */
+/* Element at a multi-index, as double (tests and debugging; on a device one
+ * element is copied, waiting for the device). index may be NULL for a 0-d
+ * tensor. A bad index (or tensor) returns NaN, resp. writes nothing, and
+ * sets weft_last_error(). */
 double weft_tensor_get(const weft_tensor *t, const int64_t *index);
 void weft_tensor_set(weft_tensor *t, const int64_t *index, double v);
 /* true when dtype, shape and every element's bytes are equal (so 0.0 !=
- * -0.0 and identical NaNs are equal); false for NULL or CUDA tensors. */
+ * -0.0 and identical NaNs are equal); false for NULL or device (non-CPU)
+ * tensors: copy those to the host first. */
 bool weft_tensor_equal(const weft_tensor *a, const weft_tensor *b);
 
 /* -------------------------------------------------------------------- RNG */
@@ -197,7 +207,8 @@ bool weft_tensor_equal(const weft_tensor *a, const weft_tensor *b);
  * lo + (hi - lo) * ((e even ? a : b) >> 11) * 2^-53; normal (Box-Muller):
  * u1 = ((a >> 11) + 1) * 2^-53, u2 = (b >> 11) * 2^-53, mean + std *
  * sqrt(-2 ln u1) * (e even ? cos : sin)(2 pi u2); computed in double,
- * rounded once to the dtype. */
+ * rounded to the dtype as weft_tensor_copy converts a double (f64 exact,
+ * f32 once, bf16/f16 through f32 as torch does). */
 
 /* A 64-bit stream key from a name (FNV-1a), e.g. a parameter's qualified name. */
 uint64_t weft_rng_key(const char *name);

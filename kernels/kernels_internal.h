@@ -2,6 +2,8 @@
 #ifndef WEFT_KERNELS_INTERNAL_H
 #define WEFT_KERNELS_INTERNAL_H
 
+#include <stdbool.h>
+
 #include "kernels.h"
 
 #ifdef __cplusplus
@@ -11,13 +13,25 @@ extern "C" {
 void weft_mem_account_alloc_(weft_device dev, int64_t bytes);
 void weft_mem_account_free_(weft_device dev, int64_t bytes);
 
-/* CUDA backend hooks (kernels/cuda/runtime.cu; stubs returning
- * WEFT_ERR_UNSUPPORTED or false in CPU-only builds, see kernels/cuda_stub.c).
- * weft_alloc(WEFT_CUDA) and weft_free of a device block go through
- * weft_cuda_malloc / weft_cuda_free (cuda.h), which count the bytes. */
-weft_status weft_cuda_alloc_(size_t bytes, void **out); /* uncounted block */
-bool weft_cuda_owns_(const void *ptr);                  /* start of a live block? */
-size_t weft_cuda_free_(void *ptr);                      /* returns its requested size */
+/* A 2-D tensor operand of weft_gemm as a row-major matrix: *ld its row
+ * stride; *flip set when it is column-major (a transposed view), which a
+ * GEMM handles by flipping the operand's transpose flag (not allowed for
+ * C). WEFT_ERR_INVALID naming func and the tensor when neither. Every
+ * backend's gemm member reads its operands this way (kernels/cpu/gemm.c). */
+weft_status weft_gemm_layout_(const char *func, const weft_tensor *t, const char *name,
+                              bool allow_flip, int64_t *ld, bool *flip);
+
+/* weft_gemm of bf16 / f16 tensors on any device, as every backend's gemm
+ * member does it: operands converted (any strides) to f32 temporaries on
+ * C's device, one f32 GEMM there (weft_backend_sgemm), C rounded back once.
+ * Arguments checked by weft_gemm (kernels/cpu/gemm.c). */
+weft_status weft_gemm_via_f32_(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
+                               const weft_tensor *b, float beta, weft_tensor *c);
+
+/* Uniform fills on [lo, hi): the largest value of dtype dt below hi (its
+ * bytes in out), which replaces a draw that rounds up to hi; true when
+ * that value is >= lo (else keep the rounded draw). kernels/rng.c. */
+bool weft_rng_uniform_below_(weft_dtype dt, float lo, float hi, unsigned char out[8]);
 
 #ifdef __cplusplus
 }

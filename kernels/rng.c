@@ -14,7 +14,8 @@
  *               r = sqrt(-2 ln u1),  z = r cos(2 pi u2) for even e, r sin(2 pi u2)
  *               for odd e (both Box-Muller outputs);  v = mean + std * z
  *
- * computed in double and rounded once to the tensor's dtype. note: the
+ * computed in double and rounded to the tensor's dtype as a copy of a
+ * double is (bf16/f16 through f32, as torch). note: the
  * stream key goes into the counter's high half, not into the Philox key:
  * Philox is a bijection of the 128-bit counter for a fixed key, so distinct
  * (key, index) pairs under one seed can never collide. A CUDA fill must
@@ -24,7 +25,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend_internal.h"
+#include "cpu/cpu_internal.h"
 #include "kernels.h"
+#include "kernels_internal.h"
 #include "tensor_internal.h"
 
 /* FNV-1a, 64-bit (offset basis 0xcbf29ce484222325, prime 0x100000001b3). */
@@ -158,18 +162,12 @@ static void value_below(weft_dtype dt, double hi, unsigned char out[8]) {
   }
 }
 
-static weft_status fill_random(const char *func, weft_tensor *t, const weft_rng_region *region,
-                               dist *d) {
-  if (!t) return weft_error_at(WEFT_ERR_INVALID, func, "tensor is NULL");
+/* Global geometry of t under region: strides of the global row-major
+ * index per dim and the global index of t's first element. */
+static weft_status region_geometry(const char *func, const weft_tensor *t,
+                                   const weft_rng_region *region, int64_t *gstride, int64_t *g0) {
   char desc[256];
   weft_tensor_describe(t, desc, sizeof desc);
-  if (t->ndim < 0 || t->ndim > WEFT_MAX_DIMS)
-    return weft_error_at(WEFT_ERR_INVALID, func, "tensor has invalid ndim %d", t->ndim);
-  if (t->device != WEFT_CPU)
-    return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "%s: random fills run on cpu tensors only", desc);
-  if (!weft_dtype_is_float(t->dtype))
-    return weft_error_at(WEFT_ERR_INVALID, func,
-                         "%s: random fills need a float dtype (f32, f64, bf16, f16)", desc);
   const int nd = t->ndim;
   int64_t gshape[WEFT_MAX_DIMS], goff[WEFT_MAX_DIMS];
   if (region) {
@@ -192,29 +190,47 @@ static weft_status fill_random(const char *func, weft_tensor *t, const weft_rng_
       goff[k] = 0;
     }
   }
-  int64_t gstride[WEFT_MAX_DIMS], gn = 1;
+  int64_t gn = 1;
   for (int k = nd - 1; k >= 0; k--) {
     gstride[k] = gn;
     if (__builtin_mul_overflow(gn, gshape[k] > 0 ? gshape[k] : 1, &gn))
       return weft_error_at(WEFT_ERR_INVALID, func, "region global shape is too large");
   }
+  *g0 = 0;
+  for (int k = 0; k < nd; k++) *g0 += goff[k] * gstride[k];
+  return WEFT_OK;
+}
+
+bool weft_rng_uniform_below_(weft_dtype dt, float lo, float hi, unsigned char out[8]) {
+  memset(out, 0, 8);
+  value_below(dt, hi, out);
+  /* if no value of the dtype lies in [lo, hi), keep the rounded value */
+  return weft_load_f_((const char *)out, dt) >= (double)lo;
+}
+
+weft_status weft_cpu_fill_random_(weft_tensor *t, weft_random_kind kind, uint64_t seed,
+                                  uint64_t key, const weft_rng_region *region, float a, float b) {
+  int64_t gstride[WEFT_MAX_DIMS], g0;
+  WEFT_CHECK(region_geometry(__func__, t, region, gstride, &g0));
+  dist d = {kind == WEFT_RANDOM_NORMAL ? DIST_NORMAL : DIST_UNIFORM, seed, key, a, b, {0}, false};
+  if (kind == WEFT_RANDOM_UNIFORM)
+    d.have_below = weft_rng_uniform_below_(t->dtype, a, b, d.below_hi);
   if (weft_tensor_numel(t) == 0) return WEFT_OK;
 
+  const int nd = t->ndim;
   const weft_dtype dt = t->dtype;
   const int64_t es = (int64_t)weft_dtype_size(dt);
   pair_cache pc = {0, false, {0, 0}};
   if (nd == 0) {
-    store_sample((char *)t->data, dt, d, sample(d, 0, &pc));
+    store_sample((char *)t->data, dt, &d, sample(&d, 0, &pc));
     return WEFT_OK;
   }
-  int64_t g0 = 0;
-  for (int k = 0; k < nd; k++) g0 += goff[k] * gstride[k];
   const int64_t n = t->shape[nd - 1], st = t->strides[nd - 1];
   int64_t idx[WEFT_MAX_DIMS] = {0};
   char *row = (char *)t->data;
   int64_t g = g0; /* global index of the row's first element */
   for (;;) {
-    for (int64_t j = 0; j < n; j++) store_sample(row + j * st * es, dt, d, sample(d, (uint64_t)(g + j), &pc));
+    for (int64_t j = 0; j < n; j++) store_sample(row + j * st * es, dt, &d, sample(&d, (uint64_t)(g + j), &pc));
     int k = nd - 2;
     for (; k >= 0; k--) {
       idx[k]++;
@@ -230,13 +246,36 @@ static weft_status fill_random(const char *func, weft_tensor *t, const weft_rng_
   return WEFT_OK;
 }
 
+/* Checks for every device, then the fill member of t's device. */
+static weft_status fill_random(const char *func, weft_tensor *t, const weft_rng_region *region,
+                               weft_random_kind kind, uint64_t seed, uint64_t key, float a,
+                               float b) {
+  if (!t) return weft_error_at(WEFT_ERR_INVALID, func, "tensor is NULL");
+  char desc[256];
+  weft_tensor_describe(t, desc, sizeof desc);
+  if (t->ndim < 0 || t->ndim > WEFT_MAX_DIMS)
+    return weft_error_at(WEFT_ERR_INVALID, func, "tensor has invalid ndim %d", t->ndim);
+  if (!weft_dtype_is_float(t->dtype))
+    return weft_error_at(WEFT_ERR_INVALID, func,
+                         "%s: random fills need a float dtype (f32, f64, bf16, f16)", desc);
+  int64_t gstride[WEFT_MAX_DIMS], g0;
+  WEFT_CHECK(region_geometry(func, t, region, gstride, &g0));
+  weft_status st;
+  const weft_tensor *ts[1] = {t};
+  const char *names[1] = {"tensor"};
+  const weft_backend *be =
+      weft_backend_for_tensors_(func, offsetof(weft_backend, fill_random), 1, ts, names, &st);
+  if (!be) return st;
+  if (weft_tensor_numel(t) == 0) return WEFT_OK;
+  return weft_backend_trace_(be->fill_random(t, kind, seed, key, region, a, b), be, func);
+}
+
 weft_status weft_tensor_fill_normal(weft_tensor *t, uint64_t seed, uint64_t key,
                                     const weft_rng_region *region, float mean, float std) {
   if (!isfinite(mean) || !isfinite(std) || std < 0.0f)
     return weft_error(WEFT_ERR_INVALID, "need finite mean and std >= 0, got mean %g, std %g",
                       (double)mean, (double)std);
-  dist d = {DIST_NORMAL, seed, key, mean, std, {0}, false};
-  return fill_random(__func__, t, region, &d);
+  return fill_random(__func__, t, region, WEFT_RANDOM_NORMAL, seed, key, mean, std);
 }
 
 weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key,
@@ -244,11 +283,5 @@ weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key
   if (!isfinite(lo) || !isfinite(hi) || !(lo < hi))
     return weft_error(WEFT_ERR_INVALID, "need finite lo < hi, got lo %g, hi %g", (double)lo,
                       (double)hi);
-  dist d = {DIST_UNIFORM, seed, key, lo, hi, {0}, false};
-  if (t && weft_dtype_is_float(t->dtype)) {
-    value_below(t->dtype, hi, d.below_hi);
-    /* if no value of the dtype lies in [lo, hi), keep the rounded value */
-    d.have_below = weft_load_f_((const char *)d.below_hi, t->dtype) >= (double)lo;
-  }
-  return fill_random(__func__, t, region, &d);
+  return fill_random(__func__, t, region, WEFT_RANDOM_UNIFORM, seed, key, lo, hi);
 }

@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda.h"
+#include "backend_internal.h"
+#include "cpu/cpu_internal.h"
 #include "kernels.h"
 #include "tensor_internal.h"
 
@@ -101,15 +102,6 @@ static weft_status check_tensor(const char *func, const weft_tensor *t, const ch
     return weft_error_at(WEFT_ERR_INVALID, func,
                          "%s is not a valid tensor (ndim %d, dtype %d, device %d)", name, t->ndim,
                          (int)t->dtype, (int)t->device);
-  return WEFT_OK;
-}
-
-static weft_status check_cpu(const char *func, const weft_tensor *t, const char *name) {
-  if (t->device != WEFT_CPU)
-    return weft_error_at(WEFT_ERR_UNSUPPORTED, func,
-                         "%s is on %s; this kernel runs on cpu tensors only (the CUDA kernels "
-                         "live in kernels/cuda/)",
-                         name, weft_device_name(t->device));
   return WEFT_OK;
 }
 
@@ -238,16 +230,12 @@ weft_status weft_tensor_create(weft_dtype dt, weft_device dev, int ndim, const i
 weft_status weft_tensor_zeros(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
                               weft_tensor **out) {
   WEFT_CHECK(weft_tensor_create(dt, dev, ndim, shape, out));
-  if ((*out)->device == WEFT_CUDA) {
-    weft_status st = weft_cuda_memset_zero((*out)->data, weft_tensor_nbytes(*out));
-    if (st != WEFT_OK) {
-      weft_tensor_destroy(*out);
-      *out = NULL;
-      return weft_error_trace(st, __func__);
-    }
-    return WEFT_OK;
+  weft_status st = weft_memset(dev, (*out)->data, 0, weft_tensor_nbytes(*out));
+  if (st != WEFT_OK) {
+    weft_tensor_destroy(*out);
+    *out = NULL;
+    return weft_error_trace(st, __func__);
   }
-  memset((*out)->data, 0, weft_tensor_nbytes(*out));
   return WEFT_OK;
 }
 
@@ -490,47 +478,7 @@ static void copy_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
   }
 }
 
-/* weft_tensor_copy with a CUDA side: contiguous tensors only; same dtype
- * (any direction) through weft_cuda_memcpy, f32 <-> bf16 on the device
- * through the cast kernels. */
-static weft_status copy_device(weft_tensor *dst, const weft_tensor *src) {
-  if (!weft_tensor_is_contiguous(dst) || !weft_tensor_is_contiguous(src))
-    return weft_error(WEFT_ERR_UNSUPPORTED,
-                      "weft_tensor_copy: copies to or from a CUDA tensor need contiguous "
-                      "tensors (clone the strided one on its own device first)");
-  int64_t n = weft_tensor_numel(dst);
-  if (n == 0) return WEFT_OK;
-  if (dst->dtype == src->dtype) {
-    weft_copy_kind kind = src->device == WEFT_CPU   ? WEFT_COPY_H2D
-                          : dst->device == WEFT_CPU ? WEFT_COPY_D2H
-                                                    : WEFT_COPY_D2D;
-    return weft_cuda_memcpy(dst->data, src->data, weft_tensor_nbytes(dst), kind);
-  }
-  if (dst->device == WEFT_CUDA && src->device == WEFT_CUDA) {
-    if (dst->dtype == WEFT_BF16 && src->dtype == WEFT_F32)
-      return weft_cuda_cast_f32_to_bf16(dst->data, src->data, n);
-    if (dst->dtype == WEFT_F32 && src->dtype == WEFT_BF16)
-      return weft_cuda_cast_bf16_to_f32(dst->data, src->data, n);
-  }
-  return weft_error(WEFT_ERR_UNSUPPORTED,
-                    "weft_tensor_copy: %s (%s) -> %s (%s) is not supported with a CUDA side "
-                    "(same dtype, or f32 <-> bf16 on the device)",
-                    weft_dtype_name(src->dtype), weft_device_name(src->device),
-                    weft_dtype_name(dst->dtype), weft_device_name(dst->device));
-}
-
-weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src) {
-  WEFT_CHECK(check_tensor(__func__, dst, "dst"));
-  WEFT_CHECK(check_tensor(__func__, src, "src"));
-  if (!weft_tensor_same_shape(dst, src)) {
-    char dd[256], ds[256];
-    weft_tensor_describe(dst, dd, sizeof dd);
-    weft_tensor_describe(src, ds, sizeof ds);
-    return weft_error(WEFT_ERR_INVALID, "shape mismatch: dst %s, src %s", dd, ds);
-  }
-  if (dst->device == WEFT_CUDA || src->device == WEFT_CUDA) return copy_device(dst, src);
-  WEFT_CHECK(check_cpu(__func__, dst, "dst"));
-  WEFT_CHECK(check_cpu(__func__, src, "src"));
+weft_status weft_cpu_copy_(weft_tensor *dst, const weft_tensor *src) {
   if (weft_tensor_numel(dst) == 0) return WEFT_OK;
   if (dst->dtype == src->dtype && weft_tensor_is_contiguous(dst) && weft_tensor_is_contiguous(src)) {
     memmove(dst->data, src->data, weft_tensor_nbytes(dst));
@@ -544,11 +492,105 @@ weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src) {
   return WEFT_OK;
 }
 
+/* One device's copy member (dst and src on that device). */
+static weft_status copy_on(weft_tensor *dst, const weft_tensor *src) {
+  weft_status st;
+  const weft_tensor *ts[2] = {dst, src};
+  const char *names[2] = {"dst", "src"};
+  const weft_backend *be =
+      weft_backend_for_tensors_("weft_tensor_copy", offsetof(weft_backend, copy), 2, ts, names, &st);
+  if (!be) return st;
+  return weft_backend_trace_(be->copy(dst, src), be, "weft_tensor_copy");
+}
+
+/* A contiguous tensor like t (its shape) of dtype dt on dev. */
+static weft_status temp_like(const weft_tensor *t, weft_dtype dt, weft_device dev,
+                             weft_tensor **out) {
+  return weft_tensor_create(dt, dev, t->ndim, t->shape, out);
+}
+
+/* Between the host and a device: the bytes cross once, contiguous, in the
+ * dtype of the side that converts nothing; conversions and strides are
+ * handled on the host side (CPU copy) or by the device's own copy. */
+static weft_status copy_across(weft_tensor *dst, const weft_tensor *src) {
+  if (weft_tensor_numel(dst) == 0) {
+    /* still refuse a device this build cannot serve */
+    weft_device dev = dst->device == WEFT_CPU ? src->device : dst->device;
+    return weft_backend_get(dev) ? WEFT_OK : weft_backend_no_table_(dev, "weft_tensor_copy");
+  }
+  weft_status st = WEFT_OK;
+  weft_tensor *host = NULL, *devtmp = NULL;
+  if (src->device == WEFT_CPU) { /* host -> device */
+    weft_device dev = dst->device;
+    const weft_tensor *from = src;
+    if (src->dtype != dst->dtype || !weft_tensor_is_contiguous(src)) {
+      st = temp_like(dst, dst->dtype, WEFT_CPU, &host);
+      if (!st) st = weft_cpu_copy_(host, src);
+      from = host;
+    }
+    if (!st && weft_tensor_is_contiguous(dst)) {
+      st = weft_memcpy(dev, dst->data, from->data, weft_tensor_nbytes(dst), WEFT_COPY_H2D);
+    } else if (!st) {
+      st = temp_like(dst, dst->dtype, dev, &devtmp);
+      if (!st) st = weft_memcpy(dev, devtmp->data, from->data, weft_tensor_nbytes(dst), WEFT_COPY_H2D);
+      if (!st) st = copy_on(dst, devtmp);
+    }
+  } else { /* device -> host */
+    weft_device dev = src->device;
+    const weft_tensor *from = src;
+    if (!weft_tensor_is_contiguous(src)) {
+      st = temp_like(src, src->dtype, dev, &devtmp);
+      if (!st) st = copy_on(devtmp, src);
+      from = devtmp;
+    }
+    if (!st && dst->dtype == src->dtype && weft_tensor_is_contiguous(dst)) {
+      st = weft_memcpy(dev, dst->data, from->data, weft_tensor_nbytes(dst), WEFT_COPY_D2H);
+    } else if (!st) {
+      st = temp_like(src, src->dtype, WEFT_CPU, &host);
+      if (!st) st = weft_memcpy(dev, host->data, from->data, weft_tensor_nbytes(host), WEFT_COPY_D2H);
+      if (!st) st = weft_cpu_copy_(dst, host);
+    }
+  }
+  weft_tensor_destroy(host);
+  weft_tensor_destroy(devtmp);
+  return st;
+}
+
+weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src) {
+  WEFT_CHECK(check_tensor(__func__, dst, "dst"));
+  WEFT_CHECK(check_tensor(__func__, src, "src"));
+  if (!weft_tensor_same_shape(dst, src)) {
+    char dd[256], ds[256];
+    weft_tensor_describe(dst, dd, sizeof dd);
+    weft_tensor_describe(src, ds, sizeof ds);
+    return weft_error(WEFT_ERR_INVALID, "shape mismatch: dst %s, src %s", dd, ds);
+  }
+  if (dst->device == src->device) return copy_on(dst, src);
+  if (dst->device != WEFT_CPU && src->device != WEFT_CPU)
+    return weft_error(WEFT_ERR_UNSUPPORTED, "copies between %s and %s go through the host",
+                      weft_device_name(src->device), weft_device_name(dst->device));
+  weft_status st = copy_across(dst, src);
+  return st ? weft_error_trace(st, __func__) : WEFT_OK;
+}
+
+weft_status weft_tensor_to(const weft_tensor *src, weft_device dev, weft_tensor **out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  WEFT_CHECK(check_tensor(__func__, src, "src"));
+  WEFT_CHECK(weft_tensor_create(src->dtype, dev, src->ndim, src->shape, out));
+  weft_status st = weft_tensor_copy(*out, src);
+  if (st != WEFT_OK) {
+    weft_tensor_destroy(*out);
+    *out = NULL;
+    return weft_error_trace(st, __func__);
+  }
+  return WEFT_OK;
+}
+
 weft_status weft_tensor_clone(const weft_tensor *t, weft_tensor **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
   *out = NULL;
   WEFT_CHECK(check_tensor(__func__, t, "tensor"));
-  if (t->device != WEFT_CUDA) WEFT_CHECK(check_cpu(__func__, t, "tensor"));
   WEFT_CHECK(weft_tensor_create(t->dtype, t->device, t->ndim, t->shape, out));
   weft_status st = weft_tensor_copy(*out, t);
   if (st != WEFT_OK) {
@@ -564,7 +606,6 @@ weft_status weft_cast(const weft_tensor *t, weft_dtype dt, weft_tensor **out) {
   *out = NULL;
   WEFT_CHECK(check_tensor(__func__, t, "tensor"));
   if (!dtype_valid(dt)) return weft_error(WEFT_ERR_INVALID, "invalid dtype %d", (int)dt);
-  if (t->device != WEFT_CUDA) WEFT_CHECK(check_cpu(__func__, t, "tensor"));
   WEFT_CHECK(weft_tensor_create(dt, t->device, t->ndim, t->shape, out));
   weft_status st = weft_tensor_copy(*out, t);
   if (st != WEFT_OK) {
@@ -584,7 +625,9 @@ weft_status weft_tensor_cat(weft_tensor *const *ts, int n, int dim, weft_tensor 
     char name[32];
     snprintf(name, sizeof name, "tensor %d", i);
     WEFT_CHECK(check_tensor(__func__, ts[i], name));
-    WEFT_CHECK(check_cpu(__func__, ts[i], name));
+    if (ts[i]->device != ts[0]->device)
+      return weft_error(WEFT_ERR_INVALID, "%s is on %s, tensor 0 on %s: one device per cat", name,
+                        weft_device_name(ts[i]->device), weft_device_name(ts[0]->device));
   }
   const weft_tensor *r = ts[0];
   if (r->ndim == 0) return weft_error(WEFT_ERR_INVALID, "cannot concatenate 0-d tensors");
@@ -655,9 +698,7 @@ static void fill_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
 #undef FILL_AS
 }
 
-weft_status weft_tensor_fill(weft_tensor *t, double v) {
-  WEFT_CHECK(check_tensor(__func__, t, "tensor"));
-  WEFT_CHECK(check_cpu(__func__, t, "tensor"));
+weft_status weft_cpu_fill_(weft_tensor *t, double v) {
   fill_ctx c = {(int64_t)weft_dtype_size(t->dtype), {0}};
   weft_store_f_((char *)c.bytes, t->dtype, v);
   const weft_tensor *ops[1] = {t};
@@ -667,10 +708,21 @@ weft_status weft_tensor_fill(weft_tensor *t, double v) {
   return WEFT_OK;
 }
 
-/* Byte address of t[index], or NULL with an error set. */
+weft_status weft_tensor_fill(weft_tensor *t, double v) {
+  WEFT_CHECK(check_tensor(__func__, t, "tensor"));
+  weft_status st;
+  const weft_tensor *ts[1] = {t};
+  const char *names[1] = {"tensor"};
+  const weft_backend *be =
+      weft_backend_for_tensors_(__func__, offsetof(weft_backend, fill), 1, ts, names, &st);
+  if (!be) return st;
+  if (weft_tensor_numel(t) == 0) return WEFT_OK;
+  return weft_backend_trace_(be->fill(t, v), be, __func__);
+}
+
+/* Byte address of t[index] (in t's device memory), or NULL with an error set. */
 static char *element_at(const char *func, const weft_tensor *t, const int64_t *index) {
   if (check_tensor(func, t, "tensor") != WEFT_OK) return NULL;
-  if (check_cpu(func, t, "tensor") != WEFT_OK) return NULL;
   if (t->ndim > 0 && !index) {
     weft_error_at(WEFT_ERR_INVALID, func, "index is NULL for a %d-d tensor", t->ndim);
     return NULL;
@@ -692,12 +744,26 @@ static char *element_at(const char *func, const weft_tensor *t, const int64_t *i
 double weft_tensor_get(const weft_tensor *t, const int64_t *index) {
   const char *p = element_at(__func__, t, index);
   if (!p) return NAN;
-  return weft_load_f_(p, t->dtype);
+  if (t->device == WEFT_CPU) return weft_load_f_(p, t->dtype);
+  unsigned char bytes[8];
+  if (weft_memcpy(t->device, bytes, p, weft_dtype_size(t->dtype), WEFT_COPY_D2H) != WEFT_OK) {
+    weft_error_trace(weft_last_status(), __func__);
+    return NAN;
+  }
+  return weft_load_f_((const char *)bytes, t->dtype);
 }
 
 void weft_tensor_set(weft_tensor *t, const int64_t *index, double v) {
   char *p = element_at(__func__, t, index);
-  if (p) weft_store_f_(p, t->dtype, v);
+  if (!p) return;
+  if (t->device == WEFT_CPU) {
+    weft_store_f_(p, t->dtype, v);
+    return;
+  }
+  unsigned char bytes[8];
+  weft_store_f_((char *)bytes, t->dtype, v);
+  if (weft_memcpy(t->device, p, bytes, weft_dtype_size(t->dtype), WEFT_COPY_H2D) != WEFT_OK)
+    weft_error_trace(weft_last_status(), __func__);
 }
 
 typedef struct equal_ctx {

@@ -38,14 +38,21 @@ void weft_iter_init_(weft_iter_ *it, int nops, const weft_tensor *const *ts);
 void weft_iter_run_(const weft_iter_ *it, weft_iter_row_fn_ fn, void *ctx);
 
 /* ---- bf16 / f16 conversions. The public weft_f32_to_bf16 ... (dtype.c) call
- * these; they are inline so that conversion loops make no call per element. */
+ * these; they are inline so that conversion loops make no call per element.
+ * They also compile as device code (the CUDA backend's kernels call them,
+ * kernels/cuda/device_util.cuh), so the device rounds exactly as the host. */
+#if defined(__CUDACC__)
+#define WEFT_HD_ __host__ __device__
+#else
+#define WEFT_HD_
+#endif
 
-static inline uint32_t weft_f32_bits_(float x) {
+static inline WEFT_HD_ uint32_t weft_f32_bits_(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);
   return u;
 }
-static inline float weft_bits_f32_(uint32_t u) {
+static inline WEFT_HD_ float weft_bits_f32_(uint32_t u) {
   float x;
   memcpy(&x, &u, 4);
   return x;
@@ -53,17 +60,17 @@ static inline float weft_bits_f32_(uint32_t u) {
 
 /* bf16 is the top 16 bits of an IEEE f32; rounding adds 0x7fff plus the
  * lowest kept bit (ties to even). NaN keeps a quiet-NaN payload. */
-static inline uint16_t weft_f32_to_bf16_i_(float x) {
+static inline WEFT_HD_ uint16_t weft_f32_to_bf16_i_(float x) {
   uint32_t u = weft_f32_bits_(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
 
-static inline float weft_bf16_to_f32_i_(uint16_t x) { return weft_bits_f32_((uint32_t)x << 16); }
+static inline WEFT_HD_ float weft_bf16_to_f32_i_(uint16_t x) { return weft_bits_f32_((uint32_t)x << 16); }
 
 /* IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. */
-static inline uint16_t weft_f32_to_f16_i_(float x) {
+static inline WEFT_HD_ uint16_t weft_f32_to_f16_i_(float x) {
   uint32_t u = weft_f32_bits_(x);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
   uint32_t absu = u & 0x7fffffffu;
@@ -79,7 +86,7 @@ static inline uint16_t weft_f32_to_f16_i_(float x) {
   return sign | (uint16_t)((mant_round >> 13) - ((127u - 15u) << 10));
 }
 
-static inline float weft_f16_to_f32_i_(uint16_t h) {
+static inline WEFT_HD_ float weft_f16_to_f32_i_(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;

@@ -30,11 +30,13 @@
 
 /* ------------------------------------------------------------ hooks */
 
-static bool real_is_device(const void *p) { return weft_cuda_is_device_ptr(p); }
+/* Through the WEFT_CUDA table of backend.h (none in a CPU-only build: then
+ * no buffer is device memory and no device is selected). */
+static bool real_is_device(const void *p) { return weft_ptr_device(p) == WEFT_CUDA; }
 static weft_status real_copy(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
-  return weft_cuda_memcpy(dst, src, bytes, kind);
+  return weft_memcpy(WEFT_CUDA, dst, src, bytes, kind);
 }
-static int real_device(void) { return weft_cuda_current_device(); }
+static int real_device(void) { return weft_device_current(WEFT_CUDA); }
 
 #define REAL_HOOKS {real_is_device, real_copy, real_device, WEFT_HAVE_NCCL != 0}
 static weft_device_hooks hooks = REAL_HOOKS;
@@ -453,8 +455,8 @@ typedef struct nccl_ctx {
 
 /* Orders the comm stream after the compute stream's work so far. */
 static weft_status nccl_pre(mesh_dim *g, nccl_ctx *c, const char *func) {
-  c->comp = (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
-  c->comm = (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMM);
+  c->comp = (cudaStream_t)weft_device_stream_handle(WEFT_CUDA, WEFT_STREAM_COMPUTE);
+  c->comm = (cudaStream_t)weft_device_stream_handle(WEFT_CUDA, WEFT_STREAM_COMM);
   c->nc = g->dev->nccl;
   if (!c->comm || !c->comp)
     return weft_error_at(WEFT_ERR_NO_DEVICE, func,
@@ -525,7 +527,7 @@ static weft_status nccl_post(weft_work *w, mesh_dim *g, nccl_ctx *c, weft_work *
 
 static weft_status nccl_work_done(weft_work *w) {
   struct weft_dev_work *dw = w->dev;
-  cudaStream_t comp = (cudaStream_t)weft_cuda_stream_handle(WEFT_STREAM_COMPUTE);
+  cudaStream_t comp = (cudaStream_t)weft_device_stream_handle(WEFT_CUDA, WEFT_STREAM_COMPUTE);
   cudaError_t err = comp ? cudaStreamWaitEvent(comp, dw->done, 0) : cudaSuccess;
   cudaEventDestroy(dw->done);
   ncclResult_t ae = ncclSuccess;

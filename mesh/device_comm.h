@@ -31,18 +31,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cuda.h"
+#include "backend.h"
 #include "mesh_internal.h"
 
 /* ------------------------------------------------------------ hooks */
 
 typedef struct weft_device_hooks {
-  /* true when p is device memory (weft_cuda_is_device_ptr) */
+  /* true when p is device memory (weft_ptr_device(p) == WEFT_CUDA) */
   bool (*is_device)(const void *p);
   /* a blocking copy ordered after the compute stream's work, kinds H2D and
-   * D2H (weft_cuda_memcpy) */
+   * D2H (weft_memcpy(WEFT_CUDA, ...)) */
   weft_status (*copy)(void *dst, const void *src, size_t bytes, weft_copy_kind kind);
-  /* this rank's device ordinal, -1 if none (weft_cuda_current_device) */
+  /* this rank's device ordinal, -1 if none (weft_device_current(WEFT_CUDA)) */
   int (*device)(void);
   /* whether NCCL may be used on such buffers (WEFT_HAVE_NCCL for the real
    * hooks; a fake "device" of host memory must say false, or rely on the

@@ -47,11 +47,11 @@
  *   other dims keep working;
  * - one thread at a time per mesh (counters and sequence numbers are not
  *   atomic).
- * - Buffers are host memory or device memory (kernels/cuda/cuda.h), see
+ * - Buffers are host memory or device memory (WEFT_CUDA, backend.h), see
  *   below.
  *
  * Device buffers. A collective whose buffers are device memory
- * (weft_cuda_is_device_ptr of send and recv) runs on them directly:
+ * (weft_ptr_device of send and recv) runs on them directly:
  * - All buffers of one call are host memory or all device memory; a call
  *   that mixes them is WEFT_ERR_INVALID (local, "send is device memory but
  *   recv is host memory"). An empty buffer (0 bytes or NULL) does not count.
@@ -66,7 +66,7 @@
  *   (weft_cuda_init not called), or two ranks of the dim on one node use
  *   the same device ordinal (NCCL refuses duplicate GPUs). Then the call
  *   goes through the MPI collective above with host staging (device ->
- *   host bounce buffer, MPI, host -> device, with weft_cuda_memcpy on the
+ *   host bounce buffer, MPI, host -> device, with weft_memcpy(WEFT_CUDA) on the
  *   compute stream), and the dim's coordinate 0 prints once to stderr:
  *   "weft: mesh dim 'dp': NCCL not used (world ranks 0 and 1 share GPU 0
  *   on node x); collectives on device buffers go through MPI with host

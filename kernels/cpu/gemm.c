@@ -12,7 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arg_checks.h"
+#include "backend_internal.h"
+#include "cpu_internal.h"
 #include "kernels.h"
+#include "kernels_internal.h"
 #include "tensor_internal.h"
 #include "weft_config.h"
 
@@ -147,26 +151,6 @@ typedef double gemm_v2d __attribute__((vector_size(16)));
 DEFINE_BLOCKED_GEMM(weft_sgemm_blocked_, float, gemm_v4f, 4)
 DEFINE_BLOCKED_GEMM(weft_dgemm_blocked_, double, gemm_v2d, 2)
 
-/* Leading-dimension preconditions of a row-major GEMM; sets an error. */
-static bool ld_ok(const char *func, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                  int64_t lda, int64_t ldb, int64_t ldc) {
-  if (m < 0 || n < 0 || k < 0) {
-    weft_error_at(WEFT_ERR_INVALID, func, "negative size: m %" PRId64 ", n %" PRId64 ", k %" PRId64,
-                  m, n, k);
-    return false;
-  }
-  if (m == 0 || n == 0) return true;
-  int64_t acols = ta ? m : k, bcols = tb ? k : n;
-  if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < n) {
-    weft_error_at(WEFT_ERR_INVALID, func,
-                  "leading dims too small: lda %" PRId64 " (need >= %" PRId64 "), ldb %" PRId64
-                  " (need >= %" PRId64 "), ldc %" PRId64 " (need >= %" PRId64 ")",
-                  lda, acols, ldb, bcols, ldc, n);
-    return false;
-  }
-  return true;
-}
-
 #if WEFT_HAVE_BLAS
 static bool blas_fits(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {
   return m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
@@ -177,7 +161,7 @@ static bool blas_fits(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
 void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                 const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                 int64_t ldc) {
-  if (!ld_ok(__func__, trans_a, trans_b, m, n, k, lda, ldb, ldc)) return;
+  if (weft_check_gemm_dims_("sgemm", trans_a, trans_b, m, n, k, lda, ldb, ldc) != WEFT_OK) return;
   if (m == 0 || n == 0) return;
   if (k == 0 || alpha == 0.0f) {
     weft_sgemm_blocked__scale(m, n, beta, c, ldc);
@@ -214,8 +198,8 @@ static void dgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alph
 /* A 2-D operand as a row-major matrix: *ld its row stride; *flip set when
  * the tensor is column-major (a transposed view), which GEMM handles by
  * flipping the operand's transpose flag. */
-static weft_status matrix_layout(const char *func, const weft_tensor *t, const char *name,
-                                 bool allow_flip, int64_t *ld, bool *flip) {
+weft_status weft_gemm_layout_(const char *func, const weft_tensor *t, const char *name,
+                              bool allow_flip, int64_t *ld, bool *flip) {
   const int64_t r = t->shape[0], c = t->shape[1];
   *flip = false;
   if ((c <= 1 || t->strides[1] == 1) && (r <= 1 || t->strides[0] >= c)) {
@@ -238,15 +222,77 @@ static weft_status matrix_layout(const char *func, const weft_tensor *t, const c
                        allow_flip ? " (or a transposed view of such a matrix)" : "");
 }
 
-/* Converts the 2-D tensor t into a new contiguous f32 buffer (*buf). */
+/* Converts the 2-D tensor t into a new contiguous f32 buffer (*buf) on its
+ * device. */
 static weft_status to_f32(const weft_tensor *t, weft_tensor **buf) {
-  WEFT_CHECK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, t->shape, buf));
+  WEFT_CHECK(weft_tensor_create(WEFT_F32, t->device, 2, t->shape, buf));
   weft_status st = weft_tensor_copy(*buf, t);
   if (st != WEFT_OK) {
     weft_tensor_destroy(*buf);
     *buf = NULL;
     return weft_error_trace(st, __func__);
   }
+  return WEFT_OK;
+}
+
+/* The sgemm member: weft_sgemm with a status. */
+weft_status weft_cpu_sgemm_(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                            float beta, float *c, int64_t ldc) {
+  WEFT_CHECK(weft_check_gemm_dims_("sgemm", trans_a, trans_b, m, n, k, lda, ldb, ldc));
+  if (m > 0 && n > 0 && (!c || (k > 0 && alpha != 0.0f && (!a || !b))))
+    return weft_error_at(WEFT_ERR_INVALID, "sgemm", "NULL matrix pointer");
+  weft_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return WEFT_OK;
+}
+
+weft_status weft_gemm_via_f32_(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
+                               const weft_tensor *b, float beta, weft_tensor *c) {
+  const weft_device dev = c->device;
+  const int64_t m = trans_a ? a->shape[1] : a->shape[0];
+  const int64_t k = trans_a ? a->shape[0] : a->shape[1];
+  const int64_t n = trans_b ? b->shape[0] : b->shape[1];
+  weft_tensor *fa = NULL, *fb = NULL, *fc = NULL;
+  weft_status st = WEFT_OK;
+  WEFT_CHECK_GOTO(to_f32(a, &fa), st, done);
+  WEFT_CHECK_GOTO(to_f32(b, &fb), st, done);
+  if (beta != 0.0f) {
+    WEFT_CHECK_GOTO(to_f32(c, &fc), st, done);
+  } else {
+    WEFT_CHECK_GOTO(weft_tensor_create(WEFT_F32, dev, 2, c->shape, &fc), st, done);
+  }
+  WEFT_CHECK_GOTO(weft_backend_sgemm(dev, trans_a, trans_b, m, n, k, alpha, fa->data,
+                                     fa->shape[1] > 0 ? fa->shape[1] : 1, fb->data,
+                                     fb->shape[1] > 0 ? fb->shape[1] : 1, beta, fc->data, n),
+                  st, done);
+  WEFT_CHECK_GOTO(weft_tensor_copy(c, fc), st, done);
+done:
+  weft_tensor_destroy(fa); /* on a device: stream-ordered, reused only after the GEMM */
+  weft_tensor_destroy(fb);
+  weft_tensor_destroy(fc);
+  return st;
+}
+
+/* The gemm member; arguments checked by weft_gemm. */
+weft_status weft_cpu_gemm_(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
+                           const weft_tensor *b, float beta, weft_tensor *c) {
+  const weft_dtype dt = a->dtype;
+  const int64_t m = trans_a ? a->shape[1] : a->shape[0];
+  const int64_t k = trans_a ? a->shape[0] : a->shape[1];
+  const int64_t n = trans_b ? b->shape[0] : b->shape[1];
+  if (m == 0 || n == 0) return WEFT_OK;
+  if (dt == WEFT_BF16 || dt == WEFT_F16) return weft_gemm_via_f32_(trans_a, trans_b, alpha, a, b, beta, c);
+
+  int64_t lda, ldb, ldc;
+  bool fa, fb, fc;
+  WEFT_CHECK(weft_gemm_layout_("weft_gemm", a, "A", true, &lda, &fa));
+  WEFT_CHECK(weft_gemm_layout_("weft_gemm", b, "B", true, &ldb, &fb));
+  WEFT_CHECK(weft_gemm_layout_("weft_gemm", c, "C", false, &ldc, &fc));
+  const bool ta = trans_a != fa, tb = trans_b != fb;
+  if (dt == WEFT_F32)
+    weft_sgemm(ta, tb, m, n, k, alpha, a->data, lda, b->data, ldb, beta, c->data, ldc);
+  else
+    dgemm(ta, tb, m, n, k, alpha, a->data, lda, b->data, ldb, beta, c->data, ldc);
   return WEFT_OK;
 }
 
@@ -260,8 +306,6 @@ weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor
     weft_tensor_describe(ts[i], desc, sizeof desc);
     if (ts[i]->ndim != 2)
       return weft_error(WEFT_ERR_INVALID, "%s must be 2-D, got %s", names[i], desc);
-    if (ts[i]->device != WEFT_CPU)
-      return weft_error(WEFT_ERR_UNSUPPORTED, "%s %s: the CPU gemm needs cpu tensors", names[i], desc);
   }
   char da[256], db[256], dc[256];
   weft_tensor_describe(a, da, sizeof da);
@@ -271,8 +315,7 @@ weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor
     return weft_error(WEFT_ERR_INVALID, "dtype mismatch: A %s, B %s, C %s", da, db, dc);
   const weft_dtype dt = a->dtype;
   if (dt != WEFT_F32 && dt != WEFT_F64 && dt != WEFT_BF16 && dt != WEFT_F16)
-    return weft_error(WEFT_ERR_UNSUPPORTED, "gemm supports f32, f64, bf16 and f16, got %s",
-                      weft_dtype_name(dt));
+    return weft_backend_dtype_unsupported_(__func__, "A", a, "gemm on f32, f64, bf16 and f16");
   const int64_t m = trans_a ? a->shape[1] : a->shape[0];
   const int64_t ka = trans_a ? a->shape[0] : a->shape[1];
   const int64_t kb = trans_b ? b->shape[1] : b->shape[0];
@@ -286,39 +329,18 @@ weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor
     return weft_error(WEFT_ERR_INVALID,
                       "C is %s but op(A) @ op(B) is %" PRId64 " x %" PRId64 " (A %s, B %s)", dc, m, n,
                       da, db);
-  const int64_t k = ka;
+  weft_status st;
+  const weft_backend *be =
+      weft_backend_for_tensors_(__func__, offsetof(weft_backend, gemm), 3, ts, names, &st);
+  if (!be) return st;
   if (m == 0 || n == 0) return WEFT_OK;
-
-  if (dt == WEFT_BF16 || dt == WEFT_F16) {
-    /* convert (any strides), compute in f32, round back once */
-    weft_tensor *fa = NULL, *fb = NULL, *fc = NULL;
-    weft_status st = WEFT_OK;
-    WEFT_CHECK_GOTO(to_f32(a, &fa), st, done);
-    WEFT_CHECK_GOTO(to_f32(b, &fb), st, done);
-    if (beta != 0.0f) {
-      WEFT_CHECK_GOTO(to_f32(c, &fc), st, done);
-    } else {
-      WEFT_CHECK_GOTO(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, c->shape, &fc), st, done);
-    }
-    weft_sgemm(trans_a, trans_b, m, n, k, alpha, fa->data, fa->shape[1] > 0 ? fa->shape[1] : 1,
-               fb->data, fb->shape[1] > 0 ? fb->shape[1] : 1, beta, fc->data, n);
-    WEFT_CHECK_GOTO(weft_tensor_copy(c, fc), st, done);
-  done:
-    weft_tensor_destroy(fa);
-    weft_tensor_destroy(fb);
-    weft_tensor_destroy(fc);
-    return st;
+  if (dt == WEFT_F32 || dt == WEFT_F64) {
+    /* layouts: the same requirement on every device */
+    int64_t ld;
+    bool flip;
+    WEFT_CHECK(weft_gemm_layout_(__func__, a, "A", true, &ld, &flip));
+    WEFT_CHECK(weft_gemm_layout_(__func__, b, "B", true, &ld, &flip));
+    WEFT_CHECK(weft_gemm_layout_(__func__, c, "C", false, &ld, &flip));
   }
-
-  int64_t lda, ldb, ldc;
-  bool fa, fb, fc;
-  WEFT_CHECK(matrix_layout(__func__, a, "A", true, &lda, &fa));
-  WEFT_CHECK(matrix_layout(__func__, b, "B", true, &ldb, &fb));
-  WEFT_CHECK(matrix_layout(__func__, c, "C", false, &ldc, &fc));
-  const bool ta = trans_a != fa, tb = trans_b != fb;
-  if (dt == WEFT_F32)
-    weft_sgemm(ta, tb, m, n, k, alpha, a->data, lda, b->data, ldb, beta, c->data, ldc);
-  else
-    dgemm(ta, tb, m, n, k, alpha, a->data, lda, b->data, ldb, beta, c->data, ldc);
-  return WEFT_OK;
+  return weft_backend_trace_(be->gemm(trans_a, trans_b, alpha, a, b, beta, c), be, __func__);
 }

@@ -12,6 +12,11 @@
 #include "arg_checks.h"
 #include "weft_config.h"
 
+/* Errors name the operation, as every backend's do (arg_checks.h):
+ * "linear_forward: ...", not the C function. */
+#undef weft_error
+#define weft_error(st, ...) weft_error_at((st), weft_op_name_(__func__), __VA_ARGS__)
+
 /* --------------------------------------------------------- vector helpers
  * The elementwise and row loops below run on 4-float vectors (GCC/Clang
  * vector extensions, the SSE width that every x86-64 has; gcc -O2 leaves
@@ -339,10 +344,10 @@ weft_status weft_embedding_backward(float *dweight, const int32_t *tokens, const
   return WEFT_OK;
 }
 
-static weft_status check_tokens_nonneg(const int32_t *tokens, int64_t N) {
+static weft_status check_tokens_nonneg(const char *op, const int32_t *tokens, int64_t N) {
   for (int64_t n = 0; n < N; n++)
     if (tokens[n] < 0)
-      return weft_error(WEFT_ERR_INVALID, "tokens[%lld] = %d is negative", (long long)n,
+      return weft_error_at(WEFT_ERR_INVALID, op, "tokens[%lld] = %d is negative", (long long)n,
                         tokens[n]);
   return WEFT_OK;
 }
@@ -354,7 +359,7 @@ weft_status weft_embedding_range_forward(float *out, const int32_t *tokens,
   CHECK_PTR(out, N * C);
   CHECK_PTR(tokens, N);
   CHECK_PTR(weight_local, nv * C);
-  WEFT_CHECK(check_tokens_nonneg(tokens, N));
+  WEFT_CHECK(check_tokens_nonneg(weft_op_name_(__func__), tokens, N));
   for (int64_t n = 0; n < N; n++) {
     int64_t r = (int64_t)tokens[n] - v0;
     if (r >= 0 && r < nv)
@@ -372,7 +377,7 @@ weft_status weft_embedding_range_backward(float *dweight_local, const int32_t *t
   CHECK_PTR(dweight_local, nv * C);
   CHECK_PTR(tokens, N);
   CHECK_PTR(dout, N * C);
-  WEFT_CHECK(check_tokens_nonneg(tokens, N));
+  WEFT_CHECK(check_tokens_nonneg(weft_op_name_(__func__), tokens, N));
   for (int64_t n = 0; n < N; n++) {
     int64_t r = (int64_t)tokens[n] - v0;
     if (r < 0 || r >= nv) continue;
@@ -525,21 +530,21 @@ weft_status weft_rope_tables(float *cosb, float *sinb, int64_t max_pos, int64_t 
 }
 
 /* Shared by forward (sign = +1) and backward (sign = -1, the transpose). */
-static weft_status rope_apply(float *out, const float *inp, const float *cosb, const float *sinb,
-                              int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
-                              int64_t pos0, float sign) {
-  CHECK_SIZES(max_pos, B, T, NH, hd, pos0);
+static weft_status rope_apply(const char *op, float *out, const float *inp, const float *cosb,
+                              const float *sinb, int64_t max_pos, int64_t B, int64_t T,
+                              int64_t NH, int64_t hd, int64_t pos0, float sign) {
+  CHECK_SIZES_AT(op, max_pos, B, T, NH, hd, pos0);
   if (hd == 0 || hd % 2 != 0)
-    return weft_error(WEFT_ERR_INVALID, "head dim %lld must be even and > 0", (long long)hd);
+    return weft_error_at(WEFT_ERR_INVALID, op, "head dim %lld must be even and > 0", (long long)hd);
   if (pos0 + T > max_pos)
-    return weft_error(WEFT_ERR_INVALID,
-                      "positions [%lld, %lld) run past the tables' %lld rows", (long long)pos0,
-                      (long long)(pos0 + T), (long long)max_pos);
+    return weft_error_at(WEFT_ERR_INVALID, op,
+                         "positions [%lld, %lld) run past the tables' %lld rows", (long long)pos0,
+                         (long long)(pos0 + T), (long long)max_pos);
   int64_t n = B * T * NH * hd;
-  CHECK_PTR(out, n);
-  CHECK_PTR(inp, n);
-  CHECK_PTR(cosb, (pos0 + T) * hd / 2);
-  CHECK_PTR(sinb, (pos0 + T) * hd / 2);
+  CHECK_PTR_AT(op, out, n);
+  CHECK_PTR_AT(op, inp, n);
+  CHECK_PTR_AT(op, cosb, (pos0 + T) * hd / 2);
+  CHECK_PTR_AT(op, sinb, (pos0 + T) * hd / 2);
   int64_t half = hd / 2;
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++) {
@@ -573,13 +578,13 @@ static weft_status rope_apply(float *out, const float *inp, const float *cosb, c
 weft_status weft_rope_forward(float *out, const float *inp, const float *cosb, const float *sinb,
                               int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
                               int64_t pos0) {
-  return rope_apply(out, inp, cosb, sinb, max_pos, B, T, NH, hd, pos0, 1.0f);
+  return rope_apply("rope_forward", out, inp, cosb, sinb, max_pos, B, T, NH, hd, pos0, 1.0f);
 }
 
 weft_status weft_rope_backward(float *dinp, const float *dout, const float *cosb,
                                const float *sinb, int64_t max_pos, int64_t B, int64_t T,
                                int64_t NH, int64_t hd, int64_t pos0) {
-  return rope_apply(dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0, -1.0f);
+  return rope_apply("rope_backward", dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0, -1.0f);
 }
 
 /* ------------------------------------------------------------- attention */
@@ -756,10 +761,11 @@ static void att_parallel(int64_t n, par_fn fn, void *ctx, float *own, int64_t fl
 }
 #endif
 
-static weft_status attention_check(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd) {
-  CHECK_SIZES(B, T, H, Hkv, hd);
+static weft_status attention_check(const char *op, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                   int64_t hd) {
+  CHECK_SIZES_AT(op, B, T, H, Hkv, hd);
   if (H > 0 && (Hkv == 0 || H % Hkv != 0))
-    return weft_error(WEFT_ERR_INVALID, "H = %lld query heads is not a multiple of Hkv = %lld",
+    return weft_error_at(WEFT_ERR_INVALID, op, "H = %lld query heads is not a multiple of Hkv = %lld",
                       (long long)H, (long long)Hkv);
   return WEFT_OK;
 }
@@ -808,7 +814,7 @@ static void att_forward_item(void *ctx, int64_t item, float *scratch) {
 weft_status weft_attention_forward(float *out, float *lse, const float *q, const float *k,
                                    const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                    int64_t hd, float *scratch) {
-  WEFT_CHECK(attention_check(B, T, H, Hkv, hd));
+  WEFT_CHECK(attention_check(weft_op_name_(__func__), B, T, H, Hkv, hd));
   CHECK_PTR(out, B * T * H * hd);
   CHECK_PTR(lse, B * H * T);
   CHECK_PTR(q, B * T * H * hd);
@@ -881,7 +887,7 @@ weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float
                                     const float *q, const float *k, const float *v,
                                     const float *lse, int64_t B, int64_t T, int64_t H,
                                     int64_t Hkv, int64_t hd, float *scratch) {
-  WEFT_CHECK(attention_check(B, T, H, Hkv, hd));
+  WEFT_CHECK(attention_check(weft_op_name_(__func__), B, T, H, Hkv, hd));
   CHECK_PTR(dq, B * T * H * hd);
   CHECK_PTR(dk, B * T * Hkv * hd);
   CHECK_PTR(dv, B * T * Hkv * hd);
@@ -992,14 +998,14 @@ weft_status weft_residual_backward(float *da, float *db, const float *dout, int6
 
 /* --------------------------------------------------------- cross-entropy */
 
-static weft_status check_targets(const int32_t *targets, int64_t N, int64_t V) {
+static weft_status check_targets(const char *op, const int32_t *targets, int64_t N, int64_t V) {
   for (int64_t n = 0; n < N; n++)
     if (targets[n] < 0 || (V >= 0 && targets[n] >= V))
-      return V >= 0 ? weft_error(WEFT_ERR_INVALID,
-                                 "targets[%lld] = %d is outside the vocabulary [0, %lld)",
-                                 (long long)n, targets[n], (long long)V)
-                    : weft_error(WEFT_ERR_INVALID, "targets[%lld] = %d is negative",
-                                 (long long)n, targets[n]);
+      return V >= 0 ? weft_error_at(WEFT_ERR_INVALID, op,
+                                    "targets[%lld] = %d is outside the vocabulary [0, %lld)",
+                                    (long long)n, targets[n], (long long)V)
+                    : weft_error_at(WEFT_ERR_INVALID, op, "targets[%lld] = %d is negative",
+                                    (long long)n, targets[n]);
   return WEFT_OK;
 }
 
@@ -1010,7 +1016,7 @@ weft_status weft_cross_entropy_forward(double *loss, float *lse, const float *lo
   CHECK_PTR(logits, N * V);
   CHECK_PTR(targets, N);
   if (V == 0 && N > 0) return weft_error(WEFT_ERR_INVALID, "V = 0: no classes");
-  WEFT_CHECK(check_targets(targets, N, V));
+  WEFT_CHECK(check_targets(weft_op_name_(__func__), targets, N, V));
   double total = 0.0;
   for (int64_t n = 0; n < N; n++) {
     const float *row = logits + n * V;
@@ -1032,7 +1038,7 @@ weft_status weft_cross_entropy_backward(float *dlogits, const float *logits, con
   CHECK_PTR(logits, N * V);
   CHECK_PTR(lse, N);
   CHECK_PTR(targets, N);
-  WEFT_CHECK(check_targets(targets, N, V));
+  WEFT_CHECK(check_targets(weft_op_name_(__func__), targets, N, V));
   return weft_cross_entropy_backward_local(dlogits, logits, lse, targets, N, 0, V, scale);
 }
 
@@ -1053,7 +1059,7 @@ weft_status weft_cross_entropy_local_target(float *target_logit, const float *lo
   CHECK_PTR(target_logit, N);
   CHECK_PTR(logits_local, N * nv);
   CHECK_PTR(targets, N);
-  WEFT_CHECK(check_targets(targets, N, -1));
+  WEFT_CHECK(check_targets(weft_op_name_(__func__), targets, N, -1));
   for (int64_t n = 0; n < N; n++) {
     int64_t j = (int64_t)targets[n] - v0;
     target_logit[n] = (j >= 0 && j < nv) ? logits_local[n * nv + j] : 0.0f;
@@ -1101,7 +1107,7 @@ weft_status weft_cross_entropy_backward_local(float *dlogits_local, const float 
   CHECK_PTR(logits_local, N * nv);
   CHECK_PTR(lse, N);
   CHECK_PTR(targets, N);
-  WEFT_CHECK(check_targets(targets, N, -1));
+  WEFT_CHECK(check_targets(weft_op_name_(__func__), targets, N, -1));
   for (int64_t n = 0; n < N; n++) {
     const float *row = logits_local + n * nv;
     float *drow = dlogits_local + n * nv;
@@ -1117,22 +1123,13 @@ weft_status weft_cross_entropy_backward_local(float *dlogits_local, const float 
 weft_status weft_adamw_step(float *param, const float *grad, float *m, float *v, float *vmax,
                             int64_t n, int64_t step, const weft_adamw_params *hp) {
   CHECK_SIZES(n);
-  if (!hp) return weft_error(WEFT_ERR_INVALID, "hyper-parameters are NULL");
+  if (!hp) return weft_error_at(WEFT_ERR_INVALID, "adamw_step", "hyper-parameters are NULL");
   CHECK_PTR(param, n);
   CHECK_PTR(grad, n);
   CHECK_PTR(m, n);
   CHECK_PTR(v, n);
   if (hp->amsgrad) CHECK_PTR(vmax, n);
-  if (step < 1) return weft_error(WEFT_ERR_INVALID, "step = %lld must be >= 1", (long long)step);
-  /* torch's argument checks (AdamW.__init__) */
-  if (!(hp->lr >= 0.0f)) return weft_error(WEFT_ERR_INVALID, "Invalid learning rate: %g", (double)hp->lr);
-  if (!(hp->eps >= 0.0f)) return weft_error(WEFT_ERR_INVALID, "Invalid epsilon value: %g", (double)hp->eps);
-  if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid beta parameter at index 0: %g", (double)hp->beta1);
-  if (!(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid beta parameter at index 1: %g", (double)hp->beta2);
-  if (!(hp->weight_decay >= 0.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid weight_decay value: %g", (double)hp->weight_decay);
+  WEFT_CHECK_ADAMW_HP_("adamw_step", hp, step); /* torch's argument checks (AdamW.__init__) */
   /* Scalars as torch computes them (Python floats, i.e. double). */
   const double bc1 = 1.0 - pow((double)hp->beta1, (double)step);
   const double bc2 = 1.0 - pow((double)hp->beta2, (double)step);
@@ -1180,19 +1177,11 @@ weft_status weft_adamw_step(float *param, const float *grad, float *m, float *v,
 weft_status weft_sgd_step(float *param, const float *grad, float *buf, int64_t n, int64_t step,
                           const weft_sgd_params *hp) {
   CHECK_SIZES(n);
-  if (!hp) return weft_error(WEFT_ERR_INVALID, "hyper-parameters are NULL");
+  if (!hp) return weft_error_at(WEFT_ERR_INVALID, "sgd_step", "hyper-parameters are NULL");
   CHECK_PTR(param, n);
   CHECK_PTR(grad, n);
   if (hp->momentum != 0.0f) CHECK_PTR(buf, n);
-  if (step < 1) return weft_error(WEFT_ERR_INVALID, "step = %lld must be >= 1", (long long)step);
-  /* torch's argument checks (SGD.__init__) */
-  if (!(hp->lr >= 0.0f)) return weft_error(WEFT_ERR_INVALID, "Invalid learning rate: %g", (double)hp->lr);
-  if (!(hp->momentum >= 0.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid momentum value: %g", (double)hp->momentum);
-  if (!(hp->weight_decay >= 0.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid weight_decay value: %g", (double)hp->weight_decay);
-  if (hp->nesterov && (hp->momentum <= 0.0f || hp->dampening != 0.0f))
-    return weft_error(WEFT_ERR_INVALID, "Nesterov momentum requires a momentum and zero dampening");
+  WEFT_CHECK_SGD_HP_("sgd_step", hp, step); /* torch's argument checks (SGD.__init__) */
   const float sign = hp->maximize ? -1.0f : 1.0f;
   const float mom = hp->momentum, damp = 1.0f - hp->dampening, wd = hp->weight_decay;
   for (int64_t i = 0; i < n; i++) {

@@ -10,20 +10,25 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend_internal.h"
+#include "cpu_internal.h"
 #include "kernels.h"
 #include "tensor_internal.h"
 
 /* ----------------------------------------------------------- checks */
+/* The public entry points (weft_add, ..., weft_reduce) check their
+ * arguments here, for every device, then call the member of the tensors'
+ * device's table (backend.h); the CPU members are the weft_cpu_*_
+ * functions below. */
 
-static weft_status check_float_cpu(const char *func, const weft_tensor *t, const char *name) {
+static weft_status check_float(const char *func, const weft_tensor *t, const char *name) {
   if (!t) return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", name);
   char desc[256];
   weft_tensor_describe(t, desc, sizeof desc);
   if (t->ndim < 0 || t->ndim > WEFT_MAX_DIMS)
     return weft_error_at(WEFT_ERR_INVALID, func, "%s has invalid ndim %d", name, t->ndim);
-  if (t->device != WEFT_CPU)
-    return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "%s %s: this kernel runs on cpu tensors only",
-                         name, desc);
+  if ((unsigned)t->device >= WEFT_DEVICE_COUNT)
+    return weft_error_at(WEFT_ERR_INVALID, func, "%s is on unknown device %d", name, (int)t->device);
   if (!weft_dtype_is_float(t->dtype))
     return weft_error_at(WEFT_ERR_INVALID, func,
                          "%s %s: elementwise ops need a float dtype (f32, f64, bf16, f16)", name, desc);
@@ -176,14 +181,8 @@ static bool all_contig_f32(int nops, const weft_tensor *const *ops) {
   return true;
 }
 
-static weft_status binary(const char *func, ew_kind kind, weft_tensor *out, const weft_tensor *a,
-                          const weft_tensor *b) {
-  weft_status st;
-  if ((st = check_float_cpu(func, out, "out")) != WEFT_OK) return st;
-  if ((st = check_float_cpu(func, a, "a")) != WEFT_OK) return st;
-  if ((st = check_float_cpu(func, b, "b")) != WEFT_OK) return st;
-  if ((st = check_pair(func, a, "a", out, "out")) != WEFT_OK) return st;
-  if ((st = check_pair(func, b, "b", out, "out")) != WEFT_OK) return st;
+static weft_status binary_cpu(ew_kind kind, weft_tensor *out, const weft_tensor *a,
+                              const weft_tensor *b) {
   const weft_tensor *ops[3] = {out, a, b};
   if (all_contig_f32(3, ops)) {
     if (kind == EW_ADD) f32_add(out->data, a->data, b->data, weft_tensor_numel(out));
@@ -194,16 +193,15 @@ static weft_status binary(const char *func, ew_kind kind, weft_tensor *out, cons
   return WEFT_OK;
 }
 
-weft_status weft_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
-  return binary(__func__, EW_ADD, out, a, b);
+weft_status weft_cpu_add_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
+  return binary_cpu(EW_ADD, out, a, b);
 }
 
-weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
-  return binary(__func__, EW_MUL, out, a, b);
+weft_status weft_cpu_mul_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
+  return binary_cpu(EW_MUL, out, a, b);
 }
 
-weft_status weft_scale(weft_tensor *t, double alpha) {
-  WEFT_CHECK(check_float_cpu(__func__, t, "t"));
+weft_status weft_cpu_scale_(weft_tensor *t, double alpha) {
   const weft_tensor *ops[1] = {t};
   if (all_contig_f32(1, ops)) {
     f32_scale(t->data, (float)alpha, weft_tensor_numel(t));
@@ -213,10 +211,7 @@ weft_status weft_scale(weft_tensor *t, double alpha) {
   return WEFT_OK;
 }
 
-weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x) {
-  WEFT_CHECK(check_float_cpu(__func__, y, "y"));
-  WEFT_CHECK(check_float_cpu(__func__, x, "x"));
-  WEFT_CHECK(check_pair(__func__, x, "x", y, "y"));
+weft_status weft_cpu_axpy_(weft_tensor *y, double alpha, const weft_tensor *x) {
   const weft_tensor *ops[2] = {y, x};
   if (all_contig_f32(2, ops)) {
     f32_axpy(y->data, (float)alpha, x->data, weft_tensor_numel(y));
@@ -224,6 +219,55 @@ weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x) {
   }
   ew_run(EW_AXPY, alpha, 2, ops);
   return WEFT_OK;
+}
+
+static weft_status binary(const char *func, size_t member, weft_tensor *out, const weft_tensor *a,
+                          const weft_tensor *b) {
+  weft_status st;
+  if ((st = check_float(func, out, "out")) != WEFT_OK) return st;
+  if ((st = check_float(func, a, "a")) != WEFT_OK) return st;
+  if ((st = check_float(func, b, "b")) != WEFT_OK) return st;
+  if ((st = check_pair(func, a, "a", out, "out")) != WEFT_OK) return st;
+  if ((st = check_pair(func, b, "b", out, "out")) != WEFT_OK) return st;
+  const weft_tensor *ts[3] = {out, a, b};
+  const char *names[3] = {"out", "a", "b"};
+  const weft_backend *be = weft_backend_for_tensors_(func, member, 3, ts, names, &st);
+  if (!be) return st;
+  weft_status (*fn)(weft_tensor *, const weft_tensor *, const weft_tensor *);
+  memcpy(&fn, (const char *)be + member, sizeof fn);
+  return weft_backend_trace_(fn(out, a, b), be, func);
+}
+
+weft_status weft_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
+  return binary(__func__, offsetof(weft_backend, add), out, a, b);
+}
+
+weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
+  return binary(__func__, offsetof(weft_backend, mul), out, a, b);
+}
+
+weft_status weft_scale(weft_tensor *t, double alpha) {
+  WEFT_CHECK(check_float(__func__, t, "t"));
+  weft_status st;
+  const weft_tensor *ts[1] = {t};
+  const char *names[1] = {"t"};
+  const weft_backend *be =
+      weft_backend_for_tensors_(__func__, offsetof(weft_backend, scale), 1, ts, names, &st);
+  if (!be) return st;
+  return weft_backend_trace_(be->scale(t, alpha), be, __func__);
+}
+
+weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x) {
+  WEFT_CHECK(check_float(__func__, y, "y"));
+  WEFT_CHECK(check_float(__func__, x, "x"));
+  WEFT_CHECK(check_pair(__func__, x, "x", y, "y"));
+  weft_status st;
+  const weft_tensor *ts[2] = {y, x};
+  const char *names[2] = {"y", "x"};
+  const weft_backend *be =
+      weft_backend_for_tensors_(__func__, offsetof(weft_backend, axpy), 2, ts, names, &st);
+  if (!be) return st;
+  return weft_backend_trace_(be->axpy(y, alpha, x), be, __func__);
 }
 
 /* ---------------------------------------------------------- reductions */
@@ -290,22 +334,14 @@ static weft_status check_reduce_input(const char *func, const weft_tensor *t,
   if (t->ndim < 0 || t->ndim > WEFT_MAX_DIMS || (unsigned)t->dtype >= WEFT_DTYPE_COUNT)
     return weft_error_at(WEFT_ERR_INVALID, func, "not a valid tensor (ndim %d, dtype %d)", t->ndim,
                          (int)t->dtype);
-  if (t->device != WEFT_CPU)
-    return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "tensor is on %s; reductions run on cpu only",
-                         weft_device_name(t->device));
+  if ((unsigned)t->device >= WEFT_DEVICE_COUNT)
+    return weft_error_at(WEFT_ERR_INVALID, func, "tensor is on unknown device %d", (int)t->device);
   if ((unsigned)kind > WEFT_REDUCE_MAX)
     return weft_error_at(WEFT_ERR_INVALID, func, "unknown reduction kind %d", (int)kind);
   return WEFT_OK;
 }
 
-weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind, double *out) {
-  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
-  WEFT_CHECK(check_reduce_input(__func__, t, kind));
-  if (weft_tensor_numel(t) == 0 && kind == WEFT_REDUCE_MAX) {
-    char desc[256];
-    weft_tensor_describe(t, desc, sizeof desc);
-    return weft_error(WEFT_ERR_INVALID, "max of the empty tensor %s is undefined", desc);
-  }
+weft_status weft_cpu_reduce_all_(const weft_tensor *t, weft_reduce_kind kind, double *out) {
   if (t->dtype == WEFT_F32 && weft_tensor_is_contiguous(t)) {
     *out = reduce_span(t->data, weft_tensor_numel(t), 1, WEFT_F32, kind, reduce_init(kind));
     return WEFT_OK;
@@ -317,6 +353,23 @@ weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind, double 
   weft_iter_run_(&it, red_all_row, &c);
   *out = c.acc;
   return WEFT_OK;
+}
+
+weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind, double *out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  WEFT_CHECK(check_reduce_input(__func__, t, kind));
+  if (weft_tensor_numel(t) == 0 && kind == WEFT_REDUCE_MAX) {
+    char desc[256];
+    weft_tensor_describe(t, desc, sizeof desc);
+    return weft_error(WEFT_ERR_INVALID, "max of the empty tensor %s is undefined", desc);
+  }
+  weft_status st;
+  const weft_tensor *ts[1] = {t};
+  const char *names[1] = {"t"};
+  const weft_backend *be =
+      weft_backend_for_tensors_(__func__, offsetof(weft_backend, reduce_all), 1, ts, names, &st);
+  if (!be) return st;
+  return weft_backend_trace_(be->reduce_all(t, kind, out), be, __func__);
 }
 
 typedef struct red_dim_ctx {
@@ -336,22 +389,8 @@ static void red_dim_row(char *const *p, const int64_t *st, int64_t n, void *vctx
   }
 }
 
-weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out) {
-  WEFT_CHECK(check_reduce_input(__func__, t, kind));
-  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
-  char dt[256], dout[256];
-  weft_tensor_describe(t, dt, sizeof dt);
-  weft_tensor_describe(out, dout, sizeof dout);
-  if (out->device != WEFT_CPU)
-    return weft_error(WEFT_ERR_UNSUPPORTED, "out %s: reductions run on cpu only", dout);
-  /* a 0-d tensor reduces like one of shape [1] (torch accepts dim 0 / -1) */
-  const int nd = t->ndim > 0 ? t->ndim : 1;
-  if (dim < -nd || dim >= nd)
-    return weft_error(WEFT_ERR_INVALID, "dim %d out of range for %s (expected %d..%d)", dim, dt, -nd,
-                      nd - 1);
-  const int d = dim < 0 ? dim + nd : dim;
-  if (out->dtype != t->dtype)
-    return weft_error(WEFT_ERR_INVALID, "out %s must have the input's dtype (input %s)", dout, dt);
+weft_status weft_cpu_reduce_(const weft_tensor *t, weft_reduce_kind kind, int d,
+                             weft_tensor *out) {
   weft_tensor in = *t; /* input with the reduced dim narrowed to 1 */
   in.base_ = NULL;
   if (t->ndim == 0) {
@@ -361,15 +400,6 @@ weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, we
   }
   const int64_t len = in.shape[d], stride = in.strides[d];
   in.shape[d] = 1;
-  bool shape_ok = out->ndim == t->ndim;
-  for (int k = 0; shape_ok && k < t->ndim; k++)
-    if (out->shape[k] != in.shape[k]) shape_ok = false;
-  if (!shape_ok)
-    return weft_error(WEFT_ERR_INVALID,
-                      "out %s must be the input %s with dim %d of size 1 (keepdim)", dout, dt, d);
-  if (weft_tensor_numel(out) == 0) return WEFT_OK;
-  if (len == 0 && kind == WEFT_REDUCE_MAX)
-    return weft_error(WEFT_ERR_INVALID, "max over dim %d of size 0 in %s is undefined", d, dt);
   weft_tensor ov = *out;
   ov.base_ = NULL;
   if (out->ndim == 0) {
@@ -383,4 +413,36 @@ weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, we
   red_dim_ctx c = {kind, t->dtype, len, stride};
   weft_iter_run_(&it, red_dim_row, &c);
   return WEFT_OK;
+}
+
+weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out) {
+  WEFT_CHECK(check_reduce_input(__func__, t, kind));
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  char dt[256], dout[256];
+  weft_tensor_describe(t, dt, sizeof dt);
+  weft_tensor_describe(out, dout, sizeof dout);
+  /* a 0-d tensor reduces like one of shape [1] (torch accepts dim 0 / -1) */
+  const int nd = t->ndim > 0 ? t->ndim : 1;
+  if (dim < -nd || dim >= nd)
+    return weft_error(WEFT_ERR_INVALID, "dim %d out of range for %s (expected %d..%d)", dim, dt, -nd,
+                      nd - 1);
+  const int d = dim < 0 ? dim + nd : dim;
+  if (out->dtype != t->dtype)
+    return weft_error(WEFT_ERR_INVALID, "out %s must have the input's dtype (input %s)", dout, dt);
+  bool shape_ok = out->ndim == t->ndim;
+  for (int k = 0; shape_ok && k < t->ndim; k++)
+    if (out->shape[k] != (k == d ? 1 : t->shape[k])) shape_ok = false;
+  if (!shape_ok)
+    return weft_error(WEFT_ERR_INVALID,
+                      "out %s must be the input %s with dim %d of size 1 (keepdim)", dout, dt, d);
+  weft_status st;
+  const weft_tensor *ts[2] = {out, t};
+  const char *names[2] = {"out", "t"};
+  const weft_backend *be =
+      weft_backend_for_tensors_(__func__, offsetof(weft_backend, reduce), 2, ts, names, &st);
+  if (!be) return st;
+  if (weft_tensor_numel(out) == 0) return WEFT_OK;
+  if ((t->ndim > 0 ? t->shape[d] : 1) == 0 && kind == WEFT_REDUCE_MAX)
+    return weft_error(WEFT_ERR_INVALID, "max over dim %d of size 0 in %s is undefined", d, dt);
+  return weft_backend_trace_(be->reduce(t, kind, d, out), be, __func__);
 }

@@ -1,0 +1,506 @@
+/* weft/backend.h — the backend interface: one table of memory and compute
+ * operations per device (CPU; CUDA, real or emulated), and the functions
+ * every library above kernels/ calls instead of naming a kernel.
+ *
+ * A short tour:
+ *
+ *     // raw-pointer kernels: the device is an argument, the table is found
+ *     // for it, a missing operation is a clear WEFT_ERR_UNSUPPORTED
+ *     WEFT_CHECK(weft_backend_linear_forward(dev, out, inp, w, NULL, N, IC, OC));
+ *
+ *     // tensor operations dispatch on the tensors' device (kernels.h):
+ *     weft_tensor *x;
+ *     weft_tensor_create(WEFT_F32, WEFT_CUDA, 2, shape, &x);   // device allocator
+ *     weft_tensor_copy(x, host);                                 // host -> device
+ *     weft_add(x, x, x);                                         // on the device
+ *
+ *     // device set-up and memory, the same calls for every device:
+ *     weft_device_init(WEFT_CUDA, weft_local_rank(), NULL);
+ *     weft_memcpy(WEFT_CUDA, host_buf, dev_buf, bytes, WEFT_COPY_D2H);
+ *     weft_device_synchronize(WEFT_CUDA);
+ *
+ * Design (ggml's backend, NCCL's versioned structs):
+ * - One `weft_backend` table per device. kernels/cpu registers the CPU table
+ *   at first use; the CUDA backend (kernels/cuda, built with nvcc, or the
+ *   same sources against the emulator with meson -Dcuda=emulated) registers
+ *   the WEFT_CUDA table itself. A CPU-only build has no WEFT_CUDA table:
+ *   every call for WEFT_CUDA fails with WEFT_ERR_UNSUPPORTED saying so.
+ * - Every operation has ONE argument list, the table member's, shared by
+ *   every device (a backend whose function differs does not compile).
+ *   Semantics, shapes and formulas of the compute operations are those of
+ *   the CPU kernel of the same name in layers.h; pointers are the device's.
+ * - Members marked (optional) may be NULL; calling one gives
+ *   WEFT_ERR_UNSUPPORTED "<op> is not supported on <device> (backend
+ *   '<name>')", made in one place (backend.c). The others are required: a
+ *   table without them is refused by weft_backend_register.
+ * - Errors a backend reports name the operation, not the C function, so
+ *   every backend rejects bad arguments with the same first line; the
+ *   dispatcher adds a line naming the device ("\n  in <op> on cuda").
+ * - Asynchrony: device operations are ordered on the device's compute
+ *   stream (WEFT_STREAM_COMPUTE) unless a stream is an argument; a status
+ *   reports argument and launch errors, faults inside a kernel surface at
+ *   weft_device_synchronize. Results the host receives through a pointer
+ *   (a loss, a sum of squares) are complete when the call returns. On the
+ *   CPU everything is synchronous.
+ * - No operation here communicates: any rank may call any of them.
+ */
+#ifndef WEFT_BACKEND_H
+#define WEFT_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "layers.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ vocabulary */
+
+/* A device's streams (queues of work executed in order). The CPU has none:
+ * its work is done when the call returns. */
+typedef enum weft_stream_id {
+  WEFT_STREAM_COMPUTE = 0, /* kernels, copies, the default */
+  WEFT_STREAM_COMM = 1,    /* collectives on device buffers */
+  WEFT_STREAM_COUNT
+} weft_stream_id;
+
+/* Direction of a copy, relative to the device whose table does it ("host"
+ * is CPU memory; for the CPU backend every kind is a host copy). */
+typedef enum weft_copy_kind { WEFT_COPY_H2D = 0, WEFT_COPY_D2H = 1, WEFT_COPY_D2D = 2 } weft_copy_kind;
+
+/* A point in a stream's work (opaque; made and freed by the backend). */
+typedef struct weft_event weft_event;
+
+/* Precision of fp32 matrix products: F32 (exact fp32 FMA, the default),
+ * TF32 (fp32 storage, TF32 tensor-core products), BF16 (operands rounded
+ * to bf16 as weft_f32_to_bf16, fp32 accumulation and output). */
+typedef enum weft_matmul_precision {
+  WEFT_MATMUL_F32 = 0,
+  WEFT_MATMUL_TF32 = 1,
+  WEFT_MATMUL_BF16 = 2
+} weft_matmul_precision;
+
+/* A caching allocator's state (devices that cache; all zero otherwise). */
+typedef struct weft_cache_stats {
+  int64_t reserved_bytes; /* obtained from the driver and not yet returned */
+  int64_t cached_bytes;   /* of those, in free blocks waiting for reuse */
+  int64_t hits;           /* allocations served from the cache */
+  int64_t misses;         /* allocations that went to the driver */
+} weft_cache_stats;
+
+/* Which distribution weft_tensor_fill_normal / _uniform draw (the fill
+ * member): NORMAL(a = mean, b = std), UNIFORM[a = lo, b = hi). */
+typedef enum weft_random_kind { WEFT_RANDOM_NORMAL = 0, WEFT_RANDOM_UNIFORM = 1 } weft_random_kind;
+
+/* One tensor's piece of a flat buffer (FSDP's all-gather and
+ * reduce-scatter buffers, llm.c's one-allocation parameters):
+ *   data   the tensor's elements, contiguous, of dtype (f32, bf16 or f16);
+ *          for flat_pack NULL means zeros;
+ *   offset where the piece starts in the flat buffer, in flat elements;
+ *   count  elements of the piece;
+ *   pad    (flat_pack only) zero elements written after the piece.
+ * Pieces of one call must not overlap in the flat buffer, nor (split and
+ * accumulate) in their data. */
+typedef struct weft_flat_piece {
+  void *data;
+  weft_dtype dtype;
+  int64_t offset;
+  int64_t count;
+  int64_t pad;
+} weft_flat_piece;
+
+/* ----------------------------------------------------------------- table */
+
+/* Grows only at the end; a table says its size and the version it was
+ * built against, so a backend compiled against an older header registers
+ * with the members it knows and the rest read as NULL (absent). */
+#define WEFT_BACKEND_VERSION 1
+
+typedef struct weft_backend {
+  /* ---- identity (required) */
+  size_t size;          /* sizeof(weft_backend) as the backend was compiled */
+  int version;          /* WEFT_BACKEND_VERSION */
+  weft_device device;   /* the device this table serves */
+  const char *name;     /* "cpu", "cuda", "cuda (emulated)" */
+
+  /* ---- device set-up */
+  /* Devices of this kind visible to the process (0: none). Never fails. */
+  int (*device_count)(void);
+  /* (optional) Selects device local_rank % count and makes its streams and
+   * handles; idempotent for the same device. *ordinal may be NULL. */
+  weft_status (*init)(int local_rank, int *ordinal);
+  /* (optional) Releases streams, handles and cached memory. */
+  void (*shutdown)(void);
+  /* (optional) The ordinal chosen by init, -1 before. */
+  int (*current_device)(void);
+  /* Waits for all the device's work; reports a fault inside a kernel. */
+  weft_status (*synchronize)(void);
+
+  /* ---- memory */
+  /* A block of `bytes` (0 allowed, a unique pointer) from the device's
+   * allocator, not yet counted (weft_alloc counts it). */
+  weft_status (*alloc)(size_t bytes, void **out);
+  /* Returns a block of this device's allocator; the bytes it was asked for
+   * (0 if ptr is not the start of a live block here). */
+  size_t (*free)(void *ptr);
+  /* (optional; devices other than the CPU) true when ptr is the start of a
+   * live block of this backend's allocator (weft_free's routing). */
+  bool (*owns)(const void *ptr);
+  /* (optional; devices other than the CPU) true when ptr points anywhere
+   * into this device's memory (collectives route device buffers). */
+  bool (*contains)(const void *ptr);
+  /* bytes of dst = (unsigned char)value, on the compute stream. */
+  weft_status (*memset)(void *dst, int value, size_t bytes);
+  /* Copies bytes in the given direction, ordered after the compute
+   * stream's work; when it returns, a D2H destination holds the bytes and
+   * an H2D source may be reused. Overlap is an error (D2D and host). */
+  weft_status (*memcpy)(void *dst, const void *src, size_t bytes, weft_copy_kind kind);
+  /* (optional) The same on stream s without waiting: host memory must stay
+   * valid and unchanged until the stream passes the copy. */
+  weft_status (*memcpy_async)(void *dst, const void *src, size_t bytes, weft_copy_kind kind,
+                              weft_stream_id s);
+  /* dst = src for two tensors of this device (same shape, any strides),
+   * converting dtypes as weft_tensor_copy says. A backend may support a
+   * subset of dtype pairs and says which in its error. */
+  weft_status (*copy)(weft_tensor *dst, const weft_tensor *src);
+  /* Every element of t = v (converted as weft_tensor_fill says). */
+  weft_status (*fill)(weft_tensor *t, double v);
+  /* Philox counter RNG, kernels.h's recipe: the same value for the same
+   * (seed, key, global index) on every device. a, b as weft_random_kind;
+   * region already checked (NULL = t is the whole tensor). */
+  weft_status (*fill_random)(weft_tensor *t, weft_random_kind kind, uint64_t seed, uint64_t key,
+                             const weft_rng_region *region, float a, float b);
+
+  /* ---- streams and events (optional: the CPU has none) */
+  weft_status (*event_record)(weft_stream_id s, weft_event **ev);
+  weft_status (*stream_wait_event)(weft_stream_id s, weft_event *ev);
+  weft_status (*event_synchronize)(weft_event *ev);
+  /* *done = whether the stream has passed the event. */
+  weft_status (*event_query)(weft_event *ev, bool *done);
+  weft_status (*event_elapsed_ms)(weft_event *start, weft_event *end, float *ms);
+  void (*event_destroy)(weft_event *ev);
+  /* A live block is also used on stream s: it is not reused before s
+   * passes the point where it is freed (torch's record_stream). */
+  weft_status (*record_stream)(void *ptr, weft_stream_id s);
+  /* The native stream handle (cudaStream_t for NCCL), NULL before init. */
+  void *(*stream_handle)(weft_stream_id s);
+
+  /* ---- options (optional) */
+  weft_status (*set_matmul_precision)(weft_matmul_precision p);
+  weft_matmul_precision (*matmul_precision)(void);
+  weft_status (*cache_stats)(weft_cache_stats *out);
+  weft_status (*empty_cache)(void);
+
+  /* ---- dense tensor operations (kernels.h; arguments already checked by
+   * the entry point: shapes agree, dtypes are float, one device) */
+  weft_status (*gemm)(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
+                      const weft_tensor *b, float beta, weft_tensor *c);
+  weft_status (*add)(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
+  weft_status (*mul)(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
+  weft_status (*scale)(weft_tensor *t, double alpha);
+  weft_status (*axpy)(weft_tensor *y, double alpha, const weft_tensor *x);
+  /* dim already normalised to [0, ndim) (0 for a 0-d tensor); out checked */
+  weft_status (*reduce)(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out);
+  weft_status (*reduce_all)(const weft_tensor *t, weft_reduce_kind kind, double *out);
+
+  /* ---- GEMMs on raw row-major fp32 pointers (weft_sgemm's contract,
+   * leading dims in elements; the device's matmul precision applies) */
+  weft_status (*sgemm)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc);
+  /* count independent GEMMs, operand i at a + i*stride_a, b + i*stride_b,
+   * c + i*stride_c (C blocks must not overlap) */
+  weft_status (*sgemm_strided_batched)(bool trans_a, bool trans_b, int64_t m, int64_t n,
+                                       int64_t k, float alpha, const float *a, int64_t lda,
+                                       int64_t stride_a, const float *b, int64_t ldb,
+                                       int64_t stride_b, float beta, float *c, int64_t ldc,
+                                       int64_t stride_c, int64_t count);
+  /* bf16 operands (uint16_t bit patterns), fp32 accumulation, fp32 C */
+  weft_status (*gemm_bf16)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                           float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc);
+
+  /* ---- layer kernels, forward next to backward (layers.h) */
+  weft_status (*embedding_forward)(float *out, const int32_t *tokens, const float *weight,
+                                   int64_t N, int64_t V, int64_t C);
+  weft_status (*embedding_backward)(float *dweight, const int32_t *tokens, const float *dout,
+                                    int64_t N, int64_t V, int64_t C);
+  weft_status (*embedding_range_forward)(float *out, const int32_t *tokens,
+                                         const float *weight_local, int64_t N, int64_t v0,
+                                         int64_t nv, int64_t C);
+  weft_status (*embedding_range_backward)(float *dweight_local, const int32_t *tokens,
+                                          const float *dout, int64_t N, int64_t v0, int64_t nv,
+                                          int64_t C);
+  weft_status (*linear_forward)(float *out, const float *inp, const float *weight,
+                                const float *bias, int64_t N, int64_t IC, int64_t OC);
+  weft_status (*linear_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int64_t N, int64_t IC,
+                                 int64_t OC, bool accumulate_dinp, bool accumulate_dweight);
+  weft_status (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+                                 int64_t N, int64_t C, float eps);
+  weft_status (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout,
+                                  const float *inp, const float *weight, const float *rstd,
+                                  int64_t N, int64_t C, bool accumulate_dinp);
+  /* cosb, sinb: this device's memory */
+  weft_status (*rope_tables)(float *cosb, float *sinb, int64_t max_pos, int64_t hd, double theta);
+  weft_status (*rope_forward)(float *out, const float *inp, const float *cosb, const float *sinb,
+                              int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
+                              int64_t pos0);
+  weft_status (*rope_backward)(float *dinp, const float *dout, const float *cosb,
+                               const float *sinb, int64_t max_pos, int64_t B, int64_t T,
+                               int64_t NH, int64_t hd, int64_t pos0);
+  /* Bytes of scratch attention_forward/_backward need for these sizes (one
+   * query for every device; scratch is this device's memory). */
+  size_t (*attention_scratch_bytes)(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd);
+  weft_status (*attention_forward)(float *out, float *lse, const float *q, const float *k,
+                                   const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                   int64_t hd, void *scratch);
+  /* out is forward's output (a backend may use it for rowsum(dout * out)) */
+  weft_status (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
+                                    const float *q, const float *k, const float *v,
+                                    const float *lse, const float *out, int64_t B, int64_t T,
+                                    int64_t H, int64_t Hkv, int64_t hd, void *scratch);
+  weft_status (*swiglu_forward)(float *out, const float *a, const float *b, int64_t n);
+  weft_status (*swiglu_backward)(float *da, float *db, const float *dout, const float *a,
+                                 const float *b, int64_t n);
+  weft_status (*residual_forward)(float *out, const float *a, const float *b, int64_t n);
+  weft_status (*residual_backward)(float *da, float *db, const float *dout, int64_t n);
+  /* *loss is host memory (the call waits for it); the rest device memory */
+  weft_status (*cross_entropy_forward)(double *loss, float *lse, const float *logits,
+                                       const int32_t *targets, int64_t N, int64_t V);
+  weft_status (*cross_entropy_backward)(float *dlogits, const float *logits, const float *lse,
+                                        const int32_t *targets, int64_t N, int64_t V,
+                                        float scale);
+  weft_status (*cross_entropy_local_max)(float *row_max, const float *logits_local, int64_t N,
+                                         int64_t nv);
+  weft_status (*cross_entropy_local_target)(float *target_logit, const float *logits_local,
+                                            const int32_t *targets, int64_t N, int64_t v0,
+                                            int64_t nv);
+  weft_status (*cross_entropy_local_sumexp)(float *sumexp, const float *logits_local,
+                                            const float *gmax, int64_t N, int64_t nv);
+  weft_status (*cross_entropy_finish)(double *loss, float *lse, const float *gmax,
+                                      const float *gsum, const float *gtarget, int64_t N);
+  weft_status (*cross_entropy_backward_local)(float *dlogits_local, const float *logits_local,
+                                              const float *lse, const int32_t *targets,
+                                              int64_t N, int64_t v0, int64_t nv, float scale);
+
+  /* ---- multi-tensor optimizer steps: tensor i has n[i] elements at
+   * param[i], grad[i], ... (device pointers; the pointer arrays and n are
+   * host arrays). One launch per call on a device. */
+  /* weft_adamw_step on each tensor; vmax NULL unless hp->amsgrad */
+  weft_status (*adamw_multi)(float *const *param, const float *const *grad, float *const *m,
+                             float *const *v, float *const *vmax, const int64_t *n, int ntensors,
+                             int64_t step, const weft_adamw_params *hp);
+  /* weft_sgd_step on each tensor; buf NULL when hp->momentum == 0 */
+  weft_status (*sgd_multi)(float *const *param, const float *const *grad, float *const *buf,
+                           const int64_t *n, int ntensors, int64_t step,
+                           const weft_sgd_params *hp);
+  /* out[i] = sum_j x[i][j]^2 in double (out: host array of ntensors) */
+  weft_status (*sumsq_multi)(const float *const *x, const int64_t *n, int ntensors, double *out);
+  /* x[i][j] *= alpha */
+  weft_status (*scale_multi)(float *const *x, const int64_t *n, int ntensors, float alpha);
+
+  /* ---- flat buffers (FSDP), casts between f32, bf16 and f16 rounding to
+   * nearest even as weft_tensor_copy */
+  /* flat[p.offset + j] = p.data[j] (0 if p.data is NULL) for j < p.count,
+   * then p.pad zeros */
+  weft_status (*flat_pack)(void *flat, weft_dtype flat_dtype, const weft_flat_piece *pieces,
+                           int npieces);
+  /* p.data[j] = flat[p.offset + j] for j < p.count */
+  weft_status (*flat_split)(const void *flat, weft_dtype flat_dtype,
+                            const weft_flat_piece *pieces, int npieces);
+  /* p.data[j] += scale * flat[p.offset + j] in fp32 (p.data f32) */
+  weft_status (*flat_accumulate)(const void *flat, weft_dtype flat_dtype,
+                                 const weft_flat_piece *pieces, int npieces, float scale);
+} weft_backend;
+
+/* -------------------------------------------------------------- registry */
+
+/* Installs the table for be->device (replacing the one there; the CPU and
+ * CUDA backends register themselves at first use). WEFT_ERR_INVALID when
+ * the version, size, device, name or a required member is wrong, naming it.
+ * The table is copied (members beyond be->size read as absent). Not
+ * thread-safe against concurrent dispatch: register at start-up (or in
+ * tests). */
+weft_status weft_backend_register(const weft_backend *be);
+/* Removes the table of dev (tests); the built-in one is back at next use. */
+void weft_backend_reset(weft_device dev);
+/* The table of dev (full size: absent members are NULL), NULL when this
+ * build has none (no CUDA backend) or dev is not a device. */
+const weft_backend *weft_backend_get(weft_device dev);
+/* "cpu", "cuda", "cuda (emulated)"; "none" when dev has no table. */
+const char *weft_backend_name(weft_device dev);
+
+/* ------------------------------------------------------------ device set-up */
+
+/* Devices of kind dev visible to this process: 1 for WEFT_CPU; 0 when the
+ * build has no backend for dev or no device is visible. Never fails. */
+int weft_device_count(weft_device dev);
+/* Selects device local_rank % count (ranks of a node spread over its GPUs)
+ * and prepares it; WEFT_OK and nothing to do for the CPU. */
+weft_status weft_device_init(weft_device dev, int local_rank, int *ordinal);
+void weft_device_shutdown(weft_device dev);
+/* The selected ordinal, -1 before init (0 for the CPU). */
+int weft_device_current(weft_device dev);
+/* Waits for every stream of dev (a no-op on the CPU). */
+weft_status weft_device_synchronize(weft_device dev);
+/* The device whose memory ptr points into (WEFT_CPU for host memory and
+ * NULL). */
+weft_device weft_ptr_device(const void *ptr);
+
+/* --------------------------------------------------------------- memory */
+
+weft_status weft_memset(weft_device dev, void *dst, int value, size_t bytes);
+weft_status weft_memcpy(weft_device dev, void *dst, const void *src, size_t bytes,
+                        weft_copy_kind kind);
+weft_status weft_memcpy_async(weft_device dev, void *dst, const void *src, size_t bytes,
+                              weft_copy_kind kind, weft_stream_id s);
+weft_status weft_record_stream(weft_device dev, void *ptr, weft_stream_id s);
+
+/* --------------------------------------------------------------- events */
+
+weft_status weft_event_record(weft_device dev, weft_stream_id s, weft_event **ev);
+weft_status weft_stream_wait_event(weft_device dev, weft_stream_id s, weft_event *ev);
+weft_status weft_event_synchronize(weft_device dev, weft_event *ev);
+weft_status weft_event_query(weft_device dev, weft_event *ev, bool *done);
+weft_status weft_event_elapsed_ms(weft_device dev, weft_event *start, weft_event *end,
+                                  float *ms);
+void weft_event_destroy(weft_device dev, weft_event *ev); /* NULL: no-op */
+void *weft_device_stream_handle(weft_device dev, weft_stream_id s);
+
+/* -------------------------------------------------------------- options */
+
+weft_status weft_device_set_matmul_precision(weft_device dev, weft_matmul_precision p);
+/* WEFT_MATMUL_F32 for a device without the option */
+weft_matmul_precision weft_device_matmul_precision(weft_device dev);
+weft_status weft_device_cache_stats(weft_device dev, weft_cache_stats *out);
+weft_status weft_device_empty_cache(weft_device dev);
+
+/* ------------------------------------------------------------- compute */
+/* weft_backend_<op>(dev, args...) calls member <op> of dev's table with the
+ * same arguments; the semantics are layers.h's function of that name. */
+
+weft_status weft_backend_sgemm(weft_device dev, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                               int64_t k, float alpha, const float *a, int64_t lda,
+                               const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+weft_status weft_backend_sgemm_strided_batched(weft_device dev, bool trans_a, bool trans_b,
+                                               int64_t m, int64_t n, int64_t k, float alpha,
+                                               const float *a, int64_t lda, int64_t stride_a,
+                                               const float *b, int64_t ldb, int64_t stride_b,
+                                               float beta, float *c, int64_t ldc,
+                                               int64_t stride_c, int64_t count);
+weft_status weft_backend_gemm_bf16(weft_device dev, bool trans_a, bool trans_b, int64_t m,
+                                   int64_t n, int64_t k, float alpha, const uint16_t *a,
+                                   int64_t lda, const uint16_t *b, int64_t ldb, float beta,
+                                   float *c, int64_t ldc);
+
+weft_status weft_backend_embedding_forward(weft_device dev, float *out, const int32_t *tokens,
+                                           const float *weight, int64_t N, int64_t V, int64_t C);
+weft_status weft_backend_embedding_backward(weft_device dev, float *dweight,
+                                            const int32_t *tokens, const float *dout, int64_t N,
+                                            int64_t V, int64_t C);
+weft_status weft_backend_embedding_range_forward(weft_device dev, float *out,
+                                                 const int32_t *tokens,
+                                                 const float *weight_local, int64_t N,
+                                                 int64_t v0, int64_t nv, int64_t C);
+weft_status weft_backend_embedding_range_backward(weft_device dev, float *dweight_local,
+                                                  const int32_t *tokens, const float *dout,
+                                                  int64_t N, int64_t v0, int64_t nv, int64_t C);
+weft_status weft_backend_linear_forward(weft_device dev, float *out, const float *inp,
+                                        const float *weight, const float *bias, int64_t N,
+                                        int64_t IC, int64_t OC);
+weft_status weft_backend_linear_backward(weft_device dev, float *dinp, float *dweight,
+                                         float *dbias, const float *dout, const float *inp,
+                                         const float *weight, int64_t N, int64_t IC, int64_t OC,
+                                         bool accumulate_dinp, bool accumulate_dweight);
+weft_status weft_backend_rmsnorm_forward(weft_device dev, float *out, float *rstd,
+                                         const float *inp, const float *weight, int64_t N,
+                                         int64_t C, float eps);
+weft_status weft_backend_rmsnorm_backward(weft_device dev, float *dinp, float *dweight,
+                                          const float *dout, const float *inp,
+                                          const float *weight, const float *rstd, int64_t N,
+                                          int64_t C, bool accumulate_dinp);
+weft_status weft_backend_rope_tables(weft_device dev, float *cosb, float *sinb, int64_t max_pos,
+                                     int64_t hd, double theta);
+weft_status weft_backend_rope_forward(weft_device dev, float *out, const float *inp,
+                                      const float *cosb, const float *sinb, int64_t max_pos,
+                                      int64_t B, int64_t T, int64_t NH, int64_t hd, int64_t pos0);
+weft_status weft_backend_rope_backward(weft_device dev, float *dinp, const float *dout,
+                                       const float *cosb, const float *sinb, int64_t max_pos,
+                                       int64_t B, int64_t T, int64_t NH, int64_t hd,
+                                       int64_t pos0);
+/* 0 when dev has no attention (the call itself then says why) */
+size_t weft_backend_attention_scratch_bytes(weft_device dev, int64_t B, int64_t T, int64_t H,
+                                            int64_t Hkv, int64_t hd);
+weft_status weft_backend_attention_forward(weft_device dev, float *out, float *lse,
+                                           const float *q, const float *k, const float *v,
+                                           int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                           int64_t hd, void *scratch);
+weft_status weft_backend_attention_backward(weft_device dev, float *dq, float *dk, float *dv,
+                                            const float *dout, const float *q, const float *k,
+                                            const float *v, const float *lse, const float *out,
+                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                            int64_t hd, void *scratch);
+weft_status weft_backend_swiglu_forward(weft_device dev, float *out, const float *a,
+                                        const float *b, int64_t n);
+weft_status weft_backend_swiglu_backward(weft_device dev, float *da, float *db,
+                                         const float *dout, const float *a, const float *b,
+                                         int64_t n);
+weft_status weft_backend_residual_forward(weft_device dev, float *out, const float *a,
+                                          const float *b, int64_t n);
+weft_status weft_backend_residual_backward(weft_device dev, float *da, float *db,
+                                           const float *dout, int64_t n);
+weft_status weft_backend_cross_entropy_forward(weft_device dev, double *loss, float *lse,
+                                               const float *logits, const int32_t *targets,
+                                               int64_t N, int64_t V);
+weft_status weft_backend_cross_entropy_backward(weft_device dev, float *dlogits,
+                                                const float *logits, const float *lse,
+                                                const int32_t *targets, int64_t N, int64_t V,
+                                                float scale);
+weft_status weft_backend_cross_entropy_local_max(weft_device dev, float *row_max,
+                                                 const float *logits_local, int64_t N,
+                                                 int64_t nv);
+weft_status weft_backend_cross_entropy_local_target(weft_device dev, float *target_logit,
+                                                    const float *logits_local,
+                                                    const int32_t *targets, int64_t N,
+                                                    int64_t v0, int64_t nv);
+weft_status weft_backend_cross_entropy_local_sumexp(weft_device dev, float *sumexp,
+                                                    const float *logits_local, const float *gmax,
+                                                    int64_t N, int64_t nv);
+weft_status weft_backend_cross_entropy_finish(weft_device dev, double *loss, float *lse,
+                                              const float *gmax, const float *gsum,
+                                              const float *gtarget, int64_t N);
+weft_status weft_backend_cross_entropy_backward_local(weft_device dev, float *dlogits_local,
+                                                      const float *logits_local,
+                                                      const float *lse, const int32_t *targets,
+                                                      int64_t N, int64_t v0, int64_t nv,
+                                                      float scale);
+
+weft_status weft_backend_adamw_multi(weft_device dev, float *const *param,
+                                     const float *const *grad, float *const *m, float *const *v,
+                                     float *const *vmax, const int64_t *n, int ntensors,
+                                     int64_t step, const weft_adamw_params *hp);
+weft_status weft_backend_sgd_multi(weft_device dev, float *const *param, const float *const *grad,
+                                   float *const *buf, const int64_t *n, int ntensors, int64_t step,
+                                   const weft_sgd_params *hp);
+weft_status weft_backend_sumsq_multi(weft_device dev, const float *const *x, const int64_t *n,
+                                     int ntensors, double *out);
+weft_status weft_backend_scale_multi(weft_device dev, float *const *x, const int64_t *n,
+                                     int ntensors, float alpha);
+
+weft_status weft_backend_flat_pack(weft_device dev, void *flat, weft_dtype flat_dtype,
+                                   const weft_flat_piece *pieces, int npieces);
+weft_status weft_backend_flat_split(weft_device dev, const void *flat, weft_dtype flat_dtype,
+                                    const weft_flat_piece *pieces, int npieces);
+weft_status weft_backend_flat_accumulate(weft_device dev, const void *flat, weft_dtype flat_dtype,
+                                         const weft_flat_piece *pieces, int npieces, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WEFT_BACKEND_H */

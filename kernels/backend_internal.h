@@ -1,0 +1,48 @@
+/* kernels/backend_internal.h — private to kernels/: the built-in tables and
+ * the helpers the entry points and the backends share, so that every
+ * "not on this device" error is made the same way (C and C++). */
+#ifndef WEFT_BACKEND_INTERNAL_H
+#define WEFT_BACKEND_INTERNAL_H
+
+#include <stddef.h>
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The built-in tables: kernels/cpu/backend.c, kernels/cuda/backend.cu
+ * (only in builds with the CUDA backend, real or emulated). */
+const weft_backend *weft_cpu_backend_(void);
+const weft_backend *weft_cuda_backend_(void);
+
+/* The table of dev holding the member at `offset` (offsetof(weft_backend,
+ * m)); NULL with *st set (and the error message) when dev has no table or
+ * the table lacks the member. op names the operation in the message. */
+const weft_backend *weft_backend_find_(weft_device dev, size_t offset, const char *op,
+                                       weft_status *st);
+/* WEFT_ERR_UNSUPPORTED "<op>: no backend for device <dev> in this build". */
+weft_status weft_backend_no_table_(weft_device dev, const char *op);
+/* WEFT_ERR_UNSUPPORTED "<op>: <op> is not supported on <dev> (backend ...)". */
+weft_status weft_backend_unsupported_(const weft_backend *be, const char *op);
+/* Adds "in <op> on <device>" to a failed status' message; returns st. */
+weft_status weft_backend_trace_(weft_status st, const weft_backend *be, const char *op);
+
+/* For the tensor entry points of kernels.h: every tensor of the op must be
+ * on one device (NULL entries are skipped) whose table has the member at
+ * offset. On error the message names the op, the device and the tensor:
+ * "add: a is on cpu (f32[4]) but out is on cuda (f32[4] on cuda): the
+ * tensors of one op must be on one device". */
+const weft_backend *weft_backend_for_tensors_(const char *op, size_t offset, int n,
+                                              const weft_tensor *const *ts,
+                                              const char *const *names, weft_status *st);
+/* WEFT_ERR_UNSUPPORTED "<op>: <name> is <dtype> on <device> (<tensor>): <device>
+ * supports <what>" — a backend's refusal of a dtype. */
+weft_status weft_backend_dtype_unsupported_(const char *op, const char *name,
+                                            const weft_tensor *t, const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WEFT_BACKEND_INTERNAL_H */

@@ -1,0 +1,41 @@
+/* kernels/cpu/cpu_internal.h — private to kernels/: the CPU backend's
+ * members that kernels.h's generic entry points also reach (the tensor
+ * operations, after their checks), and the CPU table (cpu/backend.c). The
+ * raw-pointer layer kernels are layers.h's public functions. */
+#ifndef WEFT_CPU_INTERNAL_H
+#define WEFT_CPU_INTERNAL_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* kernels/alloc.c */
+weft_status weft_cpu_alloc_(size_t bytes, void **out);
+size_t weft_cpu_free_(void *ptr);
+/* kernels/tensor.c */
+weft_status weft_cpu_copy_(weft_tensor *dst, const weft_tensor *src);
+weft_status weft_cpu_fill_(weft_tensor *t, double v);
+/* kernels/rng.c */
+weft_status weft_cpu_fill_random_(weft_tensor *t, weft_random_kind kind, uint64_t seed,
+                                  uint64_t key, const weft_rng_region *region, float a, float b);
+/* kernels/cpu/gemm.c */
+weft_status weft_cpu_gemm_(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
+                           const weft_tensor *b, float beta, weft_tensor *c);
+weft_status weft_cpu_sgemm_(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                            float beta, float *c, int64_t ldc);
+/* kernels/cpu/ops.c */
+weft_status weft_cpu_add_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
+weft_status weft_cpu_mul_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
+weft_status weft_cpu_scale_(weft_tensor *t, double alpha);
+weft_status weft_cpu_axpy_(weft_tensor *y, double alpha, const weft_tensor *x);
+weft_status weft_cpu_reduce_(const weft_tensor *t, weft_reduce_kind kind, int dim,
+                             weft_tensor *out);
+weft_status weft_cpu_reduce_all_(const weft_tensor *t, weft_reduce_kind kind, double *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WEFT_CPU_INTERNAL_H */
