@@ -37,21 +37,21 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "arg_checks.h"
 #include "cuda_compat.h"
 #include "cuda_internal.h"
+#include "cuda_kernels.h"
 #include "device_util.cuh"
 
 #define ATT_BQ 128
 
 namespace {
 
-
-
-
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+/* The launch status, naming the operation of func. */
 weft_status launched(const char *func) {
-  return weft_cuda_check_((int)cudaGetLastError(), func);
+  return weft_cuda_check_((int)cudaGetLastError(), weft_op_name_(func));
 }
 
 /* Scratch regions, in floats from the start (each a multiple of 64). */
@@ -198,13 +198,12 @@ __global__ void lse_empty_kernel(float *lse, int64_t BH, int64_t T) {
     lse[i] = logf((float)(i % T + 1));
 }
 
+/* The CPU's checks (kernels/cpu/layers.c attention_check), naming the
+ * operation of func. */
 weft_status check_shape(const char *func, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                         int64_t hd) {
-  const int64_t sizes[] = {B, T, H, Hkv, hd};
-  for (int i = 0; i < 5; i++)
-    if (sizes[i] < 0)
-      return weft_error_at(WEFT_ERR_INVALID, func, "size argument %d is negative (%lld)", i + 1,
-                           (long long)sizes[i]);
+  func = weft_op_name_(func);
+  CHECK_SIZES_AT(func, B, T, H, Hkv, hd);
   if (H > 0 && (Hkv == 0 || H % Hkv != 0))
     return weft_error_at(WEFT_ERR_INVALID, func,
                          "H = %lld query heads is not a multiple of Hkv = %lld", (long long)H,
@@ -215,6 +214,7 @@ weft_status check_shape(const char *func, int64_t B, int64_t T, int64_t H, int64
 /* NULL check of named pointers with element counts. */
 weft_status check_ptrs(const char *func, int n, const char *const *names, const void *const *ptrs,
                        const int64_t *counts) {
+  func = weft_op_name_(func);
   for (int i = 0; i < n; i++)
     if (!ptrs[i] && counts[i] > 0)
       return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", names[i]);
@@ -240,7 +240,8 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
     const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
     const char *names[6] = {"out", "lse", "q", "k", "v", "scratch"};
     const void *ptrs[6] = {out, lse, q, k, v, scratch};
-    const int64_t counts[6] = {nq, B * H * T, nq, nkv, nkv, nq};
+    const int64_t counts[6] = {nq, B * H * T, nq, nkv, nkv,
+                               (int64_t)weft_cuda_attention_scratch_bytes(B, T, H, Hkv, hd)};
     WEFT_CHECK(check_ptrs(__func__, 6, names, ptrs, counts));
   }
   if (B * T * H == 0) return WEFT_OK;
@@ -285,12 +286,13 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
   {
     const char *names[10] = {"dq", "dk", "dv", "dout", "q", "k", "v", "lse", "out", "scratch"};
     const void *ptrs[10] = {dq, dk, dv, dout, q, k, v, lse, out, scratch};
-    const int64_t counts[10] = {nq, nkv, nkv, nq, nq, nkv, nkv, B * H * T, nq, nq};
+    const int64_t counts[10] = {nq, nkv, nkv, nq, nq, nkv, nkv, B * H * T, nq,
+                                (int64_t)weft_cuda_attention_scratch_bytes(B, T, H, Hkv, hd)};
     WEFT_CHECK(check_ptrs(__func__, 10, names, ptrs, counts));
   }
   if (nkv > 0 && H == 0) { /* no query heads read these kv heads */
-    WEFT_CHECK(weft_cuda_memset_zero(dk, (size_t)nkv * sizeof(float)));
-    WEFT_CHECK(weft_cuda_memset_zero(dv, (size_t)nkv * sizeof(float)));
+    WEFT_CHECK(weft_cuda_memset_(dk, 0, (size_t)nkv * sizeof(float)));
+    WEFT_CHECK(weft_cuda_memset_(dv, 0, (size_t)nkv * sizeof(float)));
   }
   if (nq == 0) return WEFT_OK;
   cudaStream_t s = compute_stream();
@@ -308,8 +310,8 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
   WEFT_LAUNCH(rowdot_kernel, grid_for(B * T * H, 8), dim3(32, 8), 0, s, D, dout, out, B, T, H,
               hd);
   WEFT_CHECK(launched(__func__));
-  WEFT_CHECK(weft_cuda_memset_zero(dKp, (size_t)nkv * sizeof(float)));
-  WEFT_CHECK(weft_cuda_memset_zero(dVp, (size_t)nkv * sizeof(float)));
+  WEFT_CHECK(weft_cuda_memset_(dKp, 0, (size_t)nkv * sizeof(float)));
+  WEFT_CHECK(weft_cuda_memset_(dVp, 0, (size_t)nkv * sizeof(float)));
   for (int64_t t0 = 0; t0 < T; t0 += L.bq) {
     const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = t0 + nb, M = nb * G;
     const float *Qb = Qp + t0 * G * hd, *dOb = dOp + t0 * G * hd;

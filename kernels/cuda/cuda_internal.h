@@ -65,9 +65,41 @@ weft_cuda_cache_stats weft_cuda_cache_stats_(const weft_cuda_cache_ *c);
 /* Returns free blocks whose markers completed to the backend. */
 void weft_cuda_cache_trim_(weft_cuda_cache_ *c);
 
-/* ---- shared by the .cu sources (runtime.cu defines them) ---------------- */
+/* ---- the runtime (runtime.cu): the members of the WEFT_CUDA table that
+ * are not kernels (backend.cu puts them in the table), and what the .cu
+ * sources share. Names end in '_': none of this is public API (cuda.h's
+ * weft_cuda_init & co. are inline calls of backend.h's generic functions). */
 
-/* WEFT_ERR_NO_DEVICE naming func unless weft_cuda_init has run. */
+int weft_cuda_device_count_(void);
+weft_status weft_cuda_init_(int local_rank, int *ordinal);
+void weft_cuda_shutdown_(void);
+int weft_cuda_current_device_(void);
+weft_status weft_cuda_synchronize_(void);
+/* The allocator members: blocks of the caching allocator, not counted
+ * (weft_alloc counts); free returns the bytes that were requested. */
+weft_status weft_cuda_alloc_(size_t bytes, void **out);
+size_t weft_cuda_free_(void *ptr);
+bool weft_cuda_owns_(const void *ptr);     /* the start of a live block */
+bool weft_cuda_contains_(const void *ptr); /* any byte of device memory */
+/* Copies and memset, ordered on the compute stream (memcpy_ waits for it). */
+weft_status weft_cuda_memset_(void *dst, int value, size_t bytes);
+weft_status weft_cuda_memcpy_(void *dst, const void *src, size_t bytes, weft_copy_kind kind);
+weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes,
+                                    weft_copy_kind kind, weft_stream_id s);
+weft_status weft_cuda_event_record_(weft_stream_id s, weft_event **ev);
+weft_status weft_cuda_stream_wait_event_(weft_stream_id s, weft_event *ev);
+weft_status weft_cuda_event_synchronize_(weft_event *ev);
+weft_status weft_cuda_event_query_(weft_event *ev, bool *done);
+weft_status weft_cuda_event_elapsed_ms_(weft_event *start, weft_event *end, float *ms);
+void weft_cuda_event_destroy_(weft_event *ev);
+weft_status weft_cuda_record_stream_(void *ptr, weft_stream_id s);
+/* The cudaStream_t of s as void *, NULL before init. */
+void *weft_cuda_stream_handle_(weft_stream_id s);
+weft_status weft_cuda_get_cache_stats_(weft_cache_stats *out);
+weft_status weft_cuda_empty_cache_(void);
+
+/* WEFT_ERR_NO_DEVICE naming the operation (weft_op_name_(func)) unless
+ * weft_device_init(WEFT_CUDA, ...) has run. */
 weft_status weft_cuda_require_init_(const char *func);
 /* WEFT_OK for cudaSuccess (err is a cudaError_t), else WEFT_ERR_CUDA with
  * "what: <CUDA's message>". */
@@ -78,7 +110,8 @@ weft_status weft_cuda_check_cublas_(int status, const char *what);
 void *weft_cuda_cublas_handle_(void);
 /* A device scratch buffer of at least `bytes`, grow-only, reused by every
  * caller on the compute stream (at most one user at a time: callers use it
- * within one kernel sequence on that stream). */
+ * within one kernel sequence on that stream, and call nothing that uses
+ * it in between). */
 weft_status weft_cuda_scratch_(size_t bytes, void **out);
 
 #ifdef __cplusplus

@@ -6,7 +6,7 @@
  *   C^T = op(B)^T op(A)^T,
  * i.e. cuBLAS gets (B, A) swapped, the same transpose flags, and (n, m, k).
  *
- * Matmul precision (weft_cuda_set_matmul_precision), applied by
+ * Matmul precision (the set_matmul_precision member), applied by
  * weft_cuda_sgemm and weft_cuda_sgemm_strided_batched:
  *   F32  cublasGemmEx, fp32 in/out, CUBLAS_COMPUTE_32F_PEDANTIC: plain fp32
  *        FMA whatever the handle's math mode or NVIDIA_TF32_OVERRIDE says;
@@ -31,8 +31,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "arg_checks.h"
 #include "cuda_compat.h"
 #include "cuda_internal.h"
+#include "cuda_kernels.h"
 #include "device_util.cuh"
 
 namespace {
@@ -41,30 +43,11 @@ namespace {
  * work from other threads). */
 int g_precision = WEFT_MATMUL_F32;
 
-
-
 struct alignas(8) h4 {
   uint16_t x, y, z, w;
 };
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-/* weft_f32_to_bf16 (tensor_internal.h) on the device: round to nearest,
- * ties to even; NaN stays a quiet NaN with its top payload bits. */
-__device__ inline uint16_t bf16_bits(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-__device__ inline float bf16_value(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
 
 /* out[i] = bf16(in[i]), i < n; 4 per thread when vec (n % 4 handled by the
  * scalar tail below the vector part). */
@@ -76,12 +59,13 @@ __global__ void cast_to_bf16_kernel(uint16_t *out, const float *in, int64_t n, b
     const int64_t n4 = n / 4;
     for (int64_t j = i; j < n4; j += stride) {
       f4 v = ((const f4 *)in)[j];
-      h4 h = {bf16_bits(v.x), bf16_bits(v.y), bf16_bits(v.z), bf16_bits(v.w)};
+      h4 h = {weft_f32_to_bf16_i_(v.x), weft_f32_to_bf16_i_(v.y), weft_f32_to_bf16_i_(v.z),
+              weft_f32_to_bf16_i_(v.w)};
       ((h4 *)out)[j] = h;
     }
     done = n4 * 4;
   }
-  for (int64_t j = done + i; j < n; j += stride) out[j] = bf16_bits(in[j]);
+  for (int64_t j = done + i; j < n; j += stride) out[j] = weft_f32_to_bf16_i_(in[j]);
 }
 
 __global__ void cast_from_bf16_kernel(float *out, const uint16_t *in, int64_t n, bool vec) {
@@ -92,12 +76,13 @@ __global__ void cast_from_bf16_kernel(float *out, const uint16_t *in, int64_t n,
     const int64_t n4 = n / 4;
     for (int64_t j = i; j < n4; j += stride) {
       h4 h = ((const h4 *)in)[j];
-      f4 v = {bf16_value(h.x), bf16_value(h.y), bf16_value(h.z), bf16_value(h.w)};
+      f4 v = {weft_bf16_to_f32_i_(h.x), weft_bf16_to_f32_i_(h.y), weft_bf16_to_f32_i_(h.z),
+              weft_bf16_to_f32_i_(h.w)};
       ((f4 *)out)[j] = v;
     }
     done = n4 * 4;
   }
-  for (int64_t j = done + i; j < n; j += stride) out[j] = bf16_value(in[j]);
+  for (int64_t j = done + i; j < n; j += stride) out[j] = weft_bf16_to_f32_i_(in[j]);
 }
 
 /* Packs nbatch row-major (rows x cols) matrices, matrix b at src + b*stride
@@ -115,11 +100,12 @@ __global__ void pack_bf16_kernel(uint16_t *dst, const float *src, int64_t rows, 
     if (vec) {
       for (int64_t c = threadIdx.x; c < cols / 4; c += blockDim.x) {
         f4 v = ((const f4 *)s)[c];
-        h4 h = {bf16_bits(v.x), bf16_bits(v.y), bf16_bits(v.z), bf16_bits(v.w)};
+        h4 h = {weft_f32_to_bf16_i_(v.x), weft_f32_to_bf16_i_(v.y), weft_f32_to_bf16_i_(v.z),
+              weft_f32_to_bf16_i_(v.w)};
         ((h4 *)d)[c] = h;
       }
     } else {
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = bf16_bits(s[c]);
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = weft_f32_to_bf16_i_(s[c]);
     }
   }
 }
@@ -140,28 +126,21 @@ __global__ void scale_c_kernel(float *c, int64_t m, int64_t n, int64_t ldc, int6
 /* Operand kinds of one GEMM call. */
 enum operand_kind { OPERANDS_F32, OPERANDS_BF16 };
 
-/* Leading-dimension and size checks of a row-major GEMM, as weft_sgemm's. */
-weft_status check_gemm(const char *func, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                       int64_t lda, int64_t ldb, int64_t ldc) {
-  if (m < 0 || n < 0 || k < 0)
-    return weft_error_at(WEFT_ERR_INVALID, func, "negative size: m %lld, n %lld, k %lld",
-                         (long long)m, (long long)n, (long long)k);
-  if (m == 0 || n == 0) return WEFT_OK;
-  const int64_t acols = ta ? m : k, bcols = tb ? k : n;
-  if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < n)
-    return weft_error_at(WEFT_ERR_INVALID, func,
-                         "leading dims too small: lda %lld (need >= %lld), ldb %lld (need >= "
-                         "%lld), ldc %lld (need >= %lld)",
-                         (long long)lda, (long long)acols, (long long)ldb, (long long)bcols,
-                         (long long)ldc, (long long)n);
+/* cuBLAS takes 32-bit sizes and leading dims (an extra limit of this
+ * backend, after the checks every backend makes). */
+weft_status check_cublas_dims(const char *op, int64_t m, int64_t n, int64_t k, int64_t lda,
+                              int64_t ldb, int64_t ldc, int64_t count) {
   const int64_t dims[6] = {m, n, k, lda, ldb, ldc};
   for (int i = 0; i < 6; i++)
     if (dims[i] > INT_MAX)
-      return weft_error_at(WEFT_ERR_INVALID, func,
+      return weft_error_at(WEFT_ERR_INVALID, op,
                            "m %lld, n %lld, k %lld, lda %lld, ldb %lld, ldc %lld: cuBLAS takes "
                            "32-bit sizes (each must be <= %d)",
                            (long long)m, (long long)n, (long long)k, (long long)lda,
                            (long long)ldb, (long long)ldc, INT_MAX);
+  if (count > INT_MAX)
+    return weft_error_at(WEFT_ERR_INVALID, op, "batch count %lld is more than cuBLAS's %d",
+                         (long long)count, INT_MAX);
   return WEFT_OK;
 }
 
@@ -186,34 +165,35 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
                      int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
                      int64_t sa, const void *b, int64_t ldb, int64_t sb, float beta, float *c,
                      int64_t ldc, int64_t sc, int64_t count) {
+  /* the checks and their order are the CPU backend's (kernels/cpu/backend.c) */
+  const char *op = weft_op_name_(func);
   WEFT_CHECK(weft_cuda_require_init_(func));
-  WEFT_CHECK(check_gemm(func, ta, tb, m, n, k, lda, ldb, ldc));
-  if (count < 0)
-    return weft_error_at(WEFT_ERR_INVALID, func, "negative batch count %lld", (long long)count);
-  if (count > INT_MAX)
-    return weft_error_at(WEFT_ERR_INVALID, func, "batch count %lld is more than cuBLAS's %d",
-                         (long long)count, INT_MAX);
+  WEFT_CHECK(weft_check_gemm_dims_(op, ta, tb, m, n, k, lda, ldb, ldc));
+  if (batched) {
+    if (count < 0)
+      return weft_error_at(WEFT_ERR_INVALID, op, "negative batch count %lld", (long long)count);
+    if (sa < 0 || sb < 0 || sc < 0)
+      return weft_error_at(WEFT_ERR_INVALID, op,
+                           "negative batch stride: stride_a %lld, stride_b %lld, stride_c %lld",
+                           (long long)sa, (long long)sb, (long long)sc);
+    if (count > 1 && m > 0 && n > 0 && sc < (m - 1) * ldc + n)
+      return weft_error_at(WEFT_ERR_INVALID, op,
+                           "stride_c %lld < %lld: the %lld x %lld C matrices (ldc %lld) of the "
+                           "batch would overlap",
+                           (long long)sc, (long long)((m - 1) * ldc + n), (long long)m,
+                           (long long)n, (long long)ldc);
+  }
   if (m == 0 || n == 0 || count == 0) return WEFT_OK;
-  if (sa < 0 || sb < 0 || sc < 0)
-    return weft_error_at(WEFT_ERR_INVALID, func,
-                         "negative batch stride: stride_a %lld, stride_b %lld, stride_c %lld",
-                         (long long)sa, (long long)sb, (long long)sc);
-  const int64_t c_span = (m - 1) * ldc + n;
-  if (count > 1 && sc < c_span)
-    return weft_error_at(WEFT_ERR_INVALID, func,
-                         "stride_c %lld < %lld: the %lld x %lld C matrices (ldc %lld) of the "
-                         "batch would overlap",
-                         (long long)sc, (long long)c_span, (long long)m, (long long)n,
-                         (long long)ldc);
-  if (!c) return weft_error_at(WEFT_ERR_INVALID, func, "C is NULL");
   const bool reads_ab = k > 0 && alpha != 0.0f;
-  if (reads_ab && (!a || !b))
-    return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", !a ? "A" : "B");
+  /* note: the CPU's batched GEMM reports this from its per-matrix sgemm */
+  if (!c || (reads_ab && (!a || !b)))
+    return weft_error_at(WEFT_ERR_INVALID, batched ? "sgemm" : op, "NULL matrix pointer");
+  WEFT_CHECK(check_cublas_dims(op, m, n, k, lda, ldb, ldc, count));
   cudaStream_t s = compute_stream();
   if (!reads_ab) {
     WEFT_LAUNCH(scale_c_kernel, grid_for(m * count, 8), dim3(32, 8), 0, s, c, m, n, ldc, sc,
                 count, beta);
-    return weft_cuda_check_((int)cudaGetLastError(), func);
+    return weft_cuda_check_((int)cudaGetLastError(), op);
   }
 
   cudaDataType_t in_type = CUDA_R_32F;
@@ -232,8 +212,8 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
     void *scratch;
     WEFT_CHECK(weft_cuda_scratch_(abytes + bbytes, &scratch));
     uint16_t *pa = (uint16_t *)scratch, *pb = (uint16_t *)((char *)scratch + abytes);
-    WEFT_CHECK(pack_operand(func, pa, (const float *)a, ar, ac, lda, sa, na));
-    WEFT_CHECK(pack_operand(func, pb, (const float *)b, br, bc, ldb, sb, nb));
+    WEFT_CHECK(pack_operand(op, pa, (const float *)a, ar, ac, lda, sa, na));
+    WEFT_CHECK(pack_operand(op, pb, (const float *)b, br, bc, ldb, sb, nb));
     a = pa;
     b = pb;
     lda = ac;
@@ -258,16 +238,17 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
     st = cublasGemmEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, in_type, (int)ldb, a,
                       in_type, (int)lda, &beta, c, CUDA_R_32F, (int)ldc, compute,
                       CUBLAS_GEMM_DEFAULT);
-  return weft_cuda_check_cublas_((int)st, func);
+  return weft_cuda_check_cublas_((int)st, op);
 }
 
 /* n-element casts: validation shared by both directions. */
 weft_status check_cast(const char *func, const void *out, const void *in, int64_t n) {
   WEFT_CHECK(weft_cuda_require_init_(func));
+  const char *op = weft_op_name_(func);
   if (n < 0)
-    return weft_error_at(WEFT_ERR_INVALID, func, "negative element count %lld", (long long)n);
+    return weft_error_at(WEFT_ERR_INVALID, op, "negative element count %lld", (long long)n);
   if (n > 0 && (!out || !in))
-    return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", !out ? "out" : "in");
+    return weft_error_at(WEFT_ERR_INVALID, op, "%s is NULL", !out ? "out" : "in");
   return WEFT_OK;
 }
 
@@ -275,16 +256,15 @@ weft_status check_cast(const char *func, const void *out, const void *in, int64_
 
 extern "C" {
 
-void weft_cuda_set_matmul_precision(weft_matmul_precision p) {
-  if (p != WEFT_MATMUL_F32 && p != WEFT_MATMUL_TF32 && p != WEFT_MATMUL_BF16) {
-    (void)weft_error(WEFT_ERR_INVALID, "unknown matmul precision %d (kept %d)", (int)p,
-                     g_precision);
-    return;
-  }
+weft_status weft_cuda_set_matmul_precision_(weft_matmul_precision p) {
+  if (p != WEFT_MATMUL_F32 && p != WEFT_MATMUL_TF32 && p != WEFT_MATMUL_BF16)
+    return weft_error_at(WEFT_ERR_INVALID, "set_matmul_precision",
+                         "unknown matmul precision %d (kept %d)", (int)p, g_precision);
   g_precision = (int)p;
+  return WEFT_OK;
 }
 
-weft_matmul_precision weft_cuda_matmul_precision(void) {
+weft_matmul_precision weft_cuda_matmul_precision_(void) {
   return (weft_matmul_precision)g_precision;
 }
 
@@ -317,7 +297,7 @@ weft_status weft_cuda_cast_f32_to_bf16(uint16_t *out, const float *in, int64_t n
   const bool vec = aligned16(in) && ((uintptr_t)out & 7u) == 0;
   WEFT_LAUNCH(cast_to_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0,
               compute_stream(), out, in, n, vec);
-  return weft_cuda_check_((int)cudaGetLastError(), __func__);
+  return weft_cuda_check_((int)cudaGetLastError(), weft_op_name_(__func__));
 }
 
 weft_status weft_cuda_cast_bf16_to_f32(float *out, const uint16_t *in, int64_t n) {
@@ -326,7 +306,7 @@ weft_status weft_cuda_cast_bf16_to_f32(float *out, const uint16_t *in, int64_t n
   const bool vec = aligned16(out) && ((uintptr_t)in & 7u) == 0;
   WEFT_LAUNCH(cast_from_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0,
               compute_stream(), out, in, n, vec);
-  return weft_cuda_check_((int)cudaGetLastError(), __func__);
+  return weft_cuda_check_((int)cudaGetLastError(), weft_op_name_(__func__));
 }
 
 }  // extern "C"

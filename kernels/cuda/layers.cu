@@ -27,16 +27,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arg_checks.h"
 #include "cuda_compat.h"
 #include "cuda_internal.h"
-#include "arg_checks.h"
+#include "cuda_kernels.h"
 #include "device_util.cuh"
+
+/* Errors name the operation, as the CPU kernels' do (kernels/cpu/layers.c):
+ * "rmsnorm_forward: ...", not the C function. */
+#undef weft_error
+#define weft_error(st, ...) weft_error_at((st), weft_op_name_(__func__), __VA_ARGS__)
 
 namespace {
 
 /* ------------------------------------------------------------ helpers */
-
-
 
 struct alignas(8) f2 {
   float x, y;
@@ -45,8 +49,9 @@ struct alignas(8) f2 {
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 size_t round_up_256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* The launch status, naming the operation of func. */
 weft_status launched(const char *func) {
-  return weft_cuda_check_((int)cudaGetLastError(), func);
+  return weft_cuda_check_((int)cudaGetLastError(), weft_op_name_(func));
 }
 
 #define REQUIRE_INIT() WEFT_CHECK(weft_cuda_require_init_(__func__))
@@ -111,9 +116,11 @@ __global__ void check_ids_kernel(unsigned *flag, const int32_t *ids, int64_t N, 
 }
 
 /* WEFT_ERR_INVALID naming the first id outside [0, hi) (hi < 0: the first
- * negative one), with the CPU kernels' messages; waits for the stream. */
+ * negative one), with the CPU kernels' messages ("embedding_forward:
+ * tokens[3] = 9 is outside the vocabulary [0, 8)"); waits for the stream. */
 weft_status check_ids(const char *func, const char *name, const int32_t *ids, int64_t N,
                       int64_t hi) {
+  func = weft_op_name_(func);
   if (N == 0) return WEFT_OK;
   if (N > (int64_t)UINT32_MAX)
     return weft_error_at(WEFT_ERR_INVALID, func, "%s has %lld ids: at most 2^32 - 1 supported",
@@ -121,16 +128,16 @@ weft_status check_ids(const char *func, const char *name, const int32_t *ids, in
   void *scratch;
   WEFT_CHECK(weft_cuda_scratch_(sizeof(unsigned), &scratch));
   unsigned *flag = (unsigned *)scratch;
-  WEFT_CHECK(weft_cuda_memset_zero(flag, sizeof *flag));
+  WEFT_CHECK(weft_cuda_memset_(flag, 0, sizeof *flag));
   WEFT_LAUNCH(check_ids_kernel, grid_for(N, 256, 4096), 256, 0, compute_stream(), flag, ids, N,
               hi);
   WEFT_CHECK(launched(func));
   unsigned got = 0;
-  WEFT_CHECK(weft_cuda_memcpy(&got, flag, sizeof got, WEFT_COPY_D2H));
+  WEFT_CHECK(weft_cuda_memcpy_(&got, flag, sizeof got, WEFT_COPY_D2H));
   if (got == 0) return WEFT_OK;
   const int64_t n = N - (int64_t)got;
   int32_t bad = 0;
-  WEFT_CHECK(weft_cuda_memcpy(&bad, ids + n, sizeof bad, WEFT_COPY_D2H));
+  WEFT_CHECK(weft_cuda_memcpy_(&bad, ids + n, sizeof bad, WEFT_COPY_D2H));
   if (hi >= 0)
     return weft_error_at(WEFT_ERR_INVALID, func, "%s[%lld] = %d is outside the vocabulary [0, %lld)",
                          name, (long long)n, bad, (long long)hi);
@@ -605,7 +612,7 @@ weft_status ce_backward_launch(const char *func, float *dlogits, const float *lo
 
 /* Copies *res back (waits for the compute stream). */
 weft_status fetch_result(const loss_result *dres, loss_result *res) {
-  return weft_cuda_memcpy(res, dres, sizeof *res, WEFT_COPY_D2H);
+  return weft_cuda_memcpy_(res, dres, sizeof *res, WEFT_COPY_D2H);
 }
 
 }  // namespace
@@ -772,7 +779,7 @@ weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float 
   else if (K <= 32)
     RMS_BWD(32);
   else {
-    WEFT_CHECK(weft_cuda_memset_zero(partial, (size_t)(blocks * C) * sizeof(float)));
+    WEFT_CHECK(weft_cuda_memset_(partial, 0, (size_t)(blocks * C) * sizeof(float)));
     WEFT_LAUNCH(rmsnorm_bwd_long_kernel, (unsigned)blocks, 1024, 0, s, dinp, partial, dout, inp,
                 weight, rstd, N, C, accumulate_dinp);
   }
@@ -803,8 +810,8 @@ weft_status weft_cuda_rope_tables(float *cosb, float *sinb, int64_t max_pos, int
     st = weft_error(WEFT_ERR_OOM, "no host memory for %lld-entry RoPE tables", (long long)n);
   } else {
     st = weft_rope_tables(hc, hs, max_pos, hd, theta);
-    if (st == WEFT_OK) st = weft_cuda_memcpy(cosb, hc, (size_t)n * sizeof(float), WEFT_COPY_H2D);
-    if (st == WEFT_OK) st = weft_cuda_memcpy(sinb, hs, (size_t)n * sizeof(float), WEFT_COPY_H2D);
+    if (st == WEFT_OK) st = weft_cuda_memcpy_(cosb, hc, (size_t)n * sizeof(float), WEFT_COPY_H2D);
+    if (st == WEFT_OK) st = weft_cuda_memcpy_(sinb, hs, (size_t)n * sizeof(float), WEFT_COPY_H2D);
   }
   free(hc);
   free(hs);
@@ -815,11 +822,8 @@ static weft_status rope_apply(const char *func, float *out, const float *inp, co
                               const float *sinb, int64_t max_pos, int64_t B, int64_t T,
                               int64_t NH, int64_t hd, int64_t pos0, float sign) {
   WEFT_CHECK(weft_cuda_require_init_(func));
-  const int64_t sizes[] = {max_pos, B, T, NH, hd, pos0};
-  for (int i = 0; i < 6; i++)
-    if (sizes[i] < 0)
-      return weft_error_at(WEFT_ERR_INVALID, func, "size argument %d is negative (%lld)", i + 1,
-                           (long long)sizes[i]);
+  func = weft_op_name_(func);
+  CHECK_SIZES_AT(func, max_pos, B, T, NH, hd, pos0);
   if (hd == 0 || hd % 2 != 0)
     return weft_error_at(WEFT_ERR_INVALID, func, "head dim %lld must be even and > 0",
                          (long long)hd);
@@ -939,7 +943,7 @@ weft_status weft_cuda_cross_entropy_forward(double *loss, float *lse, const floa
   double *row_loss = (double *)((char *)scratch + off_loss);
   float *row_lse = (float *)((char *)scratch + off_lse);
   cudaStream_t s = compute_stream();
-  WEFT_CHECK(weft_cuda_memset_zero(dres, sizeof *dres));
+  WEFT_CHECK(weft_cuda_memset_(dres, 0, sizeof *dres));
   WEFT_LAUNCH(ce_fwd_kernel, grid_for(N, 1), ROW_THREADS, 0, s, row_lse, row_loss, dres, logits,
               targets, N, V);
   WEFT_CHECK(launched(__func__));
@@ -950,14 +954,14 @@ weft_status weft_cuda_cross_entropy_forward(double *loss, float *lse, const floa
   if (res.flag != 0) { /* nothing was written: report the first bad target as the CPU does */
     const int64_t n = N - (int64_t)res.flag;
     int32_t bad = 0;
-    WEFT_CHECK(weft_cuda_memcpy(&bad, targets + n, sizeof bad, WEFT_COPY_D2H));
+    WEFT_CHECK(weft_cuda_memcpy_(&bad, targets + n, sizeof bad, WEFT_COPY_D2H));
     return weft_error(WEFT_ERR_INVALID, "targets[%lld] = %d is outside the vocabulary [0, %lld)",
                       (long long)n, bad, (long long)V);
   }
   *loss = res.sum / (double)N;
   if (lse)
-    WEFT_CHECK(weft_cuda_memcpy_async(lse, row_lse, (size_t)N * sizeof(float), WEFT_COPY_D2D,
-                                      WEFT_STREAM_COMPUTE));
+    WEFT_CHECK(weft_cuda_memcpy_async_(lse, row_lse, (size_t)N * sizeof(float), WEFT_COPY_D2D,
+                                       WEFT_STREAM_COMPUTE));
   return WEFT_OK;
 }
 
@@ -1033,7 +1037,7 @@ weft_status weft_cuda_cross_entropy_finish(double *loss, float *lse, const float
   loss_result *dres = (loss_result *)scratch;
   double *row_loss = (double *)((char *)scratch + 256);
   cudaStream_t s = compute_stream();
-  WEFT_CHECK(weft_cuda_memset_zero(dres, sizeof *dres));
+  WEFT_CHECK(weft_cuda_memset_(dres, 0, sizeof *dres));
   WEFT_LAUNCH(finish_rows_kernel, grid_for(N, 256), 256, 0, s, row_loss, dres, gmax, gsum, gtarget,
               N);
   WEFT_CHECK(launched(__func__));
@@ -1044,7 +1048,7 @@ weft_status weft_cuda_cross_entropy_finish(double *loss, float *lse, const float
   if (res.flag != 0) {
     const int64_t n = N - (int64_t)res.flag;
     float bad = 0.0f;
-    WEFT_CHECK(weft_cuda_memcpy(&bad, gsum + n, sizeof bad, WEFT_COPY_D2H));
+    WEFT_CHECK(weft_cuda_memcpy_(&bad, gsum + n, sizeof bad, WEFT_COPY_D2H));
     return weft_error(WEFT_ERR_INVALID, "sum of exponentials of row %lld is %g (must be > 0)",
                       (long long)n, (double)bad);
   }

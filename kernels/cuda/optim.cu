@@ -1,5 +1,5 @@
-/* Multi-tensor optimizer kernels: AdamW, sum of squares (gradient norm),
- * scale (gradient clipping), each one launch over all the tensors.
+/* Multi-tensor optimizer kernels: AdamW, SGD, sum of squares (gradient
+ * norm), scale (gradient clipping), each one launch over all the tensors.
  *
  * The tensors are cut into chunks of OPT_CHUNK elements; block c finds its
  * tensor by a binary search over the chunk offsets in a small table of
@@ -8,18 +8,23 @@
  * the compute stream (so each call waits for the work queued before it;
  * the table is a few KiB). Empty tensors are left out of the table.
  *
- * AdamW is weft_adamw_step's formula with its host-side scalars computed
- * the same way (double, then rounded to float); the device may fuse a
- * multiply and an add where the CPU rounds twice, so results agree to an
- * ulp or so, not bit for bit. sumsq accumulates in double, per block and
- * then over the blocks in a fixed order (deterministic).
+ * AdamW and SGD are weft_adamw_step's and weft_sgd_step's formulas
+ * (kernels/cpu/layers.c) with the host-side scalars computed the same way
+ * (double, then rounded to float), every product written with mul_rn so
+ * that nvcc fuses no multiply-add the CPU rounds twice: the same bits as
+ * the CPU (sqrtf and '/' are IEEE-rounded without --use_fast_math). sumsq
+ * accumulates in double, per chunk and then per tensor over its chunks in
+ * a fixed order (deterministic; the CPU's order differs, so its last bits
+ * may too). Argument checks are the CPU backend's (arg_checks.h).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "arg_checks.h"
 #include "cuda_compat.h"
 #include "cuda_internal.h"
+#include "cuda_kernels.h"
 #include "device_util.cuh"
 
 #define OPT_THREADS 256
@@ -27,32 +32,22 @@
 
 namespace {
 
-
-
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* One tensor of a multi-tensor launch. */
 struct tensor_desc {
-  float *p;        /* param (adamw) or x (sumsq, scale) */
+  float *p;        /* param (adamw, sgd) or x (sumsq, scale) */
   const float *g;  /* grad */
-  float *m, *v, *vmax;
+  float *m, *v, *vmax; /* sgd: m is the momentum buffer */
   int64_t n;       /* elements */
   int64_t chunk0;  /* its first chunk */
   int vec;         /* every pointer 16-byte aligned: 4 elements at a time */
   int pad;
 };
 
-/* The descriptor of chunk c: the last one whose first chunk is <= c. */
+/* The descriptor of chunk c. */
 __device__ inline const tensor_desc *desc_of(const tensor_desc *d, int nt, int64_t c) {
-  int lo = 0, hi = nt - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (d[mid].chunk0 <= c)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return d + lo;
+  return chunk_owner(d, nt, c);
 }
 
 struct adam_scalars {
@@ -63,10 +58,10 @@ struct adam_scalars {
 /* weft_adamw_step's scalar loop, element i. */
 __device__ inline void adam_one(float &p, float g, float &m, float &v, float *vmax,
                                 const adam_scalars &s) {
-  g = s.sign * g;
-  const float pd = p * s.decay;
-  const float mi = m + s.one_m_b1 * (g - m);
-  const float vi = v * s.beta2 + s.one_m_b2 * g * g;
+  g = mul_rn(s.sign, g);
+  const float pd = mul_rn(p, s.decay);
+  const float mi = m + mul_rn(s.one_m_b1, g - m); /* exp_avg.lerp_(grad, 1 - beta1) */
+  const float vi = mul_rn(v, s.beta2) + mul_rn(mul_rn(s.one_m_b2, g), g);
   m = mi;
   v = vi;
   float vv = vi;
@@ -75,7 +70,7 @@ __device__ inline void adam_one(float &p, float g, float &m, float &v, float *vm
     *vmax = vv;
   }
   const float denom = sqrtf(vv) / s.bc2_sqrt + s.eps;
-  p = pd - s.step_size * (mi / denom);
+  p = pd - mul_rn(s.step_size, mi / denom);
 }
 
 __global__ void adamw_kernel(const tensor_desc *descs, int nt, int64_t nchunks, adam_scalars s) {
@@ -103,6 +98,34 @@ __global__ void adamw_kernel(const tensor_desc *descs, int nt, int64_t nchunks, 
       for (int64_t e = e0 + threadIdx.x; e < e1; e += OPT_THREADS)
         adam_one(d->p[e], d->g[e], d->m[e], d->v[e], s.amsgrad ? d->vmax + e : nullptr, s);
     }
+  }
+}
+
+struct sgd_scalars {
+  float sign, lr, momentum, damp, weight_decay;
+  int first, nesterov; /* first: step == 1 (the buffer starts as d) */
+};
+
+/* weft_sgd_step's loop, element i (buf NULL without momentum). */
+__device__ inline void sgd_one(float &p, float g, float *buf, const sgd_scalars &s) {
+  float d = mul_rn(s.sign, g);
+  if (s.weight_decay != 0.0f) d = d + mul_rn(s.weight_decay, p);
+  if (s.momentum != 0.0f) {
+    const float bi = s.first ? d : mul_rn(s.momentum, *buf) + mul_rn(s.damp, d);
+    *buf = bi;
+    d = s.nesterov ? d + mul_rn(s.momentum, bi) : bi;
+  }
+  p = p - mul_rn(s.lr, d);
+}
+
+__global__ void sgd_kernel(const tensor_desc *descs, int nt, int64_t nchunks, sgd_scalars s) {
+  for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+    const tensor_desc *d = desc_of(descs, nt, c);
+    const int64_t e0 = (c - d->chunk0) * OPT_CHUNK;
+    int64_t e1 = e0 + OPT_CHUNK;
+    if (e1 > d->n) e1 = d->n;
+    for (int64_t e = e0 + threadIdx.x; e < e1; e += OPT_THREADS)
+      sgd_one(d->p[e], d->g[e], d->m ? d->m + e : nullptr, s);
   }
 }
 
@@ -136,18 +159,21 @@ __global__ void sumsq_kernel(double *partial, const tensor_desc *descs, int nt, 
   }
 }
 
-/* *out = sum of partial[0..n) in a fixed order (one block). */
-__global__ void sum_partials_kernel(double *out, const double *partial, int64_t n) {
+/* out[t] = sum of tensor t's chunk partials in a fixed order (block t). */
+__global__ void sum_partials_kernel(double *out, const double *partial,
+                                    const tensor_desc *descs) {
   __shared__ double sh[32];
+  const tensor_desc *d = descs + blockIdx.x;
+  const int64_t nch = (d->n + OPT_CHUNK - 1) / OPT_CHUNK;
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  for (int64_t i = threadIdx.x; i < nch; i += blockDim.x) s += partial[d->chunk0 + i];
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = s;
   __syncthreads();
   if (threadIdx.x == 0) {
     double t = 0.0;
     for (unsigned w = 0; w < blockDim.x / 32; w++) t += sh[w];
-    *out = t;
+    out[blockIdx.x] = t;
   }
 }
 
@@ -214,31 +240,9 @@ weft_status build_table(const char *func, table &t, int ntensors, float *const *
   WEFT_CHECK(weft_cuda_scratch_(off + bytes, &scratch));
   t.extra = scratch;
   t.dev = (tensor_desc *)((char *)scratch + off);
-  return weft_cuda_memcpy(t.dev, t.host, bytes, WEFT_COPY_H2D);
-}
-
-/* ntensors, the arrays, and each tensor's n and pointers (names[k] for
- * arrays[k], NULL arrays skipped). */
-weft_status check_tensors(const char *func, int ntensors, const int64_t *n, int narrays,
-                          const char *const *names, const void *const *const *arrays,
-                          const bool *required) {
-  if (ntensors < 0)
-    return weft_error_at(WEFT_ERR_INVALID, func, "ntensors = %d is negative", ntensors);
-  if (ntensors == 0) return WEFT_OK;
-  if (!n) return weft_error_at(WEFT_ERR_INVALID, func, "n is NULL");
-  for (int k = 0; k < narrays; k++)
-    if (required[k] && !arrays[k])
-      return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", names[k]);
-  for (int i = 0; i < ntensors; i++) {
-    if (n[i] < 0)
-      return weft_error_at(WEFT_ERR_INVALID, func, "n[%d] = %lld is negative", i,
-                           (long long)n[i]);
-    for (int k = 0; k < narrays; k++)
-      if (required[k] && n[i] > 0 && !arrays[k][i])
-        return weft_error_at(WEFT_ERR_INVALID, func, "%s[%d] is NULL (n[%d] = %lld)", names[k],
-                             i, i, (long long)n[i]);
-  }
-  return WEFT_OK;
+  /* synchronous: the host table may go, and kernels queued before that
+   * used the scratch buffer have finished */
+  return weft_cuda_memcpy_(t.dev, t.host, bytes, WEFT_COPY_H2D);
 }
 
 }  // namespace
@@ -248,31 +252,17 @@ extern "C" {
 weft_status weft_cuda_adamw_multi(float *const *param, const float *const *grad, float *const *m,
                                   float *const *v, float *const *vmax, const int64_t *n,
                                   int ntensors, int64_t step, const weft_adamw_params *hp) {
+  const char *op = weft_op_name_(__func__);
   WEFT_CHECK(weft_cuda_require_init_(__func__));
-  if (!hp) return weft_error(WEFT_ERR_INVALID, "hyper-parameters are NULL");
+  WEFT_CHECK_ADAMW_HP_(op, hp, step); /* torch's argument checks (AdamW.__init__) */
   {
     const char *names[5] = {"param", "grad", "m", "v", "vmax"};
     const void *const *arrays[5] = {(const void *const *)param, (const void *const *)grad,
                                     (const void *const *)m, (const void *const *)v,
                                     (const void *const *)vmax};
     const bool required[5] = {true, true, true, true, hp->amsgrad};
-    WEFT_CHECK(check_tensors(__func__, ntensors, n, 5, names, arrays, required));
+    WEFT_CHECK(weft_check_multi_(op, ntensors, n, 5, names, arrays, required));
   }
-  if (step < 1) return weft_error(WEFT_ERR_INVALID, "step = %lld must be >= 1", (long long)step);
-  /* torch's argument checks (AdamW.__init__), as weft_adamw_step */
-  if (!(hp->lr >= 0.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid learning rate: %g", (double)hp->lr);
-  if (!(hp->eps >= 0.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid epsilon value: %g", (double)hp->eps);
-  if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid beta parameter at index 0: %g",
-                      (double)hp->beta1);
-  if (!(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid beta parameter at index 1: %g",
-                      (double)hp->beta2);
-  if (!(hp->weight_decay >= 0.0f))
-    return weft_error(WEFT_ERR_INVALID, "Invalid weight_decay value: %g",
-                      (double)hp->weight_decay);
   if (ntensors == 0) return WEFT_OK;
   /* the scalars as weft_adamw_step computes them (Python floats: double) */
   const double bc1 = 1.0 - pow((double)hp->beta1, (double)step);
@@ -288,66 +278,113 @@ weft_status weft_cuda_adamw_multi(float *const *param, const float *const *grad,
   s.sign = hp->maximize ? -1.0f : 1.0f;
   s.amsgrad = hp->amsgrad ? 1 : 0;
   table t;
-  WEFT_CHECK(build_table(__func__, t, ntensors, param, grad, m, v, hp->amsgrad ? vmax : nullptr,
-                         n, 0));
+  WEFT_CHECK(build_table(op, t, ntensors, param, grad, m, v, hp->amsgrad ? vmax : nullptr, n, 0));
   if (t.nt == 0) return WEFT_OK;
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
   const int64_t nchunks = t.nchunks;
   WEFT_LAUNCH(adamw_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt,
               nchunks, s);
-  return weft_cuda_check_((int)cudaGetLastError(), __func__);
+  return weft_cuda_check_((int)cudaGetLastError(), op);
+}
+
+weft_status weft_cuda_sgd_multi(float *const *param, const float *const *grad,
+                                float *const *buf, const int64_t *n, int ntensors, int64_t step,
+                                const weft_sgd_params *hp) {
+  const char *op = weft_op_name_(__func__);
+  WEFT_CHECK(weft_cuda_require_init_(__func__));
+  WEFT_CHECK_SGD_HP_(op, hp, step); /* torch's argument checks (SGD.__init__) */
+  const bool momentum = hp->momentum != 0.0f;
+  {
+    const char *names[3] = {"param", "grad", "buf"};
+    const void *const *arrays[3] = {(const void *const *)param, (const void *const *)grad,
+                                    (const void *const *)buf};
+    const bool required[3] = {true, true, momentum};
+    WEFT_CHECK(weft_check_multi_(op, ntensors, n, 3, names, arrays, required));
+  }
+  if (ntensors == 0) return WEFT_OK;
+  sgd_scalars s;
+  s.sign = hp->maximize ? -1.0f : 1.0f;
+  s.lr = hp->lr;
+  s.momentum = hp->momentum;
+  s.damp = 1.0f - hp->dampening;
+  s.weight_decay = hp->weight_decay;
+  s.first = step == 1;
+  s.nesterov = hp->nesterov ? 1 : 0;
+  table t;
+  WEFT_CHECK(build_table(op, t, ntensors, param, grad, momentum ? buf : nullptr, nullptr, nullptr,
+                         n, 0));
+  if (t.nt == 0) return WEFT_OK;
+  const tensor_desc *descs = t.dev;
+  const int nt = t.nt;
+  const int64_t nchunks = t.nchunks;
+  WEFT_LAUNCH(sgd_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt, nchunks,
+              s);
+  return weft_cuda_check_((int)cudaGetLastError(), op);
 }
 
 weft_status weft_cuda_sumsq_multi(const float *const *x, const int64_t *n, int ntensors,
                                   double *out) {
+  const char *op = weft_op_name_(__func__);
   WEFT_CHECK(weft_cuda_require_init_(__func__));
-  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
   {
     const char *names[1] = {"x"};
     const void *const *arrays[1] = {(const void *const *)x};
     const bool required[1] = {true};
-    WEFT_CHECK(check_tensors(__func__, ntensors, n, 1, names, arrays, required));
+    WEFT_CHECK(weft_check_multi_(op, ntensors, n, 1, names, arrays, required));
   }
-  *out = 0.0;
-  if (ntensors == 0) return WEFT_OK;
+  if (ntensors > 0 && !out) return weft_error_at(WEFT_ERR_INVALID, op, "out is NULL");
+  for (int i = 0; i < ntensors; i++) out[i] = 0.0;
   int64_t nchunks = 0;
-  for (int i = 0; i < ntensors; i++) nchunks += (n[i] + OPT_CHUNK - 1) / OPT_CHUNK;
+  int nonempty = 0;
+  for (int i = 0; i < ntensors; i++) {
+    nchunks += (n[i] + OPT_CHUNK - 1) / OPT_CHUNK;
+    nonempty += n[i] > 0;
+  }
   if (nchunks == 0) return WEFT_OK;
-  /* scratch: result (8 bytes) + partials (nchunks doubles) | table */
-  const size_t extra = 256 + (size_t)nchunks * sizeof(double);
+  /* scratch: per-tensor sums (nonempty doubles) | partials (nchunks) | table */
+  const size_t off_partial = ((size_t)nonempty * sizeof(double) + 255) & ~(size_t)255;
+  const size_t extra = off_partial + (size_t)nchunks * sizeof(double);
   table t;
-  WEFT_CHECK(build_table(__func__, t, ntensors, (float *const *)x, nullptr, nullptr, nullptr,
-                         nullptr, n, extra));
-  double *result = (double *)t.extra, *partial = (double *)((char *)t.extra + 256);
+  WEFT_CHECK(build_table(op, t, ntensors, (float *const *)x, nullptr, nullptr, nullptr, nullptr, n,
+                         extra));
+  double *result = (double *)t.extra, *partial = (double *)((char *)t.extra + off_partial);
   cudaStream_t s = compute_stream();
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
   WEFT_LAUNCH(sumsq_kernel, grid_of(nchunks), OPT_THREADS, 0, s, partial, descs, nt, nchunks);
-  WEFT_CHECK(weft_cuda_check_((int)cudaGetLastError(), __func__));
-  WEFT_LAUNCH(sum_partials_kernel, 1, 1024, 0, s, result, partial, nchunks);
-  WEFT_CHECK(weft_cuda_check_((int)cudaGetLastError(), __func__));
-  return weft_cuda_memcpy(out, result, sizeof *out, WEFT_COPY_D2H);
+  WEFT_CHECK(weft_cuda_check_((int)cudaGetLastError(), op));
+  WEFT_LAUNCH(sum_partials_kernel, (unsigned)nt, 256, 0, s, result, partial, descs);
+  WEFT_CHECK(weft_cuda_check_((int)cudaGetLastError(), op));
+  double *host = (double *)malloc((size_t)nt * sizeof(double));
+  if (!host) return weft_error_at(WEFT_ERR_OOM, op, "no host memory for %d sums", nt);
+  weft_status st = weft_cuda_memcpy_(host, result, (size_t)nt * sizeof(double), WEFT_COPY_D2H);
+  if (st == WEFT_OK)
+    for (int i = 0, j = 0; i < ntensors; i++)
+      if (n[i] > 0) out[i] = host[j++];
+  free(host);
+  return st;
 }
 
 weft_status weft_cuda_scale_multi(float *const *x, const int64_t *n, int ntensors, float alpha) {
+  const char *op = weft_op_name_(__func__);
   WEFT_CHECK(weft_cuda_require_init_(__func__));
   {
     const char *names[1] = {"x"};
     const void *const *arrays[1] = {(const void *const *)x};
     const bool required[1] = {true};
-    WEFT_CHECK(check_tensors(__func__, ntensors, n, 1, names, arrays, required));
+    WEFT_CHECK(weft_check_multi_(op, ntensors, n, 1, names, arrays, required));
   }
   if (ntensors == 0) return WEFT_OK;
   table t;
-  WEFT_CHECK(build_table(__func__, t, ntensors, x, nullptr, nullptr, nullptr, nullptr, n, 0));
+  WEFT_CHECK(build_table(op, t, ntensors, x, nullptr, nullptr, nullptr, nullptr, n, 0));
   if (t.nt == 0) return WEFT_OK;
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
   const int64_t nchunks = t.nchunks;
   WEFT_LAUNCH(scale_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt,
               nchunks, alpha);
-  return weft_cuda_check_((int)cudaGetLastError(), __func__);
+  return weft_cuda_check_((int)cudaGetLastError(), op);
 }
 
 }  // extern "C"

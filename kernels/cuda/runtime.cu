@@ -1,16 +1,17 @@
 /* The CUDA backend's runtime: device choice, the two streams, the cuBLAS
  * handle, the caching allocator over cudaMalloc with events as stream
- * markers, copies, events, the shared scratch buffer and the allocation
- * hooks of kernels_internal.h. Host code only (no kernels here), compiled by
- * nvcc for the real backend and by g++ for the emulator (cuda_compat.h). */
+ * markers, copies, events and the shared scratch buffer — the members of
+ * the WEFT_CUDA table that are not kernels (backend.cu assembles it). Host
+ * code only (no kernels here), compiled by nvcc for the real backend and by
+ * g++ for the emulator (cuda_compat.h). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "arg_checks.h"
 #include "cuda_compat.h"
 #include "cuda_internal.h"
-#include "kernels_internal.h"
 
 namespace {
 
@@ -54,6 +55,8 @@ bool mark_done(void *m, void *) { return cudaEventQuery((cudaEvent_t)m) != cudaE
 
 void mark_release(void *m, void *) { (void)cudaEventDestroy((cudaEvent_t)m); }
 
+bool valid_stream(weft_stream_id s) { return (unsigned)s < WEFT_CUDA_CACHE_STREAMS; }
+
 cudaMemcpyKind copy_kind(weft_copy_kind k) {
   switch (k) {
     case WEFT_COPY_H2D: return cudaMemcpyHostToDevice;
@@ -82,7 +85,8 @@ void release_all_locked() {
 
 }  // namespace
 
-struct weft_cuda_event {
+/* A recorded point of a stream (backend.h's opaque weft_event). */
+struct weft_event {
   cudaEvent_t ev;
 };
 
@@ -92,26 +96,27 @@ extern "C" {
 
 weft_status weft_cuda_check_(int err, const char *what) {
   if (err == (int)cudaSuccess) return WEFT_OK;
-  return weft_error(WEFT_ERR_CUDA, "%s: %s", what, cudaGetErrorString((cudaError_t)err));
+  return weft_error_at(WEFT_ERR_CUDA, what, "%s", cudaGetErrorString((cudaError_t)err));
 }
 
 weft_status weft_cuda_check_cublas_(int status, const char *what) {
   if (status == (int)CUBLAS_STATUS_SUCCESS) return WEFT_OK;
-  return weft_error(WEFT_ERR_CUDA, "%s: cuBLAS %s", what,
-                    cublasGetStatusString((cublasStatus_t)status));
+  return weft_error_at(WEFT_ERR_CUDA, what, "cuBLAS %s",
+                       cublasGetStatusString((cublasStatus_t)status));
 }
 
 weft_status weft_cuda_require_init_(const char *func) {
   if (rt.initialized) return WEFT_OK;
-  return weft_error(WEFT_ERR_NO_DEVICE, "%s: call weft_cuda_init first (%d CUDA devices visible)",
-                    func, weft_cuda_device_count());
+  return weft_error_at(WEFT_ERR_NO_DEVICE, weft_op_name_(func),
+                       "call weft_device_init(WEFT_CUDA, ...) first (%d CUDA devices visible)",
+                       weft_cuda_device_count_());
 }
 
 void *weft_cuda_cublas_handle_(void) { return (void *)rt.cublas; }
 
 /* ------------------------------------------------------------- devices */
 
-int weft_cuda_device_count(void) {
+int weft_cuda_device_count_(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -120,15 +125,15 @@ int weft_cuda_device_count(void) {
   return n;
 }
 
-weft_status weft_cuda_init(int local_rank, int *device) {
+weft_status weft_cuda_init_(int local_rank, int *ordinal) {
   if (local_rank < 0)
-    return weft_error(WEFT_ERR_INVALID, "weft_cuda_init: local rank %d is negative", local_rank);
+    return weft_error_at(WEFT_ERR_INVALID, "device init", "local rank %d is negative", local_rank);
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess || n == 0) {
     const char *why = err != cudaSuccess ? cudaGetErrorString(err) : "0 devices";
     (void)cudaGetLastError();
-    return weft_error(WEFT_ERR_NO_DEVICE, "weft_cuda_init: no CUDA device visible (%s)", why);
+    return weft_error_at(WEFT_ERR_NO_DEVICE, "device init", "no CUDA device visible (%s)", why);
   }
   int want = local_rank % n;
   pthread_mutex_lock(&rt_mu);
@@ -136,10 +141,9 @@ weft_status weft_cuda_init(int local_rank, int *device) {
     int have = rt.device;
     pthread_mutex_unlock(&rt_mu);
     if (have != want)
-      return weft_error(WEFT_ERR_STATE,
-                        "weft_cuda_init: already using device %d, asked for device %d", have,
-                        want);
-    if (device) *device = have;
+      return weft_error_at(WEFT_ERR_STATE, "device init",
+                           "already using CUDA device %d, asked for device %d", have, want);
+    if (ordinal) *ordinal = have;
     return WEFT_OK;
   }
   weft_status st = weft_cuda_check_(cudaSetDevice(want), "cudaSetDevice");
@@ -162,27 +166,27 @@ weft_status weft_cuda_init(int local_rank, int *device) {
   rt.device = want;
   rt.initialized = true;
   pthread_mutex_unlock(&rt_mu);
-  if (device) *device = want;
+  if (ordinal) *ordinal = want;
   return WEFT_OK;
 }
 
-void weft_cuda_shutdown(void) {
+void weft_cuda_shutdown_(void) {
   pthread_mutex_lock(&rt_mu);
   if (rt.initialized) release_all_locked();
   pthread_mutex_unlock(&rt_mu);
 }
 
-int weft_cuda_current_device(void) { return rt.initialized ? rt.device : -1; }
+int weft_cuda_current_device_(void) { return rt.initialized ? rt.device : -1; }
 
-weft_status weft_cuda_synchronize(void) {
-  WEFT_CHECK(weft_cuda_require_init_("weft_cuda_synchronize"));
+weft_status weft_cuda_synchronize_(void) {
+  WEFT_CHECK(weft_cuda_require_init_("synchronize"));
   for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS; s++)
     WEFT_CHECK(weft_cuda_check_(cudaStreamSynchronize(rt.stream[s]),
                                 s == 0 ? "compute stream" : "communication stream"));
   return weft_cuda_check_(cudaGetLastError(), "a kernel launch");
 }
 
-bool weft_cuda_is_device_ptr(const void *ptr) {
+bool weft_cuda_contains_(const void *ptr) {
   if (!ptr) return false;
   if (rt.cache && weft_cuda_cache_owns_(rt.cache, ptr)) return true;
   if (!rt.initialized) return false;
@@ -198,7 +202,7 @@ bool weft_cuda_is_device_ptr(const void *ptr) {
 
 weft_status weft_cuda_alloc_(size_t bytes, void **out) {
   *out = nullptr;
-  WEFT_CHECK(weft_cuda_require_init_("weft_alloc(WEFT_CUDA)"));
+  WEFT_CHECK(weft_cuda_require_init_("weft_alloc"));
   return weft_cuda_cache_alloc_(rt.cache, bytes, WEFT_STREAM_COMPUTE, out);
 }
 
@@ -209,33 +213,29 @@ bool weft_cuda_owns_(const void *ptr) {
 
 size_t weft_cuda_free_(void *ptr) { return rt.cache ? weft_cuda_cache_free_(rt.cache, ptr) : 0; }
 
-weft_status weft_cuda_malloc(size_t bytes, void **out) {
-  if (!out) return weft_error(WEFT_ERR_INVALID, "weft_cuda_malloc: out is NULL");
-  WEFT_CHECK(weft_cuda_alloc_(bytes, out));
-  weft_mem_account_alloc_(WEFT_CUDA, (int64_t)bytes);
+weft_status weft_cuda_get_cache_stats_(weft_cache_stats *out) {
+  weft_cache_stats s = {0, 0, 0, 0};
+  if (rt.cache) s = weft_cuda_cache_stats_(rt.cache);
+  *out = s;
   return WEFT_OK;
 }
 
-void weft_cuda_free(void *ptr) {
-  if (!ptr) return;
-  if (!weft_cuda_owns_(ptr)) {
-    (void)weft_error(WEFT_ERR_INVALID, "weft_cuda_free: %p is not a live weft device block", ptr);
-    return;
-  }
-  size_t bytes = weft_cuda_free_(ptr);
-  weft_mem_account_free_(WEFT_CUDA, (int64_t)bytes);
-}
-
-weft_cuda_cache_stats weft_cuda_cache_get(void) {
-  weft_cuda_cache_stats s = {};
-  if (rt.cache) s = weft_cuda_cache_stats_(rt.cache);
-  return s;
-}
-
-weft_status weft_cuda_empty_cache(void) {
-  WEFT_CHECK(weft_cuda_require_init_("weft_cuda_empty_cache"));
+weft_status weft_cuda_empty_cache_(void) {
+  WEFT_CHECK(weft_cuda_require_init_("empty_cache"));
   weft_cuda_cache_trim_(rt.cache);
   return WEFT_OK;
+}
+
+weft_status weft_cuda_record_stream_(void *ptr, weft_stream_id s) {
+  WEFT_CHECK(weft_cuda_require_init_("record_stream"));
+  if (!valid_stream(s))
+    return weft_error_at(WEFT_ERR_INVALID, "record_stream", "unknown stream %d", (int)s);
+  /* a view into a block marks the block */
+  void *start = nullptr;
+  if (!ptr || !weft_cuda_cache_lookup_(rt.cache, ptr, &start, nullptr))
+    return weft_error_at(WEFT_ERR_INVALID, "record_stream", "%p is not in a live device block",
+                         ptr);
+  return weft_cuda_cache_record_stream_(rt.cache, start, (int)s);
 }
 
 weft_status weft_cuda_scratch_(size_t bytes, void **out) {
@@ -258,13 +258,13 @@ weft_status weft_cuda_scratch_(size_t bytes, void **out) {
 
 /* -------------------------------------------------------------- streams */
 
-weft_status weft_cuda_event_record(weft_cuda_stream_id s, weft_cuda_event **ev) {
+weft_status weft_cuda_event_record_(weft_stream_id s, weft_event **ev) {
   *ev = nullptr;
-  WEFT_CHECK(weft_cuda_require_init_("weft_cuda_event_record"));
-  if ((unsigned)s >= WEFT_CUDA_CACHE_STREAMS)
-    return weft_error(WEFT_ERR_INVALID, "weft_cuda_event_record: unknown stream %d", (int)s);
-  weft_cuda_event *e = (weft_cuda_event *)calloc(1, sizeof *e);
-  if (!e) return weft_error(WEFT_ERR_OOM, "weft_cuda_event_record: out of host memory");
+  WEFT_CHECK(weft_cuda_require_init_("event_record"));
+  if (!valid_stream(s))
+    return weft_error_at(WEFT_ERR_INVALID, "event_record", "unknown stream %d", (int)s);
+  weft_event *e = (weft_event *)calloc(1, sizeof *e);
+  if (!e) return weft_error_at(WEFT_ERR_OOM, "event_record", "out of host memory");
   weft_status st = weft_cuda_check_(cudaEventCreate(&e->ev), "cudaEventCreate");
   if (st == WEFT_OK) {
     st = weft_cuda_check_(cudaEventRecord(e->ev, rt.stream[s]), "cudaEventRecord");
@@ -278,94 +278,82 @@ weft_status weft_cuda_event_record(weft_cuda_stream_id s, weft_cuda_event **ev) 
   return WEFT_OK;
 }
 
-weft_status weft_cuda_stream_wait_event(weft_cuda_stream_id s, weft_cuda_event *ev) {
-  WEFT_CHECK(weft_cuda_require_init_("weft_cuda_stream_wait_event"));
-  if ((unsigned)s >= WEFT_CUDA_CACHE_STREAMS || !ev)
-    return weft_error(WEFT_ERR_INVALID, "weft_cuda_stream_wait_event: bad stream or NULL event");
+weft_status weft_cuda_stream_wait_event_(weft_stream_id s, weft_event *ev) {
+  WEFT_CHECK(weft_cuda_require_init_("stream_wait_event"));
+  if (!valid_stream(s) || !ev)
+    return weft_error_at(WEFT_ERR_INVALID, "stream_wait_event", "bad stream %d or NULL event",
+                         (int)s);
   return weft_cuda_check_(cudaStreamWaitEvent(rt.stream[s], ev->ev, 0), "cudaStreamWaitEvent");
 }
 
-weft_status weft_cuda_event_synchronize(weft_cuda_event *ev) {
-  if (!ev) return weft_error(WEFT_ERR_INVALID, "weft_cuda_event_synchronize: NULL event");
+weft_status weft_cuda_event_synchronize_(weft_event *ev) {
+  if (!ev) return weft_error_at(WEFT_ERR_INVALID, "event_synchronize", "NULL event");
   return weft_cuda_check_(cudaEventSynchronize(ev->ev), "cudaEventSynchronize");
 }
 
-weft_status weft_cuda_event_elapsed_ms(weft_cuda_event *start, weft_cuda_event *end, float *ms) {
+weft_status weft_cuda_event_query_(weft_event *ev, bool *done) {
+  if (!ev || !done) return weft_error_at(WEFT_ERR_INVALID, "event_query", "NULL argument");
+  cudaError_t err = cudaEventQuery(ev->ev);
+  if (err == cudaErrorNotReady) {
+    /* not an error: must not stay as the last error (nor clear another) */
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    *done = false;
+    return WEFT_OK;
+  }
+  *done = err == cudaSuccess;
+  return weft_cuda_check_(err, "cudaEventQuery");
+}
+
+weft_status weft_cuda_event_elapsed_ms_(weft_event *start, weft_event *end, float *ms) {
   if (!start || !end || !ms)
-    return weft_error(WEFT_ERR_INVALID, "weft_cuda_event_elapsed_ms: NULL argument");
+    return weft_error_at(WEFT_ERR_INVALID, "event_elapsed_ms", "NULL argument");
   return weft_cuda_check_(cudaEventElapsedTime(ms, start->ev, end->ev), "cudaEventElapsedTime");
 }
 
-void weft_cuda_event_destroy(weft_cuda_event *ev) {
+void weft_cuda_event_destroy_(weft_event *ev) {
   if (!ev) return;
   (void)cudaEventDestroy(ev->ev);
   free(ev);
 }
 
-void *weft_cuda_stream_handle(weft_cuda_stream_id s) {
-  if (!rt.initialized || (unsigned)s >= WEFT_CUDA_CACHE_STREAMS) return nullptr;
+void *weft_cuda_stream_handle_(weft_stream_id s) {
+  if (!rt.initialized || !valid_stream(s)) return nullptr;
   return (void *)rt.stream[s];
 }
 
 /* --------------------------------------------------------------- copies */
 
-weft_status weft_cuda_memcpy_async(void *dst, const void *src, size_t bytes, weft_copy_kind kind,
-                                   weft_cuda_stream_id s) {
-  WEFT_CHECK(weft_cuda_require_init_("weft_cuda_memcpy"));
-  if ((unsigned)s >= WEFT_CUDA_CACHE_STREAMS || (unsigned)kind > WEFT_COPY_D2D)
-    return weft_error(WEFT_ERR_INVALID, "weft_cuda_memcpy: bad stream %d or copy kind %d", (int)s,
-                      (int)kind);
+weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes, weft_copy_kind kind,
+                                    weft_stream_id s) {
+  /* the CPU backend's checks, in its order */
+  WEFT_CHECK(weft_cuda_require_init_("memcpy"));
+  if ((unsigned)kind > WEFT_COPY_D2D)
+    return weft_error_at(WEFT_ERR_INVALID, "memcpy", "unknown copy kind %d", (int)kind);
+  if (!valid_stream(s))
+    return weft_error_at(WEFT_ERR_INVALID, "memcpy", "unknown stream %d", (int)s);
   if (bytes == 0) return WEFT_OK;
-  if (!dst || !src) return weft_error(WEFT_ERR_INVALID, "weft_cuda_memcpy: NULL pointer");
+  if (!dst || !src) return weft_error_at(WEFT_ERR_INVALID, "memcpy", "NULL pointer");
+  const char *d = (const char *)dst, *sp = (const char *)src;
+  if (kind == WEFT_COPY_D2D && d < sp + bytes && sp < d + bytes)
+    return weft_error_at(WEFT_ERR_INVALID, "memcpy", "the %zu bytes at %p and %p overlap", bytes,
+                         dst, src);
   return weft_cuda_check_(cudaMemcpyAsync(dst, src, bytes, copy_kind(kind), rt.stream[s]),
                           "cudaMemcpyAsync");
 }
 
-weft_status weft_cuda_memcpy(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
-  WEFT_CHECK(weft_cuda_memcpy_async(dst, src, bytes, kind, WEFT_STREAM_COMPUTE));
-  return weft_cuda_check_(cudaStreamSynchronize(rt.stream[WEFT_STREAM_COMPUTE]),
-                          "weft_cuda_memcpy (waiting for the compute stream)");
-}
-
-weft_status weft_cuda_memset_zero(void *dst, size_t bytes) {
-  WEFT_CHECK(weft_cuda_require_init_("weft_cuda_memset_zero"));
+weft_status weft_cuda_memcpy_(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
+  WEFT_CHECK(weft_cuda_memcpy_async_(dst, src, bytes, kind, WEFT_STREAM_COMPUTE));
   if (bytes == 0) return WEFT_OK;
-  if (!dst) return weft_error(WEFT_ERR_INVALID, "weft_cuda_memset_zero: NULL pointer");
-  return weft_cuda_check_(cudaMemsetAsync(dst, 0, bytes, rt.stream[WEFT_STREAM_COMPUTE]),
-                          "cudaMemsetAsync");
+  return weft_cuda_check_(cudaStreamSynchronize(rt.stream[WEFT_STREAM_COMPUTE]),
+                          "memcpy (waiting for the compute stream)");
 }
 
-weft_status weft_cuda_tensor_to(const weft_tensor *src, weft_device dev, weft_tensor **out) {
-  *out = nullptr;
-  if (!src) return weft_error(WEFT_ERR_INVALID, "weft_cuda_tensor_to: src is NULL");
-  if ((unsigned)dev >= WEFT_DEVICE_COUNT)
-    return weft_error(WEFT_ERR_INVALID, "weft_cuda_tensor_to: unknown device %d", (int)dev);
-  if (src->device == WEFT_CPU && dev == WEFT_CPU) return weft_tensor_clone(src, out);
-  WEFT_CHECK(weft_cuda_require_init_("weft_cuda_tensor_to"));
-  if (src->device == WEFT_CUDA && !weft_tensor_is_contiguous(src))
-    return weft_error(WEFT_ERR_UNSUPPORTED,
-                      "weft_cuda_tensor_to: a strided device tensor must be made contiguous first");
-  const weft_tensor *from = src;
-  weft_tensor *packed = nullptr;
-  if (src->device == WEFT_CPU && !weft_tensor_is_contiguous(src)) {
-    WEFT_CHECK(weft_tensor_clone(src, &packed));
-    from = packed;
-  }
-  weft_tensor *t = nullptr;
-  weft_status st = weft_tensor_create(src->dtype, dev, src->ndim, src->shape, &t);
-  if (st == WEFT_OK) {
-    weft_copy_kind kind = src->device == WEFT_CPU  ? WEFT_COPY_H2D
-                          : dev == WEFT_CPU        ? WEFT_COPY_D2H
-                                                   : WEFT_COPY_D2D;
-    st = weft_cuda_memcpy(t->data, from->data, weft_tensor_nbytes(from), kind);
-  }
-  weft_tensor_destroy(packed);
-  if (st != WEFT_OK) {
-    weft_tensor_destroy(t);
-    return st;
-  }
-  *out = t;
-  return WEFT_OK;
+weft_status weft_cuda_memset_(void *dst, int value, size_t bytes) {
+  WEFT_CHECK(weft_cuda_require_init_("memset"));
+  if (bytes == 0) return WEFT_OK;
+  if (!dst) return weft_error_at(WEFT_ERR_INVALID, "memset", "dst is NULL");
+  return weft_cuda_check_(cudaMemsetAsync(dst, value, bytes, rt.stream[WEFT_STREAM_COMPUTE]),
+                          "cudaMemsetAsync");
 }
 
 }  // extern "C"
