@@ -1,12 +1,24 @@
 /* kernels/cuda/cuda_compat.h — private: what the .cu sources may use, so the
- * same source compiles two ways:
+ * same source compiles two ways, both into libweft_kernels as the WEFT_CUDA
+ * backend (kernels/cuda/meson.build):
  *
- *   nvcc (the real backend, in libweft_kernels when meson finds CUDA), or
- *   a host C++ compiler with -DWEFT_CUDA_EMU (the emulator in emu/, which
- *   runs every block's threads as fibers on the CPU; the test suite checks
- *   the device kernels against the CPU kernels that way on machines
- *   without a GPU). Emulated builds rename every weft_cuda_* symbol to
- *   weft_emu_* (emu_names.h, generated) so both can live in one process.
+ *   nvcc (-Dcuda=enabled/auto: the real backend), or
+ *   a host C++ compiler with -DWEFT_CUDA_EMU (-Dcuda=emulated: the CPU
+ *   emulator in emu/, which runs every block's threads as fibers; the test
+ *   suites run the device code that way on machines without a GPU). The
+ *   names are the same in both builds (weft_cuda_*); a process has one or
+ *   the other.
+ *
+ * The emulator is strict by default (emu/cuda_emu.h explains): device
+ * memory faults when host code touches it outside the emulator's own
+ * device work (WEFT_EMU_STRICT=0 turns that off), and launches, async
+ * copies, memsets, GEMMs and event records are deferred per stream until a
+ * synchronization needs them (WEFT_EMU_DEFER=0 runs them at the call), so
+ * a missing cudaStreamSynchronize / event wait gives a stale result there
+ * as it would race on a GPU. weft's streams are cudaStreamNonBlocking: a
+ * plain cudaMemcpy does not wait for them. Include system headers before
+ * this one in emulated builds (cuda_emu.h defines __noinline__ and other
+ * CUDA qualifiers as macros).
  *
  * Rules for device code (the emulator supports exactly this):
  * - launches only through WEFT_LAUNCH(kernel, grid, block, smem, stream, ...);
@@ -48,11 +60,12 @@
 #endif
 
 #ifdef WEFT_CUDA_EMU
-/* weft_emu_launch_ runs the body for every block and thread (emu/emu.cpp).
- * The arguments are evaluated once, at the launch, and copied by value into
- * the body, as a CUDA launch does (not re-evaluated in every thread). */
+/* weft_emu_launch_ queues the body on the stream, to run for every block
+ * and thread (emu/emu.cpp). The arguments are evaluated once, at the
+ * launch, and copied by value into the body (a heap copy that lives until
+ * the launch ran), as a CUDA launch does; #kernel names it in messages. */
 #define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)                               \
-  weft_emu_launch_((grid), (block), (size_t)(smem), (stream),                            \
+  weft_emu_launch_(#kernel, (grid), (block), (size_t)(smem), (stream),                   \
                    [](auto... weft_a_) { return [=]() { kernel(weft_a_...); }; }(__VA_ARGS__))
 #define WEFT_DYN_SMEM(T, name) T *name = (T *)weft_emu_dyn_smem_()
 #else

@@ -1,9 +1,14 @@
-/* tests/cuda/test_emu.cpp — the CUDA emulator itself (kernels/cuda/emu):
- * fiber barriers, shuffles (checked against CUDA's documented semantics),
- * shared memory, atomics, misuse and deadlock aborts, launch validation,
- * the runtime API's memory registry, devices, streams and events, and the
- * cuBLAS GEMMs against a double-precision reference on seeded random
- * inputs. */
+/* tests/cuda/test_emu.cpp — the CUDA emulator itself (kernels/cuda/emu),
+ * through its CUDA runtime API (cuda_emu.h): fiber barriers, shuffles
+ * (checked against CUDA's documented semantics), shared memory, atomics,
+ * misuse and deadlock aborts, launch validation, the runtime API's memory
+ * registry, devices, streams and events, the cuBLAS GEMMs against a
+ * double-precision reference on seeded random inputs, and the two honest
+ * modes (cuda_emu.h): strict device memory (host access aborts) and
+ * deferred per-stream work (a missing synchronization gives a stale
+ * result). Everything runs in the default modes (strict + deferred) unless
+ * a test says otherwise: the host never touches device memory directly,
+ * and work is synchronized before its results are read. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -267,17 +272,26 @@ __global__ void mixed_warp_ops_k(float *o) {
   o[threadIdx.x] = v;
 }
 
+/* Recursion with 1 KiB frames touched every 64 bytes: walks into the guard
+ * page below the fiber stack page by page (no frame jumps over it, with or
+ * without -fstack-clash-protection). */
+[[maybe_unused]] __device__ __noinline__ unsigned deep_rec(unsigned d) {
+  volatile char buf[1024];
+  for (unsigned i = 0; i < sizeof buf; i += 64) buf[i] = (char)d;
+  unsigned r = d ? deep_rec(d - 1) : 0;
+  return r + (unsigned)buf[(d * 64) % sizeof buf];
+}
+
 [[maybe_unused]] __global__ void big_stack_k(unsigned *o) {
-  volatile char big[512 * 1024]; /* over the 64 KiB fiber stack */
-  big[threadIdx.x] = 1;
   __syncthreads();
-  o[threadIdx.x] = big[threadIdx.x];
+  o[threadIdx.x] = deep_rec(8192); /* 8 MiB of frames: over the fiber stack */
 }
 
 void launch_deadlock(void) {
   float *o = nullptr;
   cudaMalloc(&o, 64 * sizeof(float));
   WEFT_LAUNCH(deadlock_k, 2, 32, 0, 0, o);
+  cudaDeviceSynchronize(); /* deferred: the launch runs here */
 }
 
 } // namespace
@@ -525,10 +539,12 @@ Test(emu, returned_threads_count_as_arrived) {
 Test(emu, launch_time_64x256_two_barriers) {
   float *out = dev_alloc<float>(64 * 256);
   WEFT_LAUNCH(two_barriers_k, 64, 256, 0, 0, out); /* warm the stack pool */
+  cudaDeviceSynchronize();
   double best = 1e9;
   for (int rep = 0; rep < 5; rep++) {
     auto t0 = std::chrono::steady_clock::now();
     WEFT_LAUNCH(two_barriers_k, 64, 256, 0, 0, out);
+    cudaDeviceSynchronize(); /* the launch runs here */
     auto t1 = std::chrono::steady_clock::now();
     double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     best = ms < best ? ms : best;
@@ -543,13 +559,14 @@ Test(emu, launch_time_64x256_two_barriers) {
 Test(emu, deadlock_aborts, .signal = SIGABRT) { launch_deadlock(); }
 
 Test(emu, misuse_messages) {
-  expect_abort(launch_deadlock, {"deadlock", "launch_deadlock", "__syncthreads", "__shfl_xor_sync",
-                                 "block (0,0,0)"});
+  expect_abort(launch_deadlock, {"deadlock", "the kernel launch deadlock_k", "launch_deadlock",
+                                 "__syncthreads", "__shfl_xor_sync", "block (0,0,0)"});
   expect_abort(
       [] {
         float *o = nullptr;
         cudaMalloc(&o, 48 * sizeof(float));
         WEFT_LAUNCH(partial_warp_shfl_k, 1, 48, 0, 0, o);
+        cudaDeviceSynchronize();
       },
       {"__shfl_down_sync", "has only lanes 0x0000ffff", "block of 48 threads"});
   expect_abort(
@@ -557,6 +574,7 @@ Test(emu, misuse_messages) {
         float *o = nullptr;
         cudaMalloc(&o, 32 * sizeof(float));
         WEFT_LAUNCH(exit_in_shfl_k, 1, 32, 0, 0, o);
+        cudaDeviceSynchronize();
       },
       {"returned while lane", "__shfl_down_sync", "thread (5,0,0)"});
   expect_abort(
@@ -564,6 +582,7 @@ Test(emu, misuse_messages) {
         float *o = nullptr;
         cudaMalloc(&o, 32 * sizeof(float));
         WEFT_LAUNCH(mixed_warp_ops_k, 1, 32, 0, 0, o);
+        cudaDeviceSynchronize();
       },
       {"different warp operations", "__syncwarp", "__shfl_xor_sync"});
   expect_abort([] { __syncthreads(); }, {"__syncthreads called outside a kernel"});
@@ -577,6 +596,7 @@ Test(emu, fiber_stack_overflow_is_reported) {
         unsigned *o = nullptr;
         cudaMalloc(&o, 64 * sizeof(unsigned));
         WEFT_LAUNCH(big_stack_k, 1, 64, 0, 0, o);
+        cudaDeviceSynchronize();
       },
       {"fiber stack overflow", "WEFT_EMU_STACK_KB"});
 }
@@ -1151,8 +1171,404 @@ Test(emu, gemm_strided_batched_ex_bf16_and_speed) {
   for (int r = 0; r < 10; r++)
     cr_assert_eq(cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, M, N, K, &one, dX, M, dW, K, &zero, dY, M),
                  CUBLAS_STATUS_SUCCESS);
+  cudaDeviceSynchronize(); /* the GEMMs run here */
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 10;
   fprintf(stderr, "[emu] sgemm 64x512x64: %.2f ms\n", ms);
   cr_assert_lt(ms, 100.0, "sgemm 64x512x64 took %.1f ms", ms);
   cudaFree(dX), cudaFree(dW), cudaFree(dY);
+}
+
+/* ------------------------------------------- strict memory, deferred work */
+
+namespace {
+
+__global__ void fill_k(float *x, float v, unsigned n) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = v + (float)i;
+}
+
+__global__ void twice_k(const float *x, float *y, unsigned n) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 2.0f * x[i];
+}
+
+__global__ void add_one_k(float *x, unsigned n) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += 1.0f;
+}
+
+__global__ void digit_k(int *x, int d) {
+  if (threadIdx.x == 0) *x = *x * 10 + d;
+}
+
+__global__ void arg_k(int *out, int i) {
+  if (threadIdx.x == 0) out[i] = i;
+}
+
+__global__ void tiny_k(float *x) { x[threadIdx.x] += 1.0f; }
+
+/* A little work per thread, so that elapsed times are measurable. */
+__global__ void busy_k(float *x, int iters) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  float v = x[i];
+  for (int r = 0; r < iters; r++) v = v * 0.999f + 0.001f;
+  x[i] = v;
+}
+
+const unsigned kN = 256;
+
+cudaStream_t nonblocking_stream() {
+  cudaStream_t s;
+  cr_assert_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  return s;
+}
+
+bool all_nan(const std::vector<float> &v) {
+  for (float f : v)
+    if (!std::isnan(f)) return false;
+  return true;
+}
+
+/* Both modes on (the default), whatever the environment says. */
+void honest_modes() {
+  weft_emu_set_strict(1);
+  weft_emu_set_defer(1);
+}
+
+/* "%p" of p, as the emulator prints addresses */
+std::string addr(const void *p) {
+  char b[32];
+  snprintf(b, sizeof b, "%p", p);
+  return b;
+}
+
+} // namespace
+
+Test(emu, strict_host_read_of_device_memory_aborts) {
+  honest_modes();
+  float *d = dev_alloc<float>(16);
+  std::string at = addr(d + 3), base = addr(d);
+  expect_abort(
+      [d] {
+        volatile float *p = d + 3;
+        float v = *p; /* host code reading device memory */
+        fprintf(stderr, "read %g\n", (double)v);
+      },
+      {"weft CUDA emulator: host code read device memory at", at.c_str(),
+       "inside the 64-byte allocation at", base.c_str(), "outside a kernel launch or a copy",
+       "copy it to the host first"});
+  /* still closed after device work ran */
+  WEFT_LAUNCH(fill_k, 1, 16, 0, 0, d, 1.0f, 16u);
+  cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+  expect_abort([d] { fprintf(stderr, "%g\n", (double)*(volatile float *)d); },
+               {"host code read device memory at"});
+  std::vector<float> h = from_dev(d, 16);
+  for (unsigned i = 0; i < 16; i++) cr_assert_eq(h[i], 1.0f + (float)i, "copies still work");
+  cudaFree(d);
+}
+
+Test(emu, strict_host_write_and_freed_memory_abort) {
+  honest_modes();
+  int *d = dev_alloc<int>(1000);
+  std::string at = addr(d + 999);
+  expect_abort([d] { *(volatile int *)(d + 999) = 1; },
+               {"host code wrote device memory at", at.c_str(), "inside the 4000-byte allocation"});
+  cudaFree(d);
+  expect_abort([d] { fprintf(stderr, "%d\n", *(volatile int *)d); },
+               {"host code read device memory at", "outside every live allocation"});
+}
+
+Test(emu, strict_kernel_touching_freed_memory_aborts) {
+  honest_modes();
+  float *keep = dev_alloc<float>(16), *gone = dev_alloc<float>(16);
+  cudaFree(gone);
+  expect_abort(
+      [gone] {
+        WEFT_LAUNCH(fill_k, 1, 16, 0, 0, gone, 1.0f, 16u);
+        cudaDeviceSynchronize();
+      },
+      {"weft CUDA emulator: the kernel launch", "fill_k", "wrote device memory at",
+       "outside every live allocation"});
+  WEFT_LAUNCH(fill_k, 1, 16, 0, 0, keep, 1.0f, 16u);
+  cr_assert_eq(from_dev(keep, 16)[15], 16.0f);
+  cudaFree(keep);
+}
+
+Test(emu, strict_off_lets_the_host_touch_device_memory) {
+  /* before any other call in this process: the environment decides */
+  setenv("WEFT_EMU_STRICT", "0", 1);
+  float *d = dev_alloc<float>(8);
+  d[0] = 5.0f; /* fine without strict mode */
+  cr_assert(std::isnan(d[1]), "new memory reads as NaN");
+  cr_assert_eq(from_dev(d, 1)[0], 5.0f);
+  cr_assert_eq(weft_emu_set_strict(1), 0, "the hook reports the previous setting");
+  expect_abort([d] { d[0] = 1.0f; }, {"host code wrote device memory"});
+  cr_assert_eq(weft_emu_set_strict(0), 1);
+  WEFT_LAUNCH(fill_k, 1, 8, 0, 0, d, 2.0f, 8u);
+  cudaDeviceSynchronize();
+  cr_assert_eq(d[7], 9.0f);
+  cudaFree(d);
+  unsetenv("WEFT_EMU_STRICT");
+}
+
+Test(emu, missing_event_between_streams_gives_a_stale_result) {
+  honest_modes();
+  cudaStream_t A = nonblocking_stream(), B = nonblocking_stream();
+  float *x = dev_alloc<float>(kN), *y = dev_alloc<float>(kN);
+  /* producer on A, consumer on B, nothing orders them: only B is synced */
+  WEFT_LAUNCH(fill_k, 2, 128, 0, A, x, 1.0f, kN);
+  WEFT_LAUNCH(twice_k, 2, 128, 0, B, (const float *)x, y, kN);
+  cr_assert_eq(cudaStreamSynchronize(B), cudaSuccess);
+  cr_assert(all_nan(from_dev(y, kN)), "the consumer ran before the producer: stale (NaN) input");
+  cr_assert_eq(cudaStreamSynchronize(A), cudaSuccess);
+  cr_assert_eq(from_dev(x, kN)[5], 6.0f);
+
+  /* the same through cudaDeviceSynchronize: the consumer still runs first */
+  float *x2 = dev_alloc<float>(kN), *y2 = dev_alloc<float>(kN);
+  WEFT_LAUNCH(fill_k, 2, 128, 0, A, x2, 1.0f, kN);
+  WEFT_LAUNCH(twice_k, 2, 128, 0, B, (const float *)x2, y2, kN);
+  cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+  cr_assert(all_nan(from_dev(y2, kN)), "no order between the streams: stale every time");
+
+  /* with the event: record on A, wait on B */
+  float *x3 = dev_alloc<float>(kN), *y3 = dev_alloc<float>(kN);
+  cudaEvent_t e;
+  cr_assert_eq(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  WEFT_LAUNCH(fill_k, 2, 128, 0, A, x3, 1.0f, kN);
+  cr_assert_eq(cudaEventRecord(e, A), cudaSuccess);
+  cr_assert_eq(cudaStreamWaitEvent(B, e, 0), cudaSuccess);
+  WEFT_LAUNCH(twice_k, 2, 128, 0, B, (const float *)x3, y3, kN);
+  cr_assert_eq(cudaEventDestroy(e), cudaSuccess, "the queued wait outlives the event");
+  cr_assert_eq(cudaStreamSynchronize(B), cudaSuccess);
+  std::vector<float> h = from_dev(y3, kN);
+  for (unsigned i = 0; i < kN; i++) cr_assert_eq(h[i], 2.0f * (1.0f + (float)i), "y[%u]", i);
+  /* a wait on a later record of the producer does not cover work queued after it */
+  cr_assert_eq(cudaEventCreate(&e), cudaSuccess);
+  cr_assert_eq(cudaEventRecord(e, A), cudaSuccess);
+  WEFT_LAUNCH(add_one_k, 2, 128, 0, A, x3, kN);
+  cr_assert_eq(cudaStreamWaitEvent(B, e, 0), cudaSuccess);
+  WEFT_LAUNCH(twice_k, 2, 128, 0, B, (const float *)x3, y3, kN);
+  cr_assert_eq(cudaStreamSynchronize(B), cudaSuccess);
+  cr_assert_eq(from_dev(y3, kN)[0], 2.0f, "y from x before the add");
+  cudaEventDestroy(e);
+  for (float *p : {x, y, x2, y2, x3, y3}) cudaFree(p);
+  cudaStreamDestroy(A), cudaStreamDestroy(B);
+}
+
+Test(emu, without_deferral_the_missing_event_goes_unnoticed) {
+  setenv("WEFT_EMU_DEFER", "0", 1);
+  cudaStream_t A = nonblocking_stream(), B = nonblocking_stream();
+  float *x = dev_alloc<float>(kN), *y = dev_alloc<float>(kN);
+  WEFT_LAUNCH(fill_k, 2, 128, 0, A, x, 1.0f, kN);
+  WEFT_LAUNCH(twice_k, 2, 128, 0, B, (const float *)x, y, kN);
+  cr_assert_eq(from_dev(y, kN)[3], 8.0f, "every call runs at once: the bug hides");
+  cr_assert_eq(weft_emu_set_defer(1), 0);
+  WEFT_LAUNCH(fill_k, 2, 128, 0, A, x, 5.0f, kN);
+  cr_assert_eq(from_dev(x, kN)[0], 1.0f, "deferred again: A was not synchronized");
+  cudaFree(x), cudaFree(y);
+  cudaStreamDestroy(A), cudaStreamDestroy(B);
+  unsetenv("WEFT_EMU_DEFER");
+}
+
+Test(emu, legacy_stream_and_blocking_streams) {
+  honest_modes();
+  cudaStream_t nb = nonblocking_stream(), bl;
+  cr_assert_eq(cudaStreamCreate(&bl), cudaSuccess);
+  float *x = dev_alloc<float>(kN), *y = dev_alloc<float>(kN);
+  /* a plain cudaMemcpy waits for blocking streams, not for non-blocking ones */
+  WEFT_LAUNCH(fill_k, 2, 128, 0, nb, x, 1.0f, kN);
+  cr_assert(all_nan(from_dev(x, kN)), "non-blocking stream not synchronized: stale");
+  cr_assert_eq(cudaStreamSynchronize(nb), cudaSuccess);
+  cr_assert_eq(from_dev(x, kN)[0], 1.0f);
+  WEFT_LAUNCH(fill_k, 2, 128, 0, bl, y, 3.0f, kN);
+  cr_assert_eq(from_dev(y, kN)[1], 4.0f, "the legacy stream waits for a blocking stream");
+  /* and the other way: cudaMemset is queued on the legacy stream */
+  cr_assert_eq(cudaMemset(x, 0, kN * sizeof(float)), cudaSuccess);
+  WEFT_LAUNCH(add_one_k, 2, 128, 0, bl, x, kN);
+  cr_assert_eq(cudaStreamSynchronize(bl), cudaSuccess);
+  cr_assert_eq(from_dev(x, kN)[9], 1.0f, "a blocking stream waits for the legacy stream");
+  cr_assert_eq(cudaMemset(y, 0, kN * sizeof(float)), cudaSuccess);
+  WEFT_LAUNCH(add_one_k, 2, 128, 0, nb, y, kN);
+  cr_assert_eq(cudaStreamSynchronize(nb), cudaSuccess);
+  /* the add ran on the old y (4 + i), then the legacy memset zeroed it */
+  std::vector<float> h = from_dev(y, kN);
+  cr_assert_eq(h[9], 0.0f, "the non-blocking stream did not wait for the memset");
+  cudaFree(x), cudaFree(y);
+  cudaStreamDestroy(nb), cudaStreamDestroy(bl);
+}
+
+Test(emu, deferred_work_runs_in_stream_order_at_synchronization) {
+  honest_modes();
+  cudaStream_t s = nonblocking_stream();
+  int *x = dev_alloc<int>(1), *out = dev_alloc<int>(32);
+  int *pinned = nullptr;
+  cr_assert_eq(cudaMallocHost(&pinned, 2 * sizeof(int)), cudaSuccess);
+  pinned[0] = -1;
+  cr_assert_eq(cudaMemsetAsync(x, 0, sizeof(int), s), cudaSuccess);
+  for (int d = 1; d <= 9; d++) WEFT_LAUNCH(digit_k, 1, 32, 0, s, x, d);
+  cr_assert_eq(cudaMemcpyAsync(pinned, x, sizeof(int), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  cr_assert_eq(pinned[0], -1, "nothing ran yet");
+  cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+  cr_assert_eq(pinned[0], 123456789, "the launches ran in order");
+  /* arguments are captured at the launch */
+  for (int i = 0; i < 32; i++) WEFT_LAUNCH(arg_k, 1, 1, 0, s, out, i);
+  cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+  std::vector<int> h = from_dev(out, 32);
+  for (int i = 0; i < 32; i++) cr_assert_eq(h[i], i);
+  /* host sources: pageable memory is staged at the call, pinned is read when the copy runs */
+  std::vector<int> page = {10, 20};
+  pinned[0] = 30, pinned[1] = 40;
+  cr_assert_eq(cudaMemcpyAsync(out, page.data(), 8, cudaMemcpyHostToDevice, s), cudaSuccess);
+  cr_assert_eq(cudaMemcpyAsync(out + 2, pinned, 8, cudaMemcpyHostToDevice, s), cudaSuccess);
+  page[0] = 11, pinned[0] = 31;
+  /* host destinations are written when the copy runs */
+  std::vector<int> back(4, -7);
+  cr_assert_eq(cudaMemcpyAsync(back.data(), out, 16, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  cr_assert_eq(back[0], -7);
+  cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+  cr_assert(back[0] == 10 && back[1] == 20 && back[2] == 31 && back[3] == 40,
+            "got %d %d %d %d", back[0], back[1], back[2], back[3]);
+  cudaFreeHost(pinned);
+  cudaFree(x), cudaFree(out);
+  cudaStreamDestroy(s);
+}
+
+Test(emu, a_full_stream_queue_runs) {
+  honest_modes();
+  cudaStream_t s = nonblocking_stream();
+  int *x = dev_alloc<int>(1), *pinned = nullptr;
+  cr_assert_eq(cudaMallocHost(&pinned, sizeof(int)), cudaSuccess);
+  *pinned = -1;
+  cudaMemsetAsync(x, 0, sizeof(int), s);
+  cudaMemcpyAsync(pinned, x, sizeof(int), cudaMemcpyDeviceToHost, s);
+  /* CUDA blocks the host when a stream's queue is full; the emulator runs it at 65536 */
+  int i = 2;
+  for (; i < 65535; i++) cudaMemsetAsync(x, i & 0xff, 1, s);
+  cr_assert_eq(*pinned, -1, "%d operations queued: nothing ran", i);
+  cudaMemsetAsync(x, 1, 1, s);
+  cr_assert_eq(*pinned, 0, "the 65536th operation ran the queue");
+  cudaFreeHost(pinned);
+  cudaFree(x);
+  cudaStreamDestroy(s);
+}
+
+Test(emu, free_and_destroy_with_pending_work_are_safe) {
+  honest_modes();
+  cudaStream_t s = nonblocking_stream();
+  float *x = dev_alloc<float>(kN), *y = dev_alloc<float>(kN);
+  WEFT_LAUNCH(fill_k, 2, 128, 0, s, x, 1.0f, kN);
+  WEFT_LAUNCH(twice_k, 2, 128, 0, s, (const float *)x, y, kN);
+  cr_assert_eq(cudaFree(x), cudaSuccess, "cudaFree synchronizes the device first");
+  cr_assert_eq(from_dev(y, kN)[2], 6.0f, "the pending work ran before the free");
+  WEFT_LAUNCH(add_one_k, 2, 128, 0, s, y, kN);
+  cr_assert_eq(cudaStreamDestroy(s), cudaSuccess, "returns at once, the work still runs");
+  cr_assert_eq(cudaStreamSynchronize(s), cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+  cr_assert_eq(from_dev(y, kN)[2], 7.0f);
+  cudaFree(y);
+}
+
+Test(emu, event_query_and_elapsed_time) {
+  honest_modes();
+  cudaStream_t s = nonblocking_stream();
+  float *x = dev_alloc<float>(64 * 256);
+  cudaMemsetAsync(x, 0, 64 * 256 * sizeof(float), s);
+  cudaEvent_t e0, e1;
+  cr_assert_eq(cudaEventCreate(&e0), cudaSuccess);
+  cr_assert_eq(cudaEventCreate(&e1), cudaSuccess);
+  cr_assert_eq(cudaEventRecord(e0, s), cudaSuccess);
+  WEFT_LAUNCH(busy_k, 64, 256, 0, s, x, 200);
+  cr_assert_eq(cudaEventRecord(e1, s), cudaSuccess);
+  float ms = -1;
+  cr_assert_eq(cudaEventQuery(e1), cudaErrorNotReady, "queued, not run");
+  cr_assert_eq(cudaEventElapsedTime(&ms, e0, e1), cudaErrorNotReady);
+  cr_assert_eq(cudaGetLastError(), cudaSuccess, "NotReady is not a sticky error");
+  auto t0 = std::chrono::steady_clock::now();
+  cr_assert_eq(cudaEventSynchronize(e1), cudaSuccess);
+  double host_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  cr_assert_eq(cudaEventQuery(e0), cudaSuccess);
+  cr_assert_eq(cudaEventQuery(e1), cudaSuccess);
+  cr_assert_eq(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+  cr_assert(ms > 0.0f && ms <= host_ms + 0.01, "elapsed %g ms, the sync took %g ms", ms, host_ms);
+  fprintf(stderr, "[emu] busy_k 64x256: %.3f ms between the events\n", ms);
+  /* a poll loop ends: the device catches up */
+  WEFT_LAUNCH(busy_k, 1, 32, 0, s, x, 1);
+  cr_assert_eq(cudaEventRecord(e1, s), cudaSuccess);
+  long polls = 0;
+  while (cudaEventQuery(e1) == cudaErrorNotReady) polls++;
+  cr_assert(polls > 1000 && polls < 1000000, "%ld polls", polls);
+  cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  cudaFree(x);
+  cudaStreamDestroy(s);
+}
+
+Test(emu, cublas_gemm_runs_on_the_handle_stream) {
+  honest_modes();
+  cudaStream_t s = nonblocking_stream();
+  cublasHandle_t h;
+  cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  cr_assert_eq(cublasSetStream(h, s), CUBLAS_STATUS_SUCCESS);
+  std::vector<float> A = {1, 2, 3, 4}, B = {1, 0, 0, 1}, C0 = {9, 9, 9, 9};
+  float *dA = dev_alloc<float>(4), *dB = dev_alloc<float>(4), *dC = dev_alloc<float>(4);
+  to_dev(dA, A), to_dev(dB, B), to_dev(dC, C0);
+  float one = 1, zero = 0;
+  cr_assert_eq(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, dA, 2, dB, 2, &zero, dC, 2),
+               CUBLAS_STATUS_SUCCESS);
+  one = 100; /* alpha was read at the call */
+  cr_assert(from_dev(dC, 4) == C0, "not synchronized: C is stale");
+  cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+  cr_assert(from_dev(dC, 4) == A);
+  /* device pointer mode: alpha and beta are read when the GEMM runs */
+  float *dab = dev_alloc<float>(2);
+  to_dev(dab, std::vector<float>{1.0f, 0.0f});
+  cr_assert_eq(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), CUBLAS_STATUS_SUCCESS);
+  cr_assert_eq(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, dab, dA, 2, dB, 2, dab + 1, dC, 2),
+               CUBLAS_STATUS_SUCCESS);
+  cr_assert_eq(cudaMemcpyAsync(dab, std::vector<float>{3.0f, 0.0f}.data(), 8,
+                               cudaMemcpyHostToDevice, 0),
+               cudaSuccess);
+  cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+  /* the legacy stream's copy is not ordered before s's GEMM: alpha is still 1 */
+  cr_assert(from_dev(dC, 4) == A);
+  cublasDestroy(h);
+  cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dab);
+  cudaStreamDestroy(s);
+}
+
+/* The cost of the two modes on a launch-heavy loop (printed; the bound is
+ * loose: CI machines vary). */
+Test(emu, launch_heavy_loop_cost) {
+  const int n = 10000;
+  float *x = dev_alloc<float>(32);
+  cudaMemset(x, 0, 32 * sizeof(float));
+  cudaStream_t s = nonblocking_stream();
+  double ms[2][2];
+  for (int strict = 0; strict < 2; strict++)
+    for (int defer = 0; defer < 2; defer++) {
+      weft_emu_set_strict(strict);
+      weft_emu_set_defer(defer);
+      WEFT_LAUNCH(tiny_k, 1, 32, 0, s, x); /* warm */
+      cudaStreamSynchronize(s);
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; i++) {
+        WEFT_LAUNCH(tiny_k, 1, 32, 0, s, x);
+        if (i % 100 == 99) cudaStreamSynchronize(s); /* a sync every 100 launches */
+      }
+      cudaStreamSynchronize(s);
+      ms[strict][defer] =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+  weft_emu_set_strict(1);
+  weft_emu_set_defer(1);
+  cr_assert_eq(from_dev(x, 32)[7], 4.0f * (n + 1), "every launch ran");
+  fprintf(stderr,
+          "[emu] %d launches of 32 threads (sync every 100): %.1f ms plain, %.1f ms deferred, "
+          "%.1f ms strict, %.1f ms strict + deferred\n",
+          n, ms[0][0], ms[0][1], ms[1][0], ms[1][1]);
+  cr_assert_lt(ms[1][1], 10000.0);
+  cudaFree(x);
+  cudaStreamDestroy(s);
 }

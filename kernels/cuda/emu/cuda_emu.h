@@ -1,14 +1,72 @@
 /* kernels/cuda/emu/cuda_emu.h — the CUDA emulator's view of CUDA: what
  * kernels/cuda/cuda_compat.h lets device code use, plus the subset of the
  * CUDA runtime and cuBLAS APIs the backend calls, so that the .cu sources
- * compile as host C++17 (g++ -DWEFT_CUDA_EMU) and run on the CPU.
+ * compile as host C++17 (g++ -DWEFT_CUDA_EMU) and run on the CPU. In a
+ * -Dcuda=emulated build they are compiled into libweft_kernels with
+ * emu.cpp and ARE the WEFT_CUDA backend (same weft_cuda_* names).
  *
- * How it runs (emu.cpp):
- * - A launch (WEFT_LAUNCH -> weft_emu_launch_) runs synchronously: blocks
- *   one after another in z, y, x order on the calling OS thread; the
- *   threads of a block are cooperative fibers (each its own stack), so
- *   __syncthreads, __syncwarp and the shuffles are real barriers. Fibers
- *   never preempt each other: atomics are plain read-modify-writes.
+ * The emulator is meant to be honest: code that would crash or race on a
+ * GPU should fail here too, deterministically. Two modes do that, both on
+ * by default:
+ *
+ * - Strict memory (WEFT_EMU_STRICT=0 turns it off). Device memory
+ *   (cudaMalloc) lives in one reserved virtual arena that is PROT_NONE to
+ *   the host except while the emulator itself runs device work (a kernel
+ *   launch, an emulated copy or memset, a cuBLAS GEMM: the blocks that
+ *   work touches open for it). A host read or write of a device pointer
+ *   anywhere else faults; the emulator's SIGSEGV handler aborts with
+ *   "weft CUDA emulator: host code read device memory at P (inside the
+ *   N-byte allocation at Q) outside a kernel launch or a copy: copy it to
+ *   the host first" (under AddressSanitizer, if ASan keeps the signal, its
+ *   SEGV report kills the process instead). Device work touching a freed
+ *   block aborts too, naming the launch. Pinned host memory
+ *   (cudaMallocHost) is ordinary host memory.
+ *
+ * - Deferred work (WEFT_EMU_DEFER=0 turns it off: everything then runs at
+ *   the call). Launches, cudaMemcpyAsync, cudaMemsetAsync, cudaMemset,
+ *   device-to-device cudaMemcpy, cuBLAS GEMMs (on the handle's stream) and
+ *   event records are queued per stream and run only when something needs
+ *   them:
+ *     cudaStreamSynchronize(s)    runs s's queue;
+ *     cudaEventSynchronize(e)     runs e's stream up to e's last record;
+ *     cudaEventQuery(e)           runs nothing: cudaErrorNotReady (not a
+ *                                 sticky error) while the record has not
+ *                                 run, cudaSuccess once it has (or if e
+ *                                 was never recorded). After 65536 NotReady
+ *                                 answers in a row for the same record the
+ *                                 device "catches up" (runs it), so a poll
+ *                                 loop ends;
+ *     cudaStreamWaitEvent(s, e)   queues a wait: when s reaches it, e's
+ *                                 stream runs up to the record first;
+ *     cudaDeviceSynchronize,      run every stream, the one whose oldest
+ *     cudaFree, cudaFreeHost      pending work is newest first (a consumer
+ *                                 before its producer unless an event or
+ *                                 the legacy stream orders them);
+ *     cudaMemcpy (any kind but    is queued on the legacy default stream
+ *     device to device)           and the legacy stream runs through it.
+ *   The legacy default stream (0, cudaStreamLegacy) waits for the work
+ *   queued before on every blocking stream (cudaStreamCreate, flags 0, and
+ *   cudaStreamPerThread, one per device here) and they wait for it;
+ *   cudaStreamNonBlocking streams (all of weft's) never sync with it: a
+ *   result computed on one and read with a plain cudaMemcpy without
+ *   synchronizing that stream comes out stale. Host sources of async
+ *   copies: pageable memory is copied at the call (CUDA stages it), pinned
+ *   memory (cudaMallocHost) is read when the copy runs; host destinations
+ *   are written when the copy runs. Launch arguments are captured at the
+ *   launch. A launch's validation errors (geometry, no device, a destroyed
+ *   stream) are reported at the launch, faults in the kernel abort when it
+ *   runs, naming the launch. cudaEventElapsedTime is the host time between
+ *   the two records' execution (cudaErrorNotReady until both ran). A
+ *   stream with 65536 queued operations runs them (CUDA blocks the host
+ *   when its queue is full).
+ *
+ * How work runs (emu.cpp):
+ * - A launch runs its blocks one after another in z, y, x order on the
+ *   OS thread that runs the queue; the threads of a block are cooperative
+ *   fibers (each its own stack), so __syncthreads, __syncwarp and the
+ *   shuffles are real barriers. Fibers never preempt each other: atomics
+ *   are plain read-modify-writes. Host threads share the queues; one runs
+ *   device work at a time.
  * - `__shared__` is `static thread_local`: one instance per OS thread,
  *   shared by the fibers of the block that runs (blocks never overlap).
  *   Dynamic shared memory (WEFT_DYN_SMEM) is a fresh 16-byte aligned buffer
@@ -19,19 +77,18 @@
  *   that does not exist (partial last warp) or returned is misuse. Misuse
  *   and deadlocks (no thread can run, some have not returned) abort with a
  *   message naming the launch, the block and what each thread waits for.
- * - Device memory is host memory (256-byte aligned) with a registry of the
- *   live allocations: copies check their kind against the pointers, frees
- *   check the pointer, new allocations are filled with 0xFF bytes (NaN).
- * - Launch errors (bad geometry, too much shared memory, no device, a
- *   destroyed stream) skip the launch and are reported by
- *   cudaGetLastError / cudaPeekAtLastError, as CUDA does.
- * - Environment: WEFT_EMU_DEVICES=n (default 1; 0 tests the no-GPU paths),
+ * - Device allocations are page-aligned blocks of the arena (so 256-byte
+ *   aligned as CUDA's) with a registry: copies check their kind against
+ *   the pointers, frees check the pointer, new allocations are filled with
+ *   0xFF bytes (NaN), freed pages go back to the system.
+ * - Environment: WEFT_EMU_STRICT, WEFT_EMU_DEFER (above; read at first
+ *   use), WEFT_EMU_DEVICES=n (default 1; 0 tests the no-GPU paths),
  *   WEFT_EMU_STACK_KB (fiber stack size, default 64, 256 under ASan).
  * - cuBLAS GEMMs are column-major as the real library, accumulate in double
  *   and round once; TF32 / BF16 compute modes round the operands first.
  *
- * The host API functions have C++ linkage (unlike libcudart's C symbols),
- * so an emulated and a real backend can live in one process.
+ * The host API functions have C++ linkage (unlike libcudart's C symbols);
+ * the two test hooks at the end (weft_emu_set_strict / _defer) are C.
  */
 #ifndef WEFT_CUDA_EMU_H
 #define WEFT_CUDA_EMU_H
@@ -48,6 +105,7 @@
 #include <cstring>
 #include <type_traits>
 #include <typeinfo>
+#include <utility>
 
 /* ------------------------------------------------------------ qualifiers */
 
@@ -328,6 +386,7 @@ cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device);
+/* Runs every stream's queued work (see the top). */
 cudaError_t cudaDeviceSynchronize(void);
 /* total: 16 GiB; free: total minus the live cudaMalloc bytes. */
 cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
@@ -354,8 +413,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = 0);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
-/* Host clock between the two records (work is synchronous, so this is the
- * host time the work between them took). */
+/* Host clock between the two records' execution; cudaErrorNotReady while
+ * either has not run (see the top). */
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 
@@ -371,24 +430,32 @@ inline cudaError_t cudaMallocHost(T **ptr, size_t size) {
 
 /* ------------------------------------------------------------- launches */
 
-/* Runs fn(ctx) for every thread of every block (see the top); validates
- * the launch first (grid dims in 1..2^31-1 / 65535 / 65535, block dims
- * 1..1024 / 1024 / 64 and at most 1024 threads, smem <= 227 KiB, a live
- * stream, a device) and records cudaErrorInvalidConfiguration (or
- * cudaErrorNoDevice / cudaErrorInvalidResourceHandle) instead of running.
- * kernel names the launch in messages. Not reentrant from device code. */
+/* Queues fn(ctx) for every thread of every block on stream (see the top);
+ * validates the launch first (grid dims in 1..2^31-1 / 65535 / 65535,
+ * block dims 1..1024 / 1024 / 64 and at most 1024 threads, smem <= 227
+ * KiB, a live stream, a device) and records cudaErrorInvalidConfiguration
+ * (or cudaErrorNoDevice / cudaErrorInvalidResourceHandle) instead. ctx is
+ * a heap object the emulator owns from here: destroy(ctx) once the launch
+ * ran or was rejected. name (the kernel as spelled at the launch) and
+ * kernel (the body's type: it names the launching function) name the
+ * launch in messages. Not callable from device code. */
 void weft_emu_run_(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   void (*fn)(const void *ctx), const void *ctx, const std::type_info &kernel);
+                   void (*fn)(const void *ctx), void *ctx, void (*destroy)(void *ctx),
+                   const char *name, const std::type_info &kernel);
 /* The running launch's dynamic shared memory (16-byte aligned). */
 void *weft_emu_dyn_smem_(void);
 
 /* What WEFT_LAUNCH expands to: body() is the kernel call with its
- * arguments captured by value. */
+ * arguments captured by value; it is copied to the heap so that the launch
+ * can run later. */
 template <class F>
-inline void weft_emu_launch_(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, F &&body) {
-  typedef typename std::remove_cv<typename std::remove_reference<F>::type>::type B;
+inline void weft_emu_launch_(const char *name, dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, F &&body) {
+  typedef typename std::decay<F>::type B;
+  B *heap = new B(std::forward<F>(body));
   weft_emu_run_(grid, block, smem, stream, [](const void *p) { (*static_cast<const B *>(p))(); },
-                static_cast<const void *>(&body), typeid(B));
+                static_cast<void *>(heap), [](void *p) { delete static_cast<B *>(p); }, name,
+                typeid(B));
 }
 
 /* --------------------------------------------------------------- cuBLAS */
@@ -498,5 +565,12 @@ cublasStatus_t cublasGemmStridedBatchedEx(
 #define cublasSetWorkspace cublasSetWorkspace_v2
 #define cublasSetPointerMode cublasSetPointerMode_v2
 #define cublasSgemm cublasSgemm_v2
+
+/* ----------------------------------------------------------- test hooks */
+/* Turn strict memory / deferred work on (1) or off (0) from here on, over
+ * what WEFT_EMU_STRICT / WEFT_EMU_DEFER said; return the previous setting.
+ * Turning deferral off first runs all queued work. For tests. */
+extern "C" int weft_emu_set_strict(int on);
+extern "C" int weft_emu_set_defer(int on);
 
 #endif /* WEFT_CUDA_EMU_H */

@@ -1,17 +1,20 @@
 /* kernels/cuda/emu/emu.cpp — the CUDA emulator (see cuda_emu.h): the fiber
- * scheduler that runs kernel launches on the CPU, the runtime API subset
- * (memory registry, streams, events, devices, errors) and the cuBLAS GEMMs.
+ * scheduler that runs kernel launches on the CPU, the device-memory arena
+ * (strict mode), the per-stream queues of deferred work, the runtime API
+ * subset (memory registry, streams, events, devices, errors) and the
+ * cuBLAS GEMMs.
  *
- * Scheduler. A launch runs its blocks one after another on the calling OS
- * thread. A block's threads are fibers started lazily in thread order; a
- * thread runs until it returns or waits at a barrier, then the next one
- * runs. A fiber stack whose thread returned is parked and reused for the
- * next thread, so a kernel that never waits runs every thread on one stack
- * (the fast path); stacks are pooled per OS thread across launches (mmap,
- * a PROT_NONE guard page below each). Context switches are a few
- * instructions of assembly on x86-64 (callee-saved registers, MXCSR, x87
- * control word), ucontext elsewhere; under AddressSanitizer every switch
- * is announced with __sanitizer_{start,finish}_switch_fiber.
+ * Scheduler. A launch runs its blocks one after another on the OS thread
+ * that runs its stream's queue. A block's threads are fibers started
+ * lazily in thread order; a thread runs until it returns or waits at a
+ * barrier, then the next one runs. A fiber stack whose thread returned is
+ * parked and reused for the next thread, so a kernel that never waits runs
+ * every thread on one stack (the fast path); stacks are pooled per OS
+ * thread across launches (mmap, a PROT_NONE guard page below each).
+ * Context switches are a few instructions of assembly on x86-64
+ * (callee-saved registers, MXCSR, x87 control word), ucontext elsewhere;
+ * under AddressSanitizer every switch is announced with
+ * __sanitizer_{start,finish}_switch_fiber.
  *
  * Barriers: the last thread to arrive releases the others and carries on;
  * a thread that returned counts as arrived. Warp operations (__syncwarp and
@@ -19,9 +22,40 @@
  * operation; the last lane computes every lane's result (PTX shfl.sync's
  * formula) into the warp's exchange buffer. When a full pass over the block
  * finds no thread to run but some have not returned, the block deadlocked.
+ *
+ * Arena (strict mode). One mmap(PROT_NONE, MAP_NORESERVE) reservation of
+ * 64 GiB (less if the system refuses) holds every cudaMalloc block,
+ * page-aligned, first fit over a coalescing free list below a high-water
+ * mark; a freed block's pages go back with MADV_DONTNEED. Blocks stay
+ * PROT_NONE. While the queues run device work (a "window": one outermost
+ * run of the queues), the first touch of a block by that work faults, the
+ * SIGSEGV handler opens that block (mprotect RW) and the access is
+ * retried; when the run ends the opened blocks close again. So the cost
+ * is two mprotect calls and one fault per block touched per
+ * synchronization, whatever else is allocated (opening all of device
+ * memory per window costs time proportional to every populated page). If
+ * SIGSEGV is not ours when a window starts (another library took it over
+ * and refuses to give it back, e.g. an ASan that keeps the signal),
+ * [base, high water) opens at once instead. A fault inside the arena
+ * anywhere else is reported: host code touching device memory, or device
+ * work touching arena pages outside every live allocation (a freed
+ * block). A fault in a fiber stack's guard page is a stack overflow; any
+ * other fault goes to the handler that was there before. Without strict
+ * mode the arena is simply read-write.
+ *
+ * Queues (deferred mode). Every stream (the per-device legacy and
+ * per-thread streams included) is a FIFO of operations numbered 1, 2, ...;
+ * `done` is the last one that ran. An operation may carry dependencies
+ * (stream, number): before it runs, each of those streams runs up to that
+ * number (cudaStreamWaitEvent, and the legacy stream's implicit
+ * synchronization with blocking streams, are such dependencies). A
+ * dependency always names work queued earlier, so running never cycles.
+ * An event remembers its last record (stream, number, generation); it has
+ * completed once that record ran. Destroyed streams and events stay alive
+ * until their queued work ran. All of it is guarded by one recursive mutex
+ * (g_exec), held while work runs: one host thread runs device work at a
+ * time.
  */
-#include "cuda_emu.h"
-
 #include <cxxabi.h>
 #include <errno.h>
 #include <signal.h>
@@ -30,15 +64,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <strings.h>
 #include <time.h>
+#include <ucontext.h> /* REG_ERR: whether a fault was a write */
 #include <unistd.h>
 
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+/* after the system headers: it defines __noinline__ and friends */
+#include "cuda_emu.h"
 #include "kernels.h" /* weft_f16_to_f32 / weft_f32_to_f16 */
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -59,7 +99,6 @@
 #define WEFT_EMU_ASM_SWITCH 1
 #else
 #define WEFT_EMU_ASM_SWITCH 0
-#include <ucontext.h>
 #endif
 
 namespace weft_emu {
@@ -197,7 +236,8 @@ struct Launch {
   size_t smem;
   void (*fn)(const void *);
   const void *ctx;
-  const std::type_info *kernel;
+  const char *name;             /* the kernel as spelled at the launch */
+  const std::type_info *kernel; /* the body's type (names the launching function) */
 };
 
 struct Sched {
@@ -259,9 +299,9 @@ std::string kernel_name(const std::type_info *ti) {
   if (s && s->launch) {
     Launch *L = s->launch;
     fprintf(stderr,
-            "weft CUDA emulator: in the kernel launch %s, grid (%u,%u,%u), block (%u,%u,%u), "
-            "%zu bytes of dynamic shared memory; block (%u,%u,%u)",
-            kernel_name(L->kernel).c_str(), L->grid.x, L->grid.y, L->grid.z, L->block.x,
+            "weft CUDA emulator: in the kernel launch %s (%s), grid (%u,%u,%u), block "
+            "(%u,%u,%u), %zu bytes of dynamic shared memory; block (%u,%u,%u)",
+            L->name ? L->name : "?", kernel_name(L->kernel).c_str(), L->grid.x, L->grid.y, L->grid.z, L->block.x,
             L->block.y, L->block.z, L->smem, blockIdx.x, blockIdx.y, blockIdx.z);
     if (s->in_fiber) {
       uint3 t = s->fib[s->cur].tid;
@@ -291,24 +331,34 @@ size_t stack_bytes() {
   return (size_t)kb * 1024;
 }
 
-/* Fiber stack overflow: a fault in a guard page aborts with a message
+/* The SIGSEGV handler: a fault inside the device-memory arena is reported
+ * by arena_fault (strict mode: host code touching device memory; it does
+ * not return), a fault in a fiber stack's guard page is a stack overflow
  * (kernels compile with -fstack-clash-protection, so a big frame touches
  * the guard page instead of jumping over it). Other faults go to the
- * handler that was there before. Not under ASan, which reports them. */
-#if !WEFT_EMU_ASAN
+ * handler that was there before: it is reinstated and the fault repeats.
+ * Under ASan the handler is installed the same way (ASan lets a program
+ * override its own); should ASan keep the signal, its report kills the
+ * process instead. */
 struct sigaction g_old_segv;
-std::once_flag g_segv_once;
+std::mutex g_segv_mu;
+bool arena_fault(const char *addr, void *uc); /* below, with the arena */
 
 void segv_handler(int sig, siginfo_t *si, void *uc) {
+  if (arena_fault((const char *)si->si_addr, uc)) return; /* opened: retry the access */
   Sched *s = tls_sched_;
   if (s) {
     for (Stack *st : s->all) {
       if ((char *)si->si_addr >= st->map && (char *)si->si_addr < st->base) {
         static const char m1[] = "weft CUDA emulator: fiber stack overflow in the kernel launch ";
         static const char m2[] = " (raise WEFT_EMU_STACK_KB, or use less stack per thread)\n";
-        const char *name = s->launch && s->launch->kernel ? s->launch->kernel->name() : "?";
+        const char *name = s->launch && s->launch->name ? s->launch->name : "?";
+        const char *type = s->launch && s->launch->kernel ? s->launch->kernel->name() : "?";
         ssize_t r = write(2, m1, sizeof m1 - 1);
         r = write(2, name, strlen(name));
+        r = write(2, " (", 2);
+        r = write(2, type, strlen(type));
+        r = write(2, ")", 1);
         r = write(2, m2, sizeof m2 - 1);
         (void)r;
         abort();
@@ -318,35 +368,45 @@ void segv_handler(int sig, siginfo_t *si, void *uc) {
   /* not ours: reinstate the previous handler; the fault repeats there */
   sigaction(SIGSEGV, &g_old_segv, nullptr);
   (void)sig;
-  (void)uc;
 }
-#endif
 
-void install_overflow_handler(Sched &s) {
-#if !WEFT_EMU_ASAN
-  if (!s.altstack) {
-    stack_t cur{};
-    if (sigaltstack(nullptr, &cur) == 0 && (cur.ss_flags & SS_DISABLE)) {
-      size_t sz = 64 * 1024;
-      s.altstack = (char *)malloc(sz);
-      if (s.altstack) {
-        stack_t ss{};
-        ss.ss_sp = s.altstack;
-        ss.ss_size = sz;
-        sigaltstack(&ss, nullptr);
-      }
+bool handler_is_ours() {
+  struct sigaction cur {};
+  return sigaction(SIGSEGV, nullptr, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) &&
+         cur.sa_sigaction == segv_handler;
+}
+
+/* Makes ours SIGSEGV's handler (chaining to whatever was there: a library
+ * may have installed its own since); false if the system keeps another
+ * (an ASan that does not share the signal). One sigaction call when it is
+ * already ours. */
+bool ensure_fault_handler() {
+  if (handler_is_ours()) return true;
+  std::lock_guard<std::mutex> g(g_segv_mu);
+  struct sigaction sa {}, old{};
+  sa.sa_sigaction = segv_handler;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(SIGSEGV, &sa, &old) != 0) return false;
+  if (!((old.sa_flags & SA_SIGINFO) && old.sa_sigaction == segv_handler)) g_old_segv = old;
+  return handler_is_ours();
+}
+
+/* An alternate signal stack for this thread (a fiber stack overflow leaves
+ * no stack to run the handler on). */
+void install_altstack(Sched &s) {
+  if (s.altstack) return;
+  stack_t cur{};
+  if (sigaltstack(nullptr, &cur) == 0 && (cur.ss_flags & SS_DISABLE)) {
+    size_t sz = 64 * 1024;
+    s.altstack = (char *)malloc(sz);
+    if (s.altstack) {
+      stack_t ss{};
+      ss.ss_sp = s.altstack;
+      ss.ss_size = sz;
+      sigaltstack(&ss, nullptr);
     }
   }
-  std::call_once(g_segv_once, [] {
-    struct sigaction sa {};
-    sa.sa_sigaction = segv_handler;
-    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGSEGV, &sa, &g_old_segv);
-  });
-#else
-  (void)s;
-#endif
 }
 
 Stack *stack_get(Sched &s) {
@@ -669,12 +729,14 @@ inline cudaError_t rec(cudaError_t e) {
   return e;
 }
 
+constexpr int kMaxDevices = 64;
+
 int device_count() {
   const char *e = getenv("WEFT_EMU_DEVICES");
   if (!e || !*e) return 1;
   char *end;
   long v = strtol(e, &end, 10);
-  if (*end != '\0' || v < 0 || v > 64) {
+  if (*end != '\0' || v < 0 || v > kMaxDevices) {
     static bool warned = false;
     if (!warned) {
       warned = true;
@@ -696,6 +758,8 @@ cudaError_t need_device() {
 }
 
 constexpr size_t kTotalMem = (size_t)16 << 30;
+constexpr size_t kMaxQueued = 65536;        /* a stream this full runs */
+constexpr unsigned kPollsToCatchUp = 65536; /* cudaEventQuery NotReady answers */
 
 enum AllocKind { A_DEVICE = 2, A_HOST = 1 };
 struct Alloc {
@@ -704,10 +768,10 @@ struct Alloc {
   int device;
 };
 
-std::mutex g_mu;                       /* guards everything below */
+std::mutex g_mu;                       /* guards the registry below */
 std::map<uintptr_t, Alloc> g_allocs;   /* start -> allocation */
 size_t g_device_live = 0;
-std::set<const void *> g_streams, g_events, g_handles;
+std::set<const void *> g_streams, g_events, g_handles; /* live handles */
 
 /* The allocation holding p (any byte of it); false if none. */
 bool lookup_locked(const void *p, uintptr_t *start, Alloc *a) {
@@ -731,6 +795,14 @@ int classify(const void *p, size_t n) {
   return (uintptr_t)p + n <= start + a.size ? 2 : 0;
 }
 
+/* [p, p + n) inside one pinned host allocation (cudaMallocHost). */
+bool is_pinned(const void *p, size_t n) {
+  std::lock_guard<std::mutex> g(g_mu);
+  uintptr_t start;
+  Alloc a;
+  return lookup_locked(p, &start, &a) && a.kind == A_HOST && (uintptr_t)p + n <= start + a.size;
+}
+
 bool stream_ok(cudaStream_t s) {
   if (s == 0 || s == cudaStreamLegacy || s == cudaStreamPerThread) return true;
   std::lock_guard<std::mutex> g(g_mu);
@@ -749,17 +821,441 @@ double now_ms() {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* ---------------------------------------------------------------- modes */
+
+/* Guards the arena, the queues, events' and streams' queue state, and is
+ * held while device work runs. Taken before g_mu, never after. */
+std::recursive_mutex g_exec;
+typedef std::lock_guard<std::recursive_mutex> ExecLock;
+int g_strict = -1, g_defer = -1; /* -1: the environment not read yet */
+
+bool env_on(const char *name) {
+  const char *e = getenv(name);
+  if (!e || !*e) return true;
+  return !(strcmp(e, "0") == 0 || strcasecmp(e, "off") == 0 || strcasecmp(e, "no") == 0 ||
+           strcasecmp(e, "false") == 0);
+}
+bool strict_on() {
+  if (g_strict < 0) g_strict = env_on("WEFT_EMU_STRICT");
+  return g_strict != 0;
+}
+bool defer_on() {
+  if (g_defer < 0) g_defer = env_on("WEFT_EMU_DEFER");
+  return g_defer != 0;
+}
+
+/* ---------------------------------------------------------------- arena */
+
+struct Block {
+  size_t len;  /* page-rounded */
+  bool open;   /* read-write in the current window */
+};
+struct Arena {
+  char *base = nullptr;
+  size_t size = 0;      /* reserved bytes */
+  size_t hw = 0;        /* blocks lie in [base, base + hw) */
+  size_t page = 4096;
+  std::map<size_t, size_t> free_ranges; /* offset -> bytes, below hw, coalesced */
+  std::map<size_t, Block> blocks;       /* live blocks by offset */
+  /* The window: device work runs (strict: closed blocks open on first touch) */
+  bool window = false;
+  std::vector<size_t> opened; /* blocks opened in this window (capacity reserved:
+                                 the fault handler never allocates) */
+  size_t eager_len = 0;       /* without our handler: [base, base + eager_len) opened */
+  int run_depth = 0;          /* nesting of run_stream */
+};
+Arena g_arena;
+thread_local bool tls_device_work_ = false; /* this thread runs the window's work */
+
+inline size_t page_round(size_t n) { return (n + g_arena.page - 1) / g_arena.page * g_arena.page; }
+
+bool arena_init() {
+  if (g_arena.base) return true;
+  g_arena.page = (size_t)sysconf(_SC_PAGESIZE);
+  int prot = strict_on() ? PROT_NONE : PROT_READ | PROT_WRITE;
+  for (size_t gib : {64, 32, 17}) {
+    size_t sz = gib << 30;
+    void *m = mmap(nullptr, sz, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m != MAP_FAILED) {
+      g_arena.size = sz;
+      g_arena.base = (char *)m;
+      break;
+    }
+  }
+  if (!g_arena.base) {
+    fprintf(stderr, "weft CUDA emulator: cannot reserve the device-memory arena: %s\n",
+            strerror(errno));
+    return false;
+  }
+  ensure_fault_handler();
+  return true;
+}
+
+void set_prot(char *p, size_t n, int prot) {
+  if (n && mprotect(p, n, prot) != 0)
+    fail("mprotect of %zu bytes of device memory at %p: %s", n, (void *)p, strerror(errno));
+}
+
+/* Device work starts: strict mode opens nothing yet (each block opens on
+ * its first touch, in arena_fault), unless SIGSEGV is not ours, in which
+ * case [base, base + hw) opens at once. */
+void window_open() {
+  if (g_arena.window) return;
+  bool ours = ensure_fault_handler();
+  g_arena.window = true;
+  tls_device_work_ = true;
+  if (!g_arena.base || !strict_on()) return;
+  if (ours) {
+    g_arena.opened.reserve(g_arena.blocks.size());
+  } else if (g_arena.hw) {
+    set_prot(g_arena.base, g_arena.hw, PROT_READ | PROT_WRITE);
+    g_arena.eager_len = g_arena.hw;
+  }
+}
+
+/* Device work ends: what opened closes. */
+void window_close() {
+  if (!g_arena.window) return;
+  if (g_arena.eager_len) set_prot(g_arena.base, g_arena.eager_len, PROT_NONE);
+  g_arena.eager_len = 0;
+  for (size_t off : g_arena.opened) {
+    auto it = g_arena.blocks.find(off);
+    set_prot(g_arena.base + off, it->second.len, PROT_NONE);
+    it->second.open = false;
+  }
+  g_arena.opened.clear();
+  g_arena.window = false;
+  tls_device_work_ = false;
+}
+
+/* A page-aligned block of n bytes (first fit), its first n bytes 0xFF. */
+char *arena_alloc(size_t n) {
+  if (!arena_init()) return nullptr;
+  size_t len = page_round(n), off = SIZE_MAX;
+  for (auto it = g_arena.free_ranges.begin(); it != g_arena.free_ranges.end(); ++it) {
+    if (it->second < len) continue;
+    off = it->first;
+    size_t rest = it->second - len;
+    g_arena.free_ranges.erase(it);
+    if (rest) g_arena.free_ranges[off + len] = rest;
+    break;
+  }
+  if (off == SIZE_MAX) {
+    if (len > g_arena.size - g_arena.hw) return nullptr;
+    off = g_arena.hw;
+    g_arena.hw += len;
+  }
+  char *p = g_arena.base + off;
+  g_arena.blocks[off] = Block{len, false};
+  bool closed = strict_on(); /* (no window: allocations happen between runs) */
+  if (closed) set_prot(p, len, PROT_READ | PROT_WRITE);
+  memset(p, 0xff, n); /* NaN in every float / bf16 */
+  if (closed) set_prot(p, len, PROT_NONE);
+  return p;
+}
+
+void arena_free(char *p, size_t n) {
+  size_t len = page_round(n), off = (size_t)(p - g_arena.base);
+  g_arena.blocks.erase(off);
+  madvise(p, len, MADV_DONTNEED); /* the pages go back; they read as 0 if reused */
+  auto next = g_arena.free_ranges.lower_bound(off);
+  if (next != g_arena.free_ranges.end() && off + len == next->first) {
+    len += next->second;
+    next = g_arena.free_ranges.erase(next);
+  }
+  if (next != g_arena.free_ranges.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      off = prev->first;
+      len += prev->second;
+      g_arena.free_ranges.erase(prev);
+    }
+  }
+  if (off + len == g_arena.hw)
+    g_arena.hw = off;
+  else
+    g_arena.free_ranges[off] = len;
+}
+
+/* Async-signal-safe formatting for the fault report. */
+struct SigBuf {
+  char b[768];
+  size_t n = 0;
+  void str(const char *s) {
+    while (*s && n < sizeof b - 1) b[n++] = *s++;
+  }
+  void hex(uintptr_t v) {
+    char t[2 + 16];
+    int k = 0;
+    do {
+      t[k++] = "0123456789abcdef"[v & 15];
+      v >>= 4;
+    } while (v);
+    str("0x");
+    while (k > 0 && n < sizeof b - 1) b[n++] = t[--k];
+  }
+  void dec(size_t v) {
+    char t[24];
+    int k = 0;
+    do {
+      t[k++] = (char)('0' + v % 10);
+      v /= 10;
+    } while (v);
+    while (k > 0 && n < sizeof b - 1) b[n++] = t[--k];
+  }
+};
+
 } // namespace
+
+namespace {
+/* Called by the SIGSEGV handler for every fault; returns false for an
+ * address outside the arena. Inside it: device work on this thread
+ * touching a closed live block opens the block and returns true (the
+ * access is retried); anything else is reported and aborts. The blocks only change under
+ * g_exec, which the thread running device work holds; the registry is read
+ * for a host access only if its lock is free. */
+bool arena_fault(const char *addr, void *uc) {
+  const char *base = g_arena.base;
+  if (!base || addr < base || addr >= base + g_arena.size) return false;
+  bool device_work = g_arena.window && tls_device_work_;
+  if (device_work && !g_arena.eager_len) {
+    size_t off = (size_t)(addr - base);
+    auto it = g_arena.blocks.upper_bound(off);
+    if (it != g_arena.blocks.begin()) {
+      --it;
+      if (off < it->first + it->second.len && !it->second.open &&
+          g_arena.opened.size() < g_arena.opened.capacity() &&
+          mprotect(g_arena.base + it->first, it->second.len, PROT_READ | PROT_WRITE) == 0) {
+        it->second.open = true;
+        g_arena.opened.push_back(it->first);
+        return true;
+      }
+    }
+  }
+  SigBuf m;
+  m.str("weft CUDA emulator: ");
+  int write_access = -1;
+#if defined(__x86_64__) && defined(REG_ERR)
+  if (uc) write_access = (((ucontext_t *)uc)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+#else
+  (void)uc;
+#endif
+  Sched *s = tls_sched_;
+  if (device_work) {
+    m.str(s && s->launch ? "the kernel launch " : "device work (a copy, memset or GEMM)");
+    if (s && s->launch) {
+      m.str(s->launch->name ? s->launch->name : "?");
+      m.str(" (");
+      m.str(s->launch->kernel ? s->launch->kernel->name() : "?");
+      m.str(")");
+    }
+    m.str(write_access == 1 ? " wrote" : write_access == 0 ? " read" : " read/wrote");
+    m.str(" device memory at ");
+    m.hex((uintptr_t)addr);
+    m.str(", outside every live allocation (freed, or never allocated)\n");
+  } else {
+    bool have = false;
+    uintptr_t start = 0;
+    Alloc a{};
+    if (g_mu.try_lock()) {
+      have = lookup_locked(addr, &start, &a) && a.kind == A_DEVICE;
+      g_mu.unlock();
+    }
+    m.str(write_access == 1 ? "host code wrote" : write_access == 0 ? "host code read"
+                                                                    : "host code read/wrote");
+    m.str(" device memory at ");
+    m.hex((uintptr_t)addr);
+    if (have) {
+      m.str(" (inside the ");
+      m.dec(a.size);
+      m.str("-byte allocation at ");
+      m.hex(start);
+      m.str(")");
+    } else {
+      m.str(" (outside every live allocation: freed, or never allocated)");
+    }
+    m.str(" outside a kernel launch or a copy: copy it to the host first (cudaMemcpy after "
+          "synchronizing its stream; WEFT_EMU_STRICT=0 turns this check off)\n");
+  }
+  ssize_t r = write(2, m.b, m.n);
+  (void)r;
+  abort();
+}
+} // namespace
+
+/* ---------------------------------------------------------------- queues */
+
+struct CUstream_st;
+namespace weft_emu {
+struct Dep {
+  CUstream_st *s;
+  uint64_t seq; /* run s up to this operation first */
+};
+/* One queued operation. */
+struct Op {
+  uint64_t seq = 0, gtime = 0; /* number in its stream; global enqueue order */
+  std::vector<Dep> deps;
+  bool touches_memory = true; /* needs the arena open */
+  virtual void exec() = 0;
+  virtual ~Op() {}
+};
+} // namespace weft_emu
 
 struct CUstream_st {
   unsigned flags;
   int device;
+  bool legacy;   /* the legacy default stream of `device` */
+  bool blocking; /* synchronizes with the legacy stream */
+  bool live;     /* the handle is valid (a destroyed stream still drains) */
+  std::deque<weft_emu::Op *> q;
+  uint64_t enq = 0, done = 0; /* last operation queued / run */
 };
 struct CUevent_st {
   unsigned flags;
-  bool recorded;
-  double t_ms;
+  bool live = true;
+  int refs = 1;                /* the handle and each queued record */
+  uint64_t gen = 0;            /* records so far */
+  uint64_t done_gen = 0;       /* the newest record that ran */
+  CUstream_st *stream = nullptr; /* where the last record is queued */
+  uint64_t seq = 0;
+  double t_ms = 0;             /* host time at which record done_gen ran */
+  unsigned polls = 0;          /* NotReady answers for the last record */
 };
+
+namespace {
+
+using weft_emu::Dep;
+using weft_emu::Op;
+
+/* Never destroyed (not even at exit, where a leak checker must still find
+ * the streams reachable). */
+std::vector<CUstream_st *> &g_stream_list = *new std::vector<CUstream_st *>(); /* live streams
+                                              and destroyed ones with queued work */
+std::vector<CUstream_st *> &g_stream_dead = *new std::vector<CUstream_st *>(); /* drained
+                                              destroyed streams (deps, events may name them) */
+CUstream_st *g_legacy[kMaxDevices], *g_per_thread[kMaxDevices];
+uint64_t g_gtime = 0;
+size_t g_pending = 0;
+
+CUstream_st *new_stream(unsigned flags, int device, bool legacy, bool blocking) {
+  CUstream_st *s = new CUstream_st{flags, device, legacy, blocking, true, {}, 0, 0};
+  g_stream_list.push_back(s);
+  return s;
+}
+
+/* The queue a stream handle names (the handle already checked). */
+CUstream_st *resolve(cudaStream_t s) {
+  int d = tls_device_;
+  if (s == 0 || s == cudaStreamLegacy) {
+    if (!g_legacy[d]) g_legacy[d] = new_stream(0, d, true, false);
+    return g_legacy[d];
+  }
+  if (s == cudaStreamPerThread) {
+    if (!g_per_thread[d]) g_per_thread[d] = new_stream(0, d, false, true);
+    return g_per_thread[d];
+  }
+  return s;
+}
+
+void event_unref(CUevent_st *e) {
+  if (--e->refs == 0) delete e;
+}
+
+/* Runs S's operations up to number upto (each one's dependencies first). */
+void run_stream(CUstream_st *S, uint64_t upto) {
+  if (S->done >= upto) return;
+  g_arena.run_depth++;
+  while (S->done < upto) {
+    Op *op = S->q.front();
+    for (const Dep &d : op->deps) run_stream(d.s, d.seq);
+    if (op->touches_memory) window_open();
+    op->exec();
+    S->q.pop_front();
+    S->done = op->seq;
+    g_pending--;
+    delete op;
+  }
+  if (--g_arena.run_depth == 0) window_close();
+}
+
+/* Runs everything: each time the stream whose oldest queued operation is
+ * the newest (consumers before producers unless something orders them). */
+void run_all() {
+  while (g_pending > 0) {
+    CUstream_st *pick = nullptr;
+    for (CUstream_st *S : g_stream_list)
+      if (!S->q.empty() && (!pick || S->q.front()->gtime > pick->q.front()->gtime)) pick = S;
+    if (!pick) break;
+    run_stream(pick, pick->enq);
+  }
+  for (size_t i = 0; i < g_stream_list.size();) {
+    CUstream_st *S = g_stream_list[i];
+    if (!S->live && S->q.empty()) {
+      g_stream_dead.push_back(S);
+      g_stream_list.erase(g_stream_list.begin() + (long)i);
+    } else {
+      i++;
+    }
+  }
+}
+
+/* Queues op on S (with the legacy stream's implicit dependencies) and
+ * returns its number; runs it at once without deferral. */
+uint64_t enqueue(CUstream_st *S, Op *op) {
+  op->seq = ++S->enq;
+  op->gtime = ++g_gtime;
+  if (S->legacy) {
+    for (CUstream_st *b : g_stream_list)
+      if (b->blocking && b->device == S->device && b->done < b->enq)
+        op->deps.push_back(Dep{b, b->enq});
+  } else if (S->blocking) {
+    CUstream_st *L = g_legacy[S->device];
+    if (L && L->done < L->enq) op->deps.push_back(Dep{L, L->enq});
+  }
+  S->q.push_back(op);
+  g_pending++;
+  uint64_t seq = op->seq;
+  if (!defer_on() || S->q.size() >= kMaxQueued) run_stream(S, seq);
+  return seq;
+}
+
+struct CopyOp : Op {
+  void *dst;
+  const void *src;
+  size_t n;
+  std::unique_ptr<char[]> snap; /* pageable host source, staged at the call */
+  void exec() override { memmove(dst, snap ? snap.get() : src, n); }
+};
+
+struct SetOp : Op {
+  void *p;
+  int value;
+  size_t n;
+  void exec() override { memset(p, value & 0xff, n); }
+};
+
+struct RecordOp : Op {
+  CUevent_st *ev;
+  uint64_t gen;
+  RecordOp(CUevent_st *e, uint64_t g) : ev(e), gen(g) {
+    touches_memory = false;
+    e->refs++;
+  }
+  void exec() override {
+    if (gen > ev->done_gen) {
+      ev->done_gen = gen;
+      ev->t_ms = now_ms();
+    }
+  }
+  ~RecordOp() override { event_unref(ev); }
+};
+
+struct WaitOp : Op {
+  WaitOp() { touches_memory = false; }
+  void exec() override {} /* the dependency did the work */
+};
+
+} // namespace
 
 const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
@@ -862,7 +1358,12 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return rec(need_device()); }
+cudaError_t cudaDeviceSynchronize(void) {
+  if (cudaError_t e = need_device()) return rec(e);
+  ExecLock x(g_exec);
+  run_all();
+  return cudaSuccess;
+}
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
   if (!free_bytes || !total) return rec(cudaErrorInvalidValue);
@@ -879,13 +1380,18 @@ cudaError_t alloc_common(void **out, size_t size, AllocKind kind) {
   *out = nullptr;
   if (cudaError_t e = need_device()) return rec(e);
   if (size == 0) return cudaSuccess;
+  ExecLock x(g_exec);
   {
     std::lock_guard<std::mutex> g(g_mu);
     if (kind == A_DEVICE && size > kTotalMem - g_device_live) return rec(cudaErrorMemoryAllocation);
   }
   void *p = nullptr;
-  if (posix_memalign(&p, 256, size) != 0 || !p) return rec(cudaErrorMemoryAllocation);
-  if (kind == A_DEVICE) memset(p, 0xff, size); /* NaN in every float / bf16 */
+  if (kind == A_DEVICE) {
+    p = arena_alloc(size);
+    if (!p) return rec(cudaErrorMemoryAllocation);
+  } else if (posix_memalign(&p, 256, size) != 0 || !p) {
+    return rec(cudaErrorMemoryAllocation);
+  }
   std::lock_guard<std::mutex> g(g_mu);
   g_allocs[(uintptr_t)p] = Alloc{size, kind, tls_device_};
   if (kind == A_DEVICE) g_device_live += size;
@@ -893,17 +1399,29 @@ cudaError_t alloc_common(void **out, size_t size, AllocKind kind) {
   return cudaSuccess;
 }
 
+/* As CUDA's cudaFree / cudaFreeHost: the device synchronizes first. */
 cudaError_t free_common(void *p, AllocKind kind) {
   if (!p) return cudaSuccess;
   if (cudaError_t e = need_device()) return rec(e);
+  ExecLock x(g_exec);
   {
     std::lock_guard<std::mutex> g(g_mu);
     auto it = g_allocs.find((uintptr_t)p);
     if (it == g_allocs.end() || it->second.kind != kind) return rec(cudaErrorInvalidValue);
-    if (kind == A_DEVICE) g_device_live -= it->second.size;
+  }
+  run_all();
+  size_t size;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    auto it = g_allocs.find((uintptr_t)p);
+    size = it->second.size;
+    if (kind == A_DEVICE) g_device_live -= size;
     g_allocs.erase(it);
   }
-  free(p);
+  if (kind == A_DEVICE)
+    arena_free((char *)p, size);
+  else
+    free(p);
   return cudaSuccess;
 }
 } // namespace
@@ -939,8 +1457,10 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
 }
 
 namespace {
+/* sync: cudaMemcpy (the legacy stream; runs through the copy unless it is
+ * device to device). */
 cudaError_t copy_common(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool sync) {
   if (cudaError_t e = need_device()) return rec(e);
   if (!stream_ok(stream)) return rec(cudaErrorInvalidResourceHandle);
   if ((unsigned)kind > (unsigned)cudaMemcpyDefault) return rec(cudaErrorInvalidMemcpyDirection);
@@ -958,7 +1478,19 @@ cudaError_t copy_common(void *dst, const void *src, size_t n, enum cudaMemcpyKin
     case cudaMemcpyDefault: ok = true; break;
   }
   if (!ok) return rec(cudaErrorInvalidValue);
-  memmove(dst, src, n);
+  ExecLock x(g_exec);
+  CopyOp *op = new CopyOp();
+  op->dst = dst;
+  op->src = src;
+  op->n = n;
+  op->touches_memory = ddev || sdev;
+  if (!sdev && !sync && defer_on() && !is_pinned(src, n)) {
+    op->snap.reset(new char[n]);
+    memcpy(op->snap.get(), src, n);
+  }
+  CUstream_st *S = resolve(stream);
+  uint64_t seq = enqueue(S, op);
+  if (sync && !(ddev && sdev)) run_stream(S, seq);
   return cudaSuccess;
 }
 
@@ -967,17 +1499,22 @@ cudaError_t set_common(void *p, int value, size_t n, cudaStream_t stream) {
   if (!stream_ok(stream)) return rec(cudaErrorInvalidResourceHandle);
   if (n == 0) return cudaSuccess;
   if (!p || classify(p, n) != 2) return rec(cudaErrorInvalidValue);
-  memset(p, value & 0xff, n);
+  ExecLock x(g_exec);
+  SetOp *op = new SetOp();
+  op->p = p;
+  op->value = value;
+  op->n = n;
+  enqueue(resolve(stream), op);
   return cudaSuccess;
 }
 } // namespace
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
-  return copy_common(dst, src, count, kind, 0);
+  return copy_common(dst, src, count, kind, 0, true);
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
-  return copy_common(dst, src, count, kind, stream);
+  return copy_common(dst, src, count, kind, stream, false);
 }
 cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
   return set_common(devPtr, value, count, 0);
@@ -990,7 +1527,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
   if (!pStream) return rec(cudaErrorInvalidValue);
   if (cudaError_t e = need_device()) return rec(e);
   if (flags & ~(unsigned)cudaStreamNonBlocking) return rec(cudaErrorInvalidValue);
-  CUstream_st *s = new CUstream_st{flags, tls_device_};
+  ExecLock x(g_exec);
+  CUstream_st *s = new_stream(flags, tls_device_, false, !(flags & cudaStreamNonBlocking));
   std::lock_guard<std::mutex> g(g_mu);
   g_streams.insert(s);
   *pStream = s;
@@ -999,22 +1537,43 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
 cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
   return cudaStreamCreateWithFlags(pStream, cudaStreamDefault);
 }
+/* As CUDA: returns at once; queued work still runs (when synchronized). */
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (cudaError_t e = need_device()) return rec(e);
-  std::lock_guard<std::mutex> g(g_mu);
-  if (!stream || !g_streams.erase(stream)) return rec(cudaErrorInvalidResourceHandle);
-  delete stream;
+  ExecLock x(g_exec);
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (!stream || !g_streams.erase(stream)) return rec(cudaErrorInvalidResourceHandle);
+  }
+  stream->live = false;
+  if (stream->q.empty()) {
+    for (size_t i = 0; i < g_stream_list.size(); i++)
+      if (g_stream_list[i] == stream) {
+        g_stream_list.erase(g_stream_list.begin() + (long)i);
+        break;
+      }
+    g_stream_dead.push_back(stream);
+  }
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (cudaError_t e = need_device()) return rec(e);
-  return stream_ok(stream) ? cudaSuccess : rec(cudaErrorInvalidResourceHandle);
+  if (!stream_ok(stream)) return rec(cudaErrorInvalidResourceHandle);
+  ExecLock x(g_exec);
+  CUstream_st *S = resolve(stream);
+  run_stream(S, S->enq);
+  return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   if (cudaError_t e = need_device()) return rec(e);
+  ExecLock x(g_exec);
   if (!stream_ok(stream) || !event_ok(event)) return rec(cudaErrorInvalidResourceHandle);
   if (flags > 1) return rec(cudaErrorInvalidValue);
-  return cudaSuccess; /* work is synchronous: the event has completed */
+  if (event->done_gen == event->gen) return cudaSuccess; /* nothing to wait for */
+  WaitOp *op = new WaitOp();
+  op->deps.push_back(Dep{event->stream, event->seq});
+  enqueue(resolve(stream), op);
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
@@ -1022,7 +1581,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
   if (cudaError_t e = need_device()) return rec(e);
   if ((flags & ~7u) || ((flags & 4u) && !(flags & cudaEventDisableTiming)))
     return rec(cudaErrorInvalidValue);
-  CUevent_st *ev = new CUevent_st{flags, false, 0.0};
+  CUevent_st *ev = new CUevent_st();
+  ev->flags = flags;
   std::lock_guard<std::mutex> g(g_mu);
   g_events.insert(ev);
   *event = ev;
@@ -1033,82 +1593,143 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (cudaError_t e = need_device()) return rec(e);
+  ExecLock x(g_exec);
   if (!event_ok(event) || !stream_ok(stream)) return rec(cudaErrorInvalidResourceHandle);
-  event->recorded = true;
-  event->t_ms = now_ms();
+  CUstream_st *S = resolve(stream);
+  event->gen++;
+  event->stream = S;
+  event->polls = 0;
+  event->seq = S->enq + 1; /* what enqueue numbers it (it may run at once) */
+  enqueue(S, new RecordOp(event, event->gen));
   return cudaSuccess;
 }
+/* NotReady (not recorded as the last error) while the last record has not
+ * run; runs nothing, except that a long poll lets the device catch up. */
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (cudaError_t e = need_device()) return rec(e);
-  return event_ok(event) ? cudaSuccess : rec(cudaErrorInvalidResourceHandle);
+  ExecLock x(g_exec);
+  if (!event_ok(event)) return rec(cudaErrorInvalidResourceHandle);
+  if (event->done_gen == event->gen) return cudaSuccess;
+  if (++event->polls < kPollsToCatchUp) return cudaErrorNotReady;
+  run_stream(event->stream, event->seq);
+  return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (cudaError_t e = need_device()) return rec(e);
-  return event_ok(event) ? cudaSuccess : rec(cudaErrorInvalidResourceHandle);
+  ExecLock x(g_exec);
+  if (!event_ok(event)) return rec(cudaErrorInvalidResourceHandle);
+  if (event->done_gen != event->gen) run_stream(event->stream, event->seq);
+  return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
   if (!ms) return rec(cudaErrorInvalidValue);
   if (cudaError_t e = need_device()) return rec(e);
+  ExecLock x(g_exec);
   if (!event_ok(start) || !event_ok(end)) return rec(cudaErrorInvalidResourceHandle);
   if ((start->flags | end->flags) & cudaEventDisableTiming) return rec(cudaErrorInvalidResourceHandle);
-  if (!start->recorded || !end->recorded) return rec(cudaErrorInvalidResourceHandle);
+  if (!start->gen || !end->gen) return rec(cudaErrorInvalidResourceHandle);
+  if (start->done_gen != start->gen || end->done_gen != end->gen) return cudaErrorNotReady;
   *ms = (float)(end->t_ms - start->t_ms);
   return cudaSuccess;
 }
+/* As CUDA: a queued record still runs; the event goes away after it. */
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   if (cudaError_t e = need_device()) return rec(e);
-  std::lock_guard<std::mutex> g(g_mu);
-  if (!event || !g_events.erase(event)) return rec(cudaErrorInvalidResourceHandle);
-  delete event;
+  ExecLock x(g_exec);
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (!event || !g_events.erase(event)) return rec(cudaErrorInvalidResourceHandle);
+  }
+  event->live = false;
+  event_unref(event);
   return cudaSuccess;
+}
+
+extern "C" int weft_emu_set_strict(int on) {
+  ExecLock x(g_exec);
+  int prev = strict_on() ? 1 : 0;
+  on = on ? 1 : 0;
+  if (on != prev) {
+    if (g_arena.base) {
+      if (g_arena.run_depth) fail("weft_emu_set_strict called while device work runs");
+      set_prot(g_arena.base, g_arena.size, on ? PROT_NONE : PROT_READ | PROT_WRITE);
+    }
+    g_strict = on;
+  }
+  return prev;
+}
+
+extern "C" int weft_emu_set_defer(int on) {
+  ExecLock x(g_exec);
+  int prev = defer_on() ? 1 : 0;
+  if (!on) run_all();
+  g_defer = on ? 1 : 0;
+  return prev;
 }
 
 /* =============================================================== launches */
 
-void weft_emu_run_(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   void (*fn)(const void *), const void *ctx, const std::type_info &kernel) {
+namespace {
+
+void execute_launch(Launch &L) {
   Sched &s = sched();
-  if (s.launch)
-    fail("kernel %s launched from device code (dynamic parallelism is not emulated)",
-         kernel_name(&kernel).c_str());
-  if (cudaError_t e = need_device()) {
-    rec(e);
-    return;
-  }
-  if (!stream_ok(stream)) {
-    rec(cudaErrorInvalidResourceHandle);
-    return;
-  }
-  uint64_t threads = (uint64_t)block.x * block.y * block.z;
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 ||
-      grid.z > 65535 || block.x == 0 || block.y == 0 || block.z == 0 || block.x > 1024 ||
-      block.y > 1024 || block.z > 64 || threads > 1024 || smem > 227 * 1024) {
-    rec(cudaErrorInvalidConfiguration);
-    return;
-  }
-  Launch L{grid, block, smem, fn, ctx, &kernel};
-  install_overflow_handler(s);
-  s.n = (unsigned)threads;
+  if (s.launch) fail("a launch ran inside a launch (the emulator's queues are broken)");
+  install_altstack(s);
+  s.n = L.block.x * L.block.y * L.block.z;
   s.fib.resize(s.n);
   s.warps.resize((s.n + 31) / 32);
   void *dyn = nullptr;
-  if (posix_memalign(&dyn, 16, smem ? smem : 16) != 0) {
-    rec(cudaErrorMemoryAllocation);
-    return;
-  }
+  if (posix_memalign(&dyn, 16, L.smem ? L.smem : 16) != 0)
+    fail("cannot allocate %zu bytes of dynamic shared memory", L.smem);
   s.dyn_smem = (char *)dyn;
   s.launch = &L;
-  weft_emu::gridDim = grid;
-  weft_emu::blockDim = block;
-  for (unsigned z = 0; z < grid.z; z++)
-    for (unsigned y = 0; y < grid.y; y++)
-      for (unsigned x = 0; x < grid.x; x++) {
+  weft_emu::gridDim = L.grid;
+  weft_emu::blockDim = L.block;
+  for (unsigned z = 0; z < L.grid.z; z++)
+    for (unsigned y = 0; y < L.grid.y; y++)
+      for (unsigned x = 0; x < L.grid.x; x++) {
         weft_emu::blockIdx = uint3{x, y, z};
         run_block(s);
       }
   s.launch = nullptr;
   s.dyn_smem = nullptr;
   free(dyn);
+}
+
+struct LaunchOp : Op {
+  Launch L;
+  void (*destroy)(void *);
+  void exec() override { execute_launch(L); }
+  ~LaunchOp() override { destroy(const_cast<void *>(L.ctx)); }
+};
+
+} // namespace
+
+void weft_emu_run_(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   void (*fn)(const void *), void *ctx, void (*destroy)(void *), const char *name,
+                   const std::type_info &kernel) {
+  Sched &s = sched();
+  if (s.launch)
+    fail("kernel %s (%s) launched from device code (dynamic parallelism is not emulated)", name,
+         kernel_name(&kernel).c_str());
+  cudaError_t err = need_device();
+  if (!err && !stream_ok(stream)) err = cudaErrorInvalidResourceHandle;
+  uint64_t threads = (uint64_t)block.x * block.y * block.z;
+  if (!err && (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u ||
+               grid.y > 65535 || grid.z > 65535 || block.x == 0 || block.y == 0 ||
+               block.z == 0 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+               threads > 1024 || smem > 227 * 1024))
+    err = cudaErrorInvalidConfiguration;
+  if (err) {
+    destroy(ctx);
+    rec(err);
+    return;
+  }
+  ExecLock x(g_exec);
+  LaunchOp *op = new LaunchOp();
+  op->L = Launch{grid, block, smem, fn, ctx, name, &kernel};
+  op->destroy = destroy;
+  enqueue(resolve(stream), op);
 }
 
 /* ================================================================ cuBLAS */
@@ -1246,16 +1867,24 @@ cublasStatus_t gemm_validate(cublasOperation_t ta, cublasOperation_t tb, int m, 
   return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t gemm_run(const GemmArgs &g) {
+/* The call-time checks of the operands (the registry only: no memory is
+ * read). */
+cublasStatus_t gemm_check(const GemmArgs &g, bool ab) {
   const int m = g.m, n = g.n, k = g.k;
-  if (m == 0 || n == 0 || g.batch == 0) return CUBLAS_STATUS_SUCCESS;
-  const bool ab = g.alpha != 0.0f && k > 0; /* A and B are read */
   const bool an = g.ta == CUBLAS_OP_N, bn = g.tb == CUBLAS_OP_N;
   if (ab && (!check_operand(g.func, "A", g.A, g.At, an ? m : k, an ? k : m, g.lda, g.sA, g.batch) ||
              !check_operand(g.func, "B", g.B, g.Bt, bn ? k : n, bn ? n : k, g.ldb, g.sB, g.batch)))
     return CUBLAS_STATUS_EXECUTION_FAILED;
   if (!check_operand(g.func, "C", g.C, g.Ct, m, n, g.ldc, g.sC, g.batch))
     return CUBLAS_STATUS_EXECUTION_FAILED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The GEMM itself, when its stream runs it. */
+void gemm_compute(const GemmArgs &g) {
+  const int m = g.m, n = g.n, k = g.k;
+  const bool ab = g.alpha != 0.0f && k > 0; /* A and B are read */
+  const bool an = g.ta == CUBLAS_OP_N, bn = g.tb == CUBLAS_OP_N;
   std::vector<double> Ad(ab ? (size_t)m * k : 0), Bd(ab ? (size_t)k * n : 0), acc((size_t)n);
   const size_t es_a = type_size(g.At), es_b = type_size(g.Bt), es_c = type_size(g.Ct);
   for (int b = 0; b < g.batch; b++) {
@@ -1295,6 +1924,40 @@ cublasStatus_t gemm_run(const GemmArgs &g) {
       }
     }
   }
+}
+
+struct GemmOp : weft_emu::Op {
+  GemmArgs g;
+  const float *dalpha = nullptr, *dbeta = nullptr; /* CUBLAS_POINTER_MODE_DEVICE */
+  void exec() override {
+    if (dalpha) g.alpha = *dalpha;
+    if (dbeta) g.beta = *dbeta;
+    gemm_compute(g);
+  }
+};
+
+/* Checks the operands and queues the GEMM on the handle's stream. alpha and
+ * beta are read now (host pointer mode) or when it runs (device mode). */
+cublasStatus_t gemm_submit(GemmArgs g, const float *alpha, const float *beta) {
+  cublasHandle_t h = g.h;
+  bool dev = h->pmode == CUBLAS_POINTER_MODE_DEVICE;
+  if (dev && (classify(alpha, 4) != 2 || classify(beta, 4) != 2)) {
+    fprintf(stderr, "weft CUDA emulator: %s: device pointer mode, but alpha (%p) or beta (%p) is "
+                    "not device memory\n", g.func, (const void *)alpha, (const void *)beta);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (!dev) g.alpha = *alpha, g.beta = *beta;
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return CUBLAS_STATUS_SUCCESS;
+  if (cublasStatus_t st = gemm_check(g, g.k > 0 && (dev || g.alpha != 0.0f))) return st;
+  ExecLock x(g_exec);
+  if (!stream_ok(h->stream)) {
+    fprintf(stderr, "weft CUDA emulator: %s: the handle's stream was destroyed\n", g.func);
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  GemmOp *op = new GemmOp();
+  op->g = g;
+  if (dev) op->dalpha = alpha, op->dbeta = beta;
+  enqueue(resolve(h->stream), op);
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1323,9 +1986,9 @@ cublasStatus_t gemm_ex(const char *func, cublasHandle_t h, cublasOperation_t ta,
     case CUBLAS_COMPUTE_32F_FAST_16F: if (!f32) return CUBLAS_STATUS_NOT_SUPPORTED; r = R_F16; break;
     default: return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  GemmArgs g{func, h,  ta, tb, m,  n,  k,  *(const float *)alpha, *(const float *)beta, A, At, lda,
+  GemmArgs g{func, h,  ta, tb, m,  n,  k,  0.0f, 0.0f, A, At, lda,
              sA,   B,  Bt, ldb, sB, C, Ct, ldc, sC, batch, r};
-  return gemm_run(g);
+  return gemm_submit(g, (const float *)alpha, (const float *)beta);
 }
 
 } // namespace
@@ -1389,7 +2052,7 @@ cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_
   if (!handle_ok(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE)
     return CUBLAS_STATUS_INVALID_VALUE;
-  handle->pmode = mode; /* either way alpha / beta are read through the pointer */
+  handle->pmode = mode; /* device mode: alpha / beta are read when the GEMM runs */
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1419,10 +2082,10 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
     return st;
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   Round r = (handle->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH ? R_TF32 : R_NONE;
-  GemmArgs g{"cublasSgemmStridedBatched", handle, transa, transb, m, n, k, *alpha, *beta,
+  GemmArgs g{"cublasSgemmStridedBatched", handle, transa, transb, m, n, k, 0.0f, 0.0f,
              A, CUDA_R_32F, lda, strideA, B, CUDA_R_32F, ldb, strideB, C, CUDA_R_32F, ldc,
              strideC, batchCount, r};
-  return gemm_run(g);
+  return gemm_submit(g, alpha, beta);
 }
 
 cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
@@ -1433,9 +2096,9 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
   if (cublasStatus_t st = gemm_validate(transa, transb, m, n, k, lda, ldb, ldc, 1)) return st;
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   Round r = (handle->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH ? R_TF32 : R_NONE;
-  GemmArgs g{"cublasSgemm", handle, transa, transb, m, n, k, *alpha, *beta,
+  GemmArgs g{"cublasSgemm", handle, transa, transb, m, n, k, 0.0f, 0.0f,
              A, CUDA_R_32F, lda, 0, B, CUDA_R_32F, ldb, 0, C, CUDA_R_32F, ldc, 0, 1, r};
-  return gemm_run(g);
+  return gemm_submit(g, alpha, beta);
 }
 
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
