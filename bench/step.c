@@ -43,6 +43,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "nn.h"
 #include "safetensors.h"
 
@@ -115,7 +116,8 @@ static void sgemm_setup(sgemm_bench *s, int64_t n) {
 /* GFLOP/s of one n^3 SGEMM (C = A B). */
 static double sgemm_once(sgemm_bench *s) {
   double t0 = bench_now_s();
-  weft_sgemm(false, false, s->n, s->n, s->n, 1.0f, s->a, s->n, s->b, s->n, 0.0f, s->c, s->n);
+  (void)weft_backend_sgemm(WEFT_CPU, false, false, s->n, s->n, s->n, 1.0f, s->a, s->n, s->b, s->n,
+                           0.0f, s->c, s->n);
   double dt = bench_now_s() - t0;
   return 2.0 * (double)s->n * s->n * s->n / dt * 1e-9;
 }

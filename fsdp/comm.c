@@ -8,70 +8,49 @@
 
 #include "fsdp_internal.h"
 
-/* dst[0..n) = src[0..n) converted between float dtypes (f32/bf16/f16). */
-static weft_status convert(void *dst, weft_dtype ddt, const void *src, weft_dtype sdt, int64_t n) {
-  if (n <= 0) return WEFT_OK;
-  if (ddt == sdt) {
-    memcpy(dst, src, (size_t)n * weft_dtype_size(ddt));
-    return WEFT_OK;
-  }
-  if (sdt == WEFT_F32 && ddt == WEFT_BF16) {
-    const float *s = src;
-    uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = weft_f32_to_bf16(s[i]);
-    return WEFT_OK;
-  }
-  if (sdt == WEFT_BF16 && ddt == WEFT_F32) {
-    const uint16_t *s = src;
-    float *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = weft_bf16_to_f32(s[i]);
-    return WEFT_OK;
-  }
-  weft_tensor a, b;
-  int64_t shape[1] = {n};
-  WEFT_CHECK(weft_tensor_view_init(&a, dst, ddt, WEFT_CPU, 1, shape, NULL));
-  WEFT_CHECK(weft_tensor_view_init(&b, (void *)src, sdt, WEFT_CPU, 1, shape, NULL));
-  return weft_tensor_copy(&a, &b);
-}
-
-/* dst[i] += scale * src[i] (src of dtype sdt). */
-static void accumulate(float *dst, const void *src, weft_dtype sdt, int64_t n, float scale) {
-  if (sdt == WEFT_F32) {
-    const float *s = src;
-    for (int64_t i = 0; i < n; i++) dst[i] += scale * s[i];
-  } else if (sdt == WEFT_BF16) {
-    const uint16_t *s = src;
-    for (int64_t i = 0; i < n; i++) dst[i] += scale * weft_bf16_to_f32(s[i]);
-  } else {
-    const uint16_t *s = src;
-    for (int64_t i = 0; i < n; i++) dst[i] += scale * weft_f16_to_f32(s[i]);
-  }
-}
-
 static char *elem(void *base, int64_t i, weft_dtype dt) {
   return (char *)base + (size_t)i * weft_dtype_size(dt);
 }
 
+/* The device of the group's parameters (their sharded locals), where its
+ * flat buffers live and its casts run (backend.h). */
+static weft_device group_device(const weft_fsdp *f) {
+  return f->nparams > 0 ? weft_dtensor_local(f->params[0].sharded)->device : WEFT_CPU;
+}
+
+/* f->nparams pieces (freed by the caller), or NULL with an error set. */
+static weft_flat_piece *pieces_new(const weft_fsdp *f, int64_t per_param) {
+  int64_t n = (int64_t)f->nparams * per_param;
+  weft_flat_piece *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
+  if (!p) weft_error(WEFT_ERR_OOM, "fsdp: %lld flat pieces", (long long)n);
+  return p;
+}
+
 /* Block r of the flat layout (S elements of dt at dst): each parameter's
  * rows chunk r taken from src(fp) (the tp-local tensor, f32, or NULL for
- * zeros), padding zeroed. from_shard: src is this rank's shard (r must be
- * f->coord), whose row 0 is the chunk's first row. */
+ * zeros), padding zeroed; one flat_pack on the group's device.
+ * from_shard: src is this rank's shard (r must be f->coord), whose row 0 is
+ * the chunk's first row. */
 typedef const float *(*src_fn)(const fsdp_param *fp);
 
 static weft_status pack_block(const weft_fsdp *f, int r, void *dst, weft_dtype dt, src_fn src,
                               bool from_shard) {
+  weft_flat_piece *pc = pieces_new(f, 1);
+  if (!pc) return weft_last_status();
   for (int i = 0; i < f->nparams; i++) {
     const fsdp_param *fp = &f->params[i];
     int64_t start, len;
     weft_chunk_range(fp->rows, f->nshard, r, &start, &len);
-    char *d = elem(dst, fp->offset, dt);
-    int64_t n = len * fp->rest, pad = (fp->pad_rows - len) * fp->rest;
     const float *s = src(fp);
-    if (s) WEFT_CHECK(convert(d, dt, s + (from_shard ? 0 : start * fp->rest), WEFT_F32, n));
-    else memset(d, 0, (size_t)n * weft_dtype_size(dt));
-    if (pad > 0) memset(d + (size_t)n * weft_dtype_size(dt), 0, (size_t)pad * weft_dtype_size(dt));
+    pc[i].data = s ? (void *)(s + (from_shard ? 0 : start * fp->rest)) : NULL;
+    pc[i].dtype = WEFT_F32;
+    pc[i].offset = fp->offset;
+    pc[i].count = len * fp->rest;
+    pc[i].pad = (fp->pad_rows - len) * fp->rest;
   }
-  return WEFT_OK;
+  weft_status st = weft_backend_flat_pack(group_device(f), dst, dt, pc, f->nparams);
+  free(pc);
+  return st;
 }
 
 static const float *src_sharded(const fsdp_param *fp) {
@@ -97,7 +76,8 @@ weft_status fsdp__unshard_start(weft_fsdp *f, bool prefetch) {
   weft_dtype dt = f->ag_dtype;
   size_t bytes = (size_t)(n * S) * weft_dtype_size(dt);
   void *buf;
-  WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, &buf));
+  const weft_device dev = group_device(f);
+  WEFT_CHECK(weft_alloc(dev, bytes, &buf));
   fsdp__mem_add_unsharded_params((int64_t)bytes);
   weft_status st;
   weft_work *w = NULL;
@@ -106,9 +86,9 @@ weft_status fsdp__unshard_start(weft_fsdp *f, bool prefetch) {
     int k = weft_mesh_dim_size(f->small_mesh, 1);
     int j = weft_mesh_coord(f->small_mesh, 1);
     int64_t L = (n / k) * S;
-    memcpy(elem(buf, j * L, dt), f->small_buf, f->small_bytes);
+    st = weft_memcpy(dev, elem(buf, j * L, dt), f->small_buf, f->small_bytes, WEFT_COPY_D2D);
     fsdp__drop_small(f);
-    st = weft_all_gather(f->small_mesh, 1, elem(buf, j * L, dt), buf, L, dt, &w);
+    if (!st) st = weft_all_gather(f->small_mesh, 1, elem(buf, j * L, dt), buf, L, dt, &w);
     if (!st) fsdp__comm_add(&f->comm.small_all_gather, (int64_t)bytes, k, false);
     f->ag_small = true;
   } else {
@@ -150,9 +130,12 @@ weft_status fsdp__unshard_wait(weft_fsdp *f) {
     f->state = FSDP_SHARDED;
     return weft_error_trace(st, __func__);
   }
-  /* copy-out into unsharded parameters on the model mesh */
+  /* copy-out into unsharded parameters on the model mesh: chunk r of each
+   * parameter from block r, one flat_split on the group's device */
   int64_t n = f->nshard, S = f->block;
   weft_dtype dt = f->ag_dtype;
+  weft_flat_piece *pc = pieces_new(f, n);
+  if (!pc) st = weft_last_status();
   for (int i = 0; i < f->nparams && !st; i++) {
     fsdp_param *fp = &f->params[i];
     const weft_dtensor_spec *ps = &fp->p->spec;
@@ -161,13 +144,18 @@ weft_status fsdp__unshard_wait(weft_fsdp *f) {
     if (st) break;
     fsdp__mem_add_unsharded_params(dt_bytes(fp->unsharded));
     float *u = weft_dtensor_local(fp->unsharded)->data;
-    for (int64_t r = 0; r < n && !st; r++) {
+    for (int64_t r = 0; r < n; r++) {
       int64_t start, len;
       weft_chunk_range(fp->rows, n, r, &start, &len);
-      st = convert(u + start * fp->rest, WEFT_F32, elem(f->ag_buf, r * S + fp->offset, dt), dt,
-                   len * fp->rest);
+      weft_flat_piece *q = &pc[(int64_t)i * n + r];
+      q->data = u + start * fp->rest;
+      q->dtype = WEFT_F32;
+      q->offset = r * S + fp->offset;
+      q->count = len * fp->rest;
     }
   }
+  if (!st) st = weft_backend_flat_split(group_device(f), f->ag_buf, dt, pc, (int)(f->nparams * n));
+  free(pc);
   free_ag(f);
   if (st) {
     for (int i = 0; i < f->nparams; i++) {
@@ -204,7 +192,7 @@ weft_status fsdp__reshard(weft_fsdp *f, bool small) {
     size_t bytes = (size_t)(per * S) * weft_dtype_size(dt);
     fsdp__drop_small(f);
     void *buf;
-    WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, &buf));
+    WEFT_CHECK(weft_alloc(group_device(f), bytes, &buf));
     fsdp__mem_add_unsharded_params((int64_t)bytes);
     weft_status st = WEFT_OK;
     for (int64_t b = 0; b < per && !st; b++)
@@ -247,7 +235,7 @@ weft_status fsdp__post_backward_grads(weft_fsdp *f) {
   weft_dtype dt = f->rs_dtype;
   size_t bytes = (size_t)(n * S) * weft_dtype_size(dt);
   void *buf;
-  WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, &buf));
+  WEFT_CHECK(weft_alloc(group_device(f), bytes, &buf));
   fsdp__mem_add_unsharded_grads((int64_t)bytes);
   weft_status st = WEFT_OK;
   for (int64_t r = 0; r < n && !st; r++) st = pack_block(f, (int)r, elem(buf, r * S, dt), dt, src_grad, false);
@@ -286,6 +274,9 @@ weft_status fsdp__reduce_finish(weft_fsdp *f) {
   /* average over every data-parallel rank (shard x replicate), as
    * PyTorch's default gradient divide factor */
   float scale = 1.0f / (float)(f->nshard * f->nrep);
+  weft_flat_piece *pc = st ? NULL : pieces_new(f, 1);
+  int npc = 0;
+  if (!st && !pc) st = weft_last_status();
   for (int i = 0; i < f->nparams && !st; i++) {
     fsdp_param *fp = &f->params[i];
     weft_param *p = fp->p;
@@ -302,9 +293,14 @@ weft_status fsdp__reduce_finish(weft_fsdp *f) {
                       p->fqn);
       break;
     }
-    accumulate(weft_dtensor_local(p->grad)->data, elem(f->rs_buf, fp->offset, dt), dt,
-               fp->shard_len * fp->rest, scale);
+    pc[npc].data = weft_dtensor_local(p->grad)->data;
+    pc[npc].dtype = WEFT_F32;
+    pc[npc].offset = fp->offset;
+    pc[npc].count = fp->shard_len * fp->rest;
+    npc++;
   }
+  if (!st) st = weft_backend_flat_accumulate(group_device(f), f->rs_buf, dt, pc, npc, scale);
+  free(pc);
   weft_free(f->rs_buf);
   fsdp__mem_add_unsharded_grads(-(int64_t)f->rs_bytes);
   f->rs_buf = NULL;

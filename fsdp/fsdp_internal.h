@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "fsdp.h"
 
 typedef struct fsdp_param {

@@ -476,10 +476,15 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
     fp->sharded = bs[i].sharded;
     bs[i].sharded = NULL;
     if (p->data) {
-      const float *src = weft_dtensor_local(p->data)->data;
+      const weft_tensor *sl = weft_dtensor_local(p->data);
+      const float *src = sl->data;
       float *dst = weft_dtensor_local(fp->sharded)->data;
       size_t cnt = (size_t)(fp->shard_len * fp->rest);
-      if (cnt) memcpy(dst, src + fp->shard_start * fp->rest, cnt * sizeof(float));
+      /* note: the shard and the eager tensor share a device; a failed copy
+       * leaves the (allocated) shard unfilled, as an OOM would */
+      if (cnt && !st)
+        st = weft_memcpy(sl->device, dst, src + fp->shard_start * fp->rest, cnt * sizeof(float),
+                         WEFT_COPY_D2D);
       weft_dtensor_destroy(p->data);
     }
     p->data = fp->sharded;
@@ -491,7 +496,7 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
   f->next = fsdp__registry;
   fsdp__registry = f;
   if (out) *out = f;
-  return WEFT_OK;
+  return st ? weft_error_trace(st, __func__) : WEFT_OK;
 fail_hooks:
   f->nparams = 0;
 fail:

@@ -94,14 +94,15 @@ static weft_status attention_forward(weft_module *m, const weft_dtensor *x,
   WEFT_CHECK(nn_ensure(&A->q, m->mesh, WEFT_F32, 3, qs->shape, qs->placements));
   WEFT_CHECK(nn_ensure(&A->k, m->mesh, WEFT_F32, 3, ks->shape, ks->placements));
   WEFT_CHECK(nn_ensure(&A->att, m->mesh, WEFT_F32, 3, qs->shape, qs->placements));
-  WEFT_CHECK(weft_rope_forward(nn_f32(A->q), nn_f32(q0), A->cosb.p, A->sinb.p, A->max_seq, B, T,
+  WEFT_CHECK(weft_backend_rope_forward(nn_dev(q0), nn_f32(A->q), nn_f32(q0), A->cosb.p, A->sinb.p, A->max_seq, B, T,
                                Hl, A->hd, 0));
-  WEFT_CHECK(weft_rope_forward(nn_f32(A->k), nn_f32(k0), A->cosb.p, A->sinb.p, A->max_seq, B, T,
+  WEFT_CHECK(weft_backend_rope_forward(nn_dev(k0), nn_f32(A->k), nn_f32(k0), A->cosb.p, A->sinb.p, A->max_seq, B, T,
                                Hkvl, A->hd, 0));
   WEFT_CHECK(nn_scratch_reserve(&A->lse, B * Hl * T > 0 ? B * Hl * T : 1));
-  WEFT_CHECK(nn_scratch_reserve(&A->scratch, weft_attention_scratch_floats(T)));
+  size_t sbytes = weft_backend_attention_scratch_bytes(nn_dev(q0), B, T, Hl, Hkvl, A->hd);
+  WEFT_CHECK(nn_scratch_reserve(&A->scratch, (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float))));
   if (Hl > 0)
-    WEFT_CHECK(weft_attention_forward(nn_f32(A->att), A->lse.p, nn_f32(A->q), nn_f32(A->k),
+    WEFT_CHECK(weft_backend_attention_forward(nn_dev(q0), nn_f32(A->att), A->lse.p, nn_f32(A->q), nn_f32(A->k),
                                       nn_f32(v0), B, T, Hl, Hkvl, A->hd, A->scratch.p));
   A->v = v0;
   A->B = B;
@@ -123,12 +124,14 @@ static weft_status attention_backward(weft_module *m, const weft_dtensor *dy,
   WEFT_CHECK(nn_ensure(&A->dk, m->mesh, WEFT_F32, 3, ks->shape, g));
   WEFT_CHECK(nn_ensure(&A->dv, m->mesh, WEFT_F32, 3, ks->shape, g));
   if (A->Hl > 0) {
-    WEFT_CHECK(weft_attention_backward(nn_f32(A->dq), nn_f32(A->dk), nn_f32(A->dv), nn_f32(datt),
-                                       nn_f32(A->q), nn_f32(A->k), nn_f32(A->v), A->lse.p, A->B,
-                                       A->T, A->Hl, A->Hkvl, A->hd, A->scratch.p));
-    WEFT_CHECK(weft_rope_backward(nn_f32(A->dq), nn_f32(A->dq), A->cosb.p, A->sinb.p, A->max_seq,
+    WEFT_CHECK(weft_backend_attention_backward(nn_dev(datt), nn_f32(A->dq), nn_f32(A->dk),
+                                               nn_f32(A->dv), nn_f32(datt), nn_f32(A->q),
+                                               nn_f32(A->k), nn_f32(A->v), A->lse.p,
+                                               nn_f32(A->att), A->B, A->T, A->Hl, A->Hkvl, A->hd,
+                                               A->scratch.p));
+    WEFT_CHECK(weft_backend_rope_backward(nn_dev(A->dq), nn_f32(A->dq), nn_f32(A->dq), A->cosb.p, A->sinb.p, A->max_seq,
                                   A->B, A->T, A->Hl, A->hd, 0));
-    WEFT_CHECK(weft_rope_backward(nn_f32(A->dk), nn_f32(A->dk), A->cosb.p, A->sinb.p, A->max_seq,
+    WEFT_CHECK(weft_backend_rope_backward(nn_dev(A->dk), nn_f32(A->dk), nn_f32(A->dk), A->cosb.p, A->sinb.p, A->max_seq,
                                   A->B, A->T, A->Hkvl, A->hd, 0));
   }
   const weft_dtensor *dxq, *dxk, *dxv;
@@ -202,7 +205,7 @@ weft_status weft_attention_create(weft_mesh *mesh, const char *name, const weft_
   int64_t half = A->max_seq * (A->hd / 2);
   WEFT_CHECK_GOTO(nn_scratch_reserve(&A->cosb, half), st, fail);
   WEFT_CHECK_GOTO(nn_scratch_reserve(&A->sinb, half), st, fail);
-  WEFT_CHECK_GOTO(weft_rope_tables(A->cosb.p, A->sinb.p, A->max_seq, A->hd, cfg->rope_theta), st,
+  WEFT_CHECK_GOTO(weft_backend_rope_tables(WEFT_CPU, A->cosb.p, A->sinb.p, A->max_seq, A->hd, cfg->rope_theta), st,
                   fail);
   const linear_child lin[4] = {{"wq", A->dim, A->H * A->hd, &A->wq},
                                 {"wk", A->dim, A->Hkv * A->hd, &A->wk},
@@ -243,7 +246,7 @@ static weft_status ff_forward(weft_module *m, const weft_dtensor *x, const weft_
                       m->fqn, p, q);
   }
   WEFT_CHECK(nn_ensure(&F->g, m->mesh, WEFT_F32, as->ndim, as->shape, as->placements));
-  WEFT_CHECK(weft_swiglu_forward(nn_f32(F->g), nn_f32(a), nn_f32(b), nn_numel(a)));
+  WEFT_CHECK(weft_backend_swiglu_forward(nn_dev(a), nn_f32(F->g), nn_f32(a), nn_f32(b), nn_numel(a)));
   F->a = a;
   F->b = b;
   return weft_module_forward(F->w2, F->g, out);
@@ -257,7 +260,7 @@ static weft_status ff_backward(weft_module *m, const weft_dtensor *dy, const wef
   const weft_dtensor_spec *gs = weft_dtensor_get_spec(dg);
   WEFT_CHECK(nn_ensure(&F->da, m->mesh, WEFT_F32, gs->ndim, gs->shape, gs->placements));
   WEFT_CHECK(nn_ensure(&F->db, m->mesh, WEFT_F32, gs->ndim, gs->shape, gs->placements));
-  WEFT_CHECK(weft_swiglu_backward(nn_f32(F->da), nn_f32(F->db), nn_f32(dg), nn_f32(F->a),
+  WEFT_CHECK(weft_backend_swiglu_backward(nn_dev(dg), nn_f32(F->da), nn_f32(F->db), nn_f32(dg), nn_f32(F->a),
                                   nn_f32(F->b), nn_numel(F->a)));
   const weft_dtensor *dx1, *dx3;
   WEFT_CHECK(weft_module_backward(F->w1, F->da, &dx1));

@@ -115,8 +115,8 @@ static weft_status linear_forward(weft_module *m, const weft_dtensor *x, const w
                       (long long)yl->shape[last]);
   int64_t n = rows_of(x, ic);
   if (ic == 0) n = rows_of(L->y, oc);
-  if (ic == 0) memset(yl->data, 0, weft_tensor_nbytes(yl));
-  else WEFT_CHECK(weft_linear_forward(yl->data, xl->data, wl->data, NULL, n, ic, oc));
+  if (ic == 0) WEFT_CHECK(weft_memset(yl->device, yl->data, 0, weft_tensor_nbytes(yl)));
+  else WEFT_CHECK(weft_backend_linear_forward(yl->device, yl->data, xl->data, wl->data, NULL, n, ic, oc));
   L->x = x;
   L->xs = *xs;
   memcpy(L->pw, pw, sizeof(weft_placement) * (size_t)nd);
@@ -146,22 +146,23 @@ static weft_status linear_backward(weft_module *m, const weft_dtensor *dy_in,
     return weft_error(WEFT_ERR_INTERNAL, "linear '%s': dx local size %lld != %lld x %lld", m->fqn,
                       (long long)nn_numel(L->dx), (long long)n, (long long)ic);
   /* dx = dy @ w */
-  if (oc == 0) memset(nn_f32(L->dx), 0, (size_t)(n * ic) * sizeof(float));
-  else WEFT_CHECK(weft_linear_backward(nn_f32(L->dx), NULL, NULL, nn_f32(dy), xl->data, wl->data,
-                                       n, ic, oc, false, false));
+  const weft_device dev = nn_dev(dy);
+  if (oc == 0) WEFT_CHECK(weft_memset(dev, nn_f32(L->dx), 0, (size_t)(n * ic) * sizeof(float)));
+  else WEFT_CHECK(weft_backend_linear_backward(dev, nn_f32(L->dx), NULL, NULL, nn_f32(dy), xl->data,
+                                               wl->data, n, ic, oc, false, false));
   if (L->w->requires_grad) {
     if (nn_pl_equal(pdw, L->pw, nd)) {
       /* the local dW is exact for the weight's placements: accumulate in place */
       weft_dtensor *gr;
       WEFT_CHECK(nn_grad_get(m, L->w, &gr));
       if (n > 0)
-        WEFT_CHECK(weft_linear_backward(NULL, nn_f32(gr), NULL, nn_f32(dy), xl->data, wl->data, n,
-                                        ic, oc, false, true));
+        WEFT_CHECK(weft_backend_linear_backward(dev, NULL, nn_f32(gr), NULL, nn_f32(dy), xl->data,
+                                                wl->data, n, ic, oc, false, true));
     } else {
       WEFT_CHECK(nn_scratch_reserve(&L->dw, oc * ic));
       if (n > 0)
-        WEFT_CHECK(weft_linear_backward(NULL, L->dw.p, NULL, nn_f32(dy), xl->data, wl->data, n, ic,
-                                        oc, false, false));
+        WEFT_CHECK(weft_backend_linear_backward(dev, NULL, L->dw.p, NULL, nn_f32(dy), xl->data,
+                                                wl->data, n, ic, oc, false, false));
       else
         memset(L->dw.p, 0, (size_t)(oc * ic) * sizeof(float));
       WEFT_CHECK(nn_grad_accumulate(m, L->w, L->dw.p, pdw));
@@ -270,7 +271,8 @@ static weft_status embedding_forward(weft_module *m, const weft_dtensor *tok,
   int64_t c = wl->shape[1];
   if (nn_numel(E->y) != ntok * c)
     return weft_error(WEFT_ERR_INTERNAL, "embedding '%s': local output size", m->fqn);
-  WEFT_CHECK(weft_embedding_range_forward(nn_f32(E->y), ids, wl->data, ntok, E->v0, E->nv, c));
+  WEFT_CHECK(weft_backend_embedding_range_forward(wl->device, nn_f32(E->y), ids, wl->data, ntok,
+                                                 E->v0, E->nv, c));
   E->tokens = tok;
   memcpy(E->pw, pw, sizeof(weft_placement) * (size_t)nd);
   *out = E->y;
@@ -297,12 +299,13 @@ static weft_status embedding_backward(weft_module *m, const weft_dtensor *dy_in,
   if (nn_pl_equal(pdw, E->pw, nd)) {
     weft_dtensor *gr;
     WEFT_CHECK(nn_grad_get(m, E->w, &gr));
-    WEFT_CHECK(weft_embedding_range_backward(nn_f32(gr), tl->data, nn_f32(dy), ntok, E->v0, E->nv,
-                                             c));
+    WEFT_CHECK(weft_backend_embedding_range_backward(nn_dev(dy), nn_f32(gr), tl->data, nn_f32(dy),
+                                                     ntok, E->v0, E->nv, c));
   } else {
     WEFT_CHECK(nn_scratch_reserve(&E->dw, E->nv * c));
     memset(E->dw.p, 0, (size_t)(E->nv * c) * sizeof(float));
-    WEFT_CHECK(weft_embedding_range_backward(E->dw.p, tl->data, nn_f32(dy), ntok, E->v0, E->nv, c));
+    WEFT_CHECK(weft_backend_embedding_range_backward(nn_dev(dy), E->dw.p, tl->data, nn_f32(dy), ntok,
+                                                     E->v0, E->nv, c));
     WEFT_CHECK(nn_grad_accumulate(m, E->w, E->dw.p, pdw));
   }
   return WEFT_OK;
@@ -387,7 +390,8 @@ static weft_status rmsnorm_forward(weft_module *m, const weft_dtensor *x, const 
   WEFT_CHECK(nn_ensure(&R->y, m->mesh, WEFT_F32, xs->ndim, xs->shape, xs->placements));
   int64_t n = rows_of(x, R->dim);
   WEFT_CHECK(nn_scratch_reserve(&R->rstd, n > 0 ? n : 1));
-  WEFT_CHECK(weft_rmsnorm_forward(nn_f32(R->y), R->rstd.p, nn_f32(x), nn_f32(w), n, R->dim, R->eps));
+  WEFT_CHECK(weft_backend_rmsnorm_forward(nn_dev(x), nn_f32(R->y), R->rstd.p, nn_f32(x), nn_f32(w),
+                                         n, R->dim, R->eps));
   R->x = x;
   R->xs = *xs;
   *out = R->y;
@@ -420,8 +424,8 @@ static weft_status rmsnorm_backward(weft_module *m, const weft_dtensor *dy_in,
     memset(R->dw.p, 0, (size_t)c * sizeof(float));
     dwp = R->dw.p;
   }
-  WEFT_CHECK(weft_rmsnorm_backward(nn_f32(R->dx), dwp, nn_f32(dy), nn_f32(R->x), nn_f32(w),
-                                   R->rstd.p, n, c, false));
+  WEFT_CHECK(weft_backend_rmsnorm_backward(nn_dev(dy), nn_f32(R->dx), dwp, nn_f32(dy), nn_f32(R->x),
+                                          nn_f32(w), R->rstd.p, n, c, false));
   if (!direct && R->w->requires_grad) WEFT_CHECK(nn_grad_accumulate(m, R->w, R->dw.p, pdw));
   *din = R->dx;
   return WEFT_OK;

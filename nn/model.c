@@ -209,22 +209,26 @@ static weft_status default_loss_forward(void *ctx, const weft_dtensor *logits,
   WEFT_CHECK(nn_scratch_reserve(&L->lse, n > 0 ? n : 1));
   double mean = 0.0;
   if (!L->vocab_sharded) {
-    if (n > 0) WEFT_CHECK(weft_cross_entropy_forward(&mean, L->lse.p, ll->data, L->tl, n, L->nv));
+    if (n > 0)
+      WEFT_CHECK(weft_backend_cross_entropy_forward(ll->device, &mean, L->lse.p, ll->data, L->tl, n,
+                                                    L->nv));
   } else {
     WEFT_CHECK(nn_scratch_reserve(&L->rows, 3 * (n > 0 ? n : 1)));
     float *gmax = L->rows.p, *gtgt = gmax + n, *gsum = gtgt + n;
-    WEFT_CHECK(weft_cross_entropy_local_max(gmax, ll->data, n, L->nv));
-    WEFT_CHECK(weft_cross_entropy_local_target(gtgt, ll->data, L->tl, n, L->v0, L->nv));
+    WEFT_CHECK(weft_backend_cross_entropy_local_max(ll->device, gmax, ll->data, n, L->nv));
+    WEFT_CHECK(weft_backend_cross_entropy_local_target(ll->device, gtgt, ll->data, L->tl, n, L->v0,
+                                                       L->nv));
     for (int i = 0; i < nd; i++)
       if (vocab_dim[i] && s->mesh_shape[i] > 1) {
         WEFT_CHECK(weft_all_reduce(mesh, i, gmax, gmax, n, WEFT_F32, WEFT_OP_MAX, NULL));
         WEFT_CHECK(weft_all_reduce(mesh, i, gtgt, gtgt, n, WEFT_F32, WEFT_OP_SUM, NULL));
       }
-    WEFT_CHECK(weft_cross_entropy_local_sumexp(gsum, ll->data, gmax, n, L->nv));
+    WEFT_CHECK(weft_backend_cross_entropy_local_sumexp(ll->device, gsum, ll->data, gmax, n, L->nv));
     for (int i = 0; i < nd; i++)
       if (vocab_dim[i] && s->mesh_shape[i] > 1)
         WEFT_CHECK(weft_all_reduce(mesh, i, gsum, gsum, n, WEFT_F32, WEFT_OP_SUM, NULL));
-    if (n > 0) WEFT_CHECK(weft_cross_entropy_finish(&mean, L->lse.p, gmax, gsum, gtgt, n));
+    if (n > 0)
+      WEFT_CHECK(weft_backend_cross_entropy_finish(ll->device, &mean, L->lse.p, gmax, gsum, gtgt, n));
   }
   double sum = mean * (double)n;
   for (int i = 0; i < nd; i++)
@@ -243,10 +247,10 @@ static weft_status default_loss_backward(void *ctx, const weft_dtensor *logits,
   float scale = (float)(dloss / (double)L->total);
   const float *lg = nn_f32(logits);
   if (!L->vocab_sharded)
-    return weft_cross_entropy_backward(nn_f32(dlogits), lg, L->lse.p, L->tl, L->n_local, L->nv,
-                                       scale);
-  return weft_cross_entropy_backward_local(nn_f32(dlogits), lg, L->lse.p, L->tl, L->n_local, L->v0,
-                                           L->nv, scale);
+    return weft_backend_cross_entropy_backward(nn_dev(logits), nn_f32(dlogits), lg, L->lse.p,
+                                               L->tl, L->n_local, L->nv, scale);
+  return weft_backend_cross_entropy_backward_local(nn_dev(logits), nn_f32(dlogits), lg, L->lse.p,
+                                                   L->tl, L->n_local, L->v0, L->nv, scale);
 }
 
 static weft_status loss_forward(weft_module *m, const weft_dtensor *logits,

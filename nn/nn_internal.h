@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "nn.h"
 
 /* The raw computation of one module kind. forward/backward receive the
@@ -100,6 +101,9 @@ typedef struct nn_scratch {
 weft_status nn_scratch_reserve(nn_scratch *s, int64_t floats);
 void nn_scratch_free(nn_scratch *s);
 
+/* The device of a DTensor's local tensor: the kernels run through its
+ * backend (backend.h). */
+static inline weft_device nn_dev(const weft_dtensor *d) { return weft_dtensor_local(d)->device; }
 static inline float *nn_f32(const weft_dtensor *d) {
   return (float *)weft_dtensor_local(d)->data;
 }

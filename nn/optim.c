@@ -189,18 +189,42 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
     o->adam.lr = lr;
     o->sgd.lr = lr;
   }
-  for (int i = 0; i < o->n; i++) {
-    opt_entry *e = &o->e[i];
+  /* One multi-tensor call per run of parameters that share a device and a
+   * step count (usually all of them), at most OPT_BATCH tensors each. */
+  enum { OPT_BATCH = 128 };
+  float *pa[OPT_BATCH], *s0[OPT_BATCH], *s1[OPT_BATCH], *s2[OPT_BATCH];
+  const float *ga[OPT_BATCH];
+  int64_t na[OPT_BATCH];
+  int nb = 0;
+  weft_device dev = WEFT_CPU;
+  int64_t step = 0;
+  bool have_s0 = false, have_s2 = false;
+  for (int i = 0; i <= o->n; i++) {
+    opt_entry *e = i < o->n ? &o->e[i] : NULL;
+    if (e && !e->p->grad) continue;
+    if (e) e->step++;
+    bool flush = nb > 0 && (!e || nb == OPT_BATCH || nn_dev(e->p->data) != dev || e->step != step);
+    if (flush) {
+      if (o->kind == OPT_ADAMW)
+        WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, have_s2 ? s2 : NULL, na, nb, step,
+                                            &o->adam));
+      else
+        WEFT_CHECK(weft_backend_sgd_multi(dev, pa, ga, have_s0 ? s0 : NULL, na, nb, step, &o->sgd));
+      nb = 0;
+    }
+    if (!e) break;
     weft_param *p = e->p;
-    if (!p->grad) continue;
-    int64_t n = nn_numel(p->data);
-    e->step++;
-    if (o->kind == OPT_ADAMW)
-      WEFT_CHECK(weft_adamw_step(nn_f32(p->data), nn_f32(p->grad), nn_f32(e->s[0]), nn_f32(e->s[1]),
-                                 e->s[2] ? nn_f32(e->s[2]) : NULL, n, e->step, &o->adam));
-    else
-      WEFT_CHECK(weft_sgd_step(nn_f32(p->data), nn_f32(p->grad), e->s[0] ? nn_f32(e->s[0]) : NULL, n,
-                               e->step, &o->sgd));
+    dev = nn_dev(p->data);
+    step = e->step;
+    pa[nb] = nn_f32(p->data);
+    ga[nb] = nn_f32(p->grad);
+    s0[nb] = e->s[0] ? nn_f32(e->s[0]) : NULL;
+    s1[nb] = e->s[1] ? nn_f32(e->s[1]) : NULL;
+    s2[nb] = e->s[2] ? nn_f32(e->s[2]) : NULL;
+    have_s0 = e->s[0] != NULL;
+    have_s2 = e->s[2] != NULL;
+    na[nb] = nn_numel(p->data);
+    nb++;
   }
   o->steps++;
   return WEFT_OK;
@@ -317,6 +341,44 @@ typedef struct clip_group {
   double sum;
 } clip_group;
 
+/* Over the contiguous f32 local grads of ps, one multi-tensor call per
+ * device and batch: sumsq (sq[i] = grad i's sum of squares) or, when !sumsq,
+ * grads *= coef. Others are left to the caller. */
+static weft_status for_each_f32_grad(weft_param *const *ps, int n, double *sq, float coef,
+                                     bool sumsq) {
+  enum { BATCH = 128 };
+  float *x[BATCH];
+  int64_t cnt[BATCH];
+  int idx[BATCH];
+  double out[BATCH];
+  for (int d = 0; d < WEFT_DEVICE_COUNT; d++) {
+    int nb = 0;
+    for (int i = 0; i <= n; i++) {
+      const weft_tensor *l = NULL;
+      if (i < n && ps[i] && ps[i]->grad) {
+        l = weft_dtensor_local(ps[i]->grad);
+        if (l->device != (weft_device)d || !weft_tensor_is_contiguous(l) || l->dtype != WEFT_F32)
+          l = NULL;
+      }
+      if (nb > 0 && (i == n || (l && nb == BATCH))) {
+        if (sumsq) {
+          WEFT_CHECK(weft_backend_sumsq_multi((weft_device)d, (const float *const *)x, cnt, nb, out));
+          for (int k = 0; k < nb; k++) sq[idx[k]] = out[k];
+        } else {
+          WEFT_CHECK(weft_backend_scale_multi((weft_device)d, x, cnt, nb, coef));
+        }
+        nb = 0;
+      }
+      if (!l) continue;
+      x[nb] = l->data;
+      cnt[nb] = weft_tensor_numel(l);
+      idx[nb] = i;
+      nb++;
+    }
+  }
+  return WEFT_OK;
+}
+
 weft_status weft_clip_grad_norm_params(weft_param *const *ps, int n, double max_norm,
                                        double *total_norm) {
   if (total_norm) *total_norm = 0.0;
@@ -340,6 +402,15 @@ weft_status weft_clip_grad_norm_params(weft_param *const *ps, int n, double max_
     weft_dtensor_destroy(p->grad);
     p->grad = r;
   }
+  /* every local grad's sum of squares: contiguous f32 ones in one
+   * multi-tensor call per device, the others through weft_reduce_all */
+  double *sq = malloc((size_t)(n > 0 ? n : 1) * sizeof *sq);
+  if (!sq) return weft_error(WEFT_ERR_OOM, "clip_grad_norm: %d sums", n);
+  weft_status st = for_each_f32_grad(ps, n, sq, 0.0f, true);
+  if (st) {
+    free(sq);
+    return weft_error_trace(st, __func__);
+  }
   clip_group g[CLIP_MAX_GROUPS];
   int ng = 0;
   for (int i = 0; i < n; i++) {
@@ -351,15 +422,22 @@ weft_status weft_clip_grad_norm_params(weft_param *const *ps, int n, double max_
     for (int d = 0; d < s->mesh_ndim; d++)
       if (weft_placement_is_shard(s->placements[d]) && s->mesh_shape[d] > 1) mask |= 1u << d;
     const weft_tensor *l = weft_dtensor_local(p->grad);
-    double ss;
-    if (weft_tensor_is_contiguous(l) && l->dtype == WEFT_F32) ss = weft_sumsq(l->data, weft_tensor_numel(l));
-    else WEFT_CHECK(weft_reduce_all(l, WEFT_REDUCE_SUMSQ, &ss));
+    double ss = sq[i];
+    if (!(weft_tensor_is_contiguous(l) && l->dtype == WEFT_F32)) {
+      st = weft_reduce_all(l, WEFT_REDUCE_SUMSQ, &ss);
+      if (st) {
+        free(sq);
+        return weft_error_trace(st, __func__);
+      }
+    }
     int k = 0;
     while (k < ng && !(g[k].mesh == mesh && g[k].mask == mask)) k++;
     if (k == ng) {
-      if (ng == CLIP_MAX_GROUPS)
+      if (ng == CLIP_MAX_GROUPS) {
+        free(sq);
         return weft_error(WEFT_ERR_UNSUPPORTED, "clip_grad_norm: more than %d placement groups",
                           CLIP_MAX_GROUPS);
+      }
       g[ng].mesh = mesh;
       g[ng].mask = mask;
       g[ng].sum = 0.0;
@@ -367,6 +445,7 @@ weft_status weft_clip_grad_norm_params(weft_param *const *ps, int n, double max_
     }
     g[k].sum += ss;
   }
+  free(sq);
   double total2 = 0.0;
   for (int k = 0; k < ng; k++) {
     for (int d = 0; d < WEFT_MESH_MAX_DIMS; d++)
@@ -379,14 +458,12 @@ weft_status weft_clip_grad_norm_params(weft_param *const *ps, int n, double max_
   if (total_norm) *total_norm = total;
   double coef = weft_clip_coef(total, max_norm);
   if (coef < 1.0) {
+    WEFT_CHECK(for_each_f32_grad(ps, n, NULL, (float)coef, false));
     for (int i = 0; i < n; i++) {
       weft_param *p = ps[i];
       if (!p || !p->grad) continue;
       weft_tensor *l = weft_dtensor_local(p->grad);
-      if (weft_tensor_is_contiguous(l) && l->dtype == WEFT_F32)
-        weft_scale_f32(l->data, weft_tensor_numel(l), (float)coef);
-      else
-        WEFT_CHECK(weft_scale(l, coef));
+      if (!(weft_tensor_is_contiguous(l) && l->dtype == WEFT_F32)) WEFT_CHECK(weft_scale(l, coef));
     }
   }
   return WEFT_OK;

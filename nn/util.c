@@ -170,7 +170,7 @@ weft_status nn_add(weft_dtensor *dst, const weft_dtensor *a, const weft_dtensor 
   if (nn_numel(a) != n || nn_numel(bb) != n)
     return weft_error(WEFT_ERR_INTERNAL, "add: local sizes %lld, %lld, %lld differ",
                       (long long)n, (long long)nn_numel(a), (long long)nn_numel(bb));
-  return weft_residual_forward(nn_f32(dst), nn_f32(a), nn_f32(bb), n);
+  return weft_backend_residual_forward(nn_dev(dst), nn_f32(dst), nn_f32(a), nn_f32(bb), n);
 }
 
 weft_status nn_reduce_to(weft_mesh *mesh, float *buf, const weft_dtensor_spec *like,

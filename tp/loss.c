@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "tp.h"
 
 struct weft_tp_loss {
@@ -106,26 +107,27 @@ weft_status weft_tp_loss_forward(weft_tp_loss *l, const weft_dtensor *logits,
   WEFT_CHECK(reserve(l, 4 * (n > 0 ? n : 1)));
   float *gmax = l->buf, *st = gmax + n, *lse = gmax + 3 * n;
   const float *z = weft_dtensor_local(logits)->data;
+  const weft_device dev = weft_dtensor_local(logits)->device;
   const int32_t *y = targets->data;
   double mean = 0.0;
   if (n == 0) {
     mean = 0.0; /* no positions: torch's mean over nothing is nan; 0 keeps the sums finite */
   } else if (!sharded) {
-    WEFT_CHECK(weft_cross_entropy_forward(&mean, lse, z, y, n, nv));
+    WEFT_CHECK(weft_backend_cross_entropy_forward(dev, &mean, lse, z, y, n, nv));
   } else {
     /* 1. row max over the vocab shards */
-    WEFT_CHECK(weft_cross_entropy_local_max(gmax, z, n, nv));
+    WEFT_CHECK(weft_backend_cross_entropy_local_max(dev, gmax, z, n, nv));
     for (int i = 0; i < s->mesh_ndim; i++)
       if (vocab_dim[i] && s->mesh_shape[i] > 1)
         WEFT_CHECK(weft_all_reduce(mesh, i, gmax, gmax, n, WEFT_F32, WEFT_OP_MAX, NULL));
     /* 2. sum of exponentials and target logit, summed together (2N floats) */
-    WEFT_CHECK(weft_cross_entropy_local_sumexp(st, z, gmax, n, nv));
-    WEFT_CHECK(weft_cross_entropy_local_target(st + n, z, y, n, v0, nv));
+    WEFT_CHECK(weft_backend_cross_entropy_local_sumexp(dev, st, z, gmax, n, nv));
+    WEFT_CHECK(weft_backend_cross_entropy_local_target(dev, st + n, z, y, n, v0, nv));
     for (int i = 0; i < s->mesh_ndim; i++)
       if (vocab_dim[i] && s->mesh_shape[i] > 1)
         WEFT_CHECK(weft_all_reduce(mesh, i, st, st, 2 * n, WEFT_F32, WEFT_OP_SUM, NULL));
     /* 3. lse = max + log(sum), loss = mean(lse - target) */
-    WEFT_CHECK(weft_cross_entropy_finish(&mean, lse, gmax, st, st + n, n));
+    WEFT_CHECK(weft_backend_cross_entropy_finish(dev, &mean, lse, gmax, st, st + n, n));
   }
   l->sharded = sharded;
   l->n = n;
@@ -158,8 +160,9 @@ weft_status weft_tp_loss_backward(weft_tp_loss *l, const weft_dtensor *logits,
   const float *z = weft_dtensor_local(logits)->data, *lse = l->buf + 3 * l->n;
   const int32_t *y = targets->data;
   if (!l->sharded)
-    return weft_cross_entropy_backward(dl->data, z, lse, y, l->n, l->nv, scale);
-  return weft_cross_entropy_backward_local(dl->data, z, lse, y, l->n, l->v0, l->nv, scale);
+    return weft_backend_cross_entropy_backward(dl->device, dl->data, z, lse, y, l->n, l->nv, scale);
+  return weft_backend_cross_entropy_backward_local(dl->device, dl->data, z, lse, y, l->n, l->v0,
+                                                   l->nv, scale);
 }
 
 static weft_status impl_forward(void *ctx, const weft_dtensor *logits, const weft_tensor *targets,

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "kernels.h"
 #include "safetensors.h"
 
@@ -19,6 +20,10 @@ static const char *layer_param[GPU_MODEL_PER_LAYER] = {
     "feed_forward.w1.weight", "feed_forward.w3.weight", "feed_forward.w2.weight"};
 
 #define ALIGN_FLOATS 64 /* every slice starts on 256 bytes */
+
+/* The device the model lives on; every kernel goes through its table
+ * (backend.h): the GPU, or the emulated one in -Dcuda=emulated builds. */
+static const weft_device DEV = WEFT_CUDA;
 
 struct gpu_model {
   gpu_model_config c;
@@ -99,7 +104,7 @@ static weft_status check_config(const gpu_model_config *c, int dp) {
 /* ---------------------------------------------------------------- create */
 
 static weft_status dev_alloc(size_t floats, void **out) {
-  return weft_cuda_malloc((floats ? floats : 1) * sizeof(float), out);
+  return weft_alloc(DEV, (floats ? floats : 1) * sizeof(float), out);
 }
 
 weft_status gpu_model_create(const gpu_model_config *cfg, weft_mesh *mesh, int dp_dim,
@@ -173,10 +178,10 @@ weft_status gpu_model_create(const gpu_model_config *cfg, weft_mesh *mesh, int d
     m->pm[i] = m->mom + m->offset[i];
     m->pv[i] = m->vel + m->offset[i];
   }
-  WEFT_CHECK_GOTO(weft_cuda_memset_zero(m->params, (size_t)m->flat * sizeof(float)), st, fail);
-  WEFT_CHECK_GOTO(weft_cuda_memset_zero(m->grads, (size_t)m->flat * sizeof(float)), st, fail);
-  WEFT_CHECK_GOTO(weft_cuda_memset_zero(m->mom, (size_t)m->flat * sizeof(float)), st, fail);
-  WEFT_CHECK_GOTO(weft_cuda_memset_zero(m->vel, (size_t)m->flat * sizeof(float)), st, fail);
+  WEFT_CHECK_GOTO(weft_memset(DEV, m->params, 0, (size_t)m->flat * sizeof(float)), st, fail);
+  WEFT_CHECK_GOTO(weft_memset(DEV, m->grads, 0, (size_t)m->flat * sizeof(float)), st, fail);
+  WEFT_CHECK_GOTO(weft_memset(DEV, m->mom, 0, (size_t)m->flat * sizeof(float)), st, fail);
+  WEFT_CHECK_GOTO(weft_memset(DEV, m->vel, 0, (size_t)m->flat * sizeof(float)), st, fail);
 
   /* activations: carve one allocation, each piece on a 64-float boundary */
   const int64_t lseN = m->Bl * c->H * T;
@@ -204,13 +209,13 @@ weft_status gpu_model_create(const gpu_model_config *cfg, weft_mesh *mesh, int d
     *pieces[i].dst = m->acts + off;
     off += round_up(pieces[i].n);
   }
-  WEFT_CHECK_GOTO(weft_cuda_malloc((size_t)(2 * N) * sizeof(int32_t), (void **)&m->tok), st, fail);
+  WEFT_CHECK_GOTO(weft_alloc(DEV, (size_t)(2 * N) * sizeof(int32_t), (void **)&m->tok), st, fail);
   m->inp = m->tok;
   m->tgt = m->tok + N;
-  size_t sb = weft_cuda_attention_scratch_bytes(m->Bl, T, c->H, c->Hkv, hd);
-  WEFT_CHECK_GOTO(weft_cuda_malloc(sb ? sb : 1, &m->scratch), st, fail);
-  WEFT_CHECK_GOTO(weft_cuda_rope_tables(m->cosb, m->sinb, T, hd, c->rope_theta), st, fail);
-  WEFT_CHECK_GOTO(weft_cuda_synchronize(), st, fail);
+  size_t sb = weft_backend_attention_scratch_bytes(DEV, m->Bl, T, c->H, c->Hkv, hd);
+  WEFT_CHECK_GOTO(weft_alloc(DEV, sb ? sb : 1, &m->scratch), st, fail);
+  WEFT_CHECK_GOTO(weft_backend_rope_tables(DEV, m->cosb, m->sinb, T, hd, c->rope_theta), st, fail);
+  WEFT_CHECK_GOTO(weft_device_synchronize(DEV), st, fail);
   *out = m;
   return WEFT_OK;
 fail:
@@ -220,14 +225,14 @@ fail:
 
 void gpu_model_destroy(gpu_model *m) {
   if (!m) return;
-  (void)weft_cuda_synchronize();
-  weft_cuda_free(m->params);
-  weft_cuda_free(m->grads);
-  weft_cuda_free(m->mom);
-  weft_cuda_free(m->vel);
-  weft_cuda_free(m->acts);
-  weft_cuda_free(m->tok);
-  weft_cuda_free(m->scratch);
+  (void)weft_device_synchronize(DEV);
+  weft_free(m->params);
+  weft_free(m->grads);
+  weft_free(m->mom);
+  weft_free(m->vel);
+  weft_free(m->acts);
+  weft_free(m->tok);
+  weft_free(m->scratch);
   free(m->name);
   free(m->numel);
   free(m->offset);
@@ -263,8 +268,8 @@ int64_t gpu_model_param_count(const gpu_model *m) {
 
 static weft_status reset_optimizer(gpu_model *m) {
   m->step = 0;
-  WEFT_CHECK(weft_cuda_memset_zero(m->mom, (size_t)m->flat * sizeof(float)));
-  WEFT_CHECK(weft_cuda_memset_zero(m->vel, (size_t)m->flat * sizeof(float)));
+  WEFT_CHECK(weft_memset(DEV, m->mom, 0, (size_t)m->flat * sizeof(float)));
+  WEFT_CHECK(weft_memset(DEV, m->vel, 0, (size_t)m->flat * sizeof(float)));
   return WEFT_OK;
 }
 
@@ -286,7 +291,7 @@ weft_status gpu_model_init_weights(gpu_model *m, uint64_t seed) {
       WEFT_CHECK_GOTO(weft_tensor_fill_normal(&view, seed, weft_rng_key(m->name[i]), NULL, 0.0f,
                                               0.02f), st, out);
     }
-    WEFT_CHECK_GOTO(weft_cuda_memcpy(m->p[i], host, (size_t)m->numel[i] * sizeof(float),
+    WEFT_CHECK_GOTO(weft_memcpy(DEV, m->p[i], host, (size_t)m->numel[i] * sizeof(float),
                                      WEFT_COPY_H2D), st, out);
   }
   WEFT_CHECK_GOTO(reset_optimizer(m), st, out);
@@ -315,7 +320,7 @@ weft_status gpu_model_load_safetensors(gpu_model *m, const char *path) {
     }
     host = nh;
     WEFT_CHECK_GOTO(weft_safetensors_read(f, m->name[i], WEFT_F32, host, m->numel[i]), st, out);
-    WEFT_CHECK_GOTO(weft_cuda_memcpy(m->p[i], host, (size_t)m->numel[i] * sizeof(float),
+    WEFT_CHECK_GOTO(weft_memcpy(DEV, m->p[i], host, (size_t)m->numel[i] * sizeof(float),
                                      WEFT_COPY_H2D), st, out);
   }
   WEFT_CHECK_GOTO(reset_optimizer(m), st, out);
@@ -337,18 +342,18 @@ weft_status gpu_model_set_batch(gpu_model *m, const int32_t *inputs, const int32
                         targets[i], (long long)m->c.V);
   }
   const int64_t first = (int64_t)m->dp_rank * m->N;
-  WEFT_CHECK(weft_cuda_memcpy(m->inp, inputs + first, (size_t)m->N * sizeof(int32_t), WEFT_COPY_H2D));
-  WEFT_CHECK(weft_cuda_memcpy(m->tgt, targets + first, (size_t)m->N * sizeof(int32_t), WEFT_COPY_H2D));
+  WEFT_CHECK(weft_memcpy(DEV, m->inp, inputs + first, (size_t)m->N * sizeof(int32_t), WEFT_COPY_H2D));
+  WEFT_CHECK(weft_memcpy(DEV, m->tgt, targets + first, (size_t)m->N * sizeof(int32_t), WEFT_COPY_H2D));
   return WEFT_OK;
 }
 
 weft_status gpu_model_read_param(const gpu_model *m, int i, float *host) {
   if (i < 0 || i >= m->np) return weft_error(WEFT_ERR_INVALID, "tensor %d of %d", i, m->np);
-  return weft_cuda_memcpy(host, m->p[i], (size_t)m->numel[i] * sizeof(float), WEFT_COPY_D2H);
+  return weft_memcpy(DEV, host, m->p[i], (size_t)m->numel[i] * sizeof(float), WEFT_COPY_D2H);
 }
 weft_status gpu_model_read_grad(const gpu_model *m, int i, float *host) {
   if (i < 0 || i >= m->np) return weft_error(WEFT_ERR_INVALID, "tensor %d of %d", i, m->np);
-  return weft_cuda_memcpy(host, m->g[i], (size_t)m->numel[i] * sizeof(float), WEFT_COPY_D2H);
+  return weft_memcpy(DEV, host, m->g[i], (size_t)m->numel[i] * sizeof(float), WEFT_COPY_D2H);
 }
 
 /* --------------------------------------------------------- data parallel */
@@ -370,7 +375,7 @@ weft_status gpu_model_forward(gpu_model *m, double *loss) {
   const int64_t B = m->Bl, T = c->T, D = c->D, F = c->F, V = c->V, H = c->H, Hkv = c->Hkv,
                 hd = m->hd, qd = m->qd, kd = m->kd, N = m->N;
   const float eps = c->norm_eps;
-  WEFT_CHECK(weft_cuda_embedding_forward(m->x, m->inp, m->p[P_TOK], N, V, D));
+  WEFT_CHECK(weft_backend_embedding_forward(DEV, m->x, m->inp, m->p[P_TOK], N, V, D));
   for (int64_t l = 0; l < c->L; l++) {
     float *x = m->x + l * N * D, *xo = x + N * D, *n1 = m->n1 + l * N * D,
           *q = m->q + l * N * qd, *k = m->k + l * N * kd, *v = m->v + l * N * kd,
@@ -378,29 +383,29 @@ weft_status gpu_model_forward(gpu_model *m, double *loss) {
           *a = m->a + l * N * F, *b = m->b + l * N * F, *g = m->gg + l * N * F;
     float *const *P = m->p + pidx(m, l, 0);
     /* h = x + wo(attn(rope(q), rope(k), v)), q, k, v = wq/wk/wv(rmsnorm(x)) */
-    WEFT_CHECK(weft_cuda_rmsnorm_forward(n1, m->rstd1 + l * N, x, P[P_ANORM], N, D, eps));
-    WEFT_CHECK(weft_cuda_linear_forward(q, n1, P[P_WQ], NULL, N, D, qd));
-    WEFT_CHECK(weft_cuda_linear_forward(k, n1, P[P_WK], NULL, N, D, kd));
-    WEFT_CHECK(weft_cuda_linear_forward(v, n1, P[P_WV], NULL, N, D, kd));
-    WEFT_CHECK(weft_cuda_rope_forward(q, q, m->cosb, m->sinb, T, B, T, H, hd, 0));
-    WEFT_CHECK(weft_cuda_rope_forward(k, k, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
-    WEFT_CHECK(weft_cuda_attention_forward(att, m->lse + l * B * H * T, q, k, v, B, T, H, Hkv, hd,
+    WEFT_CHECK(weft_backend_rmsnorm_forward(DEV, n1, m->rstd1 + l * N, x, P[P_ANORM], N, D, eps));
+    WEFT_CHECK(weft_backend_linear_forward(DEV, q, n1, P[P_WQ], NULL, N, D, qd));
+    WEFT_CHECK(weft_backend_linear_forward(DEV, k, n1, P[P_WK], NULL, N, D, kd));
+    WEFT_CHECK(weft_backend_linear_forward(DEV, v, n1, P[P_WV], NULL, N, D, kd));
+    WEFT_CHECK(weft_backend_rope_forward(DEV, q, q, m->cosb, m->sinb, T, B, T, H, hd, 0));
+    WEFT_CHECK(weft_backend_rope_forward(DEV, k, k, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
+    WEFT_CHECK(weft_backend_attention_forward(DEV, att, m->lse + l * B * H * T, q, k, v, B, T, H, Hkv, hd,
                                            m->scratch));
-    WEFT_CHECK(weft_cuda_linear_forward(h, att, P[P_WO], NULL, N, qd, D));
-    WEFT_CHECK(weft_cuda_residual_forward(h, h, x, N * D));
+    WEFT_CHECK(weft_backend_linear_forward(DEV, h, att, P[P_WO], NULL, N, qd, D));
+    WEFT_CHECK(weft_backend_residual_forward(DEV, h, h, x, N * D));
     /* out = h + w2(silu(w1 n) * w3 n), n = rmsnorm(h) */
-    WEFT_CHECK(weft_cuda_rmsnorm_forward(n2, m->rstd2 + l * N, h, P[P_FNORM], N, D, eps));
-    WEFT_CHECK(weft_cuda_linear_forward(a, n2, P[P_W1], NULL, N, D, F));
-    WEFT_CHECK(weft_cuda_linear_forward(b, n2, P[P_W3], NULL, N, D, F));
-    WEFT_CHECK(weft_cuda_swiglu_forward(g, a, b, N * F));
-    WEFT_CHECK(weft_cuda_linear_forward(xo, g, P[P_W2], NULL, N, F, D));
-    WEFT_CHECK(weft_cuda_residual_forward(xo, xo, h, N * D));
+    WEFT_CHECK(weft_backend_rmsnorm_forward(DEV, n2, m->rstd2 + l * N, h, P[P_FNORM], N, D, eps));
+    WEFT_CHECK(weft_backend_linear_forward(DEV, a, n2, P[P_W1], NULL, N, D, F));
+    WEFT_CHECK(weft_backend_linear_forward(DEV, b, n2, P[P_W3], NULL, N, D, F));
+    WEFT_CHECK(weft_backend_swiglu_forward(DEV, g, a, b, N * F));
+    WEFT_CHECK(weft_backend_linear_forward(DEV, xo, g, P[P_W2], NULL, N, F, D));
+    WEFT_CHECK(weft_backend_residual_forward(DEV, xo, xo, h, N * D));
   }
-  WEFT_CHECK(weft_cuda_rmsnorm_forward(m->nf, m->rstdf, m->x + c->L * N * D, m->p[P_NORM(m)], N, D,
+  WEFT_CHECK(weft_backend_rmsnorm_forward(DEV, m->nf, m->rstdf, m->x + c->L * N * D, m->p[P_NORM(m)], N, D,
                                        eps));
-  WEFT_CHECK(weft_cuda_linear_forward(m->logits, m->nf, m->p[P_OUT(m)], NULL, N, D, V));
+  WEFT_CHECK(weft_backend_linear_forward(DEV, m->logits, m->nf, m->p[P_OUT(m)], NULL, N, D, V));
   double l = 0;
-  WEFT_CHECK(weft_cuda_cross_entropy_forward(&l, m->lsece, m->logits, m->tgt, N, V));
+  WEFT_CHECK(weft_backend_cross_entropy_forward(DEV, &l, m->lsece, m->logits, m->tgt, N, V));
   /* every rank has B/dp sequences: the mean of the rank means is the global mean */
   if (m->dp > 1)
     WEFT_CHECK(weft_all_reduce(m->mesh, m->dp_dim, &l, &l, 1, WEFT_F64, WEFT_OP_AVG, NULL));
@@ -412,14 +417,14 @@ weft_status gpu_model_backward(gpu_model *m) {
   const gpu_model_config *c = &m->c;
   const int64_t B = m->Bl, T = c->T, D = c->D, F = c->F, V = c->V, H = c->H, Hkv = c->Hkv,
                 hd = m->hd, qd = m->qd, kd = m->kd, N = m->N;
-  WEFT_CHECK(weft_cuda_memset_zero(m->grads, (size_t)m->flat * sizeof(float)));
+  WEFT_CHECK(weft_memset(DEV, m->grads, 0, (size_t)m->flat * sizeof(float)));
   /* d(mean over the local N rows); the dp AVG below turns it into the global mean */
   float *dlog = m->logits, *dx = m->dx; /* in place: logits are not needed after this */
-  WEFT_CHECK(weft_cuda_cross_entropy_backward(dlog, m->logits, m->lsece, m->tgt, N, V,
+  WEFT_CHECK(weft_backend_cross_entropy_backward(DEV, dlog, m->logits, m->lsece, m->tgt, N, V,
                                               1.0f / (float)N));
-  WEFT_CHECK(weft_cuda_linear_backward(m->dn, m->g[P_OUT(m)], NULL, dlog, m->nf, m->p[P_OUT(m)], N,
+  WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, m->g[P_OUT(m)], NULL, dlog, m->nf, m->p[P_OUT(m)], N,
                                        D, V, false, true));
-  WEFT_CHECK(weft_cuda_rmsnorm_backward(dx, m->g[P_NORM(m)], m->dn, m->x + c->L * N * D,
+  WEFT_CHECK(weft_backend_rmsnorm_backward(DEV, dx, m->g[P_NORM(m)], m->dn, m->x + c->L * N * D,
                                         m->p[P_NORM(m)], m->rstdf, N, D, false));
   for (int64_t l = c->L - 1; l >= 0; l--) {
     float *x = m->x + l * N * D, *n1 = m->n1 + l * N * D, *q = m->q + l * N * qd,
@@ -430,33 +435,33 @@ weft_status gpu_model_backward(gpu_model *m) {
     float *const *G = m->g + pidx(m, l, 0);
     /* feed-forward branch; dx carries d(out) = d(h) through the residual */
     float *dg = m->dbig;
-    WEFT_CHECK(weft_cuda_linear_backward(dg, G[P_W2], NULL, dx, g, P[P_W2], N, F, D, false, true));
-    WEFT_CHECK(weft_cuda_swiglu_backward(m->da, m->db, dg, a, b, N * F));
-    WEFT_CHECK(weft_cuda_linear_backward(m->dn, G[P_W1], NULL, m->da, n2, P[P_W1], N, D, F, false,
+    WEFT_CHECK(weft_backend_linear_backward(DEV, dg, G[P_W2], NULL, dx, g, P[P_W2], N, F, D, false, true));
+    WEFT_CHECK(weft_backend_swiglu_backward(DEV, m->da, m->db, dg, a, b, N * F));
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_W1], NULL, m->da, n2, P[P_W1], N, D, F, false,
                                          true));
-    WEFT_CHECK(weft_cuda_linear_backward(m->dn, G[P_W3], NULL, m->db, n2, P[P_W3], N, D, F, true,
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_W3], NULL, m->db, n2, P[P_W3], N, D, F, true,
                                          true));
-    WEFT_CHECK(weft_cuda_rmsnorm_backward(dx, G[P_FNORM], m->dn, h, P[P_FNORM], m->rstd2 + l * N, N,
+    WEFT_CHECK(weft_backend_rmsnorm_backward(DEV, dx, G[P_FNORM], m->dn, h, P[P_FNORM], m->rstd2 + l * N, N,
                                           D, true));
     /* attention branch; dx now d(h) = d(x) through the residual */
     float *datt = m->dbig;
-    WEFT_CHECK(weft_cuda_linear_backward(datt, G[P_WO], NULL, dx, att, P[P_WO], N, qd, D, false,
+    WEFT_CHECK(weft_backend_linear_backward(DEV, datt, G[P_WO], NULL, dx, att, P[P_WO], N, qd, D, false,
                                          true));
-    WEFT_CHECK(weft_cuda_attention_backward(m->dq, m->dk, m->dv, datt, q, k, v,
+    WEFT_CHECK(weft_backend_attention_backward(DEV, m->dq, m->dk, m->dv, datt, q, k, v,
                                             m->lse + l * B * H * T, att, B, T, H, Hkv, hd,
                                             m->scratch));
-    WEFT_CHECK(weft_cuda_rope_backward(m->dq, m->dq, m->cosb, m->sinb, T, B, T, H, hd, 0));
-    WEFT_CHECK(weft_cuda_rope_backward(m->dk, m->dk, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
-    WEFT_CHECK(weft_cuda_linear_backward(m->dn, G[P_WQ], NULL, m->dq, n1, P[P_WQ], N, D, qd, false,
+    WEFT_CHECK(weft_backend_rope_backward(DEV, m->dq, m->dq, m->cosb, m->sinb, T, B, T, H, hd, 0));
+    WEFT_CHECK(weft_backend_rope_backward(DEV, m->dk, m->dk, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WQ], NULL, m->dq, n1, P[P_WQ], N, D, qd, false,
                                          true));
-    WEFT_CHECK(weft_cuda_linear_backward(m->dn, G[P_WK], NULL, m->dk, n1, P[P_WK], N, D, kd, true,
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WK], NULL, m->dk, n1, P[P_WK], N, D, kd, true,
                                          true));
-    WEFT_CHECK(weft_cuda_linear_backward(m->dn, G[P_WV], NULL, m->dv, n1, P[P_WV], N, D, kd, true,
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WV], NULL, m->dv, n1, P[P_WV], N, D, kd, true,
                                          true));
-    WEFT_CHECK(weft_cuda_rmsnorm_backward(dx, G[P_ANORM], m->dn, x, P[P_ANORM], m->rstd1 + l * N, N,
+    WEFT_CHECK(weft_backend_rmsnorm_backward(DEV, dx, G[P_ANORM], m->dn, x, P[P_ANORM], m->rstd1 + l * N, N,
                                           D, true));
   }
-  WEFT_CHECK(weft_cuda_embedding_backward(m->g[P_TOK], m->inp, dx, N, V, D));
+  WEFT_CHECK(weft_backend_embedding_backward(DEV, m->g[P_TOK], m->inp, dx, N, V, D));
   if (m->dp > 1) WEFT_CHECK(dp_all_reduce_grads(m));
   return WEFT_OK;
 }
@@ -464,14 +469,20 @@ weft_status gpu_model_backward(gpu_model *m) {
 /* --------------------------------------------------------------- optimizer */
 
 weft_status gpu_model_clip_grads(gpu_model *m, double max_norm, double *norm) {
-  double sumsq = 0;
   /* after the dp all-reduce every rank holds the full gradient: no reduction */
-  WEFT_CHECK(weft_cuda_sumsq_multi((const float *const *)m->g, m->numel, m->np, &sumsq));
+  double *per = malloc((size_t)m->np * sizeof *per);
+  if (!per) return weft_error(WEFT_ERR_OOM, "%d sums of squares", m->np);
+  weft_status st =
+      weft_backend_sumsq_multi(DEV, (const float *const *)m->g, m->numel, m->np, per);
+  double sumsq = 0;
+  for (int i = 0; i < m->np && !st; i++) sumsq += per[i];
+  free(per);
+  WEFT_CHECK(st);
   const double total = sqrt(sumsq);
   if (norm) *norm = total;
   if (max_norm > 0) {
     const double coef = weft_clip_coef(total, max_norm);
-    if (coef < 1.0) WEFT_CHECK(weft_cuda_scale_multi(m->g, m->numel, m->np, (float)coef));
+    if (coef < 1.0) WEFT_CHECK(weft_backend_scale_multi(DEV, m->g, m->numel, m->np, (float)coef));
   }
   return WEFT_OK;
 }
@@ -480,7 +491,7 @@ weft_status gpu_model_adamw_step(gpu_model *m, const weft_adamw_params *hp) {
   if (!hp) return weft_error(WEFT_ERR_INVALID, "hp must not be NULL");
   if (hp->amsgrad) return weft_error(WEFT_ERR_UNSUPPORTED, "gpu_model keeps no vmax: amsgrad off");
   m->step++;
-  WEFT_CHECK(weft_cuda_adamw_multi(m->p, (const float *const *)m->g, m->pm, m->pv, NULL, m->numel,
+  WEFT_CHECK(weft_backend_adamw_multi(DEV, m->p, (const float *const *)m->g, m->pm, m->pv, NULL, m->numel,
                                    m->np, m->step, hp));
   return WEFT_OK;
 }

@@ -1,7 +1,7 @@
 /* examples/gpu/gpu_model.h — the reference model (DESIGN.md "The reference
  * model": Llama-style, RMSNorm, interleaved RoPE, causal GQA attention,
  * SwiGLU, untied output, mean cross-entropy) trained on one GPU per rank
- * with the CUDA backend's kernels (kernels/cuda/cuda.h), llm.c style:
+ * with the WEFT_CUDA backend's kernels (backend.h), llm.c style:
  *
  *     gpu_model_config c;
  *     gpu_model_config_preset("tiny_mha", &c);
@@ -27,9 +27,9 @@
  * Every rank of the dp group must call the step functions in the same order
  * (SPMD), as the collectives require.
  *
- * Kernel calls go to whichever backend the file is compiled against: the real
- * one (weft_cuda_*) in weft-gpu-train, the CPU emulator (weft_emu_*, through
- * the force-included emu_names.h) in tests/cuda/test_emu_train.c.
+ * Kernel calls go through the WEFT_CUDA table of backend.h
+ * (weft_backend_<op>(WEFT_CUDA, ...)): the GPU in a -Dcuda=enabled build,
+ * the CPU emulator in a -Dcuda=emulated one (tests/cuda/test_emu_train.c).
  *
  * Errors: every function returns a weft_status with weft_last_error() set
  * (WEFT_ERR_INVALID for bad configs or data, WEFT_ERR_UNSUPPORTED /
@@ -41,7 +41,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cuda.h"
+#include "backend.h"
 #include "layers.h"
 #include "mesh.h"
 
@@ -79,7 +79,8 @@ weft_status gpu_model_config_preset(const char *name, gpu_model_config *out);
 
 typedef struct gpu_model gpu_model;
 
-/* Allocates the model on the current device (weft_cuda_init must have run):
+/* Allocates the model on the current device (weft_device_init(WEFT_CUDA, ...)
+ * must have run):
  * parameters (zero), grads, moments, activations for cfg->B / dp sequences,
  * RoPE tables, attention scratch. mesh == NULL: one rank, dp_dim ignored;
  * otherwise dp_dim is a dim of mesh whose size divides cfg->B; the mesh must
@@ -127,11 +128,11 @@ weft_status gpu_model_forward(gpu_model *m, double *loss);
  * grad buffer (zeroed first, then all-reduced AVG over dp). */
 weft_status gpu_model_backward(gpu_model *m);
 /* torch.nn.utils.clip_grad_norm_(max_norm) over all tensors: *norm (may be
- * NULL) = the total L2 norm before clipping (weft_cuda_sumsq_multi), then
- * every gradient times weft_clip_coef(norm, max_norm)
- * (weft_cuda_scale_multi). max_norm <= 0: no clipping, norm still reported. */
+ * NULL) = the total L2 norm before clipping (sumsq_multi), then every
+ * gradient times weft_clip_coef(norm, max_norm) (scale_multi). max_norm <= 0:
+ * no clipping, norm still reported. */
 weft_status gpu_model_clip_grads(gpu_model *m, double max_norm, double *norm);
-/* One AdamW step over every tensor (weft_cuda_adamw_multi, one launch);
+/* One AdamW step over every tensor (adamw_multi, one launch);
  * increments the step count first (1 on the first call). hp->amsgrad is
  * not supported (WEFT_ERR_UNSUPPORTED). */
 weft_status gpu_model_adamw_step(gpu_model *m, const weft_adamw_params *hp);

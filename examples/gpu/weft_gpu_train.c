@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda.h"
 #include "gpu_golden.h"
 #include "gpu_model.h"
 #include "safetensors.h"
@@ -219,16 +220,16 @@ static void fail_msg(const char *what) {
 
 static weft_status timed_step(gpu_model *m, const weft_adamw_params *hp, double clip,
                               double *loss, double *norm, float *ms) {
-  weft_cuda_event *e0 = NULL, *e1 = NULL;
+  weft_event *e0 = NULL, *e1 = NULL;
   weft_status st = WEFT_OK;
-  WEFT_CHECK_GOTO(weft_cuda_event_record(WEFT_STREAM_COMPUTE, &e0), st, out);
+  WEFT_CHECK_GOTO(weft_event_record(WEFT_CUDA, WEFT_STREAM_COMPUTE, &e0), st, out);
   WEFT_CHECK_GOTO(gpu_model_train_step(m, hp, clip, loss, norm), st, out);
-  WEFT_CHECK_GOTO(weft_cuda_event_record(WEFT_STREAM_COMPUTE, &e1), st, out);
-  WEFT_CHECK_GOTO(weft_cuda_event_synchronize(e1), st, out);
-  WEFT_CHECK_GOTO(weft_cuda_event_elapsed_ms(e0, e1, ms), st, out);
+  WEFT_CHECK_GOTO(weft_event_record(WEFT_CUDA, WEFT_STREAM_COMPUTE, &e1), st, out);
+  WEFT_CHECK_GOTO(weft_event_synchronize(WEFT_CUDA, e1), st, out);
+  WEFT_CHECK_GOTO(weft_event_elapsed_ms(WEFT_CUDA, e0, e1, ms), st, out);
 out:
-  weft_cuda_event_destroy(e0);
-  weft_cuda_event_destroy(e1);
+  weft_event_destroy(WEFT_CUDA, e0);
+  weft_event_destroy(WEFT_CUDA, e1);
   return st;
 }
 
@@ -279,7 +280,8 @@ int main(int argc, char **argv) {
               weft_last_error());
     goto done;
   }
-  weft_cuda_set_matmul_precision(prec);
+  if (weft_cuda_set_matmul_precision(prec) != WEFT_OK && prec != WEFT_MATMUL_F32 && print)
+    fprintf(stderr, "weft-gpu-train: warning: %s\n", weft_last_error());
 
   if (world > 1) {
     const char *names[1] = {"dp"};
