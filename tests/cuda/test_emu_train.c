@@ -1,6 +1,6 @@
-/* examples/gpu/gpu_model on the CUDA emulator (kernels/cuda/emu: the device
- * kernels run as fibers on the CPU; emu_names.h renames weft_cuda_* to
- * weft_emu_*, in gpu_model.c too, which this suite compiles once more).
+/* examples/gpu/gpu_model on the emulated WEFT_CUDA device (-Dcuda=emulated
+ * builds: the device kernels run as fibers on the CPU, in strict and
+ * deferred mode, see kernels/cuda/emu).
  *
  * - golden: one step of tiny_mha and tiny_gqa against PyTorch float64
  *   (tests/data/golden/README.md tolerances: loss 1e-6, every gradient 1e-5
@@ -21,6 +21,7 @@
 
 #include "../../examples/gpu/gpu_golden.h"
 #include "../../examples/gpu/gpu_model.h"
+#include "cuda.h"
 #include "kernels.h"
 #include "layers.h"
 #include "safetensors.h"
@@ -455,16 +456,16 @@ Test(emu_train, bad_configs_and_tokens_are_rejected_with_the_field_named) {
   gpu_model_destroy(m);
 }
 
-/* Data parallel: weft-gpu-train (built against the emulator) under mpiexec
- * on 2 ranks, each taking B/2 of the golden batch, gradients all-reduced
+/* Data parallel: weft-gpu-train (this build's, so on the emulated device)
+ * under mpiexec on 2 ranks, each taking B/2 of the golden batch, gradients all-reduced
  * (AVG) over the "dp" mesh dim: the golden check (loss, every gradient,
  * the AdamW update) must pass on both golden configs. */
 static void run_dp_golden(const char *cfg) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd,
-           "MPIEXEC_TIMEOUT=60 %s -n 2 %s/weft-gpu-train-emu --config %s --golden %s/golden/%s "
+           "MPIEXEC_TIMEOUT=60 %s -n 2 %s --config %s --golden %s/golden/%s "
            "> %s/dp_%s.log 2>&1",
-           WEFT_TEST_MPIEXEC, WEFT_TEST_BUILD_DIR, cfg, WEFT_TEST_DATA_DIR, cfg,
+           WEFT_TEST_MPIEXEC, WEFT_GPU_TRAIN, cfg, WEFT_TEST_DATA_DIR, cfg,
            WEFT_TEST_BUILD_DIR, cfg);
   int rc = system(cmd);
   char log[512];

@@ -9,9 +9,10 @@
 #   0. unpack .debs/ into a private sysroot (MPICH, Criterion, OpenBLAS,
 #      cJSON, pkgconf: the GPU image has CUDA, gcc, meson and ninja only),
 #      configure with -Dcuda=enabled and build;
-#   a. every device kernel against the CPU kernels on fresh random inputs,
-#      outputs poisoned first (tests/cuda/check_kernels.c as test_cuda_gpu;
-#      fp32 rel. error <= 1e-5, bf16 <= 1e-2), plus the runtime tests;
+#   a. the backend conformance suite (tests/kernels/test_backend.c) on the
+#      GPU: every operation of backend.h against double references on fresh
+#      random inputs, outputs poisoned first (fp32 rel. error <= 1e-5, bf16
+#      <= 1e-2), the same argument errors as the CPU; plus the runtime tests;
 #   b. one training step of the tiny golden configs on 1 rank and on 2 ranks
 #      sharing the GPU (NCCL refuses that: MPI with host staging, logged),
 #      compared with the PyTorch float64 golden data that the CPU backend
@@ -84,7 +85,7 @@ fi
 step build 240 ninja -C "$BUILD" || { printf '%s\n' "${SUMMARY[@]}"; exit 99; }
 
 # ---- a. kernels and runtime -------------------------------------------------
-step kernels_vs_cpu 120 "$BUILD/tests/cuda/test_cuda_gpu" --jobs=1 --verbose
+step backend_conformance 180 "$BUILD/tests/kernels/test_backend" --jobs=1 --verbose
 step runtime 60 "$BUILD/tests/cuda/test_cuda_host" --jobs=1
 
 # ---- b. tiny training step, 1 and 2 ranks ----------------------------------
