@@ -42,38 +42,9 @@ uint64_t weft_rng_key(const char *name) {
   return h;
 }
 
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u /* golden ratio */
-#define PHILOX_W1 0xBB67AE85u /* sqrt(3) - 1 */
-
-/* Counter words: c0 = low 32 bits of counter_lo, c1 = its high 32 bits,
- * c2/c3 likewise of counter_hi; key words k0 = low, k1 = high half of key.
- * Random123's kat_vectors list counters as c0 c1 c2 c3 and keys as k0 k1. */
-static inline void philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                          uint32_t k1, uint32_t out[4]) {
-  for (int r = 0; r < 10; r++) {
-    if (r > 0) {
-      k0 += PHILOX_W0;
-      k1 += PHILOX_W1;
-    }
-    uint64_t p0 = (uint64_t)PHILOX_M0 * c0;
-    uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
-    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
-    uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-    c1 = (uint32_t)p1;
-    c3 = (uint32_t)p0;
-    c0 = n0;
-    c2 = n2;
-  }
-  out[0] = c0;
-  out[1] = c1;
-  out[2] = c2;
-  out[3] = c3;
-}
 
 void weft_philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key, uint32_t out[4]) {
-  philox((uint32_t)counter_lo, (uint32_t)(counter_lo >> 32), (uint32_t)counter_hi,
+  weft_philox_rounds_((uint32_t)counter_lo, (uint32_t)(counter_lo >> 32), (uint32_t)counter_hi,
          (uint32_t)(counter_hi >> 32), (uint32_t)key, (uint32_t)(key >> 32), out);
 }
 

@@ -15,6 +15,10 @@
 
 #include "kernels.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define WEFT_ITER_MAX_OPS 3
 
 typedef struct weft_iter_ {
@@ -96,6 +100,34 @@ static inline WEFT_HD_ float weft_f16_to_f32_i_(uint16_t h) {
   }
   if (exp == 31) return weft_bits_f32_(sign | 0x7f800000u | (mant << 13));
   return weft_bits_f32_(sign | ((exp + 127u - 15u) << 23) | (mant << 13));
+}
+
+/* ---- Philox4x32-10 (Salmon, Moraes, Dror, Shaw, SC 2011), the rounds of
+ * weft_philox4x32 (kernels/rng.c): counter words c0 = low 32 bits of
+ * counter_lo, c1 = its high 32 bits, c2/c3 likewise of counter_hi; key
+ * words k0 = low, k1 = high half of key (Random123's kat_vectors order).
+ * Host and device code: the CUDA backend's fills call it too. */
+static inline WEFT_HD_ void weft_philox_rounds_(uint32_t c0, uint32_t c1, uint32_t c2,
+                                                uint32_t c3, uint32_t k0, uint32_t k1,
+                                                uint32_t out[4]) {
+  for (int r = 0; r < 10; r++) {
+    if (r > 0) {
+      k0 += 0x9E3779B9u; /* golden ratio */
+      k1 += 0xBB67AE85u; /* sqrt(3) - 1 */
+    }
+    const uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+    const uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+    const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1;
+    c3 = (uint32_t)p0;
+    c0 = n0;
+    c2 = n2;
+  }
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
 }
 
 /* ---- scalar conversions -------------------------------------------------
@@ -253,4 +285,7 @@ void weft_dgemm_blocked_(bool ta, bool tb, int64_t m, int64_t n, int64_t k, doub
                          const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
                          double *c, int64_t ldc);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* WEFT_TENSOR_INTERNAL_H */

@@ -62,48 +62,24 @@ namespace {
 
 /* ------------------------------------------------------------ geometry */
 
-#define GEOM_OPS 3
-
 struct geom {
   int ndim; /* >= 1 */
   int64_t shape[WEFT_MAX_DIMS];
-  int64_t strides[GEOM_OPS][WEFT_MAX_DIMS]; /* elements */
+  int64_t strides[WEFT_ITER_MAX_OPS][WEFT_MAX_DIMS]; /* elements */
 };
 
-/* The iteration geometry of nops same-shape tensors (ts[0]'s shape), as
- * weft_iter_init_ makes it: size-1 dims dropped, dims contiguous in every
- * operand merged, row-major order kept. */
+/* The iteration geometry of nops same-shape tensors (ts[0]'s shape): the
+ * CPU iterator's (weft_iter_init_: size-1 dims dropped, dims contiguous in
+ * every operand merged, row-major order kept), by value for a launch. */
 geom make_geom(int nops, const weft_tensor *const *ts) {
+  weft_iter_ it;
+  weft_iter_init_(&it, nops, ts);
   geom g;
   memset(&g, 0, sizeof g);
-  const weft_tensor *t0 = ts[0];
-  int kept[WEFT_MAX_DIMS], m = 0;
-  for (int d = 0; d < t0->ndim; d++)
-    if (t0->shape[d] != 1) kept[m++] = d;
-  if (m == 0) {
-    g.ndim = 1;
-    g.shape[0] = 1;
-    return g;
-  }
-  int64_t rs[WEFT_MAX_DIMS], rst[GEOM_OPS][WEFT_MAX_DIMS];
-  int r = 0;
-  for (int j = m - 1; j >= 0; j--) {
-    const int d = kept[j];
-    bool merge = r > 0;
-    for (int op = 0; merge && op < nops; op++)
-      if (ts[op]->strides[d] != rst[op][r - 1] * rs[r - 1]) merge = false;
-    if (merge) {
-      rs[r - 1] *= t0->shape[d];
-    } else {
-      rs[r] = t0->shape[d];
-      for (int op = 0; op < nops; op++) rst[op][r] = ts[op]->strides[d];
-      r++;
-    }
-  }
-  g.ndim = r;
-  for (int i = 0; i < r; i++) {
-    g.shape[i] = rs[r - 1 - i];
-    for (int op = 0; op < nops; op++) g.strides[op][i] = rst[op][r - 1 - i];
+  g.ndim = it.ndim;
+  for (int i = 0; i < it.ndim; i++) {
+    g.shape[i] = it.shape[i];
+    for (int op = 0; op < nops; op++) g.strides[op][i] = it.strides[op][i];
   }
   return g;
 }
@@ -185,34 +161,6 @@ weft_status launch_fill(const geom &g, int64_t n, void *p, const unsigned char *
 
 /* ------------------------------------------------------------- random */
 
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-
-/* Philox4x32-10 (kernels/rng.c's philox, word for word). */
-__device__ inline void philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                              uint32_t k1, uint32_t out[4]) {
-  for (int r = 0; r < 10; r++) {
-    if (r > 0) {
-      k0 += PHILOX_W0;
-      k1 += PHILOX_W1;
-    }
-    const uint64_t p0 = (uint64_t)PHILOX_M0 * c0;
-    const uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
-    const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
-    const uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-    c1 = (uint32_t)p1;
-    c3 = (uint32_t)p0;
-    c0 = n0;
-    c2 = n2;
-  }
-  out[0] = c0;
-  out[1] = c1;
-  out[2] = c2;
-  out[3] = c3;
-}
-
 /* Where each element of a tensor sits in the region's global row-major
  * order: local shape and strides, the global stride of each dim, and the
  * global index of the first element. */
@@ -235,8 +183,8 @@ struct rng_params {
 __device__ inline double rng_sample(const rng_params &r, uint64_t e) {
   uint32_t x[4];
   const uint64_t c = e >> 1;
-  philox((uint32_t)c, (uint32_t)(c >> 32), (uint32_t)r.key, (uint32_t)(r.key >> 32),
-         (uint32_t)r.seed, (uint32_t)(r.seed >> 32), x);
+  weft_philox_rounds_((uint32_t)c, (uint32_t)(c >> 32), (uint32_t)r.key, (uint32_t)(r.key >> 32),
+                      (uint32_t)r.seed, (uint32_t)(r.seed >> 32), x);
   const uint64_t A = (uint64_t)x[0] | (uint64_t)x[1] << 32;
   const uint64_t B = (uint64_t)x[2] | (uint64_t)x[3] << 32;
   const double two_m53 = 1.0 / 9007199254740992.0; /* 2^-53 */
