@@ -198,7 +198,6 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
   int nb = 0;
   weft_device dev = WEFT_CPU;
   int64_t step = 0;
-  bool have_s0 = false, have_s2 = false;
   for (int i = 0; i <= o->n; i++) {
     opt_entry *e = i < o->n ? &o->e[i] : NULL;
     if (e && !e->p->grad) continue;
@@ -206,10 +205,11 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
     bool flush = nb > 0 && (!e || nb == OPT_BATCH || nn_dev(e->p->data) != dev || e->step != step);
     if (flush) {
       if (o->kind == OPT_ADAMW)
-        WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, have_s2 ? s2 : NULL, na, nb, step,
-                                            &o->adam));
+        WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, o->adam.amsgrad ? s2 : NULL, na,
+                                            nb, step, &o->adam));
       else
-        WEFT_CHECK(weft_backend_sgd_multi(dev, pa, ga, have_s0 ? s0 : NULL, na, nb, step, &o->sgd));
+        WEFT_CHECK(weft_backend_sgd_multi(dev, pa, ga, o->sgd.momentum != 0.0f ? s0 : NULL, na, nb,
+                                          step, &o->sgd));
       nb = 0;
     }
     if (!e) break;
@@ -221,8 +221,6 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
     s0[nb] = e->s[0] ? nn_f32(e->s[0]) : NULL;
     s1[nb] = e->s[1] ? nn_f32(e->s[1]) : NULL;
     s2[nb] = e->s[2] ? nn_f32(e->s[2]) : NULL;
-    have_s0 = e->s[0] != NULL;
-    have_s2 = e->s[2] != NULL;
     na[nb] = nn_numel(p->data);
     nb++;
   }
