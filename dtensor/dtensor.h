@@ -398,6 +398,31 @@ weft_status weft_dtensor_mul(const weft_dtensor *a, const weft_dtensor *b, weft_
 weft_status weft_dtensor_sum(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out);
 weft_status weft_dtensor_mean(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out);
 
+/* A sharding strategy of one mesh dim for an op of up to
+ * WEFT_SHARDING_MAX_INPUTS inputs: the placement each input must have and
+ * the placement of the outputs (all outputs share it). */
+#define WEFT_SHARDING_MAX_INPUTS 4
+typedef struct weft_sharding_option {
+  weft_placement in[WEFT_SHARDING_MAX_INPUTS];
+  weft_placement out;
+} weft_sharding_option;
+
+/* Picks one option per mesh dim for inputs with specs in[0..nin) (an entry
+ * may be NULL: an input that is never redistributed, e.g. integer ids;
+ * its option placements are ignored): the combination the inputs already
+ * satisfy costs nothing, otherwise the one whose redistributions move the
+ * fewest bytes per rank (the planner's estimate), ties to the options
+ * listed first; combinations whose outputs mix Partial ops are skipped.
+ * opts[i * cap + j] is option j of mesh dim i (nopt[i] of them, >= 1).
+ * allow_partial: Replicate -> Partial targets are allowed (free: one rank
+ * keeps the value). Writes the inputs' targets (targets[k * mesh_ndim + i]
+ * for input k, mesh dim i) and the outputs' placements. WEFT_ERR_UNSUPPORTED
+ * when no combination can be reached. Local (no communication). */
+weft_status weft_sharding_choose(const weft_dtensor_spec *const *in, int nin, int mesh_ndim,
+                                 const weft_sharding_option *opts, int cap, const int *nopt,
+                                 bool allow_partial, weft_placement *targets,
+                                 weft_placement *out_placements);
+
 /* ------------------------------------------------------------ visualization */
 
 /* Like torch's visualize_sharding: for a 1-D or 2-D tensor, a table of the

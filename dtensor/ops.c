@@ -38,17 +38,22 @@ static bool is_linear_partial(weft_placement p) {
   return p.kind == WEFT_PLACE_PARTIAL && (p.op == WEFT_OP_SUM || p.op == WEFT_OP_AVG);
 }
 
-/* Picks the cheapest combination of per-mesh-dim options. For each option
- * set `opts[i][0..nopt[i])`, the cost is plan(a -> a targets) + plan(b -> b
- * targets); combinations whose output mixes Partial ops are skipped. The
- * chosen option of mesh dim i gives ta[i], tb[i] (the inputs' targets) and
- * to[i] (the output's placement). */
-static weft_status choose(const weft_dtensor *a, const weft_dtensor *b, int k, opt opts[][MAX_OPTS],
-                          const int *nopt, bool allow_partial, weft_placement *ta_best,
-                          weft_placement *tb_best, weft_placement *to_best) {
+weft_status weft_sharding_choose(const weft_dtensor_spec *const *in, int nin, int k,
+                                 const weft_sharding_option *opts, int cap, const int *nopt,
+                                 bool allow_partial, weft_placement *targets,
+                                 weft_placement *out_best) {
+  if (nin < 0 || nin > WEFT_SHARDING_MAX_INPUTS || k < 0 || k > WEFT_MESH_MAX_DIMS || !opts ||
+      !nopt || !out_best || (nin > 0 && (!in || !targets)))
+    return weft_error(WEFT_ERR_INVALID, "sharding_choose: bad arguments (nin %d, mesh dims %d)",
+                      nin, k);
   int best[WEFT_MESH_MAX_DIMS] = {0};
   int64_t total = 1;
-  for (int i = 0; i < k; i++) total *= nopt[i];
+  for (int i = 0; i < k; i++) {
+    if (nopt[i] < 1 || nopt[i] > cap)
+      return weft_error(WEFT_ERR_INVALID, "sharding_choose: mesh dim %d has %d options (1..%d)",
+                        i, nopt[i], cap);
+    total *= nopt[i];
+  }
   if (total > MAX_COMBOS)
     return weft_error(WEFT_ERR_UNSUPPORTED, "%lld sharding combinations to price (limit %d)",
                       (long long)total, MAX_COMBOS);
@@ -61,24 +66,28 @@ static weft_status choose(const weft_dtensor *a, const weft_dtensor *b, int k, o
       idx[i] = (int)(r % nopt[i]);
       r /= nopt[i];
     }
-    weft_placement ta[WEFT_MESH_MAX_DIMS], tb[WEFT_MESH_MAX_DIMS];
     int op = -1;
     bool mixed = false;
     for (int i = 0; i < k; i++) {
-      ta[i] = opts[i][idx[i]].a;
-      tb[i] = opts[i][idx[i]].b;
-      weft_placement o = opts[i][idx[i]].out;
+      weft_placement o = opts[i * cap + idx[i]].out;
       if (o.kind == WEFT_PLACE_PARTIAL) {
         if (op >= 0 && op != (int)o.op) mixed = true;
         op = (int)o.op;
       }
     }
     if (mixed) continue;
-    double ca = 0, cb = 0;
-    if (dt_plan_cost(&a->spec, ta, allow_partial, &ca) != WEFT_OK) continue;
-    if (b && dt_plan_cost(&b->spec, tb, allow_partial, &cb) != WEFT_OK) continue;
-    if (ca + cb < best_cost) {
-      best_cost = ca + cb;
+    double cost = 0;
+    bool ok = true;
+    for (int a = 0; a < nin && ok; a++) {
+      if (!in[a]) continue;
+      weft_placement t[WEFT_MESH_MAX_DIMS];
+      for (int i = 0; i < k; i++) t[i] = opts[i * cap + idx[i]].in[a];
+      double ca = 0;
+      if (dt_plan_cost(in[a], t, allow_partial, &ca) != WEFT_OK) ok = false;
+      cost += ca;
+    }
+    if (ok && cost < best_cost) {
+      best_cost = cost;
       memcpy(best, idx, sizeof idx);
       found = true;
     }
@@ -86,10 +95,29 @@ static weft_status choose(const weft_dtensor *a, const weft_dtensor *b, int k, o
   weft_clear_error();
   if (!found) return weft_error(WEFT_ERR_UNSUPPORTED, "no sharding strategy applies");
   for (int i = 0; i < k; i++) {
-    ta_best[i] = opts[i][best[i]].a;
-    tb_best[i] = opts[i][best[i]].b;
-    to_best[i] = opts[i][best[i]].out;
+    const weft_sharding_option *o = &opts[i * cap + best[i]];
+    for (int a = 0; a < nin; a++) targets[a * k + i] = o->in[a];
+    out_best[i] = o->out;
   }
+  return WEFT_OK;
+}
+
+/* The two-input form the ops below use. */
+static weft_status choose(const weft_dtensor *a, const weft_dtensor *b, int k, opt opts[][MAX_OPTS],
+                          const int *nopt, bool allow_partial, weft_placement *ta_best,
+                          weft_placement *tb_best, weft_placement *to_best) {
+  static __thread weft_sharding_option so[WEFT_MESH_MAX_DIMS * MAX_OPTS];
+  for (int i = 0; i < k; i++)
+    for (int j = 0; j < nopt[i]; j++) {
+      so[i * MAX_OPTS + j].in[0] = opts[i][j].a;
+      so[i * MAX_OPTS + j].in[1] = opts[i][j].b;
+      so[i * MAX_OPTS + j].out = opts[i][j].out;
+    }
+  const weft_dtensor_spec *specs[2] = {&a->spec, b ? &b->spec : NULL};
+  weft_placement t[2 * WEFT_MESH_MAX_DIMS];
+  WEFT_CHECK(weft_sharding_choose(specs, 2, k, so, MAX_OPTS, nopt, allow_partial, t, to_best));
+  memcpy(ta_best, t, (size_t)k * sizeof *t);
+  memcpy(tb_best, t + k, (size_t)k * sizeof *t);
   return WEFT_OK;
 }
 

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "layers.h"
 #include "status.h"
 
 /* The operation a kernel function implements: its name without the
@@ -54,7 +55,8 @@ static inline weft_status weft_check_gemm_dims_(const char *op, bool ta, bool tb
                          (long long)m, (long long)n, (long long)k);
   if (m == 0 || n == 0) return WEFT_OK;
   int64_t acols = ta ? m : k, bcols = tb ? k : n;
-  if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < n)
+  /* k == 0: A and B are not read (C = beta C), their leading dims do not matter */
+  if ((k > 0 && (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1))) || ldc < n)
     return weft_error_at(WEFT_ERR_INVALID, op,
                          "leading dims too small: lda %lld (need >= %lld), ldb %lld (need >= "
                          "%lld), ldc %lld (need >= %lld)",
@@ -160,5 +162,113 @@ static inline weft_status weft_check_multi_(const char *op, int ntensors, const 
         return weft_error_at(WEFT_ERR_INVALID, op, "flat is NULL");                          \
     }                                                                                         \
   } while (0)
+
+/* Returns a failed check's status as it is: its message already names the
+ * operation (WEFT_CHECK would add a line naming the C function). */
+#define WEFT_CHECK_ARGS_(expr)                                                         \
+  do {                                                                                 \
+    weft_status weft_args_st_ = (expr);                                                \
+    if (weft_args_st_ != WEFT_OK) return weft_args_st_;                                \
+  } while (0)
+
+/* The checks of the norm, activation, softmax and dropout kernels
+ * (layers.h), one function per operation, shared by every backend
+ * (kernels/cpu/norm_act.c, kernels/cuda/norm_act.cu): sizes >= 0 (then
+ * C >= 1 for the row ops), the operation's parameter, then the required
+ * pointers in argument order. Optional pointers (weight, bias, the
+ * backward's outputs) are not checked. op is the operation's name. */
+#define WEFT_CHECK_ROWS_(op, N, C)                                                     \
+  do {                                                                                 \
+    CHECK_SIZES_AT(op, N, C);                                                          \
+    if ((C) < 1)                                                                       \
+      return weft_error_at(WEFT_ERR_INVALID, op, "C = %lld: rows must have C >= 1",    \
+                           (long long)(C));                                            \
+  } while (0)
+
+static inline weft_status weft_check_layernorm_forward_(const char *op, const float *out,
+                                                        const float *mean, const float *rstd,
+                                                        const float *inp, int64_t N, int64_t C,
+                                                        float eps) {
+  WEFT_CHECK_ROWS_(op, N, C);
+  if (!(eps > 0.0f))
+    return weft_error_at(WEFT_ERR_INVALID, op, "eps = %g must be > 0", (double)eps);
+  CHECK_PTR_AT(op, out, N * C);
+  CHECK_PTR_AT(op, mean, N);
+  CHECK_PTR_AT(op, rstd, N);
+  CHECK_PTR_AT(op, inp, N * C);
+  return WEFT_OK;
+}
+
+static inline weft_status weft_check_layernorm_backward_(const char *op, const float *dout,
+                                                         const float *inp, const float *mean,
+                                                         const float *rstd, int64_t N,
+                                                         int64_t C) {
+  WEFT_CHECK_ROWS_(op, N, C);
+  CHECK_PTR_AT(op, dout, N * C);
+  CHECK_PTR_AT(op, inp, N * C);
+  CHECK_PTR_AT(op, mean, N);
+  CHECK_PTR_AT(op, rstd, N);
+  return WEFT_OK;
+}
+
+/* act, then n, then the (n)-element arrays in argument order. */
+#define WEFT_CHECK_ACT_(op, act)                                                           \
+  do {                                                                                     \
+    if ((unsigned)(act) >= (unsigned)WEFT_ACT_COUNT)                                       \
+      return weft_error_at(WEFT_ERR_INVALID, op,                                           \
+                           "activation %d is not one of gelu_tanh (0), gelu_erf (1), relu " \
+                           "(2), silu (3)",                                                \
+                           (int)(act));                                                    \
+  } while (0)
+
+static inline weft_status weft_check_activation_forward_(const char *op, weft_activation act,
+                                                         const float *out, const float *inp,
+                                                         int64_t n) {
+  WEFT_CHECK_ACT_(op, act);
+  CHECK_SIZES_AT(op, n);
+  CHECK_PTR_AT(op, out, n);
+  CHECK_PTR_AT(op, inp, n);
+  return WEFT_OK;
+}
+
+static inline weft_status weft_check_activation_backward_(const char *op, weft_activation act,
+                                                          const float *dinp, const float *dout,
+                                                          const float *inp, int64_t n) {
+  WEFT_CHECK_ACT_(op, act);
+  CHECK_SIZES_AT(op, n);
+  CHECK_PTR_AT(op, dinp, n);
+  CHECK_PTR_AT(op, dout, n);
+  CHECK_PTR_AT(op, inp, n);
+  return WEFT_OK;
+}
+
+static inline weft_status weft_check_softmax_forward_(const char *op, const float *out,
+                                                      const float *inp, int64_t N, int64_t C) {
+  WEFT_CHECK_ROWS_(op, N, C);
+  CHECK_PTR_AT(op, out, N * C);
+  CHECK_PTR_AT(op, inp, N * C);
+  return WEFT_OK;
+}
+
+static inline weft_status weft_check_softmax_backward_(const char *op, const float *dinp,
+                                                       const float *dout, const float *out,
+                                                       int64_t N, int64_t C) {
+  WEFT_CHECK_ROWS_(op, N, C);
+  CHECK_PTR_AT(op, dinp, N * C);
+  CHECK_PTR_AT(op, dout, N * C);
+  CHECK_PTR_AT(op, out, N * C);
+  return WEFT_OK;
+}
+
+static inline weft_status weft_check_dropout_(const char *op, const float *out, const float *inp,
+                                              const float *uniform, float p, int64_t n) {
+  CHECK_SIZES_AT(op, n);
+  if (!(p >= 0.0f && p < 1.0f))
+    return weft_error_at(WEFT_ERR_INVALID, op, "p = %g must be in [0, 1)", (double)p);
+  CHECK_PTR_AT(op, out, n);
+  CHECK_PTR_AT(op, inp, n);
+  CHECK_PTR_AT(op, uniform, n);
+  return WEFT_OK;
+}
 
 #endif /* WEFT_ARG_CHECKS_H */

@@ -457,6 +457,42 @@ weft_status weft_backend_flat_accumulate(weft_device dev, const void *flat, weft
   DISPATCH(dev, flat_accumulate, flat, flat_dtype, pieces, npieces, scale);
 }
 
+weft_status weft_backend_layernorm_forward(weft_device dev, float *out, float *mean, float *rstd,
+                                           const float *inp, const float *weight,
+                                           const float *bias, int64_t N, int64_t C, float eps) {
+  DISPATCH(dev, layernorm_forward, out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+weft_status weft_backend_layernorm_backward(weft_device dev, float *dinp, float *dweight,
+                                            float *dbias, const float *dout, const float *inp,
+                                            const float *weight, const float *mean,
+                                            const float *rstd, int64_t N, int64_t C,
+                                            bool accumulate_dinp) {
+  DISPATCH(dev, layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+           accumulate_dinp);
+}
+weft_status weft_backend_activation_forward(weft_device dev, weft_activation act, float *out,
+                                            const float *inp, int64_t n) {
+  DISPATCH(dev, activation_forward, act, out, inp, n);
+}
+weft_status weft_backend_activation_backward(weft_device dev, weft_activation act, float *dinp,
+                                             const float *dout, const float *inp, int64_t n,
+                                             bool accumulate) {
+  DISPATCH(dev, activation_backward, act, dinp, dout, inp, n, accumulate);
+}
+weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp, int64_t N,
+                                         int64_t C) {
+  DISPATCH(dev, softmax_forward, out, inp, N, C);
+}
+weft_status weft_backend_softmax_backward(weft_device dev, float *dinp, const float *dout,
+                                          const float *out, int64_t N, int64_t C,
+                                          bool accumulate) {
+  DISPATCH(dev, softmax_backward, dinp, dout, out, N, C, accumulate);
+}
+weft_status weft_backend_dropout_apply(weft_device dev, float *out, const float *inp,
+                                       const float *uniform, float p, int64_t n) {
+  DISPATCH(dev, dropout_apply, out, inp, uniform, p, n);
+}
+
 /* ------------------------------------------------- tensor entry points */
 
 const weft_backend *weft_backend_for_tensors_(const char *op, size_t offset, int n,

@@ -118,8 +118,11 @@ typedef struct weft_flat_piece {
 
 /* Grows only at the end; a table says its size and the version it was
  * built against, so a backend compiled against an older header registers
- * with the members it knows and the rest read as NULL (absent). */
-#define WEFT_BACKEND_VERSION 1
+ * with the members it knows and the rest read as NULL (absent).
+ *   1  everything up to flat_accumulate
+ *   2  layernorm_forward .. dropout_apply (LayerNorm, activations, softmax,
+ *      dropout) */
+#define WEFT_BACKEND_VERSION 2
 
 typedef struct weft_backend {
   /* ---- identity (required) */
@@ -317,6 +320,26 @@ typedef struct weft_backend {
   /* p.data[j] += scale * flat[p.offset + j] in fp32 (p.data f32) */
   weft_status (*flat_accumulate)(const void *flat, weft_dtype flat_dtype,
                                  const weft_flat_piece *pieces, int npieces, float scale);
+
+  /* ---- version 2: more layer kernels (layers.h; optional, so that a
+   * version-1 table reads them as absent). Deterministic on every device:
+   * the weight and bias gradients are column sums in a fixed order. */
+  weft_status (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                                   const float *weight, const float *bias, int64_t N, int64_t C,
+                                   float eps);
+  weft_status (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const float *weight, const float *mean,
+                                    const float *rstd, int64_t N, int64_t C,
+                                    bool accumulate_dinp);
+  weft_status (*activation_forward)(weft_activation act, float *out, const float *inp, int64_t n);
+  weft_status (*activation_backward)(weft_activation act, float *dinp, const float *dout,
+                                     const float *inp, int64_t n, bool accumulate);
+  weft_status (*softmax_forward)(float *out, const float *inp, int64_t N, int64_t C);
+  weft_status (*softmax_backward)(float *dinp, const float *dout, const float *out, int64_t N,
+                                  int64_t C, bool accumulate);
+  /* uniform: this device's memory, as the other arrays */
+  weft_status (*dropout_apply)(float *out, const float *inp, const float *uniform, float p,
+                               int64_t n);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -499,6 +522,27 @@ weft_status weft_backend_flat_split(weft_device dev, const void *flat, weft_dtyp
                                     const weft_flat_piece *pieces, int npieces);
 weft_status weft_backend_flat_accumulate(weft_device dev, const void *flat, weft_dtype flat_dtype,
                                          const weft_flat_piece *pieces, int npieces, float scale);
+
+weft_status weft_backend_layernorm_forward(weft_device dev, float *out, float *mean, float *rstd,
+                                           const float *inp, const float *weight,
+                                           const float *bias, int64_t N, int64_t C, float eps);
+weft_status weft_backend_layernorm_backward(weft_device dev, float *dinp, float *dweight,
+                                            float *dbias, const float *dout, const float *inp,
+                                            const float *weight, const float *mean,
+                                            const float *rstd, int64_t N, int64_t C,
+                                            bool accumulate_dinp);
+weft_status weft_backend_activation_forward(weft_device dev, weft_activation act, float *out,
+                                            const float *inp, int64_t n);
+weft_status weft_backend_activation_backward(weft_device dev, weft_activation act, float *dinp,
+                                             const float *dout, const float *inp, int64_t n,
+                                             bool accumulate);
+weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp, int64_t N,
+                                         int64_t C);
+weft_status weft_backend_softmax_backward(weft_device dev, float *dinp, const float *dout,
+                                          const float *out, int64_t N, int64_t C,
+                                          bool accumulate);
+weft_status weft_backend_dropout_apply(weft_device dev, float *out, const float *inp,
+                                       const float *uniform, float p, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -191,6 +191,87 @@ weft_status weft_residual_forward(float *out, const float *a, const float *b, in
  * Either of da, db may be NULL (skipped). */
 weft_status weft_residual_backward(float *da, float *db, const float *dout, int64_t n);
 
+/* --------------------------------------------------------------- LayerNorm
+ * (kernels/cpu/norm_act.c; the device's in kernels/cuda/norm_act.cu, as for
+ * the functions down to dropout) */
+
+/* torch.nn.functional.layer_norm over the last dim (torch.nn.LayerNorm with
+ * normalized_shape = (C,)):
+ *   mean[n] = mean_i inp[n, i],  rstd[n] = 1/sqrt(mean_i (inp[n, i] - mean[n])^2 + eps)
+ *   out[n, i] = (inp[n, i] - mean[n]) * rstd[n] * weight[i] + bias[i]
+ * (the biased variance, as torch; mean and variance accumulate in double,
+ * two passes). out and inp are (N, C), mean and rstd are (N) and are saved
+ * for backward, weight and bias are (C) and may each be NULL (weight 1,
+ * bias 0: elementwise_affine=False or bias=False). C >= 1, eps > 0 (1e-5
+ * in torch). out may alias inp only if backward does not need inp. */
+weft_status weft_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                   const float *weight, const float *bias, int64_t N, int64_t C,
+                                   float eps);
+/* With xhat = (inp[n, i] - mean[n]) * rstd[n], g = dout * weight:
+ *   dinp[n, i] = rstd[n] * (g_i - mean_j g_j - xhat_i * mean_j(g_j xhat_j))
+ *   dweight[i] += sum_n dout[n, i] * xhat[n, i]                   (accumulates)
+ *   dbias[i]   += sum_n dout[n, i]                                (accumulates)
+ * dinp is (N, C) (= or += by accumulate_dinp), dweight and dbias are (C);
+ * each of the three may be NULL (skipped). dout and inp are (N, C), weight
+ * is (C) or NULL (1), mean and rstd are (N) from forward. Row and column
+ * sums accumulate in double. dinp must not alias inp or dout. */
+weft_status weft_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const float *weight, const float *mean,
+                                    const float *rstd, int64_t N, int64_t C,
+                                    bool accumulate_dinp);
+
+/* ------------------------------------------------------------- activations */
+
+/* Pointwise activations, as torch.nn.functional: */
+typedef enum weft_activation {
+  /* gelu(approximate='tanh'): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+  WEFT_ACT_GELU_TANH = 0,
+  WEFT_ACT_GELU_ERF,      /* gelu(): 0.5 x (1 + erf(x / sqrt(2))) */
+  WEFT_ACT_RELU,          /* relu(): max(x, 0) (NaN stays NaN) */
+  WEFT_ACT_SILU,          /* silu(): x * sigmoid(x) */
+  WEFT_ACT_COUNT
+} weft_activation;
+/* "gelu_tanh", "gelu_erf", "relu", "silu"; "?" for anything else. */
+const char *weft_activation_name(weft_activation a);
+/* out = act(inp) elementwise; out and inp are (n); out may alias inp.
+ * An act outside [0, WEFT_ACT_COUNT) is WEFT_ERR_INVALID. Saves nothing
+ * (backward needs inp). */
+weft_status weft_activation_forward(weft_activation act, float *out, const float *inp, int64_t n);
+/* dinp = dout * act'(inp) (+= when accumulate), all (n):
+ *   gelu_tanh' = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2),
+ *                t = tanh(sqrt(2/pi) (x + 0.044715 x^3))
+ *   gelu_erf'  = 0.5 (1 + erf(x / sqrt(2))) + x exp(-x^2 / 2) / sqrt(2 pi)
+ *   relu'      = [x > 0] (0 at x = 0, as torch)
+ *   silu'      = s (1 + x (1 - s)), s = sigmoid(x)
+ * dinp may alias dout when !accumulate. */
+weft_status weft_activation_backward(weft_activation act, float *dinp, const float *dout,
+                                     const float *inp, int64_t n, bool accumulate);
+
+/* ----------------------------------------------------------------- softmax */
+
+/* out[n, :] = softmax(inp[n, :]) over the last dim (torch.softmax(x, -1)):
+ * exp(inp - max_row) / sum_row, the sum accumulated in double. out and inp
+ * are (N, C), C >= 1; out may alias inp. Saves nothing (backward needs
+ * out). */
+weft_status weft_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);
+/* dinp[n, i] = out[n, i] * (dout[n, i] - sum_j dout[n, j] out[n, j]) (+=
+ * when accumulate), the row sum in double. dinp, dout and out (forward's
+ * output) are (N, C), C >= 1; dinp may alias dout or out when !accumulate. */
+weft_status weft_softmax_backward(float *dinp, const float *dout, const float *out, int64_t N,
+                                  int64_t C, bool accumulate);
+
+/* ----------------------------------------------------------------- dropout */
+
+/* Inverted dropout (torch.nn.functional.dropout in training) with the
+ * caller's uniforms: out[i] = uniform[i] >= p ? inp[i] * s : 0, s = 1 / (1 -
+ * p) rounded once to fp32 (so an element is kept with probability 1 - p
+ * when uniform[i] is U[0, 1), e.g. from weft_tensor_fill_uniform). out,
+ * inp and uniform are (n); out may alias inp; 0 <= p < 1 (p = 0: out =
+ * inp). The backward is the same call with the same uniforms on dout:
+ * dinp = mask * dout / (1 - p). */
+weft_status weft_dropout_apply(float *out, const float *inp, const float *uniform, float p,
+                               int64_t n);
+
 /* ---------------------------------------------------------- cross-entropy */
 
 /* Mean cross-entropy, torch.nn.functional.cross_entropy(logits, targets)

@@ -159,7 +159,7 @@ static void attention_destroy(weft_module *m) {
   free(A);
 }
 
-static const nn_ops attention_ops = {attention_forward, attention_backward, attention_destroy};
+static const nn_ops attention_ops = {attention_forward, attention_backward, attention_destroy, NULL};
 
 /* A Linear child (no bias) of a module: name, in -> out features, and the
  * impl field that keeps it. */
@@ -280,7 +280,7 @@ static void ff_destroy(weft_module *m) {
   free(F);
 }
 
-static const nn_ops ff_ops = {ff_forward, ff_backward, ff_destroy};
+static const nn_ops ff_ops = {ff_forward, ff_backward, ff_destroy, NULL};
 
 weft_status nn_feed_forward_new(weft_mesh *mesh, const char *name, int64_t dim, int64_t ffn,
                                 float init_std, weft_module **out) {

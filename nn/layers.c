@@ -89,6 +89,9 @@ static void linear_grad_rule(weft_placement px, weft_placement pw, weft_placemen
 
 static weft_status linear_forward(weft_module *m, const weft_dtensor *x, const weft_dtensor **out) {
   linear_impl *L = m->impl;
+  if (m->nparams > 1)
+    return weft_error(WEFT_ERR_UNSUPPORTED,
+                      "linear '%s' has a bias: run it in a graph (weft_module_call)", m->fqn);
   WEFT_CHECK(nn_check_input(m, x, "input", WEFT_F32, 1));
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(x);
   int last = xs->ndim - 1;
@@ -182,7 +185,8 @@ static void linear_destroy(weft_module *m) {
   free(L);
 }
 
-static const nn_ops linear_ops = {linear_forward, linear_backward, linear_destroy};
+static const nn_ops linear_ops = {linear_forward, linear_backward, linear_destroy,
+                                   nn_linear_graph_forward};
 
 weft_status nn_linear_new(weft_mesh *mesh, const char *name, int64_t in, int64_t out,
                           float init_std, weft_module **m) {
@@ -320,7 +324,8 @@ static void embedding_destroy(weft_module *m) {
   free(E);
 }
 
-static const nn_ops embedding_ops = {embedding_forward, embedding_backward, embedding_destroy};
+static const nn_ops embedding_ops = {embedding_forward, embedding_backward, embedding_destroy,
+                                      nn_embedding_graph_forward};
 
 weft_status nn_embedding_new(weft_mesh *mesh, const char *name, int64_t num, int64_t dim,
                              float init_std, weft_module **m) {
@@ -442,7 +447,8 @@ static void rmsnorm_destroy(weft_module *m) {
   free(R);
 }
 
-static const nn_ops rmsnorm_ops = {rmsnorm_forward, rmsnorm_backward, rmsnorm_destroy};
+static const nn_ops rmsnorm_ops = {rmsnorm_forward, rmsnorm_backward, rmsnorm_destroy,
+                                    nn_rmsnorm_graph_forward};
 
 weft_status weft_rmsnorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
                                 weft_module **out) {
@@ -465,3 +471,5 @@ weft_status weft_rmsnorm_create(weft_mesh *mesh, const char *name, int64_t dim, 
   }
   return WEFT_OK;
 }
+
+float nn_rmsnorm_eps(const weft_module *m) { return ((const rmsnorm_impl *)m->impl)->eps; }

@@ -26,7 +26,7 @@ static weft_status seq_backward(weft_module *m, const weft_dtensor *dy, const we
 
 static void seq_destroy(weft_module *m) { (void)m; }
 
-static const nn_ops seq_ops = {seq_forward, seq_backward, seq_destroy};
+static const nn_ops seq_ops = {seq_forward, seq_backward, seq_destroy, nn_seq_graph_forward};
 
 weft_status weft_sequential_create(weft_mesh *mesh, const char *name, weft_module **out) {
   return nn_module_new(mesh, WEFT_MODULE_CONTAINER, name, &seq_ops, NULL, out);
@@ -86,7 +86,7 @@ static void block_destroy(weft_module *m) {
   free(K);
 }
 
-static const nn_ops block_ops = {block_forward, block_backward, block_destroy};
+static const nn_ops block_ops = {block_forward, block_backward, block_destroy, NULL};
 
 /* Attaches *child (just made by a constructor that returned st) to parent,
  * destroying it if that fails. Takes a pointer so that *child is read after
@@ -315,7 +315,7 @@ static void loss_destroy(weft_module *m) {
   free(L);
 }
 
-static const nn_ops loss_ops = {loss_forward, loss_backward, loss_destroy};
+static const nn_ops loss_ops = {loss_forward, loss_backward, loss_destroy, NULL};
 
 weft_status weft_loss_create(weft_mesh *mesh, const char *name, weft_module **out) {
   if (out) *out = NULL;
@@ -461,7 +461,7 @@ static void model_destroy(weft_module *m) {
   free(M);
 }
 
-static const nn_ops model_ops = {model_forward, model_backward, model_destroy};
+static const nn_ops model_ops = {model_forward, model_backward, model_destroy, NULL};
 
 weft_status weft_llama_create(const weft_llama_config *cfg, weft_mesh *mesh, weft_module **out) {
   if (out) *out = NULL;

@@ -10,7 +10,7 @@
 
 static const char *const kind_names[WEFT_MODULE_KIND_COUNT] = {
     "container", "linear", "embedding", "rmsnorm", "attention",
-    "feed_forward", "block", "loss", "model"};
+    "feed_forward", "block", "loss", "model", "layernorm", "custom"};
 
 const char *weft_module_kind_name(weft_module_kind kind) {
   if ((int)kind < 0 || kind >= WEFT_MODULE_KIND_COUNT) return "?";
@@ -116,6 +116,9 @@ static void module_free(weft_module *m) {
   if (m->ops && m->ops->destroy) m->ops->destroy(m);
   for (int i = 0; i < m->nparams; i++) param_free(m->params[i]);
   free(m->params);
+  for (int i = 0; i < m->ntied; i++) free(m->tied_names[i]);
+  free(m->tied_names);
+  free(m->tied);
   for (int k = 0; k < WEFT_HOOK_KIND_COUNT; k++) {
     for (int i = 0; i < m->owned[k].n; i++) weft_dtensor_destroy(m->owned[k].v[i]);
     free(m->owned[k].v);
@@ -201,9 +204,9 @@ weft_status nn_module_attach(weft_module *parent, weft_module *child) {
 
 weft_status weft_module_add_child(weft_module *parent, weft_module *child) {
   if (!parent || !child) return weft_error(WEFT_ERR_INVALID, "parent or child is NULL");
-  if (parent->kind != WEFT_MODULE_CONTAINER)
+  if (parent->kind != WEFT_MODULE_CONTAINER && parent->kind != WEFT_MODULE_CUSTOM)
     return weft_error(WEFT_ERR_INVALID,
-                      "'%s' is a %s: children can only be added to containers",
+                      "'%s' is a %s: children can only be added to containers and user modules",
                       parent->fqn[0] ? parent->fqn : parent->name,
                       weft_module_kind_name(parent->kind));
   if (parent->running) return weft_error(WEFT_ERR_BUSY, "'%s' is running", parent->name);
@@ -336,11 +339,11 @@ weft_status weft_module_find_param(weft_module *root, const char *rel, weft_para
     }
     pname = dot + 1;
   }
-  for (int i = 0; i < m->nparams; i++)
-    if (strcmp(m->params[i]->name, pname) == 0) {
-      *out = m->params[i];
-      return WEFT_OK;
-    }
+  weft_param *p = weft_module_get_param(m, pname);
+  if (p) {
+    *out = p;
+    return WEFT_OK;
+  }
   return weft_error(WEFT_ERR_NOT_FOUND, "no parameter '%s' under '%s'", rel, root->fqn);
 }
 
@@ -470,6 +473,11 @@ static weft_status run_hooks(weft_module *m, weft_hook_kind kind, const weft_dte
     }
   }
   return WEFT_OK;
+}
+
+weft_status nn_module_hooks(weft_module *m, weft_hook_kind kind, const weft_dtensor **t) {
+  owned_clear(&m->owned[kind]);
+  return run_hooks(m, kind, t);
 }
 
 weft_status weft_module_forward(weft_module *m, const weft_dtensor *in, const weft_dtensor **out) {

@@ -217,6 +217,8 @@ typedef enum weft_module_kind {
   WEFT_MODULE_BLOCK,
   WEFT_MODULE_LOSS,          /* cross-entropy of logits against targets */
   WEFT_MODULE_MODEL,         /* the Llama model (root) */
+  WEFT_MODULE_LAYERNORM,     /* torch.nn.LayerNorm (runs in a graph only) */
+  WEFT_MODULE_CUSTOM,        /* a user's module (weft_module_create, autograd.h) */
   WEFT_MODULE_KIND_COUNT
 } weft_module_kind;
 
@@ -336,6 +338,38 @@ weft_status weft_embedding_create(weft_mesh *mesh, const char *name, int64_t num
 /* RMSNorm(dim, eps): weight (dim), initialised to ones. */
 weft_status weft_rmsnorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
                                 weft_module **out);
+/* torch.nn.Linear(in, out, bias): weight (out, in) Normal(0, 0.02), and
+ * with bias a "bias" (out) initialised to zeros. A linear with a bias runs
+ * in a graph only (weft_module_call); without, on both paths. */
+weft_status weft_linear_create_ex(weft_mesh *mesh, const char *name, int64_t in_features,
+                                  int64_t out_features, bool bias, weft_module **out);
+/* torch.nn.LayerNorm(dim, eps, bias): weight (dim) ones, bias (dim) zeros
+ * when `bias`. Runs in a graph (weft_module_call) with weft_op_layer_norm;
+ * tp/'s sequence parallel applies to it as to RMSNorm. */
+weft_status weft_layernorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
+                                  bool bias, weft_module **out);
+
+/* Registers a parameter "name" of module m (torch's register_parameter):
+ * global shape, all-Replicate on m's mesh, no storage until
+ * weft_module_init_weights / materialize / load; *out (may be NULL) is
+ * owned by m. Errors: a bad name, a name m already has (parameter or tied
+ * alias), a child of that name. Local. */
+weft_status weft_module_add_param(weft_module *m, const char *name, int ndim,
+                                  const int64_t *shape, weft_param_init init, weft_param **out);
+/* Makes `shared` (a parameter of another module of the same tree, e.g.
+ * transformer.wte.weight) also m's parameter "name" (GPT-2's lm_head
+ * weight tied to wte): one storage, one grad (uses from both modules sum
+ * into it). It keeps its owner's FQN: weft_module_parameters, optimizers,
+ * FSDP and checkpoints see it once, under that name; weft_module_find_param
+ * also finds it by the alias ("lm_head.weight"). FSDP requires it to be in
+ * the group of a common ancestor of every module that uses it. Local. */
+weft_status weft_module_tie_param(weft_module *m, const char *name, weft_param *shared);
+/* m's parameter (own or tied) by local name; NULL if none. */
+weft_param *weft_module_get_param(const weft_module *m, const char *name);
+/* Aliases (tied parameters) of m: count, and i-th name and parameter. */
+int weft_module_num_tied(const weft_module *m);
+weft_param *weft_module_tied(const weft_module *m, int i, const char **name);
+
 /* A container that runs its children in order (nn.Sequential); children
  * are added with weft_module_add_child. */
 weft_status weft_sequential_create(weft_mesh *mesh, const char *name, weft_module **out);
@@ -450,6 +484,25 @@ typedef struct weft_optimizer weft_optimizer;
 weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
                               weft_optimizer **out);
 weft_status weft_sgd_create(weft_module *root, const weft_sgd_params *hp, weft_optimizer **out);
+/* torch.optim.AdamW with parameter groups: every trainable parameter of
+ * root in exactly one group (WEFT_ERR_INVALID naming a parameter in none,
+ * in two, or listed but not root's), each group with its own
+ * hyper-parameters (lr, betas, eps, weight_decay, amsgrad). State names as
+ * without groups; one multi-tensor launch per run of parameters of one
+ * group. set_lr and schedules set every group's lr. */
+typedef struct weft_adamw_group {
+  weft_param *const *params;
+  int nparams;
+  weft_adamw_params hp;
+} weft_adamw_group;
+weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *groups,
+                                     int ngroups, weft_optimizer **out);
+/* Number of groups (1 without groups), and a group's hyper-parameters
+ * (read for checkpoints; set on restore: amsgrad cannot change). */
+int weft_optimizer_num_groups(const weft_optimizer *opt);
+weft_status weft_optimizer_group_get(const weft_optimizer *opt, int group, weft_adamw_params *hp);
+weft_status weft_optimizer_group_set(weft_optimizer *opt, int group, const weft_adamw_params *hp);
+
 void weft_optimizer_destroy(weft_optimizer *opt); /* NULL: no-op */
 
 /* One step over every parameter whose grad is set (torch skips grad None;

@@ -11,6 +11,8 @@
 #include "backend.h"
 #include "nn.h"
 
+typedef struct weft_var weft_var;
+
 /* The raw computation of one module kind. forward/backward receive the
  * tensors after the pre-hooks and return tensors they own (or a child
  * owns); the dispatcher runs the post-hooks. backward may set *din = NULL
@@ -20,6 +22,11 @@ typedef struct nn_ops {
   weft_status (*forward)(weft_module *m, const weft_dtensor *in, const weft_dtensor **out);
   weft_status (*backward)(weft_module *m, const weft_dtensor *dout, const weft_dtensor **din);
   void (*destroy)(weft_module *m);
+  /* The forward written with ops (autograd.h), run by weft_module_call
+   * between the hooks; NULL for layers with only a hand-written
+   * forward/backward (then forward/backward above serve both paths). */
+  weft_status (*graph_forward)(weft_module *m, weft_var *const *in, int nin, weft_var **out,
+                               int nout);
 } nn_ops;
 
 typedef struct nn_hook {
@@ -48,6 +55,9 @@ struct weft_module {
   int cap_children;
   weft_param **params;
   int nparams;
+  weft_param **tied;  /* parameters of other modules used here (not owned) */
+  char **tied_names;  /* their local names here */
+  int ntied;
   weft_mesh *mesh; /* retained */
   const nn_ops *ops;
   void *impl;
@@ -58,6 +68,7 @@ struct weft_module {
   nn_owned owned[WEFT_HOOK_KIND_COUNT];
   bool running;     /* inside forward or backward (re-entry and hook removal checks) */
   bool fwd_pending; /* a forward ran and its backward has not */
+  bool in_graph_forward; /* inside weft_module_call's forward (re-entry check) */
   weft_dtensor_spec out_spec; /* what the last forward returned (after post-hooks) */
 };
 
@@ -77,6 +88,10 @@ weft_status nn_param_add(weft_module *m, const char *name, int ndim, const int64
 /* The parameter's data, checked to be materialised, f32, contiguous, on a
  * mesh of m's mesh shape. */
 weft_status nn_param_data(const weft_module *m, const weft_param *p, const weft_dtensor **out);
+
+/* Runs m's hooks of one kind on *t (graph module boundaries, autograd.c):
+ * the replacements of the previous run of that point are freed first. */
+weft_status nn_module_hooks(weft_module *m, weft_hook_kind kind, const weft_dtensor **t);
 
 /* ------------------------------------------------------------ util.c */
 
@@ -162,6 +177,20 @@ bool nn_pl_equal(const weft_placement *a, const weft_placement *b, int n);
 /* The error for an unsupported placement combination of module m. */
 weft_status nn_unsupported(const weft_module *m, int mesh_dim, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* ------------------------------------------------------------ modules.c */
+
+/* Graph forwards of the built-in layers (nn_ops.graph_forward). */
+weft_status nn_linear_graph_forward(weft_module *m, weft_var *const *in, int nin, weft_var **out,
+                                    int nout);
+weft_status nn_embedding_graph_forward(weft_module *m, weft_var *const *in, int nin,
+                                       weft_var **out, int nout);
+weft_status nn_rmsnorm_graph_forward(weft_module *m, weft_var *const *in, int nin,
+                                     weft_var **out, int nout);
+weft_status nn_seq_graph_forward(weft_module *m, weft_var *const *in, int nin, weft_var **out,
+                                 int nout);
+/* The eps of an RMSNorm module (layers.c). */
+float nn_rmsnorm_eps(const weft_module *m);
 
 /* -------------------------------------------------- constructors (impls) */
 

@@ -15,12 +15,15 @@ typedef struct opt_entry {
   weft_dtensor_spec spec; /* the data's spec at creation */
   weft_dtensor *s[3];     /* AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq; SGD: momentum_buffer */
   int64_t step;
+  int group;              /* index into the optimizer's groups (0 without groups) */
 } opt_entry;
 
 struct weft_optimizer {
   opt_kind kind;
   weft_adamw_params adam;
   weft_sgd_params sgd;
+  weft_adamw_params *groups; /* AdamW parameter groups (NULL: one group, `adam`) */
+  int ngroups;
   opt_entry *e;
   int n;
   /* flattened named state, in entry order */
@@ -40,6 +43,7 @@ void weft_optimizer_destroy(weft_optimizer *o) {
   free(o->names);
   free(o->states);
   free(o->e);
+  free(o->groups);
   free(o);
 }
 
@@ -107,8 +111,7 @@ fail:
   return weft_error_trace(st, __func__);
 }
 
-weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
-                              weft_optimizer **out) {
+static weft_status adamw_check(const weft_adamw_params *hp) {
   if (!hp) return weft_error(WEFT_ERR_INVALID, "hyper-parameters are NULL");
   if (!(hp->lr >= 0) || !(hp->eps >= 0) || !(hp->beta1 >= 0 && hp->beta1 < 1) ||
       !(hp->beta2 >= 0 && hp->beta2 < 1) || !(hp->weight_decay >= 0))
@@ -117,6 +120,12 @@ weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
                       "%g, betas (%g, %g), eps %g, wd %g)",
                       (double)hp->lr, (double)hp->beta1, (double)hp->beta2, (double)hp->eps,
                       (double)hp->weight_decay);
+  return WEFT_OK;
+}
+
+weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
+                              weft_optimizer **out) {
+  WEFT_CHECK(adamw_check(hp));
   weft_optimizer *o;
   WEFT_CHECK(opt_create(root, OPT_ADAMW, &o));
   o->adam = *hp;
@@ -131,6 +140,93 @@ weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
     return weft_error_trace(st, __func__);
   }
   *out = o;
+  return WEFT_OK;
+}
+
+weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *groups,
+                                     int ngroups, weft_optimizer **out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  if (!groups || ngroups < 1) return weft_error(WEFT_ERR_INVALID, "AdamW: no parameter groups");
+  for (int g = 0; g < ngroups; g++) {
+    weft_status st = adamw_check(&groups[g].hp);
+    if (st) return weft_error(st, "AdamW parameter group %d: %s", g, weft_last_error());
+  }
+  weft_optimizer *o;
+  WEFT_CHECK(opt_create(root, OPT_ADAMW, &o));
+  weft_status st = WEFT_OK;
+  o->adam = groups[0].hp;
+  o->groups = malloc((size_t)ngroups * sizeof *o->groups);
+  if (!o->groups) st = weft_error(WEFT_ERR_OOM, "optimizer groups");
+  for (int g = 0; !st && g < ngroups; g++) o->groups[g] = groups[g].hp;
+  o->ngroups = ngroups;
+  /* each entry's group: the one listing it (exactly one) */
+  for (int i = 0; !st && i < o->n; i++) {
+    int found = -1;
+    for (int g = 0; g < ngroups && !st; g++)
+      for (int j = 0; j < groups[g].nparams; j++)
+        if (groups[g].params[j] == o->e[i].p) {
+          if (found >= 0)
+            st = weft_error(WEFT_ERR_INVALID,
+                            "AdamW: parameter '%s' is in groups %d and %d (one group each)",
+                            o->e[i].p->fqn, found, g);
+          found = g;
+          break;
+        }
+    if (!st && found < 0)
+      st = weft_error(WEFT_ERR_INVALID, "AdamW: parameter '%s' is in no parameter group",
+                      o->e[i].p->fqn);
+    o->e[i].group = found;
+  }
+  /* a listed parameter the module does not have (or without grad) */
+  for (int g = 0; !st && g < ngroups; g++)
+    for (int j = 0; !st && j < groups[g].nparams; j++) {
+      bool ok = false;
+      for (int i = 0; i < o->n && !ok; i++) ok = o->e[i].p == groups[g].params[j];
+      if (!ok)
+        st = weft_error(WEFT_ERR_INVALID,
+                        "AdamW: group %d lists a parameter ('%s') that is not a trainable "
+                        "parameter of the module",
+                        g, groups[g].params[j] ? groups[g].params[j]->fqn : "(null)");
+    }
+  bool ams = false;
+  for (int g = 0; g < ngroups; g++) ams = ams || groups[g].hp.amsgrad;
+  for (int i = 0; i < o->n && !st; i++) {
+    st = add_state(o, &o->e[i], 0, "exp_avg");
+    if (!st) st = add_state(o, &o->e[i], 1, "exp_avg_sq");
+    if (!st && o->groups[o->e[i].group].amsgrad) st = add_state(o, &o->e[i], 2, "max_exp_avg_sq");
+  }
+  (void)ams;
+  if (st) {
+    weft_optimizer_destroy(o);
+    return weft_error_trace(st, __func__);
+  }
+  *out = o;
+  return WEFT_OK;
+}
+
+int weft_optimizer_num_groups(const weft_optimizer *o) { return o ? (o->ngroups ? o->ngroups : 1) : 0; }
+
+weft_status weft_optimizer_group_get(const weft_optimizer *o, int g, weft_adamw_params *hp) {
+  if (!o || !hp) return weft_error(WEFT_ERR_INVALID, "NULL argument");
+  if (o->kind != OPT_ADAMW) return weft_error(WEFT_ERR_UNSUPPORTED, "parameter groups: AdamW only");
+  if (g < 0 || g >= weft_optimizer_num_groups(o))
+    return weft_error(WEFT_ERR_INVALID, "group %d outside [0, %d)", g, weft_optimizer_num_groups(o));
+  *hp = o->groups ? o->groups[g] : o->adam;
+  return WEFT_OK;
+}
+
+weft_status weft_optimizer_group_set(weft_optimizer *o, int g, const weft_adamw_params *hp) {
+  if (!o) return weft_error(WEFT_ERR_INVALID, "optimizer is NULL");
+  WEFT_CHECK(adamw_check(hp));
+  if (o->kind != OPT_ADAMW) return weft_error(WEFT_ERR_UNSUPPORTED, "parameter groups: AdamW only");
+  if (g < 0 || g >= weft_optimizer_num_groups(o))
+    return weft_error(WEFT_ERR_INVALID, "group %d outside [0, %d)", g, weft_optimizer_num_groups(o));
+  bool had = o->groups ? o->groups[g].amsgrad : o->adam.amsgrad;
+  if (hp->amsgrad != had)
+    return weft_error(WEFT_ERR_INVALID, "group %d: amsgrad cannot change after creation", g);
+  if (o->groups) o->groups[g] = *hp;
+  else o->adam = *hp;
   return WEFT_OK;
 }
 
@@ -184,11 +280,7 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
         !weft_tensor_is_contiguous(weft_dtensor_local(p->grad)))
       return weft_error(WEFT_ERR_UNSUPPORTED, "optimizer: '%s' has a non-contiguous shard", p->fqn);
   }
-  if (o->has_sched) {
-    float lr = weft_lr_schedule_at(&o->sched, o->steps);
-    o->adam.lr = lr;
-    o->sgd.lr = lr;
-  }
+  if (o->has_sched) weft_optimizer_set_lr(o, weft_lr_schedule_at(&o->sched, o->steps));
   /* One multi-tensor call per run of parameters that share a device and a
    * step count (usually all of them), at most OPT_BATCH tensors each. */
   enum { OPT_BATCH = 128 };
@@ -198,15 +290,18 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
   int nb = 0;
   weft_device dev = WEFT_CPU;
   int64_t step = 0;
+  int group = 0;
   for (int i = 0; i <= o->n; i++) {
     opt_entry *e = i < o->n ? &o->e[i] : NULL;
     if (e && !e->p->grad) continue;
     if (e) e->step++;
-    bool flush = nb > 0 && (!e || nb == OPT_BATCH || nn_dev(e->p->data) != dev || e->step != step);
+    bool flush = nb > 0 && (!e || nb == OPT_BATCH || nn_dev(e->p->data) != dev ||
+                            e->step != step || e->group != group);
     if (flush) {
+      const weft_adamw_params *hp = o->groups ? &o->groups[group] : &o->adam;
       if (o->kind == OPT_ADAMW)
-        WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, o->adam.amsgrad ? s2 : NULL, na,
-                                            nb, step, &o->adam));
+        WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, hp->amsgrad ? s2 : NULL, na,
+                                            nb, step, hp));
       else
         WEFT_CHECK(weft_backend_sgd_multi(dev, pa, ga, o->sgd.momentum != 0.0f ? s0 : NULL, na, nb,
                                           step, &o->sgd));
@@ -216,6 +311,7 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
     weft_param *p = e->p;
     dev = nn_dev(p->data);
     step = e->step;
+    group = e->group;
     pa[nb] = nn_f32(p->data);
     ga[nb] = nn_f32(p->grad);
     s0[nb] = e->s[0] ? nn_f32(e->s[0]) : NULL;
@@ -232,10 +328,12 @@ void weft_optimizer_set_lr(weft_optimizer *o, float lr) {
   if (!o) return;
   o->adam.lr = lr;
   o->sgd.lr = lr;
+  for (int g = 0; g < o->ngroups; g++) o->groups[g].lr = lr;
 }
 
 float weft_optimizer_get_lr(const weft_optimizer *o) {
   if (!o) return 0.0f;
+  if (o->groups) return o->groups[0].lr;
   return o->kind == OPT_ADAMW ? o->adam.lr : o->sgd.lr;
 }
 

@@ -1,7 +1,8 @@
 /* The CPU backend's table (backend.h): host memory through weft_alloc's
- * header scheme, the layer kernels of layers.h, the tensor operations of
- * kernels.h, and the multi-tensor and flat-buffer operations here (loops
- * over the single-tensor kernels, so their numbers are those kernels').
+ * header scheme, the layer kernels of layers.h (cpu/layers.c and
+ * cpu/norm_act.c), the tensor operations of kernels.h, and the multi-tensor
+ * and flat-buffer operations here (loops over the single-tensor kernels, so
+ * their numbers are those kernels').
  * Everything is synchronous: no streams, no events. */
 #include <stdlib.h>
 #include <string.h>
@@ -319,6 +320,14 @@ static const weft_backend cpu_backend = {
     .flat_pack = cpu_flat_pack,
     .flat_split = cpu_flat_split,
     .flat_accumulate = cpu_flat_accumulate,
+    /* version 2 (cpu/norm_act.c) */
+    .layernorm_forward = weft_layernorm_forward,
+    .layernorm_backward = weft_layernorm_backward,
+    .activation_forward = weft_activation_forward,
+    .activation_backward = weft_activation_backward,
+    .softmax_forward = weft_softmax_forward,
+    .softmax_backward = weft_softmax_backward,
+    .dropout_apply = weft_dropout_apply,
 };
 
 const weft_backend *weft_cpu_backend_(void) { return &cpu_backend; }

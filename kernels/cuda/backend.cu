@@ -103,6 +103,14 @@ weft_backend make_table() {
   b.flat_pack = weft_cuda_flat_pack;
   b.flat_split = weft_cuda_flat_split;
   b.flat_accumulate = weft_cuda_flat_accumulate;
+  /* version 2: LayerNorm, activations, softmax, dropout */
+  b.layernorm_forward = weft_cuda_layernorm_forward;
+  b.layernorm_backward = weft_cuda_layernorm_backward;
+  b.activation_forward = weft_cuda_activation_forward;
+  b.activation_backward = weft_cuda_activation_backward;
+  b.softmax_forward = weft_cuda_softmax_forward;
+  b.softmax_backward = weft_cuda_softmax_backward;
+  b.dropout_apply = weft_cuda_dropout_apply;
   return b;
 }
 

@@ -109,6 +109,26 @@ weft_status weft_cuda_cross_entropy_backward_local(float *dlogits_local,
                                                    const int32_t *targets, int64_t N, int64_t v0,
                                                    int64_t nv, float scale);
 
+/* ---- LayerNorm, activations, softmax, dropout (norm_act.cu; backend
+ * version 2). Deterministic: row sums in a fixed tree, the weight and bias
+ * gradients as per-column sums over row chunks added in order (no atomics) */
+weft_status weft_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                        const float *weight, const float *bias, int64_t N,
+                                        int64_t C, float eps);
+weft_status weft_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
+                                         const float *dout, const float *inp, const float *weight,
+                                         const float *mean, const float *rstd, int64_t N,
+                                         int64_t C, bool accumulate_dinp);
+weft_status weft_cuda_activation_forward(weft_activation act, float *out, const float *inp,
+                                         int64_t n);
+weft_status weft_cuda_activation_backward(weft_activation act, float *dinp, const float *dout,
+                                          const float *inp, int64_t n, bool accumulate);
+weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);
+weft_status weft_cuda_softmax_backward(float *dinp, const float *dout, const float *out,
+                                       int64_t N, int64_t C, bool accumulate);
+weft_status weft_cuda_dropout_apply(float *out, const float *inp, const float *uniform, float p,
+                                    int64_t n);
+
 /* ---- attention (attention.cu): memory efficient, scores exist only for
  * one block of query rows at a time; scratch is device memory of
  * weft_cuda_attention_scratch_bytes bytes */

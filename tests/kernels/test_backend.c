@@ -8,8 +8,8 @@
  * no WEFT_CUDA table ("no backend in this build") or no device is visible.
  * In a -Dcuda=emulated build backend_cuda runs the device code on the CPU
  * emulator. The registry and dispatch tests (suites registry, dispatch) and
- * a finite-difference check of the attention reference (suite reference)
- * run once.
+ * finite-difference checks of the backward references (attention;
+ * LayerNorm, activations, softmax, dropout: suite reference) run once.
  *
  * Method. Inputs are seeded random (splitmix64; WEFT_TEST_SEED overrides the
  * per-test default, every failure prints the seed) with odd sizes, made on
@@ -2003,6 +2003,509 @@ BACKEND_TEST(swiglu_and_residual_forward_backward_match_references_in_place_too)
   free(a), free(b), free(dout), free(wo), free(wa), free(wb), free(x), free(y), free(w);
 }
 
+/* ------------------------- layernorm, activations, softmax, dropout
+ * (backend version 2). References in double; each backward reference is
+ * checked against central differences of its forward (suite reference). */
+
+/* LayerNorm in double (torch's formula, biased variance): out (N, C), mean
+ * and rstd (N, either may be NULL); w and b may be NULL (1 and 0). */
+static void ln_ref_forward(const double *x, const double *w, const double *b, int64_t N,
+                           int64_t C, double eps, double *out, double *mean, double *rstd) {
+  for (int64_t n = 0; n < N; n++) {
+    const double *xr = x + n * C;
+    double s = 0.0, v = 0.0;
+    for (int64_t c = 0; c < C; c++) s += xr[c];
+    const double m = s / (double)C;
+    for (int64_t c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
+    const double r = 1.0 / sqrt(v / (double)C + eps);
+    if (mean) mean[n] = m;
+    if (rstd) rstd[n] = r;
+    for (int64_t c = 0; c < C; c++)
+      out[n * C + c] = (xr[c] - m) * r * (w ? w[c] : 1.0) + (b ? b[c] : 0.0);
+  }
+}
+
+/* The gradients of sum(dout * out) by the documented formulas: dinp (N, C),
+ * dw and db (C), all overwritten. */
+static void ln_ref_backward(const double *x, const double *w, const double *dout, int64_t N,
+                            int64_t C, double eps, double *dinp, double *dw, double *db) {
+  double *xh = h_dbl(C);
+  for (int64_t c = 0; c < C; c++) dw[c] = db[c] = 0.0;
+  for (int64_t n = 0; n < N; n++) {
+    const double *xr = x + n * C, *dy = dout + n * C;
+    double s = 0.0, v = 0.0;
+    for (int64_t c = 0; c < C; c++) s += xr[c];
+    const double m = s / (double)C;
+    for (int64_t c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
+    const double r = 1.0 / sqrt(v / (double)C + eps);
+    double sg = 0.0, sgx = 0.0;
+    for (int64_t c = 0; c < C; c++) {
+      xh[c] = (xr[c] - m) * r;
+      const double g = dy[c] * (w ? w[c] : 1.0);
+      sg += g;
+      sgx += g * xh[c];
+    }
+    for (int64_t c = 0; c < C; c++) {
+      const double g = dy[c] * (w ? w[c] : 1.0);
+      dinp[n * C + c] = r * (g - sg / (double)C - xh[c] * sgx / (double)C);
+      dw[c] += dy[c] * xh[c];
+      db[c] += dy[c];
+    }
+  }
+  free(xh);
+}
+
+#define GELU_K_D 0.79788456080286535588 /* sqrt(2 / pi) */
+#define INV_SQRT_2PI_D 0.39894228040143267794
+
+static double act_ref(weft_activation a, double x) {
+  switch (a) {
+    case WEFT_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(GELU_K_D * (x + 0.044715 * x * x * x)));
+    case WEFT_ACT_GELU_ERF: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case WEFT_ACT_RELU: return x > 0.0 ? x : 0.0;
+    case WEFT_ACT_SILU: return x / (1.0 + exp(-x));
+    default: cr_assert_fail("act_ref: activation %d", (int)a);
+  }
+  return 0.0;
+}
+static double act_ref_grad(weft_activation a, double x) {
+  switch (a) {
+    case WEFT_ACT_GELU_TANH: {
+      const double t = tanh(GELU_K_D * (x + 0.044715 * x * x * x));
+      return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K_D * (1.0 + 3.0 * 0.044715 * x * x);
+    }
+    case WEFT_ACT_GELU_ERF:
+      return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) * INV_SQRT_2PI_D;
+    case WEFT_ACT_RELU: return x > 0.0 ? 1.0 : 0.0;
+    case WEFT_ACT_SILU: {
+      const double s = 1.0 / (1.0 + exp(-x));
+      return s * (1.0 + x * (1.0 - s));
+    }
+    default: cr_assert_fail("act_ref_grad: activation %d", (int)a);
+  }
+  return 0.0;
+}
+
+static void softmax_ref(const double *x, int64_t N, int64_t C, double *y) {
+  for (int64_t n = 0; n < N; n++) {
+    double mx = -INFINITY, s = 0.0;
+    for (int64_t c = 0; c < C; c++) mx = fmax(mx, x[n * C + c]);
+    for (int64_t c = 0; c < C; c++) s += exp(x[n * C + c] - mx);
+    for (int64_t c = 0; c < C; c++) y[n * C + c] = exp(x[n * C + c] - mx) / s;
+  }
+}
+/* dx = y * (dy - rowsum(dy * y)), overwritten. */
+static void softmax_ref_backward(const double *y, const double *dy, int64_t N, int64_t C,
+                                 double *dx) {
+  for (int64_t n = 0; n < N; n++) {
+    double s = 0.0;
+    for (int64_t c = 0; c < C; c++) s += dy[n * C + c] * y[n * C + c];
+    for (int64_t c = 0; c < C; c++) dx[n * C + c] = y[n * C + c] * (dy[n * C + c] - s);
+  }
+}
+
+static void dropout_ref(const double *x, const float *u, double p, int64_t n, double *out) {
+  for (int64_t i = 0; i < n; i++) out[i] = (double)u[i] >= p ? x[i] / (1.0 - p) : 0.0;
+}
+
+/* Central differences of f = sum(dout * forward(x)) at x[i], in double. */
+typedef void (*fd_forward)(const double *x, void *ctx, double *out);
+static double fd_at(double *x, int64_t i, const double *dout, int64_t nout, fd_forward fwd,
+                    void *ctx, double *scratch) {
+  const double x0 = x[i], h = 1e-5;
+  double f[2];
+  for (int sgn = 0; sgn < 2; sgn++) {
+    x[i] = x0 + (sgn ? -h : h);
+    fwd(x, ctx, scratch);
+    f[sgn] = 0.0;
+    for (int64_t j = 0; j < nout; j++) f[sgn] += dout[j] * scratch[j];
+  }
+  x[i] = x0;
+  return (f[0] - f[1]) / (2 * h);
+}
+static void expect_fd(const char *what, int64_t i, double ref, double fd) {
+  cr_assert(fabs(fd - ref) <= 1e-6 * (1.0 + fabs(fd)),
+            "%s[%lld]: reference %.12g, finite difference %.12g (seed %lu)", what, (long long)i,
+            ref, fd, g_seed);
+}
+
+/* LayerNorm as a function of one of x, w, b (which), the others fixed. */
+typedef struct ln_ctx {
+  const double *x, *w, *b;
+  int which;
+  int64_t N, C;
+} ln_ctx;
+static void ln_fd_forward(const double *v, void *ctx, double *out) {
+  const ln_ctx *c = ctx;
+  ln_ref_forward(c->which == 0 ? v : c->x, c->which == 1 ? v : c->w, c->which == 2 ? v : c->b,
+                 c->N, c->C, 1e-5, out, NULL, NULL);
+}
+typedef struct act_ctx {
+  weft_activation a;
+  int64_t n;
+} act_ctx;
+static void act_fd_forward(const double *v, void *ctx, double *out) {
+  const act_ctx *c = ctx;
+  for (int64_t i = 0; i < c->n; i++) out[i] = act_ref(c->a, v[i]);
+}
+typedef struct sm_ctx {
+  int64_t N, C;
+} sm_ctx;
+static void sm_fd_forward(const double *v, void *ctx, double *out) {
+  const sm_ctx *c = ctx;
+  softmax_ref(v, c->N, c->C, out);
+}
+typedef struct drop_ctx {
+  const float *u;
+  double p;
+  int64_t n;
+} drop_ctx;
+static void drop_fd_forward(const double *v, void *ctx, double *out) {
+  const drop_ctx *c = ctx;
+  dropout_ref(v, c->u, c->p, c->n, out);
+}
+
+Test(reference, layernorm_activation_softmax_dropout_backward_references_match_finite_differences) {
+  seed_tests(190);
+  /* LayerNorm: d/dx with and without the affine, d/dw, d/db */
+  const int64_t N = 3, C = 5, NC = N * C;
+  double *x = h_dbl(NC), *w = h_dbl(C), *b = h_dbl(C), *dout = h_dbl(NC), *scratch = h_dbl(NC);
+  double *gi = h_dbl(NC), *gw = h_dbl(C), *gb = h_dbl(C);
+  for (int64_t i = 0; i < NC; i++) x[i] = 1.0 + 2.0 * rnd_normal(), dout[i] = rnd_normal();
+  for (int64_t c = 0; c < C; c++) w[c] = rnd_normal(), b[c] = rnd_normal();
+  for (int affine = 0; affine < 2; affine++) {
+    ln_ctx ctx = {x, affine ? w : NULL, affine ? b : NULL, 0, N, C};
+    ln_ref_backward(x, ctx.w, dout, N, C, 1e-5, gi, gw, gb);
+    for (int64_t i = 0; i < NC; i++)
+      expect_fd(affine ? "layernorm dinp" : "layernorm dinp (no affine)", i, gi[i],
+                fd_at(x, i, dout, NC, ln_fd_forward, &ctx, scratch));
+    if (!affine) continue;
+    for (int which = 1; which < 3; which++) {
+      ctx.which = which;
+      double *v = which == 1 ? w : b;
+      for (int64_t c = 0; c < C; c++)
+        expect_fd(which == 1 ? "layernorm dweight" : "layernorm dbias", c,
+                  which == 1 ? gw[c] : gb[c], fd_at(v, c, dout, NC, ln_fd_forward, &ctx, scratch));
+    }
+  }
+  /* activations, away from relu's kink */
+  const int64_t n = 41;
+  double *ax = h_dbl(n), *ad = h_dbl(n), *as = h_dbl(n);
+  for (int64_t i = 0; i < n; i++) {
+    ax[i] = rnd_range(-5.0, 5.0);
+    if (fabs(ax[i]) < 1e-3) ax[i] = 0.5;
+    ad[i] = rnd_normal();
+  }
+  for (int a = 0; a < WEFT_ACT_COUNT; a++) {
+    act_ctx ctx = {(weft_activation)a, n};
+    char what[64];
+    snprintf(what, sizeof what, "%s'", weft_activation_name((weft_activation)a));
+    for (int64_t i = 0; i < n; i++)
+      expect_fd(what, i, ad[i] * act_ref_grad((weft_activation)a, ax[i]),
+                fd_at(ax, i, ad, n, act_fd_forward, &ctx, as));
+  }
+  /* softmax */
+  {
+    sm_ctx ctx = {N, C};
+    double *y = h_dbl(NC);
+    softmax_ref(x, N, C, y);
+    softmax_ref_backward(y, dout, N, C, gi);
+    for (int64_t i = 0; i < NC; i++)
+      expect_fd("softmax dinp", i, gi[i], fd_at(x, i, dout, NC, sm_fd_forward, &ctx, scratch));
+    free(y);
+  }
+  /* dropout: the backward is the forward applied to dout */
+  {
+    float *u = h_unif(NC, 0.0, 1.0);
+    drop_ctx ctx = {u, 0.4, NC};
+    dropout_ref(dout, u, 0.4, NC, gi);
+    for (int64_t i = 0; i < NC; i++)
+      expect_fd("dropout dinp", i, gi[i], fd_at(x, i, dout, NC, drop_fd_forward, &ctx, scratch));
+    free(u);
+  }
+  free(x), free(w), free(b), free(dout), free(scratch), free(gi), free(gw), free(gb);
+  free(ax), free(ad), free(as);
+}
+
+Test(reference, activation_names_are_torch_like_and_unknown_is_a_question_mark) {
+  cr_assert_str_eq(weft_activation_name(WEFT_ACT_GELU_TANH), "gelu_tanh");
+  cr_assert_str_eq(weft_activation_name(WEFT_ACT_GELU_ERF), "gelu_erf");
+  cr_assert_str_eq(weft_activation_name(WEFT_ACT_RELU), "relu");
+  cr_assert_str_eq(weft_activation_name(WEFT_ACT_SILU), "silu");
+  cr_assert_str_eq(weft_activation_name(WEFT_ACT_COUNT), "?");
+  cr_assert_str_eq(weft_activation_name((weft_activation)-1), "?");
+}
+
+/* The bytes at d (n floats on dev) are still those of h. */
+static void expect_untouched(weft_device dev, const char *what, const float *d, const float *h,
+                             int64_t n) {
+  float *got = downf(dev, d, n);
+  expect_same_bytes(what, got, h, n, sizeof(float));
+  free(got);
+}
+static float *h_nan(int64_t n) {
+  float *x = xmalloc((size_t)n * sizeof(float));
+  memset(x, 0xFF, (size_t)n * sizeof(float));
+  return x;
+}
+
+BACKEND_TEST(layernorm_forward_backward_with_and_without_affine_match_references) {
+  seed_tests(185);
+  const int64_t shapes[3][2] = {{7, 37}, {3, 1}, {300, 45}}; /* 300 rows: 2 chunks on a device */
+  const float eps = 1e-5f;
+  static const char *const aff_names[4] = {"weight and bias", "weight only", "bias only",
+                                           "no affine"};
+  char what[192];
+  for (int si = 0; si < 3; si++) {
+    const int64_t N = shapes[si][0], C = shapes[si][1], NC = N * C;
+    float *x = h_normal(NC, 2.0), *w = h_normal(C, 1.0), *b = h_normal(C, 1.0);
+    for (int64_t i = 0; i < NC; i++) x[i] += 3.0f; /* rows with a mean away from 0 */
+    float *dout = h_normal(NC, 1.0), *dinp0 = h_normal(NC, 1.0);
+    float *dw0 = h_normal(C, 1.0), *db0 = h_normal(C, 1.0), *nan_nc = h_nan(NC);
+    double *xd = to_dbl(x, NC), *wd = to_dbl(w, C), *bd = to_dbl(b, C), *dod = to_dbl(dout, NC);
+    double *ref = h_dbl(NC), *rm = h_dbl(N), *rr = h_dbl(N);
+    double *gi = h_dbl(NC), *gw = h_dbl(C), *gb = h_dbl(C), *want = h_dbl(NC);
+    float *dx = dupf(dev, x, NC), *dwt = dupf(dev, w, C), *dbs = dupf(dev, b, C);
+    float *ddout = dupf(dev, dout, NC), *dy = dnan(dev, (size_t)NC * 4);
+    float *dmean = dnan(dev, (size_t)N * 4), *drstd = dnan(dev, (size_t)N * 4);
+    for (int aff = 0; aff < 4; aff++) {
+      const bool hw = aff <= 1, hb = aff == 0 || aff == 2;
+      const float *pw = hw ? dwt : NULL, *pb = hb ? dbs : NULL;
+      ln_ref_forward(xd, hw ? wd : NULL, hb ? bd : NULL, N, C, eps, ref, rm, rr);
+      dpoison(dev, dy, (size_t)NC * 4);
+      dpoison(dev, dmean, (size_t)N * 4);
+      dpoison(dev, drstd, (size_t)N * 4);
+      OK(weft_backend_layernorm_forward(dev, dy, dmean, drstd, dx, pw, pb, N, C, eps));
+      float *got = downf(dev, dy, NC);
+      snprintf(what, sizeof what, "layernorm_forward out (N %lld, C %lld, %s)", (long long)N,
+               (long long)C, aff_names[aff]);
+      expect_close(what, got, ref, NC, 1e-5);
+      free(got);
+      got = downf(dev, dmean, N);
+      expect_close("layernorm_forward mean", got, rm, N, 1e-5);
+      free(got);
+      got = downf(dev, drstd, N);
+      expect_close("layernorm_forward rstd", got, rr, N, 1e-5);
+      free(got);
+      if (aff == 0) { /* in place: out is inp */
+        float *io = dupf(dev, x, NC), *m2 = dnan(dev, (size_t)N * 4);
+        float *r2 = dnan(dev, (size_t)N * 4);
+        OK(weft_backend_layernorm_forward(dev, io, m2, r2, io, pw, pb, N, C, eps));
+        got = downf(dev, io, NC);
+        expect_close("layernorm_forward (out is inp)", got, ref, NC, 1e-5);
+        free(got);
+        weft_free(io), weft_free(m2), weft_free(r2);
+      }
+
+      /* backward from this forward's mean and rstd: = and +=; with every
+       * output, dinp only, dweight and dbias only (the affine ones only) */
+      ln_ref_backward(xd, hw ? wd : NULL, dod, N, C, eps, gi, gw, gb);
+      for (int acc = 0; acc < 2; acc++)
+        for (int outs = 0; outs < (aff == 0 ? 3 : 1); outs++) {
+          const bool want_i = outs != 2, want_p = outs != 1;
+          float *gdi = acc ? dupf(dev, dinp0, NC) : dnan(dev, (size_t)NC * 4);
+          float *gdw = dupf(dev, dw0, C), *gdb = dupf(dev, db0, C);
+          OK(weft_backend_layernorm_backward(dev, want_i ? gdi : NULL, want_p ? gdw : NULL,
+                                             want_p ? gdb : NULL, ddout, dx, pw, dmean, drstd, N,
+                                             C, acc));
+          snprintf(what, sizeof what, "layernorm_backward dinp (%s, %s, N %lld, C %lld)",
+                   acc ? "+=" : "=", aff_names[aff], (long long)N, (long long)C);
+          if (want_i) {
+            for (int64_t i = 0; i < NC; i++) want[i] = (acc ? dinp0[i] : 0.0) + gi[i];
+            got = downf(dev, gdi, NC);
+            expect_close(what, got, want, NC, 1e-5);
+            free(got);
+          } else {
+            expect_untouched(dev, "layernorm_backward dinp (NULL: untouched)", gdi,
+                             acc ? dinp0 : nan_nc, NC);
+          }
+          if (want_p) {
+            for (int64_t c = 0; c < C; c++) want[c] = dw0[c] + gw[c];
+            got = downf(dev, gdw, C);
+            expect_close("layernorm_backward dweight (+=)", got, want, C, 1e-5);
+            free(got);
+            for (int64_t c = 0; c < C; c++) want[c] = db0[c] + gb[c];
+            got = downf(dev, gdb, C);
+            expect_close("layernorm_backward dbias (+=)", got, want, C, 1e-5);
+            free(got);
+          } else {
+            expect_untouched(dev, "layernorm_backward dweight (NULL: untouched)", gdw, dw0, C);
+            expect_untouched(dev, "layernorm_backward dbias (NULL: untouched)", gdb, db0, C);
+          }
+          if (aff == 0 && acc && outs == 0) { /* deterministic: the same bits again */
+            float *h1[3] = {downf(dev, gdi, NC), downf(dev, gdw, C), downf(dev, gdb, C)};
+            upf(dev, gdi, dinp0, NC), upf(dev, gdw, dw0, C), upf(dev, gdb, db0, C);
+            OK(weft_backend_layernorm_backward(dev, gdi, gdw, gdb, ddout, dx, pw, dmean, drstd, N,
+                                               C, true));
+            expect_untouched(dev, "layernorm_backward dinp (second run)", gdi, h1[0], NC);
+            expect_untouched(dev, "layernorm_backward dweight (second run)", gdw, h1[1], C);
+            expect_untouched(dev, "layernorm_backward dbias (second run)", gdb, h1[2], C);
+            free(h1[0]), free(h1[1]), free(h1[2]);
+          }
+          weft_free(gdi), weft_free(gdw), weft_free(gdb);
+        }
+    }
+    OK(weft_backend_layernorm_forward(dev, NULL, NULL, NULL, NULL, NULL, NULL, 0, C, eps));
+    OK(weft_backend_layernorm_backward(dev, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, C,
+                                       false));
+    free(x), free(w), free(b), free(dout), free(dinp0), free(dw0), free(db0), free(nan_nc);
+    free(xd), free(wd), free(bd), free(dod), free(ref), free(rm), free(rr);
+    free(gi), free(gw), free(gb), free(want);
+    weft_free(dx), weft_free(dwt), weft_free(dbs), weft_free(ddout), weft_free(dy);
+    weft_free(dmean), weft_free(drstd);
+  }
+}
+
+BACKEND_TEST(activation_forward_backward_every_kind_match_references_in_place_too) {
+  seed_tests(186);
+  const int64_t n = 1003;
+  float *x = h_unif(n, -6.0, 6.0), *dout = h_normal(n, 1.0), *dinp0 = h_normal(n, 1.0);
+  /* relu'(0) = 0; saturated tails (tanh = 1, exp overflow); tiny values */
+  const float special[8] = {0.0f, -0.0f, 1e-4f, -1e-4f, 30.0f, -30.0f, 100.0f, -100.0f};
+  for (int i = 0; i < 8; i++) x[i * 97] = special[i];
+  double *wf = h_dbl(n), *wb = h_dbl(n), *want = h_dbl(n);
+  float *dx = dupf(dev, x, n), *ddout = dupf(dev, dout, n);
+  char what[128];
+  for (int a = 0; a < WEFT_ACT_COUNT; a++) {
+    const weft_activation act = (weft_activation)a;
+    const char *name = weft_activation_name(act);
+    for (int64_t i = 0; i < n; i++) {
+      wf[i] = act_ref(act, x[i]);
+      wb[i] = (double)dout[i] * act_ref_grad(act, x[i]);
+    }
+    for (int inplace = 0; inplace < 2; inplace++) {
+      float *io = inplace ? dupf(dev, x, n) : NULL, *o = inplace ? io : dnan(dev, (size_t)n * 4);
+      OK(weft_backend_activation_forward(dev, act, o, inplace ? io : dx, n));
+      float *got = downf(dev, o, n);
+      snprintf(what, sizeof what, "activation_forward %s%s", name, inplace ? " (out is inp)" : "");
+      expect_close(what, got, wf, n, 1e-5);
+      free(got);
+      weft_free(o);
+    }
+    for (int mode = 0; mode < 3; mode++) { /* =, +=, = with dinp aliasing dout */
+      float *g = mode == 0 ? dnan(dev, (size_t)n * 4) : dupf(dev, mode == 1 ? dinp0 : dout, n);
+      OK(weft_backend_activation_backward(dev, act, g, mode == 2 ? g : ddout, dx, n, mode == 1));
+      for (int64_t i = 0; i < n; i++) want[i] = (mode == 1 ? dinp0[i] : 0.0) + wb[i];
+      float *got = downf(dev, g, n);
+      snprintf(what, sizeof what, "activation_backward %s (%s)", name,
+               mode == 0 ? "=" : mode == 1 ? "+=" : "dinp is dout");
+      expect_close(what, got, want, n, 1e-5);
+      free(got);
+      weft_free(g);
+    }
+    OK(weft_backend_activation_forward(dev, act, NULL, NULL, 0));
+    OK(weft_backend_activation_backward(dev, act, NULL, NULL, NULL, 0, true));
+  }
+  expect_untouched(dev, "activation inputs", dx, x, n);
+  free(x), free(dout), free(dinp0), free(wf), free(wb), free(want);
+  weft_free(dx), weft_free(ddout);
+}
+
+BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
+  seed_tests(187);
+  /* sd 40: logits far past exp's range, so the max must be subtracted */
+  const struct {
+    int64_t N, C;
+    double sd;
+    bool backward;
+  } cases[4] = {{7, 37, 2.0, true}, {3, 1, 2.0, true}, {5, 300, 1.0, true}, {4, 50, 40.0, false}};
+  char what[160];
+  for (int k = 0; k < 4; k++) {
+    const int64_t N = cases[k].N, C = cases[k].C, NC = N * C;
+    float *x = h_normal(NC, cases[k].sd), *dout = h_normal(NC, 1.0), *dinp0 = h_normal(NC, 1.0);
+    double *xd = to_dbl(x, NC), *y = h_dbl(NC), *gy = h_dbl(NC), *want = h_dbl(NC);
+    softmax_ref(xd, N, C, y);
+    float *dx = dupf(dev, x, NC), *dy = dnan(dev, (size_t)NC * 4);
+    OK(weft_backend_softmax_forward(dev, dy, dx, N, C));
+    float *got = downf(dev, dy, NC);
+    snprintf(what, sizeof what, "softmax_forward (N %lld, C %lld, sd %g)", (long long)N,
+             (long long)C, cases[k].sd);
+    expect_close(what, got, y, NC, 1e-5);
+    free(got);
+    float *io = dupf(dev, x, NC);
+    OK(weft_backend_softmax_forward(dev, io, io, N, C));
+    got = downf(dev, io, NC);
+    expect_close("softmax_forward (out is inp)", got, y, NC, 1e-5);
+    free(got);
+    weft_free(io);
+    if (cases[k].backward) {
+      /* from the device's own forward output, as a caller would */
+      float *yf = downf(dev, dy, NC);
+      double *yfd = to_dbl(yf, NC), *dod = to_dbl(dout, NC);
+      softmax_ref_backward(yfd, dod, N, C, gy);
+      float *ddout = dupf(dev, dout, NC);
+      for (int mode = 0; mode < 4; mode++) { /* =, +=, dinp is dout, dinp is out */
+        float *g = mode == 0   ? dnan(dev, (size_t)NC * 4)
+                   : mode == 1 ? dupf(dev, dinp0, NC)
+                   : mode == 2 ? dupf(dev, dout, NC)
+                               : dupf(dev, yf, NC);
+        OK(weft_backend_softmax_backward(dev, g, mode == 2 ? g : ddout, mode == 3 ? g : dy, N, C,
+                                         mode == 1));
+        for (int64_t i = 0; i < NC; i++) want[i] = (mode == 1 ? dinp0[i] : 0.0) + gy[i];
+        got = downf(dev, g, NC);
+        snprintf(what, sizeof what, "softmax_backward (%s, N %lld, C %lld)",
+                 mode == 0   ? "="
+                 : mode == 1 ? "+="
+                 : mode == 2 ? "dinp is dout"
+                             : "dinp is out",
+                 (long long)N, (long long)C);
+        expect_close(what, got, want, NC, 1e-5);
+        free(got);
+        weft_free(g);
+      }
+      free(yf), free(yfd), free(dod);
+      weft_free(ddout);
+    }
+    OK(weft_backend_softmax_forward(dev, NULL, NULL, 0, C));
+    OK(weft_backend_softmax_backward(dev, NULL, NULL, NULL, 0, C, false));
+    free(x), free(dout), free(dinp0), free(xd), free(y), free(gy), free(want);
+    weft_free(dx), weft_free(dy);
+  }
+}
+
+BACKEND_TEST(dropout_apply_keeps_uniforms_at_or_above_p_scaled_and_zeros_the_rest) {
+  seed_tests(188);
+  const int64_t n = 1003;
+  const float ps[4] = {0.0f, 0.1f, 0.5f, 0.9f};
+  float *x = h_normal(n, 1.0);
+  double *xd = to_dbl(x, n), *want = h_dbl(n);
+  float *dx = dupf(dev, x, n);
+  char what[128];
+  for (int k = 0; k < 4; k++) {
+    const float p = ps[k];
+    float *u = h_unif(n, 0.0, 1.0);
+    u[0] = p;                                      /* kept: u >= p */
+    u[1] = p > 0.0f ? nextafterf(p, 0.0f) : 0.5f; /* dropped just below p */
+    u[2] = 0.0f;                                   /* dropped unless p = 0 */
+    float *du = dupf(dev, u, n);
+    dropout_ref(xd, u, p, n, want);
+    for (int inplace = 0; inplace < 2; inplace++) {
+      float *io = inplace ? dupf(dev, x, n) : NULL, *o = inplace ? io : dnan(dev, (size_t)n * 4);
+      OK(weft_backend_dropout_apply(dev, o, inplace ? io : dx, du, p, n));
+      float *got = downf(dev, o, n);
+      snprintf(what, sizeof what, "dropout_apply (p %g%s)", (double)p,
+               inplace ? ", out is inp" : "");
+      if (p == 0.0f) {
+        expect_values(what, got, WEFT_F32, want, n); /* the identity, bit for bit */
+      } else {
+        expect_close(what, got, want, n, 1e-6);
+        for (int64_t i = 0; i < n; i++)
+          cr_assert((want[i] == 0.0) == (got[i] == 0.0f),
+                    "%s on %s: element %lld (u %.9g) is %.9g, want %.9g (seed %lu)", what,
+                    weft_backend_name(dev), (long long)i, (double)u[i], (double)got[i], want[i],
+                    g_seed);
+      }
+      free(got);
+      weft_free(o);
+    }
+    OK(weft_backend_dropout_apply(dev, NULL, NULL, NULL, p, 0));
+    free(u);
+    weft_free(du);
+  }
+  free(x), free(xd), free(want);
+  weft_free(dx);
+}
+
 /* --------------------------------------------------------- cross-entropy */
 
 /* loss, lse (N) and dlogits (N, V) with the given scale, in double. */
@@ -2766,6 +3269,71 @@ static int errs_optim_and_flat(const ebufs *b, eres *res) {
   return n;
 }
 
+static int errs_norm_act(const ebufs *b, eres *res) {
+  int n = 0;
+  const weft_device dev = b->dev;
+  float *f = b->f;
+  E("layernorm_forward", INV, "C = 0: rows must have C >= 1",
+    weft_backend_layernorm_forward(dev, f, f + 512, f + 600, f + 1024, f + 2048, NULL, 3, 0,
+                                   1e-5f));
+  E("layernorm_forward", INV, "size argument 1 is negative (-1)",
+    weft_backend_layernorm_forward(dev, f, f + 512, f + 600, f + 1024, NULL, NULL, -1, 4, 1e-5f));
+  E("layernorm_forward", INV, "eps = 0 must be > 0",
+    weft_backend_layernorm_forward(dev, f, f + 512, f + 600, f + 1024, NULL, NULL, 3, 4, 0.0f));
+  E("layernorm_forward", INV, "eps = nan must be > 0",
+    weft_backend_layernorm_forward(dev, f, f + 512, f + 600, f + 1024, NULL, NULL, 3, 4, NAN));
+  E("layernorm_forward", INV, "rstd is NULL",
+    weft_backend_layernorm_forward(dev, f, f + 512, NULL, f + 1024, NULL, NULL, 3, 4, 1e-5f));
+  E("layernorm_forward", INV, "inp is NULL",
+    weft_backend_layernorm_forward(dev, f, f + 512, f + 600, NULL, f + 2048, f + 3000, 3, 4,
+                                   1e-5f));
+  E("layernorm_backward", INV, "dout is NULL",
+    weft_backend_layernorm_backward(dev, f, f + 512, f + 600, NULL, f + 1024, NULL, f + 2048,
+                                    f + 3000, 3, 4, false));
+  E("layernorm_backward", INV, "mean is NULL",
+    weft_backend_layernorm_backward(dev, NULL, NULL, NULL, f + 512, f + 1024, NULL, NULL,
+                                    f + 3000, 3, 4, false));
+  E("layernorm_backward", INV, "C = 0: rows must have C >= 1",
+    weft_backend_layernorm_backward(dev, f, f + 512, f + 600, f + 700, f + 1024, NULL, f + 2048,
+                                    f + 3000, 3, 0, true));
+  E("layernorm_backward", INV, "size argument 2 is negative (-4)",
+    weft_backend_layernorm_backward(dev, f, f + 512, f + 600, f + 700, f + 1024, NULL, f + 2048,
+                                    f + 3000, 3, -4, true));
+  E("activation_forward", INV,
+    "activation 4 is not one of gelu_tanh (0), gelu_erf (1), relu (2), silu (3)",
+    weft_backend_activation_forward(dev, WEFT_ACT_COUNT, f, f + 1024, 8));
+  E("activation_backward", INV, "activation -1 is not one of",
+    weft_backend_activation_backward(dev, (weft_activation)-1, f, f + 512, f + 1024, 8, false));
+  E("activation_forward", INV, "size argument 1 is negative (-2)",
+    weft_backend_activation_forward(dev, WEFT_ACT_RELU, f, f + 1024, -2));
+  E("activation_forward", INV, "inp is NULL",
+    weft_backend_activation_forward(dev, WEFT_ACT_SILU, f, NULL, 8));
+  E("activation_backward", INV, "dinp is NULL",
+    weft_backend_activation_backward(dev, WEFT_ACT_GELU_ERF, NULL, f + 512, f + 1024, 8, true));
+  E("activation_backward", INV, "dout is NULL",
+    weft_backend_activation_backward(dev, WEFT_ACT_GELU_TANH, f, NULL, f + 1024, 8, false));
+  E("softmax_forward", INV, "C = 0: rows must have C >= 1",
+    weft_backend_softmax_forward(dev, f, f + 1024, 2, 0));
+  E("softmax_forward", INV, "size argument 1 is negative (-5)",
+    weft_backend_softmax_forward(dev, f, f + 1024, -5, 3));
+  E("softmax_forward", INV, "out is NULL", weft_backend_softmax_forward(dev, NULL, f + 1024, 2, 3));
+  E("softmax_backward", INV, "out is NULL",
+    weft_backend_softmax_backward(dev, f, f + 512, NULL, 2, 3, false));
+  E("softmax_backward", INV, "dinp is NULL",
+    weft_backend_softmax_backward(dev, NULL, f + 512, f + 1024, 2, 3, true));
+  E("dropout_apply", INV, "p = 1 must be in [0, 1)",
+    weft_backend_dropout_apply(dev, f, f + 1024, f + 2048, 1.0f, 8));
+  E("dropout_apply", INV, "p = -0.5 must be in [0, 1)",
+    weft_backend_dropout_apply(dev, f, f + 1024, f + 2048, -0.5f, 8));
+  E("dropout_apply", INV, "p = nan must be in [0, 1)",
+    weft_backend_dropout_apply(dev, f, f + 1024, f + 2048, NAN, 8));
+  E("dropout_apply", INV, "uniform is NULL",
+    weft_backend_dropout_apply(dev, f, f + 1024, NULL, 0.5f, 8));
+  E("dropout_apply", INV, "size argument 1 is negative (-1)",
+    weft_backend_dropout_apply(dev, f, f + 1024, f + 2048, 0.5f, -1));
+  return n;
+}
+
 /* Tensors over b->f on b->dev. */
 static weft_tensor ev(const ebufs *b, weft_dtype dt, int nd, int64_t d0, int64_t d1, int64_t off) {
   const int64_t shape[2] = {d0, d1};
@@ -2812,6 +3380,9 @@ BACKEND_TEST(bad_pointwise_and_loss_arguments_fail_alike_on_every_backend) {
 }
 BACKEND_TEST(bad_optimizer_and_flat_piece_arguments_fail_alike_on_every_backend) {
   check_errors(dev, errs_optim_and_flat, "optimizers and flat");
+}
+BACKEND_TEST(bad_norm_activation_softmax_dropout_arguments_fail_alike_on_every_backend) {
+  check_errors(dev, errs_norm_act, "norm, activation, softmax, dropout");
 }
 BACKEND_TEST(bad_tensor_op_arguments_fail_alike_on_every_backend) {
   check_errors(dev, errs_tensor_ops, "tensor ops");
@@ -2987,4 +3558,32 @@ Test(registry, reset_restores_the_builtin_table) {
   weft_backend_reset(WEFT_CUDA);
   cr_assert_eq(weft_backend_get(WEFT_CUDA) != NULL, cuda0 != NULL);
   cr_assert_str_eq(weft_backend_name(WEFT_CUDA), saved);
+}
+
+Test(registry, a_version_1_table_has_no_version_2_members_and_says_so_by_name) {
+  weft_backend t = *weft_backend_get(WEFT_CPU);
+  t.name = "cpu-version-1";
+  t.version = 1;
+  t.size = offsetof(weft_backend, layernorm_forward); /* as compiled against version 1 */
+  OK(weft_backend_register(&t));
+  const weft_backend *got = weft_backend_get(WEFT_CPU);
+  cr_assert_null(got->layernorm_forward);
+  cr_assert_null(got->dropout_apply);
+  float x[4] = {1, 2, 3, 4}, y[4], m[1], r[1];
+  weft_clear_error();
+  cr_assert_eq(weft_backend_layernorm_forward(WEFT_CPU, y, m, r, x, NULL, NULL, 1, 4, 1e-5f),
+               WEFT_ERR_UNSUPPORTED);
+  cr_assert(strstr(weft_last_error(),
+                   "layernorm_forward: layernorm_forward is not supported on cpu (backend "
+                   "'cpu-version-1')"),
+            "message: %s", weft_last_error());
+  weft_clear_error();
+  cr_assert_eq(weft_backend_dropout_apply(WEFT_CPU, y, x, x, 0.5f, 4), WEFT_ERR_UNSUPPORTED);
+  cr_assert(strstr(weft_last_error(), "dropout_apply is not supported on cpu"), "message: %s",
+            weft_last_error());
+  OK(weft_backend_swiglu_forward(WEFT_CPU, y, x, x, 4)); /* version 1 members still work */
+  weft_backend_reset(WEFT_CPU);
+  OK(weft_backend_layernorm_forward(WEFT_CPU, y, m, r, x, NULL, NULL, 1, 4, 1e-5f));
+  cr_assert_eq(m[0], 2.5f, "mean %g", (double)m[0]);
+  cr_assert(WEFT_BACKEND_VERSION >= 2);
 }

@@ -1,0 +1,72 @@
+/* models/gpt2/gpt2.h — GPT-2 written as a user of weft would write it: a
+ * few module kinds of its own (weft_module_create) whose forwards are ops
+ * on DTensors (autograd.h), the built-in Linear / LayerNorm / Embedding
+ * layers, and the lm_head tied to the token embedding.
+ *
+ * Names and layouts follow nanoGPT / llm.c (and so Hugging Face's GPT-2
+ * checkpoints): transformer.wte.weight (V, D), transformer.wpe.weight
+ * (P, D), transformer.h.<i>.ln_1.{weight,bias}, .attn.c_attn.{weight,bias}
+ * (3D, D) fused q|k|v, .attn.c_proj.{weight,bias}, .ln_2, .mlp.c_fc (F, D),
+ * .mlp.c_proj (D, F), transformer.ln_f, lm_head.weight = transformer.wte.weight
+ * (tied: one storage, saved once). LayerNorm eps 1e-5, GELU tanh, causal
+ * attention, dropout after the attention and MLP projections and after
+ * the embeddings (p = cfg.dropout; 0 by default).
+ *
+ * Every rank of the model mesh runs the same calls (collective when
+ * placements call for communication, as every op). */
+#ifndef WEFT_MODELS_GPT2_H
+#define WEFT_MODELS_GPT2_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "autograd.h"
+#include "nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct weft_gpt2_config {
+  int64_t vocab;       /* V (50304 in llm.c's padded GPT-2) */
+  int64_t max_seq_len; /* P: positions (1024) */
+  int64_t dim;         /* D (768) */
+  int64_t n_layers;    /* L (12) */
+  int64_t n_heads;     /* H (12); D % H == 0 */
+  int64_t ffn_dim;     /* F (4 D) */
+  float norm_eps;      /* 1e-5 */
+  float dropout;       /* 0 */
+  float init_std;      /* 0.02 */
+} weft_gpt2_config;
+#define WEFT_GPT2_CONFIG_INIT ((weft_gpt2_config){0, 0, 0, 0, 0, 0, 1e-5f, 0.0f, 0.02f})
+
+/* Checks sizes >= 1, D % H == 0, eps > 0, 0 <= dropout < 1, std >= 0:
+ * WEFT_ERR_INVALID naming the field. */
+weft_status weft_gpt2_config_validate(const weft_gpt2_config *cfg);
+
+/* The model: a root module with children "transformer" (wte, wpe, h.<i>,
+ * ln_f) and "lm_head" (tied to transformer.wte.weight). Parameters have
+ * shapes only: weft_module_init_weights or load them. */
+weft_status weft_gpt2_create(const weft_gpt2_config *cfg, weft_mesh *mesh, weft_module **out);
+const weft_gpt2_config *weft_gpt2_get_config(const weft_module *model);
+
+/* logits (B, T, V) of ids (B, T) int32 (a Replicate DTensor on the model
+ * mesh, T <= max_seq_len) in graph g, through weft_module_call on the
+ * model (every module's hooks fire). */
+weft_status weft_gpt2_logits(weft_module *model, weft_graph *g, const weft_dtensor *ids,
+                             weft_var **logits);
+/* The mean cross-entropy loss against targets (B, T) int32 (Replicate;
+ * ignore_index -100), and (may be NULL) the logits. */
+weft_status weft_gpt2_loss(weft_module *model, weft_graph *g, const weft_dtensor *ids,
+                           const weft_dtensor *targets, weft_var **loss, weft_var **logits);
+
+/* nanoGPT's AdamW parameter groups: weight decay on parameters of 2 or
+ * more dims (linear weights, wte, wpe), none on biases and LayerNorm
+ * parameters. */
+weft_status weft_gpt2_adamw_create(weft_module *model, const weft_adamw_params *hp,
+                                   weft_optimizer **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,132 @@
+/* nn/autograd_internal.h — what the op files of nn/ share: vars, nodes,
+ * the graph's buffer pool and the helpers every op uses (choose a
+ * strategy, bring an input to placements, make an output, record the
+ * backward). Not installed. */
+#ifndef WEFT_AUTOGRAD_INTERNAL_H
+#define WEFT_AUTOGRAD_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "autograd.h"
+#include "backend.h"
+#include "nn_internal.h"
+
+#define NN_MAX_IN WEFT_OP_MAX_INPUTS
+#define NN_MAX_OUT 8
+#define NN_MAX_SAVED 4
+
+struct weft_var {
+  weft_graph *g;
+  int index;             /* position in the graph's var list */
+  const weft_dtensor *value; /* pooled, borrowed (input) or module-owned */
+  weft_param *param;     /* parameter vars: grads go to param->grad */
+  bool requires_grad;
+  bool keep_grad;        /* input vars with requires_grad: grad stays readable */
+  weft_dtensor *grad;    /* pooled */
+};
+
+typedef struct nn_node nn_node;
+/* Computes din[i] for every input i with nn_node_wants(n, i) from the
+ * output grads dout[j] (already brought to placements the op accepts: the
+ * output's, Partial where the output is Replicate, Replicate where it is
+ * Partial; NULL when no grad reached output j). din[i] must be a DTensor
+ * from the graph (nn_graph_tensor) or NULL (no grad). */
+typedef weft_status (*nn_backward_fn)(nn_node *n, const weft_dtensor *const *dout,
+                                      weft_dtensor **din);
+
+typedef enum nn_node_kind {
+  NN_NODE_OP = 0,
+  NN_NODE_MODULE_BEGIN, /* backward: post-backward hooks of `module` */
+  NN_NODE_MODULE_END,   /* backward: pre-backward hooks of `module` */
+} nn_node_kind;
+
+struct nn_node {
+  const char *name;
+  nn_node_kind kind;
+  int nin, nout;
+  weft_var *in[NN_MAX_IN];
+  weft_var *out[NN_MAX_OUT];
+  /* The inputs as the forward used them when they were redistributed
+   * (graph buffers); NULL: the var's value (a parameter's data is re-read
+   * at backward: nn_node_input). */
+  const weft_dtensor *in_used[NN_MAX_IN];
+  weft_dtensor *saved[NN_MAX_SAVED]; /* graph buffers the backward needs */
+  nn_backward_fn backward;
+  double f[4];   /* op arguments */
+  int64_t i[8];
+  const void *p[2];
+  weft_module *module; /* module nodes */
+  const weft_op_def *def; /* custom ops */
+  void *ctx;
+};
+
+/* ---------------------------------------------------------------- graph.c */
+
+/* A buffer of the graph with this mesh, dtype, global shape and
+ * placements: reused from the pool when one of that spec is free, else
+ * new. Contents undefined. Valid until reset. */
+weft_status nn_graph_tensor(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, int ndim,
+                            const int64_t *shape, const weft_placement *pl, weft_dtensor **out);
+/* Same, zero-filled. */
+weft_status nn_graph_zeros(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, int ndim,
+                           const int64_t *shape, const weft_placement *pl, weft_dtensor **out);
+/* A buffer with x's mesh, dtype and shape and placements pl (NULL: x's). */
+weft_status nn_graph_like(weft_graph *g, const weft_dtensor *x, const weft_placement *pl,
+                          weft_dtensor **out);
+/* x itself when it has placements `to`, else a graph buffer holding x
+ * redistributed (allow_partial: Replicate -> Partial targets). */
+weft_status nn_graph_bring(weft_graph *g, const weft_dtensor *x, const weft_placement *to,
+                           bool allow_partial, const weft_dtensor **use);
+
+/* Argument checks shared by ops: non-NULL vars of one graph on meshes of
+ * one shape. `name` is the op. */
+weft_status nn_check_vars(const char *name, weft_var *const *in, int nin, weft_graph **g);
+/* An error naming the op and its inputs' shapes and placements, with a
+ * reason. Returns `code`. */
+weft_status nn_op_error(weft_status code, const char *name, weft_var *const *in, int nin,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* weft_sharding_choose over the vars' values (NULL vars: not priced),
+ * with an error naming the op and inputs when nothing applies. */
+weft_status nn_choose(const char *name, weft_var *const *in, int nin, const weft_sharding_option *opts,
+                      int cap, const int *nopt, bool allow_partial, weft_placement *targets,
+                      weft_placement *out_pl);
+
+/* A node for an op of inputs in[0..nin): *out is NULL (nothing to record)
+ * when grad recording is off or no input requires grad. */
+weft_status nn_node_new(weft_graph *g, const char *name, weft_var *const *in, int nin,
+                        nn_backward_fn backward, nn_node **out);
+/* A var for an op's output (a graph buffer, or any DTensor that stays
+ * valid until reset): the node's output j when node is non-NULL. */
+weft_status nn_var_new(weft_graph *g, const weft_dtensor *value, nn_node *node, weft_var **out);
+/* Whether the backward must produce din[i]. */
+bool nn_node_wants(const nn_node *n, int i);
+/* Input i as the forward used it (a parameter's data as it is now). */
+const weft_dtensor *nn_node_input(const nn_node *n, int i);
+/* Records what the forward used for input i when it differs from the
+ * var's value (a redistributed copy). */
+void nn_node_set_used(nn_node *n, int i, const weft_dtensor *used);
+/* The var's current value: a parameter's data now, else value. */
+const weft_dtensor *nn_var_now(const weft_var *v);
+weft_graph *nn_node_graph(const nn_node *n);
+/* Training flag, seed, step of the graph; a fresh op index per call. */
+bool nn_graph_training(const weft_graph *g);
+uint64_t nn_graph_seed(const weft_graph *g);
+int64_t nn_graph_step(const weft_graph *g);
+int64_t nn_graph_next_op_index(weft_graph *g);
+
+/* The output placements a backward may receive for an output of
+ * placements `out` (see nn_backward_fn); used to coerce dout. */
+void nn_grad_placements(const weft_placement *out, const weft_placement *grad, int n,
+                        weft_placement *want);
+
+/* ---------------------------------------------------------------- ops */
+/* Per mesh dim placement helpers. */
+static inline weft_placement nn_r(void) { return weft_replicate(); }
+static inline weft_placement nn_s(int d) { return weft_shard(d); }
+static inline weft_placement nn_psum(void) { return weft_partial(WEFT_OP_SUM); }
+
+/* Local tensor of a DTensor (contiguous f32 is what the kernels take). */
+static inline const weft_tensor *nn_local(const weft_dtensor *d) { return weft_dtensor_local(d); }
+
+#endif

@@ -1,0 +1,364 @@
+/* nn/ops_linear.c — linear, add (with broadcast of a suffix), mul, scale:
+ * forward next to backward, sharding rules per mesh dim.
+ *
+ * The pattern every op of nn/ follows:
+ *   1. nn_check_vars, shape checks (nn_op_error names the op and inputs);
+ *   2. the options per mesh dim and nn_choose;
+ *   3. nn_graph_bring each input to its target, nn_graph_tensor the
+ *      output with the chosen placements, compute on local shards through
+ *      the backend;
+ *   4. nn_node_new (NULL when nothing needs grad), nn_node_set_used for
+ *      redistributed inputs, nn_var_new for the outputs;
+ *   5. the backward derives each input grad's placements from the
+ *      placements the forward used and the output grad's, computes
+ *      locally, and hands graph buffers back (the graph reduces them at
+ *      parameters and sums them at vars).
+ */
+#include <string.h>
+
+#include "autograd_internal.h"
+
+#define OPT_CAP 24
+
+static bool is_ss(weft_placement p, int dim) {
+  return p.kind == WEFT_PLACE_STRIDED_SHARD && p.dim == dim;
+}
+static bool is_shard_any(weft_placement p) {
+  return p.kind == WEFT_PLACE_SHARD || p.kind == WEFT_PLACE_STRIDED_SHARD;
+}
+
+static weft_status check_f32_contig(const char *name, weft_var *const *in, int nin,
+                                    const weft_dtensor *d, const char *what) {
+  if (weft_dtensor_dtype(d) != WEFT_F32)
+    return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, nin, "%s is %s (f32 only)", what,
+                       weft_dtype_name(weft_dtensor_dtype(d)));
+  if (!weft_tensor_is_contiguous(weft_dtensor_local(d)))
+    return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "%s: local tensor not contiguous", what);
+  return WEFT_OK;
+}
+
+static int64_t rows_of(const weft_tensor *t) {
+  int64_t r = 1;
+  for (int d = 0; d < t->ndim - 1; d++) r *= t->shape[d];
+  return r;
+}
+
+/* ------------------------------------------------------------------ linear */
+
+static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
+                                   weft_dtensor **din) {
+  weft_graph *g = nn_node_graph(n);
+  const weft_dtensor *dy = dout[0], *x = nn_node_input(n, 0), *w = nn_node_input(n, 1);
+  const weft_placement *X = weft_dtensor_placements(x), *W = weft_dtensor_placements(w),
+                       *D = weft_dtensor_placements(dy);
+  int k = weft_mesh_ndim(weft_dtensor_mesh(x)), last = weft_dtensor_ndim(x) - 1;
+  const weft_tensor *xl = nn_local(x), *wl = nn_local(w), *dyl = nn_local(dy);
+  int64_t rows = rows_of(xl), kl = xl->shape[last], nl = wl->shape[0];
+  weft_device dev = xl->device;
+  if (nn_node_wants(n, 0)) {
+    weft_placement p[WEFT_MESH_MAX_DIMS];
+    for (int i = 0; i < k; i++) {
+      if (nn_is_psum(D[i])) p[i] = nn_psum();
+      else if (is_shard_any(X[i]) && X[i].dim < last) p[i] = X[i];
+      else if (is_shard_any(W[i]) && W[i].dim == 0) p[i] = nn_psum();
+      else if (nn_is_s(W[i], 1)) p[i] = nn_s(last);
+      else p[i] = nn_r();
+    }
+    weft_dtensor *dx;
+    WEFT_CHECK(nn_graph_like(g, x, p, &dx));
+    WEFT_CHECK(weft_backend_linear_backward(dev, nn_f32(dx), NULL, NULL, dyl->data, xl->data,
+                                            wl->data, rows, kl, nl, false, false));
+    din[0] = dx;
+  }
+  if (nn_node_wants(n, 1)) {
+    weft_placement p[WEFT_MESH_MAX_DIMS];
+    for (int i = 0; i < k; i++) {
+      if (nn_is_psum(D[i])) p[i] = nn_psum();
+      else if (is_shard_any(X[i]) && X[i].dim < last) p[i] = nn_psum();
+      else if (X[i].kind == WEFT_PLACE_PARTIAL) p[i] = nn_psum();
+      else if (is_shard_any(W[i])) p[i] = W[i];
+      else p[i] = nn_r();
+    }
+    weft_dtensor *dw;
+    WEFT_CHECK(nn_graph_like(g, w, p, &dw));
+    WEFT_CHECK(weft_backend_linear_backward(dev, NULL, nn_f32(dw), NULL, dyl->data, xl->data,
+                                            wl->data, rows, kl, nl, false, false));
+    din[1] = dw;
+  }
+  return WEFT_OK;
+}
+
+static weft_status linear_nobias(weft_var *x, weft_var *w, weft_var **out) {
+  const char *name = "linear";
+  weft_var *in[2] = {x, w};
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, in, 2, &g));
+  const weft_dtensor *xv = nn_var_now(x), *wv = nn_var_now(w);
+  const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv), *ws = weft_dtensor_get_spec(wv);
+  WEFT_CHECK(check_f32_contig(name, in, 2, xv, "input"));
+  WEFT_CHECK(check_f32_contig(name, in, 2, wv, "weight"));
+  int na = xs->ndim, last = na - 1;
+  if (na < 1 || ws->ndim != 2 || xs->shape[last] != ws->shape[1])
+    return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
+                       "need x (..., K) and weight (N, K) with the same K");
+  int k = xs->mesh_ndim;
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  int nopt[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) {
+    weft_sharding_option *o = &opts[i * OPT_CAP];
+    int c = 0;
+    weft_placement pw = ws->placements[i], px = xs->placements[i];
+    o[c++] = (weft_sharding_option){{nn_r(), nn_r()}, nn_r()};
+    for (int r = 0; r < last; r++) o[c++] = (weft_sharding_option){{nn_s(r), nn_r()}, nn_s(r)};
+    o[c++] = (weft_sharding_option){{nn_r(), nn_s(0)}, nn_s(last)};
+    o[c++] = (weft_sharding_option){{nn_s(last), nn_s(1)}, nn_psum()};
+    o[c++] = (weft_sharding_option){{nn_psum(), nn_r()}, nn_psum()};
+    if (is_ss(pw, 0))
+      o[c++] = (weft_sharding_option){{nn_r(), pw}, weft_strided_shard(last, pw.split_factor)};
+    if (px.kind == WEFT_PLACE_STRIDED_SHARD && px.dim < last)
+      o[c++] = (weft_sharding_option){{px, nn_r()}, px};
+    nopt[i] = c;
+  }
+  weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
+  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, false, tgt, opl));
+  const weft_dtensor *xu, *wu;
+  WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
+  WEFT_CHECK(nn_graph_bring(g, wv, tgt + k, false, &wu));
+  int64_t oshape[WEFT_MAX_DIMS];
+  memcpy(oshape, xs->shape, sizeof(int64_t) * (size_t)na);
+  oshape[last] = ws->shape[0];
+  weft_dtensor *y;
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, na, oshape, opl, &y));
+  const weft_tensor *xl = nn_local(xu), *wl = nn_local(wu);
+  WEFT_CHECK(weft_backend_linear_forward(xl->device, nn_f32(y), xl->data, wl->data, NULL,
+                                         rows_of(xl), xl->shape[last], wl->shape[0]));
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, in, 2, linear_backward, &node));
+  if (node) {
+    nn_node_set_used(node, 0, xu);
+    nn_node_set_used(node, 1, wu);
+  }
+  return nn_var_new(g, y, node, out);
+}
+
+weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "linear: out is NULL");
+  *out = NULL;
+  weft_var *y;
+  WEFT_CHECK(linear_nobias(x, w, &y));
+  if (!b) {
+    *out = y;
+    return WEFT_OK;
+  }
+  return weft_op_add(y, b, out);
+}
+
+/* --------------------------------------------------------------------- add */
+
+/* The placement of b's grad given the output grad's placement on one mesh
+ * dim (sums over the broadcast leading dims `off`). */
+static weft_placement bcast_grad_pl(weft_placement d, int off) {
+  if (nn_is_psum(d)) return nn_psum();
+  if (is_shard_any(d)) {
+    if (d.dim < off) return nn_psum();
+    weft_placement p = d;
+    p.dim -= off;
+    return p;
+  }
+  return nn_r();
+}
+
+static weft_status add_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
+  weft_graph *g = nn_node_graph(n);
+  const weft_dtensor *dy = dout[0];
+  const weft_dtensor *a = nn_node_input(n, 0), *b = nn_node_input(n, 1);
+  int off = weft_dtensor_ndim(a) - weft_dtensor_ndim(b);
+  int k = weft_mesh_ndim(weft_dtensor_mesh(a));
+  if (nn_node_wants(n, 0)) {
+    weft_dtensor *da;
+    WEFT_CHECK(nn_graph_like(g, a, weft_dtensor_placements(dy), &da));
+    WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(da), nn_local(dy)));
+    din[0] = da;
+  }
+  if (nn_node_wants(n, 1)) {
+    weft_placement p[WEFT_MESH_MAX_DIMS];
+    for (int i = 0; i < k; i++) p[i] = bcast_grad_pl(weft_dtensor_placements(dy)[i], off);
+    weft_dtensor *db;
+    WEFT_CHECK(nn_graph_like(g, b, p, &db));
+    const weft_tensor *dyl = nn_local(dy);
+    weft_tensor *dbl = weft_dtensor_local(db);
+    if (off == 0) {
+      WEFT_CHECK(weft_tensor_copy(dbl, dyl));
+    } else {
+      int64_t lead = 1, inner = weft_tensor_numel(dbl);
+      for (int d = 0; d < off; d++) lead *= dyl->shape[d];
+      weft_tensor v2, o2;
+      int64_t s2[2] = {lead, inner}, so[2] = {1, inner};
+      WEFT_CHECK(weft_tensor_view_init(&v2, dyl->data, WEFT_F32, dyl->device, 2, s2, NULL));
+      WEFT_CHECK(weft_tensor_view_init(&o2, dbl->data, WEFT_F32, dbl->device, 2, so, NULL));
+      if (lead == 0) WEFT_CHECK(weft_tensor_fill(dbl, 0.0));
+      else WEFT_CHECK(weft_reduce(&v2, WEFT_REDUCE_SUM, 0, &o2));
+    }
+    din[1] = db;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
+  const char *name = "add";
+  if (!out) return weft_error(WEFT_ERR_INVALID, "add: out is NULL");
+  *out = NULL;
+  weft_var *in[2] = {a, b};
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, in, 2, &g));
+  const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
+  const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
+  WEFT_CHECK(check_f32_contig(name, in, 2, av, "a"));
+  WEFT_CHECK(check_f32_contig(name, in, 2, bv, "b"));
+  int na = as->ndim, nb = bs->ndim, off = na - nb;
+  bool ok = nb >= 1 && off >= 0;
+  for (int d = 0; ok && d < nb; d++) ok = as->shape[off + d] == bs->shape[d];
+  if (!ok)
+    return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
+                       "b's shape must equal a's or a suffix of it (broadcast)");
+  int k = as->mesh_ndim;
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  int nopt[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) {
+    weft_sharding_option *o = &opts[i * OPT_CAP];
+    int c = 0;
+    weft_placement pa = as->placements[i];
+    o[c++] = (weft_sharding_option){{nn_r(), nn_r()}, nn_r()};
+    for (int d = 0; d < na && c < OPT_CAP - 3; d++)
+      o[c++] = (weft_sharding_option){{nn_s(d), d < off ? nn_r() : nn_s(d - off)}, nn_s(d)};
+    if (pa.kind == WEFT_PLACE_STRIDED_SHARD) {
+      weft_placement pb = pa;
+      pb.dim -= off;
+      o[c++] = (weft_sharding_option){{pa, pa.dim < off ? nn_r() : pb}, pa};
+    }
+    o[c++] = (weft_sharding_option){{nn_psum(), nn_psum()}, nn_psum()};
+    nopt[i] = c;
+  }
+  weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
+  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, true, tgt, opl));
+  const weft_dtensor *au, *bu;
+  WEFT_CHECK(nn_graph_bring(g, av, tgt, true, &au));
+  WEFT_CHECK(nn_graph_bring(g, bv, tgt + k, true, &bu));
+  weft_dtensor *y;
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), WEFT_F32, na, as->shape, opl, &y));
+  const weft_tensor *al = nn_local(au), *bl = nn_local(bu);
+  weft_tensor bb;
+  int64_t st[WEFT_MAX_DIMS];
+  for (int d = 0; d < na; d++) st[d] = d < off ? 0 : bl->strides[d - off];
+  WEFT_CHECK(weft_tensor_view_init(&bb, bl->data, WEFT_F32, bl->device, na, al->shape, st));
+  WEFT_CHECK(weft_add(weft_dtensor_local(y), al, &bb));
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, in, 2, add_backward, &node));
+  if (node) {
+    nn_node_set_used(node, 0, au);
+    nn_node_set_used(node, 1, bu);
+  }
+  return nn_var_new(g, y, node, out);
+}
+
+/* --------------------------------------------------------------------- mul */
+
+static weft_status mul_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
+  weft_graph *g = nn_node_graph(n);
+  const weft_dtensor *dy = dout[0];
+  const weft_dtensor *ab[2] = {nn_node_input(n, 0), nn_node_input(n, 1)};
+  int k = weft_mesh_ndim(weft_dtensor_mesh(ab[0]));
+  const weft_placement *D = weft_dtensor_placements(dy);
+  for (int s = 0; s < 2; s++) {
+    if (!nn_node_wants(n, s)) continue;
+    const weft_placement *O = weft_dtensor_placements(ab[1 - s]);
+    const weft_placement *S = weft_dtensor_placements(ab[s]);
+    weft_placement p[WEFT_MESH_MAX_DIMS];
+    for (int i = 0; i < k; i++) {
+      if (nn_is_psum(D[i]) || nn_is_psum(O[i])) p[i] = nn_psum();
+      else if (is_shard_any(S[i])) p[i] = S[i];
+      else p[i] = nn_r();
+    }
+    weft_dtensor *d;
+    WEFT_CHECK(nn_graph_like(g, ab[s], p, &d));
+    WEFT_CHECK(weft_mul(weft_dtensor_local(d), nn_local(dy), nn_local(ab[1 - s])));
+    din[s] = d;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out) {
+  const char *name = "mul";
+  if (!out) return weft_error(WEFT_ERR_INVALID, "mul: out is NULL");
+  *out = NULL;
+  weft_var *in[2] = {a, b};
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, in, 2, &g));
+  const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
+  const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
+  WEFT_CHECK(check_f32_contig(name, in, 2, av, "a"));
+  WEFT_CHECK(check_f32_contig(name, in, 2, bv, "b"));
+  bool ok = as->ndim == bs->ndim;
+  for (int d = 0; ok && d < as->ndim; d++) ok = as->shape[d] == bs->shape[d];
+  if (!ok) return nn_op_error(WEFT_ERR_INVALID, name, in, 2, "shapes differ");
+  int k = as->mesh_ndim, na = as->ndim;
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  int nopt[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) {
+    weft_sharding_option *o = &opts[i * OPT_CAP];
+    int c = 0;
+    weft_placement pa = as->placements[i];
+    o[c++] = (weft_sharding_option){{nn_r(), nn_r()}, nn_r()};
+    for (int d = 0; d < na && c < OPT_CAP - 3; d++)
+      o[c++] = (weft_sharding_option){{nn_s(d), nn_s(d)}, nn_s(d)};
+    if (pa.kind == WEFT_PLACE_STRIDED_SHARD) o[c++] = (weft_sharding_option){{pa, pa}, pa};
+    o[c++] = (weft_sharding_option){{nn_psum(), nn_r()}, nn_psum()};
+    o[c++] = (weft_sharding_option){{nn_r(), nn_psum()}, nn_psum()};
+    nopt[i] = c;
+  }
+  weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
+  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, false, tgt, opl));
+  const weft_dtensor *au, *bu;
+  WEFT_CHECK(nn_graph_bring(g, av, tgt, false, &au));
+  WEFT_CHECK(nn_graph_bring(g, bv, tgt + k, false, &bu));
+  weft_dtensor *y;
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), WEFT_F32, na, as->shape, opl, &y));
+  WEFT_CHECK(weft_mul(weft_dtensor_local(y), nn_local(au), nn_local(bu)));
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, in, 2, mul_backward, &node));
+  if (node) {
+    nn_node_set_used(node, 0, au);
+    nn_node_set_used(node, 1, bu);
+  }
+  return nn_var_new(g, y, node, out);
+}
+
+/* ------------------------------------------------------------------- scale */
+
+static weft_status scale_backward(nn_node *n, const weft_dtensor *const *dout,
+                                  weft_dtensor **din) {
+  weft_dtensor *dx;
+  WEFT_CHECK(nn_graph_like(nn_node_graph(n), dout[0], NULL, &dx));
+  WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(dx), nn_local(dout[0])));
+  WEFT_CHECK(weft_scale(weft_dtensor_local(dx), n->f[0]));
+  din[0] = dx;
+  return WEFT_OK;
+}
+
+weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out) {
+  const char *name = "scale";
+  if (!out) return weft_error(WEFT_ERR_INVALID, "scale: out is NULL");
+  *out = NULL;
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
+  const weft_dtensor *xv = nn_var_now(x);
+  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  weft_dtensor *y;
+  WEFT_CHECK(nn_graph_like(g, xv, NULL, &y));
+  WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(y), nn_local(xv)));
+  WEFT_CHECK(weft_scale(weft_dtensor_local(y), alpha));
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, scale_backward, &node));
+  if (node) node->f[0] = alpha;
+  return nn_var_new(g, y, node, out);
+}

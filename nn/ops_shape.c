@@ -1,0 +1,789 @@
+/* nn/ops_shape.c — matmul, reshape, transpose, split, cat, sum and mean:
+ * forward next to backward, sharding rules per mesh dim (the pattern of
+ * ops_linear.c).
+ *
+ * The shape ops move no data between ranks when the input's shards survive
+ * them; their vars own contiguous graph buffers, so a reshape or transpose
+ * copies the local shard (a strided copy for transpose). Partial values
+ * pass through them (they are linear). Backward maps each output grad's
+ * placements back to the input's: a shard goes back to the placement the
+ * forward used, Partial and Replicate stay.
+ */
+#include <string.h>
+
+#include "autograd_internal.h"
+
+#define OPT_CAP 24
+
+static bool is_shard_any(weft_placement p) {
+  return p.kind == WEFT_PLACE_SHARD || p.kind == WEFT_PLACE_STRIDED_SHARD;
+}
+static bool is_linear_partial(weft_placement p) {
+  return p.kind == WEFT_PLACE_PARTIAL && (p.op == WEFT_OP_SUM || p.op == WEFT_OP_AVG);
+}
+
+static weft_status check_f32_contig(const char *name, weft_var *const *in, int nin,
+                                    const weft_dtensor *d, const char *what) {
+  if (weft_dtensor_dtype(d) != WEFT_F32)
+    return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, nin, "%s is %s (f32 only)", what,
+                       weft_dtype_name(weft_dtensor_dtype(d)));
+  if (!weft_tensor_is_contiguous(weft_dtensor_local(d)))
+    return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "%s: local tensor not contiguous", what);
+  return WEFT_OK;
+}
+
+/* A GEMM leading dim (>= 1, as BLAS wants even for empty operands). */
+static int64_t ld(int64_t n) { return n > 1 ? n : 1; }
+
+static int64_t prod(const int64_t *s, int a, int b) {
+  int64_t r = 1;
+  for (int d = a; d < b; d++) r *= s[d];
+  return r;
+}
+
+/* A view of t's storage (f32) starting `off` elements in, with the given
+ * shape and strides (NULL: contiguous). An empty view points at t's data. */
+static weft_status view_at(weft_tensor *v, const weft_tensor *t, int64_t off, int ndim,
+                           const int64_t *shape, const int64_t *strides) {
+  float *p = (float *)t->data;
+  if (p && prod(shape, 0, ndim) > 0) p += off;
+  return weft_tensor_view_init(v, p, WEFT_F32, t->device, ndim, shape, strides);
+}
+
+/* dst = src over the narrow [off, off + dst's size) of src's dim `dim`
+ * (from_src) or src into that narrow of dst (!from_src). Both contiguous
+ * locals of the same ndim. */
+static weft_status copy_narrow(weft_tensor *whole, const weft_tensor *part, int dim, int64_t off,
+                               bool into_whole) {
+  if (weft_tensor_numel(part) == 0) return WEFT_OK;
+  weft_tensor v;
+  WEFT_CHECK(view_at(&v, whole, off * whole->strides[dim], whole->ndim, part->shape,
+                     whole->strides));
+  if (into_whole) return weft_tensor_copy(&v, part);
+  return weft_tensor_copy((weft_tensor *)part, &v);
+}
+
+static weft_status normalize_dim(const char *name, weft_var *const *in, int nin, int dim, int nd,
+                                 int *out) {
+  if (dim < -nd || dim >= nd)
+    return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "dim %d out of range for %d dims", dim,
+                       nd);
+  *out = dim < 0 ? dim + nd : dim;
+  return WEFT_OK;
+}
+
+/* ------------------------------------------------------------------ matmul */
+
+static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
+                                   weft_dtensor **din) {
+  weft_graph *g = nn_node_graph(n);
+  const weft_dtensor *dy = dout[0];
+  if (!dy) return WEFT_OK;
+  const weft_dtensor *a = nn_node_input(n, 0), *b = nn_node_input(n, 1);
+  const weft_placement *A = weft_dtensor_placements(a), *B = weft_dtensor_placements(b),
+                       *D = weft_dtensor_placements(dy);
+  int k = weft_mesh_ndim(weft_dtensor_mesh(a)), last = weft_dtensor_ndim(a) - 1;
+  const weft_tensor *al = nn_local(a), *bl = nn_local(b), *dyl = nn_local(dy);
+  int64_t rows = prod(al->shape, 0, last), kl = al->shape[last], nl = bl->shape[1];
+  weft_device dev = al->device;
+  if (nn_node_wants(n, 0)) {
+    /* da = dy b^T */
+    weft_placement p[WEFT_MESH_MAX_DIMS];
+    for (int i = 0; i < k; i++) {
+      if (nn_is_psum(D[i])) p[i] = nn_psum();
+      else if (is_shard_any(A[i])) p[i] = A[i];
+      else if (is_shard_any(B[i]) && B[i].dim == 1) p[i] = nn_psum();
+      else if (nn_is_psum(B[i])) p[i] = nn_psum();
+      else p[i] = nn_r();
+    }
+    weft_dtensor *da;
+    WEFT_CHECK(nn_graph_like(g, a, p, &da));
+    WEFT_CHECK(weft_backend_sgemm(dev, false, true, rows, kl, nl, 1.0f, dyl->data, ld(nl),
+                                  bl->data, ld(nl), 0.0f, nn_f32(da), ld(kl)));
+    din[0] = da;
+  }
+  if (nn_node_wants(n, 1)) {
+    /* db = a^T dy, summed over a's leading dims */
+    weft_placement p[WEFT_MESH_MAX_DIMS];
+    for (int i = 0; i < k; i++) {
+      if (nn_is_psum(D[i])) p[i] = nn_psum();
+      else if (is_shard_any(A[i]) && A[i].dim < last) p[i] = nn_psum();
+      else if (nn_is_psum(A[i])) p[i] = nn_psum();
+      else if (is_shard_any(B[i])) p[i] = B[i];
+      else p[i] = nn_r();
+    }
+    weft_dtensor *db;
+    WEFT_CHECK(nn_graph_like(g, b, p, &db));
+    WEFT_CHECK(weft_backend_sgemm(dev, true, false, kl, nl, rows, 1.0f, al->data, ld(kl),
+                                  dyl->data, ld(nl), 0.0f, nn_f32(db), ld(nl)));
+    din[1] = db;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
+  const char *name = "matmul";
+  if (!out) return weft_error(WEFT_ERR_INVALID, "matmul: out is NULL");
+  *out = NULL;
+  weft_var *in[2] = {a, b};
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, in, 2, &g));
+  const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
+  const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
+  WEFT_CHECK(check_f32_contig(name, in, 2, av, "a"));
+  WEFT_CHECK(check_f32_contig(name, in, 2, bv, "b"));
+  int na = as->ndim, last = na - 1;
+  if (na < 2 || bs->ndim != 2 || as->shape[last] != bs->shape[0])
+    return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
+                       "need a (..., M, K) and b (K, N) with the same K");
+  int k = as->mesh_ndim;
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  int nopt[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) {
+    weft_sharding_option *o = &opts[i * OPT_CAP];
+    int c = 0;
+    weft_placement pa = as->placements[i], pb = bs->placements[i];
+    o[c++] = (weft_sharding_option){{nn_r(), nn_r()}, nn_r()};
+    for (int r = 0; r < last && c < OPT_CAP - 8; r++)
+      o[c++] = (weft_sharding_option){{nn_s(r), nn_r()}, nn_s(r)};
+    o[c++] = (weft_sharding_option){{nn_r(), nn_s(1)}, nn_s(last)};
+    o[c++] = (weft_sharding_option){{nn_s(last), nn_s(0)}, nn_psum()};
+    if (pa.kind == WEFT_PLACE_STRIDED_SHARD && pa.dim < last)
+      o[c++] = (weft_sharding_option){{pa, nn_r()}, pa};
+    if (pb.kind == WEFT_PLACE_STRIDED_SHARD && pb.dim == 1)
+      o[c++] = (weft_sharding_option){{nn_r(), pb}, weft_strided_shard(last, pb.split_factor)};
+    if (pa.kind == WEFT_PLACE_STRIDED_SHARD && pa.dim == last &&
+        pb.kind == WEFT_PLACE_STRIDED_SHARD && pb.dim == 0 && pa.split_factor == pb.split_factor)
+      o[c++] = (weft_sharding_option){{pa, pb}, nn_psum()};
+    o[c++] = (weft_sharding_option){{nn_psum(), nn_r()}, nn_psum()};
+    o[c++] = (weft_sharding_option){{nn_r(), nn_psum()}, nn_psum()};
+    nopt[i] = c;
+  }
+  weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
+  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, false, tgt, opl));
+  const weft_dtensor *au, *bu;
+  WEFT_CHECK(nn_graph_bring(g, av, tgt, false, &au));
+  WEFT_CHECK(nn_graph_bring(g, bv, tgt + k, false, &bu));
+  int64_t oshape[WEFT_MAX_DIMS];
+  memcpy(oshape, as->shape, sizeof(int64_t) * (size_t)na);
+  oshape[last] = bs->shape[1];
+  weft_dtensor *y;
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), WEFT_F32, na, oshape, opl, &y));
+  const weft_tensor *al = nn_local(au), *bl = nn_local(bu);
+  int64_t rows = prod(al->shape, 0, last), kl = al->shape[last], nl = bl->shape[1];
+  if (rows * nl != nn_numel(y) || bl->shape[0] != kl)
+    return nn_op_error(WEFT_ERR_INTERNAL, name, in, 2, "local shapes disagree");
+  WEFT_CHECK(weft_backend_sgemm(al->device, false, false, rows, nl, kl, 1.0f, al->data, ld(kl),
+                                bl->data, ld(nl), 0.0f, nn_f32(y), ld(nl)));
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, in, 2, matmul_backward, &node));
+  if (node) {
+    nn_node_set_used(node, 0, au);
+    nn_node_set_used(node, 1, bu);
+  }
+  return nn_var_new(g, y, node, out);
+}
+
+/* ----------------------------------------------------------------- reshape */
+
+/* The grad of a pure relayout op (reshape, transpose): per mesh dim the
+ * output grad's Partial/Replicate stays, a shard goes back to the
+ * placement the input had in forward. */
+static void back_placements(const weft_placement *X, const weft_placement *D, int k,
+                            weft_placement *p) {
+  for (int i = 0; i < k; i++) p[i] = is_shard_any(D[i]) ? X[i] : D[i];
+}
+
+static weft_status reshape_backward(nn_node *n, const weft_dtensor *const *dout,
+                                    weft_dtensor **din) {
+  const weft_dtensor *dy = dout[0];
+  if (!dy || !nn_node_wants(n, 0)) return WEFT_OK;
+  const weft_dtensor *x = nn_node_input(n, 0);
+  int k = weft_mesh_ndim(weft_dtensor_mesh(x));
+  weft_placement p[WEFT_MESH_MAX_DIMS];
+  back_placements(weft_dtensor_placements(x), weft_dtensor_placements(dy), k, p);
+  weft_dtensor *dx;
+  WEFT_CHECK(nn_graph_like(nn_node_graph(n), x, p, &dx));
+  weft_tensor *dxl = weft_dtensor_local(dx);
+  const weft_tensor *dyl = nn_local(dy);
+  if (weft_tensor_numel(dxl) != weft_tensor_numel(dyl))
+    return weft_error(WEFT_ERR_INTERNAL, "reshape backward: local sizes %lld vs %lld",
+                      (long long)weft_tensor_numel(dxl), (long long)weft_tensor_numel(dyl));
+  if (weft_tensor_numel(dxl) > 0) {
+    weft_tensor v;
+    WEFT_CHECK(view_at(&v, dyl, 0, dxl->ndim, dxl->shape, NULL));
+    WEFT_CHECK(weft_tensor_copy(dxl, &v));
+  }
+  din[0] = dx;
+  return WEFT_OK;
+}
+
+typedef struct rs_group {
+  int i0, i1, o0, o1; /* input dims [i0, i1) hold the elements of output dims [o0, o1) */
+} rs_group;
+
+static int rs_groups(const int64_t *in, int n, const int64_t *out, int m, rs_group *gr) {
+  int i = 0, o = 0, c = 0;
+  while (i < n || o < m) {
+    rs_group g = {i, i, o, o};
+    int64_t pi = 1, po = 1;
+    if (i < n) pi *= in[i++];
+    if (o < m) po *= out[o++];
+    while (pi != po) {
+      if (pi < po) {
+        if (i >= n) return -1;
+        pi *= in[i++];
+      } else {
+        if (o >= m) return -1;
+        po *= out[o++];
+      }
+    }
+    g.i1 = i;
+    g.o1 = o;
+    gr[c++] = g;
+  }
+  return c;
+}
+
+/* Where a shard of input dim d lands in the output: the output dim, or -1
+ * (must be replicated). M: the product of the mesh sizes sharding d. */
+static int rs_shard_target(const int64_t *in, const int64_t *out, const rs_group *gr, int ng,
+                           int d, int64_t M, bool strided) {
+  for (int j = 0; j < ng; j++) {
+    const rs_group *G = &gr[j];
+    if (d < G->i0 || d >= G->i1) continue;
+    int fi = -1, fo = -1;
+    for (int e = G->i0; e < G->i1 && fi < 0; e++)
+      if (in[e] != 1) fi = e;
+    for (int e = G->o0; e < G->o1 && fo < 0; e++)
+      if (out[e] != 1) fo = e;
+    if (fi != d || fo < 0) return -1;
+    int64_t inner_in = prod(in, d + 1, G->i1), inner_out = prod(out, fo + 1, G->o1);
+    if (in[d] == out[fo] && inner_in == 1 && inner_out == 1) return fo; /* untouched */
+    if (strided || M <= 0 || in[d] % M != 0) return -1;
+    if (((in[d] / M) * inner_in) % inner_out != 0) return -1;
+    return fo;
+  }
+  return -1;
+}
+
+weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_var **out) {
+  const char *name = "reshape";
+  if (!out) return weft_error(WEFT_ERR_INVALID, "reshape: out is NULL");
+  *out = NULL;
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
+  const weft_dtensor *xv = nn_var_now(x);
+  const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
+  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  if (ndim < 0 || ndim > WEFT_MAX_DIMS || (ndim > 0 && !shape))
+    return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "bad new shape (%d dims)", ndim);
+  int64_t numel = prod(xs->shape, 0, xs->ndim), known = 1;
+  int64_t oshape[WEFT_MAX_DIMS];
+  int infer = -1;
+  for (int d = 0; d < ndim; d++) {
+    oshape[d] = shape[d];
+    if (shape[d] == -1) {
+      if (infer >= 0)
+        return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "more than one -1 in the new shape");
+      infer = d;
+    } else if (shape[d] < 0) {
+      return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "size %lld on dim %d",
+                         (long long)shape[d], d);
+    } else {
+      known *= shape[d];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel % known != 0)
+      return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "cannot infer dim %d (%lld elements)",
+                         infer, (long long)numel);
+    oshape[infer] = numel / known;
+  }
+  if (prod(oshape, 0, ndim) != numel)
+    return nn_op_error(WEFT_ERR_INVALID, name, &x, 1,
+                       "the new shape has %lld elements, the input %lld",
+                       (long long)prod(oshape, 0, ndim), (long long)numel);
+  rs_group gr[2 * WEFT_MAX_DIMS + 2];
+  int ng = numel > 0 ? rs_groups(xs->shape, xs->ndim, oshape, ndim, gr) : -1;
+  int k = xs->mesh_ndim;
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  int nopt[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) {
+    weft_sharding_option *o = &opts[i * OPT_CAP];
+    int c = 0;
+    weft_placement p = xs->placements[i];
+    o[c++] = (weft_sharding_option){{nn_r()}, nn_r()};
+    if (is_linear_partial(p)) {
+      o[c++] = (weft_sharding_option){{p}, p};
+    } else if (is_shard_any(p) && ng > 0) {
+      int64_t M = 1;
+      for (int j = 0; j < k; j++)
+        if (is_shard_any(xs->placements[j]) && xs->placements[j].dim == p.dim)
+          M *= xs->mesh_shape[j];
+      int to = rs_shard_target(xs->shape, oshape, gr, ng, p.dim, M,
+                               p.kind == WEFT_PLACE_STRIDED_SHARD);
+      if (to >= 0) {
+        weft_placement q = p;
+        q.dim = to;
+        o[c++] = (weft_sharding_option){{p}, q};
+      }
+    }
+    nopt[i] = c;
+  }
+  weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
+  WEFT_CHECK(nn_choose(name, &x, 1, opts, OPT_CAP, nopt, false, tgt, opl));
+  const weft_dtensor *xu;
+  WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
+  weft_dtensor *y;
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, ndim, oshape, opl, &y));
+  weft_tensor *yl = weft_dtensor_local(y);
+  const weft_tensor *xl = nn_local(xu);
+  if (weft_tensor_numel(yl) != weft_tensor_numel(xl))
+    return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local sizes %lld vs %lld",
+                       (long long)weft_tensor_numel(yl), (long long)weft_tensor_numel(xl));
+  if (weft_tensor_numel(yl) > 0) {
+    weft_tensor v;
+    WEFT_CHECK(view_at(&v, xl, 0, yl->ndim, yl->shape, NULL));
+    WEFT_CHECK(weft_tensor_copy(yl, &v));
+  }
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, reshape_backward, &node));
+  if (node) nn_node_set_used(node, 0, xu);
+  return nn_var_new(g, y, node, out);
+}
+
+/* --------------------------------------------------------------- transpose */
+
+static void swap_pl(weft_placement *p, int k, int d0, int d1) {
+  for (int i = 0; i < k; i++)
+    if (is_shard_any(p[i])) {
+      if (p[i].dim == d0) p[i].dim = d1;
+      else if (p[i].dim == d1) p[i].dim = d0;
+    }
+}
+
+/* dst (contiguous) = src with dims d0 and d1 swapped. */
+static weft_status copy_transposed(weft_tensor *dst, const weft_tensor *src, int d0, int d1) {
+  if (weft_tensor_numel(dst) == 0) return WEFT_OK;
+  int64_t sh[WEFT_MAX_DIMS], st[WEFT_MAX_DIMS];
+  for (int d = 0; d < src->ndim; d++) {
+    sh[d] = src->shape[d];
+    st[d] = src->strides[d];
+  }
+  int64_t t = sh[d0];
+  sh[d0] = sh[d1];
+  sh[d1] = t;
+  t = st[d0];
+  st[d0] = st[d1];
+  st[d1] = t;
+  weft_tensor v;
+  WEFT_CHECK(view_at(&v, src, 0, src->ndim, sh, st));
+  return weft_tensor_copy(dst, &v);
+}
+
+static weft_status transpose_backward(nn_node *n, const weft_dtensor *const *dout,
+                                      weft_dtensor **din) {
+  const weft_dtensor *dy = dout[0];
+  if (!dy || !nn_node_wants(n, 0)) return WEFT_OK;
+  const weft_dtensor *x = nn_node_input(n, 0);
+  int k = weft_mesh_ndim(weft_dtensor_mesh(x)), d0 = (int)n->i[0], d1 = (int)n->i[1];
+  weft_placement p[WEFT_MESH_MAX_DIMS];
+  memcpy(p, weft_dtensor_placements(dy), sizeof(weft_placement) * (size_t)k);
+  swap_pl(p, k, d0, d1);
+  weft_dtensor *dx;
+  WEFT_CHECK(nn_graph_like(nn_node_graph(n), x, p, &dx));
+  WEFT_CHECK(copy_transposed(weft_dtensor_local(dx), nn_local(dy), d0, d1));
+  din[0] = dx;
+  return WEFT_OK;
+}
+
+weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out) {
+  const char *name = "transpose";
+  if (!out) return weft_error(WEFT_ERR_INVALID, "transpose: out is NULL");
+  *out = NULL;
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
+  const weft_dtensor *xv = nn_var_now(x);
+  const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
+  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  int nd = xs->ndim, k = xs->mesh_ndim;
+  WEFT_CHECK(normalize_dim(name, &x, 1, d0, nd, &d0));
+  WEFT_CHECK(normalize_dim(name, &x, 1, d1, nd, &d1));
+  /* every placement has an image (shards follow their dims): no choice */
+  weft_placement opl[WEFT_MESH_MAX_DIMS];
+  memcpy(opl, xs->placements, sizeof(weft_placement) * (size_t)k);
+  swap_pl(opl, k, d0, d1);
+  int64_t oshape[WEFT_MAX_DIMS];
+  memcpy(oshape, xs->shape, sizeof(int64_t) * (size_t)nd);
+  oshape[d0] = xs->shape[d1];
+  oshape[d1] = xs->shape[d0];
+  weft_dtensor *y;
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, nd, oshape, opl, &y));
+  WEFT_CHECK(copy_transposed(weft_dtensor_local(y), nn_local(xv), d0, d1));
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, transpose_backward, &node));
+  if (node) {
+    node->i[0] = d0;
+    node->i[1] = d1;
+  }
+  return nn_var_new(g, y, node, out);
+}
+
+/* ------------------------------------------------------------ split / cat */
+
+/* The placements (per mesh dim) the grads of several outputs of one
+ * placement list `out` are brought to before a backward combines them:
+ * where the output is Replicate, Partial(sum) if any grad is, else
+ * Replicate; Replicate where the output is Partial; else the output's. */
+static void common_grad_pl(const weft_placement *out, const weft_dtensor *const *dout, int n,
+                           int k, weft_placement *want) {
+  for (int i = 0; i < k; i++) {
+    if (nn_is_r(out[i])) {
+      want[i] = nn_r();
+      for (int j = 0; j < n; j++)
+        if (dout[j] && nn_is_psum(weft_dtensor_placements(dout[j])[i])) want[i] = nn_psum();
+    } else if (out[i].kind == WEFT_PLACE_PARTIAL) {
+      want[i] = nn_r();
+    } else {
+      want[i] = out[i];
+    }
+  }
+}
+
+static weft_status split_backward(nn_node *n, const weft_dtensor *const *dout,
+                                  weft_dtensor **din) {
+  if (!nn_node_wants(n, 0)) return WEFT_OK;
+  weft_graph *g = nn_node_graph(n);
+  const weft_dtensor *x = nn_node_input(n, 0);
+  int k = weft_mesh_ndim(weft_dtensor_mesh(x)), dim = (int)n->i[0], np = n->nout;
+  const weft_placement *X = weft_dtensor_placements(x);
+  weft_placement G[WEFT_MESH_MAX_DIMS], p[WEFT_MESH_MAX_DIMS];
+  common_grad_pl(weft_dtensor_placements(n->out[0]->value), dout, np, k, G);
+  for (int i = 0; i < k; i++) p[i] = is_shard_any(G[i]) ? X[i] : G[i];
+  weft_dtensor *dx;
+  WEFT_CHECK(nn_graph_like(g, x, p, &dx));
+  weft_tensor *dxl = weft_dtensor_local(dx);
+  int64_t off = 0;
+  for (int j = 0; j < np; j++) {
+    const weft_dtensor *o = n->out[j]->value;
+    int64_t len;
+    if (dout[j]) {
+      const weft_dtensor *use;
+      WEFT_CHECK(nn_graph_bring(g, dout[j], G, true, &use));
+      const weft_tensor *l = nn_local(use);
+      len = l->shape[dim];
+      if (off + len > dxl->shape[dim])
+        return weft_error(WEFT_ERR_INTERNAL, "split backward: pieces exceed the input");
+      WEFT_CHECK(copy_narrow(dxl, l, dim, off, true));
+    } else {
+      /* no grad reached piece j: zeros of its local shape under G */
+      weft_dtensor *z;
+      WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(o), WEFT_F32, weft_dtensor_ndim(o),
+                                weft_dtensor_shape(o), G, &z));
+      const weft_tensor *l = nn_local(z);
+      len = l->shape[dim];
+      if (off + len > dxl->shape[dim])
+        return weft_error(WEFT_ERR_INTERNAL, "split backward: pieces exceed the input");
+      WEFT_CHECK(copy_narrow(dxl, l, dim, off, true));
+    }
+    off += len;
+  }
+  if (off != dxl->shape[dim])
+    return weft_error(WEFT_ERR_INTERNAL, "split backward: pieces cover %lld of %lld",
+                      (long long)off, (long long)dxl->shape[dim]);
+  din[0] = dx;
+  return WEFT_OK;
+}
+
+weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs) {
+  const char *name = "split";
+  if (!outs) return weft_error(WEFT_ERR_INVALID, "split: outs is NULL");
+  if (n < 1 || n > NN_MAX_OUT || !sizes)
+    return weft_error(WEFT_ERR_INVALID, "split: %d pieces (1..%d) or sizes NULL", n, NN_MAX_OUT);
+  for (int j = 0; j < n; j++) outs[j] = NULL;
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
+  const weft_dtensor *xv = nn_var_now(x);
+  const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
+  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  int nd = xs->ndim, k = xs->mesh_ndim;
+  WEFT_CHECK(normalize_dim(name, &x, 1, dim, nd, &dim));
+  int64_t total = 0;
+  bool equal = true;
+  for (int j = 0; j < n; j++) {
+    if (sizes[j] < 0)
+      return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "piece %d has size %lld", j,
+                         (long long)sizes[j]);
+    total += sizes[j];
+    equal = equal && sizes[j] == sizes[0];
+  }
+  if (total != xs->shape[dim])
+    return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "sizes sum to %lld, dim %d has %lld",
+                       (long long)total, dim, (long long)xs->shape[dim]);
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  int nopt[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) {
+    weft_sharding_option *o = &opts[i * OPT_CAP];
+    int c = 0;
+    weft_placement p = xs->placements[i];
+    o[c++] = (weft_sharding_option){{nn_r()}, nn_r()};
+    if (p.kind == WEFT_PLACE_PARTIAL || (is_shard_any(p) && p.dim != dim))
+      o[c++] = (weft_sharding_option){{p}, p};
+    else if (p.kind == WEFT_PLACE_STRIDED_SHARD && p.dim == dim && p.split_factor == n && equal &&
+             n > 1)
+      o[c++] = (weft_sharding_option){{p}, nn_s(dim)};
+    nopt[i] = c;
+  }
+  weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
+  WEFT_CHECK(nn_choose(name, &x, 1, opts, OPT_CAP, nopt, false, tgt, opl));
+  const weft_dtensor *xu;
+  WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
+  const weft_tensor *xl = nn_local(xu);
+  weft_dtensor *ys[NN_MAX_OUT];
+  int64_t off = 0;
+  for (int j = 0; j < n; j++) {
+    int64_t s[WEFT_MAX_DIMS];
+    memcpy(s, xs->shape, sizeof(int64_t) * (size_t)nd);
+    s[dim] = sizes[j];
+    WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, nd, s, opl, &ys[j]));
+    weft_tensor *yl = weft_dtensor_local(ys[j]);
+    if (off + yl->shape[dim] > xl->shape[dim])
+      return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local pieces exceed the input");
+    WEFT_CHECK(copy_narrow((weft_tensor *)xl, yl, dim, off, false));
+    off += yl->shape[dim];
+  }
+  if (off != xl->shape[dim])
+    return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local pieces cover %lld of %lld",
+                       (long long)off, (long long)xl->shape[dim]);
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, split_backward, &node));
+  if (node) {
+    nn_node_set_used(node, 0, xu);
+    node->i[0] = dim;
+  }
+  for (int j = 0; j < n; j++) WEFT_CHECK(nn_var_new(g, ys[j], node, &outs[j]));
+  return WEFT_OK;
+}
+
+static weft_status cat_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
+  const weft_dtensor *dy = dout[0];
+  if (!dy) return WEFT_OK;
+  weft_graph *g = nn_node_graph(n);
+  int k = weft_mesh_ndim(weft_dtensor_mesh(dy)), dim = (int)n->i[0];
+  const weft_placement *D = weft_dtensor_placements(dy);
+  const weft_tensor *dyl = nn_local(dy);
+  int64_t off = 0;
+  for (int j = 0; j < n->nin; j++) {
+    const weft_dtensor *x = nn_node_input(n, j);
+    const weft_placement *X = weft_dtensor_placements(x);
+    weft_placement p[WEFT_MESH_MAX_DIMS];
+    for (int i = 0; i < k; i++) p[i] = is_shard_any(D[i]) ? X[i] : D[i];
+    weft_dtensor *dx;
+    WEFT_CHECK(nn_graph_like(g, x, p, &dx));
+    weft_tensor *l = weft_dtensor_local(dx);
+    if (off + l->shape[dim] > dyl->shape[dim])
+      return weft_error(WEFT_ERR_INTERNAL, "cat backward: pieces exceed the output");
+    WEFT_CHECK(copy_narrow((weft_tensor *)dyl, l, dim, off, false));
+    off += l->shape[dim];
+    if (nn_node_wants(n, j)) din[j] = dx;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
+  const char *name = "cat";
+  if (!out) return weft_error(WEFT_ERR_INVALID, "cat: out is NULL");
+  *out = NULL;
+  if (!xs || n < 1 || n > NN_MAX_IN)
+    return weft_error(WEFT_ERR_INVALID, "cat: %d inputs (1..%d)", n, NN_MAX_IN);
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, xs, n, &g));
+  const weft_dtensor *v[NN_MAX_IN];
+  const weft_dtensor_spec *s[NN_MAX_IN];
+  for (int j = 0; j < n; j++) {
+    v[j] = nn_var_now(xs[j]);
+    s[j] = weft_dtensor_get_spec(v[j]);
+    WEFT_CHECK(check_f32_contig(name, xs, n, v[j], "input"));
+  }
+  int nd = s[0]->ndim, k = s[0]->mesh_ndim;
+  WEFT_CHECK(normalize_dim(name, xs, n, dim, nd, &dim));
+  int64_t oshape[WEFT_MAX_DIMS];
+  memcpy(oshape, s[0]->shape, sizeof(int64_t) * (size_t)nd);
+  oshape[dim] = 0;
+  bool equal = true;
+  for (int j = 0; j < n; j++) {
+    bool ok = s[j]->ndim == nd;
+    for (int d = 0; ok && d < nd; d++) ok = d == dim || s[j]->shape[d] == s[0]->shape[d];
+    if (!ok)
+      return nn_op_error(WEFT_ERR_INVALID, name, xs, n,
+                         "inputs must have equal shapes except on dim %d", dim);
+    oshape[dim] += s[j]->shape[dim];
+    equal = equal && s[j]->shape[dim] == s[0]->shape[dim];
+  }
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  int nopt[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) {
+    weft_sharding_option *o = &opts[i * OPT_CAP];
+    int c = 0;
+    weft_sharding_option t;
+    memset(&t, 0, sizeof t);
+#define ALL(pl, outp)                               \
+  do {                                              \
+    for (int j_ = 0; j_ < n; j_++) t.in[j_] = (pl); \
+    t.out = (outp);                                 \
+    o[c++] = t;                                     \
+  } while (0)
+    ALL(nn_r(), nn_r());
+    for (int d = 0; d < nd && c < OPT_CAP - 4; d++)
+      if (d != dim) ALL(nn_s(d), nn_s(d));
+    for (int j = 0; j < n && c < OPT_CAP - 2; j++) {
+      weft_placement p = s[j]->placements[i];
+      if (p.kind == WEFT_PLACE_STRIDED_SHARD && p.dim != dim) ALL(p, p);
+    }
+    /* the inverse of split's strided case: equal pieces each Shard(dim)
+     * make the Megatron fused layout */
+    if (equal && n > 1) ALL(nn_s(dim), weft_strided_shard(dim, n));
+    ALL(nn_psum(), nn_psum());
+#undef ALL
+    nopt[i] = c;
+  }
+  weft_placement tgt[NN_MAX_IN * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
+  WEFT_CHECK(nn_choose(name, xs, n, opts, OPT_CAP, nopt, true, tgt, opl));
+  const weft_dtensor *u[NN_MAX_IN];
+  for (int j = 0; j < n; j++) WEFT_CHECK(nn_graph_bring(g, v[j], tgt + j * k, true, &u[j]));
+  weft_dtensor *y;
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(v[0]), WEFT_F32, nd, oshape, opl, &y));
+  weft_tensor *yl = weft_dtensor_local(y);
+  int64_t off = 0;
+  for (int j = 0; j < n; j++) {
+    const weft_tensor *l = nn_local(u[j]);
+    if (off + l->shape[dim] > yl->shape[dim])
+      return nn_op_error(WEFT_ERR_INTERNAL, name, xs, n, "local pieces exceed the output");
+    WEFT_CHECK(copy_narrow(yl, l, dim, off, true));
+    off += l->shape[dim];
+  }
+  if (off != yl->shape[dim])
+    return nn_op_error(WEFT_ERR_INTERNAL, name, xs, n, "local pieces cover %lld of %lld",
+                       (long long)off, (long long)yl->shape[dim]);
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, xs, n, cat_backward, &node));
+  if (node) {
+    for (int j = 0; j < n; j++) nn_node_set_used(node, j, u[j]);
+    node->i[0] = dim;
+  }
+  return nn_var_new(g, y, node, out);
+}
+
+/* -------------------------------------------------------------- sum / mean */
+
+static weft_status reduce_backward(nn_node *n, const weft_dtensor *const *dout,
+                                   weft_dtensor **din) {
+  const weft_dtensor *dy = dout[0];
+  if (!dy || !nn_node_wants(n, 0)) return WEFT_OK;
+  const weft_dtensor *x = nn_node_input(n, 0);
+  int k = weft_mesh_ndim(weft_dtensor_mesh(x)), d = (int)n->i[0];
+  const weft_placement *X = weft_dtensor_placements(x), *D = weft_dtensor_placements(dy);
+  weft_placement p[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) {
+    if (is_shard_any(X[i]) && X[i].dim == d) p[i] = X[i]; /* the grad is broadcast */
+    else if (is_shard_any(D[i])) p[i] = X[i];
+    else p[i] = D[i];
+  }
+  weft_dtensor *dx;
+  WEFT_CHECK(nn_graph_like(nn_node_graph(n), x, p, &dx));
+  weft_tensor *dxl = weft_dtensor_local(dx);
+  if (weft_tensor_numel(dxl) > 0) {
+    /* dy's local viewed with dim d kept (size 1) and broadcast (stride 0) */
+    const weft_tensor *dyl = nn_local(dy);
+    int64_t st[WEFT_MAX_DIMS], inner = 1;
+    for (int e = dxl->ndim - 1; e >= 0; e--) {
+      if (e == d) {
+        st[e] = 0;
+      } else {
+        st[e] = inner;
+        inner *= dxl->shape[e];
+      }
+    }
+    if (inner != weft_tensor_numel(dyl))
+      return weft_error(WEFT_ERR_INTERNAL, "%s backward: local sizes disagree", n->name);
+    weft_tensor v;
+    WEFT_CHECK(view_at(&v, dyl, 0, dxl->ndim, dxl->shape, st));
+    WEFT_CHECK(weft_tensor_copy(dxl, &v));
+    if (n->f[0] != 1.0) WEFT_CHECK(weft_scale(dxl, n->f[0]));
+  }
+  din[0] = dx;
+  return WEFT_OK;
+}
+
+static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft_var **out) {
+  const char *name = mean ? "mean" : "sum";
+  if (!out) return weft_error(WEFT_ERR_INVALID, "%s: out is NULL", name);
+  *out = NULL;
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
+  const weft_dtensor *xv = nn_var_now(x);
+  const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
+  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  int nd = xs->ndim, k = xs->mesh_ndim, d = 0;
+  if (nd < 1) return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "a 0-d input");
+  WEFT_CHECK(normalize_dim(name, &x, 1, dim, nd, &d));
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  int nopt[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) {
+    weft_sharding_option *o = &opts[i * OPT_CAP];
+    int c = 0;
+    weft_placement p = xs->placements[i];
+    o[c++] = (weft_sharding_option){{nn_r()}, nn_r()};
+    if (is_shard_any(p) && p.dim == d) {
+      o[c++] = (weft_sharding_option){{p}, nn_psum()};
+    } else if (is_shard_any(p)) {
+      weft_placement q = p;
+      if (!keepdim && q.dim > d) q.dim--;
+      o[c++] = (weft_sharding_option){{p}, q};
+    } else if (is_linear_partial(p)) {
+      o[c++] = (weft_sharding_option){{p}, p};
+    }
+    nopt[i] = c;
+  }
+  weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
+  WEFT_CHECK(nn_choose(name, &x, 1, opts, OPT_CAP, nopt, false, tgt, opl));
+  const weft_dtensor *xu;
+  WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
+  int64_t oshape[WEFT_MAX_DIMS];
+  int ond = 0;
+  for (int e = 0; e < nd; e++) {
+    if (e != d) oshape[ond++] = xs->shape[e];
+    else if (keepdim) oshape[ond++] = 1;
+  }
+  weft_dtensor *y;
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, ond, oshape, opl, &y));
+  weft_tensor *yl = weft_dtensor_local(y);
+  const weft_tensor *xl = nn_local(xu);
+  int64_t ks[WEFT_MAX_DIMS];
+  for (int e = 0; e < nd; e++) ks[e] = e == d ? 1 : xl->shape[e];
+  if (prod(ks, 0, nd) != weft_tensor_numel(yl))
+    return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local sizes disagree");
+  if (weft_tensor_numel(yl) > 0) {
+    weft_tensor v;
+    WEFT_CHECK(view_at(&v, yl, 0, nd, ks, NULL));
+    WEFT_CHECK(weft_reduce(xl, WEFT_REDUCE_SUM, d, &v));
+    if (mean) WEFT_CHECK(weft_scale(yl, 1.0 / (double)xs->shape[d]));
+  }
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, reduce_backward, &node));
+  if (node) {
+    nn_node_set_used(node, 0, xu);
+    node->i[0] = d;
+    node->f[0] = mean ? 1.0 / (double)xs->shape[d] : 1.0;
+  }
+  return nn_var_new(g, y, node, out);
+}
+
+weft_status weft_op_sum(weft_var *x, int dim, bool keepdim, weft_var **out) {
+  return reduce_op(x, dim, keepdim, false, out);
+}
+
+weft_status weft_op_mean(weft_var *x, int dim, bool keepdim, weft_var **out) {
+  return reduce_op(x, dim, keepdim, true, out);
+}

@@ -1,0 +1,16 @@
+/* tests/models/test_models.c — the models suite: GPT-2 (models/gpt2) on the
+ * public API against PyTorch float64 golden data, run by gpt2_worker under
+ * mpiexec. */
+#include <criterion/criterion.h>
+
+#include "harness.h"
+
+#define GPT2_WORKER WORKER("gpt2_worker")
+
+Test(models, gpt2_one_rank_matches_pytorch_loss_grads_adamw_groups, .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(1, GPT2_WORKER, "golden", 100), 0);
+}
+
+Test(models, gpt2_fsdp_two_ranks_matches_pytorch, .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(2, GPT2_WORKER, "golden_fsdp", 100), 0);
+}
