@@ -1,5 +1,5 @@
 /* weft/autograd.h — ops on DTensors with autograd: a graph (the tape of one
- * forward), variables, the op library, user-defined ops, and running
+ * forward), variables, the op library, and running
  * modules whose forward is written with ops.
  *
  * A tour (SPMD: every rank of the mesh runs this):
@@ -209,43 +209,7 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
  * the graph is not training. */
 weft_status weft_op_dropout(weft_var *x, float p, weft_var **out);
 
-/* ------------------------------------------------------ user-defined ops
- * An op of one's own (torch.autograd.Function plus a DTensor strategy):
- * a sharding rule (options per mesh dim), a local forward and a local
- * backward. weft_op_custom picks the option (as the built-in ops do),
- * redistributes the inputs, runs forward on the local shards and records
- * the backward. */
 #define WEFT_OP_MAX_INPUTS 4
-#define WEFT_OP_MAX_OUTPUTS 4
-
-typedef struct weft_op_def {
-  const char *name;
-  int nin, nout;
-  /* Output global shapes from input shapes (may be NULL: outputs have
-   * input 0's shape). */
-  weft_status (*out_shape)(void *ctx, const weft_dtensor_spec *const *in, int64_t (*shapes)[WEFT_MAX_DIMS],
-                           int *ndims);
-  /* The sharding options of one mesh dim given the inputs' specs: up to
-   * cap options into opts, count into *n. May be NULL: all Replicate. */
-  weft_status (*rule)(void *ctx, const weft_dtensor_spec *const *in, int mesh_dim,
-                      weft_sharding_option *opts, int cap, int *n);
-  /* out[j] (preallocated with the chosen placements) from in[i] (the
-   * inputs as redistributed). Local tensors are the shards. */
-  weft_status (*forward)(void *ctx, const weft_dtensor *const *in, weft_dtensor *const *out);
-  /* din[i] (preallocated zeros with the inputs' chosen placements; NULL
-   * where input i needs no grad) from dout[j] (the outputs' placements or
-   * Partial where the output is Replicate; NULL: no grad reached output
-   * j, treat as zero), the inputs and outputs of forward. A grad whose
-   * placements must differ from the input's may be returned by replacing
-   * din[i] with a new DTensor (ownership passes to the graph). */
-  weft_status (*backward)(void *ctx, const weft_dtensor *const *dout,
-                          const weft_dtensor *const *in, const weft_dtensor *const *out,
-                          weft_dtensor **din);
-} weft_op_def;
-
-/* Runs a user op on vars. ctx is the caller's (kept alive until reset). */
-weft_status weft_op_custom(const weft_op_def *def, void *ctx, weft_var *const *in,
-                           weft_var **out);
 
 /* ------------------------------------------------------ modules in graphs */
 

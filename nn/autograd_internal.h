@@ -57,7 +57,6 @@ struct nn_node {
   int64_t i[8];
   const void *p[2];
   weft_module *module; /* module nodes */
-  const weft_op_def *def; /* custom ops */
   void *ctx;
 };
 
