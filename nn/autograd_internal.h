@@ -120,7 +120,30 @@ void nn_grad_placements(const weft_placement *out, const weft_placement *grad, i
                         weft_placement *want);
 
 /* ---------------------------------------------------------------- ops */
+
+/* Room for the sharding options one mesh dim of an op may list. */
+#define NN_OPT_CAP 24
+
+/* The op's input `d` (named `what` in messages) must be f32 with a
+ * contiguous local tensor (what the kernels take): WEFT_ERR_UNSUPPORTED /
+ * WEFT_ERR_INVALID naming the op and its inputs otherwise. */
+weft_status nn_check_f32_contig(const char *name, weft_var *const *in, int nin,
+                                const weft_dtensor *d, const char *what);
+
 /* Per mesh dim placement helpers. */
+static inline bool nn_is_shard_any(weft_placement p) {
+  return p.kind == WEFT_PLACE_SHARD || p.kind == WEFT_PLACE_STRIDED_SHARD;
+}
+/* A pending sum or average: it passes through linear ops. */
+static inline bool nn_is_linear_partial(weft_placement p) {
+  return p.kind == WEFT_PLACE_PARTIAL && (p.op == WEFT_OP_SUM || p.op == WEFT_OP_AVG);
+}
+/* Rows of a local tensor: the product of all dims but the last. */
+static inline int64_t nn_rows(const weft_tensor *t) {
+  int64_t r = 1;
+  for (int d = 0; d < t->ndim - 1; d++) r *= t->shape[d];
+  return r;
+}
 static inline weft_placement nn_r(void) { return weft_replicate(); }
 static inline weft_placement nn_s(int d) { return weft_shard(d); }
 static inline weft_placement nn_psum(void) { return weft_partial(WEFT_OP_SUM); }

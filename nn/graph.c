@@ -348,6 +348,16 @@ weft_status nn_op_error(weft_status code, const char *name, weft_var *const *in,
   return weft_error(code, "%s: %s (inputs: %s)", name, why, ins);
 }
 
+weft_status nn_check_f32_contig(const char *name, weft_var *const *in, int nin,
+                                const weft_dtensor *d, const char *what) {
+  if (weft_dtensor_dtype(d) != WEFT_F32)
+    return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, nin, "%s is %s (f32 only)", what,
+                       weft_dtype_name(weft_dtensor_dtype(d)));
+  if (!weft_tensor_is_contiguous(weft_dtensor_local(d)))
+    return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "%s: local tensor not contiguous", what);
+  return WEFT_OK;
+}
+
 weft_status nn_check_vars(const char *name, weft_var *const *in, int nin, weft_graph **g) {
   weft_graph *gg = NULL;
   const weft_dtensor_spec *s0 = NULL;

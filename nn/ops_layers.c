@@ -50,29 +50,6 @@
 
 #include "autograd_internal.h"
 
-#define OPT_CAP 24
-
-static bool is_shard_any(weft_placement p) {
-  return p.kind == WEFT_PLACE_SHARD || p.kind == WEFT_PLACE_STRIDED_SHARD;
-}
-
-static weft_status check_f32_contig(const char *name, weft_var *const *in, int nin,
-                                    const weft_dtensor *d, const char *what) {
-  if (weft_dtensor_dtype(d) != WEFT_F32)
-    return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, nin, "%s is %s (f32 only)", what,
-                       weft_dtype_name(weft_dtensor_dtype(d)));
-  if (!weft_tensor_is_contiguous(weft_dtensor_local(d)))
-    return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "%s: local tensor not contiguous", what);
-  return WEFT_OK;
-}
-
-/* Rows of a contiguous local tensor: the product of all dims but the last. */
-static int64_t rows_of(const weft_tensor *t) {
-  int64_t r = 1;
-  for (int d = 0; d < t->ndim - 1; d++) r *= t->shape[d];
-  return r;
-}
-
 static void all_r(int k, weft_placement *p) {
   for (int i = 0; i < k; i++) p[i] = nn_r();
 }
@@ -123,7 +100,7 @@ static weft_status row_buffer(weft_graph *g, const weft_dtensor *x, weft_dtype d
   int last = s->ndim - 1;
   weft_placement p[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < s->mesh_ndim; i++)
-    p[i] = is_shard_any(s->placements[i]) && s->placements[i].dim == last ? nn_r()
+    p[i] = nn_is_shard_any(s->placements[i]) && s->placements[i].dim == last ? nn_r()
                                                                           : s->placements[i];
   int64_t one = 1;
   if (last == 0) {
@@ -152,7 +129,7 @@ static int keep_options(weft_sharding_option *o, int nin, int dlim, weft_placeme
   for (int j = 0; j < nin; j++) r.in[j] = nn_r();
   r.out = nn_r();
   o[c++] = r;
-  for (int d = 0; d < dlim && c < OPT_CAP - 1; d++) {
+  for (int d = 0; d < dlim && c < NN_OPT_CAP - 1; d++) {
     weft_sharding_option s = r;
     for (int j = 0; j < nin; j++) s.in[j] = nn_s(d);
     s.out = nn_s(d);
@@ -179,8 +156,8 @@ static weft_status embedding_backward(nn_node *n, const weft_dtensor *const *dou
   int k = weft_mesh_ndim(weft_dtensor_mesh(w));
   weft_placement p[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    if (is_shard_any(W[i])) p[i] = W[i];
-    else if (nn_is_psum(D[i]) || is_shard_any(I[i])) p[i] = nn_psum();
+    if (nn_is_shard_any(W[i])) p[i] = W[i];
+    else if (nn_is_psum(D[i]) || nn_is_shard_any(I[i])) p[i] = nn_psum();
     else p[i] = nn_r();
   }
   weft_dtensor *dw;
@@ -210,7 +187,7 @@ weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
                        weft_dtype_name(is->dtype));
   if (!weft_tensor_is_contiguous(nn_local(iv)))
     return nn_op_error(WEFT_ERR_INVALID, name, in, 2, "ids: local tensor not contiguous");
-  WEFT_CHECK(check_f32_contig(name, in, 2, wv, "weight"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, wv, "weight"));
   if (ws->ndim != 2 || is->ndim < 1 || is->ndim + 1 > WEFT_MAX_DIMS)
     return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
                        "need ids (...) with at least one dim and weight (V, D)");
@@ -235,10 +212,10 @@ weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
     weft_free(tmp);
   }
   int k = ws->mesh_ndim, nd = is->ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     o[c++] = (weft_sharding_option){{nn_r(), nn_r()}, nn_r()};
     o[c++] = (weft_sharding_option){{nn_r(), nn_s(0)}, nn_psum()};
@@ -247,7 +224,7 @@ weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
     nopt[i] = c;
   }
   weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, in, 2, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *iu, *wu;
   WEFT_CHECK(nn_graph_bring(g, iv, tgt, false, &iu));
   WEFT_CHECK(nn_graph_bring(g, wv, tgt + k, false, &wu));
@@ -287,11 +264,11 @@ static weft_status norm_backward(nn_node *n, const weft_dtensor *const *dout, we
   const weft_placement *X = weft_dtensor_placements(x), *D = weft_dtensor_placements(dy);
   int k = weft_mesh_ndim(weft_dtensor_mesh(x));
   const weft_tensor *xl = nn_local(x);
-  int64_t C = xl->shape[xl->ndim - 1], N = rows_of(xl);
+  int64_t C = xl->shape[xl->ndim - 1], N = nn_rows(xl);
   weft_device dev = xl->device;
   weft_placement pw[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++)
-    pw[i] = (is_shard_any(X[i]) || nn_is_psum(D[i])) ? nn_psum() : nn_r();
+    pw[i] = (nn_is_shard_any(X[i]) || nn_is_psum(D[i])) ? nn_psum() : nn_r();
   weft_dtensor *dx = NULL, *dw = NULL, *db = NULL;
   if (nn_node_wants(n, 0)) WEFT_CHECK(nn_graph_like(g, x, D, &dx));
   if (w && nn_node_wants(n, 1)) WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(w), WEFT_F32, 1,
@@ -347,7 +324,7 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
   WEFT_CHECK(nn_check_vars(name, nonnull, nn, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(check_f32_contig(name, in, 3, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 3, xv, "input"));
   if (xs->ndim < 1)
     return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "need x (..., C) with at least one dim");
   int last = xs->ndim - 1;
@@ -356,7 +333,7 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
   for (int j = 1; j < 3; j++) {
     if (!in[j]) continue;
     const weft_dtensor *v = nn_var_now(in[j]);
-    WEFT_CHECK(check_f32_contig(name, in, 3, v, what[j]));
+    WEFT_CHECK(nn_check_f32_contig(name, in, 3, v, what[j]));
     const weft_dtensor_spec *s = weft_dtensor_get_spec(v);
     if (s->ndim != 1 || s->shape[0] != C)
       return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "%s must be (%lld), x's last dim",
@@ -366,16 +343,16 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
     return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "eps = %g must be %s 0", (double)eps,
                        layer ? ">" : ">=");
   int k = xs->mesh_ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = keep_options(o, 1, last, xs->placements[i]);
     for (int j = 0; j < c; j++) o[j].in[1] = o[j].in[2] = nn_r();
     nopt[i] = c;
   }
   weft_placement tgt[3 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, in, 3, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, in, 3, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *u[3] = {NULL, NULL, NULL};
   for (int j = 0; j < 3; j++)
     if (in[j]) WEFT_CHECK(nn_graph_bring(g, nn_var_now(in[j]), tgt + j * k, false, &u[j]));
@@ -385,7 +362,7 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
   WEFT_CHECK(row_buffer(g, u[0], WEFT_F32, &rstd));
   if (layer) WEFT_CHECK(row_buffer(g, u[0], WEFT_F32, &mean));
   const weft_tensor *xl = nn_local(u[0]);
-  int64_t N = rows_of(xl);
+  int64_t N = nn_rows(xl);
   weft_device dev = xl->device;
   const float *wp = u[1] ? nn_f32(u[1]) : NULL;
   if (!layer && !wp) {
@@ -445,13 +422,13 @@ static weft_status act_op(const char *name, weft_activation act, weft_var *x, we
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
   int k = xs->mesh_ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < k; i++) nopt[i] = keep_options(&opts[i * OPT_CAP], 1, xs->ndim, xs->placements[i]);
+  for (int i = 0; i < k; i++) nopt[i] = keep_options(&opts[i * NN_OPT_CAP], 1, xs->ndim, xs->placements[i]);
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, &x, 1, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
   weft_dtensor *y;
@@ -502,17 +479,17 @@ weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, in, 2, &g));
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
-  WEFT_CHECK(check_f32_contig(name, in, 2, av, "a"));
-  WEFT_CHECK(check_f32_contig(name, in, 2, bv, "b"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, av, "a"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, bv, "b"));
   bool ok = as->ndim == bs->ndim;
   for (int d = 0; ok && d < as->ndim; d++) ok = as->shape[d] == bs->shape[d];
   if (!ok) return nn_op_error(WEFT_ERR_INVALID, name, in, 2, "a and b must have the same shape");
   int k = as->mesh_ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < k; i++) nopt[i] = keep_options(&opts[i * OPT_CAP], 2, as->ndim, as->placements[i]);
+  for (int i = 0; i < k; i++) nopt[i] = keep_options(&opts[i * NN_OPT_CAP], 2, as->ndim, as->placements[i]);
   weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, in, 2, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *au, *bu;
   WEFT_CHECK(nn_graph_bring(g, av, tgt, false, &au));
   WEFT_CHECK(nn_graph_bring(g, bv, tgt + k, false, &bu));
@@ -539,7 +516,7 @@ static weft_status softmax_backward(nn_node *n, const weft_dtensor *const *dout,
   weft_dtensor *dx;
   WEFT_CHECK(nn_graph_like(nn_node_graph(n), y, weft_dtensor_placements(dy), &dx));
   const weft_tensor *yl = nn_local(y);
-  int64_t C = yl->shape[yl->ndim - 1], N = rows_of(yl);
+  int64_t C = yl->shape[yl->ndim - 1], N = nn_rows(yl);
   if (N > 0 && C > 0)
     WEFT_CHECK(weft_backend_softmax_backward(yl->device, nn_f32(dx), nn_f32(dy), yl->data, N, C,
                                              false));
@@ -555,21 +532,21 @@ weft_status weft_op_softmax(weft_var *x, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
   if (xs->ndim < 1)
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "need x (..., C) with at least one dim");
   int k = xs->mesh_ndim, last = xs->ndim - 1;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < k; i++) nopt[i] = keep_options(&opts[i * OPT_CAP], 1, last, xs->placements[i]);
+  for (int i = 0; i < k; i++) nopt[i] = keep_options(&opts[i * NN_OPT_CAP], 1, last, xs->placements[i]);
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, &x, 1, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
   weft_dtensor *y;
   WEFT_CHECK(nn_graph_like(g, xu, opl, &y));
   const weft_tensor *xl = nn_local(xu);
-  int64_t C = xl->shape[last], N = rows_of(xl);
+  int64_t C = xl->shape[last], N = nn_rows(xl);
   if (N > 0 && C > 0)
     WEFT_CHECK(weft_backend_softmax_forward(xl->device, nn_f32(y), xl->data, N, C));
   nn_node *node;
@@ -607,7 +584,7 @@ weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
   if (xs->ndim != 4 || xs->shape[3] % 2 != 0 || xs->shape[3] < 2)
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1,
                        "need x (B, T, NH, hd) with an even head dim hd >= 2");
@@ -615,10 +592,10 @@ weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "theta = %g must be > 0 and pos0 = %lld >= 0",
                        theta, (long long)pos0);
   int k = xs->mesh_ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     o[c++] = (weft_sharding_option){{nn_r()}, nn_r()};
     o[c++] = (weft_sharding_option){{nn_s(0)}, nn_s(0)};
@@ -626,7 +603,7 @@ weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out
     nopt[i] = c;
   }
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, &x, 1, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
   weft_dtensor *y, *tab;
@@ -690,9 +667,9 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
   weft_graph *g;
   WEFT_CHECK(nn_check_vars(name, in, 3, &g));
   const weft_dtensor *qv = nn_var_now(q), *kv = nn_var_now(k), *vv = nn_var_now(v);
-  WEFT_CHECK(check_f32_contig(name, in, 3, qv, "q"));
-  WEFT_CHECK(check_f32_contig(name, in, 3, kv, "k"));
-  WEFT_CHECK(check_f32_contig(name, in, 3, vv, "v"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 3, qv, "q"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 3, kv, "k"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 3, vv, "v"));
   const weft_dtensor_spec *qs = weft_dtensor_get_spec(qv), *ks = weft_dtensor_get_spec(kv),
                           *vs = weft_dtensor_get_spec(vv);
   bool ok = qs->ndim == 4 && ks->ndim == 4 && vs->ndim == 4;
@@ -708,7 +685,7 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
   int64_t B = qs->shape[0], T = qs->shape[1], H = qs->shape[2], Hkv = ks->shape[2],
           hd = qs->shape[3];
   int nk = qs->mesh_ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   weft_placement tgt[3 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
   int64_t pb = 1, ph = 1;
@@ -717,7 +694,7 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
    * mesh dims), choose again without head shards (replicated heads) */
   for (int heads = 1; heads >= 0; heads--) {
     for (int i = 0; i < nk; i++) {
-      weft_sharding_option *o = &opts[i * OPT_CAP];
+      weft_sharding_option *o = &opts[i * NN_OPT_CAP];
       int c = 0;
       o[c++] = (weft_sharding_option){{nn_r(), nn_r(), nn_r()}, nn_r()};
       o[c++] = (weft_sharding_option){{nn_s(0), nn_s(0), nn_s(0)}, nn_s(0)};
@@ -725,7 +702,7 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
         o[c++] = (weft_sharding_option){{nn_s(2), nn_s(2), nn_s(2)}, nn_s(2)};
       nopt[i] = c;
     }
-    WEFT_CHECK(nn_choose(name, in, 3, opts, OPT_CAP, nopt, false, tgt, opl));
+    WEFT_CHECK(nn_choose(name, in, 3, opts, NN_OPT_CAP, nopt, false, tgt, opl));
     pb = ph = 1;
     for (int i = 0; i < nk; i++) {
       if (nn_is_s(opl[i], 0)) pb *= qs->mesh_shape[i];
@@ -798,7 +775,7 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
   WEFT_CHECK(nn_graph_like(g, logits, NULL, &dlog));
   const weft_tensor *ll = nn_local(logits);
   int last = ll->ndim - 1;
-  int64_t N = rows_of(ll), nv = ll->shape[last];
+  int64_t N = nn_rows(ll), nv = ll->shape[last];
   weft_device dev = ll->device;
   if (N > 0 && nv > 0) {
     const int32_t *tl = (const int32_t *)nn_local(n->saved[1])->data;
@@ -844,7 +821,7 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
   if (!targets) return weft_error(WEFT_ERR_INVALID, "cross_entropy: targets are NULL");
   const weft_dtensor *lv = nn_var_now(logits);
   const weft_dtensor_spec *ls = weft_dtensor_get_spec(lv), *ts = weft_dtensor_get_spec(targets);
-  WEFT_CHECK(check_f32_contig(name, &logits, 1, lv, "logits"));
+  WEFT_CHECK(nn_check_f32_contig(name, &logits, 1, lv, "logits"));
   char tdesc[384];
   weft_dtensor_spec_describe(ts, tdesc, sizeof tdesc);
   if (ts->dtype != WEFT_I32)
@@ -885,10 +862,10 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
     }
     count++;
   }
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     o[c++] = (weft_sharding_option){{nn_r()}, nn_r()};
     o[c++] = (weft_sharding_option){{nn_s(last)}, nn_r()};
@@ -896,7 +873,7 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
     nopt[i] = c;
   }
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  weft_status st = nn_choose(name, &logits, 1, opts, OPT_CAP, nopt, false, tgt, opl);
+  weft_status st = nn_choose(name, &logits, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl);
   const weft_dtensor *lu = NULL;
   if (st == WEFT_OK) st = nn_graph_bring(g, lv, tgt, false, &lu);
   if (st != WEFT_OK) {
@@ -906,14 +883,14 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
   bool vocab_dim[WEFT_MESH_MAX_DIMS], row_dim[WEFT_MESH_MAX_DIMS], vocab = false;
   for (int i = 0; i < k; i++) {
     vocab_dim[i] = nn_is_s(tgt[i], last) && ls->mesh_shape[i] > 1;
-    row_dim[i] = is_shard_any(tgt[i]) && tgt[i].dim < last && ls->mesh_shape[i] > 1;
+    row_dim[i] = nn_is_shard_any(tgt[i]) && tgt[i].dim < last && ls->mesh_shape[i] > 1;
     vocab = vocab || nn_is_s(tgt[i], last);
   }
   const weft_tensor *ll = nn_local(lu);
   weft_device dev = ll->device;
   int64_t off[WEFT_MAX_DIMS] = {0};
   weft_dtensor_local_offset(lu, off);
-  int64_t N = rows_of(ll), nv = ll->shape[last], v0 = nv ? off[last] : 0;
+  int64_t N = nn_rows(ll), nv = ll->shape[last], v0 = nv ? off[last] : 0;
   weft_dtensor *tsafe = NULL, *keep = NULL, *lse, *gmax, *gtgt, *gsum, *y;
   weft_mesh *mesh = weft_dtensor_mesh(lv);
   /* the local rows' targets (row-major over the logits' local box) */
@@ -1052,7 +1029,7 @@ weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {
   weft_graph *g;
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
-  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
   if (!(p >= 0.0f && p < 1.0f))
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "p = %g must be in [0, 1)", (double)p);
   /* identity: no mask drawn (as torch, which draws no random numbers then) */

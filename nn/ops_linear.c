@@ -18,29 +18,8 @@
 
 #include "autograd_internal.h"
 
-#define OPT_CAP 24
-
 static bool is_ss(weft_placement p, int dim) {
   return p.kind == WEFT_PLACE_STRIDED_SHARD && p.dim == dim;
-}
-static bool is_shard_any(weft_placement p) {
-  return p.kind == WEFT_PLACE_SHARD || p.kind == WEFT_PLACE_STRIDED_SHARD;
-}
-
-static weft_status check_f32_contig(const char *name, weft_var *const *in, int nin,
-                                    const weft_dtensor *d, const char *what) {
-  if (weft_dtensor_dtype(d) != WEFT_F32)
-    return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, nin, "%s is %s (f32 only)", what,
-                       weft_dtype_name(weft_dtensor_dtype(d)));
-  if (!weft_tensor_is_contiguous(weft_dtensor_local(d)))
-    return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "%s: local tensor not contiguous", what);
-  return WEFT_OK;
-}
-
-static int64_t rows_of(const weft_tensor *t) {
-  int64_t r = 1;
-  for (int d = 0; d < t->ndim - 1; d++) r *= t->shape[d];
-  return r;
 }
 
 /* ------------------------------------------------------------------ linear */
@@ -53,14 +32,14 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
                        *D = weft_dtensor_placements(dy);
   int k = weft_mesh_ndim(weft_dtensor_mesh(x)), last = weft_dtensor_ndim(x) - 1;
   const weft_tensor *xl = nn_local(x), *wl = nn_local(w), *dyl = nn_local(dy);
-  int64_t rows = rows_of(xl), kl = xl->shape[last], nl = wl->shape[0];
+  int64_t rows = nn_rows(xl), kl = xl->shape[last], nl = wl->shape[0];
   weft_device dev = xl->device;
   if (nn_node_wants(n, 0)) {
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
       if (nn_is_psum(D[i])) p[i] = nn_psum();
-      else if (is_shard_any(X[i]) && X[i].dim < last) p[i] = X[i];
-      else if (is_shard_any(W[i]) && W[i].dim == 0) p[i] = nn_psum();
+      else if (nn_is_shard_any(X[i]) && X[i].dim < last) p[i] = X[i];
+      else if (nn_is_shard_any(W[i]) && W[i].dim == 0) p[i] = nn_psum();
       else if (nn_is_s(W[i], 1)) p[i] = nn_s(last);
       else p[i] = nn_r();
     }
@@ -74,9 +53,9 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
       if (nn_is_psum(D[i])) p[i] = nn_psum();
-      else if (is_shard_any(X[i]) && X[i].dim < last) p[i] = nn_psum();
+      else if (nn_is_shard_any(X[i]) && X[i].dim < last) p[i] = nn_psum();
       else if (X[i].kind == WEFT_PLACE_PARTIAL) p[i] = nn_psum();
-      else if (is_shard_any(W[i])) p[i] = W[i];
+      else if (nn_is_shard_any(W[i])) p[i] = W[i];
       else p[i] = nn_r();
     }
     weft_dtensor *dw;
@@ -95,17 +74,17 @@ static weft_status linear_nobias(weft_var *x, weft_var *w, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, in, 2, &g));
   const weft_dtensor *xv = nn_var_now(x), *wv = nn_var_now(w);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv), *ws = weft_dtensor_get_spec(wv);
-  WEFT_CHECK(check_f32_contig(name, in, 2, xv, "input"));
-  WEFT_CHECK(check_f32_contig(name, in, 2, wv, "weight"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, wv, "weight"));
   int na = xs->ndim, last = na - 1;
   if (na < 1 || ws->ndim != 2 || xs->shape[last] != ws->shape[1])
     return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
                        "need x (..., K) and weight (N, K) with the same K");
   int k = xs->mesh_ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     weft_placement pw = ws->placements[i], px = xs->placements[i];
     o[c++] = (weft_sharding_option){{nn_r(), nn_r()}, nn_r()};
@@ -120,7 +99,7 @@ static weft_status linear_nobias(weft_var *x, weft_var *w, weft_var **out) {
     nopt[i] = c;
   }
   weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, in, 2, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu, *wu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
   WEFT_CHECK(nn_graph_bring(g, wv, tgt + k, false, &wu));
@@ -131,7 +110,7 @@ static weft_status linear_nobias(weft_var *x, weft_var *w, weft_var **out) {
   WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, na, oshape, opl, &y));
   const weft_tensor *xl = nn_local(xu), *wl = nn_local(wu);
   WEFT_CHECK(weft_backend_linear_forward(xl->device, nn_f32(y), xl->data, wl->data, NULL,
-                                         rows_of(xl), xl->shape[last], wl->shape[0]));
+                                         nn_rows(xl), xl->shape[last], wl->shape[0]));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, in, 2, linear_backward, &node));
   if (node) {
@@ -159,7 +138,7 @@ weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out
  * dim (sums over the broadcast leading dims `off`). */
 static weft_placement bcast_grad_pl(weft_placement d, int off) {
   if (nn_is_psum(d)) return nn_psum();
-  if (is_shard_any(d)) {
+  if (nn_is_shard_any(d)) {
     if (d.dim < off) return nn_psum();
     weft_placement p = d;
     p.dim -= off;
@@ -213,8 +192,8 @@ weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, in, 2, &g));
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
-  WEFT_CHECK(check_f32_contig(name, in, 2, av, "a"));
-  WEFT_CHECK(check_f32_contig(name, in, 2, bv, "b"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, av, "a"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, bv, "b"));
   int na = as->ndim, nb = bs->ndim, off = na - nb;
   bool ok = nb >= 1 && off >= 0;
   for (int d = 0; ok && d < nb; d++) ok = as->shape[off + d] == bs->shape[d];
@@ -222,14 +201,14 @@ weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
     return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
                        "b's shape must equal a's or a suffix of it (broadcast)");
   int k = as->mesh_ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     weft_placement pa = as->placements[i];
     o[c++] = (weft_sharding_option){{nn_r(), nn_r()}, nn_r()};
-    for (int d = 0; d < na && c < OPT_CAP - 3; d++)
+    for (int d = 0; d < na && c < NN_OPT_CAP - 3; d++)
       o[c++] = (weft_sharding_option){{nn_s(d), d < off ? nn_r() : nn_s(d - off)}, nn_s(d)};
     if (pa.kind == WEFT_PLACE_STRIDED_SHARD) {
       weft_placement pb = pa;
@@ -240,7 +219,7 @@ weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
     nopt[i] = c;
   }
   weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, true, tgt, opl));
+  WEFT_CHECK(nn_choose(name, in, 2, opts, NN_OPT_CAP, nopt, true, tgt, opl));
   const weft_dtensor *au, *bu;
   WEFT_CHECK(nn_graph_bring(g, av, tgt, true, &au));
   WEFT_CHECK(nn_graph_bring(g, bv, tgt + k, true, &bu));
@@ -276,7 +255,7 @@ static weft_status mul_backward(nn_node *n, const weft_dtensor *const *dout, wef
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
       if (nn_is_psum(D[i]) || nn_is_psum(O[i])) p[i] = nn_psum();
-      else if (is_shard_any(S[i])) p[i] = S[i];
+      else if (nn_is_shard_any(S[i])) p[i] = S[i];
       else p[i] = nn_r();
     }
     weft_dtensor *d;
@@ -296,20 +275,20 @@ weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, in, 2, &g));
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
-  WEFT_CHECK(check_f32_contig(name, in, 2, av, "a"));
-  WEFT_CHECK(check_f32_contig(name, in, 2, bv, "b"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, av, "a"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, bv, "b"));
   bool ok = as->ndim == bs->ndim;
   for (int d = 0; ok && d < as->ndim; d++) ok = as->shape[d] == bs->shape[d];
   if (!ok) return nn_op_error(WEFT_ERR_INVALID, name, in, 2, "shapes differ");
   int k = as->mesh_ndim, na = as->ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     weft_placement pa = as->placements[i];
     o[c++] = (weft_sharding_option){{nn_r(), nn_r()}, nn_r()};
-    for (int d = 0; d < na && c < OPT_CAP - 3; d++)
+    for (int d = 0; d < na && c < NN_OPT_CAP - 3; d++)
       o[c++] = (weft_sharding_option){{nn_s(d), nn_s(d)}, nn_s(d)};
     if (pa.kind == WEFT_PLACE_STRIDED_SHARD) o[c++] = (weft_sharding_option){{pa, pa}, pa};
     o[c++] = (weft_sharding_option){{nn_psum(), nn_r()}, nn_psum()};
@@ -317,7 +296,7 @@ weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out) {
     nopt[i] = c;
   }
   weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, in, 2, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *au, *bu;
   WEFT_CHECK(nn_graph_bring(g, av, tgt, false, &au));
   WEFT_CHECK(nn_graph_bring(g, bv, tgt + k, false, &bu));
@@ -352,7 +331,7 @@ weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out) {
   weft_graph *g;
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
-  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
   weft_dtensor *y;
   WEFT_CHECK(nn_graph_like(g, xv, NULL, &y));
   WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(y), nn_local(xv)));

@@ -13,25 +13,6 @@
 
 #include "autograd_internal.h"
 
-#define OPT_CAP 24
-
-static bool is_shard_any(weft_placement p) {
-  return p.kind == WEFT_PLACE_SHARD || p.kind == WEFT_PLACE_STRIDED_SHARD;
-}
-static bool is_linear_partial(weft_placement p) {
-  return p.kind == WEFT_PLACE_PARTIAL && (p.op == WEFT_OP_SUM || p.op == WEFT_OP_AVG);
-}
-
-static weft_status check_f32_contig(const char *name, weft_var *const *in, int nin,
-                                    const weft_dtensor *d, const char *what) {
-  if (weft_dtensor_dtype(d) != WEFT_F32)
-    return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, nin, "%s is %s (f32 only)", what,
-                       weft_dtype_name(weft_dtensor_dtype(d)));
-  if (!weft_tensor_is_contiguous(weft_dtensor_local(d)))
-    return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "%s: local tensor not contiguous", what);
-  return WEFT_OK;
-}
-
 /* A GEMM leading dim (>= 1, as BLAS wants even for empty operands). */
 static int64_t ld(int64_t n) { return n > 1 ? n : 1; }
 
@@ -91,8 +72,8 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
       if (nn_is_psum(D[i])) p[i] = nn_psum();
-      else if (is_shard_any(A[i])) p[i] = A[i];
-      else if (is_shard_any(B[i]) && B[i].dim == 1) p[i] = nn_psum();
+      else if (nn_is_shard_any(A[i])) p[i] = A[i];
+      else if (nn_is_shard_any(B[i]) && B[i].dim == 1) p[i] = nn_psum();
       else if (nn_is_psum(B[i])) p[i] = nn_psum();
       else p[i] = nn_r();
     }
@@ -107,9 +88,9 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
       if (nn_is_psum(D[i])) p[i] = nn_psum();
-      else if (is_shard_any(A[i]) && A[i].dim < last) p[i] = nn_psum();
+      else if (nn_is_shard_any(A[i]) && A[i].dim < last) p[i] = nn_psum();
       else if (nn_is_psum(A[i])) p[i] = nn_psum();
-      else if (is_shard_any(B[i])) p[i] = B[i];
+      else if (nn_is_shard_any(B[i])) p[i] = B[i];
       else p[i] = nn_r();
     }
     weft_dtensor *db;
@@ -130,21 +111,21 @@ weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, in, 2, &g));
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
-  WEFT_CHECK(check_f32_contig(name, in, 2, av, "a"));
-  WEFT_CHECK(check_f32_contig(name, in, 2, bv, "b"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, av, "a"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, 2, bv, "b"));
   int na = as->ndim, last = na - 1;
   if (na < 2 || bs->ndim != 2 || as->shape[last] != bs->shape[0])
     return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
                        "need a (..., M, K) and b (K, N) with the same K");
   int k = as->mesh_ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     weft_placement pa = as->placements[i], pb = bs->placements[i];
     o[c++] = (weft_sharding_option){{nn_r(), nn_r()}, nn_r()};
-    for (int r = 0; r < last && c < OPT_CAP - 8; r++)
+    for (int r = 0; r < last && c < NN_OPT_CAP - 8; r++)
       o[c++] = (weft_sharding_option){{nn_s(r), nn_r()}, nn_s(r)};
     o[c++] = (weft_sharding_option){{nn_r(), nn_s(1)}, nn_s(last)};
     o[c++] = (weft_sharding_option){{nn_s(last), nn_s(0)}, nn_psum()};
@@ -160,7 +141,7 @@ weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
     nopt[i] = c;
   }
   weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, in, 2, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, in, 2, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *au, *bu;
   WEFT_CHECK(nn_graph_bring(g, av, tgt, false, &au));
   WEFT_CHECK(nn_graph_bring(g, bv, tgt + k, false, &bu));
@@ -191,7 +172,7 @@ weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
  * placement the input had in forward. */
 static void back_placements(const weft_placement *X, const weft_placement *D, int k,
                             weft_placement *p) {
-  for (int i = 0; i < k; i++) p[i] = is_shard_any(D[i]) ? X[i] : D[i];
+  for (int i = 0; i < k; i++) p[i] = nn_is_shard_any(D[i]) ? X[i] : D[i];
 }
 
 static weft_status reshape_backward(nn_node *n, const weft_dtensor *const *dout,
@@ -275,7 +256,7 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
   if (ndim < 0 || ndim > WEFT_MAX_DIMS || (ndim > 0 && !shape))
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "bad new shape (%d dims)", ndim);
   int64_t numel = prod(xs->shape, 0, xs->ndim), known = 1;
@@ -307,19 +288,19 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
   rs_group gr[2 * WEFT_MAX_DIMS + 2];
   int ng = numel > 0 ? rs_groups(xs->shape, xs->ndim, oshape, ndim, gr) : -1;
   int k = xs->mesh_ndim;
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     weft_placement p = xs->placements[i];
     o[c++] = (weft_sharding_option){{nn_r()}, nn_r()};
-    if (is_linear_partial(p)) {
+    if (nn_is_linear_partial(p)) {
       o[c++] = (weft_sharding_option){{p}, p};
-    } else if (is_shard_any(p) && ng > 0) {
+    } else if (nn_is_shard_any(p) && ng > 0) {
       int64_t M = 1;
       for (int j = 0; j < k; j++)
-        if (is_shard_any(xs->placements[j]) && xs->placements[j].dim == p.dim)
+        if (nn_is_shard_any(xs->placements[j]) && xs->placements[j].dim == p.dim)
           M *= xs->mesh_shape[j];
       int to = rs_shard_target(xs->shape, oshape, gr, ng, p.dim, M,
                                p.kind == WEFT_PLACE_STRIDED_SHARD);
@@ -332,7 +313,7 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
     nopt[i] = c;
   }
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, &x, 1, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
   weft_dtensor *y;
@@ -357,7 +338,7 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
 
 static void swap_pl(weft_placement *p, int k, int d0, int d1) {
   for (int i = 0; i < k; i++)
-    if (is_shard_any(p[i])) {
+    if (nn_is_shard_any(p[i])) {
       if (p[i].dim == d0) p[i].dim = d1;
       else if (p[i].dim == d1) p[i].dim = d0;
     }
@@ -406,7 +387,7 @@ weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
   int nd = xs->ndim, k = xs->mesh_ndim;
   WEFT_CHECK(normalize_dim(name, &x, 1, d0, nd, &d0));
   WEFT_CHECK(normalize_dim(name, &x, 1, d1, nd, &d1));
@@ -460,7 +441,7 @@ static weft_status split_backward(nn_node *n, const weft_dtensor *const *dout,
   const weft_placement *X = weft_dtensor_placements(x);
   weft_placement G[WEFT_MESH_MAX_DIMS], p[WEFT_MESH_MAX_DIMS];
   common_grad_pl(weft_dtensor_placements(n->out[0]->value), dout, np, k, G);
-  for (int i = 0; i < k; i++) p[i] = is_shard_any(G[i]) ? X[i] : G[i];
+  for (int i = 0; i < k; i++) p[i] = nn_is_shard_any(G[i]) ? X[i] : G[i];
   weft_dtensor *dx;
   WEFT_CHECK(nn_graph_like(g, x, p, &dx));
   weft_tensor *dxl = weft_dtensor_local(dx);
@@ -506,7 +487,7 @@ weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, wef
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
   int nd = xs->ndim, k = xs->mesh_ndim;
   WEFT_CHECK(normalize_dim(name, &x, 1, dim, nd, &dim));
   int64_t total = 0;
@@ -521,14 +502,14 @@ weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, wef
   if (total != xs->shape[dim])
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "sizes sum to %lld, dim %d has %lld",
                        (long long)total, dim, (long long)xs->shape[dim]);
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     weft_placement p = xs->placements[i];
     o[c++] = (weft_sharding_option){{nn_r()}, nn_r()};
-    if (p.kind == WEFT_PLACE_PARTIAL || (is_shard_any(p) && p.dim != dim))
+    if (p.kind == WEFT_PLACE_PARTIAL || (nn_is_shard_any(p) && p.dim != dim))
       o[c++] = (weft_sharding_option){{p}, p};
     else if (p.kind == WEFT_PLACE_STRIDED_SHARD && p.dim == dim && p.split_factor == n && equal &&
              n > 1)
@@ -536,7 +517,7 @@ weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, wef
     nopt[i] = c;
   }
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, &x, 1, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
   const weft_tensor *xl = nn_local(xu);
@@ -578,7 +559,7 @@ static weft_status cat_backward(nn_node *n, const weft_dtensor *const *dout, wef
     const weft_dtensor *x = nn_node_input(n, j);
     const weft_placement *X = weft_dtensor_placements(x);
     weft_placement p[WEFT_MESH_MAX_DIMS];
-    for (int i = 0; i < k; i++) p[i] = is_shard_any(D[i]) ? X[i] : D[i];
+    for (int i = 0; i < k; i++) p[i] = nn_is_shard_any(D[i]) ? X[i] : D[i];
     weft_dtensor *dx;
     WEFT_CHECK(nn_graph_like(g, x, p, &dx));
     weft_tensor *l = weft_dtensor_local(dx);
@@ -604,7 +585,7 @@ weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
   for (int j = 0; j < n; j++) {
     v[j] = nn_var_now(xs[j]);
     s[j] = weft_dtensor_get_spec(v[j]);
-    WEFT_CHECK(check_f32_contig(name, xs, n, v[j], "input"));
+    WEFT_CHECK(nn_check_f32_contig(name, xs, n, v[j], "input"));
   }
   int nd = s[0]->ndim, k = s[0]->mesh_ndim;
   WEFT_CHECK(normalize_dim(name, xs, n, dim, nd, &dim));
@@ -621,10 +602,10 @@ weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
     oshape[dim] += s[j]->shape[dim];
     equal = equal && s[j]->shape[dim] == s[0]->shape[dim];
   }
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     weft_sharding_option t;
     memset(&t, 0, sizeof t);
@@ -635,9 +616,9 @@ weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
     o[c++] = t;                                     \
   } while (0)
     ALL(nn_r(), nn_r());
-    for (int d = 0; d < nd && c < OPT_CAP - 4; d++)
+    for (int d = 0; d < nd && c < NN_OPT_CAP - 4; d++)
       if (d != dim) ALL(nn_s(d), nn_s(d));
-    for (int j = 0; j < n && c < OPT_CAP - 2; j++) {
+    for (int j = 0; j < n && c < NN_OPT_CAP - 2; j++) {
       weft_placement p = s[j]->placements[i];
       if (p.kind == WEFT_PLACE_STRIDED_SHARD && p.dim != dim) ALL(p, p);
     }
@@ -649,7 +630,7 @@ weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
     nopt[i] = c;
   }
   weft_placement tgt[NN_MAX_IN * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, xs, n, opts, OPT_CAP, nopt, true, tgt, opl));
+  WEFT_CHECK(nn_choose(name, xs, n, opts, NN_OPT_CAP, nopt, true, tgt, opl));
   const weft_dtensor *u[NN_MAX_IN];
   for (int j = 0; j < n; j++) WEFT_CHECK(nn_graph_bring(g, v[j], tgt + j * k, true, &u[j]));
   weft_dtensor *y;
@@ -686,8 +667,8 @@ static weft_status reduce_backward(nn_node *n, const weft_dtensor *const *dout,
   const weft_placement *X = weft_dtensor_placements(x), *D = weft_dtensor_placements(dy);
   weft_placement p[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    if (is_shard_any(X[i]) && X[i].dim == d) p[i] = X[i]; /* the grad is broadcast */
-    else if (is_shard_any(D[i])) p[i] = X[i];
+    if (nn_is_shard_any(X[i]) && X[i].dim == d) p[i] = X[i]; /* the grad is broadcast */
+    else if (nn_is_shard_any(D[i])) p[i] = X[i];
     else p[i] = D[i];
   }
   weft_dtensor *dx;
@@ -724,30 +705,30 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
   int nd = xs->ndim, k = xs->mesh_ndim, d = 0;
   if (nd < 1) return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "a 0-d input");
   WEFT_CHECK(normalize_dim(name, &x, 1, dim, nd, &d));
-  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * OPT_CAP];
+  weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    weft_sharding_option *o = &opts[i * OPT_CAP];
+    weft_sharding_option *o = &opts[i * NN_OPT_CAP];
     int c = 0;
     weft_placement p = xs->placements[i];
     o[c++] = (weft_sharding_option){{nn_r()}, nn_r()};
-    if (is_shard_any(p) && p.dim == d) {
+    if (nn_is_shard_any(p) && p.dim == d) {
       o[c++] = (weft_sharding_option){{p}, nn_psum()};
-    } else if (is_shard_any(p)) {
+    } else if (nn_is_shard_any(p)) {
       weft_placement q = p;
       if (!keepdim && q.dim > d) q.dim--;
       o[c++] = (weft_sharding_option){{p}, q};
-    } else if (is_linear_partial(p)) {
+    } else if (nn_is_linear_partial(p)) {
       o[c++] = (weft_sharding_option){{p}, p};
     }
     nopt[i] = c;
   }
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
-  WEFT_CHECK(nn_choose(name, &x, 1, opts, OPT_CAP, nopt, false, tgt, opl));
+  WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
   int64_t oshape[WEFT_MAX_DIMS];
