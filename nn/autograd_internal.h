@@ -92,9 +92,13 @@ weft_status nn_choose(const char *name, weft_var *const *in, int nin, const weft
                       weft_placement *out_pl);
 
 /* A node for an op of inputs in[0..nin): *out is NULL (nothing to record)
- * when grad recording is off or no input requires grad. */
+ * when grad recording is off or no input requires grad. used (may be NULL,
+ * entries may be NULL) are the inputs as the forward used them: where one
+ * differs from the var's value (a redistributed copy) the backward gets
+ * that copy from nn_node_input; else the var's value as it is then. */
 weft_status nn_node_new(weft_graph *g, const char *name, weft_var *const *in, int nin,
-                        nn_backward_fn backward, nn_node **out);
+                        const weft_dtensor *const *used, nn_backward_fn backward,
+                        nn_node **out);
 /* A var for an op's output (a graph buffer, or any DTensor that stays
  * valid until reset): the node's output j when node is non-NULL. */
 weft_status nn_var_new(weft_graph *g, const weft_dtensor *value, nn_node *node, weft_var **out);
@@ -102,9 +106,6 @@ weft_status nn_var_new(weft_graph *g, const weft_dtensor *value, nn_node *node, 
 bool nn_node_wants(const nn_node *n, int i);
 /* Input i as the forward used it (a parameter's data as it is now). */
 const weft_dtensor *nn_node_input(const nn_node *n, int i);
-/* Records what the forward used for input i when it differs from the
- * var's value (a redistributed copy). */
-void nn_node_set_used(nn_node *n, int i, const weft_dtensor *used);
 /* The var's current value: a parameter's data now, else value. */
 const weft_dtensor *nn_var_now(const weft_var *v);
 weft_graph *nn_node_graph(const nn_node *n);

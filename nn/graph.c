@@ -286,11 +286,6 @@ const weft_dtensor *nn_node_input(const nn_node *n, int i) {
   return n->in_used[i] ? n->in_used[i] : nn_var_now(n->in[i]);
 }
 
-void nn_node_set_used(nn_node *n, int i, const weft_dtensor *used) {
-  if (!n || i < 0 || i >= n->nin) return;
-  n->in_used[i] = used == n->in[i]->value ? NULL : used;
-}
-
 static weft_status node_push(weft_graph *g, nn_node **out) {
   WEFT_CHECK(grow((void **)&g->nodes, &g->cap_nodes, g->nnodes + 1, sizeof *g->nodes));
   nn_node *n = calloc(1, sizeof *n);
@@ -301,7 +296,8 @@ static weft_status node_push(weft_graph *g, nn_node **out) {
 }
 
 weft_status nn_node_new(weft_graph *g, const char *name, weft_var *const *in, int nin,
-                        nn_backward_fn backward, nn_node **out) {
+                        const weft_dtensor *const *used, nn_backward_fn backward,
+                        nn_node **out) {
   *out = NULL;
   if (nin > NN_MAX_IN) return weft_error(WEFT_ERR_INTERNAL, "%s: %d inputs", name, nin);
   if (!g->grad_enabled) return WEFT_OK;
@@ -315,7 +311,11 @@ weft_status nn_node_new(weft_graph *g, const char *name, weft_var *const *in, in
   n->name = name;
   n->kind = NN_NODE_OP;
   n->nin = nin;
-  for (int i = 0; i < nin; i++) n->in[i] = in[i];
+  for (int i = 0; i < nin; i++) {
+    n->in[i] = in[i];
+    /* a redistributed copy is kept; the var's own value is re-read */
+    if (used && used[i] && in[i] && used[i] != in[i]->value) n->in_used[i] = used[i];
+  }
   n->backward = backward;
   *out = n;
   return WEFT_OK;
@@ -596,7 +596,7 @@ weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_
     const weft_dtensor *y;
     WEFT_CHECK(weft_module_forward(m, in[0]->value, &y));
     nn_node *node;
-    WEFT_CHECK(nn_node_new(g, weft_module_kind_name(m->kind), in, 1, legacy_backward, &node));
+    WEFT_CHECK(nn_node_new(g, weft_module_kind_name(m->kind), in, 1, NULL, legacy_backward, &node));
     if (node) node->module = m;
     if (!node && g->grad_enabled) {
       /* parameters inside need grads even when the input does not */

@@ -10,7 +10,7 @@
  *      output (and what the backward needs: row statistics, rope tables,
  *      the attention's log-sum-exp, dropout's uniforms) with the chosen
  *      placements, compute on local shards through the backend;
- *   4. nn_node_new (NULL when nothing needs grad), nn_node_set_used for
+ *   4. nn_node_new with the inputs as used (NULL when nothing needs grad),
  *      redistributed inputs, saved[] for graph buffers the backward reads,
  *      nn_var_new for the output;
  *   5. the backward derives each input grad's placements from the
@@ -242,11 +242,8 @@ weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
     WEFT_CHECK(weft_backend_embedding_range_forward(wl->device, nn_f32(y), il->data, wl->data,
                                                    ntok, nv ? off[0] : 0, nv, c));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, embedding_backward, &node));
-  if (node) {
-    nn_node_set_used(node, 0, iu);
-    nn_node_set_used(node, 1, wu);
-  }
+  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){iu, wu},
+                         embedding_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -380,10 +377,8 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
                                               eps));
   }
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 3, norm_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, in, 3, u, norm_backward, &node));
   if (node) {
-    for (int j = 0; j < 3; j++)
-      if (in[j]) nn_node_set_used(node, j, u[j]);
     node->i[0] = layer;
     node->saved[0] = rstd;
     node->saved[1] = mean;
@@ -437,9 +432,8 @@ static weft_status act_op(const char *name, weft_activation act, weft_var *x, we
   if (cnt > 0)
     WEFT_CHECK(weft_backend_activation_forward(nn_dev(xu), act, nn_f32(y), nn_f32(xu), cnt));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, act_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, act_backward, &node));
   if (node) {
-    nn_node_set_used(node, 0, xu);
     node->i[0] = act;
   }
   return nn_var_new(g, y, node, out);
@@ -499,11 +493,8 @@ weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {
   if (cnt > 0)
     WEFT_CHECK(weft_backend_swiglu_forward(nn_dev(au), nn_f32(y), nn_f32(au), nn_f32(bu), cnt));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, swiglu_backward, &node));
-  if (node) {
-    nn_node_set_used(node, 0, au);
-    nn_node_set_used(node, 1, bu);
-  }
+  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu},
+                         swiglu_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -550,9 +541,9 @@ weft_status weft_op_softmax(weft_var *x, weft_var **out) {
   if (N > 0 && C > 0)
     WEFT_CHECK(weft_backend_softmax_forward(xl->device, nn_f32(y), xl->data, N, C));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, softmax_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu},
+                         softmax_backward, &node));
   if (node) {
-    nn_node_set_used(node, 0, xu);
     node->saved[0] = y;
   }
   return nn_var_new(g, y, node, out);
@@ -618,9 +609,8 @@ weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out
     WEFT_CHECK(weft_backend_rope_forward(dev, nn_f32(y), xl->data, cosb, sinb, max_pos,
                                          xl->shape[0], T, xl->shape[2], hd, pos0));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, rope_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, rope_backward, &node));
   if (node) {
-    nn_node_set_used(node, 0, xu);
     node->saved[0] = tab;
     node->i[0] = max_pos;
     node->i[1] = pos0;
@@ -734,11 +724,9 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
     WEFT_CHECK(weft_backend_attention_forward(dev, nn_f32(y), nn_f32(lse), ql->data, kl->data,
                                               nn_f32(vu), Bl, T, Hl, Hkvl, hd, nn_f32(scratch)));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 3, sdpa_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, in, 3, (const weft_dtensor *const[]){qu, ku, vu},
+                         sdpa_backward, &node));
   if (node) {
-    nn_node_set_used(node, 0, qu);
-    nn_node_set_used(node, 1, ku);
-    nn_node_set_used(node, 2, vu);
     node->saved[0] = lse;
     node->saved[1] = scratch;
     node->saved[2] = y;
@@ -987,9 +975,9 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
   WEFT_CHECK(nn_graph_tensor(g, mesh, WEFT_F32, 1, &one, rep, &y));
   WEFT_CHECK(host_put(nn_dev(y), nn_f32(y), &loss, sizeof loss));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &logits, 1, ce_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, &logits, 1, (const weft_dtensor *const[]){lu},
+                         ce_backward, &node));
   if (node) {
-    nn_node_set_used(node, 0, lu);
     node->saved[0] = lse;
     node->saved[1] = tsafe;
     node->saved[2] = keep;
@@ -1047,7 +1035,7 @@ weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {
   if (cnt > 0)
     WEFT_CHECK(weft_backend_dropout_apply(nn_dev(xv), nn_f32(y), nn_f32(xv), nn_f32(u), p, cnt));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, dropout_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, NULL, dropout_backward, &node));
   if (node) {
     node->saved[0] = u;
     node->f[0] = p;

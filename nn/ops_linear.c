@@ -7,7 +7,7 @@
  *   3. nn_graph_bring each input to its target, nn_graph_tensor the
  *      output with the chosen placements, compute on local shards through
  *      the backend;
- *   4. nn_node_new (NULL when nothing needs grad), nn_node_set_used for
+ *   4. nn_node_new with the inputs as used (NULL when nothing needs grad),
  *      redistributed inputs, nn_var_new for the outputs;
  *   5. the backward derives each input grad's placements from the
  *      placements the forward used and the output grad's, computes
@@ -112,11 +112,8 @@ static weft_status linear_nobias(weft_var *x, weft_var *w, weft_var **out) {
   WEFT_CHECK(weft_backend_linear_forward(xl->device, nn_f32(y), xl->data, wl->data, NULL,
                                          nn_rows(xl), xl->shape[last], wl->shape[0]));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, linear_backward, &node));
-  if (node) {
-    nn_node_set_used(node, 0, xu);
-    nn_node_set_used(node, 1, wu);
-  }
+  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){xu, wu},
+                         linear_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -232,11 +229,8 @@ weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(weft_tensor_view_init(&bb, bl->data, WEFT_F32, bl->device, na, al->shape, st));
   WEFT_CHECK(weft_add(weft_dtensor_local(y), al, &bb));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, add_backward, &node));
-  if (node) {
-    nn_node_set_used(node, 0, au);
-    nn_node_set_used(node, 1, bu);
-  }
+  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu},
+                         add_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -304,11 +298,8 @@ weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), WEFT_F32, na, as->shape, opl, &y));
   WEFT_CHECK(weft_mul(weft_dtensor_local(y), nn_local(au), nn_local(bu)));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, mul_backward, &node));
-  if (node) {
-    nn_node_set_used(node, 0, au);
-    nn_node_set_used(node, 1, bu);
-  }
+  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu},
+                         mul_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -337,7 +328,7 @@ weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out) {
   WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(y), nn_local(xv)));
   WEFT_CHECK(weft_scale(weft_dtensor_local(y), alpha));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, scale_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, NULL, scale_backward, &node));
   if (node) node->f[0] = alpha;
   return nn_var_new(g, y, node, out);
 }

@@ -157,11 +157,8 @@ weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(weft_backend_sgemm(al->device, false, false, rows, nl, kl, 1.0f, al->data, ld(kl),
                                 bl->data, ld(nl), 0.0f, nn_f32(y), ld(nl)));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, matmul_backward, &node));
-  if (node) {
-    nn_node_set_used(node, 0, au);
-    nn_node_set_used(node, 1, bu);
-  }
+  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu},
+                         matmul_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -329,8 +326,8 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
     WEFT_CHECK(weft_tensor_copy(yl, &v));
   }
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, reshape_backward, &node));
-  if (node) nn_node_set_used(node, 0, xu);
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu},
+                         reshape_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -403,7 +400,7 @@ weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out) {
   WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, nd, oshape, opl, &y));
   WEFT_CHECK(copy_transposed(weft_dtensor_local(y), nn_local(xv), d0, d1));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, transpose_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, NULL, transpose_backward, &node));
   if (node) {
     node->i[0] = d0;
     node->i[1] = d1;
@@ -538,9 +535,8 @@ weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, wef
     return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local pieces cover %lld of %lld",
                        (long long)off, (long long)xl->shape[dim]);
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, split_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, split_backward, &node));
   if (node) {
-    nn_node_set_used(node, 0, xu);
     node->i[0] = dim;
   }
   for (int j = 0; j < n; j++) WEFT_CHECK(nn_var_new(g, ys[j], node, &outs[j]));
@@ -648,9 +644,8 @@ weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
     return nn_op_error(WEFT_ERR_INTERNAL, name, xs, n, "local pieces cover %lld of %lld",
                        (long long)off, (long long)yl->shape[dim]);
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, xs, n, cat_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, xs, n, u, cat_backward, &node));
   if (node) {
-    for (int j = 0; j < n; j++) nn_node_set_used(node, j, u[j]);
     node->i[0] = dim;
   }
   return nn_var_new(g, y, node, out);
@@ -752,9 +747,9 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
     if (mean) WEFT_CHECK(weft_scale(yl, 1.0 / (double)xs->shape[d]));
   }
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, reduce_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu},
+                         reduce_backward, &node));
   if (node) {
-    nn_node_set_used(node, 0, xu);
     node->i[0] = d;
     node->f[0] = mean ? 1.0 / (double)xs->shape[d] : 1.0;
   }
