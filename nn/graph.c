@@ -595,24 +595,18 @@ weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_
                         m->fqn, weft_module_kind_name(m->kind));
     const weft_dtensor *y;
     WEFT_CHECK(weft_module_forward(m, in[0]->value, &y));
-    nn_node *node;
-    WEFT_CHECK(nn_node_new(g, weft_module_kind_name(m->kind), in, 1, NULL, legacy_backward, &node));
-    if (node) node->module = m;
-    if (!node && g->grad_enabled) {
-      /* parameters inside need grads even when the input does not */
-      bool has_params = false;
-      weft_param *ps[1];
-      int np = 0;
-      weft_module_parameters(m, ps, 1, &np);
-      has_params = np > 0;
-      if (has_params) {
-        WEFT_CHECK(node_push(g, &node));
-        node->name = weft_module_kind_name(m->kind);
-        node->nin = 1;
-        node->in[0] = in[0];
-        node->backward = legacy_backward;
-        node->module = m;
-      }
+    /* one node for its hand-written backward: needed when the input or
+     * a parameter inside wants a grad */
+    nn_node *node = NULL;
+    int np = 0;
+    WEFT_CHECK(weft_module_parameters(m, NULL, 0, &np));
+    if (g->grad_enabled && (in[0]->requires_grad || np > 0)) {
+      WEFT_CHECK(node_push(g, &node));
+      node->name = weft_module_kind_name(m->kind);
+      node->nin = 1;
+      node->in[0] = in[0];
+      node->backward = legacy_backward;
+      node->module = m;
     }
     return nn_var_new(g, y, node, &out[0]);
   }

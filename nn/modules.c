@@ -65,11 +65,6 @@ weft_status weft_module_add_param(weft_module *m, const char *name, int ndim,
   return nn_param_add(m, name, ndim, shape, init, out);
 }
 
-static const weft_module *root_of(const weft_module *m) {
-  while (m->parent) m = m->parent;
-  return m;
-}
-
 weft_status weft_module_tie_param(weft_module *m, const char *name, weft_param *shared) {
   if (!m || !shared) return weft_error(WEFT_ERR_INVALID, "tie_param: module or parameter is NULL");
   WEFT_CHECK(name_free(m, name, "tied parameter"));
@@ -94,7 +89,6 @@ weft_status weft_module_tie_param(weft_module *m, const char *name, weft_param *
   m->tied[m->ntied] = shared;
   m->tied_names[m->ntied] = d;
   m->ntied++;
-  (void)root_of;
   return WEFT_OK;
 }
 

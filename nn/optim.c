@@ -123,18 +123,30 @@ static weft_status adamw_check(const weft_adamw_params *hp) {
   return WEFT_OK;
 }
 
+/* The hyper-parameters of AdamW group g (the only one without groups). */
+static const weft_adamw_params *group_hp(const weft_optimizer *o, int g) {
+  return o->groups ? &o->groups[g] : &o->adam;
+}
+
+/* exp_avg, exp_avg_sq (and max_exp_avg_sq where the group has amsgrad) of
+ * every entry; on failure the caller destroys o. */
+static weft_status adamw_add_states(weft_optimizer *o) {
+  for (int i = 0; i < o->n; i++) {
+    WEFT_CHECK(add_state(o, &o->e[i], 0, "exp_avg"));
+    WEFT_CHECK(add_state(o, &o->e[i], 1, "exp_avg_sq"));
+    if (group_hp(o, o->e[i].group)->amsgrad)
+      WEFT_CHECK(add_state(o, &o->e[i], 2, "max_exp_avg_sq"));
+  }
+  return WEFT_OK;
+}
+
 weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
                               weft_optimizer **out) {
   WEFT_CHECK(adamw_check(hp));
   weft_optimizer *o;
   WEFT_CHECK(opt_create(root, OPT_ADAMW, &o));
   o->adam = *hp;
-  weft_status st = WEFT_OK;
-  for (int i = 0; i < o->n && !st; i++) {
-    st = add_state(o, &o->e[i], 0, "exp_avg");
-    if (!st) st = add_state(o, &o->e[i], 1, "exp_avg_sq");
-    if (!st && hp->amsgrad) st = add_state(o, &o->e[i], 2, "max_exp_avg_sq");
-  }
+  weft_status st = adamw_add_states(o);
   if (st) {
     weft_optimizer_destroy(o);
     return weft_error_trace(st, __func__);
@@ -189,14 +201,7 @@ weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *
                         "parameter of the module",
                         g, groups[g].params[j] ? groups[g].params[j]->fqn : "(null)");
     }
-  bool ams = false;
-  for (int g = 0; g < ngroups; g++) ams = ams || groups[g].hp.amsgrad;
-  for (int i = 0; i < o->n && !st; i++) {
-    st = add_state(o, &o->e[i], 0, "exp_avg");
-    if (!st) st = add_state(o, &o->e[i], 1, "exp_avg_sq");
-    if (!st && o->groups[o->e[i].group].amsgrad) st = add_state(o, &o->e[i], 2, "max_exp_avg_sq");
-  }
-  (void)ams;
+  if (!st) st = adamw_add_states(o);
   if (st) {
     weft_optimizer_destroy(o);
     return weft_error_trace(st, __func__);
@@ -212,7 +217,7 @@ weft_status weft_optimizer_group_get(const weft_optimizer *o, int g, weft_adamw_
   if (o->kind != OPT_ADAMW) return weft_error(WEFT_ERR_UNSUPPORTED, "parameter groups: AdamW only");
   if (g < 0 || g >= weft_optimizer_num_groups(o))
     return weft_error(WEFT_ERR_INVALID, "group %d outside [0, %d)", g, weft_optimizer_num_groups(o));
-  *hp = o->groups ? o->groups[g] : o->adam;
+  *hp = *group_hp(o, g);
   return WEFT_OK;
 }
 
@@ -222,7 +227,7 @@ weft_status weft_optimizer_group_set(weft_optimizer *o, int g, const weft_adamw_
   if (o->kind != OPT_ADAMW) return weft_error(WEFT_ERR_UNSUPPORTED, "parameter groups: AdamW only");
   if (g < 0 || g >= weft_optimizer_num_groups(o))
     return weft_error(WEFT_ERR_INVALID, "group %d outside [0, %d)", g, weft_optimizer_num_groups(o));
-  bool had = o->groups ? o->groups[g].amsgrad : o->adam.amsgrad;
+  bool had = group_hp(o, g)->amsgrad;
   if (hp->amsgrad != had)
     return weft_error(WEFT_ERR_INVALID, "group %d: amsgrad cannot change after creation", g);
   if (o->groups) o->groups[g] = *hp;
@@ -298,7 +303,7 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
     bool flush = nb > 0 && (!e || nb == OPT_BATCH || nn_dev(e->p->data) != dev ||
                             e->step != step || e->group != group);
     if (flush) {
-      const weft_adamw_params *hp = o->groups ? &o->groups[group] : &o->adam;
+      const weft_adamw_params *hp = group_hp(o, group);
       if (o->kind == OPT_ADAMW)
         WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, hp->amsgrad ? s2 : NULL, na,
                                             nb, step, hp));

@@ -49,7 +49,11 @@ weft_status golden_load(const char *name, golden *g) {
   cfg.dim = (int64_t)jnum(c, "dim");
   cfg.n_layers = (int64_t)jnum(c, "layers");
   cfg.n_heads = (int64_t)jnum(c, "heads");
-  cfg.n_kv_heads = (int64_t)jnum(c, "kv_heads");
+  /* GPT-2's config has no kv_heads (every head its own) and gives the
+   * number of learned positions */
+  double kv = jnum(c, "kv_heads"), pos = jnum(c, "positions");
+  cfg.n_kv_heads = isnan(kv) ? cfg.n_heads : (int64_t)kv;
+  g->positions = isnan(pos) ? 0 : (int64_t)pos;
   cfg.ffn_dim = (int64_t)jnum(c, "ffn");
   cfg.vocab = (int64_t)jnum(c, "vocab");
   cfg.max_seq_len = (int64_t)jnum(c, "seq");

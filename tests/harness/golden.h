@@ -17,6 +17,7 @@ typedef struct golden {
   char dir[512];
   weft_llama_config cfg;
   int64_t B, T;
+  int64_t positions; /* learned positions (GPT-2's config.positions); 0 if absent */
   weft_adamw_params hp;
   double clip;
   double loss;

@@ -2,7 +2,6 @@
  * by test_models.c under mpiexec): PyTorch float64 golden parity of loss,
  * gradients (the tied wte grad includes lm_head's use) and one AdamW step
  * with nanoGPT's two parameter groups, on one rank and sharded. */
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,28 +13,15 @@
 #include "gpt2.h"
 #include "worker.h"
 
-static weft_status gpt2_config(const golden *g, weft_gpt2_config *c) {
-  char path[700];
-  golden_path(g, "expected.json", path, sizeof path);
-  char *txt = golden_slurp(path, NULL);
-  if (!txt) return weft_error(WEFT_ERR_IO, "cannot read %s", path);
-  cJSON *j = cJSON_Parse(txt);
-  free(txt);
-  const cJSON *cf = j ? cJSON_GetObjectItemCaseSensitive(j, "config") : NULL;
-  const cJSON *pos = cf ? cJSON_GetObjectItemCaseSensitive(cf, "positions") : NULL;
-  if (!cJSON_IsNumber(pos)) {
-    cJSON_Delete(j);
-    return weft_error(WEFT_ERR_CORRUPT, "%s: no config.positions", path);
-  }
-  *c = WEFT_GPT2_CONFIG_INIT;
-  c->vocab = g->cfg.vocab;
-  c->dim = g->cfg.dim;
-  c->n_layers = g->cfg.n_layers;
-  c->n_heads = g->cfg.n_heads;
-  c->ffn_dim = g->cfg.ffn_dim;
-  c->max_seq_len = (int64_t)pos->valuedouble;
-  cJSON_Delete(j);
-  return WEFT_OK;
+static weft_gpt2_config gpt2_config(const golden *g) {
+  weft_gpt2_config c = WEFT_GPT2_CONFIG_INIT;
+  c.vocab = g->cfg.vocab;
+  c.dim = g->cfg.dim;
+  c.n_layers = g->cfg.n_layers;
+  c.n_heads = g->cfg.n_heads;
+  c.ffn_dim = g->cfg.ffn_dim;
+  c.max_seq_len = g->positions;
+  return c;
 }
 
 /* Rows [r0, r0 + n) of a (B, T) int32 tensor as a Replicate DTensor. */
@@ -57,8 +43,7 @@ static weft_status rows_dt(weft_mesh *mesh, const weft_tensor *t, int64_t r0, in
 static void run_golden(int mode) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
-  weft_gpt2_config cfg;
-  WOK(gpt2_config(&g, &cfg));
+  weft_gpt2_config cfg = gpt2_config(&g);
   int world = weft_world_size(), rank = weft_worker_rank;
   int shape1[1] = {world};
   const char *names[1] = {mode == 1 ? "dp" : "tp"};
@@ -212,9 +197,84 @@ static void run_golden(int mode) {
 static void case_golden(void) { run_golden(0); }
 static void case_golden_fsdp(void) { run_golden(1); }
 
+/* AdamW parameter groups: every trainable parameter in exactly one group,
+ * per-group hyper-parameters readable and settable (amsgrad fixed). */
+static void case_groups(void) {
+  golden g;
+  WOK(golden_load("gpt2_tiny", &g));
+  weft_gpt2_config cfg = gpt2_config(&g);
+  int one = 1;
+  const char *mn[1] = {"tp"};
+  weft_mesh *mesh = NULL;
+  WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, mn, &mesh));
+  weft_module *model = NULL;
+  WOK(weft_gpt2_create(&cfg, mesh, &model));
+  WOK(weft_module_init_weights(model, 7));
+  weft_param *ps[256];
+  int np = 0;
+  WOK(weft_module_parameters(model, ps, 256, &np));
+  weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
+  weft_optimizer *opt = NULL;
+  /* one parameter left out */
+  weft_adamw_group g1[1] = {{ps + 1, np - 1, hp}};
+  WCHECK(weft_adamw_create_groups(model, g1, 1, &opt) == WEFT_ERR_INVALID && !opt,
+         "a parameter in no group was accepted");
+  WCHECK(strstr(weft_last_error(), ps[0]->fqn), "error does not name '%s': %s", ps[0]->fqn,
+         weft_last_error());
+  /* one parameter in two groups */
+  weft_adamw_group g2[2] = {{ps, np, hp}, {ps, 1, hp}};
+  WCHECK(weft_adamw_create_groups(model, g2, 2, &opt) == WEFT_ERR_INVALID && !opt,
+         "a parameter in two groups was accepted");
+  /* a parameter of another model */
+  weft_module *other = NULL;
+  WOK(weft_gpt2_create(&cfg, mesh, &other));
+  WOK(weft_module_init_weights(other, 7));
+  weft_param *foreign = NULL;
+  WOK(weft_module_find_param(other, "transformer.ln_f.bias", &foreign));
+  weft_adamw_group g3[2] = {{ps, np, hp}, {&foreign, 1, hp}};
+  WCHECK(weft_adamw_create_groups(model, g3, 2, &opt) == WEFT_ERR_INVALID && !opt,
+         "a foreign parameter was accepted");
+  /* bad hyper-parameters name the group */
+  weft_adamw_group g4[2] = {{ps, np - 1, hp}, {ps + np - 1, 1, hp}};
+  g4[1].hp.beta1 = 1.5f;
+  WCHECK(weft_adamw_create_groups(model, g4, 2, &opt) == WEFT_ERR_INVALID && !opt,
+         "beta1 1.5 accepted");
+  WCHECK(strstr(weft_last_error(), "group 1"), "error does not name the group: %s",
+         weft_last_error());
+  /* a good split: get, set, amsgrad fixed, set_lr reaches every group */
+  g4[1].hp = hp;
+  g4[1].hp.weight_decay = 0.0f;
+  g4[1].hp.lr = 5e-4f;
+  WOK(weft_adamw_create_groups(model, g4, 2, &opt));
+  WCHECK(weft_optimizer_num_groups(opt) == 2, "groups %d", weft_optimizer_num_groups(opt));
+  weft_adamw_params got;
+  WOK(weft_optimizer_group_get(opt, 1, &got));
+  WCHECK(got.lr == 5e-4f && got.weight_decay == 0.0f, "group 1 reads lr %g wd %g",
+         (double)got.lr, (double)got.weight_decay);
+  got.beta2 = 0.95f;
+  WOK(weft_optimizer_group_set(opt, 1, &got));
+  weft_adamw_params again;
+  WOK(weft_optimizer_group_get(opt, 1, &again));
+  WCHECK(again.beta2 == 0.95f, "group_set did not stick");
+  got.amsgrad = true;
+  WCHECK(weft_optimizer_group_set(opt, 1, &got) == WEFT_ERR_INVALID, "amsgrad changed");
+  WCHECK(weft_optimizer_group_get(opt, 2, &got) == WEFT_ERR_INVALID, "group 2 of 2 read");
+  weft_optimizer_set_lr(opt, 1e-2f);
+  WOK(weft_optimizer_group_get(opt, 0, &got));
+  WOK(weft_optimizer_group_get(opt, 1, &again));
+  WCHECK(got.lr == 1e-2f && again.lr == 1e-2f, "set_lr: groups at %g and %g", (double)got.lr,
+         (double)again.lr);
+  weft_optimizer_destroy(opt);
+  WOK(weft_module_destroy(other));
+  WOK(weft_module_destroy(model));
+  WOK(weft_mesh_destroy(mesh));
+  golden_free(&g);
+}
+
 static const weft_worker_case cases[] = {
     {"golden", case_golden},
     {"golden_fsdp", case_golden_fsdp},
+    {"groups", case_groups},
     {0, 0},
 };
 

@@ -14,3 +14,8 @@ Test(models, gpt2_one_rank_matches_pytorch_loss_grads_adamw_groups, .timeout = 1
 Test(models, gpt2_fsdp_two_ranks_matches_pytorch, .timeout = 120) {
   cr_assert_eq(weft_test_mpiexec(2, GPT2_WORKER, "golden_fsdp", 100), 0);
 }
+
+Test(models, adamw_parameter_groups_cover_each_parameter_once_and_keep_their_settings,
+     .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(1, GPT2_WORKER, "groups", 50), 0);
+}
