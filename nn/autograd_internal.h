@@ -31,7 +31,9 @@ typedef struct nn_node nn_node;
  * output grads dout[j] (already brought to placements the op accepts: the
  * output's, Partial where the output is Replicate, Replicate where it is
  * Partial; NULL when no grad reached output j). din[i] must be a DTensor
- * from the graph (nn_graph_tensor) or NULL (no grad). */
+ * from the graph (nn_graph_tensor) or NULL (no grad); the graph takes a
+ * fresh one over as the input's grad, so the backward must not keep or
+ * reuse it. */
 typedef weft_status (*nn_backward_fn)(nn_node *n, const weft_dtensor *const *dout,
                                       weft_dtensor **din);
 

@@ -146,6 +146,13 @@ weft_status nn_graph_tensor(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, in
   return WEFT_OK;
 }
 
+/* Whether d is a buffer this graph handed out in this step. */
+static bool pool_holds(const weft_graph *g, const weft_dtensor *d) {
+  for (int i = 0; i < g->npool; i++)
+    if (g->pool[i].dt == d) return g->pool[i].used;
+  return false;
+}
+
 weft_status nn_graph_zeros(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, int ndim,
                            const int64_t *shape, const weft_placement *pl, weft_dtensor **out) {
   WEFT_CHECK(nn_graph_tensor(g, mesh, dtype, ndim, shape, pl, out));
@@ -425,7 +432,13 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d)
     return weft_add(weft_dtensor_local(gr), weft_dtensor_local(gr), weft_dtensor_local(use));
   }
   if (!v->grad) {
-    /* the grad must be a graph buffer (it is written into later) */
+    /* The grad is added into later, so it must be a graph buffer: an op's
+     * backward hands one over (adopted as is); a hook's replacement, a
+     * built-in layer's grad or the caller's tensor is copied into one. */
+    if (pool_holds(g, d)) {
+      v->grad = (weft_dtensor *)d;
+      return WEFT_OK;
+    }
     weft_dtensor *own;
     WEFT_CHECK(nn_graph_like(g, d, NULL, &own));
     WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(own), weft_dtensor_local(d)));
