@@ -760,10 +760,17 @@ weft_status weft_dtensor_full_tensor(const weft_dtensor *dt, weft_tensor **out) 
 
 /* ------------------------------------------------------------ RNG fills */
 
+/* row0 / total_rows: dt stands for rows [row0, row0 + shape[0]) of a
+ * tensor of total_rows rows (dim 0); total_rows 0: dt is the whole tensor. */
 static weft_status fill_rng(weft_dtensor *dt, bool normal, uint64_t seed, uint64_t key, float a,
-                            float b) {
+                            float b, int64_t row0, int64_t total_rows) {
   WEFT_CHECK(check_dt(dt, "dt"));
   const weft_dtensor_spec *s = &dt->spec;
+  if (total_rows > 0 && (s->ndim < 1 || row0 < 0 || row0 + s->shape[0] > total_rows))
+    return weft_error(WEFT_ERR_INVALID,
+                      "fill: rows [%lld, %lld) do not lie in a tensor of %lld rows",
+                      (long long)row0, (long long)(row0 + (s->ndim ? s->shape[0] : 0)),
+                      (long long)total_rows);
   int me[WEFT_MESH_MAX_DIMS];
   dt_my_coords(dt->mesh, me);
   dt_box box = {0};
@@ -792,6 +799,10 @@ static weft_status fill_rng(weft_dtensor *dt, bool normal, uint64_t seed, uint64
     for (int d = 0; d < nd; d++) {
       reg.global_shape[d] = s->shape[d];
       reg.offset[d] = box.d[d].r[idx[d]].start;
+      if (d == 0 && total_rows > 0) {
+        reg.global_shape[0] = total_rows;
+        reg.offset[0] += row0;
+      }
       shape[d] = box.d[d].r[idx[d]].len;
       off += pos[d] * dt->local->strides[d];
     }
@@ -819,10 +830,19 @@ static weft_status fill_rng(weft_dtensor *dt, bool normal, uint64_t seed, uint64
 
 weft_status weft_dtensor_fill_normal(weft_dtensor *dt, uint64_t seed, uint64_t key, float mean,
                                      float std) {
-  return fill_rng(dt, true, seed, key, mean, std);
+  return fill_rng(dt, true, seed, key, mean, std, 0, 0);
 }
 
 weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t key, float lo,
                                       float hi) {
-  return fill_rng(dt, false, seed, key, lo, hi);
+  return fill_rng(dt, false, seed, key, lo, hi, 0, 0);
+}
+
+weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint64_t key,
+                                           float lo, float hi, int64_t row0,
+                                           int64_t total_rows) {
+  if (total_rows < 1)
+    return weft_error(WEFT_ERR_INVALID, "fill_uniform_rows: total_rows %lld < 1",
+                      (long long)total_rows);
+  return fill_rng(dt, false, seed, key, lo, hi, row0, total_rows);
 }

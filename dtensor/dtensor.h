@@ -280,6 +280,15 @@ weft_status weft_dtensor_fill_normal(weft_dtensor *dt, uint64_t seed, uint64_t k
                                      float std);
 weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t key, float lo,
                                       float hi);
+/* As weft_dtensor_fill_uniform when dt holds rows [row0, row0 + shape[0])
+ * (dim 0) of a larger tensor of total_rows rows that is not a DTensor
+ * (data parallel: each dp group's batch slice): every element gets the
+ * value it has in that larger tensor, so masks drawn by dp groups on their
+ * slices equal the one-rank masks. WEFT_ERR_INVALID when the rows do not lie
+ * in [0, total_rows) or dt is 0-d. No communication. */
+weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint64_t key,
+                                           float lo, float hi, int64_t row0,
+                                           int64_t total_rows);
 
 /* ------------------------------------------------------------ redistribute */
 

@@ -97,6 +97,15 @@ void weft_graph_set_training(weft_graph *g, bool training);
 void weft_graph_set_seed(weft_graph *g, uint64_t seed);
 void weft_graph_set_step(weft_graph *g, int64_t step);
 int64_t weft_graph_step(const weft_graph *g);
+/* Data parallel: this rank's batch is rows [row0, row0 + B) of a global
+ * batch of total_rows rows (its dp group's slice). Random ops (dropout)
+ * then take dim 0 of their input as the batch dim and key each element by
+ * its row in the global batch, so a run on any dp x tp mesh draws the masks
+ * one rank with the whole batch draws. total_rows 0 (the default): the
+ * graph's tensors are the whole batch. WEFT_ERR_INVALID for a row0 outside
+ * [0, total_rows); a dropout input whose dim 0 does not fit is an error of
+ * that op. Local. */
+weft_status weft_graph_set_batch_slice(weft_graph *g, int64_t row0, int64_t total_rows);
 /* Grad recording on (default) or off (inference: ops record nothing). */
 void weft_graph_set_grad_enabled(weft_graph *g, bool enabled);
 

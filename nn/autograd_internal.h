@@ -115,6 +115,8 @@ weft_graph *nn_node_graph(const nn_node *n);
 bool nn_graph_training(const weft_graph *g);
 uint64_t nn_graph_seed(const weft_graph *g);
 int64_t nn_graph_step(const weft_graph *g);
+/* weft_graph_set_batch_slice's values (total_rows 0: not set). */
+void nn_graph_batch_slice(const weft_graph *g, int64_t *row0, int64_t *total_rows);
 int64_t nn_graph_next_op_index(weft_graph *g);
 
 /* The output placements a backward may receive for an output of

@@ -35,6 +35,7 @@ struct weft_graph {
   uint64_t seed;
   int64_t step;
   int64_t op_index;
+  int64_t batch_row0, batch_rows; /* weft_graph_set_batch_slice; rows 0: unset */
 };
 
 static weft_status grow(void **v, int *cap, int need, size_t elem) {
@@ -101,6 +102,23 @@ weft_status weft_graph_reset(weft_graph *g) {
 void weft_graph_set_training(weft_graph *g, bool training) {
   if (g) g->training = training;
 }
+weft_status weft_graph_set_batch_slice(weft_graph *g, int64_t row0, int64_t total_rows) {
+  if (!g) return weft_error(WEFT_ERR_INVALID, "graph_set_batch_slice: graph is NULL");
+  if (total_rows < 0 || row0 < 0 || (total_rows == 0 && row0 != 0) ||
+      (total_rows > 0 && row0 >= total_rows))
+    return weft_error(WEFT_ERR_INVALID,
+                      "graph_set_batch_slice: row0 %lld is not a row of a batch of %lld rows",
+                      (long long)row0, (long long)total_rows);
+  g->batch_row0 = row0;
+  g->batch_rows = total_rows;
+  return WEFT_OK;
+}
+
+void nn_graph_batch_slice(const weft_graph *g, int64_t *row0, int64_t *total_rows) {
+  *row0 = g->batch_row0;
+  *total_rows = g->batch_rows;
+}
+
 void weft_graph_set_seed(weft_graph *g, uint64_t seed) {
   if (g) g->seed = seed;
 }

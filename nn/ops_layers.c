@@ -1029,7 +1029,12 @@ weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {
                             (uint64_t)nn_graph_next_op_index(g));
   weft_dtensor *u, *y;
   WEFT_CHECK(nn_graph_like(g, xv, NULL, &u));
-  WEFT_CHECK(weft_dtensor_fill_uniform(u, nn_graph_seed(g), key, 0.0f, 1.0f));
+  int64_t row0, rows;
+  nn_graph_batch_slice(g, &row0, &rows);
+  if (rows > 0)
+    WEFT_CHECK(weft_dtensor_fill_uniform_rows(u, nn_graph_seed(g), key, 0.0f, 1.0f, row0, rows));
+  else
+    WEFT_CHECK(weft_dtensor_fill_uniform(u, nn_graph_seed(g), key, 0.0f, 1.0f));
   WEFT_CHECK(nn_graph_like(g, xv, NULL, &y));
   int64_t cnt = nn_numel(xv);
   if (cnt > 0)

@@ -511,6 +511,11 @@ weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, wef
     else if (p.kind == WEFT_PLACE_STRIDED_SHARD && p.dim == dim && p.split_factor == n && equal &&
              n > 1)
       o[c++] = (weft_sharding_option){{p}, nn_s(dim)};
+    else if (p.kind == WEFT_PLACE_SHARD && p.dim == dim && equal && n > 1)
+      /* equal pieces of a dim sharded whole (a fused q|k|v projection under
+       * colwise TP): an all-to-all to StridedShard(dim, n) leaves every
+       * piece sharded, cheaper than gathering the input */
+      o[c++] = (weft_sharding_option){{weft_strided_shard(dim, n)}, nn_s(dim)};
     nopt[i] = c;
   }
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];

@@ -29,7 +29,8 @@ typedef struct tp_app {
   weft_placement out_want;
   /* parameter placement (colwise/rowwise/sequence parallel) */
   bool sets_param;
-  weft_placement param_pl;
+  weft_placement param_pl; /* "weight" (sequence parallel: every parameter) */
+  weft_placement bias_pl;  /* the module's other parameters (bias) */
   /* state of the last forward */
   bool in_moved, out_moved;
   weft_placement in_src, out_src;
@@ -74,14 +75,15 @@ static const char *fqn_of(const weft_module *m) {
 static weft_status norm_layout(const tp_app *a, const char *what, weft_placement p, int ndim,
                                weft_placement *out) {
   *out = p;
-  if (p.kind != WEFT_PLACE_SHARD) return WEFT_OK;
+  if (p.kind != WEFT_PLACE_SHARD && p.kind != WEFT_PLACE_STRIDED_SHARD) return WEFT_OK;
   int d = p.dim < 0 ? p.dim + ndim : p.dim;
   if (d < 0 || d >= ndim) {
     char s[96];
     weft_tp_style_describe(&a->style, s, sizeof s);
     return weft_error(WEFT_ERR_INVALID,
-                      "tp: module '%s' (%s): %s layout S(%d) does not fit a %d-dim tensor",
-                      fqn_of(a->m), s, what, p.dim, ndim);
+                      "tp: module '%s' (%s): %s layout %s(%d) does not fit a %d-dim tensor",
+                      fqn_of(a->m), s, what, p.kind == WEFT_PLACE_SHARD ? "S" : "StridedShard",
+                      p.dim, ndim);
   }
   out->dim = d;
   return WEFT_OK;
@@ -322,9 +324,11 @@ static weft_status resolve(int e, const weft_tp_plan_entry *pe, weft_module *m, 
         return weft_error(WEFT_ERR_INVALID, "tp: module '%s' has no parameter 'weight'",
                           fqn_of(m));
       a->sets_param = true;
-      /* Linear weight (out, in): colwise S(0), rowwise S(1).
-       * Embedding weight (V, D): colwise S(1), rowwise S(0). */
+      /* Linear weight (out, in): colwise S(0), rowwise S(1); bias (out):
+       * colwise S(0), rowwise R. Embedding weight (V, D): colwise S(1),
+       * rowwise S(0). */
       a->param_pl = weft_shard((col == lin) ? 0 : 1);
+      a->bias_pl = col && lin ? a->param_pl : weft_replicate();
       a->in_active = true;
       a->in_check = true;
       if (s->has_input_layout) a->in_decl = s->input_layout;
@@ -339,13 +343,13 @@ static weft_status resolve(int e, const weft_tp_plan_entry *pe, weft_module *m, 
       break;
     }
     case WEFT_TP_SEQUENCE_PARALLEL:
-      if (k != WEFT_MODULE_RMSNORM)
+      if (k != WEFT_MODULE_RMSNORM && k != WEFT_MODULE_LAYERNORM)
         return weft_error(WEFT_ERR_INVALID,
                           "tp: plan entry %d '%s' (%s) matches '%s', a %s module: "
-                          "sequence_parallel applies to rmsnorm modules",
+                          "sequence_parallel applies to rmsnorm and layernorm modules",
                           e, pe->pattern, d, fqn_of(m), weft_module_kind_name(k));
       a->sets_param = true;
-      a->param_pl = weft_replicate();
+      a->param_pl = a->bias_pl = weft_replicate();
       a->in_active = true;
       a->in_check = false; /* any input is redistributed to the sequence shard */
       a->in_want = weft_shard(s->sequence_dim);
@@ -501,7 +505,9 @@ weft_status weft_parallelize_module(weft_module *module, weft_mesh *tp_mesh,
   int nm = 0;
   for (int i = 0; i < all.n; i++) nm += napps_of[i] > 0;
   tp->mods = calloc(nm > 0 ? (size_t)nm : 1, sizeof *tp->mods);
-  tp->moved = calloc(total > 0 ? (size_t)total : 1, sizeof *tp->moved);
+  int nparams = 0; /* parameters a style may move (weight and bias) */
+  for (int k = 0; k < tp->napps; k++) nparams += weft_module_num_params(tp->apps[k].m);
+  tp->moved = calloc(nparams > 0 ? (size_t)nparams : 1, sizeof *tp->moved);
   if (!tp->mods || !tp->moved) {
     free(mod_of);
     st = weft_error(WEFT_ERR_OOM, "tp: module records");
@@ -529,10 +535,7 @@ weft_status weft_parallelize_module(weft_module *module, weft_mesh *tp_mesh,
     if (!a->sets_param) continue;
     for (int j = 0; j < weft_module_num_params(a->m); j++) {
       weft_param *p = weft_module_param(a->m, j);
-      /* colwise/rowwise shard "weight"; sequence parallel replicates all */
-      weft_placement want = a->param_pl;
-      if (a->style.kind != WEFT_TP_SEQUENCE_PARALLEL && strcmp(p->name, "weight") != 0)
-        want = weft_replicate();
+      weft_placement want = strcmp(p->name, "weight") == 0 ? a->param_pl : a->bias_pl;
       weft_placement old = p->spec.placements[0];
       if (weft_placement_equal(old, want)) continue;
       WEFT_CHECK_GOTO(weft_param_set_placements(p, &want, 1), st, fail);

@@ -45,12 +45,14 @@
  *
  * Styles (PyTorch defaults; layouts are placements on the 1-D tp mesh;
  * negative shard dims count from the end of the activation's dims):
- *   colwise   Linear: weight Shard(0); Embedding: weight Shard(1).
+ *   colwise   Linear: weight Shard(0), bias Shard(0); Embedding: weight
+ *             Shard(1).
  *             input_layouts Replicate, output_layouts Shard(-1),
  *             use_local_output true. The module computes on a Replicate
  *             input and produces Shard(-1); the output is redistributed to
  *             output_layouts (Replicate: all-gather).
- *   rowwise   Linear: weight Shard(1), computes on an input Shard(-1);
+ *   rowwise   Linear: weight Shard(1), bias Replicate (added once to the
+ *             partial sums), computes on an input Shard(-1);
  *             Embedding: weight Shard(0) (each rank looks up its vocab
  *             range, other rows give 0), computes on Replicate tokens.
  *             The module produces Partial(sum), redistributed to
@@ -59,7 +61,7 @@
  *             input_layouts default: Shard(-1) for Linear (PyTorch's),
  *             Replicate for Embedding (tokens are always Replicate in weft;
  *             PyTorch needs input_layouts=Replicate() there).
- *   sequence parallel  RMSNorm: weight Replicate, runs on an input sharded
+ *   sequence parallel  RMSNorm or LayerNorm: weight (and bias) Replicate, runs on an input sharded
  *             on sequence_dim (1); an input in other placements is
  *             redistributed to Shard(sequence_dim) (as PyTorch does for a
  *             DTensor input). Its weight grad, computed from the local rows,
@@ -222,7 +224,7 @@ typedef struct weft_tp weft_tp;
  * tp_mesh not 1-D or of another shape than the module's mesh, an entry
  * whose pattern matches no module (WEFT_ERR_NOT_FOUND naming it), a style
  * on a module kind it does not apply to (colwise/rowwise: linear or
- * embedding; sequence parallel: rmsnorm), a module that gets two parameter
+ * embedding; sequence parallel: rmsnorm or layernorm), a module that gets two parameter
  * styles, a missing required layout or a Partial/StridedShard layout
  * (WEFT_ERR_INVALID naming the entry and module). Collective over tp_mesh
  * only where materialised parameters move (see the top). */

@@ -350,3 +350,50 @@ weft_status weft_gpt2_adamw_create(weft_module *model, const weft_adamw_params *
   free(all), free(decay), free(nodecay);
   return st;
 }
+
+/* ------------------------------------------------------- tensor parallel */
+
+weft_status weft_gpt2_tp_plan(bool sp, weft_tp_plan_entry *out, int cap, int *n) {
+  if (!n || (cap > 0 && !out)) return weft_error(WEFT_ERR_INVALID, "gpt2_tp_plan: NULL argument");
+  weft_tp_plan_entry e[16];
+  int k = 0;
+  weft_placement seq = weft_shard(1), r = weft_replicate(), after = sp ? seq : r;
+  e[k++] = (weft_tp_plan_entry){"transformer.wte", weft_tp_rowwise_ex(r, after, true)};
+  e[k++] = (weft_tp_plan_entry){"transformer.h.*.attn.c_attn", weft_tp_colwise()};
+  e[k++] = (weft_tp_plan_entry){"transformer.h.*.attn.c_proj",
+                                weft_tp_rowwise_ex(weft_shard(-1), after, true)};
+  e[k++] = (weft_tp_plan_entry){"transformer.h.*.mlp.c_fc", weft_tp_colwise()};
+  e[k++] = (weft_tp_plan_entry){"transformer.h.*.mlp.c_proj",
+                                weft_tp_rowwise_ex(weft_shard(-1), after, true)};
+  if (sp) {
+    e[k++] = (weft_tp_plan_entry){"transformer.h.*.ln_1", weft_tp_sequence_parallel()};
+    e[k++] = (weft_tp_plan_entry){"transformer.h.*.ln_2", weft_tp_sequence_parallel()};
+    e[k++] = (weft_tp_plan_entry){"transformer.ln_f", weft_tp_sequence_parallel()};
+    e[k++] = (weft_tp_plan_entry){"transformer.h.*.attn", weft_tp_prepare_input(seq, r, false)};
+    e[k++] = (weft_tp_plan_entry){"transformer.h.*.mlp", weft_tp_prepare_input(seq, r, false)};
+    e[k++] = (weft_tp_plan_entry){"lm_head", weft_tp_prepare_input(seq, r, false)};
+  }
+  for (int i = 0; i < k && i < cap; i++) out[i] = e[i];
+  *n = k;
+  return WEFT_OK;
+}
+
+weft_status weft_gpt2_apply_tp(weft_module *model, weft_mesh *tp_mesh, bool sp, weft_tp **out) {
+  if (out) *out = NULL;
+  const weft_gpt2_config *c = model ? weft_gpt2_get_config(model) : NULL;
+  if (!c || !tp_mesh || !out)
+    return weft_error(WEFT_ERR_INVALID, "gpt2_apply_tp: model (a GPT-2), tp_mesh or out is NULL");
+  if (weft_mesh_ndim(tp_mesh) != 1)
+    return weft_error(WEFT_ERR_INVALID, "gpt2_apply_tp: tp_mesh must be 1-D, it has %d dims",
+                      weft_mesh_ndim(tp_mesh));
+  int tp = weft_mesh_dim_size(tp_mesh, 0);
+  if (c->n_heads % tp != 0)
+    return weft_error(WEFT_ERR_INVALID,
+                      "gpt2_apply_tp: n_heads = %lld is not divisible by the tp size %d (heads "
+                      "are split across tp ranks)",
+                      (long long)c->n_heads, tp);
+  weft_tp_plan_entry plan[16];
+  int n;
+  CHECK(weft_gpt2_tp_plan(sp, plan, 16, &n));
+  return weft_parallelize_module(model, tp_mesh, plan, n, out);
+}

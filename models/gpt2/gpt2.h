@@ -22,6 +22,7 @@
 
 #include "autograd.h"
 #include "nn.h"
+#include "tp.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,6 +66,30 @@ weft_status weft_gpt2_loss(weft_module *model, weft_graph *g, const weft_dtensor
  * parameters. */
 weft_status weft_gpt2_adamw_create(weft_module *model, const weft_adamw_params *hp,
                                    weft_optimizer **out);
+
+/* A Megatron-style tensor-parallel plan for this GPT-2 (FQNs relative to
+ * the model), into out[0..*n) (writes min(cap, count); *n = count):
+ *   transformer.wte             rowwise (vocab-sharded: input R, output R,
+ *                               or S(1) with sequence parallel); the tied
+ *                               lm_head then computes vocab-sharded logits
+ *                               S(-1) that weft_op_cross_entropy takes
+ *                               without gathering them (loss parallel)
+ *   transformer.h.*.attn.c_attn colwise (the fused q|k|v output is moved
+ *                               by one all-to-all to StridedShard(-1, 3)
+ *                               at weft_op_split, so q, k and v are each
+ *                               sharded by heads)
+ *   transformer.h.*.attn.c_proj rowwise (output R, or S(1) with sp)
+ *   transformer.h.*.mlp.c_fc    colwise
+ *   transformer.h.*.mlp.c_proj  rowwise (output R, or S(1) with sp)
+ * with sequence parallel also: ln_1, ln_2, ln_f sequence parallel, and
+ * attn, mlp and lm_head prepare input S(1) -> R. wpe stays Replicate. */
+weft_status weft_gpt2_tp_plan(bool sequence_parallel, weft_tp_plan_entry *out, int cap, int *n);
+/* Checks that the heads divide over tp_mesh (WEFT_ERR_INVALID naming
+ * n_heads and the tp size), then weft_parallelize_module(model, tp_mesh,
+ * weft_gpt2_tp_plan(...)); *out as there (destroy it before the model).
+ * Collective over tp_mesh where materialised parameters move. */
+weft_status weft_gpt2_apply_tp(weft_module *model, weft_mesh *tp_mesh, bool sequence_parallel,
+                               weft_tp **out);
 
 #ifdef __cplusplus
 }

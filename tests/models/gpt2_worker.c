@@ -11,6 +11,7 @@
 #include "fsdp.h"
 #include "golden.h"
 #include "gpt2.h"
+#include "tp.h"
 #include "worker.h"
 
 static weft_gpt2_config gpt2_config(const golden *g) {
@@ -37,41 +38,92 @@ static weft_status rows_dt(weft_mesh *mesh, const weft_tensor *t, int64_t r0, in
   return st;
 }
 
-/* mode 0: every rank the whole batch, model all-Replicate on a 1-D mesh of
- * the world; mode 1: FSDP over a dp mesh of the world, each rank a slice
- * of the batch (B divisible by the world size). */
-static void run_golden(int mode) {
+/* How a golden run is laid out over the world: a root mesh of
+ * ([replicate] x dp x tp) ranks; the model lives on the tp submesh; with
+ * fsdp, every block and the root are fully_shard-ed over the dp submesh
+ * (2-D with replicate: HSDP); tp > 1 applies weft_gpt2_apply_tp (sp:
+ * sequence parallel). Each dp (shard) index gets its slice of the batch. */
+typedef struct layout {
+  int rep, dp, tp;
+  bool fsdp, sp;
+} layout;
+
+typedef struct placed {
+  weft_mesh *root, *dp, *model;
+  weft_tp *tp;
+  int dp_index, dp_total; /* this rank's batch slice of dp_total */
+} placed;
+
+static void place_model(const layout *L, placed *P) {
+  memset(P, 0, sizeof *P);
+  int shape[3], nd = 0;
+  const char *names[3];
+  if (L->rep > 0) {
+    shape[nd] = L->rep;
+    names[nd++] = "replicate";
+  }
+  shape[nd] = L->dp;
+  names[nd++] = "dp";
+  int ndp = nd;
+  shape[nd] = L->tp;
+  names[nd++] = "tp";
+  WOK(weft_mesh_create(nd, shape, names, &P->root));
+  WOK(weft_mesh_submesh(P->root, ndp, names, &P->dp));
+  WOK(weft_mesh_submesh(P->root, 1, &names[ndp], &P->model));
+  /* the batch is split over the dp (shard) dim only: the golden batch has
+   * B = 2 rows, so on rep x shard x tp the replicas see the same rows (HSDP
+   * averages their equal gradients over the replicate dim) */
+  P->dp_total = L->dp;
+  P->dp_index = weft_mesh_coord(P->dp, ndp - 1);
+}
+
+static void shard_model(const layout *L, placed *P, weft_module *model) {
+  if (L->tp > 1) WOK(weft_gpt2_apply_tp(model, P->model, L->sp, &P->tp));
+  if (!L->fsdp) return;
+  weft_fsdp *f = NULL;
+  weft_module *h;
+  WOK(weft_module_find(model, "transformer.h", &h));
+  for (int i = 0; i < weft_module_num_children(h); i++)
+    WOK(weft_fully_shard(weft_module_child(h, i), P->dp, NULL, &f));
+  WOK(weft_fully_shard(model, P->dp, NULL, &f));
+}
+
+static void unplace(const layout *L, placed *P, weft_module *model) {
+  if (L->fsdp) WOK(weft_fsdp_destroy_all(model));
+  weft_tp_destroy(P->tp);
+  WOK(weft_module_destroy(model));
+  WOK(weft_mesh_destroy(P->model));
+  WOK(weft_mesh_destroy(P->dp));
+  WOK(weft_mesh_destroy(P->root));
+}
+
+/* The mean over the world of a value each rank has (the loss of its dp
+ * group's batch slice: the tp ranks of a group have the same). */
+static double world_mean(double v) {
+  double sum = 0;
+  MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return sum / weft_world_size();
+}
+
+static void run_golden(const char *what, layout L) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
   weft_gpt2_config cfg = gpt2_config(&g);
   int world = weft_world_size(), rank = weft_worker_rank;
-  int shape1[1] = {world};
-  const char *names[1] = {mode == 1 ? "dp" : "tp"};
-  weft_mesh *world_mesh = NULL, *model_mesh = NULL;
-  WOK(weft_mesh_create(1, shape1, names, &world_mesh));
-  int one = 1;
-  const char *mn[1] = {"tp"};
-  if (mode == 1) WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, mn, &model_mesh));
-  weft_mesh *mesh = mode == 1 ? model_mesh : world_mesh;
+  WREQUIRE(world == (L.rep > 0 ? L.rep : 1) * L.dp * L.tp, "%s needs %d ranks, have %d", what,
+           (L.rep > 0 ? L.rep : 1) * L.dp * L.tp, world);
+  placed P;
+  place_model(&L, &P);
+  weft_mesh *mesh = P.model;
   weft_module *model = NULL;
   WOK(weft_gpt2_create(&cfg, mesh, &model));
   char path[700];
   golden_path(&g, "init.safetensors", path, sizeof path);
   WOK(load_params(model, path));
-  if (mode == 1) {
-    weft_fsdp *f = NULL;
-    weft_module *h;
-    WOK(weft_module_find(model, "transformer.h", &h));
-    for (int i = 0; i < weft_module_num_children(h); i++)
-      WOK(weft_fully_shard(weft_module_child(h, i), world_mesh, NULL, &f));
-    WOK(weft_fully_shard(model, world_mesh, NULL, &f));
-  }
-  int64_t B = g.B, r0 = 0, nb = B;
-  if (mode == 1) {
-    WREQUIRE(B % world == 0, "batch %lld over %d ranks", (long long)B, world);
-    nb = B / world;
-    r0 = rank * nb;
-  }
+  shard_model(&L, &P, model);
+  int64_t B = g.B;
+  WREQUIRE(B % P.dp_total == 0, "batch %lld over %d dp groups", (long long)B, P.dp_total);
+  int64_t nb = B / P.dp_total, r0 = P.dp_index * nb;
   weft_dtensor *ids = NULL, *tgt = NULL;
   WOK(rows_dt(mesh, g.tokens, r0, nb, &ids));
   WOK(rows_dt(mesh, g.targets, r0, nb, &tgt));
@@ -79,14 +131,9 @@ static void run_golden(int mode) {
   WOK(weft_graph_create(&gr));
   weft_var *loss = NULL;
   WOK(weft_gpt2_loss(model, gr, ids, tgt, &loss, NULL));
-  double lv = weft_var_item(loss);
-  if (mode == 1) {
-    double sum = 0;
-    MPI_Allreduce(&lv, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    lv = sum / world;
-  }
+  double lv = world_mean(weft_var_item(loss));
   double lerr = fabs(lv - g.loss) / fabs(g.loss);
-  WCHECK(lerr < 1e-6, "mode %d: loss %.9f want %.9f (rel %.3g)", mode, lv, g.loss, lerr);
+  WCHECK(lerr < 1e-6, "%s: loss %.9f want %.9f (rel %.3g)", what, lv, g.loss, lerr);
   WOK(weft_backward(loss));
 
   weft_safetensors *fg = NULL, *fa = NULL, *fi = NULL;
@@ -111,14 +158,14 @@ static void run_golden(int mode) {
     WREQUIRE(ref && full && n == weft_tensor_numel(full), "%s: size", ps[i]->fqn);
     double e = rel_err_f32_f64(full->data, ref, n);
     if (e > worst_g) worst_g = e;
-    WCHECK(e < 1e-5, "mode %d: grad %s rel err %.3g", mode, ps[i]->fqn, e);
+    WCHECK(e < 1e-5, "%s: grad %s rel err %.3g", what, ps[i]->fqn, e);
     free(ref);
     weft_tensor_destroy(full);
   }
   double norm = 0;
   WOK(weft_clip_grad_norm(model, g.clip, &norm));
   double nerr = fabs(norm - g.grad_norm) / g.grad_norm;
-  WCHECK(nerr < 1e-5, "mode %d: grad norm %.9f want %.9f", mode, norm, g.grad_norm);
+  WCHECK(nerr < 1e-5, "%s: grad norm %.9f want %.9f", what, norm, g.grad_norm);
   weft_optimizer *opt = NULL;
   WOK(weft_gpt2_adamw_create(model, &g.hp, &opt));
   WCHECK(weft_optimizer_num_groups(opt) == 2, "groups %d", weft_optimizer_num_groups(opt));
@@ -155,7 +202,7 @@ static void run_golden(int mode) {
     free(gref);
     double e = rel_err_f32_f64(du, dref, n);
     if (e > worst_u) worst_u = e;
-    WCHECK(e < 1e-3, "mode %d: update of %s rel err %.3g", mode, ps[i]->fqn, e);
+    WCHECK(e < 1e-3, "%s: update of %s rel err %.3g", what, ps[i]->fqn, e);
     free(du);
     free(dref);
     free(after);
@@ -173,13 +220,13 @@ static void run_golden(int mode) {
     WOK(weft_optimizer_step(opt));
     allocs[s] = weft_mem_get(WEFT_CPU).alloc_count;
   }
-  WCHECK(mode != 0 || allocs[3] == allocs[2], "mode %d: %lld allocations in a steady step", mode,
+  WCHECK(L.fsdp || L.tp > 1 || allocs[3] == allocs[2], "%s: %lld allocations in a steady step", what,
          (long long)(allocs[3] - allocs[2]));
   if (rank == 0)
-    printf("gpt2 golden mode %d ranks %d: loss rel err %.3g, worst grad rel err %.3g, norm rel "
+    printf("gpt2 golden %s (%d ranks): loss rel err %.3g, worst grad rel err %.3g, norm rel "
            "err %.3g, worst update rel err %.3g (%lld elements with an exactly zero gradient "
            "compared by bound)\n",
-           mode, world, lerr, worst_g, nerr, worst_u, (long long)nzero);
+           what, world, lerr, worst_g, nerr, worst_u, (long long)nzero);
   weft_optimizer_destroy(opt);
   weft_graph_destroy(gr);
   weft_dtensor_destroy(ids);
@@ -187,15 +234,116 @@ static void run_golden(int mode) {
   weft_safetensors_close(fg);
   weft_safetensors_close(fa);
   weft_safetensors_close(fi);
-  if (mode == 1) WOK(weft_fsdp_destroy_all(model));
-  WOK(weft_module_destroy(model));
-  WOK(weft_mesh_destroy(world_mesh));
-  if (model_mesh) WOK(weft_mesh_destroy(model_mesh));
+  unplace(&L, &P, model);
   golden_free(&g);
 }
 
-static void case_golden(void) { run_golden(0); }
-static void case_golden_fsdp(void) { run_golden(1); }
+static void case_golden(void) { run_golden("1 rank", (layout){0, 1, 1, false, false}); }
+static void case_golden_fsdp(void) { run_golden("fsdp dp=2", (layout){0, 2, 1, true, false}); }
+static void case_golden_tp(void) { run_golden("tp=2", (layout){0, 1, 2, false, false}); }
+static void case_golden_tp_sp(void) { run_golden("tp=2 sp", (layout){0, 1, 2, false, true}); }
+static void case_golden_2d(void) { run_golden("dp=2 x tp=2", (layout){0, 2, 2, true, false}); }
+static void case_golden_2d_sp(void) {
+  run_golden("dp=2 x tp=2 sp", (layout){0, 2, 2, true, true});
+}
+static void case_golden_3d(void) {
+  run_golden("rep=2 x shard=2 x tp=2 sp", (layout){2, 2, 2, true, true});
+}
+
+/* Trains `steps` steps of GPT-2 from the golden init with dropout p on
+ * layout L (world mesh) or, with `alone`, on this rank by itself (a model
+ * mesh of MPI_COMM_SELF, the whole batch), and writes the mean loss of each
+ * step into losses. */
+static void train_curve(const golden *g, float p, const layout *L, bool alone, int steps,
+                        double *losses) {
+  weft_gpt2_config cfg = gpt2_config(g);
+  cfg.dropout = p;
+  placed P;
+  memset(&P, 0, sizeof P);
+  weft_mesh *mesh = NULL;
+  if (alone) {
+    int one = 1;
+    const char *mn[1] = {"tp"};
+    WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, mn, &mesh));
+  } else {
+    place_model(L, &P);
+    mesh = P.model;
+  }
+  weft_module *model = NULL;
+  WOK(weft_gpt2_create(&cfg, mesh, &model));
+  char path[700];
+  golden_path(g, "init.safetensors", path, sizeof path);
+  WOK(load_params(model, path));
+  int64_t nb = g->B, r0 = 0;
+  if (!alone) {
+    shard_model(L, &P, model);
+    nb = g->B / P.dp_total;
+    r0 = P.dp_index * nb;
+  }
+  weft_dtensor *ids = NULL, *tgt = NULL;
+  WOK(rows_dt(mesh, g->tokens, r0, nb, &ids));
+  WOK(rows_dt(mesh, g->targets, r0, nb, &tgt));
+  weft_optimizer *opt = NULL;
+  WOK(weft_gpt2_adamw_create(model, &g->hp, &opt));
+  weft_graph *gr = NULL;
+  WOK(weft_graph_create(&gr));
+  weft_graph_set_seed(gr, 1234);
+  if (!alone) WOK(weft_graph_set_batch_slice(gr, r0, g->B));
+  for (int s = 0; s < steps; s++) {
+    weft_var *loss = NULL;
+    WOK(weft_module_zero_grad(model, false));
+    WOK(weft_gpt2_loss(model, gr, ids, tgt, &loss, NULL));
+    double v = weft_var_item(loss);
+    losses[s] = alone ? v : world_mean(v);
+    WOK(weft_backward(loss));
+    WOK(weft_clip_grad_norm(model, g->clip, NULL));
+    WOK(weft_optimizer_step(opt));
+    WOK(weft_graph_reset(gr));
+  }
+  weft_graph_destroy(gr);
+  weft_optimizer_destroy(opt);
+  weft_dtensor_destroy(ids);
+  weft_dtensor_destroy(tgt);
+  if (alone) {
+    WOK(weft_module_destroy(model));
+    WOK(weft_mesh_destroy(mesh));
+  } else {
+    unplace(L, &P, model);
+  }
+}
+
+/* Dropout masks are keyed by (seed, step, op, global element index), not by
+ * the mesh: a run with dropout on dp=2 x tp=2 (FSDP, TP with sequence
+ * parallel, so the masks are drawn on sequence shards and on head shards)
+ * follows the one-rank loss curve. Each rank computes the one-rank curve by
+ * itself for reference; dropout must change the curve (else the test
+ * would prove nothing). */
+static void case_dropout_curve(void) {
+  golden g;
+  WOK(golden_load("gpt2_tiny", &g));
+  enum { STEPS = 6 };
+  double alone[STEPS], mesh[STEPS], plain[STEPS];
+  layout L = {0, 2, 2, true, true};
+  WREQUIRE(weft_world_size() == 4, "dropout_curve runs on 4 ranks");
+  train_curve(&g, 0.1f, &L, true, STEPS, alone);
+  train_curve(&g, 0.0f, &L, true, STEPS, plain);
+  train_curve(&g, 0.1f, &L, false, STEPS, mesh);
+  double worst = 0, moved = 0;
+  for (int s = 0; s < STEPS; s++) {
+    double e = fabs(mesh[s] - alone[s]) / fabs(alone[s]);
+    if (e > worst) worst = e;
+    double d = fabs(alone[s] - plain[s]) / fabs(plain[s]);
+    if (d > moved) moved = d;
+    WCHECK(e < 1e-5, "step %d: loss %.9f on 2x2, %.9f on one rank (rel %.3g)", s, mesh[s],
+           alone[s], e);
+  }
+  WCHECK(moved > 1e-3, "dropout 0.1 changed the loss curve by only %.3g", moved);
+  if (weft_worker_rank == 0)
+    printf("gpt2 dropout 0.1, %d steps: 2x2 vs one rank worst rel diff %.3g (dropout moves the "
+           "curve by up to %.3g)\n",
+           STEPS, worst, moved);
+  golden_free(&g);
+}
 
 /* AdamW parameter groups: every trainable parameter in exactly one group,
  * per-group hyper-parameters readable and settable (amsgrad fixed). */
@@ -274,7 +422,13 @@ static void case_groups(void) {
 static const weft_worker_case cases[] = {
     {"golden", case_golden},
     {"golden_fsdp", case_golden_fsdp},
+    {"golden_tp", case_golden_tp},
+    {"golden_tp_sp", case_golden_tp_sp},
+    {"golden_2d", case_golden_2d},
+    {"golden_2d_sp", case_golden_2d_sp},
+    {"golden_3d", case_golden_3d},
     {"groups", case_groups},
+    {"dropout_curve", case_dropout_curve},
     {0, 0},
 };
 

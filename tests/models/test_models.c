@@ -19,3 +19,27 @@ Test(models, adamw_parameter_groups_cover_each_parameter_once_and_keep_their_set
      .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec(1, GPT2_WORKER, "groups", 50), 0);
 }
+
+Test(models, gpt2_tp_two_ranks_matches_pytorch, .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(2, GPT2_WORKER, "golden_tp", 100), 0);
+}
+
+Test(models, gpt2_tp_sequence_parallel_two_ranks_matches_pytorch, .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(2, GPT2_WORKER, "golden_tp_sp", 100), 0);
+}
+
+Test(models, gpt2_fsdp_x_tp_2x2_matches_pytorch, .timeout = 180) {
+  cr_assert_eq(weft_test_mpiexec(4, GPT2_WORKER, "golden_2d", 160), 0);
+}
+
+Test(models, gpt2_fsdp_x_tp_sequence_parallel_2x2_matches_pytorch, .timeout = 180) {
+  cr_assert_eq(weft_test_mpiexec(4, GPT2_WORKER, "golden_2d_sp", 160), 0);
+}
+
+Test(models, gpt2_hsdp_x_tp_2x2x2_matches_pytorch, .timeout = 240) {
+  cr_assert_eq(weft_test_mpiexec(8, GPT2_WORKER, "golden_3d", 220), 0);
+}
+
+Test(models, gpt2_dropout_loss_curve_on_2x2_equals_one_rank, .timeout = 180) {
+  cr_assert_eq(weft_test_mpiexec(4, GPT2_WORKER, "dropout_curve", 160), 0);
+}

@@ -135,7 +135,7 @@ static void case_directed(void) {
       {"transpose", {P}, P, P},
       {"split_qkv", {weft_strided_shard(2, 3)}, SH(2), SH(2)},
       {"split_qkv", {SH(1)}, SH(1), SH(1)},
-      {"split_qkv", {SH(2)}, R, R},
+      {"split_qkv", {SH(2)}, SH(2), SH(2)}, /* all-to-all to StridedShard(2, 3) */
       {"cat_qkv", {SH(2), SH(2), SH(2)}, weft_strided_shard(2, 3), weft_strided_shard(2, 3)},
       {"cat_last", {SH(0), SH(0)}, SH(0), SH(0)},
       {"sum_dim1", {SH(1)}, P, P},
