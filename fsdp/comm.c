@@ -35,20 +35,26 @@ typedef const float *(*src_fn)(const fsdp_param *fp);
 
 static weft_status pack_block(const weft_fsdp *f, int r, void *dst, weft_dtype dt, src_fn src,
                               bool from_shard) {
-  weft_flat_piece *pc = pieces_new(f, 1);
+  weft_flat_piece *pc = pieces_new(f, f->max_blocks);
   if (!pc) return weft_last_status();
+  int npc = 0;
   for (int i = 0; i < f->nparams; i++) {
     const fsdp_param *fp = &f->params[i];
-    int64_t start, len;
-    weft_chunk_range(fp->rows, f->nshard, r, &start, &len);
     const float *s = src(fp);
-    pc[i].data = s ? (void *)(s + (from_shard ? 0 : start * fp->rest)) : NULL;
-    pc[i].dtype = WEFT_F32;
-    pc[i].offset = fp->offset;
-    pc[i].count = len * fp->rest;
-    pc[i].pad = (fp->pad_rows - len) * fp->rest;
+    int64_t done = 0; /* rows of the chunk so far */
+    for (int b = 0; b < fp->nblocks; b++) {
+      int64_t start, len;
+      fsdp__chunk_run(fp, f->nshard, r, b, &start, &len);
+      weft_flat_piece *q = &pc[npc++];
+      q->data = s ? (void *)(s + (from_shard ? done : start) * fp->rest) : NULL;
+      q->dtype = WEFT_F32;
+      q->offset = fp->offset + done * fp->rest;
+      q->count = len * fp->rest;
+      done += len;
+      q->pad = b == fp->nblocks - 1 ? (fp->pad_rows - done) * fp->rest : 0;
+    }
   }
-  weft_status st = weft_backend_flat_pack(group_device(f), dst, dt, pc, f->nparams);
+  weft_status st = weft_backend_flat_pack(group_device(f), dst, dt, pc, npc);
   free(pc);
   return st;
 }
@@ -134,7 +140,8 @@ weft_status fsdp__unshard_wait(weft_fsdp *f) {
    * parameter from block r, one flat_split on the group's device */
   int64_t n = f->nshard, S = f->block;
   weft_dtype dt = f->ag_dtype;
-  weft_flat_piece *pc = pieces_new(f, n);
+  weft_flat_piece *pc = pieces_new(f, n * f->max_blocks);
+  int npc = 0;
   if (!pc) st = weft_last_status();
   for (int i = 0; i < f->nparams && !st; i++) {
     fsdp_param *fp = &f->params[i];
@@ -145,16 +152,20 @@ weft_status fsdp__unshard_wait(weft_fsdp *f) {
     fsdp__mem_add_unsharded_params(dt_bytes(fp->unsharded));
     float *u = weft_dtensor_local(fp->unsharded)->data;
     for (int64_t r = 0; r < n; r++) {
-      int64_t start, len;
-      weft_chunk_range(fp->rows, n, r, &start, &len);
-      weft_flat_piece *q = &pc[(int64_t)i * n + r];
-      q->data = u + start * fp->rest;
-      q->dtype = WEFT_F32;
-      q->offset = r * S + fp->offset;
-      q->count = len * fp->rest;
+      int64_t done = 0;
+      for (int b = 0; b < fp->nblocks; b++) {
+        int64_t start, len;
+        fsdp__chunk_run(fp, n, r, b, &start, &len);
+        weft_flat_piece *q = &pc[npc++];
+        q->data = u + start * fp->rest;
+        q->dtype = WEFT_F32;
+        q->offset = r * S + fp->offset + done * fp->rest;
+        q->count = len * fp->rest;
+        done += len;
+      }
     }
   }
-  if (!st) st = weft_backend_flat_split(group_device(f), f->ag_buf, dt, pc, (int)(f->nparams * n));
+  if (!st) st = weft_backend_flat_split(group_device(f), f->ag_buf, dt, pc, npc);
   free(pc);
   free_ag(f);
   if (st) {

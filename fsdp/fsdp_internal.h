@@ -33,7 +33,22 @@ typedef struct fsdp_param {
   int64_t pad_rows;          /* ceil(rows / n) */
   int64_t offset;            /* in a block, elements */
   int64_t shard_start, shard_len; /* this rank's rows of the tp-local tensor */
+  /* A fused projection (TP StridedShard(0, k) on the model mesh): the
+   * tp-local rows are nblocks equal blocks of block_rows, and chunk r of the
+   * parameter is chunk r of every block, in block order, so that the
+   * all-gathered tp-local keeps q|k|v apart (block_rows % n == 0 then).
+   * Otherwise nblocks 1, block_rows = rows. */
+  int nblocks;
+  int64_t block_rows;
 } fsdp_param;
+
+/* Run b (0 <= b < fp->nblocks) of chunk r of n of fp's tp-local rows:
+ * [*start, *start + *len); the chunk holds its runs one after another. */
+static inline void fsdp__chunk_run(const fsdp_param *fp, int64_t n, int64_t r, int b,
+                                   int64_t *start, int64_t *len) {
+  weft_chunk_range(fp->block_rows, n, r, start, len);
+  *start += (int64_t)b * fp->block_rows;
+}
 
 typedef enum fsdp_state {
   FSDP_SHARDED = 0,
@@ -63,6 +78,7 @@ struct weft_fsdp {
   /* parameters */
   fsdp_param *params;
   int nparams;
+  int max_blocks; /* the largest fsdp_param.nblocks (1 without fused projections) */
   int64_t block;         /* S: padded elements per rank */
   int64_t numel;         /* sum of tp-local numel */
   /* settings */

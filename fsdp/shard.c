@@ -125,7 +125,9 @@ static int sharded_placements(const weft_fsdp *f, bool with_tp, const weft_place
   int split = 1;
   if (with_tp)
     for (int i = 0; i < ntp; i++)
-      if (weft_placement_is_shard(tp_pl[i]) && tp_pl[i].dim == 0) split *= tp_shape[i];
+      if (weft_placement_is_shard(tp_pl[i]) && tp_pl[i].dim == 0)
+        split *= tp_shape[i] * (tp_pl[i].kind == WEFT_PLACE_STRIDED_SHARD ? tp_pl[i].split_factor
+                                                                          : 1);
   int k = 0;
   if (f->rep_dim >= 0) out[k++] = weft_replicate();
   /* dp splits the TP shard: StridedShard(0, split) where TP split dim 0 */
@@ -182,15 +184,23 @@ static weft_status collect_params(weft_module *m, const weft_fsdp *self, weft_pa
 static weft_status layout_param(weft_fsdp *f, bool with_tp, weft_param *p, build_param *b) {
   const weft_dtensor_spec *ps = &p->spec;
   char pd[128];
-  for (int i = 0; i < ps->mesh_ndim; i++)
-    if (ps->placements[i].kind == WEFT_PLACE_PARTIAL ||
-        ps->placements[i].kind == WEFT_PLACE_STRIDED_SHARD) {
+  int nblocks = 1, nstrided = 0;
+  for (int i = 0; i < ps->mesh_ndim; i++) {
+    weft_placement q = ps->placements[i];
+    if (q.kind == WEFT_PLACE_STRIDED_SHARD) {
+      nblocks = q.split_factor;
+      nstrided++;
+    }
+    if (q.kind == WEFT_PLACE_PARTIAL ||
+        (q.kind == WEFT_PLACE_STRIDED_SHARD && (q.dim != 0 || nstrided > 1))) {
       weft_placements_describe(ps->placements, ps->mesh_ndim, pd, sizeof pd);
       return weft_error(WEFT_ERR_INVALID,
                         "parameter '%s' has placements %s: FSDP shards parameters that are "
-                        "Shard or Replicate on the model mesh",
+                        "Shard or Replicate on the model mesh, or StridedShard on dim 0 on one "
+                        "mesh dim (a fused projection)",
                         p->fqn, pd);
     }
+  }
   if (ps->dtype != WEFT_F32)
     return weft_error(WEFT_ERR_UNSUPPORTED, "parameter '%s' is %s: FSDP keeps f32 parameters",
                       p->fqn, weft_dtype_name(ps->dtype));
@@ -223,8 +233,16 @@ static weft_status layout_param(weft_fsdp *f, bool with_tp, weft_param *p, build
   fp->rest = 1;
   for (int d = 1; d < fp->ndim; d++) fp->rest *= fp->local_shape[d];
   int64_t n = f->nshard;
+  fp->nblocks = nblocks;
+  fp->block_rows = fp->rows / nblocks;
+  if (nblocks > 1 && (fp->rows % nblocks != 0 || fp->block_rows % n != 0))
+    return weft_error(WEFT_ERR_UNSUPPORTED,
+                      "parameter '%s': its tp-local rows are %d fused blocks of %lld rows, "
+                      "which FSDP splits over %lld ranks only when they divide evenly",
+                      p->fqn, nblocks, (long long)(fp->rows / nblocks), (long long)n);
   fp->pad_rows = (fp->rows + n - 1) / n;
   weft_chunk_range(fp->rows, n, f->coord, &fp->shard_start, &fp->shard_len);
+  if (nblocks > 1) fp->shard_start = f->coord * (fp->block_rows / n); /* of block 0 */
   b->npl = sharded_placements(f, with_tp, ps->placements, tps, ps->mesh_ndim, b->pl);
   /* dtensor's geometry must give exactly chunk(tp_local, n)[coord] */
   weft_dtensor_spec ss;
@@ -235,7 +253,8 @@ static weft_status layout_param(weft_fsdp *f, bool with_tp, weft_param *p, build
   int64_t ls[WEFT_MAX_DIMS], off[WEFT_MAX_DIMS];
   bool contiguous = true;
   WEFT_CHECK(weft_dtensor_spec_local_shape(&ss, sc, ls, off, &contiguous));
-  bool ok = contiguous && ls[0] == fp->shard_len;
+  /* (a fused projection's shard is one run per block: not contiguous) */
+  bool ok = (contiguous || nblocks > 1) && ls[0] == fp->shard_len;
   for (int d = 1; ok && d < fp->ndim; d++) ok = ls[d] == fp->local_shape[d];
   if (!ok) {
     weft_placements_describe(b->pl, b->npl, pd, sizeof pd);
@@ -467,7 +486,11 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
   }
   if (f->raf > 1) WEFT_CHECK_GOTO(make_small_mesh(f, f->raf), st, fail);
   f->nparams = np;
-  for (int i = 0; i < np; i++) f->params[i] = bs[i].fp;
+  f->max_blocks = 1;
+  for (int i = 0; i < np; i++) {
+    f->params[i] = bs[i].fp;
+    if (bs[i].fp.nblocks > f->max_blocks) f->max_blocks = bs[i].fp.nblocks;
+  }
   WEFT_CHECK_GOTO(fsdp__register_hooks(f), st, fail_hooks);
   /* commit: slice eager data into the shards, swap, drop grads */
   for (int i = 0; i < np; i++) {
@@ -479,12 +502,18 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
       const weft_tensor *sl = weft_dtensor_local(p->data);
       const float *src = sl->data;
       float *dst = weft_dtensor_local(fp->sharded)->data;
-      size_t cnt = (size_t)(fp->shard_len * fp->rest);
       /* note: the shard and the eager tensor share a device; a failed copy
        * leaves the (allocated) shard unfilled, as an OOM would */
-      if (cnt && !st)
-        st = weft_memcpy(sl->device, dst, src + fp->shard_start * fp->rest, cnt * sizeof(float),
-                         WEFT_COPY_D2D);
+      int64_t done = 0;
+      for (int b = 0; b < fp->nblocks && !st; b++) {
+        int64_t start, len;
+        fsdp__chunk_run(fp, f->nshard, f->coord, b, &start, &len);
+        size_t cnt = (size_t)(len * fp->rest);
+        if (cnt)
+          st = weft_memcpy(sl->device, dst + done * fp->rest, src + start * fp->rest,
+                           cnt * sizeof(float), WEFT_COPY_D2D);
+        done += len;
+      }
       weft_dtensor_destroy(p->data);
     }
     p->data = fp->sharded;

@@ -92,6 +92,12 @@ static weft_status linear_forward(weft_module *m, const weft_dtensor *x, const w
   if (m->nparams > 1)
     return weft_error(WEFT_ERR_UNSUPPORTED,
                       "linear '%s' has a bias: run it in a graph (weft_module_call)", m->fqn);
+  for (int i = 0; i < m->params[0]->spec.mesh_ndim; i++)
+    if (m->params[0]->spec.placements[i].kind == WEFT_PLACE_STRIDED_SHARD)
+      return weft_error(WEFT_ERR_UNSUPPORTED,
+                        "linear '%s' has a StridedShard weight (a fused projection): run it in "
+                        "a graph (weft_module_call)",
+                        m->fqn);
   WEFT_CHECK(nn_check_input(m, x, "input", WEFT_F32, 1));
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(x);
   int last = xs->ndim - 1;

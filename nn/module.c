@@ -555,12 +555,12 @@ weft_status weft_param_set_placements(weft_param *p, const weft_placement *pl, i
   WEFT_CHECK(check_param(p));
   if (!pl && n > 0) return weft_error(WEFT_ERR_INVALID, "placements is NULL");
   for (int i = 0; i < n; i++)
-    if (pl[i].kind == WEFT_PLACE_PARTIAL || pl[i].kind == WEFT_PLACE_STRIDED_SHARD) {
+    if (pl[i].kind == WEFT_PLACE_PARTIAL) {
       char b[32];
       weft_placement_describe(pl[i], b, sizeof b);
       return weft_error(WEFT_ERR_INVALID,
-                        "parameter '%s': placement %s on mesh dim %d (parameters are Shard or "
-                        "Replicate)",
+                        "parameter '%s': placement %s on mesh dim %d (parameters are Shard, "
+                        "StridedShard or Replicate)",
                         p->fqn, b, i);
     }
   weft_dtensor_spec spec;

@@ -192,8 +192,9 @@ typedef struct weft_param {
 } weft_param;
 
 /* Changes a parameter's placements on its mesh (nplacements = mesh ndim;
- * no StridedShard or Partial). Without storage (deferred init) it only
- * records the layout. With storage it redistributes data to the new
+ * no Partial; StridedShard for a fused projection, which only graph
+ * forwards take: tp.h's colwise split_factor). Without storage (deferred
+ * init) it only records the layout. With storage it redistributes data to the new
  * placements, keeping the global values (Replicate -> Shard is a local
  * slice, no communication; collective over the parameter's mesh in
  * general), and drops the grad (set to NULL). Called by tp/ before

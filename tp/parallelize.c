@@ -292,6 +292,11 @@ static weft_status check_style(int e, const weft_tp_plan_entry *pe) {
                           s->output_layout, prep_out));
   WEFT_CHECK(check_layout(e, pe->pattern, s, "desired_output_layouts",
                           s->has_desired_output_layout, s->desired_output_layout, prep_out));
+  if (s->split_factor < 0 || (s->split_factor > 1 && s->kind != WEFT_TP_COLWISE))
+    return weft_error(WEFT_ERR_INVALID,
+                      "tp: plan entry %d '%s': split_factor %d (a fused projection) is for "
+                      "colwise only, and >= 0",
+                      e, pe->pattern, s->split_factor);
   if (s->kind == WEFT_TP_SEQUENCE_PARALLEL &&
       (s->sequence_dim < -WEFT_MAX_DIMS || s->sequence_dim >= WEFT_MAX_DIMS))
     return weft_error(WEFT_ERR_INVALID, "tp: plan entry %d '%s': sequence_dim %d out of range",
@@ -320,14 +325,25 @@ static weft_status resolve(int e, const weft_tp_plan_entry *pe, weft_module *m, 
                           "linear and embedding modules",
                           e, pe->pattern, d, fqn_of(m), weft_module_kind_name(k),
                           weft_tp_style_kind_name(s->kind));
-      if (!find_weight(m))
+      weft_param *w = find_weight(m);
+      if (!w)
         return weft_error(WEFT_ERR_INVALID, "tp: module '%s' has no parameter 'weight'",
                           fqn_of(m));
+      int fused = s->split_factor > 1 ? s->split_factor : 0;
+      if (fused && !lin)
+        return weft_error(WEFT_ERR_INVALID,
+                          "tp: plan entry %d '%s' (%s) matches '%s', a %s module: a fused "
+                          "colwise (split_factor %d) applies to linear modules",
+                          e, pe->pattern, d, fqn_of(m), weft_module_kind_name(k), fused);
+      if (fused && w->spec.shape[0] % fused != 0)
+        return weft_error(WEFT_ERR_INVALID,
+                          "tp: module '%s' (%s): %lld out features are not %d equal blocks",
+                          fqn_of(m), d, (long long)w->spec.shape[0], fused);
       a->sets_param = true;
       /* Linear weight (out, in): colwise S(0), rowwise S(1); bias (out):
        * colwise S(0), rowwise R. Embedding weight (V, D): colwise S(1),
-       * rowwise S(0). */
-      a->param_pl = weft_shard((col == lin) ? 0 : 1);
+       * rowwise S(0). A fused colwise splits each block: StridedShard. */
+      a->param_pl = fused ? weft_strided_shard(0, fused) : weft_shard((col == lin) ? 0 : 1);
       a->bias_pl = col && lin ? a->param_pl : weft_replicate();
       a->in_active = true;
       a->in_check = true;
@@ -340,6 +356,8 @@ static weft_status resolve(int e, const weft_tp_plan_entry *pe, weft_module *m, 
       a->out_check = false;
       if (s->has_output_layout) a->out_want = s->output_layout;
       else a->out_want = col ? weft_shard(-1) : weft_replicate();
+      if (fused && a->out_want.kind == WEFT_PLACE_SHARD)
+        a->out_want = weft_strided_shard(a->out_want.dim, fused);
       break;
     }
     case WEFT_TP_SEQUENCE_PARALLEL:

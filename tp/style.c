@@ -50,6 +50,12 @@ weft_tp_style weft_tp_colwise_ex(weft_placement input_layout, weft_placement out
   return with_layouts(weft_tp_colwise(), input_layout, output_layout, use_local_output);
 }
 
+weft_tp_style weft_tp_colwise_fused(int n) {
+  weft_tp_style s = weft_tp_colwise();
+  s.split_factor = n;
+  return s;
+}
+
 weft_tp_style weft_tp_rowwise(void) {
   weft_tp_style s = blank(WEFT_TP_ROWWISE);
   s.has_input_layout = false; /* S(-1) for Linear, R for Embedding: by module kind */
@@ -116,8 +122,12 @@ void weft_tp_style_describe(const weft_tp_style *s, char *buf, size_t cap) {
     case WEFT_TP_ROWWISE:
       layout_str(s->has_input_layout, s->input_layout, a, sizeof a);
       layout_str(s->has_output_layout, s->output_layout, b, sizeof b);
-      snprintf(buf, cap, "%s(in %s, out %s%s)", name, a, b,
-               s->use_local_output ? "" : ", dtensor output");
+      if (s->split_factor > 1)
+        snprintf(buf, cap, "%s(in %s, out %s, fused x%d%s)", name, a, b, s->split_factor,
+                 s->use_local_output ? "" : ", dtensor output");
+      else
+        snprintf(buf, cap, "%s(in %s, out %s%s)", name, a, b,
+                 s->use_local_output ? "" : ", dtensor output");
       break;
     case WEFT_TP_SEQUENCE_PARALLEL:
       snprintf(buf, cap, "%s(sequence dim %d)", name, s->sequence_dim);

@@ -45,7 +45,8 @@
  *
  * Styles (PyTorch defaults; layouts are placements on the 1-D tp mesh;
  * negative shard dims count from the end of the activation's dims):
- *   colwise   Linear: weight Shard(0), bias Shard(0); Embedding: weight
+ *   colwise   Linear: weight Shard(0), bias Shard(0) (a fused projection:
+ *             StridedShard(0, n), see split_factor); Embedding: weight
  *             Shard(1).
  *             input_layouts Replicate, output_layouts Shard(-1),
  *             use_local_output true. The module computes on a Replicate
@@ -165,6 +166,15 @@ typedef struct weft_tp_style {
   bool use_local_output;
   /* sequence parallel: the sequence dim of the activation (1). */
   int sequence_dim;
+  /* colwise on a Linear only: the weight's rows are `split_factor` equal
+   * blocks stacked (a fused q|k|v projection: 3), and each block is split
+   * over tp on its own (Megatron's layout): every rank holds its heads of
+   * q, of k and of v. Weight and bias become StridedShard(0, n) (so
+   * full_tensor and checkpoints give the true tensor) and the output
+   * StridedShard(-1, n), which weft_op_split turns into n tensors
+   * sharded Shard(-1) with no communication. An output layout Shard(d)
+   * then means StridedShard(d, n). 0 or 1: not fused. */
+  int split_factor;
 } weft_tp_style;
 
 /* ColwiseParallel(): input Replicate, output Shard(-1). */
@@ -172,6 +182,9 @@ weft_tp_style weft_tp_colwise(void);
 /* ColwiseParallel(input_layouts, output_layouts, use_local_output). */
 weft_tp_style weft_tp_colwise_ex(weft_placement input_layout, weft_placement output_layout,
                                  bool use_local_output);
+/* ColwiseParallel() on a fused projection of n stacked blocks (see
+ * split_factor): input Replicate, output StridedShard(-1, n). */
+weft_tp_style weft_tp_colwise_fused(int n);
 /* RowwiseParallel(): input Shard(-1) (Linear) / Replicate (Embedding),
  * output Replicate. */
 weft_tp_style weft_tp_rowwise(void);
@@ -224,7 +237,8 @@ typedef struct weft_tp weft_tp;
  * tp_mesh not 1-D or of another shape than the module's mesh, an entry
  * whose pattern matches no module (WEFT_ERR_NOT_FOUND naming it), a style
  * on a module kind it does not apply to (colwise/rowwise: linear or
- * embedding; sequence parallel: rmsnorm or layernorm), a module that gets two parameter
+ * embedding; sequence parallel: rmsnorm or layernorm; split_factor > 1:
+ * colwise on a linear whose out features are n equal blocks), a module that gets two parameter
  * styles, a missing required layout or a Partial/StridedShard layout
  * (WEFT_ERR_INVALID naming the entry and module). Collective over tp_mesh
  * only where materialised parameters move (see the top). */

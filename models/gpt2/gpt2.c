@@ -359,7 +359,7 @@ weft_status weft_gpt2_tp_plan(bool sp, weft_tp_plan_entry *out, int cap, int *n)
   int k = 0;
   weft_placement seq = weft_shard(1), r = weft_replicate(), after = sp ? seq : r;
   e[k++] = (weft_tp_plan_entry){"transformer.wte", weft_tp_rowwise_ex(r, after, true)};
-  e[k++] = (weft_tp_plan_entry){"transformer.h.*.attn.c_attn", weft_tp_colwise()};
+  e[k++] = (weft_tp_plan_entry){"transformer.h.*.attn.c_attn", weft_tp_colwise_fused(3)};
   e[k++] = (weft_tp_plan_entry){"transformer.h.*.attn.c_proj",
                                 weft_tp_rowwise_ex(weft_shard(-1), after, true)};
   e[k++] = (weft_tp_plan_entry){"transformer.h.*.mlp.c_fc", weft_tp_colwise()};

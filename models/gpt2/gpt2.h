@@ -74,10 +74,9 @@ weft_status weft_gpt2_adamw_create(weft_module *model, const weft_adamw_params *
  *                               lm_head then computes vocab-sharded logits
  *                               S(-1) that weft_op_cross_entropy takes
  *                               without gathering them (loss parallel)
- *   transformer.h.*.attn.c_attn colwise (the fused q|k|v output is moved
- *                               by one all-to-all to StridedShard(-1, 3)
- *                               at weft_op_split, so q, k and v are each
- *                               sharded by heads)
+ *   transformer.h.*.attn.c_attn colwise fused x3: weight and bias
+ *                               StridedShard(0, 3), each rank holds its
+ *                               heads of q, k and v (Megatron's layout)
  *   transformer.h.*.attn.c_proj rowwise (output R, or S(1) with sp)
  *   transformer.h.*.mlp.c_fc    colwise
  *   transformer.h.*.mlp.c_proj  rowwise (output R, or S(1) with sp)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "autograd.h"
+#include "dcp.h"
 #include "fsdp.h"
 #include "golden.h"
 #include "gpt2.h"
@@ -105,6 +106,64 @@ static double world_mean(double v) {
   return sum / weft_world_size();
 }
 
+/* With TP, the fused q|k|v weight is recorded as what it is: each tp rank
+ * holds its heads of q, k and v (StridedShard(0, 3) on the tp dim, the
+ * last mesh dim of the parameter's mesh). */
+static void check_fused_layout(weft_module *model, const char *what) {
+  weft_param *p = NULL;
+  WOK(weft_module_find_param(model, "transformer.h.0.attn.c_attn.weight", &p));
+  weft_placement t = p->spec.placements[p->spec.mesh_ndim - 1];
+  WCHECK(t.kind == WEFT_PLACE_STRIDED_SHARD && t.dim == 0 && t.split_factor == 3,
+         "%s: c_attn.weight is not StridedShard(0, 3) on tp", what);
+}
+
+/* A DCP checkpoint of the sharded model (FSDP x TP, fused q|k|v) loads
+ * into a one-rank model (each rank its own, on MPI_COMM_SELF) bitwise equal
+ * to the sharded parameters' full tensors. */
+static void check_checkpoint(weft_module *model, const weft_gpt2_config *cfg, const char *what) {
+  char dir[64] = "/tmp/weft-gpt2-ckpt-XXXXXX";
+  if (weft_worker_rank == 0) WREQUIRE(mkdtemp(dir), "mkdtemp");
+  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  weft_state_dict *sd = NULL, *sd1 = NULL;
+  WOK(weft_state_dict_create(&sd));
+  WOK(weft_get_model_state_dict(model, NULL, sd));
+  WOK(weft_dcp_save(sd, dir, NULL));
+  int one = 1;
+  const char *mn[1] = {"tp"};
+  weft_mesh *self = NULL;
+  WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, mn, &self));
+  weft_module *m1 = NULL;
+  WOK(weft_gpt2_create(cfg, self, &m1));
+  WOK(weft_module_init_weights(m1, 99));
+  WOK(weft_state_dict_create(&sd1));
+  WOK(weft_get_model_state_dict(m1, NULL, sd1));
+  WOK(weft_dcp_load(sd1, dir, NULL, NULL));
+  weft_param *ps[256];
+  int np = 0;
+  WOK(weft_module_parameters(model, ps, 256, &np));
+  for (int i = 0; i < np; i++) {
+    weft_tensor *full = NULL;
+    WOK(weft_dtensor_full_tensor(ps[i]->data, &full));
+    weft_param *q = NULL;
+    WOK(weft_module_find_param(m1, ps[i]->fqn, &q));
+    const weft_tensor *l = weft_dtensor_local(q->data);
+    WCHECK(full && weft_tensor_numel(full) == weft_tensor_numel(l) &&
+               memcmp(full->data, l->data, weft_tensor_nbytes(l)) == 0,
+           "%s: %s loaded from the checkpoint differs from the sharded one", what, ps[i]->fqn);
+    weft_tensor_destroy(full);
+  }
+  weft_state_dict_destroy(sd1);
+  weft_state_dict_destroy(sd);
+  WOK(weft_module_destroy(m1));
+  WOK(weft_mesh_destroy(self));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (weft_worker_rank == 0) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    WCHECK(system(cmd) == 0, "%s", cmd);
+  }
+}
+
 static void run_golden(const char *what, layout L) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
@@ -121,6 +180,7 @@ static void run_golden(const char *what, layout L) {
   golden_path(&g, "init.safetensors", path, sizeof path);
   WOK(load_params(model, path));
   shard_model(&L, &P, model);
+  if (L.tp > 1) check_fused_layout(model, what);
   int64_t B = g.B;
   WREQUIRE(B % P.dp_total == 0, "batch %lld over %d dp groups", (long long)B, P.dp_total);
   int64_t nb = B / P.dp_total, r0 = P.dp_index * nb;
@@ -209,6 +269,7 @@ static void run_golden(const char *what, layout L) {
     free(init);
     weft_tensor_destroy(full);
   }
+  if (L.tp > 1 && L.fsdp) check_checkpoint(model, &cfg, what);
   /* a few more steps: from the second on, the graph reuses its buffers */
   int64_t allocs[4] = {0};
   for (int s = 0; s < 4; s++) {

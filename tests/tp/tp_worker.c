@@ -916,6 +916,18 @@ static void case_bad_input(void) {
   weft_tp_plan_entry partial[] = {{"output", weft_tp_colwise_ex(R, P, true)}};
   expect_plan_error(model, w, partial, 1, WEFT_ERR_INVALID, "must be Replicate or Shard",
                     "Partial output layout");
+  weft_tp_plan_entry fused_emb[] = {{"tok_embeddings", weft_tp_colwise_fused(3)}};
+  expect_plan_error(model, w, fused_emb, 1, WEFT_ERR_INVALID,
+                    "a fused colwise (split_factor 3) applies to linear modules",
+                    "a fused colwise on an embedding");
+  weft_tp_style fused_row = weft_tp_rowwise();
+  fused_row.split_factor = 2;
+  weft_tp_plan_entry fused_rw[] = {{"layers.*.attention.wo", fused_row}};
+  expect_plan_error(model, w, fused_rw, 1, WEFT_ERR_INVALID, "is for colwise only",
+                    "a split factor on rowwise");
+  weft_tp_plan_entry fused5[] = {{"layers.0.attention.wq", weft_tp_colwise_fused(5)}};
+  expect_plan_error(model, w, fused5, 1, WEFT_ERR_INVALID, "32 out features are not 5 equal blocks",
+                    "a fused colwise whose blocks do not divide the out features");
   weft_tp_style badkind = weft_tp_colwise();
   badkind.kind = (weft_tp_style_kind)42;
   weft_tp_plan_entry bk[] = {{"output", badkind}};
