@@ -21,6 +21,13 @@ static void install(const weft_backend *be) {
   memset(c, 0, sizeof *c);
   memcpy(c, be, be->size < sizeof *c ? be->size : sizeof *c);
   c->size = sizeof *c;
+  /* before version 3 the attention members had no `causal` argument:
+   * calling them through this header's types would be undefined, so they
+   * read as absent (WEFT_ERR_UNSUPPORTED) */
+  if (be->version < 3) {
+    c->attention_forward = NULL;
+    c->attention_backward = NULL;
+  }
   tables[be->device] = c;
 }
 
@@ -355,16 +362,16 @@ size_t weft_backend_attention_scratch_bytes(weft_device dev, int64_t B, int64_t 
 weft_status weft_backend_attention_forward(weft_device dev, float *out, float *lse,
                                            const float *q, const float *k, const float *v,
                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                           int64_t hd, void *scratch) {
-  DISPATCH(dev, attention_forward, out, lse, q, k, v, B, T, H, Hkv, hd, scratch);
+                                           int64_t hd, bool causal, void *scratch) {
+  DISPATCH(dev, attention_forward, out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
 }
 weft_status weft_backend_attention_backward(weft_device dev, float *dq, float *dk, float *dv,
                                             const float *dout, const float *q, const float *k,
                                             const float *v, const float *lse, const float *out,
                                             int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                            int64_t hd, void *scratch) {
+                                            int64_t hd, bool causal, void *scratch) {
   DISPATCH(dev, attention_backward, dq, dk, dv, dout, q, k, v, lse, out, B, T, H, Hkv, hd,
-           scratch);
+           causal, scratch);
 }
 weft_status weft_backend_swiglu_forward(weft_device dev, float *out, const float *a,
                                         const float *b, int64_t n) {

@@ -121,8 +121,12 @@ typedef struct weft_flat_piece {
  * with the members it knows and the rest read as NULL (absent).
  *   1  everything up to flat_accumulate
  *   2  layernorm_forward .. dropout_apply (LayerNorm, activations, softmax,
- *      dropout) */
-#define WEFT_BACKEND_VERSION 2
+ *      dropout)
+ *   3  attention_forward / attention_backward take `causal` (their argument
+ *      lists changed in place: the attention members of a table built for
+ *      version 1 or 2 have the causal-only argument list and are dropped at
+ *      registration, so attention on such a table is WEFT_ERR_UNSUPPORTED) */
+#define WEFT_BACKEND_VERSION 3
 
 typedef struct weft_backend {
   /* ---- identity (required) */
@@ -258,16 +262,20 @@ typedef struct weft_backend {
                                const float *sinb, int64_t max_pos, int64_t B, int64_t T,
                                int64_t NH, int64_t hd, int64_t pos0);
   /* Bytes of scratch attention_forward/_backward need for these sizes (one
-   * query for every device; scratch is this device's memory). */
+   * query for every device, causal or not; scratch is this device's
+   * memory). */
   size_t (*attention_scratch_bytes)(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd);
+  /* causal: query t attends to keys 0..t; else to all T keys (version 3) */
   weft_status (*attention_forward)(float *out, float *lse, const float *q, const float *k,
                                    const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                   int64_t hd, void *scratch);
-  /* out is forward's output (a backend may use it for rowsum(dout * out)) */
+                                   int64_t hd, bool causal, void *scratch);
+  /* out is forward's output (a backend may use it for rowsum(dout * out));
+   * causal must be the forward's */
   weft_status (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
                                     const float *q, const float *k, const float *v,
                                     const float *lse, const float *out, int64_t B, int64_t T,
-                                    int64_t H, int64_t Hkv, int64_t hd, void *scratch);
+                                    int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                    void *scratch);
   weft_status (*swiglu_forward)(float *out, const float *a, const float *b, int64_t n);
   weft_status (*swiglu_backward)(float *da, float *db, const float *dout, const float *a,
                                  const float *b, int64_t n);
@@ -460,15 +468,17 @@ weft_status weft_backend_rope_backward(weft_device dev, float *dinp, const float
 /* 0 when dev has no attention (the call itself then says why) */
 size_t weft_backend_attention_scratch_bytes(weft_device dev, int64_t B, int64_t T, int64_t H,
                                             int64_t Hkv, int64_t hd);
+/* causal: weft_attention_forward's flag (false: every query sees all T
+ * keys); the backward's must be the forward's */
 weft_status weft_backend_attention_forward(weft_device dev, float *out, float *lse,
                                            const float *q, const float *k, const float *v,
                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                           int64_t hd, void *scratch);
+                                           int64_t hd, bool causal, void *scratch);
 weft_status weft_backend_attention_backward(weft_device dev, float *dq, float *dk, float *dv,
                                             const float *dout, const float *q, const float *k,
                                             const float *v, const float *lse, const float *out,
                                             int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                            int64_t hd, void *scratch);
+                                            int64_t hd, bool causal, void *scratch);
 weft_status weft_backend_swiglu_forward(weft_device dev, float *out, const float *a,
                                         const float *b, int64_t n);
 weft_status weft_backend_swiglu_backward(weft_device dev, float *da, float *db,

@@ -7,14 +7,14 @@
  * the steady state nothing here allocates: where a kernel needs scratch it
  * takes a buffer and says how big (weft_attention_scratch_floats).
  *
- * A tour, one transformer block (N = B*T rows, see the golden-model test in
- * tests/kernels/test_golden_model.c for the whole model):
+ * A tour, one transformer block (N = B*T rows; models/llama is the whole
+ * model, written on the ops of nn/autograd.h that call these):
  *
  *     weft_rmsnorm_forward(n1, rstd1, x, w_attn_norm, N, D, 1e-5f);
  *     weft_linear_forward(q, n1, wq, NULL, N, D, H * hd);     // likewise k, v
  *     weft_rope_forward(q, q, cosb, sinb, max_pos, B, T, H, hd, pos0);
  *     weft_rope_forward(k, k, cosb, sinb, max_pos, B, T, Hkv, hd, pos0);
- *     weft_attention_forward(att, lse, q, k, v, B, T, H, Hkv, hd, scratch);
+ *     weft_attention_forward(att, lse, q, k, v, B, T, H, Hkv, hd, true, scratch);
  *     ...
  *
  * Conventions:
@@ -144,9 +144,10 @@ weft_status weft_rope_backward(float *dinp, const float *dout, const float *cosb
  * (batch, head) in turn. */
 int64_t weft_attention_scratch_floats(int64_t T);
 
-/* Causal grouped-query self-attention, softmax(q k^T / sqrt(hd) + causal
- * mask) v, per batch b and query head h, where h reads kv head
- * h / (H / Hkv) (torch repeat_interleave of k and v over heads).
+/* Grouped-query self-attention, softmax(q k^T / sqrt(hd) + mask) v, per
+ * batch b and query head h, where h reads kv head h / (H / Hkv) (torch
+ * repeat_interleave of k and v over heads). causal: query t attends to
+ * keys 0..t (torch's is_causal=True); else to all T keys (no mask).
  * out is (B, T, H, hd), lse is (B, H, T): the log-sum-exp of each score row
  * (in scaled units), saved for backward; q is (B, T, H, hd), k and v are
  * (B, T, Hkv, hd); H % Hkv == 0. scratch holds
@@ -154,21 +155,22 @@ int64_t weft_attention_scratch_floats(int64_t T);
  * Memory: no (T, T) matrix is kept; backward recomputes the probabilities
  * from q, k and lse (flash-attention style), so the saved state is out
  * (needed anyway) plus B*H*T floats of lse. Computed with GEMMs over
- * 64-row query blocks, skipping key blocks above the diagonal. */
+ * 64-row query blocks (causal: skipping key blocks above the diagonal). */
 weft_status weft_attention_forward(float *out, float *lse, const float *q, const float *k,
                                    const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                   int64_t hd, float *scratch);
+                                   int64_t hd, bool causal, float *scratch);
 /* Gradients of the above. dq is (B, T, H, hd), dk and dv are (B, T, Hkv, hd),
  * all overwritten (a kv head's gradient sums over its query heads).
  * dout is (B, T, H, hd); q, k, v, lse as passed to / returned by forward.
  * With P the recomputed probabilities and dP = dout v^T:
  *   dS = P * (dP - rowsum(P * dP)),  dq = dS k / sqrt(hd),
  *   dk = dS^T q / sqrt(hd),          dv = P^T dout.
- * scratch as for forward. dq, dk, dv must not alias the inputs. */
+ * causal and scratch as for forward (causal must be the forward's). dq,
+ * dk, dv must not alias the inputs. */
 weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                     const float *q, const float *k, const float *v,
                                     const float *lse, int64_t B, int64_t T, int64_t H,
-                                    int64_t Hkv, int64_t hd, float *scratch);
+                                    int64_t Hkv, int64_t hd, bool causal, float *scratch);
 
 /* ----------------------------------------------------------------- SwiGLU */
 

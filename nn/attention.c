@@ -103,7 +103,7 @@ static weft_status attention_forward(weft_module *m, const weft_dtensor *x,
   WEFT_CHECK(nn_scratch_reserve(&A->scratch, (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float))));
   if (Hl > 0)
     WEFT_CHECK(weft_backend_attention_forward(nn_dev(q0), nn_f32(A->att), A->lse.p, nn_f32(A->q), nn_f32(A->k),
-                                      nn_f32(v0), B, T, Hl, Hkvl, A->hd, A->scratch.p));
+                                      nn_f32(v0), B, T, Hl, Hkvl, A->hd, true, A->scratch.p));
   A->v = v0;
   A->B = B;
   A->T = T;
@@ -128,7 +128,7 @@ static weft_status attention_backward(weft_module *m, const weft_dtensor *dy,
                                                nn_f32(A->dv), nn_f32(datt), nn_f32(A->q),
                                                nn_f32(A->k), nn_f32(A->v), A->lse.p,
                                                nn_f32(A->att), A->B, A->T, A->Hl, A->Hkvl, A->hd,
-                                               A->scratch.p));
+                                               true, A->scratch.p));
     WEFT_CHECK(weft_backend_rope_backward(nn_dev(A->dq), nn_f32(A->dq), nn_f32(A->dq), A->cosb.p, A->sinb.p, A->max_seq,
                                   A->B, A->T, A->Hl, A->hd, 0));
     WEFT_CHECK(weft_backend_rope_backward(nn_dev(A->dk), nn_f32(A->dk), nn_f32(A->dk), A->cosb.p, A->sinb.p, A->max_seq,

@@ -199,10 +199,15 @@ weft_status weft_op_softmax(weft_var *x, weft_var **out);
  * interleaved-pair form of layers.h. T whole, heads may be sharded. */
 weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out);
 /* Scaled dot-product attention (fused, flash style: saves the row
- * log-sum-exp, recomputes probabilities in backward). q (B, T, H, hd),
- * k and v (B, T, Hkv, hd), H % Hkv == 0 (grouped-query); causal only (a
- * non-causal call is WEFT_ERR_UNSUPPORTED for now). Heads may be sharded
- * (S(2) on q, k and v alike, each rank holding whole kv groups). */
+ * log-sum-exp, recomputes probabilities in backward): torch's
+ * scaled_dot_product_attention(q, k, v, is_causal=causal) with scale
+ * 1/sqrt(hd) and no dropout. q (B, T, H, hd), k and v (B, T, Hkv, hd),
+ * H % Hkv == 0 (grouped-query: query head h reads kv head h / (H/Hkv)).
+ * causal: query t attends to keys 0..t; false: to all T keys (an encoder,
+ * a bidirectional block). Per mesh dim q, k, v all R, all S(0) (batch) or
+ * all S(2) (heads, when the mesh dim's size divides Hkv: each rank holds
+ * whole kv groups) -> the output alike; other placements (a sequence
+ * shard, P(sum)) are redistributed first. */
 weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out);
 /* Mean cross-entropy of logits (..., V) against targets (...) int32 (a
  * DTensor, Replicate), ignoring positions whose target equals
@@ -259,6 +264,179 @@ weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_
                              int nout);
 /* One input, one output. */
 weft_status weft_module_call1(weft_module *m, weft_var *in, weft_var **out);
+
+/* Activation checkpointing of module m (torch.utils.checkpoint around a
+ * module; torchtitan's per-block AC): with on, weft_module_call(m) keeps
+ * only m's inputs, its outputs and the dropout state at entry (op index,
+ * step, training); the vars and nodes m's forward made are dropped right
+ * after it (their buffers return to the graph's pool, so later ops reuse
+ * them). In backward, once m's pre-backward hooks ran (FSDP has
+ * all-gathered m's parameters), m's forward runs again on the same inputs
+ * with the same op indices, its nodes run backward and are dropped again;
+ * then m's post-backward hooks fire. Gradients and dropout masks are
+ * bitwise those of the run without checkpointing. m's own forward hooks
+ * do not fire in the recompute (as FSDP2's do nothing in pre-backward
+ * state); its children's do (they run through weft_module_call again).
+ * Checkpointed modules may nest. m's forward must be deterministic and
+ * take every var it reads as an input or parameter (a var captured from
+ * outside through ctx is not saved): a recompute whose outputs differ in
+ * shape or placements is WEFT_ERR_STATE in backward. Only m's outputs
+ * stay readable: vars made inside its forward are freed. No effect when
+ * grad recording is off. Costs one more forward of m per backward.
+ * Errors: m NULL (WEFT_ERR_INVALID), a module without a graph forward
+ * (WEFT_ERR_UNSUPPORTED), m running (WEFT_ERR_STATE). Local (every rank
+ * must set the same modules: the recompute runs m's collectives). */
+weft_status weft_module_set_checkpoint(weft_module *m, bool on);
+/* Whether m is checkpointed (false for NULL). */
+bool weft_module_checkpoint(const weft_module *m);
+
+/* ------------------------------------------------------- user-defined ops
+ * An op of one's own (torch.autograd.Function plus a DTensor sharding
+ * strategy, torch.distributed.tensor.experimental.register_sharding): a
+ * forward and a backward on local tensors and a sharding rule. The op
+ * then works on DTensors on any mesh, inside graphs, with autograd, like
+ * the built-in ops:
+ *
+ *     // y = log(1 + exp(x)) (softplus): elementwise, not linear
+ *     static weft_status sp_fwd(const weft_dtensor *const *in, int nin,
+ *                               weft_dtensor *const *out, int nout, void *ctx) {
+ *       const weft_tensor *x = weft_dtensor_local(in[0]);     // this rank's shard
+ *       weft_tensor *y = weft_dtensor_local(out[0]);          // same local shape
+ *       ... y[i] = log1p(exp(x[i])) over weft_tensor_numel(x) floats ...
+ *     }
+ *     static weft_status sp_bwd(const weft_dtensor *const *in, int nin,
+ *                               const weft_dtensor *const *out,
+ *                               const weft_dtensor *const *grad_out, int nout,
+ *                               weft_dtensor *const *grad_in, void *ctx) {
+ *       ... grad_in[0][i] = grad_out[0][i] * sigmoid(in[0][i]) (locals) ...
+ *     }
+ *     static const weft_op_def softplus = {
+ *         .name = "softplus", .nin = 1, .nout = 1, .rule = weft_op_rule_pointwise,
+ *         .forward = sp_fwd, .backward = sp_bwd, .keep_input = {true}};
+ *     weft_op_custom(&softplus, NULL, &x, 1, &y);
+ *
+ * What happens in weft_op_custom, per call:
+ *   1. the input count must be def->nin; the output specs (global shape,
+ *      dtype) come from def->infer (NULL: each output is like input 0),
+ *      which also rejects bad input shapes;
+ *   2. the rule lists, per mesh dim, the options {in[0..nin), out}
+ *      (weft_sharding_option, dtensor.h: the placement each input must
+ *      have on that mesh dim and the one all outputs get); the op picks
+ *      the combination the inputs already satisfy or else the one whose
+ *      redistribution moves the fewest bytes (weft_sharding_choose; ties
+ *      to the option listed first) and redistributes the inputs. An input
+ *      reaches a Partial option only when it already has that Partial (no
+ *      Replicate -> Partial partitioning);
+ *   3. forward runs on every rank with the inputs as redistributed and
+ *      the outputs allocated (graph buffers, contents undefined) with the
+ *      chosen placements: it reads weft_dtensor_local(in[i]) and writes
+ *      weft_dtensor_local(out[j]), whose local shapes follow from the
+ *      global shapes and placements. Where the math needs positions, the
+ *      DTensors give the global shape (weft_dtensor_shape) and this rank's
+ *      global offset (weft_dtensor_local_offset; a StridedShard piece is
+ *      not one box: weft_dtensor_ranges, or list no strided options);
+ *   4. when an input requires grad (and def->backward is set) a node is
+ *      recorded; its backward runs on the local tensors of: the inputs
+ *      as forward used them where keep_input[i] (else NULL), the outputs
+ *      where keep_output[j] (else NULL), the output grads grad_out[j]
+ *      (zeros where no grad reached output j), and grad_in[i], zero-filled
+ *      buffers of input i's global shape, to be written (or added into)
+ *      with the local grad, NULL where input i needs no grad.
+ *
+ * Grad placements, per mesh dim, from the chosen option (input placement
+ * I, output placement O) and the output grad's (the output's, or R where O
+ * is P; P(sum) where O is R is passed on only when every input is R there,
+ * else it is all-reduced first), the rules of the built-in ops:
+ *   I = Shard / StridedShard   -> grad_in like I (each rank the grad of
+ *                                 its own piece)
+ *   I = R, O = R, grad_out R   -> grad_in R (every rank the same)
+ *   I = R otherwise            -> grad_in P(sum) (each rank a share:
+ *                                 O sharded or partial, grad_out partial)
+ *   I = P (a linear op)        -> grad_in R
+ * So a rule must be honest: an option {I...} -> O must hold for the local
+ * forward (each rank's outputs computed from its pieces alone, with no
+ * communication), and an option with a Partial input must be linear in it
+ * and have a Partial output (checked: a Partial input with a non-Partial
+ * output is WEFT_ERR_INVALID).
+ *
+ * Errors (every rank alike, before any communication, naming the op and
+ * its inputs' shapes and placements): a NULL def, name, forward, or input,
+ * a def with nin outside 1..WEFT_OP_MAX_INPUTS or nout outside
+ * 1..WEFT_OP_CUSTOM_MAX_OUTPUTS, an input count other than def->nin,
+ * a rule that lists no option (or more than WEFT_OP_RULE_CAP) for a mesh
+ * dim or an option naming a dim an input or output does not have
+ * (WEFT_ERR_INVALID); a rule none of whose combinations the inputs can
+ * reach (WEFT_ERR_UNSUPPORTED, "no sharding strategy applies"); an error
+ * from infer; an output of a non-float dtype. An error forward or backward
+ * returns is passed on with the op's name in front ("<name>: forward:
+ * <the callback's message>"); forward, backward and infer must decide
+ * alike on every rank (a failure on one rank only leaves the others'
+ * collectives unmatched). They must not communicate. */
+
+#define WEFT_OP_CUSTOM_MAX_OUTPUTS 4
+/* The most options a rule may list for one mesh dim. */
+#define WEFT_OP_RULE_CAP 16
+
+/* A sharding rule: writes the options of mesh dim `mesh_dim` for inputs
+ * of global specs in[0..nin) into opts[0..cap) and returns how many (>= 1;
+ * 0 or less: none, an error). Called on every rank with the same specs; a
+ * pure function of them. */
+typedef int (*weft_op_rule_fn)(const weft_dtensor_spec *const *in, int nin, int mesh_dim,
+                               weft_sharding_option *opts, int cap, void *ctx);
+
+/* An output's global shape and dtype (what infer fills). */
+typedef struct weft_op_out_spec {
+  weft_dtype dtype;
+  int ndim;
+  int64_t shape[WEFT_MAX_DIMS];
+} weft_op_out_spec;
+
+typedef struct weft_op_def {
+  const char *name; /* in every message about the op */
+  int nin;          /* inputs, 1..WEFT_OP_MAX_INPUTS */
+  int nout;         /* outputs, 1..WEFT_OP_CUSTOM_MAX_OUTPUTS */
+  /* The rule: rule() when set, else the same `options` (noptions of them)
+   * on every mesh dim. */
+  weft_op_rule_fn rule;
+  const weft_sharding_option *options;
+  int noptions;
+  /* (optional) The outputs' global specs from the inputs' global specs;
+   * returns an error (weft_error) for inputs the op does not take. NULL:
+   * every output has input 0's shape and dtype. */
+  weft_status (*infer)(const weft_dtensor_spec *const *in, int nin, weft_op_out_spec *out,
+                       int nout, void *ctx);
+  /* The forward on this rank's pieces (see above). Required. */
+  weft_status (*forward)(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
+                         int nout, void *ctx);
+  /* The backward (see above); NULL: the op is not differentiable, its
+   * outputs require no grad (no node is recorded). */
+  weft_status (*backward)(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out,
+                          const weft_dtensor *const *grad_out, int nout,
+                          weft_dtensor *const *grad_in, void *ctx);
+  /* What the backward reads: inputs (as forward used them) and outputs. */
+  bool keep_input[WEFT_OP_MAX_INPUTS];
+  bool keep_output[WEFT_OP_CUSTOM_MAX_OUTPUTS];
+} weft_op_def;
+
+/* Runs the op of def on vars in[0..nin) of one graph and sets out[0..
+ * def->nout) (see above). def and ctx are borrowed: they must stay valid
+ * until the graph ran backward or was reset (the node reads them then);
+ * ctx is passed to every callback as is. Collective (the redistributions,
+ * every rank of the mesh calls it alike). */
+weft_status weft_op_custom(const weft_op_def *def, void *ctx, weft_var *const *in, int nin,
+                           weft_var **out);
+
+/* Ready-made rules (weft_op_rule_fn). Pointwise: the inputs have one
+ * shape and the op works elementwise; every mesh dim lists all R -> R,
+ * all S(d) -> S(d) for every dim d of input 0, and input 0's own
+ * StridedShard of that mesh dim (all inputs alike). A Partial input is
+ * reduced first (the op is not linear). */
+int weft_op_rule_pointwise(const weft_dtensor_spec *const *in, int nin, int mesh_dim,
+                           weft_sharding_option *opts, int cap, void *ctx);
+/* Pointwise and linear in all inputs jointly (f(a + b) = f(a) + f(b): a
+ * scale, a difference): also all P(sum) -> P(sum). */
+int weft_op_rule_pointwise_linear(const weft_dtensor_spec *const *in, int nin, int mesh_dim,
+                                  weft_sharding_option *opts, int cap, void *ctx);
 
 #ifdef __cplusplus
 }

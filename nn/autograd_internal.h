@@ -60,6 +60,13 @@ struct nn_node {
   const void *p[2];
   weft_module *module; /* module nodes */
   void *ctx;
+  /* Activation checkpointing (graph.c): on the END node of a module run
+   * with weft_module_set_checkpoint, its BEGIN node (whose outputs are the
+   * forward's inputs) and the state its forward drew dropout masks from;
+   * NULL / unused on every other node. */
+  nn_node *ac_begin;
+  int64_t ac_op_index, ac_step;
+  bool ac_training;
 };
 
 /* ---------------------------------------------------------------- graph.c */

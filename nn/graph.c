@@ -7,6 +7,9 @@
  * node (its output after the post-forward hooks) around the nodes of its
  * forward, so in backward END runs the pre-backward hooks before any node
  * of the module and BEGIN the post-backward hooks after all of them.
+ * A checkpointed module (weft_module_set_checkpoint) keeps only BEGIN and
+ * END; its END node rebuilds the nodes between in backward (see
+ * "activation checkpointing" below).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -18,8 +21,9 @@
 
 typedef struct pool_entry {
   weft_dtensor *dt;
-  bool used;      /* handed out since the last reset */
+  bool used;      /* handed out since the last reset (and not returned: checkpointing) */
   bool used_last; /* handed out in the step before */
+  uint64_t handed; /* g->hand_seq when last handed out (activation checkpointing) */
 } pool_entry;
 
 struct weft_graph {
@@ -35,7 +39,10 @@ struct weft_graph {
   uint64_t seed;
   int64_t step;
   int64_t op_index;
+  int64_t debug_seq; /* WEFT_DEBUG: checks made in this step (debug_check) */
   int64_t batch_row0, batch_rows; /* weft_graph_set_batch_slice; rows 0: unset */
+  uint64_t hand_seq; /* pool hand-outs so far (activation checkpointing) */
+  uint64_t hand_step0; /* hand_seq at the last reset */
 };
 
 static weft_status grow(void **v, int *cap, int need, size_t elem) {
@@ -67,6 +74,7 @@ static void drop_step(weft_graph *g) {
   g->nvars = g->nnodes = 0;
   g->backward_done = false;
   g->op_index = 0;
+  g->debug_seq = 0;
 }
 
 void weft_graph_destroy(weft_graph *g) {
@@ -86,15 +94,18 @@ weft_status weft_graph_reset(weft_graph *g) {
   int k = 0;
   for (int i = 0; i < g->npool; i++) {
     pool_entry e = g->pool[i];
-    if (!e.used && !e.used_last) {
+    /* handed out this step, also when returned since (checkpointing) */
+    bool used = e.used || e.handed >= g->hand_step0;
+    if (!used && !e.used_last) {
       weft_dtensor_destroy(e.dt);
       continue;
     }
-    e.used_last = e.used;
+    e.used_last = used;
     e.used = false;
     g->pool[k++] = e;
   }
   g->npool = k;
+  g->hand_step0 = g->hand_seq;
   g->step++;
   return WEFT_OK;
 }
@@ -152,6 +163,7 @@ weft_status nn_graph_tensor(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, in
     pool_entry *e = &g->pool[i];
     if (!e->used && same_key(e->dt, mesh, dtype, ndim, shape, pl)) {
       e->used = true;
+      e->handed = g->hand_seq++;
       *out = e->dt;
       return WEFT_OK;
     }
@@ -159,7 +171,7 @@ weft_status nn_graph_tensor(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, in
   WEFT_CHECK(grow((void **)&g->pool, &g->cap_pool, g->npool + 1, sizeof *g->pool));
   weft_dtensor *d;
   WEFT_CHECK(weft_dtensor_empty(mesh, dtype, ndim, shape, pl, weft_mesh_ndim(mesh), &d));
-  g->pool[g->npool++] = (pool_entry){d, true, false};
+  g->pool[g->npool++] = (pool_entry){d, true, false, g->hand_seq++};
   *out = d;
   return WEFT_OK;
 }
@@ -346,6 +358,129 @@ weft_status nn_node_new(weft_graph *g, const char *name, weft_var *const *in, in
   return WEFT_OK;
 }
 
+/* ------------------------------------------------- WEFT_DEBUG: SPMD check
+ * With WEFT_DEBUG=1 (weft_settings.debug) every op and module call (from
+ * nn_check_vars, before the op communicates) and every backward first
+ * exchange a record of themselves over every dim of their mesh: the name,
+ * the position among the graph's checks since reset, and the inputs'
+ * dtypes, shapes and placements. A model whose ranks do not call the same
+ * ops in the same order (a rank skips an op, calls another, or passes
+ * other shapes) then fails on every rank with WEFT_ERR_MISMATCH naming the
+ * ranks and both calls, instead of hanging in the op's collectives or
+ * computing wrong numbers. Cost: one all-gather of a fixed-size record and
+ * one all-reduce of the verdict per mesh dim; without WEFT_DEBUG one
+ * branch. */
+
+#define DBG_NAME 64
+#define DBG_IN 4
+
+typedef struct dbg_record {
+  char name[DBG_NAME];
+  int64_t seq;
+  int32_t nin, pad;
+  struct {
+    int32_t dtype, ndim, mesh_ndim, pad;
+    int64_t shape[WEFT_MAX_DIMS];
+    int32_t pl[WEFT_MESH_MAX_DIMS][4]; /* kind, dim, split factor, reduce op */
+  } in[DBG_IN];
+} dbg_record;
+
+static void dbg_fill(dbg_record *r, const char *name, int64_t seq, weft_var *const *in, int nin) {
+  memset(r, 0, sizeof *r);
+  snprintf(r->name, sizeof r->name, "%s", name);
+  r->seq = seq;
+  r->nin = nin;
+  for (int i = 0; i < nin && i < DBG_IN; i++) {
+    if (!in[i]) continue;
+    const weft_dtensor_spec *s = weft_dtensor_get_spec(nn_var_now(in[i]));
+    r->in[i].dtype = (int32_t)s->dtype;
+    r->in[i].ndim = s->ndim;
+    r->in[i].mesh_ndim = s->mesh_ndim;
+    for (int d = 0; d < s->ndim; d++) r->in[i].shape[d] = s->shape[d];
+    for (int d = 0; d < s->mesh_ndim; d++) {
+      r->in[i].pl[d][0] = (int32_t)s->placements[d].kind;
+      r->in[i].pl[d][1] = s->placements[d].dim;
+      r->in[i].pl[d][2] = s->placements[d].split_factor;
+      r->in[i].pl[d][3] = (int32_t)s->placements[d].op;
+    }
+  }
+}
+
+/* "'gelu' (check #3 of the graph; inputs f32[2, 8] (S(0)), ...)" */
+static void dbg_describe(const dbg_record *r, char *buf, size_t cap) {
+  size_t len = (size_t)snprintf(buf, cap, "'%s' (check #%lld of the graph; inputs", r->name,
+                                (long long)r->seq);
+  for (int i = 0; i < r->nin && i < DBG_IN && len < cap; i++) {
+    char pl[256];
+    weft_placement p[WEFT_MESH_MAX_DIMS];
+    int mn = r->in[i].mesh_ndim < WEFT_MESH_MAX_DIMS ? r->in[i].mesh_ndim : WEFT_MESH_MAX_DIMS;
+    for (int d = 0; d < mn; d++)
+      p[d] = (weft_placement){(weft_placement_kind)r->in[i].pl[d][0], r->in[i].pl[d][1],
+                              r->in[i].pl[d][2], (weft_reduce_op)r->in[i].pl[d][3]};
+    weft_placements_describe(p, mn, pl, sizeof pl);
+    len += (size_t)snprintf(buf + len, cap - len, "%s %s[", i ? "," : "",
+                            weft_dtype_name((weft_dtype)r->in[i].dtype));
+    for (int d = 0; d < r->in[i].ndim && d < WEFT_MAX_DIMS && len < cap; d++)
+      len += (size_t)snprintf(buf + len, cap - len, "%s%lld", d ? ", " : "",
+                              (long long)r->in[i].shape[d]);
+    if (len < cap) len += (size_t)snprintf(buf + len, cap - len, "] %s", pl);
+  }
+  if (len < cap) snprintf(buf + len, cap - len, "%s)", r->nin > DBG_IN ? ", ..." : "");
+}
+
+/* The check of one call (see above); collective over the mesh of the
+ * first non-NULL input. */
+static weft_status debug_check(weft_graph *g, const char *name, weft_var *const *in, int nin) {
+  int64_t seq = g->debug_seq++;
+  weft_mesh *mesh = NULL;
+  for (int i = 0; i < nin && !mesh; i++)
+    if (in[i]) mesh = weft_dtensor_mesh(nn_var_now(in[i]));
+  if (!mesh || weft_mesh_size(mesh) <= 1) return WEFT_OK;
+  const int nd = weft_mesh_ndim(mesh);
+  int most = 1;
+  for (int d = 0; d < nd; d++)
+    if (weft_mesh_dim_size(mesh, d) > most) most = weft_mesh_dim_size(mesh, d);
+  dbg_record mine, theirs;
+  dbg_fill(&mine, name, seq, in, nin);
+  dbg_record *all = malloc((size_t)most * sizeof *all);
+  if (!all) return weft_error(WEFT_ERR_OOM, "WEFT_DEBUG check of '%s'", name);
+  int other = -1; /* world rank of the first rank found to differ */
+  weft_status st = WEFT_OK;
+  for (int d = 0; d < nd && st == WEFT_OK; d++) {
+    int n = weft_mesh_dim_size(mesh, d);
+    if (n <= 1) continue;
+    st = weft_all_gather(mesh, d, &mine, all, (int64_t)sizeof mine, WEFT_U8, NULL);
+    for (int j = 0; j < n && st == WEFT_OK && other < 0; j++) {
+      if (memcmp(&all[j], &mine, sizeof mine) == 0) continue;
+      int c[WEFT_MESH_MAX_DIMS];
+      for (int k = 0; k < nd; k++) c[k] = weft_mesh_coord(mesh, k);
+      c[d] = j;
+      other = weft_mesh_world_rank_of(mesh, c);
+      theirs = all[j];
+    }
+  }
+  free(all);
+  if (st != WEFT_OK) return weft_error_trace(st, name);
+  int32_t bad = other >= 0;
+  for (int d = 0; d < nd; d++)
+    if (weft_mesh_dim_size(mesh, d) > 1)
+      WEFT_CHECK(weft_all_reduce(mesh, d, &bad, &bad, 1, WEFT_I32, WEFT_OP_MAX, NULL));
+  if (!bad) return WEFT_OK;
+  char a[1536], b[1536];
+  dbg_describe(&mine, a, sizeof a);
+  if (other < 0)
+    return weft_error(WEFT_ERR_MISMATCH,
+                      "WEFT_DEBUG: the ranks of the mesh do not run the same ops (this rank, %d, "
+                      "calls %s; the ranks that differ name each other)",
+                      weft_world_rank(), a);
+  dbg_describe(&theirs, b, sizeof b);
+  return weft_error(WEFT_ERR_MISMATCH,
+                    "WEFT_DEBUG: the ranks of the mesh do not run the same ops: rank %d calls %s "
+                    "where rank %d calls %s (every rank must call the same ops in the same order "
+                    "with the same shapes)",
+                    weft_world_rank(), a, other, b);
+}
+
 /* ---------------------------------------------------------------- checks */
 
 static void describe_vars(weft_var *const *in, int nin, char *buf, size_t cap) {
@@ -402,6 +537,7 @@ weft_status nn_check_vars(const char *name, weft_var *const *in, int nin, weft_g
   }
   if (gg && gg->backward_done)
     return weft_error(WEFT_ERR_STATE, "%s: the graph ran backward; reset it first", name);
+  if (gg && weft_get_settings()->debug) WEFT_CHECK(debug_check(gg, name, in, nin));
   if (g) *g = gg;
   return WEFT_OK;
 }
@@ -496,6 +632,18 @@ static weft_status run_node(weft_graph *g, nn_node *n) {
   return WEFT_OK;
 }
 
+static weft_status ac_backward(weft_graph *g, nn_node *end);
+
+/* Runs nodes [lo, hi) in reverse; the END node of a checkpointed module
+ * recomputes its forward first (ac_backward). */
+static weft_status run_range(weft_graph *g, int lo, int hi) {
+  for (int i = hi - 1; i >= lo; i--) {
+    nn_node *n = g->nodes[i];
+    WEFT_CHECK(n->ac_begin ? ac_backward(g, n) : run_node(g, n));
+  }
+  return WEFT_OK;
+}
+
 weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad) {
   if (!out || !grad) return weft_error(WEFT_ERR_INVALID, "backward: var or grad is NULL");
   weft_graph *g = out->g;
@@ -516,10 +664,10 @@ weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad) {
     return weft_error(WEFT_ERR_INVALID,
                       "backward: the var does not require grad (no parameter or input with "
                       "requires_grad reaches it)");
+  if (weft_get_settings()->debug) WEFT_CHECK(debug_check(g, "backward", &out, 1));
   g->backward_done = true;
   WEFT_CHECK(accumulate(g, out, grad));
-  for (int i = g->nnodes - 1; i >= 0; i--) WEFT_CHECK(run_node(g, g->nodes[i]));
-  return WEFT_OK;
+  return run_range(g, 0, g->nnodes);
 }
 
 weft_status weft_backward(weft_var *loss) {
@@ -599,6 +747,214 @@ static weft_status boundary(weft_graph *g, weft_module *m, nn_node_kind kind, we
   return WEFT_OK;
 }
 
+/* ------------------------------------------------ activation checkpointing
+ * weft_module_set_checkpoint(m, true) (torch.utils.checkpoint around a
+ * module, torchtitan's per-block AC). weft_module_call(m) runs m's forward
+ * as usual, then drops the vars and nodes that forward made (their
+ * buffers go back to the pool, so the next module's ops reuse them) and
+ * keeps m's BEGIN node (its outputs are the forward's inputs), the
+ * outputs, and the state dropout keyed its masks by (op index at entry,
+ * step, training). In backward, m's END node runs first (pre-backward
+ * hooks: FSDP all-gathers m's parameters there), then m's forward runs
+ * again on the same inputs from the same op index, so it records the same
+ * nodes over the same values and draws the same masks, and the rebuilt
+ * nodes run in reverse (then are dropped too); m's BEGIN node fires the
+ * post-backward hooks after them. m's own forward hooks do not fire again
+ * (FSDP's post-forward would reshard what its pre-backward gathered;
+ * FSDP2's forward hooks do nothing in the pre-backward state either);
+ * children run through weft_module_call, so their hooks fire again, as
+ * they do in PyTorch's recompute. */
+
+typedef struct ac_mark {
+  bool on;
+  nn_node *begin;
+  int v0, n0;      /* vars and nodes the forward appends start here */
+  uint64_t since;  /* pool hand-outs from here on are the forward's */
+  int64_t op_index;
+} ac_mark;
+
+/* Called right after m's BEGIN node was recorded. */
+static ac_mark ac_mark_begin(weft_graph *g, weft_module *m) {
+  ac_mark k = {0};
+  if (!m->checkpoint || !g->grad_enabled || g->nnodes == 0) return k;
+  k.on = true;
+  k.begin = g->nodes[g->nnodes - 1];
+  k.v0 = g->nvars;
+  k.n0 = g->nnodes;
+  k.since = g->hand_seq;
+  k.op_index = g->op_index;
+  return k;
+}
+
+/* Frees vars [v0, v1) except keep[0..nkeep) and nodes [n0, n1); the
+ * lists close up (var indices renumbered). */
+static void ac_drop(weft_graph *g, int v0, int v1, weft_var *const *keep, int nkeep, int n0,
+                    int n1) {
+  int k = v0;
+  for (int i = v0; i < g->nvars; i++) {
+    weft_var *v = g->vars[i];
+    bool kept = i >= v1;
+    for (int j = 0; !kept && j < nkeep; j++) kept = keep[j] == v;
+    if (!kept) {
+      free(v);
+      continue;
+    }
+    v->index = k;
+    g->vars[k++] = v;
+  }
+  g->nvars = k;
+  k = n0;
+  for (int i = n0; i < g->nnodes; i++) {
+    if (i < n1) free(g->nodes[i]);
+    else g->nodes[k++] = g->nodes[i];
+  }
+  g->nnodes = k;
+}
+
+typedef struct ac_cand {
+  const weft_dtensor *dt;
+  int idx;
+  bool keep;
+} ac_cand;
+
+static int ac_cand_cmp(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const ac_cand *)a)->dt, y = (uintptr_t)((const ac_cand *)b)->dt;
+  return x < y ? -1 : x > y;
+}
+
+static void ac_keep(ac_cand *c, int n, const weft_dtensor *d) {
+  if (!d) return;
+  ac_cand key = {d, 0, false};
+  ac_cand *hit = bsearch(&key, c, (size_t)n, sizeof *c, ac_cand_cmp);
+  if (hit) hit->keep = true;
+}
+
+/* Returns to the pool every buffer handed out since `since` that no var
+ * (value, grad) or node (saved, redistributed input) of g refers to. */
+static weft_status ac_release(weft_graph *g, uint64_t since) {
+  int n = 0;
+  for (int i = 0; i < g->npool; i++) n += g->pool[i].used && g->pool[i].handed >= since;
+  if (n == 0) return WEFT_OK;
+  ac_cand *c = malloc((size_t)n * sizeof *c);
+  if (!c) return weft_error(WEFT_ERR_OOM, "activation checkpointing: out of memory");
+  n = 0;
+  for (int i = 0; i < g->npool; i++)
+    if (g->pool[i].used && g->pool[i].handed >= since) c[n++] = (ac_cand){g->pool[i].dt, i, false};
+  qsort(c, (size_t)n, sizeof *c, ac_cand_cmp);
+  for (int i = 0; i < g->nvars; i++) {
+    ac_keep(c, n, g->vars[i]->value);
+    ac_keep(c, n, g->vars[i]->grad);
+  }
+  for (int i = 0; i < g->nnodes; i++) {
+    const nn_node *nd = g->nodes[i];
+    for (int k = 0; k < NN_MAX_SAVED; k++) ac_keep(c, n, nd->saved[k]);
+    for (int k = 0; k < NN_MAX_IN; k++) ac_keep(c, n, nd->in_used[k]);
+  }
+  for (int i = 0; i < n; i++)
+    if (!c[i].keep) g->pool[c[i].idx].used = false;
+  free(c);
+  return WEFT_OK;
+}
+
+/* Called after m's END node was recorded (the last node; its outputs the
+ * last nout vars): drops the forward's vars and nodes but the outputs
+ * inner_out (the END node's inputs) and marks the END node. */
+static weft_status ac_forward_done(weft_graph *g, const ac_mark *k, weft_var *const *inner_out,
+                                   int nout) {
+  nn_node *end = g->nodes[g->nnodes - 1];
+  if (end->kind != NN_NODE_MODULE_END || g->nvars - nout < k->v0)
+    return weft_error(WEFT_ERR_INTERNAL, "activation checkpointing: END node not last");
+  /* An output made inside whose value is not a graph buffer (a child's
+   * hook replacement, freed when that hook runs again in the recompute)
+   * is copied into one, so the outputs stay valid until reset. */
+  for (int j = 0; j < nout; j++) {
+    weft_var *v = inner_out[j];
+    if (v->index < k->v0 || v->param || pool_holds(g, v->value)) continue;
+    const weft_dtensor *old = v->value;
+    weft_dtensor *own;
+    WEFT_CHECK(nn_graph_like(g, old, NULL, &own));
+    WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(own), weft_dtensor_local(old)));
+    for (int i = 0; i < end->nout; i++)
+      if (end->out[i]->value == old) end->out[i]->value = own;
+    v->value = own;
+  }
+  end->ac_begin = k->begin;
+  end->ac_op_index = k->op_index;
+  end->ac_step = g->step;
+  end->ac_training = g->training;
+  ac_drop(g, k->v0, g->nvars - nout, inner_out, nout, k->n0, g->nnodes - 1);
+  return ac_release(g, k->since);
+}
+
+/* Backward of a checkpointed module's END node (see above). */
+static weft_status ac_backward(weft_graph *g, nn_node *end) {
+  WEFT_CHECK(run_node(g, end)); /* pre-backward hooks; grads into the old outputs */
+  weft_module *m = end->module;
+  nn_node *b = end->ac_begin;
+  const char *who = m->fqn[0] ? m->fqn : m->name;
+  int v0 = g->nvars, n0 = g->nnodes, nout = end->nin;
+  uint64_t since = g->hand_seq;
+  int64_t op = g->op_index, step = g->step;
+  bool training = g->training;
+  g->op_index = end->ac_op_index;
+  g->step = end->ac_step;
+  g->training = end->ac_training;
+  g->backward_done = false; /* ops record again */
+  weft_var *outs[NN_MAX_OUT] = {0};
+  m->in_graph_forward = true;
+  weft_status st = m->ops->graph_forward(m, b->out, b->nout, outs, nout);
+  m->in_graph_forward = false;
+  g->backward_done = true;
+  g->op_index = op;
+  g->step = step;
+  g->training = training;
+  for (int j = 0; st == WEFT_OK && j < nout; j++) {
+    weft_var *old = end->in[j], *nw = outs[j];
+    if (!nw) {
+      st = weft_error(WEFT_ERR_INTERNAL, "module '%s' left output %d unset", who, j);
+      break;
+    }
+    const weft_dtensor_spec *a = weft_dtensor_get_spec(nn_var_now(old)),
+                            *c = weft_dtensor_get_spec(nn_var_now(nw));
+    bool same = a->dtype == c->dtype && a->ndim == c->ndim && a->mesh_ndim == c->mesh_ndim &&
+                nn_pl_equal(a->placements, c->placements, a->mesh_ndim);
+    for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == c->shape[d];
+    if (!same) {
+      char x[384], y[384];
+      weft_dtensor_spec_describe(a, x, sizeof x);
+      weft_dtensor_spec_describe(c, y, sizeof y);
+      st = weft_error(WEFT_ERR_STATE,
+                      "module '%s': the recomputed forward (activation checkpointing) gave "
+                      "output %d as %s, the forward gave %s (the forward must be deterministic)",
+                      who, j, y, x);
+      break;
+    }
+    if (old == nw || !old->grad) continue;
+    weft_dtensor *gr = old->grad;
+    old->grad = NULL;
+    if (nw->requires_grad) st = accumulate(g, nw, gr);
+  }
+  if (st == WEFT_OK) st = run_range(g, n0, g->nnodes);
+  ac_drop(g, v0, g->nvars, NULL, 0, n0, g->nnodes);
+  if (st == WEFT_OK) st = ac_release(g, since);
+  if (st != WEFT_OK) return weft_error_trace(st, who);
+  return WEFT_OK;
+}
+
+weft_status weft_module_set_checkpoint(weft_module *m, bool on) {
+  if (!m) return weft_error(WEFT_ERR_INVALID, "module_set_checkpoint: module is NULL");
+  if (!m->ops->graph_forward)
+    return weft_error(WEFT_ERR_UNSUPPORTED,
+                      "module_set_checkpoint: module '%s' (%s) has no graph forward to recompute",
+                      m->fqn, weft_module_kind_name(m->kind));
+  if (m->running || m->in_graph_forward)
+    return weft_error(WEFT_ERR_STATE, "module_set_checkpoint: module '%s' is running", m->fqn);
+  m->checkpoint = on;
+  return WEFT_OK;
+}
+
+bool weft_module_checkpoint(const weft_module *m) { return m && m->checkpoint; }
+
 /* A built-in layer without a graph forward: its forward and hand-written
  * backward (with its hooks) as one node. */
 static weft_status legacy_backward(nn_node *n, const weft_dtensor *const *dout,
@@ -647,6 +1003,7 @@ weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_
   const weft_dtensor *x0 = in[0]->value;
   WEFT_CHECK_GOTO(nn_module_hooks(m, WEFT_HOOK_PRE_FORWARD, &x0), st, fail);
   WEFT_CHECK_GOTO(boundary(g, m, NN_NODE_MODULE_BEGIN, in, nin, x0, inner_in), st, fail);
+  ac_mark mark = ac_mark_begin(g, m);
   m->running = false; /* re-entry of m itself is caught by in_graph_forward */
   m->in_graph_forward = true;
   st = m->ops->graph_forward(m, inner_in, nin, inner_out, nout);
@@ -661,6 +1018,7 @@ weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_
   const weft_dtensor *y0 = inner_out[0]->value;
   WEFT_CHECK_GOTO(nn_module_hooks(m, WEFT_HOOK_POST_FORWARD, &y0), st, fail);
   WEFT_CHECK_GOTO(boundary(g, m, NN_NODE_MODULE_END, inner_out, nout, y0, out), st, fail);
+  if (mark.on) WEFT_CHECK_GOTO(ac_forward_done(g, &mark, inner_out, nout), st, fail);
   m->out_spec = *weft_dtensor_get_spec(y0);
   m->running = false;
   return WEFT_OK;

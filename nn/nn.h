@@ -532,6 +532,10 @@ weft_status weft_optimizer_state_find(const weft_optimizer *opt, const char *nam
 weft_status weft_optimizer_get_param_step(const weft_optimizer *opt, const char *fqn,
                                           int64_t *step);
 weft_status weft_optimizer_set_param_step(weft_optimizer *opt, const char *fqn, int64_t step);
+/* The index of the group that holds parameter fqn (0 without groups):
+ * what a checkpoint records as the parameter's place in torch's
+ * param_groups. WEFT_ERR_NOT_FOUND when the optimizer does not step it. */
+weft_status weft_optimizer_param_group(const weft_optimizer *opt, const char *fqn, int *group);
 
 /* Linear warmup then cosine decay (llm.c's get_lr), for 0-based step s:
  *   s < warmup:          lr = lr_max * (s + 1) / warmup

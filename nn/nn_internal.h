@@ -69,6 +69,7 @@ struct weft_module {
   bool running;     /* inside forward or backward (re-entry and hook removal checks) */
   bool fwd_pending; /* a forward ran and its backward has not */
   bool in_graph_forward; /* inside weft_module_call's forward (re-entry check) */
+  bool checkpoint;  /* weft_module_set_checkpoint: activations recomputed in backward */
   weft_dtensor_spec out_spec; /* what the last forward returned (after post-hooks) */
 };
 

@@ -620,7 +620,8 @@ weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out
 
 /* -------------------------------------------------------------------- sdpa */
 
-/* saved[0] = lse (B, H, T), saved[1] = scratch, saved[2] = the output. */
+/* saved[0] = lse (B, H, T), saved[1] = scratch, saved[2] = the output;
+ * i[0] = causal. */
 static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
   weft_graph *g = nn_node_graph(n);
   const weft_dtensor *dy = dout[0], *q = nn_node_input(n, 0), *k = nn_node_input(n, 1),
@@ -637,7 +638,7 @@ static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, we
     WEFT_CHECK(weft_backend_attention_backward(ql->device, nn_f32(dq), nn_f32(dk), nn_f32(dv),
                                                nn_f32(dy), ql->data, kl->data, nn_f32(v),
                                                nn_f32(n->saved[0]), nn_f32(n->saved[2]), B, T,
-                                               H, Hkv, hd, nn_f32(n->saved[1])));
+                                               H, Hkv, hd, n->i[0] != 0, nn_f32(n->saved[1])));
   else {
     if (nn_numel(dq) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dq), 0.0));
     if (nn_numel(dk) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dk), 0.0));
@@ -669,9 +670,6 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
   if (!ok)
     return nn_op_error(WEFT_ERR_INVALID, name, in, 3,
                        "need q (B, T, H, hd), k and v (B, T, Hkv, hd) with H %% Hkv == 0");
-  if (!causal)
-    return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, 3,
-                       "only causal attention is implemented (causal = false)");
   int64_t B = qs->shape[0], T = qs->shape[1], H = qs->shape[2], Hkv = ks->shape[2],
           hd = qs->shape[3];
   int nk = qs->mesh_ndim;
@@ -722,7 +720,8 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
                          &scratch));
   if (Bl > 0 && T > 0 && Hl > 0 && hd > 0)
     WEFT_CHECK(weft_backend_attention_forward(dev, nn_f32(y), nn_f32(lse), ql->data, kl->data,
-                                              nn_f32(vu), Bl, T, Hl, Hkvl, hd, nn_f32(scratch)));
+                                              nn_f32(vu), Bl, T, Hl, Hkvl, hd, causal,
+                                              nn_f32(scratch)));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, in, 3, (const weft_dtensor *const[]){qu, ku, vu},
                          sdpa_backward, &node));
@@ -730,6 +729,7 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
     node->saved[0] = lse;
     node->saved[1] = scratch;
     node->saved[2] = y;
+    node->i[0] = causal;
   }
   return nn_var_new(g, y, node, out);
 }

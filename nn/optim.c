@@ -387,6 +387,14 @@ weft_status weft_optimizer_get_param_step(const weft_optimizer *o, const char *f
   return WEFT_OK;
 }
 
+weft_status weft_optimizer_param_group(const weft_optimizer *o, const char *fqn, int *group) {
+  if (!o || !fqn || !group) return weft_error(WEFT_ERR_INVALID, "NULL argument");
+  opt_entry *e = find_entry(o, fqn);
+  if (!e) return weft_error(WEFT_ERR_NOT_FOUND, "optimizer has no parameter '%s'", fqn);
+  *group = e->group;
+  return WEFT_OK;
+}
+
 weft_status weft_optimizer_set_param_step(weft_optimizer *o, const char *fqn, int64_t step) {
   if (!o || !fqn) return weft_error(WEFT_ERR_INVALID, "NULL argument");
   if (step < 0) return weft_error(WEFT_ERR_INVALID, "step %lld < 0", (long long)step);

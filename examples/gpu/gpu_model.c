@@ -1,6 +1,6 @@
 /* examples/gpu/gpu_model.c — the reference model on the CUDA backend (see
- * gpu_model.h). The composition is tests/kernels/test_golden_model.c's, call
- * for call, on device pointers: the forward saves what the backward reads,
+ * gpu_model.h): the Llama block of kernels/layers.h call for call, on
+ * device pointers: the forward saves what the backward reads,
  * the backward mirrors it. */
 #include "gpu_model.h"
 
@@ -390,7 +390,7 @@ weft_status gpu_model_forward(gpu_model *m, double *loss) {
     WEFT_CHECK(weft_backend_rope_forward(DEV, q, q, m->cosb, m->sinb, T, B, T, H, hd, 0));
     WEFT_CHECK(weft_backend_rope_forward(DEV, k, k, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
     WEFT_CHECK(weft_backend_attention_forward(DEV, att, m->lse + l * B * H * T, q, k, v, B, T, H, Hkv, hd,
-                                           m->scratch));
+                                           true, m->scratch));
     WEFT_CHECK(weft_backend_linear_forward(DEV, h, att, P[P_WO], NULL, N, qd, D));
     WEFT_CHECK(weft_backend_residual_forward(DEV, h, h, x, N * D));
     /* out = h + w2(silu(w1 n) * w3 n), n = rmsnorm(h) */
@@ -449,7 +449,7 @@ weft_status gpu_model_backward(gpu_model *m) {
                                          true));
     WEFT_CHECK(weft_backend_attention_backward(DEV, m->dq, m->dk, m->dv, datt, q, k, v,
                                             m->lse + l * B * H * T, att, B, T, H, Hkv, hd,
-                                            m->scratch));
+                                            true, m->scratch));
     WEFT_CHECK(weft_backend_rope_backward(DEV, m->dq, m->dq, m->cosb, m->sinb, T, B, T, H, hd, 0));
     WEFT_CHECK(weft_backend_rope_backward(DEV, m->dk, m->dk, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
     WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WQ], NULL, m->dq, n1, P[P_WQ], N, D, qd, false,

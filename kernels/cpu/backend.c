@@ -103,8 +103,8 @@ static size_t cpu_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64
 
 static weft_status cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                                          const float *v, int64_t B, int64_t T, int64_t H,
-                                         int64_t Hkv, int64_t hd, void *scratch) {
-  return weft_attention_forward(out, lse, q, k, v, B, T, H, Hkv, hd, scratch);
+                                         int64_t Hkv, int64_t hd, bool causal, void *scratch) {
+  return weft_attention_forward(out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
 }
 
 /* out is not read here (the CPU recomputes rowsum(P * dP) per block), but
@@ -114,14 +114,15 @@ static weft_status cpu_attention_backward(float *dq, float *dk, float *dv, const
                                           const float *q, const float *k, const float *v,
                                           const float *lse, const float *out, int64_t B,
                                           int64_t T, int64_t H, int64_t Hkv, int64_t hd,
-                                          void *scratch) {
+                                          bool causal, void *scratch) {
   const bool sizes_ok = B >= 0 && T >= 0 && H >= 0 && Hkv >= 0 && hd >= 0 &&
                         !(H > 0 && (Hkv == 0 || H % Hkv != 0));
   const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
   const bool earlier_ok = (dq || !nq) && (dk || !nkv) && (dv || !nkv) && (dout || !nq) &&
                           (q || !nq) && (k || !nkv) && (v || !nkv) && (lse || B * H * T == 0);
   if (sizes_ok && earlier_ok) CHECK_PTR_AT("attention_backward", out, nq);
-  return weft_attention_backward(dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, scratch);
+  return weft_attention_backward(dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, causal,
+                                 scratch);
 }
 
 /* ------------------------------------------------------ optimizer steps */

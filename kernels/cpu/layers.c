@@ -589,8 +589,9 @@ weft_status weft_rope_backward(float *dinp, const float *dout, const float *cosb
 
 /* ------------------------------------------------------------- attention */
 
-/* Query rows per block. A block of rows [t0, t0 + nb) needs keys [0, t0 +
- * nb) only (causal), so blocking skips most of the upper triangle. */
+/* Query rows per block. A causal block of rows [t0, t0 + nb) needs keys
+ * [0, t0 + nb) only, so blocking skips most of the upper triangle; a
+ * non-causal block reads all T keys. */
 #define ATT_BLOCK 64
 
 int64_t weft_attention_scratch_floats(int64_t T) {
@@ -775,6 +776,7 @@ typedef struct att_args {
   float *out, *lse, *dq, *dk, *dv;
   const float *q, *k, *v, *dout, *lse_in;
   int64_t B, T, H, Hkv, hd;
+  bool causal; /* keys 0..t for query t; else all T */
 } att_args;
 
 /* Forward of item (b, h), h a query head. */
@@ -790,13 +792,13 @@ static void att_forward_item(void *ctx, int64_t item, float *scratch) {
   float *ob = a->out + b * T * ldq + h * hd;
   float *lb = a->lse + (b * H + h) * T;
   for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
-    const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
+    const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = a->causal ? t0 + nb : T;
     float *S = scratch; /* (nb, nk) */
     /* S = scale * Q[t0:t0+nb] K[0:nk]^T */
     weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, S, nk);
     for (int64_t r = 0; r < nb; r++) {
       float *row = S + r * nk;
-      const int64_t valid = t0 + r + 1; /* keys 0..t */
+      const int64_t valid = a->causal ? t0 + r + 1 : T; /* keys 0..t, or all */
       const float mx = row_max_of(row, valid);
       double sum = row_exp_sum(row, row, valid, mx, 1.0f); /* row = exp(row - mx) */
       const vf4 inv = vset((float)(1.0 / sum));
@@ -813,7 +815,7 @@ static void att_forward_item(void *ctx, int64_t item, float *scratch) {
 
 weft_status weft_attention_forward(float *out, float *lse, const float *q, const float *k,
                                    const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                   int64_t hd, float *scratch) {
+                                   int64_t hd, bool causal, float *scratch) {
   WEFT_CHECK(attention_check(weft_op_name_(__func__), B, T, H, Hkv, hd));
   CHECK_PTR(out, B * T * H * hd);
   CHECK_PTR(lse, B * H * T);
@@ -824,11 +826,11 @@ weft_status weft_attention_forward(float *out, float *lse, const float *q, const
   if (B * T * H == 0) return WEFT_OK;
   if (hd == 0) { /* no features: softmax over zeros, empty outputs */
     for (int64_t i = 0; i < B * H; i++)
-      for (int64_t t = 0; t < T; t++) lse[i * T + t] = logf((float)(t + 1));
+      for (int64_t t = 0; t < T; t++) lse[i * T + t] = logf((float)(causal ? t + 1 : T));
     return WEFT_OK;
   }
   att_args a = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .B = B, .T = T, .H = H,
-                .Hkv = Hkv, .hd = hd};
+                .Hkv = Hkv, .hd = hd, .causal = causal};
   att_parallel(B * H, att_forward_item, &a, scratch, weft_attention_scratch_floats(T));
   return WEFT_OK;
 }
@@ -848,15 +850,17 @@ static void att_backward_item(void *ctx, int64_t item, float *scratch) {
     float *dkb = a->dk + b * T * ldk + g * hd, *dvb = a->dv + b * T * ldk + g * hd;
     const float *lb = a->lse_in + (b * H + h) * T;
     for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
-      const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
+      const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK,
+                    nk = a->causal ? t0 + nb : T;
       float *P = scratch, *dP = scratch + bs * T; /* each (nb, nk) */
-      /* recompute P = exp(scale * Q K^T - lse), zero above the diagonal */
+      /* recompute P = exp(scale * Q K^T - lse), zero above the diagonal
+       * (causal) */
       weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, P, nk);
       /* dP = dO V^T */
       weft_sgemm(false, true, nb, nk, hd, 1.0f, dob + t0 * ldq, ldq, vb, ldk, 0.0f, dP, nk);
       for (int64_t r = 0; r < nb; r++) {
         float *prow = P + r * nk, *drow = dP + r * nk;
-        const int64_t valid = t0 + r + 1;
+        const int64_t valid = a->causal ? t0 + r + 1 : T;
         row_exp(prow, prow, valid, lb[t0 + r], 1.0f); /* P = exp(S - lse) */
         /* rowsum(P * dP) = dO . O, in double */
         const double dsum = row_dot_d(prow, drow, valid);
@@ -886,7 +890,7 @@ static void att_backward_item(void *ctx, int64_t item, float *scratch) {
 weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                     const float *q, const float *k, const float *v,
                                     const float *lse, int64_t B, int64_t T, int64_t H,
-                                    int64_t Hkv, int64_t hd, float *scratch) {
+                                    int64_t Hkv, int64_t hd, bool causal, float *scratch) {
   WEFT_CHECK(attention_check(weft_op_name_(__func__), B, T, H, Hkv, hd));
   CHECK_PTR(dq, B * T * H * hd);
   CHECK_PTR(dk, B * T * Hkv * hd);
@@ -903,7 +907,7 @@ weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float
   }
   if (B * T * H * hd == 0) return WEFT_OK;
   att_args a = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout,
-                .lse_in = lse, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd};
+                .lse_in = lse, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd, .causal = causal};
   att_parallel(B * Hkv, att_backward_item, &a, scratch, weft_attention_scratch_floats(T));
   return WEFT_OK;
 }

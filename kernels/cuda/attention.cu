@@ -1,6 +1,6 @@
-/* Causal GQA attention on the device (weft_attention_forward/_backward's
- * math, kernels/cpu/layers.c), built on batched GEMMs so that it runs on
- * tensor cores in the TF32 and BF16 matmul precisions.
+/* GQA attention, causal or not, on the device (weft_attention_forward /
+ * _backward's math, kernels/cpu/layers.c), built on batched GEMMs so that
+ * it runs on tensor cores in the TF32 and BF16 matmul precisions.
  *
  * Layout. q is (B, T, H, hd) = (B, T, Hkv, G, hd) with G = H / Hkv query
  * heads per kv head (h = g * G + j reads kv head g), and k, v are
@@ -9,13 +9,14 @@
  * where, for each (b, g), the G query heads of a block of query rows
  * [t0, t0 + nb) are the nb * G consecutive rows [t0 * G, (t0 + nb) * G) of
  * one hd-wide matrix (row t * G + j), and their keys are the rows [0, end)
- * of Kp's (b, g) matrix, end = t0 + nb (causal: later keys are masked for
- * every row of the block). So one strided-batched GEMM over the B * Hkv
- * pairs (b, g) covers all heads, with no copy of k and v per query head.
+ * of Kp's (b, g) matrix, end = t0 + nb when causal (later keys are masked
+ * for every row of the block), else end = T (no mask). So one
+ * strided-batched GEMM over the B * Hkv pairs (b, g) covers all heads,
+ * with no copy of k and v per query head.
  *
  * Forward, per block of Bq = min(T, ATT_BQ) query rows:
  *   S = Qblk Kp[0:end]^T / sqrt(hd)              (B*Hkv GEMMs, nb*G x end)
- *   P = softmax(S + causal mask) row by row, lse  (one warp per row)
+ *   P = softmax(S (+ causal mask)) row by row, lse (one warp per row)
  *   Oblk = P Vp[0:end]                            (nb*G x hd)
  * then O is permuted back to (B, T, H, hd). lse is (B, H, T) in scaled
  * units, as the CPU's.
@@ -31,8 +32,9 @@
  * uses two: Qp, Op) + 4 * B*T*Hkv*hd (Kp, Vp, dKp, dVp), D (B*H*T), and two
  * score blocks of B*H*Bq*T floats each (forward uses one). Never a (T, T)
  * matrix per head: for T = 1024, Bq = 128 the scores are 1/8 of it.
- * The rows above the diagonal inside a block are computed and masked (for
- * Bq = 128 and T = 1024, 12% more score work than the triangle).
+ * Causal: the rows above the diagonal inside a block are computed and
+ * masked (for Bq = 128 and T = 1024, 12% more score work than the
+ * triangle). The scratch is the same for both (end <= T).
  */
 #include <math.h>
 #include <stdint.h>
@@ -131,15 +133,16 @@ __device__ inline row_pos row_of(int64_t R, int64_t M, int64_t G, int64_t Hkv, i
   return p;
 }
 
-/* Forward: rows of S (nrows x end, contiguous) become the causal softmax
- * in place (0 past the diagonal), lse saved; one warp per row, online max
- * and sum per lane merged across the warp. */
+/* Forward: rows of S (nrows x end, contiguous) become the softmax in
+ * place (causal: 0 past the diagonal), lse saved; one warp per row, online
+ * max and sum per lane merged across the warp. */
 __global__ void softmax_fwd_kernel(float *S, float *lse, int64_t nrows, int64_t end, int64_t M,
-                                   int64_t G, int64_t Hkv, int64_t H, int64_t T, int64_t t0) {
+                                   int64_t G, int64_t Hkv, int64_t H, int64_t T, int64_t t0,
+                                   bool causal) {
   for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < nrows;
        R += (int64_t)gridDim.x * blockDim.y) {
     const row_pos p = row_of(R, M, G, Hkv, H, T, t0);
-    const int64_t valid = p.t + 1;
+    const int64_t valid = causal ? p.t + 1 : end;
     float *row = S + R * end;
     float m = -INFINITY, s = 0.0f;
     for (int64_t c = threadIdx.x; c < valid; c += 32) {
@@ -157,15 +160,15 @@ __global__ void softmax_fwd_kernel(float *S, float *lse, int64_t nrows, int64_t 
   }
 }
 
-/* Backward: P = exp(S - lse) (0 past the diagonal) in place in S, and
- * dS = P * (dP - D) * scale in place in dP. */
+/* Backward: P = exp(S - lse) (causal: 0 past the diagonal) in place in
+ * S, and dS = P * (dP - D) * scale in place in dP. */
 __global__ void softmax_bwd_kernel(float *S, float *dP, const float *lse, const float *D,
                                    int64_t nrows, int64_t end, int64_t M, int64_t G, int64_t Hkv,
-                                   int64_t H, int64_t T, int64_t t0, float scale) {
+                                   int64_t H, int64_t T, int64_t t0, float scale, bool causal) {
   for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < nrows;
        R += (int64_t)gridDim.x * blockDim.y) {
     const row_pos p = row_of(R, M, G, Hkv, H, T, t0);
-    const int64_t valid = p.t + 1;
+    const int64_t valid = causal ? p.t + 1 : end;
     const float l = lse[p.lidx], d = D[p.lidx];
     float *srow = S + R * end, *drow = dP + R * end;
     for (int64_t c = threadIdx.x; c < end; c += 32) {
@@ -191,11 +194,12 @@ __global__ void rowdot_kernel(float *D, const float *dout, const float *out, int
   }
 }
 
-/* hd == 0: every score is 0, so lse = log(t + 1). */
-__global__ void lse_empty_kernel(float *lse, int64_t BH, int64_t T) {
+/* hd == 0: every score is 0, so lse = log(number of keys seen): t + 1
+ * (causal) or T. */
+__global__ void lse_empty_kernel(float *lse, int64_t BH, int64_t T, bool causal) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < BH * T; i += stride)
-    lse[i] = logf((float)(i % T + 1));
+    lse[i] = logf((float)(causal ? i % T + 1 : T));
 }
 
 /* The CPU's checks (kernels/cpu/layers.c attention_check), naming the
@@ -233,7 +237,7 @@ size_t weft_cuda_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_
 
 weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
                                         const float *v, int64_t B, int64_t T, int64_t H,
-                                        int64_t Hkv, int64_t hd, void *scratch) {
+                                        int64_t Hkv, int64_t hd, bool causal, void *scratch) {
   WEFT_CHECK(weft_cuda_require_init_(__func__));
   WEFT_CHECK(check_shape(__func__, B, T, H, Hkv, hd));
   {
@@ -247,7 +251,7 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
   if (B * T * H == 0) return WEFT_OK;
   cudaStream_t s = compute_stream();
   if (hd == 0) {
-    WEFT_LAUNCH(lse_empty_kernel, grid_for(B * H * T, 256), 256, 0, s, lse, B * H, T);
+    WEFT_LAUNCH(lse_empty_kernel, grid_for(B * H * T, 256), 256, 0, s, lse, B * H, T, causal);
     return launched(__func__);
   }
   const int64_t G = H / Hkv, count = B * Hkv;
@@ -260,13 +264,13 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
   WEFT_CHECK(permute(__func__, Kp, k, B, T, Hkv, hd));
   WEFT_CHECK(permute(__func__, Vp, v, B, T, Hkv, hd));
   for (int64_t t0 = 0; t0 < T; t0 += L.bq) {
-    const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = t0 + nb, M = nb * G;
+    const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = causal ? t0 + nb : T, M = nb * G;
     /* S = scale * Qblk Kp[0:end]^T, per (b, g) */
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, scale, Qp + t0 * G * hd,
                                                hd, T * G * hd, Kp, hd, T * hd, 0.0f, S, end,
                                                M * end, count));
     WEFT_LAUNCH(softmax_fwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, S, lse,
-                count * M, end, M, G, Hkv, H, T, t0);
+                count * M, end, M, G, Hkv, H, T, t0, causal);
     WEFT_CHECK(launched(__func__));
     /* Oblk = P Vp[0:end] */
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, false, M, hd, end, 1.0f, S, end, M * end,
@@ -279,7 +283,8 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
 weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                          const float *q, const float *k, const float *v,
                                          const float *lse, const float *out, int64_t B, int64_t T,
-                                         int64_t H, int64_t Hkv, int64_t hd, void *scratch) {
+                                         int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                         void *scratch) {
   WEFT_CHECK(weft_cuda_require_init_(__func__));
   WEFT_CHECK(check_shape(__func__, B, T, H, Hkv, hd));
   const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
@@ -313,7 +318,7 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
   WEFT_CHECK(weft_cuda_memset_(dKp, 0, (size_t)nkv * sizeof(float)));
   WEFT_CHECK(weft_cuda_memset_(dVp, 0, (size_t)nkv * sizeof(float)));
   for (int64_t t0 = 0; t0 < T; t0 += L.bq) {
-    const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = t0 + nb, M = nb * G;
+    const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = causal ? t0 + nb : T, M = nb * G;
     const float *Qb = Qp + t0 * G * hd, *dOb = dOp + t0 * G * hd;
     /* S = scale * Qblk Kp^T, dP = dOblk Vp^T */
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, scale, Qb, hd, T * G * hd,
@@ -322,7 +327,7 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
                                                T * G * hd, Vp, hd, T * hd, 0.0f, dS, end, M * end,
                                                count));
     WEFT_LAUNCH(softmax_bwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, P, dS, lse, D,
-                count * M, end, M, G, Hkv, H, T, t0, scale);
+                count * M, end, M, G, Hkv, H, T, t0, scale, causal);
     WEFT_CHECK(launched(__func__));
     /* dV[0:end] += P^T dOblk, dK[0:end] += dS^T Qblk, dQblk = dS Kp[0:end] */
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(true, false, end, hd, M, 1.0f, P, end, M * end, dOb,

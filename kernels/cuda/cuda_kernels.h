@@ -136,11 +136,12 @@ size_t weft_cuda_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_
                                          int64_t hd);
 weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
                                         const float *v, int64_t B, int64_t T, int64_t H,
-                                        int64_t Hkv, int64_t hd, void *scratch);
+                                        int64_t Hkv, int64_t hd, bool causal, void *scratch);
 weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                          const float *q, const float *k, const float *v,
                                          const float *lse, const float *out, int64_t B, int64_t T,
-                                         int64_t H, int64_t Hkv, int64_t hd, void *scratch);
+                                         int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                         void *scratch);
 
 /* ---- multi-tensor optimizer steps (optim.cu), one launch each */
 weft_status weft_cuda_adamw_multi(float *const *param, const float *const *grad, float *const *m,

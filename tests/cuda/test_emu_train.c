@@ -6,8 +6,9 @@
  *   (tests/data/golden/README.md tolerances: loss 1e-6, every gradient 1e-5
  *   by norm, the gradient norm 1e-5, the AdamW update after - init 1e-3);
  * - three training steps on the golden batch lower the loss and match a CPU
- *   run of the same steps (the CPU composition of layers.h below, copied
- *   from tests/kernels/test_golden_model.c, plus clip and AdamW);
+ *   run of the same steps (the CPU composition of layers.h below, plus
+ *   clip and AdamW; it goes with examples/gpu when the stack runs on the
+ *   device);
  * - two runs from the same weights give identical bits (the emulator is
  *   deterministic; so is every kernel gpu_model uses there);
  * - RNG init follows weft_tensor_fill_normal, bad configs and tokens are
@@ -167,8 +168,8 @@ Test(emu_train, tiny_gqa_golden_step_matches_pytorch, .timeout = 60) { check_gol
 
 /* ---------------------------------------------- CPU composition (layers.h) */
 
-/* The reference model on the CPU kernels, as tests/kernels/test_golden_model.c
- * composes it; tensors in gpu_model's order, one host array each. */
+/* The reference model on the CPU kernels (layers.h), as gpu_model composes
+ * it on the device; tensors in gpu_model's order, one host array each. */
 enum { P_ANORM, P_WQ, P_WK, P_WV, P_WO, P_FNORM, P_W1, P_W3, P_W2 };
 typedef struct cpu_model {
   gpu_model_config c;
@@ -250,7 +251,8 @@ static double cpu_forward(cpu_model *m) {
     OK(weft_linear_forward(v, n1, P[P_WV], NULL, N, D, kd));
     OK(weft_rope_forward(q, q, m->cosb, m->sinb, T, B, T, H, hd, 0));
     OK(weft_rope_forward(k, k, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
-    OK(weft_attention_forward(att, m->lse + l * B * H * T, q, k, v, B, T, H, Hkv, hd, m->scratch));
+    OK(weft_attention_forward(att, m->lse + l * B * H * T, q, k, v, B, T, H, Hkv, hd, true,
+                              m->scratch));
     OK(weft_linear_forward(h, att, P[P_WO], NULL, N, qd, D));
     OK(weft_residual_forward(h, h, x, N * D));
     OK(weft_rmsnorm_forward(n2, m->rstd2 + l * N, h, P[P_FNORM], N, D, 1e-5f));
@@ -293,7 +295,7 @@ static void cpu_backward(cpu_model *m) {
     float *datt = m->dbig;
     OK(weft_linear_backward(datt, G[P_WO], NULL, dx, att, P[P_WO], N, qd, D, false, true));
     OK(weft_attention_backward(m->dq, m->dk, m->dv, datt, q, k, v, m->lse + l * B * H * T, B, T,
-                               H, Hkv, hd, m->scratch));
+                               H, Hkv, hd, true, m->scratch));
     OK(weft_rope_backward(m->dq, m->dq, m->cosb, m->sinb, T, B, T, H, hd, 0));
     OK(weft_rope_backward(m->dk, m->dk, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
     OK(weft_linear_backward(m->dn, G[P_WQ], NULL, m->dq, n1, P[P_WQ], N, D, qd, false, true));

@@ -127,6 +127,54 @@ weft_status load_params(weft_module *root, const char *path) {
   return st;
 }
 
+weft_status golden_rows(weft_mesh *mesh, const weft_tensor *t, int64_t r0, int64_t n,
+                        weft_dtensor **out) {
+  weft_tensor *v;
+  WEFT_CHECK(weft_tensor_narrow(t, 0, r0, n, &v));
+  weft_placement pl[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < weft_mesh_ndim(mesh); i++) pl[i] = weft_replicate();
+  weft_status st = weft_dtensor_distribute(mesh, v, WEFT_DTENSOR_ALL_RANKS, pl,
+                                           weft_mesh_ndim(mesh), out);
+  weft_tensor_destroy(v);
+  return st;
+}
+
+weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np, double *worst,
+                                  const char **worst_fqn) {
+  char path[700];
+  golden_path(g, "grads.safetensors", path, sizeof path);
+  weft_safetensors *f;
+  WEFT_CHECK(weft_safetensors_open(path, &f));
+  *worst = 0;
+  if (worst_fqn) *worst_fqn = np > 0 ? ps[0]->fqn : "";
+  weft_status st = WEFT_OK;
+  for (int i = 0; i < np && !st; i++) {
+    if (!ps[i]->grad) {
+      st = weft_error(WEFT_ERR_INVALID, "golden: parameter '%s' has no grad", ps[i]->fqn);
+      break;
+    }
+    weft_tensor *full = NULL;
+    double *ref = NULL;
+    int64_t n = 0;
+    st = weft_dtensor_full_tensor(ps[i]->grad, &full);
+    if (!st) st = read_f64(f, ps[i]->fqn, &ref, &n);
+    if (!st && n != weft_tensor_numel(full))
+      st = weft_error(WEFT_ERR_INVALID, "golden: '%s' has %lld elements, the file %lld",
+                      ps[i]->fqn, (long long)weft_tensor_numel(full), (long long)n);
+    if (!st) {
+      double e = rel_err_f32_f64(full->data, ref, n);
+      if (e > *worst || i == 0) {
+        *worst = e;
+        if (worst_fqn) *worst_fqn = ps[i]->fqn;
+      }
+    }
+    free(ref);
+    weft_tensor_destroy(full);
+  }
+  weft_safetensors_close(f);
+  return st;
+}
+
 double rel_err_f32_f64(const float *a, const double *b, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; i++) {

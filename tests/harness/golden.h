@@ -43,6 +43,11 @@ void golden_path(const golden *g, const char *file, char *buf, size_t cap);
 /* Loads every parameter of `root` from a safetensors file (names = FQNs),
  * each rank keeping its slice (weft_param_load). */
 weft_status load_params(weft_module *root, const char *path);
+/* Rows [r0, r0 + n) of a (B, T) tensor (a golden batch's tokens or
+ * targets) as a DTensor Replicate on every dim of mesh: a dp group's slice
+ * of the batch. Collective over mesh. */
+weft_status golden_rows(weft_mesh *mesh, const weft_tensor *t, int64_t r0, int64_t n,
+                        weft_dtensor **out);
 
 /* ||a - b|| / ||b|| over n elements (a f32, b f64; sqrt(num) if ||b|| = 0). */
 double rel_err_f32_f64(const float *a, const double *b, int64_t n);
@@ -52,5 +57,14 @@ double rel_err_f32(const float *a, const float *b, int64_t n);
 /* Reads tensor `name` of file f as f64 into a new malloc'd array of
  * *n elements. */
 weft_status read_f64(weft_safetensors *f, const char *name, double **out, int64_t *n);
+
+/* Each of ps[0..np)'s grad (its full tensor: collective over the
+ * parameter's mesh, in this order on every rank) against the golden
+ * grads.safetensors under the parameter's FQN: *worst is the largest
+ * relative error (rel_err_f32_f64) and *worst_fqn (may be NULL) the
+ * parameter it belongs to. WEFT_ERR_INVALID naming a parameter without a
+ * grad or whose size differs from the file's. */
+weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np, double *worst,
+                                  const char **worst_fqn);
 
 #endif

@@ -1731,9 +1731,11 @@ BACKEND_TEST(rope_tables_forward_backward_with_pos0_and_in_place_match_reference
 
 /* ------------------------------------------------------------ attention */
 
-/* layers.h's causal GQA attention in double: out (B,T,H,hd), lse (B,H,T). */
+/* layers.h's GQA attention in double: out (B,T,H,hd), lse (B,H,T); query t
+ * sees keys 0..t when causal, all T keys otherwise. */
 static void att_ref_forward(const double *q, const double *k, const double *v, int64_t B, int64_t T,
-                            int64_t H, int64_t Hkv, int64_t hd, double *out, double *lse) {
+                            int64_t H, int64_t Hkv, int64_t hd, bool causal, double *out,
+                            double *lse) {
   const double sc = 1.0 / sqrt((double)hd);
   double *s = h_dbl(T);
   for (int64_t b = 0; b < B; b++)
@@ -1741,8 +1743,9 @@ static void att_ref_forward(const double *q, const double *k, const double *v, i
       const int64_t g = h / (H / Hkv);
       for (int64_t t = 0; t < T; t++) {
         const double *qr = q + ((b * T + t) * H + h) * hd;
+        const int64_t nk = causal ? t + 1 : T;
         double mx = -INFINITY;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = 0; j < nk; j++) {
           const double *kr = k + ((b * T + j) * Hkv + g) * hd;
           double d = 0.0;
           for (int64_t c = 0; c < hd; c++) d += qr[c] * kr[c];
@@ -1750,12 +1753,12 @@ static void att_ref_forward(const double *q, const double *k, const double *v, i
           if (s[j] > mx) mx = s[j];
         }
         double sum = 0.0;
-        for (int64_t j = 0; j <= t; j++) sum += exp(s[j] - mx);
+        for (int64_t j = 0; j < nk; j++) sum += exp(s[j] - mx);
         const double l = mx + log(sum);
         lse[(b * H + h) * T + t] = l;
         double *o = out + ((b * T + t) * H + h) * hd;
         for (int64_t c = 0; c < hd; c++) o[c] = 0.0;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = 0; j < nk; j++) {
           const double p = exp(s[j] - l);
           const double *vr = v + ((b * T + j) * Hkv + g) * hd;
           for (int64_t c = 0; c < hd; c++) o[c] += p * vr[c];
@@ -1769,7 +1772,7 @@ static void att_ref_forward(const double *q, const double *k, const double *v, i
  * dk = dS^T q / sqrt(hd), dv = P^T dout (layers.h). */
 static void att_ref_backward(const double *q, const double *k, const double *v, const double *dout,
                              const double *lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                             int64_t hd, double *dq, double *dk, double *dv) {
+                             int64_t hd, bool causal, double *dq, double *dk, double *dv) {
   const double sc = 1.0 / sqrt((double)hd);
   memset(dq, 0, (size_t)(B * T * H * hd) * sizeof(double));
   memset(dk, 0, (size_t)(B * T * Hkv * hd) * sizeof(double));
@@ -1781,8 +1784,9 @@ static void att_ref_backward(const double *q, const double *k, const double *v, 
       for (int64_t t = 0; t < T; t++) {
         const double *qr = q + ((b * T + t) * H + h) * hd, *dor = dout + ((b * T + t) * H + h) * hd;
         const double l = lse[(b * H + h) * T + t];
+        const int64_t nk = causal ? t + 1 : T;
         double rs = 0.0;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = 0; j < nk; j++) {
           const double *kr = k + ((b * T + j) * Hkv + g) * hd,
                        *vr = v + ((b * T + j) * Hkv + g) * hd;
           double d = 0.0, e = 0.0;
@@ -1792,7 +1796,7 @@ static void att_ref_backward(const double *q, const double *k, const double *v, 
           rs += p[j] * dp[j];
         }
         double *dqr = dq + ((b * T + t) * H + h) * hd;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = 0; j < nk; j++) {
           const double ds = p[j] * (dp[j] - rs);
           const double *kr = k + ((b * T + j) * Hkv + g) * hd;
           double *dkr = dk + ((b * T + j) * Hkv + g) * hd, *dvr = dv + ((b * T + j) * Hkv + g) * hd;
@@ -1817,14 +1821,15 @@ static double *to_dbl(const float *x, int64_t n) {
  * differences in double on a small case check the reference itself. */
 Test(reference, attention_backward_reference_matches_finite_differences) {
   seed_tests(170);
+  for (int causal = 1; causal >= 0; causal--) {
   const int64_t B = 1, T = 6, H = 4, Hkv = 2, hd = 3;
   const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd, nl = B * H * T;
   double *in[3] = {h_dbl(nq), h_dbl(nkv), h_dbl(nkv)}, *dout = h_dbl(nq);
   for (int64_t i = 0; i < nq; i++) in[0][i] = rnd_normal(), dout[i] = rnd_normal();
   for (int64_t i = 0; i < nkv; i++) in[1][i] = rnd_normal(), in[2][i] = rnd_normal();
   double *out = h_dbl(nq), *lse = h_dbl(nl), *g[3] = {h_dbl(nq), h_dbl(nkv), h_dbl(nkv)};
-  att_ref_forward(in[0], in[1], in[2], B, T, H, Hkv, hd, out, lse);
-  att_ref_backward(in[0], in[1], in[2], dout, lse, B, T, H, Hkv, hd, g[0], g[1], g[2]);
+  att_ref_forward(in[0], in[1], in[2], B, T, H, Hkv, hd, causal, out, lse);
+  att_ref_backward(in[0], in[1], in[2], dout, lse, B, T, H, Hkv, hd, causal, g[0], g[1], g[2]);
   const int64_t sizes[3] = {nq, nkv, nkv};
   for (int a = 0; a < 3; a++)
     for (int64_t i = 0; i < sizes[a]; i++) {
@@ -1832,35 +1837,36 @@ Test(reference, attention_backward_reference_matches_finite_differences) {
       const double x0 = in[a][i], h = 1e-5;
       for (int sgn = 0; sgn < 2; sgn++) {
         in[a][i] = x0 + (sgn ? -h : h);
-        att_ref_forward(in[0], in[1], in[2], B, T, H, Hkv, hd, out, lse);
+        att_ref_forward(in[0], in[1], in[2], B, T, H, Hkv, hd, causal, out, lse);
         f[sgn] = 0.0;
         for (int64_t j = 0; j < nq; j++) f[sgn] += dout[j] * out[j];
       }
       in[a][i] = x0;
       const double fd = (f[0] - f[1]) / (2 * h);
       cr_assert(fabs(fd - g[a][i]) <= 1e-6 * (1.0 + fabs(fd)),
-                "d%s[%lld]: reference %.12g, finite difference %.12g (seed %lu)", &"q\0k\0v"[2 * a],
-                (long long)i, g[a][i], fd, g_seed);
+                "d%s[%lld] (causal %d): reference %.12g, finite difference %.12g (seed %lu)",
+                &"q\0k\0v"[2 * a], (long long)i, causal, g[a][i], fd, g_seed);
     }
   for (int a = 0; a < 3; a++) free(in[a]), free(g[a]);
   free(dout), free(out), free(lse);
+  }
 }
 
 static void attention_case(weft_device dev, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                           int64_t hd, const char *label, double tol) {
+                           int64_t hd, bool causal, const char *label, double tol) {
   const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd, nl = B * H * T;
   float *q = h_normal(nq, 1.0), *k = h_normal(nkv, 1.0), *v = h_normal(nkv, 1.0);
   float *dout = h_normal(nq, 1.0);
   double *qd = to_dbl(q, nq), *kd = to_dbl(k, nkv), *vd = to_dbl(v, nkv), *dod = to_dbl(dout, nq);
   double *out = h_dbl(nq), *lse = h_dbl(nl), *gq = h_dbl(nq), *gk = h_dbl(nkv), *gv = h_dbl(nkv);
-  att_ref_forward(qd, kd, vd, B, T, H, Hkv, hd, out, lse);
-  att_ref_backward(qd, kd, vd, dod, lse, B, T, H, Hkv, hd, gq, gk, gv);
+  att_ref_forward(qd, kd, vd, B, T, H, Hkv, hd, causal, out, lse);
+  att_ref_backward(qd, kd, vd, dod, lse, B, T, H, Hkv, hd, causal, gq, gk, gv);
   const size_t sb = weft_backend_attention_scratch_bytes(dev, B, T, H, Hkv, hd);
   void *scratch = dnan(dev, sb);
   float *dq = dupf(dev, q, nq), *dk = dupf(dev, k, nkv), *dv = dupf(dev, v, nkv);
   float *ddout = dupf(dev, dout, nq);
   float *dO = dnan(dev, (size_t)nq * 4), *dL = dnan(dev, (size_t)nl * 4);
-  OK(weft_backend_attention_forward(dev, dO, dL, dq, dk, dv, B, T, H, Hkv, hd, scratch));
+  OK(weft_backend_attention_forward(dev, dO, dL, dq, dk, dv, B, T, H, Hkv, hd, causal, scratch));
   char what[128];
   float *got = downf(dev, dO, nq);
   snprintf(what, sizeof what, "attention_forward out, %s", label);
@@ -1874,7 +1880,7 @@ static void attention_case(weft_device dev, int64_t B, int64_t T, int64_t H, int
         *g3 = dnan(dev, (size_t)nkv * 4);
   dpoison(dev, scratch, sb);
   OK(weft_backend_attention_backward(dev, g1, g2, g3, ddout, dq, dk, dv, dL, dO, B, T, H, Hkv, hd,
-                                     scratch));
+                                     causal, scratch));
   const float *gs[3] = {g1, g2, g3};
   const double *refs[3] = {gq, gk, gv};
   const int64_t ns[3] = {nq, nkv, nkv};
@@ -1892,14 +1898,73 @@ static void attention_case(weft_device dev, int64_t B, int64_t T, int64_t H, int
 
 BACKEND_TEST(attention_forward_backward_gqa_over_three_query_blocks_match_double_reference) {
   seed_tests(171);
-  attention_case(dev, 2, 130, 4, 2, 8, "GQA B=2 T=130 H=4 Hkv=2 hd=8", 1e-5);
+  attention_case(dev, 2, 130, 4, 2, 8, true, "GQA B=2 T=130 H=4 Hkv=2 hd=8", 1e-5);
 }
 
 BACKEND_TEST(attention_forward_backward_mha_and_mqa_match_double_reference) {
   seed_tests(172);
-  attention_case(dev, 1, 67, 3, 3, 6, "MHA B=1 T=67 H=3 hd=6", 1e-5);
-  attention_case(dev, 2, 20, 4, 1, 4, "MQA B=2 T=20 H=4 Hkv=1 hd=4", 1e-5);
-  attention_case(dev, 1, 1, 2, 1, 5, "T=1", 1e-5);
+  attention_case(dev, 1, 67, 3, 3, 6, true, "MHA B=1 T=67 H=3 hd=6", 1e-5);
+  attention_case(dev, 2, 20, 4, 1, 4, true, "MQA B=2 T=20 H=4 Hkv=1 hd=4", 1e-5);
+  attention_case(dev, 1, 1, 2, 1, 5, true, "T=1", 1e-5);
+}
+
+/* Non-causal (every query sees all T keys): over three query blocks of
+ * the CPU (64 rows) and two of the device (128), so a block's keys reach
+ * past its own rows; GQA, MHA, MQA and T = 1. */
+BACKEND_TEST(non_causal_attention_forward_backward_match_double_reference) {
+  seed_tests(173);
+  attention_case(dev, 2, 130, 4, 2, 8, false, "non-causal GQA B=2 T=130 H=4 Hkv=2 hd=8", 1e-5);
+  attention_case(dev, 1, 67, 3, 3, 6, false, "non-causal MHA B=1 T=67 H=3 hd=6", 1e-5);
+  attention_case(dev, 2, 20, 4, 1, 4, false, "non-causal MQA B=2 T=20 H=4 Hkv=1 hd=4", 1e-5);
+  attention_case(dev, 1, 1, 2, 1, 5, false, "non-causal T=1", 1e-5);
+}
+
+/* The causal and non-causal results differ (the flag reaches the kernel):
+ * the first query row sees only key 0 when causal, so its output is v's
+ * row 0 exactly; non-causal it is a mix of all rows. */
+BACKEND_TEST(causal_flag_changes_the_result_and_causal_row_zero_is_v_row_zero) {
+  seed_tests(174);
+  const int64_t B = 1, T = 5, H = 2, Hkv = 1, hd = 4;
+  const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd, nl = B * H * T;
+  float *q = h_normal(nq, 1.0), *k = h_normal(nkv, 1.0), *v = h_normal(nkv, 1.0);
+  const size_t sb = weft_backend_attention_scratch_bytes(dev, B, T, H, Hkv, hd);
+  void *scratch = dnan(dev, sb);
+  float *dq = dupf(dev, q, nq), *dk = dupf(dev, k, nkv), *dv = dupf(dev, v, nkv);
+  float *o[2], *dL = dnan(dev, (size_t)nl * 4);
+  for (int c = 0; c < 2; c++) {
+    float *dO = dnan(dev, (size_t)nq * 4);
+    OK(weft_backend_attention_forward(dev, dO, dL, dq, dk, dv, B, T, H, Hkv, hd, c == 0, scratch));
+    o[c] = downf(dev, dO, nq);
+    weft_free(dO);
+  }
+  for (int64_t h = 0; h < H; h++)
+    for (int64_t e = 0; e < hd; e++)
+      cr_assert_eq(o[0][h * hd + e], v[e], "causal row 0 head %lld [%lld]: %g, v %g", (long long)h,
+                   (long long)e, (double)o[0][h * hd + e], (double)v[e]);
+  double diff = 0;
+  for (int64_t i = 0; i < H * hd; i++) diff = fmax(diff, fabs((double)o[0][i] - (double)o[1][i]));
+  cr_assert(diff > 1e-3, "row 0 is the same causal and non-causal (max diff %g)", diff);
+  free(q), free(k), free(v), free(o[0]), free(o[1]);
+  weft_free(scratch), weft_free(dq), weft_free(dk), weft_free(dv), weft_free(dL);
+}
+
+/* hd = 0: every score is 0, so each row's lse is the log of the number of
+ * keys it sees: t + 1 causal, T otherwise. */
+BACKEND_TEST(attention_without_features_gives_lse_of_the_key_count) {
+  const int64_t B = 1, T = 4, H = 2, Hkv = 1, hd = 0, nl = B * H * T;
+  for (int c = 0; c < 2; c++) {
+    const bool causal = c == 0;
+    float *dL = dnan(dev, (size_t)nl * 4), *f = dnan(dev, 64);
+    OK(weft_backend_attention_forward(dev, f, dL, f, f, f, B, T, H, Hkv, hd, causal, f));
+    float *got = downf(dev, dL, nl);
+    for (int64_t i = 0; i < nl; i++) {
+      const double want = log((double)(causal ? i % T + 1 : T));
+      cr_assert(fabs((double)got[i] - want) <= 1e-6, "causal %d lse[%lld] = %g, want %g", c,
+                (long long)i, (double)got[i], want);
+    }
+    free(got);
+    weft_free(dL), weft_free(f);
+  }
 }
 
 BACKEND_TEST(matmul_precision_bf16_rounds_operands_or_is_unsupported) {
@@ -1935,7 +2000,9 @@ BACKEND_TEST(matmul_precision_bf16_rounds_operands_or_is_unsupported) {
   expect_close("sgemm at TF32 precision vs the exact product", got, want, m * n, 5e-3);
   /* attention's products at BF16 precision */
   OK(weft_device_set_matmul_precision(dev, WEFT_MATMUL_BF16));
-  attention_case(dev, 2, 70, 4, 2, 8, "GQA B=2 T=70 H=4 Hkv=2 hd=8 at BF16 precision", 1e-2);
+  attention_case(dev, 2, 70, 4, 2, 8, true, "GQA B=2 T=70 H=4 Hkv=2 hd=8 at BF16 precision", 1e-2);
+  attention_case(dev, 2, 70, 4, 2, 8, false,
+                 "non-causal GQA B=2 T=70 H=4 Hkv=2 hd=8 at BF16 precision", 1e-2);
   OK(weft_device_set_matmul_precision(dev, WEFT_MATMUL_F32));
   free(a), free(b), free(got), free(want), free(a0), free(b0);
   weft_free(da), weft_free(db), weft_free(dc);
@@ -3152,22 +3219,23 @@ static int errs_layers(const ebufs *b, eres *res) {
     weft_backend_rope_forward(dev, f, f + 1024, f + 2048, f + 3000, 40, 1, 3, 2, 0, 0));
   E("attention_forward", INV, "H = 3 query heads is not a multiple of Hkv = 2",
     weft_backend_attention_forward(dev, f, f + 512, f + 1024, f + 2048, f + 3000, 1, 2, 3, 2, 4,
-                                   f));
+                                   true, f));
   E("attention_forward", INV, "H = 2 query heads is not a multiple of Hkv = 0",
     weft_backend_attention_forward(dev, f, f + 512, f + 1024, f + 2048, f + 3000, 1, 2, 2, 0, 4,
-                                   f));
+                                   true, f));
   E("attention_backward", INV, "size argument 2 is negative (-2)",
     weft_backend_attention_backward(dev, f, f + 256, f + 512, f + 1024, f + 1500, f + 2048,
-                                    f + 2500, f + 3000, f + 3500, 1, -2, 2, 2, 4, f));
+                                    f + 2500, f + 3000, f + 3500, 1, -2, 2, 2, 4, true, f));
   E("attention_forward", INV, "scratch is NULL",
     weft_backend_attention_forward(dev, f, f + 512, f + 1024, f + 2048, f + 3000, 1, 2, 2, 2, 4,
-                                   NULL));
+                                   true, NULL));
   /* out (forward's output) is an input of every backend's backward */
   E("attention_backward", INV, "out is NULL",
     weft_backend_attention_backward(dev, f, f + 256, f + 512, f + 1024, f + 1500, f + 2048,
-                                    f + 2500, f + 3000, NULL, 1, 2, 2, 2, 4, f));
+                                    f + 2500, f + 3000, NULL, 1, 2, 2, 2, 4, true, f));
   E("attention_forward", INV, "q is NULL",
-    weft_backend_attention_forward(dev, f, f + 512, NULL, f + 2048, f + 3000, 1, 2, 2, 2, 4, f));
+    weft_backend_attention_forward(dev, f, f + 512, NULL, f + 2048, f + 3000, 1, 2, 2, 2, 4, true,
+                                   f));
   return n;
 }
 
@@ -3586,4 +3654,33 @@ Test(registry, a_version_1_table_has_no_version_2_members_and_says_so_by_name) {
   OK(weft_backend_layernorm_forward(WEFT_CPU, y, m, r, x, NULL, NULL, 1, 4, 1e-5f));
   cr_assert_eq(m[0], 2.5f, "mean %g", (double)m[0]);
   cr_assert(WEFT_BACKEND_VERSION >= 2);
+}
+
+/* Version 3 added `causal` to the attention members' argument lists: a
+ * table built for version 2 has the old ones, which are dropped (calling
+ * them with the new arguments would be undefined), so attention is
+ * unsupported there while its other members work. */
+Test(registry, a_version_2_table_has_no_attention_and_says_so_by_name) {
+  weft_backend t = *weft_backend_get(WEFT_CPU);
+  t.name = "cpu-version-2";
+  t.version = 2;
+  OK(weft_backend_register(&t));
+  const weft_backend *got = weft_backend_get(WEFT_CPU);
+  cr_assert_null(got->attention_forward);
+  cr_assert_null(got->attention_backward);
+  cr_assert_not_null(got->layernorm_forward);
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8], l[2], s[64];
+  weft_clear_error();
+  cr_assert_eq(weft_backend_attention_forward(WEFT_CPU, y, l, x, x, x, 1, 2, 1, 1, 4, true, s),
+               WEFT_ERR_UNSUPPORTED);
+  cr_assert(strstr(weft_last_error(), "attention_forward is not supported on cpu (backend "
+                                      "'cpu-version-2')"),
+            "message: %s", weft_last_error());
+  weft_clear_error();
+  cr_assert_eq(weft_backend_attention_backward(WEFT_CPU, y, y, y, x, x, x, x, l, x, 1, 2, 1, 1, 4,
+                                               false, s),
+               WEFT_ERR_UNSUPPORTED);
+  weft_backend_reset(WEFT_CPU);
+  OK(weft_backend_attention_forward(WEFT_CPU, y, l, x, x, x, 1, 2, 1, 1, 4, false, s));
+  cr_assert(WEFT_BACKEND_VERSION >= 3);
 }

@@ -419,13 +419,13 @@ static void check_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_
   float *out = falloc(nq), *lse = falloc(B * H * T);
   float *scratch = falloc(weft_attention_scratch_floats(T));
   double *oref = dalloc(nq);
-  cr_assert_eq(weft_attention_forward(out, lse, q, k, v, B, T, H, Hkv, hd, scratch), WEFT_OK,
+  cr_assert_eq(weft_attention_forward(out, lse, q, k, v, B, T, H, Hkv, hd, true, scratch), WEFT_OK,
                "%s", weft_last_error());
   att_ref(&c, oref);
   EXPECT_CLOSE("attention out", out, oref, nq, FWD_TOL);
   float *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk);
   for (int64_t i = 0; i < nk; i++) dk[i] = dv[i] = 42.0f; /* overwritten, not accumulated */
-  cr_assert_eq(weft_attention_backward(dq, dk, dv, R, q, k, v, lse, B, T, H, Hkv, hd, scratch),
+  cr_assert_eq(weft_attention_backward(dq, dk, dv, R, q, k, v, lse, B, T, H, Hkv, hd, true, scratch),
                WEFT_OK, "%s", weft_last_error());
   struct { const char *name; double *x; int64_t n; float *got; } in[3] = {
       {"attention dq", c.q, nq, dq}, {"attention dk", c.k, nk, dk}, {"attention dv", c.v, nk, dv}};
@@ -466,11 +466,11 @@ Test(layers, attention_across_query_blocks_matches_reference) {
 
 Test(layers, attention_rejects_heads_not_a_multiple_of_kv_heads) {
   float buf[64] = {0};
-  cr_expect_eq(weft_attention_forward(buf, buf, buf, buf, buf, 1, 2, 3, 2, 2, buf), WEFT_ERR_INVALID);
+  cr_expect_eq(weft_attention_forward(buf, buf, buf, buf, buf, 1, 2, 3, 2, 2, true, buf), WEFT_ERR_INVALID);
   cr_expect(strstr(weft_last_error(), "not a multiple") != NULL, "%s", weft_last_error());
-  cr_expect_eq(weft_attention_backward(buf, buf, buf, buf, buf, buf, buf, buf, 1, 2, 4, 0, 2, buf),
+  cr_expect_eq(weft_attention_backward(buf, buf, buf, buf, buf, buf, buf, buf, 1, 2, 4, 0, 2, true, buf),
                WEFT_ERR_INVALID);
-  cr_expect_eq(weft_attention_forward(buf, buf, buf, buf, buf, 1, 2, 2, 2, 2, NULL), WEFT_ERR_INVALID);
+  cr_expect_eq(weft_attention_forward(buf, buf, buf, buf, buf, 1, 2, 2, 2, 2, true, NULL), WEFT_ERR_INVALID);
   cr_expect_eq(weft_attention_scratch_floats(10), 200);
   cr_expect_eq(weft_attention_scratch_floats(1000), 2 * 64 * 1000);
 }

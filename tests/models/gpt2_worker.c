@@ -11,33 +11,10 @@
 #include "dcp.h"
 #include "fsdp.h"
 #include "golden.h"
+#include "gpt2_golden.h"
 #include "gpt2.h"
 #include "tp.h"
 #include "worker.h"
-
-static weft_gpt2_config gpt2_config(const golden *g) {
-  weft_gpt2_config c = WEFT_GPT2_CONFIG_INIT;
-  c.vocab = g->cfg.vocab;
-  c.dim = g->cfg.dim;
-  c.n_layers = g->cfg.n_layers;
-  c.n_heads = g->cfg.n_heads;
-  c.ffn_dim = g->cfg.ffn_dim;
-  c.max_seq_len = g->positions;
-  return c;
-}
-
-/* Rows [r0, r0 + n) of a (B, T) int32 tensor as a Replicate DTensor. */
-static weft_status rows_dt(weft_mesh *mesh, const weft_tensor *t, int64_t r0, int64_t n,
-                           weft_dtensor **out) {
-  weft_tensor *v;
-  WEFT_CHECK(weft_tensor_narrow(t, 0, r0, n, &v));
-  weft_placement pl[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < weft_mesh_ndim(mesh); i++) pl[i] = weft_replicate();
-  weft_status st = weft_dtensor_distribute(mesh, v, WEFT_DTENSOR_ALL_RANKS, pl,
-                                           weft_mesh_ndim(mesh), out);
-  weft_tensor_destroy(v);
-  return st;
-}
 
 /* How a golden run is laid out over the world: a root mesh of
  * ([replicate] x dp x tp) ranks; the model lives on the tp submesh; with
@@ -167,7 +144,7 @@ static void check_checkpoint(weft_module *model, const weft_gpt2_config *cfg, co
 static void run_golden(const char *what, layout L) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
-  weft_gpt2_config cfg = gpt2_config(&g);
+  weft_gpt2_config cfg = gpt2_golden_config(&g, 0.0f);
   int world = weft_world_size(), rank = weft_worker_rank;
   WREQUIRE(world == (L.rep > 0 ? L.rep : 1) * L.dp * L.tp, "%s needs %d ranks, have %d", what,
            (L.rep > 0 ? L.rep : 1) * L.dp * L.tp, world);
@@ -185,8 +162,8 @@ static void run_golden(const char *what, layout L) {
   WREQUIRE(B % P.dp_total == 0, "batch %lld over %d dp groups", (long long)B, P.dp_total);
   int64_t nb = B / P.dp_total, r0 = P.dp_index * nb;
   weft_dtensor *ids = NULL, *tgt = NULL;
-  WOK(rows_dt(mesh, g.tokens, r0, nb, &ids));
-  WOK(rows_dt(mesh, g.targets, r0, nb, &tgt));
+  WOK(golden_rows(mesh, g.tokens, r0, nb, &ids));
+  WOK(golden_rows(mesh, g.targets, r0, nb, &tgt));
   weft_graph *gr = NULL;
   WOK(weft_graph_create(&gr));
   weft_var *loss = NULL;
@@ -208,20 +185,9 @@ static void run_golden(const char *what, layout L) {
   WOK(weft_module_parameters(model, ps, 256, &np));
   WCHECK(np == 2 + 12 * (int)cfg.n_layers + 2, "param count %d (tied lm_head counted once)", np);
   double worst_g = 0;
-  for (int i = 0; i < np; i++) {
-    weft_tensor *full = NULL;
-    WREQUIRE(ps[i]->grad, "%s: no grad", ps[i]->fqn);
-    WOK(weft_dtensor_full_tensor(ps[i]->grad, &full));
-    double *ref = NULL;
-    int64_t n = 0;
-    WOK(read_f64(fg, ps[i]->fqn, &ref, &n));
-    WREQUIRE(ref && full && n == weft_tensor_numel(full), "%s: size", ps[i]->fqn);
-    double e = rel_err_f32_f64(full->data, ref, n);
-    if (e > worst_g) worst_g = e;
-    WCHECK(e < 1e-5, "%s: grad %s rel err %.3g", what, ps[i]->fqn, e);
-    free(ref);
-    weft_tensor_destroy(full);
-  }
+  const char *worst_p = "";
+  WOK(golden_worst_grad_err(&g, ps, np, &worst_g, &worst_p));
+  WCHECK(worst_g < 1e-5, "%s: grad %s rel err %.3g", what, worst_p, worst_g);
   double norm = 0;
   WOK(weft_clip_grad_norm(model, g.clip, &norm));
   double nerr = fabs(norm - g.grad_norm) / g.grad_norm;
@@ -317,7 +283,7 @@ static void case_golden_3d(void) {
  * step into losses. */
 static void train_curve(const golden *g, float p, const layout *L, bool alone, int steps,
                         double *losses) {
-  weft_gpt2_config cfg = gpt2_config(g);
+  weft_gpt2_config cfg = gpt2_golden_config(g, 0.0f);
   cfg.dropout = p;
   placed P;
   memset(&P, 0, sizeof P);
@@ -342,8 +308,8 @@ static void train_curve(const golden *g, float p, const layout *L, bool alone, i
     r0 = P.dp_index * nb;
   }
   weft_dtensor *ids = NULL, *tgt = NULL;
-  WOK(rows_dt(mesh, g->tokens, r0, nb, &ids));
-  WOK(rows_dt(mesh, g->targets, r0, nb, &tgt));
+  WOK(golden_rows(mesh, g->tokens, r0, nb, &ids));
+  WOK(golden_rows(mesh, g->targets, r0, nb, &tgt));
   weft_optimizer *opt = NULL;
   WOK(weft_gpt2_adamw_create(model, &g->hp, &opt));
   weft_graph *gr = NULL;
@@ -411,7 +377,7 @@ static void case_dropout_curve(void) {
 static void case_groups(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
-  weft_gpt2_config cfg = gpt2_config(&g);
+  weft_gpt2_config cfg = gpt2_golden_config(&g, 0.0f);
   int one = 1;
   const char *mn[1] = {"tp"};
   weft_mesh *mesh = NULL;

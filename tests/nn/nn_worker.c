@@ -110,20 +110,9 @@ static void run_golden(const char *name, int plan) {
   WOK(weft_module_parameters(model, ps, 256, &np));
   WCHECK(np == 2 + 9 * (int)g.cfg.n_layers + 1, "param count %d", np);
   double worst_g = 0;
-  for (int i = 0; i < np; i++) {
-    weft_tensor *full = NULL;
-    WREQUIRE(ps[i]->grad, "%s: no grad", ps[i]->fqn);
-    WOK(weft_dtensor_full_tensor(ps[i]->grad, &full));
-    double *ref = NULL;
-    int64_t n = 0;
-    WOK(read_f64(fg, ps[i]->fqn, &ref, &n));
-    WREQUIRE(ref && full && n == weft_tensor_numel(full), "%s: size", ps[i]->fqn);
-    double e = rel_err_f32_f64(full->data, ref, n);
-    if (e > worst_g) worst_g = e;
-    WCHECK(e < 1e-5, "%s plan %d: grad %s rel err %.3g", name, plan, ps[i]->fqn, e);
-    free(ref);
-    weft_tensor_destroy(full);
-  }
+  const char *worst_p = "";
+  WOK(golden_worst_grad_err(&g, ps, np, &worst_g, &worst_p));
+  WCHECK(worst_g < 1e-5, "%s plan %d: grad %s rel err %.3g", name, plan, worst_p, worst_g);
   /* clip + one AdamW step */
   double norm = 0;
   WOK(weft_clip_grad_norm(model, g.clip, &norm));

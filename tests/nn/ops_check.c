@@ -433,16 +433,21 @@ int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
     for (int j = 0; st == WEFT_OK && j < c->nout; j++)
       st = weft_op_scale(vout[j], (double)(j + 1), &sc[j]);
     if (st == WEFT_OK) st = weft_op_cat(sc, c->nout, c->iarg[0], &root);
-    oc_case cc = {.name = "grad cat", .nin = c->nout, .nout = 1, .ondim = {c->ndim[0]}};
+    /* the cat's shape: output 0's with the cat dim summed over the outputs
+     * (a split's input shape) */
+    oc_case cc = {.name = "grad cat", .nin = c->nout, .nout = 1, .ondim = {c->ondim[0]}};
+    int cd = ndim_norm(c->iarg[0], c->ondim[0]);
+    memcpy(cc.oshape[0], c->oshape[0], sizeof cc.oshape[0]);
+    cc.oshape[0][cd] = 0;
     for (int j = 0; j < c->nout; j++) {
       cc.ndim[j] = c->ondim[j];
       memcpy(cc.shape[j], c->oshape[j], sizeof cc.shape[j]);
+      cc.oshape[0][cd] += c->oshape[j][cd];
     }
-    memcpy(cc.oshape[0], c->shape[0], sizeof cc.oshape[0]);
     cc.iarg[0] = c->iarg[0];
-    double *rc = malloc(sizeof(double) * (size_t)ne_in(c, 0));
+    double *rc = malloc(sizeof(double) * (size_t)ne_out(&cc, 0));
     ref_cat(&cc, R, &rc);
-    if (st == WEFT_OK) st = make_dt(mesh, rc, c->ndim[0], c->shape[0], gpl, &rdt);
+    if (st == WEFT_OK) st = make_dt(mesh, rc, cc.ondim[0], cc.oshape[0], gpl, &rdt);
     free(rc);
   } else if (st == WEFT_OK) {
     st = make_dt(mesh, R[rj], c->ondim[rj], c->oshape[rj], gpl, &rdt);
@@ -452,7 +457,7 @@ int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
     FAIL("backward: %s", weft_last_error());
     goto done;
   }
-  const double h = 1.0 / 64;
+  const double h = c->fd_h > 0 ? c->fd_h : 1.0 / 64;
   for (int a = 0; a < c->nin; a++) {
     int64_t n = ne_in(c, a);
     double *fd = malloc(sizeof(double) * (size_t)n);

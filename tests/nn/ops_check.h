@@ -27,6 +27,10 @@ struct oc_case {
   int iarg[8];
   int64_t sizes[OC_MAX_OUT];
   double farg;
+  /* the finite-difference step of the grad check (0: 1/64, exact for the
+   * ops that are linear in each input; smooth non-linear ops take a small
+   * step, e.g. 1e-4: the error is O(h^2)) */
+  double fd_h;
   /* the double reference: out[j] from in[a] (row-major) */
   void (*ref)(const oc_case *c, double *const *in, double *const *out);
   /* the op on vars */
@@ -53,7 +57,9 @@ const oc_case *oc_find(const char *name);
  * against the double reference (relative tolerance tol) and reports
  * mismatches on stderr. res (may be NULL) receives the results (free with
  * oc_result_free). Returns the number of failed checks (every rank runs
- * the same collectives regardless). Collective over the mesh. */
+ * the same collectives regardless). Outputs of mode -1 are combined by
+ * cat along iarg[0], so they must agree on the other dims. Collective
+ * over the mesh. */
 int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
            const weft_placement *gpl, int mode, uint64_t seed, double tol, oc_result *res);
 void oc_result_free(const oc_case *c, oc_result *r);

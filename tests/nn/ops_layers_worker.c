@@ -348,6 +348,7 @@ static weft_status run_rope(weft_var *const *in, weft_var **out, const void *ctx
 
 typedef struct sdpa_ctx {
   int64_t B, T, H, Hkv, hd;
+  bool noncausal; /* every query sees all T keys (default: causal) */
 } sdpa_ctx;
 static void ref_sdpa(double *const *in, double *out, const void *ctx) {
   const sdpa_ctx *c = ctx;
@@ -358,29 +359,31 @@ static void ref_sdpa(double *const *in, double *out, const void *ctx) {
       int64_t kh = h / grp;
       for (int64_t t = 0; t < T; t++) {
         const double *q = in[0] + ((b * T + t) * c->H + h) * hd;
+        const int64_t nk = c->noncausal ? T : t + 1; /* keys seen */
         double m = -INFINITY, s = 0;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = 0; j < nk; j++) {
           const double *k = in[1] + ((b * T + j) * c->Hkv + kh) * hd;
           double d = 0;
           for (int64_t e = 0; e < hd; e++) d += q[e] * k[e];
           p[j] = d * sc;
           m = fmax(m, p[j]);
         }
-        for (int64_t j = 0; j <= t; j++) s += (p[j] = exp(p[j] - m));
+        for (int64_t j = 0; j < nk; j++) s += (p[j] = exp(p[j] - m));
         double *o = out + ((b * T + t) * c->H + h) * hd;
         for (int64_t e = 0; e < hd; e++) {
           double a = 0;
-          for (int64_t j = 0; j <= t; j++) a += p[j] / s * in[2][((b * T + j) * c->Hkv + kh) * hd + e];
+          for (int64_t j = 0; j < nk; j++)
+            a += p[j] / s * in[2][((b * T + j) * c->Hkv + kh) * hd + e];
           o[e] = a;
         }
       }
     }
 }
 static weft_status run_sdpa(weft_var *const *in, weft_var **out, const void *ctx) {
-  (void)ctx;
+  const sdpa_ctx *c = ctx;
   weft_var *q2;
   WEFT_CHECK(weft_op_scale(in[0], 2.0, &q2)); /* sharper attention */
-  return weft_op_sdpa(q2, in[1], in[2], true, out);
+  return weft_op_sdpa(q2, in[1], in[2], !c->noncausal, out);
 }
 static void ref_sdpa2(double *const *in, double *out, const void *ctx) {
   const sdpa_ctx *c = ctx;
@@ -494,18 +497,57 @@ static void cases_rope(weft_mesh *mesh, weft_placement px) {
 }
 
 static void cases_sdpa(weft_mesh *mesh, weft_placement px) {
-  static const sdpa_ctx sc = {2, 5, 4, 2, 4};
-  opcase c = {.name = "sdpa", .nin = 3, .ndim = {4, 4, 4},
-              .shape = {{2, 5, 4, 4}, {2, 5, 2, 4}, {2, 5, 2, 4}}, .grad = {true, true, true},
-              .pl = {px, px, px}, .out_ndim = 4, .out_shape = {2, 5, 4, 4}, .run = run_sdpa,
-              .ref = ref_sdpa2, .ctx = &sc, .fwd_tol = F, .bwd_tol = G};
-  run_case(mesh, &c);
-  static const sdpa_ctx mha = {1, 3, 2, 2, 2};
-  opcase d = {.name = "sdpa (mha)", .nin = 3, .ndim = {4, 4, 4},
-              .shape = {{1, 3, 2, 2}, {1, 3, 2, 2}, {1, 3, 2, 2}}, .grad = {true, false, true},
-              .pl = {px, px, px}, .out_ndim = 4, .out_shape = {1, 3, 2, 2}, .run = run_sdpa,
-              .ref = ref_sdpa2, .ctx = &mha, .fwd_tol = F, .bwd_tol = G};
-  run_case(mesh, &d);
+  /* causal, then non-causal (every query sees all T keys) */
+  static const sdpa_ctx sc[2] = {{2, 5, 4, 2, 4, false}, {2, 5, 4, 2, 4, true}};
+  static const sdpa_ctx mha[2] = {{1, 3, 2, 2, 2, false}, {1, 3, 2, 2, 2, true}};
+  for (int nc = 0; nc < 2; nc++) {
+    opcase c = {.name = nc ? "sdpa non-causal" : "sdpa", .nin = 3, .ndim = {4, 4, 4},
+                .shape = {{2, 5, 4, 4}, {2, 5, 2, 4}, {2, 5, 2, 4}}, .grad = {true, true, true},
+                .pl = {px, px, px}, .out_ndim = 4, .out_shape = {2, 5, 4, 4}, .run = run_sdpa,
+                .ref = ref_sdpa2, .ctx = &sc[nc], .fwd_tol = F, .bwd_tol = G};
+    run_case(mesh, &c);
+    opcase d = {.name = nc ? "sdpa non-causal (mha)" : "sdpa (mha)", .nin = 3,
+                .ndim = {4, 4, 4}, .shape = {{1, 3, 2, 2}, {1, 3, 2, 2}, {1, 3, 2, 2}},
+                .grad = {true, false, true}, .pl = {px, px, px}, .out_ndim = 4,
+                .out_shape = {1, 3, 2, 2}, .run = run_sdpa, .ref = ref_sdpa2, .ctx = &mha[nc],
+                .fwd_tol = F, .bwd_tol = G};
+    run_case(mesh, &d);
+  }
+}
+
+/* causal and non-causal differ (the flag reaches the kernel): query 0
+ * sees key 0 alone when causal, so its output is v's row 0 */
+static void case_sdpa_causal_flag(weft_mesh *mesh) {
+  int64_t sq[4] = {1, 4, 2, 4};
+  double hq[32], hk[32], hv[32];
+  for (int i = 0; i < 32; i++) hq[i] = srand1(), hk[i] = srand1(), hv[i] = srand1();
+  weft_dtensor *q = mk_dt(mesh, WEFT_F32, 4, sq, hq, weft_replicate()),
+               *k = mk_dt(mesh, WEFT_F32, 4, sq, hk, weft_replicate()),
+               *v = mk_dt(mesh, WEFT_F32, 4, sq, hv, weft_replicate());
+  weft_graph *g;
+  WOK(weft_graph_create(&g));
+  weft_var *Q, *K, *V, *y[2] = {NULL, NULL};
+  WOK(weft_graph_input(g, q, false, &Q));
+  WOK(weft_graph_input(g, k, false, &K));
+  WOK(weft_graph_input(g, v, false, &V));
+  WOK(weft_op_sdpa(Q, K, V, true, &y[0]));
+  WOK(weft_op_sdpa(Q, K, V, false, &y[1]));
+  if (y[0] && y[1]) {
+    int64_t n;
+    double *c = fetch(weft_var_value(y[0]), &n), *nc = fetch(weft_var_value(y[1]), &n);
+    double diff = 0;
+    for (int e = 0; c && nc && e < 8; e++) { /* row t = 0, both heads */
+      WCHECK(fabs(c[e] - hv[e]) <= 1e-6, "causal row 0 [%d] = %g, v %g", e, c[e], hv[e]);
+      diff = fmax(diff, fabs(c[e] - nc[e]));
+    }
+    WCHECK(diff > 1e-3, "row 0 is the same causal and non-causal (max diff %g)", diff);
+    free(c);
+    free(nc);
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(q);
+  weft_dtensor_destroy(k);
+  weft_dtensor_destroy(v);
 }
 
 static void cases_ce(weft_mesh *mesh, weft_placement px, int64_t V) {
@@ -702,7 +744,8 @@ static void case_bad(weft_mesh *mesh) {
   expect_err(weft_op_rope(ODD, 10000.0, 0, &y), WEFT_ERR_INVALID, "rope odd hd", "rope");
   expect_err(weft_op_rope(X, 10000.0, 0, &y), WEFT_ERR_INVALID, "rope 3-D", "rope");
   expect_err(weft_op_rope(Q, -1.0, 0, &y), WEFT_ERR_INVALID, "rope theta", "theta");
-  expect_err(weft_op_sdpa(Q, Q, Q, false, &y), WEFT_ERR_UNSUPPORTED, "sdpa non-causal", "causal");
+  expect_err(weft_op_sdpa(Q, KB, KB, false, &y), WEFT_ERR_INVALID, "sdpa non-causal H % Hkv",
+             "sdpa");
   expect_err(weft_op_sdpa(Q, KB, KB, true, &y), WEFT_ERR_INVALID, "sdpa H % Hkv", "sdpa");
   expect_err(weft_op_sdpa(Q, ODD, ODD, true, &y), WEFT_ERR_INVALID, "sdpa hd", "sdpa");
   expect_err(weft_op_swiglu(A, B, &y), WEFT_ERR_INVALID, "swiglu shapes", "swiglu");
@@ -725,7 +768,7 @@ static void case_bad(weft_mesh *mesh) {
 /* the graph's pool: a second step of the same shapes reuses the buffers
  * and gives the same values */
 static void case_two_steps(weft_mesh *mesh) {
-  static const sdpa_ctx sc = {2, 5, 4, 2, 4};
+  static const sdpa_ctx sc = {2, 5, 4, 2, 4, false};
   int64_t sq[4] = {2, 5, 4, 4}, sk[4] = {2, 5, 2, 4};
   double hq[160], hk[80], hv[80];
   for (int i = 0; i < 160; i++) hq[i] = srand1();
@@ -792,6 +835,7 @@ static void case_ops1(void) {
   cases_softmax(mesh, r);
   cases_rope(mesh, r);
   cases_sdpa(mesh, r);
+  case_sdpa_causal_flag(mesh);
   cases_ce(mesh, r, 6);
   case_ce_all_ignored(mesh);
   cases_dropout(mesh, r);

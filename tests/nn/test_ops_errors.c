@@ -1,0 +1,33 @@
+/* tests/nn/test_ops_errors.c — bad input of the op layer (autograd.h):
+ * shapes an op cannot take, a parameter registered twice, backward twice,
+ * a tied weight's one layout for both users, and WEFT_DEBUG's check that
+ * every rank runs the same ops. The cases need a mesh of 2 ranks, so they
+ * run in ops_errors_worker under mpiexec (see tests/harness/harness.h). */
+#include <criterion/criterion.h>
+
+#include "harness.h"
+
+#define ERR_WORKER WORKER("ops_errors_worker")
+
+Test(nn_ops_errors, bad_shapes_name_op_shapes_placements_alike_on_every_rank, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(2, ERR_WORKER, "shapes", 50), 0);
+}
+
+Test(nn_ops_errors, parameter_registered_twice_or_over_an_alias_is_refused, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(2, ERR_WORKER, "params", 50), 0);
+}
+
+Test(nn_ops_errors, backward_twice_and_op_after_backward_are_state_errors, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(2, ERR_WORKER, "backward", 50), 0);
+}
+
+Test(nn_ops_errors, tied_weight_has_one_layout_and_sums_both_grads_sharded, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(2, ERR_WORKER, "tied", 50), 0);
+}
+
+/* WEFT_TIMEOUT bounds a wait if the check itself failed to meet. */
+Test(nn_ops_errors, weft_debug_names_ranks_and_ops_that_diverge_instead_of_hanging,
+     .timeout = 90) {
+  const char *env[] = {"WEFT_DEBUG=1", "WEFT_TIMEOUT=30", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(2, ERR_WORKER, "debug", 80, env), 0);
+}
