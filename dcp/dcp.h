@@ -27,13 +27,20 @@
  * A state dict is a flat map from names to entries, kept in insertion
  * order. Names are the canonical qualified names PyTorch uses:
  *   model:      the parameter FQNs ("layers.0.attention.wq.weight");
+ *   model:      a tied parameter (weft_module_tie_param) once, under its
+ *               owner's FQN ("transformer.wte.weight", not "lm_head.weight");
  *   optimizer:  "state.<fqn>.exp_avg", "state.<fqn>.exp_avg_sq",
  *               "state.<fqn>.max_exp_avg_sq" (amsgrad),
  *               "state.<fqn>.momentum_buffer" (SGD), "state.<fqn>.step"
- *               (an int value) and "param_groups.<fqn>.lr" (a double
- *               value), as torch's flattened optimizer state dict, and
+ *               (an int value), and the hyper-parameters of the
+ *               parameter's group as torch's flattened param_groups:
+ *               "param_groups.<fqn>.lr", ".eps", ".weight_decay" (double
+ *               values), ".betas" (JSON [beta1, beta2]), ".amsgrad" (JSON
+ *               bool) and ".group" (int: the group's index, torch's
+ *               position in param_groups) — SGD: ".lr" only —, and
  *               "state.num_steps" (the optimizer's step count, which
- *               drives its learning-rate schedule).
+ *               drives its learning-rate schedule) and, for AdamW,
+ *               "param_groups.num_groups".
  * The optimizer namespace is every key that starts with "state." or
  * "param_groups."; the model functions ignore it and the optimizer
  * functions look at nothing else, so one state dict may hold both (and any
@@ -194,6 +201,16 @@ weft_status weft_state_dict_get(const weft_state_dict *sd, int64_t i, weft_sd_en
 weft_status weft_state_dict_find(const weft_state_dict *sd, const char *name, weft_sd_entry *out);
 /* Removes (and frees, if owned) the entry; WEFT_ERR_NOT_FOUND if absent. */
 weft_status weft_state_dict_remove(weft_state_dict *sd, const char *name);
+/* Records `alias` as another name of entry `name` (both non-empty,
+ * different; an alias has one name: WEFT_ERR_INVALID otherwise): a tied
+ * parameter's other FQN ("lm_head.weight" for "transformer.wte.weight"),
+ * as weft_get_model_state_dict records for every tied parameter. An alias
+ * is no entry (count, get, find and save ignore it: the value is saved once,
+ * under `name`). weft_dcp_load reads entry `name` from the alias when the
+ * checkpoint has no `name` (Hugging Face GPT-2 files may hold only
+ * lm_head.weight); a checkpoint that has both must hold the same bytes
+ * under both (WEFT_ERR_CORRUPT naming both keys otherwise). Local. */
+weft_status weft_state_dict_add_alias(weft_state_dict *sd, const char *alias, const char *name);
 
 /* A list of keys returned by the functions below (missing or unexpected
  * keys). Owned by the caller: weft_key_list_clear frees and zeroes it. */
@@ -228,8 +245,9 @@ typedef struct weft_state_dict_opts {
 #define WEFT_STATE_DICT_OPTS_INIT {WEFT_STATE_DICT_OPTS_VERSION, false, false, false, true}
 
 /* Adds the model's parameters to sd under their FQNs (relative to model's
- * root). Default: views of each parameter's data DTensor (loads write into
- * the model directly). full_state_dict: plain full tensors (owned by sd),
+ * root); a tied parameter once, under its owner's FQN, with its other FQNs
+ * recorded as aliases (weft_state_dict_add_alias). Default: views of each
+ * parameter's data DTensor (loads write into the model directly). full_state_dict: plain full tensors (owned by sd),
  * gathered with weft_dtensor_full_tensor; collective over every
  * parameter's mesh. Every parameter must have storage (WEFT_ERR_STATE
  * naming it otherwise). On error sd keeps the entries added before it. */
@@ -243,7 +261,12 @@ weft_status weft_get_model_state_dict(weft_module *model, const weft_state_dict_
  * tensor entry is the full value: each rank copies its slice (no
  * communication). dtypes convert (weft_tensor_copy); global shapes must
  * match (WEFT_ERR_INVALID naming the key and both shapes, before anything
- * is written). Parameters without storage are materialised first.
+ * is written). A tied parameter is read from its FQN or, when sd has no
+ * entry of that name, from one of its aliases ("lm_head.weight"); sd with
+ * both must hold equal values under both (as the parameter's dtype;
+ * WEFT_ERR_INVALID naming both keys, before anything is written; DTensor
+ * entries are gathered for that, collective over their meshes); an alias
+ * is never "unexpected". Parameters without storage are materialised first.
  * missing / unexpected (either may be NULL) receive the keys skipped when
  * strict is false. Collective over the parameters' meshes when
  * redistribution or gathering is needed, over MPI_COMM_WORLD with
@@ -254,20 +277,29 @@ weft_status weft_set_model_state_dict(weft_module *model, const weft_state_dict 
 
 /* The optimizer's state under the optimizer namespace (see the top): its
  * state DTensors (views or, with full_state_dict, gathered full tensors),
- * each parameter's step count as an int value, the learning rate as a
- * double value per parameter, and the optimizer's step count
- * ("state.num_steps"). Of the hyper-parameters only the learning rate is
- * saved: nn offers no getters for the others (betas, eps, weight decay),
- * which the optimizer being restored keeps from its creation. model is the module the optimizer was
- * created on. Same options as the model version. */
+ * each parameter's step count as an int value, the hyper-parameters of
+ * each parameter's group with the group's index (AdamW: lr, betas, eps,
+ * weight_decay, amsgrad, as torch's param_groups flattened by FQN; SGD:
+ * the learning rate), the optimizer's step count ("state.num_steps") and,
+ * for AdamW, the number of groups ("param_groups.num_groups"). model is
+ * the module the optimizer was created on. Same options as the model
+ * version. */
 weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
                                           const weft_state_dict_opts *opts,
                                           weft_state_dict *sd);
 /* Restores the optimizer from sd: state tensors as in
  * weft_set_model_state_dict, step counts (per parameter, and the
- * optimizer's through weft_optimizer_set_num_steps), and the learning rate
- * (from the first param_groups.<fqn>.lr present). Keys of the optimizer namespace
- * that match nothing are "unexpected". */
+ * optimizer's through weft_optimizer_set_num_steps) and the parameter
+ * groups' hyper-parameters (weft_optimizer_group_set; SGD: the learning
+ * rate of the first parameter). The groups must match the optimizer's, as
+ * torch requires of optimizer.load_state_dict: the same number of groups
+ * ("param_groups.num_groups"), every parameter in the group of the same
+ * index (".group"), one value per group and hyper-parameter (the
+ * parameters of one optimizer group saved alike) and the same amsgrad;
+ * otherwise WEFT_ERR_INVALID naming the group (and the parameter), with
+ * nothing changed: every value is checked before the optimizer or a state
+ * tensor is written. Keys of the optimizer namespace that match nothing are
+ * "unexpected". */
 weft_status weft_set_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
                                           const weft_state_dict *sd,
                                           const weft_state_dict_opts *opts,
@@ -313,7 +345,9 @@ weft_status weft_dcp_save(const weft_state_dict *sd, const char *dir, const weft
  * this rank's shard, for each plain tensor the whole value, for each value
  * entry its saved value. The saving mesh, placements and world size may be
  * anything: each local piece is read from the saved chunks that overlap
- * it, only the blocks holding its bytes (pread), each verified. Collective
+ * it, only the blocks holding its bytes (pread), each verified. An entry
+ * with aliases (weft_state_dict_add_alias) is read from an alias when the
+ * checkpoint lacks its name. Collective
  * over the group. Errors (every rank): no directory, no or corrupt
  * metadata (an interrupted save is named as such), a key missing from the
  * checkpoint (unless allow_partial; `missing`, may be NULL, gets them),
@@ -434,8 +468,12 @@ weft_status weft_dcp_verify(weft_dcp_checkpoint *ck, int64_t *bad_blocks,
 weft_status weft_safetensors_export_model(weft_module *model, const char *path, weft_dtype dtype);
 /* Loads the parameters from a safetensors file: every rank opens it and
  * reads only the slices of its shards (weft_safetensors_read_slice),
- * converting float dtypes to the parameters'. Shapes must match; missing
- * and unexpected names follow opts->strict (opts may be NULL: strict).
+ * converting float dtypes to the parameters'. A tied parameter is read
+ * from its FQN or, when the file has no tensor of that name, from one of
+ * its aliases ("lm_head.weight"); a file with both must hold the same
+ * values under both (WEFT_ERR_CORRUPT naming both, before anything is
+ * written). Shapes must match; missing and unexpected names follow
+ * opts->strict (opts may be NULL: strict; an alias is never unexpected).
  * Collective over MPI_COMM_WORLD (outcome agreed). */
 weft_status weft_safetensors_import_model(weft_module *model, const char *path,
                                           const weft_state_dict_opts *opts,

@@ -233,11 +233,19 @@ typedef struct dcp_sd_ent {
   dcp_vmeta val; /* values: type, canonical text, JSON (val.name unused) */
 } dcp_sd_ent;
 
+/* Another name of an entry (a tied parameter's alias FQN). */
+typedef struct dcp_sd_alias {
+  char *alias;
+  char *name;
+} dcp_sd_alias;
+
 struct weft_state_dict {
   dcp_sd_ent *e;
   int64_t n, cap;
   int64_t *hash; /* open addressing: entry index + 1, 0 = empty */
   int64_t hcap;
+  dcp_sd_alias *al; /* weft_state_dict_add_alias, in insertion order */
+  int64_t nal;
 };
 
 /* Index of the entry called name, or -1. */
@@ -247,6 +255,24 @@ weft_status dcp_sd_set_value(weft_state_dict *sd, const char *name, weft_sd_valu
                              const char *text);
 /* true for keys of the optimizer namespace ("state.", "param_groups."). */
 bool dcp_is_optimizer_key(const char *name);
+
+/* The i-th alias of entry `name` in sd (i = 0, 1, ...), NULL past the
+ * last. */
+const char *dcp_sd_alias_of(const weft_state_dict *sd, const char *name, int i);
+
+/* Tied parameters of a model (weft_module_tie_param) whose parameter is
+ * one of the model's: the alias FQN ("lm_head.weight") and the parameter
+ * (whose fqn is the owner's, "transformer.wte.weight"). */
+typedef struct dcp_tie {
+  char *alias;
+  weft_param *p;
+} dcp_tie;
+weft_status dcp_model_ties(weft_module *model, dcp_tie **out, int *n);
+void dcp_ties_free(dcp_tie *t, int n);
+/* Whether two tensors hold the same values once converted to `dtype`
+ * (bitwise; same shapes assumed). Local. */
+weft_status dcp_tensors_equal(const weft_tensor *a, const weft_tensor *b, weft_dtype dtype,
+                              bool *equal);
 
 /* Completes a pending async save (if any) before another save or load. */
 void dcp_complete_pending(void);

@@ -62,8 +62,65 @@ static weft_status push_key(weft_key_list *l, const char *k) {
   return WEFT_OK;
 }
 
+/* The saved tensor that entry `name` reads: its own, else the first of its
+ * aliases (weft_state_dict_add_alias: a tied parameter's other FQN) that
+ * the checkpoint has; NULL if none. *other: an alias saved as well (then
+ * both must hold the same values). */
+static const dcp_tmeta *source_of(const weft_dcp_checkpoint *ck, const weft_state_dict *sd,
+                                  const char *name, const dcp_tmeta **other) {
+  const dcp_tmeta *t = dcp_meta_find_tensor(&ck->m, name);
+  *other = NULL;
+  const char *a;
+  for (int i = 0; (a = dcp_sd_alias_of(sd, name, i)) != NULL; i++) {
+    const dcp_tmeta *x = dcp_meta_find_tensor(&ck->m, a);
+    if (!x) continue;
+    if (!t) t = x;
+    else if (!*other) *other = x;
+  }
+  return t;
+}
+
+/* A tied parameter saved under two names (t and o): the region of this
+ * rank's shard must hold the same bytes in both (each rank compares its
+ * own regions; the agreement after the checks spreads a mismatch). */
+static weft_status compare_tied(weft_dcp_checkpoint *ck, const dcp_tmeta *t, const dcp_tmeta *o,
+                                const dcp_box *region) {
+  char a[256], b[256];
+  bool same = t->dtype == o->dtype && t->ndim == o->ndim;
+  for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == o->shape[d];
+  if (!same) {
+    dcp_box x = {{0}, {0}}, y = {{0}, {0}};
+    memcpy(x.size, t->shape, sizeof x.size);
+    memcpy(y.size, o->shape, sizeof y.size);
+    dcp_box_describe(&x, t->ndim, a, sizeof a);
+    dcp_box_describe(&y, o->ndim, b, sizeof b);
+    return weft_error(WEFT_ERR_CORRUPT, "load: checkpoint '%s' has the tied parameter as '%s' "
+                      "(%s%s) and as '%s' (%s%s)", ck->dir, t->name, weft_dtype_name(t->dtype), a,
+                      o->name, weft_dtype_name(o->dtype), b);
+  }
+  WEFT_CHECK(dcp_ck_prepare_region(ck, o, region));
+  size_t esz = weft_dtype_size(t->dtype);
+  int64_t n = dcp_box_volume(region, t->ndim);
+  if (n == 0) return WEFT_OK;
+  char *x = malloc((size_t)n * esz), *y = malloc((size_t)n * esz);
+  weft_status st = x && y ? WEFT_OK : weft_error(WEFT_ERR_OOM, "load: tied parameter compare");
+  int64_t cs[WEFT_MAX_DIMS];
+  dcp_contig_strides(region->size, t->ndim, esz, cs);
+  if (st == WEFT_OK) st = dcp_ck_read_region(ck, t, region, x, cs);
+  if (st == WEFT_OK) st = dcp_ck_read_region(ck, o, region, y, cs);
+  if (st == WEFT_OK && memcmp(x, y, (size_t)n * esz) != 0) {
+    dcp_box_describe(region, t->ndim, a, sizeof a);
+    st = weft_error(WEFT_ERR_CORRUPT, "load: checkpoint '%s' has '%s' and '%s', which name one "
+                    "tied parameter, with different values (in %s)", ck->dir, t->name, o->name, a);
+  }
+  free(x);
+  free(y);
+  return st;
+}
+
 /* Checks entry e against the metadata; opens what its shard needs. */
-static weft_status check_entry(weft_dcp_checkpoint *ck, const dcp_sd_ent *e, bool *absent) {
+static weft_status check_entry(weft_dcp_checkpoint *ck, const weft_state_dict *sd,
+                               const dcp_sd_ent *e, bool *absent) {
   *absent = false;
   char a[256], b[256];
   if (e->kind == WEFT_SD_VALUE) {
@@ -78,7 +135,8 @@ static weft_status check_entry(weft_dcp_checkpoint *ck, const dcp_sd_ent *e, boo
                         dcp_value_type_name(e->val.type));
     return WEFT_OK;
   }
-  const dcp_tmeta *t = dcp_meta_find_tensor(&ck->m, e->name);
+  const dcp_tmeta *other;
+  const dcp_tmeta *t = source_of(ck, sd, e->name, &other);
   if (!t) {
     *absent = true;
     if (dcp_meta_find_value(&ck->m, e->name))
@@ -99,8 +157,9 @@ static weft_status check_entry(weft_dcp_checkpoint *ck, const dcp_sd_ent *e, boo
     dcp_box_describe(&x, t->ndim, a, sizeof a);
     dcp_box_describe(&y, nd, b, sizeof b);
     return weft_error(WEFT_ERR_INVALID, "load: tensor '%s' is %s%s in checkpoint '%s' but %s%s in "
-                      "the state dict", e->name, weft_dtype_name(t->dtype), a, ck->dir,
-                      weft_dtype_name(dt), b);
+                      "the state dict%s%s%s", t->name, weft_dtype_name(t->dtype), a, ck->dir,
+                      weft_dtype_name(dt), b, strcmp(t->name, e->name) ? " (as '" : "",
+                      strcmp(t->name, e->name) ? e->name : "", strcmp(t->name, e->name) ? "')" : "");
   }
   if (!lt || lt->device != WEFT_CPU)
     return weft_error(WEFT_ERR_UNSUPPORTED, "load: tensor '%s' is not in host memory", e->name);
@@ -114,13 +173,17 @@ static weft_status check_entry(weft_dcp_checkpoint *ck, const dcp_sd_ent *e, boo
     int64_t n;
     WEFT_CHECK(dcp_local_boxes(e->dt, &lb, &n));
     weft_status st = WEFT_OK;
-    for (int64_t k = 0; k < n && st == WEFT_OK; k++) st = dcp_ck_prepare_region(ck, t, &lb[k].g);
+    for (int64_t k = 0; k < n && st == WEFT_OK; k++) {
+      st = dcp_ck_prepare_region(ck, t, &lb[k].g);
+      if (st == WEFT_OK && other) st = compare_tied(ck, t, other, &lb[k].g);
+    }
     free(lb);
     return st;
   }
   dcp_box whole = {{0}, {0}};
   memcpy(whole.size, t->shape, sizeof whole.size);
-  return dcp_ck_prepare_region(ck, t, &whole);
+  WEFT_CHECK(dcp_ck_prepare_region(ck, t, &whole));
+  return other ? compare_tied(ck, t, other, &whole) : WEFT_OK;
 }
 
 static weft_status read_entry(weft_dcp_checkpoint *ck, weft_state_dict *sd, int64_t i) {
@@ -136,7 +199,8 @@ static weft_status read_entry(weft_dcp_checkpoint *ck, weft_state_dict *sd, int6
     }
     return dcp_sd_set_value(sd, e->name, v->type, v->text);
   }
-  const dcp_tmeta *t = dcp_meta_find_tensor(&ck->m, e->name);
+  const dcp_tmeta *other;
+  const dcp_tmeta *t = source_of(ck, sd, e->name, &other);
   if (!t) return WEFT_OK;
   int64_t bs[WEFT_MAX_DIMS];
   if (e->kind == WEFT_SD_TENSOR) {
@@ -184,7 +248,7 @@ weft_status weft_dcp_load(weft_state_dict *sd, const char *dir, const weft_dcp_o
   weft_status local = WEFT_OK;
   for (int64_t i = 0; i < sd->n && local == WEFT_OK; i++) {
     bool absent;
-    local = check_entry(ck, &sd->e[i], &absent);
+    local = check_entry(ck, sd, &sd->e[i], &absent);
     if (local == WEFT_OK && absent) local = push_key(&miss, sd->e[i].name);
   }
   if (local == WEFT_OK && miss.count && !partial)

@@ -97,8 +97,9 @@ static weft_status push_key(weft_key_list *l, const char *k) {
   return WEFT_OK;
 }
 
-/* Reads this rank's slices of parameter p from f. */
-static weft_status import_param(const weft_safetensors *f, weft_param *p) {
+/* Reads this rank's slices of parameter p from f's tensor `name` (the FQN,
+ * or a tied parameter's alias). */
+static weft_status import_param(const weft_safetensors *f, weft_param *p, const char *name) {
   weft_dtensor *dt = p->data;
   weft_tensor *lt = weft_dtensor_local(dt);
   size_t esz = weft_dtype_size(lt->dtype);
@@ -120,7 +121,7 @@ static weft_status import_param(const weft_safetensors *f, weft_param *p) {
       if (lb[k].g.size[d] > 1 && bs[d] != cs[d]) contig = false;
     int64_t numel = dcp_box_volume(&lb[k].g, nd);
     if (contig) {
-      st = weft_safetensors_read_slice(f, p->fqn, nd, lb[k].g.off, lb[k].g.size, lt->dtype, dst, numel);
+      st = weft_safetensors_read_slice(f, name, nd, lb[k].g.off, lb[k].g.size, lt->dtype, dst, numel);
     } else {
       free(tmp);
       tmp = malloc((size_t)numel * esz);
@@ -128,11 +129,41 @@ static weft_status import_param(const weft_safetensors *f, weft_param *p) {
         st = weft_error(WEFT_ERR_OOM, "import staging");
         break;
       }
-      st = weft_safetensors_read_slice(f, p->fqn, nd, lb[k].g.off, lb[k].g.size, lt->dtype, tmp, numel);
+      st = weft_safetensors_read_slice(f, name, nd, lb[k].g.off, lb[k].g.size, lt->dtype, tmp, numel);
       if (st == WEFT_OK) dcp_copy_box(dst, bs, tmp, cs, lb[k].g.size, nd, esz);
     }
   }
   free(tmp);
+  free(lb);
+  return st;
+}
+
+/* A tied parameter stored under two names a and b: this rank's slices of
+ * p must be equal in both (read as p's dtype). */
+static weft_status compare_tied(const weft_safetensors *f, const char *path, weft_param *p,
+                                const char *a, const char *b) {
+  const weft_dtensor *dt = p->data;
+  weft_dtype dtype = weft_dtensor_dtype(dt);
+  size_t esz = weft_dtype_size(dtype);
+  int nd = weft_dtensor_ndim(dt);
+  dcp_lbox *lb;
+  int64_t nb;
+  WEFT_CHECK(dcp_local_boxes(dt, &lb, &nb));
+  weft_status st = WEFT_OK;
+  for (int64_t k = 0; k < nb && st == WEFT_OK; k++) {
+    int64_t numel = dcp_box_volume(&lb[k].g, nd);
+    char *x = malloc((size_t)numel * esz + 1), *y = malloc((size_t)numel * esz + 1);
+    if (!x || !y) st = weft_error(WEFT_ERR_OOM, "import: tied parameter compare");
+    if (st == WEFT_OK)
+      st = weft_safetensors_read_slice(f, a, nd, lb[k].g.off, lb[k].g.size, dtype, x, numel);
+    if (st == WEFT_OK)
+      st = weft_safetensors_read_slice(f, b, nd, lb[k].g.off, lb[k].g.size, dtype, y, numel);
+    if (st == WEFT_OK && memcmp(x, y, (size_t)numel * esz) != 0)
+      st = weft_error(WEFT_ERR_CORRUPT, "import: '%s' has '%s' and '%s', which name one tied "
+                      "parameter, with different values", path, a, b);
+    free(x);
+    free(y);
+  }
   free(lb);
   return st;
 }
@@ -157,8 +188,13 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
   }
   weft_safetensors *f = NULL;
   weft_key_list miss = {0, NULL}, unexp = {0, NULL};
-  bool *have = calloc((size_t)(n ? n : 1), sizeof *have);
-  weft_status local = have ? WEFT_OK : weft_error(WEFT_ERR_OOM, "import");
+  /* src[i]: the name parameter i is read from (its FQN or, for a tied
+   * parameter, an alias such as "lm_head.weight"); NULL when absent */
+  const char **src = calloc((size_t)(n ? n : 1), sizeof *src);
+  dcp_tie *ties = NULL;
+  int nt = 0;
+  weft_status local = src ? WEFT_OK : weft_error(WEFT_ERR_OOM, "import");
+  if (local == WEFT_OK) local = dcp_model_ties(model, &ties, &nt);
   bool need = false;
   for (int i = 0; i < n; i++) need |= ps[i]->data == NULL;
   if (local == WEFT_OK && need) local = weft_module_materialize(model);
@@ -166,33 +202,52 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
   char a[256], b[256];
   for (int i = 0; i < n && local == WEFT_OK; i++) {
     weft_safetensors_info info;
-    if (weft_safetensors_find(f, ps[i]->fqn, &info) != WEFT_OK) {
-      weft_clear_error();
+    const char *other = NULL;
+    if (weft_safetensors_find(f, ps[i]->fqn, &info) == WEFT_OK) src[i] = ps[i]->fqn;
+    else weft_clear_error();
+    for (int k = 0; k < nt; k++) {
+      if (ties[k].p != ps[i]) continue;
+      if (weft_safetensors_find(f, ties[k].alias, &info) != WEFT_OK) {
+        weft_clear_error();
+        continue;
+      }
+      if (!src[i]) src[i] = ties[k].alias;
+      else if (!other) other = ties[k].alias;
+    }
+    if (!src[i]) {
       local = push_key(&miss, ps[i]->fqn);
       continue;
     }
-    const weft_dtensor_spec *s = weft_dtensor_get_spec(ps[i]->data);
-    bool same = info.ndim == s->ndim;
-    for (int d = 0; same && d < s->ndim; d++) same = info.shape[d] == s->shape[d];
-    if (!same) {
-      dcp_box x = {{0}, {0}}, y = {{0}, {0}};
-      memcpy(x.size, info.shape, sizeof x.size);
-      memcpy(y.size, s->shape, sizeof y.size);
-      dcp_box_describe(&x, info.ndim, a, sizeof a);
-      dcp_box_describe(&y, s->ndim, b, sizeof b);
-      local = weft_error(WEFT_ERR_INVALID, "import: '%s' has shape %s in '%s' but %s in the model",
-                         ps[i]->fqn, a, path, b);
-    } else if (!weft_dtype_is_float(info.dtype)) {
-      local = weft_error(WEFT_ERR_INVALID, "import: '%s' is %s in '%s' (a float dtype is needed)",
-                         ps[i]->fqn, weft_dtype_name(info.dtype), path);
+    for (int r = 0; r < 2 && local == WEFT_OK; r++) {
+      const char *nm = r ? other : src[i];
+      if (!nm) continue;
+      local = weft_safetensors_find(f, nm, &info);
+      if (local != WEFT_OK) break;
+      const weft_dtensor_spec *s = weft_dtensor_get_spec(ps[i]->data);
+      bool same = info.ndim == s->ndim;
+      for (int d = 0; same && d < s->ndim; d++) same = info.shape[d] == s->shape[d];
+      if (!same) {
+        dcp_box x = {{0}, {0}}, y = {{0}, {0}};
+        memcpy(x.size, info.shape, sizeof x.size);
+        memcpy(y.size, s->shape, sizeof y.size);
+        dcp_box_describe(&x, info.ndim, a, sizeof a);
+        dcp_box_describe(&y, s->ndim, b, sizeof b);
+        local = weft_error(WEFT_ERR_INVALID, "import: '%s' has shape %s in '%s' but %s in the model",
+                           nm, a, path, b);
+      } else if (!weft_dtype_is_float(info.dtype)) {
+        local = weft_error(WEFT_ERR_INVALID, "import: '%s' is %s in '%s' (a float dtype is needed)",
+                           nm, weft_dtype_name(info.dtype), path);
+      }
     }
-    have[i] = true;
+    /* a tied parameter stored under two names: the same values */
+    if (local == WEFT_OK && other) local = compare_tied(f, path, ps[i], src[i], other);
   }
   for (int64_t i = 0; local == WEFT_OK && i < weft_safetensors_count(f); i++) {
     weft_safetensors_info info;
     local = weft_safetensors_get(f, i, &info);
     bool known = false;
     for (int j = 0; j < n && !known; j++) known = strcmp(ps[j]->fqn, info.name) == 0;
+    for (int k = 0; k < nt && !known; k++) known = strcmp(ties[k].alias, info.name) == 0;
     if (local == WEFT_OK && !known) local = push_key(&unexp, info.name);
   }
   if (local == WEFT_OK && strict && miss.count)
@@ -205,12 +260,13 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
   if (st == WEFT_OK) {
     local = WEFT_OK;
     for (int i = 0; i < n && local == WEFT_OK; i++)
-      if (have[i]) local = import_param(f, ps[i]);
+      if (src[i]) local = import_param(f, ps[i], src[i]);
     st = dcp_agree(&c, local, "safetensors import");
   }
   weft_safetensors_close(f);
   dcp_comm_close(&c);
-  free(have);
+  dcp_ties_free(ties, nt);
+  free(src);
   free(ps);
   if (st == WEFT_OK && missing) *missing = miss;
   else weft_key_list_clear(&miss);

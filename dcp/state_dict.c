@@ -69,6 +69,11 @@ static void free_entry(dcp_sd_ent *e) {
 
 void weft_state_dict_destroy(weft_state_dict *sd) {
   if (!sd) return;
+  for (int64_t i = 0; i < sd->nal; i++) {
+    free(sd->al[i].alias);
+    free(sd->al[i].name);
+  }
+  free(sd->al);
   for (int64_t i = 0; i < sd->n; i++) free_entry(&sd->e[i]);
   free(sd->e);
   free(sd->hash);
@@ -379,6 +384,39 @@ weft_status weft_state_dict_remove(weft_state_dict *sd, const char *name) {
   memmove(&sd->e[i], &sd->e[i + 1], (size_t)(sd->n - i - 1) * sizeof *sd->e);
   sd->n--;
   return rehash(sd, sd->hcap);
+}
+
+weft_status weft_state_dict_add_alias(weft_state_dict *sd, const char *alias, const char *name) {
+  WEFT_CHECK(check_name(sd, alias));
+  WEFT_CHECK(check_name(sd, name));
+  if (strcmp(alias, name) == 0)
+    return weft_error(WEFT_ERR_INVALID, "alias '%s' is the entry's own name", alias);
+  for (int64_t i = 0; i < sd->nal; i++) {
+    if (strcmp(sd->al[i].alias, alias) != 0) continue;
+    if (strcmp(sd->al[i].name, name) == 0) return WEFT_OK; /* already there */
+    return weft_error(WEFT_ERR_INVALID, "'%s' is already an alias of '%s' (not of '%s')", alias,
+                      sd->al[i].name, name);
+  }
+  dcp_sd_alias *a = realloc(sd->al, (size_t)(sd->nal + 1) * sizeof *a);
+  if (!a) return weft_error(WEFT_ERR_OOM, "state dict alias");
+  sd->al = a;
+  char *x = dcp_strdup(alias), *y = dcp_strdup(name);
+  if (!x || !y) {
+    free(x);
+    free(y);
+    return weft_error(WEFT_ERR_OOM, "state dict alias");
+  }
+  sd->al[sd->nal].alias = x;
+  sd->al[sd->nal].name = y;
+  sd->nal++;
+  return WEFT_OK;
+}
+
+const char *dcp_sd_alias_of(const weft_state_dict *sd, const char *name, int i) {
+  if (!sd) return NULL;
+  for (int64_t k = 0; k < sd->nal; k++)
+    if (strcmp(sd->al[k].name, name) == 0 && i-- == 0) return sd->al[k].alias;
+  return NULL;
 }
 
 void weft_key_list_clear(weft_key_list *l) {

@@ -198,8 +198,14 @@ typedef struct weft_fsdp weft_fsdp;
  * reshard_after_forward, non-float dtypes), the module already in a group
  * (fully_shard twice), an ancestor already sharded (top-down order: shard
  * bottom-up), a running module or one that already ran under FSDP, a
- * parameter already in another group (shared parameters), placements that
- * are Partial or StridedShard, a dp mesh and tp mesh that do not come from
+ * parameter already in another group (shared parameters), a tied
+ * parameter (weft_module_tie_param) that a module outside the group uses
+ * (PyTorch's rule: a shared parameter belongs to the group of the lowest
+ * common ancestor of its users; the message names the parameter, the
+ * alias's FQN and the module to shard instead: for GPT-2, fully_shard of
+ * transformer.wte or transformer alone fails, the root or [wte, lm_head]
+ * takes it, and fully_shard(lm_head) takes nothing for the alias),
+ * placements that are Partial or StridedShard, a dp mesh and tp mesh that do not come from
  * one root of dims (dp..., tp...), a group with no parameters is allowed
  * (it only joins the hook order). Collective over the dp shard dim only
  * for reshard_after_forward = k (see the top). */

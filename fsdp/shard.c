@@ -179,6 +179,93 @@ static weft_status collect_params(weft_module *m, const weft_fsdp *self, weft_pa
   return WEFT_OK;
 }
 
+/* ------------------------------------------------------ tied parameters
+ * A tied parameter (weft_module_tie_param: GPT-2's lm_head.weight =
+ * transformer.wte.weight) is one parameter used by several modules: its
+ * owner and the modules holding an alias. As in FSDP2, it must sit in the
+ * group of a common ancestor of all of them (the lowest one, normally),
+ * whose unshard spans every use: a group of the owner alone would reshard
+ * it after the owner's forward, before the alias's module reads it. So a
+ * group may take a parameter only when every module that uses it lies in
+ * the group's subtrees. (The alias's own group, e.g. fully_shard(lm_head),
+ * takes nothing for it: the alias is not its parameter.) */
+
+typedef struct tie_use {
+  weft_module *user; /* the module holding the alias */
+  const char *alias; /* its local name there */
+  weft_param *p;
+} tie_use;
+
+typedef struct tie_list {
+  tie_use *u;
+  int n, cap;
+} tie_list;
+
+static weft_status collect_ties(weft_module *m, void *ctx) {
+  tie_list *l = ctx;
+  for (int i = 0; i < weft_module_num_tied(m); i++) {
+    if (l->n == l->cap) {
+      int c = l->cap ? 2 * l->cap : 8;
+      tie_use *u = realloc(l->u, (size_t)c * sizeof *u);
+      if (!u) return weft_error(WEFT_ERR_OOM, "tied parameter list");
+      l->u = u;
+      l->cap = c;
+    }
+    tie_use *t = &l->u[l->n++];
+    t->user = m;
+    t->p = weft_module_tied(m, i, &t->alias);
+  }
+  return WEFT_OK;
+}
+
+static weft_module *tree_root(weft_module *m) {
+  while (weft_module_parent(m)) m = weft_module_parent(m);
+  return m;
+}
+
+/* The lowest module whose subtree holds both a and b. */
+static weft_module *common_ancestor(weft_module *a, const weft_module *b) {
+  for (weft_module *x = a; x; x = weft_module_parent(x))
+    if (fsdp__module_within(b, x)) return x;
+  return NULL;
+}
+
+static bool within_any(const weft_module *m, weft_module *const *mods, int n) {
+  for (int i = 0; i < n; i++)
+    if (fsdp__module_within(m, mods[i])) return true;
+  return false;
+}
+
+/* Every parameter of ps[0..np) that is tied must have all its users inside
+ * the group's modules; else WEFT_ERR_INVALID naming the parameter, the
+ * alias's FQN and the module to shard instead. Local, no changes. */
+static weft_status check_tied(weft_module *const *mods, int nmods, const char *group,
+                              weft_param *const *ps, int np) {
+  tie_list l = {0};
+  weft_status st = weft_module_visit(tree_root(mods[0]), collect_ties, &l);
+  for (int k = 0; st == WEFT_OK && k < l.n; k++) {
+    const tie_use *t = &l.u[k];
+    bool mine = false;
+    for (int i = 0; i < np && !mine; i++) mine = ps[i] == t->p;
+    if (!mine || within_any(t->user, mods, nmods)) continue;
+    /* the lowest common ancestor of the owner and every user */
+    weft_module *lca = t->p->module;
+    for (int j = 0; j < l.n && lca; j++)
+      if (l.u[j].p == t->p) lca = common_ancestor(lca, l.u[j].user);
+    const char *uf = weft_module_fqn(t->user);
+    char alias[1024];
+    snprintf(alias, sizeof alias, "%s%s%s", uf, uf[0] ? "." : "", t->alias);
+    st = weft_error(WEFT_ERR_INVALID,
+                    "fully_shard('%s'): parameter '%s' is tied: module '%s' uses it as '%s', "
+                    "outside this group; FSDP keeps a shared parameter in the group of the "
+                    "lowest common ancestor of the modules that use it: apply fully_shard to "
+                    "'%s' instead (after its other children) and leave '%s' to it",
+                    group, t->p->fqn, mname(t->user), alias, lca ? mname(lca) : "?", t->p->fqn);
+  }
+  free(l.u);
+  return st;
+}
+
 /* Layout of one parameter: tp-local shape, this rank's rows, sharded
  * placements and spec, checked against dtensor's geometry. */
 static weft_status layout_param(weft_fsdp *f, bool with_tp, weft_param *p, build_param *b) {
@@ -462,6 +549,7 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
   bool with_tp;
   WEFT_CHECK_GOTO(choose_spmd_mesh(f, weft_module_mesh(mods[0]), &with_tp), st, fail);
   for (int i = 0; i < n; i++) WEFT_CHECK_GOTO(collect_params(mods[i], f, &ps, &np, &cap), st, fail);
+  WEFT_CHECK_GOTO(check_tied(mods, n, f->name, ps, np), st, fail);
   bs = calloc((size_t)(np ? np : 1), sizeof *bs);
   f->params = calloc((size_t)(np ? np : 1), sizeof *f->params);
   f->hooks = calloc((size_t)(4 * n), sizeof *f->hooks);

@@ -29,6 +29,10 @@
 #ifdef DCP_TEST_HAVE_TP
 #include "tp.h"
 #endif
+#ifdef DCP_TEST_HAVE_GPT2
+#include "autograd.h"
+#include "gpt2.h"
+#endif
 
 #define SEED 20240607u
 
@@ -1456,6 +1460,466 @@ static void case_tool_prep(void) {
   WOK(weft_mesh_destroy(m));
 }
 
+#if defined(DCP_TEST_HAVE_FSDP) && defined(DCP_TEST_HAVE_GPT2)
+/* ------------------------------------------------------------ GPT-2
+ * models/gpt2 through DCP and safetensors: its lm_head.weight is tied to
+ * transformer.wte.weight (saved once, under the owner's name; loads accept
+ * the alias), and its AdamW has nanoGPT's two parameter groups (saved with
+ * their hyper-parameters and members, restored, checked). References are
+ * the gathered full tensors written by rank 0 with the plain safetensors
+ * writer (write_ref), compared bitwise. */
+
+static weft_gpt2_config g2_cfg(void) {
+  weft_gpt2_config c = WEFT_GPT2_CONFIG_INIT;
+  c.vocab = 40;
+  c.max_seq_len = 16;
+  c.dim = 16;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.ffn_dim = 32;
+  return c;
+}
+
+typedef struct g2model {
+  weft_mesh *self, *dp; /* model mesh (1 rank), dp mesh (the world) */
+  weft_module *m;
+  weft_optimizer *opt;
+  bool fsdp;
+} g2model;
+
+/* GPT-2 on a 1-rank model mesh; with fsdp each block and the root are
+ * fully_shard'ed over the world; AdamW with nanoGPT's groups (hp). */
+static bool g2_make(g2model *G, bool fsdp, uint64_t seed, const weft_adamw_params *hp) {
+  memset(G, 0, sizeof *G);
+  weft_gpt2_config c = g2_cfg();
+  int one = 1, n = weft_world_size();
+  const char *tn[1] = {"tp"}, *dn[1] = {"dp"};
+  WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, tn, &G->self));
+  WOK(weft_mesh_create(1, &n, dn, &G->dp));
+  if (!G->self || !G->dp) return false;
+  WOK(weft_gpt2_create(&c, G->self, &G->m));
+  if (!G->m) return false;
+  G->fsdp = fsdp;
+  if (fsdp) {
+    weft_module *h = find(G->m, "transformer.h");
+    for (int i = 0; i < weft_module_num_children(h); i++)
+      WOK(weft_fully_shard(weft_module_child(h, i), G->dp, NULL, NULL));
+    WOK(weft_fully_shard(G->m, G->dp, NULL, NULL));
+  }
+  WOK(weft_module_init_weights(G->m, seed));
+  if (hp) WOK(weft_gpt2_adamw_create(G->m, hp, &G->opt));
+  return !hp || G->opt;
+}
+
+static void g2_free(g2model *G) {
+  weft_optimizer_destroy(G->opt);
+  if (G->m && G->fsdp) WOK(weft_fsdp_destroy_all(G->m));
+  WOK(weft_module_destroy(G->m));
+  WOK(weft_mesh_destroy(G->dp));
+  WOK(weft_mesh_destroy(G->self));
+  memset(G, 0, sizeof *G);
+}
+
+/* One step on this rank's rows of the batch of `step` (4 rows over the
+ * world with FSDP, all 4 without); returns the local loss. */
+static double g2_step(g2model *G, int step) {
+  const int B = 4, T = 8, V = (int)g2_cfg().vocab;
+  int world = G->fsdp ? weft_world_size() : 1;
+  int rows = B / world, row0 = G->fsdp ? weft_world_rank() * rows : 0;
+  int64_t shape[2] = {rows, T};
+  weft_tensor *a = NULL, *b = NULL;
+  WOK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &a));
+  WOK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &b));
+  if (!a || !b) return NAN;
+  for (int r = 0; r < rows; r++)
+    for (int t = 0; t < T; t++) {
+      uint64_t k = (uint64_t)step * 7919u + (uint64_t)(row0 + r) * 131u + (uint64_t)t;
+      ((int32_t *)a->data)[r * T + t] = (int32_t)(mix64(k) % (uint64_t)V);
+      ((int32_t *)b->data)[r * T + t] = (int32_t)(mix64(k ^ 0x5555u) % (uint64_t)V);
+    }
+  weft_placement pl[1] = {weft_replicate()};
+  weft_dtensor *ids = NULL, *tgt = NULL;
+  WOK(weft_dtensor_distribute(G->self, a, WEFT_DTENSOR_ALL_RANKS, pl, 1, &ids));
+  WOK(weft_dtensor_distribute(G->self, b, WEFT_DTENSOR_ALL_RANKS, pl, 1, &tgt));
+  weft_graph *g = NULL;
+  WOK(weft_graph_create(&g));
+  weft_var *loss = NULL;
+  double l = NAN;
+  WOK(weft_gpt2_loss(G->m, g, ids, tgt, &loss, NULL));
+  if (loss) {
+    l = weft_var_item(loss);
+    WOK(weft_backward(loss));
+    WOK(weft_clip_grad_norm(G->m, 1.0, NULL));
+    WOK(weft_optimizer_step(G->opt));
+    WOK(weft_module_zero_grad(G->m, false));
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(ids);
+  weft_dtensor_destroy(tgt);
+  weft_tensor_destroy(a);
+  weft_tensor_destroy(b);
+  return l;
+}
+
+/* The model's parameters equal ref (a safetensors file of full tensors). */
+static void g2_compare(weft_module *m, const char *ref, const char *what) {
+  weft_state_dict *sd = NULL;
+  WOK(weft_state_dict_create(&sd));
+  WOK(weft_get_model_state_dict(m, NULL, sd));
+  compare_ref(sd, ref, what);
+  weft_state_dict_destroy(sd);
+}
+
+/* argv: dir, st, ref. 2 ranks: GPT-2 with FSDP over both, 2 AdamW steps,
+ * then a DCP checkpoint (model + optimizer), a safetensors export and the
+ * reference; the tied weight is one entry everywhere. */
+static void case_gpt2_save(void) {
+  const char *dir = arg(2), *st = arg(3), *ref = arg(4);
+  weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  g2model G;
+  WREQUIRE(g2_make(&G, true, 11, &hp), "model");
+  for (int s = 0; s < 2; s++) g2_step(&G, s);
+  weft_state_dict *sd = NULL;
+  WOK(weft_state_dict_create(&sd));
+  WOK(weft_get_model_state_dict(G.m, NULL, sd));
+  int np = 0;
+  WOK(weft_module_parameters(G.m, NULL, 0, &np));
+  WCHECK(weft_state_dict_count(sd) == np && np == 2 + 12 * 2 + 2,
+         "model state dict: %lld entries for %d parameters", (long long)weft_state_dict_count(sd), np);
+  WCHECK(weft_state_dict_find(sd, "transformer.wte.weight", NULL) == WEFT_OK &&
+             weft_state_dict_find(sd, "lm_head.weight", NULL) == WEFT_ERR_NOT_FOUND,
+         "the tied weight is not saved once under its owner's name");
+  weft_clear_error();
+  WOK(weft_get_optimizer_state_dict(G.m, G.opt, NULL, sd));
+  WOK(weft_dcp_save(sd, dir, NULL));
+  WOK(weft_safetensors_export_model(G.m, st, WEFT_F32));
+  weft_state_dict_opts o = WEFT_STATE_DICT_OPTS_INIT;
+  o.full_state_dict = true;
+  o.cpu_offload = true;
+  weft_state_dict *full = NULL;
+  WOK(weft_state_dict_create(&full));
+  WOK(weft_get_model_state_dict(G.m, &o, full));
+  if (rank0()) write_ref(full, ref);
+  weft_state_dict_destroy(full);
+  weft_state_dict_destroy(sd);
+  g2_free(&G);
+  barrier();
+  if (rank0()) {
+    /* the files: one wte, no lm_head */
+    weft_dcp_checkpoint *ck = NULL;
+    weft_dcp_tensor_info ti;
+    WOK(weft_dcp_open(dir, &ck));
+    WCHECK(ck && weft_dcp_tensor_find(ck, "transformer.wte.weight", &ti) == WEFT_OK &&
+               weft_dcp_tensor_find(ck, "lm_head.weight", &ti) == WEFT_ERR_NOT_FOUND,
+           "checkpoint: the tied weight is not saved once");
+    weft_dcp_close(ck);
+    weft_safetensors *f = NULL;
+    weft_safetensors_info si;
+    WOK(weft_safetensors_open(st, &f));
+    WCHECK(f && weft_safetensors_count(f) == np &&
+               weft_safetensors_find(f, "lm_head.weight", &si) == WEFT_ERR_NOT_FOUND,
+           "safetensors export: %lld tensors, lm_head.weight present?",
+           f ? (long long)weft_safetensors_count(f) : -1LL);
+    weft_safetensors_close(f);
+    weft_clear_error();
+  }
+}
+
+/* Writes ref's tensors to path, the wte weight under the names in
+ * `names` (1 or 2 of them); the second copy gets one element changed by
+ * `delta` (0: an exact copy). */
+static void write_aliased(const char *ref, const char *path, const char *const *names, int nn,
+                          float delta) {
+  weft_safetensors *f = NULL;
+  WOK(weft_safetensors_open(ref, &f));
+  if (!f) return;
+  int64_t n = weft_safetensors_count(f);
+  weft_safetensors_entry *e = calloc((size_t)n + 2, sizeof *e);
+  weft_tensor **keep = calloc((size_t)n + 2, sizeof *keep);
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; i++) {
+    weft_safetensors_info in;
+    WOK(weft_safetensors_get(f, i, &in));
+    weft_tensor *t = NULL;
+    WOK(weft_tensor_create(WEFT_F32, WEFT_CPU, in.ndim, in.shape, &t));
+    WOK(weft_safetensors_read_tensor(f, in.name, t));
+    bool wte = strcmp(in.name, "transformer.wte.weight") == 0;
+    for (int c = 0; c < (wte ? nn : 1); c++) {
+      weft_tensor *u = t;
+      if (c > 0) {
+        WOK(weft_tensor_clone(t, &u));
+        ((float *)u->data)[3] += delta;
+      }
+      keep[k] = u;
+      e[k].name = wte ? names[c] : in.name;
+      e[k].dtype = WEFT_F32;
+      e[k].ndim = u->ndim;
+      e[k].shape = u->shape;
+      e[k].data = u->data;
+      k++;
+    }
+  }
+  WOK(weft_safetensors_write(path, e, k, NULL));
+  for (int64_t i = 0; i < k; i++) weft_tensor_destroy(keep[i]);
+  free(keep);
+  free(e);
+  weft_safetensors_close(f);
+}
+
+/* A 1-rank state dict of m's parameters with the wte weight under the
+ * names in `names`; the second copy has one element changed by delta. */
+static weft_state_dict *aliased_sd(weft_module *m, const char *const *names, int nn, float delta) {
+  weft_state_dict *sd = NULL;
+  WOK(weft_state_dict_create(&sd));
+  weft_param *ps[64];
+  int np = 0;
+  WOK(weft_module_parameters(m, ps, 64, &np));
+  for (int i = 0; i < np; i++) {
+    bool wte = strcmp(ps[i]->fqn, "transformer.wte.weight") == 0;
+    if (!wte) {
+      WOK(weft_state_dict_add_dtensor(sd, ps[i]->fqn, ps[i]->data, WEFT_LOCAL_VIEW));
+      continue;
+    }
+    WOK(weft_state_dict_add_dtensor(sd, names[0], ps[i]->data, WEFT_LOCAL_VIEW));
+    if (nn > 1) {
+      WOK(weft_state_dict_add_dtensor(sd, names[1], ps[i]->data, WEFT_LOCAL_COPY));
+      weft_sd_entry en;
+      WOK(weft_state_dict_find(sd, names[1], &en));
+      ((float *)weft_dtensor_local(en.dtensor)->data)[3] += delta;
+    }
+  }
+  return sd;
+}
+
+static bool same_param(weft_module *a, weft_module *b, const char *fqn) {
+  weft_param *x = NULL, *y = NULL;
+  WOK(weft_module_find_param(a, fqn, &x));
+  WOK(weft_module_find_param(b, fqn, &y));
+  if (!x || !y) return false;
+  return weft_tensor_equal(weft_dtensor_local(x->data), weft_dtensor_local(y->data));
+}
+
+/* argv: dir, st, ref, work. 1 rank: the 2-rank FSDP checkpoint and export
+ * load into an unsharded GPT-2 bitwise; files and state dicts that hold
+ * the tied weight as lm_head.weight only load into it; both names with
+ * different values are refused naming both, the model unchanged. */
+static void case_gpt2_load(void) {
+  const char *dir = arg(2), *st = arg(3), *ref = arg(4), *work = arg(5);
+  g2model G;
+  WREQUIRE(g2_make(&G, false, 99, NULL), "model");
+  /* DCP, resharded from FSDP on 2 ranks */
+  weft_state_dict *sd = NULL;
+  WOK(weft_state_dict_create(&sd));
+  WOK(weft_get_model_state_dict(G.m, NULL, sd));
+  WOK(weft_dcp_load(sd, dir, NULL, NULL));
+  compare_ref(sd, ref, "dcp load on 1 rank");
+  weft_state_dict_destroy(sd);
+  /* safetensors */
+  g2model H;
+  WREQUIRE(g2_make(&H, false, 98, NULL), "model");
+  WOK(weft_safetensors_import_model(H.m, st, NULL, NULL, NULL));
+  g2_compare(H.m, ref, "safetensors import on 1 rank");
+  g2_free(&H);
+  const char *alias[1] = {"lm_head.weight"};
+  const char *both[2] = {"transformer.wte.weight", "lm_head.weight"};
+  /* safetensors with lm_head.weight only (strict: nothing missing or unexpected) */
+  char *p1 = path2(work, "alias.safetensors"), *p2 = path2(work, "both_diff.safetensors"),
+       *p3 = path2(work, "both_same.safetensors");
+  write_aliased(ref, p1, alias, 1, 0.0f);
+  write_aliased(ref, p2, both, 2, 0.25f);
+  write_aliased(ref, p3, both, 2, 0.0f);
+  WREQUIRE(g2_make(&H, false, 97, NULL), "model");
+  WOK(weft_safetensors_import_model(H.m, p1, NULL, NULL, NULL));
+  g2_compare(H.m, ref, "safetensors with lm_head.weight only");
+  g2_free(&H);
+  WREQUIRE(g2_make(&H, false, 96, NULL), "model");
+  EXPECT_ERR(weft_safetensors_import_model(H.m, p2, NULL, NULL, NULL), WEFT_ERR_CORRUPT,
+             "'transformer.wte.weight'", "'lm_head.weight'", "different values");
+  g2model I;
+  WREQUIRE(g2_make(&I, false, 96, NULL), "model");
+  WCHECK(same_param(H.m, I.m, "transformer.wte.weight") && same_param(H.m, I.m, "lm_head.weight") &&
+             same_param(H.m, I.m, "transformer.ln_f.bias"),
+         "a refused import changed the model");
+  g2_free(&I);
+  WOK(weft_safetensors_import_model(H.m, p3, NULL, NULL, NULL));
+  g2_compare(H.m, ref, "safetensors with both names, equal");
+  g2_free(&H);
+  /* DCP checkpoints of the tied weight as lm_head.weight (only / both) */
+  char *d1 = path2(work, "ck_alias"), *d2 = path2(work, "ck_both");
+  weft_state_dict *a1 = aliased_sd(G.m, alias, 1, 0.0f), *a2 = aliased_sd(G.m, both, 2, 0.5f);
+  WOK(weft_dcp_save(a1, d1, NULL));
+  WOK(weft_dcp_save(a2, d2, NULL));
+  WREQUIRE(g2_make(&H, false, 95, NULL), "model");
+  WOK(weft_state_dict_create(&sd));
+  WOK(weft_get_model_state_dict(H.m, NULL, sd));
+  WOK(weft_dcp_load(sd, d1, NULL, NULL));
+  compare_ref(sd, ref, "dcp checkpoint with lm_head.weight only");
+  weft_state_dict_destroy(sd);
+  g2_free(&H);
+  WREQUIRE(g2_make(&H, false, 94, NULL), "model");
+  WREQUIRE(g2_make(&I, false, 94, NULL), "model");
+  WOK(weft_state_dict_create(&sd));
+  WOK(weft_get_model_state_dict(H.m, NULL, sd));
+  EXPECT_ERR(weft_dcp_load(sd, d2, NULL, NULL), WEFT_ERR_CORRUPT, "'transformer.wte.weight'",
+             "'lm_head.weight'", "different values");
+  WCHECK(same_param(H.m, I.m, "transformer.wte.weight") && same_param(H.m, I.m, "transformer.wpe.weight"),
+         "a refused load changed the model");
+  weft_state_dict_destroy(sd);
+  /* set_model_state_dict: the alias alone, then both names */
+  weft_key_list un = {0, NULL};
+  WOK(weft_set_model_state_dict(H.m, a1, NULL, NULL, &un));
+  WCHECK(un.count == 0, "lm_head.weight reported unexpected");
+  weft_key_list_clear(&un);
+  g2_compare(H.m, ref, "set_model_state_dict with lm_head.weight only");
+  EXPECT_ERR(weft_set_model_state_dict(I.m, a2, NULL, NULL, NULL), WEFT_ERR_INVALID,
+             "'transformer.wte.weight'", "'lm_head.weight'", "different values");
+  WCHECK(!same_param(I.m, G.m, "transformer.wpe.weight"), "a refused set changed the model");
+  weft_state_dict_destroy(a1);
+  weft_state_dict_destroy(a2);
+  g2_free(&I);
+  g2_free(&H);
+  g2_free(&G);
+  free(p1);
+  free(p2);
+  free(p3);
+  free(d1);
+  free(d2);
+}
+
+static bool hp_equal(const weft_adamw_params *a, const weft_adamw_params *b) {
+  return a->lr == b->lr && a->beta1 == b->beta1 && a->beta2 == b->beta2 && a->eps == b->eps &&
+         a->weight_decay == b->weight_decay && a->amsgrad == b->amsgrad;
+}
+
+/* Loads dir into G (model and optimizer); returns the set status. */
+static weft_status g2_restore(g2model *G, const char *dir) {
+  weft_state_dict *sd = NULL;
+  WOK(weft_state_dict_create(&sd));
+  WOK(weft_get_model_state_dict(G->m, NULL, sd));
+  WOK(weft_get_optimizer_state_dict(G->m, G->opt, NULL, sd));
+  WOK(weft_dcp_load(sd, dir, NULL, NULL));
+  WOK(weft_set_model_state_dict(G->m, sd, NULL, NULL, NULL));
+  weft_status st = weft_set_optimizer_state_dict(G->m, G->opt, sd, NULL, NULL, NULL);
+  weft_state_dict_destroy(sd);
+  return st;
+}
+
+/* argv: dir. 2 ranks, FSDP: nanoGPT's two AdamW groups, 2 steps, save,
+ * 2 more steps; a model and optimizer made with other hyper-parameters
+ * restore the groups' values from the checkpoint and resume bitwise;
+ * optimizers whose groups differ are refused naming the group. */
+static void case_gpt2_groups(void) {
+  const char *dir = arg(2);
+  const int N = 4, K = 2;
+  weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
+  hp.lr = 1e-2f;
+  hp.beta2 = 0.95f;
+  hp.weight_decay = 0.1f;
+  g2model A;
+  WREQUIRE(g2_make(&A, true, 21, &hp), "model");
+  double la[4];
+  for (int s = 0; s < K; s++) la[s] = g2_step(&A, s);
+  weft_adamw_params saved[2];
+  WOK(weft_optimizer_group_get(A.opt, 0, &saved[0]));
+  WOK(weft_optimizer_group_get(A.opt, 1, &saved[1]));
+  WCHECK(saved[1].weight_decay == 0.0f && saved[0].weight_decay == 0.1f, "nanoGPT groups");
+  weft_state_dict *sd = NULL;
+  WOK(weft_state_dict_create(&sd));
+  WOK(weft_get_model_state_dict(A.m, NULL, sd));
+  WOK(weft_get_optimizer_state_dict(A.m, A.opt, NULL, sd));
+  int64_t ng = 0, g = -1;
+  WOK(weft_state_dict_get_int(sd, "param_groups.num_groups", &ng));
+  WOK(weft_state_dict_get_int(sd, "param_groups.transformer.ln_f.bias.group", &g));
+  const char *betas = NULL;
+  WOK(weft_state_dict_get_json(sd, "param_groups.transformer.wte.weight.betas", &betas));
+  WCHECK(ng == 2 && g == 1 && betas && strstr(betas, "0.9"), "saved groups: %lld, ln_f.bias in %lld, "
+         "betas %s", (long long)ng, (long long)g, betas ? betas : "?");
+  WOK(weft_dcp_save(sd, dir, NULL));
+  weft_state_dict_destroy(sd);
+  for (int s = K; s < N; s++) la[s] = g2_step(&A, s);
+  weft_param *pa[64];
+  int np = 0;
+  WOK(weft_module_parameters(A.m, pa, 64, &np));
+  weft_tensor *fa[64] = {0};
+  for (int i = 0; i < np; i++) WOK(weft_dtensor_full_tensor(pa[i]->data, &fa[i]));
+
+  /* resume into a model and optimizer made with other hyper-parameters */
+  weft_adamw_params other = hp;
+  other.lr = 3e-3f;
+  other.beta1 = 0.8f;
+  other.beta2 = 0.99f;
+  other.eps = 1e-6f;
+  other.weight_decay = 0.3f;
+  g2model B;
+  WREQUIRE(g2_make(&B, true, 22, &other), "model");
+  WOK(g2_restore(&B, dir));
+  for (int k = 0; k < 2; k++) {
+    weft_adamw_params got;
+    WOK(weft_optimizer_group_get(B.opt, k, &got));
+    WCHECK(hp_equal(&got, &saved[k]), "group %d restored as lr %g betas (%g, %g) eps %g wd %g", k,
+           (double)got.lr, (double)got.beta1, (double)got.beta2, (double)got.eps,
+           (double)got.weight_decay);
+  }
+  WCHECK(weft_optimizer_num_steps(B.opt) == K, "num_steps %lld", (long long)weft_optimizer_num_steps(B.opt));
+  double lb[4];
+  for (int s = K; s < N; s++) lb[s] = g2_step(&B, s);
+  for (int s = K; s < N; s++)
+    WCHECK(lb[s] == la[s], "step %d: resumed loss %.9g, straight %.9g", s, lb[s], la[s]);
+  weft_param *pb[64];
+  int nb = 0;
+  WOK(weft_module_parameters(B.m, pb, 64, &nb));
+  for (int i = 0; i < np && i < nb; i++) {
+    weft_tensor *t = NULL;
+    WOK(weft_dtensor_full_tensor(pb[i]->data, &t));
+    WCHECK(t && fa[i] && weft_tensor_equal(t, fa[i]), "%s: resumed run differs from the straight "
+           "run", pb[i]->fqn);
+    weft_tensor_destroy(t);
+  }
+  if (rank0())
+    printf("gpt2 groups: resumed losses %.9f %.9f == straight %.9f %.9f; %d parameters bitwise\n",
+           lb[2], lb[3], la[2], la[3], np);
+  for (int i = 0; i < np; i++) weft_tensor_destroy(fa[i]);
+  g2_free(&B);
+  g2_free(&A);
+
+  /* optimizers whose groups differ from the checkpoint's */
+  g2model C;
+  WREQUIRE(g2_make(&C, true, 23, NULL), "model");
+  weft_adamw_params before;
+  WOK(weft_adamw_create(C.m, &other, &C.opt)); /* one group */
+  EXPECT_ERR(g2_restore(&C, dir), WEFT_ERR_INVALID, "2 parameter groups", "the optimizer 1",
+             "group 1");
+  WOK(weft_optimizer_group_get(C.opt, 0, &before));
+  WCHECK(hp_equal(&before, &other) && weft_optimizer_num_steps(C.opt) == 0,
+         "a refused restore changed the optimizer");
+  weft_optimizer_destroy(C.opt);
+  C.opt = NULL;
+  /* two groups, ln_f.weight moved to the decay group */
+  weft_param *ps[64], *g0[64], *g1[64];
+  int n = 0, n0 = 0, n1 = 0;
+  WOK(weft_module_parameters(C.m, ps, 64, &n));
+  for (int i = 0; i < n; i++) {
+    bool moved = strcmp(ps[i]->fqn, "transformer.ln_f.weight") == 0;
+    if (ps[i]->spec.ndim >= 2 || moved) g0[n0++] = ps[i];
+    else g1[n1++] = ps[i];
+  }
+  weft_adamw_group grp[3] = {{g0, n0, other}, {g1, n1, other}, {NULL, 0, other}};
+  WOK(weft_adamw_create_groups(C.m, grp, 2, &C.opt));
+  EXPECT_ERR(g2_restore(&C, dir), WEFT_ERR_INVALID, "'transformer.ln_f.weight'", "group 1",
+             "group 0");
+  weft_optimizer_destroy(C.opt);
+  C.opt = NULL;
+  /* three groups (the third empty) */
+  grp[1].nparams = n1;
+  WOK(weft_adamw_create_groups(C.m, grp, 3, &C.opt));
+  EXPECT_ERR(g2_restore(&C, dir), WEFT_ERR_INVALID, "2 parameter groups", "the optimizer 3",
+             "group 2");
+  g2_free(&C);
+}
+#endif
+
 static const weft_worker_case cases[] = {
     {"save_all", case_save_all},
     {"load_all", case_load_all},
@@ -1470,6 +1934,11 @@ static const weft_worker_case cases[] = {
     {"sd_opts", case_sd_opts},
     {"st_export", case_st_export},
     {"st_import_py", case_st_import_py},
+#endif
+#if defined(DCP_TEST_HAVE_FSDP) && defined(DCP_TEST_HAVE_GPT2)
+    {"gpt2_save", case_gpt2_save},
+    {"gpt2_load", case_gpt2_load},
+    {"gpt2_groups", case_gpt2_groups},
 #endif
     {NULL, NULL},
 };

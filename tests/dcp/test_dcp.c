@@ -458,6 +458,57 @@ Test(dcp, async_save_stages_then_writes_in_the_background, .timeout = 200) {
   free(d);
 }
 
+/* Aliases (a tied parameter's other names) are not entries; each alias
+ * names one entry. */
+Test(dcp, state_dict_alias_is_no_entry_and_names_one_entry) {
+  weft_state_dict *sd = NULL;
+  cr_assert_eq(weft_state_dict_create(&sd), WEFT_OK);
+  cr_expect_eq(weft_state_dict_add_alias(sd, "lm_head.weight", "transformer.wte.weight"), WEFT_OK);
+  cr_expect_eq(weft_state_dict_add_alias(sd, "lm_head.weight", "transformer.wte.weight"), WEFT_OK,
+               "the same alias twice: %s", weft_last_error());
+  cr_expect_eq(weft_state_dict_add_alias(sd, "lm_head.weight", "other.weight"), WEFT_ERR_INVALID);
+  cr_expect(strstr(weft_last_error(), "'lm_head.weight'") &&
+                strstr(weft_last_error(), "'transformer.wte.weight'"),
+            "%s", weft_last_error());
+  cr_expect_eq(weft_state_dict_add_alias(sd, "x", "x"), WEFT_ERR_INVALID);
+  cr_expect_eq(weft_state_dict_add_alias(sd, "", "x"), WEFT_ERR_INVALID);
+  cr_expect_eq(weft_state_dict_add_alias(NULL, "a", "b"), WEFT_ERR_INVALID);
+  cr_expect_eq(weft_state_dict_count(sd), 0);
+  cr_expect_eq(weft_state_dict_find(sd, "lm_head.weight", NULL), WEFT_ERR_NOT_FOUND);
+  weft_state_dict_destroy(sd);
+}
+
+#if defined(DCP_TEST_HAVE_FSDP) && defined(DCP_TEST_HAVE_GPT2)
+/* GPT-2 (models/gpt2): the tied lm_head.weight is saved once; a 2-rank
+ * FSDP checkpoint and safetensors export load on 1 rank bitwise; files
+ * and state dicts holding only the alias load into the tied weight, both
+ * names with different values are refused naming both. */
+Test(dcp, gpt2_tied_weight_saved_once_fsdp2_to_1_rank_bitwise_alias_accepted, .timeout = 200) {
+  char *d = mktmp("gpt2");
+  char *ck = join(d, "ck"), *st = join(d, "model.safetensors"), *ref = join(d, "ref.safetensors");
+  const char *sa[] = {ck, st, ref, NULL};
+  cr_assert_eq(run(2, "gpt2_save", sa, 90), 0, "save on 2 ranks (FSDP)");
+  const char *la[] = {ck, st, ref, d, NULL};
+  cr_expect_eq(run(1, "gpt2_load", la, 90), 0, "load on 1 rank");
+  rmrf(d);
+  free(d);
+  free(ck);
+  free(st);
+  free(ref);
+}
+
+/* nanoGPT's two AdamW groups: saved with their hyper-parameters and
+ * members, restored over other values, the resumed run bitwise equal to
+ * the straight one; optimizers with other groups refused naming the group. */
+Test(dcp, gpt2_adamw_groups_restore_and_resume_bitwise_mismatched_groups_refused, .timeout = 200) {
+  char *d = mktmp("gpt2groups");
+  const char *a[] = {d, NULL};
+  cr_expect_eq(run(2, "gpt2_groups", a, 180), 0);
+  rmrf(d);
+  free(d);
+}
+#endif
+
 /* ------------------------------------------------------------ PyTorch */
 
 static int sh(const char *cmd) {

@@ -14,6 +14,10 @@
 #ifdef FSDP_TEST_HAVE_TP
 #include "tp.h"
 #endif
+#ifdef FSDP_TEST_HAVE_GPT2
+#include "autograd.h"
+#include "gpt2.h"
+#endif
 #include "worker.h"
 
 #define TOL 1e-5
@@ -1264,6 +1268,173 @@ static void case_bad(void) {
   setup_free(&s);
 }
 
+#ifdef FSDP_TEST_HAVE_GPT2
+/* ------------------------------------------------- tied parameters (GPT-2)
+ * lm_head.weight is transformer.wte.weight. FSDP must keep it in the group
+ * of a common ancestor of wte and lm_head: fully_shard(wte) or
+ * fully_shard(transformer) alone fail (naming the parameter, the alias and
+ * the module to shard instead, changing nothing); [wte, lm_head] as one
+ * group, or the root (with lm_head's own group taking nothing), train
+ * like the unsharded model: loss and every gradient (the tied one summing
+ * both uses) equal the 1-rank run on the whole batch. */
+
+static weft_gpt2_config tied_cfg(void) {
+  weft_gpt2_config c = WEFT_GPT2_CONFIG_INIT;
+  c.vocab = 40;
+  c.max_seq_len = 16;
+  c.dim = 16;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.ffn_dim = 32;
+  return c;
+}
+
+/* ids and targets (rows, T) of the global batch rows [row0, row0 + rows). */
+static void tied_batch(weft_mesh *mesh, int row0, int rows, int T, int V, weft_dtensor **ids,
+                       weft_dtensor **tgt) {
+  int64_t shape[2] = {rows, T};
+  weft_tensor *a = NULL, *b = NULL;
+  WOK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &a));
+  WOK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &b));
+  if (!a || !b) return;
+  for (int r = 0; r < rows; r++)
+    for (int t = 0; t < T; t++) {
+      uint64_t k = (uint64_t)(row0 + r) * 131u + (uint64_t)t + 77u;
+      ((int32_t *)a->data)[r * T + t] = (int32_t)(mix64(k) % (uint64_t)V);
+      ((int32_t *)b->data)[r * T + t] = (int32_t)(mix64(k ^ 0x5555u) % (uint64_t)V);
+    }
+  weft_placement pl[1] = {weft_replicate()};
+  WOK(weft_dtensor_distribute(mesh, a, WEFT_DTENSOR_ALL_RANKS, pl, 1, ids));
+  WOK(weft_dtensor_distribute(mesh, b, WEFT_DTENSOR_ALL_RANKS, pl, 1, tgt));
+  weft_tensor_destroy(a);
+  weft_tensor_destroy(b);
+}
+
+/* Loss (averaged over dp ranks) and full grads of one forward/backward. */
+static double tied_step(weft_module *m, weft_mesh *mesh, int row0, int rows, int ndp,
+                        weft_tensor **grads, int *np) {
+  const int T = 8;
+  weft_dtensor *ids = NULL, *tgt = NULL;
+  tied_batch(mesh, row0, rows, T, (int)tied_cfg().vocab, &ids, &tgt);
+  weft_graph *g = NULL;
+  WOK(weft_graph_create(&g));
+  weft_var *loss = NULL;
+  WOK(weft_gpt2_loss(m, g, ids, tgt, &loss, NULL));
+  double l = loss ? weft_var_item(loss) : NAN;
+  if (loss) WOK(weft_backward(loss));
+  double sum = 0;
+  MPI_Allreduce(&l, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  if (ndp > 1) l = sum / weft_world_size();
+  weft_param *ps[MAXP];
+  WOK(weft_module_parameters(m, ps, MAXP, np));
+  for (int i = 0; i < *np; i++) {
+    grads[i] = NULL;
+    if (ps[i]->grad) WOK(weft_dtensor_full_tensor(ps[i]->grad, &grads[i]));
+    WCHECK(grads[i], "%s: no grad", ps[i]->fqn);
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(ids);
+  weft_dtensor_destroy(tgt);
+  return l;
+}
+
+static void case_tied(void) {
+  int world = weft_world_size(), rank = weft_world_rank();
+  const int B = 4;
+  WREQUIRE(B % world == 0, "batch %d over %d ranks", B, world);
+  weft_gpt2_config c = tied_cfg();
+  weft_mesh *self = mesh_self(), *dp = NULL;
+  const char *dn[1] = {"dp"};
+  WOK(weft_mesh_create(1, &world, dn, &dp));
+  WREQUIRE(self && dp, "meshes");
+  /* the reference: one rank, the whole batch */
+  weft_module *ref = NULL;
+  WOK(weft_gpt2_create(&c, self, &ref));
+  WOK(weft_module_init_weights(ref, 5));
+  weft_tensor *gref[MAXP] = {0};
+  int nref = 0;
+  double lref = tied_step(ref, self, 0, B, 1, gref, &nref);
+  WCHECK(nref == 2 + 12 * (int)c.n_layers + 2, "%d parameters (the tied one counted once)", nref);
+
+  for (int mode = 0; mode < 2; mode++) {
+    weft_module *m = NULL;
+    WOK(weft_gpt2_create(&c, self, &m));
+    WOK(weft_module_init_weights(m, 5));
+    WREQUIRE(m, "model");
+    weft_module *wte = find(m, "transformer.wte"), *tr = find(m, "transformer"),
+                *head = find(m, "lm_head"), *h = find(m, "transformer.h");
+    weft_param *w = NULL;
+    WOK(weft_module_find_param(m, "transformer.wte.weight", &w));
+    weft_dtensor *before = w ? w->data : NULL;
+    /* the owner alone, or a subtree without lm_head: refused, nothing changes */
+    weft_status st = weft_fully_shard(wte, dp, NULL, NULL);
+    WCHECK(st == WEFT_ERR_INVALID && strstr(weft_last_error(), "'transformer.wte.weight'") &&
+               strstr(weft_last_error(), "'lm_head.weight'") &&
+               strstr(weft_last_error(), "apply fully_shard to 'model'"),
+           "fully_shard(wte): %s: %s (want invalid naming the parameter, the alias and 'model')",
+           weft_status_str(st), weft_last_error());
+    if (rank == 0 && mode == 0) printf("fully_shard(wte): %s\n", weft_last_error());
+    weft_clear_error();
+    expect_err(weft_fully_shard(tr, dp, NULL, NULL), WEFT_ERR_INVALID, "apply fully_shard to 'model'",
+               "fully_shard(transformer)");
+    WCHECK(!weft_fsdp_of(wte) && !weft_fsdp_of(tr) && w && w->data == before,
+           "a refused fully_shard changed the model");
+    for (int i = 0; i < weft_module_num_children(h); i++)
+      WOK(weft_fully_shard(weft_module_child(h, i), dp, NULL, NULL));
+    weft_fsdp *tied_group = NULL;
+    if (mode == 0) {
+      /* one group over the owner and the alias's module */
+      weft_module *two[2] = {wte, head};
+      WOK(weft_fully_shard_modules(two, 2, dp, NULL, &tied_group));
+    } else {
+      /* lm_head's own group takes nothing: the root takes the weight */
+      weft_fsdp *hg = NULL;
+      WOK(weft_fully_shard(head, dp, NULL, &hg));
+      WCHECK(weft_fsdp_num_params(hg) == 0, "lm_head's group took %d parameters",
+             weft_fsdp_num_params(hg));
+    }
+    weft_fsdp *root = NULL;
+    WOK(weft_fully_shard(m, dp, NULL, &root));
+    if (mode == 1) tied_group = root;
+    bool in = false;
+    for (int i = 0; i < weft_fsdp_num_params(tied_group); i++)
+      in |= weft_fsdp_param(tied_group, i) == w;
+    WCHECK(in, "mode %d: the tied weight is not in group '%s'", mode, weft_fsdp_name(tied_group));
+    weft_tensor *gg[MAXP] = {0};
+    int np = 0;
+    int rows = B / world;
+    double l = tied_step(m, self, rank * rows, rows, world, gg, &np);
+    WCHECK(fabs(l - lref) <= TOL * fabs(lref), "mode %d: loss %.9g, one rank %.9g", mode, l, lref);
+    WCHECK(np == nref, "mode %d: %d parameters vs %d", mode, np, nref);
+    weft_param *ps[MAXP];
+    WOK(weft_module_parameters(m, ps, MAXP, &np));
+    double worst = 0;
+    for (int i = 0; i < np && i < nref; i++) {
+      if (!gg[i] || !gref[i]) continue;
+      const float *a = gg[i]->data, *b = gref[i]->data;
+      double num = 0, den = 0;
+      for (int64_t k = 0; k < weft_tensor_numel(gg[i]); k++) {
+        num += ((double)a[k] - b[k]) * ((double)a[k] - b[k]);
+        den += (double)b[k] * b[k];
+      }
+      double e = sqrt(num / (den > 0 ? den : 1));
+      if (e > worst) worst = e;
+      WCHECK(e <= TOL, "mode %d: grad of %s differs from one rank by %.3g", mode, ps[i]->fqn, e);
+      weft_tensor_destroy(gg[i]);
+    }
+    if (rank == 0)
+      printf("tied mode %d (%s) on %d ranks: loss %.9f (one rank %.9f), worst grad rel err %.3g\n",
+             mode, mode == 0 ? "[wte, lm_head] group" : "root group", world, l, lref, worst);
+    WOK(weft_fsdp_destroy_all(m));
+    WOK(weft_module_destroy(m));
+  }
+  for (int i = 0; i < nref; i++) weft_tensor_destroy(gref[i]);
+  WOK(weft_module_destroy(ref));
+  WOK(weft_mesh_destroy(dp));
+  WOK(weft_mesh_destroy(self));
+}
+#endif
+
 static const weft_worker_case cases[] = {
     {"parity_fsdp", case_parity_fsdp},
     {"parity_uneven", case_parity_uneven},
@@ -1277,6 +1448,9 @@ static const weft_worker_case cases[] = {
     {"overlap", case_overlap},
     {"bf16", case_bf16},
     {"bad", case_bad},
+#ifdef FSDP_TEST_HAVE_GPT2
+    {"tied", case_tied},
+#endif
     {NULL, NULL},
 };
 

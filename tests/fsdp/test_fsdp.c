@@ -57,6 +57,12 @@ Test(fsdp, bad_input_gives_clear_errors_and_changes_nothing, .timeout = 90) {
   cr_assert_eq(weft_test_mpiexec(2, FSDP_WORKER, "bad", 80), 0);
 }
 
+#ifdef FSDP_TEST_HAVE_GPT2
+Test(fsdp, tied_weight_only_in_a_common_ancestor_group_and_trains_like_one_rank, .timeout = 90) {
+  cr_assert_eq(weft_test_mpiexec(2, FSDP_WORKER, "tied", 80), 0);
+}
+#endif
+
 /* ------------------------------------------------------------ in process */
 
 Test(fsdp, null_arguments_fail_without_mpi) {
