@@ -1,0 +1,27 @@
+/* tests/models/test_llama.c — the models_llama suite: Llama written with
+ * ops (models/llama) against PyTorch float64 golden data on 1 rank, tp = 2
+ * and dp = 2 x tp = 2 (FSDP x TP), and against the built-in weft_llama_*
+ * model from the same seed; run by llama_worker under mpiexec. */
+#include <criterion/criterion.h>
+
+#include "harness.h"
+
+#define LLAMA_WORKER WORKER("llama_worker")
+
+Test(models_llama, one_rank_matches_pytorch_loss_grads_adamw_and_builtin_layout,
+     .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(1, LLAMA_WORKER, "golden", 100), 0);
+}
+
+Test(models_llama, tp2_plain_loss_parallel_and_sequence_parallel_match_pytorch,
+     .timeout = 180) {
+  cr_assert_eq(weft_test_mpiexec(2, LLAMA_WORKER, "golden_tp", 160), 0);
+}
+
+Test(models_llama, fsdp_dp2_x_tp2_matches_pytorch, .timeout = 240) {
+  cr_assert_eq(weft_test_mpiexec(4, LLAMA_WORKER, "golden_fsdp_tp", 220), 0);
+}
+
+Test(models_llama, same_seed_same_weights_and_steps_as_builtin_llama, .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(1, LLAMA_WORKER, "builtin", 100), 0);
+}
