@@ -1,12 +1,22 @@
-/* bench/step.c — one training step of the reference model on 1 rank:
- * forward, backward, clip_grad_norm(1.0), AdamW, zero_grad, timed by phase.
+/* bench/step.c — one training step on 1 rank: forward, backward,
+ * clip_grad_norm(1.0), AdamW, zero_grad, timed by phase. Two models: the
+ * reference Llama (nn.h's weft_llama_create: hand-written layers) and GPT-2
+ * (models/gpt2: module kinds of its own whose forwards are ops in a graph).
  *
- *     weft-bench-step [tiny|small] [--steps N] [--warmup W] [--seed S]
- *                     [--dump FILE] [--serve]
+ *     weft-bench-step [tiny|small|gpt2-tiny|gpt2-small] [--steps N] [--warmup W]
+ *                     [--seed S] [--dump FILE] [--serve]
  *
  * Configs (B sequences of T tokens):
- *   tiny   D=256 L=4  H=8  Hkv=8  F=688  V=256  T=256 B=8
- *   small  D=768 L=12 H=12 Hkv=12 F=2048 V=8192 T=512 B=4
+ *   tiny        Llama  D=256 L=4  H=8  Hkv=8  F=688  V=256  T=256 B=8
+ *   small       Llama  D=768 L=12 H=12 Hkv=12 F=2048 V=8192 T=512 B=4
+ *   gpt2-tiny   GPT-2  D=256 L=4  H=8         F=1024 V=256  T=256 B=8
+ *   gpt2-small  GPT-2  D=768 L=12 H=12        F=3072 V=8192 T=512 B=4
+ * The GPT-2 configs have the Llama ones' sizes with GPT-2's MLP (F = 4 D,
+ * two matrices instead of SwiGLU's three: about the same parameters),
+ * LayerNorm with biases, biased linears, learned positions (P = T) and the
+ * output layer tied to the token embedding; AdamW with nanoGPT's groups
+ * (weight decay on matrices only, weft_gpt2_adamw_create). Each step runs in
+ * a weft_graph (reset after the step, in the zero phase).
  *
  * Standalone it runs W warmup steps and N timed steps and prints the
  * median step time, tokens/s and the model FLOPs utilisation against the
@@ -25,7 +35,8 @@
  * Recomputation in backward (weft recomputes the probabilities) is not
  * counted.
  *
- * --dump FILE writes the initial weights (F32, torchtitan names) and the
+ * --dump FILE writes the initial weights (F32; torchtitan names, GPT-2:
+ * nanoGPT names without the tied lm_head.weight) and the
  * tokens ("inputs", "targets": I32 [B, T]) as safetensors before the first
  * step, so that bench/step_torch.py can start PyTorch from the same state.
  * --serve then reads commands from stdin, one per line, and answers on
@@ -43,7 +54,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "autograd.h"
 #include "backend.h"
+#include "gpt2.h"
 #include "nn.h"
 #include "safetensors.h"
 
@@ -67,20 +80,24 @@ static double cpu_s(void) {
 
 typedef struct bench_config {
   const char *name;
+  bool gpt2; /* models/gpt2, else the Llama of nn.h */
   int64_t D, L, H, Hkv, F, V, T, B;
 } bench_config;
 
 static const bench_config configs[] = {
-    {"tiny", 256, 4, 8, 8, 688, 256, 256, 8},
-    {"small", 768, 12, 12, 12, 2048, 8192, 512, 4},
+    {"tiny", false, 256, 4, 8, 8, 688, 256, 256, 8},
+    {"small", false, 768, 12, 12, 12, 2048, 8192, 512, 4},
+    {"gpt2-tiny", true, 256, 4, 8, 8, 1024, 256, 256, 8},
+    {"gpt2-small", true, 768, 12, 12, 12, 3072, 8192, 512, 4},
 };
 
-/* Parameters in matrix products: per layer wq, wk, wv, wo, w1, w2, w3; the
- * output layer. */
+/* Parameters in matrix products: per layer wq, wk, wv, wo, w1, w2, w3 (GPT-2:
+ * c_attn (3D, D), attn.c_proj, c_fc, mlp.c_proj); the output layer (GPT-2:
+ * the tied wte, counted once as the output layer's matrix). */
 static double matmul_params(const bench_config *c) {
   double hd = (double)c->D / (double)c->H;
   double attn = 2.0 * c->D * c->H * hd + 2.0 * c->D * c->Hkv * hd;
-  double ffn = 3.0 * c->D * c->F;
+  double ffn = (c->gpt2 ? 2.0 : 3.0) * c->D * c->F;
   return (double)c->L * (attn + ffn) + (double)c->V * c->D;
 }
 
@@ -136,6 +153,9 @@ typedef struct bench {
   weft_module *model;
   weft_optimizer *opt;
   weft_tensor *inputs, *targets;
+  /* GPT-2 only: the graph of a step and the tokens as Replicate DTensors */
+  weft_graph *graph;
+  weft_dtensor *ids, *tgt;
 } bench;
 
 /* splitmix64: the token stream (any fixed sequence would do). */
@@ -147,23 +167,38 @@ static uint64_t splitmix64(uint64_t *s) {
 }
 
 static void bench_setup(bench *b, const bench_config *c, uint64_t seed) {
+  memset(b, 0, sizeof *b);
   b->cfg = c;
   int shape[1] = {1};
   const char *names[1] = {"model"};
   CHECK(weft_mesh_create(1, shape, names, &b->mesh));
-  weft_llama_config lc = WEFT_LLAMA_CONFIG_INIT;
-  lc.dim = c->D;
-  lc.n_layers = c->L;
-  lc.n_heads = c->H;
-  lc.n_kv_heads = c->Hkv;
-  lc.ffn_dim = c->F;
-  lc.vocab = c->V;
-  lc.max_seq_len = c->T;
-  CHECK(weft_llama_create(&lc, b->mesh, &b->model));
-  CHECK(weft_module_init_weights(b->model, seed));
   /* the same hyper-parameters on the torch side (bench/step_torch.py) */
   weft_adamw_params hp = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, false, false};
-  CHECK(weft_adamw_create(b->model, &hp, &b->opt));
+  if (c->gpt2) {
+    weft_gpt2_config gc = WEFT_GPT2_CONFIG_INIT;
+    gc.vocab = c->V;
+    gc.max_seq_len = c->T;
+    gc.dim = c->D;
+    gc.n_layers = c->L;
+    gc.n_heads = c->H;
+    gc.ffn_dim = c->F;
+    CHECK(weft_gpt2_create(&gc, b->mesh, &b->model));
+    CHECK(weft_module_init_weights(b->model, seed));
+    CHECK(weft_gpt2_adamw_create(b->model, &hp, &b->opt));
+    CHECK(weft_graph_create(&b->graph));
+  } else {
+    weft_llama_config lc = WEFT_LLAMA_CONFIG_INIT;
+    lc.dim = c->D;
+    lc.n_layers = c->L;
+    lc.n_heads = c->H;
+    lc.n_kv_heads = c->Hkv;
+    lc.ffn_dim = c->F;
+    lc.vocab = c->V;
+    lc.max_seq_len = c->T;
+    CHECK(weft_llama_create(&lc, b->mesh, &b->model));
+    CHECK(weft_module_init_weights(b->model, seed));
+    CHECK(weft_adamw_create(b->model, &hp, &b->opt));
+  }
   int64_t bt[2] = {c->B, c->T};
   CHECK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, bt, &b->inputs));
   CHECK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, bt, &b->targets));
@@ -176,6 +211,11 @@ static void bench_setup(bench *b, const bench_config *c, uint64_t seed) {
   memcpy(b->inputs->data, stream, sizeof(int32_t) * (size_t)n);
   memcpy(b->targets->data, stream + 1, sizeof(int32_t) * (size_t)n);
   free(stream);
+  if (c->gpt2) {
+    weft_placement rep = weft_replicate();
+    CHECK(weft_dtensor_distribute(b->mesh, b->inputs, WEFT_DTENSOR_ALL_RANKS, &rep, 1, &b->ids));
+    CHECK(weft_dtensor_distribute(b->mesh, b->targets, WEFT_DTENSOR_ALL_RANKS, &rep, 1, &b->tgt));
+  }
 }
 
 static void bench_dump(const bench *b, const char *path) {
@@ -197,18 +237,26 @@ static void bench_dump(const bench *b, const char *path) {
   free(ps);
 }
 
-/* One step; t[0] total, t[1..5] forward, backward, clip, optimizer, zero_grad. */
+/* One step; t[0] total, t[1..5] forward, backward, clip, optimizer, zero_grad
+ * (GPT-2: and the graph's reset). */
 static void bench_step(bench *b, double t[6], double *loss, double *norm) {
   double t0 = bench_now_s();
-  CHECK(weft_llama_forward(b->model, b->inputs, b->targets, loss));
+  weft_var *lv = NULL;
+  if (b->cfg->gpt2) {
+    CHECK(weft_gpt2_loss(b->model, b->graph, b->ids, b->tgt, &lv, NULL));
+    *loss = weft_var_item(lv);
+  } else {
+    CHECK(weft_llama_forward(b->model, b->inputs, b->targets, loss));
+  }
   double t1 = bench_now_s();
-  CHECK(weft_llama_backward(b->model));
+  CHECK(b->cfg->gpt2 ? weft_backward(lv) : weft_llama_backward(b->model));
   double t2 = bench_now_s();
   CHECK(weft_clip_grad_norm(b->model, 1.0, norm));
   double t3 = bench_now_s();
   CHECK(weft_optimizer_step(b->opt));
   double t4 = bench_now_s();
   CHECK(weft_module_zero_grad(b->model, false));
+  if (b->cfg->gpt2) CHECK(weft_graph_reset(b->graph));
   double t5 = bench_now_s();
   t[0] = t5 - t0;
   t[1] = t1 - t0;
@@ -219,6 +267,9 @@ static void bench_step(bench *b, double t[6], double *loss, double *norm) {
 }
 
 static void bench_free(bench *b) {
+  weft_graph_destroy(b->graph);
+  weft_dtensor_destroy(b->ids);
+  weft_dtensor_destroy(b->tgt);
   weft_optimizer_destroy(b->opt);
   weft_module_destroy(b->model);
   weft_tensor_destroy(b->inputs);
@@ -252,8 +303,8 @@ static int serve(bench *b, sgemm_bench *sg) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: weft-bench-step [tiny|small] [--steps N] [--warmup W] [--seed S] "
-          "[--dump FILE] [--serve]\n");
+          "usage: weft-bench-step [tiny|small|gpt2-tiny|gpt2-small] [--steps N] [--warmup W] "
+          "[--seed S] [--dump FILE] [--serve]\n");
   exit(2);
 }
 
@@ -292,9 +343,9 @@ int main(int argc, char **argv) {
     rc = serve(&b, &sg);
   } else {
     const char *bt = getenv("OPENBLAS_NUM_THREADS");
-    printf("weft step, config %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld B=%lld), "
+    printf("weft step, config %s (%s D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld B=%lld), "
            "OPENBLAS_NUM_THREADS=%s\n",
-           cfg->name, (long long)cfg->D, (long long)cfg->L, (long long)cfg->H,
+           cfg->name, cfg->gpt2 ? "GPT-2" : "Llama", (long long)cfg->D, (long long)cfg->L, (long long)cfg->H,
            (long long)cfg->Hkv, (long long)cfg->F, (long long)cfg->V, (long long)cfg->T,
            (long long)cfg->B, bt ? bt : "(unset)");
     double gf[6];

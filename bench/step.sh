@@ -5,14 +5,18 @@
 # round in one run; see bench/step.c and bench/step_torch.py.
 #
 #     bash bench/step.sh [BUILD_DIR]        (default: build)
+#     STEP_CONFIGS="gpt2-tiny gpt2-small" bash bench/step.sh    (the GPT-2 row)
 #
 # Environment: STEP_THREADS (default: the number of CPUs) threads for both
-# sides; STEP_CONFIGS (default "tiny small"); STEP_STEPS (timed rounds, 5),
-# STEP_STEPS_SMALL (3), STEP_WARMUP (2: torch's first steps are slow).
+# sides; STEP_CONFIGS (default "tiny small": the Llama; "gpt2-tiny
+# gpt2-small": models/gpt2 against bench/gpt2_torch.py, the same sizes);
+# STEP_STEPS (timed rounds, 5), STEP_STEPS_SMALL (3, for small and
+# gpt2-small), STEP_WARMUP (2: torch's first steps are slow).
 # Prints the per-round times, a table (ms/step, tokens/s, MFU against the
 # OpenBLAS SGEMM rate measured in the same run, ratios) and last
-# `step time ratio weft/torch (small): R`. About 3 minutes on 2 idle cores
-# (mostly the small config's steps); load from other processes stretches it.
+# `step time ratio weft/torch (<last config>): R`. About 3 minutes for the
+# Llama configs on 2 idle cores, 7 for the GPT-2 ones at load 5 (mostly the
+# small config's steps); load from other processes stretches it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR="${1:-${WEFT_BUILD_DIR:-build}}"

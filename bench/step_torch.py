@@ -4,14 +4,16 @@
     /usr/bin/python3 bench/step_torch.py --weft build/bench/weft-bench-step \
         [--threads N] [--steps S] [--warmup W] CONFIG [CONFIG ...]
 
-For each config (tiny, small: see bench/step.c) this starts weft-bench-step
-in --serve mode, which writes its initial weights and tokens to a
-safetensors file; PyTorch (fp32, this process) starts from the same weights
-and tokens. The model is tests/kernels/torch_reference.py's forward (the
-one PyTorch model of DESIGN.md in this repository), with torch autograd,
-torch.nn.utils.clip_grad_norm_(1.0), torch.optim.AdamW (same
-hyper-parameters as weft; foreach=True, torch's fastest CPU path here) and
-zero_grad(set_to_none=True).
+For each config (tiny, small, gpt2-tiny, gpt2-small: see bench/step.c) this
+starts weft-bench-step in --serve mode, which writes its initial weights and
+tokens to a safetensors file; PyTorch (fp32, this process) starts from the
+same weights and tokens. The Llama model (tiny, small) is
+tests/kernels/torch_reference.py's forward (the one PyTorch model of
+DESIGN.md in this repository); GPT-2 (gpt2-*) is bench/gpt2_torch.py, an
+nn.Module in nanoGPT's style, with nanoGPT's two AdamW parameter groups.
+Both with torch autograd, torch.nn.utils.clip_grad_norm_(1.0),
+torch.optim.AdamW (same hyper-parameters as weft; foreach=True, torch's
+fastest CPU path here) and zero_grad(set_to_none=True).
 
 Steps alternate between weft and PyTorch round by round (the order flips
 every round), and every round also times two 2048^3 SGEMMs in the weft
@@ -43,6 +45,11 @@ CONFIGS = {
     "tiny": dict(dim=256, layers=4, heads=8, kv_heads=8, ffn=688, vocab=256, seq=256, batch=8),
     "small": dict(dim=768, layers=12, heads=12, kv_heads=12, ffn=2048, vocab=8192, seq=512,
                   batch=4),
+    # GPT-2 with the Llama configs' sizes and GPT-2's MLP (F = 4 D)
+    "gpt2-tiny": dict(gpt2=True, dim=256, layers=4, heads=8, ffn=1024, vocab=256, seq=256,
+                      batch=8),
+    "gpt2-small": dict(gpt2=True, dim=768, layers=12, heads=12, ffn=3072, vocab=8192, seq=512,
+                       batch=4),
 }
 
 
@@ -102,17 +109,49 @@ class Torch:
         return [t5 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, loss.item(), norm.item()]
 
 
+class TorchGPT2:
+    """bench/gpt2_torch.py's GPT-2 from weft's dumped weights, one step at a time."""
+
+    def __init__(self, torch, ref, path, cfg):
+        import gpt2_torch
+        st = ref.load_safetensors(path)
+        self.torch = torch
+        self.inputs = st.pop("inputs").long()
+        self.targets = st.pop("targets").long()
+        self.model = gpt2_torch.build(cfg, st)
+        self.params = list(self.model.parameters())
+        self.opt = gpt2_torch.adamw(self.model, lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                                    weight_decay=0.1)
+
+    def step(self):
+        t0 = time.perf_counter()
+        loss = self.model(self.inputs, self.targets)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        norm = self.torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        t3 = time.perf_counter()
+        self.opt.step()
+        t4 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        t5 = time.perf_counter()
+        return [t5 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, loss.item(), norm.item()]
+
+
 def run_config(name, args, torch, ref):
     c = CONFIGS[name]
-    cfg = {"dim": c["dim"], "heads": c["heads"], "kv_heads": c["kv_heads"],
-           "layers": c["layers"]}
+    if c.get("gpt2"):
+        cfg = c
+    else:
+        cfg = {"dim": c["dim"], "heads": c["heads"], "kv_heads": c["kv_heads"],
+               "layers": c["layers"]}
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads),
                OMP_NUM_THREADS=str(args.threads))
     fd, dump = tempfile.mkstemp(prefix="weft-step-", suffix=".safetensors")
     os.close(fd)
     try:
         weft = Weft(args.weft, name, dump, env)
-        tq = Torch(torch, ref, dump, cfg)
+        tq = (TorchGPT2 if c.get("gpt2") else Torch)(torch, ref, dump, cfg)
     finally:
         os.unlink(dump)
     rounds = args.warmup + args.steps
@@ -157,7 +196,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps-small", type=int, default=None,
-                    help="timed steps for the small config (default: --steps)")
+                    help="timed steps for the small configs (default: --steps)")
     ap.add_argument("configs", nargs="+", choices=sorted(CONFIGS))
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -176,17 +215,17 @@ def main():
     results = []
     for name in args.configs:
         a = argparse.Namespace(**vars(args))
-        if name == "small" and args.steps_small:
+        if name.endswith("small") and args.steps_small:
             a.steps = args.steps_small
         results.append(run_config(name, a, torch, ref))
     print("load average after: %s" % " ".join("%.2f" % x for x in os.getloadavg()))
     print()
-    print("%-6s %10s %10s %11s %11s %9s %9s %10s %7s %7s %7s" % (
+    print("%-10s %10s %10s %11s %11s %9s %9s %10s %7s %7s %7s" % (
         "config", "weft ms", "torch ms", "weft tok/s", "torch tok/s", "weft MFU", "torch MFU",
         "SGEMM GF/s", "ratio", "rounds", "best"))
     for r in results:
         mfu = lambda t: 100.0 * r["flops"] / t / (r["sgemm"] * 1e9)
-        print("%-6s %10.1f %10.1f %11.0f %11.0f %8.1f%% %8.1f%% %10.1f %7.3f %7.3f %7.3f" % (
+        print("%-10s %10.1f %10.1f %11.0f %11.0f %8.1f%% %8.1f%% %10.1f %7.3f %7.3f %7.3f" % (
             r["name"], r["weft"] * 1e3, r["torch"] * 1e3, r["tokens"] / r["weft"],
             r["tokens"] / r["torch"], mfu(r["weft"]), mfu(r["torch"]), r["sgemm"], r["ratio"],
             r["round_ratio"], r["best_ratio"]))

@@ -37,6 +37,38 @@ bool train_model_preset(const char *name, weft_llama_config *c) {
   return true;
 }
 
+bool train_gpt2_preset(const char *name, weft_llama_config *c) {
+  weft_llama_config d = WEFT_LLAMA_CONFIG_INIT;
+  if (!strcmp(name, "gpt2-demo")) {
+    /* trains in seconds on 2 cores with 4 ranks */
+    d.dim = 64; d.n_layers = 2; d.n_heads = 4; d.ffn_dim = 256; d.vocab = 64; d.max_seq_len = 32;
+  } else if (!strcmp(name, "gpt2-tiny")) {
+    d.dim = 256; d.n_layers = 4; d.n_heads = 8; d.ffn_dim = 1024; d.vocab = 256;
+    d.max_seq_len = 256;
+  } else if (!strcmp(name, "gpt2") || !strcmp(name, "gpt2-small")) {
+    /* GPT-2 124M as llm.c trains it (vocab padded to 50304) */
+    d.dim = 768; d.n_layers = 12; d.n_heads = 12; d.ffn_dim = 3072; d.vocab = 50304;
+    d.max_seq_len = 1024;
+  } else {
+    return false;
+  }
+  d.n_kv_heads = d.n_heads;
+  *c = d;
+  return true;
+}
+
+weft_gpt2_config train_gpt2_config(const train_opts *o) {
+  weft_gpt2_config g = WEFT_GPT2_CONFIG_INIT;
+  g.vocab = o->model.vocab;
+  g.max_seq_len = o->model.max_seq_len;
+  g.dim = o->model.dim;
+  g.n_layers = o->model.n_layers;
+  g.n_heads = o->model.n_heads;
+  g.ffn_dim = o->model.ffn_dim;
+  g.dropout = (float)o->dropout;
+  return g;
+}
+
 void train_opts_default(train_opts *o) {
   memset(o, 0, sizeof *o);
   train_model_preset("demo", &o->model);
@@ -69,10 +101,16 @@ void train_print_help(const char *prog) {
       "                          must be the world size (default: dp=<world size>). Laid out\n"
       "                          dp_replicate, dp_shard, tp (tp innermost).\n"
       "model (a preset, then any flag overrides it)\n"
-      "  --model NAME            demo (default: D=64 L=2 H=4 F=176 V=64 T=32),\n"
+      "  --model NAME            Llama: demo (default: D=64 L=2 H=4 F=176 V=64 T=32),\n"
       "                          tiny (D=256 L=4 H=8 F=688 V=256 T=256),\n"
-      "                          small (D=768 L=12 H=12 F=2048 V=8192 T=512)\n"
+      "                          small (D=768 L=12 H=12 F=2048 V=8192 T=512);\n"
+      "                          GPT-2 (models/gpt2: LayerNorm, GELU, learned positions, tied\n"
+      "                          lm_head, nanoGPT's weight-decay groups): gpt2-demo (D=64 L=2\n"
+      "                          H=4 F=256 V=64 T=32), gpt2-tiny (D=256 L=4 H=8 F=1024 V=256\n"
+      "                          T=256), gpt2 = gpt2-small (124M: D=768 L=12 H=12 F=3072\n"
+      "                          V=50304 T=1024)\n"
       "  --dim D  --layers L  --heads H  --kv-heads HKV  --ffn-dim F  --vocab V  --seq-len T\n"
+      "  --dropout P             GPT-2 dropout (0); masks do not depend on the mesh\n"
       "training\n"
       "  --steps N               optimizer steps (20)\n"
       "  --batch B               global batch in sequences per micro-step, split over dp (8)\n"
@@ -227,7 +265,7 @@ int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap
     static const char *const value_flags[] = {
         "--dim", "--layers", "--heads", "--kv-heads", "--ffn-dim", "--vocab", "--seq-len",
         "--steps", "--batch", "--grad-accum", "--warmup", "--val-every", "--val-batches",
-        "--save-every", "--lr", "--min-lr", "--weight-decay", "--clip", "--peak-tflops",
+        "--save-every", "--lr", "--min-lr", "--weight-decay", "--clip", "--peak-tflops", "--dropout",
         "--seed", "--mesh", "--model", "--dtype", "--device", "--data", "--val-data", "--text",
         "--save", "--resume", "--export-safetensors", "--init-from", "--log-json", NULL};
     bool known = false;
@@ -270,6 +308,7 @@ int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap
     DBLFLAG("--min-lr", min_lr, 0)
     DBLFLAG("--weight-decay", weight_decay, 0)
     DBLFLAG("--clip", clip, 0)
+    DBLFLAG("--dropout", dropout, 0)
 #undef INTFLAG
 #undef DBLFLAG
     if (!strcmp(flag, "--peak-tflops")) {
@@ -288,8 +327,10 @@ int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap
     }
     if (!strcmp(flag, "--model")) {
       weft_llama_config tmp;
-      if (!train_model_preset(val, &tmp))
-        return perr(err, cap, "--model: unknown preset '%s' (demo, tiny, small)", val);
+      if (!train_model_preset(val, &tmp) && !train_gpt2_preset(val, &tmp))
+        return perr(err, cap,
+                    "--model: unknown preset '%s' (demo, tiny, small, gpt2-demo, gpt2-tiny, gpt2)",
+                    val);
       preset = val;
       continue;
     }
@@ -323,7 +364,8 @@ int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap
     return perr(err, cap, "unknown flag '%s' (see --help)", flag);
   }
   if (preset) {
-    train_model_preset(preset, &o->model);
+    o->gpt2 = !train_model_preset(preset, &o->model);
+    if (o->gpt2) train_gpt2_preset(preset, &o->model);
     snprintf(o->model_name, sizeof o->model_name, "%s", preset);
   }
   int64_t *fields[7] = {&o->model.dim, &o->model.n_layers, &o->model.n_heads,
@@ -336,6 +378,11 @@ int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap
       custom = true;
     }
   if (ov[2] > 0 && ov[3] < 0) o->model.n_kv_heads = o->model.n_heads;
+  if (o->gpt2 && o->model.n_kv_heads != o->model.n_heads)
+    return perr(err, cap, "--kv-heads: GPT-2 has no grouped-query attention (kv-heads = heads)");
+  if (!o->gpt2 && o->dropout > 0)
+    return perr(err, cap, "--dropout: the Llama model has no dropout (use a gpt2 preset)");
+  if (o->dropout >= 1) return perr(err, cap, "--dropout %g: want a probability in [0, 1)", o->dropout);
   if (custom) {
     char tmp[16];
     snprintf(tmp, sizeof tmp, "%.8s", o->model_name);
@@ -347,6 +394,11 @@ int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap
   if (o->min_lr < 0) o->min_lr = o->lr / 10;
   if (o->warmup > o->steps) o->warmup = o->steps;
   weft_llama_config c = o->model;
+  if (o->gpt2) {
+    weft_gpt2_config g = train_gpt2_config(o);
+    if (weft_gpt2_config_validate(&g) != WEFT_OK) return perr(err, cap, "model: %s", weft_last_error());
+    return 0;
+  }
   if (c.dim % c.n_heads) return perr(err, cap, "model: dim %lld is not divisible by heads %lld", (long long)c.dim, (long long)c.n_heads);
   if ((c.dim / c.n_heads) % 2) return perr(err, cap, "model: head dim %lld (dim / heads) must be even for RoPE", (long long)(c.dim / c.n_heads));
   if (c.n_heads % c.n_kv_heads) return perr(err, cap, "model: heads %lld is not divisible by kv-heads %lld", (long long)c.n_heads, (long long)c.n_kv_heads);
@@ -584,7 +636,38 @@ typedef struct run_state {
   uint16_t *synth;
   FILE *json;
   weft_dcp_async *pending_save;
+  weft_graph *graph; /* GPT-2: the tape its forward records */
+  weft_dtensor *ids, *targets; /* GPT-2: the graph's inputs until its next reset */
 } run_state;
+
+/* GPT-2's mean loss on this rank's rows (tok, tgt: (rows, T) int32) as a
+ * graph forward, then its backward when `train`. key numbers the
+ * micro-step (it keys the dropout masks, the same on every mesh and on
+ * resume). *logits (may be NULL): the logits DTensor (vocab-sharded with
+ * TP), valid until the next call. Collective over the world (the model's
+ * and FSDP's communication). */
+static weft_status gpt2_step(run_state *s, const weft_tensor *tok, const weft_tensor *tgt,
+                             bool train, int64_t key, double *loss,
+                             const weft_dtensor **logits) {
+  weft_graph *g = s->graph;
+  WEFT_CHECK(weft_graph_reset(g));
+  weft_dtensor_destroy(s->ids);
+  weft_dtensor_destroy(s->targets);
+  s->ids = s->targets = NULL;
+  weft_graph_set_training(g, train);
+  weft_graph_set_grad_enabled(g, train);
+  weft_graph_set_step(g, key);
+  weft_placement r = weft_replicate();
+  WEFT_CHECK(weft_dtensor_distribute(s->model_mesh, tok, WEFT_DTENSOR_ALL_RANKS, &r, 1, &s->ids));
+  WEFT_CHECK(weft_dtensor_distribute(s->model_mesh, tgt, WEFT_DTENSOR_ALL_RANKS, &r, 1,
+                                     &s->targets));
+  weft_var *l = NULL, *z = NULL;
+  WEFT_CHECK(weft_gpt2_loss(s->model, g, s->ids, s->targets, &l, &z));
+  *loss = weft_var_item(l);
+  if (train) WEFT_CHECK(weft_backward(l));
+  if (logits) *logits = weft_var_value(z);
+  return WEFT_OK;
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -602,7 +685,16 @@ static void fmt_bytes(double b, char *buf, size_t cap) {
   snprintf(buf, cap, k ? "%.1f %s" : "%.0f %s", b, u[k]);
 }
 
-static int64_t count_params(const weft_llama_config *c, bool with_embedding) {
+static int64_t count_params(const weft_llama_config *c, bool gpt2, bool with_embedding) {
+  if (gpt2) {
+    /* wte (tied to lm_head), wpe, blocks (ln_1, c_attn, c_proj, ln_2, c_fc,
+     * c_proj, with biases), ln_f; without embedding: without wpe (nanoGPT's
+     * count: wte works as the output layer) */
+    int64_t D = c->dim, F = c->ffn_dim;
+    int64_t per = 2 * D + 3 * D * D + 3 * D + D * D + D + 2 * D + F * D + F + D * F + D;
+    int64_t n = c->vocab * D + c->n_layers * per + 2 * D;
+    return with_embedding ? n + c->max_seq_len * D : n;
+  }
   int64_t D = c->dim, hd = c->dim / c->n_heads, H = c->n_heads, Hk = c->n_kv_heads;
   int64_t per = D + H * hd * D + 2 * Hk * hd * D + D * H * hd + D + 3 * c->ffn_dim * D;
   int64_t n = c->n_layers * per + D + c->vocab * D;
@@ -612,8 +704,8 @@ static int64_t count_params(const weft_llama_config *c, bool with_embedding) {
 
 /* Training FLOPs per token (PaLM appendix B): 6 N (N without the input
  * embedding, a lookup) + 12 L D T for attention scores and values. */
-static double flops_per_token(const weft_llama_config *c, int64_t T) {
-  return 6.0 * (double)count_params(c, false) + 12.0 * (double)c->n_layers * (double)c->dim * (double)T;
+static double flops_per_token(const weft_llama_config *c, bool gpt2, int64_t T) {
+  return 6.0 * (double)count_params(c, gpt2, false) + 12.0 * (double)c->n_layers * (double)c->dim * (double)T;
 }
 
 static weft_status set_model_sd(run_state *s, weft_state_dict *sd, int64_t step) {
@@ -621,6 +713,7 @@ static weft_status set_model_sd(run_state *s, weft_state_dict *sd, int64_t step)
   WEFT_CHECK(weft_get_optimizer_state_dict(s->model, s->opt, NULL, sd));
   WEFT_CHECK(weft_state_dict_set_int(sd, "train.step", step));
   WEFT_CHECK(weft_state_dict_set_llama_config(sd, "model.config", &s->cfg));
+  WEFT_CHECK(weft_state_dict_set_string(sd, "model.family", s->o->gpt2 ? "gpt2" : "llama"));
   return WEFT_OK;
 }
 
@@ -643,12 +736,14 @@ static int validate(run_state *s, int32_t *tok, int32_t *tgt, int32_t *scratch, 
                          scratch, V, err, sizeof err);
     if (agree_fail(bad != 0, err)) { rc = 2; break; }
     double l = 0;
-    weft_status st = weft_llama_forward(s->model, tt, gt, &l);
+    const weft_dtensor *lg = NULL;
+    weft_status st = s->o->gpt2 ? gpt2_step(s, tt, gt, false, 0, &l, &lg)
+                                : weft_llama_forward(s->model, tt, gt, &l);
     if (agree_fail(st != WEFT_OK, weft_last_error())) { rc = 2; break; }
     acc[0] += l;
     /* accuracy: argmax over the vocab of the logits, whose local shard on
      * the tp dim may be a vocab range (loss parallel) */
-    const weft_dtensor *lg = weft_llama_logits(s->model);
+    if (!s->o->gpt2) lg = weft_llama_logits(s->model);
     weft_tensor *loc = NULL;
     if (weft_dtensor_to_local(lg, &loc) != WEFT_OK) { rc = fail_all("validation: %s", weft_last_error()); break; }
     int64_t v0 = 0, nv = loc->shape[2];
@@ -734,6 +829,9 @@ static int setup(run_state *s, train_result *res) {
   s->tp_size = m->tp ? m->tp : 1;
   s->dp_total = (int)(prod / s->tp_size);
   const weft_llama_config *c = &s->cfg;
+  if (o->gpt2 && !o->loss_parallel)
+    return fail_all("--no-loss-parallel: GPT-2's tied lm_head always makes vocab-sharded logits "
+                    "under TP (its loss is loss parallel)");
   if (o->cuda)
     return fail_all("--device cuda: not supported yet (weft's layers compute on the CPU; %s)",
                     WEFT_HAVE_CUDA ? "this build has the CUDA kernels but nn does not use them" :
@@ -822,8 +920,21 @@ static int setup(run_state *s, train_result *res) {
     s->dp_index = weft_mesh_coord(s->dp, 0);
 
   /* model: shapes only, then TP placements, then FSDP, then storage */
-  WEFT_CHECK_GOTO(weft_llama_create(c, s->model_mesh, &s->model), st, fail);
-  if (s->tp_size > 1)
+  weft_gpt2_config gcfg = train_gpt2_config(o);
+  if (o->gpt2) {
+    WEFT_CHECK_GOTO(weft_gpt2_create(&gcfg, s->model_mesh, &s->model), st, fail);
+    WEFT_CHECK_GOTO(weft_graph_create(&s->graph), st, fail);
+    weft_graph_set_seed(s->graph, o->seed);
+    WEFT_CHECK_GOTO(weft_graph_set_batch_slice(s->graph, (int64_t)s->dp_index * (o->batch / s->dp_total),
+                                               o->batch),
+                    st, fail);
+  } else {
+    WEFT_CHECK_GOTO(weft_llama_create(c, s->model_mesh, &s->model), st, fail);
+  }
+  if (s->tp_size > 1 && o->gpt2)
+    WEFT_CHECK_GOTO(weft_gpt2_apply_tp(s->model, s->model_mesh, o->sequence_parallel, &s->tp),
+                    st, fail);
+  else if (s->tp_size > 1)
     WEFT_CHECK_GOTO(weft_tp_apply_llama_plan(s->model, s->model_mesh, o->sequence_parallel,
                                              o->loss_parallel, &s->tp), st, fail);
   if (s->dp_total > 1) {
@@ -837,14 +948,16 @@ static int setup(run_state *s, train_result *res) {
     for (int64_t i = 0; i < c->n_layers; i++) {
       char name[32];
       weft_module *b = NULL;
-      snprintf(name, sizeof name, "layers.%lld", (long long)i);
+      snprintf(name, sizeof name, o->gpt2 ? "transformer.h.%lld" : "layers.%lld", (long long)i);
       WEFT_CHECK_GOTO(weft_module_find(s->model, name, &b), st, fail);
       WEFT_CHECK_GOTO(weft_fully_shard(b, s->dp, &blk, NULL), st, fail);
     }
-    weft_module *last[2];
-    WEFT_CHECK_GOTO(weft_module_find(s->model, "norm", &last[0]), st, fail);
-    WEFT_CHECK_GOTO(weft_module_find(s->model, "output", &last[1]), st, fail);
-    WEFT_CHECK_GOTO(weft_fully_shard_modules(last, 2, s->dp, &blk, NULL), st, fail);
+    if (!o->gpt2) { /* GPT-2: ln_f and the tied wte / lm_head stay in the root group */
+      weft_module *last[2];
+      WEFT_CHECK_GOTO(weft_module_find(s->model, "norm", &last[0]), st, fail);
+      WEFT_CHECK_GOTO(weft_module_find(s->model, "output", &last[1]), st, fail);
+      WEFT_CHECK_GOTO(weft_fully_shard_modules(last, 2, s->dp, &blk, NULL), st, fail);
+    }
     WEFT_CHECK_GOTO(weft_fully_shard(s->model, s->dp, &rootopt, &s->root_fsdp), st, fail);
   }
   WEFT_CHECK_GOTO(weft_module_init_weights(s->model, o->seed), st, fail);
@@ -861,7 +974,8 @@ static int setup(run_state *s, train_result *res) {
   weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
   hp.lr = (float)o->lr;
   hp.weight_decay = (float)o->weight_decay;
-  WEFT_CHECK_GOTO(weft_adamw_create(s->model, &hp, &s->opt), st, fail);
+  if (o->gpt2) WEFT_CHECK_GOTO(weft_gpt2_adamw_create(s->model, &hp, &s->opt), st, fail);
+  else WEFT_CHECK_GOTO(weft_adamw_create(s->model, &hp, &s->opt), st, fail);
   if (s->root_fsdp) weft_fsdp_memory_track(s->opt);
   if (res) {
     res->ndim = nd;
@@ -882,6 +996,9 @@ static void teardown(run_state *s) {
   s->pending_save = NULL;
   if (s->root_fsdp || s->dp_total > 1) weft_fsdp_memory_track(NULL);
   weft_optimizer_destroy(s->opt);
+  weft_graph_destroy(s->graph);
+  weft_dtensor_destroy(s->ids);
+  weft_dtensor_destroy(s->targets);
   if (s->model) weft_fsdp_destroy_all(s->model);
   weft_tp_destroy(s->tp);
   weft_module_destroy(s->model);
@@ -948,14 +1065,24 @@ int train_run(const train_opts *o, train_result *res) {
     weft_llama_config z = WEFT_LLAMA_CONFIG_INIT, saved = z;
     weft_state_dict_set_llama_config(hdr, "model.config", &z);
     weft_state_dict_set_int(hdr, "train.step", 0);
+    weft_state_dict_set_string(hdr, "model.family", "llama"); /* older checkpoints: Llama */
     weft_dcp_opts lo = WEFT_DCP_OPTS_INIT;
     lo.allow_partial = true;
     st = weft_dcp_load(hdr, o->resume_dir, &lo, NULL);
     if (st == WEFT_OK) st = weft_state_dict_get_llama_config(hdr, "model.config", &saved);
     if (st == WEFT_OK) weft_state_dict_get_int(hdr, "train.step", &start_step);
+    char family[16] = "llama";
+    const char *fam = NULL;
+    if (st == WEFT_OK && weft_state_dict_get_string(hdr, "model.family", &fam) == WEFT_OK)
+      snprintf(family, sizeof family, "%s", fam);
     weft_state_dict_destroy(hdr);
     if (st != WEFT_OK) {
       rc = fail_all("--resume %s: %s", o->resume_dir, weft_last_error());
+      goto done;
+    }
+    if (strcmp(family, o->gpt2 ? "gpt2" : "llama") != 0) {
+      rc = fail_all("--resume %s: a checkpoint of a %s model; this run trains a %s model",
+                    o->resume_dir, family, o->gpt2 ? "gpt2" : "llama");
       goto done;
     }
     if (saved.dim != c->dim || saved.n_layers != c->n_layers || saved.n_heads != c->n_heads ||
@@ -984,15 +1111,15 @@ int train_run(const train_opts *o, train_result *res) {
 
   weft_lr_schedule sched = {(float)o->lr, (float)o->min_lr, o->warmup, o->steps};
   int64_t tokens_per_step = B * T * o->grad_accum;
-  double fpt = flops_per_token(c, T);
-  if (res) res->num_params = count_params(c, true);
+  double fpt = flops_per_token(c, o->gpt2, T);
+  if (res) res->num_params = count_params(c, o->gpt2, true);
   if (s->rank == 0 && !o->quiet) {
     char buf[512];
     weft_mesh_describe(s->root, buf, sizeof buf);
     printf("weft-train: model %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld, %.2fM params), %s\n",
            o->model_name, (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads,
            (long long)c->n_kv_heads, (long long)c->ffn_dim, (long long)V, (long long)T,
-           count_params(c, true) / 1e6, buf);
+           count_params(c, o->gpt2, true) / 1e6, buf);
     printf("  FSDP on %s, TP %s%s%s, data: %s, batch %lld x %lld tokens x %lld accum, %lld steps\n",
            s->dp_total > 1 ? (s->ndp == 2 ? "dp_replicate x dp_shard (HSDP)" : "dp") : "nothing (dp=1)",
            s->tp_size > 1 ? "on tp" : "off", s->tp_size > 1 && o->sequence_parallel ? " + SP" : "",
@@ -1020,8 +1147,12 @@ int train_run(const train_opts *o, train_result *res) {
       if (s->root_fsdp)
         weft_fsdp_set_requires_gradient_sync(s->root_fsdp, micro == o->grad_accum - 1, true);
       double l = 0;
-      st = weft_llama_forward(s->model, tt, gt, &l);
-      if (st == WEFT_OK) st = weft_llama_backward(s->model);
+      if (o->gpt2) {
+        st = gpt2_step(s, tt, gt, true, step * o->grad_accum + micro, &l, NULL);
+      } else {
+        st = weft_llama_forward(s->model, tt, gt, &l);
+        if (st == WEFT_OK) st = weft_llama_backward(s->model);
+      }
       if (st != WEFT_OK) {
         fprintf(stderr, "weft-train: error: step %lld: %s\n", (long long)step, weft_last_error());
         rc = 3;
@@ -1207,7 +1338,7 @@ int train_run(const train_opts *o, train_result *res) {
     fmt_bytes((double)peak_max, pbuf, sizeof pbuf);
     printf("\nsummary\n");
     printf("  %-26s %s\n", "model", o->model_name);
-    printf("  %-26s %.3fM\n", "parameters", count_params(c, true) / 1e6);
+    printf("  %-26s %.3fM\n", "parameters", count_params(c, o->gpt2, true) / 1e6);
     char mbuf[128] = "";
     for (int d = 0; d < s->ndim; d++) {
       size_t l = strlen(mbuf);

@@ -3,8 +3,8 @@
  *
  * Everything here uses the public weft API exactly as a user program would:
  * an N-D mesh (dp_replicate, dp_shard, tp) over the world, the Llama model
- * (nn.h), torchtitan's TP plan (tp.h) on the tp dim, FSDP (fsdp.h) on the dp
- * dims, AdamW with warmup + cosine, gradient clipping, DCP checkpoints and
+ * (nn.h) with torchtitan's TP plan (tp.h) or GPT-2 (models/gpt2, written on
+ * the op layer) with its plan on the tp dim, FSDP (fsdp.h) on the dp dims, AdamW with warmup + cosine, gradient clipping, DCP checkpoints and
  * safetensors (dcp.h).
  *
  * SPMD: every rank parses the same argv and calls train_run. Errors in the
@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpt2.h"
 #include "weft.h"
 
 #ifdef __cplusplus
@@ -39,8 +40,10 @@ typedef struct train_mesh_spec {
 
 typedef struct train_opts {
   train_mesh_spec mesh;
-  weft_llama_config model;
+  weft_llama_config model; /* the shape (GPT-2: n_kv_heads = n_heads) */
   char model_name[32];  /* preset name or "custom" */
+  bool gpt2;            /* --model gpt2-*: models/gpt2 instead of the Llama */
+  double dropout;       /* GPT-2's dropout (0) */
   int64_t steps, batch, grad_accum, warmup;
   double lr, min_lr, weight_decay, clip;
   uint64_t seed;
@@ -70,6 +73,11 @@ void train_print_help(const char *prog);
 
 /* Applies a model preset by name (demo, tiny, small); false if unknown. */
 bool train_model_preset(const char *name, weft_llama_config *cfg);
+/* A GPT-2 preset's shape (gpt2-demo, gpt2-tiny, gpt2 = gpt2-small, 124M
+ * with llm.c's padded vocab) into cfg; false if unknown. */
+bool train_gpt2_preset(const char *name, weft_llama_config *cfg);
+/* GPT-2's config for a run's options (shape, dropout). */
+weft_gpt2_config train_gpt2_config(const train_opts *o);
 
 /* What one run measured (filled on every rank; memory is this rank's). */
 typedef struct train_result {

@@ -332,6 +332,179 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
   unlink(st);
 }
 
+/* GPT-2 (models/gpt2, on the op layer) through weft-train: with dropout,
+ * the loss curve on dp=2 x tp=2 (FSDP, fused q|k|v TP, sequence parallel)
+ * and on rep=2 x shard=2 x tp=2 equals the one-rank curve; a checkpoint
+ * resumes on another mesh to the straight run's losses, and a Llama run
+ * refuses it. */
+static int read_json_losses(const char *path, double *loss, int cap) {
+  char *t = slurp(path);
+  int n = 0;
+  for (char *p = t; (p = strstr(p, "\"loss\":")) && n < cap; p++) loss[n++] = strtod(p + 7, NULL);
+  free(t);
+  return n;
+}
+
+Test(examples, train_gpt2_with_dropout_follows_the_1_rank_curve_on_2x2_and_2x2x2,
+     .timeout = 200) {
+  enum { STEPS = 6 };
+  const char *j1 = "/tmp/weft-test-examples-gpt2-1.jsonl";
+  const char *j4 = "/tmp/weft-test-examples-gpt2-4.jsonl";
+  const char *j8 = "/tmp/weft-test-examples-gpt2-8.jsonl";
+  const char *a1[] = {"--model", "gpt2-demo", "--steps", "6", "--dropout", "0.1", "--val-every",
+                      "0", "--log-json", j1, NULL};
+  const char *a4[] = {"--model", "gpt2-demo", "--mesh", "dp=2,tp=2", "--sequence-parallel",
+                      "--steps", "6", "--dropout", "0.1", "--val-every", "0", "--log-json", j4,
+                      NULL};
+  const char *a8[] = {"--model", "gpt2-demo", "--mesh", "dp_replicate=2,dp_shard=2,tp=2",
+                      "--steps", "6", "--dropout", "0.1", "--val-every", "0", "--log-json", j8,
+                      NULL};
+  run_out r1 = run(1, TRAIN, a1, 60), r4 = run(4, TRAIN, a4, 80), r8 = run(8, TRAIN, a8, 120);
+  cr_assert_eq(r1.rc, 0, "1 rank: %s", r1.err);
+  cr_assert_eq(r4.rc, 0, "2x2: %s", r4.err);
+  cr_assert_eq(r8.rc, 0, "2x2x2: %s", r8.err);
+  cr_expect(strstr(r1.out, "gpt2-demo") != NULL, "%s", r1.out);
+  double l1[STEPS], l4[STEPS], l8[STEPS];
+  cr_assert_eq(read_json_losses(j1, l1, STEPS), STEPS);
+  cr_assert_eq(read_json_losses(j4, l4, STEPS), STEPS);
+  cr_assert_eq(read_json_losses(j8, l8, STEPS), STEPS);
+  cr_expect(l1[STEPS - 1] < l1[0] - 0.2, "GPT-2 did not learn: %.4f -> %.4f", l1[0],
+            l1[STEPS - 1]);
+  for (int s = 0; s < STEPS; s++) {
+    cr_expect(fabs(l4[s] - l1[s]) <= 1e-5 * l1[s], "step %d: 2x2 %.7f vs 1 rank %.7f", s + 1,
+              l4[s], l1[s]);
+    cr_expect(fabs(l8[s] - l1[s]) <= 1e-5 * l1[s], "step %d: 2x2x2 %.7f vs 1 rank %.7f", s + 1,
+              l8[s], l1[s]);
+  }
+  run_free(&r1);
+  run_free(&r4);
+  run_free(&r8);
+  unlink(j1);
+  unlink(j4);
+  unlink(j8);
+}
+
+Test(examples, train_gpt2_checkpoint_resumes_on_another_mesh, .timeout = 150) {
+  const char *dir = "/tmp/weft-test-examples-gpt2-ckpt";
+  system("rm -rf /tmp/weft-test-examples-gpt2-ckpt");
+  const char *a1[] = {"--model", "gpt2-demo", "--mesh", "dp=2,tp=2", "--steps", "3", "--dropout",
+                      "0.1", "--warmup", "0", "--min-lr", "0.003", "--val-every", "0", "--save",
+                      dir, NULL};
+  run_out r = run(4, TRAIN, a1, 80);
+  cr_assert_eq(r.rc, 0, "save run failed: %s", r.err);
+  run_free(&r);
+  const char *jr = "/tmp/weft-test-examples-gpt2-r.jsonl", *js = "/tmp/weft-test-examples-gpt2-s.jsonl";
+  const char *a2[] = {"--model", "gpt2-demo", "--mesh", "tp=2", "--steps", "6", "--dropout", "0.1",
+                      "--warmup", "0", "--min-lr", "0.003", "--val-every", "0", "--resume", dir,
+                      "--log-json", jr, NULL};
+  r = run(2, TRAIN, a2, 60);
+  cr_expect_eq(r.rc, 0, "resume failed: %s", r.err);
+  cr_expect(strstr(r.out, "at step 3") != NULL, "%s", r.out);
+  run_free(&r);
+  const char *a3[] = {"--model", "gpt2-demo", "--steps", "6", "--dropout", "0.1", "--warmup", "0",
+                      "--min-lr", "0.003", "--val-every", "0", "--log-json", js, NULL};
+  r = run(1, TRAIN, a3, 60);
+  cr_expect_eq(r.rc, 0, "straight run failed: %s", r.err);
+  run_free(&r);
+  double lr[6], ls[6];
+  int nr = read_json_losses(jr, lr, 6), ns = read_json_losses(js, ls, 6);
+  cr_assert_eq(nr, 3, "the resumed run should log steps 4..6, got %d", nr);
+  cr_assert_eq(ns, 6);
+  for (int s = 0; s < 3; s++)
+    cr_expect(fabs(lr[s] - ls[3 + s]) <= 1e-5 * ls[3 + s],
+              "step %d: resumed on tp=2 %.7f vs straight %.7f", 4 + s, lr[s], ls[3 + s]);
+  const char *a4[] = {"--steps", "4", "--resume", dir, NULL};
+  expect_error(1, a4, "a checkpoint of a gpt2 model; this run trains a llama model");
+  unlink(jr);
+  unlink(js);
+  system("rm -rf /tmp/weft-test-examples-gpt2-ckpt");
+}
+
+/* ------------------------------------------------------------ the tour */
+
+#ifdef WEFT_TOUR
+/* The tour's "step N loss L grad norm G" lines, in order: fills loss[] and
+ * norm[] (at most cap) and returns how many; -1 if a step number is out of
+ * order. */
+static int read_tour(const char *out, double *loss, double *norm, int cap) {
+  int n = 0;
+  for (const char *p = out; (p = strstr(p, "step ")) && n < cap; p++) {
+    int step = -1;
+    if (sscanf(p, "step %d loss %lf grad norm %lf", &step, &loss[n], &norm[n]) != 3) continue;
+    if (step != n) return -1;
+    n++;
+  }
+  return n;
+}
+
+/* README.md's tour block: the lines between the ```c line after
+ * "<!-- tour:begin -->" and the closing ``` (malloc'ed; NULL if absent);
+ * *lines = their count. */
+static char *readme_tour(int *lines) {
+  char *t = slurp(WEFT_README), *b = strstr(t, "<!-- tour:begin -->\n```c\n"), *e = NULL;
+  if (b) {
+    b += strlen("<!-- tour:begin -->\n```c\n");
+    e = strstr(b, "\n```\n<!-- tour:end -->");
+  }
+  char *code = NULL;
+  if (b && e) {
+    code = strndup(b, (size_t)(e - b + 1));
+    *lines = count_lines(code);
+  }
+  free(t);
+  return code;
+}
+
+Test(examples, readme_tour_is_under_150_lines_and_is_the_program_built, .timeout = 30) {
+  int lines = 0;
+  char *code = readme_tour(&lines);
+  cr_assert(code != NULL, "no ```c block between <!-- tour:begin --> and <!-- tour:end --> in %s",
+            WEFT_README);
+  cr_expect(lines > 20 && lines < 150, "the README's tour has %d lines (want a complete program "
+            "under 150)", lines);
+  /* the built source is a #line directive and then the block as it stands */
+  char *built = slurp(WEFT_TOUR_SOURCE), *nl = strchr(built, '\n');
+  cr_expect(strncmp(built, "#line ", 6) == 0 && nl, "%s does not start with #line", WEFT_TOUR_SOURCE);
+  cr_expect(nl && strcmp(nl + 1, code) == 0,
+            "%s is not README.md's tour block (rebuild: README.md changed since)", WEFT_TOUR_SOURCE);
+  free(built);
+  free(code);
+}
+
+Test(examples, readme_tour_learns_and_prints_the_same_losses_on_1_2_and_4_ranks, .timeout = 150) {
+  enum { STEPS = 8 };
+  double loss[3][STEPS + 1], norm[3][STEPS + 1];
+  const int ranks[3] = {1, 2, 4}; /* 1x1, dp=1 x tp=2, dp=2 x tp=2 */
+  for (int k = 0; k < 3; k++) {
+    run_out r = run(ranks[k], WEFT_TOUR, NULL, 40 * ranks[k]);
+    cr_assert_eq(r.rc, 0, "weft-tour on %d ranks failed (rc %d):\n%s\n%s", ranks[k], r.rc, r.out,
+                 r.err);
+    int n = read_tour(r.out, loss[k], norm[k], STEPS + 1);
+    cr_assert_eq(n, STEPS, "weft-tour on %d ranks: %d step lines, want %d (rank 0 prints them):\n%s",
+                 ranks[k], n, STEPS, r.out);
+    run_free(&r);
+  }
+  /* it learns: from about ln V = ln 64 = 4.16, every step lower, at the end
+   * below 3/4 of the start (2.80 when this was written) */
+  cr_expect(fabs(loss[0][0] - log(64.0)) < 0.05, "first loss %.6f, want about ln 64", loss[0][0]);
+  for (int s = 1; s < STEPS; s++)
+    cr_expect(loss[0][s] < loss[0][s - 1], "step %d loss %.6f is not below step %d's %.6f", s,
+              loss[0][s], s - 1, loss[0][s - 1]);
+  cr_expect(loss[0][STEPS - 1] < 0.75 * loss[0][0], "loss %.6f -> %.6f in %d steps", loss[0][0],
+            loss[0][STEPS - 1], STEPS);
+  /* the same training on every mesh: losses to 1e-5, grad norms to 1e-4 */
+  for (int k = 1; k < 3; k++)
+    for (int s = 0; s < STEPS; s++) {
+      double dl = fabs(loss[k][s] - loss[0][s]) / loss[0][s];
+      double dn = fabs(norm[k][s] - norm[0][s]) / norm[0][s];
+      cr_expect(dl <= 1e-5, "step %d loss on %d ranks %.9f vs 1 rank %.9f (rel %.2g)", s,
+                ranks[k], loss[k][s], loss[0][s], dl);
+      cr_expect(dn <= 1e-4, "step %d grad norm on %d ranks %.6f vs 1 rank %.6f (rel %.2g)", s,
+                ranks[k], norm[k][s], norm[0][s], dn);
+    }
+}
+#endif
+
 /* ---------------------------------------------------------------- planning */
 
 Test(examples, plan_ranks_70b_on_128x8_in_under_a_second, .timeout = 30) {
