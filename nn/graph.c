@@ -295,6 +295,15 @@ double weft_var_item(const weft_var *v) {
     weft_error(WEFT_ERR_INVALID, "var_item: the var has %lld elements (1 needed)", (long long)n);
     return NAN;
   }
+  /* a Replicate scalar on the host (a loss): read in place, no allocation */
+  bool replicated = true;
+  for (int i = 0; i < s->mesh_ndim; i++)
+    replicated = replicated && s->placements[i].kind == WEFT_PLACE_REPLICATE;
+  const weft_tensor *l = weft_dtensor_local(d);
+  if (replicated && l->device == WEFT_CPU) {
+    if (l->dtype == WEFT_F32) return *(const float *)l->data;
+    if (l->dtype == WEFT_F64) return *(const double *)l->data;
+  }
   weft_tensor *full = NULL;
   if (weft_dtensor_full_tensor(d, &full) != WEFT_OK) return NAN;
   weft_tensor *h = NULL;

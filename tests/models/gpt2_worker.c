@@ -242,8 +242,9 @@ static void run_golden(const char *what, layout L) {
     WOK(weft_graph_reset(gr));
     WOK(weft_module_zero_grad(model, false));
     WOK(weft_gpt2_loss(model, gr, ids, tgt, &loss, NULL));
+    WCHECK(isfinite(weft_var_item(loss)), "%s: loss is not finite", what); /* read in place */
     WOK(weft_backward(loss));
-      WOK(weft_clip_grad_norm(model, g.clip, NULL));
+    WOK(weft_clip_grad_norm(model, g.clip, NULL));
     WOK(weft_optimizer_step(opt));
     allocs[s] = weft_mem_get(WEFT_CPU).alloc_count;
   }

@@ -525,8 +525,9 @@ static void case_random(void) {
   int world = weft_world_size();
   int trials = weft_worker_argc > 2 ? atoi(weft_worker_argv[2]) : 6;
   uint64_t st = 0xC0570Dull + (uint64_t)world;
-  int shapes[2][2] = {{world, 0}, {2, 2}};
-  int nmesh = world == 4 ? 2 : 1;
+  /* 1-D over the world, and 2 x world/2 when that is a 2-D mesh */
+  int shapes[2][2] = {{world, 0}, {2, world / 2}};
+  int nmesh = world >= 4 && world % 2 == 0 ? 2 : 1;
   for (int mi = 0; mi < nmesh; mi++) {
     int ndim = mi == 0 ? 1 : 2;
     weft_mesh *mesh = oc_make_mesh(ndim, shapes[mi]);

@@ -28,6 +28,12 @@ Test(nn_ops_custom, four_ranks_random_placements_on_1d_and_2x2_meshes_equal_one_
   cr_assert_eq(weft_test_mpiexec_args(4, OPS_WORKER, "random", 360, extra), 0);
 }
 
+Test(nn_ops_custom, eight_ranks_random_placements_on_8_and_2x4_meshes_equal_one_rank,
+     .timeout = 400) {
+  const char *extra[] = {"2", NULL};
+  cr_assert_eq(weft_test_mpiexec_args(8, OPS_WORKER, "random", 360, extra), 0);
+}
+
 Test(nn_ops_custom, two_ranks_directed_shardings_are_kept, .timeout = 120) {
   cr_assert_eq(weft_test_mpiexec(2, OPS_WORKER, "directed", 100), 0);
 }

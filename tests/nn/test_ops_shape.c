@@ -129,6 +129,12 @@ Test(ops_shape, four_ranks_random_placements_equal_one_rank, .timeout = 400) {
   cr_assert_eq(weft_test_mpiexec(4, OPS_WORKER, "random", 360), 0);
 }
 
+Test(ops_shape, eight_ranks_random_placements_on_8_and_2x4_meshes_equal_one_rank,
+     .timeout = 400) {
+  const char *extra[] = {"2", NULL};
+  cr_assert_eq(weft_test_mpiexec_args(8, OPS_WORKER, "random", 360, extra), 0);
+}
+
 Test(ops_shape, two_ranks_directed_shardings_survive_and_match, .timeout = 120) {
   cr_assert_eq(weft_test_mpiexec(2, OPS_WORKER, "directed", 100), 0);
 }
