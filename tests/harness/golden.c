@@ -175,6 +175,66 @@ weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np
   return st;
 }
 
+weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int np,
+                                    bool zero_grads, double *worst, const char **worst_fqn,
+                                    int64_t *nzero, double *zero_move) {
+  const char *files[3] = {"after_step.safetensors", "init.safetensors", "grads.safetensors"};
+  weft_safetensors *f[3] = {NULL, NULL, NULL};
+  weft_status st = WEFT_OK;
+  for (int j = 0; j < 3 && !st; j++) {
+    char path[700];
+    golden_path(g, files[j], path, sizeof path);
+    st = weft_safetensors_open(path, &f[j]);
+  }
+  *worst = 0;
+  if (worst_fqn) *worst_fqn = np > 0 ? ps[0]->fqn : "";
+  if (nzero) *nzero = 0;
+  if (zero_move) *zero_move = 0;
+  for (int i = 0; i < np && !st; i++) {
+    weft_tensor *full = NULL;
+    double *ref[3] = {NULL, NULL, NULL}; /* after, init, grad */
+    int64_t n[3] = {0, 0, 0};
+    float *du = NULL;
+    double *dref = NULL;
+    st = weft_dtensor_full_tensor(ps[i]->data, &full);
+    for (int j = 0; j < 3 && !st; j++) st = read_f64(f[j], ps[i]->fqn, &ref[j], &n[j]);
+    int64_t m = full ? weft_tensor_numel(full) : 0;
+    if (!st && (n[0] != m || n[1] != m || n[2] != m))
+      st = weft_error(WEFT_ERR_INVALID, "golden: '%s' has %lld elements, the files %lld/%lld/%lld",
+                      ps[i]->fqn, (long long)m, (long long)n[0], (long long)n[1],
+                      (long long)n[2]);
+    if (!st) {
+      du = malloc((size_t)(m ? m : 1) * sizeof *du);
+      dref = malloc((size_t)(m ? m : 1) * sizeof *dref);
+      if (!du || !dref) st = weft_error(WEFT_ERR_OOM, "golden: update of '%s'", ps[i]->fqn);
+    }
+    if (!st) {
+      const float *p = full->data;
+      for (int64_t k = 0; k < m; k++) {
+        double move = (double)p[k] - ref[1][k];
+        bool zero = zero_grads && fabs(ref[2][k]) < 1e-12;
+        du[k] = zero ? 0.0f : (float)move;
+        dref[k] = zero ? 0.0 : ref[0][k] - ref[1][k];
+        if (zero) {
+          if (nzero) (*nzero)++;
+          if (zero_move && fabs(move) > *zero_move) *zero_move = fabs(move);
+        }
+      }
+      double e = rel_err_f32_f64(du, dref, m);
+      if (e > *worst || i == 0) {
+        *worst = e;
+        if (worst_fqn) *worst_fqn = ps[i]->fqn;
+      }
+    }
+    free(du);
+    free(dref);
+    for (int j = 0; j < 3; j++) free(ref[j]);
+    weft_tensor_destroy(full);
+  }
+  for (int j = 0; j < 3; j++) weft_safetensors_close(f[j]);
+  return st;
+}
+
 double rel_err_f32_f64(const float *a, const double *b, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; i++) {

@@ -67,4 +67,17 @@ weft_status read_f64(weft_safetensors *f, const char *name, double **out, int64_
 weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np, double *worst,
                                   const char **worst_fqn);
 
+/* After one optimizer step from the golden init: each parameter's update
+ * (data - init; full tensors, collective as above) against the golden
+ * (after_step - init), *worst / *worst_fqn as above. With zero_grads set,
+ * elements whose golden gradient is exactly zero (|g| < 1e-12: float64
+ * gives ~1e-19 where the true gradient is 0, e.g. a key bias under
+ * softmax) are left out of the comparison, since Adam's first step turns
+ * float32 noise there into up to lr in any precision; *nzero (may be NULL)
+ * counts them and *zero_move (may be NULL) is their largest |update|, for
+ * the caller to bound. */
+weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int np,
+                                    bool zero_grads, double *worst, const char **worst_fqn,
+                                    int64_t *nzero, double *zero_move);
+
 #endif

@@ -98,13 +98,6 @@ static void run_golden(const char *name, int plan) {
   double lerr = fabs(loss - g.loss) / fabs(g.loss);
   WCHECK(lerr < 2e-6, "%s plan %d: loss %.9f want %.9f (rel %.3g)", name, plan, loss, g.loss, lerr);
 
-  weft_safetensors *fg = NULL, *fa = NULL, *fi = NULL;
-  golden_path(&g, "grads.safetensors", path, sizeof path);
-  WOK(weft_safetensors_open(path, &fg));
-  golden_path(&g, "after_step.safetensors", path, sizeof path);
-  WOK(weft_safetensors_open(path, &fa));
-  golden_path(&g, "init.safetensors", path, sizeof path);
-  WOK(weft_safetensors_open(path, &fi));
   weft_param *ps[256];
   int np = 0;
   WOK(weft_module_parameters(model, ps, 256, &np));
@@ -124,30 +117,9 @@ static void run_golden(const char *name, int plan) {
   WOK(weft_optimizer_step(opt));
   double t3 = now_s();
   double worst_u = 0;
-  for (int i = 0; i < np; i++) {
-    weft_tensor *full = NULL;
-    WOK(weft_dtensor_full_tensor(ps[i]->data, &full));
-    double *after = NULL, *init = NULL;
-    int64_t n = 0, n2 = 0;
-    WOK(read_f64(fa, ps[i]->fqn, &after, &n));
-    WOK(read_f64(fi, ps[i]->fqn, &init, &n2));
-    WREQUIRE(full && after && init && n == n2 && n == weft_tensor_numel(full), "size");
-    const float *p = full->data;
-    float *du = malloc((size_t)n * sizeof(float));
-    double *dref = malloc((size_t)n * sizeof(double));
-    for (int64_t k = 0; k < n; k++) {
-      du[k] = (float)((double)p[k] - init[k]);
-      dref[k] = after[k] - init[k];
-    }
-    double e = rel_err_f32_f64(du, dref, n);
-    if (e > worst_u) worst_u = e;
-    WCHECK(e < 1e-3, "%s plan %d: update of %s rel err %.3g", name, plan, ps[i]->fqn, e);
-    free(du);
-    free(dref);
-    free(after);
-    free(init);
-    weft_tensor_destroy(full);
-  }
+  const char *worst_up = "";
+  WOK(golden_worst_update_err(&g, ps, np, false, &worst_u, &worst_up, NULL, NULL));
+  WCHECK(worst_u < 1e-3, "%s plan %d: update of %s rel err %.3g", name, plan, worst_up, worst_u);
   /* more steps: memory in use comes back to the same level each step
    * (redistributes under TP allocate, but nothing is left behind) */
   int64_t bytes[4] = {0}, allocs[4] = {0};
@@ -171,9 +143,6 @@ static void run_golden(const char *name, int plan) {
            name, plan, weft_world_size(), lerr, worst_g, nerr, worst_u, 1e3 * (t1 - t0),
            1e3 * (t3 - t2));
   weft_optimizer_destroy(opt);
-  weft_safetensors_close(fg);
-  weft_safetensors_close(fa);
-  weft_safetensors_close(fi);
   WOK(weft_module_destroy(model));
   WOK(weft_mesh_destroy(mesh));
   golden_free(&g);
