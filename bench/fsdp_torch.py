@@ -7,7 +7,7 @@ the summary table of a bench/fsdp.sh run.
 
 --ddp starts --ranks processes (this script with --rank), each with one
 thread (torch.set_num_threads(1), OMP/OPENBLAS_NUM_THREADS=1), that train
-the reference model of DESIGN.md (tests/kernels/torch_reference.py's
+the reference model of docs/DESIGN.md (tests/kernels/torch_reference.py's
 forward, fp32) wrapped in torch.nn.parallel.DistributedDataParallel over
 gloo with the same global batch as weft (each rank B / ranks rows), with
 clip_grad_norm_(1.0), AdamW (bench/step.c's hyper-parameters,

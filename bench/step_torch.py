@@ -9,7 +9,7 @@ starts weft-bench-step in --serve mode, which writes its initial weights and
 tokens to a safetensors file; PyTorch (fp32, this process) starts from the
 same weights and tokens. The Llama model (tiny, small) is
 tests/kernels/torch_reference.py's forward (the one PyTorch model of
-DESIGN.md in this repository); GPT-2 (gpt2-*) is bench/gpt2_torch.py, an
+docs/DESIGN.md in this repository); GPT-2 (gpt2-*) is bench/gpt2_torch.py, an
 nn.Module in nanoGPT's style, with nanoGPT's two AdamW parameter groups.
 Both with torch autograd, torch.nn.utils.clip_grad_norm_(1.0),
 torch.optim.AdamW (same hyper-parameters as weft; foreach=True, torch's

@@ -1,12 +1,11 @@
 /* dcp/comm.c — DCP's own communicator: a duplicate of the group's, used
- * only through nonblocking calls waited on with MPI_Test and a backoff
- * (spin briefly, then sleep 1 us doubling to 200 us), as DESIGN.md
- * recommends for more ranks than cores. Safe to use from the async save
- * thread under MPI_THREAD_MULTIPLE (each save has its own duplicate). */
+ * only through nonblocking calls waited on with mesh's MPI_Test backoff
+ * (weft_wait_requests), as docs/DESIGN.md ("MPICH notes") explains for
+ * more ranks than cores. Safe to use from the async save thread under MPI_THREAD_MULTIPLE
+ * (each save has its own duplicate). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "dcp_internal.h"
 
@@ -25,24 +24,11 @@ static weft_status mpi_err(int rc, const char *what) {
   return weft_error(WEFT_ERR_MPI, "checkpoint %s: %s", what, s);
 }
 
+/* One implementation of the backoff wait: mesh's (weft_wait_requests). */
 weft_status dcp_wait(MPI_Request *r, const char *what) {
-  double timeout = weft_is_initialized() ? weft_get_settings()->timeout_s : 300.0;
-  double t0 = MPI_Wtime();
-  long sleep_ns = 1000;
-  for (int spins = 0;; spins++) {
-    int flag = 0;
-    int rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return mpi_err(rc, what);
-    if (flag) return WEFT_OK;
-    if (spins > 200) {
-      struct timespec ts = {0, sleep_ns};
-      nanosleep(&ts, NULL);
-      if (sleep_ns < 200000) sleep_ns *= 2;
-      if (MPI_Wtime() - t0 > timeout)
-        return weft_error(WEFT_ERR_TIMEOUT, "checkpoint %s: no answer from the other ranks after "
-                          "%.0f s (a rank died or is not calling it)", what, timeout);
-    }
-  }
+  char name[160];
+  snprintf(name, sizeof name, "checkpoint %s", what);
+  return weft_wait_requests(1, r, name);
 }
 
 weft_status dcp_comm_open(const weft_mesh *group, dcp_comm *c) {
@@ -138,27 +124,8 @@ weft_status dcp_bcast(const dcp_comm *c, void *buf, int64_t n, int root) {
   return WEFT_OK;
 }
 
+/* One implementation of the agreement: mesh's (weft_agree_status), with
+ * dcp's message (without the "[rank] function: " prefix). */
 weft_status dcp_agree(const dcp_comm *c, weft_status st, const char *what) {
-  int v = st != WEFT_OK ? c->rank : c->size, lowest = c->size;
-  MPI_Request r;
-  int rc = MPI_Iallreduce(&v, &lowest, 1, MPI_INT, MPI_MIN, c->comm, &r);
-  if (rc != MPI_SUCCESS) return mpi_err(rc, "status agreement");
-  WEFT_CHECK(dcp_wait(&r, "status agreement"));
-  if (lowest == c->size) return WEFT_OK;
-  struct {
-    int32_t code;
-    char msg[2044];
-  } m;
-  memset(&m, 0, sizeof m);
-  if (c->rank == lowest) {
-    m.code = (int32_t)st;
-    snprintf(m.msg, sizeof m.msg, "%s", dcp_last_msg());
-  }
-  WEFT_CHECK(dcp_bcast(c, &m, (int64_t)sizeof m, lowest));
-  if (c->rank == lowest) {
-    /* keep this rank's own message (the broadcast succeeded, so it is
-     * still the last error) */
-    return st;
-  }
-  return weft_error((weft_status)m.code, "%s failed on rank %d: %s", what, lowest, m.msg);
+  return weft_agree_status(c->comm, st, st != WEFT_OK ? dcp_last_msg() : NULL, what, NULL);
 }

@@ -1,5 +1,5 @@
 /* weft/layers.h — fp32 forward/backward kernels of the Llama-style reference
- * model (DESIGN.md "The reference model"), on raw contiguous row-major
+ * model (docs/DESIGN.md "The reference models"), on raw contiguous row-major
  * pointers, CPU.
  *
  * These are the compute kernels under nn/: the module layer owns the buffers

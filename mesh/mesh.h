@@ -119,9 +119,8 @@ extern "C" {
  * finds the node-local rank and sets the error-message rank. Collective
  * over MPI_COMM_WORLD.
  * - Node-local rank: the rank among the world ranks with the same processor
- *   name (one nonblocking all-gather; note: not
- *   MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), which in MPICH 4.0.2 is a
- *   busy-polling blocking collective: 0.25 s on 8 ranks over 2 cores).
+ *   name (one nonblocking all-gather; why not MPI_Comm_split_type: see
+ *   docs/DESIGN.md "MPICH notes").
  * - RANK / WORLD_SIZE in the environment (torchrun's names), when set, must
  *   agree with MPI; a disagreement on any rank fails weft_init on every rank
  *   with WEFT_ERR_INVALID naming the ranks. LOCAL_RANK / LOCAL_WORLD_SIZE,
@@ -129,8 +128,7 @@ extern "C" {
  * - A bad setting (WEFT_TIMEOUT=abc) is WEFT_ERR_INVALID before MPI starts.
  * - On failure MPI is finalised again if weft_init started it.
  * - When it starts MPI, it sets MPIR_CVAR_IREDUCE_SCATTER_BLOCK_INTRA_ALGORITHM
- *   =sched_pairwise unless already set (MPICH's default nonblocking
- *   reduce-scatter was up to 2x slower than its blocking one at 1 MiB).
+ *   =sched_pairwise unless already set (why: docs/DESIGN.md "MPICH notes").
  * Safe to call if MPI is already initialised (then weft_finalize does not
  * finalise it). A second call without weft_finalize is WEFT_ERR_STATE.
  * argc/argv may be NULL. */
@@ -266,6 +264,39 @@ weft_status weft_work_wait(weft_work *work);
  * and must not be used again); false otherwise. */
 weft_status weft_work_test(weft_work *work, bool *done);
 
+/* Waits for `n` MPI requests of the caller's own nonblocking MPI calls
+ * (entries already MPI_REQUEST_NULL are skipped; completed ones become
+ * MPI_REQUEST_NULL) with the same MPI_Test backoff weft's collectives use
+ * (mesh/wait.c: spin, then yield or sleep, so that more ranks than cores
+ * do not starve each other as MPICH's busy-polling blocking calls do).
+ * For code outside weft's collectives: dcp's communicator, examples/train.
+ * Local (no communication of its own; it only completes the caller's
+ * requests). Thread-safe under MPI_THREAD_MULTIPLE. The caller owns reqs.
+ * Times out after the settings' timeout_s (WEFT_TIMEOUT; 300 s default).
+ * `what` names the operation in error messages (NULL: "MPI wait").
+ * Errors: WEFT_ERR_INVALID (n < 0, or reqs NULL with n > 0), WEFT_ERR_MPI
+ * (MPI_Test failed: "<what>: <MPI's message>"), WEFT_ERR_TIMEOUT ("<what>:
+ * no answer from the other ranks after N s ..."), WEFT_ERR_OOM. */
+weft_status weft_wait_requests(int n, MPI_Request *reqs, const char *what);
+
+/* Agrees on a failure: every rank of `comm` passes its own status `st`
+ * (and, when it failed, its message `msg`; NULL: weft_last_error()) and
+ * gets the same verdict. Returns WEFT_OK on every rank when every rank
+ * passed WEFT_OK; otherwise the status of the lowest failing rank (rank in
+ * `comm`) on every rank: that rank keeps its own weft_last_error(), the
+ * others get "<what> failed on rank R: <its message>" (messages are cut at
+ * 2043 characters). *failed_rank (may be NULL) is set to that rank, or -1
+ * when no rank failed or the agreement itself failed.
+ * For code outside weft's collectives that must not leave ranks behind
+ * after a local failure (dcp's save/load, examples/train). Collective over
+ * `comm` (every rank must call it); nonblocking MPI calls waited with
+ * weft_wait_requests, so it is thread-safe under MPI_THREAD_MULTIPLE on a
+ * communicator of the caller's own. The caller owns comm.
+ * Errors of its own: WEFT_ERR_INVALID (comm is MPI_COMM_NULL), WEFT_ERR_MPI
+ * and WEFT_ERR_TIMEOUT (messages name `what`; *failed_rank = -1). */
+weft_status weft_agree_status(MPI_Comm comm, weft_status st, const char *msg, const char *what,
+                              int *failed_rank);
+
 /* All-gather over `dim`: each rank contributes `count` elements; recv holds
  * group_size * count elements, rank i's at offset i * count. */
 weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, void *recv,
@@ -340,7 +371,7 @@ typedef struct weft_settings {
   /* WEFT_CHUNK_BYTES (64 .. 2^30, default 2^30): a collective whose
    * per-rank block is larger is posted as several MPI calls of at most
    * this many bytes each (MPICH 4.0.2's nonblocking large-count calls
-   * fail: MPI_Ibcast_c of 2 GiB + 77 bytes returned "Invalid communicator").
+   * fail beyond 2 GiB: docs/DESIGN.md "MPICH notes").
    * Tests set it small to exercise the chunked paths. */
   int64_t chunk_bytes;
 } weft_settings;

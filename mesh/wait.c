@@ -36,7 +36,9 @@
  * ~115 us.
  */
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "mesh_internal.h"
@@ -136,4 +138,65 @@ weft_status weft__wait_all_sized(int n, MPI_Request *reqs, double timeout_s, int
   }
   if (indices != idx_stack) free(indices);
   return st;
+}
+
+weft_status weft_wait_requests(int n, MPI_Request *reqs, const char *what) {
+  if (!what) what = "MPI wait";
+  if (n < 0 || (n > 0 && !reqs))
+    return weft_error(WEFT_ERR_INVALID, "%s: weft_wait_requests got %d requests at %p", what, n,
+                      (void *)reqs);
+  double timeout = weft__rt.settings.timeout_s; /* 300 s until set */
+  weft_status st = weft__wait_all(n, reqs, timeout);
+  if (st == WEFT_ERR_TIMEOUT)
+    return weft_error(WEFT_ERR_TIMEOUT, "%s: no answer from the other ranks after %.0f s "
+                      "(a rank died or is not calling it)", what, timeout);
+  if (st != WEFT_OK) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", weft_last_error());
+    return weft_error(st, "%s: %s", what, msg);
+  }
+  return WEFT_OK;
+}
+
+static weft_status agree_mpi_err(int rc, const char *what) {
+  char s[MPI_MAX_ERROR_STRING] = "";
+  int n = 0;
+  MPI_Error_string(rc, s, &n);
+  return weft_error(WEFT_ERR_MPI, "%s: %s", what, s);
+}
+
+weft_status weft_agree_status(MPI_Comm comm, weft_status st, const char *msg, const char *what,
+                              int *failed_rank) {
+  if (failed_rank) *failed_rank = -1;
+  if (!what) what = "call";
+  if (comm == MPI_COMM_NULL)
+    return weft_error(WEFT_ERR_INVALID, "%s: status agreement over MPI_COMM_NULL", what);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int v = st != WEFT_OK ? rank : size, lowest = size;
+  MPI_Request r;
+  int rc = MPI_Iallreduce(&v, &lowest, 1, MPI_INT, MPI_MIN, comm, &r);
+  if (rc != MPI_SUCCESS) return agree_mpi_err(rc, what);
+  char name[160];
+  snprintf(name, sizeof name, "%s (status agreement)", what);
+  WEFT_CHECK(weft_wait_requests(1, &r, name));
+  if (lowest == size) return WEFT_OK;
+  struct {
+    int32_t code;
+    char msg[2044];
+  } m;
+  memset(&m, 0, sizeof m);
+  if (rank == lowest) {
+    m.code = (int32_t)st;
+    snprintf(m.msg, sizeof m.msg, "%s", msg ? msg : weft_last_error());
+  }
+  rc = MPI_Ibcast(&m, (int)sizeof m, MPI_BYTE, lowest, comm, &r);
+  if (rc != MPI_SUCCESS) return agree_mpi_err(rc, what);
+  WEFT_CHECK(weft_wait_requests(1, &r, name));
+  if (failed_rank) *failed_rank = lowest;
+  /* the lowest failing rank keeps its own message (still the last error:
+   * the waits above succeeded) */
+  if (rank == lowest) return st;
+  return weft_error((weft_status)m.code, "%s failed on rank %d: %s", what, lowest, m.msg);
 }

@@ -382,7 +382,7 @@ weft_status weft_module_add_child(weft_module *parent, weft_module *child);
 
 /* -------------------------------------------------------- reference model */
 
-/* The Llama-style model of DESIGN.md ("The reference model"). */
+/* The Llama-style model of docs/DESIGN.md ("The reference models"). */
 typedef struct weft_llama_config {
   int64_t dim;         /* D */
   int64_t n_layers;    /* L */
@@ -441,7 +441,7 @@ weft_status weft_loss_set_impl(weft_module *loss, const weft_loss_impl *impl, vo
 
 /* The whole model, a root module of kind WEFT_MODULE_MODEL with children
  * tok_embeddings, layers (a container of blocks "0".."L-1"), norm, output
- * and loss (a loss module, no parameters). Parameters (DESIGN.md):
+ * and loss (a loss module, no parameters). Parameters (docs/DESIGN.md):
  * tok_embeddings.weight [V, D], layers.i.attention_norm.weight [D],
  * layers.i.attention.{wq,wk,wv,wo}.weight, layers.i.ffn_norm.weight [D],
  * layers.i.feed_forward.{w1,w2,w3}.weight, norm.weight [D],

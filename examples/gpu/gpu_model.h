@@ -1,5 +1,5 @@
-/* examples/gpu/gpu_model.h — the reference model (DESIGN.md "The reference
- * model": Llama-style, RMSNorm, interleaved RoPE, causal GQA attention,
+/* examples/gpu/gpu_model.h — the reference model (docs/DESIGN.md "The
+ * reference models": Llama-style, RMSNorm, interleaved RoPE, causal GQA attention,
  * SwiGLU, untied output, mean cross-entropy) trained on one GPU per rank
  * with the WEFT_CUDA backend's kernels (backend.h), llm.c style:
  *
@@ -96,7 +96,7 @@ const gpu_model_config *gpu_model_get_config(const gpu_model *m);
 int64_t gpu_model_local_batch(const gpu_model *m);
 /* Number of parameter tensors (3 + 9 L). */
 int gpu_model_num_tensors(const gpu_model *m);
-/* Name (as DESIGN.md / the golden files: "layers.0.attention.wq.weight") and
+/* Name (as docs/DESIGN.md / the golden files: "layers.0.attention.wq.weight") and
  * element count of tensor i, 0 <= i < num_tensors; NULL / 0 out of range. */
 const char *gpu_model_tensor_name(const gpu_model *m, int i);
 int64_t gpu_model_tensor_numel(const gpu_model *m, int i);

@@ -86,7 +86,7 @@ void train_opts_default(train_opts *o) {
   o->loss_parallel = true;
   o->val_every = 10;
   o->val_batches = 2;
-  o->peak_flops = 100e9; /* ~ one core's SGEMM here (DESIGN.md: 95 GF/s) */
+  o->peak_flops = 100e9; /* ~ one core's SGEMM (docs/DESIGN.md: 95 GF/s) */
 }
 
 void train_print_help(const char *prog) {
@@ -408,13 +408,16 @@ int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap
 
 /* --------------------------------------------------------------- MPI helpers */
 
-/* Nonblocking collective wait with backoff (MPICH busy-polls; more ranks
- * than cores make blocking collectives crawl, DESIGN.md). */
+/* Nonblocking collective wait with weft's backoff (MPICH busy-polls; more
+ * ranks than cores make blocking collectives crawl, docs/DESIGN.md "MPICH
+ * notes"). A failure
+ * (an MPI error, or no answer within WEFT_TIMEOUT: a rank died) cannot be
+ * agreed on any more, so it ends the job. */
 static void wait_req(MPI_Request *r) {
-  int done = 0;
-  for (int spins = 0; !done; spins++) {
-    MPI_Test(r, &done, MPI_STATUS_IGNORE);
-    if (!done && spins > 8) usleep(spins < 200 ? 2 : 50);
+  if (weft_wait_requests(1, r, "weft-train collective") != WEFT_OK) {
+    fprintf(stderr, "weft-train: error: %s\n", weft_last_error());
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
   }
 }
 
@@ -430,14 +433,17 @@ static void allreduce_i64(int64_t *v, int n, MPI_Op op) {
   wait_req(&r);
 }
 
-/* Agrees on a failure: returns true on every rank if any rank failed; the
- * lowest failing rank prints its message (one line). */
+/* Agrees on a failure (weft_agree_status): returns true on every rank if
+ * any rank failed; the lowest failing rank prints its message (one line).
+ * If the agreement itself fails every rank prints why. */
 static bool agree_fail(bool failed, const char *msg) {
-  int64_t who = failed ? weft_world_rank() : INT64_MAX;
-  allreduce_i64(&who, 1, MPI_MIN);
-  if (who == INT64_MAX) return false;
-  if (who == weft_world_rank()) {
-    fprintf(stderr, "weft-train: error: %s\n", msg ? msg : "(unknown)");
+  int who = -1;
+  weft_status st = weft_agree_status(MPI_COMM_WORLD, failed ? WEFT_ERR_INVALID : WEFT_OK,
+                                     msg ? msg : "(unknown)", "weft-train", &who);
+  if (st == WEFT_OK) return false;
+  if (who < 0 || who == weft_world_rank()) {
+    const char *m = who < 0 ? weft_last_error() : msg ? msg : "(unknown)";
+    fprintf(stderr, "weft-train: error: %s\n", m);
     fflush(stderr);
   }
   return true;

@@ -1,4 +1,4 @@
-/* models/llama/llama.h — the Llama of DESIGN.md ("The reference model")
+/* models/llama/llama.h — the Llama of docs/DESIGN.md ("The reference models")
  * written as a user of weft would write it: module kinds of its own
  * (weft_module_create) whose forwards are ops on DTensors (autograd.h), the
  * built-in Linear / Embedding / RMSNorm layers as children, and a

@@ -388,7 +388,7 @@ Test(safetensors, writer_rejects_bad_entries, .init = make_tmpdir, .fini = rm_tm
   cr_expect_eq(weft_safetensors_write(path, dup, 1, NULL), WEFT_ERR_IO);
 }
 
-/* The golden files: names and shapes as DESIGN.md, and the f64 gradients'
+/* The golden files: names and shapes as docs/DESIGN.md, and the f64 gradients'
  * total norm equals expected.json's grad_norm_before_clip (an independent
  * check that F64 data is read right). */
 Test(safetensors, reads_golden_files) {

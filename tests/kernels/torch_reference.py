@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Cross-check of the golden vectors against our reading of DESIGN.md.
+"""Cross-check of the golden vectors against our reading of docs/DESIGN.md.
 
 Builds the Llama-style reference model in torch float64 straight from
-DESIGN.md (interleaved RoPE, RMSNorm eps 1e-5, SwiGLU, untied output, causal
+docs/DESIGN.md (interleaved RoPE, RMSNorm eps 1e-5, SwiGLU, untied output, causal
 GQA via repeat_interleave, mean cross-entropy), loads init.safetensors and
 tokens.bin, and compares loss, gradients and one clipped AdamW step with the
 golden files. Not part of the test suite; run by hand:

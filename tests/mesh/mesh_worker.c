@@ -971,9 +971,122 @@ static void case_big_count_full(void) {
   WOK(weft_mesh_destroy(m));
 }
 
+/* weft_wait_requests (the shared backoff wait for callers' own MPI
+ * requests): three nonblocking all-reduces of random doubles waited
+ * together match a double reference summed here from every rank's values;
+ * an all-null set returns at once; a receive nobody sends times out with
+ * the caller's name in the message; bad arguments are WEFT_ERR_INVALID. */
+static double wait_val(int r, int k, int i) {
+  uint64_t h = mix(seed ^ mix((uint64_t)r * 7919u + (uint64_t)k * 104729u) ^ mix((uint64_t)i + 1));
+  return (double)(h >> 11) / 9007199254740992.0 * 2.0 - 1.0; /* [-1, 1) */
+}
+
+static void case_wait_requests(void) {
+  int me = 0, np = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &np);
+  enum { K = 3, N = 257 };
+  double buf[K][N];
+  MPI_Request reqs[K];
+  for (int k = 0; k < K; k++) {
+    for (int i = 0; i < N; i++) buf[k][i] = wait_val(me, k, i);
+    WREQUIRE(MPI_Iallreduce(MPI_IN_PLACE, buf[k], N, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD,
+                            &reqs[k]) == MPI_SUCCESS, "Iallreduce %d", k);
+  }
+  WOK(weft_wait_requests(K, reqs, "test all-reduce"));
+  for (int k = 0; k < K; k++) {
+    WCHECK(reqs[k] == MPI_REQUEST_NULL, "request %d not completed", k);
+    int bad = 0;
+    for (int i = 0; i < N && bad < 4; i++) {
+      double want = 0;
+      for (int r = 0; r < np; r++) want += wait_val(r, k, i);
+      double err = fabs(buf[k][i] - want) / (fabs(want) > 1e-3 ? fabs(want) : 1e-3);
+      if (err > 1e-13) bad++;
+      WCHECK(err <= 1e-13, "reduce %d elem %d: got %.17g want %.17g (seed %lu)", k, i,
+             buf[k][i], want, seed);
+    }
+  }
+  WOK(weft_wait_requests(K, reqs, "all null"));
+  WOK(weft_wait_requests(0, NULL, "none"));
+  WCHECK(weft_wait_requests(-1, reqs, "negative") == WEFT_ERR_INVALID, "n = -1 accepted");
+  WCHECK(strstr(weft_last_error(), "negative") != NULL, "message: %s", weft_last_error());
+  WCHECK(weft_wait_requests(2, NULL, "null") == WEFT_ERR_INVALID, "NULL reqs accepted");
+  /* A receive nobody sends: times out, names the operation, then cancel. */
+  double t = 0;
+  MPI_Request lone;
+  WREQUIRE(MPI_Irecv(&t, 1, MPI_DOUBLE, me, 4242, MPI_COMM_WORLD, &lone) == MPI_SUCCESS, "Irecv");
+  weft_set_timeout(0.3);
+  double t0 = MPI_Wtime();
+  weft_status st = weft_wait_requests(1, &lone, "lonely receive");
+  double dt = MPI_Wtime() - t0;
+  weft_set_timeout(30.0);
+  WCHECK(st == WEFT_ERR_TIMEOUT, "status %s want timeout", weft_status_str(st));
+  WCHECK(strstr(weft_last_error(), "lonely receive") != NULL, "message: %s", weft_last_error());
+  WCHECK(dt >= 0.3 && dt < 10.0, "timed out after %.3f s, want 0.3 s", dt);
+  MPI_Cancel(&lone);
+  MPI_Wait(&lone, MPI_STATUS_IGNORE);
+}
+
+/* weft_agree_status: all OK -> OK everywhere; otherwise every rank gets
+ * the lowest failing rank's status, that rank keeps its own message and the
+ * others get "<what> failed on rank R: <message>" (explicit message or, for
+ * NULL, weft_last_error()); ranks are ranks of the communicator passed (a
+ * reversed duplicate); MPI_COMM_NULL is WEFT_ERR_INVALID. */
+static void case_agree_status(void) {
+  int me = 0, np = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &np);
+  int who = 7;
+  WOK(weft_agree_status(MPI_COMM_WORLD, WEFT_OK, NULL, "all fine", &who));
+  WCHECK(who == -1, "failed rank %d want -1", who);
+  /* ranks >= 1 fail, each with its own status and message */
+  static const weft_status codes[] = {WEFT_ERR_INVALID, WEFT_ERR_STATE, WEFT_ERR_OOM};
+  weft_status mine = me >= 1 ? codes[me % 3] : WEFT_OK;
+  char msg[64];
+  snprintf(msg, sizeof msg, "rank %d broke (%d)", me, me * 31 + 5);
+  weft_status st = weft_agree_status(MPI_COMM_WORLD, mine, mine ? msg : NULL, "step", &who);
+  if (np == 1) {
+    WCHECK(st == WEFT_OK && who == -1, "1 rank: %s / %d", weft_status_str(st), who);
+  } else {
+    WCHECK(st == codes[1 % 3], "status %s want %s", weft_status_str(st),
+           weft_status_str(codes[1 % 3]));
+    WCHECK(who == 1, "failed rank %d want 1", who);
+    if (me != 1) {
+      char want[128];
+      snprintf(want, sizeof want, "step failed on rank 1: rank 1 broke (36)");
+      WCHECK(strstr(weft_last_error(), want) != NULL, "message '%s' lacks '%s'", weft_last_error(),
+             want);
+    }
+  }
+  /* msg NULL: the failing rank's weft_last_error() travels; ranks of a
+   * reversed communicator (world rank np-1 is rank 0 there) */
+  MPI_Comm rev;
+  WREQUIRE(MPI_Comm_split(MPI_COMM_WORLD, 0, np - 1 - me, &rev) == MPI_SUCCESS, "split");
+  int rr = 0;
+  MPI_Comm_rank(rev, &rr);
+  bool fail = rr == 0;
+  if (fail) (void)weft_error(WEFT_ERR_NOT_FOUND, "no tensor 'w%d' here", me * 3 + 1);
+  st = weft_agree_status(rev, fail ? WEFT_ERR_NOT_FOUND : WEFT_OK, NULL, "load", &who);
+  WCHECK(st == WEFT_ERR_NOT_FOUND, "status %s want not found", weft_status_str(st));
+  WCHECK(who == 0, "failed rank %d want 0", who);
+  char want[64];
+  snprintf(want, sizeof want, "no tensor 'w%d' here", (np - 1) * 3 + 1);
+  WCHECK(strstr(weft_last_error(), want) != NULL, "message '%s' lacks '%s'", weft_last_error(),
+         want);
+  if (!fail)
+    WCHECK(strstr(weft_last_error(), "load failed on rank 0") != NULL, "message '%s'",
+           weft_last_error());
+  MPI_Comm_free(&rev);
+  WCHECK(weft_agree_status(MPI_COMM_NULL, WEFT_OK, NULL, "null", &who) == WEFT_ERR_INVALID,
+         "MPI_COMM_NULL accepted");
+  WCHECK(who == -1, "failed rank %d after invalid", who);
+}
+
 static const weft_worker_case cases[] = {
     {"collectives", case_collectives},
     {"errors", case_errors},
+    {"wait_requests", case_wait_requests},
+    {"agree_status", case_agree_status},
     {"big_count", case_big_count},
     {"big_count_full", case_big_count_full},
     {NULL, NULL},

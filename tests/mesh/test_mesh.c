@@ -47,6 +47,22 @@ Test(mesh, errors_mismatch_and_timeout_on_2x2, .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec_env(4, MESH_WORKER, "errors", 50, env), 0);
 }
 
+/* weft_wait_requests: the shared backoff wait for a caller's own MPI
+ * requests completes them with exact results, times out naming the
+ * caller's operation, and rejects bad arguments (3 ranks on 2 cores). */
+Test(mesh, wait_requests_on_3_ranks, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(3, MESH_WORKER, "wait_requests", 50), 0);
+}
+
+/* weft_agree_status: one verdict on every rank, the lowest failing rank's
+ * status and message (3 ranks; and 1 rank, where nothing can disagree). */
+Test(mesh, agree_status_on_3_ranks, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(3, MESH_WORKER, "agree_status", 50), 0);
+}
+Test(mesh, agree_status_on_1_rank, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(1, MESH_WORKER, "agree_status", 50), 0);
+}
+
 /* Counts above INT_MAX (2 GiB + 77 bytes, int64 counts split into
  * chunks) are accepted and accounted (see case_big_count for why the data
  * itself is not moved here; big_count_full does, slowly). */

@@ -8,7 +8,7 @@ parameters, F32, and the tokens "inputs"/"targets", I32 [B, T]) and
 weft.safetensors (weft's fp32 gradients under the parameter names, and
 "loss", F64 [1]). This recomputes the mean cross-entropy loss and every
 gradient in float64 with torch autograd, using the model of
-tests/kernels/torch_reference.py (built from DESIGN.md; the one PyTorch
+tests/kernels/torch_reference.py (built from docs/DESIGN.md; the one PyTorch
 model in this repository), prints the errors and exits
   0  loss rel err <= 1e-6 and every gradient's ||g_weft - g_torch|| /
      ||g_torch|| <= 1e-5
