@@ -185,6 +185,56 @@ static inline weft_status weft_check_multi_(const char *op, int ntensors, const 
                            (long long)(C));                                            \
   } while (0)
 
+/* Returns the status of a check that names its op itself (the functions
+ * below), without the breadcrumb WEFT_CHECK would add. */
+#define WEFT_RETURN_IF_BAD_(check)                                           \
+  do {                                                                        \
+    weft_status bad_st_ = (check);                                            \
+    if (bad_st_ != WEFT_OK) return bad_st_;                                   \
+  } while (0)
+
+/* Attention's sizes: all >= 0 and H a multiple of Hkv (grouped-query
+ * attention). */
+static inline weft_status weft_check_attention_shape_(const char *op, int64_t B, int64_t T,
+                                                      int64_t H, int64_t Hkv, int64_t hd) {
+  CHECK_SIZES_AT(op, B, T, H, Hkv, hd);
+  if (H > 0 && (Hkv == 0 || H % Hkv != 0))
+    return weft_error_at(WEFT_ERR_INVALID, op,
+                         "H = %lld query heads is not a multiple of Hkv = %lld", (long long)H,
+                         (long long)Hkv);
+  return WEFT_OK;
+}
+
+/* RMSNorm forward: rows of C >= 1 elements (C = 0 with N > 0 refused),
+ * eps >= 0. */
+static inline weft_status weft_check_rmsnorm_forward_(const char *op, const float *out,
+                                                      const float *rstd, const float *inp,
+                                                      const float *weight, int64_t N, int64_t C,
+                                                      float eps) {
+  CHECK_SIZES_AT(op, N, C);
+  if (C == 0 && N > 0)
+    return weft_error_at(WEFT_ERR_INVALID, op, "C = 0: RMSNorm over an empty row");
+  CHECK_PTR_AT(op, out, N * C);
+  CHECK_PTR_AT(op, rstd, N);
+  CHECK_PTR_AT(op, inp, N * C);
+  CHECK_PTR_AT(op, weight, C);
+  if (!(eps >= 0.0f)) return weft_error_at(WEFT_ERR_INVALID, op, "eps = %g must be >= 0", (double)eps);
+  return WEFT_OK;
+}
+
+/* SwiGLU backward: five arrays of n elements. */
+static inline weft_status weft_check_swiglu_backward_(const char *op, const float *da,
+                                                      const float *db, const float *dout,
+                                                      const float *a, const float *b, int64_t n) {
+  CHECK_SIZES_AT(op, n);
+  CHECK_PTR_AT(op, da, n);
+  CHECK_PTR_AT(op, db, n);
+  CHECK_PTR_AT(op, dout, n);
+  CHECK_PTR_AT(op, a, n);
+  CHECK_PTR_AT(op, b, n);
+  return WEFT_OK;
+}
+
 static inline weft_status weft_check_layernorm_forward_(const char *op, const float *out,
                                                         const float *mean, const float *rstd,
                                                         const float *inp, int64_t N, int64_t C,

@@ -146,7 +146,11 @@ weft_status weft_backend_trace_(weft_status st, const weft_backend *be, const ch
   if (st == WEFT_OK) return st;
   char where[96];
   snprintf(where, sizeof where, "%s on %s", op, weft_device_name(be->device));
-  return weft_error_trace(st, where);
+  weft_error_trace(st, where);
+  char head[96];
+  snprintf(head, sizeof head, "weft_backend_%s", op);
+  weft_error_set_head_(head);
+  return st;
 }
 
 /* Looks up member `op` of dev's table or returns the error; then calls it
@@ -530,6 +534,10 @@ const weft_backend *weft_backend_for_tensors_(const char *op, size_t offset, int
   }
   weft_device dev = ts[first]->device;
   const weft_backend *be = weft_backend_get(dev);
+  if (be && has_member(be, offset)) { /* the common case: no message built */
+    *st = WEFT_OK;
+    return be;
+  }
   char a[128];
   weft_tensor_describe(ts[first], a, sizeof a);
   if (!be) {
@@ -540,13 +548,9 @@ const weft_backend *weft_backend_for_tensors_(const char *op, size_t offset, int
                         strstr(msg, "no backend") ? strstr(msg, "no backend") : msg);
     return NULL;
   }
-  if (!has_member(be, offset)) {
-    *st = weft_error_at(WEFT_ERR_UNSUPPORTED, op, "%s is not supported on %s (backend '%s'; %s is %s)",
-                        op, weft_device_name(dev), be->name, names[first], a);
-    return NULL;
-  }
-  *st = WEFT_OK;
-  return be;
+  *st = weft_error_at(WEFT_ERR_UNSUPPORTED, op, "%s is not supported on %s (backend '%s'; %s is %s)",
+                      op, weft_device_name(dev), be->name, names[first], a);
+  return NULL;
 }
 
 weft_status weft_backend_dtype_unsupported_(const char *op, const char *name,

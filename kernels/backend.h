@@ -210,6 +210,7 @@ typedef struct weft_backend {
   weft_status (*add)(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
   weft_status (*mul)(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
   weft_status (*scale)(weft_tensor *t, double alpha);
+  weft_status (*div_scalar)(weft_tensor *t, double divisor); /* t /= divisor (weft_div_scalar) */
   weft_status (*axpy)(weft_tensor *y, double alpha, const weft_tensor *x);
   /* dim already normalised to [0, ndim) (0 for a 0-d tensor); out checked */
   weft_status (*reduce)(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out);
@@ -358,200 +359,200 @@ typedef struct weft_backend {
  * The table is copied (members beyond be->size read as absent). Not
  * thread-safe against concurrent dispatch: register at start-up (or in
  * tests). */
-weft_status weft_backend_register(const weft_backend *be);
+WEFT_API weft_status weft_backend_register(const weft_backend *be);
 /* Removes the table of dev (tests); the built-in one is back at next use. */
-void weft_backend_reset(weft_device dev);
+WEFT_API void weft_backend_reset(weft_device dev);
 /* The table of dev (full size: absent members are NULL), NULL when this
  * build has none (no CUDA backend) or dev is not a device. */
-const weft_backend *weft_backend_get(weft_device dev);
+WEFT_API const weft_backend *weft_backend_get(weft_device dev);
 /* "cpu", "cuda", "cuda (emulated)"; "none" when dev has no table. */
-const char *weft_backend_name(weft_device dev);
+WEFT_API const char *weft_backend_name(weft_device dev);
 
 /* ------------------------------------------------------------ device set-up */
 
 /* Devices of kind dev visible to this process: 1 for WEFT_CPU; 0 when the
  * build has no backend for dev or no device is visible. Never fails. */
-int weft_device_count(weft_device dev);
+WEFT_API int weft_device_count(weft_device dev);
 /* Selects device local_rank % count (ranks of a node spread over its GPUs)
  * and prepares it; WEFT_OK and nothing to do for the CPU. */
-weft_status weft_device_init(weft_device dev, int local_rank, int *ordinal);
-void weft_device_shutdown(weft_device dev);
+WEFT_API weft_status weft_device_init(weft_device dev, int local_rank, int *ordinal);
+WEFT_API void weft_device_shutdown(weft_device dev);
 /* The selected ordinal, -1 before init (0 for the CPU). */
-int weft_device_current(weft_device dev);
+WEFT_API int weft_device_current(weft_device dev);
 /* Waits for every stream of dev (a no-op on the CPU). */
-weft_status weft_device_synchronize(weft_device dev);
+WEFT_API weft_status weft_device_synchronize(weft_device dev);
 /* The device whose memory ptr points into (WEFT_CPU for host memory and
  * NULL). */
-weft_device weft_ptr_device(const void *ptr);
+WEFT_API weft_device weft_ptr_device(const void *ptr);
 
 /* --------------------------------------------------------------- memory */
 
-weft_status weft_memset(weft_device dev, void *dst, int value, size_t bytes);
-weft_status weft_memcpy(weft_device dev, void *dst, const void *src, size_t bytes,
+WEFT_API weft_status weft_memset(weft_device dev, void *dst, int value, size_t bytes);
+WEFT_API weft_status weft_memcpy(weft_device dev, void *dst, const void *src, size_t bytes,
                         weft_copy_kind kind);
-weft_status weft_memcpy_async(weft_device dev, void *dst, const void *src, size_t bytes,
+WEFT_API weft_status weft_memcpy_async(weft_device dev, void *dst, const void *src, size_t bytes,
                               weft_copy_kind kind, weft_stream_id s);
-weft_status weft_record_stream(weft_device dev, void *ptr, weft_stream_id s);
+WEFT_API weft_status weft_record_stream(weft_device dev, void *ptr, weft_stream_id s);
 
 /* --------------------------------------------------------------- events */
 
-weft_status weft_event_record(weft_device dev, weft_stream_id s, weft_event **ev);
-weft_status weft_stream_wait_event(weft_device dev, weft_stream_id s, weft_event *ev);
-weft_status weft_event_synchronize(weft_device dev, weft_event *ev);
-weft_status weft_event_query(weft_device dev, weft_event *ev, bool *done);
-weft_status weft_event_elapsed_ms(weft_device dev, weft_event *start, weft_event *end,
+WEFT_API weft_status weft_event_record(weft_device dev, weft_stream_id s, weft_event **ev);
+WEFT_API weft_status weft_stream_wait_event(weft_device dev, weft_stream_id s, weft_event *ev);
+WEFT_API weft_status weft_event_synchronize(weft_device dev, weft_event *ev);
+WEFT_API weft_status weft_event_query(weft_device dev, weft_event *ev, bool *done);
+WEFT_API weft_status weft_event_elapsed_ms(weft_device dev, weft_event *start, weft_event *end,
                                   float *ms);
-void weft_event_destroy(weft_device dev, weft_event *ev); /* NULL: no-op */
-void *weft_device_stream_handle(weft_device dev, weft_stream_id s);
+WEFT_API void weft_event_destroy(weft_device dev, weft_event *ev); /* NULL: no-op */
+WEFT_API void *weft_device_stream_handle(weft_device dev, weft_stream_id s);
 
 /* -------------------------------------------------------------- options */
 
-weft_status weft_device_set_matmul_precision(weft_device dev, weft_matmul_precision p);
+WEFT_API weft_status weft_device_set_matmul_precision(weft_device dev, weft_matmul_precision p);
 /* WEFT_MATMUL_F32 for a device without the option */
-weft_matmul_precision weft_device_matmul_precision(weft_device dev);
-weft_status weft_device_cache_stats(weft_device dev, weft_cache_stats *out);
-weft_status weft_device_empty_cache(weft_device dev);
+WEFT_API weft_matmul_precision weft_device_matmul_precision(weft_device dev);
+WEFT_API weft_status weft_device_cache_stats(weft_device dev, weft_cache_stats *out);
+WEFT_API weft_status weft_device_empty_cache(weft_device dev);
 
 /* ------------------------------------------------------------- compute */
 /* weft_backend_<op>(dev, args...) calls member <op> of dev's table with the
  * same arguments; the semantics are layers.h's function of that name. */
 
-weft_status weft_backend_sgemm(weft_device dev, bool trans_a, bool trans_b, int64_t m, int64_t n,
+WEFT_API weft_status weft_backend_sgemm(weft_device dev, bool trans_a, bool trans_b, int64_t m, int64_t n,
                                int64_t k, float alpha, const float *a, int64_t lda,
                                const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
-weft_status weft_backend_sgemm_strided_batched(weft_device dev, bool trans_a, bool trans_b,
+WEFT_API weft_status weft_backend_sgemm_strided_batched(weft_device dev, bool trans_a, bool trans_b,
                                                int64_t m, int64_t n, int64_t k, float alpha,
                                                const float *a, int64_t lda, int64_t stride_a,
                                                const float *b, int64_t ldb, int64_t stride_b,
                                                float beta, float *c, int64_t ldc,
                                                int64_t stride_c, int64_t count);
-weft_status weft_backend_gemm_bf16(weft_device dev, bool trans_a, bool trans_b, int64_t m,
+WEFT_API weft_status weft_backend_gemm_bf16(weft_device dev, bool trans_a, bool trans_b, int64_t m,
                                    int64_t n, int64_t k, float alpha, const uint16_t *a,
                                    int64_t lda, const uint16_t *b, int64_t ldb, float beta,
                                    float *c, int64_t ldc);
 
-weft_status weft_backend_embedding_forward(weft_device dev, float *out, const int32_t *tokens,
+WEFT_API weft_status weft_backend_embedding_forward(weft_device dev, float *out, const int32_t *tokens,
                                            const float *weight, int64_t N, int64_t V, int64_t C);
-weft_status weft_backend_embedding_backward(weft_device dev, float *dweight,
+WEFT_API weft_status weft_backend_embedding_backward(weft_device dev, float *dweight,
                                             const int32_t *tokens, const float *dout, int64_t N,
                                             int64_t V, int64_t C);
-weft_status weft_backend_embedding_range_forward(weft_device dev, float *out,
+WEFT_API weft_status weft_backend_embedding_range_forward(weft_device dev, float *out,
                                                  const int32_t *tokens,
                                                  const float *weight_local, int64_t N,
                                                  int64_t v0, int64_t nv, int64_t C);
-weft_status weft_backend_embedding_range_backward(weft_device dev, float *dweight_local,
+WEFT_API weft_status weft_backend_embedding_range_backward(weft_device dev, float *dweight_local,
                                                   const int32_t *tokens, const float *dout,
                                                   int64_t N, int64_t v0, int64_t nv, int64_t C);
-weft_status weft_backend_linear_forward(weft_device dev, float *out, const float *inp,
+WEFT_API weft_status weft_backend_linear_forward(weft_device dev, float *out, const float *inp,
                                         const float *weight, const float *bias, int64_t N,
                                         int64_t IC, int64_t OC);
-weft_status weft_backend_linear_backward(weft_device dev, float *dinp, float *dweight,
+WEFT_API weft_status weft_backend_linear_backward(weft_device dev, float *dinp, float *dweight,
                                          float *dbias, const float *dout, const float *inp,
                                          const float *weight, int64_t N, int64_t IC, int64_t OC,
                                          bool accumulate_dinp, bool accumulate_dweight);
-weft_status weft_backend_rmsnorm_forward(weft_device dev, float *out, float *rstd,
+WEFT_API weft_status weft_backend_rmsnorm_forward(weft_device dev, float *out, float *rstd,
                                          const float *inp, const float *weight, int64_t N,
                                          int64_t C, float eps);
-weft_status weft_backend_rmsnorm_backward(weft_device dev, float *dinp, float *dweight,
+WEFT_API weft_status weft_backend_rmsnorm_backward(weft_device dev, float *dinp, float *dweight,
                                           const float *dout, const float *inp,
                                           const float *weight, const float *rstd, int64_t N,
                                           int64_t C, bool accumulate_dinp);
-weft_status weft_backend_rope_tables(weft_device dev, float *cosb, float *sinb, int64_t max_pos,
+WEFT_API weft_status weft_backend_rope_tables(weft_device dev, float *cosb, float *sinb, int64_t max_pos,
                                      int64_t hd, double theta);
-weft_status weft_backend_rope_forward(weft_device dev, float *out, const float *inp,
+WEFT_API weft_status weft_backend_rope_forward(weft_device dev, float *out, const float *inp,
                                       const float *cosb, const float *sinb, int64_t max_pos,
                                       int64_t B, int64_t T, int64_t NH, int64_t hd, int64_t pos0);
-weft_status weft_backend_rope_backward(weft_device dev, float *dinp, const float *dout,
+WEFT_API weft_status weft_backend_rope_backward(weft_device dev, float *dinp, const float *dout,
                                        const float *cosb, const float *sinb, int64_t max_pos,
                                        int64_t B, int64_t T, int64_t NH, int64_t hd,
                                        int64_t pos0);
 /* 0 when dev has no attention (the call itself then says why) */
-size_t weft_backend_attention_scratch_bytes(weft_device dev, int64_t B, int64_t T, int64_t H,
+WEFT_API size_t weft_backend_attention_scratch_bytes(weft_device dev, int64_t B, int64_t T, int64_t H,
                                             int64_t Hkv, int64_t hd);
 /* causal: weft_attention_forward's flag (false: every query sees all T
  * keys); the backward's must be the forward's */
-weft_status weft_backend_attention_forward(weft_device dev, float *out, float *lse,
+WEFT_API weft_status weft_backend_attention_forward(weft_device dev, float *out, float *lse,
                                            const float *q, const float *k, const float *v,
                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                            int64_t hd, bool causal, void *scratch);
-weft_status weft_backend_attention_backward(weft_device dev, float *dq, float *dk, float *dv,
+WEFT_API weft_status weft_backend_attention_backward(weft_device dev, float *dq, float *dk, float *dv,
                                             const float *dout, const float *q, const float *k,
                                             const float *v, const float *lse, const float *out,
                                             int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                             int64_t hd, bool causal, void *scratch);
-weft_status weft_backend_swiglu_forward(weft_device dev, float *out, const float *a,
+WEFT_API weft_status weft_backend_swiglu_forward(weft_device dev, float *out, const float *a,
                                         const float *b, int64_t n);
-weft_status weft_backend_swiglu_backward(weft_device dev, float *da, float *db,
+WEFT_API weft_status weft_backend_swiglu_backward(weft_device dev, float *da, float *db,
                                          const float *dout, const float *a, const float *b,
                                          int64_t n);
-weft_status weft_backend_residual_forward(weft_device dev, float *out, const float *a,
+WEFT_API weft_status weft_backend_residual_forward(weft_device dev, float *out, const float *a,
                                           const float *b, int64_t n);
-weft_status weft_backend_residual_backward(weft_device dev, float *da, float *db,
+WEFT_API weft_status weft_backend_residual_backward(weft_device dev, float *da, float *db,
                                            const float *dout, int64_t n);
-weft_status weft_backend_cross_entropy_forward(weft_device dev, double *loss, float *lse,
+WEFT_API weft_status weft_backend_cross_entropy_forward(weft_device dev, double *loss, float *lse,
                                                const float *logits, const int32_t *targets,
                                                int64_t N, int64_t V);
-weft_status weft_backend_cross_entropy_backward(weft_device dev, float *dlogits,
+WEFT_API weft_status weft_backend_cross_entropy_backward(weft_device dev, float *dlogits,
                                                 const float *logits, const float *lse,
                                                 const int32_t *targets, int64_t N, int64_t V,
                                                 float scale);
-weft_status weft_backend_cross_entropy_local_max(weft_device dev, float *row_max,
+WEFT_API weft_status weft_backend_cross_entropy_local_max(weft_device dev, float *row_max,
                                                  const float *logits_local, int64_t N,
                                                  int64_t nv);
-weft_status weft_backend_cross_entropy_local_target(weft_device dev, float *target_logit,
+WEFT_API weft_status weft_backend_cross_entropy_local_target(weft_device dev, float *target_logit,
                                                     const float *logits_local,
                                                     const int32_t *targets, int64_t N,
                                                     int64_t v0, int64_t nv);
-weft_status weft_backend_cross_entropy_local_sumexp(weft_device dev, float *sumexp,
+WEFT_API weft_status weft_backend_cross_entropy_local_sumexp(weft_device dev, float *sumexp,
                                                     const float *logits_local, const float *gmax,
                                                     int64_t N, int64_t nv);
-weft_status weft_backend_cross_entropy_finish(weft_device dev, double *loss, float *lse,
+WEFT_API weft_status weft_backend_cross_entropy_finish(weft_device dev, double *loss, float *lse,
                                               const float *gmax, const float *gsum,
                                               const float *gtarget, int64_t N);
-weft_status weft_backend_cross_entropy_backward_local(weft_device dev, float *dlogits_local,
+WEFT_API weft_status weft_backend_cross_entropy_backward_local(weft_device dev, float *dlogits_local,
                                                       const float *logits_local,
                                                       const float *lse, const int32_t *targets,
                                                       int64_t N, int64_t v0, int64_t nv,
                                                       float scale);
 
-weft_status weft_backend_adamw_multi(weft_device dev, float *const *param,
+WEFT_API weft_status weft_backend_adamw_multi(weft_device dev, float *const *param,
                                      const float *const *grad, float *const *m, float *const *v,
                                      float *const *vmax, const int64_t *n, int ntensors,
                                      int64_t step, const weft_adamw_params *hp);
-weft_status weft_backend_sgd_multi(weft_device dev, float *const *param, const float *const *grad,
+WEFT_API weft_status weft_backend_sgd_multi(weft_device dev, float *const *param, const float *const *grad,
                                    float *const *buf, const int64_t *n, int ntensors, int64_t step,
                                    const weft_sgd_params *hp);
-weft_status weft_backend_sumsq_multi(weft_device dev, const float *const *x, const int64_t *n,
+WEFT_API weft_status weft_backend_sumsq_multi(weft_device dev, const float *const *x, const int64_t *n,
                                      int ntensors, double *out);
-weft_status weft_backend_scale_multi(weft_device dev, float *const *x, const int64_t *n,
+WEFT_API weft_status weft_backend_scale_multi(weft_device dev, float *const *x, const int64_t *n,
                                      int ntensors, float alpha);
 
-weft_status weft_backend_flat_pack(weft_device dev, void *flat, weft_dtype flat_dtype,
+WEFT_API weft_status weft_backend_flat_pack(weft_device dev, void *flat, weft_dtype flat_dtype,
                                    const weft_flat_piece *pieces, int npieces);
-weft_status weft_backend_flat_split(weft_device dev, const void *flat, weft_dtype flat_dtype,
+WEFT_API weft_status weft_backend_flat_split(weft_device dev, const void *flat, weft_dtype flat_dtype,
                                     const weft_flat_piece *pieces, int npieces);
-weft_status weft_backend_flat_accumulate(weft_device dev, const void *flat, weft_dtype flat_dtype,
+WEFT_API weft_status weft_backend_flat_accumulate(weft_device dev, const void *flat, weft_dtype flat_dtype,
                                          const weft_flat_piece *pieces, int npieces, float scale);
 
-weft_status weft_backend_layernorm_forward(weft_device dev, float *out, float *mean, float *rstd,
+WEFT_API weft_status weft_backend_layernorm_forward(weft_device dev, float *out, float *mean, float *rstd,
                                            const float *inp, const float *weight,
                                            const float *bias, int64_t N, int64_t C, float eps);
-weft_status weft_backend_layernorm_backward(weft_device dev, float *dinp, float *dweight,
+WEFT_API weft_status weft_backend_layernorm_backward(weft_device dev, float *dinp, float *dweight,
                                             float *dbias, const float *dout, const float *inp,
                                             const float *weight, const float *mean,
                                             const float *rstd, int64_t N, int64_t C,
                                             bool accumulate_dinp);
-weft_status weft_backend_activation_forward(weft_device dev, weft_activation act, float *out,
+WEFT_API weft_status weft_backend_activation_forward(weft_device dev, weft_activation act, float *out,
                                             const float *inp, int64_t n);
-weft_status weft_backend_activation_backward(weft_device dev, weft_activation act, float *dinp,
+WEFT_API weft_status weft_backend_activation_backward(weft_device dev, weft_activation act, float *dinp,
                                              const float *dout, const float *inp, int64_t n,
                                              bool accumulate);
-weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp, int64_t N,
+WEFT_API weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp, int64_t N,
                                          int64_t C);
-weft_status weft_backend_softmax_backward(weft_device dev, float *dinp, const float *dout,
+WEFT_API weft_status weft_backend_softmax_backward(weft_device dev, float *dinp, const float *dout,
                                           const float *out, int64_t N, int64_t C,
                                           bool accumulate);
-weft_status weft_backend_dropout_apply(weft_device dev, float *out, const float *inp,
+WEFT_API weft_status weft_backend_dropout_apply(weft_device dev, float *out, const float *inp,
                                        const float *uniform, float p, int64_t n);
 
 #ifdef __cplusplus

@@ -28,6 +28,11 @@ weft_status weft_backend_no_table_(weft_device dev, const char *op);
 weft_status weft_backend_unsupported_(const weft_backend *be, const char *op);
 /* Adds "in <op> on <device>" to a failed status' message; returns st. */
 weft_status weft_backend_trace_(weft_status st, const weft_backend *be, const char *op);
+/* Makes `func` the head of the current error message (status.c), as
+ * weft_error_trace does for a public function but without a breadcrumb:
+ * the dispatchers name weft_backend_<op>, whatever the table's functions
+ * are called, so a failure reads alike on every backend. */
+void weft_error_set_head_(const char *func);
 
 /* For the tensor entry points of kernels.h: every tensor of the op must be
  * on one device (NULL entries are skipped) whose table has the member at

@@ -60,33 +60,33 @@ typedef enum weft_dtype {
 } weft_dtype;
 
 /* Bytes per element (0 for an invalid dtype). */
-size_t weft_dtype_size(weft_dtype dt);
+WEFT_API size_t weft_dtype_size(weft_dtype dt);
 /* "f32", "bf16", ... ; "?" for an invalid dtype. */
-const char *weft_dtype_name(weft_dtype dt);
+WEFT_API const char *weft_dtype_name(weft_dtype dt);
 /* Parses "f32"/"float32", "bf16"/"bfloat16", ...; WEFT_ERR_INVALID if unknown. */
-weft_status weft_dtype_parse(const char *name, weft_dtype *out);
-bool weft_dtype_is_float(weft_dtype dt);
+WEFT_API weft_status weft_dtype_parse(const char *name, weft_dtype *out);
+WEFT_API bool weft_dtype_is_float(weft_dtype dt);
 
 /* Scalar conversions. bf16/f16 are stored as uint16_t bit patterns;
  * float -> bf16/f16 rounds to nearest, ties to even; NaN stays NaN. */
-uint16_t weft_f32_to_bf16(float x);
-float weft_bf16_to_f32(uint16_t x);
-uint16_t weft_f32_to_f16(float x);
-float weft_f16_to_f32(uint16_t x);
+WEFT_API uint16_t weft_f32_to_bf16(float x);
+WEFT_API float weft_bf16_to_f32(uint16_t x);
+WEFT_API uint16_t weft_f32_to_f16(float x);
+WEFT_API float weft_f16_to_f32(uint16_t x);
 
 /* ------------------------------------------------------------- allocation */
 
 typedef enum weft_device { WEFT_CPU = 0, WEFT_CUDA = 1, WEFT_DEVICE_COUNT } weft_device;
 
-const char *weft_device_name(weft_device dev);
+WEFT_API const char *weft_device_name(weft_device dev);
 
 /* Allocates `bytes` on `dev` through its table's allocator (64-byte aligned
  * on the CPU, 256 on CUDA), zero bytes allowed (returns a unique non-NULL
  * pointer). Counts toward that device's current/peak bytes. WEFT_CUDA
  * requires a build with the CUDA backend and weft_device_init. */
-weft_status weft_alloc(weft_device dev, size_t bytes, void **out);
+WEFT_API weft_status weft_alloc(weft_device dev, size_t bytes, void **out);
 /* Frees memory from weft_alloc on any device; NULL is a no-op. */
-void weft_free(void *ptr);
+WEFT_API void weft_free(void *ptr);
 
 typedef struct weft_mem_stats {
   int64_t current_bytes; /* bytes allocated now */
@@ -96,9 +96,9 @@ typedef struct weft_mem_stats {
 } weft_mem_stats;
 
 /* Accounting for one device (thread-safe). */
-weft_mem_stats weft_mem_get(weft_device dev);
+WEFT_API weft_mem_stats weft_mem_get(weft_device dev);
 /* Sets peak to the current value (to measure the peak of one phase). */
-void weft_mem_reset_peak(weft_device dev);
+WEFT_API void weft_mem_reset_peak(weft_device dev);
 
 /* ----------------------------------------------------------------- tensor */
 
@@ -117,62 +117,62 @@ typedef struct weft_tensor {
 } weft_tensor;
 
 /* A new contiguous tensor owning uninitialised storage. shape may contain 0. */
-weft_status weft_tensor_create(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
+WEFT_API weft_status weft_tensor_create(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
                                weft_tensor **out);
 /* Same, zero-filled (a CUDA tensor by an asynchronous device memset on the
  * compute stream). */
-weft_status weft_tensor_zeros(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
+WEFT_API weft_status weft_tensor_zeros(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
                               weft_tensor **out);
 /* A non-owning contiguous view of caller memory. data must be aligned to the
  * element size, and may be NULL only when the shape has 0 elements. */
-weft_status weft_tensor_wrap(void *data, weft_dtype dt, weft_device dev, int ndim,
+WEFT_API weft_status weft_tensor_wrap(void *data, weft_dtype dt, weft_device dev, int ndim,
                              const int64_t *shape, weft_tensor **out);
 /* Frees the tensor header and, if it owns it, the storage. NULL: no-op. */
-void weft_tensor_destroy(weft_tensor *t);
+WEFT_API void weft_tensor_destroy(weft_tensor *t);
 
 /* Fills a caller-provided header as a view (no allocation, never owns). Use
  * for stack views in hot paths. strides NULL = contiguous; otherwise any
  * strides (in elements) are taken as given. Same checks as _wrap. */
-weft_status weft_tensor_view_init(weft_tensor *view, void *data, weft_dtype dt, weft_device dev,
+WEFT_API weft_status weft_tensor_view_init(weft_tensor *view, void *data, weft_dtype dt, weft_device dev,
                                   int ndim, const int64_t *shape, const int64_t *strides);
 
-int64_t weft_tensor_numel(const weft_tensor *t);
-size_t weft_tensor_nbytes(const weft_tensor *t); /* numel * dtype size */
-bool weft_tensor_is_contiguous(const weft_tensor *t);
-bool weft_tensor_same_shape(const weft_tensor *a, const weft_tensor *b);
+WEFT_API int64_t weft_tensor_numel(const weft_tensor *t);
+WEFT_API size_t weft_tensor_nbytes(const weft_tensor *t); /* numel * dtype size */
+WEFT_API bool weft_tensor_is_contiguous(const weft_tensor *t);
+WEFT_API bool weft_tensor_same_shape(const weft_tensor *a, const weft_tensor *b);
 /* Writes "f32[4, 6]" into buf ("f32[4, 6] on cuda" for device tensors;
  * "f64[]" for a 0-d tensor); truncates to cap, always terminated. */
-void weft_tensor_describe(const weft_tensor *t, char *buf, size_t cap);
+WEFT_API void weft_tensor_describe(const weft_tensor *t, char *buf, size_t cap);
 
 /* Views (never own; the base must outlive them). */
 /* elements [start, start+len) along dim. */
-weft_status weft_tensor_narrow(const weft_tensor *t, int dim, int64_t start, int64_t len,
+WEFT_API weft_status weft_tensor_narrow(const weft_tensor *t, int dim, int64_t start, int64_t len,
                                weft_tensor **out);
 /* Reshape a contiguous tensor (numel must match; one -1 allowed). A strided
  * tensor is refused (WEFT_ERR_INVALID): clone it first. */
-weft_status weft_tensor_view(const weft_tensor *t, int ndim, const int64_t *shape,
+WEFT_API weft_status weft_tensor_view(const weft_tensor *t, int ndim, const int64_t *shape,
                              weft_tensor **out);
 /* Swap two dims (a strided view). */
-weft_status weft_tensor_transpose(const weft_tensor *t, int d0, int d1, weft_tensor **out);
+WEFT_API weft_status weft_tensor_transpose(const weft_tensor *t, int d0, int d1, weft_tensor **out);
 
 /* torch.chunk semantics: chunk size c = ceil(n / k); chunk i covers
  * [i*c, min((i+1)*c, n)); trailing chunks may be smaller or empty (length 0).
  * note: unlike torch.chunk, which drops empty trailing chunks, this always
  * yields k views so that chunk i belongs to rank i; empty ones have size 0.
  * out must have room for k pointers; each is a view to destroy. */
-weft_status weft_tensor_chunk(const weft_tensor *t, int64_t k, int dim, weft_tensor **out);
+WEFT_API weft_status weft_tensor_chunk(const weft_tensor *t, int64_t k, int dim, weft_tensor **out);
 /* Geometry of chunk i of k over a dim of size n, as above (no tensor needed). */
-void weft_chunk_range(int64_t n, int64_t k, int64_t i, int64_t *start, int64_t *len);
+WEFT_API void weft_chunk_range(int64_t n, int64_t k, int64_t i, int64_t *start, int64_t *len);
 
 /* Concatenates n tensors (same dtype, same shape except dim) into a new
  * owning contiguous tensor. */
-weft_status weft_tensor_cat(weft_tensor *const *ts, int n, int dim, weft_tensor **out);
+WEFT_API weft_status weft_tensor_cat(weft_tensor *const *ts, int n, int dim, weft_tensor **out);
 
 /* A new owning contiguous copy (same dtype, same device). */
-weft_status weft_tensor_clone(const weft_tensor *t, weft_tensor **out);
+WEFT_API weft_status weft_tensor_clone(const weft_tensor *t, weft_tensor **out);
 /* A new owning contiguous copy of src on dev (same dtype): host <-> device
  * copies, any strides on either side. */
-weft_status weft_tensor_to(const weft_tensor *src, weft_device dev, weft_tensor **out);
+WEFT_API weft_status weft_tensor_to(const weft_tensor *src, weft_device dev, weft_tensor **out);
 /* dst = src elementwise for any strides, converting dtype if they differ
  * (float->bf16/f16 round to nearest even, f64->bf16/f16 via f32 as torch;
  * float->int truncates toward zero and saturates, NaN -> 0; int->int wraps
@@ -180,19 +180,33 @@ weft_status weft_tensor_to(const weft_tensor *src, weft_device dev, weft_tensor 
  * must not otherwise overlap. Between the host and a device the bytes cross
  * once, contiguous; strides and conversions are done on one side. A device
  * may support fewer dtype pairs than the CPU (it says which). */
-weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src);
+WEFT_API weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src);
+/* The n-d box copy: the elements [dst_offsets[d], dst_offsets[d] + sizes[d])
+ * of dst (every dim d < ndim) = the elements [src_offsets[d], ... + sizes[d])
+ * of src, as weft_tensor_copy of the two boxes (any strides, dtype
+ * conversion, host <-> device), without making views on the heap. The one
+ * strided copy of the library: dtensor's transfers (pack, unpack, local
+ * slices) and dcp's staging call it. Local; the caller keeps ownership of
+ * both tensors. dst->ndim == src->ndim; an offsets array may be NULL (all
+ * zeros); sizes may be NULL only for 0-d tensors; a size of 0 copies nothing.
+ * The two boxes must not overlap in memory. Errors: WEFT_ERR_INVALID for a
+ * NULL/invalid tensor, different ndims, or a box outside its tensor (the
+ * message names the dim and the tensor); otherwise weft_tensor_copy's. */
+WEFT_API weft_status weft_tensor_copy_region(weft_tensor *dst, const int64_t *dst_offsets,
+                                             const weft_tensor *src, const int64_t *src_offsets,
+                                             const int64_t *sizes);
 /* Sets every element to v (converted to dtype as weft_tensor_copy does). */
-weft_status weft_tensor_fill(weft_tensor *t, double v);
+WEFT_API weft_status weft_tensor_fill(weft_tensor *t, double v);
 /* Element at a multi-index, as double (tests and debugging; on a device one
  * element is copied, waiting for the device). index may be NULL for a 0-d
  * tensor. A bad index (or tensor) returns NaN, resp. writes nothing, and
  * sets weft_last_error(). */
-double weft_tensor_get(const weft_tensor *t, const int64_t *index);
-void weft_tensor_set(weft_tensor *t, const int64_t *index, double v);
+WEFT_API double weft_tensor_get(const weft_tensor *t, const int64_t *index);
+WEFT_API void weft_tensor_set(weft_tensor *t, const int64_t *index, double v);
 /* true when dtype, shape and every element's bytes are equal (so 0.0 !=
  * -0.0 and identical NaNs are equal); false for NULL or device (non-CPU)
  * tensors: copy those to the host first. */
-bool weft_tensor_equal(const weft_tensor *a, const weft_tensor *b);
+WEFT_API bool weft_tensor_equal(const weft_tensor *a, const weft_tensor *b);
 
 /* -------------------------------------------------------------------- RNG */
 
@@ -211,11 +225,11 @@ bool weft_tensor_equal(const weft_tensor *a, const weft_tensor *b);
  * f32 once, bf16/f16 through f32 as torch does). */
 
 /* A 64-bit stream key from a name (FNV-1a), e.g. a parameter's qualified name. */
-uint64_t weft_rng_key(const char *name);
+WEFT_API uint64_t weft_rng_key(const char *name);
 /* Philox4x32-10 of a 128-bit counter under a 64-bit key: 4 uint32 outputs.
  * Words as Random123 numbers them: counter {lo, lo >> 32, hi, hi >> 32}, key
  * {key, key >> 32} (low halves first). */
-void weft_philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key, uint32_t out[4]);
+WEFT_API void weft_philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key, uint32_t out[4]);
 
 /* Global placement of a local tensor for the RNG: the full tensor's shape and
  * this tensor's offset in it, per dim. NULL = the tensor is the whole thing. */
@@ -229,11 +243,11 @@ typedef struct weft_rng_region {
  * f64, bf16, f16 tensors, any strides. region: ndim must match the tensor's
  * and offset + local size must fit global_shape in every dim. mean finite,
  * std finite and >= 0. */
-weft_status weft_tensor_fill_normal(weft_tensor *t, uint64_t seed, uint64_t key,
+WEFT_API weft_status weft_tensor_fill_normal(weft_tensor *t, uint64_t seed, uint64_t key,
                                     const weft_rng_region *region, float mean, float std);
 /* Uniform [lo, hi) per element (finite lo < hi). A value that would round
  * up to hi in the dtype is replaced by the largest value below hi. */
-weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key,
+WEFT_API weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key,
                                      const weft_rng_region *region, float lo, float hi);
 
 /* ---------------------------------------------------------------- kernels */
@@ -248,7 +262,7 @@ weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key
  * transpose. C must not overlap A or B. BLAS edge cases: alpha == 0 or K == 0
  * give beta * C without reading A, B; beta == 0 overwrites C (NaN in C does
  * not propagate). */
-weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
+WEFT_API weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
                       const weft_tensor *b, float beta, weft_tensor *c);
 
 /* Raw row-major f32 GEMM on pointers (the hot path of nn/): C[M,N] =
@@ -257,7 +271,7 @@ weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor
  * the pointers may be NULL; K = 0: C = beta*C). Negative sizes or a leading
  * dim smaller than the stored row length set weft_last_error() and leave C
  * untouched (no status: check weft_last_status() when unsure). */
-void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+WEFT_API void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                 const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                 int64_t ldc);
 
@@ -265,10 +279,18 @@ void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
  * alias an input when it is the same view (same data and strides). f32 and
  * f64 compute in their own precision, bf16/f16 in f32 rounded once; alpha is
  * rounded to the compute precision first. Contiguous f32 takes a direct loop. */
-weft_status weft_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b); /* a + b */
-weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b); /* a * b */
-weft_status weft_scale(weft_tensor *t, double alpha);                              /* t *= alpha */
-weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x);         /* y += alpha x */
+WEFT_API weft_status weft_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b); /* a + b */
+WEFT_API weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b); /* a * b */
+WEFT_API weft_status weft_scale(weft_tensor *t, double alpha);                              /* t *= alpha */
+WEFT_API weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x);         /* y += alpha x */
+/* t /= divisor elementwise (local, any float dtype and device, any strides):
+ * a true IEEE division, not t *= 1/divisor, so that x / 3 is the correctly
+ * rounded quotient in the dtype's compute precision, as torch's `t / 3`
+ * (divisor rounded to the compute precision first, like alpha above; 3 and
+ * other small integers are exact). Division by 0 gives +-inf/NaN per IEEE.
+ * Called by dtensor's Replicate/Shard -> Partial(sum) (Partial._partition_value).
+ * Errors: WEFT_ERR_INVALID for a NULL or non-float tensor. */
+WEFT_API weft_status weft_div_scalar(weft_tensor *t, double divisor);
 
 /* Reductions, accumulated in double. dim = -1 ... over a dim (negative dims
  * count from the end); the output keeps that dim with size 1 (keepdim) and
@@ -278,11 +300,11 @@ weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x);      
  * empty dim are 0; max over an empty dim is WEFT_ERR_INVALID; max propagates
  * NaN as torch does. */
 typedef enum weft_reduce_kind { WEFT_REDUCE_SUM, WEFT_REDUCE_SUMSQ, WEFT_REDUCE_MAX } weft_reduce_kind;
-weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out);
-weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind, double *out);
+WEFT_API weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out);
+WEFT_API weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind, double *out);
 
 /* Cast into a new owning tensor of dtype dt (see weft_tensor_copy). */
-weft_status weft_cast(const weft_tensor *t, weft_dtype dt, weft_tensor **out);
+WEFT_API weft_status weft_cast(const weft_tensor *t, weft_dtype dt, weft_tensor **out);
 
 #ifdef __cplusplus
 }

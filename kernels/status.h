@@ -14,6 +14,16 @@
 #ifndef WEFT_STATUS_H
 #define WEFT_STATUS_H
 
+/* WEFT_API marks a function of weft's public interface. Every weft library
+ * is built with hidden symbol visibility, so exactly the functions declared
+ * with WEFT_API in the installed headers are exported from the shared
+ * libraries; everything else is internal to its library. */
+#if defined(__GNUC__) || defined(__clang__)
+#define WEFT_API __attribute__((visibility("default")))
+#else
+#define WEFT_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -45,34 +55,44 @@ typedef enum weft_status {
 } weft_status;
 
 /* The fixed description of a status code ("invalid argument"). Never NULL. */
-const char *weft_status_str(weft_status st);
+WEFT_API const char *weft_status_str(weft_status st);
 
-/* The message of the last failure on this thread: "[rank 3] mesh_create:
- * product of shape (2x3=6) != group size 4". Empty string when none. Valid
- * until the next weft call on this thread. */
-const char *weft_last_error(void);
+/* The message of the last failure on this thread, headed by the public
+ * function the caller called (the outermost weft_* function the error
+ * passed through), then where it was raised and the way out:
+ *
+ *     [rank 3] weft_mesh_create: product of shape (2x3=6) != group size 4
+ *       at check_args
+ *       in weft_mesh_create_from_comm
+ *       in weft_mesh_create
+ *
+ * Empty string when none. Valid until the next weft call on this thread. */
+WEFT_API const char *weft_last_error(void);
 
 /* The status of the last failure on this thread (WEFT_OK if none). */
-weft_status weft_last_status(void);
+WEFT_API weft_status weft_last_status(void);
 
 /* Clears the thread's error message and status. */
-void weft_clear_error(void);
+WEFT_API void weft_clear_error(void);
 
 /* Records a failure: formats the message (printf-style) with the rank prefix
  * and the calling function, stores it thread-locally and returns `st`, so it
  * can be used as `return weft_error(WEFT_ERR_INVALID, "dim %d out of range",
  * d);`. Library-internal, but public so that every weft library and user
  * extensions report errors the same way. */
-weft_status weft_error_at(weft_status st, const char *func, const char *fmt, ...)
+WEFT_API weft_status weft_error_at(weft_status st, const char *func, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 #define weft_error(st, ...) weft_error_at((st), __func__, __VA_ARGS__)
 
-/* Adds a breadcrumb ("\n  in func") to the current message; returns st. */
-weft_status weft_error_trace(weft_status st, const char *func);
+/* Adds a breadcrumb ("\n  in func") to the current message; returns st.
+ * A public function (weft_<name>: not weft__<name>, not ending in '_')
+ * also becomes the message's head, so a public function that propagates
+ * an inner failure with WEFT_CHECK is the one the message names. */
+WEFT_API weft_status weft_error_trace(weft_status st, const char *func);
 
 /* Sets the rank printed in front of error messages (-1: none). weft_init
  * calls it; tests and tools may too. */
-void weft_error_set_rank(int rank);
+WEFT_API void weft_error_set_rank(int rank);
 
 /* Propagation: evaluate `expr`; on failure add a breadcrumb and return it. */
 #define WEFT_CHECK(expr)                                                      \
@@ -95,8 +115,8 @@ void weft_error_set_rank(int rank);
 /* Broken-invariant handler: called by WEFT_ASSERT with a message, default
  * prints it and calls abort(). Only for bugs in weft, never for user input. */
 typedef void (*weft_abort_fn)(const char *msg);
-void weft_set_abort_handler(weft_abort_fn fn);
-void weft_abort_(const char *file, int line, const char *cond);
+WEFT_API void weft_set_abort_handler(weft_abort_fn fn);
+WEFT_API void weft_abort_(const char *file, int line, const char *cond);
 #define WEFT_ASSERT(cond)                                                     \
   do {                                                                        \
     if (!(cond)) weft_abort_(__FILE__, __LINE__, #cond);                      \

@@ -138,7 +138,8 @@ static weft_status view_of(const char *func, const weft_tensor *t, weft_tensor *
 /* ---------------------------------------------------------- iteration */
 
 void weft_iter_init_(weft_iter_ *it, int nops, const weft_tensor *const *ts) {
-  memset(it, 0, sizeof *it);
+  /* only the fields below ndim / nops are set (and read): no memset of the
+   * whole struct, this runs once per kernel call */
   it->nops = nops;
   const weft_tensor *t0 = ts[0];
   int64_t numel = 1;
@@ -155,6 +156,7 @@ void weft_iter_init_(weft_iter_ *it, int nops, const weft_tensor *const *ts) {
   if (m == 0 || numel == 0) {
     it->ndim = 1;
     it->shape[0] = numel == 0 ? 0 : 1;
+    for (int op = 0; op < nops; op++) it->strides[op][0] = 0;
     return;
   }
   int64_t rs[WEFT_MAX_DIMS], rst[WEFT_ITER_MAX_OPS][WEFT_MAX_DIMS];
@@ -478,15 +480,50 @@ static void copy_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
   }
 }
 
+/* Same dtype, unit inner strides on both sides (after the iterator merged
+ * what it could): one memmove per row, no callback per row. This is the
+ * box copy of dtensor's transfers and dcp's staging (weft_tensor_copy_region). */
+static void copy_rows_same(const weft_iter_ *it, size_t es) {
+  const int nd = it->ndim;
+  char *d = it->data[0];
+  const char *s = it->data[1];
+  const size_t row = (size_t)it->shape[nd - 1] * es;
+  if (nd == 1) {
+    memmove(d, s, row);
+    return;
+  }
+  if (nd == 2) {
+    const int64_t dst0 = it->strides[0][0] * (int64_t)es, sst0 = it->strides[1][0] * (int64_t)es;
+    for (int64_t i = 0; i < it->shape[0]; i++) memmove(d + i * dst0, s + i * sst0, row);
+    return;
+  }
+  int64_t idx[WEFT_MAX_DIMS] = {0};
+  for (;;) {
+    memmove(d, s, row);
+    int k = nd - 2;
+    for (; k >= 0; k--) {
+      idx[k]++;
+      d += it->strides[0][k] * (int64_t)es;
+      s += it->strides[1][k] * (int64_t)es;
+      if (idx[k] < it->shape[k]) break;
+      d -= it->strides[0][k] * it->shape[k] * (int64_t)es;
+      s -= it->strides[1][k] * it->shape[k] * (int64_t)es;
+      idx[k] = 0;
+    }
+    if (k < 0) return;
+  }
+}
+
 weft_status weft_cpu_copy_(weft_tensor *dst, const weft_tensor *src) {
   if (weft_tensor_numel(dst) == 0) return WEFT_OK;
-  if (dst->dtype == src->dtype && weft_tensor_is_contiguous(dst) && weft_tensor_is_contiguous(src)) {
-    memmove(dst->data, src->data, weft_tensor_nbytes(dst));
-    return WEFT_OK;
-  }
   const weft_tensor *ops[2] = {dst, src};
   weft_iter_ it;
-  weft_iter_init_(&it, 2, ops);
+  weft_iter_init_(&it, 2, ops); /* merges contiguous dims: a dense pair is one row */
+  if (dst->dtype == src->dtype && it.strides[0][it.ndim - 1] == 1 &&
+      it.strides[1][it.ndim - 1] == 1) {
+    copy_rows_same(&it, weft_dtype_size(dst->dtype));
+    return WEFT_OK;
+  }
   copy_ctx c = {dst->dtype, src->dtype};
   weft_iter_run_(&it, copy_row, &c);
   return WEFT_OK;
@@ -570,6 +607,51 @@ weft_status weft_tensor_copy(weft_tensor *dst, const weft_tensor *src) {
     return weft_error(WEFT_ERR_UNSUPPORTED, "copies between %s and %s go through the host",
                       weft_device_name(src->device), weft_device_name(dst->device));
   weft_status st = copy_across(dst, src);
+  return st ? weft_error_trace(st, __func__) : WEFT_OK;
+}
+
+/* dst_offsets/src_offsets + sizes inside t (ndim dims), or an error naming
+ * which. */
+static weft_status region_check(const weft_tensor *t, const char *name, const int64_t *off,
+                                const int64_t *sizes) {
+  for (int d = 0; d < t->ndim; d++) {
+    int64_t o = off ? off[d] : 0;
+    if (sizes[d] < 0 || o < 0 || o > t->shape[d] - sizes[d]) {
+      char desc[256];
+      weft_tensor_describe(t, desc, sizeof desc);
+      return weft_error_at(WEFT_ERR_INVALID, "weft_tensor_copy_region",
+                           "dim %d: region [%" PRId64 ", +%" PRId64 ") lies outside %s %s", d, o,
+                           sizes[d], name, desc);
+    }
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_tensor_copy_region(weft_tensor *dst, const int64_t *dst_offsets,
+                                    const weft_tensor *src, const int64_t *src_offsets,
+                                    const int64_t *sizes) {
+  WEFT_CHECK(check_tensor(__func__, dst, "dst"));
+  WEFT_CHECK(check_tensor(__func__, src, "src"));
+  if (dst->ndim != src->ndim)
+    return weft_error(WEFT_ERR_INVALID, "dst has %d dims, src %d", dst->ndim, src->ndim);
+  if (!sizes && dst->ndim > 0) return weft_error(WEFT_ERR_INVALID, "sizes is NULL");
+  WEFT_CHECK(region_check(dst, "dst", dst_offsets, sizes));
+  WEFT_CHECK(region_check(src, "src", src_offsets, sizes));
+  /* two stack views of the box; their data pointers stay element-aligned */
+  weft_tensor d = *dst, s = *src;
+  d.base_ = s.base_ = NULL;
+  const size_t de = weft_dtype_size(dst->dtype), se = weft_dtype_size(src->dtype);
+  for (int k = 0; k < dst->ndim; k++) {
+    if (sizes[k] == 0) return WEFT_OK;
+    if (dst_offsets) d.data = (char *)d.data + dst_offsets[k] * dst->strides[k] * (int64_t)de;
+    if (src_offsets) s.data = (char *)s.data + src_offsets[k] * src->strides[k] * (int64_t)se;
+    d.shape[k] = s.shape[k] = sizes[k];
+  }
+  if (d.device == s.device) return copy_on(&d, &s);
+  if (d.device != WEFT_CPU && s.device != WEFT_CPU)
+    return weft_error(WEFT_ERR_UNSUPPORTED, "copies between %s and %s go through the host",
+                      weft_device_name(s.device), weft_device_name(d.device));
+  weft_status st = copy_across(&d, &s);
   return st ? weft_error_trace(st, __func__) : WEFT_OK;
 }
 

@@ -1,6 +1,7 @@
 /* The CPU backend's table (backend.h): host memory through weft_alloc's
- * header scheme, the layer kernels of layers.h (cpu/layers.c and
- * cpu/norm_act.c), the tensor operations of kernels.h, and the multi-tensor
+ * header scheme, the layer kernels of layers.h (cpu/: embedding.c,
+ * linear.c, rmsnorm.c, rope.c, attention.c, pointwise.c, cross_entropy.c,
+ * optim.c, norm_act.c), the tensor operations of kernels.h, and the multi-tensor
  * and flat-buffer operations here (loops over the single-tensor kernels, so
  * their numbers are those kernels').
  * Everything is synchronous: no streams, no events. */
@@ -283,6 +284,7 @@ static const weft_backend cpu_backend = {
     .add = weft_cpu_add_,
     .mul = weft_cpu_mul_,
     .scale = weft_cpu_scale_,
+    .div_scalar = weft_cpu_div_scalar_,
     .axpy = weft_cpu_axpy_,
     .reduce = weft_cpu_reduce_,
     .reduce_all = weft_cpu_reduce_all_,

@@ -30,6 +30,7 @@ weft_status weft_cpu_sgemm_(bool trans_a, bool trans_b, int64_t m, int64_t n, in
 weft_status weft_cpu_add_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
 weft_status weft_cpu_mul_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
 weft_status weft_cpu_scale_(weft_tensor *t, double alpha);
+weft_status weft_cpu_div_scalar_(weft_tensor *t, double divisor);
 weft_status weft_cpu_axpy_(weft_tensor *y, double alpha, const weft_tensor *x);
 weft_status weft_cpu_reduce_(const weft_tensor *t, weft_reduce_kind kind, int dim,
                              weft_tensor *out);

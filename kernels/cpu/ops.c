@@ -1,4 +1,4 @@
-/* CPU elementwise kernels (add, mul, scale, axpy) and reductions (sum, sum of
+/* CPU elementwise kernels (add, mul, scale, div_scalar, axpy) and reductions (sum, sum of
  * squares, max; over a dim or over everything, accumulated in double).
  *
  * Elementwise ops compute in the dtype's own precision for f32/f64 and in
@@ -49,7 +49,7 @@ static weft_status check_pair(const char *func, const weft_tensor *t, const char
 
 /* --------------------------------------------------------- elementwise */
 
-typedef enum { EW_ADD, EW_MUL, EW_SCALE, EW_AXPY } ew_kind;
+typedef enum { EW_ADD, EW_MUL, EW_SCALE, EW_DIV, EW_AXPY } ew_kind;
 
 typedef struct ew_ctx {
   ew_kind kind;
@@ -57,7 +57,7 @@ typedef struct ew_ctx {
   double alpha;
 } ew_ctx;
 
-/* Operand order in rows: binary (out, a, b); scale (t); axpy (y, x). */
+/* Operand order in rows: binary (out, a, b); scale, div (t); axpy (y, x). */
 #define EW_LOOP(T, LOAD, STORE, CT, ALPHA)                                              \
   do {                                                                                  \
     const CT al_ = (CT)(ALPHA);                                                         \
@@ -84,6 +84,12 @@ typedef struct ew_ctx {
         for (int64_t i = 0; i < n; i++) {                                               \
           CT x = LOAD(o_[i * s0]);                                                      \
           o_[i * s0] = STORE(x * al_);                                                  \
+        }                                                                               \
+        break;                                                                          \
+      case EW_DIV:                                                                      \
+        for (int64_t i = 0; i < n; i++) {                                               \
+          CT x = LOAD(o_[i * s0]);                                                      \
+          o_[i * s0] = STORE(x / al_);                                                  \
         }                                                                               \
         break;                                                                          \
       case EW_AXPY: {                                                                   \
@@ -211,6 +217,12 @@ weft_status weft_cpu_scale_(weft_tensor *t, double alpha) {
   return WEFT_OK;
 }
 
+weft_status weft_cpu_div_scalar_(weft_tensor *t, double divisor) {
+  const weft_tensor *ops[1] = {t};
+  ew_run(EW_DIV, divisor, 1, ops);
+  return WEFT_OK;
+}
+
 weft_status weft_cpu_axpy_(weft_tensor *y, double alpha, const weft_tensor *x) {
   const weft_tensor *ops[2] = {y, x};
   if (all_contig_f32(2, ops)) {
@@ -246,15 +258,25 @@ weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *
   return binary(__func__, offsetof(weft_backend, mul), out, a, b);
 }
 
-weft_status weft_scale(weft_tensor *t, double alpha) {
-  WEFT_CHECK(check_float(__func__, t, "t"));
+/* t op= v through member (scale or div_scalar) of t's device table. */
+static weft_status scalar_op(const char *func, size_t member, weft_tensor *t, double v) {
+  WEFT_CHECK(check_float(func, t, "t"));
   weft_status st;
   const weft_tensor *ts[1] = {t};
   const char *names[1] = {"t"};
-  const weft_backend *be =
-      weft_backend_for_tensors_(__func__, offsetof(weft_backend, scale), 1, ts, names, &st);
+  const weft_backend *be = weft_backend_for_tensors_(func, member, 1, ts, names, &st);
   if (!be) return st;
-  return weft_backend_trace_(be->scale(t, alpha), be, __func__);
+  weft_status (*fn)(weft_tensor *, double);
+  memcpy(&fn, (const char *)be + member, sizeof fn);
+  return weft_backend_trace_(fn(t, v), be, func);
+}
+
+weft_status weft_scale(weft_tensor *t, double alpha) {
+  return scalar_op(__func__, offsetof(weft_backend, scale), t, alpha);
+}
+
+weft_status weft_div_scalar(weft_tensor *t, double divisor) {
+  return scalar_op(__func__, offsetof(weft_backend, div_scalar), t, divisor);
 }
 
 weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x) {

@@ -1,5 +1,5 @@
 /* GQA attention, causal or not, on the device (weft_attention_forward /
- * _backward's math, kernels/cpu/layers.c), built on batched GEMMs so that
+ * _backward's math, kernels/cpu/attention.c), built on batched GEMMs so that
  * it runs on tensor cores in the TF32 and BF16 matmul precisions.
  *
  * Layout. q is (B, T, H, hd) = (B, T, Hkv, G, hd) with G = H / Hkv query
@@ -202,19 +202,6 @@ __global__ void lse_empty_kernel(float *lse, int64_t BH, int64_t T, bool causal)
     lse[i] = logf((float)(causal ? i % T + 1 : T));
 }
 
-/* The CPU's checks (kernels/cpu/layers.c attention_check), naming the
- * operation of func. */
-weft_status check_shape(const char *func, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                        int64_t hd) {
-  func = weft_op_name_(func);
-  CHECK_SIZES_AT(func, B, T, H, Hkv, hd);
-  if (H > 0 && (Hkv == 0 || H % Hkv != 0))
-    return weft_error_at(WEFT_ERR_INVALID, func,
-                         "H = %lld query heads is not a multiple of Hkv = %lld", (long long)H,
-                         (long long)Hkv);
-  return WEFT_OK;
-}
-
 /* NULL check of named pointers with element counts. */
 weft_status check_ptrs(const char *func, int n, const char *const *names, const void *const *ptrs,
                        const int64_t *counts) {
@@ -239,7 +226,7 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
                                         const float *v, int64_t B, int64_t T, int64_t H,
                                         int64_t Hkv, int64_t hd, bool causal, void *scratch) {
   WEFT_CHECK(weft_cuda_require_init_(__func__));
-  WEFT_CHECK(check_shape(__func__, B, T, H, Hkv, hd));
+  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(__func__), B, T, H, Hkv, hd));
   {
     const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
     const char *names[6] = {"out", "lse", "q", "k", "v", "scratch"};
@@ -286,7 +273,7 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
                                          int64_t H, int64_t Hkv, int64_t hd, bool causal,
                                          void *scratch) {
   WEFT_CHECK(weft_cuda_require_init_(__func__));
-  WEFT_CHECK(check_shape(__func__, B, T, H, Hkv, hd));
+  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(__func__), B, T, H, Hkv, hd));
   const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
   {
     const char *names[10] = {"dq", "dk", "dv", "dout", "q", "k", "v", "lse", "out", "scratch"};

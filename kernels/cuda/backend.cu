@@ -61,6 +61,7 @@ weft_backend make_table() {
   b.add = weft_cuda_add;
   b.mul = weft_cuda_mul;
   b.scale = weft_cuda_scale;
+  b.div_scalar = weft_cuda_div_scalar;
   b.axpy = weft_cuda_axpy;
   b.reduce = weft_cuda_reduce;
   b.reduce_all = weft_cuda_reduce_all;

@@ -30,6 +30,7 @@ weft_status weft_cuda_gemm(bool trans_a, bool trans_b, float alpha, const weft_t
 weft_status weft_cuda_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
 weft_status weft_cuda_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
 weft_status weft_cuda_scale(weft_tensor *t, double alpha);
+weft_status weft_cuda_div_scalar(weft_tensor *t, double divisor);
 weft_status weft_cuda_axpy(weft_tensor *y, double alpha, const weft_tensor *x);
 weft_status weft_cuda_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim,
                              weft_tensor *out);

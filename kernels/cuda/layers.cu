@@ -33,7 +33,7 @@
 #include "cuda_kernels.h"
 #include "device_util.cuh"
 
-/* Errors name the operation, as the CPU kernels' do (kernels/cpu/layers.c):
+/* Errors name the operation, as the CPU kernels' do (kernels/cpu/):
  * "rmsnorm_forward: ...", not the C function. */
 #undef weft_error
 #define weft_error(st, ...) weft_error_at((st), weft_op_name_(__func__), __VA_ARGS__)
@@ -731,13 +731,7 @@ weft_status weft_cuda_linear_backward(float *dinp, float *dweight, float *dbias,
 weft_status weft_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
                                       const float *weight, int64_t N, int64_t C, float eps) {
   REQUIRE_INIT();
-  CHECK_SIZES(N, C);
-  if (C == 0 && N > 0) return weft_error(WEFT_ERR_INVALID, "C = 0: RMSNorm over an empty row");
-  CHECK_PTR(out, N * C);
-  CHECK_PTR(rstd, N);
-  CHECK_PTR(inp, N * C);
-  CHECK_PTR(weight, C);
-  if (!(eps >= 0.0f)) return weft_error(WEFT_ERR_INVALID, "eps = %g must be >= 0", (double)eps);
+  WEFT_RETURN_IF_BAD_(weft_check_rmsnorm_forward_(weft_op_name_(__func__), out, rstd, inp, weight, N, C, eps));
   if (N == 0) return WEFT_OK;
   const bool vec = C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight);
   WEFT_LAUNCH(rmsnorm_fwd_kernel, grid_for(N, 4), dim3(32, 4), 0, compute_stream(), out, rstd,
@@ -875,12 +869,7 @@ weft_status weft_cuda_swiglu_forward(float *out, const float *a, const float *b,
 weft_status weft_cuda_swiglu_backward(float *da, float *db, const float *dout, const float *a,
                                       const float *b, int64_t n) {
   REQUIRE_INIT();
-  CHECK_SIZES(n);
-  CHECK_PTR(da, n);
-  CHECK_PTR(db, n);
-  CHECK_PTR(dout, n);
-  CHECK_PTR(a, n);
-  CHECK_PTR(b, n);
+  WEFT_RETURN_IF_BAD_(weft_check_swiglu_backward_(weft_op_name_(__func__), da, db, dout, a, b, n));
   if (n == 0) return WEFT_OK;
   const bool vec =
       aligned16(da) && aligned16(db) && aligned16(dout) && aligned16(a) && aligned16(b);

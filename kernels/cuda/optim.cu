@@ -9,7 +9,7 @@
  * the table is a few KiB). Empty tensors are left out of the table.
  *
  * AdamW and SGD are weft_adamw_step's and weft_sgd_step's formulas
- * (kernels/cpu/layers.c) with the host-side scalars computed the same way
+ * (kernels/cpu/optim.c) with the host-side scalars computed the same way
  * (double, then rounded to float), every product written with mul_rn so
  * that nvcc fuses no multiply-add the CPU rounds twice: the same bits as
  * the CPU (sqrtf and '/' are IEEE-rounded without --use_fast_math). sumsq

@@ -1,5 +1,5 @@
 /* The CUDA backend's tensor operations (kernels.h, through the table's
- * copy, fill, fill_random, gemm, add, mul, scale, axpy, reduce and
+ * copy, fill, fill_random, gemm, add, mul, scale, div_scalar, axpy, reduce and
  * reduce_all members): same-shape tensors of any strides, arguments already
  * checked by the entry points.
  *
@@ -238,7 +238,7 @@ weft_status launch_fill_random(const rng_geom &g, int64_t n, void *p, const rng_
 
 /* --------------------------------------------------------- elementwise */
 
-enum ew_kind { EW_ADD, EW_MUL, EW_SCALE, EW_AXPY };
+enum ew_kind { EW_ADD, EW_MUL, EW_SCALE, EW_DIV, EW_AXPY };
 
 /* The compute type: f64 in double, the others in float. */
 template <class T>
@@ -255,7 +255,7 @@ __device__ inline double to_ct(double x) { return x; }
 __device__ inline float to_ct(bf16_t x) { return weft_bf16_to_f32_i_(x.bits); }
 __device__ inline float to_ct(f16_t x) { return weft_f16_to_f32_i_(x.bits); }
 
-/* Operands: add, mul (o, a, b); scale (o); axpy (o = y, a = x). */
+/* Operands: add, mul (o, a, b); scale, div (o); axpy (o = y, a = x). */
 template <class T>
 __global__ void ew_kernel(geom g, int64_t n, int kind, T *o, const T *a, const T *b,
                           typename compute_type<T>::type alpha) {
@@ -269,6 +269,7 @@ __global__ void ew_kernel(geom g, int64_t n, int kind, T *o, const T *a, const T
       case EW_ADD: r = to_ct(a[off[1]]) + to_ct(b[off[2]]); break;
       case EW_MUL: r = to_ct(a[off[1]]) * to_ct(b[off[2]]); break;
       case EW_SCALE: r = to_ct(o[off[0]]) * alpha; break;
+      case EW_DIV: r = to_ct(o[off[0]]) / alpha; break;
       default: r = to_ct(o[off[0]]) + mul_rn(alpha, to_ct(a[off[1]])); break;
     }
     o[off[0]] = convert<T, CT>::from(r);
@@ -615,6 +616,11 @@ weft_status weft_cuda_mul(weft_tensor *out, const weft_tensor *a, const weft_ten
 weft_status weft_cuda_scale(weft_tensor *t, double alpha) {
   const weft_tensor *ops[1] = {t};
   return elementwise("weft_scale", EW_SCALE, alpha, 1, ops);
+}
+
+weft_status weft_cuda_div_scalar(weft_tensor *t, double divisor) {
+  const weft_tensor *ops[1] = {t};
+  return elementwise("weft_div_scalar", EW_DIV, divisor, 1, ops);
 }
 
 weft_status weft_cuda_axpy(weft_tensor *y, double alpha, const weft_tensor *x) {

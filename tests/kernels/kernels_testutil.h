@@ -1,8 +1,10 @@
 /* Helpers shared by the kernels test files (test_dtype.c ... test_ops.c):
- * a seeded splitmix64 generator for inputs, multi-index iteration, random
- * tensor fills through weft_tensor_set (independent of the code under
- * test's copy paths), randomly strided views, and an error-expectation
- * macro. */
+ * Philox known answers, multi-index iteration, random tensor fills
+ * through weft_tensor_set (independent of the code under test's copy
+ * paths), randomly strided views, and an error-expectation macro. Random values come from the
+ * harness's seeded stream (harness.h): uint64_t r =
+ * weft_test_rng_state(weft_test_seed(fallback)), then weft_test_rng_unit,
+ * _sym, _int(&r, ...). */
 #ifndef WEFT_KERNELS_TESTUTIL_H
 #define WEFT_KERNELS_TESTUTIL_H
 
@@ -15,27 +17,23 @@
 #include "harness.h"
 #include "kernels.h"
 
-typedef struct trng {
-  uint64_t s;
-} trng;
-
-static inline trng trng_make(unsigned long fallback) {
-  trng r = {weft_test_seed(fallback) * 0x9E3779B97F4A7C15ULL + 1};
-  return r;
-}
-static inline uint64_t trng_next(trng *r) {
-  uint64_t z = (r->s += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-/* [0, 1) */
-static inline double trng_unif(trng *r) { return (double)(trng_next(r) >> 11) * 0x1.0p-53; }
-/* [-1, 1) */
-static inline double trng_sym(trng *r) { return 2.0 * trng_unif(r) - 1.0; }
-/* integer in [lo, hi] */
-static inline int64_t trng_int(trng *r, int64_t lo, int64_t hi) {
-  return lo + (int64_t)(trng_next(r) % (uint64_t)(hi - lo + 1));
+/* Philox4x32-10 known answers (Random123 kat_vectors): counter words
+ * (low first), key words, the four output words. */
+typedef struct philox_kat {
+  uint32_t ctr[4], key[2], out[4];
+} philox_kat;
+enum { N_PHILOX_KATS = 3 };
+static inline const philox_kat *philox_kats(void) {
+  static const philox_kat kat[N_PHILOX_KATS] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+       {0xffffffff, 0xffffffff},
+       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+       {0xa4093822, 0x299f31d0},
+       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+  };
+  return kat;
 }
 
 /* Row-major multi-index increment; false once past the end. */
@@ -49,16 +47,16 @@ static inline bool idx_next(int64_t *idx, int ndim, const int64_t *shape) {
 
 /* Random values exactly representable in t's dtype: floats in [-1, 1)
  * (rounded to the dtype by set), integers in small ranges. */
-static inline void fill_rand(weft_tensor *t, trng *r) {
+static inline void fill_rand(weft_tensor *t, uint64_t *r) {
   if (weft_tensor_numel(t) == 0) return;
   int64_t idx[WEFT_MAX_DIMS] = {0};
   do {
     double v;
     switch (t->dtype) {
-      case WEFT_U8: v = (double)trng_int(r, 0, 255); break;
+      case WEFT_U8: v = (double)weft_test_rng_int(r, 0, 255); break;
       case WEFT_I32:
-      case WEFT_I64: v = (double)trng_int(r, -1000, 1000); break;
-      default: v = trng_sym(r); break;
+      case WEFT_I64: v = (double)weft_test_rng_int(r, -1000, 1000); break;
+      default: v = weft_test_rng_sym(r); break;
     }
     weft_tensor_set(t, idx, v);
   } while (idx_next(idx, t->ndim, t->shape));
@@ -66,12 +64,12 @@ static inline void fill_rand(weft_tensor *t, trng *r) {
 
 /* A strided view of `shape` inside a larger contiguous base: dims permuted
  * in memory, each padded by 0..2 elements and offset inside the padding. */
-static inline weft_tensor *make_strided(weft_dtype dt, int ndim, const int64_t *shape, trng *r,
+static inline weft_tensor *make_strided(weft_dtype dt, int ndim, const int64_t *shape, uint64_t *r,
                                  weft_tensor *view) {
   int perm[WEFT_MAX_DIMS], inv[WEFT_MAX_DIMS];
   for (int d = 0; d < ndim; d++) perm[d] = d;
   for (int d = ndim - 1; d > 0; d--) {
-    int j = (int)trng_int(r, 0, d);
+    int j = (int)weft_test_rng_int(r, 0, d);
     int tmp = perm[d];
     perm[d] = perm[j];
     perm[j] = tmp;
@@ -79,9 +77,9 @@ static inline weft_tensor *make_strided(weft_dtype dt, int ndim, const int64_t *
   for (int j = 0; j < ndim; j++) inv[perm[j]] = j;
   int64_t bs[WEFT_MAX_DIMS], off[WEFT_MAX_DIMS], bst[WEFT_MAX_DIMS];
   for (int j = 0; j < ndim; j++) {
-    int64_t extra = trng_int(r, 0, 2);
+    int64_t extra = weft_test_rng_int(r, 0, 2);
     bs[j] = shape[perm[j]] + extra;
-    off[j] = trng_int(r, 0, extra);
+    off[j] = weft_test_rng_int(r, 0, extra);
   }
   weft_tensor *base;
   cr_assert_eq(weft_tensor_create(dt, WEFT_CPU, ndim, bs, &base), WEFT_OK, "%s", weft_last_error());
@@ -111,12 +109,6 @@ static inline weft_tensor *make_strided(weft_dtype dt, int ndim, const int64_t *
                  weft_status_str(st_), (int)(code), weft_last_error());                      \
     cr_expect(strstr(weft_last_error(), (substr)) != NULL, "%s: message '%s' lacks '%s'",    \
               #expr, weft_last_error(), (substr));                                           \
-  } while (0)
-
-#define EXPECT_OK(expr)                                                                      \
-  do {                                                                                       \
-    weft_status st_ = (expr);                                                                \
-    cr_assert_eq(st_, WEFT_OK, "%s failed: %s", #expr, weft_last_error());                   \
   } while (0)
 
 #endif

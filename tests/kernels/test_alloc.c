@@ -8,7 +8,7 @@ Test(alloc, raw_allocations_count_exact_bytes) {
   weft_mem_stats s0 = weft_mem_get(WEFT_CPU);
   void *p[4];
   size_t sizes[4] = {100, 1, 0, 4096};
-  for (int i = 0; i < 4; i++) EXPECT_OK(weft_alloc(WEFT_CPU, sizes[i], &p[i]));
+  for (int i = 0; i < 4; i++) OK(weft_alloc(WEFT_CPU, sizes[i], &p[i]));
   weft_mem_stats s1 = weft_mem_get(WEFT_CPU);
   cr_expect_eq(s1.current_bytes - s0.current_bytes, 4197, "current grew by %" PRId64,
                s1.current_bytes - s0.current_bytes);
@@ -30,8 +30,8 @@ Test(alloc, peak_tracks_high_water_and_reset) {
   weft_mem_stats s0 = weft_mem_get(WEFT_CPU);
   cr_expect_eq(s0.peak_bytes, s0.current_bytes, "reset sets peak to current");
   void *a, *b;
-  EXPECT_OK(weft_alloc(WEFT_CPU, 1000, &a));
-  EXPECT_OK(weft_alloc(WEFT_CPU, 234, &b));
+  OK(weft_alloc(WEFT_CPU, 1000, &a));
+  OK(weft_alloc(WEFT_CPU, 234, &b));
   weft_free(a);
   cr_expect_eq(weft_mem_get(WEFT_CPU).peak_bytes, s0.current_bytes + 1234);
   weft_mem_reset_peak(WEFT_CPU);
@@ -43,7 +43,7 @@ Test(alloc, peak_tracks_high_water_and_reset) {
 Test(alloc, blocks_are_64_byte_aligned_and_distinct) {
   void *p[200];
   for (int i = 0; i < 200; i++) {
-    EXPECT_OK(weft_alloc(WEFT_CPU, (size_t)(i % 67), &p[i]));
+    OK(weft_alloc(WEFT_CPU, (size_t)(i % 67), &p[i]));
     cr_assert_not_null(p[i]);
     cr_expect_eq((uintptr_t)p[i] % 64, 0, "block %d (%d bytes) at %p", i, i % 67, p[i]);
     memset(p[i], 0xab, (size_t)(i % 67));
@@ -142,31 +142,31 @@ Test(alloc, tensors_count_storage_exactly_and_views_nothing) {
   weft_mem_reset_peak(WEFT_CPU);
   int64_t s35[2] = {3, 5}, s7[1] = {7};
   weft_tensor *a, *z, *c, *k, *e;
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s35, &a));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s35, &a));
   cr_expect_eq(cur() - base, 60);
-  EXPECT_OK(weft_tensor_zeros(WEFT_BF16, WEFT_CPU, 1, s7, &z));
+  OK(weft_tensor_zeros(WEFT_BF16, WEFT_CPU, 1, s7, &z));
   cr_expect_eq(cur() - base, 74);
   int64_t s0[2] = {0, 9};
-  EXPECT_OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 2, s0, &e));
+  OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 2, s0, &e));
   cr_expect_eq(cur() - base, 74, "an empty tensor holds 0 bytes");
 
   /* views: no storage */
   weft_tensor *n, *v, *t, *ch[4], *w;
-  EXPECT_OK(weft_tensor_narrow(a, 1, 1, 3, &n));
+  OK(weft_tensor_narrow(a, 1, 1, 3, &n));
   int64_t s15[1] = {15};
-  EXPECT_OK(weft_tensor_view(a, 1, s15, &v));
-  EXPECT_OK(weft_tensor_transpose(a, 0, 1, &t));
-  EXPECT_OK(weft_tensor_chunk(a, 4, 1, ch));
+  OK(weft_tensor_view(a, 1, s15, &v));
+  OK(weft_tensor_transpose(a, 0, 1, &t));
+  OK(weft_tensor_chunk(a, 4, 1, ch));
   float buf[6];
   int64_t s6[1] = {6};
-  EXPECT_OK(weft_tensor_wrap(buf, WEFT_F32, WEFT_CPU, 1, s6, &w));
+  OK(weft_tensor_wrap(buf, WEFT_F32, WEFT_CPU, 1, s6, &w));
   cr_expect_eq(cur() - base, 74, "views allocated %" PRId64 " bytes", cur() - base - 74);
 
-  EXPECT_OK(weft_tensor_clone(t, &c)); /* 60 */
+  OK(weft_tensor_clone(t, &c)); /* 60 */
   weft_tensor *parts[2] = {a, n};
-  EXPECT_OK(weft_tensor_cat(parts, 2, 1, &k)); /* [3, 8] f32 = 96 */
+  OK(weft_tensor_cat(parts, 2, 1, &k)); /* [3, 8] f32 = 96 */
   weft_tensor *d;
-  EXPECT_OK(weft_cast(z, WEFT_F64, &d)); /* 56 */
+  OK(weft_cast(z, WEFT_F64, &d)); /* 56 */
   cr_expect_eq(cur() - base, 74 + 60 + 96 + 56);
   cr_expect_eq(weft_mem_get(WEFT_CPU).peak_bytes - base, 74 + 60 + 96 + 56);
 

@@ -50,6 +50,7 @@
 #include "backend.h"
 #include "harness.h"
 #include "kernels.h"
+#include "kernels_testutil.h"
 #include "layers.h"
 
 /* ================================================================ set-up */
@@ -58,12 +59,9 @@ static weft_device g_dev = WEFT_CPU; /* the backend under test */
 static unsigned long g_seed;
 static uint64_t g_rng;
 
-#define OK(expr)                                                                                \
-  do {                                                                                          \
-    weft_status ok_st_ = (expr);                                                                \
-    cr_assert_eq(ok_st_, WEFT_OK, "%s on %s failed (%s): %s (seed %lu)", #expr,                 \
-                 weft_backend_name(g_dev), weft_status_str(ok_st_), weft_last_error(), g_seed); \
-  } while (0)
+/* OK (harness.h) with the backend under test and the seed in the message */
+#undef OK
+#define OK(expr) WEFT_TEST_OK_MSG(expr, " (on %s, seed %lu)", weft_backend_name(g_dev), g_seed)
 
 static const char *dev_label(weft_device dev) { return dev == WEFT_CPU ? "WEFT_CPU" : "WEFT_CUDA"; }
 
@@ -102,21 +100,15 @@ static bool exact_transcendentals(weft_device dev) {
 
 /* ================================================================ random */
 
+/* One seeded stream (harness.h) for the whole test. */
 static void seed_tests(unsigned long fallback) {
   g_seed = weft_test_seed(fallback);
-  g_rng = g_seed * 0x9E3779B97F4A7C15ULL + 1;
+  g_rng = weft_test_rng_state(g_seed);
 }
-static uint64_t rnd_u64(void) { /* splitmix64 */
-  uint64_t z = (g_rng += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-static double rnd_unif(void) { return (double)(rnd_u64() >> 11) * 0x1.0p-53; }
+static uint64_t rnd_u64(void) { return weft_test_rng_u64(&g_rng); }
+static double rnd_unif(void) { return weft_test_rng_unit(&g_rng); }
 static double rnd_range(double lo, double hi) { return lo + (hi - lo) * rnd_unif(); }
-static int64_t rnd_int(int64_t lo, int64_t hi) { /* [lo, hi] */
-  return lo + (int64_t)(rnd_u64() % (uint64_t)(hi - lo + 1));
-}
+static int64_t rnd_int(int64_t lo, int64_t hi) { return weft_test_rng_int(&g_rng, lo, hi); }
 static double rnd_normal(void) {
   double u = rnd_unif(), v = rnd_unif();
   if (u < 1e-300) u = 1e-300;
@@ -989,18 +981,8 @@ static void expect_fill(const char *what, weft_device dev, const void *got, weft
 }
 
 Test(reference, philox_reference_matches_random123_known_answers) {
-  const struct {
-    uint32_t ctr[4], key[2], out[4];
-  } kat[] = {
-      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
-      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
-       {0xffffffff, 0xffffffff},
-       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
-      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
-       {0xa4093822, 0x299f31d0},
-       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
-  };
-  for (int i = 0; i < 3; i++) {
+  const philox_kat *kat = philox_kats();
+  for (int i = 0; i < N_PHILOX_KATS; i++) {
     uint32_t out[4];
     ref_philox((uint64_t)kat[i].ctr[0] | (uint64_t)kat[i].ctr[1] << 32,
                (uint64_t)kat[i].ctr[2] | (uint64_t)kat[i].ctr[3] << 32,
@@ -1102,10 +1084,12 @@ BACKEND_TEST(philox_16_bit_fills_round_through_f32_like_a_copy_on_a_large_tensor
 
 /* =========================================================== elementwise */
 
-typedef enum { EW_ADD, EW_MUL, EW_ADD_INPLACE, EW_SCALE, EW_AXPY, EW_COUNT } ew_op;
-static const char *const ew_names[EW_COUNT] = {"add", "mul", "add (out is a)", "scale", "axpy"};
+typedef enum { EW_ADD, EW_MUL, EW_ADD_INPLACE, EW_SCALE, EW_AXPY, EW_DIV, EW_COUNT } ew_op;
+static const char *const ew_names[EW_COUNT] = {"add", "mul", "add (out is a)", "scale", "axpy",
+                                               "div_scalar"};
 #define EW_ALPHA_SCALE 0.3
 #define EW_ALPHA_AXPY (-1.7)
+#define EW_DIVISOR 3.0 /* Partial(sum) on a mesh dim of 3: x / 3, not x * fl(1/3) */
 
 /* The contract of kernels.h: f32 and f64 in their own precision, bf16 and
  * f16 in f32 rounded once; alpha rounded to the compute precision first.
@@ -1121,6 +1105,7 @@ static double ew_ref(ew_op op, weft_dtype dt, double a, double b) {
     case EW_ADD_INPLACE: r = a + b; break;
     case EW_MUL: r = a * b; break;
     case EW_SCALE: r = a * al_s; break;
+    case EW_DIV: r = a / EW_DIVISOR; break; /* division: double rounding is innocuous too */
     default: r = dbl ? a + al_a * b : a + (double)(float)(al_a * b); break; /* y = a, x = b */
   }
   return dbl ? r : round_once(dt, (double)(float)r);
@@ -1143,6 +1128,7 @@ static void *ew_run(weft_device dev, ew_op op, weft_dtype dt, int ndim, const in
     case EW_MUL: st = weft_mul(&so.t, &sa.t, &sb.t); break;
     case EW_ADD_INPLACE: st = weft_add(&sa.t, &sa.t, &sb.t), res = &sa; break;
     case EW_SCALE: st = weft_scale(&sa.t, EW_ALPHA_SCALE), res = &sa; break;
+    case EW_DIV: st = weft_div_scalar(&sa.t, EW_DIVISOR), res = &sa; break;
     default: st = weft_axpy(&sa.t, EW_ALPHA_AXPY, &sb.t), res = &sa; break;
   }
   void *got = NULL;
@@ -1152,7 +1138,7 @@ static void *ew_run(weft_device dev, ew_op op, weft_dtype dt, int ndim, const in
   return got;
 }
 
-BACKEND_TEST(add_mul_scale_axpy_round_once_in_every_float_dtype_on_strided_views) {
+BACKEND_TEST(add_mul_scale_axpy_div_round_once_in_every_float_dtype_on_strided_views) {
   seed_tests(131);
   const int64_t s2[2] = {7, 33}, s1[1] = {130};
   const int lay2[3] = {2, 1, 2}, lay1[3] = {0, 0, 0}; /* strided; contiguous (f32 fast path) */
@@ -1186,6 +1172,62 @@ BACKEND_TEST(add_mul_scale_axpy_round_once_in_every_float_dtype_on_strided_views
       }
       free(a), free(b);
     }
+}
+
+/* weft_tensor_copy_region: a box of a strided view into a box of another
+ * (padded / transposed layouts, dtype conversion as weft_tensor_copy); the
+ * rest of dst and every byte outside the views stay as they were. */
+BACKEND_TEST(copy_region_copies_one_box_between_strided_views_converting_dtypes) {
+  seed_tests(733);
+  static const weft_dtype pairs[][2] = {{WEFT_F32, WEFT_F32}, {WEFT_BF16, WEFT_F32},
+                                        {WEFT_F64, WEFT_F32}, {WEFT_F16, WEFT_F16},
+                                        {WEFT_I32, WEFT_I32}};
+  const int64_t ss[3] = {5, 7, 6}, dsh[3] = {4, 9, 5}, box[3] = {3, 4, 2};
+  const int64_t soff[3] = {1, 2, 3}, doff[3] = {0, 5, 1};
+  for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++)
+    for (int lay = 0; lay < 3; lay++) {
+      const weft_dtype ddt = pairs[k][0], sdt = pairs[k][1];
+      sview sv, dv;
+      sv_init(&sv, dev, sdt, 3, ss, lay);
+      sv_init(&dv, dev, ddt, 3, dsh, 2 - lay);
+      double *a = rand_vals(sdt, sv.numel, -100.0, 100.0), *b = rand_vals(ddt, dv.numel, -100.0, 100.0);
+      sv_upload(&sv, a);
+      sv_upload(&dv, b);
+      char what[96];
+      snprintf(what, sizeof what, "copy_region %s <- %s (layouts %d, %d)", weft_dtype_name(ddt),
+               weft_dtype_name(sdt), 2 - lay, lay);
+      if (done_or_refused2(weft_tensor_copy_region(&dv.t, doff, &sv.t, soff, box), dev,
+                           "weft_tensor_copy", ddt, sdt, what)) {
+        void *got = sv_fetch(&dv, what);
+        double *want = h_dbl(dv.numel);
+        for (int64_t i = 0; i < dv.numel; i++) {
+          const int64_t x = i / (dsh[1] * dsh[2]), y = (i / dsh[2]) % dsh[1], z = i % dsh[2];
+          const bool in = x >= doff[0] && x < doff[0] + box[0] && y >= doff[1] &&
+                          y < doff[1] + box[1] && z >= doff[2] && z < doff[2] + box[2];
+          const int64_t j = ((x - doff[0] + soff[0]) * ss[1] + (y - doff[1] + soff[1])) * ss[2] +
+                            (z - doff[2] + soff[2]);
+          want[i] = in ? conv(ddt, a[j]) : b[i];
+        }
+        expect_values(what, got, ddt, want, dv.numel);
+        free(got), free(want);
+      }
+      free(a), free(b);
+      sv_free(&sv), sv_free(&dv);
+    }
+  /* a box outside a tensor, and tensors of different ndim: refused, named */
+  sview a, b;
+  sv_init(&a, dev, WEFT_F32, 3, ss, 0);
+  sv_init(&b, dev, WEFT_F32, 3, dsh, 0);
+  const int64_t far[3] = {0, 6, 0};
+  cr_assert_eq(weft_tensor_copy_region(&b.t, far, &a.t, NULL, box), WEFT_ERR_INVALID);
+  cr_assert(strstr(weft_last_error(), "dim 1") && strstr(weft_last_error(), "dst"), "%s",
+            weft_last_error());
+  cr_assert_eq(weft_tensor_copy_region(&b.t, NULL, &a.t, far, box), WEFT_ERR_INVALID);
+  cr_assert(strstr(weft_last_error(), "src"), "%s", weft_last_error());
+  weft_tensor two;
+  OK(weft_tensor_view_init(&two, b.t.data, WEFT_F32, dev, 2, dsh, NULL));
+  cr_assert_eq(weft_tensor_copy_region(&two, NULL, &a.t, NULL, box), WEFT_ERR_INVALID);
+  sv_free(&a), sv_free(&b);
 }
 
 /* ============================================================ reductions */
@@ -2475,7 +2517,12 @@ BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
     int64_t N, C;
     double sd;
     bool backward;
-  } cases[4] = {{7, 37, 2.0, true}, {3, 1, 2.0, true}, {5, 300, 1.0, true}, {4, 50, 40.0, false}};
+  } cases[4] = {
+      {.N = 7, .C = 37, .sd = 2.0, .backward = true},
+      {.N = 3, .C = 1, .sd = 2.0, .backward = true},
+      {.N = 5, .C = 300, .sd = 1.0, .backward = true},
+      {.N = 4, .C = 50, .sd = 40.0, .backward = false},
+  };
   char what[160];
   for (int k = 0; k < 4; k++) {
     const int64_t N = cases[k].N, C = cases[k].C, NC = N * C;

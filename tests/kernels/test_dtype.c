@@ -21,10 +21,13 @@ Test(dtype, table_names_sizes_and_parse_roundtrip) {
     size_t size;
     bool is_float;
   } want[] = {
-      {WEFT_F32, "f32", "float32", 4, true},   {WEFT_F64, "f64", "float64", 8, true},
-      {WEFT_BF16, "bf16", "bfloat16", 2, true}, {WEFT_F16, "f16", "float16", 2, true},
-      {WEFT_I32, "i32", "int32", 4, false},    {WEFT_I64, "i64", "int64", 8, false},
-      {WEFT_U8, "u8", "uint8", 1, false},
+      {.dt = WEFT_F32, .name = "f32", .alias = "float32", .size = 4, .is_float = true},
+      {.dt = WEFT_F64, .name = "f64", .alias = "float64", .size = 8, .is_float = true},
+      {.dt = WEFT_BF16, .name = "bf16", .alias = "bfloat16", .size = 2, .is_float = true},
+      {.dt = WEFT_F16, .name = "f16", .alias = "float16", .size = 2, .is_float = true},
+      {.dt = WEFT_I32, .name = "i32", .alias = "int32", .size = 4, .is_float = false},
+      {.dt = WEFT_I64, .name = "i64", .alias = "int64", .size = 8, .is_float = false},
+      {.dt = WEFT_U8, .name = "u8", .alias = "uint8", .size = 1, .is_float = false},
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     cr_expect_eq(weft_dtype_size(want[i].dt), want[i].size, "%s", want[i].name);
@@ -76,9 +79,9 @@ static uint16_t ref_bf16(float x) {
 }
 
 Test(dtype, bf16_rounds_to_nearest_even) {
-  trng r = trng_make(11);
+  uint64_t r = weft_test_rng_state(weft_test_seed(11));
   for (int i = 0; i < 300000; i++) {
-    uint32_t u = (uint32_t)trng_next(&r);
+    uint32_t u = (uint32_t)weft_test_rng_u64(&r);
     if ((u & 0x7f800000u) == 0x7f800000u) continue; /* inf/NaN below */
     if (i % 4 == 0) u = (u & 0xffff0000u) | 0x8000u; /* exact ties */
     float x = bitsf(u);
@@ -144,12 +147,12 @@ static uint16_t ref_f16(float x) {
 }
 
 Test(dtype, f16_rounds_to_nearest_even_including_subnormals_and_overflow) {
-  trng r = trng_make(12);
+  uint64_t r = weft_test_rng_state(weft_test_seed(12));
   for (int i = 0; i < 100000; i++) {
-    double mag = ldexp(1.0 + trng_unif(&r), (int)trng_int(&r, -27, 16));
-    float x = (float)(trng_unif(&r) < 0.5 ? -mag : mag);
+    double mag = ldexp(1.0 + weft_test_rng_unit(&r), (int)weft_test_rng_int(&r, -27, 16));
+    float x = (float)(weft_test_rng_unit(&r) < 0.5 ? -mag : mag);
     if (i % 5 == 0) { /* exact ties between two f16 neighbours */
-      uint16_t h = (uint16_t)trng_int(&r, 0, 0x7bfe);
+      uint16_t h = (uint16_t)weft_test_rng_int(&r, 0, 0x7bfe);
       x = (float)(((double)weft_f16_to_f32(h) + (double)weft_f16_to_f32((uint16_t)(h + 1))) / 2);
     }
     uint16_t got = weft_f32_to_f16(x), want = ref_f16(x);

@@ -11,16 +11,17 @@
 
 /* A (rows x cols) matrix view inside a padded base; column-major (a
  * transposed view) when colmajor. */
-static weft_tensor *make_matrix(weft_dtype dt, int64_t rows, int64_t cols, bool colmajor, trng *r,
-                                weft_tensor *view) {
-  int64_t pad = trng_int(r, 0, 3);
+static weft_tensor *make_matrix(weft_dtype dt, int64_t rows, int64_t cols, bool colmajor,
+                                uint64_t *r, weft_tensor *view) {
+  int64_t pad = weft_test_rng_int(r, 0, 3);
   int64_t bs[2] = {colmajor ? cols : rows, (colmajor ? rows : cols) + pad};
   weft_tensor *base;
   cr_assert_eq(weft_tensor_create(dt, WEFT_CPU, 2, bs, &base), WEFT_OK);
   fill_rand(base, r);
   int64_t shape[2] = {rows, cols};
   int64_t st[2] = {colmajor ? 1 : bs[1], colmajor ? bs[1] : 1};
-  char *p = (char *)base->data + (bs[1] > 0 ? trng_int(r, 0, pad) : 0) * (int64_t)weft_dtype_size(dt);
+  char *p = (char *)base->data +
+            (bs[1] > 0 ? weft_test_rng_int(r, 0, pad) : 0) * (int64_t)weft_dtype_size(dt);
   cr_assert_eq(weft_tensor_view_init(view, p, dt, WEFT_CPU, 2, shape, st), WEFT_OK, "%s",
                weft_last_error());
   return base;
@@ -43,9 +44,9 @@ static double tol_for(weft_dtype dt) {
 /* Runs one GEMM case and compares with the reference; returns the max
  * normalised error. */
 static double run_case(weft_dtype dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                       float alpha, float beta, trng *r, unsigned long seed) {
+                       float alpha, float beta, uint64_t *r, unsigned long seed) {
   weft_tensor A, B, C;
-  bool acm = trng_int(r, 0, 2) == 0, bcm = trng_int(r, 0, 2) == 0;
+  bool acm = weft_test_rng_int(r, 0, 2) == 0, bcm = weft_test_rng_int(r, 0, 2) == 0;
   weft_tensor *ba = make_matrix(dt, ta ? k : m, ta ? m : k, acm, r, &A);
   weft_tensor *bb = make_matrix(dt, tb ? n : k, tb ? k : n, bcm, r, &B);
   weft_tensor *bc = make_matrix(dt, m, n, false, r, &C);
@@ -93,13 +94,14 @@ static const int64_t sizes[] = {0, 1, 3, 17, 33, 65};
 
 Test(gemm, f32_all_transposes_all_odd_and_empty_sizes) {
   const unsigned long seed = weft_test_seed(101);
-  trng r = trng_make(101);
+  uint64_t r = weft_test_rng_state(weft_test_seed(101));
   double worst = 0;
   for (int t = 0; t < 4; t++)
     for (int a = 0; a < N_SIZES; a++)
       for (int b = 0; b < N_SIZES; b++)
         for (int c = 0; c < N_SIZES; c++) {
-          float alpha = (float)(0.5 + trng_unif(&r)), beta = (c + a) % 3 == 0 ? 0.0f : (float)trng_sym(&r);
+          float alpha = (float)(0.5 + weft_test_rng_unit(&r)),
+                beta = (c + a) % 3 == 0 ? 0.0f : (float)weft_test_rng_sym(&r);
           double w = run_case(WEFT_F32, t & 1, t & 2, sizes[a], sizes[b], sizes[c], alpha, beta, &r, seed);
           if (w > worst) worst = w;
         }
@@ -108,14 +110,16 @@ Test(gemm, f32_all_transposes_all_odd_and_empty_sizes) {
 
 Test(gemm, f64_bf16_f16_random_shapes) {
   const unsigned long seed = weft_test_seed(102);
-  trng r = trng_make(102);
+  uint64_t r = weft_test_rng_state(weft_test_seed(102));
   const weft_dtype dts[3] = {WEFT_F64, WEFT_BF16, WEFT_F16};
   for (int d = 0; d < 3; d++)
     for (int t = 0; t < 4; t++)
       for (int rep = 0; rep < 25; rep++) {
-        int64_t m = sizes[trng_int(&r, 0, N_SIZES - 1)], n = sizes[trng_int(&r, 0, N_SIZES - 1)],
-                k = sizes[trng_int(&r, 0, N_SIZES - 1)];
-        float alpha = (float)trng_sym(&r), beta = rep % 4 == 0 ? 0.0f : (float)trng_sym(&r);
+        int64_t m = sizes[weft_test_rng_int(&r, 0, N_SIZES - 1)],
+                n = sizes[weft_test_rng_int(&r, 0, N_SIZES - 1)],
+                k = sizes[weft_test_rng_int(&r, 0, N_SIZES - 1)];
+        float alpha = (float)weft_test_rng_sym(&r),
+              beta = rep % 4 == 0 ? 0.0f : (float)weft_test_rng_sym(&r);
         run_case(dts[d], t & 1, t & 2, m, n, k, alpha, beta, &r, seed);
       }
 }
@@ -123,21 +127,21 @@ Test(gemm, f64_bf16_f16_random_shapes) {
 Test(gemm, alpha_zero_and_k_zero_leave_beta_c) {
   int64_t s23[2] = {2, 3}, s34[2] = {3, 4}, s24[2] = {2, 4}, s20[2] = {2, 0}, s04[2] = {0, 4};
   weft_tensor *a, *b, *c, *a0, *b0;
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s23, &a));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s34, &b));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s24, &c));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s20, &a0));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s04, &b0));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s23, &a));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s34, &b));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s24, &c));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s20, &a0));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s04, &b0));
   weft_tensor_fill(a, NAN); /* alpha = 0: A and B are not read */
   weft_tensor_fill(b, INFINITY);
   float *pc = c->data;
   for (int i = 0; i < 8; i++) pc[i] = (float)i;
-  EXPECT_OK(weft_gemm(false, false, 0.0f, a, b, 0.5f, c));
+  OK(weft_gemm(false, false, 0.0f, a, b, 0.5f, c));
   for (int i = 0; i < 8; i++) cr_expect_eq(pc[i], 0.5f * (float)i, "alpha 0: C[%d] = %g", i, (double)pc[i]);
-  EXPECT_OK(weft_gemm(false, false, 1.0f, a0, b0, 2.0f, c)); /* K = 0 */
+  OK(weft_gemm(false, false, 1.0f, a0, b0, 2.0f, c)); /* K = 0 */
   for (int i = 0; i < 8; i++) cr_expect_eq(pc[i], (float)i, "k 0: C[%d] = %g", i, (double)pc[i]);
   weft_tensor_fill(c, NAN);
-  EXPECT_OK(weft_gemm(false, false, 1.0f, a0, b0, 0.0f, c)); /* K = 0, beta = 0: zeros */
+  OK(weft_gemm(false, false, 1.0f, a0, b0, 0.0f, c)); /* K = 0, beta = 0: zeros */
   for (int i = 0; i < 8; i++) cr_expect_eq(pc[i], 0.0f);
   weft_tensor *list[] = {a, b, c, a0, b0};
   for (int i = 0; i < 5; i++) weft_tensor_destroy(list[i]);
@@ -160,14 +164,15 @@ static void ref_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double a
     }
 }
 
-static float *rand_floats(int64_t n, trng *r) {
+static float *rand_floats(int64_t n, uint64_t *r) {
   float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-  for (int64_t i = 0; i < n; i++) p[i] = (float)trng_sym(r);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)weft_test_rng_sym(r);
   return p;
 }
 
 /* weft_sgemm (or the blocked fallback when blocked) with padded leading dims. */
-static void check_raw(bool blocked, bool ta, bool tb, int64_t m, int64_t n, int64_t k, trng *r) {
+static void check_raw(bool blocked, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                      uint64_t *r) {
   int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
   float *a = rand_floats((ta ? k : m) * lda, r), *b = rand_floats((tb ? n : k) * ldb, r);
   float *c = rand_floats(m * ldc, r), *c0 = malloc(sizeof(float) * (size_t)(m * ldc + 1));
@@ -196,15 +201,16 @@ static void check_raw(bool blocked, bool ta, bool tb, int64_t m, int64_t n, int6
 }
 
 Test(gemm, sgemm_raw_pointers_padded_leading_dims) {
-  trng r = trng_make(103);
+  uint64_t r = weft_test_rng_state(weft_test_seed(103));
   for (int t = 0; t < 4; t++)
     for (int rep = 0; rep < 12; rep++)
-      check_raw(false, t & 1, t & 2, sizes[trng_int(&r, 0, N_SIZES - 1)],
-                sizes[trng_int(&r, 0, N_SIZES - 1)], sizes[trng_int(&r, 0, N_SIZES - 1)], &r);
+      check_raw(false, t & 1, t & 2, sizes[weft_test_rng_int(&r, 0, N_SIZES - 1)],
+                sizes[weft_test_rng_int(&r, 0, N_SIZES - 1)],
+                sizes[weft_test_rng_int(&r, 0, N_SIZES - 1)], &r);
 }
 
 Test(gemm, blocked_fallback_across_block_boundaries) {
-  trng r = trng_make(104);
+  uint64_t r = weft_test_rng_state(weft_test_seed(104));
   /* MC = 64, KC = 256, NC = 256: cross each boundary, with remainders */
   for (int t = 0; t < 4; t++) check_raw(true, t & 1, t & 2, 130, 260, 520, &r);
   for (int t = 0; t < 4; t++) check_raw(true, t & 1, t & 2, 1, 3, 17, &r);
@@ -214,8 +220,8 @@ Test(gemm, blocked_fallback_across_block_boundaries) {
   const int64_t m = 70, n = 65, k = 300;
   double *a = malloc(sizeof(double) * (size_t)(m * k)), *b = malloc(sizeof(double) * (size_t)(k * n)),
          *c = malloc(sizeof(double) * (size_t)(m * n));
-  for (int64_t i = 0; i < m * k; i++) a[i] = trng_sym(&r);
-  for (int64_t i = 0; i < k * n; i++) b[i] = trng_sym(&r);
+  for (int64_t i = 0; i < m * k; i++) a[i] = weft_test_rng_sym(&r);
+  for (int64_t i = 0; i < k * n; i++) b[i] = weft_test_rng_sym(&r);
   for (int64_t i = 0; i < m * n; i++) c[i] = NAN; /* beta = 0 overwrites */
   weft_dgemm_blocked_(true, false, m, n, k, 2.0, a, m, b, n, 0.0, c, n); /* A stored as (k, m) */
   for (int64_t i = 0; i < m; i++)
@@ -259,16 +265,16 @@ Test(gemm, bad_tensors_are_rejected_with_the_shapes) {
   int64_t s23[2] = {2, 3}, s45[2] = {4, 5}, s34[2] = {3, 4}, s25[2] = {2, 5}, s24[2] = {2, 4},
           s3[3] = {1, 2, 3};
   weft_tensor *a, *b, *bad, *c, *c2, *a3, *bd, *ai, *bi, *ci;
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s23, &a));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s34, &b));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s45, &bad));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s24, &c));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s25, &c2));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 3, s3, &a3));
-  EXPECT_OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 2, s34, &bd));
-  EXPECT_OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, s23, &ai));
-  EXPECT_OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, s34, &bi));
-  EXPECT_OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, s24, &ci));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s23, &a));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s34, &b));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s45, &bad));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s24, &c));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s25, &c2));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 3, s3, &a3));
+  OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 2, s34, &bd));
+  OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, s23, &ai));
+  OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, s34, &bi));
+  OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, s24, &ci));
   EXPECT_ERR(weft_gemm(false, false, 1, a, bad, 0, c), WEFT_ERR_INVALID,
              "inner dims differ: op(A) is 2 x 3 (A f32[2, 3]), op(B) is 4 x 5 (B f32[4, 5])");
   EXPECT_ERR(weft_gemm(false, false, 1, a, b, 0, c2), WEFT_ERR_INVALID,
@@ -282,12 +288,12 @@ Test(gemm, bad_tensors_are_rejected_with_the_shapes) {
   float buf[2 * 8];
   weft_tensor sk, ct;
   int64_t st[2] = {8, 2};
-  EXPECT_OK(weft_tensor_view_init(&sk, buf, WEFT_F32, WEFT_CPU, 2, s23, st));
+  OK(weft_tensor_view_init(&sk, buf, WEFT_F32, WEFT_CPU, 2, s23, st));
   EXPECT_ERR(weft_gemm(false, false, 1, &sk, b, 0, c), WEFT_ERR_INVALID, "strides [8, 2]");
   /* a transposed C is refused (A and B may be transposed views) */
   int64_t s42[2] = {4, 2}, cst[2] = {1, 4};
   (void)s42;
-  EXPECT_OK(weft_tensor_view_init(&ct, buf, WEFT_F32, WEFT_CPU, 2, s24, cst));
+  OK(weft_tensor_view_init(&ct, buf, WEFT_F32, WEFT_CPU, 2, s24, cst));
   EXPECT_ERR(weft_gemm(false, false, 1, a, b, 0, &ct), WEFT_ERR_INVALID, "C f32[2, 4]");
   weft_tensor *list[] = {a, b, bad, c, c2, a3, bd, ai, bi, ci};
   for (int i = 0; i < 10; i++) weft_tensor_destroy(list[i]);

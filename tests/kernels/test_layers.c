@@ -21,17 +21,12 @@
 static uint64_t rng_state;
 static unsigned long seed_used;
 
+/* One seeded stream (harness.h) for the whole test. */
 static void rng_seed(unsigned long fallback) {
   seed_used = weft_test_seed(fallback);
-  rng_state = seed_used * 0x9E3779B97F4A7C15ull + 1;
+  rng_state = weft_test_rng_state(seed_used);
 }
-static double urand(void) { /* splitmix64 -> [0, 1) */
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (double)(z >> 11) / 9007199254740992.0;
-}
+static double urand(void) { return weft_test_rng_unit(&rng_state); } /* [0, 1) */
 static int32_t irand(int32_t n) { return (int32_t)(urand() * n); }
 
 /* n random floats in [lo, hi), with an exact double copy (either may be NULL). */
@@ -53,15 +48,13 @@ static float *falloc(int64_t n) { return calloc(n > 0 ? (size_t)n : 1, sizeof(fl
 /* ||got - want|| / ||want|| and the worst element; fails above tol. */
 static double expect_close_(const char *what, const float *got, const double *want, int64_t n,
                             double tol, const char *file, int line) {
-  double num = 0, den = 0, worst = -1;
+  double worst = -1;
   int64_t wi = 0;
   for (int64_t i = 0; i < n; i++) {
-    double e = (double)got[i] - want[i];
-    num += e * e;
-    den += want[i] * want[i];
-    if (fabs(e) > worst) { worst = fabs(e); wi = i; }
+    double e = fabs((double)got[i] - want[i]);
+    if (e > worst) { worst = e; wi = i; }
   }
-  double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+  double rel = weft_test_rel_norm_f32_f64(got, want, n);
   cr_expect(rel <= tol,
             "%s:%d %s: normalised error %.3g > %.3g (seed %lu); worst [%lld]: got %.9g want %.9g",
             file, line, what, rel, tol, seed_used, (long long)wi, n ? (double)got[wi] : 0.0,

@@ -6,18 +6,8 @@
 #include "weft_config.h"
 
 Test(rng, philox4x32_10_matches_random123_known_answers) {
-  const struct {
-    uint32_t ctr[4], key[2], out[4];
-  } kat[] = {
-      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
-      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
-       {0xffffffff, 0xffffffff},
-       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
-      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
-       {0xa4093822, 0x299f31d0},
-       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
-  };
-  for (int i = 0; i < 3; i++) {
+  const philox_kat *kat = philox_kats();
+  for (int i = 0; i < N_PHILOX_KATS; i++) {
     uint64_t lo = (uint64_t)kat[i].ctr[0] | (uint64_t)kat[i].ctr[1] << 32;
     uint64_t hi = (uint64_t)kat[i].ctr[2] | (uint64_t)kat[i].ctr[3] << 32;
     uint64_t key = (uint64_t)kat[i].key[0] | (uint64_t)kat[i].key[1] << 32;
@@ -52,11 +42,11 @@ static double recipe(uint64_t seed, uint64_t key, uint64_t e, bool normal, doubl
 Test(rng, elements_follow_the_documented_recipe) {
   int64_t shape[2] = {5, 7};
   weft_tensor *t;
-  EXPECT_OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 2, shape, &t));
+  OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 2, shape, &t));
   const uint64_t seed = 1234, key = weft_rng_key("w");
   for (int normal = 0; normal < 2; normal++) {
-    if (normal) EXPECT_OK(weft_tensor_fill_normal(t, seed, key, NULL, 0.25f, 2.0f));
-    else EXPECT_OK(weft_tensor_fill_uniform(t, seed, key, NULL, -1.0f, 3.0f));
+    if (normal) OK(weft_tensor_fill_normal(t, seed, key, NULL, 0.25f, 2.0f));
+    else OK(weft_tensor_fill_uniform(t, seed, key, NULL, -1.0f, 3.0f));
     const double *p = t->data;
     for (int64_t e = 0; e < 35; e++) {
       double want = normal ? recipe(seed, key, (uint64_t)e, true, 0.25, 2.0)
@@ -73,9 +63,9 @@ Test(rng, elements_follow_the_documented_recipe) {
 static void check_shard(const weft_tensor *full, int ndim, const int64_t *off, const int64_t *len,
                         bool normal, uint64_t seed, uint64_t key, bool strided_dst) {
   weft_tensor *view = NULL, *tmp;
-  EXPECT_OK(weft_tensor_narrow(full, 0, off[0], len[0], &view));
+  OK(weft_tensor_narrow(full, 0, off[0], len[0], &view));
   for (int d = 1; d < ndim; d++) {
-    EXPECT_OK(weft_tensor_narrow(view, d, off[d], len[d], &tmp));
+    OK(weft_tensor_narrow(view, d, off[d], len[d], &tmp));
     weft_tensor_destroy(view);
     view = tmp;
   }
@@ -88,17 +78,17 @@ static void check_shard(const weft_tensor *full, int ndim, const int64_t *off, c
   if (strided_dst) { /* a transposed destination: same logical shard */
     int64_t ts[WEFT_MAX_DIMS];
     for (int d = 0; d < ndim; d++) ts[d] = len[ndim - 1 - d];
-    EXPECT_OK(weft_tensor_create(full->dtype, WEFT_CPU, ndim, ts, &holder));
+    OK(weft_tensor_create(full->dtype, WEFT_CPU, ndim, ts, &holder));
     int64_t st[WEFT_MAX_DIMS];
     for (int d = 0; d < ndim; d++) st[d] = holder->strides[ndim - 1 - d];
-    EXPECT_OK(weft_tensor_view_init(&lv, holder->data, full->dtype, WEFT_CPU, ndim, len, st));
+    OK(weft_tensor_view_init(&lv, holder->data, full->dtype, WEFT_CPU, ndim, len, st));
     local = &lv;
   } else {
-    EXPECT_OK(weft_tensor_create(full->dtype, WEFT_CPU, ndim, len, &holder));
+    OK(weft_tensor_create(full->dtype, WEFT_CPU, ndim, len, &holder));
     local = holder;
   }
-  if (normal) EXPECT_OK(weft_tensor_fill_normal(local, seed, key, &reg, 0.0f, 1.0f));
-  else EXPECT_OK(weft_tensor_fill_uniform(local, seed, key, &reg, -2.0f, 5.0f));
+  if (normal) OK(weft_tensor_fill_normal(local, seed, key, &reg, 0.0f, 1.0f));
+  else OK(weft_tensor_fill_uniform(local, seed, key, &reg, -2.0f, 5.0f));
   char desc[64];
   weft_tensor_describe(view, desc, sizeof desc);
   cr_assert(weft_tensor_equal(local, view),
@@ -116,9 +106,9 @@ Test(rng, shard_fills_equal_slices_of_the_full_fill) {
     for (int normal = 0; normal < 2; normal++) {
       int64_t shape[2] = {7, 10};
       weft_tensor *full;
-      EXPECT_OK(weft_tensor_create(dts[di], WEFT_CPU, 2, shape, &full));
-      if (normal) EXPECT_OK(weft_tensor_fill_normal(full, seed, key, NULL, 0.0f, 1.0f));
-      else EXPECT_OK(weft_tensor_fill_uniform(full, seed, key, NULL, -2.0f, 5.0f));
+      OK(weft_tensor_create(dts[di], WEFT_CPU, 2, shape, &full));
+      if (normal) OK(weft_tensor_fill_normal(full, seed, key, NULL, 0.0f, 1.0f));
+      else OK(weft_tensor_fill_uniform(full, seed, key, NULL, -2.0f, 5.0f));
       /* Shard(0) over 3 and 8 ranks (uneven, then empty), Shard(1) over 4,
        * and 2-D (Shard(0), Shard(1)) over a 2 x 3 mesh */
       const int64_t ks[4][2] = {{3, 1}, {8, 1}, {1, 4}, {2, 3}};
@@ -135,8 +125,8 @@ Test(rng, shard_fills_equal_slices_of_the_full_fill) {
   /* 3-D, sharded in the middle and last dims */
   int64_t s3[3] = {3, 5, 6};
   weft_tensor *full;
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 3, s3, &full));
-  EXPECT_OK(weft_tensor_fill_normal(full, 7, 9, NULL, 0.0f, 1.0f));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 3, s3, &full));
+  OK(weft_tensor_fill_normal(full, 7, 9, NULL, 0.0f, 1.0f));
   for (int64_t i = 0; i < 2; i++)
     for (int64_t j = 0; j < 4; j++) {
       int64_t off[3] = {0, 0, 0}, len[3] = {3, 0, 0};
@@ -150,9 +140,9 @@ Test(rng, shard_fills_equal_slices_of_the_full_fill) {
 Test(rng, normal_moments_are_right) {
   int64_t n[1] = {100000};
   weft_tensor *t;
-  EXPECT_OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 1, n, &t));
+  OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 1, n, &t));
   const uint64_t seed = weft_test_seed(5);
-  EXPECT_OK(weft_tensor_fill_normal(t, seed, weft_rng_key("moments"), NULL, 0.5f, 2.0f));
+  OK(weft_tensor_fill_normal(t, seed, weft_rng_key("moments"), NULL, 0.5f, 2.0f));
   const double *p = t->data;
   double s = 0, s2 = 0, s4 = 0;
   int64_t in1 = 0;
@@ -177,9 +167,9 @@ Test(rng, normal_moments_are_right) {
 Test(rng, uniform_moments_and_range) {
   int64_t n[1] = {100000};
   weft_tensor *t;
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 1, n, &t));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 1, n, &t));
   const uint64_t seed = weft_test_seed(6);
-  EXPECT_OK(weft_tensor_fill_uniform(t, seed, 3, NULL, -1.0f, 3.0f));
+  OK(weft_tensor_fill_uniform(t, seed, 3, NULL, -1.0f, 3.0f));
   const float *p = t->data;
   double s = 0, s2 = 0;
   int64_t bins[8] = {0};
@@ -202,8 +192,8 @@ Test(rng, uniform_never_reaches_hi_after_rounding) {
   for (int di = 0; di < 2; di++) {
     int64_t n[1] = {100000};
     weft_tensor *t;
-    EXPECT_OK(weft_tensor_create(dts[di], WEFT_CPU, 1, n, &t));
-    EXPECT_OK(weft_tensor_fill_uniform(t, 11, 12, NULL, 0.0f, 1.0f));
+    OK(weft_tensor_create(dts[di], WEFT_CPU, 1, n, &t));
+    OK(weft_tensor_fill_uniform(t, 11, 12, NULL, 0.0f, 1.0f));
     double mx = -1;
     int64_t top = 0;
     double below = dts[di] == WEFT_BF16 ? 1.0 - ldexp(1.0, -8) : 1.0 - ldexp(1.0, -11);
@@ -239,13 +229,13 @@ static double corr(const double *a, const double *b, int64_t n) {
 Test(rng, streams_differ_by_key_and_seed_and_repeat_exactly) {
   int64_t n[1] = {20000};
   weft_tensor *t[4], *again;
-  for (int i = 0; i < 4; i++) EXPECT_OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 1, n, &t[i]));
-  EXPECT_OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 1, n, &again));
-  EXPECT_OK(weft_tensor_fill_normal(t[0], 1, weft_rng_key("a"), NULL, 0, 1));
-  EXPECT_OK(weft_tensor_fill_normal(t[1], 1, weft_rng_key("b"), NULL, 0, 1));
-  EXPECT_OK(weft_tensor_fill_normal(t[2], 2, weft_rng_key("a"), NULL, 0, 1));
-  EXPECT_OK(weft_tensor_fill_normal(t[3], 1, weft_rng_key("a") + 1, NULL, 0, 1));
-  EXPECT_OK(weft_tensor_fill_normal(again, 1, weft_rng_key("a"), NULL, 0, 1));
+  for (int i = 0; i < 4; i++) OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 1, n, &t[i]));
+  OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 1, n, &again));
+  OK(weft_tensor_fill_normal(t[0], 1, weft_rng_key("a"), NULL, 0, 1));
+  OK(weft_tensor_fill_normal(t[1], 1, weft_rng_key("b"), NULL, 0, 1));
+  OK(weft_tensor_fill_normal(t[2], 2, weft_rng_key("a"), NULL, 0, 1));
+  OK(weft_tensor_fill_normal(t[3], 1, weft_rng_key("a") + 1, NULL, 0, 1));
+  OK(weft_tensor_fill_normal(again, 1, weft_rng_key("a"), NULL, 0, 1));
   cr_expect(weft_tensor_equal(t[0], again), "same (seed, key) repeats bit for bit");
   for (int i = 0; i < 4; i++)
     for (int j = i + 1; j < 4; j++) {
@@ -265,16 +255,16 @@ Test(rng, streams_differ_by_key_and_seed_and_repeat_exactly) {
 
 Test(rng, scalars_empties_and_bad_input) {
   weft_tensor *s, *e, *i32, *t;
-  EXPECT_OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 0, NULL, &s));
-  EXPECT_OK(weft_tensor_fill_uniform(s, 1, 2, NULL, 0.0f, 1.0f));
+  OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 0, NULL, &s));
+  OK(weft_tensor_fill_uniform(s, 1, 2, NULL, 0.0f, 1.0f));
   cr_expect_eq(*(double *)s->data, recipe(1, 2, 0, false, 0.0, 1.0));
   int64_t z[2] = {0, 4}, s3[1] = {3}, s34[2] = {3, 4};
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, z, &e));
-  EXPECT_OK(weft_tensor_fill_normal(e, 1, 2, NULL, 0.0f, 1.0f));
-  EXPECT_OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 1, s3, &i32));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, z, &e));
+  OK(weft_tensor_fill_normal(e, 1, 2, NULL, 0.0f, 1.0f));
+  OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 1, s3, &i32));
   EXPECT_ERR(weft_tensor_fill_normal(i32, 1, 2, NULL, 0.0f, 1.0f), WEFT_ERR_INVALID, "i32[3]");
   EXPECT_ERR(weft_tensor_fill_uniform(i32, 1, 2, NULL, 0.0f, 1.0f), WEFT_ERR_INVALID, "float dtype");
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s34, &t));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s34, &t));
   weft_rng_region r1 = {.ndim = 1, .global_shape = {3}, .offset = {0}};
   EXPECT_ERR(weft_tensor_fill_normal(t, 1, 2, &r1, 0.0f, 1.0f), WEFT_ERR_INVALID,
              "region has ndim 1, tensor f32[3, 4] has 2");
@@ -291,7 +281,7 @@ Test(rng, scalars_empties_and_bad_input) {
   float buf[4];
   weft_tensor g;
   int64_t s4[1] = {4};
-  EXPECT_OK(weft_tensor_view_init(&g, buf, WEFT_F32, WEFT_CUDA, 1, s4, NULL));
+  OK(weft_tensor_view_init(&g, buf, WEFT_F32, WEFT_CUDA, 1, s4, NULL));
   /* a CUDA tensor goes to the WEFT_CUDA table: none in a CPU-only build,
    * and no device selected (weft_cuda_init) in this test otherwise */
   EXPECT_ERR(weft_tensor_fill_normal(&g, 1, 2, NULL, 0.0f, 1.0f),

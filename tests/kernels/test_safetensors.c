@@ -36,16 +36,10 @@ static float frand(void) {
   return (float)((double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
+/* The whole file (weft_test_slurp), asserting it could be read. */
 static unsigned char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  cr_assert(f != NULL, "cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *b = malloc((size_t)n + 1);
-  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
+  unsigned char *b = (unsigned char *)weft_test_slurp(path, len);
+  cr_assert(b != NULL, "cannot read %s", path);
   return b;
 }
 
@@ -436,7 +430,6 @@ Test(safetensors, reads_golden_files) {
     snprintf(path, sizeof path, "%s/golden/%s/expected.json", WEFT_TEST_DATA_DIR, cfgs[c]);
     size_t len;
     unsigned char *j = slurp(path, &len);
-    j[len] = 0;
     const char *p = strstr((const char *)j, "\"grad_norm_before_clip\":");
     cr_assert(p != NULL);
     double want = strtod(p + strlen("\"grad_norm_before_clip\":"), NULL);

@@ -27,7 +27,7 @@ Test(tensor, create_properties_and_describe) {
   int64_t shape[2] = {4, 6};
   for (int i = 0; i < N_DTYPES; i++) {
     weft_tensor *t;
-    EXPECT_OK(weft_tensor_create(all_dtypes[i], WEFT_CPU, 2, shape, &t));
+    OK(weft_tensor_create(all_dtypes[i], WEFT_CPU, 2, shape, &t));
     cr_expect_eq(t->dtype, all_dtypes[i]);
     cr_expect_eq(t->ndim, 2);
     cr_expect_eq(t->strides[0], 6);
@@ -43,7 +43,7 @@ Test(tensor, create_properties_and_describe) {
     weft_tensor_destroy(t);
   }
   weft_tensor *s;
-  EXPECT_OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 0, NULL, &s));
+  OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 0, NULL, &s));
   cr_expect_eq(weft_tensor_numel(s), 1);
   cr_expect_eq(weft_tensor_nbytes(s), 8);
   char buf[64];
@@ -55,7 +55,7 @@ Test(tensor, create_properties_and_describe) {
   cr_expect_str_eq(buf, "f64");
   weft_tensor_destroy(s);
   int64_t eight[8] = {1, 2, 1, 3, 1, 2, 1, 2};
-  EXPECT_OK(weft_tensor_create(WEFT_U8, WEFT_CPU, 8, eight, &s));
+  OK(weft_tensor_create(WEFT_U8, WEFT_CPU, 8, eight, &s));
   cr_expect_eq(weft_tensor_numel(s), 24);
   cr_expect_eq(s->strides[0], 24);
   cr_expect_eq(s->strides[3], 4);
@@ -67,11 +67,11 @@ Test(tensor, zeros_are_zero_even_on_reused_memory) {
   int64_t shape[2] = {33, 17};
   for (int rep = 0; rep < 3; rep++) {
     weft_tensor *d;
-    EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, shape, &d));
+    OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, shape, &d));
     memset(d->data, 0x5a, weft_tensor_nbytes(d));
     weft_tensor_destroy(d);
     weft_tensor *z;
-    EXPECT_OK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, 2, shape, &z));
+    OK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, 2, shape, &z));
     const unsigned char *p = z->data;
     for (size_t i = 0; i < weft_tensor_nbytes(z); i++) cr_assert_eq(p[i], 0, "byte %zu", i);
     weft_tensor_destroy(z);
@@ -104,7 +104,7 @@ Test(tensor, wrap_and_view_init_alias_caller_memory) {
   for (int i = 0; i < 12; i++) buf[i] = (float)i * 0.5f;
   int64_t shape[2] = {3, 4};
   weft_tensor *w;
-  EXPECT_OK(weft_tensor_wrap(buf, WEFT_F32, WEFT_CPU, 2, shape, &w));
+  OK(weft_tensor_wrap(buf, WEFT_F32, WEFT_CPU, 2, shape, &w));
   cr_expect_eq(w->data, buf);
   int64_t idx[2] = {2, 1};
   cr_expect_eq(weft_tensor_get(w, idx), 4.5);
@@ -116,14 +116,14 @@ Test(tensor, wrap_and_view_init_alias_caller_memory) {
   /* a column view with explicit strides */
   weft_tensor col;
   int64_t cs[1] = {3}, cst[1] = {4};
-  EXPECT_OK(weft_tensor_view_init(&col, buf + 2, WEFT_F32, WEFT_CPU, 1, cs, cst));
+  OK(weft_tensor_view_init(&col, buf + 2, WEFT_F32, WEFT_CPU, 1, cs, cst));
   cr_expect(!weft_tensor_is_contiguous(&col));
   for (int64_t i = 0; i < 3; i++) cr_expect_eq(weft_tensor_get(&col, &i), buf[2 + 4 * i]);
 
   EXPECT_ERR(weft_tensor_view_init(&col, NULL, WEFT_F32, WEFT_CPU, 1, cs, NULL), WEFT_ERR_INVALID,
              "data is NULL for 3 elements");
   int64_t zero[1] = {0};
-  EXPECT_OK(weft_tensor_view_init(&col, NULL, WEFT_F32, WEFT_CPU, 1, zero, NULL));
+  OK(weft_tensor_view_init(&col, NULL, WEFT_F32, WEFT_CPU, 1, zero, NULL));
   EXPECT_ERR(weft_tensor_view_init(&col, (char *)buf + 2, WEFT_F32, WEFT_CPU, 1, cs, NULL),
              WEFT_ERR_INVALID, "not aligned to the 4-byte f32");
   EXPECT_ERR(weft_tensor_wrap(buf, WEFT_F32, WEFT_CPU, 2, shape, NULL), WEFT_ERR_INVALID, "out");
@@ -134,22 +134,22 @@ Test(tensor, wrap_and_view_init_alias_caller_memory) {
 Test(tensor, contiguity_follows_torch) {
   int64_t shape[3] = {2, 3, 4};
   weft_tensor *t = iota(3, shape), *v;
-  EXPECT_OK(weft_tensor_transpose(t, 1, 2, &v));
+  OK(weft_tensor_transpose(t, 1, 2, &v));
   cr_expect(!weft_tensor_is_contiguous(v));
   weft_tensor_destroy(v);
-  EXPECT_OK(weft_tensor_narrow(t, 0, 1, 1, &v));
+  OK(weft_tensor_narrow(t, 0, 1, 1, &v));
   cr_expect(weft_tensor_is_contiguous(v), "narrow of dim 0 stays contiguous");
   weft_tensor_destroy(v);
-  EXPECT_OK(weft_tensor_narrow(t, 2, 1, 2, &v));
+  OK(weft_tensor_narrow(t, 2, 1, 2, &v));
   cr_expect(!weft_tensor_is_contiguous(v));
   weft_tensor_destroy(v);
-  EXPECT_OK(weft_tensor_narrow(t, 2, 1, 0, &v));
+  OK(weft_tensor_narrow(t, 2, 1, 0, &v));
   cr_expect(weft_tensor_is_contiguous(v), "an empty view is contiguous");
   weft_tensor_destroy(v);
   /* size-1 dims may carry any stride */
   weft_tensor one;
   int64_t s1[3] = {1, 3, 1}, st1[3] = {999, 1, -5};
-  EXPECT_OK(weft_tensor_view_init(&one, t->data, WEFT_F64, WEFT_CPU, 3, s1, st1));
+  OK(weft_tensor_view_init(&one, t->data, WEFT_F64, WEFT_CPU, 3, s1, st1));
   cr_expect(weft_tensor_is_contiguous(&one));
   weft_tensor_destroy(t);
 }
@@ -163,7 +163,7 @@ Test(tensor, narrow_selects_the_right_elements) {
   } cases[] = {{0, 1, 2}, {1, 0, 5}, {1, 2, 3}, {2, 3, 1}, {-1, 1, 2}, {-3, 2, 1}, {1, 5, 0}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     weft_tensor *v;
-    EXPECT_OK(weft_tensor_narrow(t, cases[c].dim, cases[c].start, cases[c].len, &v));
+    OK(weft_tensor_narrow(t, cases[c].dim, cases[c].start, cases[c].len, &v));
     int d = cases[c].dim < 0 ? cases[c].dim + 3 : cases[c].dim;
     cr_expect_eq(v->shape[d], cases[c].len);
     cr_expect_null(v->base_);
@@ -194,19 +194,19 @@ Test(tensor, view_reshapes_contiguous_tensors_only) {
   int64_t shape[2] = {4, 6};
   weft_tensor *t = iota(2, shape), *v;
   int64_t s[3] = {2, -1, 3};
-  EXPECT_OK(weft_tensor_view(t, 3, s, &v));
+  OK(weft_tensor_view(t, 3, s, &v));
   cr_expect_eq(v->shape[1], 4);
   cr_expect_eq(v->data, t->data);
   int64_t idx[3] = {1, 2, 1};
   cr_expect_eq(weft_tensor_get(v, idx), (double)(12 + 6 + 1));
   weft_tensor_destroy(v);
   int64_t flat[1] = {-1};
-  EXPECT_OK(weft_tensor_view(t, 1, flat, &v));
+  OK(weft_tensor_view(t, 1, flat, &v));
   cr_expect_eq(v->shape[0], 24);
   weft_tensor_destroy(v);
 
   weft_tensor *tr;
-  EXPECT_OK(weft_tensor_transpose(t, 0, 1, &tr));
+  OK(weft_tensor_transpose(t, 0, 1, &tr));
   EXPECT_ERR(weft_tensor_view(tr, 1, flat, &v), WEFT_ERR_INVALID, "f64[6, 4] is strided");
   weft_tensor_destroy(tr);
   int64_t bad[2] = {5, 5};
@@ -222,7 +222,7 @@ Test(tensor, view_reshapes_contiguous_tensors_only) {
 
   int64_t one[1] = {1};
   t = iota(1, one);
-  EXPECT_OK(weft_tensor_view(t, 0, NULL, &v));
+  OK(weft_tensor_view(t, 0, NULL, &v));
   cr_expect_eq(v->ndim, 0);
   cr_expect_eq(weft_tensor_get(v, NULL), 0.0);
   weft_tensor_destroy(v);
@@ -232,7 +232,7 @@ Test(tensor, view_reshapes_contiguous_tensors_only) {
 Test(tensor, transpose_swaps_dims) {
   int64_t shape[3] = {2, 3, 5};
   weft_tensor *t = iota(3, shape), *v;
-  EXPECT_OK(weft_tensor_transpose(t, 0, -1, &v));
+  OK(weft_tensor_transpose(t, 0, -1, &v));
   cr_expect_eq(v->shape[0], 5);
   cr_expect_eq(v->shape[2], 2);
   int64_t idx[3] = {0, 0, 0};
@@ -241,7 +241,7 @@ Test(tensor, transpose_swaps_dims) {
     cr_assert_eq(weft_tensor_get(v, idx), weft_tensor_get(t, src));
   } while (idx_next(idx, 3, v->shape));
   weft_tensor_destroy(v);
-  EXPECT_OK(weft_tensor_transpose(t, 1, 1, &v));
+  OK(weft_tensor_transpose(t, 1, 1, &v));
   cr_expect(weft_tensor_equal(v, t));
   weft_tensor_destroy(v);
   EXPECT_ERR(weft_tensor_transpose(t, 0, 3, &v), WEFT_ERR_INVALID, "dim 3 out of range");
@@ -270,9 +270,10 @@ Test(tensor, chunk_range_matches_torch_chunk) {
     }
   }
   /* random n, k: chunks tile [0, n) in order with size ceil(n/k) or less */
-  trng r = trng_make(21);
+  uint64_t r = weft_test_rng_state(weft_test_seed(21));
   for (int it = 0; it < 2000; it++) {
-    int64_t n = trng_int(&r, 0, 300), k = trng_int(&r, 1, 40), c = (n + k - 1) / k, pos = 0;
+    int64_t n = weft_test_rng_int(&r, 0, 300), k = weft_test_rng_int(&r, 1, 40),
+            c = (n + k - 1) / k, pos = 0;
     for (int64_t i = 0; i < k; i++) {
       int64_t s, l;
       weft_chunk_range(n, k, i, &s, &l);
@@ -292,7 +293,7 @@ Test(tensor, chunk_range_matches_torch_chunk) {
 Test(tensor, chunk_yields_k_views) {
   int64_t shape[2] = {5, 3};
   weft_tensor *t = iota(2, shape), *ch[4];
-  EXPECT_OK(weft_tensor_chunk(t, 4, 0, ch));
+  OK(weft_tensor_chunk(t, 4, 0, ch));
   int64_t want[4] = {2, 2, 1, 0}, row = 0;
   for (int i = 0; i < 4; i++) {
     cr_expect_eq(ch[i]->shape[0], want[i]);
@@ -306,7 +307,7 @@ Test(tensor, chunk_yields_k_views) {
     weft_tensor_destroy(ch[i]);
   }
   weft_tensor *c2[2];
-  EXPECT_OK(weft_tensor_chunk(t, 2, -1, c2));
+  OK(weft_tensor_chunk(t, 2, -1, c2));
   cr_expect_eq(c2[0]->shape[1], 2);
   cr_expect_eq(c2[1]->shape[1], 1);
   int64_t idx[2] = {4, 0};
@@ -320,7 +321,7 @@ Test(tensor, chunk_yields_k_views) {
 }
 
 Test(tensor, cat_concatenates_uneven_strided_and_empty_parts) {
-  trng r = trng_make(31);
+  uint64_t r = weft_test_rng_state(weft_test_seed(31));
   for (int dt_i = 0; dt_i < N_DTYPES; dt_i++) {
     weft_dtype dt = all_dtypes[dt_i];
     for (int dim = 0; dim < 3; dim++) {
@@ -333,7 +334,7 @@ Test(tensor, cat_concatenates_uneven_strided_and_empty_parts) {
         ptrs[i] = &views[i];
       }
       weft_tensor *out;
-      EXPECT_OK(weft_tensor_cat(ptrs, 4, dim - 3 * (dim == 2), &out)); /* dim 2 passed as -1 */
+      OK(weft_tensor_cat(ptrs, 4, dim - 3 * (dim == 2), &out)); /* dim 2 passed as -1 */
       cr_expect(weft_tensor_is_contiguous(out));
       cr_expect_eq(out->shape[dim], 9);
       int64_t idx[3] = {0, 0, 0};
@@ -354,17 +355,17 @@ Test(tensor, cat_concatenates_uneven_strided_and_empty_parts) {
 Test(tensor, cat_rejects_mismatches) {
   int64_t s23[2] = {2, 3}, s24[2] = {2, 4}, s3[1] = {3};
   weft_tensor *a, *b, *c, *d, *e, *out = (weft_tensor *)1;
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s23, &a));
-  EXPECT_OK(weft_tensor_create(WEFT_BF16, WEFT_CPU, 2, s23, &b));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s24, &c));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 1, s3, &d));
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 0, NULL, &e));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s23, &a));
+  OK(weft_tensor_create(WEFT_BF16, WEFT_CPU, 2, s23, &b));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s24, &c));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 1, s3, &d));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 0, NULL, &e));
   weft_tensor *ab[2] = {a, b}, *ac[2] = {a, c}, *ad[2] = {a, d}, *ee[2] = {e, e}, *an[2] = {a, NULL};
   EXPECT_ERR(weft_tensor_cat(ab, 2, 0, &out), WEFT_ERR_INVALID, "tensor 1 is bf16[2, 3]");
   cr_expect_null(out);
   EXPECT_ERR(weft_tensor_cat(ac, 2, 0, &out), WEFT_ERR_INVALID,
              "shape mismatch outside dim 0: tensor 0 is f32[2, 3], tensor 1 is f32[2, 4]");
-  EXPECT_OK(weft_tensor_cat(ac, 2, 1, &out));
+  OK(weft_tensor_cat(ac, 2, 1, &out));
   cr_expect_eq(out->shape[1], 7);
   weft_tensor_destroy(out);
   EXPECT_ERR(weft_tensor_cat(ad, 2, 0, &out), WEFT_ERR_INVALID, "f32[3]");
@@ -374,7 +375,7 @@ Test(tensor, cat_rejects_mismatches) {
   EXPECT_ERR(weft_tensor_cat(an, 2, 0, &out), WEFT_ERR_INVALID, "tensor 1 is NULL");
   EXPECT_ERR(weft_tensor_cat(NULL, 2, 0, &out), WEFT_ERR_INVALID, "NULL");
   weft_tensor *l1[1] = {a};
-  EXPECT_OK(weft_tensor_cat(l1, 1, 0, &out));
+  OK(weft_tensor_cat(l1, 1, 0, &out));
   weft_tensor_destroy(out);
   weft_tensor_destroy(a);
   weft_tensor_destroy(b);
@@ -405,33 +406,34 @@ static double expect_convert(double v, weft_dtype sd, weft_dtype dd) {
 
 /* Source values for the copy test: floats in [-300, 300) so that float -> int
  * truncates and u8 saturates; integers in their fill ranges. */
-static void fill_copy_src(weft_tensor *t, trng *r) {
+static void fill_copy_src(weft_tensor *t, uint64_t *r) {
   if (!weft_dtype_is_float(t->dtype)) {
     fill_rand(t, r);
     return;
   }
   if (weft_tensor_numel(t) == 0) return;
   int64_t idx[WEFT_MAX_DIMS] = {0};
-  do weft_tensor_set(t, idx, 300.0 * trng_sym(r));
+  do weft_tensor_set(t, idx, 300.0 * weft_test_rng_sym(r));
   while (idx_next(idx, t->ndim, t->shape));
 }
 
 Test(tensor, copy_converts_every_dtype_pair_for_any_strides) {
-  trng r = trng_make(41);
+  uint64_t r = weft_test_rng_state(weft_test_seed(41));
   for (int si = 0; si < N_DTYPES; si++)
     for (int di = 0; di < N_DTYPES; di++)
       for (int rep = 0; rep < 6; rep++) {
-        int ndim = (int)trng_int(&r, 0, rep < 3 ? 3 : 8);
+        int ndim = (int)weft_test_rng_int(&r, 0, rep < 3 ? 3 : 8);
         int64_t shape[WEFT_MAX_DIMS];
-        for (int d = 0; d < ndim; d++) shape[d] = trng_int(&r, ndim > 4 ? 1 : 0, ndim > 4 ? 3 : 6);
+        for (int d = 0; d < ndim; d++)
+          shape[d] = weft_test_rng_int(&r, ndim > 4 ? 1 : 0, ndim > 4 ? 3 : 6);
         if (rep == 0 && ndim > 0) shape[0] = 17 + si; /* longer rows */
         weft_tensor src, dst;
         weft_tensor *bs = make_strided(all_dtypes[si], ndim, shape, &r, &src);
         weft_tensor *bd = make_strided(all_dtypes[di], ndim, shape, &r, &dst);
         fill_copy_src(&src, &r);
         weft_tensor *before;
-        EXPECT_OK(weft_tensor_clone(bd, &before));
-        EXPECT_OK(weft_tensor_copy(&dst, &src));
+        OK(weft_tensor_clone(bd, &before));
+        OK(weft_tensor_copy(&dst, &src));
         if (weft_tensor_numel(&src) > 0) {
           int64_t idx[WEFT_MAX_DIMS] = {0};
           do {
@@ -460,25 +462,25 @@ Test(tensor, copy_converts_every_dtype_pair_for_any_strides) {
 Test(tensor, copy_same_dtype_is_bit_exact_and_checks_shapes) {
   int64_t shape[2] = {3, 4};
   weft_tensor *a, *b, *c;
-  EXPECT_OK(weft_tensor_create(WEFT_I64, WEFT_CPU, 2, shape, &a));
-  EXPECT_OK(weft_tensor_create(WEFT_I64, WEFT_CPU, 2, shape, &b));
+  OK(weft_tensor_create(WEFT_I64, WEFT_CPU, 2, shape, &a));
+  OK(weft_tensor_create(WEFT_I64, WEFT_CPU, 2, shape, &b));
   int64_t *pa = a->data;
   for (int i = 0; i < 12; i++) pa[i] = INT64_MAX - i * 3; /* not representable as double */
   weft_tensor *ta, *tb;
-  EXPECT_OK(weft_tensor_transpose(a, 0, 1, &ta));
-  EXPECT_OK(weft_tensor_transpose(b, 0, 1, &tb));
-  EXPECT_OK(weft_tensor_copy(tb, ta));
+  OK(weft_tensor_transpose(a, 0, 1, &ta));
+  OK(weft_tensor_transpose(b, 0, 1, &tb));
+  OK(weft_tensor_copy(tb, ta));
   cr_expect_eq(memcmp(a->data, b->data, 96), 0, "strided i64 copy is exact");
   float nanbits[12];
   uint32_t q = 0x7fc01234u;
   for (int i = 0; i < 12; i++) memcpy(&nanbits[i], &q, 4);
   weft_tensor *fa;
-  EXPECT_OK(weft_tensor_wrap(nanbits, WEFT_F32, WEFT_CPU, 2, shape, &fa));
-  EXPECT_OK(weft_tensor_clone(fa, &c));
+  OK(weft_tensor_wrap(nanbits, WEFT_F32, WEFT_CPU, 2, shape, &fa));
+  OK(weft_tensor_clone(fa, &c));
   cr_expect_eq(memcmp(c->data, nanbits, 48), 0, "NaN payloads survive a copy");
   int64_t s43[2] = {4, 3};
   weft_tensor *w;
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s43, &w));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s43, &w));
   EXPECT_ERR(weft_tensor_copy(w, c), WEFT_ERR_INVALID, "shape mismatch: dst f32[4, 3], src f32[3, 4]");
   EXPECT_ERR(weft_tensor_copy(NULL, c), WEFT_ERR_INVALID, "dst is NULL");
   weft_tensor *list[] = {a, b, c, ta, tb, fa, w};
@@ -486,18 +488,18 @@ Test(tensor, copy_same_dtype_is_bit_exact_and_checks_shapes) {
 }
 
 Test(tensor, clone_and_cast_make_independent_copies) {
-  trng r = trng_make(51);
+  uint64_t r = weft_test_rng_state(weft_test_seed(51));
   int64_t shape[3] = {3, 1, 7};
   weft_tensor v, *b = make_strided(WEFT_F32, 3, shape, &r, &v), *c, *h;
   fill_rand(&v, &r);
-  EXPECT_OK(weft_tensor_clone(&v, &c));
+  OK(weft_tensor_clone(&v, &c));
   cr_expect(weft_tensor_is_contiguous(c));
   cr_expect_not_null(c->base_);
   cr_expect(weft_tensor_equal(c, &v));
   int64_t i0[3] = {0, 0, 0};
   weft_tensor_set(c, i0, 123.0);
   cr_expect_neq(weft_tensor_get(&v, i0), 123.0, "clone shares no storage");
-  EXPECT_OK(weft_cast(&v, WEFT_BF16, &h));
+  OK(weft_cast(&v, WEFT_BF16, &h));
   cr_expect_eq(h->dtype, WEFT_BF16);
   int64_t idx[3] = {0, 0, 0};
   do {
@@ -513,14 +515,14 @@ Test(tensor, clone_and_cast_make_independent_copies) {
 }
 
 Test(tensor, fill_converts_and_touches_only_the_view) {
-  trng r = trng_make(61);
+  uint64_t r = weft_test_rng_state(weft_test_seed(61));
   const double vals[] = {1.0 / 3.0, -2.75, 1e30, -300.5};
   for (int di = 0; di < N_DTYPES; di++)
     for (size_t vi = 0; vi < sizeof vals / sizeof vals[0]; vi++) {
       int64_t shape[3] = {4, 3, 5};
       weft_tensor v, *b = make_strided(all_dtypes[di], 3, shape, &r, &v), *before;
-      EXPECT_OK(weft_tensor_clone(b, &before));
-      EXPECT_OK(weft_tensor_fill(&v, vals[vi]));
+      OK(weft_tensor_clone(b, &before));
+      OK(weft_tensor_fill(&v, vals[vi]));
       double want = expect_convert(vals[vi], WEFT_F64, all_dtypes[di]);
       int64_t idx[3] = {0, 0, 0};
       do cr_assert_eq(weft_tensor_get(&v, idx), want, "%s fill %g", weft_dtype_name(all_dtypes[di]), vals[vi]);
@@ -536,11 +538,11 @@ Test(tensor, fill_converts_and_touches_only_the_view) {
     }
   weft_tensor *i32;
   int64_t s1[1] = {2};
-  EXPECT_OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 1, s1, &i32));
-  EXPECT_OK(weft_tensor_fill(i32, NAN));
+  OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 1, s1, &i32));
+  OK(weft_tensor_fill(i32, NAN));
   int64_t i0 = 0;
   cr_expect_eq(weft_tensor_get(i32, &i0), 0.0, "NaN -> 0 for integers");
-  EXPECT_OK(weft_tensor_fill(i32, 1e12));
+  OK(weft_tensor_fill(i32, 1e12));
   cr_expect_eq(weft_tensor_get(i32, &i0), 2147483647.0, "saturates");
   weft_tensor_destroy(i32);
   EXPECT_ERR(weft_tensor_fill(NULL, 1.0), WEFT_ERR_INVALID, "NULL");
@@ -549,7 +551,7 @@ Test(tensor, fill_converts_and_touches_only_the_view) {
 Test(tensor, get_set_check_indices) {
   int64_t shape[2] = {2, 3};
   weft_tensor *t;
-  EXPECT_OK(weft_tensor_zeros(WEFT_F16, WEFT_CPU, 2, shape, &t));
+  OK(weft_tensor_zeros(WEFT_F16, WEFT_CPU, 2, shape, &t));
   int64_t idx[2] = {1, 2};
   weft_tensor_set(t, idx, 0.1);
   cr_expect_eq(weft_tensor_get(t, idx), (double)weft_f16_to_f32(weft_f32_to_f16(0.1f)));
@@ -569,31 +571,31 @@ Test(tensor, get_set_check_indices) {
   for (int i = 0; i < 5; i++) cr_expect_eq(p[i], 0, "bad set wrote element %d", i);
   weft_tensor_destroy(t);
   weft_tensor *s;
-  EXPECT_OK(weft_tensor_create(WEFT_I64, WEFT_CPU, 0, NULL, &s));
+  OK(weft_tensor_create(WEFT_I64, WEFT_CPU, 0, NULL, &s));
   weft_tensor_set(s, NULL, -42.9);
   cr_expect_eq(weft_tensor_get(s, NULL), -42.0);
   weft_tensor_destroy(s);
 }
 
 Test(tensor, equal_compares_dtype_shape_and_bytes) {
-  trng r = trng_make(71);
+  uint64_t r = weft_test_rng_state(weft_test_seed(71));
   int64_t shape[2] = {5, 4};
   weft_tensor v, *b = make_strided(WEFT_BF16, 2, shape, &r, &v), *c, *f;
   fill_rand(&v, &r);
-  EXPECT_OK(weft_tensor_clone(&v, &c));
+  OK(weft_tensor_clone(&v, &c));
   cr_expect(weft_tensor_equal(&v, c));
   cr_expect(weft_tensor_equal(c, &v));
   int64_t idx[2] = {4, 3};
   weft_tensor_set(c, idx, weft_tensor_get(c, idx) + 0.5);
   cr_expect(!weft_tensor_equal(&v, c), "one element differs");
-  EXPECT_OK(weft_cast(&v, WEFT_F32, &f));
+  OK(weft_cast(&v, WEFT_F32, &f));
   cr_expect(!weft_tensor_equal(&v, f), "dtypes differ");
   weft_tensor *n;
-  EXPECT_OK(weft_tensor_narrow(c, 0, 0, 4, &n));
+  OK(weft_tensor_narrow(c, 0, 0, 4, &n));
   cr_expect(!weft_tensor_equal(n, c), "shapes differ");
   weft_tensor_fill(n, 0.0);
   weft_tensor *m;
-  EXPECT_OK(weft_tensor_clone(n, &m));
+  OK(weft_tensor_clone(n, &m));
   weft_tensor_fill(m, -0.0);
   cr_expect(!weft_tensor_equal(n, m), "-0.0 and 0.0 differ in bytes");
   cr_expect(!weft_tensor_equal(NULL, m));
@@ -608,8 +610,8 @@ Test(tensor, cuda_views_work_and_ops_without_a_device_say_why) {
   float buf[8];
   int64_t shape[2] = {2, 4};
   weft_tensor *g, *n, *c = NULL;
-  EXPECT_OK(weft_tensor_wrap(buf, WEFT_F32, WEFT_CUDA, 2, shape, &g));
-  EXPECT_OK(weft_tensor_narrow(g, 1, 1, 2, &n));
+  OK(weft_tensor_wrap(buf, WEFT_F32, WEFT_CUDA, 2, shape, &g));
+  OK(weft_tensor_narrow(g, 1, 1, 2, &n));
   cr_expect_eq(n->device, WEFT_CUDA);
   char d[64];
   weft_tensor_describe(n, d, sizeof d);
@@ -622,10 +624,10 @@ Test(tensor, cuda_views_work_and_ops_without_a_device_say_why) {
   EXPECT_ERR(weft_tensor_clone(g, &c), no_dev, why);
   cr_expect_null(c);
   weft_tensor *h;
-  EXPECT_OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, shape, &h));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, shape, &h));
   EXPECT_ERR(weft_tensor_copy(h, g), no_dev, why);
   weft_tensor *hn;
-  EXPECT_OK(weft_tensor_narrow(h, 1, 1, 2, &hn));
+  OK(weft_tensor_narrow(h, 1, 1, 2, &hn));
   EXPECT_ERR(weft_tensor_copy(hn, n), no_dev, why); /* strided: staged, still needs the device */
   weft_tensor_destroy(hn);
   cr_expect(!weft_tensor_equal(h, g));

@@ -1,0 +1,51 @@
+/* kernels/cpu/linear.c — CPU fp32 linear layer (layers.h): forward
+ * out = inp @ weight^T (+ bias) and backward (dinp, dweight, dbias), each
+ * GEMM one weft_sgemm call (OpenBLAS or the blocked fallback of gemm.c),
+ * the bias added and summed row by row in index order. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "arg_checks.h"
+#include "kernels.h"
+#include "layers.h"
+
+weft_status weft_linear_forward(float *out, const float *inp, const float *weight,
+                                const float *bias, int64_t N, int64_t IC, int64_t OC) {
+  CHECK_SIZES(N, IC, OC);
+  CHECK_PTR(out, N * OC);
+  CHECK_PTR(inp, N * IC);
+  CHECK_PTR(weight, OC * IC);
+  if (N == 0 || OC == 0) return WEFT_OK;
+  /* out (N, OC) = inp (N, IC) @ weight^T (IC, OC) */
+  weft_sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
+  if (bias)
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t o = 0; o < OC; o++) out[n * OC + o] += bias[o];
+  return WEFT_OK;
+}
+
+weft_status weft_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int64_t N, int64_t IC,
+                                 int64_t OC, bool accumulate_dinp, bool accumulate_dweight) {
+  CHECK_SIZES(N, IC, OC);
+  CHECK_PTR(dout, N * OC);
+  if (dinp) CHECK_PTR(weight, OC * IC);
+  if (dweight) CHECK_PTR(inp, N * IC);
+  if (dinp && N * IC > 0) {
+    /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
+    weft_sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC,
+               accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
+  }
+  if (dweight && OC * IC > 0) {
+    /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC) */
+    weft_sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC,
+               accumulate_dweight ? 1.0f : 0.0f, dweight, IC);
+  }
+  if (dbias) {
+    if (!accumulate_dweight) memset(dbias, 0, (size_t)OC * sizeof(float));
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t o = 0; o < OC; o++) dbias[o] += dout[n * OC + o];
+  }
+  return WEFT_OK;
+}

@@ -1,0 +1,164 @@
+/* kernels/cpu/pool.c — the thread pool of CPU attention (pool.h).
+ * The (batch, head) pairs of attention are independent and each one's
+ * GEMMs are small (64 query rows x at most T keys x hd): OpenBLAS splits
+ * such a GEMM over its threads with a synchronisation per call, which
+ * measured here makes 2-thread attention slower than 1 thread (4x512x12x64
+ * forward 35 -> 45 ms). So when OpenBLAS is the pthreads build and set to
+ * N > 1 threads (OPENBLAS_NUM_THREADS), attention sets it to 1 for the
+ * duration, runs the pairs on N threads of its own (the caller and N - 1
+ * pool workers, started on first use, each with its own scratch block),
+ * and restores N. Every pair is computed exactly as in the serial loop,
+ * so results do not depend on N. One caller at a time uses the pool; a
+ * concurrent caller runs serially. After fork() the child starts a new
+ * pool (the workers do not survive it). Without BLAS the loop is serial. */
+#include <stdint.h>
+
+#include "pool.h"
+#include "weft_config.h"
+
+#if WEFT_HAVE_BLAS
+#include <cblas.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#define PAR_MAX 64 /* threads at most, the caller included */
+
+static struct {
+  pthread_mutex_t call; /* held by the caller for a whole job */
+  pthread_mutex_t mu;   /* guards the fields below */
+  pthread_cond_t wake, idle;
+  int nworkers;         /* started workers, ids 1..nworkers */
+  uint64_t gen;         /* job generation */
+  int want;             /* workers 1..want take part in the current job */
+  int busy;             /* of those, still working */
+  weft_cpu_par_fn fn;
+  void *ctx;
+  int64_t n;
+  atomic_llong next;    /* next item to take */
+  uint64_t start_gen[PAR_MAX]; /* the generation before the job a worker was started for */
+  float *scratch[PAR_MAX];
+  int64_t scratch_cap[PAR_MAX];
+} par = {.call = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
+         .wake = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER};
+static pthread_once_t par_once = PTHREAD_ONCE_INIT;
+
+static void par_items(weft_cpu_par_fn fn, void *ctx, int64_t n, float *scratch) {
+  for (;;) {
+    int64_t i = atomic_fetch_add(&par.next, 1);
+    if (i >= n) break;
+    fn(ctx, i, scratch);
+  }
+}
+
+static void *par_worker(void *arg) {
+  const int id = (int)(intptr_t)arg;
+  pthread_mutex_lock(&par.mu);
+  uint64_t seen = par.start_gen[id]; /* so it joins the job it was started for */
+  for (;;) {
+    while (par.gen == seen) pthread_cond_wait(&par.wake, &par.mu);
+    seen = par.gen;
+    if (id > par.want) continue;
+    weft_cpu_par_fn fn = par.fn;
+    void *ctx = par.ctx;
+    int64_t n = par.n;
+    float *scratch = par.scratch[id];
+    pthread_mutex_unlock(&par.mu);
+    par_items(fn, ctx, n, scratch);
+    pthread_mutex_lock(&par.mu);
+    if (--par.busy == 0) pthread_cond_signal(&par.idle);
+  }
+  return NULL;
+}
+
+static void par_prepare(void) {
+  pthread_mutex_lock(&par.call);
+  pthread_mutex_lock(&par.mu);
+}
+static void par_parent(void) {
+  pthread_mutex_unlock(&par.mu);
+  pthread_mutex_unlock(&par.call);
+}
+static void par_child(void) {
+  /* the workers are gone; the scratch blocks stay this process's */
+  par.nworkers = 0;
+  par.want = par.busy = 0;
+  pthread_mutex_unlock(&par.mu);
+  pthread_mutex_unlock(&par.call);
+}
+static void par_init(void) { pthread_atfork(par_prepare, par_parent, par_child); }
+
+/* Threads attention may use: OpenBLAS's setting, when it is the pthreads
+ * build (with the OpenMP build a setting made here would not reach the
+ * pool's threads); else 1. */
+static int par_threads(void) {
+  if (openblas_get_parallel() != 1) return 1;
+  int nt = openblas_get_num_threads();
+  return nt < 1 ? 1 : nt > PAR_MAX ? PAR_MAX : nt;
+}
+
+/* fn(ctx, i, scratch) for i in [0, n) on up to nt threads (this one
+ * included); each thread passes its own scratch of `floats` floats (the
+ * caller's is `own`). Falls back to this thread alone when the pool is
+ * busy or cannot grow. */
+static void par_run(int64_t n, int nt, weft_cpu_par_fn fn, void *ctx, float *own, int64_t floats) {
+  if (nt > 1 && n > 1 && pthread_mutex_trylock(&par.call) == 0) {
+    pthread_once(&par_once, par_init);
+    int want = nt - 1 < n - 1 ? nt - 1 : (int)(n - 1);
+    for (int id = 1; id <= want; id++) {
+      if (par.scratch_cap[id] < floats) {
+        float *p = malloc((size_t)(floats > 0 ? floats : 1) * sizeof(float));
+        if (!p) {
+          want = id - 1;
+          break;
+        }
+        free(par.scratch[id]);
+        par.scratch[id] = p;
+        par.scratch_cap[id] = floats;
+      }
+    }
+    pthread_mutex_lock(&par.mu);
+    while (par.nworkers < want) {
+      pthread_t t;
+      par.start_gen[par.nworkers + 1] = par.gen;
+      if (pthread_create(&t, NULL, par_worker, (void *)(intptr_t)(par.nworkers + 1)) != 0) break;
+      pthread_detach(t);
+      par.nworkers++;
+    }
+    if (want > par.nworkers) want = par.nworkers;
+    par.fn = fn;
+    par.ctx = ctx;
+    par.n = n;
+    atomic_store(&par.next, 0);
+    par.want = par.busy = want;
+    par.gen++;
+    pthread_cond_broadcast(&par.wake);
+    pthread_mutex_unlock(&par.mu);
+    par_items(fn, ctx, n, own);
+    pthread_mutex_lock(&par.mu);
+    while (par.busy > 0) pthread_cond_wait(&par.idle, &par.mu);
+    pthread_mutex_unlock(&par.mu);
+    pthread_mutex_unlock(&par.call);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
+}
+
+/* Runs fn over the n items on OpenBLAS's thread count with OpenBLAS at 1
+ * thread meanwhile (see the top of this file). */
+void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int64_t floats) {
+  const int nt = par_threads();
+  if (nt <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
+    return;
+  }
+  openblas_set_num_threads(1);
+  par_run(n, nt, fn, ctx, own, floats);
+  openblas_set_num_threads(nt);
+}
+#else /* no BLAS: the items run here, in order */
+void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int64_t floats) {
+  (void)floats;
+  for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
+}
+#endif /* WEFT_HAVE_BLAS */
