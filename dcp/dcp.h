@@ -118,9 +118,9 @@ extern "C" {
  * weft_crc32c(0, "123456789", 9) == 0xE3069283. Uses the SSE4.2 crc32
  * instruction (three interleaved streams) when the CPU has it, else
  * slicing-by-8 tables; both give the same values. Thread-safe. */
-uint32_t weft_crc32c(uint32_t crc, const void *data, size_t len);
+WEFT_API uint32_t weft_crc32c(uint32_t crc, const void *data, size_t len);
 /* The table-driven version alone (tests compare the two). */
-uint32_t weft_crc32c_sw(uint32_t crc, const void *data, size_t len);
+WEFT_API uint32_t weft_crc32c_sw(uint32_t crc, const void *data, size_t len);
 
 /* --------------------------------------------------------- state dicts */
 
@@ -151,21 +151,21 @@ typedef struct weft_sd_entry {
 } weft_sd_entry;
 
 /* An empty state dict. Local. */
-weft_status weft_state_dict_create(weft_state_dict **out);
+WEFT_API weft_status weft_state_dict_create(weft_state_dict **out);
 /* Frees the entries it owns (views are left alone) and the container.
  * NULL: no-op. */
-void weft_state_dict_destroy(weft_state_dict *sd);
+WEFT_API void weft_state_dict_destroy(weft_state_dict *sd);
 
 /* Adds a DTensor under `name` (non-empty, unique in sd; WEFT_ERR_INVALID
  * otherwise). own: WEFT_LOCAL_VIEW — sd refers to dt, the caller keeps it
  * alive (loads write into it); WEFT_LOCAL_TAKE — sd destroys it (only on
  * success); WEFT_LOCAL_COPY — sd keeps its own copy of the local shard on
  * the same mesh. */
-weft_status weft_state_dict_add_dtensor(weft_state_dict *sd, const char *name, weft_dtensor *dt,
+WEFT_API weft_status weft_state_dict_add_dtensor(weft_state_dict *sd, const char *name, weft_dtensor *dt,
                                         weft_local_ownership own);
 /* Adds a plain CPU tensor (any dtype, any strides for VIEW; COPY makes a
  * contiguous copy) under `name`, with the same ownership rules. */
-weft_status weft_state_dict_add_tensor(weft_state_dict *sd, const char *name, weft_tensor *t,
+WEFT_API weft_status weft_state_dict_add_tensor(weft_state_dict *sd, const char *name, weft_tensor *t,
                                        weft_local_ownership own);
 
 /* Values: set (adds, or replaces an existing value entry of that name; a
@@ -174,33 +174,33 @@ weft_status weft_state_dict_add_tensor(weft_state_dict *sd, const char *name, we
  * get_double also reads an int value). set_json validates the text
  * (WEFT_ERR_INVALID naming the position of the first error) and keeps a
  * normalised copy. */
-weft_status weft_state_dict_set_int(weft_state_dict *sd, const char *name, int64_t v);
-weft_status weft_state_dict_set_double(weft_state_dict *sd, const char *name, double v);
-weft_status weft_state_dict_set_string(weft_state_dict *sd, const char *name, const char *v);
-weft_status weft_state_dict_set_json(weft_state_dict *sd, const char *name, const char *json);
-weft_status weft_state_dict_get_int(const weft_state_dict *sd, const char *name, int64_t *v);
-weft_status weft_state_dict_get_double(const weft_state_dict *sd, const char *name, double *v);
+WEFT_API weft_status weft_state_dict_set_int(weft_state_dict *sd, const char *name, int64_t v);
+WEFT_API weft_status weft_state_dict_set_double(weft_state_dict *sd, const char *name, double v);
+WEFT_API weft_status weft_state_dict_set_string(weft_state_dict *sd, const char *name, const char *v);
+WEFT_API weft_status weft_state_dict_set_json(weft_state_dict *sd, const char *name, const char *json);
+WEFT_API weft_status weft_state_dict_get_int(const weft_state_dict *sd, const char *name, int64_t *v);
+WEFT_API weft_status weft_state_dict_get_double(const weft_state_dict *sd, const char *name, double *v);
 /* *v is owned by sd (valid until the entry changes). */
-weft_status weft_state_dict_get_string(const weft_state_dict *sd, const char *name,
+WEFT_API weft_status weft_state_dict_get_string(const weft_state_dict *sd, const char *name,
                                        const char **v);
 /* The JSON text of any value entry (an int as digits, a string quoted). */
-weft_status weft_state_dict_get_json(const weft_state_dict *sd, const char *name,
+WEFT_API weft_status weft_state_dict_get_json(const weft_state_dict *sd, const char *name,
                                      const char **json);
 
 /* The model config as a JSON value (its fields by name) and back. */
-weft_status weft_state_dict_set_llama_config(weft_state_dict *sd, const char *name,
+WEFT_API weft_status weft_state_dict_set_llama_config(weft_state_dict *sd, const char *name,
                                              const weft_llama_config *cfg);
-weft_status weft_state_dict_get_llama_config(const weft_state_dict *sd, const char *name,
+WEFT_API weft_status weft_state_dict_get_llama_config(const weft_state_dict *sd, const char *name,
                                              weft_llama_config *cfg);
 
-int64_t weft_state_dict_count(const weft_state_dict *sd);
+WEFT_API int64_t weft_state_dict_count(const weft_state_dict *sd);
 /* Entry i in insertion order; WEFT_ERR_INVALID out of range. */
-weft_status weft_state_dict_get(const weft_state_dict *sd, int64_t i, weft_sd_entry *out);
+WEFT_API weft_status weft_state_dict_get(const weft_state_dict *sd, int64_t i, weft_sd_entry *out);
 /* The entry called `name`; WEFT_ERR_NOT_FOUND if absent. out may be NULL
  * (a membership test). */
-weft_status weft_state_dict_find(const weft_state_dict *sd, const char *name, weft_sd_entry *out);
+WEFT_API weft_status weft_state_dict_find(const weft_state_dict *sd, const char *name, weft_sd_entry *out);
 /* Removes (and frees, if owned) the entry; WEFT_ERR_NOT_FOUND if absent. */
-weft_status weft_state_dict_remove(weft_state_dict *sd, const char *name);
+WEFT_API weft_status weft_state_dict_remove(weft_state_dict *sd, const char *name);
 /* Records `alias` as another name of entry `name` (both non-empty,
  * different; an alias has one name: WEFT_ERR_INVALID otherwise): a tied
  * parameter's other FQN ("lm_head.weight" for "transformer.wte.weight"),
@@ -210,7 +210,7 @@ weft_status weft_state_dict_remove(weft_state_dict *sd, const char *name);
  * checkpoint has no `name` (Hugging Face GPT-2 files may hold only
  * lm_head.weight); a checkpoint that has both must hold the same bytes
  * under both (WEFT_ERR_CORRUPT naming both keys otherwise). Local. */
-weft_status weft_state_dict_add_alias(weft_state_dict *sd, const char *alias, const char *name);
+WEFT_API weft_status weft_state_dict_add_alias(weft_state_dict *sd, const char *alias, const char *name);
 
 /* A list of keys returned by the functions below (missing or unexpected
  * keys). Owned by the caller: weft_key_list_clear frees and zeroes it. */
@@ -218,7 +218,7 @@ typedef struct weft_key_list {
   int64_t count;
   char **keys;
 } weft_key_list;
-void weft_key_list_clear(weft_key_list *l);
+WEFT_API void weft_key_list_clear(weft_key_list *l);
 
 /* Options as torch.distributed.checkpoint.state_dict.StateDictOptions.
  * Versioned so the ABI can grow; NULL means WEFT_STATE_DICT_OPTS_INIT. */
@@ -251,7 +251,7 @@ typedef struct weft_state_dict_opts {
  * gathered with weft_dtensor_full_tensor; collective over every
  * parameter's mesh. Every parameter must have storage (WEFT_ERR_STATE
  * naming it otherwise). On error sd keeps the entries added before it. */
-weft_status weft_get_model_state_dict(weft_module *model, const weft_state_dict_opts *opts,
+WEFT_API weft_status weft_get_model_state_dict(weft_module *model, const weft_state_dict_opts *opts,
                                       weft_state_dict *sd);
 /* Copies sd's entries into the model's parameters (keeping their
  * placements): a DTensor entry that is the parameter's own data is left
@@ -271,7 +271,7 @@ weft_status weft_get_model_state_dict(weft_module *model, const weft_state_dict_
  * strict is false. Collective over the parameters' meshes when
  * redistribution or gathering is needed, over MPI_COMM_WORLD with
  * broadcast_from_rank0 (and then the outcome is agreed on every rank). */
-weft_status weft_set_model_state_dict(weft_module *model, const weft_state_dict *sd,
+WEFT_API weft_status weft_set_model_state_dict(weft_module *model, const weft_state_dict *sd,
                                       const weft_state_dict_opts *opts, weft_key_list *missing,
                                       weft_key_list *unexpected);
 
@@ -284,7 +284,7 @@ weft_status weft_set_model_state_dict(weft_module *model, const weft_state_dict 
  * for AdamW, the number of groups ("param_groups.num_groups"). model is
  * the module the optimizer was created on. Same options as the model
  * version. */
-weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
+WEFT_API weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
                                           const weft_state_dict_opts *opts,
                                           weft_state_dict *sd);
 /* Restores the optimizer from sd: state tensors as in
@@ -300,7 +300,7 @@ weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *op
  * nothing changed: every value is checked before the optimizer or a state
  * tensor is written. Keys of the optimizer namespace that match nothing are
  * "unexpected". */
-weft_status weft_set_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
+WEFT_API weft_status weft_set_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
                                           const weft_state_dict *sd,
                                           const weft_state_dict_opts *opts,
                                           weft_key_list *missing, weft_key_list *unexpected);
@@ -339,7 +339,7 @@ typedef struct weft_dcp_opts {
  * environment variable WEFT_DCP_FAULT="rank:stage" (stage: plan, write,
  * synced, commit) makes that rank _exit(70) at that point (fault-injection
  * tests). */
-weft_status weft_dcp_save(const weft_state_dict *sd, const char *dir, const weft_dcp_opts *opts);
+WEFT_API weft_status weft_dcp_save(const weft_state_dict *sd, const char *dir, const weft_dcp_opts *opts);
 
 /* Loads the checkpoint in `dir` into sd in place: for each DTensor entry
  * this rank's shard, for each plain tensor the whole value, for each value
@@ -354,7 +354,7 @@ weft_status weft_dcp_save(const weft_state_dict *sd, const char *dir, const weft
  * dtype or global shape different from sd's entry, a value of another
  * type, a data file missing, from another checkpoint, truncated, or a
  * checksum mismatch — each naming the tensor and the file. */
-weft_status weft_dcp_load(weft_state_dict *sd, const char *dir, const weft_dcp_opts *opts,
+WEFT_API weft_status weft_dcp_load(weft_state_dict *sd, const char *dir, const weft_dcp_opts *opts,
                           weft_key_list *missing);
 
 /* An async save in flight. */
@@ -371,18 +371,18 @@ typedef struct weft_dcp_async weft_dcp_async;
  * group. Staging buffers are kept for the next async save (see
  * weft_dcp_release_staging). Wait for the handle before weft_finalize.
  * The environment variable WEFT_DCP_FAULT applies here too. */
-weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
+WEFT_API weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
                                 const weft_dcp_opts *opts, weft_dcp_async **out);
 /* Waits for the save to finish (commits it when that is left to wait) and
  * frees the handle; returns the save's outcome (the same on every rank).
  * Collective over the save's group. NULL: WEFT_OK. */
-weft_status weft_dcp_async_wait(weft_dcp_async *h);
+WEFT_API weft_status weft_dcp_async_wait(weft_dcp_async *h);
 /* *done = true when the background part has finished (local; nothing is
  * freed: call wait). */
-weft_status weft_dcp_async_test(weft_dcp_async *h, bool *done);
+WEFT_API weft_status weft_dcp_async_test(weft_dcp_async *h, bool *done);
 /* Frees the staging buffers kept between async saves (none in flight:
  * WEFT_ERR_BUSY otherwise). */
-weft_status weft_dcp_release_staging(void);
+WEFT_API weft_status weft_dcp_release_staging(void);
 
 /* ------------------------------------------------- reading checkpoints */
 
@@ -397,12 +397,12 @@ typedef struct weft_dcp_checkpoint weft_dcp_checkpoint;
  * checksum counts). Errors: WEFT_ERR_NOT_FOUND (no directory, no metadata:
  * incomplete checkpoint), WEFT_ERR_CORRUPT (invalid metadata, naming the
  * tensor), WEFT_ERR_UNSUPPORTED (a newer format version), WEFT_ERR_IO. */
-weft_status weft_dcp_open(const char *dir, weft_dcp_checkpoint **out);
-void weft_dcp_close(weft_dcp_checkpoint *ck); /* NULL: no-op */
+WEFT_API weft_status weft_dcp_open(const char *dir, weft_dcp_checkpoint **out);
+WEFT_API void weft_dcp_close(weft_dcp_checkpoint *ck); /* NULL: no-op */
 
 /* Checks metadata text as weft_dcp_open does, without files (the fuzz
  * target). `name` appears in messages. */
-weft_status weft_dcp_metadata_check(const char *text, size_t len, const char *name);
+WEFT_API weft_status weft_dcp_metadata_check(const char *text, size_t len, const char *name);
 
 typedef struct weft_dcp_info {
   int format_version;
@@ -413,7 +413,7 @@ typedef struct weft_dcp_info {
   int64_t num_values;
   int num_files;
 } weft_dcp_info;
-weft_status weft_dcp_get_info(const weft_dcp_checkpoint *ck, weft_dcp_info *out);
+WEFT_API weft_status weft_dcp_get_info(const weft_dcp_checkpoint *ck, weft_dcp_info *out);
 
 typedef struct weft_dcp_tensor_info {
   const char *name;           /* owned by ck */
@@ -424,9 +424,9 @@ typedef struct weft_dcp_tensor_info {
   int64_t num_chunks;
 } weft_dcp_tensor_info;
 /* Tensor i in name order; WEFT_ERR_INVALID out of range. */
-weft_status weft_dcp_tensor_get(const weft_dcp_checkpoint *ck, int64_t i,
+WEFT_API weft_status weft_dcp_tensor_get(const weft_dcp_checkpoint *ck, int64_t i,
                                 weft_dcp_tensor_info *out);
-weft_status weft_dcp_tensor_find(const weft_dcp_checkpoint *ck, const char *name,
+WEFT_API weft_status weft_dcp_tensor_find(const weft_dcp_checkpoint *ck, const char *name,
                                  weft_dcp_tensor_info *out);
 
 typedef struct weft_dcp_chunk_info {
@@ -437,23 +437,23 @@ typedef struct weft_dcp_chunk_info {
   uint64_t byte_offset, length;   /* bytes in the file */
   int64_t num_blocks;             /* checksum blocks */
 } weft_dcp_chunk_info;
-weft_status weft_dcp_chunk_get(const weft_dcp_checkpoint *ck, int64_t tensor, int64_t chunk,
+WEFT_API weft_status weft_dcp_chunk_get(const weft_dcp_checkpoint *ck, int64_t tensor, int64_t chunk,
                                weft_dcp_chunk_info *out);
 
 /* Values: count, i-th (name order) as JSON text and type. */
-weft_status weft_dcp_value_get(const weft_dcp_checkpoint *ck, int64_t i, const char **name,
+WEFT_API weft_status weft_dcp_value_get(const weft_dcp_checkpoint *ck, int64_t i, const char **name,
                                weft_sd_value_type *type, const char **json);
 
 /* Reads the box start[d] <= i_d < start[d] + len[d] of tensor `name`
  * into dst, a contiguous row-major array of the box (dst_bytes of room),
  * in the stored dtype; every block read is verified. */
-weft_status weft_dcp_read(weft_dcp_checkpoint *ck, const char *name, const int64_t *start,
+WEFT_API weft_status weft_dcp_read(weft_dcp_checkpoint *ck, const char *name, const int64_t *start,
                           const int64_t *len, void *dst, size_t dst_bytes);
 /* Reads every block of every chunk and checks its checksum and the data
  * files' headers and sizes. Returns the first error (naming tensor, file
  * and byte offset); *bad_blocks (may be NULL) counts all bad blocks;
  * `report` (may be NULL) is called with each error message. */
-weft_status weft_dcp_verify(weft_dcp_checkpoint *ck, int64_t *bad_blocks,
+WEFT_API weft_status weft_dcp_verify(weft_dcp_checkpoint *ck, int64_t *bad_blocks,
                             void (*report)(const char *msg, void *ctx), void *ctx);
 
 /* ------------------------------------------------------- safetensors */
@@ -465,7 +465,7 @@ weft_status weft_dcp_verify(weft_dcp_checkpoint *ck, int64_t *bad_blocks,
  * Gathers one parameter at a time (weft_dtensor_full_tensor, collective
  * over its mesh); only rank 0 keeps the full copies. Collective over
  * MPI_COMM_WORLD; the outcome is agreed on every rank. */
-weft_status weft_safetensors_export_model(weft_module *model, const char *path, weft_dtype dtype);
+WEFT_API weft_status weft_safetensors_export_model(weft_module *model, const char *path, weft_dtype dtype);
 /* Loads the parameters from a safetensors file: every rank opens it and
  * reads only the slices of its shards (weft_safetensors_read_slice),
  * converting float dtypes to the parameters'. A tied parameter is read
@@ -475,7 +475,7 @@ weft_status weft_safetensors_export_model(weft_module *model, const char *path, 
  * written). Shapes must match; missing and unexpected names follow
  * opts->strict (opts may be NULL: strict; an alias is never unexpected).
  * Collective over MPI_COMM_WORLD (outcome agreed). */
-weft_status weft_safetensors_import_model(weft_module *model, const char *path,
+WEFT_API weft_status weft_safetensors_import_model(weft_module *model, const char *path,
                                           const weft_state_dict_opts *opts,
                                           weft_key_list *missing, weft_key_list *unexpected);
 

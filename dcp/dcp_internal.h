@@ -31,41 +31,19 @@
 
 /* ------------------------------------------------------------ geometry */
 
-typedef struct dcp_box {
-  int64_t off[WEFT_MAX_DIMS];
-  int64_t size[WEFT_MAX_DIMS];
-} dcp_box;
-
-int64_t dcp_box_volume(const dcp_box *b, int ndim);
-bool dcp_box_equal(const dcp_box *a, const dcp_box *b, int ndim);
-/* Intersection of a and b; false when empty. */
-bool dcp_box_intersect(const dcp_box *a, const dcp_box *b, int ndim, dcp_box *out);
+/* Boxes are dtensor's weft_box (weft_box_volume, _equal, _intersect) and a
+ * shard's pieces weft_dtensor_local_boxes: one copy of that geometry. */
 /* "[0:4, 2:6]" */
-void dcp_box_describe(const dcp_box *b, int ndim, char *buf, size_t cap);
+void dcp_box_describe(const weft_box *b, int ndim, char *buf, size_t cap);
 /* Checks that boxes[0..n) lie inside shape, have no zero size, do not
  * overlap and together cover every element. On failure the message names
  * `tensor` and `where`, and the two boxes that overlap (owner(i) gives a
  * label for box i, may be NULL). */
 weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
-                             const int64_t *shape, const dcp_box *const *boxes, int64_t n,
+                             const int64_t *shape, const weft_box *const *boxes, int64_t n,
                              const char *(*owner)(int64_t i, void *ctx), void *ctx);
 
-/* A piece of a local shard that is one box in global coordinates: the
- * product of one run of global indices per dim (strided shards give
- * several). lstart is its position in the local tensor. */
-typedef struct dcp_lbox {
-  dcp_box g;
-  int64_t lstart[WEFT_MAX_DIMS];
-} dcp_lbox;
-/* The local boxes of this rank's shard of dt (zero-volume ones left out),
- * row-major order of the runs. *out is malloc'ed (free it). */
-weft_status dcp_local_boxes(const weft_dtensor *dt, dcp_lbox **out, int64_t *n);
-
-/* Byte-level n-d copy: len[] elements per dim of esz bytes from src
- * (strides in bytes) to dst (strides in bytes). Trailing dims that are
- * contiguous on both sides merge into one memcpy. */
-void dcp_copy_box(char *dst, const int64_t *dst_strides, const char *src,
-                  const int64_t *src_strides, const int64_t *len, int ndim, size_t esz);
+/* (n-d box copies: kernels' weft_tensor_copy_region / weft_tensor_copy) */
 /* Element strides -> byte strides. */
 void dcp_byte_strides(const weft_tensor *t, int64_t *out);
 /* Contiguous row-major byte strides of shape. */
@@ -74,7 +52,7 @@ void dcp_contig_strides(const int64_t *shape, int ndim, size_t esz, int64_t *out
 /* ------------------------------------------------------------ metadata */
 
 typedef struct dcp_chunk {
-  dcp_box box;
+  weft_box box;
   int file;            /* index into files */
   uint64_t byte_off;   /* in the file */
   uint64_t length;     /* = volume * dtype size */
@@ -162,12 +140,12 @@ weft_status dcp_ck_prepare_chunk(weft_dcp_checkpoint *ck, const dcp_tmeta *t,
                                  const dcp_chunk *c);
 /* Prepares every chunk of t that overlaps region. */
 weft_status dcp_ck_prepare_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t,
-                                  const dcp_box *region);
+                                  const weft_box *region);
 /* Reads the global box `region` of t into dst (byte strides dst_strides,
  * dst points at the region's first element), from every chunk that
  * overlaps it, verifying each block read. */
 weft_status dcp_ck_read_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t,
-                               const dcp_box *region, char *dst, const int64_t *dst_strides);
+                               const weft_box *region, char *dst, const int64_t *dst_strides);
 
 /* ------------------------------------------------------- communication */
 

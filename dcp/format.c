@@ -205,7 +205,7 @@ static weft_status parse_chunk(const char *where, const dcp_meta *m, dcp_tmeta *
     return CORRUPT("%s: tensor '%s': chunk %" PRId64 ": \"offset\" and \"length\" must be "
                    "non-negative integers", where, name, ci);
   /* sizes are each <= the shape, whose byte size was checked to fit */
-  uint64_t want = (uint64_t)dcp_box_volume(&ch->box, t->ndim) * weft_dtype_size(t->dtype);
+  uint64_t want = (uint64_t)weft_box_volume(&ch->box, t->ndim) * weft_dtype_size(t->dtype);
   if (length != want)
     return CORRUPT("%s: tensor '%s': chunk %" PRId64 " in '%s' has length %" PRIu64 " bytes; its "
                    "sizes and dtype %s give %" PRIu64, where, name, ci, fname, length,
@@ -289,7 +289,7 @@ static weft_status parse_tensor(const char *where, const dcp_meta *m, const cJSO
     WEFT_CHECK(parse_chunk(where, m, t, c, ci, &t->chunks[ci]));
   }
   t->nchunks = ci;
-  const dcp_box **boxes = malloc((size_t)(ci ? ci : 1) * sizeof *boxes);
+  const weft_box **boxes = malloc((size_t)(ci ? ci : 1) * sizeof *boxes);
   if (!boxes) return weft_error(WEFT_ERR_OOM, "chunk list");
   for (int64_t i = 0; i < ci; i++) boxes[i] = &t->chunks[i].box;
   const void *ctx[2] = {m, t};

@@ -84,12 +84,12 @@ static const dcp_tmeta *source_of(const weft_dcp_checkpoint *ck, const weft_stat
  * rank's shard must hold the same bytes in both (each rank compares its
  * own regions; the agreement after the checks spreads a mismatch). */
 static weft_status compare_tied(weft_dcp_checkpoint *ck, const dcp_tmeta *t, const dcp_tmeta *o,
-                                const dcp_box *region) {
+                                const weft_box *region) {
   char a[256], b[256];
   bool same = t->dtype == o->dtype && t->ndim == o->ndim;
   for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == o->shape[d];
   if (!same) {
-    dcp_box x = {{0}, {0}}, y = {{0}, {0}};
+    weft_box x = {{0}, {0}}, y = {{0}, {0}};
     memcpy(x.size, t->shape, sizeof x.size);
     memcpy(y.size, o->shape, sizeof y.size);
     dcp_box_describe(&x, t->ndim, a, sizeof a);
@@ -100,7 +100,7 @@ static weft_status compare_tied(weft_dcp_checkpoint *ck, const dcp_tmeta *t, con
   }
   WEFT_CHECK(dcp_ck_prepare_region(ck, o, region));
   size_t esz = weft_dtype_size(t->dtype);
-  int64_t n = dcp_box_volume(region, t->ndim);
+  int64_t n = weft_box_volume(region, t->ndim);
   if (n == 0) return WEFT_OK;
   char *x = malloc((size_t)n * esz), *y = malloc((size_t)n * esz);
   weft_status st = x && y ? WEFT_OK : weft_error(WEFT_ERR_OOM, "load: tied parameter compare");
@@ -151,7 +151,7 @@ static weft_status check_entry(weft_dcp_checkpoint *ck, const weft_state_dict *s
   bool same = nd == t->ndim;
   for (int d = 0; same && d < nd; d++) same = shape[d] == t->shape[d];
   if (!same || dt != t->dtype) {
-    dcp_box x = {{0}, {0}}, y = {{0}, {0}};
+    weft_box x = {{0}, {0}}, y = {{0}, {0}};
     memcpy(x.size, t->shape, sizeof x.size);
     for (int d = 0; d < nd && d < WEFT_MAX_DIMS; d++) y.size[d] = shape[d];
     dcp_box_describe(&x, t->ndim, a, sizeof a);
@@ -169,18 +169,18 @@ static weft_status check_entry(weft_dcp_checkpoint *ck, const weft_state_dict *s
       if (s->placements[d].kind == WEFT_PLACE_PARTIAL)
         return weft_error(WEFT_ERR_UNSUPPORTED, "load: tensor '%s' has a Partial placement (a "
                           "partial value cannot be loaded into)", e->name);
-    dcp_lbox *lb;
+    weft_local_box *lb;
     int64_t n;
-    WEFT_CHECK(dcp_local_boxes(e->dt, &lb, &n));
+    WEFT_CHECK(weft_dtensor_local_boxes(e->dt, &lb, &n));
     weft_status st = WEFT_OK;
     for (int64_t k = 0; k < n && st == WEFT_OK; k++) {
-      st = dcp_ck_prepare_region(ck, t, &lb[k].g);
-      if (st == WEFT_OK && other) st = compare_tied(ck, t, other, &lb[k].g);
+      st = dcp_ck_prepare_region(ck, t, &lb[k].global);
+      if (st == WEFT_OK && other) st = compare_tied(ck, t, other, &lb[k].global);
     }
     free(lb);
     return st;
   }
-  dcp_box whole = {{0}, {0}};
+  weft_box whole = {{0}, {0}};
   memcpy(whole.size, t->shape, sizeof whole.size);
   WEFT_CHECK(dcp_ck_prepare_region(ck, t, &whole));
   return other ? compare_tied(ck, t, other, &whole) : WEFT_OK;
@@ -204,21 +204,21 @@ static weft_status read_entry(weft_dcp_checkpoint *ck, weft_state_dict *sd, int6
   if (!t) return WEFT_OK;
   int64_t bs[WEFT_MAX_DIMS];
   if (e->kind == WEFT_SD_TENSOR) {
-    dcp_box whole = {{0}, {0}};
+    weft_box whole = {{0}, {0}};
     memcpy(whole.size, t->shape, sizeof whole.size);
     dcp_byte_strides(e->t, bs);
     return dcp_ck_read_region(ck, t, &whole, e->t->data, bs);
   }
   weft_tensor *lt = weft_dtensor_local(e->dt);
   dcp_byte_strides(lt, bs);
-  dcp_lbox *lb;
+  weft_local_box *lb;
   int64_t n;
-  WEFT_CHECK(dcp_local_boxes(e->dt, &lb, &n));
+  WEFT_CHECK(weft_dtensor_local_boxes(e->dt, &lb, &n));
   weft_status st = WEFT_OK;
   for (int64_t k = 0; k < n && st == WEFT_OK; k++) {
     char *dst = lt->data;
-    for (int d = 0; d < t->ndim; d++) dst += lb[k].lstart[d] * bs[d];
-    st = dcp_ck_read_region(ck, t, &lb[k].g, dst, bs);
+    for (int d = 0; d < t->ndim; d++) dst += lb[k].local_start[d] * bs[d];
+    st = dcp_ck_read_region(ck, t, &lb[k].global, dst, bs);
   }
   free(lb);
   return st;

@@ -328,26 +328,13 @@ static weft_status keys_push(weft_key_list *l, const char *k) {
 /* Copies the full value `full` into dt's local shard (each local box is a
  * slice of full; dtypes convert). No communication. */
 static weft_status slice_full_into(weft_dtensor *dt, const weft_tensor *full) {
-  dcp_lbox *lb;
+  weft_local_box *lb;
   int64_t n;
-  WEFT_CHECK(dcp_local_boxes(dt, &lb, &n));
+  WEFT_CHECK(weft_dtensor_local_boxes(dt, &lb, &n));
   weft_tensor *lt = weft_dtensor_local(dt);
-  size_t fe = weft_dtype_size(full->dtype), le = weft_dtype_size(lt->dtype);
   weft_status st = WEFT_OK;
-  for (int64_t k = 0; k < n && st == WEFT_OK; k++) {
-    const char *s = full->data;
-    char *d = lt->data;
-    for (int i = 0; i < full->ndim; i++) {
-      s += lb[k].g.off[i] * full->strides[i] * (int64_t)fe;
-      d += lb[k].lstart[i] * lt->strides[i] * (int64_t)le;
-    }
-    weft_tensor sv, dv;
-    st = weft_tensor_view_init(&sv, (void *)s, full->dtype, WEFT_CPU, full->ndim, lb[k].g.size,
-                               full->strides);
-    if (st == WEFT_OK)
-      st = weft_tensor_view_init(&dv, d, lt->dtype, lt->device, lt->ndim, lb[k].g.size, lt->strides);
-    if (st == WEFT_OK) st = weft_tensor_copy(&dv, &sv);
-  }
+  for (int64_t k = 0; k < n && st == WEFT_OK; k++)
+    st = weft_tensor_copy_region(lt, lb[k].local_start, full, lb[k].global.off, lb[k].global.size);
   free(lb);
   return st;
 }
@@ -378,7 +365,7 @@ static weft_status copy_into(weft_dtensor *dt, const dcp_sd_ent *e) {
 }
 
 static void describe_shape(int nd, const int64_t *shape, char *buf, size_t cap) {
-  dcp_box x = {{0}, {0}};
+  weft_box x = {{0}, {0}};
   for (int d = 0; d < nd; d++) x.size[d] = shape[d];
   dcp_box_describe(&x, nd, buf, cap);
 }

@@ -244,9 +244,9 @@ weft_status dcp_ck_prepare_chunk(weft_dcp_checkpoint *ck, const dcp_tmeta *t, co
   return WEFT_OK;
 }
 
-weft_status dcp_ck_prepare_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t, const dcp_box *region) {
+weft_status dcp_ck_prepare_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t, const weft_box *region) {
   for (int64_t i = 0; i < t->nchunks; i++)
-    if (dcp_box_intersect(region, &t->chunks[i].box, t->ndim, NULL))
+    if (weft_box_intersect(region, &t->chunks[i].box, t->ndim, NULL))
       WEFT_CHECK(dcp_ck_prepare_chunk(ck, t, &t->chunks[i]));
   return WEFT_OK;
 }
@@ -383,11 +383,11 @@ static weft_status add_run(const creader *r, window *w, uint64_t src, uint64_t n
   return WEFT_OK;
 }
 
-weft_status dcp_ck_read_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t, const dcp_box *region,
+weft_status dcp_ck_read_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t, const weft_box *region,
                                char *dst, const int64_t *ds) {
   const int nd = t->ndim;
   const size_t esz = weft_dtype_size(t->dtype);
-  if (dcp_box_volume(region, nd) == 0) return WEFT_OK;
+  if (weft_box_volume(region, nd) == 0) return WEFT_OK;
   WEFT_CHECK(ensure_stage(ck));
   window *w = malloc(sizeof *w);
   if (!w) return weft_error(WEFT_ERR_OOM, "read window");
@@ -395,8 +395,8 @@ weft_status dcp_ck_read_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t, cons
   weft_status st = WEFT_OK;
   for (int64_t ci = 0; ci < t->nchunks && st == WEFT_OK; ci++) {
     const dcp_chunk *c = &t->chunks[ci];
-    dcp_box in;
-    if (!dcp_box_intersect(region, &c->box, nd, &in)) continue;
+    weft_box in;
+    if (!weft_box_intersect(region, &c->box, nd, &in)) continue;
     WEFT_CHECK_GOTO(dcp_ck_prepare_chunk(ck, t, c), st, done);
     creader r = {ck, t, c, ck->fd[c->file], ck->m.files[c->file].name, (uint64_t)ck->m.block};
     int64_t cs[WEFT_MAX_DIMS];
@@ -519,7 +519,7 @@ weft_status weft_dcp_read(weft_dcp_checkpoint *ck, const char *name, const int64
   if (!t) return weft_error(WEFT_ERR_NOT_FOUND, "checkpoint '%s' has no tensor '%s'", ck->dir, name);
   if (t->ndim > 0 && (!start || !len))
     return weft_error(WEFT_ERR_INVALID, "tensor '%s': start or len is NULL", name);
-  dcp_box region;
+  weft_box region;
   for (int d = 0; d < t->ndim; d++) {
     if (start[d] < 0 || len[d] < 0 || start[d] > t->shape[d] - len[d])
       return weft_error(WEFT_ERR_INVALID, "tensor '%s': box [%" PRId64 ", +%" PRId64 ") of dim %d lies "
@@ -528,7 +528,7 @@ weft_status weft_dcp_read(weft_dcp_checkpoint *ck, const char *name, const int64
     region.size[d] = len[d];
   }
   const size_t esz = weft_dtype_size(t->dtype);
-  uint64_t need = (uint64_t)dcp_box_volume(&region, t->ndim) * esz;
+  uint64_t need = (uint64_t)weft_box_volume(&region, t->ndim) * esz;
   if (dst_bytes < need)
     return weft_error(WEFT_ERR_INVALID, "tensor '%s': destination holds %zu bytes, the box %" PRIu64,
                       name, dst_bytes, need);

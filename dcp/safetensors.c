@@ -516,7 +516,8 @@ weft_status weft_safetensors_read(const weft_safetensors *f, const char *name, w
   const st_tensor *t = lookup(f, name);
   if (!t) return weft_error(WEFT_ERR_NOT_FOUND, "%s: no tensor '%s'", f->path, name);
   int64_t zero[WEFT_MAX_DIMS] = {0};
-  return weft_safetensors_read_slice(f, name, t->ndim, zero, t->shape, dtype, dst, dst_numel);
+  WEFT_CHECK(weft_safetensors_read_slice(f, name, t->ndim, zero, t->shape, dtype, dst, dst_numel));
+  return WEFT_OK;
 }
 
 weft_status weft_safetensors_read_rows(const weft_safetensors *f, const char *name, int64_t row0,

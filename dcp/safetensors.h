@@ -79,20 +79,20 @@ typedef struct weft_safetensors_info {
  * Errors: WEFT_ERR_IO (cannot open or read), WEFT_ERR_CORRUPT (any
  * validation failure), WEFT_ERR_UNSUPPORTED (more than WEFT_MAX_DIMS dims),
  * WEFT_ERR_OOM. Any rank may call it; it communicates with nobody. */
-weft_status weft_safetensors_open(const char *path, weft_safetensors **out);
+WEFT_API weft_status weft_safetensors_open(const char *path, weft_safetensors **out);
 /* Closes the file and frees the reader. NULL is a no-op. */
-void weft_safetensors_close(weft_safetensors *f);
+WEFT_API void weft_safetensors_close(weft_safetensors *f);
 
 /* Number of tensors (not counting __metadata__). */
-int64_t weft_safetensors_count(const weft_safetensors *f);
+WEFT_API int64_t weft_safetensors_count(const weft_safetensors *f);
 /* Tensor i in name order (strcmp), 0 <= i < count; WEFT_ERR_INVALID else. */
-weft_status weft_safetensors_get(const weft_safetensors *f, int64_t i,
+WEFT_API weft_status weft_safetensors_get(const weft_safetensors *f, int64_t i,
                                  weft_safetensors_info *out);
 /* The tensor called `name`; WEFT_ERR_NOT_FOUND if absent. */
-weft_status weft_safetensors_find(const weft_safetensors *f, const char *name,
+WEFT_API weft_status weft_safetensors_find(const weft_safetensors *f, const char *name,
                                   weft_safetensors_info *out);
 /* The __metadata__ value for `key`, or NULL if absent. Owned by the reader. */
-const char *weft_safetensors_metadata(const weft_safetensors *f, const char *key);
+WEFT_API const char *weft_safetensors_metadata(const weft_safetensors *f, const char *key);
 
 /* Reads the whole tensor `name` into dst as `dtype` (dst_numel elements of
  * room, which must be >= the tensor's numel). The stored dtype and `dtype`
@@ -100,22 +100,22 @@ const char *weft_safetensors_metadata(const weft_safetensors *f, const char *key
  * weft's round-to-nearest-even for BF16/F16); else WEFT_ERR_UNSUPPORTED.
  * Errors: WEFT_ERR_NOT_FOUND, WEFT_ERR_INVALID (dst too small), WEFT_ERR_IO
  * (short read: the file changed since open). */
-weft_status weft_safetensors_read(const weft_safetensors *f, const char *name,
+WEFT_API weft_status weft_safetensors_read(const weft_safetensors *f, const char *name,
                                   weft_dtype dtype, void *dst, int64_t dst_numel);
 /* Reads the box start[d] <= i_d < start[d] + len[d] (ndim must equal the
  * tensor's ndim) into dst as a contiguous row-major (len[0], ..., len[nd-1])
  * array of `dtype`. Only the needed byte ranges are read (nearby ranges are
  * merged into one pread). A box outside the tensor is WEFT_ERR_INVALID. */
-weft_status weft_safetensors_read_slice(const weft_safetensors *f, const char *name, int ndim,
+WEFT_API weft_status weft_safetensors_read_slice(const weft_safetensors *f, const char *name, int ndim,
                                         const int64_t *start, const int64_t *len,
                                         weft_dtype dtype, void *dst, int64_t dst_numel);
 /* Rows [row0, row0 + nrows) along dim 0 (all of the other dims): one pread. */
-weft_status weft_safetensors_read_rows(const weft_safetensors *f, const char *name,
+WEFT_API weft_status weft_safetensors_read_rows(const weft_safetensors *f, const char *name,
                                        int64_t row0, int64_t nrows, weft_dtype dtype, void *dst,
                                        int64_t dst_numel);
 /* Reads tensor `name` into dst, a contiguous CPU weft_tensor of the same
  * shape, converting to dst->dtype as weft_safetensors_read does. */
-weft_status weft_safetensors_read_tensor(const weft_safetensors *f, const char *name,
+WEFT_API weft_status weft_safetensors_read_tensor(const weft_safetensors *f, const char *name,
                                          weft_tensor *dst);
 
 /* One tensor to write: `data` holds prod(shape) elements of `dtype`,
@@ -135,7 +135,7 @@ typedef struct weft_safetensors_entry {
  * as `path`.tmp.<pid>, flushed to disk and renamed onto `path`, so `path` is
  * either the old file or the complete new one. Errors: WEFT_ERR_INVALID
  * (bad entry: message names it), WEFT_ERR_IO. */
-weft_status weft_safetensors_write(const char *path, const weft_safetensors_entry *tensors,
+WEFT_API weft_status weft_safetensors_write(const char *path, const weft_safetensors_entry *tensors,
                                    int64_t n, const char *const *metadata);
 
 #ifdef __cplusplus

@@ -46,7 +46,7 @@ typedef struct rec {
   int64_t shape[WEFT_MAX_DIMS];
   char *layout;
   int64_t nbox;
-  dcp_box *boxes;
+  weft_box *boxes;
 } rec;
 
 typedef struct vrec {
@@ -57,7 +57,7 @@ typedef struct vrec {
 } vrec;
 
 typedef struct gbox {
-  dcp_box box;
+  weft_box box;
   int64_t tensor;
   int64_t h0, nh; /* holders: ranks in holders[h0 .. h0 + nh) */
   int writer;
@@ -100,16 +100,17 @@ typedef struct litem {
   weft_dtype dtype;
   int ndim;
   int64_t shape[WEFT_MAX_DIMS];
-  dcp_lbox *lb;
+  weft_local_box *lb;
   int64_t nlb;
 } litem;
 
 /* One box this rank writes. */
 typedef struct wjob {
   const char *src;
-  int64_t strides[WEFT_MAX_DIMS];
+  int64_t strides[WEFT_MAX_DIMS]; /* bytes */
   int64_t len[WEFT_MAX_DIMS];
   int ndim;
+  weft_dtype dtype;
   size_t esz;
   bool contig;
   uint64_t off, length;
@@ -227,7 +228,7 @@ static weft_status local_items(const weft_state_dict *sd, litem **out, int64_t *
       for (int d = 0; d < s->mesh_ndim && at < sizeof L->layout; d++)
         at += (size_t)snprintf(L->layout + at, sizeof L->layout - at, "%s%d", d ? "x" : "",
                                s->mesh_shape[d]);
-      WEFT_CHECK_GOTO(dcp_local_boxes(e->dt, &L->lb, &L->nlb), st, fail);
+      WEFT_CHECK_GOTO(weft_dtensor_local_boxes(e->dt, &L->lb, &L->nlb), st, fail);
     } else {
       L->local = e->t;
       L->dtype = e->t->dtype;
@@ -239,7 +240,7 @@ static weft_status local_items(const weft_state_dict *sd, litem **out, int64_t *
         st = weft_error(WEFT_ERR_OOM, "box");
         goto fail;
       }
-      for (int d = 0; d < L->ndim; d++) L->lb[0].g.size[d] = L->shape[d];
+      for (int d = 0; d < L->ndim; d++) L->lb[0].global.size[d] = L->shape[d];
       L->nlb = weft_tensor_numel(e->t) > 0 ? 1 : 0;
     }
     if (!L->local || L->local->device != WEFT_CPU) {
@@ -282,8 +283,8 @@ static void encode_plan(dcp_buf *b, weft_status st, uint64_t id, const litem *it
     dcp_buf_u64(b, (uint64_t)L->nlb);
     for (int64_t k = 0; k < L->nlb; k++)
       for (int d = 0; d < L->ndim; d++) {
-        dcp_buf_u64(b, (uint64_t)L->lb[k].g.off[d]);
-        dcp_buf_u64(b, (uint64_t)L->lb[k].g.size[d]);
+        dcp_buf_u64(b, (uint64_t)L->lb[k].global.off[d]);
+        dcp_buf_u64(b, (uint64_t)L->lb[k].global.size[d]);
       }
   }
   int64_t nv = 0;
@@ -334,7 +335,7 @@ static int cmp_vrec(const void *a, const void *b) {
 }
 
 typedef struct boxrank {
-  dcp_box box;
+  weft_box box;
   int rank;
 } boxrank;
 
@@ -481,7 +482,7 @@ static weft_status global_plan(const dcp_comm *c, int64_t block, gplan *p) {
       bool same = R->dtype == R0->dtype && R->ndim == R0->ndim;
       for (int d = 0; same && d < R->ndim; d++) same = R->shape[d] == R0->shape[d];
       if (!same) {
-        dcp_box x = {{0}, {0}}, y = {{0}, {0}};
+        weft_box x = {{0}, {0}}, y = {{0}, {0}};
         memcpy(x.size, R0->shape, sizeof x.size);
         memcpy(y.size, R->shape, sizeof y.size);
         dcp_box_describe(&x, R0->ndim, a, sizeof a);
@@ -506,14 +507,14 @@ static weft_status global_plan(const dcp_comm *c, int64_t block, gplan *p) {
       G->box = br[k].box;
       G->tensor = p->nt;
       G->h0 = p->nholders;
-      while (l < n && dcp_box_equal(&br[l].box, &br[k].box, nd)) p->holders[p->nholders++] = br[l++].rank;
+      while (l < n && weft_box_equal(&br[l].box, &br[k].box, nd)) p->holders[p->nholders++] = br[l++].rank;
       G->nh = l - k;
-      G->len = (uint64_t)dcp_box_volume(&G->box, nd) * weft_dtype_size(T->dtype);
+      G->len = (uint64_t)weft_box_volume(&G->box, nd) * weft_dtype_size(T->dtype);
       G->ncrc = (int64_t)((G->len + (uint64_t)block - 1) / (uint64_t)block);
       k = l;
     }
     T->nb = p->nb - T->b0;
-    const dcp_box **bx = malloc((size_t)(T->nb ? T->nb : 1) * sizeof *bx);
+    const weft_box **bx = malloc((size_t)(T->nb ? T->nb : 1) * sizeof *bx);
     if (!bx) {
       st = weft_error(WEFT_ERR_OOM, "save plan");
       goto done;
@@ -625,19 +626,20 @@ static weft_status make_jobs(save_ctx *c, const litem *it, int64_t nit) {
     const litem *L = NULL;
     for (int64_t i = 0; i < nit && !L; i++)
       if (strcmp(it[i].e->name, T->name) == 0) L = &it[i];
-    const dcp_lbox *lb = NULL;
+    const weft_local_box *lb = NULL;
     for (int64_t q = 0; L && q < L->nlb && !lb; q++)
-      if (dcp_box_equal(&L->lb[q].g, &G->box, T->ndim)) lb = &L->lb[q];
+      if (weft_box_equal(&L->lb[q].global, &G->box, T->ndim)) lb = &L->lb[q];
     if (!lb) return weft_error(WEFT_ERR_INTERNAL, "save: rank %d was given box of '%s' it does not hold",
                                c->comm.rank, T->name);
     wjob *J = &c->jobs[c->njobs++];
     J->ndim = T->ndim;
+    J->dtype = T->dtype;
     J->esz = weft_dtype_size(T->dtype);
     int64_t bs[WEFT_MAX_DIMS];
     dcp_byte_strides(L->local, bs);
     const char *src = L->local->data;
     for (int d = 0; d < T->ndim; d++) {
-      src += lb->lstart[d] * bs[d];
+      src += lb->local_start[d] * bs[d];
       J->strides[d] = bs[d];
       J->len[d] = G->box.size[d];
     }
@@ -657,6 +659,19 @@ static weft_status make_jobs(save_ctx *c, const litem *it, int64_t nit) {
 }
 
 /* ------------------------------------------------------------ write */
+
+/* Copies job J's box (strided in the local tensor) into dst, dense
+ * row-major (element-aligned: malloc'ed or a DCP_ALIGN offset), through
+ * kernels' strided copy. */
+static weft_status job_stage(const wjob *J, char *dst) {
+  weft_tensor s, d;
+  int64_t es[WEFT_MAX_DIMS];
+  for (int k = 0; k < J->ndim; k++) es[k] = J->strides[k] / (int64_t)J->esz;
+  WEFT_CHECK(weft_tensor_view_init(&s, (void *)(uintptr_t)J->src, J->dtype, WEFT_CPU, J->ndim,
+                                   J->len, es));
+  WEFT_CHECK(weft_tensor_view_init(&d, dst, J->dtype, WEFT_CPU, J->ndim, J->len, NULL));
+  return weft_tensor_copy(&d, &s);
+}
 
 static weft_status write_bytes(int fd, const char *path, const char *p, uint64_t n, uint64_t off,
                                uint64_t B, uint32_t *crc) {
@@ -697,9 +712,7 @@ static weft_status write_file(save_ctx *c) {
         st = weft_error(WEFT_ERR_OOM, "save: staging of %" PRIu64 " bytes", J->length);
         goto done;
       }
-      int64_t cs[WEFT_MAX_DIMS];
-      dcp_contig_strides(J->len, J->ndim, J->esz, cs);
-      dcp_copy_box(tmp, cs, J->src, J->strides, J->len, J->ndim, J->esz);
+      WEFT_CHECK_GOTO(job_stage(J, tmp), st, done);
       src = tmp;
     }
     WEFT_CHECK_GOTO(write_bytes(fd, path, src, J->length, J->off, B, J->crc), st, done);
@@ -1057,7 +1070,7 @@ weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
       int64_t cs[WEFT_MAX_DIMS];
       dcp_contig_strides(J->len, J->ndim, J->esz, cs);
       if (J->contig) memcpy(c->staging + at, J->src, J->length);
-      else dcp_copy_box(c->staging + at, cs, J->src, J->strides, J->len, J->ndim, J->esz);
+      else if ((st = job_stage(J, c->staging + at)) != WEFT_OK) break;
       J->src = c->staging + at;
       J->contig = true;
       for (int d = 0; d < J->ndim; d++) J->strides[d] = cs[d];

@@ -103,9 +103,9 @@ static weft_status import_param(const weft_safetensors *f, weft_param *p, const 
   weft_dtensor *dt = p->data;
   weft_tensor *lt = weft_dtensor_local(dt);
   size_t esz = weft_dtype_size(lt->dtype);
-  dcp_lbox *lb;
+  weft_local_box *lb;
   int64_t nb;
-  WEFT_CHECK(dcp_local_boxes(dt, &lb, &nb));
+  WEFT_CHECK(weft_dtensor_local_boxes(dt, &lb, &nb));
   int64_t bs[WEFT_MAX_DIMS];
   dcp_byte_strides(lt, bs);
   weft_status st = WEFT_OK;
@@ -113,15 +113,15 @@ static weft_status import_param(const weft_safetensors *f, weft_param *p, const 
   for (int64_t k = 0; k < nb && st == WEFT_OK; k++) {
     const int nd = lt->ndim;
     char *dst = lt->data;
-    for (int d = 0; d < nd; d++) dst += lb[k].lstart[d] * bs[d];
+    for (int d = 0; d < nd; d++) dst += lb[k].local_start[d] * bs[d];
     int64_t cs[WEFT_MAX_DIMS];
-    dcp_contig_strides(lb[k].g.size, nd, esz, cs);
+    dcp_contig_strides(lb[k].global.size, nd, esz, cs);
     bool contig = true;
     for (int d = 0; d < nd; d++)
-      if (lb[k].g.size[d] > 1 && bs[d] != cs[d]) contig = false;
-    int64_t numel = dcp_box_volume(&lb[k].g, nd);
+      if (lb[k].global.size[d] > 1 && bs[d] != cs[d]) contig = false;
+    int64_t numel = weft_box_volume(&lb[k].global, nd);
     if (contig) {
-      st = weft_safetensors_read_slice(f, name, nd, lb[k].g.off, lb[k].g.size, lt->dtype, dst, numel);
+      st = weft_safetensors_read_slice(f, name, nd, lb[k].global.off, lb[k].global.size, lt->dtype, dst, numel);
     } else {
       free(tmp);
       tmp = malloc((size_t)numel * esz);
@@ -129,8 +129,11 @@ static weft_status import_param(const weft_safetensors *f, weft_param *p, const 
         st = weft_error(WEFT_ERR_OOM, "import staging");
         break;
       }
-      st = weft_safetensors_read_slice(f, name, nd, lb[k].g.off, lb[k].g.size, lt->dtype, tmp, numel);
-      if (st == WEFT_OK) dcp_copy_box(dst, bs, tmp, cs, lb[k].g.size, nd, esz);
+      st = weft_safetensors_read_slice(f, name, nd, lb[k].global.off, lb[k].global.size, lt->dtype, tmp, numel);
+      weft_tensor tv; /* the slice as read, dense: into its place in the local tensor */
+      if (st == WEFT_OK)
+        st = weft_tensor_view_init(&tv, tmp, lt->dtype, WEFT_CPU, nd, lb[k].global.size, NULL);
+      if (st == WEFT_OK) st = weft_tensor_copy_region(lt, lb[k].local_start, &tv, NULL, lb[k].global.size);
     }
   }
   free(tmp);
@@ -146,18 +149,18 @@ static weft_status compare_tied(const weft_safetensors *f, const char *path, wef
   weft_dtype dtype = weft_dtensor_dtype(dt);
   size_t esz = weft_dtype_size(dtype);
   int nd = weft_dtensor_ndim(dt);
-  dcp_lbox *lb;
+  weft_local_box *lb;
   int64_t nb;
-  WEFT_CHECK(dcp_local_boxes(dt, &lb, &nb));
+  WEFT_CHECK(weft_dtensor_local_boxes(dt, &lb, &nb));
   weft_status st = WEFT_OK;
   for (int64_t k = 0; k < nb && st == WEFT_OK; k++) {
-    int64_t numel = dcp_box_volume(&lb[k].g, nd);
+    int64_t numel = weft_box_volume(&lb[k].global, nd);
     char *x = malloc((size_t)numel * esz + 1), *y = malloc((size_t)numel * esz + 1);
     if (!x || !y) st = weft_error(WEFT_ERR_OOM, "import: tied parameter compare");
     if (st == WEFT_OK)
-      st = weft_safetensors_read_slice(f, a, nd, lb[k].g.off, lb[k].g.size, dtype, x, numel);
+      st = weft_safetensors_read_slice(f, a, nd, lb[k].global.off, lb[k].global.size, dtype, x, numel);
     if (st == WEFT_OK)
-      st = weft_safetensors_read_slice(f, b, nd, lb[k].g.off, lb[k].g.size, dtype, y, numel);
+      st = weft_safetensors_read_slice(f, b, nd, lb[k].global.off, lb[k].global.size, dtype, y, numel);
     if (st == WEFT_OK && memcmp(x, y, (size_t)numel * esz) != 0)
       st = weft_error(WEFT_ERR_CORRUPT, "import: '%s' has '%s' and '%s', which name one tied "
                       "parameter, with different values", path, a, b);
@@ -227,7 +230,7 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
       bool same = info.ndim == s->ndim;
       for (int d = 0; same && d < s->ndim; d++) same = info.shape[d] == s->shape[d];
       if (!same) {
-        dcp_box x = {{0}, {0}}, y = {{0}, {0}};
+        weft_box x = {{0}, {0}}, y = {{0}, {0}};
         memcpy(x.size, info.shape, sizeof x.size);
         memcpy(y.size, s->shape, sizeof y.size);
         dcp_box_describe(&x, info.ndim, a, sizeof a);

@@ -1,6 +1,6 @@
-/* dcp/util.c — box geometry (intersections, tiling checks, the local boxes
- * of a DTensor shard, n-d byte copies), byte buffers for the blobs ranks
- * exchange, file helpers and fault injection. */
+/* dcp/util.c — box messages and tiling checks (the geometry itself is
+ * dtensor's weft_box_* and weft_dtensor_local_boxes), byte strides, byte
+ * buffers for the blobs ranks exchange, file helpers and fault injection. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -14,33 +14,7 @@
 
 /* ------------------------------------------------------------ boxes */
 
-int64_t dcp_box_volume(const dcp_box *b, int ndim) {
-  int64_t v = 1;
-  for (int d = 0; d < ndim; d++) v *= b->size[d];
-  return v;
-}
-
-bool dcp_box_equal(const dcp_box *a, const dcp_box *b, int ndim) {
-  for (int d = 0; d < ndim; d++)
-    if (a->off[d] != b->off[d] || a->size[d] != b->size[d]) return false;
-  return true;
-}
-
-bool dcp_box_intersect(const dcp_box *a, const dcp_box *b, int ndim, dcp_box *out) {
-  dcp_box r;
-  for (int d = 0; d < ndim; d++) {
-    int64_t lo = a->off[d] > b->off[d] ? a->off[d] : b->off[d];
-    int64_t ea = a->off[d] + a->size[d], eb = b->off[d] + b->size[d];
-    int64_t hi = ea < eb ? ea : eb;
-    if (hi <= lo) return false;
-    r.off[d] = lo;
-    r.size[d] = hi - lo;
-  }
-  if (out) *out = r;
-  return true;
-}
-
-void dcp_box_describe(const dcp_box *b, int ndim, char *buf, size_t cap) {
+void dcp_box_describe(const weft_box *b, int ndim, char *buf, size_t cap) {
   size_t at = 0;
   if (!cap) return;
   buf[0] = '\0';
@@ -52,7 +26,7 @@ void dcp_box_describe(const dcp_box *b, int ndim, char *buf, size_t cap) {
 }
 
 static int cmp_off0(const void *a, const void *b, void *ctx) {
-  const dcp_box *const *bx = ctx;
+  const weft_box *const *bx = ctx;
   int64_t x = bx[*(const int64_t *)a]->off[0], y = bx[*(const int64_t *)b]->off[0];
   if (x != y) return x < y ? -1 : 1;
   return *(const int64_t *)a < *(const int64_t *)b ? -1 : 1;
@@ -66,13 +40,13 @@ static const char *label(const char *(*owner)(int64_t, void *), void *ctx, int64
 }
 
 weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
-                             const int64_t *shape, const dcp_box *const *boxes, int64_t n,
+                             const int64_t *shape, const weft_box *const *boxes, int64_t n,
                              const char *(*owner)(int64_t i, void *ctx), void *ctx) {
   char bs[256], bs2[256], la[96], lb[96];
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) numel *= shape[d];
   for (int64_t i = 0; i < n; i++) {
-    const dcp_box *b = boxes[i];
+    const weft_box *b = boxes[i];
     for (int d = 0; d < ndim; d++)
       if (b->size[d] <= 0 || b->off[d] < 0 || b->off[d] > shape[d] - b->size[d]) {
         dcp_box_describe(b, ndim, bs, sizeof bs);
@@ -92,11 +66,11 @@ weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
     for (int64_t i = 0; i < n; i++) ord[i] = i;
     qsort_r(ord, (size_t)n, sizeof *ord, cmp_off0, (void *)boxes);
     for (int64_t i = 0; i < n; i++) {
-      const dcp_box *a = boxes[ord[i]];
+      const weft_box *a = boxes[ord[i]];
       for (int64_t j = i + 1; j < n; j++) {
-        const dcp_box *b = boxes[ord[j]];
+        const weft_box *b = boxes[ord[j]];
         if (b->off[0] >= a->off[0] + a->size[0]) break;
-        if (dcp_box_intersect(a, b, ndim, NULL)) {
+        if (weft_box_intersect(a, b, ndim, NULL)) {
           dcp_box_describe(a, ndim, bs, sizeof bs);
           dcp_box_describe(b, ndim, bs2, sizeof bs2);
           weft_status st = weft_error(
@@ -110,50 +84,12 @@ weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
     free(ord);
   }
   int64_t sum = 0;
-  for (int64_t i = 0; i < n; i++) sum += dcp_box_volume(boxes[i], ndim);
+  for (int64_t i = 0; i < n; i++) sum += weft_box_volume(boxes[i], ndim);
   if (sum != numel)
     return weft_error(WEFT_ERR_CORRUPT, "%s: tensor '%s': its chunks cover %" PRId64 " of its %" PRId64
                       " elements (a hole: some part of the tensor was never saved)", where, tensor,
                       sum, numel);
   return WEFT_OK;
-}
-
-weft_status dcp_local_boxes(const weft_dtensor *dt, dcp_lbox **out, int64_t *n) {
-  *out = NULL;
-  *n = 0;
-  int nd = weft_dtensor_ndim(dt);
-  weft_range *runs[WEFT_MAX_DIMS] = {0};
-  int cnt[WEFT_MAX_DIMS];
-  weft_status st = WEFT_OK;
-  int64_t total = 1;
-  for (int d = 0; d < nd; d++) {
-    WEFT_CHECK_GOTO(weft_dtensor_ranges(dt, d, NULL, 0, &cnt[d]), st, done);
-    if (cnt[d] == 0) goto done; /* empty shard */
-    runs[d] = malloc((size_t)cnt[d] * sizeof **runs);
-    if (!runs[d]) { st = weft_error(WEFT_ERR_OOM, "runs"); goto done; }
-    int c2;
-    WEFT_CHECK_GOTO(weft_dtensor_ranges(dt, d, runs[d], cnt[d], &c2), st, done);
-    total *= cnt[d];
-  }
-  dcp_lbox *b = malloc((size_t)total * sizeof *b);
-  if (!b) { st = weft_error(WEFT_ERR_OOM, "%" PRId64 " local boxes", total); goto done; }
-  int idx[WEFT_MAX_DIMS] = {0};
-  for (int64_t k = 0; k < total; k++) {
-    memset(&b[k], 0, sizeof b[k]);
-    for (int d = 0; d < nd; d++) {
-      int64_t ls = 0;
-      for (int j = 0; j < idx[d]; j++) ls += runs[d][j].len;
-      b[k].g.off[d] = runs[d][idx[d]].start;
-      b[k].g.size[d] = runs[d][idx[d]].len;
-      b[k].lstart[d] = ls;
-    }
-    for (int d = nd - 1; d >= 0 && ++idx[d] == cnt[d]; d--) idx[d] = 0;
-  }
-  *out = b;
-  *n = total;
-done:
-  for (int d = 0; d < nd; d++) free(runs[d]);
-  return st;
 }
 
 void dcp_byte_strides(const weft_tensor *t, int64_t *out) {
@@ -166,40 +102,6 @@ void dcp_contig_strides(const int64_t *shape, int ndim, size_t esz, int64_t *out
   for (int d = ndim - 1; d >= 0; d--) {
     out[d] = s;
     s *= shape[d];
-  }
-}
-
-void dcp_copy_box(char *dst, const int64_t *ds, const char *src, const int64_t *ss,
-                  const int64_t *len, int ndim, size_t esz) {
-  for (int d = 0; d < ndim; d++)
-    if (len[d] <= 0) return;
-  /* merge contiguous trailing dims into one run of `run` bytes; dims
-   * [0, k) are iterated */
-  int k = ndim;
-  size_t run = esz;
-  if (ndim > 0 && ds[ndim - 1] == (int64_t)esz && ss[ndim - 1] == (int64_t)esz) {
-    run = (size_t)len[ndim - 1] * esz;
-    k = ndim - 1;
-    while (k > 0 && ds[k - 1] == (int64_t)run && ss[k - 1] == (int64_t)run) {
-      run *= (size_t)len[k - 1];
-      k--;
-    }
-  }
-  if (k == 0) {
-    memcpy(dst, src, run);
-    return;
-  }
-  int64_t idx[WEFT_MAX_DIMS] = {0};
-  for (;;) {
-    int64_t od = 0, os = 0;
-    for (int d = 0; d < k; d++) {
-      od += idx[d] * ds[d];
-      os += idx[d] * ss[d];
-    }
-    memcpy(dst + od, src + os, run);
-    int d = k - 1;
-    while (d >= 0 && ++idx[d] == len[d]) idx[d--] = 0;
-    if (d < 0) break;
   }
 }
 

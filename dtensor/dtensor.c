@@ -82,7 +82,15 @@ weft_status weft_dtensor_ranges(const weft_dtensor *dt, int dim, weft_range *ran
   WEFT_CHECK(check_dt(dt, "dt"));
   int me[WEFT_MESH_MAX_DIMS];
   dt_my_coords(dt->mesh, me);
-  return weft_dtensor_spec_ranges(&dt->spec, me, dim, ranges, cap, count);
+  WEFT_CHECK(weft_dtensor_spec_ranges(&dt->spec, me, dim, ranges, cap, count));
+  return WEFT_OK;
+}
+
+weft_status weft_dtensor_local_boxes(const weft_dtensor *dt, weft_local_box **out, int64_t *n) {
+  WEFT_CHECK(check_dt(dt, "dt"));
+  int me[WEFT_MESH_MAX_DIMS];
+  dt_my_coords(dt->mesh, me);
+  return weft_dtensor_spec_local_boxes(&dt->spec, me, out, n);
 }
 
 void weft_dtensor_describe(const weft_dtensor *dt, char *buf, size_t cap) {
@@ -241,7 +249,7 @@ static weft_status slice_from_full(const weft_dtensor_spec *spec, const int *me,
   int64_t shape[WEFT_MAX_DIMS];
   for (int d = 0; d < spec->ndim; d++) shape[d] = dt_runs_total(&mb.d[d]);
   WEFT_CHECK_GOTO(weft_tensor_create(spec->dtype, WEFT_CPU, spec->ndim, shape, &t), st, done);
-  dt_xfer_copy(&xf, full, t);
+  WEFT_CHECK_GOTO(dt_xfer_copy(&xf, full, t), st, done);
   *out = t;
   t = NULL;
 done:
@@ -253,6 +261,201 @@ done:
 }
 
 #define META_WORDS (3 + WEFT_MAX_DIMS)
+
+/* Phase 1 of distribute: the local argument checks (identical on every rank
+ * when the arguments are), then, from one source rank, the source's
+ * metadata (dtype, shape, or its own error) broadcast along the mesh and
+ * every rank's agreement that its `full` (if any) matches. Collective: every
+ * rank fails together. Out: the source's coords, whether this rank is it,
+ * and the spec of the result. */
+static weft_status distribute_agree(weft_mesh *mesh, const weft_tensor *full, int src_rank,
+                                    const weft_placement *placements, int nplacements,
+                                    const int *me, int *src, bool *is_src,
+                                    weft_dtensor_spec *spec) {
+  int k = weft_mesh_ndim(mesh);
+  /* The source's metadata travels along the same chain as the data; a
+   * source-side error travels with it so every rank fails together. */
+  int mshape[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < k; i++) mshape[i] = weft_mesh_dim_size(mesh, i);
+  dt_unlinear(mshape, k, src_rank, src);
+  *is_src = dt_linear(mshape, k, me) == src_rank;
+  int64_t meta[META_WORDS] = {0};
+  if (*is_src) {
+    if (!full) {
+      meta[0] = WEFT_ERR_INVALID;
+    } else if (full->device != WEFT_CPU) {
+      meta[0] = WEFT_ERR_UNSUPPORTED;
+    } else {
+      meta[1] = full->dtype;
+      meta[2] = full->ndim;
+      for (int d = 0; d < full->ndim; d++) meta[3 + d] = full->shape[d];
+    }
+  }
+  for (int i = 0; i < k; i++) WEFT_CHECK(weft_broadcast(mesh, i, meta, META_WORDS, WEFT_I64, src[i], NULL));
+  if (meta[0] != WEFT_OK)
+    return weft_error((weft_status)meta[0], "the source (mesh rank %d) passed %s", src_rank,
+                      meta[0] == WEFT_ERR_INVALID ? "full = NULL" : "a non-CPU tensor");
+  int64_t shape[WEFT_MAX_DIMS];
+  for (int d = 0; d < (int)meta[2]; d++) shape[d] = meta[3 + d];
+  weft_status sst = weft_dtensor_spec_init_mesh(spec, mesh, placements, nplacements,
+                                                (weft_dtype)meta[1], (int)meta[2], shape);
+  if (sst != WEFT_OK) return sst; /* same on every rank */
+  int64_t bad = 0;
+  if (!*is_src && full) {
+    bool same = full->dtype == spec->dtype && full->ndim == spec->ndim;
+    for (int d = 0; same && d < spec->ndim; d++) same = full->shape[d] == spec->shape[d];
+    if (!same) bad = 1;
+  }
+  char mydesc[96] = "";
+  if (bad) weft_tensor_describe(full, mydesc, sizeof mydesc);
+  WEFT_CHECK(mesh_any(mesh, &bad));
+  if (bad) {
+    if (mydesc[0]) {
+      char want[512];
+      weft_dtensor_spec_describe(spec, want, sizeof want);
+      return weft_error(WEFT_ERR_MISMATCH, "this rank's full tensor %s does not match the "
+                        "source's (mesh rank %d): %s", mydesc, src_rank, want);
+    }
+    return weft_error(WEFT_ERR_MISMATCH, "a rank's full tensor does not match the source's "
+                      "(mesh rank %d) shape or dtype", src_rank);
+  }
+  return WEFT_OK;
+}
+
+/* Phase 2 of distribute, for step i (mesh dim i, size m): the boxes. A live
+ * rank gets its U_{i+1} (*next, with a tensor *nt of that shape); the root,
+ * holding U_i (`cur`), also gets the transfer of U_i to each member x's
+ * U_{i+1} (xs[x], caller-allocated, m entries) with its send counts and
+ * displacements (sc, sd; elements). Local. On failure the caller frees
+ * next, nt and xs. */
+static weft_status distribute_boxes(const weft_dtensor_spec *spec, const int *me, int i, int m,
+                                    bool live, bool root, const dt_box *cur, dt_box *next,
+                                    weft_tensor **nt, dt_xfer *xs, int64_t *sc, int64_t *sd) {
+  if (live) {
+    WEFT_CHECK(union_box(spec, me, i + 1, next));
+    int64_t ns[WEFT_MAX_DIMS];
+    for (int d = 0; d < spec->ndim; d++) ns[d] = dt_runs_total(&next->d[d]);
+    WEFT_CHECK(weft_tensor_create(spec->dtype, WEFT_CPU, spec->ndim, ns, nt));
+  }
+  if (!root || !xs) return WEFT_OK;
+  int64_t tot = 0;
+  int c[WEFT_MESH_MAX_DIMS];
+  memcpy(c, me, sizeof c);
+  for (int x = 0; x < m; x++) {
+    c[i] = x;
+    dt_box nb = {0};
+    weft_status st = union_box(spec, c, i + 1, &nb);
+    if (st == WEFT_OK) st = dt_xfer_make(cur, &nb, &xs[x]);
+    dt_box_free(&nb);
+    WEFT_CHECK(st);
+    sc[x] = xs[x].numel;
+    sd[x] = tot;
+    tot += sc[x];
+  }
+  return WEFT_OK;
+}
+
+/* Phase 3 of distribute: the data. At step i the group along mesh dim i
+ * whose coordinates above i are the source's is live; its root (coordinate
+ * src[i]) holds the union U_i of what the group's members and their
+ * descendants need and sends each member its U_{i+1} (broadcast for a
+ * Replicate dim, scatter by all_to_all_v otherwise). Other groups take part
+ * with zero counts. Finally U_k is put in this rank's holding order into a
+ * new tensor *res. Collective over the mesh; `full` only on the source. */
+static weft_status distribute_scatter(weft_mesh *mesh, const weft_dtensor_spec *spec,
+                                      const int *me, const int *src, const weft_tensor *full,
+                                      weft_tensor **res) {
+  const int k = spec->mesh_ndim, msize = weft_mesh_size(mesh);
+  const size_t esz = weft_dtype_size(spec->dtype);
+  weft_status st = WEFT_OK;
+  dt_box cur = {0};
+  weft_tensor *curt = NULL; /* U_i for this rank (NULL before it has data) */
+  const weft_tensor *curv = NULL;
+  int64_t *cnt = NULL;
+  if (full) {
+    WEFT_CHECK_GOTO(full_box(spec, &cur), st, fail);
+    curv = full;
+  }
+  cnt = calloc((size_t)4 * (size_t)msize + 4, sizeof *cnt);
+  if (!cnt) {
+    st = weft_error(WEFT_ERR_OOM, "distribute bookkeeping");
+    goto fail;
+  }
+  for (int i = 0; i < k; i++) {
+    int m = spec->mesh_shape[i];
+    bool live = true;
+    for (int j = i + 1; j < k; j++)
+      if (me[j] != src[j]) live = false;
+    bool root = live && me[i] == src[i];
+    bool rep = spec->placements[i].kind == WEFT_PLACE_REPLICATE;
+    int64_t *sc = cnt, *sd = cnt + msize, *rc = cnt + 2 * msize, *rd = cnt + 3 * msize;
+    memset(cnt, 0, (size_t)4 * (size_t)msize * sizeof *cnt);
+    dt_box next = {0};
+    weft_tensor *nt = NULL;
+    void *sendbuf = NULL;
+    dt_xfer *xs = NULL;
+    if (root && !rep) {
+      xs = calloc((size_t)m, sizeof *xs);
+      if (!xs) st = weft_error(WEFT_ERR_OOM, "distribute transfers");
+    }
+    if (st == WEFT_OK) st = distribute_boxes(spec, me, i, m, live, root, &cur, &next, &nt, xs, sc, sd);
+    if (st == WEFT_OK && rep) {
+      /* the members' U_{i+1} equal the root's U_i (same box, same order) */
+      if (root) {
+        dt_xfer xf = {0};
+        st = dt_xfer_make(&cur, &next, &xf);
+        if (st == WEFT_OK) st = dt_xfer_copy(&xf, curv, nt);
+        dt_xfer_free(&xf);
+      }
+      if (st == WEFT_OK)
+        st = weft_broadcast(mesh, i, live ? nt->data : NULL, live ? weft_tensor_numel(nt) : 0,
+                            spec->dtype, src[i], NULL);
+    } else if (st == WEFT_OK) {
+      if (root) {
+        int64_t tot = m > 0 ? sd[m - 1] + sc[m - 1] : 0;
+        st = weft_alloc(WEFT_CPU, (size_t)tot * esz + 1, &sendbuf);
+        for (int x = 0; x < m && st == WEFT_OK; x++)
+          st = dt_xfer_pack(&xs[x], curv, (char *)sendbuf + (size_t)sd[x] * esz);
+      }
+      if (live) rc[src[i]] = weft_tensor_numel(nt);
+      if (st == WEFT_OK)
+        st = weft_all_to_all_v(mesh, i, sendbuf, sc, sd, live ? nt->data : NULL, rc, rd,
+                               spec->dtype, NULL);
+    }
+    weft_free(sendbuf);
+    if (xs)
+      for (int x = 0; x < m; x++) dt_xfer_free(&xs[x]);
+    free(xs);
+    if (st != WEFT_OK) {
+      weft_tensor_destroy(nt);
+      dt_box_free(&next);
+      goto fail;
+    }
+    dt_box_free(&cur);
+    weft_tensor_destroy(curt);
+    cur = next;
+    curt = nt;
+    curv = nt;
+  }
+  /* U_k is this rank's holding as a sorted set; put it in holding order */
+  {
+    dt_box mb = {0};
+    dt_xfer xf = {0};
+    int64_t ls[WEFT_MAX_DIMS];
+    st = dt_box_of(spec, me, &mb);
+    if (st == WEFT_OK) st = dt_xfer_make(&cur, &mb, &xf);
+    for (int d = 0; d < spec->ndim; d++) ls[d] = dt_runs_total(&mb.d[d]);
+    if (st == WEFT_OK) st = weft_tensor_create(spec->dtype, WEFT_CPU, spec->ndim, ls, res);
+    if (st == WEFT_OK) st = dt_xfer_copy(&xf, curv, *res);
+    dt_xfer_free(&xf);
+    dt_box_free(&mb);
+  }
+fail:
+  weft_tensor_destroy(curt);
+  dt_box_free(&cur);
+  free(cnt);
+  return st;
+}
 
 weft_status weft_dtensor_distribute(weft_mesh *mesh, const weft_tensor *full, int src_rank,
                                     const weft_placement *placements, int nplacements,
@@ -274,185 +477,31 @@ weft_status weft_dtensor_distribute(weft_mesh *mesh, const weft_tensor *full, in
                       nplacements, k);
   int me[WEFT_MESH_MAX_DIMS], src[WEFT_MESH_MAX_DIMS];
   dt_my_coords(mesh, me);
+  weft_dtensor_spec spec;
+  weft_tensor *res = NULL;
+  weft_status st;
   if (src_rank == WEFT_DTENSOR_ALL_RANKS) {
+    /* every rank holds `full`: no communication, each slices its own */
     if (!full) return weft_error(WEFT_ERR_INVALID, "full is NULL (every rank must pass it)");
     if (full->device != WEFT_CPU)
       return weft_error(WEFT_ERR_UNSUPPORTED, "distribute from %s tensors",
                         weft_device_name(full->device));
-    weft_dtensor_spec spec;
     WEFT_CHECK(weft_dtensor_spec_init_mesh(&spec, mesh, placements, nplacements, full->dtype,
                                            full->ndim, full->shape));
-    weft_tensor *t;
-    WEFT_CHECK(slice_from_full(&spec, me, full, &t));
-    weft_status st = dt_wrap(mesh, &spec, t, true, out);
-    if (st != WEFT_OK) weft_tensor_destroy(t);
+    WEFT_CHECK(slice_from_full(&spec, me, full, &res));
+    st = dt_wrap(mesh, &spec, res, true, out);
+    if (st != WEFT_OK) weft_tensor_destroy(res);
     return st;
   }
-  /* The source's metadata travels along the same chain as the data; a
-   * source-side error travels with it so every rank fails together. */
-  int mshape[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < k; i++) mshape[i] = weft_mesh_dim_size(mesh, i);
-  dt_unlinear(mshape, k, src_rank, src);
-  bool is_src = dt_linear(mshape, k, me) == src_rank;
-  int64_t meta[META_WORDS] = {0};
-  weft_status st = WEFT_OK;
-  if (is_src) {
-    if (!full) {
-      meta[0] = WEFT_ERR_INVALID;
-    } else if (full->device != WEFT_CPU) {
-      meta[0] = WEFT_ERR_UNSUPPORTED;
-    } else {
-      meta[1] = full->dtype;
-      meta[2] = full->ndim;
-      for (int d = 0; d < full->ndim; d++) meta[3 + d] = full->shape[d];
-    }
+  bool is_src = false;
+  st = distribute_agree(mesh, full, src_rank, placements, nplacements, me, src, &is_src, &spec);
+  if (st == WEFT_OK) st = distribute_scatter(mesh, &spec, me, src, is_src ? full : NULL, &res);
+  if (st == WEFT_OK) st = dt_wrap(mesh, &spec, res, true, out);
+  if (st != WEFT_OK) {
+    weft_tensor_destroy(res);
+    return weft_error_trace(st, __func__);
   }
-  for (int i = 0; i < k; i++) WEFT_CHECK(weft_broadcast(mesh, i, meta, META_WORDS, WEFT_I64, src[i], NULL));
-  if (meta[0] != WEFT_OK)
-    return weft_error((weft_status)meta[0], "the source (mesh rank %d) passed %s", src_rank,
-                      meta[0] == WEFT_ERR_INVALID ? "full = NULL" : "a non-CPU tensor");
-  weft_dtensor_spec spec;
-  int64_t shape[WEFT_MAX_DIMS];
-  for (int d = 0; d < (int)meta[2]; d++) shape[d] = meta[3 + d];
-  weft_status sst = weft_dtensor_spec_init_mesh(&spec, mesh, placements, nplacements,
-                                                (weft_dtype)meta[1], (int)meta[2], shape);
-  if (sst != WEFT_OK) return weft_error_trace(sst, __func__); /* same on every rank */
-  int64_t bad = 0;
-  if (!is_src && full) {
-    bool same = full->dtype == spec.dtype && full->ndim == spec.ndim;
-    for (int d = 0; same && d < spec.ndim; d++) same = full->shape[d] == spec.shape[d];
-    if (!same) bad = 1;
-  }
-  char mydesc[96] = "";
-  if (bad) weft_tensor_describe(full, mydesc, sizeof mydesc);
-  WEFT_CHECK(mesh_any(mesh, &bad));
-  if (bad) {
-    if (mydesc[0]) {
-      char want[512];
-      weft_dtensor_spec_describe(&spec, want, sizeof want);
-      return weft_error(WEFT_ERR_MISMATCH, "this rank's full tensor %s does not match the "
-                        "source's (mesh rank %d): %s", mydesc, src_rank, want);
-    }
-    return weft_error(WEFT_ERR_MISMATCH, "a rank's full tensor does not match the source's "
-                      "(mesh rank %d) shape or dtype", src_rank);
-  }
-  /* Data: at step i the group along mesh dim i whose coordinates above i are
-   * the source's is live; its root (coordinate src[i]) holds the union U_i
-   * of what the group's members and their descendants need and sends each
-   * member its U_{i+1}. Other groups take part with zero counts. */
-  size_t esz = weft_dtype_size(spec.dtype);
-  dt_box cur = {0};
-  weft_tensor *curt = NULL; /* U_i for this rank (NULL before it has data) */
-  const weft_tensor *curv = NULL;
-  int64_t *cnt = NULL;
-  weft_tensor *res = NULL;
-  if (is_src) {
-    WEFT_CHECK_GOTO(full_box(&spec, &cur), st, fail);
-    curv = full;
-  }
-  cnt = calloc((size_t)4 * (size_t)msize + 4, sizeof *cnt);
-  if (!cnt) {
-    st = weft_error(WEFT_ERR_OOM, "distribute bookkeeping");
-    goto fail;
-  }
-  for (int i = 0; i < k; i++) {
-    int m = mshape[i];
-    bool live = true;
-    for (int j = i + 1; j < k; j++)
-      if (me[j] != src[j]) live = false;
-    bool root = live && me[i] == src[i];
-    dt_box next = {0};
-    weft_tensor *nt = NULL;
-    if (live) {
-      WEFT_CHECK_GOTO(union_box(&spec, me, i + 1, &next), st, fail);
-      int64_t ns[WEFT_MAX_DIMS];
-      for (int d = 0; d < spec.ndim; d++) ns[d] = dt_runs_total(&next.d[d]);
-      st = weft_tensor_create(spec.dtype, WEFT_CPU, spec.ndim, ns, &nt);
-      if (st != WEFT_OK) {
-        dt_box_free(&next);
-        goto fail;
-      }
-    }
-    if (spec.placements[i].kind == WEFT_PLACE_REPLICATE) {
-      /* the members' U_{i+1} equal the root's U_i (same box, same order) */
-      int64_t count = live ? weft_tensor_numel(nt) : 0;
-      if (root) {
-        dt_xfer xf = {0};
-        st = dt_xfer_make(&cur, &next, &xf);
-        if (st == WEFT_OK) dt_xfer_copy(&xf, curv, nt);
-        dt_xfer_free(&xf);
-      }
-      if (st == WEFT_OK)
-        st = weft_broadcast(mesh, i, live ? nt->data : NULL, count, spec.dtype, src[i], NULL);
-    } else {
-      int64_t *sc = cnt, *sd = cnt + msize, *rc = cnt + 2 * msize, *rd = cnt + 3 * msize;
-      memset(cnt, 0, (size_t)4 * (size_t)msize * sizeof *cnt);
-      void *sendbuf = NULL;
-      dt_xfer *xs = NULL;
-      if (root) {
-        xs = calloc((size_t)m, sizeof *xs);
-        if (!xs) st = weft_error(WEFT_ERR_OOM, "distribute transfers");
-        int64_t tot = 0;
-        int c[WEFT_MESH_MAX_DIMS];
-        memcpy(c, me, sizeof c);
-        for (int x = 0; x < m && st == WEFT_OK; x++) {
-          c[i] = x;
-          dt_box nb = {0};
-          st = union_box(&spec, c, i + 1, &nb);
-          if (st == WEFT_OK) st = dt_xfer_make(&cur, &nb, &xs[x]);
-          dt_box_free(&nb);
-          sc[x] = xs[x].numel;
-          sd[x] = tot;
-          tot += sc[x];
-        }
-        if (st == WEFT_OK) st = weft_alloc(WEFT_CPU, (size_t)tot * esz + 1, &sendbuf);
-        for (int x = 0; x < m && st == WEFT_OK; x++)
-          dt_xfer_pack(&xs[x], curv, (char *)sendbuf + (size_t)sd[x] * esz);
-      }
-      if (live) rc[src[i]] = weft_tensor_numel(nt);
-      if (st == WEFT_OK)
-        st = weft_all_to_all_v(mesh, i, sendbuf, sc, sd, live ? nt->data : NULL, rc, rd,
-                               spec.dtype, NULL);
-      weft_free(sendbuf);
-      if (xs)
-        for (int x = 0; x < m; x++) dt_xfer_free(&xs[x]);
-      free(xs);
-    }
-    if (st != WEFT_OK) {
-      weft_tensor_destroy(nt);
-      dt_box_free(&next);
-      goto fail;
-    }
-    dt_box_free(&cur);
-    weft_tensor_destroy(curt);
-    cur = next;
-    curt = nt;
-    curv = nt;
-  }
-  /* U_k is this rank's holding as a sorted set; put it in holding order */
-  {
-    dt_box mb = {0};
-    dt_xfer xf = {0};
-    int64_t ls[WEFT_MAX_DIMS];
-    st = dt_box_of(&spec, me, &mb);
-    if (st == WEFT_OK) st = dt_xfer_make(&cur, &mb, &xf);
-    for (int d = 0; d < spec.ndim; d++) ls[d] = dt_runs_total(&mb.d[d]);
-    if (st == WEFT_OK) st = weft_tensor_create(spec.dtype, WEFT_CPU, spec.ndim, ls, &res);
-    if (st == WEFT_OK) dt_xfer_copy(&xf, curv, res);
-    dt_xfer_free(&xf);
-    dt_box_free(&mb);
-    if (st != WEFT_OK) goto fail;
-  }
-  st = dt_wrap(mesh, &spec, res, true, out);
-  if (st != WEFT_OK) goto fail;
-  res = NULL;
-fail:
-  weft_tensor_destroy(res);
-  weft_tensor_destroy(curt);
-  dt_box_free(&cur);
-  free(cnt);
-  if (st != WEFT_OK) weft_error_trace(st, __func__);
-  return st;
+  return WEFT_OK;
 }
 
 /* ------------------------------------------------------------ from_local */
@@ -686,7 +735,8 @@ weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_lo
 weft_status weft_dtensor_to_local(const weft_dtensor *dt, weft_tensor **out) {
   WEFT_CHECK(check_dt(dt, "dt"));
   if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
-  return weft_tensor_clone(dt->local, out);
+  WEFT_CHECK(weft_tensor_clone(dt->local, out));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const weft_placement *placements,
@@ -740,7 +790,8 @@ weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor 
 
 weft_status weft_dtensor_redistribute(const weft_dtensor *dt, const weft_placement *placements,
                                       int nplacements, weft_dtensor **out) {
-  return weft_dtensor_redistribute_ex(dt, placements, nplacements, NULL, out);
+  WEFT_CHECK(weft_dtensor_redistribute_ex(dt, placements, nplacements, NULL, out));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_full_tensor(const weft_dtensor *dt, weft_tensor **out) {

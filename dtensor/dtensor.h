@@ -112,17 +112,17 @@ static inline weft_placement weft_partial(weft_reduce_op op) {
 }
 
 /* true for Shard and StridedShard. */
-bool weft_placement_is_shard(weft_placement p);
+WEFT_API bool weft_placement_is_shard(weft_placement p);
 /* Same kind and the fields that kind uses (dim, split_factor, op). */
-bool weft_placement_equal(weft_placement a, weft_placement b);
+WEFT_API bool weft_placement_equal(weft_placement a, weft_placement b);
 /* "R", "S(0)", "SS(0,2)", "P(sum)" into buf (always NUL-terminated). */
-void weft_placement_describe(weft_placement p, char *buf, size_t cap);
+WEFT_API void weft_placement_describe(weft_placement p, char *buf, size_t cap);
 /* "(S(0), R)" for a list. */
-void weft_placements_describe(const weft_placement *p, int n, char *buf, size_t cap);
+WEFT_API void weft_placements_describe(const weft_placement *p, int n, char *buf, size_t cap);
 /* Parses a comma-separated list in the describe format ("S(0),R", "SS(0,2), S(0)",
  * "P(avg)"; "Shard(0)", "Replicate()", "Partial(sum)" also accepted) into
  * out[0..*n). WEFT_ERR_INVALID naming the bad token otherwise. */
-weft_status weft_placements_parse(const char *text, weft_placement *out, int cap, int *n);
+WEFT_API weft_status weft_placements_parse(const char *text, weft_placement *out, int cap, int *n);
 
 /* ---------------------------------------------------------- layout (spec) */
 
@@ -143,17 +143,17 @@ typedef struct weft_dtensor_spec {
  * >= 1 (StridedShard(d, 1) becomes Shard(d)), valid reduce ops, no mix of
  * different Partial ops, shape entries >= 0. Errors name the offending
  * placement. No communication. */
-weft_status weft_dtensor_spec_init(weft_dtensor_spec *spec, int mesh_ndim, const int *mesh_shape,
+WEFT_API weft_status weft_dtensor_spec_init(weft_dtensor_spec *spec, int mesh_ndim, const int *mesh_shape,
                                    const weft_placement *placements, int nplacements,
                                    weft_dtype dtype, int ndim, const int64_t *shape);
 /* Same with the mesh shape taken from a mesh. */
-weft_status weft_dtensor_spec_init_mesh(weft_dtensor_spec *spec, const weft_mesh *mesh,
+WEFT_API weft_status weft_dtensor_spec_init_mesh(weft_dtensor_spec *spec, const weft_mesh *mesh,
                                         const weft_placement *placements, int nplacements,
                                         weft_dtype dtype, int ndim, const int64_t *shape);
 /* Same mesh shape, placements, shape and dtype. */
-bool weft_dtensor_spec_equal(const weft_dtensor_spec *a, const weft_dtensor_spec *b);
+WEFT_API bool weft_dtensor_spec_equal(const weft_dtensor_spec *a, const weft_dtensor_spec *b);
 /* "f32[8, 6] (S(0), R) on mesh 2x2" */
-void weft_dtensor_spec_describe(const weft_dtensor_spec *spec, char *buf, size_t cap);
+WEFT_API void weft_dtensor_spec_describe(const weft_dtensor_spec *spec, char *buf, size_t cap);
 
 /* ---------------------------------------------------------- shard geometry */
 
@@ -174,15 +174,48 @@ typedef struct weft_range {
  * With strided shards the local piece may not be one contiguous range:
  * `contiguous` (may be NULL) is set false then, and the ranges come from
  * weft_dtensor_spec_ranges. */
-weft_status weft_dtensor_spec_local_shape(const weft_dtensor_spec *spec, const int *coords,
+WEFT_API weft_status weft_dtensor_spec_local_shape(const weft_dtensor_spec *spec, const int *coords,
                                           int64_t *local_shape, int64_t *global_offset,
                                           bool *contiguous);
 /* The runs of global indices the shard at `coords` holds along `dim`, in
  * local order (local index 0 is ranges[0].start, ...; adjacent runs merged,
  * empty runs omitted). Writes min(cap, count) runs; *count is the total (0
  * for an empty local dim). */
-weft_status weft_dtensor_spec_ranges(const weft_dtensor_spec *spec, const int *coords, int dim,
+WEFT_API weft_status weft_dtensor_spec_ranges(const weft_dtensor_spec *spec, const int *coords, int dim,
                                      weft_range *ranges, int cap, int *count);
+
+/* A box of a global tensor: indices [off[d], off[d] + size[d]) along each
+ * dim d < ndim (ndim travels alongside). Pure local helpers on it: */
+typedef struct weft_box {
+  int64_t off[WEFT_MAX_DIMS];
+  int64_t size[WEFT_MAX_DIMS];
+} weft_box;
+/* Number of elements (product of the ndim sizes; 1 for ndim 0). */
+WEFT_API int64_t weft_box_volume(const weft_box *b, int ndim);
+/* Same offsets and sizes in the first ndim dims. */
+WEFT_API bool weft_box_equal(const weft_box *a, const weft_box *b, int ndim);
+/* The intersection of a and b into *out (out may be NULL); false, and out
+ * untouched, when it is empty. */
+WEFT_API bool weft_box_intersect(const weft_box *a, const weft_box *b, int ndim, weft_box *out);
+
+/* One rectangular piece of a shard: the global box it covers and where it
+ * starts in the local tensor (local_start[d], local indices). A shard is the
+ * product of its runs (weft_dtensor_spec_ranges) along every dim, so it is
+ * one box for Shard/Replicate placements and several with strided shards. */
+typedef struct weft_local_box {
+  weft_box global;
+  int64_t local_start[WEFT_MAX_DIMS];
+} weft_local_box;
+/* The pieces of the shard held at `coords` — PyTorch's
+ * compute_local_shape_and_global_offset generalised to strided shards —
+ * in row-major order of the runs (local_start increasing). Empty pieces are
+ * left out: an empty shard gives *n = 0 and *out = NULL; a 0-d tensor one
+ * piece. *out is malloc'ed, the caller frees it with free(). Local (no
+ * communication); DCP uses it to name what each rank saves and loads.
+ * Errors: WEFT_ERR_INVALID for NULL arguments or coords off the mesh;
+ * WEFT_ERR_OOM. */
+WEFT_API weft_status weft_dtensor_spec_local_boxes(const weft_dtensor_spec *spec, const int *coords,
+                                                   weft_local_box **out, int64_t *n);
 
 /* ----------------------------------------------------------------- dtensor */
 
@@ -195,10 +228,10 @@ typedef struct weft_dtensor weft_dtensor;
  * of the right local shape on each rank. Partial placements are allowed
  * (e.g. gradient accumulators). Not collective (no communication), but
  * every rank should build the same spec. */
-weft_status weft_dtensor_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
+WEFT_API weft_status weft_dtensor_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
                                const weft_placement *placements, int nplacements,
                                weft_dtensor **out);
-weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
+WEFT_API weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
                                const weft_placement *placements, int nplacements,
                                weft_dtensor **out);
 
@@ -213,7 +246,7 @@ weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim, cons
  * full tensor and takes its slice locally, with no communication. Partial
  * placements are rejected (WEFT_ERR_INVALID), as distribute_tensor does.
  * `full` may have any strides; the result owns a contiguous local tensor. */
-weft_status weft_dtensor_distribute(weft_mesh *mesh, const weft_tensor *full, int src_rank,
+WEFT_API weft_status weft_dtensor_distribute(weft_mesh *mesh, const weft_tensor *full, int src_rank,
                                     const weft_placement *placements, int nplacements,
                                     weft_dtensor **out);
 
@@ -235,50 +268,52 @@ typedef enum weft_local_ownership {
  * shape, placements or dtype disagree is named on every rank: WEFT_ERR_MISMATCH
  * on the others, its own error code on a rank whose arguments were bad.
  * Without debug it does not communicate. */
-weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_local_ownership own,
+WEFT_API weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_local_ownership own,
                                     const weft_placement *placements, int nplacements,
                                     const int64_t *global_shape, weft_dtensor **out);
 
 /* Collective. Checks that every rank of the mesh has the same spec and a
  * local tensor of the shape the geometry gives it. WEFT_ERR_MISMATCH on
  * every rank (naming the first rank that differs and how) otherwise. */
-weft_status weft_dtensor_check(const weft_dtensor *dt);
+WEFT_API weft_status weft_dtensor_check(const weft_dtensor *dt);
 
 /* Releases the local tensor (if owned) and the mesh reference. NULL: no-op. */
-void weft_dtensor_destroy(weft_dtensor *dt);
+WEFT_API void weft_dtensor_destroy(weft_dtensor *dt);
 
 /* This rank's local shard, owned by the DTensor: its elements may be
  * written, it must not be destroyed or outlive the DTensor. */
-weft_tensor *weft_dtensor_local(const weft_dtensor *dt);
+WEFT_API weft_tensor *weft_dtensor_local(const weft_dtensor *dt);
 /* A new owning contiguous copy of the local shard (DTensor.to_local()). */
-weft_status weft_dtensor_to_local(const weft_dtensor *dt, weft_tensor **out);
+WEFT_API weft_status weft_dtensor_to_local(const weft_dtensor *dt, weft_tensor **out);
 /* Collective. The full global tensor on every rank (DTensor.full_tensor():
  * redistribute to all-Replicate, reducing Partial dims). New owning tensor. */
-weft_status weft_dtensor_full_tensor(const weft_dtensor *dt, weft_tensor **out);
+WEFT_API weft_status weft_dtensor_full_tensor(const weft_dtensor *dt, weft_tensor **out);
 
-weft_mesh *weft_dtensor_mesh(const weft_dtensor *dt);
-const weft_dtensor_spec *weft_dtensor_get_spec(const weft_dtensor *dt);
-const weft_placement *weft_dtensor_placements(const weft_dtensor *dt); /* mesh_ndim entries */
-int weft_dtensor_ndim(const weft_dtensor *dt);
-const int64_t *weft_dtensor_shape(const weft_dtensor *dt);             /* global shape */
-weft_dtype weft_dtensor_dtype(const weft_dtensor *dt);
+WEFT_API weft_mesh *weft_dtensor_mesh(const weft_dtensor *dt);
+WEFT_API const weft_dtensor_spec *weft_dtensor_get_spec(const weft_dtensor *dt);
+WEFT_API const weft_placement *weft_dtensor_placements(const weft_dtensor *dt); /* mesh_ndim entries */
+WEFT_API int weft_dtensor_ndim(const weft_dtensor *dt);
+WEFT_API const int64_t *weft_dtensor_shape(const weft_dtensor *dt);             /* global shape */
+WEFT_API weft_dtype weft_dtensor_dtype(const weft_dtensor *dt);
 /* This rank's global offset (see weft_dtensor_spec_local_shape); returns
  * whether the local piece is one contiguous box. */
-bool weft_dtensor_local_offset(const weft_dtensor *dt, int64_t *global_offset);
+WEFT_API bool weft_dtensor_local_offset(const weft_dtensor *dt, int64_t *global_offset);
 /* This rank's runs along dim (see weft_dtensor_spec_ranges). */
-weft_status weft_dtensor_ranges(const weft_dtensor *dt, int dim, weft_range *ranges, int cap,
+WEFT_API weft_status weft_dtensor_ranges(const weft_dtensor *dt, int dim, weft_range *ranges, int cap,
                                 int *count);
+/* This rank's pieces (see weft_dtensor_spec_local_boxes; local). */
+WEFT_API weft_status weft_dtensor_local_boxes(const weft_dtensor *dt, weft_local_box **out, int64_t *n);
 /* "f32[8, 6] (S(0), R) on mesh (dp=2, tp=2), local f32[4, 6] at [0, 0]" */
-void weft_dtensor_describe(const weft_dtensor *dt, char *buf, size_t cap);
+WEFT_API void weft_dtensor_describe(const weft_dtensor *dt, char *buf, size_t cap);
 
 /* Fills the local shard so that every element gets the value
  * weft_tensor_fill_normal/_uniform would give it in the full tensor: the
  * values depend only on (seed, key, global index), never on the mesh or the
  * placements. Float dtypes. No communication. A Partial DTensor is filled on
  * every rank the same (each holds the full value). */
-weft_status weft_dtensor_fill_normal(weft_dtensor *dt, uint64_t seed, uint64_t key, float mean,
+WEFT_API weft_status weft_dtensor_fill_normal(weft_dtensor *dt, uint64_t seed, uint64_t key, float mean,
                                      float std);
-weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t key, float lo,
+WEFT_API weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t key, float lo,
                                       float hi);
 /* As weft_dtensor_fill_uniform when dt holds rows [row0, row0 + shape[0])
  * (dim 0) of a larger tensor of total_rows rows that is not a DTensor
@@ -286,7 +321,7 @@ weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t 
  * value it has in that larger tensor, so masks drawn by dp groups on their
  * slices equal the one-rank masks. WEFT_ERR_INVALID when the rows do not lie
  * in [0, total_rows) or dt is 0-d. No communication. */
-weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint64_t key,
+WEFT_API weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint64_t key,
                                            float lo, float hi, int64_t row0,
                                            int64_t total_rows);
 
@@ -310,7 +345,7 @@ weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint
  * shape, element size). Errors: wrong number of placements, a shard dim out
  * of range, Partial as a target where the source does not already have the
  * same Partial (WEFT_ERR_INVALID, every rank, no communication). */
-weft_status weft_dtensor_redistribute(const weft_dtensor *dt, const weft_placement *placements,
+WEFT_API weft_status weft_dtensor_redistribute(const weft_dtensor *dt, const weft_placement *placements,
                                       int nplacements, weft_dtensor **out);
 
 /* Options for weft_dtensor_redistribute_ex; versioned so the ABI can grow. */
@@ -322,7 +357,7 @@ typedef struct weft_redistribute_opts {
 #define WEFT_REDISTRIBUTE_OPTS_INIT {WEFT_REDISTRIBUTE_OPTS_VERSION, false}
 
 /* weft_dtensor_redistribute with options (opts NULL = defaults). */
-weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const weft_placement *placements,
+WEFT_API weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const weft_placement *placements,
                                          int nplacements, const weft_redistribute_opts *opts,
                                          weft_dtensor **out);
 
@@ -332,7 +367,7 @@ weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const weft_plac
  * needs no allocation (a multi-step plan still allocates its intermediate
  * steps). out's local tensor is overwritten and may be a VIEW (e.g. a flat
  * FSDP buffer); it must not overlap the input's. opts may be NULL. */
-weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor *out,
+WEFT_API weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor *out,
                                            const weft_redistribute_opts *opts);
 
 /* Opt-in cache of host buffers for DTensor results and redistribute
@@ -342,7 +377,7 @@ weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor 
  * pay first-touch page faults on every result (16384 faults for 64 MiB).
  * Off (0) by default: cached blocks stay allocated and counted by
  * weft_mem_get. Setting 0 frees what is held. Process-wide, thread-safe. */
-void weft_dtensor_set_buffer_cache(size_t max_bytes);
+WEFT_API void weft_dtensor_set_buffer_cache(size_t max_bytes);
 
 /* One step of a plan: mesh dim, placements before/after on that dim, and the
  * collective it uses (WEFT_COLL_KIND_COUNT for a local step). */
@@ -357,7 +392,7 @@ typedef struct weft_redistribute_step {
  * placements (same mesh shape, shape, dtype), without communicating. Writes
  * min(cap, count) steps, *nsteps = count; *cost (may be NULL) = the planner's
  * estimate of bytes sent per rank. allow_partial as in the options. */
-weft_status weft_redistribute_plan(const weft_dtensor_spec *src, const weft_placement *placements,
+WEFT_API weft_status weft_redistribute_plan(const weft_dtensor_spec *src, const weft_placement *placements,
                                    int nplacements, bool allow_partial,
                                    weft_redistribute_step *steps, int cap, int *nsteps,
                                    double *cost);
@@ -368,8 +403,8 @@ typedef struct weft_plan_cache_stats {
   int64_t misses;
   int64_t entries;
 } weft_plan_cache_stats;
-weft_plan_cache_stats weft_redistribute_plan_cache_stats(void);
-void weft_redistribute_plan_cache_clear(void);
+WEFT_API weft_plan_cache_stats weft_redistribute_plan_cache_stats(void);
+WEFT_API void weft_redistribute_plan_cache_clear(void);
 
 /* ---------------------------------------------------- sharding propagation */
 
@@ -389,23 +424,23 @@ void weft_redistribute_plan_cache_clear(void);
  *   R, R         -> R
  *   P(sum|avg), R -> P(op);  R, P(sum|avg) -> P(op)
  * f32, f64, bf16 (weft_gemm). */
-weft_status weft_dtensor_matmul(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_matmul(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out);
 /* x @ w^T (nn.Linear without bias). x: (..., K), w: (N, K) as Linear.weight.
  * Same rules with w's out-features dim 0 as the column dim (colwise:
  * w S(0) -> out S(last)) and w's dim 1 as the contracting dim (rowwise:
  * x S(last), w S(1) -> P(sum)). */
-weft_status weft_dtensor_linear(const weft_dtensor *x, const weft_dtensor *w, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_linear(const weft_dtensor *x, const weft_dtensor *w, weft_dtensor **out);
 /* Elementwise on same-shape float DTensors. add: matching placements; P(op)+P(op)
  * -> P(op) for sum and avg. mul: matching placements; P(sum|avg) * R -> P. */
-weft_status weft_dtensor_add(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out);
-weft_status weft_dtensor_mul(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_add(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_mul(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out);
 /* Sum / mean over `dim` (negative counts from the end). A shard of `dim`
  * becomes P(sum) (mean: local sum times 1/n of the global size, exact for
  * uneven shards, where PyTorch uses P(avg) of local means); shards of other
  * dims stay (renumbered when keepdim is false); P(sum|avg) stays; P(max|min)
  * inputs are reduced first. */
-weft_status weft_dtensor_sum(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out);
-weft_status weft_dtensor_mean(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_sum(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_mean(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out);
 
 /* A sharding strategy of one mesh dim for an op of up to
  * WEFT_SHARDING_MAX_INPUTS inputs: the placement each input must have and
@@ -427,7 +462,7 @@ typedef struct weft_sharding_option {
  * keeps the value). Writes the inputs' targets (targets[k * mesh_ndim + i]
  * for input k, mesh dim i) and the outputs' placements. WEFT_ERR_UNSUPPORTED
  * when no combination can be reached. Local (no communication). */
-weft_status weft_sharding_choose(const weft_dtensor_spec *const *in, int nin, int mesh_ndim,
+WEFT_API weft_status weft_sharding_choose(const weft_dtensor_spec *const *in, int nin, int mesh_ndim,
                                  const weft_sharding_option *opts, int cap, const int *nopt,
                                  bool allow_partial, weft_placement *targets,
                                  weft_placement *out_placements);
@@ -440,10 +475,10 @@ weft_status weft_sharding_choose(const weft_dtensor_spec *const *in, int nin, in
  * header). Pure geometry, no communication; any rank may call it. Writes to
  * `f` when non-NULL, else into buf (cap bytes, NUL-terminated; truncated
  * output still terminates). WEFT_ERR_UNSUPPORTED for other ranks of tensor. */
-weft_status weft_dtensor_spec_visualize(const weft_dtensor_spec *spec, FILE *f, char *buf,
+WEFT_API weft_status weft_dtensor_spec_visualize(const weft_dtensor_spec *spec, FILE *f, char *buf,
                                         size_t cap);
-weft_status weft_dtensor_visualize(const weft_dtensor *dt, FILE *f);
-weft_status weft_dtensor_visualize_str(const weft_dtensor *dt, char *buf, size_t cap);
+WEFT_API weft_status weft_dtensor_visualize(const weft_dtensor *dt, FILE *f);
+WEFT_API weft_status weft_dtensor_visualize_str(const weft_dtensor *dt, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

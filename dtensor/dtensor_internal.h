@@ -61,10 +61,6 @@ int64_t dt_intersect_count(const dt_runs *a, const dt_runs *b);
 
 /* ------------------------------------------------------------- copying */
 
-/* Copies a strided box of `esz`-byte elements (strides in elements). */
-void dt_copy_strided(char *dst, const int64_t *dst_strides, const char *src,
-                     const int64_t *src_strides, const int64_t *shape, int ndim, size_t esz);
-
 /* The transfer of the elements of box A (held by a sender, local tensor
  * layout) that box B (receiver) needs: per dim the segments of A ∩ B in B
  * order. The packed form is a dense row-major tensor of shape
@@ -77,11 +73,13 @@ typedef struct dt_xfer {
 } dt_xfer;
 void dt_xfer_free(dt_xfer *x);
 weft_status dt_xfer_make(const dt_box *a, const dt_box *b, dt_xfer *out);
-/* A-side tensor -> packed buffer, and packed buffer -> B-side tensor. */
-void dt_xfer_pack(const dt_xfer *x, const weft_tensor *a_local, void *packed);
-void dt_xfer_unpack(const dt_xfer *x, const void *packed, weft_tensor *b_local);
+/* A-side tensor -> packed buffer (host, element-aligned), and packed
+ * buffer -> B-side tensor; each box by weft_tensor_copy_region, whose
+ * errors they return (none for valid transfers of host tensors). */
+weft_status dt_xfer_pack(const dt_xfer *x, const weft_tensor *a_local, void *packed);
+weft_status dt_xfer_unpack(const dt_xfer *x, const void *packed, weft_tensor *b_local);
 /* Direct A-local -> B-local copy of the intersection. */
-void dt_xfer_copy(const dt_xfer *x, const weft_tensor *a_local, weft_tensor *b_local);
+weft_status dt_xfer_copy(const dt_xfer *x, const weft_tensor *a_local, weft_tensor *b_local);
 
 /* ------------------------------------------------------------- planner */
 

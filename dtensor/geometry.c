@@ -19,6 +19,7 @@
  * For evenly divisible sizes this is PyTorch's left-to-right chunking with
  * _StridedShard._split_tensor; for uneven sizes it keeps FSDP-over-TP exact.
  */
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -343,5 +344,76 @@ weft_status weft_dtensor_spec_ranges(const weft_dtensor_spec *spec, const int *c
     *count = l.n;
   }
   dt_runs_free(&l);
+  return st;
+}
+
+/* ---------------------------------------------------------------- boxes */
+
+int64_t weft_box_volume(const weft_box *b, int ndim) {
+  int64_t v = 1;
+  for (int d = 0; d < ndim; d++) v *= b->size[d];
+  return v;
+}
+
+bool weft_box_equal(const weft_box *a, const weft_box *b, int ndim) {
+  for (int d = 0; d < ndim; d++)
+    if (a->off[d] != b->off[d] || a->size[d] != b->size[d]) return false;
+  return true;
+}
+
+bool weft_box_intersect(const weft_box *a, const weft_box *b, int ndim, weft_box *out) {
+  weft_box r;
+  for (int d = 0; d < ndim; d++) {
+    int64_t lo = a->off[d] > b->off[d] ? a->off[d] : b->off[d];
+    int64_t ea = a->off[d] + a->size[d], eb = b->off[d] + b->size[d];
+    int64_t hi = ea < eb ? ea : eb;
+    if (hi <= lo) return false;
+    r.off[d] = lo;
+    r.size[d] = hi - lo;
+  }
+  if (out) *out = r;
+  return true;
+}
+
+/* The product of the per-dim runs of box `b` (dt_box_of) as rectangles, in
+ * row-major order of the runs. */
+static weft_status boxes_of_runs(const dt_box *b, weft_local_box **out, int64_t *n) {
+  const int nd = b->ndim;
+  int64_t total = 1;
+  for (int d = 0; d < nd; d++) total *= b->d[d].n;
+  if (total == 0) return WEFT_OK; /* an empty shard */
+  weft_local_box *lb = malloc((size_t)total * sizeof *lb);
+  if (!lb) return weft_error(WEFT_ERR_OOM, "%" PRId64 " local boxes", total);
+  int idx[WEFT_MAX_DIMS] = {0};
+  int64_t ls[WEFT_MAX_DIMS] = {0}; /* local start of run idx[d] along d */
+  for (int64_t k = 0; k < total; k++) {
+    memset(&lb[k], 0, sizeof lb[k]);
+    for (int d = 0; d < nd; d++) {
+      lb[k].global.off[d] = b->d[d].r[idx[d]].start;
+      lb[k].global.size[d] = b->d[d].r[idx[d]].len;
+      lb[k].local_start[d] = ls[d];
+    }
+    for (int d = nd - 1; d >= 0; d--) {
+      ls[d] += b->d[d].r[idx[d]].len;
+      if (++idx[d] < b->d[d].n) break;
+      idx[d] = 0;
+      ls[d] = 0;
+    }
+  }
+  *out = lb;
+  *n = total;
+  return WEFT_OK;
+}
+
+weft_status weft_dtensor_spec_local_boxes(const weft_dtensor_spec *spec, const int *coords,
+                                          weft_local_box **out, int64_t *n) {
+  if (!out || !n) return weft_error(WEFT_ERR_INVALID, "out or n is NULL");
+  *out = NULL;
+  *n = 0;
+  WEFT_CHECK(check_coords(spec, coords));
+  dt_box b = {0};
+  weft_status st = dt_box_of(spec, coords, &b);
+  if (st == WEFT_OK) st = boxes_of_runs(&b, out, n);
+  dt_box_free(&b);
   return st;
 }

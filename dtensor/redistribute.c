@@ -133,7 +133,7 @@ static weft_status step_local(const weft_dtensor_spec *x, const weft_dtensor_spe
     goto done;
   }
   WEFT_CHECK_GOTO(out_tensor(y, &n, preset, &t), st, done);
-  dt_xfer_copy(&xf, in, t);
+  WEFT_CHECK_GOTO(dt_xfer_copy(&xf, in, t), st, done);
   *out = t;
   t = NULL;
 done:
@@ -158,8 +158,9 @@ static weft_status step_partition(const weft_dtensor_spec *x, const int *me, int
   int m = x->mesh_shape[i];
   if (to.op == WEFT_OP_SUM && m > 1) {
     if (weft_dtype_is_float(x->dtype)) {
-      /* PyTorch's Partial._partition_value: tensor / num_chunks */
-      st = weft_scale(t, 1.0 / m);
+      /* PyTorch's Partial._partition_value: tensor / num_chunks, a true
+       * division (x * (1/3) is 1 ulp off x / 3 for about a third of x) */
+      st = weft_div_scalar(t, (double)m);
     } else if (me[i] != 0) {
       /* integers: keep the value on coordinate 0, zeros elsewhere (exact) */
       memset(t->data, 0, weft_tensor_nbytes(t));
@@ -238,7 +239,7 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
     send = (const char *)in->data + (size_t)off * esz;
   } else {
     WEFT_CHECK_GOTO(alloc_buf((size_t)counts[me[i]] * esz, &sendbuf, &sendsz), st, done);
-    dt_xfer_pack(&xf[me[i]], in, sendbuf);
+    WEFT_CHECK_GOTO(dt_xfer_pack(&xf[me[i]], in, sendbuf), st, done);
     send = sendbuf;
   }
   /* receive side: straight into the new local tensor when the blocks are
@@ -265,7 +266,7 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
   if (!direct) {
     int64_t at = 0;
     for (int c = 0; c < m; c++) {
-      dt_xfer_unpack(&xf[c], (const char *)recvbuf + (size_t)at * esz, t);
+      WEFT_CHECK_GOTO(dt_xfer_unpack(&xf[c], (const char *)recvbuf + (size_t)at * esz, t), st, done);
       at += counts[c];
     }
   }
@@ -343,7 +344,8 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
       tot += sc[c];
     }
     WEFT_CHECK_GOTO(alloc_buf((size_t)tot * esz, &sendbuf, &sendsz), st, done);
-    for (int c = 0; c < m; c++) dt_xfer_pack(&xs[c], in, (char *)sendbuf + (size_t)sd[c] * esz);
+    for (int c = 0; c < m; c++)
+      WEFT_CHECK_GOTO(dt_xfer_pack(&xs[c], in, (char *)sendbuf + (size_t)sd[c] * esz), st, done);
     send = sendbuf;
   }
   bool rdirect = true;
@@ -368,7 +370,9 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
     st = weft_all_to_all_v(mesh, i, send, sc, sd, recv, rc, rd, x->dtype, NULL);
   if (st != WEFT_OK) goto done;
   if (!rdirect)
-    for (int c = 0; c < m; c++) dt_xfer_unpack(&xr[c], (const char *)recvbuf + (size_t)rd[c] * esz, t);
+    for (int c = 0; c < m; c++)
+      WEFT_CHECK_GOTO(dt_xfer_unpack(&xr[c], (const char *)recvbuf + (size_t)rd[c] * esz, t), st,
+                      done);
   *out = t;
   t = NULL;
 done:
@@ -425,7 +429,7 @@ static weft_status step_reduce_scatter(const weft_mesh *mesh, const weft_dtensor
     WEFT_CHECK_GOTO(alloc_buf((size_t)(count * m) * esz, &sendbuf, &sendsz), st, done);
     for (int c = 0; c < m; c++) {
       char *blk = (char *)sendbuf + (size_t)(c * count) * esz;
-      dt_xfer_pack(&xs[c], in, blk);
+      WEFT_CHECK_GOTO(dt_xfer_pack(&xs[c], in, blk), st, done);
       /* padding joins the reduction and is dropped; keep it defined */
       memset(blk + (size_t)xs[c].numel * esz, 0, (size_t)(count - xs[c].numel) * esz);
     }

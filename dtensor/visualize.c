@@ -199,11 +199,13 @@ done:
 weft_status weft_dtensor_visualize(const weft_dtensor *dt, FILE *f) {
   if (!dt) return weft_error(WEFT_ERR_INVALID, "dt is NULL");
   if (!f) return weft_error(WEFT_ERR_INVALID, "f is NULL");
-  return weft_dtensor_spec_visualize(&dt->spec, f, NULL, 0);
+  WEFT_CHECK(weft_dtensor_spec_visualize(&dt->spec, f, NULL, 0));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_visualize_str(const weft_dtensor *dt, char *buf, size_t cap) {
   if (!dt) return weft_error(WEFT_ERR_INVALID, "dt is NULL");
   if (!buf || cap == 0) return weft_error(WEFT_ERR_INVALID, "buffer is NULL or empty");
-  return weft_dtensor_spec_visualize(&dt->spec, NULL, buf, cap);
+  WEFT_CHECK(weft_dtensor_spec_visualize(&dt->spec, NULL, buf, cap));
+  return WEFT_OK;
 }

@@ -130,13 +130,6 @@ static const char **placements_for(const char *mesh) {
   return NULL;
 }
 
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 /* The reference full tensor of TD[i] (salt changes the values). */
 static weft_tensor *reference(int i, uint64_t salt) {
   weft_tensor *t = NULL;
@@ -147,7 +140,8 @@ static weft_tensor *reference(int i, uint64_t salt) {
     WOK(weft_tensor_fill_normal(t, SEED, key, NULL, 0.0f, 1.0f));
   } else {
     int32_t *p = t->data;
-    for (int64_t e = 0; e < weft_tensor_numel(t); e++) p[e] = (int32_t)mix64(key + (uint64_t)e);
+    for (int64_t e = 0; e < weft_tensor_numel(t); e++)
+      p[e] = (int32_t)weft_test_mix64(key + (uint64_t)e);
   }
   return t;
 }
@@ -567,8 +561,8 @@ static double train_step(lmodel *L, int step) {
   for (int r = 0; r < rows; r++)
     for (int t = 0; t < T; t++) {
       uint64_t k = (uint64_t)step * 7919u + (uint64_t)(row0 + r) * 131u + (uint64_t)t;
-      a[r * T + t] = (int32_t)(mix64(k) % (uint64_t)c.vocab);
-      b[r * T + t] = (int32_t)(mix64(k ^ 0x5555u) % (uint64_t)c.vocab);
+      a[r * T + t] = (int32_t)(weft_test_mix64(k) % (uint64_t)c.vocab);
+      b[r * T + t] = (int32_t)(weft_test_mix64(k ^ 0x5555u) % (uint64_t)c.vocab);
     }
   double loss = NAN, norm = 0;
   WOK(weft_llama_forward(L->m, tok, tgt, &loss));
@@ -1096,19 +1090,6 @@ static void cp_dir(const char *from, const char *to) {
   barrier();
 }
 
-static char *read_all(const char *p, size_t *n) {
-  FILE *f = fopen(p, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)len + 1);
-  *n = fread(b, 1, (size_t)len, f);
-  b[*n] = 0;
-  fclose(f);
-  return b;
-}
-
 static void write_all(const char *p, const char *b, size_t n) {
   FILE *f = fopen(p, "wb");
   fwrite(b, 1, n, f);
@@ -1119,8 +1100,8 @@ static void write_all(const char *p, const char *b, size_t n) {
 static void edit_meta(const char *dir, void (*fn)(cJSON *)) {
   if (rank0()) {
     char *p = path2(dir, "metadata.json");
-    size_t n;
-    char *t = read_all(p, &n);
+    char *t = weft_test_slurp(p, NULL);
+    WCHECK(t != NULL, "cannot read %s", p);
     cJSON *j = cJSON_Parse(t);
     fn(j);
     char *o = cJSON_PrintUnformatted(j);
@@ -1534,8 +1515,8 @@ static double g2_step(g2model *G, int step) {
   for (int r = 0; r < rows; r++)
     for (int t = 0; t < T; t++) {
       uint64_t k = (uint64_t)step * 7919u + (uint64_t)(row0 + r) * 131u + (uint64_t)t;
-      ((int32_t *)a->data)[r * T + t] = (int32_t)(mix64(k) % (uint64_t)V);
-      ((int32_t *)b->data)[r * T + t] = (int32_t)(mix64(k ^ 0x5555u) % (uint64_t)V);
+      ((int32_t *)a->data)[r * T + t] = (int32_t)(weft_test_mix64(k) % (uint64_t)V);
+      ((int32_t *)b->data)[r * T + t] = (int32_t)(weft_test_mix64(k ^ 0x5555u) % (uint64_t)V);
     }
   weft_placement pl[1] = {weft_replicate()};
   weft_dtensor *ids = NULL, *tgt = NULL;

@@ -330,14 +330,9 @@ static void replay(const char *sub, bool metadata) {
   while ((de = readdir(dp))) {
     if (de->d_name[0] == '.') continue;
     char *p = join(dir, de->d_name);
-    FILE *f = fopen(p, "rb");
-    cr_assert_not_null(f, "%s", p);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    cr_assert_eq(fread(b, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
+    size_t len = 0;
+    char *b = weft_test_slurp(p, &len);
+    cr_assert_not_null(b, "cannot read %s", p);
     weft_status st;
     if (metadata) {
       st = weft_dcp_metadata_check(b, (size_t)len, de->d_name);

@@ -472,16 +472,6 @@ static void case_comm(void) {
 
 /* ----------------------------------------------------------------- ops */
 
-static double rel_err(const weft_tensor *got, const double *want, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double g = ((const float *)got->data)[i];
-    num = fmax(num, fabs(g - want[i]));
-    den = fmax(den, fabs(want[i]));
-  }
-  return den > 0 ? num / den : num;
-}
-
 /* x (B, T, K) or (M, K); w as given; out compared with double loops. */
 static void matmul_case(weft_mesh *mesh, bool linear, int nd_a, const int64_t *ashape,
                         const char *pa, const char *pb, const char *want_out) {
@@ -525,7 +515,7 @@ static void matmul_case(weft_mesh *mesh, bool linear, int nd_a, const int64_t *a
     weft_tensor *full = NULL;
     WOK(weft_dtensor_full_tensor(dc, &full));
     if (full) {
-      double e = rel_err(full, want, M * N);
+      double e = weft_test_rel_max_f32_f64(full->data, want, M * N);
       WCHECK(e <= 1e-6, "%s %s x %s: rel err %g", linear ? "linear" : "matmul", pa, pb, e);
     }
     weft_tensor_destroy(full);
@@ -947,7 +937,127 @@ static void case_into_cache(void) {
   WOK(weft_mesh_destroy(mesh));
 }
 
+
+/* ---------------------------------------------------------- partition */
+
+/* Replicate/Shard -> Partial(sum) divides by the mesh-dim size as
+ * PyTorch's Partial._partition_value (`tensor / num_chunks`): on a 1x3 mesh
+ * each rank's partial of random f32/f64 values is bitwise x / 3 computed in
+ * the same precision (x * fl(1/3) differs from it for about two thirds of
+ * f32 values). Partial -> Replicate then sums the three equal partials: the
+ * result is bitwise fl(fl(q + q) + q) for q = x / 3, within 1 ulp of x
+ * (IEEE division cannot make it exactly x for every x: the worker logs how
+ * many differ), and a Replicate -> Shard -> Replicate trip stays bitwise. */
+static double part_q(weft_dtype dt, double x) {
+  return dt == WEFT_F32 ? (double)((float)x / 3.0f) : x / 3.0;
+}
+static double part_sum(weft_dtype dt, double q) {
+  if (dt == WEFT_F32) {
+    volatile float a = (float)q + (float)q; /* no contraction, no excess precision */
+    volatile float b = a + (float)q;
+    return (double)b;
+  }
+  volatile double a = q + q;
+  volatile double b = a + q;
+  return b;
+}
+static double part_ulp(weft_dtype dt, double x) {
+  double ax = fabs(x);
+  return dt == WEFT_F32 ? (double)(nextafterf((float)ax, INFINITY) - (float)ax)
+                        : nextafter(ax, INFINITY) - ax;
+}
+
+static void case_partition(void) {
+  WREQUIRE(weft_worker_argc >= 4, "usage: partition SEED NELEM");
+  uint64_t seed = strtoull(weft_worker_argv[2], NULL, 10);
+  int64_t n = atoll(weft_worker_argv[3]);
+  int mshape[2] = {1, 3};
+  weft_mesh *mesh = make_mesh(2, mshape);
+  if (!mesh) return;
+  WREQUIRE(weft_mesh_dim_size(mesh, 1) == 3, "needs 3 ranks");
+  static const weft_dtype dts[2] = {WEFT_F32, WEFT_F64};
+  const int64_t shape[2] = {n / 16, 16};
+  const int64_t numel = shape[0] * shape[1];
+  for (int t = 0; t < 2; t++) {
+    const weft_dtype dt = dts[t];
+    /* x: random values over many binades (never zero), the same on every rank */
+    weft_tensor *x = NULL;
+    WOK(weft_tensor_create(dt, WEFT_CPU, 2, shape, &x));
+    if (!x) return;
+    ref_rng r;
+    ref_rng_seed(&r, seed + (uint64_t)t);
+    for (int64_t e = 0; e < numel; e++) {
+      double u = (double)(ref_rng_next(&r) >> 11) * 0x1p-53;
+      double v = (0.5 + u) * ldexp(1.0, ref_rng_int(&r, -30, 30)) * (ref_rng_int(&r, 0, 1) ? 1 : -1);
+      int64_t idx[2] = {e / shape[1], e % shape[1]};
+      weft_tensor_set(x, idx, v);
+    }
+    const weft_placement srcs[2][2] = {{weft_replicate(), weft_replicate()},
+                                       {weft_replicate(), weft_shard(0)}};
+    const weft_placement P[2] = {weft_replicate(), weft_partial(WEFT_OP_SUM)};
+    const weft_placement R[2] = {weft_replicate(), weft_replicate()};
+    for (int s = 0; s < 2; s++) {
+      const char *sname = s ? "(R, S(0))" : "(R, R)";
+      weft_dtensor *a = NULL, *p = NULL, *back = NULL;
+      WOK(weft_dtensor_distribute(mesh, x, WEFT_DTENSOR_ALL_RANKS, srcs[s], 2, &a));
+      weft_redistribute_opts o = WEFT_REDISTRIBUTE_OPTS_INIT;
+      o.allow_partial = true;
+      if (a) WOK(weft_dtensor_redistribute_ex(a, P, 2, &o, &p));
+      if (p) WOK(weft_dtensor_redistribute(p, R, 2, &back));
+      if (!p || !back) {
+        weft_dtensor_destroy(a);
+        weft_dtensor_destroy(p);
+        continue;
+      }
+      const weft_tensor *pl = weft_dtensor_local(p), *bl = weft_dtensor_local(back);
+      int64_t bad_q = 0, bad_sum = 0, off_ulp = 0, not_x = 0;
+      for (int64_t e = 0; e < numel; e++) {
+        int64_t idx[2] = {e / shape[1], e % shape[1]};
+        double xv = weft_tensor_get(x, idx), q = part_q(dt, xv);
+        double got = weft_tensor_get(pl, idx), rt = weft_tensor_get(bl, idx);
+        if (memcmp(&got, &q, sizeof q) != 0) {
+          if (bad_q++ < 3)
+            WCHECK(false, "%s %s -> P: element %lld: partial %.17g, want x / 3 = %.17g (x = %.17g)",
+                   weft_dtype_name(dt), sname, (long long)e, got, q, xv);
+        }
+        double want = part_sum(dt, q);
+        if (memcmp(&rt, &want, sizeof rt) != 0 && bad_sum++ < 3)
+          WCHECK(false, "%s %s -> P -> R: element %lld: %.17g, want the sum of partials %.17g",
+                 weft_dtype_name(dt), sname, (long long)e, rt, want);
+        if (fabs(rt - xv) > part_ulp(dt, xv) && off_ulp++ < 3)
+          WCHECK(false, "%s %s -> P -> R: element %lld: %.17g is more than 1 ulp from x %.17g",
+                 weft_dtype_name(dt), sname, (long long)e, rt, xv);
+        if (rt != xv) not_x++;
+      }
+      WCHECK(bad_q == 0 && bad_sum == 0 && off_ulp == 0,
+             "%s %s: %lld partials != x/3, %lld sums != reference, %lld off by > 1 ulp",
+             weft_dtype_name(dt), sname, (long long)bad_q, (long long)bad_sum, (long long)off_ulp);
+      if (weft_worker_rank == 0)
+        printf("partition %s %s on 1x3: %lld elements, partials == x/3: %lld, R->P->R != x "
+               "(within 1 ulp): %lld\n", weft_dtype_name(dt), sname, (long long)numel,
+               (long long)(numel - bad_q), (long long)not_x);
+      weft_dtensor_destroy(a);
+      weft_dtensor_destroy(p);
+      weft_dtensor_destroy(back);
+    }
+    /* and the Shard round trip of the same values stays bitwise */
+    weft_dtensor *a = NULL, *sh = NULL, *back = NULL;
+    const weft_placement S1[2] = {weft_replicate(), weft_shard(1)};
+    WOK(weft_dtensor_distribute(mesh, x, 0, R, 2, &a));
+    if (a) WOK(weft_dtensor_redistribute(a, S1, 2, &sh));
+    if (sh) WOK(weft_dtensor_redistribute(sh, R, 2, &back));
+    if (back) WCHECK(weft_tensor_equal(weft_dtensor_local(back), x), "%s R -> S(1) -> R not bitwise",
+                     weft_dtype_name(dt));
+    weft_dtensor_destroy(a);
+    weft_dtensor_destroy(sh);
+    weft_dtensor_destroy(back);
+    weft_tensor_destroy(x);
+  }
+  weft_mesh_destroy(mesh);
+}
+
 static const weft_worker_case cases[] = {{"property", case_property},
+                                         {"partition", case_partition},
                                          {"into_cache", case_into_cache},
                                          {"partial", case_partial},
                                          {"comm", case_comm},

@@ -78,6 +78,15 @@ Test(dtensor, fill_by_global_index_matches_full_fill, .timeout = 60) {
 
 /* redistribute_into a preallocated / VIEW DTensor equals redistribute; the
  * opt-in buffer cache reuses blocks and frees them when turned off. */
+/* R/S -> Partial(sum) divides (x / 3 bitwise on each rank of a 1x3 mesh,
+ * f32 and f64); P -> R sums back within 1 ulp (see the worker). */
+Test(dtensor, replicate_to_partial_divides_on_1x3, .timeout = 60) {
+  char seed[32];
+  snprintf(seed, sizeof seed, "%lu", weft_test_seed(2718));
+  const char *extra[] = {seed, "4096", NULL};
+  cr_assert_eq(weft_test_mpiexec_args(3, WORKER("dtensor_worker"), "partition", 50, extra), 0);
+}
+
 Test(dtensor, redistribute_into_and_buffer_cache, .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec(4, WORKER("dtensor_worker"), "into_cache", 50), 0);
 }

@@ -267,6 +267,129 @@ Test(dtensor_geometry, shards_tile_the_tensor_exactly) {
   }
 }
 
+/* weft_dtensor_spec_local_boxes against the reference index lists: every
+ * element of every piece sits at local position local_start + i holding
+ * global index off + i along each dim, and the pieces tile the local
+ * tensor exactly once (random specs with strided shards, every rank). */
+Test(dtensor_geometry, local_boxes_tile_the_shard_as_the_reference_says) {
+  unsigned long seed = weft_test_seed(4242);
+  ref_rng r;
+  ref_rng_seed(&r, seed);
+  static const int meshes[][4] = {{1, 3}, {2, 2, 2}, {2, 2, 3}, {3, 2, 2, 2}};
+  int64_t pieces = 0, multi = 0;
+  for (int it = 0; it < 600; it++) {
+    const int *m = meshes[ref_rng_int(&r, 0, 3)];
+    int k = m[0];
+    const int *mshape = m + 1;
+    int nd = ref_rng_int(&r, 0, 3);
+    int64_t shape[WEFT_MAX_DIMS];
+    for (int d = 0; d < nd; d++) shape[d] = ref_rng_int(&r, 0, 13);
+    weft_placement pl[4];
+    ref_random_placements(&r, k, mshape, nd, pl);
+    weft_dtensor_spec s = mk(k, mshape, pl, nd, shape);
+    char desc[512];
+    ref_case_describe(&s, NULL, desc, sizeof desc);
+    int total = 1;
+    for (int i = 0; i < k; i++) total *= mshape[i];
+    for (int rank = 0; rank < total; rank++) {
+      int c[4];
+      for (int i = k - 1, q = rank; i >= 0; i--) {
+        c[i] = q % mshape[i];
+        q /= mshape[i];
+      }
+      int64_t *idx[WEFT_MAX_DIMS], n[WEFT_MAX_DIMS], lnumel = 1;
+      for (int d = 0; d < nd; d++) {
+        idx[d] = ref_indices(&s, c, d, &n[d]);
+        lnumel *= n[d];
+      }
+      weft_local_box *lb = NULL;
+      int64_t nb = -1;
+      cr_assert_eq(weft_dtensor_spec_local_boxes(&s, c, &lb, &nb), WEFT_OK, "%s", weft_last_error());
+      if (lnumel == 0) cr_assert(nb == 0 && lb == NULL, "seed %lu %s rank %d: empty shard gives %lld",
+                                 seed, desc, rank, (long long)nb);
+      char *seen = calloc((size_t)lnumel + 1, 1);
+      int64_t vol = 0;
+      for (int64_t b = 0; b < nb; b++) {
+        const weft_local_box *x = &lb[b];
+        int64_t v = weft_box_volume(&x->global, nd);
+        cr_assert_gt(v, 0);
+        vol += v;
+        for (int d = 0; d < nd; d++)
+          for (int64_t i = 0; i < x->global.size[d]; i++)
+            cr_assert(x->local_start[d] + i < n[d] && idx[d][x->local_start[d] + i] == x->global.off[d] + i,
+                      "seed %lu %s rank %d piece %lld dim %d: local %lld is not global %lld", seed,
+                      desc, rank, (long long)b, d, (long long)(x->local_start[d] + i),
+                      (long long)(x->global.off[d] + i));
+        /* mark the local elements the piece covers */
+        int64_t at[WEFT_MAX_DIMS] = {0};
+        for (int64_t e = 0; e < v; e++) {
+          int64_t lin = 0;
+          for (int d = 0; d < nd; d++) lin = lin * n[d] + x->local_start[d] + at[d];
+          cr_assert_eq(seen[lin], 0, "seed %lu %s rank %d: local element %lld in two pieces", seed,
+                       desc, rank, (long long)lin);
+          seen[lin] = 1;
+          for (int d = nd - 1; d >= 0 && ++at[d] == x->global.size[d]; d--) at[d] = 0;
+        }
+      }
+      cr_assert_eq(vol, lnumel, "seed %lu %s rank %d: pieces cover %lld of %lld", seed, desc, rank,
+                   (long long)vol, (long long)lnumel);
+      pieces += nb;
+      if (nb > 1) multi++;
+      free(seen);
+      free(lb);
+      for (int d = 0; d < nd; d++) free(idx[d]);
+    }
+  }
+  cr_assert_gt(multi, 50, "strided shards should give several pieces (%lld cases)", (long long)multi);
+  cr_log_info("%lld pieces, %lld shards of several", (long long)pieces, (long long)multi);
+  int c3[2] = {0, 3};
+  int m13[2] = {1, 3};
+  int64_t sh[1] = {6};
+  weft_placement p1[2] = {weft_replicate(), weft_shard(0)};
+  weft_dtensor_spec s1 = mk(2, m13, p1, 1, sh);
+  weft_local_box *lb;
+  int64_t nb;
+  cr_assert_eq(weft_dtensor_spec_local_boxes(&s1, c3, &lb, &nb), WEFT_ERR_INVALID);
+  cr_assert_eq(weft_dtensor_spec_local_boxes(&s1, NULL, &lb, &nb), WEFT_ERR_INVALID);
+}
+
+/* weft_box_* against brute force on small random boxes. */
+Test(dtensor_geometry, box_volume_equal_intersect_match_brute_force) {
+  unsigned long seed = weft_test_seed(99);
+  ref_rng r;
+  ref_rng_seed(&r, seed);
+  for (int it = 0; it < 2000; it++) {
+    int nd = ref_rng_int(&r, 0, 3);
+    weft_box a, b, o;
+    for (int d = 0; d < nd; d++) {
+      a.off[d] = ref_rng_int(&r, 0, 6), a.size[d] = ref_rng_int(&r, 1, 5);
+      b.off[d] = ref_rng_int(&r, 0, 6), b.size[d] = ref_rng_int(&r, 1, 5);
+    }
+    int64_t va = 1, common = 1;
+    bool same = true;
+    for (int d = 0; d < nd; d++) {
+      va *= a.size[d];
+      int64_t c = 0;
+      for (int64_t i = 0; i < 12; i++)
+        c += (i >= a.off[d] && i < a.off[d] + a.size[d]) && (i >= b.off[d] && i < b.off[d] + b.size[d]);
+      common *= c;
+      same = same && a.off[d] == b.off[d] && a.size[d] == b.size[d];
+    }
+    cr_assert_eq(weft_box_volume(&a, nd), va);
+    cr_assert_eq(weft_box_equal(&a, &b, nd), same);
+    cr_assert(weft_box_equal(&a, &a, nd));
+    bool hit = weft_box_intersect(&a, &b, nd, &o);
+    cr_assert_eq(hit, common > 0, "seed %lu it %d", seed, it);
+    if (hit) {
+      cr_assert_eq(weft_box_volume(&o, nd), common);
+      for (int d = 0; d < nd; d++)
+        cr_assert(o.off[d] >= a.off[d] && o.off[d] >= b.off[d] &&
+                  o.off[d] + o.size[d] <= a.off[d] + a.size[d] &&
+                  o.off[d] + o.size[d] <= b.off[d] + b.size[d]);
+    }
+  }
+}
+
 Test(dtensor_geometry, bad_coordinates_and_dims_are_errors) {
   int mesh[2] = {2, 2};
   int64_t shape[2] = {4, 4};
