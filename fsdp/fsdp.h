@@ -209,16 +209,16 @@ typedef struct weft_fsdp weft_fsdp;
  * one root of dims (dp..., tp...), a group with no parameters is allowed
  * (it only joins the hook order). Collective over the dp shard dim only
  * for reshard_after_forward = k (see the top). */
-weft_status weft_fully_shard(weft_module *module, weft_mesh *mesh, const weft_fsdp_options *opts,
+WEFT_API weft_status weft_fully_shard(weft_module *module, weft_mesh *mesh, const weft_fsdp_options *opts,
                              weft_fsdp **out);
 /* fully_shard([m0, m1, ...]): one group over several modules (all on model
  * meshes of one shape), communicated as one collective; none may be inside
  * another. Same errors. */
-weft_status weft_fully_shard_modules(weft_module *const *modules, int n, weft_mesh *mesh,
+WEFT_API weft_status weft_fully_shard_modules(weft_module *const *modules, int n, weft_mesh *mesh,
                                      const weft_fsdp_options *opts, weft_fsdp **out);
 
 /* The group a module belongs to (as one of its modules), or NULL. */
-weft_fsdp *weft_fsdp_of(const weft_module *module);
+WEFT_API weft_fsdp *weft_fsdp_of(const weft_module *module);
 
 /* Destroys one group: waits for its in-flight communication (finishing a
  * pending gradient reduction), reshards, drops unsharded grads still kept
@@ -226,29 +226,29 @@ weft_fsdp *weft_fsdp_of(const weft_module *module);
  * keep their sharded data and grads. WEFT_ERR_BUSY while one of its
  * modules runs. NULL: no-op. Local (the waits complete collectives that
  * every rank started). */
-weft_status weft_fsdp_destroy(weft_fsdp *f);
+WEFT_API weft_status weft_fsdp_destroy(weft_fsdp *f);
 /* Destroys every group whose modules lie in root's subtree (the group of
  * root included). */
-weft_status weft_fsdp_destroy_all(weft_module *root);
+WEFT_API weft_status weft_fsdp_destroy_all(weft_module *root);
 
 /* ----------------------------------------------------------------- queries */
 
-int weft_fsdp_num_modules(const weft_fsdp *f);
-weft_module *weft_fsdp_module(const weft_fsdp *f, int i);
+WEFT_API int weft_fsdp_num_modules(const weft_fsdp *f);
+WEFT_API weft_module *weft_fsdp_module(const weft_fsdp *f, int i);
 /* "layers.0" or "norm+output": the modules' FQNs joined by '+' (a root
  * module, whose FQN is "", by its local name: "model"). */
-const char *weft_fsdp_name(const weft_fsdp *f);
-int weft_fsdp_num_params(const weft_fsdp *f);
-weft_param *weft_fsdp_param(const weft_fsdp *f, int i);
+WEFT_API const char *weft_fsdp_name(const weft_fsdp *f);
+WEFT_API int weft_fsdp_num_params(const weft_fsdp *f);
+WEFT_API weft_param *weft_fsdp_param(const weft_fsdp *f, int i);
 /* The dp mesh passed to fully_shard (not retained beyond f's life). */
-weft_mesh *weft_fsdp_dp_mesh(const weft_fsdp *f);
+WEFT_API weft_mesh *weft_fsdp_dp_mesh(const weft_fsdp *f);
 /* true while the group's parameters are unsharded (all-gather finished). */
-bool weft_fsdp_is_unsharded(const weft_fsdp *f);
+WEFT_API bool weft_fsdp_is_unsharded(const weft_fsdp *f);
 /* true for the group that acted as root (after the first forward). */
-bool weft_fsdp_is_root(const weft_fsdp *f);
+WEFT_API bool weft_fsdp_is_root(const weft_fsdp *f);
 /* The resolved reshard_after_forward (0, 1 or k; -1 until the first forward
  * resolves the default). */
-int weft_fsdp_reshard_after_forward(const weft_fsdp *f);
+WEFT_API int weft_fsdp_reshard_after_forward(const weft_fsdp *f);
 
 /* Sizes of one group on this rank. */
 typedef struct weft_fsdp_group_info {
@@ -262,7 +262,7 @@ typedef struct weft_fsdp_group_info {
   weft_dtype reduce_dtype;  /* gradient reduction dtype */
   bool offload_params;
 } weft_fsdp_group_info;
-weft_status weft_fsdp_get_info(const weft_fsdp *f, weft_fsdp_group_info *out);
+WEFT_API weft_status weft_fsdp_get_info(const weft_fsdp *f, weft_fsdp_group_info *out);
 
 /* ---------------------------------------------------------------- controls */
 
@@ -276,36 +276,36 @@ typedef struct weft_fsdp_handle weft_fsdp_handle;
  * is then free). Without async_op it completes here (*handle may be NULL
  * and is set NULL). Already unsharded: nothing to do. Collective over the
  * shard dim (every rank unshards the same groups in the same order). */
-weft_status weft_fsdp_unshard(weft_fsdp *f, bool async_op, weft_fsdp_handle **handle);
+WEFT_API weft_status weft_fsdp_unshard(weft_fsdp *f, bool async_op, weft_fsdp_handle **handle);
 /* Waits for an unshard posted by weft_fsdp_unshard and frees the handle.
  * NULL: no-op. */
-weft_status weft_fsdp_handle_wait(weft_fsdp_handle *handle);
+WEFT_API weft_status weft_fsdp_handle_wait(weft_fsdp_handle *handle);
 /* FSDPModule.reshard(): frees the unsharded parameters (waiting for an
  * in-flight all-gather first) and swaps the sharded ones back. Local. */
-weft_status weft_fsdp_reshard(weft_fsdp *f);
+WEFT_API weft_status weft_fsdp_reshard(weft_fsdp *f);
 
 /* set_requires_gradient_sync: with false, backward keeps accumulating the
  * unsharded grads and does not reduce-scatter (no all-reduce either); the
  * first backward with true reduces what accumulated. recurse: also every
  * group inside f's modules' subtrees. */
-weft_status weft_fsdp_set_requires_gradient_sync(weft_fsdp *f, bool sync, bool recurse);
+WEFT_API weft_status weft_fsdp_set_requires_gradient_sync(weft_fsdp *f, bool sync, bool recurse);
 /* set_reshard_after_backward: false keeps the parameters unsharded after
  * backward (saving the next forward's all-gather during accumulation);
  * reshard (true or weft_fsdp_reshard) before an optimizer step, which
  * needs the sharded parameters. */
-weft_status weft_fsdp_set_reshard_after_backward(weft_fsdp *f, bool reshard, bool recurse);
+WEFT_API weft_status weft_fsdp_set_reshard_after_backward(weft_fsdp *f, bool reshard, bool recurse);
 /* set_reshard_after_forward (values as in the options, not -1). A group
  * size k >= 2 that f has no communicator for yet creates one: then
  * collective over the shard dim (every rank calls it alike). */
-weft_status weft_fsdp_set_reshard_after_forward(weft_fsdp *f, int value, bool recurse);
+WEFT_API weft_status weft_fsdp_set_reshard_after_forward(weft_fsdp *f, int value, bool recurse);
 /* set_modules_to_forward_prefetch / _backward_prefetch: the groups whose
  * all-gathers f posts after its own unshard in pre-forward (resp.
  * pre-backward), replacing the implicit prefetch of the next group. n = 0
  * turns prefetch off for f; n < 0 restores the implicit one. The groups
  * must share f's dp mesh. */
-weft_status weft_fsdp_set_modules_to_forward_prefetch(weft_fsdp *f, weft_fsdp *const *groups,
+WEFT_API weft_status weft_fsdp_set_modules_to_forward_prefetch(weft_fsdp *f, weft_fsdp *const *groups,
                                                       int n);
-weft_status weft_fsdp_set_modules_to_backward_prefetch(weft_fsdp *f, weft_fsdp *const *groups,
+WEFT_API weft_status weft_fsdp_set_modules_to_backward_prefetch(weft_fsdp *f, weft_fsdp *const *groups,
                                                        int n);
 /* set_is_last_backward: with false the root's post-backward leaves the last
  * gradient reductions in flight (they finish at the next forward's root
@@ -313,9 +313,9 @@ weft_status weft_fsdp_set_modules_to_backward_prefetch(weft_fsdp *f, weft_fsdp *
  * destroy): use it for micro-batches that are followed by more, never
  * right before an optimizer step. Applies to f's root (f itself before the
  * first forward has found the root: call it on the root group). */
-weft_status weft_fsdp_set_is_last_backward(weft_fsdp *f, bool last);
+WEFT_API weft_status weft_fsdp_set_is_last_backward(weft_fsdp *f, bool last);
 /* Finishes every pending gradient reduction of f's root (waits). */
-weft_status weft_fsdp_wait_reductions(weft_fsdp *f);
+WEFT_API weft_status weft_fsdp_wait_reductions(weft_fsdp *f);
 
 /* ----------------------------------------------------------- comm counters */
 
@@ -332,9 +332,9 @@ typedef struct weft_fsdp_comm {
   weft_comm_count all_reduce;       /* HSDP: over the replicate dim */
 } weft_fsdp_comm;
 /* f's counters; recurse: summed with every group inside f's modules. */
-weft_status weft_fsdp_comm_get(const weft_fsdp *f, bool recurse, weft_fsdp_comm *out);
+WEFT_API weft_status weft_fsdp_comm_get(const weft_fsdp *f, bool recurse, weft_fsdp_comm *out);
 /* Zeroes f's counters (recurse as above). */
-weft_status weft_fsdp_comm_reset(weft_fsdp *f, bool recurse);
+WEFT_API weft_status weft_fsdp_comm_reset(weft_fsdp *f, bool recurse);
 
 /* ------------------------------------------------------------------ memory */
 
@@ -363,13 +363,13 @@ typedef struct weft_fsdp_memory {
   weft_fsdp_mem_count total;
 } weft_fsdp_memory;
 /* The current numbers and peaks since the last reset. Local. */
-weft_status weft_fsdp_memory_get(weft_fsdp_memory *out);
+WEFT_API weft_status weft_fsdp_memory_get(weft_fsdp_memory *out);
 /* Starts a new peak window (sets every peak to its current value, the
  * allocator's too: weft_mem_reset_peak). */
-void weft_fsdp_memory_reset_peak(void);
+WEFT_API void weft_fsdp_memory_reset_peak(void);
 /* Counts opt's state as `optimizer` (NULL: none). Not retained: pass NULL
  * before destroying the optimizer. */
-void weft_fsdp_memory_track(const weft_optimizer *opt);
+WEFT_API void weft_fsdp_memory_track(const weft_optimizer *opt);
 
 /* ------------------------------------------------------------------- trace */
 
@@ -386,7 +386,7 @@ typedef enum weft_fsdp_event_kind {
   WEFT_FSDP_EV_KIND_COUNT
 } weft_fsdp_event_kind;
 /* "unshard_start", ...; "?" for an invalid kind. */
-const char *weft_fsdp_event_kind_name(weft_fsdp_event_kind kind);
+WEFT_API const char *weft_fsdp_event_kind_name(weft_fsdp_event_kind kind);
 
 typedef struct weft_fsdp_event {
   weft_fsdp_event_kind kind;
@@ -397,13 +397,13 @@ typedef struct weft_fsdp_event {
 
 /* A process-wide debug trace of FSDP's events in the order they happened
  * (off by default; capped at 1 << 20 events). */
-void weft_fsdp_trace_enable(bool on);
-void weft_fsdp_trace_clear(void);
-int weft_fsdp_trace_count(void);
+WEFT_API void weft_fsdp_trace_enable(bool on);
+WEFT_API void weft_fsdp_trace_clear(void);
+WEFT_API int weft_fsdp_trace_count(void);
 /* Event i (0 <= i < count); WEFT_ERR_INVALID otherwise. */
-weft_status weft_fsdp_trace_get(int i, weft_fsdp_event *out);
+WEFT_API weft_status weft_fsdp_trace_get(int i, weft_fsdp_event *out);
 /* One line per event ("12 unshard_start layers.1 (prefetch)") to f. */
-void weft_fsdp_trace_print(FILE *f);
+WEFT_API void weft_fsdp_trace_print(FILE *f);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@
 #ifndef WEFT_FSDP_INTERNAL_H
 #define WEFT_FSDP_INTERNAL_H
 
+#include <mpi.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -120,6 +121,10 @@ struct weft_fsdp {
   weft_fsdp **pending;   /* root: groups with a reduction in flight, oldest first */
   int npending, cap_pending;
   int order_index;       /* index in root's order, -1 if not seen */
+  /* root: the step check (hooks.c step_check) */
+  MPI_Comm step_comm;    /* a duplicate of the root mesh's communicator */
+  bool step_comm_ready;
+  int64_t nforward, nbackward; /* root forwards started, backwards finished */
   /* counters */
   weft_fsdp_comm comm;
   /* registry */

@@ -113,11 +113,77 @@ static weft_status prefetch(weft_fsdp *f, bool backward) {
   return WEFT_OK;
 }
 
+/* ---------------------------------------------------------- step check */
+
+/* Every forward of the root first checks that every rank of the root mesh
+ * has run as many forwards and backwards of this model as this one, over a
+ * communicator of its own (a duplicate of the root mesh's, so the check can
+ * never meet a data collective). A rank that skips its backward or runs an
+ * extra forward is then named on every rank; and a rank whose check is left
+ * waiting (the others are inside backward collectives that its skipped
+ * backward never joins) stops after WEFT_TIMEOUT instead of matching their
+ * collectives with its own and computing wrong numbers. Without it the
+ * all-gathers of the next forward meet those of the others' backward
+ * (same kinds and sizes) and pass. Cost: one all-gather of two integers a
+ * step; WEFT_DEBUG checks every op (nn) and collective (mesh) on top. */
+static weft_status step_check(weft_fsdp *r) {
+  if (!r->step_comm_ready) {
+    MPI_Request q = MPI_REQUEST_NULL;
+    if (MPI_Comm_idup(weft_mesh_comm(weft_mesh_root(r->dp_mesh)), &r->step_comm, &q) != MPI_SUCCESS)
+      return weft_error(WEFT_ERR_MPI, "fully_shard '%s': MPI_Comm_idup failed", r->name);
+    WEFT_CHECK(weft_wait_requests(1, &q, "fully_shard: the step check's communicator"));
+    r->step_comm_ready = true;
+  }
+  int n = 0, me = 0;
+  MPI_Comm_size(r->step_comm, &n);
+  MPI_Comm_rank(r->step_comm, &me);
+  int64_t mine[2] = {r->nforward, r->nbackward};
+  int64_t *all = malloc(2 * (size_t)n * sizeof *all);
+  if (!all) return weft_error(WEFT_ERR_OOM, "fully_shard '%s': step check", r->name);
+  MPI_Request q = MPI_REQUEST_NULL;
+  weft_status st = WEFT_OK;
+  if (MPI_Iallgather(mine, 2, MPI_INT64_T, all, 2, MPI_INT64_T, r->step_comm, &q) != MPI_SUCCESS)
+    st = weft_error(WEFT_ERR_MPI, "fully_shard '%s': MPI_Iallgather failed", r->name);
+  if (!st && (st = weft_wait_requests(1, &q, "step check")) == WEFT_ERR_TIMEOUT)
+    st = weft_error(WEFT_ERR_TIMEOUT,
+                    "the FSDP model '%s' starts forward #%lld (after %lld backwards) but the "
+                    "other ranks did not start it within %g s: a rank that skipped its backward "
+                    "leaves the others waiting inside backward collectives (WEFT_DEBUG=1 names "
+                    "the ranks and calls)",
+                    r->name, (long long)r->nforward + 1, (long long)r->nbackward,
+                    weft_get_settings()->timeout_s);
+  int other = -1;
+  for (int j = 0; !st && j < n && other < 0; j++)
+    if (all[2 * j] != mine[0] || all[2 * j + 1] != mine[1]) other = j;
+  if (other >= 0) {
+    int w_me = 0, w_other = 0;
+    MPI_Group g, world;
+    MPI_Comm_group(r->step_comm, &g);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_translate_ranks(g, 1, &me, world, &w_me);
+    MPI_Group_translate_ranks(g, 1, &other, world, &w_other);
+    MPI_Group_free(&g);
+    MPI_Group_free(&world);
+    st = weft_error(WEFT_ERR_MISMATCH,
+                    "the ranks ran different steps of the FSDP model '%s': rank %d has run %lld "
+                    "forwards and %lld backwards, rank %d %lld and %lld (every rank must run "
+                    "the same forwards and backwards; did a rank skip its backward?)",
+                    r->name, w_me, (long long)mine[0], (long long)mine[1], w_other,
+                    (long long)all[2 * other], (long long)all[2 * other + 1]);
+  }
+  free(all);
+  return st;
+}
+
 /* ---------------------------------------------------------- group steps */
 
 static weft_status group_pre_forward(weft_fsdp *f) {
   lazy_init(f);
   weft_fsdp *r = f->root;
+  if (f == r && !r->in_backward) { /* not an activation-checkpoint recompute */
+    WEFT_CHECK(step_check(r));
+    r->nforward++;
+  }
   if (f == r) WEFT_CHECK(fsdp__finish_pending(r, NULL)); /* left by is_last_backward(false) */
   if (!r->order_done && f->order_index < 0) {
     WEFT_CHECK(push(&r->order, &r->norder, &r->cap_order, f));
@@ -179,6 +245,7 @@ static weft_status group_post_backward(weft_fsdp *f) {
   /* the previous group's reduce-scatter ran while this group computed */
   WEFT_CHECK(fsdp__finish_pending(r, f));
   if (f == r && r->is_last_backward) WEFT_CHECK(fsdp__finish_pending(r, NULL));
+  if (f == r) r->nbackward++;
   return WEFT_OK;
 }
 

@@ -358,6 +358,7 @@ static weft_status layout_param(weft_fsdp *f, bool with_tp, weft_param *p, build
 
 static void group_free(weft_fsdp *f) {
   if (!f) return;
+  if (f->step_comm_ready) MPI_Comm_free(&f->step_comm);
   free(f->modules);
   free(f->name);
   free(f->params);
@@ -630,7 +631,8 @@ weft_status weft_fully_shard(weft_module *module, weft_mesh *mesh, const weft_fs
                              weft_fsdp **out) {
   if (out) *out = NULL;
   if (!module) return weft_error(WEFT_ERR_INVALID, "fully_shard: module is NULL");
-  return weft_fully_shard_modules(&module, 1, mesh, opts, out);
+  WEFT_CHECK(weft_fully_shard_modules(&module, 1, mesh, opts, out));
+  return WEFT_OK;
 }
 
 /* ------------------------------------------------------------- destroy */

@@ -418,7 +418,8 @@ fail:
 weft_status weft_mesh_create(int ndim, const int *shape, const char *const *names,
                              weft_mesh **out) {
   WEFT_CHECK(weft__require_init(__func__));
-  return weft_mesh_create_from_comm(MPI_COMM_WORLD, ndim, shape, names, out);
+  WEFT_CHECK(weft_mesh_create_from_comm(MPI_COMM_WORLD, ndim, shape, names, out));
+  return WEFT_OK;
 }
 
 weft_status weft_mesh_destroy(weft_mesh *mesh) {

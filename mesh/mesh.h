@@ -132,18 +132,18 @@ extern "C" {
  * Safe to call if MPI is already initialised (then weft_finalize does not
  * finalise it). A second call without weft_finalize is WEFT_ERR_STATE.
  * argc/argv may be NULL. */
-weft_status weft_init(int *argc, char ***argv);
+WEFT_API weft_status weft_init(int *argc, char ***argv);
 /* Releases weft's global state and finalises MPI if weft_init started it
  * (after a backoff barrier, so oversubscribed ranks do not spin in
  * MPI_Finalize's own barrier). Collective over MPI_COMM_WORLD. No-op if
  * weft is not initialised. Meshes should be destroyed first. */
-weft_status weft_finalize(void);
-bool weft_is_initialized(void);
+WEFT_API weft_status weft_finalize(void);
+WEFT_API bool weft_is_initialized(void);
 
-int weft_world_rank(void);
-int weft_world_size(void);
-int weft_local_rank(void);  /* rank among the processes on this node */
-int weft_local_size(void);  /* processes on this node */
+WEFT_API int weft_world_rank(void);
+WEFT_API int weft_world_size(void);
+WEFT_API int weft_local_rank(void);  /* rank among the processes on this node */
+WEFT_API int weft_local_size(void);  /* processes on this node */
 
 /* ------------------------------------------------------------------- mesh */
 
@@ -160,49 +160,49 @@ typedef struct weft_mesh weft_mesh;
  * WEFT_ERR_TIMEOUT when not every rank calls it within WEFT_TIMEOUT.
  * Communicators are made here, once per dim (MPI_Comm_create_group over
  * each dim's group, plus a duplicate of each for weft's control messages). */
-weft_status weft_mesh_create(int ndim, const int *shape, const char *const *names,
+WEFT_API weft_status weft_mesh_create(int ndim, const int *shape, const char *const *names,
                              weft_mesh **out);
 /* Same over the ranks of `comm` (duplicated; the caller keeps comm). */
-weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape,
+WEFT_API weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape,
                                        const char *const *names, weft_mesh **out);
 /* Destroys a mesh or sub-mesh. A root mesh with live sub-meshes (or
  * flattened meshes) or async collectives in flight, or any mesh still
  * referenced (weft_mesh_retain, e.g. by DTensors), returns WEFT_ERR_BUSY and
  * stays valid. NULL: no-op. Frees the communicators of a root (no
  * communication). */
-weft_status weft_mesh_destroy(weft_mesh *mesh);
+WEFT_API weft_status weft_mesh_destroy(weft_mesh *mesh);
 /* Reference counting for objects that hold a mesh (DTensors, modules):
  * while retained, destroy returns WEFT_ERR_BUSY. release never destroys;
  * the owner still calls weft_mesh_destroy. NULL: no-op. */
-void weft_mesh_retain(weft_mesh *mesh);
-void weft_mesh_release(weft_mesh *mesh);
+WEFT_API void weft_mesh_retain(weft_mesh *mesh);
+WEFT_API void weft_mesh_release(weft_mesh *mesh);
 
-int weft_mesh_ndim(const weft_mesh *mesh);
-int weft_mesh_size(const weft_mesh *mesh);               /* product of the shape */
-int weft_mesh_dim_size(const weft_mesh *mesh, int dim);  /* 0 if dim out of range */
-const char *weft_mesh_dim_name(const weft_mesh *mesh, int dim);
+WEFT_API int weft_mesh_ndim(const weft_mesh *mesh);
+WEFT_API int weft_mesh_size(const weft_mesh *mesh);               /* product of the shape */
+WEFT_API int weft_mesh_dim_size(const weft_mesh *mesh, int dim);  /* 0 if dim out of range */
+WEFT_API const char *weft_mesh_dim_name(const weft_mesh *mesh, int dim);
 /* Index of a dim by name; WEFT_ERR_NOT_FOUND naming the dim and listing the
  * mesh's dims otherwise. */
-weft_status weft_mesh_dim_index(const weft_mesh *mesh, const char *name, int *dim);
+WEFT_API weft_status weft_mesh_dim_index(const weft_mesh *mesh, const char *name, int *dim);
 /* This rank's coordinate along dim (its rank within that dim's group); -1
  * if dim is out of range. */
-int weft_mesh_coord(const weft_mesh *mesh, int dim);
+WEFT_API int weft_mesh_coord(const weft_mesh *mesh, int dim);
 /* This rank's rank within the mesh (row-major linear index of its coords). */
-int weft_mesh_rank(const weft_mesh *mesh);
+WEFT_API int weft_mesh_rank(const weft_mesh *mesh);
 /* World rank of the mesh member with the given coordinates (ndim entries;
  * for a sub-mesh, the member that shares this rank's other root
  * coordinates); -1 if a coordinate is out of range. */
-int weft_mesh_world_rank_of(const weft_mesh *mesh, const int *coords);
+WEFT_API int weft_mesh_world_rank_of(const weft_mesh *mesh, const int *coords);
 /* Writes a readable picture of the mesh ("mesh (dp=2, tp=2): [[0, 1], [2, 3]]"). */
-void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap);
+WEFT_API void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap);
 /* The MPI communicator of one dim (owned by the mesh). */
-MPI_Comm weft_mesh_dim_comm(const weft_mesh *mesh, int dim);
+WEFT_API MPI_Comm weft_mesh_dim_comm(const weft_mesh *mesh, int dim);
 /* The communicator spanning the whole mesh, ranks in its row-major order
  * (owned by the mesh): the root's, a 1-D mesh's dim, or a flattened dim over
  * the same root dims in the same order. MPI_COMM_NULL for a sub-mesh of
  * several dims that no such communicator spans (weft_mesh_flatten makes
  * one). */
-MPI_Comm weft_mesh_comm(const weft_mesh *mesh);
+WEFT_API MPI_Comm weft_mesh_comm(const weft_mesh *mesh);
 
 /* Sub-mesh of the dims named (in the given order, like mesh["dp","tp"];
  * another order transposes it). Names are dims of `mesh`, or flattened dims
@@ -212,13 +212,13 @@ MPI_Comm weft_mesh_comm(const weft_mesh *mesh);
  * share a root dim ("dp" and "dp_shard"). The result reuses the parent's
  * communicators (no communication) and must be destroyed before the root.
  * Not collective. */
-weft_status weft_mesh_submesh(weft_mesh *mesh, int n, const char *const *names,
+WEFT_API weft_status weft_mesh_submesh(weft_mesh *mesh, int n, const char *const *names,
                               weft_mesh **out);
 /* The root mesh that `mesh` was taken from (mesh itself for a root), as
  * DeviceMesh's _mesh_resources.get_root_mesh: fsdp/ lays a parameter out
  * over the dp dims and the tp dims of that one mesh. Not retained; NULL
  * for NULL. Not collective. */
-weft_mesh *weft_mesh_root(const weft_mesh *mesh);
+WEFT_API weft_mesh *weft_mesh_root(const weft_mesh *mesh);
 /* Flattens the named dims (adjacent or not, in order) into one dim called
  * `flat_name`, as DeviceMesh._flatten: returns a 1-D mesh over that group
  * (coordinate = row-major index over the named dims) and registers the name
@@ -228,7 +228,7 @@ weft_mesh *weft_mesh_root(const weft_mesh *mesh);
  * with the same dims are free and local. flat_name must not be a root dim
  * name, nor a flattened name registered over other dims (WEFT_ERR_INVALID).
  * Destroy the result like a sub-mesh. */
-weft_status weft_mesh_flatten(weft_mesh *mesh, int n, const char *const *names,
+WEFT_API weft_status weft_mesh_flatten(weft_mesh *mesh, int n, const char *const *names,
                               const char *flat_name, weft_mesh **out);
 
 /* ------------------------------------------------------------ collectives */
@@ -240,7 +240,7 @@ typedef enum weft_reduce_op {
   WEFT_OP_MIN = 3,
   WEFT_OP_COUNT
 } weft_reduce_op;
-const char *weft_reduce_op_name(weft_reduce_op op);
+WEFT_API const char *weft_reduce_op_name(weft_reduce_op op);
 
 typedef enum weft_coll_kind {
   WEFT_COLL_ALL_GATHER = 0,
@@ -251,7 +251,7 @@ typedef enum weft_coll_kind {
   WEFT_COLL_BARRIER,
   WEFT_COLL_KIND_COUNT
 } weft_coll_kind;
-const char *weft_coll_kind_name(weft_coll_kind kind);
+WEFT_API const char *weft_coll_kind_name(weft_coll_kind kind);
 
 /* An in-flight async collective. */
 typedef struct weft_work weft_work;
@@ -259,10 +259,10 @@ typedef struct weft_work weft_work;
  * On error the handle is freed too. NULL: no-op returning WEFT_OK. For an
  * NCCL collective on device buffers it makes the compute stream wait for
  * the collective instead and returns at once (see "Device buffers"). */
-weft_status weft_work_wait(weft_work *work);
+WEFT_API weft_status weft_work_wait(weft_work *work);
 /* Non-blocking check: *done = true when complete (the handle is then freed
  * and must not be used again); false otherwise. */
-weft_status weft_work_test(weft_work *work, bool *done);
+WEFT_API weft_status weft_work_test(weft_work *work, bool *done);
 
 /* Waits for `n` MPI requests of the caller's own nonblocking MPI calls
  * (entries already MPI_REQUEST_NULL are skipped; completed ones become
@@ -277,7 +277,7 @@ weft_status weft_work_test(weft_work *work, bool *done);
  * Errors: WEFT_ERR_INVALID (n < 0, or reqs NULL with n > 0), WEFT_ERR_MPI
  * (MPI_Test failed: "<what>: <MPI's message>"), WEFT_ERR_TIMEOUT ("<what>:
  * no answer from the other ranks after N s ..."), WEFT_ERR_OOM. */
-weft_status weft_wait_requests(int n, MPI_Request *reqs, const char *what);
+WEFT_API weft_status weft_wait_requests(int n, MPI_Request *reqs, const char *what);
 
 /* Agrees on a failure: every rank of `comm` passes its own status `st`
  * (and, when it failed, its message `msg`; NULL: weft_last_error()) and
@@ -294,46 +294,46 @@ weft_status weft_wait_requests(int n, MPI_Request *reqs, const char *what);
  * communicator of the caller's own. The caller owns comm.
  * Errors of its own: WEFT_ERR_INVALID (comm is MPI_COMM_NULL), WEFT_ERR_MPI
  * and WEFT_ERR_TIMEOUT (messages name `what`; *failed_rank = -1). */
-weft_status weft_agree_status(MPI_Comm comm, weft_status st, const char *msg, const char *what,
+WEFT_API weft_status weft_agree_status(MPI_Comm comm, weft_status st, const char *msg, const char *what,
                               int *failed_rank);
 
 /* All-gather over `dim`: each rank contributes `count` elements; recv holds
  * group_size * count elements, rank i's at offset i * count. */
-weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, void *recv,
+WEFT_API weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, void *recv,
                             int64_t count, weft_dtype dt, weft_work **work);
 /* Uneven all-gather: rank i contributes counts[i] elements (counts has
  * group_size entries, identical on all ranks; zeros allowed); recv is
  * contiguous, rank i's part at sum(counts[0..i)). Counts and their sum must
  * fit in an int (else WEFT_ERR_UNSUPPORTED). */
-weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, void *recv,
+WEFT_API weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, void *recv,
                               const int64_t *counts, weft_dtype dt, weft_work **work);
 /* Reduce-scatter over `dim`: send holds group_size * count elements; rank i
  * receives the reduction of block i (count elements). */
-weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send, void *recv,
+WEFT_API weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send, void *recv,
                                 int64_t count, weft_dtype dt, weft_reduce_op op,
                                 weft_work **work);
 /* All-reduce over `dim`; send == recv is allowed (in place). */
-weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, void *recv,
+WEFT_API weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, void *recv,
                             int64_t count, weft_dtype dt, weft_reduce_op op, weft_work **work);
 /* Broadcast from the rank whose coordinate along `dim` is `root`. */
-weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t count,
+WEFT_API weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t count,
                            weft_dtype dt, int root, weft_work **work);
 /* All-to-all: send holds group_size blocks of `count` elements, block j goes
  * to rank j; recv block i comes from rank i. */
-weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, void *recv,
+WEFT_API weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, void *recv,
                             int64_t count, weft_dtype dt, weft_work **work);
 /* Uneven all-to-all: send_counts[j] elements at send_displs[j] go to rank j;
  * recv_counts[i] from rank i land at recv_displs[i] (all in elements, each
  * fitting in an int). Under WEFT_DEBUG the pairwise counts are checked too
  * (my send_counts[j] == rank j's recv_counts[me]). */
-weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
+WEFT_API weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
                               const int64_t *send_counts, const int64_t *send_displs, void *recv,
                               const int64_t *recv_counts, const int64_t *recv_displs,
                               weft_dtype dt, weft_work **work);
 /* Barrier over one dim; dim = -1 for the whole mesh (over
  * weft_mesh_comm's communicator; for a sub-mesh that has none, one barrier
  * per dim in turn, blocking only: async is WEFT_ERR_UNSUPPORTED). */
-weft_status weft_barrier(const weft_mesh *mesh, int dim, weft_work **work);
+WEFT_API weft_status weft_barrier(const weft_mesh *mesh, int dim, weft_work **work);
 
 /* ---------------------------------------------------- comm accounting */
 
@@ -355,11 +355,11 @@ typedef struct weft_comm_count {
 
 /* Count for one dim of this mesh (dim indexes this mesh, sub-mesh or
  * flattened mesh; it is mapped to the root's row). */
-weft_comm_count weft_comm_stats(const weft_mesh *mesh, int dim, weft_coll_kind kind);
+WEFT_API weft_comm_count weft_comm_stats(const weft_mesh *mesh, int dim, weft_coll_kind kind);
 /* Sum over every kind for one dim. */
-weft_comm_count weft_comm_stats_dim(const weft_mesh *mesh, int dim);
+WEFT_API weft_comm_count weft_comm_stats_dim(const weft_mesh *mesh, int dim);
 /* Zeroes every counter of the root mesh (and its flattened dims). */
-void weft_comm_stats_reset(weft_mesh *mesh);
+WEFT_API void weft_comm_stats_reset(weft_mesh *mesh);
 
 /* ------------------------------------------------------------- settings */
 
@@ -375,10 +375,10 @@ typedef struct weft_settings {
    * Tests set it small to exercise the chunked paths. */
   int64_t chunk_bytes;
 } weft_settings;
-const weft_settings *weft_get_settings(void);
+WEFT_API const weft_settings *weft_get_settings(void);
 /* Overrides (tests); takes effect for later collectives. */
-void weft_set_timeout(double seconds);
-void weft_set_debug(bool on);
+WEFT_API void weft_set_timeout(double seconds);
+WEFT_API void weft_set_debug(bool on);
 
 #ifdef __cplusplus
 }

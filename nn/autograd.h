@@ -83,20 +83,20 @@ typedef struct weft_graph weft_graph;
 typedef struct weft_var weft_var;
 
 /* An empty graph: training mode (dropout active), seed 0, step 0. Local. */
-weft_status weft_graph_create(weft_graph **out);
+WEFT_API weft_status weft_graph_create(weft_graph **out);
 /* Frees the graph, its vars and pooled buffers. NULL: no-op. Local. */
-void weft_graph_destroy(weft_graph *g);
+WEFT_API void weft_graph_destroy(weft_graph *g);
 /* Drops the vars and nodes of the last forward/backward (their buffers
  * return to the pool) and advances the step counter (dropout masks differ
  * per step). Local. */
-weft_status weft_graph_reset(weft_graph *g);
+WEFT_API weft_status weft_graph_reset(weft_graph *g);
 /* Training mode: dropout active (true, the default) or identity. */
-void weft_graph_set_training(weft_graph *g, bool training);
+WEFT_API void weft_graph_set_training(weft_graph *g, bool training);
 /* The RNG seed of dropout masks and the step they are keyed by (reset
  * increments the step; set it when resuming). */
-void weft_graph_set_seed(weft_graph *g, uint64_t seed);
-void weft_graph_set_step(weft_graph *g, int64_t step);
-int64_t weft_graph_step(const weft_graph *g);
+WEFT_API void weft_graph_set_seed(weft_graph *g, uint64_t seed);
+WEFT_API void weft_graph_set_step(weft_graph *g, int64_t step);
+WEFT_API int64_t weft_graph_step(const weft_graph *g);
 /* Data parallel: this rank's batch is rows [row0, row0 + B) of a global
  * batch of total_rows rows (its dp group's slice). Random ops (dropout)
  * then take dim 0 of their input as the batch dim and key each element by
@@ -105,37 +105,37 @@ int64_t weft_graph_step(const weft_graph *g);
  * graph's tensors are the whole batch. WEFT_ERR_INVALID for a row0 outside
  * [0, total_rows); a dropout input whose dim 0 does not fit is an error of
  * that op. Local. */
-weft_status weft_graph_set_batch_slice(weft_graph *g, int64_t row0, int64_t total_rows);
+WEFT_API weft_status weft_graph_set_batch_slice(weft_graph *g, int64_t row0, int64_t total_rows);
 /* Grad recording on (default) or off (inference: ops record nothing). */
-void weft_graph_set_grad_enabled(weft_graph *g, bool enabled);
+WEFT_API void weft_graph_set_grad_enabled(weft_graph *g, bool enabled);
 
 /* A var for a DTensor the caller owns (borrowed until reset). With
  * requires_grad its grad is kept after backward (weft_var_grad). */
-weft_status weft_graph_input(weft_graph *g, const weft_dtensor *t, bool requires_grad,
+WEFT_API weft_status weft_graph_input(weft_graph *g, const weft_dtensor *t, bool requires_grad,
                              weft_var **out);
 /* The var of a parameter: its current data (must be materialised); the
  * grad goes to p->grad (when p->requires_grad). One var per parameter and
  * graph position: calling it twice gives two vars whose grads both reach
  * p->grad. NULL on error (the error is set: weft_last_error). */
-weft_var *weft_graph_param(weft_graph *g, weft_param *p);
+WEFT_API weft_var *weft_graph_param(weft_graph *g, weft_param *p);
 
 /* The var's value and (after backward) grad; the grad is NULL when none
  * reached it. Owned by the graph. */
-const weft_dtensor *weft_var_value(const weft_var *v);
-const weft_dtensor *weft_var_grad(const weft_var *v);
-weft_graph *weft_var_graph(const weft_var *v);
-bool weft_var_requires_grad(const weft_var *v);
+WEFT_API const weft_dtensor *weft_var_value(const weft_var *v);
+WEFT_API const weft_dtensor *weft_var_grad(const weft_var *v);
+WEFT_API weft_graph *weft_var_graph(const weft_var *v);
+WEFT_API bool weft_var_requires_grad(const weft_var *v);
 /* The value of a one-element var as a double (reduces a Partial value:
  * collective then). NAN on error. */
-double weft_var_item(const weft_var *v);
+WEFT_API double weft_var_item(const weft_var *v);
 
 /* Backward from a one-element var (loss): d loss = 1. Runs every node of
  * the graph in reverse and accumulates parameter grads. Once per forward:
  * a second call before reset is WEFT_ERR_STATE. Collective. */
-weft_status weft_backward(weft_var *loss);
+WEFT_API weft_status weft_backward(weft_var *loss);
 /* Backward from `out` with an explicit grad (same global shape, any
  * placements; borrowed). */
-weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad);
+WEFT_API weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad);
 
 /* -------------------------------------------------------------------- ops
  * Shapes are global; "(..., C)" means any number of leading dims. All
@@ -148,56 +148,56 @@ weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad);
  * (fused q|k|v split per rank). The bias is added as weft_op_add does: on
  * a P(sum) output it is added once (Replicate -> Partial puts it on one
  * rank). */
-weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out);
+WEFT_API weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out);
 /* a @ b: a (..., M, K), b (K, N); the rules of weft_dtensor_matmul. */
-weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out);
+WEFT_API weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out);
 /* a + b where b's shape equals a's or a suffix of it (broadcast over a's
  * leading dims: a bias, a position embedding). Shards must agree on the
  * dims they share; P(sum)+P(sum) -> P(sum), a Replicate side of a partial
  * sum is partitioned (no communication). */
-weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out);
+WEFT_API weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out);
 /* a * b, same shapes; matching placements or P(sum) * R -> P(sum). */
-weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out);
+WEFT_API weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out);
 /* alpha * x (keeps placements). */
-weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out);
+WEFT_API weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out);
 /* A view with a new shape (same element count; one dim may be -1). A
  * sharded dim must map to the first dim of the dims it splits into (or
  * merge from a group whose first dim is sharded, evenly): (B,T,D) S(2)
  * -> (B,T,H,hd) S(2). Otherwise the input is replicated first. */
-weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_var **out);
+WEFT_API weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_var **out);
 /* Swaps dims d0 and d1 (shards follow their dims). */
-weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out);
+WEFT_API weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out);
 /* Splits dim into n pieces of sizes[i] (sum = the dim's size). A dim
  * StridedShard(dim, n) with equal sizes splits locally (each piece comes
  * out Shard(dim)); other shards of `dim` are replicated first. */
-weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs);
+WEFT_API weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs);
 /* Concatenates along dim (inputs equal elsewhere; `dim` replicated). */
-weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out);
+WEFT_API weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out);
 /* Sum / mean over dim (keepdim): a shard of dim becomes P(sum). */
-weft_status weft_op_sum(weft_var *x, int dim, bool keepdim, weft_var **out);
-weft_status weft_op_mean(weft_var *x, int dim, bool keepdim, weft_var **out);
+WEFT_API weft_status weft_op_sum(weft_var *x, int dim, bool keepdim, weft_var **out);
+WEFT_API weft_status weft_op_mean(weft_var *x, int dim, bool keepdim, weft_var **out);
 
 /* Embedding lookup: ids (...) int32 Replicate input var (no grad), w (V,
  * D) -> (..., D). w R -> R; w S(0) -> P(sum) (vocab ranges); w S(1) ->
  * S(last). Ids out of [0, V) are WEFT_ERR_INVALID naming index and value. */
-weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out);
+WEFT_API weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out);
 /* RMSNorm / LayerNorm over the last dim (weight, bias (N) or NULL): the
  * last dim must be whole; other dims may be sharded (sequence parallel:
  * the weight grad is P(sum) there and reduced at the parameter). */
-weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out);
-weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps,
+WEFT_API weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out);
+WEFT_API weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps,
                                weft_var **out);
 /* Pointwise (placements kept; P(sum) inputs are reduced first). */
-weft_status weft_op_gelu(weft_var *x, bool tanh_approximate, weft_var **out);
-weft_status weft_op_silu(weft_var *x, weft_var **out);
-weft_status weft_op_relu(weft_var *x, weft_var **out);
+WEFT_API weft_status weft_op_gelu(weft_var *x, bool tanh_approximate, weft_var **out);
+WEFT_API weft_status weft_op_silu(weft_var *x, weft_var **out);
+WEFT_API weft_status weft_op_relu(weft_var *x, weft_var **out);
 /* silu(a) * b (Llama's gate): a and b the same shapes and placements. */
-weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out);
+WEFT_API weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out);
 /* softmax over the last dim (must be whole). */
-weft_status weft_op_softmax(weft_var *x, weft_var **out);
+WEFT_API weft_status weft_op_softmax(weft_var *x, weft_var **out);
 /* Rotary embedding of x (B, T, NH, hd) at positions pos0 + t, theta: the
  * interleaved-pair form of layers.h. T whole, heads may be sharded. */
-weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out);
+WEFT_API weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out);
 /* Scaled dot-product attention (fused, flash style: saves the row
  * log-sum-exp, recomputes probabilities in backward): torch's
  * scaled_dot_product_attention(q, k, v, is_causal=causal) with scale
@@ -208,20 +208,20 @@ weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out
  * all S(2) (heads, when the mesh dim's size divides Hkv: each rank holds
  * whole kv groups) -> the output alike; other placements (a sequence
  * shard, P(sum)) are redistributed first. */
-weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out);
+WEFT_API weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out);
 /* Mean cross-entropy of logits (..., V) against targets (...) int32 (a
  * DTensor, Replicate), ignoring positions whose target equals
  * ignore_index (torch's default -100): loss = sum over kept positions /
  * their count. Logits Replicate, row-sharded (the sum is all-reduced) or
  * vocab-sharded S(last) (loss parallel: no rank gathers the vocab).
  * Output: a one-element Replicate var. */
-weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
+WEFT_API weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
                                   int32_t ignore_index, weft_var **out);
 /* Inverted dropout with probability p in [0, 1): the mask of element e is
  * uniform(seed, key(step, op index in the graph), global index of e) >= p,
  * so it is the same on any mesh and placements. Identity when p == 0 or
  * the graph is not training. */
-weft_status weft_op_dropout(weft_var *x, float p, weft_var **out);
+WEFT_API weft_status weft_op_dropout(weft_var *x, float p, weft_var **out);
 
 #define WEFT_OP_MAX_INPUTS 4
 
@@ -245,25 +245,25 @@ typedef struct weft_module_def {
  * and children (weft_module_add_child) after. weft_module_forward on it is
  * WEFT_ERR_UNSUPPORTED (it runs in a graph). On failure ctx stays the
  * caller's (destroy is not called). Local. */
-weft_status weft_module_create(weft_mesh *mesh, const char *name, const weft_module_def *def,
+WEFT_API weft_status weft_module_create(weft_mesh *mesh, const char *name, const weft_module_def *def,
                                void *ctx, weft_module **out);
 /* The ctx of a module made by weft_module_create (NULL for other kinds). */
-void *weft_module_ctx(const weft_module *m);
+WEFT_API void *weft_module_ctx(const weft_module *m);
 /* The def's kind_name, or the built-in kind's name. */
-const char *weft_module_def_name(const weft_module *m);
+WEFT_API const char *weft_module_def_name(const weft_module *m);
 /* The var of m's parameter `name` (own or tied) in graph g; NULL with the
  * error set when m has none or it has no storage. */
-weft_var *weft_module_param_var(weft_module *m, weft_graph *g, const char *name);
+WEFT_API weft_var *weft_module_param_var(weft_module *m, weft_graph *g, const char *name);
 
 /* Runs module m in graph order: pre-forward hooks (on in[0]), m's forward,
  * post-forward hooks (on out[0]); records the boundaries so that its
  * backward hooks fire. For a module made with weft_module_create the
  * forward is the user's; a built-in layer (nn.h) runs its own forward and
  * records its hand-written backward as one node (nin = nout = 1). */
-weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_var **out,
+WEFT_API weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_var **out,
                              int nout);
 /* One input, one output. */
-weft_status weft_module_call1(weft_module *m, weft_var *in, weft_var **out);
+WEFT_API weft_status weft_module_call1(weft_module *m, weft_var *in, weft_var **out);
 
 /* Activation checkpointing of module m (torch.utils.checkpoint around a
  * module; torchtitan's per-block AC): with on, weft_module_call(m) keeps
@@ -286,9 +286,9 @@ weft_status weft_module_call1(weft_module *m, weft_var *in, weft_var **out);
  * Errors: m NULL (WEFT_ERR_INVALID), a module without a graph forward
  * (WEFT_ERR_UNSUPPORTED), m running (WEFT_ERR_STATE). Local (every rank
  * must set the same modules: the recompute runs m's collectives). */
-weft_status weft_module_set_checkpoint(weft_module *m, bool on);
+WEFT_API weft_status weft_module_set_checkpoint(weft_module *m, bool on);
 /* Whether m is checkpointed (false for NULL). */
-bool weft_module_checkpoint(const weft_module *m);
+WEFT_API bool weft_module_checkpoint(const weft_module *m);
 
 /* ------------------------------------------------------- user-defined ops
  * An op of one's own (torch.autograd.Function plus a DTensor sharding
@@ -423,7 +423,7 @@ typedef struct weft_op_def {
  * until the graph ran backward or was reset (the node reads them then);
  * ctx is passed to every callback as is. Collective (the redistributions,
  * every rank of the mesh calls it alike). */
-weft_status weft_op_custom(const weft_op_def *def, void *ctx, weft_var *const *in, int nin,
+WEFT_API weft_status weft_op_custom(const weft_op_def *def, void *ctx, weft_var *const *in, int nin,
                            weft_var **out);
 
 /* Ready-made rules (weft_op_rule_fn). Pointwise: the inputs have one
@@ -431,11 +431,11 @@ weft_status weft_op_custom(const weft_op_def *def, void *ctx, weft_var *const *i
  * all S(d) -> S(d) for every dim d of input 0, and input 0's own
  * StridedShard of that mesh dim (all inputs alike). A Partial input is
  * reduced first (the op is not linear). */
-int weft_op_rule_pointwise(const weft_dtensor_spec *const *in, int nin, int mesh_dim,
+WEFT_API int weft_op_rule_pointwise(const weft_dtensor_spec *const *in, int nin, int mesh_dim,
                            weft_sharding_option *opts, int cap, void *ctx);
 /* Pointwise and linear in all inputs jointly (f(a + b) = f(a) + f(b): a
  * scale, a difference): also all P(sum) -> P(sum). */
-int weft_op_rule_pointwise_linear(const weft_dtensor_spec *const *in, int nin, int mesh_dim,
+WEFT_API int weft_op_rule_pointwise_linear(const weft_dtensor_spec *const *in, int nin, int mesh_dim,
                                   weft_sharding_option *opts, int cap, void *ctx);
 
 #ifdef __cplusplus

@@ -43,6 +43,8 @@ struct weft_graph {
   int64_t batch_row0, batch_rows; /* weft_graph_set_batch_slice; rows 0: unset */
   uint64_t hand_seq; /* pool hand-outs so far (activation checkpointing) */
   uint64_t hand_step0; /* hand_seq at the last reset */
+  weft_param **params; /* the distinct parameters read this step (weft_graph_param) */
+  int nparams, cap_params;
 };
 
 static weft_status grow(void **v, int *cap, int need, size_t elem) {
@@ -71,7 +73,7 @@ weft_status weft_graph_create(weft_graph **out) {
 static void drop_step(weft_graph *g) {
   for (int i = 0; i < g->nvars; i++) free(g->vars[i]);
   for (int i = 0; i < g->nnodes; i++) free(g->nodes[i]);
-  g->nvars = g->nnodes = 0;
+  g->nvars = g->nnodes = g->nparams = 0;
   g->backward_done = false;
   g->op_index = 0;
   g->debug_seq = 0;
@@ -84,6 +86,7 @@ void weft_graph_destroy(weft_graph *g) {
   free(g->pool);
   free(g->vars);
   free(g->nodes);
+  free(g->params);
   free(g);
 }
 
@@ -252,6 +255,27 @@ weft_var *weft_graph_param(weft_graph *g, weft_param *p) {
                p->fqn);
     return NULL;
   }
+  /* Two parameters must not share one storage (a `data` pointer assigned
+   * from another parameter): each would get its own gradient and its own
+   * optimizer step of the same numbers, and both would free it. Tying is
+   * weft_module_tie_param: one parameter under two names. */
+  bool seen = false;
+  for (int i = 0; i < g->nparams && !seen; i++) {
+    weft_param *q = g->params[i];
+    if (q == p) seen = true;
+    else if (q->data == p->data || (p->grad && q->grad == p->grad)) {
+      weft_error(WEFT_ERR_INVALID,
+                 "parameters '%s' and '%s' share one %s (a parameter's data was set to "
+                 "another's): tie them with weft_module_tie_param instead",
+                 q->fqn, p->fqn, q->data == p->data ? "storage" : "gradient");
+      return NULL;
+    }
+  }
+  if (!seen) {
+    if (grow((void **)&g->params, &g->cap_params, g->nparams + 1, sizeof *g->params) != WEFT_OK)
+      return NULL;
+    g->params[g->nparams++] = p;
+  }
   weft_var *v;
   if (var_push(g, &v) != WEFT_OK) return NULL;
   v->value = p->data;
@@ -417,8 +441,8 @@ static void dbg_fill(dbg_record *r, const char *name, int64_t seq, weft_var *con
 
 /* "'gelu' (check #3 of the graph; inputs f32[2, 8] (S(0)), ...)" */
 static void dbg_describe(const dbg_record *r, char *buf, size_t cap) {
-  size_t len = (size_t)snprintf(buf, cap, "'%s' (check #%lld of the graph; inputs", r->name,
-                                (long long)r->seq);
+  size_t len = (size_t)snprintf(buf, cap, "'%s' (check #%lld of the graph%s", r->name,
+                                (long long)r->seq, r->nin > 0 ? "; inputs" : "");
   for (int i = 0; i < r->nin && i < DBG_IN && len < cap; i++) {
     char pl[256];
     weft_placement p[WEFT_MESH_MAX_DIMS];
@@ -437,43 +461,59 @@ static void dbg_describe(const dbg_record *r, char *buf, size_t cap) {
   if (len < cap) snprintf(buf + len, cap - len, "%s)", r->nin > DBG_IN ? ", ..." : "");
 }
 
-/* The check of one call (see above); collective over the mesh of the
- * first non-NULL input. */
+/* Whether the root mesh's dim d is one of mesh's dims (by name). */
+static bool dim_in_mesh(const weft_mesh *root, int d, const weft_mesh *mesh) {
+  const char *name = weft_mesh_dim_name(root, d);
+  for (int k = 0; k < weft_mesh_ndim(mesh); k++)
+    if (strcmp(weft_mesh_dim_name(mesh, k), name) == 0) return true;
+  return false;
+}
+
+/* The check of one call (see above); collective over the ROOT of the mesh
+ * of the first non-NULL input, so that the ranks of other dims that share
+ * collectives with this one (FSDP's dp dims under a TP model mesh) are
+ * checked too: along the op's own mesh dims the whole record is compared,
+ * along the other dims the name and position only (data-parallel ranks may
+ * pass other shapes). */
 static weft_status debug_check(weft_graph *g, const char *name, weft_var *const *in, int nin) {
   int64_t seq = g->debug_seq++;
   weft_mesh *mesh = NULL;
   for (int i = 0; i < nin && !mesh; i++)
     if (in[i]) mesh = weft_dtensor_mesh(nn_var_now(in[i]));
-  if (!mesh || weft_mesh_size(mesh) <= 1) return WEFT_OK;
-  const int nd = weft_mesh_ndim(mesh);
+  weft_mesh *root = mesh ? weft_mesh_root(mesh) : NULL;
+  if (!root || weft_mesh_size(root) <= 1) return WEFT_OK;
+  const int nd = weft_mesh_ndim(root);
   int most = 1;
   for (int d = 0; d < nd; d++)
-    if (weft_mesh_dim_size(mesh, d) > most) most = weft_mesh_dim_size(mesh, d);
-  dbg_record mine, theirs;
+    if (weft_mesh_dim_size(root, d) > most) most = weft_mesh_dim_size(root, d);
+  dbg_record mine, mine_call, theirs;
   dbg_fill(&mine, name, seq, in, nin);
+  dbg_fill(&mine_call, name, seq, in, 0); /* name and position only */
   dbg_record *all = malloc((size_t)most * sizeof *all);
   if (!all) return weft_error(WEFT_ERR_OOM, "WEFT_DEBUG check of '%s'", name);
   int other = -1; /* world rank of the first rank found to differ */
   weft_status st = WEFT_OK;
   for (int d = 0; d < nd && st == WEFT_OK; d++) {
-    int n = weft_mesh_dim_size(mesh, d);
+    int n = weft_mesh_dim_size(root, d);
     if (n <= 1) continue;
-    st = weft_all_gather(mesh, d, &mine, all, (int64_t)sizeof mine, WEFT_U8, NULL);
+    const dbg_record *rec = dim_in_mesh(root, d, mesh) ? &mine : &mine_call;
+    st = weft_all_gather(root, d, rec, all, (int64_t)sizeof mine, WEFT_U8, NULL);
     for (int j = 0; j < n && st == WEFT_OK && other < 0; j++) {
-      if (memcmp(&all[j], &mine, sizeof mine) == 0) continue;
+      if (memcmp(&all[j], rec, sizeof mine) == 0) continue;
       int c[WEFT_MESH_MAX_DIMS];
-      for (int k = 0; k < nd; k++) c[k] = weft_mesh_coord(mesh, k);
+      for (int k = 0; k < nd; k++) c[k] = weft_mesh_coord(root, k);
       c[d] = j;
-      other = weft_mesh_world_rank_of(mesh, c);
+      other = weft_mesh_world_rank_of(root, c);
       theirs = all[j];
+      if (rec == &mine_call) mine = mine_call; /* describe both alike */
     }
   }
   free(all);
   if (st != WEFT_OK) return weft_error_trace(st, name);
   int32_t bad = other >= 0;
   for (int d = 0; d < nd; d++)
-    if (weft_mesh_dim_size(mesh, d) > 1)
-      WEFT_CHECK(weft_all_reduce(mesh, d, &bad, &bad, 1, WEFT_I32, WEFT_OP_MAX, NULL));
+    if (weft_mesh_dim_size(root, d) > 1)
+      WEFT_CHECK(weft_all_reduce(root, d, &bad, &bad, 1, WEFT_I32, WEFT_OP_MAX, NULL));
   if (!bad) return WEFT_OK;
   char a[1536], b[1536];
   dbg_describe(&mine, a, sizeof a);
@@ -676,7 +716,8 @@ weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad) {
   if (weft_get_settings()->debug) WEFT_CHECK(debug_check(g, "backward", &out, 1));
   g->backward_done = true;
   WEFT_CHECK(accumulate(g, out, grad));
-  return run_range(g, 0, g->nnodes);
+  WEFT_CHECK(run_range(g, 0, g->nnodes));
+  return WEFT_OK;
 }
 
 weft_status weft_backward(weft_var *loss) {
@@ -695,7 +736,8 @@ weft_status weft_backward(weft_var *loss) {
   WEFT_CHECK(nn_graph_tensor(loss->g, weft_dtensor_mesh(v), s->dtype, s->ndim, s->shape, rep,
                              &one));
   WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(one), 1.0));
-  return weft_backward_grad(loss, one);
+  WEFT_CHECK(weft_backward_grad(loss, one));
+  return WEFT_OK;
 }
 
 /* ------------------------------------------------------- module boundaries */
@@ -1038,5 +1080,6 @@ fail:
 }
 
 weft_status weft_module_call1(weft_module *m, weft_var *in, weft_var **out) {
-  return weft_module_call(m, &in, 1, out, 1);
+  WEFT_CHECK(weft_module_call(m, &in, 1, out, 1));
+  return WEFT_OK;
 }

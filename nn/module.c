@@ -130,14 +130,44 @@ static void module_free(weft_module *m) {
   free(m);
 }
 
+/* Parameters of m's tree whose data (or grad) pointer was set to another
+ * parameter's (see weft_graph_param): each shared DTensor is left to its
+ * first holder, so module_free frees it once, and the status names the
+ * two parameters. */
+static weft_status unshare_storage(weft_module *m) {
+  int n = 0;
+  if (weft_module_parameters(m, NULL, 0, &n) != WEFT_OK || n < 2) return WEFT_OK;
+  weft_param **ps = malloc((size_t)n * sizeof *ps);
+  if (!ps) return WEFT_OK; /* no memory to look: free as before */
+  weft_status st = WEFT_OK;
+  if (weft_module_parameters(m, ps, n, &n) == WEFT_OK)
+    for (int i = 1; i < n; i++)
+      for (int j = 0; j < i; j++) {
+        bool data = ps[i]->data && ps[i]->data == ps[j]->data;
+        bool grad = ps[i]->grad && ps[i]->grad == ps[j]->grad;
+        if (!data && !grad) continue;
+        if (!st)
+          st = weft_error(WEFT_ERR_INVALID,
+                          "parameters '%s' and '%s' shared one %s (a parameter's data was set "
+                          "to another's); freed once (tie parameters with "
+                          "weft_module_tie_param)",
+                          ps[j]->fqn, ps[i]->fqn, data ? "storage" : "gradient");
+        if (data) ps[i]->data = NULL;
+        if (grad) ps[i]->grad = NULL;
+      }
+  free(ps);
+  return st;
+}
+
 weft_status weft_module_destroy(weft_module *m) {
   if (!m) return WEFT_OK;
   if (m->parent)
     return weft_error(WEFT_ERR_BUSY, "module '%s' belongs to '%s': destroy the root", m->fqn,
                       m->parent->fqn[0] ? m->parent->fqn : "(root)");
   if (m->running) return weft_error(WEFT_ERR_BUSY, "module '%s' is running", m->fqn);
+  weft_status st = unshare_storage(m);
   module_free(m);
-  return WEFT_OK;
+  return st;
 }
 
 /* Recomputes the FQNs of m's subtree below `prefix` (m's own FQN is
@@ -636,7 +666,8 @@ static weft_status init_visit(weft_module *m, void *ctx) {
 
 weft_status weft_module_init_weights(weft_module *root, uint64_t seed) {
   if (!root) return weft_error(WEFT_ERR_INVALID, "root is NULL");
-  return weft_module_visit(root, init_visit, &seed);
+  WEFT_CHECK(weft_module_visit(root, init_visit, &seed));
+  return WEFT_OK;
 }
 
 static weft_status materialize_visit(weft_module *m, void *ctx) {
@@ -647,7 +678,8 @@ static weft_status materialize_visit(weft_module *m, void *ctx) {
 
 weft_status weft_module_materialize(weft_module *root) {
   if (!root) return weft_error(WEFT_ERR_INVALID, "root is NULL");
-  return weft_module_visit(root, materialize_visit, NULL);
+  WEFT_CHECK(weft_module_visit(root, materialize_visit, NULL));
+  return WEFT_OK;
 }
 
 static weft_status zero_visit(weft_module *m, void *ctx) {
@@ -669,5 +701,6 @@ static weft_status zero_visit(weft_module *m, void *ctx) {
 
 weft_status weft_module_zero_grad(weft_module *root, bool set_to_none) {
   if (!root) return weft_error(WEFT_ERR_INVALID, "root is NULL");
-  return weft_module_visit(root, zero_visit, &set_to_none);
+  WEFT_CHECK(weft_module_visit(root, zero_visit, &set_to_none));
+  return WEFT_OK;
 }

@@ -175,7 +175,8 @@ typedef struct weft_param {
   weft_module *module;  /* read-only: the owner */
   /* What forward reads: an F32 DTensor with the layout below. NULL until
    * materialised (weft_module_init_weights, weft_module_materialize or
-   * weft_param_load). FSDP may swap the pointer. */
+   * weft_param_load). FSDP may swap the pointer. Never another parameter's
+   * DTensor (weft_graph_param refuses it): tie with weft_module_tie_param. */
   weft_dtensor *data;
   /* The gradient: same spec as data; NULL until the first backward that
    * reaches this parameter; accumulated (+=) across backwards until
@@ -199,12 +200,12 @@ typedef struct weft_param {
  * slice, no communication; collective over the parameter's mesh in
  * general), and drops the grad (set to NULL). Called by tp/ before
  * weft_module_init_weights, or after loading. */
-weft_status weft_param_set_placements(weft_param *p, const weft_placement *placements,
+WEFT_API weft_status weft_param_set_placements(weft_param *p, const weft_placement *placements,
                                       int nplacements);
 /* Loads the parameter from `full`, its whole global tensor (same shape; any
  * float dtype, converted to f32), passed on every rank: each rank keeps its
  * own slice (no communication). Creates the storage if needed. */
-weft_status weft_param_load(weft_param *p, const weft_tensor *full);
+WEFT_API weft_status weft_param_load(weft_param *p, const weft_tensor *full);
 
 /* ----------------------------------------------------------------- modules */
 
@@ -224,36 +225,38 @@ typedef enum weft_module_kind {
 } weft_module_kind;
 
 /* "linear", "embedding", ...; "?" for an invalid kind. */
-const char *weft_module_kind_name(weft_module_kind kind);
+WEFT_API const char *weft_module_kind_name(weft_module_kind kind);
 
 /* Destroys a root module and everything it owns (children, parameters,
  * buffers, hook records). A module that has a parent returns WEFT_ERR_BUSY
- * (destroy the root). NULL: no-op. Local (no communication). */
-weft_status weft_module_destroy(weft_module *m);
+ * (destroy the root). NULL: no-op. Local (no communication). Parameters
+ * whose `data` (or `grad`) was set to another parameter's are freed once
+ * and the module is destroyed, returning WEFT_ERR_INVALID naming them. */
+WEFT_API weft_status weft_module_destroy(weft_module *m);
 
-weft_module_kind weft_module_get_kind(const weft_module *m);
-const char *weft_module_name(const weft_module *m); /* local name */
-const char *weft_module_fqn(const weft_module *m);  /* "" for a root */
-weft_module *weft_module_parent(const weft_module *m);
-weft_mesh *weft_module_mesh(const weft_module *m);  /* the model mesh */
-int weft_module_num_children(const weft_module *m);
-weft_module *weft_module_child(const weft_module *m, int i); /* NULL if out of range */
+WEFT_API weft_module_kind weft_module_get_kind(const weft_module *m);
+WEFT_API const char *weft_module_name(const weft_module *m); /* local name */
+WEFT_API const char *weft_module_fqn(const weft_module *m);  /* "" for a root */
+WEFT_API weft_module *weft_module_parent(const weft_module *m);
+WEFT_API weft_mesh *weft_module_mesh(const weft_module *m);  /* the model mesh */
+WEFT_API int weft_module_num_children(const weft_module *m);
+WEFT_API weft_module *weft_module_child(const weft_module *m, int i); /* NULL if out of range */
 /* The module's own parameters (not its children's). */
-int weft_module_num_params(const weft_module *m);
-weft_param *weft_module_param(const weft_module *m, int i);
+WEFT_API int weft_module_num_params(const weft_module *m);
+WEFT_API weft_param *weft_module_param(const weft_module *m, int i);
 
 /* Finds a descendant (or root itself for "") by FQN relative to root:
  * for root = the model, "layers.1.attention.wq". WEFT_ERR_NOT_FOUND. */
-weft_status weft_module_find(weft_module *root, const char *rel_fqn, weft_module **out);
+WEFT_API weft_status weft_module_find(weft_module *root, const char *rel_fqn, weft_module **out);
 /* Same for a parameter ("layers.1.attention.wq.weight"). */
-weft_status weft_module_find_param(weft_module *root, const char *rel_fqn, weft_param **out);
+WEFT_API weft_status weft_module_find_param(weft_module *root, const char *rel_fqn, weft_param **out);
 /* All parameters of the subtree, depth-first in module order (the order of
  * named_parameters()): writes min(cap, count) pointers, *count = total. */
-weft_status weft_module_parameters(weft_module *root, weft_param **out, int cap, int *count);
+WEFT_API weft_status weft_module_parameters(weft_module *root, weft_param **out, int cap, int *count);
 /* Calls fn on root and every descendant, pre-order (named_modules()).
  * Stops at the first error and returns it. */
 typedef weft_status (*weft_module_visit_fn)(weft_module *m, void *ctx);
-weft_status weft_module_visit(weft_module *root, weft_module_visit_fn fn, void *ctx);
+WEFT_API weft_status weft_module_visit(weft_module *root, weft_module_visit_fn fn, void *ctx);
 
 /* Materialises every parameter of the subtree that has no storage yet
  * (zeros, with its recorded placements) and fills every parameter by its
@@ -262,14 +265,14 @@ weft_status weft_module_visit(weft_module *root, weft_module_visit_fn fn, void *
  * weights on any mesh and placements; constants for norms. Linears and
  * embeddings default to Normal(0, 0.02) (the config's init_std), norms to
  * 1. No communication. */
-weft_status weft_module_init_weights(weft_module *root, uint64_t seed);
+WEFT_API weft_status weft_module_init_weights(weft_module *root, uint64_t seed);
 /* Allocates zero-filled storage for every parameter without one (deferred
  * init: shapes and placements first, storage later). No communication. */
-weft_status weft_module_materialize(weft_module *root);
+WEFT_API weft_status weft_module_materialize(weft_module *root);
 /* Zeroes every gradient of the subtree (set_to_none false: keeps the
  * storage, so a steady-state step does not allocate) or drops them
  * (set_to_none true, torch's default). */
-weft_status weft_module_zero_grad(weft_module *root, bool set_to_none);
+WEFT_API weft_status weft_module_zero_grad(weft_module *root, bool set_to_none);
 
 /* Runs the module: hooks, then its computation, then hooks (see the top).
  * `in` is the input DTensor on a mesh of the module's mesh shape (tokens,
@@ -279,14 +282,14 @@ weft_status weft_module_zero_grad(weft_module *root, bool set_to_none);
  * (WEFT_ERR_INVALID / WEFT_ERR_UNSUPPORTED naming the module), parameters
  * not materialised (WEFT_ERR_STATE), re-entering a running module
  * (WEFT_ERR_STATE), and whatever a hook returns. */
-weft_status weft_module_forward(weft_module *m, const weft_dtensor *in, const weft_dtensor **out);
+WEFT_API weft_status weft_module_forward(weft_module *m, const weft_dtensor *in, const weft_dtensor **out);
 /* Back-propagates grad_out (the gradient of the loss with respect to the
  * output of the last forward: same global shape) through the module:
  * accumulates its parameters' grads and sets *grad_in to the gradient with
  * respect to the forward input, owned by the module until its next
  * backward (NULL when the input has no gradient: tokens). A backward must
  * follow a forward (WEFT_ERR_STATE otherwise); one backward per forward. */
-weft_status weft_module_backward(weft_module *m, const weft_dtensor *grad_out,
+WEFT_API weft_status weft_module_backward(weft_module *m, const weft_dtensor *grad_out,
                                  const weft_dtensor **grad_in);
 
 /* ------------------------------------------------------------------- hooks */
@@ -317,11 +320,11 @@ typedef struct weft_hook_handle {
 
 /* Registers fn(ctx) at point `kind` of m; the caller keeps ctx alive until
  * the hook is removed or m destroyed. *handle (may be NULL) identifies it. */
-weft_status weft_module_register_hook(weft_module *m, weft_hook_kind kind, weft_hook_fn fn,
+WEFT_API weft_status weft_module_register_hook(weft_module *m, weft_hook_kind kind, weft_hook_fn fn,
                                       void *ctx, weft_hook_handle *handle);
 /* Removes a hook. WEFT_ERR_NOT_FOUND if it was already removed;
  * WEFT_ERR_BUSY while its module is running. */
-weft_status weft_hook_remove(weft_hook_handle handle);
+WEFT_API weft_status weft_hook_remove(weft_hook_handle handle);
 
 /* ------------------------------------------------------------------ layers */
 
@@ -331,23 +334,23 @@ weft_status weft_hook_remove(weft_hook_handle handle);
  * a container. */
 
 /* torch.nn.Linear(in, out, bias=False): weight (out, in), y = x w^T. */
-weft_status weft_linear_create(weft_mesh *mesh, const char *name, int64_t in_features,
+WEFT_API weft_status weft_linear_create(weft_mesh *mesh, const char *name, int64_t in_features,
                                int64_t out_features, weft_module **out);
 /* torch.nn.Embedding(num, dim): weight (num, dim); input int32 (B, T). */
-weft_status weft_embedding_create(weft_mesh *mesh, const char *name, int64_t num_embeddings,
+WEFT_API weft_status weft_embedding_create(weft_mesh *mesh, const char *name, int64_t num_embeddings,
                                   int64_t dim, weft_module **out);
 /* RMSNorm(dim, eps): weight (dim), initialised to ones. */
-weft_status weft_rmsnorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
+WEFT_API weft_status weft_rmsnorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
                                 weft_module **out);
 /* torch.nn.Linear(in, out, bias): weight (out, in) Normal(0, 0.02), and
  * with bias a "bias" (out) initialised to zeros. A linear with a bias runs
  * in a graph only (weft_module_call); without, on both paths. */
-weft_status weft_linear_create_ex(weft_mesh *mesh, const char *name, int64_t in_features,
+WEFT_API weft_status weft_linear_create_ex(weft_mesh *mesh, const char *name, int64_t in_features,
                                   int64_t out_features, bool bias, weft_module **out);
 /* torch.nn.LayerNorm(dim, eps, bias): weight (dim) ones, bias (dim) zeros
  * when `bias`. Runs in a graph (weft_module_call) with weft_op_layer_norm;
  * tp/'s sequence parallel applies to it as to RMSNorm. */
-weft_status weft_layernorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
+WEFT_API weft_status weft_layernorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
                                   bool bias, weft_module **out);
 
 /* Registers a parameter "name" of module m (torch's register_parameter):
@@ -355,7 +358,7 @@ weft_status weft_layernorm_create(weft_mesh *mesh, const char *name, int64_t dim
  * weft_module_init_weights / materialize / load; *out (may be NULL) is
  * owned by m. Errors: a bad name, a name m already has (parameter or tied
  * alias), a child of that name. Local. */
-weft_status weft_module_add_param(weft_module *m, const char *name, int ndim,
+WEFT_API weft_status weft_module_add_param(weft_module *m, const char *name, int ndim,
                                   const int64_t *shape, weft_param_init init, weft_param **out);
 /* Makes `shared` (a parameter of another module of the same tree, e.g.
  * transformer.wte.weight) also m's parameter "name" (GPT-2's lm_head
@@ -364,21 +367,21 @@ weft_status weft_module_add_param(weft_module *m, const char *name, int ndim,
  * FSDP and checkpoints see it once, under that name; weft_module_find_param
  * also finds it by the alias ("lm_head.weight"). FSDP requires it to be in
  * the group of a common ancestor of every module that uses it. Local. */
-weft_status weft_module_tie_param(weft_module *m, const char *name, weft_param *shared);
+WEFT_API weft_status weft_module_tie_param(weft_module *m, const char *name, weft_param *shared);
 /* m's parameter (own or tied) by local name; NULL if none. */
-weft_param *weft_module_get_param(const weft_module *m, const char *name);
+WEFT_API weft_param *weft_module_get_param(const weft_module *m, const char *name);
 /* Aliases (tied parameters) of m: count, and i-th name and parameter. */
-int weft_module_num_tied(const weft_module *m);
-weft_param *weft_module_tied(const weft_module *m, int i, const char **name);
+WEFT_API int weft_module_num_tied(const weft_module *m);
+WEFT_API weft_param *weft_module_tied(const weft_module *m, int i, const char **name);
 
 /* A container that runs its children in order (nn.Sequential); children
  * are added with weft_module_add_child. */
-weft_status weft_sequential_create(weft_mesh *mesh, const char *name, weft_module **out);
+WEFT_API weft_status weft_sequential_create(weft_mesh *mesh, const char *name, weft_module **out);
 /* Appends root module `child` to container `parent`, which takes ownership;
  * the FQNs of child's subtree and parameters become "<parent fqn>.<name>".
  * Errors: parent not a container, child already has a parent, a sibling
  * with the same name, different mesh shapes. */
-weft_status weft_module_add_child(weft_module *parent, weft_module *child);
+WEFT_API weft_status weft_module_add_child(weft_module *parent, weft_module *child);
 
 /* -------------------------------------------------------- reference model */
 
@@ -399,30 +402,30 @@ typedef struct weft_llama_config {
 
 /* Checks a config: sizes >= 1, D % H == 0, even head dim, H % Hkv == 0,
  * eps > 0, theta > 0, init_std >= 0; WEFT_ERR_INVALID naming the field. */
-weft_status weft_llama_config_validate(const weft_llama_config *cfg);
+WEFT_API weft_status weft_llama_config_validate(const weft_llama_config *cfg);
 
 /* The pieces, for building other models (names as torchtitan's). */
 /* Attention "name" with children wq (H*hd, D), wk, wv (Hkv*hd, D), wo (D,
  * H*hd); forward x (B, T, D) -> (B, T, D) with RoPE and causal GQA. */
-weft_status weft_attention_create(weft_mesh *mesh, const char *name,
+WEFT_API weft_status weft_attention_create(weft_mesh *mesh, const char *name,
                                   const weft_llama_config *cfg, weft_module **out);
 /* FeedForward with children w1 (F, D), w2 (D, F), w3 (F, D). */
-weft_status weft_feed_forward_create(weft_mesh *mesh, const char *name, int64_t dim,
+WEFT_API weft_status weft_feed_forward_create(weft_mesh *mesh, const char *name, int64_t dim,
                                      int64_t ffn_dim, weft_module **out);
 /* TransformerBlock: attention_norm, attention, ffn_norm, feed_forward;
  * h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)). */
-weft_status weft_block_create(weft_mesh *mesh, const char *name, const weft_llama_config *cfg,
+WEFT_API weft_status weft_block_create(weft_mesh *mesh, const char *name, const weft_llama_config *cfg,
                               weft_module **out);
 /* Cross-entropy loss module "name": forward(logits (B, T, V)) -> an f32 [1]
  * Replicate DTensor holding the mean loss over all B*T positions, against
  * the targets set with weft_loss_set_targets; backward(grad [1]) ->
  * dlogits. */
-weft_status weft_loss_create(weft_mesh *mesh, const char *name, weft_module **out);
+WEFT_API weft_status weft_loss_create(weft_mesh *mesh, const char *name, weft_module **out);
 /* Sets the targets (B, T) int32, the same on every rank (copied). Ids are
  * checked against V at forward. */
-weft_status weft_loss_set_targets(weft_module *loss, const weft_tensor *targets);
+WEFT_API weft_status weft_loss_set_targets(weft_module *loss, const weft_tensor *targets);
 /* The last forward's loss in double precision. */
-double weft_loss_value(const weft_module *loss);
+WEFT_API double weft_loss_value(const weft_module *loss);
 
 /* A replacement loss computation (tp/ may install one; the default covers
  * Replicate, vocab-sharded (loss parallel) and row-sharded logits, see the
@@ -437,7 +440,7 @@ typedef struct weft_loss_impl {
 } weft_loss_impl;
 /* Installs impl (copied; ctx kept by the caller) on a loss module; NULL
  * restores the default. */
-weft_status weft_loss_set_impl(weft_module *loss, const weft_loss_impl *impl, void *ctx);
+WEFT_API weft_status weft_loss_set_impl(weft_module *loss, const weft_loss_impl *impl, void *ctx);
 
 /* The whole model, a root module of kind WEFT_MODULE_MODEL with children
  * tok_embeddings, layers (a container of blocks "0".."L-1"), norm, output
@@ -447,8 +450,8 @@ weft_status weft_loss_set_impl(weft_module *loss, const weft_loss_impl *impl, vo
  * layers.i.feed_forward.{w1,w2,w3}.weight, norm.weight [D],
  * output.weight [V, D] (not tied). Created without storage: call
  * weft_module_init_weights (after any placement changes) or load. */
-weft_status weft_llama_create(const weft_llama_config *cfg, weft_mesh *mesh, weft_module **out);
-const weft_llama_config *weft_llama_get_config(const weft_module *model);
+WEFT_API weft_status weft_llama_create(const weft_llama_config *cfg, weft_mesh *mesh, weft_module **out);
+WEFT_API const weft_llama_config *weft_llama_get_config(const weft_module *model);
 
 /* Forward of the model on tokens (B, T) int32 with 1 <= T <= max_seq_len,
  * ids in [0, V), identical on every rank; targets the same shape and range
@@ -457,14 +460,14 @@ const weft_llama_config *weft_llama_get_config(const weft_module *model);
  * Replicate int32 DTensor. *loss (may be NULL) = the mean cross-entropy
  * over the B*T positions (0 without targets). Errors name the bad shape or
  * token (index and value) before anything runs. Collective over the mesh. */
-weft_status weft_llama_forward(weft_module *model, const weft_tensor *tokens,
+WEFT_API weft_status weft_llama_forward(weft_module *model, const weft_tensor *tokens,
                                const weft_tensor *targets, double *loss);
 /* Backward from the loss of the last forward (dloss = 1): accumulates the
  * gradients of every parameter. Needs a forward with targets. */
-weft_status weft_llama_backward(weft_module *model);
+WEFT_API weft_status weft_llama_backward(weft_module *model);
 /* The logits (B, T, V) of the last forward, as the output module produced
  * them (after its hooks); owned by the model. NULL before a forward. */
-const weft_dtensor *weft_llama_logits(const weft_module *model);
+WEFT_API const weft_dtensor *weft_llama_logits(const weft_module *model);
 
 /* -------------------------------------------------------------- optimizers */
 
@@ -482,9 +485,9 @@ typedef struct weft_optimizer weft_optimizer;
  * creation: create the optimizer after sharding (tp/, fsdp/); a step that
  * finds a parameter whose data's spec changed fails with WEFT_ERR_STATE.
  * Parameters must be materialised. Local (no communication). */
-weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
+WEFT_API weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
                               weft_optimizer **out);
-weft_status weft_sgd_create(weft_module *root, const weft_sgd_params *hp, weft_optimizer **out);
+WEFT_API weft_status weft_sgd_create(weft_module *root, const weft_sgd_params *hp, weft_optimizer **out);
 /* torch.optim.AdamW with parameter groups: every trainable parameter of
  * root in exactly one group (WEFT_ERR_INVALID naming a parameter in none,
  * in two, or listed but not root's), each group with its own
@@ -496,46 +499,46 @@ typedef struct weft_adamw_group {
   int nparams;
   weft_adamw_params hp;
 } weft_adamw_group;
-weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *groups,
+WEFT_API weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *groups,
                                      int ngroups, weft_optimizer **out);
 /* Number of groups (1 without groups), and a group's hyper-parameters
  * (read for checkpoints; set on restore: amsgrad cannot change). */
-int weft_optimizer_num_groups(const weft_optimizer *opt);
-weft_status weft_optimizer_group_get(const weft_optimizer *opt, int group, weft_adamw_params *hp);
-weft_status weft_optimizer_group_set(weft_optimizer *opt, int group, const weft_adamw_params *hp);
+WEFT_API int weft_optimizer_num_groups(const weft_optimizer *opt);
+WEFT_API weft_status weft_optimizer_group_get(const weft_optimizer *opt, int group, weft_adamw_params *hp);
+WEFT_API weft_status weft_optimizer_group_set(weft_optimizer *opt, int group, const weft_adamw_params *hp);
 
-void weft_optimizer_destroy(weft_optimizer *opt); /* NULL: no-op */
+WEFT_API void weft_optimizer_destroy(weft_optimizer *opt); /* NULL: no-op */
 
 /* One step over every parameter whose grad is set (torch skips grad None;
  * a skipped parameter's step count does not advance). Sets the learning
  * rate from the schedule first if one is set. Local shards only: no
  * communication, no allocation. */
-weft_status weft_optimizer_step(weft_optimizer *opt);
+WEFT_API weft_status weft_optimizer_step(weft_optimizer *opt);
 /* Learning rate (for the following steps). */
-void weft_optimizer_set_lr(weft_optimizer *opt, float lr);
-float weft_optimizer_get_lr(const weft_optimizer *opt);
+WEFT_API void weft_optimizer_set_lr(weft_optimizer *opt, float lr);
+WEFT_API float weft_optimizer_get_lr(const weft_optimizer *opt);
 /* Number of weft_optimizer_step calls so far. */
-int64_t weft_optimizer_num_steps(const weft_optimizer *opt);
+WEFT_API int64_t weft_optimizer_num_steps(const weft_optimizer *opt);
 /* Sets that count (checkpoint restore, so that a schedule resumes where it
  * was); n >= 0, WEFT_ERR_INVALID otherwise. */
-weft_status weft_optimizer_set_num_steps(weft_optimizer *opt, int64_t n);
+WEFT_API weft_status weft_optimizer_set_num_steps(weft_optimizer *opt, int64_t n);
 
 /* Named state tensors (for checkpoints): count, i-th, by name. The DTensors
  * are owned by the optimizer; a checkpoint loader may overwrite their
  * elements. */
-int weft_optimizer_state_count(const weft_optimizer *opt);
-weft_status weft_optimizer_state_get(const weft_optimizer *opt, int i, const char **name,
+WEFT_API int weft_optimizer_state_count(const weft_optimizer *opt);
+WEFT_API weft_status weft_optimizer_state_get(const weft_optimizer *opt, int i, const char **name,
                                      weft_dtensor **t);
-weft_status weft_optimizer_state_find(const weft_optimizer *opt, const char *name,
+WEFT_API weft_status weft_optimizer_state_find(const weft_optimizer *opt, const char *name,
                                       weft_dtensor **t);
 /* "state.<fqn>.step": the parameter's step count, read and restored. */
-weft_status weft_optimizer_get_param_step(const weft_optimizer *opt, const char *fqn,
+WEFT_API weft_status weft_optimizer_get_param_step(const weft_optimizer *opt, const char *fqn,
                                           int64_t *step);
-weft_status weft_optimizer_set_param_step(weft_optimizer *opt, const char *fqn, int64_t step);
+WEFT_API weft_status weft_optimizer_set_param_step(weft_optimizer *opt, const char *fqn, int64_t step);
 /* The index of the group that holds parameter fqn (0 without groups):
  * what a checkpoint records as the parameter's place in torch's
  * param_groups. WEFT_ERR_NOT_FOUND when the optimizer does not step it. */
-weft_status weft_optimizer_param_group(const weft_optimizer *opt, const char *fqn, int *group);
+WEFT_API weft_status weft_optimizer_param_group(const weft_optimizer *opt, const char *fqn, int *group);
 
 /* Linear warmup then cosine decay (llm.c's get_lr), for 0-based step s:
  *   s < warmup:          lr = lr_max * (s + 1) / warmup
@@ -550,10 +553,10 @@ typedef struct weft_lr_schedule {
 } weft_lr_schedule;
 /* The rate at 0-based step s (s < 0 counts as 0). Invalid schedules
  * (warmup < 0, total < warmup): lr_max. */
-float weft_lr_schedule_at(const weft_lr_schedule *s, int64_t step);
+WEFT_API float weft_lr_schedule_at(const weft_lr_schedule *s, int64_t step);
 /* Makes every weft_optimizer_step set lr = schedule(num_steps) before
  * updating (NULL removes it). WEFT_ERR_INVALID for a bad schedule. */
-weft_status weft_optimizer_set_schedule(weft_optimizer *opt, const weft_lr_schedule *s);
+WEFT_API weft_status weft_optimizer_set_schedule(weft_optimizer *opt, const weft_lr_schedule *s);
 
 /* ---------------------------------------------------------------- clipping */
 
@@ -566,9 +569,9 @@ weft_status weft_optimizer_set_schedule(weft_optimizer *opt, const weft_lr_sched
  * the same on every rank and equals the norm on one rank. Parameters
  * without grad are skipped. Collective over every parameter's mesh, in
  * parameter order. *total_norm may be NULL. max_norm must be > 0. */
-weft_status weft_clip_grad_norm(weft_module *root, double max_norm, double *total_norm);
+WEFT_API weft_status weft_clip_grad_norm(weft_module *root, double max_norm, double *total_norm);
 /* Same over an explicit list of parameters (any meshes). */
-weft_status weft_clip_grad_norm_params(weft_param *const *params, int n, double max_norm,
+WEFT_API weft_status weft_clip_grad_norm_params(weft_param *const *params, int n, double max_norm,
                                        double *total_norm);
 
 #ifdef __cplusplus

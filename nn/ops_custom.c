@@ -219,7 +219,7 @@ static weft_status custom_backward(nn_node *n, const weft_dtensor *const *dout,
   if (st != WEFT_OK) {
     char why[1024];
     snprintf(why, sizeof why, "%s", callback_message(st));
-    return weft_error_at(st, def->name, "backward: %s", why);
+    return weft_error(st, "%s: backward: %s", def->name, why);
   }
   for (int a = 0; a < nin; a++) din[a] = gin[a];
   return WEFT_OK;

@@ -7,12 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(x)                           \
-  do {                                     \
-    weft_status st_ = (x);                 \
-    if (st_ != WEFT_OK) return st_;        \
-  } while (0)
-
 /* ------------------------------------------------------------- attention */
 
 typedef struct attn_ctx {
@@ -29,16 +23,16 @@ static weft_status attn_forward(weft_module *m, void *ctx, weft_var *const *in, 
   const int64_t *xs = weft_dtensor_shape(weft_var_value(in[0]));
   int64_t B = xs[0], T = xs[1], D = xs[2];
   weft_var *qkv, *parts[3], *heads[3], *y;
-  CHECK(weft_module_call1(a->c_attn, in[0], &qkv));
+  WEFT_CHECK(weft_module_call1(a->c_attn, in[0], &qkv));
   int64_t sizes[3] = {D, D, D};
-  CHECK(weft_op_split(qkv, 2, 3, sizes, parts));
+  WEFT_CHECK(weft_op_split(qkv, 2, 3, sizes, parts));
   int64_t hshape[4] = {B, T, a->n_heads, a->head_dim};
-  for (int i = 0; i < 3; i++) CHECK(weft_op_reshape(parts[i], 4, hshape, &heads[i]));
-  CHECK(weft_op_sdpa(heads[0], heads[1], heads[2], true, &y));
+  for (int i = 0; i < 3; i++) WEFT_CHECK(weft_op_reshape(parts[i], 4, hshape, &heads[i]));
+  WEFT_CHECK(weft_op_sdpa(heads[0], heads[1], heads[2], true, &y));
   int64_t back[3] = {B, T, D};
-  CHECK(weft_op_reshape(y, 3, back, &y));
-  CHECK(weft_module_call1(a->c_proj, y, &y));
-  if (a->dropout > 0) CHECK(weft_op_dropout(y, a->dropout, &y));
+  WEFT_CHECK(weft_op_reshape(y, 3, back, &y));
+  WEFT_CHECK(weft_module_call1(a->c_proj, y, &y));
+  if (a->dropout > 0) WEFT_CHECK(weft_op_dropout(y, a->dropout, &y));
   out[0] = y;
   return WEFT_OK;
 }
@@ -55,10 +49,10 @@ static weft_status mlp_forward(weft_module *m, void *ctx, weft_var *const *in, i
   (void)m, (void)nin, (void)nout;
   mlp_ctx *c = ctx;
   weft_var *h;
-  CHECK(weft_module_call1(c->c_fc, in[0], &h));
-  CHECK(weft_op_gelu(h, true, &h));
-  CHECK(weft_module_call1(c->c_proj, h, &h));
-  if (c->dropout > 0) CHECK(weft_op_dropout(h, c->dropout, &h));
+  WEFT_CHECK(weft_module_call1(c->c_fc, in[0], &h));
+  WEFT_CHECK(weft_op_gelu(h, true, &h));
+  WEFT_CHECK(weft_module_call1(c->c_proj, h, &h));
+  if (c->dropout > 0) WEFT_CHECK(weft_op_dropout(h, c->dropout, &h));
   out[0] = h;
   return WEFT_OK;
 }
@@ -75,12 +69,12 @@ static weft_status block_forward(weft_module *m, void *ctx, weft_var *const *in,
   (void)m, (void)nin, (void)nout;
   block_ctx *b = ctx;
   weft_var *x = in[0], *h;
-  CHECK(weft_module_call1(b->ln_1, x, &h));
-  CHECK(weft_module_call1(b->attn, h, &h));
-  CHECK(weft_op_add(x, h, &x));
-  CHECK(weft_module_call1(b->ln_2, x, &h));
-  CHECK(weft_module_call1(b->mlp, h, &h));
-  CHECK(weft_op_add(x, h, &x));
+  WEFT_CHECK(weft_module_call1(b->ln_1, x, &h));
+  WEFT_CHECK(weft_module_call1(b->attn, h, &h));
+  WEFT_CHECK(weft_op_add(x, h, &x));
+  WEFT_CHECK(weft_module_call1(b->ln_2, x, &h));
+  WEFT_CHECK(weft_module_call1(b->mlp, h, &h));
+  WEFT_CHECK(weft_op_add(x, h, &x));
   out[0] = x;
   return WEFT_OK;
 }
@@ -104,7 +98,7 @@ static weft_status positions_for(transformer_ctx *t, weft_mesh *mesh, int64_t T)
   weft_dtensor_destroy(t->positions);
   t->positions = NULL;
   weft_tensor *p;
-  CHECK(weft_tensor_create(WEFT_I32, WEFT_CPU, 1, &T, &p));
+  WEFT_CHECK(weft_tensor_create(WEFT_I32, WEFT_CPU, 1, &T, &p));
   for (int64_t i = 0; i < T; i++) ((int32_t *)p->data)[i] = (int32_t)i;
   weft_placement pl[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < weft_mesh_ndim(mesh); i++) pl[i] = weft_replicate();
@@ -121,15 +115,15 @@ static weft_status transformer_forward(weft_module *m, void *ctx, weft_var *cons
   transformer_ctx *t = ctx;
   weft_graph *g = weft_var_graph(in[0]);
   int64_t T = weft_dtensor_shape(weft_var_value(in[0]))[1];
-  CHECK(positions_for(t, weft_module_mesh(m), T));
+  WEFT_CHECK(positions_for(t, weft_module_mesh(m), T));
   weft_var *pos, *tok, *pe, *x;
-  CHECK(weft_graph_input(g, t->positions, false, &pos));
-  CHECK(weft_module_call1(t->wte, in[0], &tok));
-  CHECK(weft_module_call1(t->wpe, pos, &pe));
-  CHECK(weft_op_add(tok, pe, &x));
-  if (t->dropout > 0) CHECK(weft_op_dropout(x, t->dropout, &x));
-  CHECK(weft_module_call1(t->h, x, &x));
-  CHECK(weft_module_call1(t->ln_f, x, &x));
+  WEFT_CHECK(weft_graph_input(g, t->positions, false, &pos));
+  WEFT_CHECK(weft_module_call1(t->wte, in[0], &tok));
+  WEFT_CHECK(weft_module_call1(t->wpe, pos, &pe));
+  WEFT_CHECK(weft_op_add(tok, pe, &x));
+  if (t->dropout > 0) WEFT_CHECK(weft_op_dropout(x, t->dropout, &x));
+  WEFT_CHECK(weft_module_call1(t->h, x, &x));
+  WEFT_CHECK(weft_module_call1(t->ln_f, x, &x));
   out[0] = x;
   return WEFT_OK;
 }
@@ -157,7 +151,7 @@ static weft_status model_forward(weft_module *m, void *ctx, weft_var *const *in,
   (void)m, (void)nin, (void)nout;
   model_ctx *c = ctx;
   weft_var *x;
-  CHECK(weft_module_call1(c->transformer, in[0], &x));
+  WEFT_CHECK(weft_module_call1(c->transformer, in[0], &x));
   return weft_module_call1(c->lm_head, x, out);
 }
 
@@ -202,8 +196,8 @@ static weft_status set_std(weft_module *m, float std) {
 
 static weft_status linear(weft_mesh *mesh, weft_module *parent, const char *name, int64_t in,
                           int64_t out, float std, weft_module **m) {
-  CHECK(weft_linear_create_ex(mesh, name, in, out, true, m));
-  CHECK(adopt(parent, *m));
+  WEFT_CHECK(weft_linear_create_ex(mesh, name, in, out, true, m));
+  WEFT_CHECK(adopt(parent, *m));
   return set_std(*m, std);
 }
 
@@ -235,8 +229,8 @@ static weft_status build_block(const weft_gpt2_config *c, weft_mesh *mesh, weft_
     return st;
   }
   float proj_std = c->init_std / sqrtf(2.0f * (float)c->n_layers); /* nanoGPT's c_proj init */
-  CHECK(weft_layernorm_create(mesh, "ln_1", c->dim, c->norm_eps, true, &b->ln_1));
-  CHECK(adopt(blk, b->ln_1));
+  WEFT_CHECK(weft_layernorm_create(mesh, "ln_1", c->dim, c->norm_eps, true, &b->ln_1));
+  WEFT_CHECK(adopt(blk, b->ln_1));
   a->n_heads = c->n_heads;
   a->head_dim = c->dim / c->n_heads;
   a->dropout = c->dropout;
@@ -246,15 +240,15 @@ static weft_status build_block(const weft_gpt2_config *c, weft_mesh *mesh, weft_
     return st;
   }
   b->attn = attn;
-  CHECK(linear(mesh, attn, "c_attn", c->dim, 3 * c->dim, c->init_std, &a->c_attn));
-  CHECK(linear(mesh, attn, "c_proj", c->dim, c->dim, proj_std, &a->c_proj));
-  CHECK(weft_layernorm_create(mesh, "ln_2", c->dim, c->norm_eps, true, &b->ln_2));
-  CHECK(adopt(blk, b->ln_2));
+  WEFT_CHECK(linear(mesh, attn, "c_attn", c->dim, 3 * c->dim, c->init_std, &a->c_attn));
+  WEFT_CHECK(linear(mesh, attn, "c_proj", c->dim, c->dim, proj_std, &a->c_proj));
+  WEFT_CHECK(weft_layernorm_create(mesh, "ln_2", c->dim, c->norm_eps, true, &b->ln_2));
+  WEFT_CHECK(adopt(blk, b->ln_2));
   f->dropout = c->dropout;
-  CHECK(custom(mesh, blk, "mlp", &mlp_def, f, &mlp));
+  WEFT_CHECK(custom(mesh, blk, "mlp", &mlp_def, f, &mlp));
   b->mlp = mlp;
-  CHECK(linear(mesh, mlp, "c_fc", c->dim, c->ffn_dim, c->init_std, &f->c_fc));
-  CHECK(linear(mesh, mlp, "c_proj", c->ffn_dim, c->dim, proj_std, &f->c_proj));
+  WEFT_CHECK(linear(mesh, mlp, "c_fc", c->dim, c->ffn_dim, c->init_std, &f->c_fc));
+  WEFT_CHECK(linear(mesh, mlp, "c_proj", c->ffn_dim, c->dim, proj_std, &f->c_proj));
   return WEFT_OK;
 }
 
@@ -263,32 +257,32 @@ static weft_status build(const weft_gpt2_config *c, weft_mesh *mesh, weft_module
   transformer_ctx *t = calloc(1, sizeof *t);
   if (!t) return weft_error(WEFT_ERR_OOM, "gpt2");
   t->dropout = c->dropout;
-  CHECK(custom(mesh, root, "transformer", &transformer_def, t, &mc->transformer));
+  WEFT_CHECK(custom(mesh, root, "transformer", &transformer_def, t, &mc->transformer));
   weft_module *tr = mc->transformer;
-  CHECK(weft_embedding_create(mesh, "wte", c->vocab, c->dim, &t->wte));
-  CHECK(adopt(tr, t->wte));
-  CHECK(set_std(t->wte, c->init_std));
-  CHECK(weft_embedding_create(mesh, "wpe", c->max_seq_len, c->dim, &t->wpe));
-  CHECK(adopt(tr, t->wpe));
-  CHECK(set_std(t->wpe, c->init_std));
-  CHECK(weft_sequential_create(mesh, "h", &t->h));
-  CHECK(adopt(tr, t->h));
-  for (int i = 0; i < c->n_layers; i++) CHECK(build_block(c, mesh, t->h, i));
-  CHECK(weft_layernorm_create(mesh, "ln_f", c->dim, c->norm_eps, true, &t->ln_f));
-  CHECK(adopt(tr, t->ln_f));
-  CHECK(custom(mesh, root, "lm_head", &lm_head_def, NULL, &mc->lm_head));
+  WEFT_CHECK(weft_embedding_create(mesh, "wte", c->vocab, c->dim, &t->wte));
+  WEFT_CHECK(adopt(tr, t->wte));
+  WEFT_CHECK(set_std(t->wte, c->init_std));
+  WEFT_CHECK(weft_embedding_create(mesh, "wpe", c->max_seq_len, c->dim, &t->wpe));
+  WEFT_CHECK(adopt(tr, t->wpe));
+  WEFT_CHECK(set_std(t->wpe, c->init_std));
+  WEFT_CHECK(weft_sequential_create(mesh, "h", &t->h));
+  WEFT_CHECK(adopt(tr, t->h));
+  for (int i = 0; i < c->n_layers; i++) WEFT_CHECK(build_block(c, mesh, t->h, i));
+  WEFT_CHECK(weft_layernorm_create(mesh, "ln_f", c->dim, c->norm_eps, true, &t->ln_f));
+  WEFT_CHECK(adopt(tr, t->ln_f));
+  WEFT_CHECK(custom(mesh, root, "lm_head", &lm_head_def, NULL, &mc->lm_head));
   return weft_module_tie_param(mc->lm_head, "weight", weft_module_get_param(t->wte, "weight"));
 }
 
 weft_status weft_gpt2_create(const weft_gpt2_config *cfg, weft_mesh *mesh, weft_module **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "gpt2_create: out is NULL");
   *out = NULL;
-  CHECK(weft_gpt2_config_validate(cfg));
+  WEFT_CHECK(weft_gpt2_config_validate(cfg));
   model_ctx *mc = calloc(1, sizeof *mc);
   if (!mc) return weft_error(WEFT_ERR_OOM, "gpt2");
   mc->cfg = *cfg;
   weft_module *root;
-  CHECK(custom(mesh, NULL, "model", &model_def, mc, &root));
+  WEFT_CHECK(custom(mesh, NULL, "model", &model_def, mc, &root));
   weft_status st = build(cfg, mesh, root, mc);
   if (st != WEFT_OK) {
     weft_module_destroy(root);
@@ -314,22 +308,24 @@ weft_status weft_gpt2_logits(weft_module *model, weft_graph *g, const weft_dtens
     return weft_error(WEFT_ERR_INVALID, "gpt2: T = %lld exceeds max_seq_len %lld",
                       (long long)weft_dtensor_shape(ids)[1], (long long)c->max_seq_len);
   weft_var *x;
-  CHECK(weft_graph_input(g, ids, false, &x));
-  return weft_module_call1(model, x, logits);
+  WEFT_CHECK(weft_graph_input(g, ids, false, &x));
+  WEFT_CHECK(weft_module_call1(model, x, logits));
+  return WEFT_OK;
 }
 
 weft_status weft_gpt2_loss(weft_module *model, weft_graph *g, const weft_dtensor *ids,
                            const weft_dtensor *targets, weft_var **loss, weft_var **logits) {
   weft_var *z;
-  CHECK(weft_gpt2_logits(model, g, ids, &z));
+  WEFT_CHECK(weft_gpt2_logits(model, g, ids, &z));
   if (logits) *logits = z;
-  return weft_op_cross_entropy(z, targets, -100, loss);
+  WEFT_CHECK(weft_op_cross_entropy(z, targets, -100, loss));
+  return WEFT_OK;
 }
 
 weft_status weft_gpt2_adamw_create(weft_module *model, const weft_adamw_params *hp,
                                    weft_optimizer **out) {
   int n = 0;
-  CHECK(weft_module_parameters(model, NULL, 0, &n));
+  WEFT_CHECK(weft_module_parameters(model, NULL, 0, &n));
   weft_param **all = calloc((size_t)n + 1, sizeof *all);
   weft_param **decay = calloc((size_t)n + 1, sizeof *decay);
   weft_param **nodecay = calloc((size_t)n + 1, sizeof *nodecay);
@@ -394,6 +390,6 @@ weft_status weft_gpt2_apply_tp(weft_module *model, weft_mesh *tp_mesh, bool sp, 
                       (long long)c->n_heads, tp);
   weft_tp_plan_entry plan[16];
   int n;
-  CHECK(weft_gpt2_tp_plan(sp, plan, 16, &n));
+  WEFT_CHECK(weft_gpt2_tp_plan(sp, plan, 16, &n));
   return weft_parallelize_module(model, tp_mesh, plan, n, out);
 }

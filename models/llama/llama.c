@@ -7,12 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(x)                           \
-  do {                                     \
-    weft_status st_ = (x);                 \
-    if (st_ != WEFT_OK) return st_;        \
-  } while (0)
-
 static const char model_kind[] = "llama_ops";
 
 /* ------------------------------------------------------------- attention */
@@ -37,18 +31,18 @@ static weft_status attn_forward(weft_module *m, void *ctx, weft_var *const *in, 
   (void)m, (void)nin, (void)nout;
   attn_ctx *a = ctx;
   weft_var *q, *k, *v, *y;
-  CHECK(weft_module_call1(a->wq, in[0], &q));
-  CHECK(weft_module_call1(a->wk, in[0], &k));
-  CHECK(weft_module_call1(a->wv, in[0], &v));
-  CHECK(heads(q, a->n_heads, a->head_dim, &q));
-  CHECK(heads(k, a->n_kv_heads, a->head_dim, &k));
-  CHECK(heads(v, a->n_kv_heads, a->head_dim, &v));
-  CHECK(weft_op_rope(q, a->rope_theta, 0, &q));
-  CHECK(weft_op_rope(k, a->rope_theta, 0, &k));
-  CHECK(weft_op_sdpa(q, k, v, true, &y));
+  WEFT_CHECK(weft_module_call1(a->wq, in[0], &q));
+  WEFT_CHECK(weft_module_call1(a->wk, in[0], &k));
+  WEFT_CHECK(weft_module_call1(a->wv, in[0], &v));
+  WEFT_CHECK(heads(q, a->n_heads, a->head_dim, &q));
+  WEFT_CHECK(heads(k, a->n_kv_heads, a->head_dim, &k));
+  WEFT_CHECK(heads(v, a->n_kv_heads, a->head_dim, &v));
+  WEFT_CHECK(weft_op_rope(q, a->rope_theta, 0, &q));
+  WEFT_CHECK(weft_op_rope(k, a->rope_theta, 0, &k));
+  WEFT_CHECK(weft_op_sdpa(q, k, v, true, &y));
   const int64_t *s = weft_dtensor_shape(weft_var_value(y));
   int64_t back[3] = {s[0], s[1], a->n_heads * a->head_dim};
-  CHECK(weft_op_reshape(y, 3, back, &y));
+  WEFT_CHECK(weft_op_reshape(y, 3, back, &y));
   return weft_module_call1(a->wo, y, out);
 }
 
@@ -64,9 +58,9 @@ static weft_status ff_forward(weft_module *m, void *ctx, weft_var *const *in, in
   (void)m, (void)nin, (void)nout;
   ff_ctx *f = ctx;
   weft_var *a, *b, *h;
-  CHECK(weft_module_call1(f->w1, in[0], &a));
-  CHECK(weft_module_call1(f->w3, in[0], &b));
-  CHECK(weft_op_swiglu(a, b, &h));
+  WEFT_CHECK(weft_module_call1(f->w1, in[0], &a));
+  WEFT_CHECK(weft_module_call1(f->w3, in[0], &b));
+  WEFT_CHECK(weft_op_swiglu(a, b, &h));
   return weft_module_call1(f->w2, h, out);
 }
 
@@ -82,11 +76,11 @@ static weft_status block_forward(weft_module *m, void *ctx, weft_var *const *in,
   (void)m, (void)nin, (void)nout;
   block_ctx *b = ctx;
   weft_var *x = in[0], *h;
-  CHECK(weft_module_call1(b->attention_norm, x, &h));
-  CHECK(weft_module_call1(b->attention, h, &h));
-  CHECK(weft_op_add(x, h, &x));
-  CHECK(weft_module_call1(b->ffn_norm, x, &h));
-  CHECK(weft_module_call1(b->feed_forward, h, &h));
+  WEFT_CHECK(weft_module_call1(b->attention_norm, x, &h));
+  WEFT_CHECK(weft_module_call1(b->attention, h, &h));
+  WEFT_CHECK(weft_op_add(x, h, &x));
+  WEFT_CHECK(weft_module_call1(b->ffn_norm, x, &h));
+  WEFT_CHECK(weft_module_call1(b->feed_forward, h, &h));
   return weft_op_add(x, h, out);
 }
 
@@ -102,9 +96,9 @@ static weft_status model_forward(weft_module *m, void *ctx, weft_var *const *in,
   (void)m, (void)nin, (void)nout;
   model_ctx *c = ctx;
   weft_var *x;
-  CHECK(weft_module_call1(c->tok_embeddings, in[0], &x));
-  CHECK(weft_module_call1(c->layers, x, &x));
-  CHECK(weft_module_call1(c->norm, x, &x));
+  WEFT_CHECK(weft_module_call1(c->tok_embeddings, in[0], &x));
+  WEFT_CHECK(weft_module_call1(c->layers, x, &x));
+  WEFT_CHECK(weft_module_call1(c->norm, x, &x));
   return weft_module_call1(c->output, x, out);
 }
 
@@ -133,14 +127,14 @@ static weft_status set_std(weft_module *m, float std) {
 
 static weft_status linear(weft_mesh *mesh, weft_module *parent, const char *name, int64_t in,
                           int64_t out, float std, weft_module **m) {
-  CHECK(weft_linear_create(mesh, name, in, out, m));
-  CHECK(adopt(parent, *m));
+  WEFT_CHECK(weft_linear_create(mesh, name, in, out, m));
+  WEFT_CHECK(adopt(parent, *m));
   return set_std(*m, std);
 }
 
 static weft_status rmsnorm(weft_mesh *mesh, weft_module *parent, const char *name,
                            const weft_llama_config *c, weft_module **m) {
-  CHECK(weft_rmsnorm_create(mesh, name, c->dim, c->norm_eps, m));
+  WEFT_CHECK(weft_rmsnorm_create(mesh, name, c->dim, c->norm_eps, m));
   return adopt(parent, *m);
 }
 
@@ -206,13 +200,13 @@ fail:
 
 static weft_status build(const weft_llama_config *c, weft_mesh *mesh, weft_module *root,
                          model_ctx *mc) {
-  CHECK(weft_embedding_create(mesh, "tok_embeddings", c->vocab, c->dim, &mc->tok_embeddings));
-  CHECK(adopt(root, mc->tok_embeddings));
-  CHECK(set_std(mc->tok_embeddings, c->init_std));
-  CHECK(weft_sequential_create(mesh, "layers", &mc->layers));
-  CHECK(adopt(root, mc->layers));
-  for (int64_t i = 0; i < c->n_layers; i++) CHECK(build_block(c, mesh, mc->layers, i));
-  CHECK(rmsnorm(mesh, root, "norm", c, &mc->norm));
+  WEFT_CHECK(weft_embedding_create(mesh, "tok_embeddings", c->vocab, c->dim, &mc->tok_embeddings));
+  WEFT_CHECK(adopt(root, mc->tok_embeddings));
+  WEFT_CHECK(set_std(mc->tok_embeddings, c->init_std));
+  WEFT_CHECK(weft_sequential_create(mesh, "layers", &mc->layers));
+  WEFT_CHECK(adopt(root, mc->layers));
+  for (int64_t i = 0; i < c->n_layers; i++) WEFT_CHECK(build_block(c, mesh, mc->layers, i));
+  WEFT_CHECK(rmsnorm(mesh, root, "norm", c, &mc->norm));
   return linear(mesh, root, "output", c->dim, c->vocab, c->init_std, &mc->output);
 }
 
@@ -221,12 +215,12 @@ weft_status weft_llama_ops_create(const weft_llama_config *cfg, weft_mesh *mesh,
   if (!out) return weft_error(WEFT_ERR_INVALID, "llama_ops_create: out is NULL");
   *out = NULL;
   if (!mesh) return weft_error(WEFT_ERR_INVALID, "llama_ops_create: mesh is NULL");
-  CHECK(weft_llama_config_validate(cfg));
+  WEFT_CHECK(weft_llama_config_validate(cfg));
   model_ctx *mc = calloc(1, sizeof *mc);
   if (!mc) return weft_error(WEFT_ERR_OOM, "llama");
   mc->cfg = *cfg;
   weft_module *root;
-  CHECK(custom(mesh, NULL, "model", &model_def, mc, &root));
+  WEFT_CHECK(custom(mesh, NULL, "model", &model_def, mc, &root));
   weft_status st = build(cfg, mesh, root, mc);
   if (st != WEFT_OK) {
     weft_module_destroy(root);
@@ -265,8 +259,9 @@ weft_status weft_llama_ops_logits(weft_module *model, weft_graph *g, const weft_
                       "llama_ops: ids (%lld, %lld): need B >= 1 and 1 <= T <= max_seq_len %lld",
                       (long long)s[0], (long long)s[1], (long long)c->max_seq_len);
   weft_var *x;
-  CHECK(weft_graph_input(g, ids, false, &x));
-  return weft_module_call1(model, x, logits);
+  WEFT_CHECK(weft_graph_input(g, ids, false, &x));
+  WEFT_CHECK(weft_module_call1(model, x, logits));
+  return WEFT_OK;
 }
 
 weft_status weft_llama_ops_loss(weft_module *model, weft_graph *g, const weft_dtensor *ids,
@@ -277,7 +272,7 @@ weft_status weft_llama_ops_loss(weft_module *model, weft_graph *g, const weft_dt
   if (!loss || !targets)
     return weft_error(WEFT_ERR_INVALID, "llama_ops_loss: targets or loss is NULL");
   weft_var *z;
-  CHECK(weft_llama_ops_logits(model, g, ids, &z));
+  WEFT_CHECK(weft_llama_ops_logits(model, g, ids, &z));
   if (logits) *logits = z;
   return weft_op_cross_entropy(z, targets, -100, loss);
 }
@@ -286,7 +281,8 @@ weft_status weft_llama_ops_loss(weft_module *model, weft_graph *g, const weft_dt
 
 weft_status weft_llama_ops_tp_plan(bool sp, bool lp, weft_tp_plan_entry *out, int cap, int *n) {
   /* the same FQNs as nn's built-in Llama: torchtitan's plan in tp/ */
-  return weft_tp_llama_plan(sp, lp, out, cap, n);
+  WEFT_CHECK(weft_tp_llama_plan(sp, lp, out, cap, n));
+  return WEFT_OK;
 }
 
 weft_status weft_llama_ops_parallelize(weft_module *model, weft_mesh *tp_mesh, bool sp, bool lp,
@@ -310,6 +306,6 @@ weft_status weft_llama_ops_parallelize(weft_module *model, weft_mesh *tp_mesh, b
                       (long long)c->n_heads, (long long)c->n_kv_heads, tp);
   weft_tp_plan_entry plan[16];
   int n;
-  CHECK(weft_llama_ops_tp_plan(sp, lp, plan, 16, &n));
+  WEFT_CHECK(weft_llama_ops_tp_plan(sp, lp, plan, 16, &n));
   return weft_parallelize_module(model, tp_mesh, plan, n, out);
 }

@@ -53,11 +53,11 @@ extern "C" {
  * naming the field) and copied. Parameters have shapes only (all
  * Replicate): apply a TP plan first if any, then weft_module_init_weights
  * or load them. *out is the caller's (weft_module_destroy). Local. */
-weft_status weft_llama_ops_create(const weft_llama_config *cfg, weft_mesh *mesh,
+WEFT_API weft_status weft_llama_ops_create(const weft_llama_config *cfg, weft_mesh *mesh,
                                   weft_module **out);
 /* The config of a model made by weft_llama_ops_create; NULL for any other
  * module. */
-const weft_llama_config *weft_llama_ops_get_config(const weft_module *model);
+WEFT_API const weft_llama_config *weft_llama_ops_get_config(const weft_module *model);
 
 /* logits (B, T, V) of ids (B, T) int32 (a Replicate DTensor on the model
  * mesh, borrowed until the graph is reset; 1 <= T <= max_seq_len, ids in
@@ -67,13 +67,13 @@ const weft_llama_config *weft_llama_ops_get_config(const weft_module *model);
  * Errors: NULL arguments, a model not made by weft_llama_ops_create, ids
  * of another dtype, rank or length (WEFT_ERR_INVALID, alike on every
  * rank), an id out of range (the embedding op names it). Collective. */
-weft_status weft_llama_ops_logits(weft_module *model, weft_graph *g, const weft_dtensor *ids,
+WEFT_API weft_status weft_llama_ops_logits(weft_module *model, weft_graph *g, const weft_dtensor *ids,
                                   weft_var **logits);
 /* The mean cross-entropy (weft_op_cross_entropy, ignore_index -100)
  * against targets (B, T) int32 (Replicate, the ids' shape; borrowed), and
  * (logits may be NULL) the logits. Vocab-sharded logits take the loss
  * parallel path of the op (no rank gathers the vocab). Collective. */
-weft_status weft_llama_ops_loss(weft_module *model, weft_graph *g, const weft_dtensor *ids,
+WEFT_API weft_status weft_llama_ops_loss(weft_module *model, weft_graph *g, const weft_dtensor *ids,
                                 const weft_dtensor *targets, weft_var **loss, weft_var **logits);
 
 /* torchtitan's tensor-parallel plan for this model (apply_tp in
@@ -94,7 +94,7 @@ weft_status weft_llama_ops_loss(weft_module *model, weft_graph *g, const weft_dt
  * Loss parallel needs no loss module here: weft_llama_ops_loss hands the
  * vocab-sharded logits to weft_op_cross_entropy. Pure; WEFT_ERR_INVALID
  * for a NULL n (or out with cap > 0). */
-weft_status weft_llama_ops_tp_plan(bool sequence_parallel, bool loss_parallel,
+WEFT_API weft_status weft_llama_ops_tp_plan(bool sequence_parallel, bool loss_parallel,
                                    weft_tp_plan_entry *out, int cap, int *n);
 /* Checks that the heads divide over tp_mesh (n_heads % tp == 0 and
  * n_kv_heads % tp == 0; WEFT_ERR_INVALID naming the counts), then
@@ -105,7 +105,7 @@ weft_status weft_llama_ops_tp_plan(bool sequence_parallel, bool loss_parallel,
  * model. Errors as weft_parallelize_module's, every rank alike, nothing
  * changed on failure. Collective over tp_mesh only where materialised
  * parameters move. */
-weft_status weft_llama_ops_parallelize(weft_module *model, weft_mesh *tp_mesh,
+WEFT_API weft_status weft_llama_ops_parallelize(weft_module *model, weft_mesh *tp_mesh,
                                        bool sequence_parallel, bool loss_parallel,
                                        weft_tp **out);
 

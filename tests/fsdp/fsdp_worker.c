@@ -88,13 +88,6 @@ static void setup_free(setup *s) {
 
 /* --------------------------------------------------------------- data */
 
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 /* Rows [row0, row0 + rows) of the global batch of `step`: tokens and
  * targets (B, T) int32 in [0, V). */
 static void make_batch(const weft_llama_config *c, int T, int step, uint64_t seed, int row0,
@@ -107,8 +100,8 @@ static void make_batch(const weft_llama_config *c, int T, int step, uint64_t see
     for (int t = 0; t < T; t++) {
       uint64_t k = seed * 1000003ULL + (uint64_t)step * 7919ULL + (uint64_t)(row0 + r) * 131ULL +
                    (uint64_t)t;
-      a[r * T + t] = (int32_t)(mix64(k) % (uint64_t)c->vocab);
-      b[r * T + t] = (int32_t)(mix64(k ^ 0x5555555555ULL) % (uint64_t)c->vocab);
+      a[r * T + t] = (int32_t)(weft_test_mix64(k) % (uint64_t)c->vocab);
+      b[r * T + t] = (int32_t)(weft_test_mix64(k ^ 0x5555555555ULL) % (uint64_t)c->vocab);
     }
 }
 
@@ -267,40 +260,26 @@ static void run(model *md, const setup *s, const train *tr, result *r) {
   snapshot(md->m, r);
 }
 
-/* max |a - b| / max |b| */
+/* max |a - b| / max |b| of two f32 tensors (inf if either is missing or
+ * the sizes differ) */
 static double rel_max(const weft_tensor *a, const weft_tensor *b) {
   if (!a || !b || weft_tensor_numel(a) != weft_tensor_numel(b)) return INFINITY;
-  const float *x = a->data, *y = b->data;
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < weft_tensor_numel(a); i++) {
-    double d = fabs((double)x[i] - (double)y[i]);
-    if (d > num || isnan(d)) num = d;
-    if (fabs((double)y[i]) > den) den = fabs((double)y[i]);
-  }
-  return den > 0 ? num / den : num;
+  return weft_test_rel_max_f32(a->data, b->data, weft_tensor_numel(a));
 }
 
 /* ||a - b|| / ||b|| (the tensor relative error of the tp and nn suites) */
 static double rel_norm(const weft_tensor *a, const weft_tensor *b) {
   if (!a || !b || weft_tensor_numel(a) != weft_tensor_numel(b)) return INFINITY;
-  const float *x = a->data, *y = b->data;
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < weft_tensor_numel(a); i++) {
-    double d = (double)x[i] - (double)y[i];
-    num += d * d;
-    den += (double)y[i] * (double)y[i];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
+  return weft_test_rel_norm_f32(a->data, b->data, weft_tensor_numel(a));
 }
-
-static double rel_scalar(double a, double b) { return fabs(a - b) / (fabs(b) > 0 ? fabs(b) : 1); }
 
 /* Compares a run with the reference; prints the worst errors (rank 0). */
 static void compare(const char *what, const result *a, const result *ref, double tol) {
   double worst_loss = 0, worst_norm = 0, worst_p = 0, worst_max = 0;
   const char *worst_name = "";
   for (int i = 0; i < ref->steps; i++) {
-    double e = rel_scalar(a->loss[i], ref->loss[i]), en = rel_scalar(a->norm[i], ref->norm[i]);
+    double e = weft_test_rel_scalar(a->loss[i], ref->loss[i]),
+           en = weft_test_rel_scalar(a->norm[i], ref->norm[i]);
     WCHECK(e <= tol, "%s: step %d loss %.9g vs ref %.9g (rel %.3g)", what, i, a->loss[i],
            ref->loss[i], e);
     WCHECK(en <= tol, "%s: step %d grad norm %.9g vs ref %.9g (rel %.3g)", what, i, a->norm[i],
@@ -509,7 +488,7 @@ static weft_llama_config tiny(int64_t D, int64_t L, int64_t H, int64_t K, int64_
   return c;
 }
 
-static const train TRAIN5 = {4, 8, 5, 0.5, 7, false};
+static const train TRAIN5 = {.B = 4, .T = 8, .steps = 5, .clip = 0.5, .data_seed = 7};
 
 /* The reference: the same model on one rank with the global batch. */
 static void reference(const weft_llama_config *c, const train *tr, uint64_t seed, result *r,
@@ -603,7 +582,8 @@ static void case_parity_fsdp(void) {
   int w = weft_world_size();
   char name[64];
   snprintf(name, sizeof name, "fsdp dp=%d%s", w, w == 2 ? " (offload)" : "");
-  pcase pc = {name, 0, w, 1, w == 2, false, true, true, true, w == 2};
+  pcase pc = {.name = name, .rep = 0, .shard = w, .tp = 1, .self_model = w == 2, .deferred = true,
+              .check_comm = true, .check_mem = true, .offload = w == 2};
   parity(&pc, &c, &TRAIN5, &ref, ri.m);
   ref_free(&ri);
   result_free(&ref);
@@ -617,10 +597,11 @@ static void case_parity_uneven(void) {
   model ri;
   reference(&c, &TRAIN5, 1234, NULL, &ri);
   reference(&c, &TRAIN5, 1234, &ref, NULL);
-  pcase a = {"uneven fsdp dp=4", 0, 4, 1, false, false, true, false, false, false};
+  pcase a = {.name = "uneven fsdp dp=4", .rep = 0, .shard = 4, .tp = 1, .deferred = true};
   parity(&a, &c, &TRAIN5, &ref, ri.m);
 #ifdef FSDP_TEST_HAVE_TP
-  pcase b = {"uneven 2-D dp=2 x tp=2 (sp)", 0, 2, 2, false, true, true, false, false, false};
+  pcase b = {.name = "uneven 2-D dp=2 x tp=2 (sp)", .rep = 0, .shard = 2, .tp = 2, .sp = true,
+             .deferred = true};
   parity(&b, &c, &TRAIN5, &ref, ri.m);
 #endif
   ref_free(&ri);
@@ -671,9 +652,11 @@ static void case_parity_2d(void) {
   model ri;
   reference(&c, &TRAIN5, 1234, NULL, &ri);
   reference(&c, &TRAIN5, 1234, &ref, NULL);
-  pcase a = {"2-D dp=2 x tp=2", 0, 2, 2, false, false, false, true, true, false};
+  pcase a = {.name = "2-D dp=2 x tp=2", .rep = 0, .shard = 2, .tp = 2, .check_comm = true,
+             .check_mem = true};
   parity(&a, &c, &TRAIN5, &ref, ri.m);
-  pcase b = {"2-D dp=2 x tp=2 (sp, deferred)", 0, 2, 2, false, true, true, true, false, false};
+  pcase b = {.name = "2-D dp=2 x tp=2 (sp, deferred)", .rep = 0, .shard = 2, .tp = 2, .sp = true,
+             .deferred = true, .check_comm = true};
   parity(&b, &c, &TRAIN5, &ref, ri.m);
   /* redistribute of the sharded layout, on a fresh model */
   setup s;
@@ -698,7 +681,8 @@ static void case_parity_3d(void) {
   model ri;
   reference(&c, &tr, 1234, NULL, &ri);
   reference(&c, &tr, 1234, &ref, NULL);
-  pcase a = {"3-D rep=2 x shard=2 x tp=2 (sp)", 2, 2, 2, false, true, true, true, false, false};
+  pcase a = {.name = "3-D rep=2 x shard=2 x tp=2 (sp)", .rep = 2, .shard = 2, .tp = 2, .sp = true,
+             .deferred = true, .check_comm = true};
   parity(&a, &c, &tr, &ref, ri.m);
   ref_free(&ri);
   result_free(&ref);
@@ -712,7 +696,8 @@ static void case_parity_hsdp(void) {
   model ri;
   reference(&c, &TRAIN5, 1234, NULL, &ri);
   reference(&c, &TRAIN5, 1234, &ref, NULL);
-  pcase a = {"hsdp rep=2 x shard=2", 2, 2, 1, true, false, true, true, false, false};
+  pcase a = {.name = "hsdp rep=2 x shard=2", .rep = 2, .shard = 2, .tp = 1, .self_model = true,
+             .deferred = true, .check_comm = true};
   parity(&a, &c, &TRAIN5, &ref, ri.m);
   ref_free(&ri);
   result_free(&ref);
@@ -1064,7 +1049,7 @@ static void case_bf16(void) {
   weft_llama_config c = tiny(32, 2, 4, 2, 64, 64);
   setup s;
   if (!setup_make(&s, 0, weft_world_size(), 1, true)) return;
-  train tr = {4, 16, 50, 1.0, 21, true};
+  train tr = {.B = 4, .T = 16, .steps = 50, .clip = 1.0, .data_seed = 21, .fixed_batch = true};
   double loss[2][50];
   int64_t agb[2] = {0, 0};
   for (int k = 0; k < 2; k++) {
@@ -1092,7 +1077,7 @@ static void case_bf16(void) {
   }
   double worst = 0;
   for (int i = 0; i < tr.steps; i++) {
-    double e = rel_scalar(loss[1][i], loss[0][i]);
+    double e = weft_test_rel_scalar(loss[1][i], loss[0][i]);
     WCHECK(e <= 0.02, "step %d: bf16 loss %.6g vs fp32 %.6g (%.2f%%)", i, loss[1][i], loss[0][i],
            100 * e);
     if (e > worst) worst = e;
@@ -1300,8 +1285,8 @@ static void tied_batch(weft_mesh *mesh, int row0, int rows, int T, int V, weft_d
   for (int r = 0; r < rows; r++)
     for (int t = 0; t < T; t++) {
       uint64_t k = (uint64_t)(row0 + r) * 131u + (uint64_t)t + 77u;
-      ((int32_t *)a->data)[r * T + t] = (int32_t)(mix64(k) % (uint64_t)V);
-      ((int32_t *)b->data)[r * T + t] = (int32_t)(mix64(k ^ 0x5555u) % (uint64_t)V);
+      ((int32_t *)a->data)[r * T + t] = (int32_t)(weft_test_mix64(k) % (uint64_t)V);
+      ((int32_t *)b->data)[r * T + t] = (int32_t)(weft_test_mix64(k ^ 0x5555u) % (uint64_t)V);
     }
   weft_placement pl[1] = {weft_replicate()};
   WOK(weft_dtensor_distribute(mesh, a, WEFT_DTENSOR_ALL_RANKS, pl, 1, ids));
@@ -1411,13 +1396,7 @@ static void case_tied(void) {
     double worst = 0;
     for (int i = 0; i < np && i < nref; i++) {
       if (!gg[i] || !gref[i]) continue;
-      const float *a = gg[i]->data, *b = gref[i]->data;
-      double num = 0, den = 0;
-      for (int64_t k = 0; k < weft_tensor_numel(gg[i]); k++) {
-        num += ((double)a[k] - b[k]) * ((double)a[k] - b[k]);
-        den += (double)b[k] * b[k];
-      }
-      double e = sqrt(num / (den > 0 ? den : 1));
+      double e = weft_test_rel_norm_f32(gg[i]->data, gref[i]->data, weft_tensor_numel(gg[i]));
       if (e > worst) worst = e;
       WCHECK(e <= TOL, "mode %d: grad of %s differs from one rank by %.3g", mode, ps[i]->fqn, e);
       weft_tensor_destroy(gg[i]);

@@ -30,15 +30,10 @@ static unsigned long seed = 12345;
 
 /* ------------------------------------------------------------ values */
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 static int64_t val(int wr, int64_t i, int salt, weft_dtype dt) {
-  uint64_t h = mix(seed ^ mix((uint64_t)wr * 1000003u + (uint64_t)salt * 7919u) ^ mix((uint64_t)i));
+  uint64_t h =
+      weft_test_mix64(seed ^ weft_test_mix64((uint64_t)wr * 1000003u + (uint64_t)salt * 7919u) ^
+                      weft_test_mix64((uint64_t)i));
   int64_t lo, span;
   switch (dt) {
     case WEFT_BF16: lo = -8, span = 16; break;
@@ -977,7 +972,8 @@ static void case_big_count_full(void) {
  * an all-null set returns at once; a receive nobody sends times out with
  * the caller's name in the message; bad arguments are WEFT_ERR_INVALID. */
 static double wait_val(int r, int k, int i) {
-  uint64_t h = mix(seed ^ mix((uint64_t)r * 7919u + (uint64_t)k * 104729u) ^ mix((uint64_t)i + 1));
+  uint64_t h = weft_test_mix64(seed ^ weft_test_mix64((uint64_t)r * 7919u + (uint64_t)k * 104729u) ^
+                               weft_test_mix64((uint64_t)i + 1));
   return (double)(h >> 11) / 9007199254740992.0 * 2.0 - 1.0; /* [-1, 1) */
 }
 

@@ -279,7 +279,7 @@ static double vs_golden(const golden *g, const result *r, bool sharded, const ch
              (long long)n);
     }
     if (full && (sharded || r->n[i] == n)) {
-      double e = rel_err_f32_f64(full, ref, n);
+      double e = weft_test_rel_norm_f32_f64(full, ref, n);
       if (e > worst) worst = e;
       WCHECK(e < 1e-5, "%s: grad %s rel err %.3g vs PyTorch float64", what, r->fqn[i], e);
     }
@@ -297,7 +297,8 @@ static double vs_golden(const golden *g, const result *r, bool sharded, const ch
 static void case_golden(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
-  setup S = {gpt2_golden_config(&g, 0.0f), &g, 0, g.tokens, g.targets, false, 1, false, false, false};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.0f), .g = &g, .seed = 0, .ids = g.tokens,
+             .tgt = g.targets, .steps = 1};
   result plain, ac;
   run(&S, AC_NONE, &plain);
   run(&S, AC_BLOCKS, &ac);
@@ -319,7 +320,8 @@ static void case_golden(void) {
 static void case_dropout_bitwise(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
-  setup S = {gpt2_golden_config(&g, 0.1f), &g, 0, g.tokens, g.targets, false, 3, false, false, false};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.1f), .g = &g, .seed = 0, .ids = g.tokens,
+             .tgt = g.targets, .steps = 3};
   result plain, nodrop;
   run(&S, AC_NONE, &plain);
   setup S0 = S;
@@ -359,7 +361,7 @@ static void case_memory(void) {
   c.dropout = 0.1f;
   weft_tensor *ids = random_ids(4, 64, c.vocab, 11), *tgt = random_ids(4, 64, c.vocab, 12);
   WREQUIRE(ids && tgt, "ids");
-  setup S = {c, NULL, 99, ids, tgt, false, 3, true, false, false};
+  setup S = {.cfg = c, .seed = 99, .ids = ids, .tgt = tgt, .steps = 3, .measure = true};
   result plain, ac;
   run(&S, AC_NONE, &plain);
   run(&S, AC_BLOCKS, &ac);
@@ -392,7 +394,8 @@ static void case_fsdp(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
   WREQUIRE(weft_world_size() == 2, "fsdp runs on 2 ranks");
-  setup S = {gpt2_golden_config(&g, 0.1f), &g, 0, g.tokens, g.targets, true, 2, true, false, false};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.1f), .g = &g, .seed = 0, .ids = g.tokens,
+             .tgt = g.targets, .fsdp = true, .steps = 2, .measure = true};
   result plain, ac;
   run(&S, AC_NONE, &plain);
   run(&S, AC_BLOCKS, &ac);
@@ -432,7 +435,8 @@ static void case_tp_sp(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
   WREQUIRE(weft_world_size() == 2, "tp_sp runs on 2 ranks");
-  setup S = {gpt2_golden_config(&g, 0.1f), &g, 0, g.tokens, g.targets, false, 2, false, true, false};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.1f), .g = &g, .seed = 0, .ids = g.tokens,
+             .tgt = g.targets, .steps = 2, .tp_sp = true};
   result plain, ac, deep;
   run(&S, AC_NONE, &plain);
   run(&S, AC_BLOCKS, &ac);
@@ -458,7 +462,8 @@ static void case_fsdp_inner(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
   WREQUIRE(weft_world_size() == 2, "fsdp_inner runs on 2 ranks");
-  setup S = {gpt2_golden_config(&g, 0.1f), &g, 0, g.tokens, g.targets, true, 2, false, false, true};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.1f), .g = &g, .seed = 0, .ids = g.tokens,
+             .tgt = g.targets, .fsdp = true, .steps = 2, .fsdp_inner = true};
   result plain, ac;
   run(&S, AC_NONE, &plain);
   run(&S, AC_BLOCKS, &ac);

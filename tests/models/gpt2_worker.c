@@ -226,16 +226,23 @@ static void run_golden(const char *what, layout L) {
   golden_free(&g);
 }
 
-static void case_golden(void) { run_golden("1 rank", (layout){0, 1, 1, false, false}); }
-static void case_golden_fsdp(void) { run_golden("fsdp dp=2", (layout){0, 2, 1, true, false}); }
-static void case_golden_tp(void) { run_golden("tp=2", (layout){0, 1, 2, false, false}); }
-static void case_golden_tp_sp(void) { run_golden("tp=2 sp", (layout){0, 1, 2, false, true}); }
-static void case_golden_2d(void) { run_golden("dp=2 x tp=2", (layout){0, 2, 2, true, false}); }
+static void case_golden(void) { run_golden("1 rank", (layout){.rep = 0, .dp = 1, .tp = 1}); }
+static void case_golden_fsdp(void) {
+  run_golden("fsdp dp=2", (layout){.rep = 0, .dp = 2, .tp = 1, .fsdp = true});
+}
+static void case_golden_tp(void) { run_golden("tp=2", (layout){.rep = 0, .dp = 1, .tp = 2}); }
+static void case_golden_tp_sp(void) {
+  run_golden("tp=2 sp", (layout){.rep = 0, .dp = 1, .tp = 2, .sp = true});
+}
+static void case_golden_2d(void) {
+  run_golden("dp=2 x tp=2", (layout){.rep = 0, .dp = 2, .tp = 2, .fsdp = true});
+}
 static void case_golden_2d_sp(void) {
-  run_golden("dp=2 x tp=2 sp", (layout){0, 2, 2, true, true});
+  run_golden("dp=2 x tp=2 sp", (layout){.rep = 0, .dp = 2, .tp = 2, .fsdp = true, .sp = true});
 }
 static void case_golden_3d(void) {
-  run_golden("rep=2 x shard=2 x tp=2 sp", (layout){2, 2, 2, true, true});
+  run_golden("rep=2 x shard=2 x tp=2 sp",
+             (layout){.rep = 2, .dp = 2, .tp = 2, .fsdp = true, .sp = true});
 }
 
 /* Trains `steps` steps of GPT-2 from the golden init with dropout p on
@@ -311,7 +318,7 @@ static void case_dropout_curve(void) {
   WOK(golden_load("gpt2_tiny", &g));
   enum { STEPS = 6 };
   double alone[STEPS], mesh[STEPS], plain[STEPS];
-  layout L = {0, 2, 2, true, true};
+  layout L = {.rep = 0, .dp = 2, .tp = 2, .fsdp = true, .sp = true};
   WREQUIRE(weft_world_size() == 4, "dropout_curve runs on 4 ranks");
   train_curve(&g, 0.1f, &L, true, STEPS, alone);
   train_curve(&g, 0.0f, &L, true, STEPS, plain);

@@ -408,13 +408,6 @@ static void case_golden_fsdp_tp(void) {
 
 /* ----------------------------------------------- against the built-in model */
 
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 /* Random tokens and next-token targets (B, T) of `step`. */
 static void make_batch(const weft_llama_config *c, int64_t B, int64_t T, int step,
                        weft_tensor **tok, weft_tensor **tgt) {
@@ -425,8 +418,8 @@ static void make_batch(const weft_llama_config *c, int64_t B, int64_t T, int ste
   int32_t *a = (*tok)->data, *b = (*tgt)->data;
   for (int64_t i = 0; i < B * T; i++) {
     uint64_t k = (uint64_t)step * 1000003ULL + (uint64_t)i;
-    a[i] = (int32_t)(mix64(k) % (uint64_t)c->vocab);
-    b[i] = (int32_t)(mix64(k ^ 0x5555555555ULL) % (uint64_t)c->vocab);
+    a[i] = (int32_t)(weft_test_mix64(k) % (uint64_t)c->vocab);
+    b[i] = (int32_t)(weft_test_mix64(k ^ 0x5555555555ULL) % (uint64_t)c->vocab);
   }
 }
 
@@ -532,7 +525,7 @@ static double worst_diff(pair *p, bool grads) {
     const weft_dtensor *b = grads ? p->pb[i]->grad : p->pb[i]->data;
     if (!a || !b) return INFINITY;
     const weft_tensor *la = weft_dtensor_local(a), *lb = weft_dtensor_local(b);
-    double e = rel_err_f32(la->data, lb->data, weft_tensor_numel(lb));
+    double e = weft_test_rel_norm_f32(la->data, lb->data, weft_tensor_numel(lb));
     if (e > worst) worst = e;
   }
   return worst;

@@ -786,11 +786,12 @@ static void case_optim(void) {
   a.amsgrad = false;
   a.maximize = true;
   check_opt(mesh, true, &a, NULL, "adamw maximize");
-  weft_sgd_params sg = {0.05f, 0.9f, 0.1f, 0.01f, false, false};
+  weft_sgd_params sg = {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.1f, .weight_decay = 0.01f};
   check_opt(mesh, false, NULL, &sg, "sgd momentum dampening wd");
-  weft_sgd_params sn = {0.05f, 0.9f, 0.0f, 0.0f, true, false};
+  weft_sgd_params sn = {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f,
+                        .nesterov = true};
   check_opt(mesh, false, NULL, &sn, "sgd nesterov");
-  weft_sgd_params s0 = {0.1f, 0.0f, 0.0f, 0.0f, false, false};
+  weft_sgd_params s0 = {.lr = 0.1f, .momentum = 0.0f, .dampening = 0.0f, .weight_decay = 0.0f};
   check_opt(mesh, false, NULL, &s0, "sgd plain");
 
   /* schedule applied at each step; the state follows FQNs; spec changes caught */
@@ -826,7 +827,8 @@ static void case_optim(void) {
   bad.beta1 = 1.0f;
   opt = NULL;
   WCHECK(weft_adamw_create(lin, &bad, &opt) == WEFT_ERR_INVALID && !opt, "beta1 = 1 accepted");
-  weft_sgd_params badn = {0.1f, 0.0f, 0.0f, 0.0f, true, false};
+  weft_sgd_params badn = {.lr = 0.1f, .momentum = 0.0f, .dampening = 0.0f, .weight_decay = 0.0f,
+                          .nesterov = true};
   WCHECK(weft_sgd_create(lin, &badn, &opt) == WEFT_ERR_INVALID, "nesterov without momentum");
   WOK(weft_module_destroy(lin));
   /* an optimizer needs materialised parameters */

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "harness.h"
+
 int64_t oc_numel(int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int d = 0; d < ndim; d++) n *= shape[d];
@@ -21,19 +23,12 @@ double oc_maxrel(const float *a, const float *b, int64_t n) {
   return m;
 }
 
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /* Non-zero values in +-[0.5, 1.5), exactly representable in f32. */
 static void fill_random(double *v, int64_t n, uint64_t *s) {
   for (int64_t i = 0; i < n; i++) {
-    double u = (double)(splitmix(s) >> 11) * 0x1.0p-53;
+    double u = weft_test_rng_unit(s);
     double x = 0.5 + u;
-    if (splitmix(s) & 1) x = -x;
+    if (weft_test_rng_u64(s) & 1) x = -x;
     v[i] = (double)(float)x;
   }
 }
@@ -273,14 +268,14 @@ void oc_random_placements(const oc_case *c, int k, uint64_t *state, weft_placeme
   for (int a = 0; a < c->nin; a++)
     for (int i = 0; i < k; i++) {
       int nd = c->ndim[a];
-      uint64_t r = splitmix(state) % (uint64_t)(nd + 3);
+      uint64_t r = weft_test_rng_u64(state) % (uint64_t)(nd + 3);
       weft_placement p;
       if (r == 0) p = weft_replicate();
       else if (r == 1) p = weft_partial(WEFT_OP_SUM);
-      else if (r == 2) p = weft_strided_shard((int)(splitmix(state) % (uint64_t)nd),
-                                              2 + (int)(splitmix(state) % 2));
+      else if (r == 2) p = weft_strided_shard((int)(weft_test_rng_u64(state) % (uint64_t)nd),
+                                              2 + (int)(weft_test_rng_u64(state) % 2));
       else p = weft_shard((int)(r - 3));
-      if (strcmp(c->name, "split_qkv") == 0 && (splitmix(state) & 1))
+      if (strcmp(c->name, "split_qkv") == 0 && (weft_test_rng_u64(state) & 1))
         p = weft_strided_shard(2, 3);
       pl[a * k + i] = p;
     }
@@ -288,7 +283,7 @@ void oc_random_placements(const oc_case *c, int k, uint64_t *state, weft_placeme
 
 void oc_random_grad_placements(int ndim, int k, uint64_t *state, weft_placement *pl) {
   for (int i = 0; i < k; i++) {
-    uint64_t r = splitmix(state) % (uint64_t)(ndim + 2);
+    uint64_t r = weft_test_rng_u64(state) % (uint64_t)(ndim + 2);
     pl[i] = r == 0 ? weft_replicate() : r == 1 ? weft_partial(WEFT_OP_SUM) : weft_shard((int)(r - 2));
   }
 }
@@ -377,7 +372,7 @@ int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
            const weft_placement *gpl, int mode, uint64_t seed, double tol, oc_result *res) {
   int fails = 0, k = weft_mesh_ndim(mesh);
   if (res) memset(res, 0, sizeof *res);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  uint64_t s = weft_test_rng_state(seed);
   double *in[OC_MAX_IN] = {0}, *out[OC_MAX_OUT] = {0}, *R[OC_MAX_OUT] = {0};
   for (int a = 0; a < c->nin; a++) {
     in[a] = malloc(sizeof(double) * (size_t)ne_in(c, a));

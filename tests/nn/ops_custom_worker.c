@@ -557,22 +557,27 @@ static void case_directed(void) {
   weft_placement R = weft_replicate(), P = weft_partial(WEFT_OP_SUM);
 #define SH(d) weft_shard(d)
   const directed ds[] = {
-      {"softplus", {SH(1)}, true, SH(1)},                   /* pointwise keeps shards */
-      {"softplus", {weft_strided_shard(2, 2)}, true, weft_strided_shard(2, 2)},
-      {"softplus", {P}, false, R},                          /* not linear: reduced */
-      {"mul_sin", {SH(2), SH(2)}, true, SH(2)},
-      {"mul_sin", {SH(1), R}, true, SH(1)},                 /* b sliced to a's shard */
-      {"lin_comb", {P, P}, true, P},                        /* linear: stays pending */
-      {"lin_comb", {SH(0), SH(0)}, true, SH(0)},
-      {"pos_scale", {SH(1)}, true, SH(1)},                  /* offsets of a T shard */
-      {"pos_scale", {weft_strided_shard(1, 2)}, false, R},  /* not listed: moved */
-      {"scale_rows", {SH(1), R}, true, SH(1)},              /* dw P(sum), reduced */
-      {"scale_rows", {SH(2), SH(0)}, true, SH(2)},
-      {"scale_rows", {P, R}, true, P},
-      {"row_norm2", {SH(2)}, true, P},                      /* partial sums of squares */
-      {"row_norm2", {SH(0)}, true, SH(0)},
-      {"sincos", {SH(2)}, true, SH(2)},
-      {"mlp", {R, SH(0), SH(1)}, true, P},                  /* colwise, op, rowwise */
+      /* pointwise keeps shards */
+      {.name = "softplus", .in = {SH(1)}, .check = true, .want = SH(1)},
+      {.name = "softplus", .in = {weft_strided_shard(2, 2)},
+        .check = true, .want = weft_strided_shard(2, 2)},
+      {.name = "softplus", .in = {P}, .check = false, .want = R}, /* not linear: reduced */
+      {.name = "mul_sin", .in = {SH(2), SH(2)}, .check = true, .want = SH(2)},
+      /* b sliced to a's shard */
+      {.name = "mul_sin", .in = {SH(1), R}, .check = true, .want = SH(1)},
+      {.name = "lin_comb", .in = {P, P}, .check = true, .want = P}, /* linear: stays pending */
+      {.name = "lin_comb", .in = {SH(0), SH(0)}, .check = true, .want = SH(0)},
+      {.name = "pos_scale", .in = {SH(1)}, .check = true, .want = SH(1)}, /* offsets of a T shard */
+      /* not listed: moved */
+      {.name = "pos_scale", .in = {weft_strided_shard(1, 2)}, .check = false, .want = R},
+      /* dw P(sum), reduced */
+      {.name = "scale_rows", .in = {SH(1), R}, .check = true, .want = SH(1)},
+      {.name = "scale_rows", .in = {SH(2), SH(0)}, .check = true, .want = SH(2)},
+      {.name = "scale_rows", .in = {P, R}, .check = true, .want = P},
+      {.name = "row_norm2", .in = {SH(2)}, .check = true, .want = P}, /* partial sums of squares */
+      {.name = "row_norm2", .in = {SH(0)}, .check = true, .want = SH(0)},
+      {.name = "sincos", .in = {SH(2)}, .check = true, .want = SH(2)},
+      {.name = "mlp", .in = {R, SH(0), SH(1)}, .check = true, .want = P}, /* colwise, op, rowwise */
   };
 #undef SH
   int shape[1] = {world};

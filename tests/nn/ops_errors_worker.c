@@ -7,6 +7,8 @@
  *            input's shape and placements; the graph stays usable.
  * params:    a parameter registered twice (or under a tied alias's name)
  *            is refused naming the module and the name; nothing changes.
+ *            A parameter whose data is set to another's storage is refused
+ *            by weft_graph_param and freed once by weft_module_destroy.
  * backward:  backward twice on one graph is WEFT_ERR_STATE, so is an op
  *            after backward; after reset the graph works and the grads
  *            equal the double reference.
@@ -29,16 +31,9 @@
 #include "autograd.h"
 #include "worker.h"
 
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 /* Uniform in [-1, 1), the same on every rank for one key. */
 static double urand(uint64_t key, int64_t i) {
-  return (double)(mix64(key * 0x100000001b3ULL + (uint64_t)i) >> 11) * 0x1.0p-52 - 1.0;
+  return weft_test_sym(weft_test_mix64(key * 0x100000001b3ULL + (uint64_t)i));
 }
 
 static weft_mesh *world_mesh(void) {
@@ -70,7 +65,7 @@ static weft_dtensor *int_dt(weft_mesh *mesh, int ndim, const int64_t *shape, int
   WOK(weft_tensor_create(WEFT_I32, WEFT_CPU, ndim, shape, &t));
   if (!t) return NULL;
   for (int64_t i = 0; i < weft_tensor_numel(t); i++)
-    ((int32_t *)t->data)[i] = (int32_t)(mix64(key + (uint64_t)i) % (uint64_t)range);
+    ((int32_t *)t->data)[i] = (int32_t)(weft_test_mix64(key + (uint64_t)i) % (uint64_t)range);
   weft_placement r = weft_replicate();
   WOK(weft_dtensor_distribute(mesh, t, WEFT_DTENSOR_ALL_RANKS, &r, 1, &d));
   weft_tensor_destroy(t);
@@ -263,6 +258,30 @@ static void case_params(void) {
   WOK(weft_module_parameters(root, NULL, 0, &n));
   WCHECK(n == 1, "root has %d parameters (the tied one counts once)", n);
   WOK(weft_module_destroy(root));
+
+  /* a parameter whose data is set to another's storage (instead of tying):
+   * the graph refuses to read it, and destroy frees the storage once */
+  WOK(weft_module_create(mesh, "root", &noop_def, NULL, &root));
+  WOK(weft_module_create(mesh, "a", &noop_def, NULL, &a));
+  WOK(weft_module_create(mesh, "b", &noop_def, NULL, &b));
+  WOK(weft_module_add_child(root, a));
+  WOK(weft_module_add_child(root, b));
+  weft_param *pa = NULL, *pb = NULL;
+  WOK(weft_module_add_param(a, "w", 2, shape, init, &pa));
+  WOK(weft_module_add_param(b, "w", 2, shape, init, &pb));
+  WOK(weft_module_init_weights(root, 5));
+  WREQUIRE(pa && pb && pa->data && pb->data, "materialised parameters");
+  weft_dtensor_destroy(pb->data);
+  pb->data = pa->data; /* the mistake */
+  weft_graph *g = NULL;
+  WOK(weft_graph_create(&g));
+  WCHECK(weft_graph_param(g, pa) != NULL, "the first holder reads fine: %s", weft_last_error());
+  WCHECK(weft_graph_param(g, pb) == NULL, "a shared storage was read as a second parameter");
+  expect_msg(weft_last_status(), WEFT_ERR_INVALID, "shared storage in a graph", "'a.w' and 'b.w'",
+             "weft_module_tie_param");
+  weft_graph_destroy(g);
+  expect_msg(weft_module_destroy(root), WEFT_ERR_INVALID, "destroy with a shared storage",
+             "'a.w' and 'b.w' shared one storage", "freed once");
   WOK(weft_mesh_destroy(mesh));
 }
 
@@ -425,13 +444,7 @@ static void case_tied(void) {
            "mode %d: grad placements differ from the weight's", mode);
     weft_tensor *gf = NULL;
     WOK(weft_dtensor_full_tensor(w->grad, &gf));
-    double num = 0, den = 0;
-    for (int i = 0; gf && i < TV * TD; i++) {
-      double e = (double)((float *)gf->data)[i] - dWref[i];
-      num += e * e;
-      den += dWref[i] * dWref[i];
-    }
-    double rel = sqrt(num / den);
+    double rel = gf ? weft_test_rel_norm_f32_f64(gf->data, dWref, TV * TD) : INFINITY;
     WCHECK(gf && rel <= 1e-5, "mode %d: tied grad rel err %.3g against double", mode, rel);
     if (weft_worker_rank == 0)
       printf("tied %s: loss %.9f (double %.9f), grad rel err %.3g\n", mode ? "S(0)" : "R", l, lref,

@@ -71,17 +71,6 @@ static double *fetch(const weft_dtensor *d, int64_t *n) {
   return h;
 }
 
-/* max |a - b| / max |b| (b the reference) */
-static double rel_err(const double *a, const double *b, int64_t n) {
-  double e = 0, m = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double d = fabs(a[i] - b[i]);
-    if (d > e || isnan(d)) e = isnan(d) ? INFINITY : d;
-    if (fabs(b[i]) > m) m = fabs(b[i]);
-  }
-  return e / (m > 1e-30 ? m : 1e-30);
-}
-
 /* ------------------------------------------------------ the case runner */
 
 static bool verbose; /* OPS_VERBOSE=1: print every error measured */
@@ -145,7 +134,7 @@ static void run_case(weft_mesh *mesh, const opcase *c) {
     WCHECK(n == nout, "%s: output has %lld elements, want %lld", c->name, (long long)n,
            (long long)nout);
     if (n == nout) {
-      double e = rel_err(got, ref, n);
+      double e = weft_test_rel_max_f64(got, ref, n);
       if (verbose && weft_worker_rank == 0) printf("%-24s forward rel err %.3g\n", c->name, e);
       WCHECK(e <= c->fwd_tol, "%s: forward rel err %.3g > %.3g", c->name, e, c->fwd_tol);
     }
@@ -179,7 +168,7 @@ static void run_case(weft_mesh *mesh, const opcase *c) {
       int64_t ng;
       double *gg = fetch(gr, &ng);
       if (gg && ng == ni) {
-        double e = rel_err(gg, fd, ni);
+        double e = weft_test_rel_max_f64(gg, fd, ni);
         if (verbose && weft_worker_rank == 0)
           printf("%-24s grad %d   rel err %.3g\n", c->name, i, e);
         WCHECK(e <= c->bwd_tol, "%s: grad of input %d: rel err %.3g > %.3g", c->name, i, e,
@@ -768,7 +757,7 @@ static void case_bad(weft_mesh *mesh) {
 /* the graph's pool: a second step of the same shapes reuses the buffers
  * and gives the same values */
 static void case_two_steps(weft_mesh *mesh) {
-  static const sdpa_ctx sc = {2, 5, 4, 2, 4, false};
+  static const sdpa_ctx sc = {.B = 2, .T = 5, .H = 4, .Hkv = 2, .hd = 4, .noncausal = false};
   int64_t sq[4] = {2, 5, 4, 4}, sk[4] = {2, 5, 2, 4};
   double hq[160], hk[80], hv[80];
   for (int i = 0; i < 160; i++) hq[i] = srand1();

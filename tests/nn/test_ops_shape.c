@@ -16,12 +16,6 @@
 #include "ops_check.h"
 
 #define OPS_WORKER WORKER("ops_shape_worker")
-#define OK(expr)                                                                            \
-  do {                                                                                      \
-    weft_status ok_st_ = (expr);                                                            \
-    cr_assert_eq(ok_st_, WEFT_OK, "%s -> %s: %s", #expr, weft_status_str(ok_st_),          \
-                 weft_last_error());                                                        \
-  } while (0)
 
 static void one_rank(const char *name) {
   const oc_case *c = oc_find(name);

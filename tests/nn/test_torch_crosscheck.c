@@ -56,20 +56,6 @@ static int torch_missing(const char *test) {
   return 1;
 }
 
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-#define OK(x)                                                                   \
-  do {                                                                          \
-    weft_status st_ = (x);                                                      \
-    cr_assert_eq(st_, WEFT_OK, "%s -> %s: %s", #x, weft_status_str(st_),        \
-                 weft_last_error());                                            \
-  } while (0)
-
 typedef struct crosscheck {
   weft_llama_config cfg;
   int64_t B, T;
@@ -138,8 +124,8 @@ static int run_crosscheck(crosscheck *c) {
   OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, bt, &targets));
   uint64_t s = c->seed * 0x2545F4914F6CDD1Dull + 17;
   for (int64_t i = 0; i < c->B * c->T; i++) {
-    ((int32_t *)inputs->data)[i] = (int32_t)(splitmix64(&s) % (uint64_t)c->cfg.vocab);
-    ((int32_t *)targets->data)[i] = (int32_t)(splitmix64(&s) % (uint64_t)c->cfg.vocab);
+    ((int32_t *)inputs->data)[i] = (int32_t)(weft_test_rng_u64(&s) % (uint64_t)c->cfg.vocab);
+    ((int32_t *)targets->data)[i] = (int32_t)(weft_test_rng_u64(&s) % (uint64_t)c->cfg.vocab);
   }
 
   int np;

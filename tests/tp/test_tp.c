@@ -15,34 +15,34 @@ Test(tp, fqn_match_wildcards_per_name) {
     const char *p, *f;
     bool want;
   } c[] = {
-      {"layers.*.attention.wq", "layers.0.attention.wq", true},
-      {"layers.*.attention.wq", "layers.12.attention.wq", true},
-      {"layers.*.attention.wq", "layers.0.attention.wk", false},
-      {"layers.*.attention.wq", "layers.0.attention", false},         /* fewer names */
-      {"layers.*.attention", "layers.0.attention.wq", false},         /* more names */
-      {"layers.*", "layers.0.attention", false},                      /* '*' stays in one name */
-      {"*", "output", true},
-      {"*", "layers.0", false},
-      {"layers.*.*.w*", "layers.3.feed_forward.w2", true},
-      {"layers.*.*.w*", "layers.3.feed_forward", false},
-      {"layers.1*", "layers.1", true},                                /* '*' matches empty */
-      {"layers.1*", "layers.10", true},
-      {"layers.1*", "layers.2", false},
-      {"*_norm", "ffn_norm", true},
-      {"*_norm", "norm", false},
-      {"a*b*c", "aXXbYYc", true},
-      {"a*b*c", "aXXbYY", false},
-      {"a*b*c", "abbc", true},
-      {"**", "x", true},
-      {"output", "output", true},
-      {"output", "outputs", false},
-      {"outputs", "output", false},
-      {"w[qkv]", "wq", false}, /* no character classes: '[' is literal */
-      {"w[qkv]", "w[qkv]", true},
-      {"", "", true},          /* the module itself */
-      {"", "output", false},
-      {"output", "", false},
-      {"layers..wq", "layers..wq", true},
+      {.p = "layers.*.attention.wq", .f = "layers.0.attention.wq", .want = true},
+      {.p = "layers.*.attention.wq", .f = "layers.12.attention.wq", .want = true},
+      {.p = "layers.*.attention.wq", .f = "layers.0.attention.wk", .want = false},
+      {.p = "layers.*.attention.wq", .f = "layers.0.attention", .want = false}, /* fewer names */
+      {.p = "layers.*.attention", .f = "layers.0.attention.wq", .want = false}, /* more names */
+      {.p = "layers.*", .f = "layers.0.attention", .want = false}, /* '*' stays in one name */
+      {.p = "*", .f = "output", .want = true},
+      {.p = "*", .f = "layers.0", .want = false},
+      {.p = "layers.*.*.w*", .f = "layers.3.feed_forward.w2", .want = true},
+      {.p = "layers.*.*.w*", .f = "layers.3.feed_forward", .want = false},
+      {.p = "layers.1*", .f = "layers.1", .want = true}, /* '*' matches empty */
+      {.p = "layers.1*", .f = "layers.10", .want = true},
+      {.p = "layers.1*", .f = "layers.2", .want = false},
+      {.p = "*_norm", .f = "ffn_norm", .want = true},
+      {.p = "*_norm", .f = "norm", .want = false},
+      {.p = "a*b*c", .f = "aXXbYYc", .want = true},
+      {.p = "a*b*c", .f = "aXXbYY", .want = false},
+      {.p = "a*b*c", .f = "abbc", .want = true},
+      {.p = "**", .f = "x", .want = true},
+      {.p = "output", .f = "output", .want = true},
+      {.p = "output", .f = "outputs", .want = false},
+      {.p = "outputs", .f = "output", .want = false},
+      {.p = "w[qkv]", .f = "wq", .want = false}, /* no character classes: '[' is literal */
+      {.p = "w[qkv]", .f = "w[qkv]", .want = true},
+      {.p = "", .f = "", .want = true}, /* the module itself */
+      {.p = "", .f = "output", .want = false},
+      {.p = "output", .f = "", .want = false},
+      {.p = "layers..wq", .f = "layers..wq", .want = true},
   };
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
     cr_expect_eq(weft_tp_fqn_match(c[i].p, c[i].f), c[i].want, "'%s' vs '%s': want %d", c[i].p,

@@ -40,8 +40,6 @@ static weft_mesh *mesh_world(void) {
   return m;
 }
 
-static double rel_scalar(double a, double b) { return fabs(a - b) / (fabs(b) > 0 ? fabs(b) : 1); }
-
 /* ------------------------------------------------------------- golden */
 
 /* Loads tests/data/golden/<name> (tests/harness/golden.h); false, with a
@@ -200,16 +198,16 @@ static errs compare(const traj *a, const traj *ref) {
   errs e = {0, 0, 0, 0, ""};
   WCHECK(a->np == ref->np, "%d params vs %d", a->np, ref->np);
   for (int s = 0; s < NSTEPS; s++) {
-    double l = rel_scalar(a->loss[s], ref->loss[s]);
+    double l = weft_test_rel_scalar(a->loss[s], ref->loss[s]);
     if (l > e.loss) e.loss = l;
-    double nr = rel_scalar(a->norm[s], ref->norm[s]);
+    double nr = weft_test_rel_scalar(a->norm[s], ref->norm[s]);
     if (nr > e.norm) e.norm = nr;
     for (int i = 0; i < a->np && i < ref->np; i++) {
       WCHECK(strcmp(a->name[i], ref->name[i]) == 0 && a->numel[i] == ref->numel[i],
              "param %d: %s (%lld) vs %s (%lld)", i, a->name[i], (long long)a->numel[i],
              ref->name[i], (long long)ref->numel[i]);
       if (a->numel[i] != ref->numel[i]) continue;
-      double r = rel_err_f32(a->grad[s][i], ref->grad[s][i], a->numel[i]);
+      double r = weft_test_rel_norm_f32(a->grad[s][i], ref->grad[s][i], a->numel[i]);
       if (getenv("TP_VERBOSE") && weft_worker_rank == 0)
         printf("    step %d %-36s rel %.2e\n", s, a->name[i], r);
       if (r > e.grad) {
@@ -221,7 +219,7 @@ static errs compare(const traj *a, const traj *ref) {
   for (int s = 0; s < NSTEPS; s++)
     for (int i = 0; i < a->np && i < ref->np; i++)
       if (a->numel[i] == ref->numel[i]) {
-        double r = rel_err_f32(a->param[s][i], ref->param[s][i], a->numel[i]);
+        double r = weft_test_rel_norm_f32(a->param[s][i], ref->param[s][i], a->numel[i]);
         if (r > e.param) e.param = r;
       }
   return e;
@@ -259,7 +257,7 @@ static void parity_model(const char *name, weft_mesh *world, weft_mesh *self,
   golden g;
   if (!golden_open(name, &g)) return;
   traj ref;
-  run_opts r0 = {false, false, false, false};
+  run_opts r0 = {.tp = false};
   double t0 = now_s();
   bool ok = run_traj(self, &g, r0, NULL, &ref);
   WCHECK(ok, "%s: reference run failed", name);
@@ -291,8 +289,10 @@ static void parity_model(const char *name, weft_mesh *world, weft_mesh *self,
 }
 
 static const run_opts all_combos[] = {
-    {true, false, false, false}, {true, false, true, false},
-    {true, true, false, false},  {true, true, true, false},
+    {.tp = true},
+    {.tp = true, .lp = true},
+    {.tp = true, .sp = true},
+    {.tp = true, .sp = true, .lp = true},
 };
 
 /* tp = 2: both configs (MHA, GQA with 2 kv heads), every (sp, lp); plus
@@ -301,8 +301,11 @@ static void case_parity_tp2(void) {
   WREQUIRE(weft_world_size() == 2, "run on 2 ranks");
   weft_mesh *w = mesh_world(), *s = mesh_self();
   parity_model("tiny_mha", w, s, all_combos, 4);
-  run_opts gqa[] = {{true, false, false, false}, {true, true, true, false},
-                    {true, true, true, true}};
+  run_opts gqa[] = {
+      {.tp = true},
+      {.tp = true, .sp = true, .lp = true},
+      {.tp = true, .sp = true, .lp = true, .load_first = true},
+  };
   parity_model("tiny_gqa", w, s, gqa, 3);
   WOK(weft_mesh_destroy(s));
   WOK(weft_mesh_destroy(w));
@@ -717,13 +720,13 @@ static void case_styles(void) {
     run_tree(s, which, false, &y0, &ny0, g0, ng0, &np0);
     run_tree(w, which, true, &y1, &ny1, g1, ng1, &np1);
     WCHECK(y0 && y1 && ny0 == ny1, "tree %d outputs", which);
-    double ey = (y0 && y1 && ny0 == ny1) ? rel_err_f32(y1, y0, ny0) : 1;
+    double ey = (y0 && y1 && ny0 == ny1) ? weft_test_rel_norm_f32(y1, y0, ny0) : 1;
     double eg = 0;
     WCHECK(np0 == np1, "tree %d: %d vs %d params", which, np0, np1);
     for (int i = 0; i < np0 && i < np1; i++) {
       WCHECK(g0[i] && g1[i] && ng0[i] == ng1[i], "tree %d param %d grads", which, i);
       if (g0[i] && g1[i] && ng0[i] == ng1[i]) {
-        double e = rel_err_f32(g1[i], g0[i], ng0[i]);
+        double e = weft_test_rel_norm_f32(g1[i], g0[i], ng0[i]);
         if (e > eg) eg = e;
       }
     }
@@ -786,13 +789,8 @@ static void case_loss(void) {
       WOK(weft_tp_loss_backward(l, dz, y, dloss, dg));
       weft_tensor *gf = NULL;
       WOK(weft_dtensor_full_tensor(dg, &gf));
-      double num = 0, den = 0;
-      for (int64_t i = 0; gf && i < N * V; i++) {
-        double d = ((float *)gf->data)[i] - dref[i];
-        num += d * d;
-        den += dref[i] * dref[i];
-      }
-      double eg = sqrt(num / den), el = rel_scalar(loss, ref);
+      double eg = gf ? weft_test_rel_norm_f32_f64(gf->data, dref, N * V) : INFINITY;
+      double el = weft_test_rel_scalar(loss, ref);
       if (weft_worker_rank == 0)
         printf("loss tp=%d V=%lld %s: loss %.6f ref %.6f rel %.2e, dlogits rel %.2e\n", tp,
                (long long)V, sharded ? "S(-1)" : "R", loss, ref, el, eg);
