@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "gpu_golden.h"
+#include "tokens.h"
 
 static char *slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -29,6 +30,33 @@ static bool json_get(const cJSON *obj, const char *key, double *out) {
   if (!cJSON_IsNumber(it)) return false;
   *out = it->valuedouble;
   return true;
+}
+
+/* The first B T + 1 tokens of the golden folder's token file as inputs
+ * and next-token targets (g->inp, g->tgt: B T int32 each). */
+static weft_status read_tokens(const char *path, gpu_golden *g) {
+  const int64_t n = g->cfg.B * g->cfg.T;
+  weft_token_file *f = NULL;
+  WEFT_CHECK(weft_token_file_open(path, &f));
+  weft_status st = WEFT_OK;
+  int32_t *t = NULL;
+  if (weft_token_file_count(f) < n + 1)
+    st = weft_error(WEFT_ERR_CORRUPT, "%s: %lld tokens, need %lld (batch x seq + 1)", path,
+                    (long long)weft_token_file_count(f), (long long)(n + 1));
+  if (st == WEFT_OK) {
+    t = malloc((size_t)(n + 1) * sizeof *t);
+    g->inp = malloc((size_t)n * sizeof *g->inp);
+    g->tgt = malloc((size_t)n * sizeof *g->tgt);
+    if (!t || !g->inp || !g->tgt) st = weft_error(WEFT_ERR_OOM, "golden tokens");
+  }
+  if (st == WEFT_OK) st = weft_token_file_read(f, 0, n + 1, t);
+  if (st == WEFT_OK) {
+    memcpy(g->inp, t, (size_t)n * sizeof *t);
+    memcpy(g->tgt, t + 1, (size_t)n * sizeof *t);
+  }
+  free(t);
+  weft_token_file_close(f);
+  return st;
 }
 
 weft_status gpu_golden_load(const char *dir, gpu_golden *g) {
@@ -62,33 +90,10 @@ weft_status gpu_golden_load(const char *dir, gpu_golden *g) {
                               .norm_eps = 1e-5f};
   g->hp = (weft_adamw_params){.lr = (float)lr, .beta1 = (float)b1, .beta2 = (float)b2,
                               .eps = (float)eps, .weight_decay = (float)wd};
-  /* llm.c token file: 256 int32 header (magic 20240520, version 1, count),
-   * then count uint16 tokens; inputs tokens[0:BT], targets tokens[1:BT+1] */
+  /* llm.c token file (models/data/tokens.h): inputs tokens[0:BT], targets
+   * tokens[1:BT+1] */
   snprintf(path, sizeof path, "%s/tokens.bin", dir);
-  size_t len;
-  char *raw = slurp(path, &len);
-  if (!raw) return weft_error(WEFT_ERR_IO, "cannot read %s", path);
-  int32_t hdr[256];
-  const int64_t n = g->cfg.B * g->cfg.T;
-  if (len < sizeof hdr) { free(raw); return weft_error(WEFT_ERR_CORRUPT, "%s: short header", path); }
-  memcpy(hdr, raw, sizeof hdr);
-  if (hdr[0] != 20240520 || hdr[1] != 1 || hdr[2] < n + 1 ||
-      len != sizeof hdr + 2 * (size_t)hdr[2]) {
-    free(raw);
-    return weft_error(WEFT_ERR_CORRUPT, "%s: magic %d version %d count %d, %zu bytes (need %lld tokens)",
-                      path, hdr[0], hdr[1], hdr[2], len, (long long)(n + 1));
-  }
-  g->inp = malloc((size_t)n * sizeof *g->inp);
-  g->tgt = malloc((size_t)n * sizeof *g->tgt);
-  if (!g->inp || !g->tgt) { free(raw); return weft_error(WEFT_ERR_OOM, "golden tokens"); }
-  const uint8_t *t = (const uint8_t *)raw + sizeof hdr;
-  for (int64_t i = 0; i <= n; i++) {
-    int32_t tok = t[2 * i] | (t[2 * i + 1] << 8);
-    if (i < n) g->inp[i] = tok;
-    if (i > 0) g->tgt[i - 1] = tok;
-  }
-  free(raw);
-  return WEFT_OK;
+  return read_tokens(path, g);
 }
 
 double gpu_golden_rel_err(const float *got, const double *want, const float *base, int64_t n) {

@@ -8,7 +8,7 @@
  *     weft-plan --model llama70b --nodes 128 --gpus-per-node 8 --batch 1024
  *     mpiexec -n 4 weft-plan --validate          # runs the fitting meshes here
  *
- * --validate runs weft-train's very step (examples/train/train.c, linked
+ * --validate runs weft-train's very step (examples/train/, linked
  * in) on every factorisation that fits this world and compares: predicted
  * communication bytes must equal the measured accounting exactly (per mesh
  * dim and collective), predicted memory within 10% of the measured peak.

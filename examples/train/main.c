@@ -4,7 +4,9 @@
  *     mpiexec -n 8 weft-train --mesh dp_replicate=2,dp_shard=2,tp=2 --model tiny
  *     weft-train --help
  *
- * The work is in train.c (shared with weft-plan --validate). */
+ * The work is in the weft_train_core library (shared with weft-plan
+ * --validate): options.c, model.c, data.c, setup.c, loop.c, checkpoint.c
+ * and agree.c; train_internal.h says which does what. */
 #include <stdio.h>
 
 #include "train.h"

@@ -1,0 +1,399 @@
+/* examples/train/options.c — weft-train's command line: the defaults, the
+ * --help text, the flags and their validation (pure: no MPI, every rank
+ * parses the same argv and finds the same errors). Model presets are in
+ * model.c; checks that need the world size (the mesh, divisibility by tp
+ * and dp) are in setup.c. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train_internal.h"
+
+#define perr train_perr
+
+void train_opts_default(train_opts *o) {
+  memset(o, 0, sizeof *o);
+  train_model_preset("demo", &o->model);
+  snprintf(o->model_name, sizeof o->model_name, "demo");
+  o->steps = 20;
+  o->batch = 8;
+  o->grad_accum = 1;
+  o->warmup = 2;
+  o->lr = 3e-3;
+  o->min_lr = -1; /* lr / 10 */
+  o->weight_decay = 0.0;
+  o->clip = 1.0;
+  o->seed = 1234;
+  o->reshard_after_forward = WEFT_FSDP_RESHARD_DEFAULT;
+  o->loss_parallel = true;
+  o->val_every = 10;
+  o->val_batches = 2;
+  o->peak_flops = 100e9; /* ~ one core's SGEMM (docs/DESIGN.md: 95 GF/s) */
+}
+
+void train_print_help(const char *prog) {
+  printf(
+      "usage: mpiexec -n N %s [flags]\n"
+      "Trains the weft reference model (Llama-style) with FSDP on the dp dims and\n"
+      "tensor parallelism on tp, over an N-D mesh of the world.\n"
+      "\n"
+      "mesh\n"
+      "  --mesh SPEC             name=size pairs, e.g. dp=2,tp=2 or dp_replicate=2,dp_shard=2,tp=2;\n"
+      "                          names: dp (= dp_shard), dp_replicate, dp_shard, tp; the product\n"
+      "                          must be the world size (default: dp=<world size>). Laid out\n"
+      "                          dp_replicate, dp_shard, tp (tp innermost).\n"
+      "model (a preset, then any flag overrides it)\n"
+      "  --model NAME            Llama: demo (default: D=64 L=2 H=4 F=176 V=64 T=32),\n"
+      "                          tiny (D=256 L=4 H=8 F=688 V=256 T=256),\n"
+      "                          small (D=768 L=12 H=12 F=2048 V=8192 T=512);\n"
+      "                          GPT-2 (models/gpt2: LayerNorm, GELU, learned positions, tied\n"
+      "                          lm_head, nanoGPT's weight-decay groups): gpt2-demo (D=64 L=2\n"
+      "                          H=4 F=256 V=64 T=32), gpt2-tiny (D=256 L=4 H=8 F=1024 V=256\n"
+      "                          T=256), gpt2 = gpt2-small (124M: D=768 L=12 H=12 F=3072\n"
+      "                          V=50304 T=1024)\n"
+      "  --dim D  --layers L  --heads H  --kv-heads HKV  --ffn-dim F  --vocab V  --seq-len T\n"
+      "  --dropout P             GPT-2 dropout (0); masks do not depend on the mesh\n"
+      "training\n"
+      "  --steps N               optimizer steps (20)\n"
+      "  --batch B               global batch in sequences per micro-step, split over dp (8)\n"
+      "  --grad-accum K          micro-steps per optimizer step (1)\n"
+      "  --lr X                  peak learning rate (3e-3); --min-lr X (lr/10): cosine floor\n"
+      "  --warmup N              linear warmup steps (2), then cosine decay to min-lr\n"
+      "  --weight-decay X        AdamW decoupled weight decay (0)\n"
+      "  --clip X                gradient clipping max norm (1.0; 0 = no clipping)\n"
+      "  --seed N                init seed (1234): same weights on every mesh\n"
+      "  --dtype fp32|bf16       bf16: FSDP all-gathers bf16 parameters (mixed precision;\n"
+      "                          math stays f32); needs a dp dim\n"
+      "  --reshard-after-forward[=true|false|K]  FSDP reshard after forward for blocks\n"
+      "                          and [norm, output] (default: PyTorch's)\n"
+      "  --sequence-parallel     TP with sequence parallelism (norms sharded on T)\n"
+      "  --no-loss-parallel      gather the logits instead of vocab-parallel loss\n"
+      "  --device cpu|cuda       cuda: not supported yet (the layers compute on the CPU)\n"
+      "data (default: an embedded synthetic language, generated in the program)\n"
+      "  --data FILE             llm.c token file (.bin: 256 int32 header, magic 20240520,\n"
+      "                          then uint16 tokens); --val-data FILE held-out tokens\n"
+      "                          (default: the last 10%% of --data)\n"
+      "  --text FILE             plain text, byte-level tokens (needs --vocab >= 256);\n"
+      "                          the last 10%% is held out\n"
+      "  --val-every N           validate every N steps and at the end (10; 0 = end only)\n"
+      "  --val-batches N         held-out batches per validation (2)\n"
+      "checkpoints\n"
+      "  --save DIR              DCP checkpoint (model + optimizer + step) at the end, and\n"
+      "  --save-every N          every N steps (async: training continues while it writes)\n"
+      "  --resume DIR            continue from a checkpoint (any mesh)\n"
+      "  --export-safetensors F  write the model as one safetensors file at the end\n"
+      "  --init-from F           initial weights from a safetensors file\n"
+      "output\n"
+      "  --log-json FILE         one JSON object per step (rank 0)\n"
+      "  --peak-tflops X         per-rank peak for MFU (0.1)\n"
+      "  --quiet                 no per-step lines, only validation and the summary\n"
+      "  --help                  this text\n",
+      prog);
+}
+
+static bool parse_i64(const char *s, int64_t lo, int64_t *out) {
+  if (!s || !*s) return false;
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || *end || v < lo) return false;
+  *out = v;
+  return true;
+}
+
+static bool parse_f64(const char *s, double *out) {
+  if (!s || !*s) return false;
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || *end || !isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+/* The slot of one --mesh dim name in m, or NULL with the error in err. */
+static int *mesh_slot(train_mesh_spec *m, const char *name, bool *seen_dp, bool *seen_shard,
+                      char *err, size_t cap) {
+  int *slot = NULL;
+  if (!strcmp(name, "dp") || !strcmp(name, "dp_shard")) {
+    bool dp = !strcmp(name, "dp");
+    if (dp ? *seen_shard : *seen_dp) {
+      perr(err, cap, "--mesh: give dp or dp_shard, not both");
+      return NULL;
+    }
+    *(dp ? seen_dp : seen_shard) = true;
+    slot = &m->dp_shard;
+  } else if (!strcmp(name, "dp_replicate")) {
+    slot = &m->dp_replicate;
+  } else if (!strcmp(name, "tp")) {
+    slot = &m->tp;
+  } else {
+    perr(err, cap, "--mesh: unknown dim '%s' (dims: dp, dp_replicate, dp_shard, tp)", name);
+    return NULL;
+  }
+  if (*slot) {
+    perr(err, cap, "--mesh: dim '%s' given twice", name);
+    return NULL;
+  }
+  return slot;
+}
+
+static int parse_mesh(const char *s, train_mesh_spec *m, char *err, size_t cap) {
+  memset(m, 0, sizeof *m);
+  m->given = true;
+  char buf[256];
+  if (strlen(s) >= sizeof buf) return perr(err, cap, "--mesh: too long");
+  snprintf(buf, sizeof buf, "%s", s);
+  bool seen_dp = false, seen_shard = false;
+  char *save = NULL;
+  int n = 0;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(tok, '=');
+    if (!eq) return perr(err, cap, "--mesh: '%s' is not name=size", tok);
+    *eq = 0;
+    int64_t v;
+    if (!parse_i64(eq + 1, 1, &v) || v > 1 << 20)
+      return perr(err, cap, "--mesh: size of '%s' must be an integer >= 1 (got '%s')", tok, eq + 1);
+    int *slot = mesh_slot(m, tok, &seen_dp, &seen_shard, err, cap);
+    if (!slot) return -1;
+    *slot = (int)v;
+    n++;
+  }
+  if (n == 0) return perr(err, cap, "--mesh: empty (e.g. --mesh dp=2,tp=2)");
+  return 0;
+}
+
+/* "--flag=value" or "--flag" (value NULL) into flag (cap 64). */
+static int split_flag(const char *a, char flag[64], const char **val, char *err, size_t cap) {
+  const char *eq = strchr(a, '=');
+  *val = NULL;
+  if (strncmp(a, "--", 2) != 0) return perr(err, cap, "unexpected argument '%s' (see --help)", a);
+  if (!eq) {
+    snprintf(flag, 64, "%s", a);
+    return 0;
+  }
+  size_t len = (size_t)(eq - a);
+  if (len >= 64) return perr(err, cap, "unknown flag '%s' (see --help)", a);
+  memcpy(flag, a, len);
+  flag[len] = 0;
+  *val = eq + 1;
+  return 0;
+}
+
+/* The flags without a value (and --reshard-after-forward, whose value is
+ * optional): 1 when flag is one of them, 0 when not, -1 on a bad value. */
+static int parse_switch(const char *flag, const char *val, train_opts *o, char *err, size_t cap) {
+  if (!strcmp(flag, "--sequence-parallel") && !val) { o->sequence_parallel = true; return 1; }
+  if (!strcmp(flag, "--no-loss-parallel") && !val) { o->loss_parallel = false; return 1; }
+  if (!strcmp(flag, "--quiet") && !val) { o->quiet = true; return 1; }
+  if (strcmp(flag, "--reshard-after-forward") != 0) return 0;
+  if (!val || !strcmp(val, "true") || !strcmp(val, "1")) {
+    o->reshard_after_forward = 1;
+  } else if (!strcmp(val, "false") || !strcmp(val, "0")) {
+    o->reshard_after_forward = 0;
+  } else {
+    int64_t k;
+    if (!parse_i64(val, 2, &k) || k > INT_MAX)
+      return perr(err, cap, "--reshard-after-forward: want true, false or a group size >= 2 (got '%s')", val);
+    o->reshard_after_forward = (int)k;
+  }
+  return 1;
+}
+
+/* The model-shape flags, applied after the preset. */
+#define N_SHAPE_FLAGS 7
+static const char *const shape_flags[N_SHAPE_FLAGS] = {
+    "--dim", "--layers", "--heads", "--kv-heads", "--ffn-dim", "--vocab", "--seq-len"};
+
+/* Flags with a number or a path, by their field in train_opts. */
+typedef struct field_flag {
+  const char *name;
+  size_t off;
+  int64_t lo;
+} field_flag;
+#define FIELD(name, field, lo) {name, offsetof(train_opts, field), lo}
+static const field_flag int_flags[] = {
+    FIELD("--steps", steps, 0),         FIELD("--batch", batch, 1),
+    FIELD("--grad-accum", grad_accum, 1), FIELD("--warmup", warmup, 0),
+    FIELD("--val-every", val_every, 0), FIELD("--val-batches", val_batches, 0),
+    FIELD("--save-every", save_every, 0), {NULL, 0, 0}};
+static const field_flag dbl_flags[] = {
+    FIELD("--lr", lr, 0), FIELD("--min-lr", min_lr, 0), FIELD("--weight-decay", weight_decay, 0),
+    FIELD("--clip", clip, 0), FIELD("--dropout", dropout, 0), {NULL, 0, 0}};
+static const field_flag str_flags[] = {
+    FIELD("--data", data, 0),          FIELD("--val-data", val_data, 0),
+    FIELD("--text", text, 0),          FIELD("--save", save_dir, 0),
+    FIELD("--resume", resume_dir, 0),  FIELD("--export-safetensors", export_path, 0),
+    FIELD("--init-from", init_from, 0), FIELD("--log-json", log_json, 0), {NULL, 0, 0}};
+#undef FIELD
+static const char *const other_flags[] = {"--peak-tflops", "--seed", "--mesh", "--model",
+                                          "--dtype", "--device", NULL};
+
+static const field_flag *find_field(const field_flag *t, const char *flag) {
+  for (; t->name; t++)
+    if (!strcmp(t->name, flag)) return t;
+  return NULL;
+}
+
+static int find_name(const char *const *names, int n, const char *flag) {
+  for (int k = 0; k < n && names[k]; k++)
+    if (!strcmp(names[k], flag)) return k;
+  return -1;
+}
+
+static bool is_value_flag(const char *flag) {
+  return find_name(shape_flags, N_SHAPE_FLAGS, flag) >= 0 || find_field(int_flags, flag) ||
+         find_field(dbl_flags, flag) || find_field(str_flags, flag) ||
+         find_name(other_flags, INT_MAX, flag) >= 0;
+}
+
+typedef struct parse_ctx {
+  int64_t shape[N_SHAPE_FLAGS]; /* -1 when not given */
+  const char *preset;           /* --model */
+} parse_ctx;
+
+/* A flag whose value is a number or a path (by the tables): 1 when
+ * handled, 0 when flag is another one, -1 on a bad value. */
+static int parse_field(parse_ctx *c, const char *flag, const char *val, train_opts *o, char *err,
+                       size_t cap) {
+  int64_t iv;
+  double dv;
+  int k = find_name(shape_flags, N_SHAPE_FLAGS, flag);
+  if (k >= 0) {
+    if (!parse_i64(val, 1, &iv)) return perr(err, cap, "%s: want an integer >= 1 (got '%s')", flag, val);
+    c->shape[k] = iv;
+    return 1;
+  }
+  const field_flag *f = find_field(int_flags, flag);
+  if (f) {
+    if (!parse_i64(val, f->lo, &iv))
+      return perr(err, cap, "%s: want an integer >= %d (got '%s')", flag, (int)f->lo, val);
+    *(int64_t *)((char *)o + f->off) = iv;
+    return 1;
+  }
+  if ((f = find_field(dbl_flags, flag))) {
+    if (!parse_f64(val, &dv) || dv < (double)f->lo)
+      return perr(err, cap, "%s: want a number >= %g (got '%s')", flag, (double)f->lo, val);
+    *(double *)((char *)o + f->off) = dv;
+    return 1;
+  }
+  if ((f = find_field(str_flags, flag))) {
+    if (!*val) return perr(err, cap, "%s: empty value", flag);
+    *(const char **)((char *)o + f->off) = val;
+    return 1;
+  }
+  return 0;
+}
+
+/* --peak-tflops, --seed, --mesh, --model, --dtype, --device: 0 or -1. */
+static int parse_other(parse_ctx *c, const char *flag, const char *val, train_opts *o, char *err,
+                       size_t cap) {
+  int64_t iv;
+  double dv;
+  if (!strcmp(flag, "--peak-tflops")) {
+    if (!parse_f64(val, &dv) || dv <= 0) return perr(err, cap, "--peak-tflops: want a number > 0 (got '%s')", val);
+    o->peak_flops = dv * 1e12;
+  } else if (!strcmp(flag, "--seed")) {
+    if (!parse_i64(val, 0, &iv)) return perr(err, cap, "--seed: want an integer >= 0 (got '%s')", val);
+    o->seed = (uint64_t)iv;
+  } else if (!strcmp(flag, "--mesh")) {
+    return parse_mesh(val, &o->mesh, err, cap);
+  } else if (!strcmp(flag, "--model")) {
+    weft_llama_config tmp;
+    if (!train_model_preset(val, &tmp) && !train_gpt2_preset(val, &tmp))
+      return perr(err, cap, "--model: unknown preset '%s' (demo, tiny, small, gpt2-demo, gpt2-tiny, gpt2)", val);
+    c->preset = val;
+  } else if (!strcmp(flag, "--dtype")) {
+    if (!strcmp(val, "fp32") || !strcmp(val, "f32") || !strcmp(val, "float32")) o->bf16 = false;
+    else if (!strcmp(val, "bf16") || !strcmp(val, "bfloat16")) o->bf16 = true;
+    else return perr(err, cap, "--dtype: want fp32 or bf16 (got '%s')", val);
+  } else if (!strcmp(flag, "--device")) {
+    if (!strcmp(val, "cpu")) o->cuda = false;
+    else if (!strcmp(val, "cuda")) o->cuda = true;
+    else return perr(err, cap, "--device: want cpu or cuda (got '%s')", val);
+  } else {
+    return perr(err, cap, "unknown flag '%s' (see --help)", flag);
+  }
+  return 0;
+}
+
+/* The preset, then the shape flags over it; names the model. */
+static void apply_model(const parse_ctx *c, train_opts *o) {
+  if (c->preset) {
+    o->gpt2 = !train_model_preset(c->preset, &o->model);
+    if (o->gpt2) train_gpt2_preset(c->preset, &o->model);
+    snprintf(o->model_name, sizeof o->model_name, "%s", c->preset);
+  }
+  int64_t *fields[N_SHAPE_FLAGS] = {&o->model.dim,     &o->model.n_layers, &o->model.n_heads,
+                                    &o->model.n_kv_heads, &o->model.ffn_dim, &o->model.vocab,
+                                    &o->model.max_seq_len};
+  bool custom = false;
+  for (int k = 0; k < N_SHAPE_FLAGS; k++)
+    if (c->shape[k] > 0) {
+      *fields[k] = c->shape[k];
+      custom = true;
+    }
+  if (c->shape[2] > 0 && c->shape[3] < 0) o->model.n_kv_heads = o->model.n_heads;
+  if (custom) {
+    char tmp[16];
+    snprintf(tmp, sizeof tmp, "%.8s", o->model_name);
+    snprintf(o->model_name, sizeof o->model_name, "%s+flags", tmp);
+  }
+}
+
+/* Checks across flags, then the model's shape. */
+static int check_options(train_opts *o, char *err, size_t cap) {
+  if (o->gpt2 && o->model.n_kv_heads != o->model.n_heads)
+    return perr(err, cap, "--kv-heads: GPT-2 has no grouped-query attention (kv-heads = heads)");
+  if (!o->gpt2 && o->dropout > 0)
+    return perr(err, cap, "--dropout: the Llama model has no dropout (use a gpt2 preset)");
+  if (o->dropout >= 1) return perr(err, cap, "--dropout %g: want a probability in [0, 1)", o->dropout);
+  if (o->data && o->text) return perr(err, cap, "give --data or --text, not both");
+  if (o->val_data && !o->data) return perr(err, cap, "--val-data needs --data");
+  if (o->save_every > 0 && !o->save_dir) return perr(err, cap, "--save-every needs --save DIR");
+  if (o->min_lr < 0) o->min_lr = o->lr / 10;
+  if (o->warmup > o->steps) o->warmup = o->steps;
+  weft_llama_config c = o->model;
+  if (o->gpt2) {
+    weft_gpt2_config g = train_gpt2_config(o);
+    if (weft_gpt2_config_validate(&g) != WEFT_OK) return perr(err, cap, "model: %s", weft_last_error());
+    return 0;
+  }
+  if (c.dim % c.n_heads) return perr(err, cap, "model: dim %lld is not divisible by heads %lld", (long long)c.dim, (long long)c.n_heads);
+  if ((c.dim / c.n_heads) % 2) return perr(err, cap, "model: head dim %lld (dim / heads) must be even for RoPE", (long long)(c.dim / c.n_heads));
+  if (c.n_heads % c.n_kv_heads) return perr(err, cap, "model: heads %lld is not divisible by kv-heads %lld", (long long)c.n_heads, (long long)c.n_kv_heads);
+  if (weft_llama_config_validate(&c) != WEFT_OK) return perr(err, cap, "model: %s", weft_last_error());
+  return 0;
+}
+
+int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap,
+                     bool print_help) {
+  parse_ctx c = {.preset = NULL};
+  for (int k = 0; k < N_SHAPE_FLAGS; k++) c.shape[k] = -1;
+  for (int i = 1; i < argc; i++) {
+    char flag[64];
+    const char *val = NULL;
+    if (split_flag(argv[i], flag, &val, err, cap)) return -1;
+    if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) {
+      if (print_help) train_print_help(argv[0]);
+      return 1;
+    }
+    int r = parse_switch(flag, val, o, err, cap);
+    if (r < 0) return -1;
+    if (r > 0) continue;
+    if (!is_value_flag(flag)) return perr(err, cap, "unknown flag '%s' (see --help)", flag);
+    if (!val) {
+      if (i + 1 >= argc) return perr(err, cap, "%s needs a value (see --help)", flag);
+      val = argv[++i];
+    }
+    r = parse_field(&c, flag, val, o, err, cap);
+    if (r < 0) return -1;
+    if (r == 0 && parse_other(&c, flag, val, o, err, cap)) return -1;
+  }
+  apply_model(&c, o);
+  return check_options(o, err, cap);
+}

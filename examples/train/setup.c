@@ -1,0 +1,227 @@
+/* examples/train/setup.c — everything a run builds before its first step,
+ * in order: the mesh layout from --mesh (dp_replicate, dp_shard, tp; tp
+ * innermost) checked against the world size and the model, the data, the
+ * meshes (the root, its dp sub-mesh, the model's tp mesh), the model (its
+ * shapes, then TP placements, then FSDP on the dp dims, then its weights)
+ * and the optimizer; and teardown, which frees them in reverse. Collective
+ * over the world: every rank builds the same things. */
+#include <stdio.h>
+#include <string.h>
+
+#include "train_internal.h"
+
+/* The root mesh's dims from --mesh (default: dp = the world). HSDP needs a
+ * (replicate, shard) pair: a dp_shard dim of 1 is added when absent. */
+static int layout_mesh(run_state *s) {
+  const train_mesh_spec *m = &s->o->mesh;
+  int nd = 0;
+  if (!m->given) {
+    s->shape[nd] = s->world;
+    s->names[nd++] = "dp";
+    s->ndp = 1;
+  } else {
+    if (m->dp_replicate) {
+      s->shape[nd] = m->dp_replicate;
+      s->names[nd++] = "dp_replicate";
+      s->shape[nd] = m->dp_shard ? m->dp_shard : 1;
+      s->names[nd++] = "dp_shard";
+    } else if (m->dp_shard) {
+      s->shape[nd] = m->dp_shard;
+      s->names[nd++] = "dp";
+    }
+    s->ndp = nd;
+    if (m->tp) {
+      s->shape[nd] = m->tp;
+      s->names[nd++] = "tp";
+    }
+  }
+  s->ndim = nd;
+  int64_t prod = 1;
+  char desc[256] = "";
+  for (int d = 0; d < nd; d++) {
+    prod *= s->shape[d];
+    size_t l = strlen(desc);
+    snprintf(desc + l, sizeof desc - l, "%s%s=%d", d ? "," : "", s->names[d], s->shape[d]);
+  }
+  if (prod != s->world)
+    return train_fail_all("--mesh %s needs %lld ranks but the world has %d (mpiexec -n %d)", desc,
+                          (long long)prod, s->world, s->world);
+  s->tp_size = m->tp ? m->tp : 1;
+  s->dp_total = (int)(prod / s->tp_size);
+  return 0;
+}
+
+/* The options against the mesh (found alike on every rank). */
+static int check_fit(const run_state *s) {
+  const train_opts *o = s->o;
+  const weft_llama_config *c = &s->cfg;
+  if (o->gpt2 && !o->loss_parallel)
+    return train_fail_all("--no-loss-parallel: GPT-2's tied lm_head always makes vocab-sharded logits "
+                          "under TP (its loss is loss parallel)");
+  if (o->cuda)
+    return train_fail_all("--device cuda: not supported yet (weft's layers compute on the CPU; %s)",
+                          WEFT_HAVE_CUDA ? "this build has the CUDA kernels but nn does not use them" :
+                                           "this build has no CUDA backend");
+  if (s->tp_size > 1) {
+    if (c->n_heads % s->tp_size || c->n_kv_heads % s->tp_size)
+      return train_fail_all("model: heads %lld and kv-heads %lld must be divisible by tp=%d",
+                            (long long)c->n_heads, (long long)c->n_kv_heads, s->tp_size);
+    if (o->sequence_parallel && c->max_seq_len % s->tp_size)
+      return train_fail_all("--sequence-parallel: seq-len %lld must be divisible by tp=%d",
+                            (long long)c->max_seq_len, s->tp_size);
+  }
+  if (o->batch % s->dp_total)
+    return train_fail_all("--batch %lld must be divisible by the data-parallel size %d",
+                          (long long)o->batch, s->dp_total);
+  if (o->bf16 && s->dp_total < 2)
+    return train_fail_all("--dtype bf16: bf16 is FSDP's mixed precision (bf16 all-gathers) and needs a dp dim > 1; nn computes in fp32 only");
+  if (o->reshard_after_forward >= 2 && s->ndp && o->reshard_after_forward != WEFT_FSDP_RESHARD_DEFAULT &&
+      s->shape[s->ndp - 1] % o->reshard_after_forward)
+    return train_fail_all("--reshard-after-forward=%d must divide the dp shard size %d",
+                          o->reshard_after_forward, s->shape[s->ndp - 1]);
+  return 0;
+}
+
+/* Under the root mesh: its dp sub-mesh and the model's tp mesh (a 1-rank
+ * mesh of its own without tp); this rank's index among the dp ranks. */
+static weft_status make_meshes(run_state *s) {
+  if (s->ndp) WEFT_CHECK(weft_mesh_submesh(s->root, s->ndp, s->names, &s->dp));
+  if (s->o->mesh.tp) {
+    WEFT_CHECK(weft_mesh_submesh(s->root, 1, &s->names[s->ndp], &s->model_mesh));
+  } else {
+    int one = 1;
+    const char *tn[1] = {"tp"};
+    WEFT_CHECK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, tn, &s->model_mesh));
+  }
+  if (s->ndp == 2)
+    s->dp_index = weft_mesh_coord(s->dp, 0) * s->shape[1] + weft_mesh_coord(s->dp, 1);
+  else if (s->ndp == 1)
+    s->dp_index = weft_mesh_coord(s->dp, 0);
+  return WEFT_OK;
+}
+
+/* The model's shapes (no storage yet), then its TP plan on the tp mesh. */
+static weft_status make_model(run_state *s) {
+  const train_opts *o = s->o;
+  if (o->gpt2) {
+    weft_gpt2_config g = train_gpt2_config(o);
+    WEFT_CHECK(weft_gpt2_create(&g, s->model_mesh, &s->model));
+    WEFT_CHECK(weft_graph_create(&s->graph));
+    weft_graph_set_seed(s->graph, o->seed);
+    /* dropout masks of the global batch: this rank's rows are its slice */
+    WEFT_CHECK(weft_graph_set_batch_slice(s->graph, (int64_t)s->dp_index * (o->batch / s->dp_total),
+                                          o->batch));
+  } else {
+    WEFT_CHECK(weft_llama_create(&s->cfg, s->model_mesh, &s->model));
+  }
+  if (s->tp_size > 1 && o->gpt2)
+    WEFT_CHECK(weft_gpt2_apply_tp(s->model, s->model_mesh, o->sequence_parallel, &s->tp));
+  else if (s->tp_size > 1)
+    WEFT_CHECK(weft_tp_apply_llama_plan(s->model, s->model_mesh, o->sequence_parallel,
+                                        o->loss_parallel, &s->tp));
+  return WEFT_OK;
+}
+
+/* FSDP on the dp dims: one group per block, the Llama's [norm, output]
+ * together, the rest in the root group. */
+static weft_status shard_model(run_state *s) {
+  const train_opts *o = s->o;
+  weft_fsdp_options blk = WEFT_FSDP_OPTIONS_INIT, rootopt = WEFT_FSDP_OPTIONS_INIT;
+  blk.reshard_after_forward = o->reshard_after_forward;
+  if (o->bf16) {
+    blk.mp.param_dtype = WEFT_BF16;
+    blk.mp.reduce_dtype = WEFT_F32;
+    rootopt.mp = blk.mp;
+  }
+  for (int64_t i = 0; i < s->cfg.n_layers; i++) {
+    char name[32];
+    weft_module *b = NULL;
+    snprintf(name, sizeof name, o->gpt2 ? "transformer.h.%lld" : "layers.%lld", (long long)i);
+    WEFT_CHECK(weft_module_find(s->model, name, &b));
+    WEFT_CHECK(weft_fully_shard(b, s->dp, &blk, NULL));
+  }
+  if (!o->gpt2) { /* GPT-2: ln_f and the tied wte / lm_head stay in the root group */
+    weft_module *last[2];
+    WEFT_CHECK(weft_module_find(s->model, "norm", &last[0]));
+    WEFT_CHECK(weft_module_find(s->model, "output", &last[1]));
+    WEFT_CHECK(weft_fully_shard_modules(last, 2, s->dp, &blk, NULL));
+  }
+  WEFT_CHECK(weft_fully_shard(s->model, s->dp, &rootopt, &s->root_fsdp));
+  return WEFT_OK;
+}
+
+static weft_status make_optimizer(run_state *s) {
+  weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
+  hp.lr = (float)s->o->lr;
+  hp.weight_decay = (float)s->o->weight_decay;
+  if (s->o->gpt2) WEFT_CHECK(weft_gpt2_adamw_create(s->model, &hp, &s->opt));
+  else WEFT_CHECK(weft_adamw_create(s->model, &hp, &s->opt));
+  if (s->root_fsdp) weft_fsdp_memory_track(s->opt);
+  return WEFT_OK;
+}
+
+/* --init-from: weights from a safetensors file. */
+static int import_weights(run_state *s) {
+  weft_key_list missing = {0}, unexpected = {0};
+  weft_status st = weft_safetensors_import_model(s->model, s->o->init_from, NULL, &missing, &unexpected);
+  weft_key_list_clear(&missing);
+  weft_key_list_clear(&unexpected);
+  if (st != WEFT_OK) return train_fail_all("--init-from %s: %s", s->o->init_from, weft_last_error());
+  return 0;
+}
+
+/* Library errors here come from arguments every rank passes alike: rank 0
+ * prints. */
+static int fail_setup(void) { return train_fail_all("%s", weft_last_error()); }
+
+int train_setup(run_state *s, train_result *res) {
+  const train_opts *o = s->o;
+  char err[1024] = "";
+  int rc = layout_mesh(s);
+  if (!rc) rc = check_fit(s);
+  if (rc) return rc;
+  /* every rank opens the files; failures agreed */
+  int bad = train_data_open(o, s->cfg.vocab, s->cfg.max_seq_len, &s->data, err, sizeof err);
+  if (train_agree_fail(bad != 0, err)) return 2;
+  /* agreed: a failure may be one rank's */
+  weft_status st = weft_mesh_create(s->ndim, s->shape, s->names, &s->root);
+  if (train_agree_fail(st != WEFT_OK, weft_last_error())) return 2;
+  st = make_meshes(s);
+  if (st == WEFT_OK) st = make_model(s);
+  if (st == WEFT_OK && s->dp_total > 1) st = shard_model(s);
+  if (st == WEFT_OK) st = weft_module_init_weights(s->model, o->seed);
+  if (st != WEFT_OK) return fail_setup();
+  if (o->init_from && (rc = import_weights(s))) return rc;
+  if (make_optimizer(s) != WEFT_OK) return fail_setup();
+  if (res) {
+    res->ndim = s->ndim;
+    for (int d = 0; d < s->ndim; d++) {
+      snprintf(res->dim_names[d], sizeof res->dim_names[d], "%s", s->names[d]);
+      res->dim_sizes[d] = s->shape[d];
+    }
+  }
+  return 0;
+}
+
+weft_status train_teardown(run_state *s) {
+  weft_status first = WEFT_OK, st;
+#define KEEP(expr) ((st = (expr)) != WEFT_OK && first == WEFT_OK ? (void)(first = st) : (void)0)
+  if (s->pending_save) KEEP(weft_dcp_async_wait(s->pending_save));
+  s->pending_save = NULL;
+  if (s->root_fsdp || s->dp_total > 1) weft_fsdp_memory_track(NULL);
+  weft_optimizer_destroy(s->opt);
+  weft_graph_destroy(s->graph);
+  weft_dtensor_destroy(s->ids);
+  weft_dtensor_destroy(s->targets);
+  if (s->model) KEEP(weft_fsdp_destroy_all(s->model));
+  weft_tp_destroy(s->tp);
+  KEEP(weft_module_destroy(s->model));
+  KEEP(weft_mesh_destroy(s->model_mesh));
+  KEEP(weft_mesh_destroy(s->dp));
+  KEEP(weft_mesh_destroy(s->root));
+#undef KEEP
+  train_data_close(&s->data);
+  if (s->json && fclose(s->json) != 0) s->json_failed = true;
+  s->json = NULL;
+  return first;
+}
