@@ -125,18 +125,10 @@ static int test_meshes(weft_mesh *root, int ndim, weft_mesh **out) {
   return k;
 }
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 /* Random values in [-1, 1) of dtype dt (f32 or bf16). */
 static void fill(void *b, int64_t n, weft_dtype dt, uint64_t salt) {
   for (int64_t i = 0; i < n; i++) {
-    float v = (float)((double)(mix(salt * 1000003u + (uint64_t)i) >> 11) / 9007199254740992.0 *
-                          2.0 - 1.0);
+    float v = (float)weft_test_sym(weft_test_mix64(salt * 1000003u + (uint64_t)i));
     if (dt == WEFT_BF16)
       ((uint16_t *)b)[i] = weft_f32_to_bf16(v);
     else
@@ -147,7 +139,8 @@ static void fill(void *b, int64_t n, weft_dtype dt, uint64_t salt) {
 /* ------------------------------------------------------------ id_exchange */
 
 static void fill_blob(unsigned char *b, size_t n, int wr, int salt) {
-  for (size_t i = 0; i < n; i++) b[i] = (unsigned char)(mix((uint64_t)wr * 131 + salt * 7 + i) >> 7);
+  for (size_t i = 0; i < n; i++)
+    b[i] = (unsigned char)(weft_test_mix64((uint64_t)wr * 131 + salt * 7 + i) >> 7);
 }
 
 static void case_id_exchange(void) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cuda_compat.h"
+#include "harness.h"
 #include "kernels.h" /* weft_f32_to_bf16 */
 
 namespace {
@@ -61,31 +62,13 @@ std::vector<T> from_dev(const T *d, size_t n) {
  * and that stderr holds every one of the strings. */
 template <class F>
 void expect_abort(F f, std::vector<const char *> needles) {
-  int pfd[2];
-  cr_assert_eq(pipe(pfd), 0);
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    dup2(pfd[1], 2);
-    close(pfd[0]);
-    close(pfd[1]);
-    f();
-    _exit(0);
-  }
-  close(pfd[1]);
-  std::string err;
-  char buf[4096];
-  ssize_t r;
-  while ((r = read(pfd[0], buf, sizeof buf)) > 0) err.append(buf, (size_t)r);
-  close(pfd[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "the child should abort; status 0x%x, stderr: %s",
-            st, err.c_str());
+  static char err[1 << 16];
+  int st = weft_test_capture_stderr([](void *p) { (*static_cast<F *>(p))(); }, &f, err, sizeof err);
+  cr_assert(st != -1, "cannot start a child process");
+  cr_assert(weft_test_died_of_abort(st), "the child should abort; status 0x%x, stderr: %s", st,
+            err);
   for (const char *n : needles)
-    cr_assert(err.find(n) != std::string::npos, "stderr should mention '%s': %s", n, err.c_str());
+    cr_assert(strstr(err, n) != NULL, "stderr should mention '%s': %s", n, err);
 }
 
 /* ------------------------------------------------------------- kernels */

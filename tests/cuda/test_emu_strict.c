@@ -24,13 +24,12 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "harness.h"
 #include "kernels.h"
 
 /* the emulator's test hooks (cuda_emu.h, C linkage); return the previous setting */
 int weft_emu_set_strict(int on);
 int weft_emu_set_defer(int on);
-
-#define OK(expr) cr_assert_eq((expr), WEFT_OK, "%s: %s", #expr, weft_last_error())
 
 enum { N = 1024 };
 
@@ -61,32 +60,13 @@ static void assert_all(const float *h, float want, const char *what) {
     cr_assert_eq(h[i], want, "%s: [%d] = %g, want %g", what, i, (double)h[i], (double)want);
 }
 
-/* Runs f(arg) in a child with stderr captured; true if it died of SIGABRT
- * and stderr holds needle. */
+/* Runs f(arg) in a child with stderr captured (harness.h); true if it died
+ * of SIGABRT and stderr holds needle. */
 static bool child_aborts_with(void (*f)(void *), void *arg, const char *needle, char *err,
                               size_t cap) {
-  int pfd[2];
-  cr_assert_eq(pipe(pfd), 0);
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    dup2(pfd[1], 2);
-    close(pfd[0]);
-    close(pfd[1]);
-    f(arg);
-    _exit(0);
-  }
-  close(pfd[1]);
-  size_t n = 0;
-  ssize_t r;
-  while (n + 1 < cap && (r = read(pfd[0], err + n, cap - 1 - n)) > 0) n += (size_t)r;
-  err[n] = '\0';
-  close(pfd[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && strstr(err, needle) != NULL;
+  int st = weft_test_capture_stderr(f, arg, err, cap);
+  cr_assert(st != -1, "cannot start a child process");
+  return weft_test_died_of_abort(st) && strstr(err, needle) != NULL;
 }
 
 static void read_device_data(void *arg) {

@@ -23,11 +23,10 @@
 #include "../../examples/gpu/gpu_golden.h"
 #include "../../examples/gpu/gpu_model.h"
 #include "cuda.h"
+#include "harness.h"
 #include "kernels.h"
 #include "layers.h"
 #include "safetensors.h"
-
-#define OK(expr) cr_assert_eq((expr), WEFT_OK, "%s: %s", #expr, weft_last_error())
 
 /* ------------------------------------------------------------ golden data */
 
@@ -37,17 +36,6 @@ static void golden_load(const char *name, gpu_golden *g) {
   snprintf(dir, sizeof dir, "%s/golden/%s", WEFT_TEST_DATA_DIR, name);
   weft_status st = gpu_golden_load(dir, g);
   cr_assert_eq(st, WEFT_OK, "%s", weft_last_error());
-}
-
-/* ||got - base - (want - base)|| / ||want - base|| (base NULL: 0), f32 reference */
-static double rel_norm32(const float *got, const float *want, const float *base, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double b = base ? base[i] : 0, w = (double)want[i] - b, e = (double)got[i] - b - w;
-    num += e * e;
-    den += w * w;
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 static gpu_model *make_model(const gpu_golden *g) {
@@ -352,7 +340,7 @@ Test(emu_train, three_steps_lower_the_loss_and_match_the_cpu_kernels, .timeout =
   float **after = read_all(m, false);
   double worst = 0;
   for (int i = 0; i < c.np; i++) {
-    double r = rel_norm32(after[i], c.p[i], init[i], c.numel[i]);
+    double r = weft_test_rel_change_f32(after[i], c.p[i], init[i], c.numel[i]);
     cr_expect(r <= 1e-3, "%s after %d steps: update rel err %.2e vs CPU", gpu_model_tensor_name(m, i),
               STEPS, r);
     if (r > worst) worst = r;

@@ -1,5 +1,8 @@
 /* tests/harness/golden.c — see golden.h. */
 #include "golden.h"
+#include "tokens.h"
+
+#include "harness.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -11,26 +14,36 @@ void golden_path(const golden *g, const char *file, char *buf, size_t cap) {
   snprintf(buf, cap, "%s/%s", g->dir, file);
 }
 
-char *golden_slurp(const char *path, long *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-    free(b);
-    b = NULL;
-  }
-  fclose(f);
-  if (b) b[n] = '\0';
-  if (len) *len = n;
-  return b;
-}
-
 static double jnum(const cJSON *o, const char *k) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
   return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* The first B T + 1 tokens of the llm.c token file (models/data/tokens.h)
+ * as g->tokens and their next-token targets g->targets, (B, T) int32. */
+static weft_status golden_read_tokens(const char *path, golden *g) {
+  int64_t n = g->B * g->T;
+  weft_token_file *f = NULL;
+  WEFT_CHECK(weft_token_file_open(path, &f));
+  int32_t *t = NULL;
+  weft_status st = WEFT_OK;
+  if (weft_token_file_count(f) < n + 1)
+    st = weft_error(WEFT_ERR_CORRUPT, "%s: %lld tokens, need %lld (batch x seq + 1)", path,
+                    (long long)weft_token_file_count(f), (long long)(n + 1));
+  if (!st && !(t = malloc((size_t)(n + 1) * sizeof *t))) st = weft_error(WEFT_ERR_OOM, "golden tokens");
+  if (!st) st = weft_token_file_read(f, 0, n + 1, t);
+  weft_token_file_close(f);
+  int64_t shape[2] = {g->B, g->T};
+  if (!st) st = weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &g->tokens);
+  if (!st) st = weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &g->targets);
+  if (!st) {
+    memcpy(g->tokens->data, t, (size_t)n * sizeof *t);
+    memcpy(g->targets->data, t + 1, (size_t)n * sizeof *t);
+  } else {
+    golden_free(g);
+  }
+  free(t);
+  return st;
 }
 
 weft_status golden_load(const char *name, golden *g) {
@@ -38,7 +51,7 @@ weft_status golden_load(const char *name, golden *g) {
   snprintf(g->dir, sizeof g->dir, "%s/golden/%s", WEFT_TEST_DATA_DIR, name);
   char path[600];
   golden_path(g, "expected.json", path, sizeof path);
-  char *txt = golden_slurp(path, NULL);
+  char *txt = weft_test_slurp(path, NULL);
   if (!txt) return weft_error(WEFT_ERR_IO, "cannot read %s", path);
   cJSON *j = cJSON_Parse(txt);
   free(txt);
@@ -72,36 +85,7 @@ weft_status golden_load(const char *name, golden *g) {
   cJSON_Delete(j);
 
   golden_path(g, "tokens.bin", path, sizeof path);
-  long len;
-  char *b = golden_slurp(path, &len);
-  if (!b) return weft_error(WEFT_ERR_IO, "cannot read %s", path);
-  int32_t hdr[256];
-  if (len < (long)sizeof hdr) {
-    free(b);
-    return weft_error(WEFT_ERR_CORRUPT, "%s: shorter than the llm.c header", path);
-  }
-  memcpy(hdr, b, sizeof hdr);
-  int64_t ntok = hdr[2];
-  if (hdr[0] != 20240520 || hdr[1] != 1 || len != 1024 + 2 * ntok || ntok < g->B * g->T + 1) {
-    free(b);
-    return weft_error(WEFT_ERR_CORRUPT, "%s: bad llm.c header", path);
-  }
-  const uint16_t *tok = (const uint16_t *)(b + 1024);
-  int64_t shape[2] = {g->B, g->T};
-  weft_status st = weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &g->tokens);
-  if (!st) st = weft_tensor_create(WEFT_I32, WEFT_CPU, 2, shape, &g->targets);
-  if (st) {
-    free(b);
-    golden_free(g);
-    return st;
-  }
-  int32_t *in = g->tokens->data, *tg = g->targets->data;
-  for (int64_t i = 0; i < g->B * g->T; i++) {
-    in[i] = tok[i];
-    tg[i] = tok[i + 1];
-  }
-  free(b);
-  return WEFT_OK;
+  return golden_read_tokens(path, g);
 }
 
 void golden_free(golden *g) {
@@ -162,7 +146,7 @@ weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np
       st = weft_error(WEFT_ERR_INVALID, "golden: '%s' has %lld elements, the file %lld",
                       ps[i]->fqn, (long long)weft_tensor_numel(full), (long long)n);
     if (!st) {
-      double e = rel_err_f32_f64(full->data, ref, n);
+      double e = weft_test_rel_norm_f32_f64(full->data, ref, n);
       if (e > *worst || i == 0) {
         *worst = e;
         if (worst_fqn) *worst_fqn = ps[i]->fqn;
@@ -220,7 +204,7 @@ weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int 
           if (zero_move && fabs(move) > *zero_move) *zero_move = fabs(move);
         }
       }
-      double e = rel_err_f32_f64(du, dref, m);
+      double e = weft_test_rel_norm_f32_f64(du, dref, m);
       if (e > *worst || i == 0) {
         *worst = e;
         if (worst_fqn) *worst_fqn = ps[i]->fqn;
@@ -233,26 +217,6 @@ weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int 
   }
   for (int j = 0; j < 3; j++) weft_safetensors_close(f[j]);
   return st;
-}
-
-double rel_err_f32_f64(const float *a, const double *b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double d = (double)a[i] - b[i];
-    num += d * d;
-    den += b[i] * b[i];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-double rel_err_f32(const float *a, const float *b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double d = (double)a[i] - (double)b[i];
-    num += d * d;
-    den += (double)b[i] * (double)b[i];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 weft_status read_f64(weft_safetensors *f, const char *name, double **out, int64_t *n) {

@@ -1,7 +1,7 @@
 /* tests/harness/golden.h — golden-data helpers shared by the test suites
  * (nn, tp): the tests/data/golden/<name> files written by
  * the scripts in tests/data/golden (expected.json, llm.c token file, safetensors),
- * loading parameters by FQN, and relative error norms. Built as the
+ * loading parameters by FQN (relative errors: harness.h). Built as the
  * weft_test_golden static library (tests/meson.build). */
 #ifndef WEFT_TEST_GOLDEN_H
 #define WEFT_TEST_GOLDEN_H
@@ -26,10 +26,6 @@ typedef struct golden {
   weft_tensor *targets; /* (B, T) int32: tokens[1:BT+1] */
 } golden;
 
-/* Reads the whole file into a new malloc'd, NUL-terminated buffer; *len
- * (if not NULL) gets its size. NULL when it cannot be read. */
-char *golden_slurp(const char *path, long *len);
-
 /* Loads <data_dir>/golden/<name>: expected.json (config, hyper-parameters,
  * loss, grad norm) and tokens.bin (llm.c token file: 256 int32 header
  * (magic 20240520, version 1, count), then uint16 tokens). On error g
@@ -48,11 +44,6 @@ weft_status load_params(weft_module *root, const char *path);
  * of the batch. Collective over mesh. */
 weft_status golden_rows(weft_mesh *mesh, const weft_tensor *t, int64_t r0, int64_t n,
                         weft_dtensor **out);
-
-/* ||a - b|| / ||b|| over n elements (a f32, b f64; sqrt(num) if ||b|| = 0). */
-double rel_err_f32_f64(const float *a, const double *b, int64_t n);
-/* ||a - b|| / ||b|| over n elements (both f32, accumulated in double). */
-double rel_err_f32(const float *a, const float *b, int64_t n);
 
 /* Reads tensor `name` of file f as f64 into a new malloc'd array of
  * *n elements. */

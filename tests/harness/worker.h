@@ -20,6 +20,10 @@
 
 #include <stdio.h>
 
+/* Workers also get the harness's shared helpers (random inputs, relative
+ * errors, files); worker_dep links them. */
+#include "harness.h"
+
 typedef struct weft_worker_case {
   const char *name;
   void (*fn)(void);

@@ -60,10 +60,22 @@ echo "hello: $out"
 want="weft-install-ok version=$WEFT_VERSION world=1 mesh=1 numel=6"
 echo "$out" | grep -qx "$want" || fail "hello printed '$out', want '$want'"
 
-# report (not asserted): exported symbols that are not weft_*
+# The installed libraries export exactly the functions the installed headers
+# declare with WEFT_API: nothing internal (hidden visibility), nothing
+# declared and missing.
+command -v nm >/dev/null 2>&1 || skip "nm not found (binutils)"
+command -v perl >/dev/null 2>&1 || skip "perl not found"
+perl -0777 -ne 's{/\*.*?\*/}{}gs; s{//[^\n]*}{}g;
+  while (/\bWEFT_API\b[^;(]*?\b(weft_\w+)\s*\(/g) { print "$1\n" }' \
+  "$tmp/root$WEFT_PREFIX/include/weft/"*.h | sort -u >"$tmp/declared"
+[ -s "$tmp/declared" ] || fail "no WEFT_API declarations found in the installed headers"
 for so in "$libdir"/libweft_*.so; do
-  n=$(nm -D --defined-only "$so" 2>/dev/null | awk '$3 != "" && $3 !~ /^weft_/' | wc -l)
-  echo "exports: $(basename "$so"): $n non-weft_ symbols"
-done
+  nm -D --defined-only "$so" | awk '$2 ~ /^[TDBRVWiu]$/ {print $3}'
+done | sort -u >"$tmp/exported"
+extra=$(comm -13 "$tmp/declared" "$tmp/exported")
+[ -z "$extra" ] || fail "exported but not declared with WEFT_API in an installed header: $(echo "$extra" | head -20 | tr '\n' ' ')"
+missing=$(comm -23 "$tmp/declared" "$tmp/exported")
+[ -z "$missing" ] || fail "declared with WEFT_API but not exported: $(echo "$missing" | head -20 | tr '\n' ' ')"
+echo "exports: $(wc -l <"$tmp/exported") functions, each declared in an installed header"
 echo "PASS"
 exit 0
