@@ -9,8 +9,12 @@
 #include "mesh.h"
 #include "dtensor.h"
 #include "nn.h"
+#include "autograd.h"
 #include "tp.h"
 #include "fsdp.h"
 #include "safetensors.h"
 #include "dcp.h"
+#include "gpt2.h"
+#include "llama.h"
+#include "tokens.h"
 #endif

@@ -7,6 +7,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 WEFT_PACKAGES=(build-essential pkg-config meson ninja-build mpich libmpich-dev
                libcriterion-dev libopenblas-dev libcjson-dev python3-torch)
+# scripts/test.sh adds what only the checks need (clang-format)
+WEFT_PACKAGES+=(${WEFT_EXTRA_PACKAGES[@]+"${WEFT_EXTRA_PACKAGES[@]}"})
 
 missing=()
 for p in "${WEFT_PACKAGES[@]}"; do

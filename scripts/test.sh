@@ -13,6 +13,7 @@
 # the second.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+WEFT_EXTRA_PACKAGES=(clang-format)  # the style check below
 source scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 set +e
 
@@ -81,6 +82,14 @@ if [ "${WEFT_TEST_EMULATED:-1}" != "0" ]; then
     fi
   fi
 fi
+
+# The code style (.clang-format), counted as one check.
+fmt_out=$(bash scripts/format.sh --check 2>&1)
+case $? in
+  0) passed=$((passed + 1)); echo "== $(tail -n 1 <<<"$fmt_out")" ;;
+  77) skipped=$((skipped + 1)); echo "== $fmt_out" ;;
+  *) failed=$((failed + 1)); bad_exit=1; head -n 40 <<<"$fmt_out" ;;
+esac
 
 echo "$passed passed, $failed failed, $skipped skipped"
 exit $bad_exit

@@ -136,7 +136,7 @@ typedef enum weft_tp_style_kind {
 
 /* "colwise", "rowwise", "sequence_parallel", "prepare_input",
  * "prepare_output"; "?" for an invalid kind. */
-const char *weft_tp_style_kind_name(weft_tp_style_kind kind);
+WEFT_API const char *weft_tp_style_kind_name(weft_tp_style_kind kind);
 
 /* A parallel style: a plain value; build it with the constructors below
  * (or fill it by hand: a layout whose has_ flag is false takes the style's
@@ -178,31 +178,31 @@ typedef struct weft_tp_style {
 } weft_tp_style;
 
 /* ColwiseParallel(): input Replicate, output Shard(-1). */
-weft_tp_style weft_tp_colwise(void);
+WEFT_API weft_tp_style weft_tp_colwise(void);
 /* ColwiseParallel(input_layouts, output_layouts, use_local_output). */
-weft_tp_style weft_tp_colwise_ex(weft_placement input_layout, weft_placement output_layout,
+WEFT_API weft_tp_style weft_tp_colwise_ex(weft_placement input_layout, weft_placement output_layout,
                                  bool use_local_output);
 /* ColwiseParallel() on a fused projection of n stacked blocks (see
  * split_factor): input Replicate, output StridedShard(-1, n). */
-weft_tp_style weft_tp_colwise_fused(int n);
+WEFT_API weft_tp_style weft_tp_colwise_fused(int n);
 /* RowwiseParallel(): input Shard(-1) (Linear) / Replicate (Embedding),
  * output Replicate. */
-weft_tp_style weft_tp_rowwise(void);
+WEFT_API weft_tp_style weft_tp_rowwise(void);
 /* RowwiseParallel(input_layouts, output_layouts, use_local_output). */
-weft_tp_style weft_tp_rowwise_ex(weft_placement input_layout, weft_placement output_layout,
+WEFT_API weft_tp_style weft_tp_rowwise_ex(weft_placement input_layout, weft_placement output_layout,
                                  bool use_local_output);
 /* SequenceParallel(sequence_dim=1, use_local_output=False). */
-weft_tp_style weft_tp_sequence_parallel(void);
+WEFT_API weft_tp_style weft_tp_sequence_parallel(void);
 /* PrepareModuleInput(input_layouts, desired_input_layouts, use_local_output). */
-weft_tp_style weft_tp_prepare_input(weft_placement input_layout,
+WEFT_API weft_tp_style weft_tp_prepare_input(weft_placement input_layout,
                                     weft_placement desired_input_layout, bool use_local_output);
 /* PrepareModuleOutput(output_layouts, desired_output_layouts, use_local_output). */
-weft_tp_style weft_tp_prepare_output(weft_placement output_layout,
+WEFT_API weft_tp_style weft_tp_prepare_output(weft_placement output_layout,
                                      weft_placement desired_output_layout,
                                      bool use_local_output);
 
 /* "colwise(in R, out S(-1))" into buf (NUL-terminated). */
-void weft_tp_style_describe(const weft_tp_style *style, char *buf, size_t cap);
+WEFT_API void weft_tp_style_describe(const weft_tp_style *style, char *buf, size_t cap);
 
 /* -------------------------------------------------------------------- plans */
 
@@ -219,7 +219,7 @@ typedef struct weft_tp_plan_entry {
  * '*' matches any run of characters (also empty) and every other character
  * itself (as PyTorch's parallelize_module matches each atom with fnmatch).
  * "" matches only "". Pure; NULL matches nothing. */
-bool weft_tp_fqn_match(const char *pattern, const char *fqn);
+WEFT_API bool weft_tp_fqn_match(const char *pattern, const char *fqn);
 
 /* The state of one parallelization: the hooks' contexts and the loss
  * parallel state. Owns nothing of the module. */
@@ -242,30 +242,30 @@ typedef struct weft_tp weft_tp;
  * styles, a missing required layout or a Partial/StridedShard layout
  * (WEFT_ERR_INVALID naming the entry and module). Collective over tp_mesh
  * only where materialised parameters move (see the top). */
-weft_status weft_parallelize_module(weft_module *module, weft_mesh *tp_mesh,
+WEFT_API weft_status weft_parallelize_module(weft_module *module, weft_mesh *tp_mesh,
                                     const weft_tp_plan_entry *plan, int nentries, weft_tp **out);
 
 /* Removes the hooks tp registered and restores the default loss of a loss
  * module it changed, then frees tp. The module must still exist (destroy
  * tp first); parameters keep their placements. NULL: no-op. Local. */
-void weft_tp_destroy(weft_tp *tp);
+WEFT_API void weft_tp_destroy(weft_tp *tp);
 
 /* The tp mesh (not retained beyond tp's life). */
-weft_mesh *weft_tp_mesh(const weft_tp *tp);
+WEFT_API weft_mesh *weft_tp_mesh(const weft_tp *tp);
 /* Number of (module, style) applications. */
-int weft_tp_num_applied(const weft_tp *tp);
+WEFT_API int weft_tp_num_applied(const weft_tp *tp);
 /* One line per application, "layers.0.attention.wq: colwise(in R, out
  * S(-1))\n", into buf (NUL-terminated, truncated to cap). Returns the
  * length the full text needs (as snprintf). */
-size_t weft_tp_describe(const weft_tp *tp, char *buf, size_t cap);
+WEFT_API size_t weft_tp_describe(const weft_tp *tp, char *buf, size_t cap);
 
 /* ------------------------------------------------------------ loss parallel */
 
 /* The state of one cross-entropy (the row statistics the backward needs). */
 typedef struct weft_tp_loss weft_tp_loss;
 
-weft_status weft_tp_loss_create(weft_tp_loss **out);
-void weft_tp_loss_destroy(weft_tp_loss *l); /* NULL: no-op */
+WEFT_API weft_status weft_tp_loss_create(weft_tp_loss **out);
+WEFT_API void weft_tp_loss_destroy(weft_tp_loss *l); /* NULL: no-op */
 
 /* Mean cross-entropy of logits (..., V) (f32 DTensor; rows = every dim but
  * the last, whole on every rank) against targets (the rows' shape, int32,
@@ -275,22 +275,22 @@ void weft_tp_loss_destroy(weft_tp_loss *l); /* NULL: no-op */
  * Errors (every rank alike, before communicating): NULL, dtype, shapes,
  * a target out of range, other placements (WEFT_ERR_UNSUPPORTED).
  * Collective over the sharded mesh dims. */
-weft_status weft_tp_loss_forward(weft_tp_loss *l, const weft_dtensor *logits,
+WEFT_API weft_status weft_tp_loss_forward(weft_tp_loss *l, const weft_dtensor *logits,
                                  const weft_tensor *targets, double *loss);
 /* dlogits (same spec as logits; overwritten) = dloss * d loss / d logits
  * for the last forward (same logits and targets). Local, no communication.
  * WEFT_ERR_STATE without a matching forward. */
-weft_status weft_tp_loss_backward(weft_tp_loss *l, const weft_dtensor *logits,
+WEFT_API weft_status weft_tp_loss_backward(weft_tp_loss *l, const weft_dtensor *logits,
                                   const weft_tensor *targets, double dloss,
                                   weft_dtensor *dlogits);
 /* The weft_loss_impl whose ctx is a weft_tp_loss (weft_loss_set_impl). */
-const weft_loss_impl *weft_tp_loss_impl(void);
+WEFT_API const weft_loss_impl *weft_tp_loss_impl(void);
 
 /* Installs loss parallel on a loss module (WEFT_MODULE_LOSS): its forward
  * and backward then run weft_tp_loss_forward/_backward with a state owned
  * by tp; weft_tp_destroy restores the default. Pair it with an output
  * style that leaves the logits Shard(-1). Local. */
-weft_status weft_tp_enable_loss_parallel(weft_tp *tp, weft_module *loss_module);
+WEFT_API weft_status weft_tp_enable_loss_parallel(weft_tp *tp, weft_module *loss_module);
 
 /* ------------------------------------------------------- reference model */
 
@@ -309,7 +309,7 @@ weft_status weft_tp_enable_loss_parallel(weft_tp *tp, weft_module *loss_module);
  *   layers.*.feed_forward        prepare input S(1) -> R (sp only)
  *   layers.*.feed_forward.w1 w3  colwise
  *   layers.*.feed_forward.w2     rowwise (output R, or S(1) with sp) */
-weft_status weft_tp_llama_plan(bool sequence_parallel, bool loss_parallel,
+WEFT_API weft_status weft_tp_llama_plan(bool sequence_parallel, bool loss_parallel,
                                weft_tp_plan_entry *out, int cap, int *n);
 
 /* Checks that the model's heads divide over tp_mesh (n_heads % tp == 0 and
@@ -318,7 +318,7 @@ weft_status weft_tp_llama_plan(bool sequence_parallel, bool loss_parallel,
  * and, with loss_parallel, weft_tp_enable_loss_parallel on its "loss"
  * child. Per block forward: 2 all-reduces of (B, T, D) without sequence
  * parallel; 2 all-gathers and 2 reduce-scatters with it. */
-weft_status weft_tp_apply_llama_plan(weft_module *model, weft_mesh *tp_mesh,
+WEFT_API weft_status weft_tp_apply_llama_plan(weft_module *model, weft_mesh *tp_mesh,
                                      bool sequence_parallel, bool loss_parallel, weft_tp **out);
 
 #ifdef __cplusplus
