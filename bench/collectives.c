@@ -94,8 +94,6 @@ static double max_over_ranks(ctx *x, double v) {
 
 #define MAX_ROUNDS 31
 
-
-
 /* Seconds per call for `iters` calls, slowest rank. */
 static double timed(ctx *x, int c, bool use_weft, int64_t count, int iters) {
   weft_barrier(x->mesh, 0, NULL);
@@ -182,8 +180,9 @@ int main(int argc, char **argv) {
       double s = max_over_ranks(&x, same ? 0.0 : 1.0);
       all_same = s == 0.0;
       if (!all_same) {
-        if (x.rank == 0) fprintf(stderr, "%s %lld bytes: weft and MPI results differ\n",
-                                 coll_name[c], (long long)payload);
+        if (x.rank == 0)
+          fprintf(stderr, "%s %lld bytes: weft and MPI results differ\n", coll_name[c],
+                  (long long)payload);
         return 1;
       }
       double t1 = max_over_ranks(&x, tw > tm ? tw : tm);

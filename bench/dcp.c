@@ -52,8 +52,8 @@ static void die(const char *what) {
   fprintf(stderr, "[rank %d] %s: %s\n", weft_world_rank(), what, weft_last_error());
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
-#define OK(x)                   \
-  do {                          \
+#define OK(x)                    \
+  do {                           \
     if ((x) != WEFT_OK) die(#x); \
   } while (0)
 
@@ -123,9 +123,12 @@ int main(int argc, char **argv) {
   snprintf(dir, sizeof dir, "/tmp/weft-bench-dcp-%d", (int)getppid());
   int layers = 12, reps = 2;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--dir") && i + 1 < argc) snprintf(dir, sizeof dir, "%s", argv[++i]);
-    else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+      snprintf(dir, sizeof dir, "%s", argv[++i]);
+    else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
+      layers = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = atoi(argv[++i]);
     else {
       if (rank == 0) fprintf(stderr, "usage: weft-bench-dcp [--dir DIR] [--layers L] [--reps R]\n");
       weft_finalize();
@@ -176,7 +179,8 @@ int main(int argc, char **argv) {
     weft_tensor *lt = weft_dtensor_local(e.dtensor);
     float *p = lt->data;
     int64_t n = weft_tensor_numel(lt);
-    for (int64_t k = 0; k < n; k++) p[k] = (float)((k * 2654435761u + (uint64_t)i * 97u) % 65536) * 1e-4f - 3.0f;
+    for (int64_t k = 0; k < n; k++)
+      p[k] = (float)((k * 2654435761u + (uint64_t)i * 97u) % 65536) * 1e-4f - 3.0f;
     pieces[npieces].p = lt->data;
     pieces[npieces].n = weft_tensor_nbytes(lt);
     bytes += pieces[npieces].n;
@@ -185,7 +189,8 @@ int main(int argc, char **argv) {
   double total = (double)bytes;
   MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0)
-    printf("state: %d params + 3 AdamW (amsgrad) states, %" PRId64 " tensors, %.3f GB in all, "
+    printf("state: %d params + 3 AdamW (amsgrad) states, %" PRId64
+           " tensors, %.3f GB in all, "
            "%.3f GB per rank on %d ranks (Shard(0)); dir %s\n",
            np, npieces, total / 1e9, (double)bytes / 1e9, world, dir);
   char ckpt[600], plain[600];
@@ -219,9 +224,10 @@ int main(int argc, char **argv) {
     OK(weft_dcp_async_wait(h));
     double twait = tmax(now() - t0);
     if (rank == 0)
-      printf("rep %d: plain write %.3f s, dcp save %.3f s (ratio %.3f) | plain read %.3f s, dcp load "
-             "%.3f s (ratio %.3f) | async save blocks %.3f s%s, then waits %.3f s\n",
-             r, tw, ts, tw / ts, tr, tl, tr / tl, ta, r == 0 ? " (allocates staging)" : "", twait);
+      printf(
+          "rep %d: plain write %.3f s, dcp save %.3f s (ratio %.3f) | plain read %.3f s, dcp load "
+          "%.3f s (ratio %.3f) | async save blocks %.3f s%s, then waits %.3f s\n",
+          r, tw, ts, tw / ts, tr, tl, tr / tl, ta, r == 0 ? " (allocates staging)" : "", twait);
     if (tw < bw) bw = tw;
     if (ts < bs) bs = ts;
     if (tr < br) br = tr;
@@ -231,10 +237,13 @@ int main(int argc, char **argv) {
   }
   double save_ratio = bw / bs, load_ratio = br / bl;
   if (rank == 0) {
-    printf("best of %d: plain write %.3f s (%.2f GB/s), dcp save %.3f s (%.2f GB/s): save ratio %.3f\n",
-           reps, bw, total / bw / 1e9, bs, total / bs / 1e9, save_ratio);
-    printf("best of %d: plain read %.3f s (%.2f GB/s), dcp load %.3f s (%.2f GB/s): load ratio %.3f\n",
-           reps, br, total / br / 1e9, bl, total / bl / 1e9, load_ratio);
+    printf(
+        "best of %d: plain write %.3f s (%.2f GB/s), dcp save %.3f s (%.2f GB/s): save ratio "
+        "%.3f\n",
+        reps, bw, total / bw / 1e9, bs, total / bs / 1e9, save_ratio);
+    printf(
+        "best of %d: plain read %.3f s (%.2f GB/s), dcp load %.3f s (%.2f GB/s): load ratio %.3f\n",
+        reps, br, total / br / 1e9, bl, total / bl / 1e9, load_ratio);
     printf("async save blocks the caller %.3f s = %.1f%% of the synchronous save (%.3f s)\n", ba,
            100.0 * ba / bs, bs);
     printf("min dcp throughput ratio: %.3f\n", save_ratio < load_ratio ? save_ratio : load_ratio);

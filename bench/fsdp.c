@@ -33,16 +33,14 @@
 
 #include "weft.h"
 
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    weft_status st_ = (x);                                                    \
-    if (st_ != WEFT_OK) {                                                     \
-      fprintf(stderr, "weft-bench-fsdp: %s: %s\n", #x, weft_last_error());    \
-      exit(1);                                                                \
-    }                                                                         \
+#define CHECK(x)                                                           \
+  do {                                                                     \
+    weft_status st_ = (x);                                                 \
+    if (st_ != WEFT_OK) {                                                  \
+      fprintf(stderr, "weft-bench-fsdp: %s: %s\n", #x, weft_last_error()); \
+      exit(1);                                                             \
+    }                                                                      \
   } while (0)
-
-
 
 typedef struct bench_config {
   const char *name;
@@ -62,8 +60,8 @@ static uint64_t splitmix64(uint64_t *s) {
 }
 
 /* Rows [row0, row0 + rows) of step `step`'s global batch. */
-static void make_batch(const bench_config *c, int step, int64_t row0, int64_t rows,
-                       weft_tensor *in, weft_tensor *tgt) {
+static void make_batch(const bench_config *c, int step, int64_t row0, int64_t rows, weft_tensor *in,
+                       weft_tensor *tgt) {
   int32_t *a = in->data, *b = tgt->data;
   for (int64_t r = 0; r < rows; r++) {
     uint64_t s = 0x746f6b656e73ull ^ ((uint64_t)step << 32) ^ (uint64_t)(row0 + r);
@@ -86,11 +84,16 @@ int main(int argc, char **argv) {
   const char *cname = "tiny", *mode = "fsdp";
   int steps = 3, warmup = 1, dp2 = 2;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) cname = argv[++i];
-    else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc) mode = argv[++i];
-    else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) warmup = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--dp") == 0 && i + 1 < argc) dp2 = atoi(argv[++i]);
+    if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+      cname = argv[++i];
+    else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc)
+      mode = argv[++i];
+    else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+      steps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc)
+      warmup = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--dp") == 0 && i + 1 < argc)
+      dp2 = atoi(argv[++i]);
     else {
       fprintf(stderr,
               "usage: weft-bench-fsdp --config tiny|small --mode single|fsdp|tp|2d "
@@ -108,13 +111,17 @@ int main(int argc, char **argv) {
   CHECK(weft_init(&argc, &argv));
   int R = weft_world_size(), me = weft_world_rank();
   int dp, tp;
-  if (strcmp(mode, "single") == 0) dp = 1, tp = 1;
-  else if (strcmp(mode, "fsdp") == 0) dp = R, tp = 1;
-  else if (strcmp(mode, "tp") == 0) dp = 1, tp = R;
-  else if (strcmp(mode, "2d") == 0) dp = dp2, tp = dp2 > 0 ? R / dp2 : 0;
-  else dp = tp = 0;
-  if (dp < 1 || tp < 1 || dp * tp != R || (strcmp(mode, "single") == 0 && R != 1) ||
-      c->B % dp) {
+  if (strcmp(mode, "single") == 0)
+    dp = 1, tp = 1;
+  else if (strcmp(mode, "fsdp") == 0)
+    dp = R, tp = 1;
+  else if (strcmp(mode, "tp") == 0)
+    dp = 1, tp = R;
+  else if (strcmp(mode, "2d") == 0)
+    dp = dp2, tp = dp2 > 0 ? R / dp2 : 0;
+  else
+    dp = tp = 0;
+  if (dp < 1 || tp < 1 || dp * tp != R || (strcmp(mode, "single") == 0 && R != 1) || c->B % dp) {
     if (me == 0)
       fprintf(stderr, "weft-bench-fsdp: mode %s does not fit %d ranks (B = %lld)\n", mode, R,
               (long long)c->B);
@@ -173,10 +180,11 @@ int main(int argc, char **argv) {
   memset(comm, 0, sizeof comm);
   double loss = 0;
   if (me == 0)
-    printf("weft %s, config %s (D=%lld L=%lld H=%lld F=%lld V=%lld T=%lld B=%lld), %d ranks "
-           "(dp=%d x tp=%d), %d warmup + %d timed steps\n",
-           mode, c->name, (long long)c->D, (long long)c->L, (long long)c->H, (long long)c->F,
-           (long long)c->V, (long long)c->T, (long long)c->B, R, dp, tp, warmup, steps);
+    printf(
+        "weft %s, config %s (D=%lld L=%lld H=%lld F=%lld V=%lld T=%lld B=%lld), %d ranks "
+        "(dp=%d x tp=%d), %d warmup + %d timed steps\n",
+        mode, c->name, (long long)c->D, (long long)c->L, (long long)c->H, (long long)c->F,
+        (long long)c->V, (long long)c->T, (long long)c->B, R, dp, tp, warmup, steps);
   for (int s = 0; s < warmup + steps; s++) {
     if (s == warmup) weft_comm_stats_reset(root);
     make_batch(c, s, row0, rows, in, tgt);
@@ -203,9 +211,10 @@ int main(int argc, char **argv) {
   double rss = max_over(world, (double)ru.ru_maxrss * 1024.0);
   double tok_s = (double)(c->B * c->T) / med;
   if (me == 0) {
-    printf("median step %.3f s -> %.0f tokens/s; per-rank peak: weft allocator %.1f MiB, RSS "
-           "%.1f MiB\n",
-           med, tok_s, peak / 1048576.0, rss / 1048576.0);
+    printf(
+        "median step %.3f s -> %.0f tokens/s; per-rank peak: weft allocator %.1f MiB, RSS "
+        "%.1f MiB\n",
+        med, tok_s, peak / 1048576.0, rss / 1048576.0);
     char ctext[512];
     size_t len = 0;
     ctext[0] = '\0';
@@ -214,19 +223,20 @@ int main(int argc, char **argv) {
               rs = comm[d][WEFT_COLL_REDUCE_SCATTER].bus_bytes / steps,
               ar = comm[d][WEFT_COLL_ALL_REDUCE].bus_bytes / steps, other = 0;
       for (int k = 0; k < WEFT_COLL_KIND_COUNT; k++)
-        if (k != WEFT_COLL_ALL_GATHER && k != WEFT_COLL_REDUCE_SCATTER &&
-            k != WEFT_COLL_ALL_REDUCE)
+        if (k != WEFT_COLL_ALL_GATHER && k != WEFT_COLL_REDUCE_SCATTER && k != WEFT_COLL_ALL_REDUCE)
           other += comm[d][k].bus_bytes / steps;
-      printf("  comm per step on %s (size %d): all-gather %.2f MB, reduce-scatter %.2f MB, "
-             "all-reduce %.2f MB, other %.2f MB (bus bytes)\n",
-             names[d], shape[d], ag * 1e-6, rs * 1e-6, ar * 1e-6, other * 1e-6);
+      printf(
+          "  comm per step on %s (size %d): all-gather %.2f MB, reduce-scatter %.2f MB, "
+          "all-reduce %.2f MB, other %.2f MB (bus bytes)\n",
+          names[d], shape[d], ag * 1e-6, rs * 1e-6, ar * 1e-6, other * 1e-6);
       len += (size_t)snprintf(ctext + len, sizeof ctext - len, "%s%s:%lld/%lld/%lld/%lld",
                               d ? "," : "", names[d], (long long)ag, (long long)rs, (long long)ar,
                               (long long)other);
     }
-    printf("RESULT config=%s mode=%s ranks=%d tokens_per_s=%.3f step_s=%.6f peak_bytes=%.0f "
-           "rss_bytes=%.0f loss=%.6f comm=%s\n",
-           c->name, mode, R, tok_s, med, peak, rss, loss, ctext);
+    printf(
+        "RESULT config=%s mode=%s ranks=%d tokens_per_s=%.3f step_s=%.6f peak_bytes=%.0f "
+        "rss_bytes=%.0f loss=%.6f comm=%s\n",
+        c->name, mode, R, tok_s, med, peak, rss, loss, ctext);
     fflush(stdout);
   }
   free(times);

@@ -11,11 +11,10 @@
  * global [rows, 4096]). Each time is the slowest rank's, after a barrier;
  * the table gives median times and the throughput ratio weft/MPI =
  * t_mpi / t_weft (median over the repetitions of the ratio within each
- * repetition, so load from other processes hits both sides alike) for: redistribute returning a new DTensor per
- * call (as DTensor.redistribute) with the buffer cache off, the same with
- * the cache on (weft_dtensor_set_buffer_cache, like PyTorch's caching
- * allocator: results reuse freed blocks instead of faulting in fresh
- * pages), and redistribute_into a preallocated DTensor (a hand-written
+ * repetition, so load from other processes hits both sides alike) for: redistribute returning a new
+ * DTensor per call (as DTensor.redistribute) with the buffer cache off, the same with the cache on
+ * (weft_dtensor_set_buffer_cache, like PyTorch's caching allocator: results reuse freed blocks
+ * instead of faulting in fresh pages), and redistribute_into a preallocated DTensor (a hand-written
  * program's buffer reuse). The MPI baseline reuses its buffers. The last
  * line is the minimum ratio over the moves of redistribute with the cache.
  *
@@ -31,8 +30,6 @@
 
 #include "dtensor.h"
 
-
-
 /* Slowest rank's time. */
 static double tmax(double t) {
   double m;
@@ -45,15 +42,15 @@ static void die(const char *what) {
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-#define CHECK(x)            \
-  do {                      \
+#define CHECK(x)                 \
+  do {                           \
     if ((x) != WEFT_OK) die(#x); \
   } while (0)
 
 enum { MOVE_S0_R, MOVE_P_R, MOVE_P_S0, MOVE_S0_S1, NMOVES };
 static const char *move_name[NMOVES] = {"S(0) -> R", "P -> R", "P -> S(0)", "S(0) -> S(1)"};
-static const char *mpi_name[NMOVES] = {"MPI_Allgather", "MPI_Allreduce",
-                                       "MPI_Reduce_scatter_block", "pack + MPI_Alltoall"};
+static const char *mpi_name[NMOVES] = {"MPI_Allgather", "MPI_Allreduce", "MPI_Reduce_scatter_block",
+                                       "pack + MPI_Alltoall"};
 
 int main(int argc, char **argv) {
   /* As bench/collectives.c: MPICH allocates temporaries per call and a
@@ -155,8 +152,8 @@ int main(int argc, char **argv) {
               CHECK(weft_all_gather(mesh, 0, send_s0, recv_full, numel / n, WEFT_F32, NULL));
               break;
             case MOVE_P_R:
-              CHECK(weft_all_reduce(mesh, 0, send_p, recv_full, numel, WEFT_F32, WEFT_OP_SUM,
-                                    NULL));
+              CHECK(
+                  weft_all_reduce(mesh, 0, send_p, recv_full, numel, WEFT_F32, WEFT_OP_SUM, NULL));
               break;
             case MOVE_P_S0:
               CHECK(weft_reduce_scatter(mesh, 0, send_p, recv_shard, numel / n, WEFT_F32,
@@ -218,16 +215,19 @@ int main(int argc, char **argv) {
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   double min_ratio = 1e300, min_plain = 1e300, min_into = 1e300;
   if (rank == 0) {
-    printf("weft-bench-redistribute: %d ranks, f32[%lld, %lld] = %.1f MiB, %d reps (median of "
-           "the slowest rank), malloc %s, results %s\n",
-           n, (long long)rows, (long long)cols, (double)numel * 4 / (1024.0 * 1024.0), reps,
-           tune ? "without mmap (mallopt)" : "glibc defaults",
-           all_ok ? "identical to MPI's" : "DIFFER FROM MPI'S");
-    printf("ratio = t_mpi / t_weft; 'new' = redistribute returning a new DTensor (cache off), "
-           "'cached' = the same with weft_dtensor_set_buffer_cache on, 'into' = "
-           "redistribute_into a preallocated DTensor\n");
-    printf("'mesh' = the weft collective alone (weft_all_gather / _all_reduce / _reduce_scatter / "
-           "pack + weft_all_to_all) on the same buffers\n");
+    printf(
+        "weft-bench-redistribute: %d ranks, f32[%lld, %lld] = %.1f MiB, %d reps (median of "
+        "the slowest rank), malloc %s, results %s\n",
+        n, (long long)rows, (long long)cols, (double)numel * 4 / (1024.0 * 1024.0), reps,
+        tune ? "without mmap (mallopt)" : "glibc defaults",
+        all_ok ? "identical to MPI's" : "DIFFER FROM MPI'S");
+    printf(
+        "ratio = t_mpi / t_weft; 'new' = redistribute returning a new DTensor (cache off), "
+        "'cached' = the same with weft_dtensor_set_buffer_cache on, 'into' = "
+        "redistribute_into a preallocated DTensor\n");
+    printf(
+        "'mesh' = the weft collective alone (weft_all_gather / _all_reduce / _reduce_scatter / "
+        "pack + weft_all_to_all) on the same buffers\n");
     printf("%-13s %-25s %8s %8s %8s %8s %8s %7s %7s %7s %7s\n", "move", "baseline", "mpi ms",
            "mesh ms", "new ms", "cache ms", "into ms", "mesh", "new", "cached", "into");
   }

@@ -21,10 +21,10 @@
  * Standalone it runs W warmup steps and N timed steps and prints the
  * median step time, tokens/s and the model FLOPs utilisation against the
  * OpenBLAS SGEMM rate measured in the same run (2048^3, the best of 3 runs
- * before and 3 after the steps: load from other processes only lowers it). Threads: OPENBLAS_NUM_THREADS (GEMMs) and
- * OMP_NUM_THREADS (weft's elementwise loops, when built with OpenMP). The
- * CPU time of each step (all threads) is printed too: with one thread it
- * is the step time less what other processes took.
+ * before and 3 after the steps: load from other processes only lowers it). Threads:
+ * OPENBLAS_NUM_THREADS (GEMMs) and OMP_NUM_THREADS (weft's elementwise loops, when built with
+ * OpenMP). The CPU time of each step (all threads) is printed too: with one thread it is the step
+ * time less what other processes took.
  *
  * Model FLOPs per step (the PaLM / nanoGPT convention): 6 * P * B * T, with
  * P the parameters that take part in matrix products (every Linear,
@@ -60,22 +60,19 @@
 #include "nn.h"
 #include "safetensors.h"
 
-
 static double cpu_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-
-
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    weft_status st_ = (x);                                                    \
-    if (st_ != WEFT_OK) {                                                     \
-      fprintf(stderr, "weft-bench-step: %s: %s\n", #x, weft_last_error());    \
-      exit(1);                                                                \
-    }                                                                         \
+#define CHECK(x)                                                           \
+  do {                                                                     \
+    weft_status st_ = (x);                                                 \
+    if (st_ != WEFT_OK) {                                                  \
+      fprintf(stderr, "weft-bench-step: %s: %s\n", #x, weft_last_error()); \
+      exit(1);                                                             \
+    }                                                                      \
   } while (0)
 
 typedef struct bench_config {
@@ -287,8 +284,8 @@ static int serve(bench *b, sgemm_bench *sg) {
     if (strncmp(line, "step", 4) == 0) {
       double t[6], loss, norm;
       bench_step(b, t, &loss, &norm);
-      printf("step %.6f %.6f %.6f %.6f %.6f %.6f %.9g %.9g\n", t[0], t[1], t[2], t[3], t[4],
-             t[5], loss, norm);
+      printf("step %.6f %.6f %.6f %.6f %.6f %.6f %.9g %.9g\n", t[0], t[1], t[2], t[3], t[4], t[5],
+             loss, norm);
     } else if (strncmp(line, "sgemm", 5) == 0) {
       printf("sgemm %.3f\n", sgemm_once(sg));
     } else if (strncmp(line, "quit", 4) == 0) {
@@ -316,11 +313,16 @@ int main(int argc, char **argv) {
   bool serve_mode = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (strcmp(a, "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
-    else if (strcmp(a, "--warmup") == 0 && i + 1 < argc) warmup = atoi(argv[++i]);
-    else if (strcmp(a, "--seed") == 0 && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
-    else if (strcmp(a, "--dump") == 0 && i + 1 < argc) dump = argv[++i];
-    else if (strcmp(a, "--serve") == 0) serve_mode = true;
+    if (strcmp(a, "--steps") == 0 && i + 1 < argc)
+      steps = atoi(argv[++i]);
+    else if (strcmp(a, "--warmup") == 0 && i + 1 < argc)
+      warmup = atoi(argv[++i]);
+    else if (strcmp(a, "--seed") == 0 && i + 1 < argc)
+      seed = strtoull(argv[++i], NULL, 10);
+    else if (strcmp(a, "--dump") == 0 && i + 1 < argc)
+      dump = argv[++i];
+    else if (strcmp(a, "--serve") == 0)
+      serve_mode = true;
     else {
       bool found = false;
       for (size_t k = 0; k < sizeof configs / sizeof configs[0]; k++)
@@ -343,11 +345,12 @@ int main(int argc, char **argv) {
     rc = serve(&b, &sg);
   } else {
     const char *bt = getenv("OPENBLAS_NUM_THREADS");
-    printf("weft step, config %s (%s D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld B=%lld), "
-           "OPENBLAS_NUM_THREADS=%s\n",
-           cfg->name, cfg->gpt2 ? "GPT-2" : "Llama", (long long)cfg->D, (long long)cfg->L, (long long)cfg->H,
-           (long long)cfg->Hkv, (long long)cfg->F, (long long)cfg->V, (long long)cfg->T,
-           (long long)cfg->B, bt ? bt : "(unset)");
+    printf(
+        "weft step, config %s (%s D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld B=%lld), "
+        "OPENBLAS_NUM_THREADS=%s\n",
+        cfg->name, cfg->gpt2 ? "GPT-2" : "Llama", (long long)cfg->D, (long long)cfg->L,
+        (long long)cfg->H, (long long)cfg->Hkv, (long long)cfg->F, (long long)cfg->V,
+        (long long)cfg->T, (long long)cfg->B, bt ? bt : "(unset)");
     double gf[6];
     for (int i = 0; i < 3; i++) gf[i] = sgemm_once(&sg);
     double *ts = calloc((size_t)steps * 7, sizeof(double));
@@ -357,10 +360,11 @@ int main(int argc, char **argv) {
       double c0 = cpu_s();
       bench_step(&b, t, &loss, &norm);
       double cpu = cpu_s() - c0;
-      printf("  step %d%s: %.1f ms (fwd %.1f bwd %.1f clip %.1f adamw %.1f zero %.1f; CPU time "
-             "%.1f ms) loss %.6f norm %.4f\n",
-             i, i < warmup ? " (warmup)" : "", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3,
-             t[4] * 1e3, t[5] * 1e3, cpu * 1e3, loss, norm);
+      printf(
+          "  step %d%s: %.1f ms (fwd %.1f bwd %.1f clip %.1f adamw %.1f zero %.1f; CPU time "
+          "%.1f ms) loss %.6f norm %.4f\n",
+          i, i < warmup ? " (warmup)" : "", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3,
+          t[4] * 1e3, t[5] * 1e3, cpu * 1e3, loss, norm);
       if (i >= warmup) {
         for (int k = 0; k < 6; k++) ts[k * steps + (i - warmup)] = t[k];
         ts[6 * steps + (i - warmup)] = cpu;
@@ -370,12 +374,13 @@ int main(int argc, char **argv) {
     double med = bench_median(ts, steps), sgemm = gf[0];
     for (int i = 1; i < 6; i++) sgemm = gf[i] > sgemm ? gf[i] : sgemm; /* load only lowers it */
     double flops = model_flops(cfg), tokens = (double)cfg->B * cfg->T;
-    printf("median step %.1f ms (fwd %.1f bwd %.1f clip %.1f adamw %.1f zero %.1f; CPU time "
-           "%.1f ms); %.0f tokens/s\n",
-           med * 1e3, bench_median(ts + steps, steps) * 1e3, bench_median(ts + 2 * steps, steps) * 1e3,
-           bench_median(ts + 3 * steps, steps) * 1e3, bench_median(ts + 4 * steps, steps) * 1e3,
-           bench_median(ts + 5 * steps, steps) * 1e3, bench_median(ts + 6 * steps, steps) * 1e3,
-           tokens / med);
+    printf(
+        "median step %.1f ms (fwd %.1f bwd %.1f clip %.1f adamw %.1f zero %.1f; CPU time "
+        "%.1f ms); %.0f tokens/s\n",
+        med * 1e3, bench_median(ts + steps, steps) * 1e3, bench_median(ts + 2 * steps, steps) * 1e3,
+        bench_median(ts + 3 * steps, steps) * 1e3, bench_median(ts + 4 * steps, steps) * 1e3,
+        bench_median(ts + 5 * steps, steps) * 1e3, bench_median(ts + 6 * steps, steps) * 1e3,
+        tokens / med);
     printf("model %.3f GFLOP/step -> %.1f GFLOP/s; SGEMM 2048^3 (best) %.1f GFLOP/s; MFU %.1f%%\n",
            flops * 1e-9, flops / med * 1e-9, sgemm, 100.0 * flops / med * 1e-9 / sgemm);
     free(ts);

@@ -40,7 +40,8 @@ weft_status dcp_comm_open(const weft_mesh *group, dcp_comm *c) {
   if (!init || fin)
     return weft_error(WEFT_ERR_STATE, "checkpoint: MPI is not initialised (call weft_init first)");
   MPI_Comm base = group ? weft_mesh_comm(group) : MPI_COMM_WORLD;
-  if (base == MPI_COMM_NULL) return weft_error(WEFT_ERR_INVALID, "checkpoint: the group has no communicator");
+  if (base == MPI_COMM_NULL)
+    return weft_error(WEFT_ERR_INVALID, "checkpoint: the group has no communicator");
   MPI_Request r;
   int rc = MPI_Comm_idup(base, &c->comm, &r);
   if (rc != MPI_SUCCESS) return mpi_err(rc, "communicator duplicate");

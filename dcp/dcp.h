@@ -145,9 +145,9 @@ typedef enum weft_sd_value_type {
 typedef struct weft_sd_entry {
   const char *name;
   weft_sd_kind kind;
-  weft_dtensor *dtensor;          /* WEFT_SD_DTENSOR */
-  weft_tensor *tensor;            /* WEFT_SD_TENSOR */
-  weft_sd_value_type value_type;  /* WEFT_SD_VALUE */
+  weft_dtensor *dtensor;         /* WEFT_SD_DTENSOR */
+  weft_tensor *tensor;           /* WEFT_SD_TENSOR */
+  weft_sd_value_type value_type; /* WEFT_SD_VALUE */
 } weft_sd_entry;
 
 /* An empty state dict. Local. */
@@ -161,12 +161,12 @@ WEFT_API void weft_state_dict_destroy(weft_state_dict *sd);
  * alive (loads write into it); WEFT_LOCAL_TAKE — sd destroys it (only on
  * success); WEFT_LOCAL_COPY — sd keeps its own copy of the local shard on
  * the same mesh. */
-WEFT_API weft_status weft_state_dict_add_dtensor(weft_state_dict *sd, const char *name, weft_dtensor *dt,
-                                        weft_local_ownership own);
+WEFT_API weft_status weft_state_dict_add_dtensor(weft_state_dict *sd, const char *name,
+                                                 weft_dtensor *dt, weft_local_ownership own);
 /* Adds a plain CPU tensor (any dtype, any strides for VIEW; COPY makes a
  * contiguous copy) under `name`, with the same ownership rules. */
-WEFT_API weft_status weft_state_dict_add_tensor(weft_state_dict *sd, const char *name, weft_tensor *t,
-                                       weft_local_ownership own);
+WEFT_API weft_status weft_state_dict_add_tensor(weft_state_dict *sd, const char *name,
+                                                weft_tensor *t, weft_local_ownership own);
 
 /* Values: set (adds, or replaces an existing value entry of that name; a
  * tensor entry of that name is WEFT_ERR_INVALID) and get (WEFT_ERR_NOT_FOUND
@@ -176,29 +176,34 @@ WEFT_API weft_status weft_state_dict_add_tensor(weft_state_dict *sd, const char 
  * normalised copy. */
 WEFT_API weft_status weft_state_dict_set_int(weft_state_dict *sd, const char *name, int64_t v);
 WEFT_API weft_status weft_state_dict_set_double(weft_state_dict *sd, const char *name, double v);
-WEFT_API weft_status weft_state_dict_set_string(weft_state_dict *sd, const char *name, const char *v);
-WEFT_API weft_status weft_state_dict_set_json(weft_state_dict *sd, const char *name, const char *json);
-WEFT_API weft_status weft_state_dict_get_int(const weft_state_dict *sd, const char *name, int64_t *v);
-WEFT_API weft_status weft_state_dict_get_double(const weft_state_dict *sd, const char *name, double *v);
+WEFT_API weft_status weft_state_dict_set_string(weft_state_dict *sd, const char *name,
+                                                const char *v);
+WEFT_API weft_status weft_state_dict_set_json(weft_state_dict *sd, const char *name,
+                                              const char *json);
+WEFT_API weft_status weft_state_dict_get_int(const weft_state_dict *sd, const char *name,
+                                             int64_t *v);
+WEFT_API weft_status weft_state_dict_get_double(const weft_state_dict *sd, const char *name,
+                                                double *v);
 /* *v is owned by sd (valid until the entry changes). */
 WEFT_API weft_status weft_state_dict_get_string(const weft_state_dict *sd, const char *name,
-                                       const char **v);
+                                                const char **v);
 /* The JSON text of any value entry (an int as digits, a string quoted). */
 WEFT_API weft_status weft_state_dict_get_json(const weft_state_dict *sd, const char *name,
-                                     const char **json);
+                                              const char **json);
 
 /* The model config as a JSON value (its fields by name) and back. */
 WEFT_API weft_status weft_state_dict_set_llama_config(weft_state_dict *sd, const char *name,
-                                             const weft_llama_config *cfg);
+                                                      const weft_llama_config *cfg);
 WEFT_API weft_status weft_state_dict_get_llama_config(const weft_state_dict *sd, const char *name,
-                                             weft_llama_config *cfg);
+                                                      weft_llama_config *cfg);
 
 WEFT_API int64_t weft_state_dict_count(const weft_state_dict *sd);
 /* Entry i in insertion order; WEFT_ERR_INVALID out of range. */
 WEFT_API weft_status weft_state_dict_get(const weft_state_dict *sd, int64_t i, weft_sd_entry *out);
 /* The entry called `name`; WEFT_ERR_NOT_FOUND if absent. out may be NULL
  * (a membership test). */
-WEFT_API weft_status weft_state_dict_find(const weft_state_dict *sd, const char *name, weft_sd_entry *out);
+WEFT_API weft_status weft_state_dict_find(const weft_state_dict *sd, const char *name,
+                                          weft_sd_entry *out);
 /* Removes (and frees, if owned) the entry; WEFT_ERR_NOT_FOUND if absent. */
 WEFT_API weft_status weft_state_dict_remove(weft_state_dict *sd, const char *name);
 /* Records `alias` as another name of entry `name` (both non-empty,
@@ -210,7 +215,8 @@ WEFT_API weft_status weft_state_dict_remove(weft_state_dict *sd, const char *nam
  * checkpoint has no `name` (Hugging Face GPT-2 files may hold only
  * lm_head.weight); a checkpoint that has both must hold the same bytes
  * under both (WEFT_ERR_CORRUPT naming both keys otherwise). Local. */
-WEFT_API weft_status weft_state_dict_add_alias(weft_state_dict *sd, const char *alias, const char *name);
+WEFT_API weft_status weft_state_dict_add_alias(weft_state_dict *sd, const char *alias,
+                                               const char *name);
 
 /* A list of keys returned by the functions below (missing or unexpected
  * keys). Owned by the caller: weft_key_list_clear frees and zeroes it. */
@@ -223,7 +229,7 @@ WEFT_API void weft_key_list_clear(weft_key_list *l);
 /* Options as torch.distributed.checkpoint.state_dict.StateDictOptions.
  * Versioned so the ABI can grow; NULL means WEFT_STATE_DICT_OPTS_INIT. */
 typedef struct weft_state_dict_opts {
-  int version;               /* WEFT_STATE_DICT_OPTS_VERSION */
+  int version; /* WEFT_STATE_DICT_OPTS_VERSION */
   /* get: gather every DTensor into a plain full tensor (collective over
    * each DTensor's mesh, in parameter order). */
   bool full_state_dict;
@@ -242,17 +248,18 @@ typedef struct weft_state_dict_opts {
   bool strict;
 } weft_state_dict_opts;
 #define WEFT_STATE_DICT_OPTS_VERSION 1
-#define WEFT_STATE_DICT_OPTS_INIT {WEFT_STATE_DICT_OPTS_VERSION, false, false, false, true}
+#define WEFT_STATE_DICT_OPTS_INIT \
+  { WEFT_STATE_DICT_OPTS_VERSION, false, false, false, true }
 
 /* Adds the model's parameters to sd under their FQNs (relative to model's
  * root); a tied parameter once, under its owner's FQN, with its other FQNs
  * recorded as aliases (weft_state_dict_add_alias). Default: views of each
- * parameter's data DTensor (loads write into the model directly). full_state_dict: plain full tensors (owned by sd),
- * gathered with weft_dtensor_full_tensor; collective over every
- * parameter's mesh. Every parameter must have storage (WEFT_ERR_STATE
- * naming it otherwise). On error sd keeps the entries added before it. */
+ * parameter's data DTensor (loads write into the model directly). full_state_dict: plain full
+ * tensors (owned by sd), gathered with weft_dtensor_full_tensor; collective over every parameter's
+ * mesh. Every parameter must have storage (WEFT_ERR_STATE naming it otherwise). On error sd keeps
+ * the entries added before it. */
 WEFT_API weft_status weft_get_model_state_dict(weft_module *model, const weft_state_dict_opts *opts,
-                                      weft_state_dict *sd);
+                                               weft_state_dict *sd);
 /* Copies sd's entries into the model's parameters (keeping their
  * placements): a DTensor entry that is the parameter's own data is left
  * as it is; one with the same spec is copied locally; one on the same mesh
@@ -272,8 +279,8 @@ WEFT_API weft_status weft_get_model_state_dict(weft_module *model, const weft_st
  * redistribution or gathering is needed, over MPI_COMM_WORLD with
  * broadcast_from_rank0 (and then the outcome is agreed on every rank). */
 WEFT_API weft_status weft_set_model_state_dict(weft_module *model, const weft_state_dict *sd,
-                                      const weft_state_dict_opts *opts, weft_key_list *missing,
-                                      weft_key_list *unexpected);
+                                               const weft_state_dict_opts *opts,
+                                               weft_key_list *missing, weft_key_list *unexpected);
 
 /* The optimizer's state under the optimizer namespace (see the top): its
  * state DTensors (views or, with full_state_dict, gathered full tensors),
@@ -285,8 +292,8 @@ WEFT_API weft_status weft_set_model_state_dict(weft_module *model, const weft_st
  * the module the optimizer was created on. Same options as the model
  * version. */
 WEFT_API weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
-                                          const weft_state_dict_opts *opts,
-                                          weft_state_dict *sd);
+                                                   const weft_state_dict_opts *opts,
+                                                   weft_state_dict *sd);
 /* Restores the optimizer from sd: state tensors as in
  * weft_set_model_state_dict, step counts (per parameter, and the
  * optimizer's through weft_optimizer_set_num_steps) and the parameter
@@ -301,15 +308,16 @@ WEFT_API weft_status weft_get_optimizer_state_dict(weft_module *model, weft_opti
  * tensor is written. Keys of the optimizer namespace that match nothing are
  * "unexpected". */
 WEFT_API weft_status weft_set_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
-                                          const weft_state_dict *sd,
-                                          const weft_state_dict_opts *opts,
-                                          weft_key_list *missing, weft_key_list *unexpected);
+                                                   const weft_state_dict *sd,
+                                                   const weft_state_dict_opts *opts,
+                                                   weft_key_list *missing,
+                                                   weft_key_list *unexpected);
 
 /* ------------------------------------------------------- save and load */
 
 /* Options for save and load; NULL means WEFT_DCP_OPTS_INIT. */
 typedef struct weft_dcp_opts {
-  int version;              /* WEFT_DCP_OPTS_VERSION */
+  int version; /* WEFT_DCP_OPTS_VERSION */
   /* The ranks that save/load together; NULL: MPI_COMM_WORLD. Data files
    * are numbered by rank in this group. */
   const weft_mesh *group;
@@ -325,7 +333,8 @@ typedef struct weft_dcp_opts {
   bool commit_in_wait;
 } weft_dcp_opts;
 #define WEFT_DCP_OPTS_VERSION 1
-#define WEFT_DCP_OPTS_INIT {WEFT_DCP_OPTS_VERSION, NULL, 0, false, false}
+#define WEFT_DCP_OPTS_INIT \
+  { WEFT_DCP_OPTS_VERSION, NULL, 0, false, false }
 
 /* Saves sd to directory `dir` (created if needed, parents included).
  * Collective over the group. Each rank writes the chunks the plan gives it
@@ -339,7 +348,8 @@ typedef struct weft_dcp_opts {
  * environment variable WEFT_DCP_FAULT="rank:stage" (stage: plan, write,
  * synced, commit) makes that rank _exit(70) at that point (fault-injection
  * tests). */
-WEFT_API weft_status weft_dcp_save(const weft_state_dict *sd, const char *dir, const weft_dcp_opts *opts);
+WEFT_API weft_status weft_dcp_save(const weft_state_dict *sd, const char *dir,
+                                   const weft_dcp_opts *opts);
 
 /* Loads the checkpoint in `dir` into sd in place: for each DTensor entry
  * this rank's shard, for each plain tensor the whole value, for each value
@@ -355,7 +365,7 @@ WEFT_API weft_status weft_dcp_save(const weft_state_dict *sd, const char *dir, c
  * type, a data file missing, from another checkpoint, truncated, or a
  * checksum mismatch — each naming the tensor and the file. */
 WEFT_API weft_status weft_dcp_load(weft_state_dict *sd, const char *dir, const weft_dcp_opts *opts,
-                          weft_key_list *missing);
+                                   weft_key_list *missing);
 
 /* An async save in flight. */
 typedef struct weft_dcp_async weft_dcp_async;
@@ -372,7 +382,7 @@ typedef struct weft_dcp_async weft_dcp_async;
  * weft_dcp_release_staging). Wait for the handle before weft_finalize.
  * The environment variable WEFT_DCP_FAULT applies here too. */
 WEFT_API weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
-                                const weft_dcp_opts *opts, weft_dcp_async **out);
+                                         const weft_dcp_opts *opts, weft_dcp_async **out);
 /* Waits for the save to finish (commits it when that is left to wait) and
  * frees the handle; returns the save's outcome (the same on every rank).
  * Collective over the save's group. NULL: WEFT_OK. */
@@ -406,9 +416,9 @@ WEFT_API weft_status weft_dcp_metadata_check(const char *text, size_t len, const
 
 typedef struct weft_dcp_info {
   int format_version;
-  uint64_t id;          /* random per save; in every data file's name and header */
-  int world_size;       /* ranks that saved */
-  int64_t block_bytes;  /* checksum block */
+  uint64_t id;         /* random per save; in every data file's name and header */
+  int world_size;      /* ranks that saved */
+  int64_t block_bytes; /* checksum block */
   int64_t num_tensors;
   int64_t num_values;
   int num_files;
@@ -416,45 +426,45 @@ typedef struct weft_dcp_info {
 WEFT_API weft_status weft_dcp_get_info(const weft_dcp_checkpoint *ck, weft_dcp_info *out);
 
 typedef struct weft_dcp_tensor_info {
-  const char *name;           /* owned by ck */
+  const char *name; /* owned by ck */
   weft_dtype dtype;
   int ndim;
   int64_t shape[WEFT_MAX_DIMS];
-  const char *layout;         /* how the saver held it: "(S(0), R) on mesh 2x2" or "full" */
+  const char *layout; /* how the saver held it: "(S(0), R) on mesh 2x2" or "full" */
   int64_t num_chunks;
 } weft_dcp_tensor_info;
 /* Tensor i in name order; WEFT_ERR_INVALID out of range. */
 WEFT_API weft_status weft_dcp_tensor_get(const weft_dcp_checkpoint *ck, int64_t i,
-                                weft_dcp_tensor_info *out);
+                                         weft_dcp_tensor_info *out);
 WEFT_API weft_status weft_dcp_tensor_find(const weft_dcp_checkpoint *ck, const char *name,
-                                 weft_dcp_tensor_info *out);
+                                          weft_dcp_tensor_info *out);
 
 typedef struct weft_dcp_chunk_info {
   int64_t offsets[WEFT_MAX_DIMS]; /* global offset of the box */
   int64_t sizes[WEFT_MAX_DIMS];
-  const char *file;               /* data file name (in the directory), owned by ck */
-  int rank;                       /* the rank that wrote it */
-  uint64_t byte_offset, length;   /* bytes in the file */
-  int64_t num_blocks;             /* checksum blocks */
+  const char *file;             /* data file name (in the directory), owned by ck */
+  int rank;                     /* the rank that wrote it */
+  uint64_t byte_offset, length; /* bytes in the file */
+  int64_t num_blocks;           /* checksum blocks */
 } weft_dcp_chunk_info;
-WEFT_API weft_status weft_dcp_chunk_get(const weft_dcp_checkpoint *ck, int64_t tensor, int64_t chunk,
-                               weft_dcp_chunk_info *out);
+WEFT_API weft_status weft_dcp_chunk_get(const weft_dcp_checkpoint *ck, int64_t tensor,
+                                        int64_t chunk, weft_dcp_chunk_info *out);
 
 /* Values: count, i-th (name order) as JSON text and type. */
 WEFT_API weft_status weft_dcp_value_get(const weft_dcp_checkpoint *ck, int64_t i, const char **name,
-                               weft_sd_value_type *type, const char **json);
+                                        weft_sd_value_type *type, const char **json);
 
 /* Reads the box start[d] <= i_d < start[d] + len[d] of tensor `name`
  * into dst, a contiguous row-major array of the box (dst_bytes of room),
  * in the stored dtype; every block read is verified. */
 WEFT_API weft_status weft_dcp_read(weft_dcp_checkpoint *ck, const char *name, const int64_t *start,
-                          const int64_t *len, void *dst, size_t dst_bytes);
+                                   const int64_t *len, void *dst, size_t dst_bytes);
 /* Reads every block of every chunk and checks its checksum and the data
  * files' headers and sizes. Returns the first error (naming tensor, file
  * and byte offset); *bad_blocks (may be NULL) counts all bad blocks;
  * `report` (may be NULL) is called with each error message. */
 WEFT_API weft_status weft_dcp_verify(weft_dcp_checkpoint *ck, int64_t *bad_blocks,
-                            void (*report)(const char *msg, void *ctx), void *ctx);
+                                     void (*report)(const char *msg, void *ctx), void *ctx);
 
 /* ------------------------------------------------------- safetensors */
 
@@ -465,7 +475,8 @@ WEFT_API weft_status weft_dcp_verify(weft_dcp_checkpoint *ck, int64_t *bad_block
  * Gathers one parameter at a time (weft_dtensor_full_tensor, collective
  * over its mesh); only rank 0 keeps the full copies. Collective over
  * MPI_COMM_WORLD; the outcome is agreed on every rank. */
-WEFT_API weft_status weft_safetensors_export_model(weft_module *model, const char *path, weft_dtype dtype);
+WEFT_API weft_status weft_safetensors_export_model(weft_module *model, const char *path,
+                                                   weft_dtype dtype);
 /* Loads the parameters from a safetensors file: every rank opens it and
  * reads only the slices of its shards (weft_safetensors_read_slice),
  * converting float dtypes to the parameters'. A tied parameter is read
@@ -476,8 +487,9 @@ WEFT_API weft_status weft_safetensors_export_model(weft_module *model, const cha
  * opts->strict (opts may be NULL: strict; an alias is never unexpected).
  * Collective over MPI_COMM_WORLD (outcome agreed). */
 WEFT_API weft_status weft_safetensors_import_model(weft_module *model, const char *path,
-                                          const weft_state_dict_opts *opts,
-                                          weft_key_list *missing, weft_key_list *unexpected);
+                                                   const weft_state_dict_opts *opts,
+                                                   weft_key_list *missing,
+                                                   weft_key_list *unexpected);
 
 #ifdef __cplusplus
 }

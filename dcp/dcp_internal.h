@@ -21,8 +21,8 @@
 #define DCP_METADATA "metadata.json"
 #define DCP_METADATA_TMP "metadata.json.tmp"
 #define DCP_FILE_MAGIC "WEFTDCPD"
-#define DCP_FILE_HEADER 64          /* bytes before the first chunk of a data file */
-#define DCP_ALIGN 64                /* chunks start at multiples of this */
+#define DCP_FILE_HEADER 64 /* bytes before the first chunk of a data file */
+#define DCP_ALIGN 64       /* chunks start at multiples of this */
 #define DCP_DEFAULT_BLOCK ((int64_t)1 << 20)
 #define DCP_MIN_BLOCK 64
 #define DCP_MAX_BLOCK ((int64_t)64 << 20)
@@ -39,8 +39,8 @@ void dcp_box_describe(const weft_box *b, int ndim, char *buf, size_t cap);
  * overlap and together cover every element. On failure the message names
  * `tensor` and `where`, and the two boxes that overlap (owner(i) gives a
  * label for box i, may be NULL). */
-weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
-                             const int64_t *shape, const weft_box *const *boxes, int64_t n,
+weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim, const int64_t *shape,
+                             const weft_box *const *boxes, int64_t n,
                              const char *(*owner)(int64_t i, void *ctx), void *ctx);
 
 /* (n-d box copies: kernels' weft_tensor_copy_region / weft_tensor_copy) */
@@ -53,10 +53,10 @@ void dcp_contig_strides(const int64_t *shape, int ndim, size_t esz, int64_t *out
 
 typedef struct dcp_chunk {
   weft_box box;
-  int file;            /* index into files */
-  uint64_t byte_off;   /* in the file */
-  uint64_t length;     /* = volume * dtype size */
-  uint32_t *crc;       /* one per block */
+  int file;          /* index into files */
+  uint64_t byte_off; /* in the file */
+  uint64_t length;   /* = volume * dtype size */
+  uint32_t *crc;     /* one per block */
   int64_t ncrc;
 } dcp_chunk;
 
@@ -119,8 +119,8 @@ void dcp_file_header(int rank, uint64_t id, int world_size, uint8_t out[DCP_FILE
 struct weft_dcp_checkpoint {
   char *dir;
   dcp_meta m;
-  int *fd;          /* per file, -1 until opened */
-  uint64_t *fsize;  /* actual size */
+  int *fd;           /* per file, -1 until opened */
+  uint64_t *fsize;   /* actual size */
   weft_status *ferr; /* sticky open/header error per file */
   char **ferrmsg;
   char *stage;
@@ -136,16 +136,15 @@ weft_status dcp_read_metadata_file(const char *dir, char **text, size_t *len);
 /* Opens (once) and checks data file f for a read of tensor t's chunk c:
  * header (magic, version, rank, checkpoint id) and that the file holds
  * the chunk's bytes. */
-weft_status dcp_ck_prepare_chunk(weft_dcp_checkpoint *ck, const dcp_tmeta *t,
-                                 const dcp_chunk *c);
+weft_status dcp_ck_prepare_chunk(weft_dcp_checkpoint *ck, const dcp_tmeta *t, const dcp_chunk *c);
 /* Prepares every chunk of t that overlaps region. */
 weft_status dcp_ck_prepare_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t,
                                   const weft_box *region);
 /* Reads the global box `region` of t into dst (byte strides dst_strides,
  * dst points at the region's first element), from every chunk that
  * overlaps it, verifying each block read. */
-weft_status dcp_ck_read_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t,
-                               const weft_box *region, char *dst, const int64_t *dst_strides);
+weft_status dcp_ck_read_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t, const weft_box *region,
+                               char *dst, const int64_t *dst_strides);
 
 /* ------------------------------------------------------- communication */
 

@@ -107,26 +107,26 @@ weft_status dcp_value_render_json(dcp_vmeta *v) {
   v->json = NULL;
   cJSON *j = NULL;
   switch (v->type) {
-  case WEFT_VALUE_INT:
-    v->json = dcp_strdup(v->text);
-    break;
-  case WEFT_VALUE_DOUBLE: {
-    double d = strtod(v->text, NULL);
-    if (isfinite(d)) {
-      char buf[64];
-      snprintf(buf, sizeof buf, "%.17g", d);
-      v->json = dcp_strdup(buf);
-    } else {
-      j = cJSON_CreateString(v->text);
+    case WEFT_VALUE_INT:
+      v->json = dcp_strdup(v->text);
+      break;
+    case WEFT_VALUE_DOUBLE: {
+      double d = strtod(v->text, NULL);
+      if (isfinite(d)) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.17g", d);
+        v->json = dcp_strdup(buf);
+      } else {
+        j = cJSON_CreateString(v->text);
+      }
+      break;
     }
-    break;
-  }
-  case WEFT_VALUE_STRING:
-    j = cJSON_CreateString(v->text);
-    break;
-  case WEFT_VALUE_JSON:
-    v->json = dcp_strdup(v->text);
-    break;
+    case WEFT_VALUE_STRING:
+      j = cJSON_CreateString(v->text);
+      break;
+    case WEFT_VALUE_JSON:
+      v->json = dcp_strdup(v->text);
+      break;
   }
   if (j) {
     v->json = cJSON_PrintUnformatted(j);
@@ -177,22 +177,27 @@ static weft_status parse_value(const char *where, const cJSON *obj, dcp_vmeta *v
 static weft_status parse_chunk(const char *where, const dcp_meta *m, dcp_tmeta *t, const cJSON *c,
                                int64_t ci, dcp_chunk *ch) {
   const char *name = t->name;
-  if (!cJSON_IsObject(c)) return CORRUPT("%s: tensor '%s': chunk %" PRId64 " is not an object", where, name, ci);
+  if (!cJSON_IsObject(c))
+    return CORRUPT("%s: tensor '%s': chunk %" PRId64 " is not an object", where, name, ci);
   const cJSON *offs = cJSON_GetObjectItemCaseSensitive(c, "offsets");
   const cJSON *sizes = cJSON_GetObjectItemCaseSensitive(c, "sizes");
   if (!cJSON_IsArray(offs) || !cJSON_IsArray(sizes) || cJSON_GetArraySize(offs) != t->ndim ||
       cJSON_GetArraySize(sizes) != t->ndim)
-    return CORRUPT("%s: tensor '%s': chunk %" PRId64 ": \"offsets\" and \"sizes\" must be arrays of "
-                   "%d integers", where, name, ci, t->ndim);
+    return CORRUPT("%s: tensor '%s': chunk %" PRId64
+                   ": \"offsets\" and \"sizes\" must be arrays of "
+                   "%d integers",
+                   where, name, ci, t->ndim);
   for (int d = 0; d < t->ndim; d++) {
     if (!json_i64(cJSON_GetArrayItem(offs, d), &ch->box.off[d]) ||
         !json_i64(cJSON_GetArrayItem(sizes, d), &ch->box.size[d]))
-      return CORRUPT("%s: tensor '%s': chunk %" PRId64 ": offsets/sizes[%d] is not a non-negative "
-                     "integer", where, name, ci, d);
+      return CORRUPT("%s: tensor '%s': chunk %" PRId64
+                     ": offsets/sizes[%d] is not a non-negative "
+                     "integer",
+                     where, name, ci, d);
     if (ch->box.size[d] > t->shape[d] || ch->box.off[d] > t->shape[d])
       return CORRUPT("%s: tensor '%s': chunk %" PRId64 " dim %d: [%" PRId64 ", +%" PRId64
-                     ") lies outside the tensor's size %" PRId64, where, name, ci, d,
-                     ch->box.off[d], ch->box.size[d], t->shape[d]);
+                     ") lies outside the tensor's size %" PRId64,
+                     where, name, ci, d, ch->box.off[d], ch->box.size[d], t->shape[d]);
   }
   uint64_t file, off, length;
   if (!json_u64(cJSON_GetObjectItemCaseSensitive(c, "file"), &file) || file >= (uint64_t)m->nfiles)
@@ -202,26 +207,30 @@ static weft_status parse_chunk(const char *where, const dcp_meta *m, dcp_tmeta *
   const char *fname = m->files[file].name;
   if (!json_u64(cJSON_GetObjectItemCaseSensitive(c, "offset"), &off) ||
       !json_u64(cJSON_GetObjectItemCaseSensitive(c, "length"), &length))
-    return CORRUPT("%s: tensor '%s': chunk %" PRId64 ": \"offset\" and \"length\" must be "
-                   "non-negative integers", where, name, ci);
+    return CORRUPT("%s: tensor '%s': chunk %" PRId64
+                   ": \"offset\" and \"length\" must be "
+                   "non-negative integers",
+                   where, name, ci);
   /* sizes are each <= the shape, whose byte size was checked to fit */
   uint64_t want = (uint64_t)weft_box_volume(&ch->box, t->ndim) * weft_dtype_size(t->dtype);
   if (length != want)
-    return CORRUPT("%s: tensor '%s': chunk %" PRId64 " in '%s' has length %" PRIu64 " bytes; its "
-                   "sizes and dtype %s give %" PRIu64, where, name, ci, fname, length,
-                   weft_dtype_name(t->dtype), want);
+    return CORRUPT("%s: tensor '%s': chunk %" PRId64 " in '%s' has length %" PRIu64
+                   " bytes; its "
+                   "sizes and dtype %s give %" PRIu64,
+                   where, name, ci, fname, length, weft_dtype_name(t->dtype), want);
   if (off < DCP_FILE_HEADER || off > m->files[file].bytes || length > m->files[file].bytes - off)
-    return CORRUPT("%s: tensor '%s': chunk %" PRId64 " bytes [%" PRIu64 ", +%" PRIu64 ") lie outside "
-                   "the data of file '%s' (%" PRIu64 " bytes, header %d)", where, name, ci, off,
-                   length, fname, m->files[file].bytes, DCP_FILE_HEADER);
+    return CORRUPT("%s: tensor '%s': chunk %" PRId64 " bytes [%" PRIu64 ", +%" PRIu64
+                   ") lie outside "
+                   "the data of file '%s' (%" PRIu64 " bytes, header %d)",
+                   where, name, ci, off, length, fname, m->files[file].bytes, DCP_FILE_HEADER);
   ch->byte_off = off;
   ch->length = length;
   const cJSON *crc = cJSON_GetObjectItemCaseSensitive(c, "crc32c");
   int64_t nb = (int64_t)((length + (uint64_t)m->block - 1) / (uint64_t)m->block);
   if (!cJSON_IsArray(crc) || cJSON_GetArraySize(crc) != nb)
     return CORRUPT("%s: tensor '%s': chunk %" PRId64 " in '%s': \"crc32c\" must list %" PRId64
-                   " block checksums (length %" PRIu64 ", block %" PRId64 ")", where, name, ci,
-                   fname, nb, length, m->block);
+                   " block checksums (length %" PRIu64 ", block %" PRId64 ")",
+                   where, name, ci, fname, nb, length, m->block);
   ch->crc = malloc((size_t)(nb ? nb : 1) * sizeof *ch->crc);
   if (!ch->crc) return weft_error(WEFT_ERR_OOM, "checksums");
   ch->ncrc = nb;
@@ -229,8 +238,10 @@ static weft_status parse_chunk(const char *where, const dcp_meta *m, dcp_tmeta *
   for (const cJSON *e = crc->child; e; e = e->next, k++) {
     uint64_t v;
     if (!json_u64(e, &v) || v > 0xffffffffu)
-      return CORRUPT("%s: tensor '%s': chunk %" PRId64 ": crc32c[%" PRId64 "] is not a 32-bit "
-                     "unsigned integer", where, name, ci, k);
+      return CORRUPT("%s: tensor '%s': chunk %" PRId64 ": crc32c[%" PRId64
+                     "] is not a 32-bit "
+                     "unsigned integer",
+                     where, name, ci, k);
     ch->crc[k] = (uint32_t)v;
   }
   return WEFT_OK;
@@ -269,8 +280,10 @@ static weft_status parse_tensor(const char *where, const dcp_meta *m, const cJSO
     if (!json_u64(cJSON_GetArrayItem(sh, d), &s))
       return CORRUPT("%s: tensor '%s': shape[%d] is not a non-negative integer", where, name, d);
     t->shape[d] = (int64_t)s;
-    if (s && numel > limit / s) big = true;
-    else numel *= s;
+    if (s && numel > limit / s)
+      big = true;
+    else
+      numel *= s;
   }
   for (int d = 0; d < nd; d++)
     if (t->shape[d] == 0) big = false;
@@ -279,7 +292,8 @@ static weft_status parse_tensor(const char *where, const dcp_meta *m, const cJSO
     return CORRUPT("%s: tensor '%s': \"layout\" is not a string", where, name);
   t->layout = dcp_strdup(lay ? lay->valuestring : "");
   if (!t->layout) return weft_error(WEFT_ERR_OOM, "layout");
-  if (!cJSON_IsArray(chunks)) return CORRUPT("%s: tensor '%s': \"chunks\" is not an array", where, name);
+  if (!cJSON_IsArray(chunks))
+    return CORRUPT("%s: tensor '%s': \"chunks\" is not an array", where, name);
   int64_t nc = cJSON_GetArraySize(chunks);
   t->chunks = calloc((size_t)(nc ? nc : 1), sizeof *t->chunks);
   if (!t->chunks) return weft_error(WEFT_ERR_OOM, "chunks");
@@ -319,13 +333,17 @@ static weft_status parse_root(const char *where, const cJSON *root, dcp_meta *m)
   if (!cJSON_IsObject(root)) return CORRUPT("%s: not a JSON object", where);
   const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
   if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, DCP_FORMAT_NAME) != 0)
-    return CORRUPT("%s: not weft checkpoint metadata (\"format\" is not \"%s\")", where, DCP_FORMAT_NAME);
+    return CORRUPT("%s: not weft checkpoint metadata (\"format\" is not \"%s\")", where,
+                   DCP_FORMAT_NAME);
   uint64_t u;
   if (!json_u64(cJSON_GetObjectItemCaseSensitive(root, "version"), &u) || u == 0)
     return CORRUPT("%s: \"version\" is not a positive integer", where);
   if (u > DCP_FORMAT_VERSION)
-    return weft_error(WEFT_ERR_UNSUPPORTED, "%s: format version %" PRIu64 " was written by a newer "
-                      "weft; this one reads version %d", where, u, DCP_FORMAT_VERSION);
+    return weft_error(WEFT_ERR_UNSUPPORTED,
+                      "%s: format version %" PRIu64
+                      " was written by a newer "
+                      "weft; this one reads version %d",
+                      where, u, DCP_FORMAT_VERSION);
   m->version = (int)u;
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
   char *end = NULL;
@@ -415,9 +433,11 @@ static weft_status parse_root(const char *where, const cJSON *root, dcp_meta *m)
   qsort(br, (size_t)k, sizeof *br, cmp_range);
   for (int64_t i = 1; i < k; i++)
     if (br[i].file == br[i - 1].file && br[i].off < br[i - 1].off + br[i - 1].len) {
-      weft_status st = CORRUPT("%s: tensor '%s': a chunk's bytes [%" PRIu64 ", +%" PRIu64 ") in file "
-                               "'%s' overlap a chunk of tensor '%s'", where, br[i].tensor, br[i].off,
-                               br[i].len, m->files[br[i].file].name, br[i - 1].tensor);
+      weft_status st = CORRUPT("%s: tensor '%s': a chunk's bytes [%" PRIu64 ", +%" PRIu64
+                               ") in file "
+                               "'%s' overlap a chunk of tensor '%s'",
+                               where, br[i].tensor, br[i].off, br[i].len, m->files[br[i].file].name,
+                               br[i - 1].tensor);
       free(br);
       return st;
     }
@@ -526,7 +546,8 @@ static bool build(const dcp_meta *m, cJSON *root) {
       cJSON_Delete(chunks);
       return false;
     }
-    if (!add(o, "dtype", cJSON_CreateString(weft_dtype_name(t->dtype))) || !add(o, "shape", shape)) {
+    if (!add(o, "dtype", cJSON_CreateString(weft_dtype_name(t->dtype))) ||
+        !add(o, "shape", shape)) {
       cJSON_Delete(chunks);
       return false;
     }
@@ -535,7 +556,8 @@ static bool build(const dcp_meta *m, cJSON *root) {
         cJSON_Delete(chunks);
         return false;
       }
-    if (!add(o, "layout", cJSON_CreateString(t->layout ? t->layout : "")) || !add(o, "chunks", chunks))
+    if (!add(o, "layout", cJSON_CreateString(t->layout ? t->layout : "")) ||
+        !add(o, "chunks", chunks))
       return false;
     for (int64_t c = 0; c < t->nchunks; c++) {
       const dcp_chunk *ch = &t->chunks[c];
@@ -558,8 +580,9 @@ static bool build(const dcp_meta *m, cJSON *root) {
           cJSON_Delete(crc);
           return false;
         }
-      if (!add(co, "file", raw_u64((uint64_t)ch->file)) || !add(co, "offset", raw_u64(ch->byte_off)) ||
-          !add(co, "length", raw_u64(ch->length)) || !add(co, "crc32c", crc))
+      if (!add(co, "file", raw_u64((uint64_t)ch->file)) ||
+          !add(co, "offset", raw_u64(ch->byte_off)) || !add(co, "length", raw_u64(ch->length)) ||
+          !add(co, "crc32c", crc))
         return false;
       for (int64_t b = 0; b < ch->ncrc; b++)
         if (!push(crc, raw_u64(ch->crc[b]))) return false;

@@ -49,7 +49,8 @@ static weft_status share_metadata(const dcp_comm *c, const char *dir, char **tex
 }
 
 static bool value_compatible(weft_sd_value_type want, weft_sd_value_type have) {
-  return want == have || want == WEFT_VALUE_JSON || (want == WEFT_VALUE_DOUBLE && have == WEFT_VALUE_INT);
+  return want == have || want == WEFT_VALUE_JSON ||
+         (want == WEFT_VALUE_DOUBLE && have == WEFT_VALUE_INT);
 }
 
 static weft_status push_key(weft_key_list *l, const char *k) {
@@ -74,8 +75,10 @@ static const dcp_tmeta *source_of(const weft_dcp_checkpoint *ck, const weft_stat
   for (int i = 0; (a = dcp_sd_alias_of(sd, name, i)) != NULL; i++) {
     const dcp_tmeta *x = dcp_meta_find_tensor(&ck->m, a);
     if (!x) continue;
-    if (!t) t = x;
-    else if (!*other) *other = x;
+    if (!t)
+      t = x;
+    else if (!*other)
+      *other = x;
   }
   return t;
 }
@@ -94,9 +97,11 @@ static weft_status compare_tied(weft_dcp_checkpoint *ck, const dcp_tmeta *t, con
     memcpy(y.size, o->shape, sizeof y.size);
     dcp_box_describe(&x, t->ndim, a, sizeof a);
     dcp_box_describe(&y, o->ndim, b, sizeof b);
-    return weft_error(WEFT_ERR_CORRUPT, "load: checkpoint '%s' has the tied parameter as '%s' "
-                      "(%s%s) and as '%s' (%s%s)", ck->dir, t->name, weft_dtype_name(t->dtype), a,
-                      o->name, weft_dtype_name(o->dtype), b);
+    return weft_error(WEFT_ERR_CORRUPT,
+                      "load: checkpoint '%s' has the tied parameter as '%s' "
+                      "(%s%s) and as '%s' (%s%s)",
+                      ck->dir, t->name, weft_dtype_name(t->dtype), a, o->name,
+                      weft_dtype_name(o->dtype), b);
   }
   WEFT_CHECK(dcp_ck_prepare_region(ck, o, region));
   size_t esz = weft_dtype_size(t->dtype);
@@ -110,8 +115,10 @@ static weft_status compare_tied(weft_dcp_checkpoint *ck, const dcp_tmeta *t, con
   if (st == WEFT_OK) st = dcp_ck_read_region(ck, o, region, y, cs);
   if (st == WEFT_OK && memcmp(x, y, (size_t)n * esz) != 0) {
     dcp_box_describe(region, t->ndim, a, sizeof a);
-    st = weft_error(WEFT_ERR_CORRUPT, "load: checkpoint '%s' has '%s' and '%s', which name one "
-                    "tied parameter, with different values (in %s)", ck->dir, t->name, o->name, a);
+    st = weft_error(WEFT_ERR_CORRUPT,
+                    "load: checkpoint '%s' has '%s' and '%s', which name one "
+                    "tied parameter, with different values (in %s)",
+                    ck->dir, t->name, o->name, a);
   }
   free(x);
   free(y);
@@ -130,8 +137,10 @@ static weft_status check_entry(weft_dcp_checkpoint *ck, const weft_state_dict *s
       return WEFT_OK;
     }
     if (!value_compatible(e->val.type, v->type))
-      return weft_error(WEFT_ERR_INVALID, "load: value '%s' is a %s in checkpoint '%s' but the state "
-                        "dict expects a %s", e->name, dcp_value_type_name(v->type), ck->dir,
+      return weft_error(WEFT_ERR_INVALID,
+                        "load: value '%s' is a %s in checkpoint '%s' but the state "
+                        "dict expects a %s",
+                        e->name, dcp_value_type_name(v->type), ck->dir,
                         dcp_value_type_name(e->val.type));
     return WEFT_OK;
   }
@@ -156,10 +165,13 @@ static weft_status check_entry(weft_dcp_checkpoint *ck, const weft_state_dict *s
     for (int d = 0; d < nd && d < WEFT_MAX_DIMS; d++) y.size[d] = shape[d];
     dcp_box_describe(&x, t->ndim, a, sizeof a);
     dcp_box_describe(&y, nd, b, sizeof b);
-    return weft_error(WEFT_ERR_INVALID, "load: tensor '%s' is %s%s in checkpoint '%s' but %s%s in "
-                      "the state dict%s%s%s", t->name, weft_dtype_name(t->dtype), a, ck->dir,
-                      weft_dtype_name(dt), b, strcmp(t->name, e->name) ? " (as '" : "",
-                      strcmp(t->name, e->name) ? e->name : "", strcmp(t->name, e->name) ? "')" : "");
+    return weft_error(WEFT_ERR_INVALID,
+                      "load: tensor '%s' is %s%s in checkpoint '%s' but %s%s in "
+                      "the state dict%s%s%s",
+                      t->name, weft_dtype_name(t->dtype), a, ck->dir, weft_dtype_name(dt), b,
+                      strcmp(t->name, e->name) ? " (as '" : "",
+                      strcmp(t->name, e->name) ? e->name : "",
+                      strcmp(t->name, e->name) ? "')" : "");
   }
   if (!lt || lt->device != WEFT_CPU)
     return weft_error(WEFT_ERR_UNSUPPORTED, "load: tensor '%s' is not in host memory", e->name);
@@ -167,8 +179,10 @@ static weft_status check_entry(weft_dcp_checkpoint *ck, const weft_state_dict *s
     const weft_dtensor_spec *s = weft_dtensor_get_spec(e->dt);
     for (int d = 0; d < s->mesh_ndim; d++)
       if (s->placements[d].kind == WEFT_PLACE_PARTIAL)
-        return weft_error(WEFT_ERR_UNSUPPORTED, "load: tensor '%s' has a Partial placement (a "
-                          "partial value cannot be loaded into)", e->name);
+        return weft_error(WEFT_ERR_UNSUPPORTED,
+                          "load: tensor '%s' has a Partial placement (a "
+                          "partial value cannot be loaded into)",
+                          e->name);
     weft_local_box *lb;
     int64_t n;
     WEFT_CHECK(weft_dtensor_local_boxes(e->dt, &lb, &n));
@@ -191,7 +205,8 @@ static weft_status read_entry(weft_dcp_checkpoint *ck, weft_state_dict *sd, int6
   if (e->kind == WEFT_SD_VALUE) {
     const dcp_vmeta *v = dcp_meta_find_value(&ck->m, e->name);
     if (!v) return WEFT_OK;
-    if (e->val.type == WEFT_VALUE_JSON) return dcp_sd_set_value(sd, e->name, WEFT_VALUE_JSON, v->json);
+    if (e->val.type == WEFT_VALUE_JSON)
+      return dcp_sd_set_value(sd, e->name, WEFT_VALUE_JSON, v->json);
     if (e->val.type == WEFT_VALUE_DOUBLE && v->type == WEFT_VALUE_INT) {
       char buf[64];
       snprintf(buf, sizeof buf, "%a", (double)strtoll(v->text, NULL, 10));
@@ -228,8 +243,8 @@ weft_status weft_dcp_load(weft_state_dict *sd, const char *dir, const weft_dcp_o
                           weft_key_list *missing) {
   if (missing) memset(missing, 0, sizeof *missing);
   if (opts && opts->version != WEFT_DCP_OPTS_VERSION)
-    return weft_error(WEFT_ERR_INVALID, "weft_dcp_opts version %d (this library: %d)", opts->version,
-                      WEFT_DCP_OPTS_VERSION);
+    return weft_error(WEFT_ERR_INVALID, "weft_dcp_opts version %d (this library: %d)",
+                      opts->version, WEFT_DCP_OPTS_VERSION);
   if (!sd) return weft_error(WEFT_ERR_INVALID, "load: state dict is NULL");
   if (!dir || !dir[0]) return weft_error(WEFT_ERR_INVALID, "load: directory is NULL or empty");
   dcp_complete_pending();
@@ -263,7 +278,9 @@ weft_status weft_dcp_load(weft_state_dict *sd, const char *dir, const weft_dcp_o
 done:
   weft_dcp_close(ck);
   dcp_comm_close(&c);
-  if (st == WEFT_OK && missing) *missing = miss;
-  else weft_key_list_clear(&miss);
+  if (st == WEFT_OK && missing)
+    *missing = miss;
+  else
+    weft_key_list_clear(&miss);
   return st;
 }

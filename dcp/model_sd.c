@@ -65,9 +65,12 @@ weft_status weft_get_model_state_dict(weft_module *model, const weft_state_dict_
   weft_status st = WEFT_OK;
   for (int i = 0; i < n && st == WEFT_OK; i++)
     if (!ps[i]->data)
-      st = weft_error(WEFT_ERR_STATE, "model state dict: parameter '%s' has no storage (initialise "
-                      "or materialise the model first)", ps[i]->fqn);
-  for (int i = 0; i < n && st == WEFT_OK; i++) st = add_state_tensor(sd, ps[i]->fqn, ps[i]->data, &o);
+      st = weft_error(WEFT_ERR_STATE,
+                      "model state dict: parameter '%s' has no storage (initialise "
+                      "or materialise the model first)",
+                      ps[i]->fqn);
+  for (int i = 0; i < n && st == WEFT_OK; i++)
+    st = add_state_tensor(sd, ps[i]->fqn, ps[i]->data, &o);
   free(ps);
   /* tied parameters: saved once under the owner's FQN; their other names
    * become aliases, so a load also accepts a checkpoint that has only the
@@ -75,7 +78,8 @@ weft_status weft_get_model_state_dict(weft_module *model, const weft_state_dict_
   dcp_tie *ties = NULL;
   int nt = 0;
   if (st == WEFT_OK) st = dcp_model_ties(model, &ties, &nt);
-  for (int i = 0; i < nt && st == WEFT_OK; i++) st = weft_state_dict_add_alias(sd, ties[i].alias, ties[i].p->fqn);
+  for (int i = 0; i < nt && st == WEFT_OK; i++)
+    st = weft_state_dict_add_alias(sd, ties[i].alias, ties[i].p->fqn);
   dcp_ties_free(ties, nt);
   return st;
 }
@@ -169,8 +173,7 @@ static bool has_groups(const weft_optimizer *opt) {
 }
 
 weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
-                                          const weft_state_dict_opts *opts,
-                                          weft_state_dict *sd) {
+                                          const weft_state_dict_opts *opts, weft_state_dict *sd) {
   weft_state_dict_opts o;
   WEFT_CHECK(get_opts(opts, &o));
   if (!sd || !opt) return weft_error(WEFT_ERR_INVALID, "state dict or optimizer is NULL");
@@ -185,7 +188,8 @@ weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *op
     st = weft_optimizer_state_get(opt, i, &name, &dt);
     if (st == WEFT_OK) st = add_state_tensor(sd, name, dt, &o);
   }
-  if (st == WEFT_OK) st = weft_state_dict_set_int(sd, "state.num_steps", weft_optimizer_num_steps(opt));
+  if (st == WEFT_OK)
+    st = weft_state_dict_set_int(sd, "state.num_steps", weft_optimizer_num_steps(opt));
   const bool adam = has_groups(opt);
   if (st == WEFT_OK && adam)
     st = weft_state_dict_set_int(sd, "param_groups.num_groups", weft_optimizer_num_groups(opt));
@@ -201,7 +205,8 @@ weft_status weft_get_optimizer_state_dict(weft_module *model, weft_optimizer *op
     st = weft_state_dict_set_int(sd, key, step);
     if (!adam) {
       snprintf(key, sizeof key, "param_groups.%s.lr", f);
-      if (st == WEFT_OK) st = weft_state_dict_set_double(sd, key, (double)weft_optimizer_get_lr(opt));
+      if (st == WEFT_OK)
+        st = weft_state_dict_set_double(sd, key, (double)weft_optimizer_get_lr(opt));
       continue;
     }
     /* torch's flattened param_groups: the parameter's group's values */
@@ -245,7 +250,7 @@ typedef struct target {
   value_fn set;     /* value targets: stages the value (see apply's finish) */
   void *ctx;
   want_kind want;
-  char **alias;     /* other names of a tied parameter (tensor targets) */
+  char **alias; /* other names of a tied parameter (tensor targets) */
   int nalias;
 } target;
 
@@ -304,8 +309,10 @@ static int64_t t_index(const weft_state_dict *sd, const target *t, int64_t *othe
   for (int k = 0; k < t->nalias && o < 0; k++) {
     int64_t j = dcp_sd_index(sd, t->alias[k]);
     if (j < 0) continue;
-    if (at < 0) at = j;
-    else o = j;
+    if (at < 0)
+      at = j;
+    else
+      o = j;
   }
   if (other) *other = o;
   return at;
@@ -371,8 +378,8 @@ static void describe_shape(int nd, const int64_t *shape, char *buf, size_t cap) 
 }
 
 /* Checks one present entry against its target. */
-static weft_status check_pair(const target *t, weft_sd_kind kind, weft_sd_value_type vtype,
-                              int nd, const int64_t *shape) {
+static weft_status check_pair(const target *t, weft_sd_kind kind, weft_sd_value_type vtype, int nd,
+                              const int64_t *shape) {
   char a[256], b[256];
   if (t->dt) {
     if (kind == WEFT_SD_VALUE)
@@ -384,13 +391,16 @@ static weft_status check_pair(const target *t, weft_sd_kind kind, weft_sd_value_
     if (!same) {
       describe_shape(nd, shape, a, sizeof a);
       describe_shape(s->ndim, s->shape, b, sizeof b);
-      return weft_error(WEFT_ERR_INVALID, "set state dict: '%s' has shape %s in the state dict but "
-                        "%s in the model", t->key, a, b);
+      return weft_error(WEFT_ERR_INVALID,
+                        "set state dict: '%s' has shape %s in the state dict but "
+                        "%s in the model",
+                        t->key, a, b);
     }
     return WEFT_OK;
   }
   if (kind != WEFT_SD_VALUE)
-    return weft_error(WEFT_ERR_INVALID, "set state dict: '%s' is a tensor; a value was expected", t->key);
+    return weft_error(WEFT_ERR_INVALID, "set state dict: '%s' is a tensor; a value was expected",
+                      t->key);
   if (t->want == WANT_JSON) return WEFT_OK;
   if (vtype != WEFT_VALUE_INT && (t->want == WANT_INT || vtype != WEFT_VALUE_DOUBLE))
     return weft_error(WEFT_ERR_INVALID, "set state dict: '%s' is a %s; %s was expected", t->key,
@@ -421,8 +431,10 @@ static weft_status check_tied_pair(const target *t, const dcp_sd_ent *a, const d
   if (ox) weft_tensor_destroy(x);
   if (oy) weft_tensor_destroy(y);
   if (st == WEFT_OK && !eq)
-    st = weft_error(WEFT_ERR_INVALID, "set state dict: '%s' and '%s' name one tied parameter but "
-                    "hold different values (keep one of them)", a->name, b->name);
+    st = weft_error(WEFT_ERR_INVALID,
+                    "set state dict: '%s' and '%s' name one tied parameter but "
+                    "hold different values (keep one of them)",
+                    a->name, b->name);
   return st;
 }
 
@@ -450,8 +462,8 @@ static weft_status find_keys(const tlist *tl, char **sorted, int64_t nsorted,
 
 static weft_status strict_error(const weft_key_list *miss, const weft_key_list *unexp) {
   if (miss->count)
-    return weft_error(WEFT_ERR_NOT_FOUND, "set state dict (strict): missing key '%s'%s", miss->keys[0],
-                      miss->count > 1 ? " and others" : "");
+    return weft_error(WEFT_ERR_NOT_FOUND, "set state dict (strict): missing key '%s'%s",
+                      miss->keys[0], miss->count > 1 ? " and others" : "");
   return weft_error(WEFT_ERR_INVALID, "set state dict (strict): unexpected key '%s'%s",
                     unexp->keys[0], unexp->count > 1 ? " and others" : "");
 }
@@ -519,15 +531,18 @@ static weft_status apply_bcast(const tlist *tl, char **sorted, int64_t nsorted,
   char *hdr = NULL;
   if (c.rank == 0) {
     weft_key_list m0 = {0, NULL}, u0 = {0, NULL};
-    weft_status s0 = sd ? find_keys(tl, sorted, nsorted, sd, optimizer, &m0, &u0)
-                        : weft_error(WEFT_ERR_INVALID, "broadcast_from_rank0: rank 0's state dict is NULL");
+    weft_status s0 =
+        sd ? find_keys(tl, sorted, nsorted, sd, optimizer, &m0, &u0)
+           : weft_error(WEFT_ERR_INVALID, "broadcast_from_rank0: rank 0's state dict is NULL");
     for (int64_t i = 0; s0 == WEFT_OK && i < tl->n; i++) {
       int64_t other, k = t_index(sd, &tl->t[i], &other);
       for (int r = 0; r < 2 && s0 == WEFT_OK; r++) {
         int64_t j = r ? other : k;
         if (j >= 0 && sd->e[j].kind == WEFT_SD_DTENSOR)
-          s0 = weft_error(WEFT_ERR_INVALID, "broadcast_from_rank0: rank 0's entry '%s' is a "
-                          "DTensor; it must hold full plain tensors (full_state_dict)", sd->e[j].name);
+          s0 = weft_error(WEFT_ERR_INVALID,
+                          "broadcast_from_rank0: rank 0's entry '%s' is a "
+                          "DTensor; it must hold full plain tensors (full_state_dict)",
+                          sd->e[j].name);
       }
       /* a tied parameter under two names: plain tensors, compared here */
       if (s0 == WEFT_OK && k >= 0 && other >= 0 && tl->t[i].dt) {
@@ -557,8 +572,10 @@ static weft_status apply_bcast(const tlist *tl, char **sorted, int64_t nsorted,
     for (int64_t i = 0; i < u0.count; i++) dcp_buf_str(&hb, u0.keys[i]);
     weft_key_list_clear(&m0);
     weft_key_list_clear(&u0);
-    if (hb.oom) hlen = -1;
-    else hlen = (int64_t)hb.len;
+    if (hb.oom)
+      hlen = -1;
+    else
+      hlen = (int64_t)hb.len;
   }
   WEFT_CHECK_GOTO(dcp_bcast(&c, &hlen, sizeof hlen, 0), st, done);
   if (hlen < 0) {
@@ -664,7 +681,8 @@ static weft_status apply_bcast(const tlist *tl, char **sorted, int64_t nsorted,
       /* receive into a scratch piece by piece */
       char *scratch = malloc((size_t)1 << 20);
       for (int64_t at = 0; scratch && at < nbytes && st == WEFT_OK; at += (int64_t)1 << 20)
-        st = dcp_bcast(&c, scratch, nbytes - at < ((int64_t)1 << 20) ? nbytes - at : ((int64_t)1 << 20), 0);
+        st = dcp_bcast(&c, scratch,
+                       nbytes - at < ((int64_t)1 << 20) ? nbytes - at : ((int64_t)1 << 20), 0);
       free(scratch);
       continue;
     }
@@ -703,13 +721,19 @@ static weft_status apply(tlist *tl, const weft_state_dict *sd, const weft_state_
   weft_status st;
   if (o->broadcast_from_rank0)
     st = apply_bcast(tl, sorted, ns, sd, o, optimizer, finish, fctx, &miss, &unexp);
-  else if (!sd) st = weft_error(WEFT_ERR_INVALID, "state dict is NULL");
-  else st = apply_local(tl, sorted, ns, sd, o, optimizer, finish, fctx, &miss, &unexp);
+  else if (!sd)
+    st = weft_error(WEFT_ERR_INVALID, "state dict is NULL");
+  else
+    st = apply_local(tl, sorted, ns, sd, o, optimizer, finish, fctx, &miss, &unexp);
   free(sorted);
-  if (st == WEFT_OK && missing) *missing = miss;
-  else weft_key_list_clear(&miss);
-  if (st == WEFT_OK && unexpected) *unexpected = unexp;
-  else weft_key_list_clear(&unexp);
+  if (st == WEFT_OK && missing)
+    *missing = miss;
+  else
+    weft_key_list_clear(&miss);
+  if (st == WEFT_OK && unexpected)
+    *unexpected = unexp;
+  else
+    weft_key_list_clear(&unexp);
   return st;
 }
 
@@ -747,8 +771,8 @@ weft_status weft_set_model_state_dict(weft_module *model, const weft_state_dict 
  * optimizer's and commits everything, before any state tensor is copied.
  * So a checkpoint whose groups do not match changes nothing. */
 enum { F_STEP = 0, F_GROUP, F_LR, F_BETAS, F_EPS, F_WD, F_AMSGRAD, F_NFIELDS };
-static const char *const field_name[F_NFIELDS] = {"step", "group", "lr", "betas",
-                                                   "eps", "weight_decay", "amsgrad"};
+static const char *const field_name[F_NFIELDS] = {"step", "group",        "lr",     "betas",
+                                                  "eps",  "weight_decay", "amsgrad"};
 
 typedef struct pg_saved {
   const char *fqn;
@@ -790,34 +814,44 @@ static weft_status stage_value(void *ctx, const char *key, weft_sd_value_type ty
   pg_saved *p = &c->s->p[c->param];
   switch (c->field) {
     case F_STEP:
-    case F_GROUP: p->v[c->field] = (double)strtoll(text, NULL, 10); break;
+    case F_GROUP:
+      p->v[c->field] = (double)strtoll(text, NULL, 10);
+      break;
     case F_LR:
     case F_EPS:
-    case F_WD: p->v[c->field] = strtod(text, NULL); break;
+    case F_WD:
+      p->v[c->field] = strtod(text, NULL);
+      break;
     case F_BETAS: {
       cJSON *j = type == WEFT_VALUE_JSON ? cJSON_Parse(text) : NULL;
       bool ok = j && cJSON_IsArray(j) && cJSON_GetArraySize(j) == 2 &&
-                cJSON_IsNumber(cJSON_GetArrayItem(j, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(j, 1));
+                cJSON_IsNumber(cJSON_GetArrayItem(j, 0)) &&
+                cJSON_IsNumber(cJSON_GetArrayItem(j, 1));
       if (ok) {
         p->v[F_BETAS] = cJSON_GetArrayItem(j, 0)->valuedouble;
         p->beta2 = cJSON_GetArrayItem(j, 1)->valuedouble;
       }
       cJSON_Delete(j);
       if (!ok)
-        return weft_error(WEFT_ERR_INVALID, "set optimizer state dict: '%s' is %s, not [beta1, "
-                          "beta2]", key, text);
+        return weft_error(WEFT_ERR_INVALID,
+                          "set optimizer state dict: '%s' is %s, not [beta1, "
+                          "beta2]",
+                          key, text);
       break;
     }
     case F_AMSGRAD: {
       bool t = type == WEFT_VALUE_JSON && strcmp(text, "true") == 0;
       bool f = type == WEFT_VALUE_JSON && strcmp(text, "false") == 0;
       if (!t && !f)
-        return weft_error(WEFT_ERR_INVALID, "set optimizer state dict: '%s' is %s, not true or "
-                          "false", key, text);
+        return weft_error(WEFT_ERR_INVALID,
+                          "set optimizer state dict: '%s' is %s, not true or "
+                          "false",
+                          key, text);
       p->v[F_AMSGRAD] = t;
       break;
     }
-    default: return weft_error(WEFT_ERR_INTERNAL, "optimizer field %d", c->field);
+    default:
+      return weft_error(WEFT_ERR_INTERNAL, "optimizer field %d", c->field);
   }
   p->has[c->field] = true;
   return WEFT_OK;
@@ -832,14 +866,21 @@ static int first_with(const opt_stage *s, int g, int f) {
 
 static void hp_set_field(weft_adamw_params *hp, const pg_saved *p, int f) {
   switch (f) {
-    case F_LR: hp->lr = (float)p->v[F_LR]; break;
+    case F_LR:
+      hp->lr = (float)p->v[F_LR];
+      break;
     case F_BETAS:
       hp->beta1 = (float)p->v[F_BETAS];
       hp->beta2 = (float)p->beta2;
       break;
-    case F_EPS: hp->eps = (float)p->v[F_EPS]; break;
-    case F_WD: hp->weight_decay = (float)p->v[F_WD]; break;
-    default: break;
+    case F_EPS:
+      hp->eps = (float)p->v[F_EPS];
+      break;
+    case F_WD:
+      hp->weight_decay = (float)p->v[F_WD];
+      break;
+    default:
+      break;
   }
 }
 
@@ -849,7 +890,8 @@ static weft_status opt_finish(void *ctx) {
   const int ng = weft_optimizer_num_groups(opt);
   /* the groups: their number, and each parameter in the same one */
   if (s->adam && s->has_num_groups && s->num_groups != ng)
-    return weft_error(WEFT_ERR_INVALID, "set optimizer state dict: the checkpoint has %lld "
+    return weft_error(WEFT_ERR_INVALID,
+                      "set optimizer state dict: the checkpoint has %lld "
                       "parameter groups, the optimizer %d: group %d is in only one of them (make "
                       "the optimizer with the same groups as the one saved)",
                       (long long)s->num_groups, ng, (int)(s->num_groups < ng ? s->num_groups : ng));
@@ -857,7 +899,8 @@ static weft_status opt_finish(void *ctx) {
     const pg_saved *p = &s->p[i];
     if (!p->fqn) continue;
     if (p->has[F_GROUP] && (!s->adam || p->v[F_GROUP] != (double)p->group))
-      return weft_error(WEFT_ERR_INVALID, "set optimizer state dict: parameter '%s' is in "
+      return weft_error(WEFT_ERR_INVALID,
+                        "set optimizer state dict: parameter '%s' is in "
                         "parameter group %lld in the checkpoint but in group %d of the optimizer "
                         "(the groups hold other parameters)",
                         p->fqn, (long long)p->v[F_GROUP], p->group);
@@ -877,7 +920,8 @@ static weft_status opt_finish(void *ctx) {
         const pg_saved *p = &s->p[i];
         if (!p->fqn || p->group != g || !p->has[f]) continue;
         if (p->v[f] == s->p[r].v[f] && (f != F_BETAS || p->beta2 == s->p[r].beta2)) continue;
-        return weft_error(WEFT_ERR_INVALID, "set optimizer state dict: parameter group %d: "
+        return weft_error(WEFT_ERR_INVALID,
+                          "set optimizer state dict: parameter group %d: "
                           "'%s' and '%s' have different saved %s (%.9g vs %.9g): the "
                           "checkpoint's groups hold other parameters than the optimizer's",
                           g, s->p[r].fqn, p->fqn, field_name[f], s->p[r].v[f], p->v[f]);
@@ -898,10 +942,11 @@ static weft_status opt_finish(void *ctx) {
       }
       int r = first_with(s, g, F_AMSGRAD);
       if (r >= 0 && (s->p[r].v[F_AMSGRAD] != 0) != old[g].amsgrad)
-        st = weft_error(WEFT_ERR_INVALID, "set optimizer state dict: parameter group %d has "
+        st = weft_error(WEFT_ERR_INVALID,
+                        "set optimizer state dict: parameter group %d has "
                         "amsgrad %s in the checkpoint but %s in the optimizer (its "
-                        "max_exp_avg_sq state cannot be added or dropped)", g,
-                        old[g].amsgrad ? "false" : "true", old[g].amsgrad ? "true" : "false");
+                        "max_exp_avg_sq state cannot be added or dropped)",
+                        g, old[g].amsgrad ? "false" : "true", old[g].amsgrad ? "true" : "false");
       if (st == WEFT_OK && weft_optimizer_group_set(opt, g, &hp) != WEFT_OK)
         st = weft_error(WEFT_ERR_INVALID, "set optimizer state dict: parameter group %d: %s", g,
                         dcp_last_msg());
@@ -926,8 +971,8 @@ static weft_status opt_finish(void *ctx) {
 
 weft_status weft_set_optimizer_state_dict(weft_module *model, weft_optimizer *opt,
                                           const weft_state_dict *sd,
-                                          const weft_state_dict_opts *opts,
-                                          weft_key_list *missing, weft_key_list *unexpected) {
+                                          const weft_state_dict_opts *opts, weft_key_list *missing,
+                                          weft_key_list *unexpected) {
   weft_state_dict_opts o;
   WEFT_CHECK(get_opts(opts, &o));
   if (!opt) return weft_error(WEFT_ERR_INVALID, "optimizer is NULL");
@@ -967,10 +1012,13 @@ weft_status weft_set_optimizer_state_dict(weft_module *model, weft_optimizer *op
     if (stage.adam) st = weft_optimizer_param_group(opt, ps[i]->fqn, &stage.p[i].group);
     for (int f = 0; f < F_NFIELDS && st == WEFT_OK; f++) {
       if (!stage.adam && f != F_STEP && f != F_LR) continue;
-      if (f == F_STEP) snprintf(key, sizeof key, "state.%s.step", ps[i]->fqn);
-      else snprintf(key, sizeof key, "param_groups.%s.%s", ps[i]->fqn, field_name[f]);
-      want_kind w = f == F_STEP || f == F_GROUP ? WANT_INT
-                    : f == F_BETAS || f == F_AMSGRAD ? WANT_JSON : WANT_NUMBER;
+      if (f == F_STEP)
+        snprintf(key, sizeof key, "state.%s.step", ps[i]->fqn);
+      else
+        snprintf(key, sizeof key, "param_groups.%s.%s", ps[i]->fqn, field_name[f]);
+      want_kind w = f == F_STEP || f == F_GROUP      ? WANT_INT
+                    : f == F_BETAS || f == F_AMSGRAD ? WANT_JSON
+                                                     : WANT_NUMBER;
       ctx[nctx] = (field_ctx){&stage, i, f};
       st = tl_push(&tl, key, NULL, stage_value, &ctx[nctx++], w);
     }

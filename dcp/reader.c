@@ -40,7 +40,8 @@ weft_status dcp_read_metadata_file(const char *dir, char **text, size_t *len) {
     return weft_error(WEFT_ERR_IO, "checkpoint directory '%s': %s", dir, strerror(errno));
   }
   if (!S_ISDIR(sb.st_mode))
-    return weft_error(WEFT_ERR_NOT_FOUND, "'%s' is not a directory (a checkpoint is a directory)", dir);
+    return weft_error(WEFT_ERR_NOT_FOUND, "'%s' is not a directory (a checkpoint is a directory)",
+                      dir);
   char *path = dcp_path_join(dir, DCP_METADATA);
   if (!path) return weft_error(WEFT_ERR_OOM, "path");
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -52,12 +53,15 @@ weft_status dcp_read_metadata_file(const char *dir, char **text, size_t *len) {
       bool interrupted = tmp && access(tmp, F_OK) == 0;
       free(tmp);
       if (interrupted)
-        st = weft_error(WEFT_ERR_NOT_FOUND, "checkpoint '%s' is incomplete: it has no %s, only %s "
-                        "(the save was interrupted before it committed)", dir, DCP_METADATA,
-                        DCP_METADATA_TMP);
+        st = weft_error(WEFT_ERR_NOT_FOUND,
+                        "checkpoint '%s' is incomplete: it has no %s, only %s "
+                        "(the save was interrupted before it committed)",
+                        dir, DCP_METADATA, DCP_METADATA_TMP);
       else
-        st = weft_error(WEFT_ERR_NOT_FOUND, "checkpoint '%s' is incomplete or not a checkpoint: "
-                        "it has no %s (a save that never finished leaves none)", dir, DCP_METADATA);
+        st = weft_error(WEFT_ERR_NOT_FOUND,
+                        "checkpoint '%s' is incomplete or not a checkpoint: "
+                        "it has no %s (a save that never finished leaves none)",
+                        dir, DCP_METADATA);
     } else {
       st = weft_error(WEFT_ERR_IO, "cannot open '%s': %s", path, strerror(e));
     }
@@ -176,8 +180,9 @@ static weft_status open_file(weft_dcp_checkpoint *ck, int f) {
   }
   if (sb.st_size < DCP_FILE_HEADER) {
     st = WEFT_ERR_CORRUPT;
-    snprintf(msg, sizeof msg, "data file '%s' is truncated: %lld bytes, not even its %d-byte header",
-             path, (long long)sb.st_size, DCP_FILE_HEADER);
+    snprintf(msg, sizeof msg,
+             "data file '%s' is truncated: %lld bytes, not even its %d-byte header", path,
+             (long long)sb.st_size, DCP_FILE_HEADER);
     goto done;
   }
   ssize_t r = pread(fd, h, DCP_FILE_HEADER, 0);
@@ -201,8 +206,11 @@ static weft_status open_file(weft_dcp_checkpoint *ck, int f) {
     snprintf(msg, sizeof msg, "data file '%s': header checksum mismatch (corrupt header)", path);
   } else if (id != ck->m.id || rank != (uint32_t)fm->rank) {
     st = WEFT_ERR_CORRUPT;
-    snprintf(msg, sizeof msg, "data file '%s' belongs to another save (id %016" PRIx64 " rank %u; the "
-             "metadata says id %016" PRIx64 " rank %d)", path, id, rank, ck->m.id, fm->rank);
+    snprintf(msg, sizeof msg,
+             "data file '%s' belongs to another save (id %016" PRIx64
+             " rank %u; the "
+             "metadata says id %016" PRIx64 " rank %d)",
+             path, id, rank, ck->m.id, fm->rank);
   } else {
     dcp_file_header(fm->rank, ck->m.id, ck->m.world_size, want);
     if (memcmp(h, want, 8 + 4) != 0) {
@@ -236,7 +244,8 @@ weft_status dcp_ck_prepare_chunk(weft_dcp_checkpoint *ck, const dcp_tmeta *t, co
   const dcp_fmeta *fm = &ck->m.files[c->file];
   if (c->byte_off + c->length > ck->fsize[c->file]) {
     dcp_box_describe(&c->box, t->ndim, bs, sizeof bs);
-    return weft_error(WEFT_ERR_CORRUPT, "tensor '%s': chunk %s needs bytes [%" PRIu64 ", %" PRIu64
+    return weft_error(WEFT_ERR_CORRUPT,
+                      "tensor '%s': chunk %s needs bytes [%" PRIu64 ", %" PRIu64
                       ") of data file '%s/%s', which has only %" PRIu64 " bytes (truncated)",
                       t->name, bs, c->byte_off, c->byte_off + c->length, ck->dir, fm->name,
                       ck->fsize[c->file]);
@@ -244,7 +253,8 @@ weft_status dcp_ck_prepare_chunk(weft_dcp_checkpoint *ck, const dcp_tmeta *t, co
   return WEFT_OK;
 }
 
-weft_status dcp_ck_prepare_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t, const weft_box *region) {
+weft_status dcp_ck_prepare_region(weft_dcp_checkpoint *ck, const dcp_tmeta *t,
+                                  const weft_box *region) {
   for (int64_t i = 0; i < t->nchunks; i++)
     if (weft_box_intersect(region, &t->chunks[i].box, t->ndim, NULL))
       WEFT_CHECK(dcp_ck_prepare_chunk(ck, t, &t->chunks[i]));
@@ -280,10 +290,13 @@ static uint64_t blen(const creader *r, int64_t b) {
 static weft_status bad_crc(const creader *r, int64_t b, uint32_t got) {
   char bs[256];
   dcp_box_describe(&r->c->box, r->t->ndim, bs, sizeof bs);
-  return weft_error(WEFT_ERR_CORRUPT, "tensor '%s': checksum mismatch in chunk %s of data file "
-                    "'%s/%s', block %" PRId64 " (file bytes [%" PRIu64 ", +%" PRIu64 ")): stored "
-                    "%08x, computed %08x (the file is corrupt)", r->t->name, bs, r->ck->dir,
-                    r->fname, b, r->c->byte_off + (uint64_t)b * r->B, blen(r, b), r->c->crc[b], got);
+  return weft_error(WEFT_ERR_CORRUPT,
+                    "tensor '%s': checksum mismatch in chunk %s of data file "
+                    "'%s/%s', block %" PRId64 " (file bytes [%" PRIu64 ", +%" PRIu64
+                    ")): stored "
+                    "%08x, computed %08x (the file is corrupt)",
+                    r->t->name, bs, r->ck->dir, r->fname, b, r->c->byte_off + (uint64_t)b * r->B,
+                    blen(r, b), r->c->crc[b], got);
 }
 
 /* Reads blocks [b0, b1] into buf and verifies them. The read goes in
@@ -297,8 +310,8 @@ static weft_status read_blocks(const creader *r, int64_t b0, int64_t b1, char *b
     uint32_t got = 0;
     for (uint64_t at = 0; at < n; at += PIECE) {
       uint64_t m = n - at < PIECE ? n - at : PIECE;
-      weft_status st = dcp_pread_full(r->fd, buf + bs + at, m, r->c->byte_off + (uint64_t)b * r->B + at,
-                                      r->fname, what);
+      weft_status st = dcp_pread_full(r->fd, buf + bs + at, m,
+                                      r->c->byte_off + (uint64_t)b * r->B + at, r->fname, what);
       if (st != WEFT_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", dcp_last_msg());
@@ -355,7 +368,8 @@ static weft_status flush(const creader *r, window *w) {
   if (!w->np) return WEFT_OK;
   WEFT_CHECK(read_blocks(r, w->w0, w->w1, r->ck->stage));
   uint64_t base = (uint64_t)w->w0 * r->B;
-  for (int i = 0; i < w->np; i++) memcpy(w->p[i].dst, r->ck->stage + (w->p[i].src - base), w->p[i].n);
+  for (int i = 0; i < w->np; i++)
+    memcpy(w->p[i].dst, r->ck->stage + (w->p[i].src - base), w->p[i].n);
   w->np = 0;
   return WEFT_OK;
 }
@@ -367,8 +381,8 @@ static weft_status add_run(const creader *r, window *w, uint64_t src, uint64_t n
     return read_large(r, src, n, dst);
   }
   int64_t b0 = (int64_t)(src / B), b1 = (int64_t)((src + n - 1) / B);
-  if (w->np && (b0 > w->w1 + 1 || (uint64_t)(b1 - w->w0 + 1) * B > r->ck->stage_cap ||
-                w->np == MAX_PENDING))
+  if (w->np &&
+      (b0 > w->w1 + 1 || (uint64_t)(b1 - w->w0 + 1) * B > r->ck->stage_cap || w->np == MAX_PENDING))
     WEFT_CHECK(flush(r, w));
   if (!w->np) {
     w->w0 = b0;
@@ -463,10 +477,12 @@ static void fill_tinfo(const dcp_tmeta *t, weft_dcp_tensor_info *out) {
   out->num_chunks = t->nchunks;
 }
 
-weft_status weft_dcp_tensor_get(const weft_dcp_checkpoint *ck, int64_t i, weft_dcp_tensor_info *out) {
+weft_status weft_dcp_tensor_get(const weft_dcp_checkpoint *ck, int64_t i,
+                                weft_dcp_tensor_info *out) {
   if (!ck || !out) return weft_error(WEFT_ERR_INVALID, "checkpoint or out is NULL");
   if (i < 0 || i >= ck->m.nt)
-    return weft_error(WEFT_ERR_INVALID, "tensor index %" PRId64 " outside [0, %" PRId64 ")", i, ck->m.nt);
+    return weft_error(WEFT_ERR_INVALID, "tensor index %" PRId64 " outside [0, %" PRId64 ")", i,
+                      ck->m.nt);
   fill_tinfo(&ck->m.t[i], out);
   return WEFT_OK;
 }
@@ -475,7 +491,8 @@ weft_status weft_dcp_tensor_find(const weft_dcp_checkpoint *ck, const char *name
                                  weft_dcp_tensor_info *out) {
   if (!ck || !name || !out) return weft_error(WEFT_ERR_INVALID, "NULL argument");
   const dcp_tmeta *t = dcp_meta_find_tensor(&ck->m, name);
-  if (!t) return weft_error(WEFT_ERR_NOT_FOUND, "checkpoint '%s' has no tensor '%s'", ck->dir, name);
+  if (!t)
+    return weft_error(WEFT_ERR_NOT_FOUND, "checkpoint '%s' has no tensor '%s'", ck->dir, name);
   fill_tinfo(t, out);
   return WEFT_OK;
 }
@@ -487,8 +504,9 @@ weft_status weft_dcp_chunk_get(const weft_dcp_checkpoint *ck, int64_t tensor, in
     return weft_error(WEFT_ERR_INVALID, "tensor index %" PRId64 " out of range", tensor);
   const dcp_tmeta *t = &ck->m.t[tensor];
   if (chunk < 0 || chunk >= t->nchunks)
-    return weft_error(WEFT_ERR_INVALID, "tensor '%s': chunk index %" PRId64 " outside [0, %" PRId64 ")",
-                      t->name, chunk, t->nchunks);
+    return weft_error(WEFT_ERR_INVALID,
+                      "tensor '%s': chunk index %" PRId64 " outside [0, %" PRId64 ")", t->name,
+                      chunk, t->nchunks);
   const dcp_chunk *c = &t->chunks[chunk];
   memset(out, 0, sizeof *out);
   memcpy(out->offsets, c->box.off, sizeof c->box.off);
@@ -505,7 +523,8 @@ weft_status weft_dcp_value_get(const weft_dcp_checkpoint *ck, int64_t i, const c
                                weft_sd_value_type *type, const char **json) {
   if (!ck) return weft_error(WEFT_ERR_INVALID, "checkpoint is NULL");
   if (i < 0 || i >= ck->m.nv)
-    return weft_error(WEFT_ERR_INVALID, "value index %" PRId64 " outside [0, %" PRId64 ")", i, ck->m.nv);
+    return weft_error(WEFT_ERR_INVALID, "value index %" PRId64 " outside [0, %" PRId64 ")", i,
+                      ck->m.nv);
   if (name) *name = ck->m.v[i].name;
   if (type) *type = ck->m.v[i].type;
   if (json) *json = ck->m.v[i].json;
@@ -516,22 +535,27 @@ weft_status weft_dcp_read(weft_dcp_checkpoint *ck, const char *name, const int64
                           const int64_t *len, void *dst, size_t dst_bytes) {
   if (!ck || !name) return weft_error(WEFT_ERR_INVALID, "checkpoint or name is NULL");
   const dcp_tmeta *t = dcp_meta_find_tensor(&ck->m, name);
-  if (!t) return weft_error(WEFT_ERR_NOT_FOUND, "checkpoint '%s' has no tensor '%s'", ck->dir, name);
+  if (!t)
+    return weft_error(WEFT_ERR_NOT_FOUND, "checkpoint '%s' has no tensor '%s'", ck->dir, name);
   if (t->ndim > 0 && (!start || !len))
     return weft_error(WEFT_ERR_INVALID, "tensor '%s': start or len is NULL", name);
   weft_box region;
   for (int d = 0; d < t->ndim; d++) {
     if (start[d] < 0 || len[d] < 0 || start[d] > t->shape[d] - len[d])
-      return weft_error(WEFT_ERR_INVALID, "tensor '%s': box [%" PRId64 ", +%" PRId64 ") of dim %d lies "
-                        "outside [0, %" PRId64 ")", name, start[d], len[d], d, t->shape[d]);
+      return weft_error(WEFT_ERR_INVALID,
+                        "tensor '%s': box [%" PRId64 ", +%" PRId64
+                        ") of dim %d lies "
+                        "outside [0, %" PRId64 ")",
+                        name, start[d], len[d], d, t->shape[d]);
     region.off[d] = start[d];
     region.size[d] = len[d];
   }
   const size_t esz = weft_dtype_size(t->dtype);
   uint64_t need = (uint64_t)weft_box_volume(&region, t->ndim) * esz;
   if (dst_bytes < need)
-    return weft_error(WEFT_ERR_INVALID, "tensor '%s': destination holds %zu bytes, the box %" PRIu64,
-                      name, dst_bytes, need);
+    return weft_error(WEFT_ERR_INVALID,
+                      "tensor '%s': destination holds %zu bytes, the box %" PRIu64, name, dst_bytes,
+                      need);
   if (need == 0) return WEFT_OK;
   if (!dst) return weft_error(WEFT_ERR_INVALID, "tensor '%s': dst is NULL", name);
   int64_t ds[WEFT_MAX_DIMS];
@@ -547,14 +571,14 @@ weft_status weft_dcp_verify(weft_dcp_checkpoint *ck, int64_t *bad_blocks,
   int64_t bad = 0;
   weft_status first = WEFT_OK;
   char first_msg[1500] = "";
-#define NOTE(st_)                                                                 \
-  do {                                                                            \
-    bad++;                                                                        \
-    if (report) report(dcp_last_msg(), ctx);                                   \
-    if (first == WEFT_OK) {                                                       \
-      first = (st_);                                                              \
-      snprintf(first_msg, sizeof first_msg, "%s", dcp_last_msg());             \
-    }                                                                             \
+#define NOTE(st_)                                                  \
+  do {                                                             \
+    bad++;                                                         \
+    if (report) report(dcp_last_msg(), ctx);                       \
+    if (first == WEFT_OK) {                                        \
+      first = (st_);                                               \
+      snprintf(first_msg, sizeof first_msg, "%s", dcp_last_msg()); \
+    }                                                              \
   } while (0)
   for (int f = 0; f < ck->m.nfiles; f++) {
     weft_status st = open_file(ck, f);

@@ -80,8 +80,10 @@ static weft_status pread_full(const weft_safetensors *f, void *buf, size_t len, 
                         strerror(errno));
     }
     if (r == 0)
-      return weft_error(WEFT_ERR_IO, "%s: unexpected end of file reading %s at byte %" PRIu64
-                        " (file changed since open?)", f->path, what, off);
+      return weft_error(WEFT_ERR_IO,
+                        "%s: unexpected end of file reading %s at byte %" PRIu64
+                        " (file changed since open?)",
+                        f->path, what, off);
     p += r;
     len -= (size_t)r;
     off += (uint64_t)r;
@@ -117,8 +119,10 @@ static weft_status parse_tensor(const char *path, const cJSON *obj, uint64_t dat
       known = true;
     }
   if (!known)
-    return CORRUPT("%s: tensor '%s': unknown or unsupported dtype \"%s\" (F32, F64, BF16, F16, "
-                   "I32, I64, U8 are read)", path, name, dt->valuestring);
+    return CORRUPT(
+        "%s: tensor '%s': unknown or unsupported dtype \"%s\" (F32, F64, BF16, F16, "
+        "I32, I64, U8 are read)",
+        path, name, dt->valuestring);
   if (!cJSON_IsArray(sh))
     return CORRUPT("%s: tensor '%s': missing or non-array \"shape\"", path, name);
   int nd = cJSON_GetArraySize(sh);
@@ -133,11 +137,16 @@ static weft_status parse_tensor(const char *path, const cJSON *obj, uint64_t dat
     if (!json_uint(cJSON_GetArrayItem(sh, d), &s))
       return CORRUPT("%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, d);
     t->shape[d] = (int64_t)s;
-    if (s != 0 && numel > INT64_MAX / (int64_t)s) overflow = true;
-    else numel *= (int64_t)s;
+    if (s != 0 && numel > INT64_MAX / (int64_t)s)
+      overflow = true;
+    else
+      numel *= (int64_t)s;
   }
   for (int d = 0; d < nd; d++)
-    if (t->shape[d] == 0) { numel = 0; overflow = false; }
+    if (t->shape[d] == 0) {
+      numel = 0;
+      overflow = false;
+    }
   if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
     return CORRUPT("%s: tensor '%s': \"data_offsets\" is not an array of two integers", path, name);
   uint64_t b, e;
@@ -147,14 +156,17 @@ static weft_status parse_tensor(const char *path, const cJSON *obj, uint64_t dat
     return CORRUPT("%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin",
                    path, name, b, e);
   if (e > data_len)
-    return CORRUPT("%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] run past the data "
-                   "buffer (%" PRIu64 " bytes)", path, name, b, e, data_len);
+    return CORRUPT("%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                   "] run past the data "
+                   "buffer (%" PRIu64 " bytes)",
+                   path, name, b, e, data_len);
   size_t esz = weft_dtype_size(t->dtype);
   if (overflow || (uint64_t)numel > (e - b) / esz + 1 || (uint64_t)numel * esz != e - b)
-    return CORRUPT("%s: tensor '%s': shape and dtype %s give %s%" PRIu64 " bytes but data_offsets "
-                   "[%" PRIu64 ", %" PRIu64 "] hold %" PRIu64, path, name, dt->valuestring,
-                   overflow ? "more than " : "", overflow ? (uint64_t)INT64_MAX : (uint64_t)numel * esz,
-                   b, e, e - b);
+    return CORRUPT("%s: tensor '%s': shape and dtype %s give %s%" PRIu64
+                   " bytes but data_offsets "
+                   "[%" PRIu64 ", %" PRIu64 "] hold %" PRIu64,
+                   path, name, dt->valuestring, overflow ? "more than " : "",
+                   overflow ? (uint64_t)INT64_MAX : (uint64_t)numel * esz, b, e, e - b);
   t->numel = numel;
   t->begin = b;
   t->end = e;
@@ -181,14 +193,24 @@ weft_status weft_safetensors_open(const char *path, weft_safetensors **out) {
   if (!f) return weft_error(WEFT_ERR_OOM, "safetensors reader");
   f->fd = -1;
   f->path = st_strdup(path);
-  if (!f->path) { st = weft_error(WEFT_ERR_OOM, "path"); goto fail; }
+  if (!f->path) {
+    st = weft_error(WEFT_ERR_OOM, "path");
+    goto fail;
+  }
   f->fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (f->fd < 0) { st = weft_error(WEFT_ERR_IO, "cannot open '%s': %s", path, strerror(errno)); goto fail; }
+  if (f->fd < 0) {
+    st = weft_error(WEFT_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    goto fail;
+  }
   struct stat sb;
-  if (fstat(f->fd, &sb) != 0) { st = weft_error(WEFT_ERR_IO, "%s: fstat: %s", path, strerror(errno)); goto fail; }
+  if (fstat(f->fd, &sb) != 0) {
+    st = weft_error(WEFT_ERR_IO, "%s: fstat: %s", path, strerror(errno));
+    goto fail;
+  }
   uint64_t size = (uint64_t)sb.st_size;
   if (size < 8) {
-    st = CORRUPT("%s: file is %" PRIu64 " bytes, shorter than the 8-byte header length", path, size);
+    st =
+        CORRUPT("%s: file is %" PRIu64 " bytes, shorter than the 8-byte header length", path, size);
     goto fail;
   }
   uint8_t lenb[8];
@@ -208,7 +230,10 @@ weft_status weft_safetensors_open(const char *path, weft_safetensors **out) {
   f->data_start = 8 + hlen;
   f->data_len = size - 8 - hlen;
   hdr = malloc(hlen + 1);
-  if (!hdr) { st = weft_error(WEFT_ERR_OOM, "%s: header of %" PRIu64 " bytes", path, hlen); goto fail; }
+  if (!hdr) {
+    st = weft_error(WEFT_ERR_OOM, "%s: header of %" PRIu64 " bytes", path, hlen);
+    goto fail;
+  }
   WEFT_CHECK_GOTO(pread_full(f, hdr, hlen, 8, "the header"), st, fail);
   hdr[hlen] = '\0';
   if (hlen == 0 || hdr[0] != '{' || memchr(hdr, '\0', hlen)) {
@@ -224,7 +249,8 @@ weft_status weft_safetensors_open(const char *path, weft_safetensors **out) {
   }
   for (const char *p = end; p < hdr + hlen; p++)
     if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-      st = CORRUPT("%s: header has trailing bytes after the JSON object (at byte %td)", path, p - hdr);
+      st = CORRUPT("%s: header has trailing bytes after the JSON object (at byte %td)", path,
+                   p - hdr);
       goto fail;
     }
   /* count entries */
@@ -232,9 +258,15 @@ weft_status weft_safetensors_open(const char *path, weft_safetensors **out) {
   const cJSON *meta = NULL;
   for (const cJSON *c = root->child; c; c = c->next) {
     if (strcmp(c->string, "__metadata__") == 0) {
-      if (meta) { st = CORRUPT("%s: duplicate \"__metadata__\"", path); goto fail; }
+      if (meta) {
+        st = CORRUPT("%s: duplicate \"__metadata__\"", path);
+        goto fail;
+      }
       meta = c;
-      if (!cJSON_IsObject(c)) { st = CORRUPT("%s: \"__metadata__\" is not an object", path); goto fail; }
+      if (!cJSON_IsObject(c)) {
+        st = CORRUPT("%s: \"__metadata__\" is not an object", path);
+        goto fail;
+      }
       for (const cJSON *m = c->child; m; m = m->next) {
         if (!cJSON_IsString(m)) {
           st = CORRUPT("%s: __metadata__ value of '%s' is not a string", path, m->string);
@@ -249,13 +281,19 @@ weft_status weft_safetensors_open(const char *path, weft_safetensors **out) {
   f->t = calloc((size_t)(nt ? nt : 1), sizeof *f->t);
   f->meta_keys = calloc((size_t)(nm ? nm : 1), sizeof(char *));
   f->meta_vals = calloc((size_t)(nm ? nm : 1), sizeof(char *));
-  if (!f->t || !f->meta_keys || !f->meta_vals) { st = weft_error(WEFT_ERR_OOM, "%s: header tables", path); goto fail; }
+  if (!f->t || !f->meta_keys || !f->meta_vals) {
+    st = weft_error(WEFT_ERR_OOM, "%s: header tables", path);
+    goto fail;
+  }
   for (const cJSON *c = root->child; c; c = c->next) {
     if (c == meta) continue;
     st_tensor *t = &f->t[f->n];
     WEFT_CHECK_GOTO(parse_tensor(path, c, f->data_len, t), st, fail);
     t->name = st_strdup(c->string);
-    if (!t->name) { st = weft_error(WEFT_ERR_OOM, "name"); goto fail; }
+    if (!t->name) {
+      st = weft_error(WEFT_ERR_OOM, "name");
+      goto fail;
+    }
     f->n++;
   }
   if (meta)
@@ -276,16 +314,20 @@ weft_status weft_safetensors_open(const char *path, weft_safetensors **out) {
     }
   /* no two non-empty tensors may share a byte */
   order = malloc((size_t)(f->n ? f->n : 1) * sizeof *order);
-  if (!order) { st = weft_error(WEFT_ERR_OOM, "order"); goto fail; }
+  if (!order) {
+    st = weft_error(WEFT_ERR_OOM, "order");
+    goto fail;
+  }
   int64_t ne = 0;
   for (int64_t i = 0; i < f->n; i++)
     if (f->t[i].end > f->t[i].begin) order[ne++] = &f->t[i];
   qsort(order, (size_t)ne, sizeof *order, cmp_begin);
   for (int64_t i = 1; i < ne; i++)
     if (order[i]->begin < order[i - 1]->end) {
-      st = CORRUPT("%s: tensor '%s' (bytes [%" PRIu64 ", %" PRIu64 ")) overlaps tensor '%s' (bytes [%"
-                   PRIu64 ", %" PRIu64 "))", path, order[i]->name, order[i]->begin, order[i]->end,
-                   order[i - 1]->name, order[i - 1]->begin, order[i - 1]->end);
+      st = CORRUPT("%s: tensor '%s' (bytes [%" PRIu64 ", %" PRIu64
+                   ")) overlaps tensor '%s' (bytes [%" PRIu64 ", %" PRIu64 "))",
+                   path, order[i]->name, order[i]->begin, order[i]->end, order[i - 1]->name,
+                   order[i - 1]->begin, order[i - 1]->end);
       goto fail;
     }
   free(order);
@@ -364,20 +406,34 @@ const char *weft_safetensors_metadata(const weft_safetensors *f, const char *key
  * exactly to f32 and narrow with round-to-nearest-even). */
 static inline double load_f(const void *src, weft_dtype dt, int64_t i) {
   switch (dt) {
-  case WEFT_F32: return ((const float *)src)[i];
-  case WEFT_F64: return ((const double *)src)[i];
-  case WEFT_BF16: return weft_bf16_to_f32(((const uint16_t *)src)[i]);
-  case WEFT_F16: return weft_f16_to_f32(((const uint16_t *)src)[i]);
-  default: return 0.0;
+    case WEFT_F32:
+      return ((const float *)src)[i];
+    case WEFT_F64:
+      return ((const double *)src)[i];
+    case WEFT_BF16:
+      return weft_bf16_to_f32(((const uint16_t *)src)[i]);
+    case WEFT_F16:
+      return weft_f16_to_f32(((const uint16_t *)src)[i]);
+    default:
+      return 0.0;
   }
 }
 static inline void store_f(void *dst, weft_dtype dt, int64_t i, double x) {
   switch (dt) {
-  case WEFT_F32: ((float *)dst)[i] = (float)x; break;
-  case WEFT_F64: ((double *)dst)[i] = x; break;
-  case WEFT_BF16: ((uint16_t *)dst)[i] = weft_f32_to_bf16((float)x); break;
-  case WEFT_F16: ((uint16_t *)dst)[i] = weft_f32_to_f16((float)x); break;
-  default: break;
+    case WEFT_F32:
+      ((float *)dst)[i] = (float)x;
+      break;
+    case WEFT_F64:
+      ((double *)dst)[i] = x;
+      break;
+    case WEFT_BF16:
+      ((uint16_t *)dst)[i] = weft_f32_to_bf16((float)x);
+      break;
+    case WEFT_F16:
+      ((uint16_t *)dst)[i] = weft_f32_to_f16((float)x);
+      break;
+    default:
+      break;
   }
 }
 static void convert(void *dst, weft_dtype ddt, const void *src, weft_dtype sdt, int64_t n) {
@@ -407,8 +463,8 @@ static weft_status read_run(const weft_safetensors *f, const st_tensor *t, uint6
 }
 
 weft_status weft_safetensors_read_slice(const weft_safetensors *f, const char *name, int ndim,
-                                        const int64_t *start, const int64_t *len,
-                                        weft_dtype dtype, void *dst, int64_t dst_numel) {
+                                        const int64_t *start, const int64_t *len, weft_dtype dtype,
+                                        void *dst, int64_t dst_numel) {
   if (!f || !name) return weft_error(WEFT_ERR_INVALID, "reader or name is NULL");
   const st_tensor *t = lookup(f, name);
   if (!t) return weft_error(WEFT_ERR_NOT_FOUND, "%s: no tensor '%s'", f->path, name);
@@ -420,21 +476,26 @@ weft_status weft_safetensors_read_slice(const weft_safetensors *f, const char *n
   int64_t count = 1;
   for (int d = 0; d < ndim; d++) {
     if (start[d] < 0 || len[d] < 0 || start[d] > t->shape[d] - len[d])
-      return weft_error(WEFT_ERR_INVALID, "%s: tensor '%s': slice [%lld, %lld) of dim %d is outside "
-                        "[0, %lld)", f->path, name, (long long)start[d],
-                        (long long)(start[d] + len[d]), d, (long long)t->shape[d]);
+      return weft_error(WEFT_ERR_INVALID,
+                        "%s: tensor '%s': slice [%lld, %lld) of dim %d is outside "
+                        "[0, %lld)",
+                        f->path, name, (long long)start[d], (long long)(start[d] + len[d]), d,
+                        (long long)t->shape[d]);
     count *= len[d];
   }
   if ((unsigned)dtype >= WEFT_DTYPE_COUNT)
     return weft_error(WEFT_ERR_INVALID, "%s: tensor '%s': invalid destination dtype %d", f->path,
                       name, (int)dtype);
   if (dtype != t->dtype && !(weft_dtype_is_float(dtype) && weft_dtype_is_float(t->dtype)))
-    return weft_error(WEFT_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; cannot read it as %s (only "
-                      "float-to-float conversions)", f->path, name, st_dtype_name(t->dtype),
-                      weft_dtype_name(dtype));
+    return weft_error(WEFT_ERR_UNSUPPORTED,
+                      "%s: tensor '%s' is %s; cannot read it as %s (only "
+                      "float-to-float conversions)",
+                      f->path, name, st_dtype_name(t->dtype), weft_dtype_name(dtype));
   if (dst_numel < count)
-    return weft_error(WEFT_ERR_INVALID, "%s: tensor '%s': destination holds %lld elements, slice "
-                      "has %lld", f->path, name, (long long)dst_numel, (long long)count);
+    return weft_error(WEFT_ERR_INVALID,
+                      "%s: tensor '%s': destination holds %lld elements, slice "
+                      "has %lld",
+                      f->path, name, (long long)dst_numel, (long long)count);
   if (count == 0) return WEFT_OK;
   if (!dst) return weft_error(WEFT_ERR_INVALID, "%s: tensor '%s': dst is NULL", f->path, name);
 
@@ -452,7 +513,8 @@ weft_status weft_safetensors_read_slice(const weft_safetensors *f, const char *n
   int64_t nruns = 1;
   for (int d = 0; d < dd; d++) nruns *= len[d];
   const uint64_t run_bytes = (uint64_t)run * esz;
-  const uint64_t base = f->data_start + t->begin + (ndim > 0 ? (uint64_t)(start[dd] * stride[dd]) * esz : 0);
+  const uint64_t base =
+      f->data_start + t->begin + (ndim > 0 ? (uint64_t)(start[dd] * stride[dd]) * esz : 0);
 
   char *stage = NULL;
   uint64_t *pend = NULL;
@@ -470,7 +532,8 @@ weft_status weft_safetensors_read_slice(const weft_safetensors *f, const char *n
     for (int64_t r = 0; r < nruns; r++) {
       uint64_t off = base;
       for (int d = 0; d < dd; d++) off += (uint64_t)(idx[d] * stride[d]) * esz;
-      WEFT_CHECK_GOTO(read_run(f, t, off, run, dtype, out + r * run * (int64_t)dsz, stage), st, done);
+      WEFT_CHECK_GOTO(read_run(f, t, off, run, dtype, out + r * run * (int64_t)dsz, stage), st,
+                      done);
       for (int d = dd - 1; d >= 0 && ++idx[d] == start[d] + len[d]; d--) idx[d] = start[d];
     }
     goto done;
@@ -479,7 +542,10 @@ weft_status weft_safetensors_read_slice(const weft_safetensors *f, const char *n
    * as the window fits the stage and at most ~3/4 of it is skipped bytes */
   const int64_t maxp = (int64_t)(ST_STAGE / run_bytes);
   pend = malloc((size_t)maxp * sizeof *pend);
-  if (!pend) { st = weft_error(WEFT_ERR_OOM, "read plan"); goto done; }
+  if (!pend) {
+    st = weft_error(WEFT_ERR_OOM, "read plan");
+    goto done;
+  }
   int64_t np = 0, done_runs = 0;
   uint64_t wstart = 0, wend = 0;
   for (int64_t r = 0; r <= nruns; r++) {
@@ -527,7 +593,8 @@ weft_status weft_safetensors_read_rows(const weft_safetensors *f, const char *na
   const st_tensor *t = lookup(f, name);
   if (!t) return weft_error(WEFT_ERR_NOT_FOUND, "%s: no tensor '%s'", f->path, name);
   if (t->ndim == 0)
-    return weft_error(WEFT_ERR_INVALID, "%s: tensor '%s' is a scalar: it has no rows", f->path, name);
+    return weft_error(WEFT_ERR_INVALID, "%s: tensor '%s' is a scalar: it has no rows", f->path,
+                      name);
   int64_t start[WEFT_MAX_DIMS] = {0}, len[WEFT_MAX_DIMS];
   memcpy(len, t->shape, sizeof len);
   start[0] = row0;
@@ -541,16 +608,19 @@ weft_status weft_safetensors_read_tensor(const weft_safetensors *f, const char *
   const st_tensor *t = lookup(f, name);
   if (!t) return weft_error(WEFT_ERR_NOT_FOUND, "%s: no tensor '%s'", f->path, name);
   if (dst->device != WEFT_CPU || !weft_tensor_is_contiguous(dst))
-    return weft_error(WEFT_ERR_INVALID, "%s: tensor '%s': destination must be a contiguous CPU "
-                      "tensor", f->path, name);
+    return weft_error(WEFT_ERR_INVALID,
+                      "%s: tensor '%s': destination must be a contiguous CPU "
+                      "tensor",
+                      f->path, name);
   bool same = dst->ndim == t->ndim;
   for (int d = 0; same && d < t->ndim; d++) same = dst->shape[d] == t->shape[d];
   if (!same) {
     char buf[128];
     weft_tensor_describe(dst, buf, sizeof buf);
-    return weft_error(WEFT_ERR_INVALID, "%s: tensor '%s' has %d dims (shape[0] = %lld); "
-                      "destination is %s", f->path, name, t->ndim,
-                      (long long)(t->ndim ? t->shape[0] : 1), buf);
+    return weft_error(WEFT_ERR_INVALID,
+                      "%s: tensor '%s' has %d dims (shape[0] = %lld); "
+                      "destination is %s",
+                      f->path, name, t->ndim, (long long)(t->ndim ? t->shape[0] : 1), buf);
   }
   return weft_safetensors_read(f, name, dst->dtype, dst->data, weft_tensor_numel(dst));
 }
@@ -569,7 +639,10 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
     size_t cap = b->cap ? b->cap : 1024;
     while (cap < b->len + n + 1) cap *= 2;
     char *q = realloc(b->p, cap);
-    if (!q) { b->oom = true; return; }
+    if (!q) {
+      b->oom = true;
+      return;
+    }
     b->p = q;
     b->cap = cap;
   }
@@ -619,7 +692,8 @@ weft_status weft_safetensors_write(const char *path, const weft_safetensors_entr
                                    int64_t n, const char *const *metadata) {
   if (!path) return weft_error(WEFT_ERR_INVALID, "path is NULL");
   if (n < 0 || (n > 0 && !tensors))
-    return weft_error(WEFT_ERR_INVALID, "%s: %lld tensors at %p", path, (long long)n, (const void *)tensors);
+    return weft_error(WEFT_ERR_INVALID, "%s: %lld tensors at %p", path, (long long)n,
+                      (const void *)tensors);
   weft_status st = WEFT_OK;
   sbuf h = {0};
   char *tmp = NULL;
@@ -627,7 +701,10 @@ weft_status weft_safetensors_write(const char *path, const weft_safetensors_entr
   const char **names = malloc((size_t)(n ? n : 1) * sizeof *names);
   uint64_t *nbytes = malloc((size_t)(n ? n : 1) * sizeof *nbytes);
   uint64_t *start = malloc((size_t)(n ? n : 1) * sizeof *start);
-  if (!names || !nbytes || !start) { st = weft_error(WEFT_ERR_OOM, "%s: writer tables", path); goto out; }
+  if (!names || !nbytes || !start) {
+    st = weft_error(WEFT_ERR_OOM, "%s: writer tables", path);
+    goto out;
+  }
   /* validate */
   for (int64_t i = 0; i < n; i++) {
     const weft_safetensors_entry *e = &tensors[i];
@@ -637,11 +714,13 @@ weft_status weft_safetensors_write(const char *path, const weft_safetensors_entr
       goto out;
     }
     if (!st_dtype_name(e->dtype)) {
-      st = weft_error(WEFT_ERR_INVALID, "%s: tensor '%s': invalid dtype %d", path, e->name, (int)e->dtype);
+      st = weft_error(WEFT_ERR_INVALID, "%s: tensor '%s': invalid dtype %d", path, e->name,
+                      (int)e->dtype);
       goto out;
     }
     if (e->ndim < 0 || e->ndim > WEFT_MAX_DIMS || (e->ndim > 0 && !e->shape)) {
-      st = weft_error(WEFT_ERR_INVALID, "%s: tensor '%s': bad ndim %d or NULL shape", path, e->name, e->ndim);
+      st = weft_error(WEFT_ERR_INVALID, "%s: tensor '%s': bad ndim %d or NULL shape", path, e->name,
+                      e->ndim);
       goto out;
     }
     uint64_t numel = 1;
@@ -713,14 +792,23 @@ weft_status weft_safetensors_write(const char *path, const weft_safetensors_entr
   }
   sb_str(&h, "}");
   while (!h.oom && h.len % 8 != 0) sb_str(&h, " ");
-  if (h.oom) { st = weft_error(WEFT_ERR_OOM, "%s: header", path); goto out; }
+  if (h.oom) {
+    st = weft_error(WEFT_ERR_OOM, "%s: header", path);
+    goto out;
+  }
   /* file */
   size_t tl = strlen(path) + 32;
   tmp = malloc(tl);
-  if (!tmp) { st = weft_error(WEFT_ERR_OOM, "%s: path", path); goto out; }
+  if (!tmp) {
+    st = weft_error(WEFT_ERR_OOM, "%s: path", path);
+    goto out;
+  }
   snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
   fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) { st = weft_error(WEFT_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno)); goto out; }
+  if (fd < 0) {
+    st = weft_error(WEFT_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+    goto out;
+  }
   uint8_t lenb[8];
   for (int i = 0; i < 8; i++) lenb[i] = (uint8_t)((uint64_t)h.len >> (8 * i));
   WEFT_CHECK_GOTO(write_full(fd, lenb, 8, tmp), st, out);
@@ -729,7 +817,10 @@ weft_status weft_safetensors_write(const char *path, const weft_safetensors_entr
     for (int64_t i = 0; i < n; i++)
       if (weft_dtype_size(tensors[i].dtype) == esz && nbytes[i] > 0)
         WEFT_CHECK_GOTO(write_full(fd, tensors[i].data, (size_t)nbytes[i], tmp), st, out);
-  if (fsync(fd) != 0) { st = weft_error(WEFT_ERR_IO, "%s: fsync: %s", tmp, strerror(errno)); goto out; }
+  if (fsync(fd) != 0) {
+    st = weft_error(WEFT_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
+    goto out;
+  }
   if (close(fd) != 0) {
     fd = -1;
     st = weft_error(WEFT_ERR_IO, "%s: close: %s", tmp, strerror(errno));

@@ -67,11 +67,11 @@ typedef struct weft_safetensors weft_safetensors;
 typedef struct weft_safetensors_info {
   const char *name;
   weft_dtype dtype;
-  int ndim;                      /* 0 for a scalar */
+  int ndim; /* 0 for a scalar */
   int64_t shape[WEFT_MAX_DIMS];
   int64_t numel;
-  uint64_t offset;               /* absolute byte offset of the data in the file */
-  uint64_t nbytes;               /* = numel * weft_dtype_size(dtype) */
+  uint64_t offset; /* absolute byte offset of the data in the file */
+  uint64_t nbytes; /* = numel * weft_dtype_size(dtype) */
 } weft_safetensors_info;
 
 /* Opens and validates `path` (see the top of this file). On success *out
@@ -87,10 +87,10 @@ WEFT_API void weft_safetensors_close(weft_safetensors *f);
 WEFT_API int64_t weft_safetensors_count(const weft_safetensors *f);
 /* Tensor i in name order (strcmp), 0 <= i < count; WEFT_ERR_INVALID else. */
 WEFT_API weft_status weft_safetensors_get(const weft_safetensors *f, int64_t i,
-                                 weft_safetensors_info *out);
+                                          weft_safetensors_info *out);
 /* The tensor called `name`; WEFT_ERR_NOT_FOUND if absent. */
 WEFT_API weft_status weft_safetensors_find(const weft_safetensors *f, const char *name,
-                                  weft_safetensors_info *out);
+                                           weft_safetensors_info *out);
 /* The __metadata__ value for `key`, or NULL if absent. Owned by the reader. */
 WEFT_API const char *weft_safetensors_metadata(const weft_safetensors *f, const char *key);
 
@@ -101,27 +101,27 @@ WEFT_API const char *weft_safetensors_metadata(const weft_safetensors *f, const 
  * Errors: WEFT_ERR_NOT_FOUND, WEFT_ERR_INVALID (dst too small), WEFT_ERR_IO
  * (short read: the file changed since open). */
 WEFT_API weft_status weft_safetensors_read(const weft_safetensors *f, const char *name,
-                                  weft_dtype dtype, void *dst, int64_t dst_numel);
+                                           weft_dtype dtype, void *dst, int64_t dst_numel);
 /* Reads the box start[d] <= i_d < start[d] + len[d] (ndim must equal the
  * tensor's ndim) into dst as a contiguous row-major (len[0], ..., len[nd-1])
  * array of `dtype`. Only the needed byte ranges are read (nearby ranges are
  * merged into one pread). A box outside the tensor is WEFT_ERR_INVALID. */
-WEFT_API weft_status weft_safetensors_read_slice(const weft_safetensors *f, const char *name, int ndim,
-                                        const int64_t *start, const int64_t *len,
-                                        weft_dtype dtype, void *dst, int64_t dst_numel);
+WEFT_API weft_status weft_safetensors_read_slice(const weft_safetensors *f, const char *name,
+                                                 int ndim, const int64_t *start, const int64_t *len,
+                                                 weft_dtype dtype, void *dst, int64_t dst_numel);
 /* Rows [row0, row0 + nrows) along dim 0 (all of the other dims): one pread. */
 WEFT_API weft_status weft_safetensors_read_rows(const weft_safetensors *f, const char *name,
-                                       int64_t row0, int64_t nrows, weft_dtype dtype, void *dst,
-                                       int64_t dst_numel);
+                                                int64_t row0, int64_t nrows, weft_dtype dtype,
+                                                void *dst, int64_t dst_numel);
 /* Reads tensor `name` into dst, a contiguous CPU weft_tensor of the same
  * shape, converting to dst->dtype as weft_safetensors_read does. */
 WEFT_API weft_status weft_safetensors_read_tensor(const weft_safetensors *f, const char *name,
-                                         weft_tensor *dst);
+                                                  weft_tensor *dst);
 
 /* One tensor to write: `data` holds prod(shape) elements of `dtype`,
  * contiguous row-major. The writer does not keep any pointer. */
 typedef struct weft_safetensors_entry {
-  const char *name;     /* unique, non-empty, not "__metadata__" */
+  const char *name; /* unique, non-empty, not "__metadata__" */
   weft_dtype dtype;
   int ndim;             /* 0..WEFT_MAX_DIMS */
   const int64_t *shape; /* ndim sizes >= 0 (may be NULL when ndim == 0) */
@@ -136,7 +136,7 @@ typedef struct weft_safetensors_entry {
  * either the old file or the complete new one. Errors: WEFT_ERR_INVALID
  * (bad entry: message names it), WEFT_ERR_IO. */
 WEFT_API weft_status weft_safetensors_write(const char *path, const weft_safetensors_entry *tensors,
-                                   int64_t n, const char *const *metadata);
+                                            int64_t n, const char *const *metadata);
 
 #ifdef __cplusplus
 }

@@ -214,8 +214,10 @@ static weft_status local_items(const weft_state_dict *sd, litem **out, int64_t *
         if (s->placements[d].kind == WEFT_PLACE_PARTIAL) {
           char pl[128];
           weft_placements_describe(s->placements, s->mesh_ndim, pl, sizeof pl);
-          st = weft_error(WEFT_ERR_UNSUPPORTED, "save: tensor '%s' has placements %s: a Partial "
-                          "value cannot be saved (redistribute it to Replicate first)", e->name, pl);
+          st = weft_error(WEFT_ERR_UNSUPPORTED,
+                          "save: tensor '%s' has placements %s: a Partial "
+                          "value cannot be saved (redistribute it to Replicate first)",
+                          e->name, pl);
           goto fail;
         }
       L->local = weft_dtensor_local(e->dt);
@@ -244,8 +246,10 @@ static weft_status local_items(const weft_state_dict *sd, litem **out, int64_t *
       L->nlb = weft_tensor_numel(e->t) > 0 ? 1 : 0;
     }
     if (!L->local || L->local->device != WEFT_CPU) {
-      st = weft_error(WEFT_ERR_UNSUPPORTED, "save: tensor '%s' is not in host memory (copy it to "
-                      "the CPU first, e.g. cpu_offload)", e->name);
+      st = weft_error(WEFT_ERR_UNSUPPORTED,
+                      "save: tensor '%s' is not in host memory (copy it to "
+                      "the CPU first, e.g. cpu_offload)",
+                      e->name);
       goto fail;
     }
   }
@@ -310,8 +314,10 @@ static weft_status first_failure(const dcp_comm *c, const char *blobs, const int
     if (st != WEFT_OK) {
       char *msg = dcp_rd_str(&rd);
       weft_status out;
-      if (r == c->rank) out = weft_error((weft_status)st, "%s", msg ? msg : "?");
-      else out = weft_error((weft_status)st, "%s failed on rank %d: %s", what, r, msg ? msg : "?");
+      if (r == c->rank)
+        out = weft_error((weft_status)st, "%s", msg ? msg : "?");
+      else
+        out = weft_error((weft_status)st, "%s failed on rank %d: %s", what, r, msg ? msg : "?");
       free(msg);
       return out;
     }
@@ -405,7 +411,8 @@ static weft_status decode_plans(const dcp_comm *c, const char *blobs, const int6
               R.boxes[k].size[d] = (int64_t)s;
             }
           }
-        if (pass == 1 && ri < nrec) p->recs[ri] = R;
+        if (pass == 1 && ri < nrec)
+          p->recs[ri] = R;
         else {
           free(R.name);
           free(R.layout);
@@ -420,7 +427,8 @@ static weft_status decode_plans(const dcp_comm *c, const char *blobs, const int6
         V.name = dcp_rd_str(&rd);
         V.type = (weft_sd_value_type)dcp_rd_u32(&rd);
         V.text = dcp_rd_str(&rd);
-        if (pass == 1 && vi < nv) p->vrecs[vi] = V;
+        if (pass == 1 && vi < nv)
+          p->vrecs[vi] = V;
         else {
           free(V.name);
           free(V.text);
@@ -487,8 +495,10 @@ static weft_status global_plan(const dcp_comm *c, int64_t block, gplan *p) {
         memcpy(y.size, R->shape, sizeof y.size);
         dcp_box_describe(&x, R0->ndim, a, sizeof a);
         dcp_box_describe(&y, R->ndim, b, sizeof b);
-        st = weft_error(WEFT_ERR_MISMATCH, "save: ranks disagree on tensor '%s': rank %d has %s %s, "
-                        "rank %d has %s %s", T->name, R0->rank, weft_dtype_name(R0->dtype), a, R->rank,
+        st = weft_error(WEFT_ERR_MISMATCH,
+                        "save: ranks disagree on tensor '%s': rank %d has %s %s, "
+                        "rank %d has %s %s",
+                        T->name, R0->rank, weft_dtype_name(R0->dtype), a, R->rank,
                         weft_dtype_name(R->dtype), b);
         goto done;
       }
@@ -507,7 +517,8 @@ static weft_status global_plan(const dcp_comm *c, int64_t block, gplan *p) {
       G->box = br[k].box;
       G->tensor = p->nt;
       G->h0 = p->nholders;
-      while (l < n && weft_box_equal(&br[l].box, &br[k].box, nd)) p->holders[p->nholders++] = br[l++].rank;
+      while (l < n && weft_box_equal(&br[l].box, &br[k].box, nd))
+        p->holders[p->nholders++] = br[l++].rank;
       G->nh = l - k;
       G->len = (uint64_t)weft_box_volume(&G->box, nd) * weft_dtype_size(T->dtype);
       G->ncrc = (int64_t)((G->len + (uint64_t)block - 1) / (uint64_t)block);
@@ -526,8 +537,10 @@ static weft_status global_plan(const dcp_comm *c, int64_t block, gplan *p) {
     if (st != WEFT_OK) {
       char msg[1500];
       snprintf(msg, sizeof msg, "%s", dcp_last_msg());
-      st = weft_error(WEFT_ERR_INVALID, "%s (the ranks' shards must tile the tensor: a replica "
-                      "holds exactly the same box)", msg);
+      st = weft_error(WEFT_ERR_INVALID,
+                      "%s (the ranks' shards must tile the tensor: a replica "
+                      "holds exactly the same box)",
+                      msg);
       goto done;
     }
     p->nt++;
@@ -578,9 +591,10 @@ static weft_status global_plan(const dcp_comm *c, int64_t block, gplan *p) {
     while (j < p->nvrec && strcmp(p->vrecs[j].name, p->vrecs[i].name) == 0) {
       const vrec *V = &p->vrecs[j], *V0 = &p->vrecs[i];
       if (V->type != V0->type || strcmp(V->text, V0->text) != 0) {
-        st = weft_error(WEFT_ERR_MISMATCH, "save: value '%s' differs between rank %d (%s %.60s) and "
-                        "rank %d (%s %.60s); give per-rank values per-rank names", V0->name, V0->rank,
-                        dcp_value_type_name(V0->type), V0->text, V->rank,
+        st = weft_error(WEFT_ERR_MISMATCH,
+                        "save: value '%s' differs between rank %d (%s %.60s) and "
+                        "rank %d (%s %.60s); give per-rank values per-rank names",
+                        V0->name, V0->rank, dcp_value_type_name(V0->type), V0->text, V->rank,
                         dcp_value_type_name(V->type), V->text);
         goto done;
       }
@@ -605,7 +619,8 @@ static uint64_t new_id(void) {
   if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    id = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 32);
+    id = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^
+         ((uint64_t)getpid() << 32);
   }
   return id ? id : 1;
 }
@@ -629,8 +644,9 @@ static weft_status make_jobs(save_ctx *c, const litem *it, int64_t nit) {
     const weft_local_box *lb = NULL;
     for (int64_t q = 0; L && q < L->nlb && !lb; q++)
       if (weft_box_equal(&L->lb[q].global, &G->box, T->ndim)) lb = &L->lb[q];
-    if (!lb) return weft_error(WEFT_ERR_INTERNAL, "save: rank %d was given box of '%s' it does not hold",
-                               c->comm.rank, T->name);
+    if (!lb)
+      return weft_error(WEFT_ERR_INTERNAL, "save: rank %d was given box of '%s' it does not hold",
+                        c->comm.rank, T->name);
     wjob *J = &c->jobs[c->njobs++];
     J->ndim = T->ndim;
     J->dtype = T->dtype;
@@ -897,8 +913,9 @@ static weft_status commit(save_ctx *c) {
       uint64_t n = dcp_rd_u64(&rd);
       crcs[r] = (const uint32_t *)dcp_rd_bytes(&rd, n * sizeof(uint32_t));
       if (rd.bad || (int64_t)n != c->plan.ncrc[r])
-        st = weft_error(WEFT_ERR_INTERNAL, "save: rank %d sent %" PRIu64 " checksums, expected %" PRId64,
-                        r, n, c->plan.ncrc[r]);
+        st = weft_error(WEFT_ERR_INTERNAL,
+                        "save: rank %d sent %" PRIu64 " checksums, expected %" PRId64, r, n,
+                        c->plan.ncrc[r]);
     }
     /* note: crcs point into the gathered buffer, which is 1-byte aligned in
      * general; copy them into aligned storage before use */
@@ -935,8 +952,9 @@ static weft_status check_opts(const weft_dcp_opts *o, int64_t *block) {
                       WEFT_DCP_OPTS_VERSION);
   int64_t b = o && o->block_bytes ? o->block_bytes : DCP_DEFAULT_BLOCK;
   if (b < DCP_MIN_BLOCK || b > DCP_MAX_BLOCK || b % 8 != 0)
-    return weft_error(WEFT_ERR_INVALID, "block_bytes %" PRId64 " must be a multiple of 8 in [%d, %" PRId64
-                      "]", b, DCP_MIN_BLOCK, DCP_MAX_BLOCK);
+    return weft_error(WEFT_ERR_INVALID,
+                      "block_bytes %" PRId64 " must be a multiple of 8 in [%d, %" PRId64 "]", b,
+                      DCP_MIN_BLOCK, DCP_MAX_BLOCK);
   *block = b;
   return WEFT_OK;
 }
@@ -973,8 +991,10 @@ static weft_status plan_save(const weft_state_dict *sd, const char *dir, const w
   encode_plan(&b, local, id, it, nit, sd);
   char *all = NULL;
   int64_t *displs = NULL;
-  if (b.oom) st = weft_error(WEFT_ERR_OOM, "save plan");
-  else st = dcp_allgatherv(&c->comm, b.p, (int64_t)b.len, &all, &displs);
+  if (b.oom)
+    st = weft_error(WEFT_ERR_OOM, "save plan");
+  else
+    st = dcp_allgatherv(&c->comm, b.p, (int64_t)b.len, &all, &displs);
   free(b.p);
   if (st == WEFT_OK) st = first_failure(&c->comm, all, displs, "save");
   if (st == WEFT_OK) st = decode_plans(&c->comm, all, displs, &c->plan);
@@ -1069,8 +1089,10 @@ weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
       wjob *J = &c->jobs[j];
       int64_t cs[WEFT_MAX_DIMS];
       dcp_contig_strides(J->len, J->ndim, J->esz, cs);
-      if (J->contig) memcpy(c->staging + at, J->src, J->length);
-      else if ((st = job_stage(J, c->staging + at)) != WEFT_OK) break;
+      if (J->contig)
+        memcpy(c->staging + at, J->src, J->length);
+      else if ((st = job_stage(J, c->staging + at)) != WEFT_OK)
+        break;
       J->src = c->staging + at;
       J->contig = true;
       for (int d = 0; d < J->ndim; d++) J->strides[d] = cs[d];

@@ -31,14 +31,17 @@ static weft_status model_params(weft_module *model, weft_param ***ps, int *n) {
 weft_status weft_safetensors_export_model(weft_module *model, const char *path, weft_dtype dtype) {
   if (!path || !path[0]) return weft_error(WEFT_ERR_INVALID, "export: path is NULL or empty");
   if (!weft_dtype_is_float(dtype))
-    return weft_error(WEFT_ERR_INVALID, "export: dtype %s is not a floating-point dtype (f32, bf16, "
-                      "f16, f64)", weft_dtype_name(dtype));
+    return weft_error(WEFT_ERR_INVALID,
+                      "export: dtype %s is not a floating-point dtype (f32, bf16, "
+                      "f16, f64)",
+                      weft_dtype_name(dtype));
   weft_param **ps;
   int n;
   WEFT_CHECK(model_params(model, &ps, &n));
   for (int i = 0; i < n; i++)
     if (!ps[i]->data) {
-      weft_status st = weft_error(WEFT_ERR_STATE, "export: parameter '%s' has no storage", ps[i]->fqn);
+      weft_status st =
+          weft_error(WEFT_ERR_STATE, "export: parameter '%s' has no storage", ps[i]->fqn);
       free(ps);
       return st;
     }
@@ -121,7 +124,8 @@ static weft_status import_param(const weft_safetensors *f, weft_param *p, const 
       if (lb[k].global.size[d] > 1 && bs[d] != cs[d]) contig = false;
     int64_t numel = weft_box_volume(&lb[k].global, nd);
     if (contig) {
-      st = weft_safetensors_read_slice(f, name, nd, lb[k].global.off, lb[k].global.size, lt->dtype, dst, numel);
+      st = weft_safetensors_read_slice(f, name, nd, lb[k].global.off, lb[k].global.size, lt->dtype,
+                                       dst, numel);
     } else {
       free(tmp);
       tmp = malloc((size_t)numel * esz);
@@ -129,11 +133,13 @@ static weft_status import_param(const weft_safetensors *f, weft_param *p, const 
         st = weft_error(WEFT_ERR_OOM, "import staging");
         break;
       }
-      st = weft_safetensors_read_slice(f, name, nd, lb[k].global.off, lb[k].global.size, lt->dtype, tmp, numel);
+      st = weft_safetensors_read_slice(f, name, nd, lb[k].global.off, lb[k].global.size, lt->dtype,
+                                       tmp, numel);
       weft_tensor tv; /* the slice as read, dense: into its place in the local tensor */
       if (st == WEFT_OK)
         st = weft_tensor_view_init(&tv, tmp, lt->dtype, WEFT_CPU, nd, lb[k].global.size, NULL);
-      if (st == WEFT_OK) st = weft_tensor_copy_region(lt, lb[k].local_start, &tv, NULL, lb[k].global.size);
+      if (st == WEFT_OK)
+        st = weft_tensor_copy_region(lt, lb[k].local_start, &tv, NULL, lb[k].global.size);
     }
   }
   free(tmp);
@@ -158,12 +164,16 @@ static weft_status compare_tied(const weft_safetensors *f, const char *path, wef
     char *x = malloc((size_t)numel * esz + 1), *y = malloc((size_t)numel * esz + 1);
     if (!x || !y) st = weft_error(WEFT_ERR_OOM, "import: tied parameter compare");
     if (st == WEFT_OK)
-      st = weft_safetensors_read_slice(f, a, nd, lb[k].global.off, lb[k].global.size, dtype, x, numel);
+      st = weft_safetensors_read_slice(f, a, nd, lb[k].global.off, lb[k].global.size, dtype, x,
+                                       numel);
     if (st == WEFT_OK)
-      st = weft_safetensors_read_slice(f, b, nd, lb[k].global.off, lb[k].global.size, dtype, y, numel);
+      st = weft_safetensors_read_slice(f, b, nd, lb[k].global.off, lb[k].global.size, dtype, y,
+                                       numel);
     if (st == WEFT_OK && memcmp(x, y, (size_t)numel * esz) != 0)
-      st = weft_error(WEFT_ERR_CORRUPT, "import: '%s' has '%s' and '%s', which name one tied "
-                      "parameter, with different values", path, a, b);
+      st = weft_error(WEFT_ERR_CORRUPT,
+                      "import: '%s' has '%s' and '%s', which name one tied "
+                      "parameter, with different values",
+                      path, a, b);
     free(x);
     free(y);
   }
@@ -172,8 +182,8 @@ static weft_status compare_tied(const weft_safetensors *f, const char *path, wef
 }
 
 weft_status weft_safetensors_import_model(weft_module *model, const char *path,
-                                          const weft_state_dict_opts *opts,
-                                          weft_key_list *missing, weft_key_list *unexpected) {
+                                          const weft_state_dict_opts *opts, weft_key_list *missing,
+                                          weft_key_list *unexpected) {
   if (missing) memset(missing, 0, sizeof *missing);
   if (unexpected) memset(unexpected, 0, sizeof *unexpected);
   if (opts && opts->version != WEFT_STATE_DICT_OPTS_VERSION)
@@ -206,16 +216,20 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
   for (int i = 0; i < n && local == WEFT_OK; i++) {
     weft_safetensors_info info;
     const char *other = NULL;
-    if (weft_safetensors_find(f, ps[i]->fqn, &info) == WEFT_OK) src[i] = ps[i]->fqn;
-    else weft_clear_error();
+    if (weft_safetensors_find(f, ps[i]->fqn, &info) == WEFT_OK)
+      src[i] = ps[i]->fqn;
+    else
+      weft_clear_error();
     for (int k = 0; k < nt; k++) {
       if (ties[k].p != ps[i]) continue;
       if (weft_safetensors_find(f, ties[k].alias, &info) != WEFT_OK) {
         weft_clear_error();
         continue;
       }
-      if (!src[i]) src[i] = ties[k].alias;
-      else if (!other) other = ties[k].alias;
+      if (!src[i])
+        src[i] = ties[k].alias;
+      else if (!other)
+        other = ties[k].alias;
     }
     if (!src[i]) {
       local = push_key(&miss, ps[i]->fqn);
@@ -235,8 +249,8 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
         memcpy(y.size, s->shape, sizeof y.size);
         dcp_box_describe(&x, info.ndim, a, sizeof a);
         dcp_box_describe(&y, s->ndim, b, sizeof b);
-        local = weft_error(WEFT_ERR_INVALID, "import: '%s' has shape %s in '%s' but %s in the model",
-                           nm, a, path, b);
+        local = weft_error(WEFT_ERR_INVALID,
+                           "import: '%s' has shape %s in '%s' but %s in the model", nm, a, path, b);
       } else if (!weft_dtype_is_float(info.dtype)) {
         local = weft_error(WEFT_ERR_INVALID, "import: '%s' is %s in '%s' (a float dtype is needed)",
                            nm, weft_dtype_name(info.dtype), path);
@@ -271,9 +285,13 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
   dcp_ties_free(ties, nt);
   free(src);
   free(ps);
-  if (st == WEFT_OK && missing) *missing = miss;
-  else weft_key_list_clear(&miss);
-  if (st == WEFT_OK && unexpected) *unexpected = unexp;
-  else weft_key_list_clear(&unexp);
+  if (st == WEFT_OK && missing)
+    *missing = miss;
+  else
+    weft_key_list_clear(&miss);
+  if (st == WEFT_OK && unexpected)
+    *unexpected = unexp;
+  else
+    weft_key_list_clear(&unexp);
   return st;
 }

@@ -128,8 +128,8 @@ weft_status weft_state_dict_add_dtensor(weft_state_dict *sd, const char *name, w
   weft_dtensor *mine = dt;
   if (own == WEFT_LOCAL_COPY) {
     const weft_dtensor_spec *s = weft_dtensor_get_spec(dt);
-    WEFT_CHECK(weft_dtensor_empty(weft_dtensor_mesh(dt), s->dtype, s->ndim, s->shape,
-                                  s->placements, s->mesh_ndim, &mine));
+    WEFT_CHECK(weft_dtensor_empty(weft_dtensor_mesh(dt), s->dtype, s->ndim, s->shape, s->placements,
+                                  s->mesh_ndim, &mine));
     weft_status st = weft_tensor_copy(weft_dtensor_local(mine), weft_dtensor_local(dt));
     if (st != WEFT_OK) {
       weft_dtensor_destroy(mine);
@@ -215,9 +215,12 @@ weft_status weft_state_dict_set_int(weft_state_dict *sd, const char *name, int64
 
 weft_status weft_state_dict_set_double(weft_state_dict *sd, const char *name, double v) {
   char buf[64];
-  if (isnan(v)) snprintf(buf, sizeof buf, "nan");
-  else if (isinf(v)) snprintf(buf, sizeof buf, v > 0 ? "inf" : "-inf");
-  else snprintf(buf, sizeof buf, "%a", v);
+  if (isnan(v))
+    snprintf(buf, sizeof buf, "nan");
+  else if (isinf(v))
+    snprintf(buf, sizeof buf, v > 0 ? "inf" : "-inf");
+  else
+    snprintf(buf, sizeof buf, "%a", v);
   return dcp_sd_set_value(sd, name, WEFT_VALUE_DOUBLE, buf);
 }
 
@@ -266,8 +269,10 @@ weft_status weft_state_dict_get_double(const weft_state_dict *sd, const char *na
   const dcp_vmeta *v;
   WEFT_CHECK(get_value(sd, name, &v));
   if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
-  if (v->type == WEFT_VALUE_INT) *out = (double)strtoll(v->text, NULL, 10);
-  else if (v->type == WEFT_VALUE_DOUBLE) *out = strtod(v->text, NULL);
+  if (v->type == WEFT_VALUE_INT)
+    *out = (double)strtoll(v->text, NULL, 10);
+  else if (v->type == WEFT_VALUE_DOUBLE)
+    *out = strtod(v->text, NULL);
   else
     return weft_error(WEFT_ERR_INVALID, "value '%s' is a %s, not a number", name,
                       dcp_value_type_name(v->type));
@@ -300,9 +305,9 @@ weft_status weft_state_dict_set_llama_config(weft_state_dict *sd, const char *na
   if (!c) return weft_error(WEFT_ERR_INVALID, "config is NULL");
   char buf[1024];
   snprintf(buf, sizeof buf,
-           "{\"dim\":%" PRId64 ",\"n_layers\":%" PRId64 ",\"n_heads\":%" PRId64 ",\"n_kv_heads\":%" PRId64
-           ",\"ffn_dim\":%" PRId64 ",\"vocab\":%" PRId64 ",\"max_seq_len\":%" PRId64
-           ",\"norm_eps\":%.9g,\"rope_theta\":%.17g,\"init_std\":%.9g}",
+           "{\"dim\":%" PRId64 ",\"n_layers\":%" PRId64 ",\"n_heads\":%" PRId64
+           ",\"n_kv_heads\":%" PRId64 ",\"ffn_dim\":%" PRId64 ",\"vocab\":%" PRId64
+           ",\"max_seq_len\":%" PRId64 ",\"norm_eps\":%.9g,\"rope_theta\":%.17g,\"init_std\":%.9g}",
            c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab, c->max_seq_len,
            (double)c->norm_eps, c->rope_theta, (double)c->init_std);
   return weft_state_dict_set_json(sd, name, buf);
@@ -322,8 +327,12 @@ weft_status weft_state_dict_get_llama_config(const weft_state_dict *sd, const ch
   struct {
     const char *key;
     int64_t *dst;
-  } ints[] = {{"dim", &r.dim},         {"n_layers", &r.n_layers}, {"n_heads", &r.n_heads},
-              {"n_kv_heads", &r.n_kv_heads}, {"ffn_dim", &r.ffn_dim}, {"vocab", &r.vocab},
+  } ints[] = {{"dim", &r.dim},
+              {"n_layers", &r.n_layers},
+              {"n_heads", &r.n_heads},
+              {"n_kv_heads", &r.n_kv_heads},
+              {"ffn_dim", &r.ffn_dim},
+              {"vocab", &r.vocab},
               {"max_seq_len", &r.max_seq_len}};
   weft_status st = WEFT_OK;
   for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !st; i++) {
@@ -332,13 +341,15 @@ weft_status weft_state_dict_get_llama_config(const weft_state_dict *sd, const ch
         fabs(it->valuedouble) > DCP_MAX_INT)
       st = weft_error(WEFT_ERR_INVALID, "config '%s': \"%s\" is missing or not an integer", name,
                       ints[i].key);
-    else *ints[i].dst = (int64_t)it->valuedouble;
+    else
+      *ints[i].dst = (int64_t)it->valuedouble;
   }
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "norm_eps");
   const cJSON *th = cJSON_GetObjectItemCaseSensitive(j, "rope_theta");
   const cJSON *sd_ = cJSON_GetObjectItemCaseSensitive(j, "init_std");
   if (!st && (!cJSON_IsNumber(e) || !cJSON_IsNumber(th) || !cJSON_IsNumber(sd_)))
-    st = weft_error(WEFT_ERR_INVALID, "config '%s': norm_eps, rope_theta or init_std missing", name);
+    st =
+        weft_error(WEFT_ERR_INVALID, "config '%s': norm_eps, rope_theta or init_std missing", name);
   if (!st) {
     r.norm_eps = (float)e->valuedouble;
     r.rope_theta = th->valuedouble;

@@ -34,13 +34,15 @@ static int cmp_off0(const void *a, const void *b, void *ctx) {
 
 static const char *label(const char *(*owner)(int64_t, void *), void *ctx, int64_t i, char *buf,
                          size_t cap) {
-  if (owner) snprintf(buf, cap, "%s", owner(i, ctx));
-  else snprintf(buf, cap, "chunk %" PRId64, i);
+  if (owner)
+    snprintf(buf, cap, "%s", owner(i, ctx));
+  else
+    snprintf(buf, cap, "chunk %" PRId64, i);
   return buf;
 }
 
-weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
-                             const int64_t *shape, const weft_box *const *boxes, int64_t n,
+weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim, const int64_t *shape,
+                             const weft_box *const *boxes, int64_t n,
                              const char *(*owner)(int64_t i, void *ctx), void *ctx) {
   char bs[256], bs2[256], la[96], lb[96];
   int64_t numel = 1;
@@ -50,15 +52,18 @@ weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
     for (int d = 0; d < ndim; d++)
       if (b->size[d] <= 0 || b->off[d] < 0 || b->off[d] > shape[d] - b->size[d]) {
         dcp_box_describe(b, ndim, bs, sizeof bs);
-        return weft_error(WEFT_ERR_CORRUPT, "%s: tensor '%s': %s %s %s the tensor's shape (dim %d "
-                          "has size %" PRId64 ")", where, tensor, label(owner, ctx, i, la, sizeof la),
-                          bs, b->size[d] <= 0 ? "is empty in" : "lies outside", d, shape[d]);
+        return weft_error(WEFT_ERR_CORRUPT,
+                          "%s: tensor '%s': %s %s %s the tensor's shape (dim %d "
+                          "has size %" PRId64 ")",
+                          where, tensor, label(owner, ctx, i, la, sizeof la), bs,
+                          b->size[d] <= 0 ? "is empty in" : "lies outside", d, shape[d]);
       }
   }
   if (ndim == 0) {
     if (n > 1) {
       return weft_error(WEFT_ERR_CORRUPT, "%s: tensor '%s' (a scalar): %s overlaps %s", where,
-                        tensor, label(owner, ctx, 1, lb, sizeof lb), label(owner, ctx, 0, la, sizeof la));
+                        tensor, label(owner, ctx, 1, lb, sizeof lb),
+                        label(owner, ctx, 0, la, sizeof la));
     }
   } else if (n > 1) {
     int64_t *ord = malloc((size_t)n * sizeof *ord);
@@ -73,9 +78,9 @@ weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
         if (weft_box_intersect(a, b, ndim, NULL)) {
           dcp_box_describe(a, ndim, bs, sizeof bs);
           dcp_box_describe(b, ndim, bs2, sizeof bs2);
-          weft_status st = weft_error(
-              WEFT_ERR_CORRUPT, "%s: tensor '%s': %s %s overlaps %s %s", where, tensor,
-              label(owner, ctx, ord[j], lb, sizeof lb), bs2, label(owner, ctx, ord[i], la, sizeof la), bs);
+          weft_status st = weft_error(WEFT_ERR_CORRUPT, "%s: tensor '%s': %s %s overlaps %s %s",
+                                      where, tensor, label(owner, ctx, ord[j], lb, sizeof lb), bs2,
+                                      label(owner, ctx, ord[i], la, sizeof la), bs);
           free(ord);
           return st;
         }
@@ -86,9 +91,10 @@ weft_status dcp_check_tiling(const char *where, const char *tensor, int ndim,
   int64_t sum = 0;
   for (int64_t i = 0; i < n; i++) sum += weft_box_volume(boxes[i], ndim);
   if (sum != numel)
-    return weft_error(WEFT_ERR_CORRUPT, "%s: tensor '%s': its chunks cover %" PRId64 " of its %" PRId64
-                      " elements (a hole: some part of the tensor was never saved)", where, tensor,
-                      sum, numel);
+    return weft_error(WEFT_ERR_CORRUPT,
+                      "%s: tensor '%s': its chunks cover %" PRId64 " of its %" PRId64
+                      " elements (a hole: some part of the tensor was never saved)",
+                      where, tensor, sum, numel);
   return WEFT_OK;
 }
 
@@ -223,8 +229,11 @@ weft_status dcp_pread_full(int fd, void *buf, size_t n, uint64_t off, const char
                         strerror(errno));
     }
     if (r == 0)
-      return weft_error(WEFT_ERR_CORRUPT, "%s: file ends at byte %" PRIu64 " while reading %s "
-                        "(truncated)", path, off, what);
+      return weft_error(WEFT_ERR_CORRUPT,
+                        "%s: file ends at byte %" PRIu64
+                        " while reading %s "
+                        "(truncated)",
+                        path, off, what);
     p += r;
     n -= (size_t)r;
     off += (uint64_t)r;
@@ -234,7 +243,8 @@ weft_status dcp_pread_full(int fd, void *buf, size_t n, uint64_t off, const char
 
 weft_status dcp_fsync_dir(const char *dir) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return weft_error(WEFT_ERR_IO, "cannot open directory '%s': %s", dir, strerror(errno));
+  if (fd < 0)
+    return weft_error(WEFT_ERR_IO, "cannot open directory '%s': %s", dir, strerror(errno));
   int rc = fsync(fd);
   int e = errno;
   close(fd);
@@ -252,7 +262,8 @@ weft_status dcp_mkdirs(const char *dir) {
     char c = p[i];
     p[i] = '\0';
     if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-      weft_status st = weft_error(WEFT_ERR_IO, "cannot create directory '%s': %s", p, strerror(errno));
+      weft_status st =
+          weft_error(WEFT_ERR_IO, "cannot create directory '%s': %s", p, strerror(errno));
       free(p);
       return st;
     }
@@ -276,7 +287,8 @@ const char *dcp_last_msg(void) {
     if (e) m = e + 2;
   }
   const char *p = m;
-  while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_')
+  while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+         *p == '_')
     p++;
   if (p > m && p[0] == ':' && p[1] == ' ') m = p + 2;
   size_t n = strcspn(m, "\n");

@@ -56,8 +56,8 @@ static weft_status xfer_walk(const dt_xfer *x, int mode, const weft_tensor *a,
       ao[d] = s->pa;
       bo[d] = s->pb;
     }
-    WEFT_CHECK(weft_tensor_copy_region(dst, mode == 0 ? ppos : bo, src, mode == 1 ? ppos : ao,
-                                       shape));
+    WEFT_CHECK(
+        weft_tensor_copy_region(dst, mode == 0 ? ppos : bo, src, mode == 1 ? ppos : ao, shape));
     int d = nd - 1;
     while (d >= 0) {
       ppos[d] += x->seg[d].s[idx[d]].len;

@@ -48,8 +48,10 @@ void weft_dtensor_destroy(weft_dtensor *dt) {
   if (!dt) return;
   /* a VIEW's header is ours too (it owns no data), so destroy frees just it;
    * an owned buffer may go back to the buffer cache */
-  if (dt->owns_local) dt_tensor_release(dt->local);
-  else weft_tensor_destroy(dt->local);
+  if (dt->owns_local)
+    dt_tensor_release(dt->local);
+  else
+    weft_tensor_destroy(dt->local);
   weft_mesh_release(dt->mesh);
   free(dt);
 }
@@ -125,8 +127,10 @@ static weft_status make_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const
   dt_my_coords(mesh, me);
   WEFT_CHECK(weft_dtensor_spec_local_shape(&spec, me, lshape, NULL, NULL));
   weft_tensor *t;
-  if (zero) WEFT_CHECK(weft_tensor_zeros(dtype, WEFT_CPU, ndim, lshape, &t));
-  else WEFT_CHECK(weft_tensor_create(dtype, WEFT_CPU, ndim, lshape, &t));
+  if (zero)
+    WEFT_CHECK(weft_tensor_zeros(dtype, WEFT_CPU, ndim, lshape, &t));
+  else
+    WEFT_CHECK(weft_tensor_create(dtype, WEFT_CPU, ndim, lshape, &t));
   weft_status st = dt_wrap(mesh, &spec, t, true, out);
   if (st != WEFT_OK) weft_tensor_destroy(t);
   return st;
@@ -154,8 +158,7 @@ static weft_status mesh_any(const weft_mesh *mesh, int64_t *flag) {
 
 /* Sorted union over every coordinate of the mesh dims >= from of the
  * holding along each tensor dim, for the coordinates below `from` of me. */
-static weft_status union_box(const weft_dtensor_spec *spec, const int *me, int from,
-                             dt_box *out) {
+static weft_status union_box(const weft_dtensor_spec *spec, const int *me, int from, dt_box *out) {
   out->ndim = spec->ndim;
   for (int d = 0; d < spec->ndim; d++) {
     int dims[WEFT_MESH_MAX_DIMS], nd = 0;
@@ -291,7 +294,8 @@ static weft_status distribute_agree(weft_mesh *mesh, const weft_tensor *full, in
       for (int d = 0; d < full->ndim; d++) meta[3 + d] = full->shape[d];
     }
   }
-  for (int i = 0; i < k; i++) WEFT_CHECK(weft_broadcast(mesh, i, meta, META_WORDS, WEFT_I64, src[i], NULL));
+  for (int i = 0; i < k; i++)
+    WEFT_CHECK(weft_broadcast(mesh, i, meta, META_WORDS, WEFT_I64, src[i], NULL));
   if (meta[0] != WEFT_OK)
     return weft_error((weft_status)meta[0], "the source (mesh rank %d) passed %s", src_rank,
                       meta[0] == WEFT_ERR_INVALID ? "full = NULL" : "a non-CPU tensor");
@@ -313,11 +317,15 @@ static weft_status distribute_agree(weft_mesh *mesh, const weft_tensor *full, in
     if (mydesc[0]) {
       char want[512];
       weft_dtensor_spec_describe(spec, want, sizeof want);
-      return weft_error(WEFT_ERR_MISMATCH, "this rank's full tensor %s does not match the "
-                        "source's (mesh rank %d): %s", mydesc, src_rank, want);
+      return weft_error(WEFT_ERR_MISMATCH,
+                        "this rank's full tensor %s does not match the "
+                        "source's (mesh rank %d): %s",
+                        mydesc, src_rank, want);
     }
-    return weft_error(WEFT_ERR_MISMATCH, "a rank's full tensor does not match the source's "
-                      "(mesh rank %d) shape or dtype", src_rank);
+    return weft_error(WEFT_ERR_MISMATCH,
+                      "a rank's full tensor does not match the source's "
+                      "(mesh rank %d) shape or dtype",
+                      src_rank);
   }
   return WEFT_OK;
 }
@@ -362,9 +370,8 @@ static weft_status distribute_boxes(const weft_dtensor_spec *spec, const int *me
  * Replicate dim, scatter by all_to_all_v otherwise). Other groups take part
  * with zero counts. Finally U_k is put in this rank's holding order into a
  * new tensor *res. Collective over the mesh; `full` only on the source. */
-static weft_status distribute_scatter(weft_mesh *mesh, const weft_dtensor_spec *spec,
-                                      const int *me, const int *src, const weft_tensor *full,
-                                      weft_tensor **res) {
+static weft_status distribute_scatter(weft_mesh *mesh, const weft_dtensor_spec *spec, const int *me,
+                                      const int *src, const weft_tensor *full, weft_tensor **res) {
   const int k = spec->mesh_ndim, msize = weft_mesh_size(mesh);
   const size_t esz = weft_dtype_size(spec->dtype);
   weft_status st = WEFT_OK;
@@ -398,7 +405,8 @@ static weft_status distribute_scatter(weft_mesh *mesh, const weft_dtensor_spec *
       xs = calloc((size_t)m, sizeof *xs);
       if (!xs) st = weft_error(WEFT_ERR_OOM, "distribute transfers");
     }
-    if (st == WEFT_OK) st = distribute_boxes(spec, me, i, m, live, root, &cur, &next, &nt, xs, sc, sd);
+    if (st == WEFT_OK)
+      st = distribute_boxes(spec, me, i, m, live, root, &cur, &next, &nt, xs, sc, sd);
     if (st == WEFT_OK && rep) {
       /* the members' U_{i+1} equal the root's U_i (same box, same order) */
       if (root) {
@@ -465,12 +473,16 @@ weft_status weft_dtensor_distribute(weft_mesh *mesh, const weft_tensor *full, in
   int k = weft_mesh_ndim(mesh);
   int msize = weft_mesh_size(mesh);
   if (src_rank != WEFT_DTENSOR_ALL_RANKS && (src_rank < 0 || src_rank >= msize))
-    return weft_error(WEFT_ERR_INVALID, "src_rank %d is not a rank of the mesh (size %d) nor "
-                      "WEFT_DTENSOR_ALL_RANKS", src_rank, msize);
+    return weft_error(WEFT_ERR_INVALID,
+                      "src_rank %d is not a rank of the mesh (size %d) nor "
+                      "WEFT_DTENSOR_ALL_RANKS",
+                      src_rank, msize);
   for (int i = 0; i < nplacements && placements; i++)
     if (placements[i].kind == WEFT_PLACE_PARTIAL)
-      return weft_error(WEFT_ERR_INVALID, "placement %d: cannot distribute a full tensor to a "
-                        "Partial placement (as distribute_tensor)", i);
+      return weft_error(WEFT_ERR_INVALID,
+                        "placement %d: cannot distribute a full tensor to a "
+                        "Partial placement (as distribute_tensor)",
+                        i);
   if (nplacements != k)
     return weft_error(WEFT_ERR_INVALID,
                       "%d placements for a %d-dim mesh (need one placement per mesh dim)",
@@ -525,8 +537,8 @@ static void rec_fill(int64_t *rec, int64_t status, int mesh_rank, const weft_dte
   for (int i = 0; i < spec->mesh_ndim; i++) {
     p[4 * i] = spec->placements[i].kind;
     p[4 * i + 1] = weft_placement_is_shard(spec->placements[i]) ? spec->placements[i].dim : 0;
-    p[4 * i + 2] = spec->placements[i].kind == WEFT_PLACE_STRIDED_SHARD
-                       ? spec->placements[i].split_factor : 0;
+    p[4 * i + 2] =
+        spec->placements[i].kind == WEFT_PLACE_STRIDED_SHARD ? spec->placements[i].split_factor : 0;
     p[4 * i + 3] = spec->placements[i].kind == WEFT_PLACE_PARTIAL ? spec->placements[i].op : 0;
   }
 }
@@ -577,7 +589,8 @@ static weft_status check_collective(const weft_mesh *mesh, const weft_dtensor_sp
   for (int i = 0; i < k; i++) mshape[i] = weft_mesh_dim_size(mesh, i);
   /* 1: every rank accepted its own arguments */
   for (int r = 0; r < n && st == WEFT_OK; r++) {
-    if (!br[r]) st = weft_error(WEFT_ERR_INTERNAL, "check: no record from mesh rank %d", r);
+    if (!br[r])
+      st = weft_error(WEFT_ERR_INTERNAL, "check: no record from mesh rank %d", r);
     else if (br[r][0] != WEFT_OK)
       st = weft_error(WEFT_ERR_MISMATCH, "mesh rank %d rejected its local shard (%s)", r,
                       weft_status_str((weft_status)br[r][0]));
@@ -661,7 +674,8 @@ weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_lo
   weft_status st = WEFT_OK;
   weft_dtensor_spec spec;
   memset(&spec, 0, sizeof spec);
-  if (!local) st = weft_error(WEFT_ERR_INVALID, "local is NULL");
+  if (!local)
+    st = weft_error(WEFT_ERR_INVALID, "local is NULL");
   else if (own != WEFT_LOCAL_COPY && own != WEFT_LOCAL_TAKE && own != WEFT_LOCAL_VIEW)
     st = weft_error(WEFT_ERR_INVALID, "invalid ownership %d", (int)own);
   else if (local->device != WEFT_CPU)
@@ -716,8 +730,12 @@ weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_lo
   weft_tensor *t = NULL;
   bool owns = true;
   switch (own) {
-    case WEFT_LOCAL_COPY: WEFT_CHECK(weft_tensor_clone(local, &t)); break;
-    case WEFT_LOCAL_TAKE: t = local; break;
+    case WEFT_LOCAL_COPY:
+      WEFT_CHECK(weft_tensor_clone(local, &t));
+      break;
+    case WEFT_LOCAL_TAKE:
+      t = local;
+      break;
     case WEFT_LOCAL_VIEW:
       WEFT_CHECK(weft_tensor_wrap(local->data, local->dtype, local->device, 0, NULL, &t));
       WEFT_CHECK(weft_tensor_view_init(t, local->data, local->dtype, local->device, local->ndim,
@@ -771,8 +789,8 @@ weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor 
     char da[512], db[512];
     weft_dtensor_spec_describe(a, da, sizeof da);
     weft_dtensor_spec_describe(b, db, sizeof db);
-    return weft_error(WEFT_ERR_INVALID, "out %s does not have the input's global shape and dtype (%s)",
-                      db, da);
+    return weft_error(WEFT_ERR_INVALID,
+                      "out %s does not have the input's global shape and dtype (%s)", db, da);
   }
   bool allow = opts && opts->version >= 1 && opts->allow_partial;
   dt_plan plan;
@@ -783,8 +801,10 @@ weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor 
   WEFT_CHECK(weft_dtensor_spec_local_shape(b, me, want, NULL, NULL));
   for (int d = 0; d < b->ndim; d++)
     if (out->local->shape[d] != want[d])
-      return weft_error(WEFT_ERR_INVALID, "out's local tensor has size %lld on dim %d, its spec "
-                        "gives %lld", (long long)out->local->shape[d], d, (long long)want[d]);
+      return weft_error(WEFT_ERR_INVALID,
+                        "out's local tensor has size %lld on dim %d, its spec "
+                        "gives %lld",
+                        (long long)out->local->shape[d], d, (long long)want[d]);
   return dt_redistribute_run(dt, b, &plan, out->local, NULL);
 }
 
@@ -818,10 +838,9 @@ static weft_status fill_rng(weft_dtensor *dt, bool normal, uint64_t seed, uint64
   WEFT_CHECK(check_dt(dt, "dt"));
   const weft_dtensor_spec *s = &dt->spec;
   if (total_rows > 0 && (s->ndim < 1 || row0 < 0 || row0 + s->shape[0] > total_rows))
-    return weft_error(WEFT_ERR_INVALID,
-                      "fill: rows [%lld, %lld) do not lie in a tensor of %lld rows",
-                      (long long)row0, (long long)(row0 + (s->ndim ? s->shape[0] : 0)),
-                      (long long)total_rows);
+    return weft_error(
+        WEFT_ERR_INVALID, "fill: rows [%lld, %lld) do not lie in a tensor of %lld rows",
+        (long long)row0, (long long)(row0 + (s->ndim ? s->shape[0] : 0)), (long long)total_rows);
   int me[WEFT_MESH_MAX_DIMS];
   dt_my_coords(dt->mesh, me);
   dt_box box = {0};
@@ -889,9 +908,8 @@ weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t 
   return fill_rng(dt, false, seed, key, lo, hi, 0, 0);
 }
 
-weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint64_t key,
-                                           float lo, float hi, int64_t row0,
-                                           int64_t total_rows) {
+weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint64_t key, float lo,
+                                           float hi, int64_t row0, int64_t total_rows) {
   if (total_rows < 1)
     return weft_error(WEFT_ERR_INVALID, "fill_uniform_rows: total_rows %lld < 1",
                       (long long)total_rows);

@@ -143,13 +143,14 @@ typedef struct weft_dtensor_spec {
  * >= 1 (StridedShard(d, 1) becomes Shard(d)), valid reduce ops, no mix of
  * different Partial ops, shape entries >= 0. Errors name the offending
  * placement. No communication. */
-WEFT_API weft_status weft_dtensor_spec_init(weft_dtensor_spec *spec, int mesh_ndim, const int *mesh_shape,
-                                   const weft_placement *placements, int nplacements,
-                                   weft_dtype dtype, int ndim, const int64_t *shape);
+WEFT_API weft_status weft_dtensor_spec_init(weft_dtensor_spec *spec, int mesh_ndim,
+                                            const int *mesh_shape, const weft_placement *placements,
+                                            int nplacements, weft_dtype dtype, int ndim,
+                                            const int64_t *shape);
 /* Same with the mesh shape taken from a mesh. */
 WEFT_API weft_status weft_dtensor_spec_init_mesh(weft_dtensor_spec *spec, const weft_mesh *mesh,
-                                        const weft_placement *placements, int nplacements,
-                                        weft_dtype dtype, int ndim, const int64_t *shape);
+                                                 const weft_placement *placements, int nplacements,
+                                                 weft_dtype dtype, int ndim, const int64_t *shape);
 /* Same mesh shape, placements, shape and dtype. */
 WEFT_API bool weft_dtensor_spec_equal(const weft_dtensor_spec *a, const weft_dtensor_spec *b);
 /* "f32[8, 6] (S(0), R) on mesh 2x2" */
@@ -175,14 +176,14 @@ typedef struct weft_range {
  * `contiguous` (may be NULL) is set false then, and the ranges come from
  * weft_dtensor_spec_ranges. */
 WEFT_API weft_status weft_dtensor_spec_local_shape(const weft_dtensor_spec *spec, const int *coords,
-                                          int64_t *local_shape, int64_t *global_offset,
-                                          bool *contiguous);
+                                                   int64_t *local_shape, int64_t *global_offset,
+                                                   bool *contiguous);
 /* The runs of global indices the shard at `coords` holds along `dim`, in
  * local order (local index 0 is ranges[0].start, ...; adjacent runs merged,
  * empty runs omitted). Writes min(cap, count) runs; *count is the total (0
  * for an empty local dim). */
-WEFT_API weft_status weft_dtensor_spec_ranges(const weft_dtensor_spec *spec, const int *coords, int dim,
-                                     weft_range *ranges, int cap, int *count);
+WEFT_API weft_status weft_dtensor_spec_ranges(const weft_dtensor_spec *spec, const int *coords,
+                                              int dim, weft_range *ranges, int cap, int *count);
 
 /* A box of a global tensor: indices [off[d], off[d] + size[d]) along each
  * dim d < ndim (ndim travels alongside). Pure local helpers on it: */
@@ -228,12 +229,12 @@ typedef struct weft_dtensor weft_dtensor;
  * of the right local shape on each rank. Partial placements are allowed
  * (e.g. gradient accumulators). Not collective (no communication), but
  * every rank should build the same spec. */
-WEFT_API weft_status weft_dtensor_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
-                               const weft_placement *placements, int nplacements,
-                               weft_dtensor **out);
-WEFT_API weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
-                               const weft_placement *placements, int nplacements,
-                               weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_empty(weft_mesh *mesh, weft_dtype dtype, int ndim,
+                                        const int64_t *shape, const weft_placement *placements,
+                                        int nplacements, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim,
+                                        const int64_t *shape, const weft_placement *placements,
+                                        int nplacements, weft_dtensor **out);
 
 /* Collective. Distributes a full tensor (torch.distributed.tensor.
  * distribute_tensor): with src_rank a mesh rank (weft_mesh_rank numbering),
@@ -247,8 +248,8 @@ WEFT_API weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int n
  * placements are rejected (WEFT_ERR_INVALID), as distribute_tensor does.
  * `full` may have any strides; the result owns a contiguous local tensor. */
 WEFT_API weft_status weft_dtensor_distribute(weft_mesh *mesh, const weft_tensor *full, int src_rank,
-                                    const weft_placement *placements, int nplacements,
-                                    weft_dtensor **out);
+                                             const weft_placement *placements, int nplacements,
+                                             weft_dtensor **out);
 
 /* What from_local does with the local tensor. */
 typedef enum weft_local_ownership {
@@ -268,9 +269,10 @@ typedef enum weft_local_ownership {
  * shape, placements or dtype disagree is named on every rank: WEFT_ERR_MISMATCH
  * on the others, its own error code on a rank whose arguments were bad.
  * Without debug it does not communicate. */
-WEFT_API weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_local_ownership own,
-                                    const weft_placement *placements, int nplacements,
-                                    const int64_t *global_shape, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local,
+                                             weft_local_ownership own,
+                                             const weft_placement *placements, int nplacements,
+                                             const int64_t *global_shape, weft_dtensor **out);
 
 /* Collective. Checks that every rank of the mesh has the same spec and a
  * local tensor of the shape the geometry gives it. WEFT_ERR_MISMATCH on
@@ -291,18 +293,20 @@ WEFT_API weft_status weft_dtensor_full_tensor(const weft_dtensor *dt, weft_tenso
 
 WEFT_API weft_mesh *weft_dtensor_mesh(const weft_dtensor *dt);
 WEFT_API const weft_dtensor_spec *weft_dtensor_get_spec(const weft_dtensor *dt);
-WEFT_API const weft_placement *weft_dtensor_placements(const weft_dtensor *dt); /* mesh_ndim entries */
+WEFT_API const weft_placement *weft_dtensor_placements(
+    const weft_dtensor *dt); /* mesh_ndim entries */
 WEFT_API int weft_dtensor_ndim(const weft_dtensor *dt);
-WEFT_API const int64_t *weft_dtensor_shape(const weft_dtensor *dt);             /* global shape */
+WEFT_API const int64_t *weft_dtensor_shape(const weft_dtensor *dt); /* global shape */
 WEFT_API weft_dtype weft_dtensor_dtype(const weft_dtensor *dt);
 /* This rank's global offset (see weft_dtensor_spec_local_shape); returns
  * whether the local piece is one contiguous box. */
 WEFT_API bool weft_dtensor_local_offset(const weft_dtensor *dt, int64_t *global_offset);
 /* This rank's runs along dim (see weft_dtensor_spec_ranges). */
-WEFT_API weft_status weft_dtensor_ranges(const weft_dtensor *dt, int dim, weft_range *ranges, int cap,
-                                int *count);
+WEFT_API weft_status weft_dtensor_ranges(const weft_dtensor *dt, int dim, weft_range *ranges,
+                                         int cap, int *count);
 /* This rank's pieces (see weft_dtensor_spec_local_boxes; local). */
-WEFT_API weft_status weft_dtensor_local_boxes(const weft_dtensor *dt, weft_local_box **out, int64_t *n);
+WEFT_API weft_status weft_dtensor_local_boxes(const weft_dtensor *dt, weft_local_box **out,
+                                              int64_t *n);
 /* "f32[8, 6] (S(0), R) on mesh (dp=2, tp=2), local f32[4, 6] at [0, 0]" */
 WEFT_API void weft_dtensor_describe(const weft_dtensor *dt, char *buf, size_t cap);
 
@@ -311,10 +315,10 @@ WEFT_API void weft_dtensor_describe(const weft_dtensor *dt, char *buf, size_t ca
  * values depend only on (seed, key, global index), never on the mesh or the
  * placements. Float dtypes. No communication. A Partial DTensor is filled on
  * every rank the same (each holds the full value). */
-WEFT_API weft_status weft_dtensor_fill_normal(weft_dtensor *dt, uint64_t seed, uint64_t key, float mean,
-                                     float std);
-WEFT_API weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t key, float lo,
-                                      float hi);
+WEFT_API weft_status weft_dtensor_fill_normal(weft_dtensor *dt, uint64_t seed, uint64_t key,
+                                              float mean, float std);
+WEFT_API weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t key,
+                                               float lo, float hi);
 /* As weft_dtensor_fill_uniform when dt holds rows [row0, row0 + shape[0])
  * (dim 0) of a larger tensor of total_rows rows that is not a DTensor
  * (data parallel: each dp group's batch slice): every element gets the
@@ -322,8 +326,8 @@ WEFT_API weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, 
  * slices equal the one-rank masks. WEFT_ERR_INVALID when the rows do not lie
  * in [0, total_rows) or dt is 0-d. No communication. */
 WEFT_API weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint64_t key,
-                                           float lo, float hi, int64_t row0,
-                                           int64_t total_rows);
+                                                    float lo, float hi, int64_t row0,
+                                                    int64_t total_rows);
 
 /* ------------------------------------------------------------ redistribute */
 
@@ -345,8 +349,9 @@ WEFT_API weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t s
  * shape, element size). Errors: wrong number of placements, a shard dim out
  * of range, Partial as a target where the source does not already have the
  * same Partial (WEFT_ERR_INVALID, every rank, no communication). */
-WEFT_API weft_status weft_dtensor_redistribute(const weft_dtensor *dt, const weft_placement *placements,
-                                      int nplacements, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_redistribute(const weft_dtensor *dt,
+                                               const weft_placement *placements, int nplacements,
+                                               weft_dtensor **out);
 
 /* Options for weft_dtensor_redistribute_ex; versioned so the ABI can grow. */
 typedef struct weft_redistribute_opts {
@@ -354,12 +359,14 @@ typedef struct weft_redistribute_opts {
   bool allow_partial; /* allow Replicate -> Partial targets (internal use: ops, backward) */
 } weft_redistribute_opts;
 #define WEFT_REDISTRIBUTE_OPTS_VERSION 1
-#define WEFT_REDISTRIBUTE_OPTS_INIT {WEFT_REDISTRIBUTE_OPTS_VERSION, false}
+#define WEFT_REDISTRIBUTE_OPTS_INIT \
+  { WEFT_REDISTRIBUTE_OPTS_VERSION, false }
 
 /* weft_dtensor_redistribute with options (opts NULL = defaults). */
-WEFT_API weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const weft_placement *placements,
-                                         int nplacements, const weft_redistribute_opts *opts,
-                                         weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt,
+                                                  const weft_placement *placements, int nplacements,
+                                                  const weft_redistribute_opts *opts,
+                                                  weft_dtensor **out);
 
 /* Collective. Like weft_dtensor_redistribute_ex, but writes the result into
  * an existing DTensor `out` — same mesh, global shape and dtype; its
@@ -368,7 +375,7 @@ WEFT_API weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const 
  * steps). out's local tensor is overwritten and may be a VIEW (e.g. a flat
  * FSDP buffer); it must not overlap the input's. opts may be NULL. */
 WEFT_API weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor *out,
-                                           const weft_redistribute_opts *opts);
+                                                    const weft_redistribute_opts *opts);
 
 /* Opt-in cache of host buffers for DTensor results and redistribute
  * scratch, like PyTorch's caching allocator: up to max_bytes of blocks
@@ -392,10 +399,10 @@ typedef struct weft_redistribute_step {
  * placements (same mesh shape, shape, dtype), without communicating. Writes
  * min(cap, count) steps, *nsteps = count; *cost (may be NULL) = the planner's
  * estimate of bytes sent per rank. allow_partial as in the options. */
-WEFT_API weft_status weft_redistribute_plan(const weft_dtensor_spec *src, const weft_placement *placements,
-                                   int nplacements, bool allow_partial,
-                                   weft_redistribute_step *steps, int cap, int *nsteps,
-                                   double *cost);
+WEFT_API weft_status weft_redistribute_plan(const weft_dtensor_spec *src,
+                                            const weft_placement *placements, int nplacements,
+                                            bool allow_partial, weft_redistribute_step *steps,
+                                            int cap, int *nsteps, double *cost);
 
 /* Plan cache counters (process-wide) and reset (tests). */
 typedef struct weft_plan_cache_stats {
@@ -424,23 +431,29 @@ WEFT_API void weft_redistribute_plan_cache_clear(void);
  *   R, R         -> R
  *   P(sum|avg), R -> P(op);  R, P(sum|avg) -> P(op)
  * f32, f64, bf16 (weft_gemm). */
-WEFT_API weft_status weft_dtensor_matmul(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_matmul(const weft_dtensor *a, const weft_dtensor *b,
+                                         weft_dtensor **out);
 /* x @ w^T (nn.Linear without bias). x: (..., K), w: (N, K) as Linear.weight.
  * Same rules with w's out-features dim 0 as the column dim (colwise:
  * w S(0) -> out S(last)) and w's dim 1 as the contracting dim (rowwise:
  * x S(last), w S(1) -> P(sum)). */
-WEFT_API weft_status weft_dtensor_linear(const weft_dtensor *x, const weft_dtensor *w, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_linear(const weft_dtensor *x, const weft_dtensor *w,
+                                         weft_dtensor **out);
 /* Elementwise on same-shape float DTensors. add: matching placements; P(op)+P(op)
  * -> P(op) for sum and avg. mul: matching placements; P(sum|avg) * R -> P. */
-WEFT_API weft_status weft_dtensor_add(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out);
-WEFT_API weft_status weft_dtensor_mul(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_add(const weft_dtensor *a, const weft_dtensor *b,
+                                      weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_mul(const weft_dtensor *a, const weft_dtensor *b,
+                                      weft_dtensor **out);
 /* Sum / mean over `dim` (negative counts from the end). A shard of `dim`
  * becomes P(sum) (mean: local sum times 1/n of the global size, exact for
  * uneven shards, where PyTorch uses P(avg) of local means); shards of other
  * dims stay (renumbered when keepdim is false); P(sum|avg) stays; P(max|min)
  * inputs are reduced first. */
-WEFT_API weft_status weft_dtensor_sum(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out);
-WEFT_API weft_status weft_dtensor_mean(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_sum(const weft_dtensor *x, int dim, bool keepdim,
+                                      weft_dtensor **out);
+WEFT_API weft_status weft_dtensor_mean(const weft_dtensor *x, int dim, bool keepdim,
+                                       weft_dtensor **out);
 
 /* A sharding strategy of one mesh dim for an op of up to
  * WEFT_SHARDING_MAX_INPUTS inputs: the placement each input must have and
@@ -462,10 +475,10 @@ typedef struct weft_sharding_option {
  * keeps the value). Writes the inputs' targets (targets[k * mesh_ndim + i]
  * for input k, mesh dim i) and the outputs' placements. WEFT_ERR_UNSUPPORTED
  * when no combination can be reached. Local (no communication). */
-WEFT_API weft_status weft_sharding_choose(const weft_dtensor_spec *const *in, int nin, int mesh_ndim,
-                                 const weft_sharding_option *opts, int cap, const int *nopt,
-                                 bool allow_partial, weft_placement *targets,
-                                 weft_placement *out_placements);
+WEFT_API weft_status weft_sharding_choose(const weft_dtensor_spec *const *in, int nin,
+                                          int mesh_ndim, const weft_sharding_option *opts, int cap,
+                                          const int *nopt, bool allow_partial,
+                                          weft_placement *targets, weft_placement *out_placements);
 
 /* ------------------------------------------------------------ visualization */
 
@@ -476,7 +489,7 @@ WEFT_API weft_status weft_sharding_choose(const weft_dtensor_spec *const *in, in
  * `f` when non-NULL, else into buf (cap bytes, NUL-terminated; truncated
  * output still terminates). WEFT_ERR_UNSUPPORTED for other ranks of tensor. */
 WEFT_API weft_status weft_dtensor_spec_visualize(const weft_dtensor_spec *spec, FILE *f, char *buf,
-                                        size_t cap);
+                                                 size_t cap);
 WEFT_API weft_status weft_dtensor_visualize(const weft_dtensor *dt, FILE *f);
 WEFT_API weft_status weft_dtensor_visualize_str(const weft_dtensor *dt, char *buf, size_t cap);
 

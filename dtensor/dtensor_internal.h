@@ -11,7 +11,7 @@ struct weft_dtensor {
   weft_mesh *mesh;        /* retained */
   weft_dtensor_spec spec; /* normalised */
   weft_tensor *local;
-  bool owns_local;        /* destroy `local` with the DTensor */
+  bool owns_local; /* destroy `local` with the DTensor */
 };
 
 /* ------------------------------------------------------------ run lists */
@@ -84,11 +84,11 @@ weft_status dt_xfer_copy(const dt_xfer *x, const weft_tensor *a_local, weft_tens
 /* ------------------------------------------------------------- planner */
 
 typedef enum dt_step_kind {
-  DT_STEP_LOCAL = 0,   /* R -> S/R: slice */
-  DT_STEP_PARTITION,   /* R -> P: local transform */
-  DT_STEP_ALL_GATHER,  /* S -> R */
-  DT_STEP_ALL_TO_ALL,  /* S -> S */
-  DT_STEP_ALL_REDUCE,  /* P -> R */
+  DT_STEP_LOCAL = 0,      /* R -> S/R: slice */
+  DT_STEP_PARTITION,      /* R -> P: local transform */
+  DT_STEP_ALL_GATHER,     /* S -> R */
+  DT_STEP_ALL_TO_ALL,     /* S -> S */
+  DT_STEP_ALL_REDUCE,     /* P -> R */
   DT_STEP_REDUCE_SCATTER, /* P -> S */
 } dt_step_kind;
 

@@ -149,8 +149,7 @@ static weft_status holding_blocks(const weft_dtensor_spec *spec, const int *coor
         for (int64_t j = c * per; j < (c + 1) * per; j++) {
           WEFT_CHECK_GOTO(blocks_add(&next, &slot), st, fail);
           for (int r = 0; r < cur->b[j].n; r++)
-            WEFT_CHECK_GOTO(dt_runs_push(slot, cur->b[j].r[r].start, cur->b[j].r[r].len), st,
-                            fail);
+            WEFT_CHECK_GOTO(dt_runs_push(slot, cur->b[j].r[r].start, cur->b[j].r[r].len), st, fail);
         }
       } else {
         dt_runs flat = {0};
@@ -334,8 +333,7 @@ weft_status weft_dtensor_spec_ranges(const weft_dtensor_spec *spec, const int *c
                                      weft_range *ranges, int cap, int *count) {
   WEFT_CHECK(check_coords(spec, coords));
   if (dim < 0 || dim >= spec->ndim)
-    return weft_error(WEFT_ERR_INVALID, "dim %d out of range for a %d-dim tensor", dim,
-                      spec->ndim);
+    return weft_error(WEFT_ERR_INVALID, "dim %d out of range for a %d-dim tensor", dim, spec->ndim);
   if (!count) return weft_error(WEFT_ERR_INVALID, "count is NULL");
   dt_runs l = {0};
   weft_status st = dt_holding(spec, coords, dim, &l);

@@ -50,8 +50,8 @@ weft_status weft_sharding_choose(const weft_dtensor_spec *const *in, int nin, in
   int64_t total = 1;
   for (int i = 0; i < k; i++) {
     if (nopt[i] < 1 || nopt[i] > cap)
-      return weft_error(WEFT_ERR_INVALID, "sharding_choose: mesh dim %d has %d options (1..%d)",
-                        i, nopt[i], cap);
+      return weft_error(WEFT_ERR_INVALID, "sharding_choose: mesh dim %d has %d options (1..%d)", i,
+                        nopt[i], cap);
     total *= nopt[i];
   }
   if (total > MAX_COMBOS)
@@ -135,7 +135,8 @@ static weft_status bring(const weft_dtensor *in, const weft_placement *to, bool 
   return WEFT_OK;
 }
 
-static weft_status contiguous_local(const weft_tensor *t, weft_tensor **tmp, const weft_tensor **use) {
+static weft_status contiguous_local(const weft_tensor *t, weft_tensor **tmp,
+                                    const weft_tensor **use) {
   *tmp = NULL;
   *use = t;
   if (weft_tensor_is_contiguous(t)) return WEFT_OK;
@@ -154,7 +155,8 @@ static weft_status finish(weft_mesh *mesh, const weft_dtensor_spec *spec, weft_t
   weft_status st = weft_dtensor_spec_local_shape(spec, me, want, NULL, NULL);
   for (int d = 0; st == WEFT_OK && d < spec->ndim; d++)
     if (want[d] != local->shape[d])
-      st = weft_error(WEFT_ERR_INTERNAL, "op result has local size %lld on dim %d, geometry says %lld",
+      st = weft_error(WEFT_ERR_INTERNAL,
+                      "op result has local size %lld on dim %d, geometry says %lld",
                       (long long)local->shape[d], d, (long long)want[d]);
   if (st == WEFT_OK) st = dt_wrap(mesh, spec, local, true, out);
   if (st != WEFT_OK) weft_tensor_destroy(local);
@@ -195,10 +197,9 @@ static weft_status mm(const weft_dtensor *a, const weft_dtensor *b, bool trans_b
     if (pa.kind == WEFT_PLACE_STRIDED_SHARD && pa.dim < na - 1)
       opts[i][n++] = (opt){pa, weft_replicate(), pa};
     if (pb.kind == WEFT_PLACE_STRIDED_SHARD && pb.dim == nb)
-      opts[i][n++] = (opt){weft_replicate(), pb,
-                           weft_strided_shard(na - 1, pb.split_factor)};
-    if (pa.kind == WEFT_PLACE_STRIDED_SHARD && pa.dim == ka && pb.kind == WEFT_PLACE_STRIDED_SHARD &&
-        pb.dim == kb && pa.split_factor == pb.split_factor)
+      opts[i][n++] = (opt){weft_replicate(), pb, weft_strided_shard(na - 1, pb.split_factor)};
+    if (pa.kind == WEFT_PLACE_STRIDED_SHARD && pa.dim == ka &&
+        pb.kind == WEFT_PLACE_STRIDED_SHARD && pb.dim == kb && pa.split_factor == pb.split_factor)
       opts[i][n++] = (opt){pa, pb, weft_partial(WEFT_OP_SUM)};
     /* partial inputs stay partial through a linear op */
     if (is_linear_partial(pa)) opts[i][n++] = (opt){pa, weft_replicate(), pa};
@@ -307,8 +308,10 @@ static weft_status elementwise(const weft_dtensor *a, const weft_dtensor *b, boo
   WEFT_CHECK_GOTO(bring(a, ta, is_add, &ra, &ua), st, done);
   WEFT_CHECK_GOTO(bring(b, tb, is_add, &rb, &ub), st, done);
   WEFT_CHECK_GOTO(weft_tensor_create(ospec.dtype, WEFT_CPU, nd, ua->local->shape, &res), st, done);
-  if (is_add) WEFT_CHECK_GOTO(weft_add(res, ua->local, ub->local), st, done);
-  else WEFT_CHECK_GOTO(weft_mul(res, ua->local, ub->local), st, done);
+  if (is_add)
+    WEFT_CHECK_GOTO(weft_add(res, ua->local, ub->local), st, done);
+  else
+    WEFT_CHECK_GOTO(weft_mul(res, ua->local, ub->local), st, done);
   st = finish(a->mesh, &ospec, res, out);
   res = NULL;
 done:
@@ -376,8 +379,8 @@ static weft_status reduce_dim(const weft_dtensor *x, int dim, bool keepdim, bool
     }
   }
   weft_dtensor_spec ospec;
-  WEFT_CHECK(weft_dtensor_spec_init(&ospec, k, x->spec.mesh_shape, to, k, x->spec.dtype, ond,
-                                    oshape));
+  WEFT_CHECK(
+      weft_dtensor_spec_init(&ospec, k, x->spec.mesh_shape, to, k, x->spec.dtype, ond, oshape));
   weft_dtensor *rx = NULL;
   const weft_dtensor *ux;
   weft_tensor *kept = NULL, *res = NULL;

@@ -15,10 +15,14 @@ bool weft_placement_is_shard(weft_placement p) {
 bool weft_placement_equal(weft_placement a, weft_placement b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case WEFT_PLACE_REPLICATE: return true;
-    case WEFT_PLACE_SHARD: return a.dim == b.dim;
-    case WEFT_PLACE_STRIDED_SHARD: return a.dim == b.dim && a.split_factor == b.split_factor;
-    case WEFT_PLACE_PARTIAL: return a.op == b.op;
+    case WEFT_PLACE_REPLICATE:
+      return true;
+    case WEFT_PLACE_SHARD:
+      return a.dim == b.dim;
+    case WEFT_PLACE_STRIDED_SHARD:
+      return a.dim == b.dim && a.split_factor == b.split_factor;
+    case WEFT_PLACE_PARTIAL:
+      return a.op == b.op;
   }
   return false;
 }
@@ -31,22 +35,37 @@ bool dt_placements_equal(const weft_placement *a, const weft_placement *b, int n
 
 static const char *op_name(weft_reduce_op op) {
   switch (op) {
-    case WEFT_OP_SUM: return "sum";
-    case WEFT_OP_AVG: return "avg";
-    case WEFT_OP_MAX: return "max";
-    case WEFT_OP_MIN: return "min";
-    default: return "?";
+    case WEFT_OP_SUM:
+      return "sum";
+    case WEFT_OP_AVG:
+      return "avg";
+    case WEFT_OP_MAX:
+      return "max";
+    case WEFT_OP_MIN:
+      return "min";
+    default:
+      return "?";
   }
 }
 
 void weft_placement_describe(weft_placement p, char *buf, size_t cap) {
   if (!buf || cap == 0) return;
   switch (p.kind) {
-    case WEFT_PLACE_REPLICATE: snprintf(buf, cap, "R"); break;
-    case WEFT_PLACE_SHARD: snprintf(buf, cap, "S(%d)", p.dim); break;
-    case WEFT_PLACE_STRIDED_SHARD: snprintf(buf, cap, "SS(%d,%d)", p.dim, p.split_factor); break;
-    case WEFT_PLACE_PARTIAL: snprintf(buf, cap, "P(%s)", op_name(p.op)); break;
-    default: snprintf(buf, cap, "?"); break;
+    case WEFT_PLACE_REPLICATE:
+      snprintf(buf, cap, "R");
+      break;
+    case WEFT_PLACE_SHARD:
+      snprintf(buf, cap, "S(%d)", p.dim);
+      break;
+    case WEFT_PLACE_STRIDED_SHARD:
+      snprintf(buf, cap, "SS(%d,%d)", p.dim, p.split_factor);
+      break;
+    case WEFT_PLACE_PARTIAL:
+      snprintf(buf, cap, "P(%s)", op_name(p.op));
+      break;
+    default:
+      snprintf(buf, cap, "?");
+      break;
   }
 }
 
@@ -105,8 +124,7 @@ weft_status weft_placements_parse(const char *text, weft_placement *out, int cap
     if (!*s || ((*s == ')' || *s == ']') && paren)) break;
     const char *tok = s;
     weft_placement p;
-    if (eat(&s, "SS(") || eat(&s, "_S(") || eat(&s, "StridedShard(") ||
-        eat(&s, "_StridedShard(")) {
+    if (eat(&s, "SS(") || eat(&s, "_S(") || eat(&s, "StridedShard(") || eat(&s, "_StridedShard(")) {
       int d, sf;
       if (!parse_int(&s, &d) || *s != ',') goto bad;
       s++;
@@ -127,11 +145,16 @@ weft_status weft_placements_parse(const char *text, weft_placement *out, int cap
     } else if (eat(&s, "P(") || eat(&s, "Partial(")) {
       skip_ws(&s);
       weft_reduce_op op;
-      if (eat(&s, "sum")) op = WEFT_OP_SUM;
-      else if (eat(&s, "avg")) op = WEFT_OP_AVG;
-      else if (eat(&s, "max")) op = WEFT_OP_MAX;
-      else if (eat(&s, "min")) op = WEFT_OP_MIN;
-      else goto bad;
+      if (eat(&s, "sum"))
+        op = WEFT_OP_SUM;
+      else if (eat(&s, "avg"))
+        op = WEFT_OP_AVG;
+      else if (eat(&s, "max"))
+        op = WEFT_OP_MAX;
+      else if (eat(&s, "min"))
+        op = WEFT_OP_MIN;
+      else
+        goto bad;
       skip_ws(&s);
       if (*s != ')') goto bad;
       s++;
@@ -152,8 +175,7 @@ weft_status weft_placements_parse(const char *text, weft_placement *out, int cap
     if (!*s || ((*s == ')' || *s == ']') && paren)) break;
     tok = s;
   bad:
-    return weft_error(WEFT_ERR_INVALID, "cannot parse placement at \"%.16s\" in \"%s\"", tok,
-                      text);
+    return weft_error(WEFT_ERR_INVALID, "cannot parse placement at \"%.16s\" in \"%s\"", tok, text);
   }
   *n = count;
   return WEFT_OK;
@@ -189,8 +211,8 @@ weft_status weft_dtensor_spec_init(weft_dtensor_spec *spec, int mesh_ndim, const
     s.mesh_shape[i] = mesh_shape[i];
   }
   for (int d = 0; d < ndim; d++) {
-    if (shape[d] < 0) return weft_error(WEFT_ERR_INVALID, "shape[%d] = %lld < 0", d,
-                                        (long long)shape[d]);
+    if (shape[d] < 0)
+      return weft_error(WEFT_ERR_INVALID, "shape[%d] = %lld < 0", d, (long long)shape[d]);
     s.shape[d] = shape[d];
   }
   int partial_op = -1;

@@ -52,21 +52,30 @@ static double est_local_bytes(const weft_dtensor_spec *s) {
 static bool step_kind_of(weft_placement from, weft_placement to, dt_step_kind *kind) {
   bool fs = weft_placement_is_shard(from), ts = weft_placement_is_shard(to);
   if (from.kind == WEFT_PLACE_REPLICATE) {
-    if (ts) *kind = DT_STEP_LOCAL;
-    else if (to.kind == WEFT_PLACE_PARTIAL) *kind = DT_STEP_PARTITION;
-    else return false;
+    if (ts)
+      *kind = DT_STEP_LOCAL;
+    else if (to.kind == WEFT_PLACE_PARTIAL)
+      *kind = DT_STEP_PARTITION;
+    else
+      return false;
     return true;
   }
   if (fs) {
-    if (to.kind == WEFT_PLACE_REPLICATE) *kind = DT_STEP_ALL_GATHER;
-    else if (ts) *kind = DT_STEP_ALL_TO_ALL;
-    else return false;
+    if (to.kind == WEFT_PLACE_REPLICATE)
+      *kind = DT_STEP_ALL_GATHER;
+    else if (ts)
+      *kind = DT_STEP_ALL_TO_ALL;
+    else
+      return false;
     return true;
   }
   /* partial */
-  if (to.kind == WEFT_PLACE_REPLICATE) *kind = DT_STEP_ALL_REDUCE;
-  else if (ts) *kind = DT_STEP_REDUCE_SCATTER;
-  else return false;
+  if (to.kind == WEFT_PLACE_REPLICATE)
+    *kind = DT_STEP_ALL_REDUCE;
+  else if (ts)
+    *kind = DT_STEP_REDUCE_SCATTER;
+  else
+    return false;
   return true;
 }
 
@@ -77,11 +86,16 @@ static double step_cost(const weft_dtensor_spec *x, const weft_dtensor_spec *y, 
   double f = (m - 1) / m;
   switch (kind) {
     case DT_STEP_LOCAL:
-    case DT_STEP_PARTITION: return 1.0;
-    case DT_STEP_ALL_GATHER: return DT_LATENCY_BYTES + est_local_bytes(y) * f;
-    case DT_STEP_ALL_TO_ALL: return DT_LATENCY_BYTES + est_local_bytes(x) * f;
-    case DT_STEP_ALL_REDUCE: return DT_LATENCY_BYTES + 2 * est_local_bytes(x) * f;
-    case DT_STEP_REDUCE_SCATTER: return DT_LATENCY_BYTES + est_local_bytes(x) * f;
+    case DT_STEP_PARTITION:
+      return 1.0;
+    case DT_STEP_ALL_GATHER:
+      return DT_LATENCY_BYTES + est_local_bytes(y) * f;
+    case DT_STEP_ALL_TO_ALL:
+      return DT_LATENCY_BYTES + est_local_bytes(x) * f;
+    case DT_STEP_ALL_REDUCE:
+      return DT_LATENCY_BYTES + 2 * est_local_bytes(x) * f;
+    case DT_STEP_REDUCE_SCATTER:
+      return DT_LATENCY_BYTES + est_local_bytes(x) * f;
   }
   return 1e300;
 }
@@ -346,8 +360,10 @@ static weft_status plan_search(const weft_dtensor_spec *src, const weft_dtensor_
     add_cand(&s, dst->placements[i]);
   }
   for (int i = 0; i < s.k; i++) {
-    if (weft_placement_is_shard(src->placements[i])) add_cand(&s, weft_shard(src->placements[i].dim));
-    if (weft_placement_is_shard(dst->placements[i])) add_cand(&s, weft_shard(dst->placements[i].dim));
+    if (weft_placement_is_shard(src->placements[i]))
+      add_cand(&s, weft_shard(src->placements[i].dim));
+    if (weft_placement_is_shard(dst->placements[i]))
+      add_cand(&s, weft_shard(dst->placements[i].dim));
   }
   weft_status st = WEFT_OK;
   int64_t start, goal_idx = -1;
@@ -504,8 +520,8 @@ void weft_redistribute_plan_cache_clear(void) {
   pthread_mutex_unlock(&cache_mu);
 }
 
-weft_status dt_plan_get(const weft_dtensor_spec *src, const weft_placement *dst,
-                        bool allow_partial, dt_plan *plan) {
+weft_status dt_plan_get(const weft_dtensor_spec *src, const weft_placement *dst, bool allow_partial,
+                        dt_plan *plan) {
   weft_dtensor_spec dspec;
   WEFT_CHECK(dt_spec_with(src, dst, src->mesh_ndim, &dspec));
   if (!allow_partial) {
@@ -561,11 +577,16 @@ weft_status dt_plan_cost(const weft_dtensor_spec *src, const weft_placement *dst
 
 static weft_coll_kind coll_of(dt_step_kind k) {
   switch (k) {
-    case DT_STEP_ALL_GATHER: return WEFT_COLL_ALL_GATHER;
-    case DT_STEP_ALL_TO_ALL: return WEFT_COLL_ALL_TO_ALL;
-    case DT_STEP_ALL_REDUCE: return WEFT_COLL_ALL_REDUCE;
-    case DT_STEP_REDUCE_SCATTER: return WEFT_COLL_REDUCE_SCATTER;
-    default: return WEFT_COLL_KIND_COUNT;
+    case DT_STEP_ALL_GATHER:
+      return WEFT_COLL_ALL_GATHER;
+    case DT_STEP_ALL_TO_ALL:
+      return WEFT_COLL_ALL_TO_ALL;
+    case DT_STEP_ALL_REDUCE:
+      return WEFT_COLL_ALL_REDUCE;
+    case DT_STEP_REDUCE_SCATTER:
+      return WEFT_COLL_REDUCE_SCATTER;
+    default:
+      return WEFT_COLL_KIND_COUNT;
   }
 }
 
@@ -584,9 +605,8 @@ weft_status weft_redistribute_plan(const weft_dtensor_spec *src, const weft_plac
     steps[i].mesh_dim = plan.steps[i].mesh_dim;
     steps[i].from = plan.steps[i].from;
     steps[i].to = plan.steps[i].to;
-    steps[i].coll = src->mesh_shape[plan.steps[i].mesh_dim] == 1
-                        ? WEFT_COLL_KIND_COUNT
-                        : coll_of(plan.steps[i].kind);
+    steps[i].coll = src->mesh_shape[plan.steps[i].mesh_dim] == 1 ? WEFT_COLL_KIND_COUNT
+                                                                 : coll_of(plan.steps[i].kind);
   }
   *nsteps = plan.nsteps;
   if (cost) *cost = plan.cost;

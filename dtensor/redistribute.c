@@ -75,8 +75,8 @@ static void box_sizes(const dt_box *b, int64_t *sizes) {
 typedef struct group_ctx {
   int m;
   int me;
-  dt_box *boxes;  /* m boxes (old or new holdings of each group member) */
-  dt_xfer *xf;    /* m transfers */
+  dt_box *boxes; /* m boxes (old or new holdings of each group member) */
+  dt_xfer *xf;   /* m transfers */
 } group_ctx;
 
 static void boxes_free(dt_box *b, int m) {
@@ -118,9 +118,8 @@ static weft_status alloc_buf(size_t bytes, void **out, size_t *size) {
 
 /* ------------------------------------------------------------- steps */
 
-static weft_status step_local(const weft_dtensor_spec *x, const weft_dtensor_spec *y,
-                              const int *me, const weft_tensor *in, weft_tensor *preset,
-                              weft_tensor **out) {
+static weft_status step_local(const weft_dtensor_spec *x, const weft_dtensor_spec *y, const int *me,
+                              const weft_tensor *in, weft_tensor *preset, weft_tensor **out) {
   dt_box o = {0}, n = {0};
   dt_xfer xf = {0};
   weft_tensor *t = NULL;
@@ -180,8 +179,10 @@ static weft_status step_all_reduce(const weft_mesh *mesh, const weft_dtensor_spe
   weft_tensor *t;
   weft_status st;
   if (weft_tensor_is_contiguous(in)) {
-    if (preset) t = preset;
-    else WEFT_CHECK(dt_tensor_new(x->dtype, in->ndim, in->shape, &t));
+    if (preset)
+      t = preset;
+    else
+      WEFT_CHECK(dt_tensor_new(x->dtype, in->ndim, in->shape, &t));
     st = weft_all_reduce(mesh, i, in->data, t->data, weft_tensor_numel(in), x->dtype, op, NULL);
   } else {
     if (preset) {
@@ -266,7 +267,8 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
   if (!direct) {
     int64_t at = 0;
     for (int c = 0; c < m; c++) {
-      WEFT_CHECK_GOTO(dt_xfer_unpack(&xf[c], (const char *)recvbuf + (size_t)at * esz, t), st, done);
+      WEFT_CHECK_GOTO(dt_xfer_unpack(&xf[c], (const char *)recvbuf + (size_t)at * esz, t), st,
+                      done);
       at += counts[c];
     }
   }
@@ -482,8 +484,12 @@ weft_status dt_redistribute_run(const weft_dtensor *dt, const weft_dtensor_spec 
     dt_step_kind kind = stp->kind;
     if (cur.mesh_shape[i] == 1 && kind != DT_STEP_PARTITION) kind = DT_STEP_LOCAL;
     switch (kind) {
-      case DT_STEP_LOCAL: st = step_local(&cur, &next, me, in, pre, &res); break;
-      case DT_STEP_PARTITION: st = step_partition(&cur, me, i, stp->to, in, pre, &res); break;
+      case DT_STEP_LOCAL:
+        st = step_local(&cur, &next, me, in, pre, &res);
+        break;
+      case DT_STEP_PARTITION:
+        st = step_partition(&cur, me, i, stp->to, in, pre, &res);
+        break;
       case DT_STEP_ALL_GATHER:
         st = step_all_gather(dt->mesh, &cur, &next, me, i, in, pre, &res);
         break;

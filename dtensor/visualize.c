@@ -83,8 +83,10 @@ static weft_status boundaries(dt_box *boxes, int nranks, int d, int64_t n, int64
 }
 
 static void range_label(char *buf, size_t cap, const char *what, int64_t a, int64_t b) {
-  if (b - a == 1) snprintf(buf, cap, "%s %lld", what, (long long)a);
-  else snprintf(buf, cap, "%s %lld-%lld", what, (long long)a, (long long)(b - 1));
+  if (b - a == 1)
+    snprintf(buf, cap, "%s %lld", what, (long long)a);
+  else
+    snprintf(buf, cap, "%s %lld-%lld", what, (long long)a, (long long)(b - 1));
 }
 
 weft_status weft_dtensor_spec_visualize(const weft_dtensor_spec *spec, FILE *f, char *buf,

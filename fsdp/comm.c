@@ -99,7 +99,8 @@ weft_status fsdp__unshard_start(weft_fsdp *f, bool prefetch) {
     f->ag_small = true;
   } else {
     st = pack_block(f, f->coord, elem(buf, f->coord * S, dt), dt, src_sharded, true);
-    if (!st) st = weft_all_gather(f->dp_mesh, f->shard_dim, elem(buf, f->coord * S, dt), buf, S, dt, &w);
+    if (!st)
+      st = weft_all_gather(f->dp_mesh, f->shard_dim, elem(buf, f->coord * S, dt), buf, S, dt, &w);
     if (!st) fsdp__comm_add(&f->comm.all_gather, (int64_t)bytes, (int)n, false);
     f->ag_small = false;
   }
@@ -249,7 +250,8 @@ weft_status fsdp__post_backward_grads(weft_fsdp *f) {
   WEFT_CHECK(weft_alloc(group_device(f), bytes, &buf));
   fsdp__mem_add_unsharded_grads((int64_t)bytes);
   weft_status st = WEFT_OK;
-  for (int64_t r = 0; r < n && !st; r++) st = pack_block(f, (int)r, elem(buf, r * S, dt), dt, src_grad, false);
+  for (int64_t r = 0; r < n && !st; r++)
+    st = pack_block(f, (int)r, elem(buf, r * S, dt), dt, src_grad, false);
   weft_work *w = NULL;
   if (!st) st = weft_reduce_scatter(f->dp_mesh, f->shard_dim, buf, buf, S, dt, WEFT_OP_SUM, &w);
   if (st) {
@@ -279,8 +281,7 @@ weft_status fsdp__reduce_finish(weft_fsdp *f) {
   weft_dtype dt = f->rs_dtype;
   if (!st && f->nrep > 1) {
     st = weft_all_reduce(f->dp_mesh, f->rep_dim, f->rs_buf, f->rs_buf, S, dt, WEFT_OP_SUM, NULL);
-    if (!st)
-      fsdp__comm_add(&f->comm.all_reduce, S * (int64_t)weft_dtype_size(dt), f->nrep, true);
+    if (!st) fsdp__comm_add(&f->comm.all_reduce, S * (int64_t)weft_dtype_size(dt), f->nrep, true);
   }
   /* average over every data-parallel rank (shard x replicate), as
    * PyTorch's default gradient divide factor */
@@ -300,8 +301,7 @@ weft_status fsdp__reduce_finish(weft_fsdp *f) {
     } else if (!weft_dtensor_spec_equal(weft_dtensor_get_spec(p->grad),
                                         weft_dtensor_get_spec(fp->sharded)) ||
                !weft_tensor_is_contiguous(weft_dtensor_local(p->grad))) {
-      st = weft_error(WEFT_ERR_STATE, "parameter '%s': its grad is not its sharded grad",
-                      p->fqn);
+      st = weft_error(WEFT_ERR_STATE, "parameter '%s': its grad is not its sharded grad", p->fqn);
       break;
     }
     pc[npc].data = weft_dtensor_local(p->grad)->data;

@@ -169,8 +169,8 @@ typedef struct weft_fsdp_mixed_precision {
 #define WEFT_FSDP_RESHARD_DEFAULT (-1)
 
 typedef struct weft_fsdp_options {
-  int version;                 /* WEFT_FSDP_OPTIONS_VERSION */
-  int reshard_after_forward;   /* see above */
+  int version;               /* WEFT_FSDP_OPTIONS_VERSION */
+  int reshard_after_forward; /* see above */
   weft_fsdp_mixed_precision mp;
   /* CPUOffloadPolicy: keep sharded parameters, grads and optimizer state in
    * host memory. weft computes on the CPU, where they already are: the
@@ -178,9 +178,11 @@ typedef struct weft_fsdp_options {
   bool offload_params;
 } weft_fsdp_options;
 #define WEFT_FSDP_OPTIONS_VERSION 1
-#define WEFT_FSDP_OPTIONS_INIT                                                  \
-  {WEFT_FSDP_OPTIONS_VERSION, WEFT_FSDP_RESHARD_DEFAULT,                        \
-   {WEFT_DTYPE_COUNT, WEFT_DTYPE_COUNT, WEFT_DTYPE_COUNT, true}, false}
+#define WEFT_FSDP_OPTIONS_INIT                                              \
+  {                                                                         \
+    WEFT_FSDP_OPTIONS_VERSION, WEFT_FSDP_RESHARD_DEFAULT,                   \
+        {WEFT_DTYPE_COUNT, WEFT_DTYPE_COUNT, WEFT_DTYPE_COUNT, true}, false \
+  }
 
 /* ---------------------------------------------------------------- sharding */
 
@@ -209,13 +211,13 @@ typedef struct weft_fsdp weft_fsdp;
  * one root of dims (dp..., tp...), a group with no parameters is allowed
  * (it only joins the hook order). Collective over the dp shard dim only
  * for reshard_after_forward = k (see the top). */
-WEFT_API weft_status weft_fully_shard(weft_module *module, weft_mesh *mesh, const weft_fsdp_options *opts,
-                             weft_fsdp **out);
+WEFT_API weft_status weft_fully_shard(weft_module *module, weft_mesh *mesh,
+                                      const weft_fsdp_options *opts, weft_fsdp **out);
 /* fully_shard([m0, m1, ...]): one group over several modules (all on model
  * meshes of one shape), communicated as one collective; none may be inside
  * another. Same errors. */
 WEFT_API weft_status weft_fully_shard_modules(weft_module *const *modules, int n, weft_mesh *mesh,
-                                     const weft_fsdp_options *opts, weft_fsdp **out);
+                                              const weft_fsdp_options *opts, weft_fsdp **out);
 
 /* The group a module belongs to (as one of its modules), or NULL. */
 WEFT_API weft_fsdp *weft_fsdp_of(const weft_module *module);
@@ -253,13 +255,13 @@ WEFT_API int weft_fsdp_reshard_after_forward(const weft_fsdp *f);
 /* Sizes of one group on this rank. */
 typedef struct weft_fsdp_group_info {
   int nparams;
-  int shard_size;           /* ranks that split the group (the shard dim) */
-  int replicate_size;       /* HSDP replicate dim (1 without) */
-  int64_t numel;            /* sum of the parameters' model-mesh local numel (tp-local) */
-  int64_t shard_numel;      /* this rank's sharded elements (unpadded) */
+  int shard_size;             /* ranks that split the group (the shard dim) */
+  int replicate_size;         /* HSDP replicate dim (1 without) */
+  int64_t numel;              /* sum of the parameters' model-mesh local numel (tp-local) */
+  int64_t shard_numel;        /* this rank's sharded elements (unpadded) */
   int64_t padded_shard_numel; /* elements per rank in the flat buffer (padded) */
-  weft_dtype param_dtype;   /* all-gather dtype */
-  weft_dtype reduce_dtype;  /* gradient reduction dtype */
+  weft_dtype param_dtype;     /* all-gather dtype */
+  weft_dtype reduce_dtype;    /* gradient reduction dtype */
   bool offload_params;
 } weft_fsdp_group_info;
 WEFT_API weft_status weft_fsdp_get_info(const weft_fsdp *f, weft_fsdp_group_info *out);
@@ -303,10 +305,10 @@ WEFT_API weft_status weft_fsdp_set_reshard_after_forward(weft_fsdp *f, int value
  * pre-backward), replacing the implicit prefetch of the next group. n = 0
  * turns prefetch off for f; n < 0 restores the implicit one. The groups
  * must share f's dp mesh. */
-WEFT_API weft_status weft_fsdp_set_modules_to_forward_prefetch(weft_fsdp *f, weft_fsdp *const *groups,
-                                                      int n);
-WEFT_API weft_status weft_fsdp_set_modules_to_backward_prefetch(weft_fsdp *f, weft_fsdp *const *groups,
-                                                       int n);
+WEFT_API weft_status weft_fsdp_set_modules_to_forward_prefetch(weft_fsdp *f,
+                                                               weft_fsdp *const *groups, int n);
+WEFT_API weft_status weft_fsdp_set_modules_to_backward_prefetch(weft_fsdp *f,
+                                                                weft_fsdp *const *groups, int n);
 /* set_is_last_backward: with false the root's post-backward leaves the last
  * gradient reductions in flight (they finish at the next forward's root
  * pre-forward, the next post-backward, weft_fsdp_wait_reductions or
@@ -380,9 +382,9 @@ typedef enum weft_fsdp_event_kind {
   WEFT_FSDP_EV_FORWARD_BEGIN,     /* the group's modules start computing */
   WEFT_FSDP_EV_FORWARD_END,
   WEFT_FSDP_EV_BACKWARD_BEGIN,
-  WEFT_FSDP_EV_BACKWARD_END,      /* its grads are final (before the reduction) */
-  WEFT_FSDP_EV_REDUCE_START,      /* reduce-scatter posted */
-  WEFT_FSDP_EV_REDUCE_DONE,       /* reduction waited, sharded grads written */
+  WEFT_FSDP_EV_BACKWARD_END, /* its grads are final (before the reduction) */
+  WEFT_FSDP_EV_REDUCE_START, /* reduce-scatter posted */
+  WEFT_FSDP_EV_REDUCE_DONE,  /* reduction waited, sharded grads written */
   WEFT_FSDP_EV_KIND_COUNT
 } weft_fsdp_event_kind;
 /* "unshard_start", ...; "?" for an invalid kind. */
@@ -391,8 +393,8 @@ WEFT_API const char *weft_fsdp_event_kind_name(weft_fsdp_event_kind kind);
 typedef struct weft_fsdp_event {
   weft_fsdp_event_kind kind;
   const weft_fsdp *group;
-  bool prefetch;  /* UNSHARD_START: posted as a prefetch (not by the group's own hook) */
-  bool backward;  /* happened during a backward */
+  bool prefetch; /* UNSHARD_START: posted as a prefetch (not by the group's own hook) */
+  bool backward; /* happened during a backward */
 } weft_fsdp_event;
 
 /* A process-wide debug trace of FSDP's events in the order they happened

@@ -24,16 +24,16 @@
 
 typedef struct fsdp_param {
   weft_param *p;
-  weft_dtensor *sharded;     /* the sharded data: in p->data while sharded, held here always */
-  weft_dtensor *unsharded;   /* while unsharded: the DTensor in p->data (owned here) */
-  weft_dtensor *held_grad;   /* during backward: the sharded grad moved out of p->grad */
-  weft_dtensor *acc_grad;    /* unsharded grad kept for accumulation (sync off) */
+  weft_dtensor *sharded;   /* the sharded data: in p->data while sharded, held here always */
+  weft_dtensor *unsharded; /* while unsharded: the DTensor in p->data (owned here) */
+  weft_dtensor *held_grad; /* during backward: the sharded grad moved out of p->grad */
+  weft_dtensor *acc_grad;  /* unsharded grad kept for accumulation (sync off) */
   int ndim;
   int64_t local_shape[WEFT_MAX_DIMS]; /* on the model mesh (tp-local) */
-  int64_t rows, rest;        /* local_shape[0], product of the others */
-  int64_t pad_rows;          /* ceil(rows / n) */
-  int64_t offset;            /* in a block, elements */
-  int64_t shard_start, shard_len; /* this rank's rows of the tp-local tensor */
+  int64_t rows, rest;                 /* local_shape[0], product of the others */
+  int64_t pad_rows;                   /* ceil(rows / n) */
+  int64_t offset;                     /* in a block, elements */
+  int64_t shard_start, shard_len;     /* this rank's rows of the tp-local tensor */
   /* A fused projection (TP StridedShard(0, k) on the model mesh): the
    * tp-local rows are nblocks equal blocks of block_rows, and chunk r of the
    * parameter is chunk r of every block, in block order, so that the
@@ -69,23 +69,23 @@ struct weft_fsdp {
   int nmodules;
   char *name;
   weft_fsdp_options opts;
-  weft_mesh *dp_mesh;    /* the caller's; 1-D (shard) or 2-D (replicate, shard) */
-  int shard_dim;         /* index in dp_mesh */
-  int rep_dim;           /* -1 without HSDP */
-  int nshard, coord;     /* shard dim size and this rank's coordinate */
-  int nrep;              /* replicate dim size (1 without) */
-  weft_mesh *spmd_mesh;  /* where sharded DTensors live (dp_mesh or the root) */
+  weft_mesh *dp_mesh;   /* the caller's; 1-D (shard) or 2-D (replicate, shard) */
+  int shard_dim;        /* index in dp_mesh */
+  int rep_dim;          /* -1 without HSDP */
+  int nshard, coord;    /* shard dim size and this rank's coordinate */
+  int nrep;             /* replicate dim size (1 without) */
+  weft_mesh *spmd_mesh; /* where sharded DTensors live (dp_mesh or the root) */
   weft_dtype ag_dtype, rs_dtype;
   /* parameters */
   fsdp_param *params;
   int nparams;
   int max_blocks; /* the largest fsdp_param.nblocks (1 without fused projections) */
-  int64_t block;         /* S: padded elements per rank */
-  int64_t numel;         /* sum of tp-local numel */
+  int64_t block;  /* S: padded elements per rank */
+  int64_t numel;  /* sum of tp-local numel */
   /* settings */
-  int raf;               /* resolved reshard_after_forward: 0, 1, k (-1: not yet) */
-  bool raf_explicit;     /* set by the caller (else the default resolves at root init) */
-  bool sync;             /* requires_gradient_sync */
+  int raf;           /* resolved reshard_after_forward: 0, 1, k (-1: not yet) */
+  bool raf_explicit; /* set by the caller (else the default resolves at root init) */
+  bool sync;         /* requires_gradient_sync */
   bool reshard_after_backward;
   bool is_last_backward; /* root's */
   weft_fsdp **fwd_prefetch, **bwd_prefetch;
@@ -93,16 +93,16 @@ struct weft_fsdp {
   /* state */
   fsdp_state state;
   uint64_t unshard_epoch;
-  void *ag_buf;          /* n * S elements of ag_dtype while an all-gather runs */
+  void *ag_buf; /* n * S elements of ag_dtype while an all-gather runs */
   size_t ag_bytes;
   weft_work *ag_work;
-  bool ag_small;         /* the in-flight all-gather is the k-rank one */
+  bool ag_small; /* the in-flight all-gather is the k-rank one */
   /* reshard_after_forward = k (1 < k < n) */
   weft_mesh *small_mesh; /* private (n/k, k) mesh over the shard comm */
   void *small_buf;       /* this rank's 1/k of the flat buffer after forward */
   size_t small_bytes;
   /* reduction in flight */
-  void *rs_buf;          /* n * S elements of rs_dtype */
+  void *rs_buf; /* n * S elements of rs_dtype */
   size_t rs_bytes;
   weft_work *rs_work;
   bool rs_pending;
@@ -111,18 +111,18 @@ struct weft_fsdp {
   int nhooks;
   int fwd_seen, bwd_seen; /* members of a multi-module group done in this pass */
   bool in_forward, in_backward;
-  bool ran;              /* a forward has run under this group */
+  bool ran; /* a forward has run under this group */
   /* root */
   bool is_root;
-  weft_fsdp *root;       /* after lazy init: the root group (self for the root) */
-  weft_fsdp **order;     /* root: groups in forward order (first forward) */
+  weft_fsdp *root;   /* after lazy init: the root group (self for the root) */
+  weft_fsdp **order; /* root: groups in forward order (first forward) */
   int norder, cap_order;
   bool order_done;
-  weft_fsdp **pending;   /* root: groups with a reduction in flight, oldest first */
+  weft_fsdp **pending; /* root: groups with a reduction in flight, oldest first */
   int npending, cap_pending;
-  int order_index;       /* index in root's order, -1 if not seen */
+  int order_index; /* index in root's order, -1 if not seen */
   /* root: the step check (hooks.c step_check) */
-  MPI_Comm step_comm;    /* a duplicate of the root mesh's communicator */
+  MPI_Comm step_comm; /* a duplicate of the root mesh's communicator */
   bool step_comm_ready;
   int64_t nforward, nbackward; /* root forwards started, backwards finished */
   /* counters */

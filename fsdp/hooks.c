@@ -205,8 +205,10 @@ static weft_status group_post_forward(weft_fsdp *f) {
   f->in_forward = false;
   f->ran = true;
   int raf = raf_now(f);
-  if (raf == 1) WEFT_CHECK(fsdp__reshard(f, false));
-  else if (raf > 1) WEFT_CHECK(fsdp__reshard(f, true));
+  if (raf == 1)
+    WEFT_CHECK(fsdp__reshard(f, false));
+  else if (raf > 1)
+    WEFT_CHECK(fsdp__reshard(f, true));
   if (f->root == f) f->order_done = true;
   return WEFT_OK;
 }

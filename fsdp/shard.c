@@ -21,7 +21,8 @@ bool fsdp__module_within(const weft_module *m, const weft_module *anc) {
 bool fsdp__group_within(const weft_fsdp *g, const weft_fsdp *f) {
   for (int i = 0; i < g->nmodules; i++) {
     bool in = false;
-    for (int j = 0; j < f->nmodules && !in; j++) in = fsdp__module_within(g->modules[i], f->modules[j]);
+    for (int j = 0; j < f->nmodules && !in; j++)
+      in = fsdp__module_within(g->modules[i], f->modules[j]);
     if (!in) return false;
   }
   return true;
@@ -126,8 +127,8 @@ static int sharded_placements(const weft_fsdp *f, bool with_tp, const weft_place
   if (with_tp)
     for (int i = 0; i < ntp; i++)
       if (weft_placement_is_shard(tp_pl[i]) && tp_pl[i].dim == 0)
-        split *= tp_shape[i] * (tp_pl[i].kind == WEFT_PLACE_STRIDED_SHARD ? tp_pl[i].split_factor
-                                                                          : 1);
+        split *=
+            tp_shape[i] * (tp_pl[i].kind == WEFT_PLACE_STRIDED_SHARD ? tp_pl[i].split_factor : 1);
   int k = 0;
   if (f->rep_dim >= 0) out[k++] = weft_replicate();
   /* dp splits the TP shard: StridedShard(0, split) where TP split dim 0 */
@@ -333,8 +334,8 @@ static weft_status layout_param(weft_fsdp *f, bool with_tp, weft_param *p, build
   b->npl = sharded_placements(f, with_tp, ps->placements, tps, ps->mesh_ndim, b->pl);
   /* dtensor's geometry must give exactly chunk(tp_local, n)[coord] */
   weft_dtensor_spec ss;
-  WEFT_CHECK(weft_dtensor_spec_init_mesh(&ss, f->spmd_mesh, b->pl, b->npl, WEFT_F32, ps->ndim,
-                                         ps->shape));
+  WEFT_CHECK(
+      weft_dtensor_spec_init_mesh(&ss, f->spmd_mesh, b->pl, b->npl, WEFT_F32, ps->ndim, ps->shape));
   int sc[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < b->npl; i++) sc[i] = weft_mesh_coord(f->spmd_mesh, i);
   int64_t ls[WEFT_MAX_DIMS], off[WEFT_MAX_DIMS];
@@ -540,7 +541,8 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
   f->order_index = -1;
   f->raf_explicit = o.reshard_after_forward != WEFT_FSDP_RESHARD_DEFAULT;
   f->raf = -1;
-  if (f->raf_explicit) WEFT_CHECK_GOTO(resolve_raf(o.reshard_after_forward, f->nshard, &f->raf), st, fail);
+  if (f->raf_explicit)
+    WEFT_CHECK_GOTO(resolve_raf(o.reshard_after_forward, f->nshard, &f->raf), st, fail);
   for (int i = 0; i < n; i++)
     if (weft_mesh_ndim(weft_module_mesh(mods[i])) + weft_mesh_ndim(mesh) > WEFT_MESH_MAX_DIMS) {
       st = weft_error(WEFT_ERR_INVALID, "fully_shard: dp + model mesh dims exceed %d",
@@ -707,7 +709,8 @@ weft_status weft_fsdp_get_info(const weft_fsdp *f, weft_fsdp_group_info *out) {
   out->shard_size = f->nshard;
   out->replicate_size = f->nrep;
   out->numel = f->numel;
-  for (int i = 0; i < f->nparams; i++) out->shard_numel += f->params[i].shard_len * f->params[i].rest;
+  for (int i = 0; i < f->nparams; i++)
+    out->shard_numel += f->params[i].shard_len * f->params[i].rest;
   out->padded_shard_numel = f->block;
   out->param_dtype = f->ag_dtype;
   out->reduce_dtype = f->rs_dtype;
@@ -853,8 +856,7 @@ weft_status weft_fsdp_reshard(weft_fsdp *f) {
   if (!f) return weft_error(WEFT_ERR_INVALID, "fsdp group is NULL");
   if (!registered(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
   if (f->in_forward || f->in_backward)
-    return weft_error(WEFT_ERR_STATE, "fsdp_reshard('%s') inside its forward or backward",
-                      f->name);
+    return weft_error(WEFT_ERR_STATE, "fsdp_reshard('%s') inside its forward or backward", f->name);
   WEFT_CHECK(fsdp__reshard(f, false));
   fsdp__drop_small(f);
   return WEFT_OK;

@@ -16,7 +16,7 @@ static struct {
 } trace;
 
 static const char *const ev_names[WEFT_FSDP_EV_KIND_COUNT] = {
-    "unshard_start", "unshard_done", "reshard",        "forward_begin", "forward_end",
+    "unshard_start",  "unshard_done", "reshard",      "forward_begin", "forward_end",
     "backward_begin", "backward_end", "reduce_start", "reduce_done"};
 
 const char *weft_fsdp_event_kind_name(weft_fsdp_event_kind kind) {
@@ -189,9 +189,9 @@ weft_status weft_fsdp_memory_get(weft_fsdp_memory *out) {
 void weft_fsdp_memory_reset_peak(void) {
   weft_mem_reset_peak(WEFT_CPU);
   fsdp__mem_sample();
-  weft_fsdp_mem_count *c[7] = {&mem.m.sharded_params, &mem.m.sharded_grads, &mem.m.optimizer,
-                               &mem.m.unsharded_params, &mem.m.unsharded_grads, &mem.m.other,
-                               &mem.m.total};
+  weft_fsdp_mem_count *c[7] = {
+      &mem.m.sharded_params,  &mem.m.sharded_grads, &mem.m.optimizer, &mem.m.unsharded_params,
+      &mem.m.unsharded_grads, &mem.m.other,         &mem.m.total};
   for (int i = 0; i < 7; i++) c[i]->peak = c[i]->current;
 }
 

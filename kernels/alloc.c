@@ -41,9 +41,12 @@ static _Atomic int64_t n_free[WEFT_DEVICE_COUNT];
 
 const char *weft_device_name(weft_device dev) {
   switch (dev) {
-    case WEFT_CPU: return "cpu";
-    case WEFT_CUDA: return "cuda";
-    default: return "?";
+    case WEFT_CPU:
+      return "cpu";
+    case WEFT_CUDA:
+      return "cuda";
+    default:
+      return "?";
   }
 }
 
@@ -64,10 +67,12 @@ void weft_mem_account_free_(weft_device dev, int64_t bytes) {
 weft_status weft_cpu_alloc_(size_t bytes, void **out) {
   *out = NULL;
   if (bytes > ((size_t)1 << 46))
-    return weft_error_at(WEFT_ERR_OOM, "weft_alloc", "refusing a host allocation of %zu bytes", bytes);
+    return weft_error_at(WEFT_ERR_OOM, "weft_alloc", "refusing a host allocation of %zu bytes",
+                         bytes);
   const size_t padded = (bytes + 63) & ~(size_t)63;
   alloc_header *h = aligned_alloc(64, sizeof(alloc_header) + padded);
-  if (!h) return weft_error_at(WEFT_ERR_OOM, "weft_alloc", "host allocation of %zu bytes failed", bytes);
+  if (!h)
+    return weft_error_at(WEFT_ERR_OOM, "weft_alloc", "host allocation of %zu bytes failed", bytes);
   h->magic = ALLOC_MAGIC;
   h->bytes = bytes;
   h->device = WEFT_CPU;

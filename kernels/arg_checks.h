@@ -26,22 +26,21 @@ static inline const char *weft_op_name_(const char *func) {
 
 /* Every size must be >= 0 (the enclosing function returns the error). The
  * _AT forms take the operation's name (for helpers shared by several). */
-#define CHECK_SIZES_AT(op, ...)                                               \
-  do {                                                                        \
-    const int64_t sizes_[] = {__VA_ARGS__};                                   \
-    for (size_t i_ = 0; i_ < sizeof sizes_ / sizeof sizes_[0]; i_++)          \
-      if (sizes_[i_] < 0)                                                     \
-        return weft_error_at(WEFT_ERR_INVALID, (op),                          \
-                             "size argument %zu is negative (%lld)", i_ + 1,  \
-                             (long long)sizes_[i_]);                          \
+#define CHECK_SIZES_AT(op, ...)                                                              \
+  do {                                                                                       \
+    const int64_t sizes_[] = {__VA_ARGS__};                                                  \
+    for (size_t i_ = 0; i_ < sizeof sizes_ / sizeof sizes_[0]; i_++)                         \
+      if (sizes_[i_] < 0)                                                                    \
+        return weft_error_at(WEFT_ERR_INVALID, (op), "size argument %zu is negative (%lld)", \
+                             i_ + 1, (long long)sizes_[i_]);                                 \
   } while (0)
 #define CHECK_SIZES(...) CHECK_SIZES_AT(weft_op_name_(__func__), __VA_ARGS__)
 
 /* A pointer to an array of `count` elements may be NULL only if count == 0. */
-#define CHECK_PTR_AT(op, p, count)                                            \
-  do {                                                                        \
-    if ((p) == NULL && (count) > 0)                                           \
-      return weft_error_at(WEFT_ERR_INVALID, (op), "%s is NULL", #p);         \
+#define CHECK_PTR_AT(op, p, count)                                    \
+  do {                                                                \
+    if ((p) == NULL && (count) > 0)                                   \
+      return weft_error_at(WEFT_ERR_INVALID, (op), "%s is NULL", #p); \
   } while (0)
 #define CHECK_PTR(p, count) CHECK_PTR_AT(weft_op_name_(__func__), p, count)
 
@@ -84,51 +83,51 @@ static inline weft_status weft_check_multi_(const char *op, int ntensors, const 
       return weft_error_at(WEFT_ERR_INVALID, op, "n[%d] = %lld is negative", i, (long long)n[i]);
     for (int k = 0; k < narrays; k++)
       if (required[k] && n[i] > 0 && !arrays[k][i])
-        return weft_error_at(WEFT_ERR_INVALID, op, "%s[%d] is NULL (n[%d] = %lld)", names[k], i,
-                             i, (long long)n[i]);
+        return weft_error_at(WEFT_ERR_INVALID, op, "%s[%d] is NULL (n[%d] = %lld)", names[k], i, i,
+                             (long long)n[i]);
   }
   return WEFT_OK;
 }
 
 /* torch.optim.AdamW.__init__'s checks, and step >= 1 (hp is a
  * const weft_adamw_params *; layers.h). */
-#define WEFT_CHECK_ADAMW_HP_(op, hp, step)                                                    \
-  do {                                                                                        \
-    if (!(hp)) return weft_error_at(WEFT_ERR_INVALID, op, "hyper-parameters are NULL");      \
-    if ((step) < 1)                                                                           \
-      return weft_error_at(WEFT_ERR_INVALID, op, "step = %lld must be >= 1", (long long)(step)); \
-    if (!((hp)->lr >= 0.0f))                                                                  \
-      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid learning rate: %g", (double)(hp)->lr); \
-    if (!((hp)->eps >= 0.0f))                                                                 \
+#define WEFT_CHECK_ADAMW_HP_(op, hp, step)                                                        \
+  do {                                                                                            \
+    if (!(hp)) return weft_error_at(WEFT_ERR_INVALID, op, "hyper-parameters are NULL");           \
+    if ((step) < 1)                                                                               \
+      return weft_error_at(WEFT_ERR_INVALID, op, "step = %lld must be >= 1", (long long)(step));  \
+    if (!((hp)->lr >= 0.0f))                                                                      \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid learning rate: %g", (double)(hp)->lr);  \
+    if (!((hp)->eps >= 0.0f))                                                                     \
       return weft_error_at(WEFT_ERR_INVALID, op, "Invalid epsilon value: %g", (double)(hp)->eps); \
-    if (!((hp)->beta1 >= 0.0f && (hp)->beta1 < 1.0f))                                         \
-      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid beta parameter at index 0: %g",    \
-                           (double)(hp)->beta1);                                              \
-    if (!((hp)->beta2 >= 0.0f && (hp)->beta2 < 1.0f))                                         \
-      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid beta parameter at index 1: %g",    \
-                           (double)(hp)->beta2);                                              \
-    if (!((hp)->weight_decay >= 0.0f))                                                        \
-      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid weight_decay value: %g",           \
-                           (double)(hp)->weight_decay);                                       \
+    if (!((hp)->beta1 >= 0.0f && (hp)->beta1 < 1.0f))                                             \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid beta parameter at index 0: %g",         \
+                           (double)(hp)->beta1);                                                  \
+    if (!((hp)->beta2 >= 0.0f && (hp)->beta2 < 1.0f))                                             \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid beta parameter at index 1: %g",         \
+                           (double)(hp)->beta2);                                                  \
+    if (!((hp)->weight_decay >= 0.0f))                                                            \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid weight_decay value: %g",                \
+                           (double)(hp)->weight_decay);                                           \
   } while (0)
 
 /* torch.optim.SGD.__init__'s checks, and step >= 1. */
-#define WEFT_CHECK_SGD_HP_(op, hp, step)                                                      \
-  do {                                                                                        \
-    if (!(hp)) return weft_error_at(WEFT_ERR_INVALID, op, "hyper-parameters are NULL");      \
-    if ((step) < 1)                                                                           \
+#define WEFT_CHECK_SGD_HP_(op, hp, step)                                                         \
+  do {                                                                                           \
+    if (!(hp)) return weft_error_at(WEFT_ERR_INVALID, op, "hyper-parameters are NULL");          \
+    if ((step) < 1)                                                                              \
       return weft_error_at(WEFT_ERR_INVALID, op, "step = %lld must be >= 1", (long long)(step)); \
-    if (!((hp)->lr >= 0.0f))                                                                  \
+    if (!((hp)->lr >= 0.0f))                                                                     \
       return weft_error_at(WEFT_ERR_INVALID, op, "Invalid learning rate: %g", (double)(hp)->lr); \
-    if (!((hp)->momentum >= 0.0f))                                                            \
-      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid momentum value: %g",               \
-                           (double)(hp)->momentum);                                           \
-    if (!((hp)->weight_decay >= 0.0f))                                                        \
-      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid weight_decay value: %g",           \
-                           (double)(hp)->weight_decay);                                       \
-    if ((hp)->nesterov && ((hp)->momentum <= 0.0f || (hp)->dampening != 0.0f))               \
-      return weft_error_at(WEFT_ERR_INVALID, op,                                             \
-                           "Nesterov momentum requires a momentum and zero dampening");       \
+    if (!((hp)->momentum >= 0.0f))                                                               \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid momentum value: %g",                   \
+                           (double)(hp)->momentum);                                              \
+    if (!((hp)->weight_decay >= 0.0f))                                                           \
+      return weft_error_at(WEFT_ERR_INVALID, op, "Invalid weight_decay value: %g",               \
+                           (double)(hp)->weight_decay);                                          \
+    if ((hp)->nesterov && ((hp)->momentum <= 0.0f || (hp)->dampening != 0.0f))                   \
+      return weft_error_at(WEFT_ERR_INVALID, op,                                                 \
+                           "Nesterov momentum requires a momentum and zero dampening");          \
   } while (0)
 
 /* The pieces of a flat_pack / flat_split / flat_accumulate call: a float
@@ -136,39 +135,39 @@ static inline weft_status weft_check_multi_(const char *op, int ntensors, const 
  * offset, count, pad >= 0, data non-NULL where count > 0 (pack allows NULL:
  * zeros). The flat buffer must not be NULL when any piece is non-empty.
  * pieces is a const weft_flat_piece * (backend.h). */
-#define WEFT_CHECK_FLAT_(op, flat, flat_dtype, pieces, npieces, data_may_be_null, need_f32)   \
-  do {                                                                                        \
-    if ((flat_dtype) != WEFT_F32 && (flat_dtype) != WEFT_BF16 && (flat_dtype) != WEFT_F16)   \
-      return weft_error_at(WEFT_ERR_UNSUPPORTED, op,                                         \
-                           "flat buffer dtype %s: f32, bf16 or f16", weft_dtype_name(flat_dtype)); \
-    if ((npieces) < 0)                                                                        \
-      return weft_error_at(WEFT_ERR_INVALID, op, "npieces = %d is negative", (npieces));     \
-    if ((npieces) > 0 && !(pieces)) return weft_error_at(WEFT_ERR_INVALID, op, "pieces is NULL"); \
-    for (int i_ = 0; i_ < (npieces); i_++) {                                                  \
-      const weft_flat_piece *p_ = &(pieces)[i_];                                              \
-      if (p_->offset < 0 || p_->count < 0 || p_->pad < 0)                                     \
-        return weft_error_at(WEFT_ERR_INVALID, op,                                           \
-                             "piece %d: offset %lld, count %lld, pad %lld must be >= 0", i_,  \
-                             (long long)p_->offset, (long long)p_->count, (long long)p_->pad); \
-      if ((need_f32) ? p_->dtype != WEFT_F32                                                  \
+#define WEFT_CHECK_FLAT_(op, flat, flat_dtype, pieces, npieces, data_may_be_null, need_f32)        \
+  do {                                                                                             \
+    if ((flat_dtype) != WEFT_F32 && (flat_dtype) != WEFT_BF16 && (flat_dtype) != WEFT_F16)         \
+      return weft_error_at(WEFT_ERR_UNSUPPORTED, op, "flat buffer dtype %s: f32, bf16 or f16",     \
+                           weft_dtype_name(flat_dtype));                                           \
+    if ((npieces) < 0)                                                                             \
+      return weft_error_at(WEFT_ERR_INVALID, op, "npieces = %d is negative", (npieces));           \
+    if ((npieces) > 0 && !(pieces)) return weft_error_at(WEFT_ERR_INVALID, op, "pieces is NULL");  \
+    for (int i_ = 0; i_ < (npieces); i_++) {                                                       \
+      const weft_flat_piece *p_ = &(pieces)[i_];                                                   \
+      if (p_->offset < 0 || p_->count < 0 || p_->pad < 0)                                          \
+        return weft_error_at(WEFT_ERR_INVALID, op,                                                 \
+                             "piece %d: offset %lld, count %lld, pad %lld must be >= 0", i_,       \
+                             (long long)p_->offset, (long long)p_->count, (long long)p_->pad);     \
+      if ((need_f32) ? p_->dtype != WEFT_F32                                                       \
                      : (p_->dtype != WEFT_F32 && p_->dtype != WEFT_BF16 && p_->dtype != WEFT_F16)) \
-        return weft_error_at(WEFT_ERR_UNSUPPORTED, op, "piece %d has dtype %s: %s", i_,      \
-                             weft_dtype_name(p_->dtype),                                      \
-                             (need_f32) ? "accumulation needs f32" : "f32, bf16 or f16");     \
-      if (!p_->data && p_->count > 0 && !(data_may_be_null))                                  \
-        return weft_error_at(WEFT_ERR_INVALID, op, "piece %d: data is NULL for %lld elements", \
-                             i_, (long long)p_->count);                                      \
-      if (!(flat) && p_->count + p_->pad > 0)                                                 \
-        return weft_error_at(WEFT_ERR_INVALID, op, "flat is NULL");                          \
-    }                                                                                         \
+        return weft_error_at(WEFT_ERR_UNSUPPORTED, op, "piece %d has dtype %s: %s", i_,            \
+                             weft_dtype_name(p_->dtype),                                           \
+                             (need_f32) ? "accumulation needs f32" : "f32, bf16 or f16");          \
+      if (!p_->data && p_->count > 0 && !(data_may_be_null))                                       \
+        return weft_error_at(WEFT_ERR_INVALID, op, "piece %d: data is NULL for %lld elements", i_, \
+                             (long long)p_->count);                                                \
+      if (!(flat) && p_->count + p_->pad > 0)                                                      \
+        return weft_error_at(WEFT_ERR_INVALID, op, "flat is NULL");                                \
+    }                                                                                              \
   } while (0)
 
 /* Returns a failed check's status as it is: its message already names the
  * operation (WEFT_CHECK would add a line naming the C function). */
-#define WEFT_CHECK_ARGS_(expr)                                                         \
-  do {                                                                                 \
-    weft_status weft_args_st_ = (expr);                                                \
-    if (weft_args_st_ != WEFT_OK) return weft_args_st_;                                \
+#define WEFT_CHECK_ARGS_(expr)                          \
+  do {                                                  \
+    weft_status weft_args_st_ = (expr);                 \
+    if (weft_args_st_ != WEFT_OK) return weft_args_st_; \
   } while (0)
 
 /* The checks of the norm, activation, softmax and dropout kernels
@@ -177,20 +176,20 @@ static inline weft_status weft_check_multi_(const char *op, int ntensors, const 
  * C >= 1 for the row ops), the operation's parameter, then the required
  * pointers in argument order. Optional pointers (weight, bias, the
  * backward's outputs) are not checked. op is the operation's name. */
-#define WEFT_CHECK_ROWS_(op, N, C)                                                     \
-  do {                                                                                 \
-    CHECK_SIZES_AT(op, N, C);                                                          \
-    if ((C) < 1)                                                                       \
-      return weft_error_at(WEFT_ERR_INVALID, op, "C = %lld: rows must have C >= 1",    \
-                           (long long)(C));                                            \
+#define WEFT_CHECK_ROWS_(op, N, C)                                                  \
+  do {                                                                              \
+    CHECK_SIZES_AT(op, N, C);                                                       \
+    if ((C) < 1)                                                                    \
+      return weft_error_at(WEFT_ERR_INVALID, op, "C = %lld: rows must have C >= 1", \
+                           (long long)(C));                                         \
   } while (0)
 
 /* Returns the status of a check that names its op itself (the functions
  * below), without the breadcrumb WEFT_CHECK would add. */
-#define WEFT_RETURN_IF_BAD_(check)                                           \
-  do {                                                                        \
-    weft_status bad_st_ = (check);                                            \
-    if (bad_st_ != WEFT_OK) return bad_st_;                                   \
+#define WEFT_RETURN_IF_BAD_(check)          \
+  do {                                      \
+    weft_status bad_st_ = (check);          \
+    if (bad_st_ != WEFT_OK) return bad_st_; \
   } while (0)
 
 /* Attention's sizes: all >= 0 and H a multiple of Hkv (grouped-query
@@ -218,7 +217,8 @@ static inline weft_status weft_check_rmsnorm_forward_(const char *op, const floa
   CHECK_PTR_AT(op, rstd, N);
   CHECK_PTR_AT(op, inp, N * C);
   CHECK_PTR_AT(op, weight, C);
-  if (!(eps >= 0.0f)) return weft_error_at(WEFT_ERR_INVALID, op, "eps = %g must be >= 0", (double)eps);
+  if (!(eps >= 0.0f))
+    return weft_error_at(WEFT_ERR_INVALID, op, "eps = %g must be >= 0", (double)eps);
   return WEFT_OK;
 }
 
@@ -251,8 +251,7 @@ static inline weft_status weft_check_layernorm_forward_(const char *op, const fl
 
 static inline weft_status weft_check_layernorm_backward_(const char *op, const float *dout,
                                                          const float *inp, const float *mean,
-                                                         const float *rstd, int64_t N,
-                                                         int64_t C) {
+                                                         const float *rstd, int64_t N, int64_t C) {
   WEFT_CHECK_ROWS_(op, N, C);
   CHECK_PTR_AT(op, dout, N * C);
   CHECK_PTR_AT(op, inp, N * C);
@@ -262,13 +261,13 @@ static inline weft_status weft_check_layernorm_backward_(const char *op, const f
 }
 
 /* act, then n, then the (n)-element arrays in argument order. */
-#define WEFT_CHECK_ACT_(op, act)                                                           \
-  do {                                                                                     \
-    if ((unsigned)(act) >= (unsigned)WEFT_ACT_COUNT)                                       \
-      return weft_error_at(WEFT_ERR_INVALID, op,                                           \
+#define WEFT_CHECK_ACT_(op, act)                                                            \
+  do {                                                                                      \
+    if ((unsigned)(act) >= (unsigned)WEFT_ACT_COUNT)                                        \
+      return weft_error_at(WEFT_ERR_INVALID, op,                                            \
                            "activation %d is not one of gelu_tanh (0), gelu_erf (1), relu " \
-                           "(2), silu (3)",                                                \
-                           (int)(act));                                                    \
+                           "(2), silu (3)",                                                 \
+                           (int)(act));                                                     \
   } while (0)
 
 static inline weft_status weft_check_activation_forward_(const char *op, weft_activation act,

@@ -48,7 +48,8 @@ static void register_builtin(void) {
 }
 
 /* The members every table must have, by offset, for weft_backend_register. */
-#define REQUIRED_(m) {offsetof(weft_backend, m), #m}
+#define REQUIRED_(m) \
+  { offsetof(weft_backend, m), #m }
 static const struct {
   size_t offset;
   const char *name;
@@ -155,12 +156,12 @@ weft_status weft_backend_trace_(weft_status st, const weft_backend *be, const ch
 
 /* Looks up member `op` of dev's table or returns the error; then calls it
  * and adds "in <op> on <device>" to a failure. */
-#define DISPATCH(dev, op, ...)                                                         \
-  do {                                                                                 \
-    weft_status st_;                                                                   \
+#define DISPATCH(dev, op, ...)                                                                  \
+  do {                                                                                          \
+    weft_status st_;                                                                            \
     const weft_backend *be_ = weft_backend_find_((dev), offsetof(weft_backend, op), #op, &st_); \
-    if (!be_) return st_;                                                              \
-    return weft_backend_trace_(be_->op(__VA_ARGS__), be_, #op);                        \
+    if (!be_) return st_;                                                                       \
+    return weft_backend_trace_(be_->op(__VA_ARGS__), be_, #op);                                 \
   } while (0)
 
 /* ------------------------------------------------------------ device set-up */
@@ -171,11 +172,10 @@ int weft_device_count(weft_device dev) {
 }
 
 weft_status weft_device_init(weft_device dev, int local_rank, int *ordinal) {
-  if (local_rank < 0)
-    return weft_error(WEFT_ERR_INVALID, "local rank %d is negative", local_rank);
+  if (local_rank < 0) return weft_error(WEFT_ERR_INVALID, "local rank %d is negative", local_rank);
   weft_status st;
-  const weft_backend *be = weft_backend_find_(dev, offsetof(weft_backend, device_count),
-                                              "device init", &st);
+  const weft_backend *be =
+      weft_backend_find_(dev, offsetof(weft_backend, device_count), "device init", &st);
   if (!be) return st;
   if (!has_member(be, offsetof(weft_backend, init))) {
     if (ordinal) *ordinal = 0;
@@ -243,8 +243,7 @@ weft_status weft_event_synchronize(weft_device dev, weft_event *ev) {
 weft_status weft_event_query(weft_device dev, weft_event *ev, bool *done) {
   DISPATCH(dev, event_query, ev, done);
 }
-weft_status weft_event_elapsed_ms(weft_device dev, weft_event *start, weft_event *end,
-                                  float *ms) {
+weft_status weft_event_elapsed_ms(weft_device dev, weft_event *start, weft_event *end, float *ms) {
   DISPATCH(dev, event_elapsed_ms, start, end, ms);
 }
 void weft_event_destroy(weft_device dev, weft_event *ev) {
@@ -279,16 +278,16 @@ weft_status weft_device_empty_cache(weft_device dev) { DISPATCH(dev, empty_cache
 /* ----------------------------------------------------------------- compute */
 
 weft_status weft_backend_sgemm(weft_device dev, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                               int64_t k, float alpha, const float *a, int64_t lda,
-                               const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+                               int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                               int64_t ldb, float beta, float *c, int64_t ldc) {
   DISPATCH(dev, sgemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 weft_status weft_backend_sgemm_strided_batched(weft_device dev, bool trans_a, bool trans_b,
                                                int64_t m, int64_t n, int64_t k, float alpha,
                                                const float *a, int64_t lda, int64_t stride_a,
                                                const float *b, int64_t ldb, int64_t stride_b,
-                                               float beta, float *c, int64_t ldc,
-                                               int64_t stride_c, int64_t count) {
+                                               float beta, float *c, int64_t ldc, int64_t stride_c,
+                                               int64_t count) {
   DISPATCH(dev, sgemm_strided_batched, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
            stride_b, beta, c, ldc, stride_c, count);
 }
@@ -303,15 +302,13 @@ weft_status weft_backend_embedding_forward(weft_device dev, float *out, const in
                                            const float *weight, int64_t N, int64_t V, int64_t C) {
   DISPATCH(dev, embedding_forward, out, tokens, weight, N, V, C);
 }
-weft_status weft_backend_embedding_backward(weft_device dev, float *dweight,
-                                            const int32_t *tokens, const float *dout, int64_t N,
-                                            int64_t V, int64_t C) {
+weft_status weft_backend_embedding_backward(weft_device dev, float *dweight, const int32_t *tokens,
+                                            const float *dout, int64_t N, int64_t V, int64_t C) {
   DISPATCH(dev, embedding_backward, dweight, tokens, dout, N, V, C);
 }
-weft_status weft_backend_embedding_range_forward(weft_device dev, float *out,
-                                                 const int32_t *tokens,
-                                                 const float *weight_local, int64_t N,
-                                                 int64_t v0, int64_t nv, int64_t C) {
+weft_status weft_backend_embedding_range_forward(weft_device dev, float *out, const int32_t *tokens,
+                                                 const float *weight_local, int64_t N, int64_t v0,
+                                                 int64_t nv, int64_t C) {
   DISPATCH(dev, embedding_range_forward, out, tokens, weight_local, N, v0, nv, C);
 }
 weft_status weft_backend_embedding_range_backward(weft_device dev, float *dweight_local,
@@ -324,22 +321,21 @@ weft_status weft_backend_linear_forward(weft_device dev, float *out, const float
                                         int64_t IC, int64_t OC) {
   DISPATCH(dev, linear_forward, out, inp, weight, bias, N, IC, OC);
 }
-weft_status weft_backend_linear_backward(weft_device dev, float *dinp, float *dweight,
-                                         float *dbias, const float *dout, const float *inp,
-                                         const float *weight, int64_t N, int64_t IC, int64_t OC,
-                                         bool accumulate_dinp, bool accumulate_dweight) {
+weft_status weft_backend_linear_backward(weft_device dev, float *dinp, float *dweight, float *dbias,
+                                         const float *dout, const float *inp, const float *weight,
+                                         int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp,
+                                         bool accumulate_dweight) {
   DISPATCH(dev, linear_backward, dinp, dweight, dbias, dout, inp, weight, N, IC, OC,
            accumulate_dinp, accumulate_dweight);
 }
-weft_status weft_backend_rmsnorm_forward(weft_device dev, float *out, float *rstd,
-                                         const float *inp, const float *weight, int64_t N,
-                                         int64_t C, float eps) {
+weft_status weft_backend_rmsnorm_forward(weft_device dev, float *out, float *rstd, const float *inp,
+                                         const float *weight, int64_t N, int64_t C, float eps) {
   DISPATCH(dev, rmsnorm_forward, out, rstd, inp, weight, N, C, eps);
 }
 weft_status weft_backend_rmsnorm_backward(weft_device dev, float *dinp, float *dweight,
-                                          const float *dout, const float *inp,
-                                          const float *weight, const float *rstd, int64_t N,
-                                          int64_t C, bool accumulate_dinp) {
+                                          const float *dout, const float *inp, const float *weight,
+                                          const float *rstd, int64_t N, int64_t C,
+                                          bool accumulate_dinp) {
   DISPATCH(dev, rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C, accumulate_dinp);
 }
 weft_status weft_backend_rope_tables(weft_device dev, float *cosb, float *sinb, int64_t max_pos,
@@ -353,8 +349,7 @@ weft_status weft_backend_rope_forward(weft_device dev, float *out, const float *
 }
 weft_status weft_backend_rope_backward(weft_device dev, float *dinp, const float *dout,
                                        const float *cosb, const float *sinb, int64_t max_pos,
-                                       int64_t B, int64_t T, int64_t NH, int64_t hd,
-                                       int64_t pos0) {
+                                       int64_t B, int64_t T, int64_t NH, int64_t hd, int64_t pos0) {
   DISPATCH(dev, rope_backward, dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0);
 }
 size_t weft_backend_attention_scratch_bytes(weft_device dev, int64_t B, int64_t T, int64_t H,
@@ -363,10 +358,10 @@ size_t weft_backend_attention_scratch_bytes(weft_device dev, int64_t B, int64_t 
   if (!be || !has_member(be, offsetof(weft_backend, attention_scratch_bytes))) return 0;
   return be->attention_scratch_bytes(B, T, H, Hkv, hd);
 }
-weft_status weft_backend_attention_forward(weft_device dev, float *out, float *lse,
-                                           const float *q, const float *k, const float *v,
-                                           int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                           int64_t hd, bool causal, void *scratch) {
+weft_status weft_backend_attention_forward(weft_device dev, float *out, float *lse, const float *q,
+                                           const float *k, const float *v, int64_t B, int64_t T,
+                                           int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                           void *scratch) {
   DISPATCH(dev, attention_forward, out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
 }
 weft_status weft_backend_attention_backward(weft_device dev, float *dq, float *dk, float *dv,
@@ -374,24 +369,23 @@ weft_status weft_backend_attention_backward(weft_device dev, float *dq, float *d
                                             const float *v, const float *lse, const float *out,
                                             int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                             int64_t hd, bool causal, void *scratch) {
-  DISPATCH(dev, attention_backward, dq, dk, dv, dout, q, k, v, lse, out, B, T, H, Hkv, hd,
-           causal, scratch);
+  DISPATCH(dev, attention_backward, dq, dk, dv, dout, q, k, v, lse, out, B, T, H, Hkv, hd, causal,
+           scratch);
 }
-weft_status weft_backend_swiglu_forward(weft_device dev, float *out, const float *a,
-                                        const float *b, int64_t n) {
+weft_status weft_backend_swiglu_forward(weft_device dev, float *out, const float *a, const float *b,
+                                        int64_t n) {
   DISPATCH(dev, swiglu_forward, out, a, b, n);
 }
-weft_status weft_backend_swiglu_backward(weft_device dev, float *da, float *db,
-                                         const float *dout, const float *a, const float *b,
-                                         int64_t n) {
+weft_status weft_backend_swiglu_backward(weft_device dev, float *da, float *db, const float *dout,
+                                         const float *a, const float *b, int64_t n) {
   DISPATCH(dev, swiglu_backward, da, db, dout, a, b, n);
 }
 weft_status weft_backend_residual_forward(weft_device dev, float *out, const float *a,
                                           const float *b, int64_t n) {
   DISPATCH(dev, residual_forward, out, a, b, n);
 }
-weft_status weft_backend_residual_backward(weft_device dev, float *da, float *db,
-                                           const float *dout, int64_t n) {
+weft_status weft_backend_residual_backward(weft_device dev, float *da, float *db, const float *dout,
+                                           int64_t n) {
   DISPATCH(dev, residual_backward, da, db, dout, n);
 }
 weft_status weft_backend_cross_entropy_forward(weft_device dev, double *loss, float *lse,
@@ -406,14 +400,13 @@ weft_status weft_backend_cross_entropy_backward(weft_device dev, float *dlogits,
   DISPATCH(dev, cross_entropy_backward, dlogits, logits, lse, targets, N, V, scale);
 }
 weft_status weft_backend_cross_entropy_local_max(weft_device dev, float *row_max,
-                                                 const float *logits_local, int64_t N,
-                                                 int64_t nv) {
+                                                 const float *logits_local, int64_t N, int64_t nv) {
   DISPATCH(dev, cross_entropy_local_max, row_max, logits_local, N, nv);
 }
 weft_status weft_backend_cross_entropy_local_target(weft_device dev, float *target_logit,
                                                     const float *logits_local,
-                                                    const int32_t *targets, int64_t N,
-                                                    int64_t v0, int64_t nv) {
+                                                    const int32_t *targets, int64_t N, int64_t v0,
+                                                    int64_t nv) {
   DISPATCH(dev, cross_entropy_local_target, target_logit, logits_local, targets, N, v0, nv);
 }
 weft_status weft_backend_cross_entropy_local_sumexp(weft_device dev, float *sumexp,
@@ -427,18 +420,17 @@ weft_status weft_backend_cross_entropy_finish(weft_device dev, double *loss, flo
   DISPATCH(dev, cross_entropy_finish, loss, lse, gmax, gsum, gtarget, N);
 }
 weft_status weft_backend_cross_entropy_backward_local(weft_device dev, float *dlogits_local,
-                                                      const float *logits_local,
-                                                      const float *lse, const int32_t *targets,
-                                                      int64_t N, int64_t v0, int64_t nv,
-                                                      float scale) {
+                                                      const float *logits_local, const float *lse,
+                                                      const int32_t *targets, int64_t N, int64_t v0,
+                                                      int64_t nv, float scale) {
   DISPATCH(dev, cross_entropy_backward_local, dlogits_local, logits_local, lse, targets, N, v0, nv,
            scale);
 }
 
-weft_status weft_backend_adamw_multi(weft_device dev, float *const *param,
-                                     const float *const *grad, float *const *m, float *const *v,
-                                     float *const *vmax, const int64_t *n, int ntensors,
-                                     int64_t step, const weft_adamw_params *hp) {
+weft_status weft_backend_adamw_multi(weft_device dev, float *const *param, const float *const *grad,
+                                     float *const *m, float *const *v, float *const *vmax,
+                                     const int64_t *n, int ntensors, int64_t step,
+                                     const weft_adamw_params *hp) {
   DISPATCH(dev, adamw_multi, param, grad, m, v, vmax, n, ntensors, step, hp);
 }
 weft_status weft_backend_sgd_multi(weft_device dev, float *const *param, const float *const *grad,
@@ -469,8 +461,8 @@ weft_status weft_backend_flat_accumulate(weft_device dev, const void *flat, weft
 }
 
 weft_status weft_backend_layernorm_forward(weft_device dev, float *out, float *mean, float *rstd,
-                                           const float *inp, const float *weight,
-                                           const float *bias, int64_t N, int64_t C, float eps) {
+                                           const float *inp, const float *weight, const float *bias,
+                                           int64_t N, int64_t C, float eps) {
   DISPATCH(dev, layernorm_forward, out, mean, rstd, inp, weight, bias, N, C, eps);
 }
 weft_status weft_backend_layernorm_backward(weft_device dev, float *dinp, float *dweight,
@@ -495,8 +487,7 @@ weft_status weft_backend_softmax_forward(weft_device dev, float *out, const floa
   DISPATCH(dev, softmax_forward, out, inp, N, C);
 }
 weft_status weft_backend_softmax_backward(weft_device dev, float *dinp, const float *dout,
-                                          const float *out, int64_t N, int64_t C,
-                                          bool accumulate) {
+                                          const float *out, int64_t N, int64_t C, bool accumulate) {
   DISPATCH(dev, softmax_backward, dinp, dout, out, N, C, accumulate);
 }
 weft_status weft_backend_dropout_apply(weft_device dev, float *out, const float *inp,
@@ -548,13 +539,14 @@ const weft_backend *weft_backend_for_tensors_(const char *op, size_t offset, int
                         strstr(msg, "no backend") ? strstr(msg, "no backend") : msg);
     return NULL;
   }
-  *st = weft_error_at(WEFT_ERR_UNSUPPORTED, op, "%s is not supported on %s (backend '%s'; %s is %s)",
-                      op, weft_device_name(dev), be->name, names[first], a);
+  *st =
+      weft_error_at(WEFT_ERR_UNSUPPORTED, op, "%s is not supported on %s (backend '%s'; %s is %s)",
+                    op, weft_device_name(dev), be->name, names[first], a);
   return NULL;
 }
 
-weft_status weft_backend_dtype_unsupported_(const char *op, const char *name,
-                                            const weft_tensor *t, const char *what) {
+weft_status weft_backend_dtype_unsupported_(const char *op, const char *name, const weft_tensor *t,
+                                            const char *what) {
   char a[128];
   weft_tensor_describe(t, a, sizeof a);
   return weft_error_at(WEFT_ERR_UNSUPPORTED, op, "%s is %s (%s): %s supports %s", name,

@@ -71,7 +71,11 @@ typedef enum weft_stream_id {
 
 /* Direction of a copy, relative to the device whose table does it ("host"
  * is CPU memory; for the CPU backend every kind is a host copy). */
-typedef enum weft_copy_kind { WEFT_COPY_H2D = 0, WEFT_COPY_D2H = 1, WEFT_COPY_D2D = 2 } weft_copy_kind;
+typedef enum weft_copy_kind {
+  WEFT_COPY_H2D = 0,
+  WEFT_COPY_D2H = 1,
+  WEFT_COPY_D2D = 2
+} weft_copy_kind;
 
 /* A point in a stream's work (opaque; made and freed by the backend). */
 typedef struct weft_event weft_event;
@@ -130,10 +134,10 @@ typedef struct weft_flat_piece {
 
 typedef struct weft_backend {
   /* ---- identity (required) */
-  size_t size;          /* sizeof(weft_backend) as the backend was compiled */
-  int version;          /* WEFT_BACKEND_VERSION */
-  weft_device device;   /* the device this table serves */
-  const char *name;     /* "cpu", "cuda", "cuda (emulated)" */
+  size_t size;        /* sizeof(weft_backend) as the backend was compiled */
+  int version;        /* WEFT_BACKEND_VERSION */
+  weft_device device; /* the device this table serves */
+  const char *name;   /* "cpu", "cuda", "cuda (emulated)" */
 
   /* ---- device set-up */
   /* Devices of this kind visible to the process (0: none). Never fails. */
@@ -223,15 +227,14 @@ typedef struct weft_backend {
                        float *c, int64_t ldc);
   /* count independent GEMMs, operand i at a + i*stride_a, b + i*stride_b,
    * c + i*stride_c (C blocks must not overlap) */
-  weft_status (*sgemm_strided_batched)(bool trans_a, bool trans_b, int64_t m, int64_t n,
-                                       int64_t k, float alpha, const float *a, int64_t lda,
-                                       int64_t stride_a, const float *b, int64_t ldb,
-                                       int64_t stride_b, float beta, float *c, int64_t ldc,
-                                       int64_t stride_c, int64_t count);
+  weft_status (*sgemm_strided_batched)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                       float alpha, const float *a, int64_t lda, int64_t stride_a,
+                                       const float *b, int64_t ldb, int64_t stride_b, float beta,
+                                       float *c, int64_t ldc, int64_t stride_c, int64_t count);
   /* bf16 operands (uint16_t bit patterns), fp32 accumulation, fp32 C */
-  weft_status (*gemm_bf16)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                           float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc);
+  weft_status (*gemm_bf16)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                           const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb,
+                           float beta, float *c, int64_t ldc);
 
   /* ---- layer kernels, forward next to backward (layers.h) */
   weft_status (*embedding_forward)(float *out, const int32_t *tokens, const float *weight,
@@ -251,17 +254,17 @@ typedef struct weft_backend {
                                  int64_t OC, bool accumulate_dinp, bool accumulate_dweight);
   weft_status (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
                                  int64_t N, int64_t C, float eps);
-  weft_status (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout,
-                                  const float *inp, const float *weight, const float *rstd,
-                                  int64_t N, int64_t C, bool accumulate_dinp);
+  weft_status (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                                  const float *weight, const float *rstd, int64_t N, int64_t C,
+                                  bool accumulate_dinp);
   /* cosb, sinb: this device's memory */
   weft_status (*rope_tables)(float *cosb, float *sinb, int64_t max_pos, int64_t hd, double theta);
   weft_status (*rope_forward)(float *out, const float *inp, const float *cosb, const float *sinb,
                               int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
                               int64_t pos0);
-  weft_status (*rope_backward)(float *dinp, const float *dout, const float *cosb,
-                               const float *sinb, int64_t max_pos, int64_t B, int64_t T,
-                               int64_t NH, int64_t hd, int64_t pos0);
+  weft_status (*rope_backward)(float *dinp, const float *dout, const float *cosb, const float *sinb,
+                               int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
+                               int64_t pos0);
   /* Bytes of scratch attention_forward/_backward need for these sizes (one
    * query for every device, causal or not; scratch is this device's
    * memory). */
@@ -275,8 +278,7 @@ typedef struct weft_backend {
   weft_status (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
                                     const float *q, const float *k, const float *v,
                                     const float *lse, const float *out, int64_t B, int64_t T,
-                                    int64_t H, int64_t Hkv, int64_t hd, bool causal,
-                                    void *scratch);
+                                    int64_t H, int64_t Hkv, int64_t hd, bool causal, void *scratch);
   weft_status (*swiglu_forward)(float *out, const float *a, const float *b, int64_t n);
   weft_status (*swiglu_backward)(float *da, float *db, const float *dout, const float *a,
                                  const float *b, int64_t n);
@@ -286,8 +288,7 @@ typedef struct weft_backend {
   weft_status (*cross_entropy_forward)(double *loss, float *lse, const float *logits,
                                        const int32_t *targets, int64_t N, int64_t V);
   weft_status (*cross_entropy_backward)(float *dlogits, const float *logits, const float *lse,
-                                        const int32_t *targets, int64_t N, int64_t V,
-                                        float scale);
+                                        const int32_t *targets, int64_t N, int64_t V, float scale);
   weft_status (*cross_entropy_local_max)(float *row_max, const float *logits_local, int64_t N,
                                          int64_t nv);
   weft_status (*cross_entropy_local_target)(float *target_logit, const float *logits_local,
@@ -298,8 +299,8 @@ typedef struct weft_backend {
   weft_status (*cross_entropy_finish)(double *loss, float *lse, const float *gmax,
                                       const float *gsum, const float *gtarget, int64_t N);
   weft_status (*cross_entropy_backward_local)(float *dlogits_local, const float *logits_local,
-                                              const float *lse, const int32_t *targets,
-                                              int64_t N, int64_t v0, int64_t nv, float scale);
+                                              const float *lse, const int32_t *targets, int64_t N,
+                                              int64_t v0, int64_t nv, float scale);
 
   /* ---- multi-tensor optimizer steps: tensor i has n[i] elements at
    * param[i], grad[i], ... (device pointers; the pointer arrays and n are
@@ -310,8 +311,7 @@ typedef struct weft_backend {
                              int64_t step, const weft_adamw_params *hp);
   /* weft_sgd_step on each tensor; buf NULL when hp->momentum == 0 */
   weft_status (*sgd_multi)(float *const *param, const float *const *grad, float *const *buf,
-                           const int64_t *n, int ntensors, int64_t step,
-                           const weft_sgd_params *hp);
+                           const int64_t *n, int ntensors, int64_t step, const weft_sgd_params *hp);
   /* out[i] = sum_j x[i][j]^2 in double (out: host array of ntensors) */
   weft_status (*sumsq_multi)(const float *const *x, const int64_t *n, int ntensors, double *out);
   /* x[i][j] *= alpha */
@@ -324,8 +324,8 @@ typedef struct weft_backend {
   weft_status (*flat_pack)(void *flat, weft_dtype flat_dtype, const weft_flat_piece *pieces,
                            int npieces);
   /* p.data[j] = flat[p.offset + j] for j < p.count */
-  weft_status (*flat_split)(const void *flat, weft_dtype flat_dtype,
-                            const weft_flat_piece *pieces, int npieces);
+  weft_status (*flat_split)(const void *flat, weft_dtype flat_dtype, const weft_flat_piece *pieces,
+                            int npieces);
   /* p.data[j] += scale * flat[p.offset + j] in fp32 (p.data f32) */
   weft_status (*flat_accumulate)(const void *flat, weft_dtype flat_dtype,
                                  const weft_flat_piece *pieces, int npieces, float scale);
@@ -338,8 +338,7 @@ typedef struct weft_backend {
                                    float eps);
   weft_status (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                                     const float *inp, const float *weight, const float *mean,
-                                    const float *rstd, int64_t N, int64_t C,
-                                    bool accumulate_dinp);
+                                    const float *rstd, int64_t N, int64_t C, bool accumulate_dinp);
   weft_status (*activation_forward)(weft_activation act, float *out, const float *inp, int64_t n);
   weft_status (*activation_backward)(weft_activation act, float *dinp, const float *dout,
                                      const float *inp, int64_t n, bool accumulate);
@@ -389,9 +388,9 @@ WEFT_API weft_device weft_ptr_device(const void *ptr);
 
 WEFT_API weft_status weft_memset(weft_device dev, void *dst, int value, size_t bytes);
 WEFT_API weft_status weft_memcpy(weft_device dev, void *dst, const void *src, size_t bytes,
-                        weft_copy_kind kind);
+                                 weft_copy_kind kind);
 WEFT_API weft_status weft_memcpy_async(weft_device dev, void *dst, const void *src, size_t bytes,
-                              weft_copy_kind kind, weft_stream_id s);
+                                       weft_copy_kind kind, weft_stream_id s);
 WEFT_API weft_status weft_record_stream(weft_device dev, void *ptr, weft_stream_id s);
 
 /* --------------------------------------------------------------- events */
@@ -401,7 +400,7 @@ WEFT_API weft_status weft_stream_wait_event(weft_device dev, weft_stream_id s, w
 WEFT_API weft_status weft_event_synchronize(weft_device dev, weft_event *ev);
 WEFT_API weft_status weft_event_query(weft_device dev, weft_event *ev, bool *done);
 WEFT_API weft_status weft_event_elapsed_ms(weft_device dev, weft_event *start, weft_event *end,
-                                  float *ms);
+                                           float *ms);
 WEFT_API void weft_event_destroy(weft_device dev, weft_event *ev); /* NULL: no-op */
 WEFT_API void *weft_device_stream_handle(weft_device dev, weft_stream_id s);
 
@@ -417,143 +416,152 @@ WEFT_API weft_status weft_device_empty_cache(weft_device dev);
 /* weft_backend_<op>(dev, args...) calls member <op> of dev's table with the
  * same arguments; the semantics are layers.h's function of that name. */
 
-WEFT_API weft_status weft_backend_sgemm(weft_device dev, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                               int64_t k, float alpha, const float *a, int64_t lda,
-                               const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
-WEFT_API weft_status weft_backend_sgemm_strided_batched(weft_device dev, bool trans_a, bool trans_b,
-                                               int64_t m, int64_t n, int64_t k, float alpha,
-                                               const float *a, int64_t lda, int64_t stride_a,
-                                               const float *b, int64_t ldb, int64_t stride_b,
-                                               float beta, float *c, int64_t ldc,
-                                               int64_t stride_c, int64_t count);
+WEFT_API weft_status weft_backend_sgemm(weft_device dev, bool trans_a, bool trans_b, int64_t m,
+                                        int64_t n, int64_t k, float alpha, const float *a,
+                                        int64_t lda, const float *b, int64_t ldb, float beta,
+                                        float *c, int64_t ldc);
+WEFT_API weft_status weft_backend_sgemm_strided_batched(
+    weft_device dev, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+    const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
+    float beta, float *c, int64_t ldc, int64_t stride_c, int64_t count);
 WEFT_API weft_status weft_backend_gemm_bf16(weft_device dev, bool trans_a, bool trans_b, int64_t m,
-                                   int64_t n, int64_t k, float alpha, const uint16_t *a,
-                                   int64_t lda, const uint16_t *b, int64_t ldb, float beta,
-                                   float *c, int64_t ldc);
+                                            int64_t n, int64_t k, float alpha, const uint16_t *a,
+                                            int64_t lda, const uint16_t *b, int64_t ldb, float beta,
+                                            float *c, int64_t ldc);
 
-WEFT_API weft_status weft_backend_embedding_forward(weft_device dev, float *out, const int32_t *tokens,
-                                           const float *weight, int64_t N, int64_t V, int64_t C);
+WEFT_API weft_status weft_backend_embedding_forward(weft_device dev, float *out,
+                                                    const int32_t *tokens, const float *weight,
+                                                    int64_t N, int64_t V, int64_t C);
 WEFT_API weft_status weft_backend_embedding_backward(weft_device dev, float *dweight,
-                                            const int32_t *tokens, const float *dout, int64_t N,
-                                            int64_t V, int64_t C);
+                                                     const int32_t *tokens, const float *dout,
+                                                     int64_t N, int64_t V, int64_t C);
 WEFT_API weft_status weft_backend_embedding_range_forward(weft_device dev, float *out,
-                                                 const int32_t *tokens,
-                                                 const float *weight_local, int64_t N,
-                                                 int64_t v0, int64_t nv, int64_t C);
+                                                          const int32_t *tokens,
+                                                          const float *weight_local, int64_t N,
+                                                          int64_t v0, int64_t nv, int64_t C);
 WEFT_API weft_status weft_backend_embedding_range_backward(weft_device dev, float *dweight_local,
-                                                  const int32_t *tokens, const float *dout,
-                                                  int64_t N, int64_t v0, int64_t nv, int64_t C);
+                                                           const int32_t *tokens, const float *dout,
+                                                           int64_t N, int64_t v0, int64_t nv,
+                                                           int64_t C);
 WEFT_API weft_status weft_backend_linear_forward(weft_device dev, float *out, const float *inp,
-                                        const float *weight, const float *bias, int64_t N,
-                                        int64_t IC, int64_t OC);
+                                                 const float *weight, const float *bias, int64_t N,
+                                                 int64_t IC, int64_t OC);
 WEFT_API weft_status weft_backend_linear_backward(weft_device dev, float *dinp, float *dweight,
-                                         float *dbias, const float *dout, const float *inp,
-                                         const float *weight, int64_t N, int64_t IC, int64_t OC,
-                                         bool accumulate_dinp, bool accumulate_dweight);
+                                                  float *dbias, const float *dout, const float *inp,
+                                                  const float *weight, int64_t N, int64_t IC,
+                                                  int64_t OC, bool accumulate_dinp,
+                                                  bool accumulate_dweight);
 WEFT_API weft_status weft_backend_rmsnorm_forward(weft_device dev, float *out, float *rstd,
-                                         const float *inp, const float *weight, int64_t N,
-                                         int64_t C, float eps);
+                                                  const float *inp, const float *weight, int64_t N,
+                                                  int64_t C, float eps);
 WEFT_API weft_status weft_backend_rmsnorm_backward(weft_device dev, float *dinp, float *dweight,
-                                          const float *dout, const float *inp,
-                                          const float *weight, const float *rstd, int64_t N,
-                                          int64_t C, bool accumulate_dinp);
-WEFT_API weft_status weft_backend_rope_tables(weft_device dev, float *cosb, float *sinb, int64_t max_pos,
-                                     int64_t hd, double theta);
+                                                   const float *dout, const float *inp,
+                                                   const float *weight, const float *rstd,
+                                                   int64_t N, int64_t C, bool accumulate_dinp);
+WEFT_API weft_status weft_backend_rope_tables(weft_device dev, float *cosb, float *sinb,
+                                              int64_t max_pos, int64_t hd, double theta);
 WEFT_API weft_status weft_backend_rope_forward(weft_device dev, float *out, const float *inp,
-                                      const float *cosb, const float *sinb, int64_t max_pos,
-                                      int64_t B, int64_t T, int64_t NH, int64_t hd, int64_t pos0);
+                                               const float *cosb, const float *sinb,
+                                               int64_t max_pos, int64_t B, int64_t T, int64_t NH,
+                                               int64_t hd, int64_t pos0);
 WEFT_API weft_status weft_backend_rope_backward(weft_device dev, float *dinp, const float *dout,
-                                       const float *cosb, const float *sinb, int64_t max_pos,
-                                       int64_t B, int64_t T, int64_t NH, int64_t hd,
-                                       int64_t pos0);
+                                                const float *cosb, const float *sinb,
+                                                int64_t max_pos, int64_t B, int64_t T, int64_t NH,
+                                                int64_t hd, int64_t pos0);
 /* 0 when dev has no attention (the call itself then says why) */
-WEFT_API size_t weft_backend_attention_scratch_bytes(weft_device dev, int64_t B, int64_t T, int64_t H,
-                                            int64_t Hkv, int64_t hd);
+WEFT_API size_t weft_backend_attention_scratch_bytes(weft_device dev, int64_t B, int64_t T,
+                                                     int64_t H, int64_t Hkv, int64_t hd);
 /* causal: weft_attention_forward's flag (false: every query sees all T
  * keys); the backward's must be the forward's */
 WEFT_API weft_status weft_backend_attention_forward(weft_device dev, float *out, float *lse,
-                                           const float *q, const float *k, const float *v,
-                                           int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                           int64_t hd, bool causal, void *scratch);
-WEFT_API weft_status weft_backend_attention_backward(weft_device dev, float *dq, float *dk, float *dv,
-                                            const float *dout, const float *q, const float *k,
-                                            const float *v, const float *lse, const float *out,
-                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                            int64_t hd, bool causal, void *scratch);
+                                                    const float *q, const float *k, const float *v,
+                                                    int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                                    int64_t hd, bool causal, void *scratch);
+WEFT_API weft_status weft_backend_attention_backward(weft_device dev, float *dq, float *dk,
+                                                     float *dv, const float *dout, const float *q,
+                                                     const float *k, const float *v,
+                                                     const float *lse, const float *out, int64_t B,
+                                                     int64_t T, int64_t H, int64_t Hkv, int64_t hd,
+                                                     bool causal, void *scratch);
 WEFT_API weft_status weft_backend_swiglu_forward(weft_device dev, float *out, const float *a,
-                                        const float *b, int64_t n);
+                                                 const float *b, int64_t n);
 WEFT_API weft_status weft_backend_swiglu_backward(weft_device dev, float *da, float *db,
-                                         const float *dout, const float *a, const float *b,
-                                         int64_t n);
+                                                  const float *dout, const float *a, const float *b,
+                                                  int64_t n);
 WEFT_API weft_status weft_backend_residual_forward(weft_device dev, float *out, const float *a,
-                                          const float *b, int64_t n);
+                                                   const float *b, int64_t n);
 WEFT_API weft_status weft_backend_residual_backward(weft_device dev, float *da, float *db,
-                                           const float *dout, int64_t n);
+                                                    const float *dout, int64_t n);
 WEFT_API weft_status weft_backend_cross_entropy_forward(weft_device dev, double *loss, float *lse,
-                                               const float *logits, const int32_t *targets,
-                                               int64_t N, int64_t V);
+                                                        const float *logits, const int32_t *targets,
+                                                        int64_t N, int64_t V);
 WEFT_API weft_status weft_backend_cross_entropy_backward(weft_device dev, float *dlogits,
-                                                const float *logits, const float *lse,
-                                                const int32_t *targets, int64_t N, int64_t V,
-                                                float scale);
+                                                         const float *logits, const float *lse,
+                                                         const int32_t *targets, int64_t N,
+                                                         int64_t V, float scale);
 WEFT_API weft_status weft_backend_cross_entropy_local_max(weft_device dev, float *row_max,
-                                                 const float *logits_local, int64_t N,
-                                                 int64_t nv);
+                                                          const float *logits_local, int64_t N,
+                                                          int64_t nv);
 WEFT_API weft_status weft_backend_cross_entropy_local_target(weft_device dev, float *target_logit,
-                                                    const float *logits_local,
-                                                    const int32_t *targets, int64_t N,
-                                                    int64_t v0, int64_t nv);
+                                                             const float *logits_local,
+                                                             const int32_t *targets, int64_t N,
+                                                             int64_t v0, int64_t nv);
 WEFT_API weft_status weft_backend_cross_entropy_local_sumexp(weft_device dev, float *sumexp,
-                                                    const float *logits_local, const float *gmax,
-                                                    int64_t N, int64_t nv);
+                                                             const float *logits_local,
+                                                             const float *gmax, int64_t N,
+                                                             int64_t nv);
 WEFT_API weft_status weft_backend_cross_entropy_finish(weft_device dev, double *loss, float *lse,
-                                              const float *gmax, const float *gsum,
-                                              const float *gtarget, int64_t N);
-WEFT_API weft_status weft_backend_cross_entropy_backward_local(weft_device dev, float *dlogits_local,
-                                                      const float *logits_local,
-                                                      const float *lse, const int32_t *targets,
-                                                      int64_t N, int64_t v0, int64_t nv,
-                                                      float scale);
+                                                       const float *gmax, const float *gsum,
+                                                       const float *gtarget, int64_t N);
+WEFT_API weft_status weft_backend_cross_entropy_backward_local(
+    weft_device dev, float *dlogits_local, const float *logits_local, const float *lse,
+    const int32_t *targets, int64_t N, int64_t v0, int64_t nv, float scale);
 
 WEFT_API weft_status weft_backend_adamw_multi(weft_device dev, float *const *param,
-                                     const float *const *grad, float *const *m, float *const *v,
-                                     float *const *vmax, const int64_t *n, int ntensors,
-                                     int64_t step, const weft_adamw_params *hp);
-WEFT_API weft_status weft_backend_sgd_multi(weft_device dev, float *const *param, const float *const *grad,
-                                   float *const *buf, const int64_t *n, int ntensors, int64_t step,
-                                   const weft_sgd_params *hp);
-WEFT_API weft_status weft_backend_sumsq_multi(weft_device dev, const float *const *x, const int64_t *n,
-                                     int ntensors, double *out);
+                                              const float *const *grad, float *const *m,
+                                              float *const *v, float *const *vmax, const int64_t *n,
+                                              int ntensors, int64_t step,
+                                              const weft_adamw_params *hp);
+WEFT_API weft_status weft_backend_sgd_multi(weft_device dev, float *const *param,
+                                            const float *const *grad, float *const *buf,
+                                            const int64_t *n, int ntensors, int64_t step,
+                                            const weft_sgd_params *hp);
+WEFT_API weft_status weft_backend_sumsq_multi(weft_device dev, const float *const *x,
+                                              const int64_t *n, int ntensors, double *out);
 WEFT_API weft_status weft_backend_scale_multi(weft_device dev, float *const *x, const int64_t *n,
-                                     int ntensors, float alpha);
+                                              int ntensors, float alpha);
 
 WEFT_API weft_status weft_backend_flat_pack(weft_device dev, void *flat, weft_dtype flat_dtype,
-                                   const weft_flat_piece *pieces, int npieces);
-WEFT_API weft_status weft_backend_flat_split(weft_device dev, const void *flat, weft_dtype flat_dtype,
-                                    const weft_flat_piece *pieces, int npieces);
-WEFT_API weft_status weft_backend_flat_accumulate(weft_device dev, const void *flat, weft_dtype flat_dtype,
-                                         const weft_flat_piece *pieces, int npieces, float scale);
+                                            const weft_flat_piece *pieces, int npieces);
+WEFT_API weft_status weft_backend_flat_split(weft_device dev, const void *flat,
+                                             weft_dtype flat_dtype, const weft_flat_piece *pieces,
+                                             int npieces);
+WEFT_API weft_status weft_backend_flat_accumulate(weft_device dev, const void *flat,
+                                                  weft_dtype flat_dtype,
+                                                  const weft_flat_piece *pieces, int npieces,
+                                                  float scale);
 
-WEFT_API weft_status weft_backend_layernorm_forward(weft_device dev, float *out, float *mean, float *rstd,
-                                           const float *inp, const float *weight,
-                                           const float *bias, int64_t N, int64_t C, float eps);
+WEFT_API weft_status weft_backend_layernorm_forward(weft_device dev, float *out, float *mean,
+                                                    float *rstd, const float *inp,
+                                                    const float *weight, const float *bias,
+                                                    int64_t N, int64_t C, float eps);
 WEFT_API weft_status weft_backend_layernorm_backward(weft_device dev, float *dinp, float *dweight,
-                                            float *dbias, const float *dout, const float *inp,
-                                            const float *weight, const float *mean,
-                                            const float *rstd, int64_t N, int64_t C,
-                                            bool accumulate_dinp);
-WEFT_API weft_status weft_backend_activation_forward(weft_device dev, weft_activation act, float *out,
-                                            const float *inp, int64_t n);
-WEFT_API weft_status weft_backend_activation_backward(weft_device dev, weft_activation act, float *dinp,
-                                             const float *dout, const float *inp, int64_t n,
-                                             bool accumulate);
-WEFT_API weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp, int64_t N,
-                                         int64_t C);
+                                                     float *dbias, const float *dout,
+                                                     const float *inp, const float *weight,
+                                                     const float *mean, const float *rstd,
+                                                     int64_t N, int64_t C, bool accumulate_dinp);
+WEFT_API weft_status weft_backend_activation_forward(weft_device dev, weft_activation act,
+                                                     float *out, const float *inp, int64_t n);
+WEFT_API weft_status weft_backend_activation_backward(weft_device dev, weft_activation act,
+                                                      float *dinp, const float *dout,
+                                                      const float *inp, int64_t n, bool accumulate);
+WEFT_API weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp,
+                                                  int64_t N, int64_t C);
 WEFT_API weft_status weft_backend_softmax_backward(weft_device dev, float *dinp, const float *dout,
-                                          const float *out, int64_t N, int64_t C,
-                                          bool accumulate);
+                                                   const float *out, int64_t N, int64_t C,
+                                                   bool accumulate);
 WEFT_API weft_status weft_backend_dropout_apply(weft_device dev, float *out, const float *inp,
-                                       const float *uniform, float p, int64_t n);
+                                                const float *uniform, float p, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -44,8 +44,8 @@ const weft_backend *weft_backend_for_tensors_(const char *op, size_t offset, int
                                               const char *const *names, weft_status *st);
 /* WEFT_ERR_UNSUPPORTED "<op>: <name> is <dtype> on <device> (<tensor>): <device>
  * supports <what>" — a backend's refusal of a dtype. */
-weft_status weft_backend_dtype_unsupported_(const char *op, const char *name,
-                                            const weft_tensor *t, const char *what);
+weft_status weft_backend_dtype_unsupported_(const char *op, const char *name, const weft_tensor *t,
+                                            const char *what);
 
 #ifdef __cplusplus
 }

@@ -10,9 +10,9 @@ static const struct {
   size_t size;
   bool is_float;
 } dtype_info[WEFT_DTYPE_COUNT] = {
-    [WEFT_F32] = {"f32", "float32", 4, true},   [WEFT_F64] = {"f64", "float64", 8, true},
+    [WEFT_F32] = {"f32", "float32", 4, true},    [WEFT_F64] = {"f64", "float64", 8, true},
     [WEFT_BF16] = {"bf16", "bfloat16", 2, true}, [WEFT_F16] = {"f16", "float16", 2, true},
-    [WEFT_I32] = {"i32", "int32", 4, false},    [WEFT_I64] = {"i64", "int64", 8, false},
+    [WEFT_I32] = {"i32", "int32", 4, false},     [WEFT_I64] = {"i64", "int64", 8, false},
     [WEFT_U8] = {"u8", "uint8", 1, false},
 };
 
@@ -29,7 +29,8 @@ weft_status weft_dtype_parse(const char *name, weft_dtype *out) {
       return WEFT_OK;
     }
   }
-  return weft_error(WEFT_ERR_INVALID, "unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64, u8)",
+  return weft_error(WEFT_ERR_INVALID,
+                    "unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64, u8)",
                     name ? name : "(null)");
 }
 

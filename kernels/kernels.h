@@ -108,33 +108,34 @@ typedef struct weft_tensor {
   /* read-only for users; set by the constructors */
   weft_dtype dtype;
   weft_device device;
-  int ndim;                       /* 0..WEFT_MAX_DIMS; 0 = scalar */
+  int ndim; /* 0..WEFT_MAX_DIMS; 0 = scalar */
   int64_t shape[WEFT_MAX_DIMS];
   int64_t strides[WEFT_MAX_DIMS]; /* in elements */
   void *data;                     /* first element */
   /* private */
-  void *base_;                    /* allocation owned by this tensor, or NULL */
+  void *base_; /* allocation owned by this tensor, or NULL */
 } weft_tensor;
 
 /* A new contiguous tensor owning uninitialised storage. shape may contain 0. */
-WEFT_API weft_status weft_tensor_create(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
-                               weft_tensor **out);
+WEFT_API weft_status weft_tensor_create(weft_dtype dt, weft_device dev, int ndim,
+                                        const int64_t *shape, weft_tensor **out);
 /* Same, zero-filled (a CUDA tensor by an asynchronous device memset on the
  * compute stream). */
-WEFT_API weft_status weft_tensor_zeros(weft_dtype dt, weft_device dev, int ndim, const int64_t *shape,
-                              weft_tensor **out);
+WEFT_API weft_status weft_tensor_zeros(weft_dtype dt, weft_device dev, int ndim,
+                                       const int64_t *shape, weft_tensor **out);
 /* A non-owning contiguous view of caller memory. data must be aligned to the
  * element size, and may be NULL only when the shape has 0 elements. */
 WEFT_API weft_status weft_tensor_wrap(void *data, weft_dtype dt, weft_device dev, int ndim,
-                             const int64_t *shape, weft_tensor **out);
+                                      const int64_t *shape, weft_tensor **out);
 /* Frees the tensor header and, if it owns it, the storage. NULL: no-op. */
 WEFT_API void weft_tensor_destroy(weft_tensor *t);
 
 /* Fills a caller-provided header as a view (no allocation, never owns). Use
  * for stack views in hot paths. strides NULL = contiguous; otherwise any
  * strides (in elements) are taken as given. Same checks as _wrap. */
-WEFT_API weft_status weft_tensor_view_init(weft_tensor *view, void *data, weft_dtype dt, weft_device dev,
-                                  int ndim, const int64_t *shape, const int64_t *strides);
+WEFT_API weft_status weft_tensor_view_init(weft_tensor *view, void *data, weft_dtype dt,
+                                           weft_device dev, int ndim, const int64_t *shape,
+                                           const int64_t *strides);
 
 WEFT_API int64_t weft_tensor_numel(const weft_tensor *t);
 WEFT_API size_t weft_tensor_nbytes(const weft_tensor *t); /* numel * dtype size */
@@ -147,11 +148,11 @@ WEFT_API void weft_tensor_describe(const weft_tensor *t, char *buf, size_t cap);
 /* Views (never own; the base must outlive them). */
 /* elements [start, start+len) along dim. */
 WEFT_API weft_status weft_tensor_narrow(const weft_tensor *t, int dim, int64_t start, int64_t len,
-                               weft_tensor **out);
+                                        weft_tensor **out);
 /* Reshape a contiguous tensor (numel must match; one -1 allowed). A strided
  * tensor is refused (WEFT_ERR_INVALID): clone it first. */
 WEFT_API weft_status weft_tensor_view(const weft_tensor *t, int ndim, const int64_t *shape,
-                             weft_tensor **out);
+                                      weft_tensor **out);
 /* Swap two dims (a strided view). */
 WEFT_API weft_status weft_tensor_transpose(const weft_tensor *t, int d0, int d1, weft_tensor **out);
 
@@ -229,7 +230,8 @@ WEFT_API uint64_t weft_rng_key(const char *name);
 /* Philox4x32-10 of a 128-bit counter under a 64-bit key: 4 uint32 outputs.
  * Words as Random123 numbers them: counter {lo, lo >> 32, hi, hi >> 32}, key
  * {key, key >> 32} (low halves first). */
-WEFT_API void weft_philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key, uint32_t out[4]);
+WEFT_API void weft_philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key,
+                              uint32_t out[4]);
 
 /* Global placement of a local tensor for the RNG: the full tensor's shape and
  * this tensor's offset in it, per dim. NULL = the tensor is the whole thing. */
@@ -244,11 +246,11 @@ typedef struct weft_rng_region {
  * and offset + local size must fit global_shape in every dim. mean finite,
  * std finite and >= 0. */
 WEFT_API weft_status weft_tensor_fill_normal(weft_tensor *t, uint64_t seed, uint64_t key,
-                                    const weft_rng_region *region, float mean, float std);
+                                             const weft_rng_region *region, float mean, float std);
 /* Uniform [lo, hi) per element (finite lo < hi). A value that would round
  * up to hi in the dtype is replaced by the largest value below hi. */
 WEFT_API weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key,
-                                     const weft_rng_region *region, float lo, float hi);
+                                              const weft_rng_region *region, float lo, float hi);
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -263,7 +265,7 @@ WEFT_API weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uin
  * give beta * C without reading A, B; beta == 0 overwrites C (NaN in C does
  * not propagate). */
 WEFT_API weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
-                      const weft_tensor *b, float beta, weft_tensor *c);
+                               const weft_tensor *b, float beta, weft_tensor *c);
 
 /* Raw row-major f32 GEMM on pointers (the hot path of nn/): C[M,N] =
  * alpha*op(A)*op(B) + beta*C with leading dims lda, ldb, ldc (row strides of
@@ -272,17 +274,20 @@ WEFT_API weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const we
  * dim smaller than the stored row length set weft_last_error() and leave C
  * untouched (no status: check weft_last_status() when unsure). */
 WEFT_API void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                int64_t ldc);
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc);
 
 /* Elementwise on same-shape tensors of one float dtype, any strides; out may
  * alias an input when it is the same view (same data and strides). f32 and
  * f64 compute in their own precision, bf16/f16 in f32 rounded once; alpha is
  * rounded to the compute precision first. Contiguous f32 takes a direct loop. */
-WEFT_API weft_status weft_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b); /* a + b */
-WEFT_API weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b); /* a * b */
-WEFT_API weft_status weft_scale(weft_tensor *t, double alpha);                              /* t *= alpha */
-WEFT_API weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x);         /* y += alpha x */
+WEFT_API weft_status weft_add(weft_tensor *out, const weft_tensor *a,
+                              const weft_tensor *b); /* a + b */
+WEFT_API weft_status weft_mul(weft_tensor *out, const weft_tensor *a,
+                              const weft_tensor *b);           /* a * b */
+WEFT_API weft_status weft_scale(weft_tensor *t, double alpha); /* t *= alpha */
+WEFT_API weft_status weft_axpy(weft_tensor *y, double alpha,
+                               const weft_tensor *x); /* y += alpha x */
 /* t /= divisor elementwise (local, any float dtype and device, any strides):
  * a true IEEE division, not t *= 1/divisor, so that x / 3 is the correctly
  * rounded quotient in the dtype's compute precision, as torch's `t / 3`
@@ -299,8 +304,13 @@ WEFT_API weft_status weft_div_scalar(weft_tensor *t, double divisor);
  * overlap t. A 0-d input reduces over dim 0 / -1 into a 0-d out. Sums of an
  * empty dim are 0; max over an empty dim is WEFT_ERR_INVALID; max propagates
  * NaN as torch does. */
-typedef enum weft_reduce_kind { WEFT_REDUCE_SUM, WEFT_REDUCE_SUMSQ, WEFT_REDUCE_MAX } weft_reduce_kind;
-WEFT_API weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out);
+typedef enum weft_reduce_kind {
+  WEFT_REDUCE_SUM,
+  WEFT_REDUCE_SUMSQ,
+  WEFT_REDUCE_MAX
+} weft_reduce_kind;
+WEFT_API weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim,
+                                 weft_tensor *out);
 WEFT_API weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind, double *out);
 
 /* Cast into a new owning tensor of dtype dt (see weft_tensor_copy). */

@@ -42,10 +42,9 @@ uint64_t weft_rng_key(const char *name) {
   return h;
 }
 
-
 void weft_philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key, uint32_t out[4]) {
   weft_philox_rounds_((uint32_t)counter_lo, (uint32_t)(counter_lo >> 32), (uint32_t)counter_hi,
-         (uint32_t)(counter_hi >> 32), (uint32_t)key, (uint32_t)(key >> 32), out);
+                      (uint32_t)(counter_hi >> 32), (uint32_t)key, (uint32_t)(key >> 32), out);
 }
 
 typedef enum { DIST_NORMAL, DIST_UNIFORM } dist_kind;
@@ -53,7 +52,7 @@ typedef enum { DIST_NORMAL, DIST_UNIFORM } dist_kind;
 typedef struct dist {
   dist_kind kind;
   uint64_t seed, key;
-  double a, b;          /* normal: mean, std; uniform: lo, hi */
+  double a, b;               /* normal: mean, std; uniform: lo, hi */
   unsigned char below_hi[8]; /* uniform: largest value of the dtype < hi */
   bool have_below;
 } dist;
@@ -148,8 +147,7 @@ static weft_status region_geometry(const char *func, const weft_tensor *t,
     for (int k = 0; k < nd; k++) {
       gshape[k] = region->global_shape[k];
       goff[k] = region->offset[k];
-      if (gshape[k] < 0 || goff[k] < 0 || goff[k] > gshape[k] ||
-          t->shape[k] > gshape[k] - goff[k])
+      if (gshape[k] < 0 || goff[k] < 0 || goff[k] > gshape[k] || t->shape[k] > gshape[k] - goff[k])
         return weft_error_at(WEFT_ERR_INVALID, func,
                              "region dim %d: offset %" PRId64 " + local size %" PRId64
                              " does not fit the global size %" PRId64 " (tensor %s)",
@@ -201,7 +199,8 @@ weft_status weft_cpu_fill_random_(weft_tensor *t, weft_random_kind kind, uint64_
   char *row = (char *)t->data;
   int64_t g = g0; /* global index of the row's first element */
   for (;;) {
-    for (int64_t j = 0; j < n; j++) store_sample(row + j * st * es, dt, &d, sample(&d, (uint64_t)(g + j), &pc));
+    for (int64_t j = 0; j < n; j++)
+      store_sample(row + j * st * es, dt, &d, sample(&d, (uint64_t)(g + j), &pc));
     int k = nd - 2;
     for (; k >= 0; k--) {
       idx[k]++;

@@ -34,8 +34,9 @@ static bool is_public_name(const char *f) {
 
 static void render(void) {
   size_t len = 0, cap = sizeof errmsg;
-  int w = error_rank >= 0 ? snprintf(errmsg, cap, "[rank %d] %s: %s", error_rank, err_head, err_body)
-                          : snprintf(errmsg, cap, "%s: %s", err_head, err_body);
+  int w = error_rank >= 0
+              ? snprintf(errmsg, cap, "[rank %d] %s: %s", error_rank, err_head, err_body)
+              : snprintf(errmsg, cap, "%s: %s", err_head, err_body);
   len = w < 0 ? 0 : (size_t)w < cap ? (size_t)w : cap - 1;
   if (strcmp(err_head, err_origin) != 0 && len + 1 < cap) {
     w = snprintf(errmsg + len, cap - len, "\n  at %s", err_origin);

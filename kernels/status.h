@@ -29,23 +29,23 @@ extern "C" {
 #endif
 
 /* X-macro: one table gives the enum and the strings. */
-#define WEFT_STATUS_TABLE(X)                                                  \
-  X(WEFT_OK, 0, "ok")                                                         \
-  X(WEFT_ERR_INVALID, 1, "invalid argument")                                  \
-  X(WEFT_ERR_OOM, 2, "out of memory")                                         \
-  X(WEFT_ERR_MPI, 3, "MPI error")                                             \
-  X(WEFT_ERR_TIMEOUT, 4, "timed out")                                         \
-  X(WEFT_ERR_MISMATCH, 5, "ranks disagree (collective or shape mismatch)")    \
-  X(WEFT_ERR_BUSY, 6, "busy: object still in use")                            \
-  X(WEFT_ERR_IO, 7, "I/O error")                                              \
-  X(WEFT_ERR_CORRUPT, 8, "corrupt or inconsistent data")                      \
-  X(WEFT_ERR_UNSUPPORTED, 9, "unsupported")                                   \
-  X(WEFT_ERR_NOT_FOUND, 10, "not found")                                      \
-  X(WEFT_ERR_CUDA, 11, "CUDA error")                                          \
-  X(WEFT_ERR_NCCL, 12, "NCCL error")                                          \
-  X(WEFT_ERR_NO_DEVICE, 13, "no GPU device available")                        \
-  X(WEFT_ERR_IN_PROGRESS, 14, "operation still in progress")                  \
-  X(WEFT_ERR_STATE, 15, "call not valid in the current state")                \
+#define WEFT_STATUS_TABLE(X)                                               \
+  X(WEFT_OK, 0, "ok")                                                      \
+  X(WEFT_ERR_INVALID, 1, "invalid argument")                               \
+  X(WEFT_ERR_OOM, 2, "out of memory")                                      \
+  X(WEFT_ERR_MPI, 3, "MPI error")                                          \
+  X(WEFT_ERR_TIMEOUT, 4, "timed out")                                      \
+  X(WEFT_ERR_MISMATCH, 5, "ranks disagree (collective or shape mismatch)") \
+  X(WEFT_ERR_BUSY, 6, "busy: object still in use")                         \
+  X(WEFT_ERR_IO, 7, "I/O error")                                           \
+  X(WEFT_ERR_CORRUPT, 8, "corrupt or inconsistent data")                   \
+  X(WEFT_ERR_UNSUPPORTED, 9, "unsupported")                                \
+  X(WEFT_ERR_NOT_FOUND, 10, "not found")                                   \
+  X(WEFT_ERR_CUDA, 11, "CUDA error")                                       \
+  X(WEFT_ERR_NCCL, 12, "NCCL error")                                       \
+  X(WEFT_ERR_NO_DEVICE, 13, "no GPU device available")                     \
+  X(WEFT_ERR_IN_PROGRESS, 14, "operation still in progress")               \
+  X(WEFT_ERR_STATE, 15, "call not valid in the current state")             \
   X(WEFT_ERR_INTERNAL, 16, "internal error")
 
 typedef enum weft_status {
@@ -95,21 +95,20 @@ WEFT_API weft_status weft_error_trace(weft_status st, const char *func);
 WEFT_API void weft_error_set_rank(int rank);
 
 /* Propagation: evaluate `expr`; on failure add a breadcrumb and return it. */
-#define WEFT_CHECK(expr)                                                      \
-  do {                                                                        \
-    weft_status weft_check_st_ = (expr);                                      \
-    if (weft_check_st_ != WEFT_OK)                                            \
-      return weft_error_trace(weft_check_st_, __func__);                      \
+#define WEFT_CHECK(expr)                                                              \
+  do {                                                                                \
+    weft_status weft_check_st_ = (expr);                                              \
+    if (weft_check_st_ != WEFT_OK) return weft_error_trace(weft_check_st_, __func__); \
   } while (0)
 
 /* Same, but store the status in `st` and jump to `label` (one cleanup path). */
-#define WEFT_CHECK_GOTO(expr, st, label)                                      \
-  do {                                                                        \
-    (st) = (expr);                                                            \
-    if ((st) != WEFT_OK) {                                                    \
-      weft_error_trace((st), __func__);                                       \
-      goto label;                                                             \
-    }                                                                         \
+#define WEFT_CHECK_GOTO(expr, st, label) \
+  do {                                   \
+    (st) = (expr);                       \
+    if ((st) != WEFT_OK) {               \
+      weft_error_trace((st), __func__);  \
+      goto label;                        \
+    }                                    \
   } while (0)
 
 /* Broken-invariant handler: called by WEFT_ASSERT with a message, default
@@ -117,9 +116,9 @@ WEFT_API void weft_error_set_rank(int rank);
 typedef void (*weft_abort_fn)(const char *msg);
 WEFT_API void weft_set_abort_handler(weft_abort_fn fn);
 WEFT_API void weft_abort_(const char *file, int line, const char *cond);
-#define WEFT_ASSERT(cond)                                                     \
-  do {                                                                        \
-    if (!(cond)) weft_abort_(__FILE__, __LINE__, #cond);                      \
+#define WEFT_ASSERT(cond)                                \
+  do {                                                   \
+    if (!(cond)) weft_abort_(__FILE__, __LINE__, #cond); \
   } while (0)
 
 #ifdef __cplusplus

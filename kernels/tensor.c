@@ -51,14 +51,16 @@ static weft_status check_geometry(const char *func, weft_dtype dt, weft_device d
   if (ndim < 0 || ndim > WEFT_MAX_DIMS)
     return weft_error_at(WEFT_ERR_INVALID, func, "ndim %d out of range (0..%d, WEFT_MAX_DIMS)",
                          ndim, WEFT_MAX_DIMS);
-  if (ndim > 0 && !shape) return weft_error_at(WEFT_ERR_INVALID, func, "shape is NULL with ndim %d", ndim);
+  if (ndim > 0 && !shape)
+    return weft_error_at(WEFT_ERR_INVALID, func, "shape is NULL with ndim %d", ndim);
   int64_t numel = 1;
   bool overflow = false;
   for (int d = 0; d < ndim; d++) {
     if (shape[d] < 0) {
       char sh[WEFT_MAX_DIMS * 22 + 4];
-      return weft_error_at(WEFT_ERR_INVALID, func, "negative size %" PRId64 " in dim %d of shape %s",
-                           shape[d], d, fmt_shape(sh, sizeof sh, ndim, shape));
+      return weft_error_at(WEFT_ERR_INVALID, func,
+                           "negative size %" PRId64 " in dim %d of shape %s", shape[d], d,
+                           fmt_shape(sh, sizeof sh, ndim, shape));
     }
     if (__builtin_mul_overflow(numel, shape[d], &numel)) overflow = true;
   }
@@ -112,9 +114,10 @@ static weft_status norm_dim(const char *func, const weft_tensor *t, int dim, int
     char desc[256];
     weft_tensor_describe(t, desc, sizeof desc);
     if (nd == 0)
-      return weft_error_at(WEFT_ERR_INVALID, func, "dim %d out of range for 0-d tensor %s", dim, desc);
-    return weft_error_at(WEFT_ERR_INVALID, func, "dim %d out of range for %s (expected %d..%d)", dim,
-                         desc, -nd, nd - 1);
+      return weft_error_at(WEFT_ERR_INVALID, func, "dim %d out of range for 0-d tensor %s", dim,
+                           desc);
+    return weft_error_at(WEFT_ERR_INVALID, func, "dim %d out of range for %s (expected %d..%d)",
+                         dim, desc, -nd, nd - 1);
   }
   *out = dim < 0 ? dim + nd : dim;
   return WEFT_OK;
@@ -251,8 +254,8 @@ weft_status weft_tensor_view_init(weft_tensor *view, void *data, weft_dtype dt, 
     return weft_error(WEFT_ERR_INVALID, "data is NULL for %" PRId64 " elements of %s", numel,
                       weft_dtype_name(dt));
   if ((uintptr_t)data % weft_dtype_size(dt) != 0)
-    return weft_error(WEFT_ERR_INVALID, "data %p is not aligned to the %zu-byte %s elements",
-                      data, weft_dtype_size(dt), weft_dtype_name(dt));
+    return weft_error(WEFT_ERR_INVALID, "data %p is not aligned to the %zu-byte %s elements", data,
+                      weft_dtype_size(dt), weft_dtype_name(dt));
   header_init(view, data, dt, dev, ndim, shape, strides);
   return WEFT_OK;
 }
@@ -365,8 +368,9 @@ weft_status weft_tensor_view(const weft_tensor *t, int ndim, const int64_t *shap
   int64_t numel = weft_tensor_numel(t);
   if (infer >= 0) {
     if (prod == 0 || numel % prod != 0)
-      return weft_error(WEFT_ERR_INVALID, "view shape %s cannot hold the %" PRId64
-                        " elements of %s", fmt_shape(sh, sizeof sh, ndim, shape), numel, desc);
+      return weft_error(WEFT_ERR_INVALID,
+                        "view shape %s cannot hold the %" PRId64 " elements of %s",
+                        fmt_shape(sh, sizeof sh, ndim, shape), numel, desc);
     fixed[infer] = numel / prod;
     prod = numel;
   }
@@ -433,22 +437,22 @@ typedef struct copy_ctx {
   weft_dtype dst, src;
 } copy_ctx;
 
-#define COPY_LOOP(DT, ST, EXPR)                          \
-  do {                                                   \
-    DT *restrict o_ = (DT *)p[0];                        \
-    const ST *restrict s_ = (const ST *)p[1];            \
-    const int64_t so_ = st[0], ss_ = st[1];              \
-    if (so_ == 1 && ss_ == 1) {                          \
-      for (int64_t i = 0; i < n; i++) {                  \
-        ST x = s_[i];                                    \
-        o_[i] = (EXPR);                                  \
-      }                                                  \
-    } else {                                             \
-      for (int64_t i = 0; i < n; i++) {                  \
-        ST x = s_[i * ss_];                              \
-        o_[i * so_] = (EXPR);                            \
-      }                                                  \
-    }                                                    \
+#define COPY_LOOP(DT, ST, EXPR)               \
+  do {                                        \
+    DT *restrict o_ = (DT *)p[0];             \
+    const ST *restrict s_ = (const ST *)p[1]; \
+    const int64_t so_ = st[0], ss_ = st[1];   \
+    if (so_ == 1 && ss_ == 1) {               \
+      for (int64_t i = 0; i < n; i++) {       \
+        ST x = s_[i];                         \
+        o_[i] = (EXPR);                       \
+      }                                       \
+    } else {                                  \
+      for (int64_t i = 0; i < n; i++) {       \
+        ST x = s_[i * ss_];                   \
+        o_[i * so_] = (EXPR);                 \
+      }                                       \
+    }                                         \
   } while (0)
 
 static void copy_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
@@ -460,19 +464,33 @@ static void copy_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
       return;
     }
     switch (es) {
-      case 1: COPY_LOOP(uint8_t, uint8_t, x); return;
-      case 2: COPY_LOOP(uint16_t, uint16_t, x); return;
-      case 4: COPY_LOOP(uint32_t, uint32_t, x); return;
-      default: COPY_LOOP(uint64_t, uint64_t, x); return;
+      case 1:
+        COPY_LOOP(uint8_t, uint8_t, x);
+        return;
+      case 2:
+        COPY_LOOP(uint16_t, uint16_t, x);
+        return;
+      case 4:
+        COPY_LOOP(uint32_t, uint32_t, x);
+        return;
+      default:
+        COPY_LOOP(uint64_t, uint64_t, x);
+        return;
     }
   }
   /* the conversions mixed precision uses, without a per-element switch */
-  if (c->dst == WEFT_BF16 && c->src == WEFT_F32) COPY_LOOP(uint16_t, float, weft_f32_to_bf16_i_(x));
-  else if (c->dst == WEFT_F32 && c->src == WEFT_BF16) COPY_LOOP(float, uint16_t, weft_bf16_to_f32_i_(x));
-  else if (c->dst == WEFT_F16 && c->src == WEFT_F32) COPY_LOOP(uint16_t, float, weft_f32_to_f16_i_(x));
-  else if (c->dst == WEFT_F32 && c->src == WEFT_F16) COPY_LOOP(float, uint16_t, weft_f16_to_f32_i_(x));
-  else if (c->dst == WEFT_F64 && c->src == WEFT_F32) COPY_LOOP(double, float, (double)x);
-  else if (c->dst == WEFT_F32 && c->src == WEFT_F64) COPY_LOOP(float, double, (float)x);
+  if (c->dst == WEFT_BF16 && c->src == WEFT_F32)
+    COPY_LOOP(uint16_t, float, weft_f32_to_bf16_i_(x));
+  else if (c->dst == WEFT_F32 && c->src == WEFT_BF16)
+    COPY_LOOP(float, uint16_t, weft_bf16_to_f32_i_(x));
+  else if (c->dst == WEFT_F16 && c->src == WEFT_F32)
+    COPY_LOOP(uint16_t, float, weft_f32_to_f16_i_(x));
+  else if (c->dst == WEFT_F32 && c->src == WEFT_F16)
+    COPY_LOOP(float, uint16_t, weft_f16_to_f32_i_(x));
+  else if (c->dst == WEFT_F64 && c->src == WEFT_F32)
+    COPY_LOOP(double, float, (double)x);
+  else if (c->dst == WEFT_F32 && c->src == WEFT_F64)
+    COPY_LOOP(float, double, (float)x);
   else {
     const int64_t eo = (int64_t)weft_dtype_size(c->dst), es = (int64_t)weft_dtype_size(c->src);
     for (int64_t i = 0; i < n; i++)
@@ -534,8 +552,8 @@ static weft_status copy_on(weft_tensor *dst, const weft_tensor *src) {
   weft_status st;
   const weft_tensor *ts[2] = {dst, src};
   const char *names[2] = {"dst", "src"};
-  const weft_backend *be =
-      weft_backend_for_tensors_("weft_tensor_copy", offsetof(weft_backend, copy), 2, ts, names, &st);
+  const weft_backend *be = weft_backend_for_tensors_(
+      "weft_tensor_copy", offsetof(weft_backend, copy), 2, ts, names, &st);
   if (!be) return st;
   return weft_backend_trace_(be->copy(dst, src), be, "weft_tensor_copy");
 }
@@ -569,7 +587,8 @@ static weft_status copy_across(weft_tensor *dst, const weft_tensor *src) {
       st = weft_memcpy(dev, dst->data, from->data, weft_tensor_nbytes(dst), WEFT_COPY_H2D);
     } else if (!st) {
       st = temp_like(dst, dst->dtype, dev, &devtmp);
-      if (!st) st = weft_memcpy(dev, devtmp->data, from->data, weft_tensor_nbytes(dst), WEFT_COPY_H2D);
+      if (!st)
+        st = weft_memcpy(dev, devtmp->data, from->data, weft_tensor_nbytes(dst), WEFT_COPY_H2D);
       if (!st) st = copy_on(dst, devtmp);
     }
   } else { /* device -> host */
@@ -584,7 +603,8 @@ static weft_status copy_across(weft_tensor *dst, const weft_tensor *src) {
       st = weft_memcpy(dev, dst->data, from->data, weft_tensor_nbytes(dst), WEFT_COPY_D2H);
     } else if (!st) {
       st = temp_like(src, src->dtype, WEFT_CPU, &host);
-      if (!st) st = weft_memcpy(dev, host->data, from->data, weft_tensor_nbytes(host), WEFT_COPY_D2H);
+      if (!st)
+        st = weft_memcpy(dev, host->data, from->data, weft_tensor_nbytes(host), WEFT_COPY_D2H);
       if (!st) st = weft_cpu_copy_(dst, host);
     }
   }
@@ -722,13 +742,15 @@ weft_status weft_tensor_cat(weft_tensor *const *ts, int n, int dim, weft_tensor 
     weft_tensor_describe(r, d0, sizeof d0);
     weft_tensor_describe(t, di, sizeof di);
     if (t->dtype != r->dtype)
-      return weft_error(WEFT_ERR_INVALID, "dtype mismatch: tensor 0 is %s, tensor %d is %s", d0, i, di);
+      return weft_error(WEFT_ERR_INVALID, "dtype mismatch: tensor 0 is %s, tensor %d is %s", d0, i,
+                        di);
     bool ok = t->ndim == r->ndim;
     for (int k = 0; ok && k < r->ndim; k++)
       if (k != d && t->shape[k] != r->shape[k]) ok = false;
     if (!ok)
       return weft_error(WEFT_ERR_INVALID,
-                        "shape mismatch outside dim %d: tensor 0 is %s, tensor %d is %s", d, d0, i, di);
+                        "shape mismatch outside dim %d: tensor 0 is %s, tensor %d is %s", d, d0, i,
+                        di);
     if (__builtin_add_overflow(total, t->shape[d], &total))
       return weft_error(WEFT_ERR_INVALID, "concatenated size overflows");
   }
@@ -772,10 +794,18 @@ static void fill_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
     for (int64_t i = 0; i < n; i++) o_[i * s] = v_; \
   } while (0)
   switch (c->esize) {
-    case 1: FILL_AS(uint8_t); break;
-    case 2: FILL_AS(uint16_t); break;
-    case 4: FILL_AS(uint32_t); break;
-    default: FILL_AS(uint64_t); break;
+    case 1:
+      FILL_AS(uint8_t);
+      break;
+    case 2:
+      FILL_AS(uint16_t);
+      break;
+    case 4:
+      FILL_AS(uint32_t);
+      break;
+    default:
+      FILL_AS(uint64_t);
+      break;
   }
 #undef FILL_AS
 }

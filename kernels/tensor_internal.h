@@ -33,8 +33,7 @@ typedef struct weft_iter_ {
 
 /* One row: n elements per operand starting at ptrs[op], step strides[op]
  * elements. */
-typedef void (*weft_iter_row_fn_)(char *const *ptrs, const int64_t *strides, int64_t n,
-                                  void *ctx);
+typedef void (*weft_iter_row_fn_)(char *const *ptrs, const int64_t *strides, int64_t n, void *ctx);
 
 /* ts[0..nops) must have the same shape (the caller checks); geometry comes
  * from ts[0]. */
@@ -71,7 +70,9 @@ static inline WEFT_HD_ uint16_t weft_f32_to_bf16_i_(float x) {
   return (uint16_t)(u >> 16);
 }
 
-static inline WEFT_HD_ float weft_bf16_to_f32_i_(uint16_t x) { return weft_bits_f32_((uint32_t)x << 16); }
+static inline WEFT_HD_ float weft_bf16_to_f32_i_(uint16_t x) {
+  return weft_bits_f32_((uint32_t)x << 16);
+}
 
 /* IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. */
 static inline WEFT_HD_ uint16_t weft_f32_to_f16_i_(float x) {
@@ -83,7 +84,7 @@ static inline WEFT_HD_ uint16_t weft_f32_to_f16_i_(float x) {
   if (absu < 0x38800000u) {                       /* subnormal or zero in f16 */
     /* the f16 subnormal step is 2^-24: round(|x| * 2^24), ties to even */
     float scaled = weft_bits_f32_(absu) * 16777216.0f; /* exact: power of two */
-    return sign | (uint16_t)rintf(scaled);              /* default mode: ties to even */
+    return sign | (uint16_t)rintf(scaled);             /* default mode: ties to even */
   }
   /* normal: rebias the exponent, round the 13 dropped mantissa bits to even */
   uint32_t mant_round = absu + 0x0fffu + ((absu >> 13) & 1u);
@@ -107,9 +108,8 @@ static inline WEFT_HD_ float weft_f16_to_f32_i_(uint16_t h) {
  * counter_lo, c1 = its high 32 bits, c2/c3 likewise of counter_hi; key
  * words k0 = low, k1 = high half of key (Random123's kat_vectors order).
  * Host and device code: the CUDA backend's fills call it too. */
-static inline WEFT_HD_ void weft_philox_rounds_(uint32_t c0, uint32_t c1, uint32_t c2,
-                                                uint32_t c3, uint32_t k0, uint32_t k1,
-                                                uint32_t out[4]) {
+static inline WEFT_HD_ void weft_philox_rounds_(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                                uint32_t k0, uint32_t k1, uint32_t out[4]) {
   for (int r = 0; r < 10; r++) {
     if (r > 0) {
       k0 += 0x9E3779B9u; /* golden ratio */
@@ -175,8 +175,10 @@ static inline double weft_load_f_(const char *p, weft_dtype dt) {
       memcpy(&v, p, 8);
       return (double)v;
     }
-    case WEFT_U8: return *(const uint8_t *)p;
-    default: return 0.0;
+    case WEFT_U8:
+      return *(const uint8_t *)p;
+    default:
+      return 0.0;
   }
 }
 
@@ -193,7 +195,8 @@ static inline int64_t weft_load_i_(const char *p, weft_dtype dt) {
       memcpy(&v, p, 8);
       return v;
     }
-    case WEFT_U8: return *(const uint8_t *)p;
+    case WEFT_U8:
+      return *(const uint8_t *)p;
     default:
       return weft_sat_i_(weft_load_f_(p, dt), -9223372036854775808.0, 9223372036854775808.0,
                          INT64_MIN, INT64_MAX);
@@ -209,7 +212,9 @@ static inline void weft_store_f_(char *p, weft_dtype dt, double v) {
       memcpy(p, &f, 4);
       return;
     }
-    case WEFT_F64: memcpy(p, &v, 8); return;
+    case WEFT_F64:
+      memcpy(p, &v, 8);
+      return;
     case WEFT_BF16: {
       uint16_t h = weft_f32_to_bf16_i_((float)v);
       memcpy(p, &h, 2);
@@ -226,13 +231,16 @@ static inline void weft_store_f_(char *p, weft_dtype dt, double v) {
       return;
     }
     case WEFT_I64: {
-      int64_t i = weft_sat_i_(v, -9223372036854775808.0, 9223372036854775808.0, INT64_MIN,
-                              INT64_MAX);
+      int64_t i =
+          weft_sat_i_(v, -9223372036854775808.0, 9223372036854775808.0, INT64_MIN, INT64_MAX);
       memcpy(p, &i, 8);
       return;
     }
-    case WEFT_U8: *(uint8_t *)p = (uint8_t)weft_sat_i_(v, 0.0, 255.0, 0, 255); return;
-    default: return;
+    case WEFT_U8:
+      *(uint8_t *)p = (uint8_t)weft_sat_i_(v, 0.0, 255.0, 0, 255);
+      return;
+    default:
+      return;
   }
 }
 
@@ -244,8 +252,12 @@ static inline void weft_store_i_(char *p, weft_dtype dt, int64_t v) {
       memcpy(p, &i, 4);
       return;
     }
-    case WEFT_I64: memcpy(p, &v, 8); return;
-    case WEFT_U8: *(uint8_t *)p = (uint8_t)(uint64_t)v; return;
+    case WEFT_I64:
+      memcpy(p, &v, 8);
+      return;
+    case WEFT_U8:
+      *(uint8_t *)p = (uint8_t)(uint64_t)v;
+      return;
     case WEFT_F32: {
       float f = (float)v;
       memcpy(p, &f, 4);
@@ -261,7 +273,9 @@ static inline void weft_store_i_(char *p, weft_dtype dt, int64_t v) {
       memcpy(p, &h, 2);
       return;
     }
-    default: weft_store_f_(p, dt, (double)v); return;
+    default:
+      weft_store_f_(p, dt, (double)v);
+      return;
   }
 }
 

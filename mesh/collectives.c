@@ -38,8 +38,8 @@ const char *weft_reduce_op_name(weft_reduce_op op) {
 }
 
 const char *weft_coll_kind_name(weft_coll_kind kind) {
-  static const char *const n[WEFT_COLL_KIND_COUNT] = {
-      "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier"};
+  static const char *const n[WEFT_COLL_KIND_COUNT] = {"all_gather", "reduce_scatter", "all_reduce",
+                                                      "broadcast",  "all_to_all",     "barrier"};
   return (unsigned)kind < WEFT_COLL_KIND_COUNT ? n[kind] : "?";
 }
 
@@ -47,14 +47,21 @@ const char *weft_coll_kind_name(weft_coll_kind kind) {
 
 static MPI_Datatype mpi_type(weft_dtype dt) {
   switch (dt) {
-    case WEFT_F32: return MPI_FLOAT;
-    case WEFT_F64: return MPI_DOUBLE;
+    case WEFT_F32:
+      return MPI_FLOAT;
+    case WEFT_F64:
+      return MPI_DOUBLE;
     case WEFT_BF16:
-    case WEFT_F16: return MPI_UINT16_T;
-    case WEFT_I32: return MPI_INT32_T;
-    case WEFT_I64: return MPI_INT64_T;
-    case WEFT_U8: return MPI_UINT8_T;
-    default: return MPI_DATATYPE_NULL;
+    case WEFT_F16:
+      return MPI_UINT16_T;
+    case WEFT_I32:
+      return MPI_INT32_T;
+    case WEFT_I64:
+      return MPI_INT64_T;
+    case WEFT_U8:
+      return MPI_UINT8_T;
+    default:
+      return MPI_DATATYPE_NULL;
   }
 }
 
@@ -103,7 +110,8 @@ static void avg_divide(void *buf, int64_t n, weft_dtype dt, int g) {
       uint8_t *x = buf;
       for (int64_t i = 0; i < n; i++) x[i] = (uint8_t)(x[i] / g);
     } break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -145,8 +153,8 @@ static weft_status check_buf(const char *func, const char *what, const void *p, 
 
 /* ------------------------------------------------------------ running */
 
-static weft_fingerprint fp_make(mesh_dim *g, int dim_id, weft_coll_kind kind, bool v,
-                                weft_dtype dt, int64_t count, int op, int root) {
+static weft_fingerprint fp_make(mesh_dim *g, int dim_id, weft_coll_kind kind, bool v, weft_dtype dt,
+                                int64_t count, int op, int root) {
   weft_fingerprint fp = {WEFT_FP_MAGIC, kind, v, dim_id, dt, count, op, root, 0, 0};
   fp.seq = (int64_t)++g->seq;
   return fp;
@@ -177,7 +185,8 @@ static void free_types(weft_work *w) {
 
 static void work_complete(weft_work *w) {
   free_types(w);
-  if (w->avg_buf && w->avg_count > 0) avg_divide(w->avg_buf, w->avg_count, w->avg_dt, w->group->size);
+  if (w->avg_buf && w->avg_count > 0)
+    avg_divide(w->avg_buf, w->avg_count, w->avg_dt, w->group->size);
   free(w->owned);
   w->owned = NULL;
   if (w->reqs != w->reqs_inline) free(w->reqs);
@@ -256,8 +265,8 @@ weft_status weft__work_test_host(weft_work *work, bool *done) {
   *done = false;
   int flag = 0;
   if (MPI_Testall(work->nreq, work->reqs, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-    weft_status st = weft_error(WEFT_ERR_MPI, "MPI_Testall failed on mesh dim '%s'",
-                                work->group->name);
+    weft_status st =
+        weft_error(WEFT_ERR_MPI, "MPI_Testall failed on mesh dim '%s'", work->group->name);
     work_abandon(work);
     *done = true;
     return st;
@@ -275,7 +284,8 @@ weft_status weft_work_test(weft_work *work, bool *done) {
     *done = true;
     return WEFT_OK;
   }
-  weft_status st = work->dev ? weft__device_work_test(work, done) : weft__work_test_host(work, done);
+  weft_status st =
+      work->dev ? weft__device_work_test(work, done) : weft__work_test_host(work, done);
   if (*done) free(work);
   return st;
 }
@@ -293,22 +303,23 @@ static weft_status begin(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
   for (int i = 0; i < WORK_INLINE_REQS; i++) w->reqs_inline[i] = MPI_REQUEST_NULL;
   if (fp->count > 0 && fp->dtype >= 0) {
     int64_t b = fp->count * (int64_t)weft_dtype_size((weft_dtype)fp->dtype);
-    bool blocks = !fp->vflag && (fp->kind == WEFT_COLL_ALL_GATHER ||
-                                 fp->kind == WEFT_COLL_REDUCE_SCATTER ||
-                                 fp->kind == WEFT_COLL_ALL_TO_ALL);
+    bool blocks =
+        !fp->vflag && (fp->kind == WEFT_COLL_ALL_GATHER || fp->kind == WEFT_COLL_REDUCE_SCATTER ||
+                       fp->kind == WEFT_COLL_ALL_TO_ALL);
     w->bytes = blocks ? b * g->size : b;
   }
   if (weft__rt.settings.debug && g->size > 1) return weft__debug_check(g, fp, pair_send, pair_recv);
   if (weft__rt.settings.debug && pair_send && pair_send[0] != pair_recv[0])
-    return weft_error(WEFT_ERR_MISMATCH, "all_to_all_v on mesh dim '%s': sends %" PRId64
-                      " to itself but expects %" PRId64, g->name, pair_send[0], pair_recv[0]);
+    return weft_error(WEFT_ERR_MISMATCH,
+                      "all_to_all_v on mesh dim '%s': sends %" PRId64
+                      " to itself but expects %" PRId64,
+                      g->name, pair_send[0], pair_recv[0]);
   return WEFT_OK;
 }
 
-weft_status weft__coll_start(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
-                             weft_coll_kind kind, bool v, weft_dtype dt, int64_t count, int op,
-                             int root, int64_t extra, int64_t payload, const int64_t *pair_send,
-                             const int64_t *pair_recv) {
+weft_status weft__coll_start(weft_work *w, const weft_mesh *mesh, mesh_dim *g, weft_coll_kind kind,
+                             bool v, weft_dtype dt, int64_t count, int op, int root, int64_t extra,
+                             int64_t payload, const int64_t *pair_send, const int64_t *pair_recv) {
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), kind, v, dt, count, op, root);
   fp.extra = extra;
   weft__account(g, kind, payload);
@@ -420,9 +431,8 @@ static weft_status post_blocks(weft_work *w, blk_kind k, const void *sbuf, void 
 }
 
 /* Posts a contiguous all-reduce or broadcast, in chunks if large. */
-static weft_status post_flat(weft_work *w, bool bcast, const void *send, void *recv,
-                             int64_t count, weft_dtype dt, MPI_Op op, int root,
-                             const char *func) {
+static weft_status post_flat(weft_work *w, bool bcast, const void *send, void *recv, int64_t count,
+                             weft_dtype dt, MPI_Op op, int root, const char *func) {
   int64_t ch = chunk_elems(dt);
   int64_t nchunk = count <= ch ? 1 : (count + ch - 1) / ch;
   if (nchunk > 1) WEFT_CHECK(work_reqs(w, nchunk));
@@ -449,10 +459,10 @@ static weft_status post_flat(weft_work *w, bool bcast, const void *send, void *r
  * buffers are device memory goes to device_comm.c (NCCL, or MPI with host
  * staging); host and device mixed is WEFT_ERR_INVALID naming which. */
 #define DEVICE_ROUTE(a, abytes, b, bbytes, call)                                              \
-  do {                                                                                      \
-    bool on_dev_ = false;                                                                   \
+  do {                                                                                        \
+    bool on_dev_ = false;                                                                     \
     WEFT_CHECK(weft__device_route(__func__, #a, (a), (abytes), #b, (b), (bbytes), &on_dev_)); \
-    if (on_dev_) return (call);                                                             \
+    if (on_dev_) return (call);                                                               \
   } while (0)
 
 /* ------------------------------------------------------------- public */
@@ -470,12 +480,14 @@ weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, vo
   if (count > 0 && send == (const char *)recv + (int64_t)g->coord * count * es)
     sbuf = MPI_IN_PLACE; /* this rank's block already sits in place */
   else if (overlap(send, (size_t)(count * es), recv, (size_t)(n * count * es)))
-    return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv + "
-                      "coord * count, coord %d)", g->coord);
+    return weft_error(WEFT_ERR_INVALID,
+                      "send overlaps recv (in place means send == recv + "
+                      "coord * count, coord %d)",
+                      g->coord);
   DEVICE_ROUTE(send, count * es, recv, n * count * es,
                weft__device_all_gather(mesh, dim, g, send, recv, count, dt, work));
-  weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_GATHER, false, dt,
-                                count, -1, -1);
+  weft_fingerprint fp =
+      fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_GATHER, false, dt, count, -1, -1);
   weft__account(g, WEFT_COLL_ALL_GATHER, n * count * es);
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
@@ -502,8 +514,10 @@ weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, 
     h = (h ^ (uint64_t)counts[i]) * 1099511628211ull;
   }
   if (big)
-    return weft_error(WEFT_ERR_UNSUPPORTED, "all_gather_v with counts or displacements above "
-                      "INT_MAX (total %" PRId64 " elements)", total);
+    return weft_error(WEFT_ERR_UNSUPPORTED,
+                      "all_gather_v with counts or displacements above "
+                      "INT_MAX (total %" PRId64 " elements)",
+                      total);
   int64_t mine = counts[g->coord];
   WEFT_CHECK(check_buf(__func__, "send", send, mine * es));
   WEFT_CHECK(check_buf(__func__, "recv", recv, total * es));
@@ -514,15 +528,16 @@ weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, 
   if (mine > 0 && send == (const char *)recv + off * es)
     sbuf = MPI_IN_PLACE;
   else if (overlap(send, (size_t)(mine * es), recv, (size_t)(total * es)))
-    return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv + "
+    return weft_error(WEFT_ERR_INVALID,
+                      "send overlaps recv (in place means send == recv + "
                       "sum(counts[0..coord)))");
   DEVICE_ROUTE(send, mine * es, recv, total * es,
                weft__device_all_gather_v(mesh, dim, g, send, recv, counts, dt, work));
   /* MPI reads counts/displs until completion: keep our own copies. */
   void *arr = malloc((size_t)n * 2 * sizeof(int) + 1);
   if (!arr) return weft_error(WEFT_ERR_OOM, "no memory for %d counts", n);
-  weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_GATHER, true, dt,
-                                total, -1, -1);
+  weft_fingerprint fp =
+      fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_GATHER, true, dt, total, -1, -1);
   fp.extra = (int64_t)h;
   weft__account(g, WEFT_COLL_ALL_GATHER, total * es);
   weft_work w;
@@ -538,16 +553,15 @@ weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, 
     c[i] = (int)counts[i];
     d[i] = i ? d[i - 1] + c[i - 1] : 0;
   }
-  int rc = MPI_Iallgatherv(sbuf == MPI_IN_PLACE ? sbuf : nz(sbuf), (int)mine, t, nz(recv), c, d,
-                           t, g->comm, &w.reqs[0]);
+  int rc = MPI_Iallgatherv(sbuf == MPI_IN_PLACE ? sbuf : nz(sbuf), (int)mine, t, nz(recv), c, d, t,
+                           g->comm, &w.reqs[0]);
   if (rc != MPI_SUCCESS) free(arr);
   WEFT_CHECK(mpi_posted(rc, __func__, "MPI_Iallgatherv", g));
   return finish(&w, work);
 }
 
 weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send, void *recv,
-                                int64_t count, weft_dtype dt, weft_reduce_op op,
-                                weft_work **work) {
+                                int64_t count, weft_dtype dt, weft_reduce_op op, weft_work **work) {
   if (work) *work = NULL;
   mesh_dim *g = weft__mesh_group(mesh, dim, __func__);
   if (!g) return weft_last_status();
@@ -563,8 +577,8 @@ weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv)");
   DEVICE_ROUTE(send, n * count * es, recv, count * es,
                weft__device_reduce_scatter(mesh, dim, g, send, recv, count, dt, op, work));
-  weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_REDUCE_SCATTER, false, dt,
-                                count, op, -1);
+  weft_fingerprint fp =
+      fp_make(g, group_index(mesh->root, g), WEFT_COLL_REDUCE_SCATTER, false, dt, count, op, -1);
   weft__account(g, WEFT_COLL_REDUCE_SCATTER, n * count * es);
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
@@ -593,8 +607,8 @@ weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, vo
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv)");
   DEVICE_ROUTE(send, count * es, recv, count * es,
                weft__device_all_reduce(mesh, dim, g, send, recv, count, dt, op, work));
-  weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_REDUCE, false, dt,
-                                count, op, -1);
+  weft_fingerprint fp =
+      fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_REDUCE, false, dt, count, op, -1);
   weft__account(g, WEFT_COLL_ALL_REDUCE, count * es);
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
@@ -608,21 +622,21 @@ weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, vo
   return finish(&w, work);
 }
 
-weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t count,
-                           weft_dtype dt, int root, weft_work **work) {
+weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t count, weft_dtype dt,
+                           int root, weft_work **work) {
   if (work) *work = NULL;
   mesh_dim *g = weft__mesh_group(mesh, dim, __func__);
   if (!g) return weft_last_status();
   WEFT_CHECK(check_common(__func__, g, dt, count));
   if (root < 0 || root >= g->size)
-    return weft_error(WEFT_ERR_INVALID, "root %d outside 0..%d (mesh dim '%s')", root,
-                      g->size - 1, g->name);
+    return weft_error(WEFT_ERR_INVALID, "root %d outside 0..%d (mesh dim '%s')", root, g->size - 1,
+                      g->name);
   int64_t es = (int64_t)weft_dtype_size(dt);
   WEFT_CHECK(check_buf(__func__, "buf", buf, count * es));
   DEVICE_ROUTE(buf, count * es, NULL, 0,
                weft__device_broadcast(mesh, dim, g, buf, count, dt, root, work));
-  weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_BROADCAST, false, dt,
-                                count, -1, root);
+  weft_fingerprint fp =
+      fp_make(g, group_index(mesh->root, g), WEFT_COLL_BROADCAST, false, dt, count, -1, root);
   weft__account(g, WEFT_COLL_BROADCAST, count * es);
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
@@ -646,8 +660,8 @@ weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, vo
     return weft_error(WEFT_ERR_INVALID, "send overlaps recv (in place means send == recv)");
   DEVICE_ROUTE(send, n * count * es, recv, n * count * es,
                weft__device_all_to_all(mesh, dim, g, send, recv, count, dt, work));
-  weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_TO_ALL, false, dt,
-                                count, -1, -1);
+  weft_fingerprint fp =
+      fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_TO_ALL, false, dt, count, -1, -1);
   weft__account(g, WEFT_COLL_ALL_TO_ALL, n * count * es);
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
@@ -657,8 +671,8 @@ weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, vo
 
 weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
                               const int64_t *send_counts, const int64_t *send_displs, void *recv,
-                              const int64_t *recv_counts, const int64_t *recv_displs,
-                              weft_dtype dt, weft_work **work) {
+                              const int64_t *recv_counts, const int64_t *recv_displs, weft_dtype dt,
+                              weft_work **work) {
   if (work) *work = NULL;
   mesh_dim *g = weft__mesh_group(mesh, dim, __func__);
   if (!g) return weft_last_status();
@@ -680,7 +694,8 @@ weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
       recv_end = recv_displs[i] + recv_counts[i];
   }
   if (big)
-    return weft_error(WEFT_ERR_UNSUPPORTED, "all_to_all_v with counts or displacements above "
+    return weft_error(WEFT_ERR_UNSUPPORTED,
+                      "all_to_all_v with counts or displacements above "
                       "INT_MAX");
   WEFT_CHECK(check_buf(__func__, "send", send, send_end * es));
   WEFT_CHECK(check_buf(__func__, "recv", recv, recv_end * es));
@@ -691,8 +706,8 @@ weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
                                          recv_counts, recv_displs, dt, work));
   void *arr = malloc((size_t)n * 4 * sizeof(int) + 1);
   if (!arr) return weft_error(WEFT_ERR_OOM, "no memory for %d counts", n);
-  weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_TO_ALL, true, dt, -1,
-                                -1, -1);
+  weft_fingerprint fp =
+      fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_TO_ALL, true, dt, -1, -1, -1);
   weft__account(g, WEFT_COLL_ALL_TO_ALL, stotal * es);
   weft_work w;
   weft_status st = begin(&w, mesh, g, &fp, send_counts, recv_counts);
@@ -717,8 +732,8 @@ weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
 
 static weft_status barrier_group(const weft_mesh *mesh, mesh_dim *g, weft_work **work) {
   WEFT_CHECK(check_common("weft_barrier", g, WEFT_U8, 0));
-  weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), WEFT_COLL_BARRIER, false, -1, -1,
-                                -1, -1);
+  weft_fingerprint fp =
+      fp_make(g, group_index(mesh->root, g), WEFT_COLL_BARRIER, false, -1, -1, -1, -1);
   fp.dtype = -1;
   weft__account(g, WEFT_COLL_BARRIER, 0);
   weft_work w;

@@ -56,7 +56,8 @@ void weft__fingerprint_describe(const weft_fingerprint *fp, char *buf, size_t ca
     len += snprintf(buf + len, cap - (size_t)len, "counts hash %08" PRIx64 ", ",
                     (uint64_t)fp->extra & 0xffffffffu);
   if ((size_t)len < cap && fp->op >= 0)
-    len += snprintf(buf + len, cap - (size_t)len, "%s, ", weft_reduce_op_name((weft_reduce_op)fp->op));
+    len +=
+        snprintf(buf + len, cap - (size_t)len, "%s, ", weft_reduce_op_name((weft_reduce_op)fp->op));
   if ((size_t)len < cap && fp->root >= 0)
     len += snprintf(buf + len, cap - (size_t)len, "root %" PRId64 ", ", fp->root);
   if ((size_t)len < cap)
@@ -91,7 +92,8 @@ static weft_status exchange_timeout(mesh_dim *d, const weft_fingerprint *fp, MPI
     free(missing);
   }
   d->broken = true;
-  snprintf(d->broken_msg, sizeof d->broken_msg, "%.120s timed out in the %.40s exchange", desc, phase);
+  snprintf(d->broken_msg, sizeof d->broken_msg, "%.120s timed out in the %.40s exchange", desc,
+           phase);
   return weft_error(WEFT_ERR_TIMEOUT,
                     "%s on mesh dim '%s' not started within %g s: world ranks never arrived "
                     "(%s exchange): %s",
@@ -135,7 +137,8 @@ static weft_status share_verdicts(mesh_dim *d, const weft_fingerprint *fp, verdi
     if (dup) continue;
     if (nbad < 4 && len < sizeof list)
       len += (size_t)snprintf(list + len, sizeof list - len,
-                              "%sworld rank %d sends %" PRId64 " to world rank %d, which "
+                              "%sworld rank %d sends %" PRId64
+                              " to world rank %d, which "
                               "expects %" PRId64,
                               nbad ? "; " : "", d->members[v->sender], v->sends,
                               d->members[v->receiver], v->expects);
@@ -145,8 +148,8 @@ static weft_status share_verdicts(mesh_dim *d, const weft_fingerprint *fp, verdi
   if (!nbad) return WEFT_OK;
   char desc[256];
   weft__fingerprint_describe(fp, desc, sizeof desc);
-  return weft_error(WEFT_ERR_MISMATCH, "%s on mesh dim '%s': counts disagree: %s%s", desc,
-                    d->name, list, nbad > 4 ? "; ..." : "");
+  return weft_error(WEFT_ERR_MISMATCH, "%s on mesh dim '%s': counts disagree: %s%s", desc, d->name,
+                    list, nbad > 4 ? "; ..." : "");
 }
 
 weft_status weft__debug_check(mesh_dim *d, const weft_fingerprint *fp, const int64_t *pair_send,
@@ -210,8 +213,8 @@ weft_status weft__debug_check(mesh_dim *d, const weft_fingerprint *fp, const int
       weft__format_ranks(ranks, nr, rs, sizeof rs);
       weft__fingerprint_describe(&in[c].fp, desc, sizeof desc);
       len += (size_t)snprintf(list + len, sizeof list - len, "%sworld rank%s %s%s called %s",
-                              shown ? "; " : "", nr + more > 1 ? "s" : "", rs,
-                              more ? ", ..." : "", desc);
+                              shown ? "; " : "", nr + more > 1 ? "s" : "", rs, more ? ", ..." : "",
+                              desc);
       shown++;
     }
     st = weft_error(WEFT_ERR_MISMATCH,

@@ -38,7 +38,8 @@ static weft_status real_copy(void *dst, const void *src, size_t bytes, weft_copy
 }
 static int real_device(void) { return weft_device_current(WEFT_CUDA); }
 
-#define REAL_HOOKS {real_is_device, real_copy, real_device, WEFT_HAVE_NCCL != 0}
+#define REAL_HOOKS \
+  { real_is_device, real_copy, real_device, WEFT_HAVE_NCCL != 0 }
 static weft_device_hooks hooks = REAL_HOOKS;
 
 void weft__device_hooks_set(const weft_device_hooks *h) {
@@ -81,9 +82,8 @@ struct weft_dev_work {
 
 /* ------------------------------------------------------------ routing */
 
-weft_status weft__device_route(const char *func, const char *aname, const void *a,
-                               int64_t abytes, const char *bname, const void *b, int64_t bbytes,
-                               bool *device) {
+weft_status weft__device_route(const char *func, const char *aname, const void *a, int64_t abytes,
+                               const char *bname, const void *b, int64_t bbytes, bool *device) {
   *device = false;
   bool ac = a && abytes > 0, bc = b && bbytes > 0;
   if (!ac && !bc) return WEFT_OK;
@@ -112,8 +112,8 @@ void weft__comm_facts_local(weft_comm_facts *f) {
   f->world_rank = weft__rt.world_rank;
   f->have_nccl = hooks.nccl;
   const char *e = getenv("WEFT_NCCL");
-  f->env_disabled = e && (strcmp(e, "0") == 0 || strcmp(e, "off") == 0 ||
-                          strcmp(e, "false") == 0 || strcmp(e, "no") == 0);
+  f->env_disabled = e && (strcmp(e, "0") == 0 || strcmp(e, "off") == 0 || strcmp(e, "false") == 0 ||
+                          strcmp(e, "no") == 0);
 }
 
 weft_comm_backend weft__comm_backend_choose(int n, const weft_comm_facts *f, char *reason,
@@ -156,8 +156,8 @@ weft_comm_backend weft__comm_backend_choose(int n, const weft_comm_facts *f, cha
   for (int i = 0; i < n; i++)
     for (int j = i + 1; j < n; j++)
       if (f[i].host_hash == f[j].host_hash && f[i].device == f[j].device) {
-        snprintf(reason, cap, "world ranks %d and %d share GPU %d on node %.64s",
-                 f[i].world_rank, f[j].world_rank, f[i].device, f[i].host);
+        snprintf(reason, cap, "world ranks %d and %d share GPU %d on node %.64s", f[i].world_rank,
+                 f[j].world_rank, f[i].device, f[i].host);
         return WEFT_COMM_MPI_STAGED;
       }
   snprintf(reason, cap, "%d rank%s on distinct GPUs", n, n == 1 ? "" : "s");
@@ -256,8 +256,8 @@ weft_status weft__device_backend(mesh_dim *g, weft_comm_backend *out) {
     return weft_error(WEFT_ERR_STATE, "mesh dim '%s' is unusable: %s", g->name, g->broken_msg);
   if (!g->dev) {
     g->dev = calloc(1, sizeof *g->dev);
-    if (!g->dev) return weft_error(WEFT_ERR_OOM, "no memory for mesh dim '%s''s device state",
-                                   g->name);
+    if (!g->dev)
+      return weft_error(WEFT_ERR_OOM, "no memory for mesh dim '%s''s device state", g->name);
   }
   weft_comm_facts mine;
   weft__comm_facts_local(&mine);
@@ -277,8 +277,8 @@ weft_status weft__device_backend(mesh_dim *g, weft_comm_backend *out) {
     free(all);
     return weft_error_trace(st, __func__);
   }
-  weft_comm_backend b = weft__comm_backend_choose(g->size, all, g->dev->reason,
-                                                  sizeof g->dev->reason);
+  weft_comm_backend b =
+      weft__comm_backend_choose(g->size, all, g->dev->reason, sizeof g->dev->reason);
   free(all);
 #if WEFT_HAVE_NCCL
   if (b == WEFT_COMM_NCCL) {
@@ -308,9 +308,7 @@ weft_comm_backend weft__device_dim_backend(const mesh_dim *g) {
   return g && g->dev ? g->dev->backend : WEFT_COMM_UNDECIDED;
 }
 
-const char *weft__device_dim_reason(const mesh_dim *g) {
-  return g && g->dev ? g->dev->reason : "";
-}
+const char *weft__device_dim_reason(const mesh_dim *g) { return g && g->dev ? g->dev->reason : ""; }
 
 void weft__device_dim_free(mesh_dim *g) {
   if (!g || !g->dev) return;
@@ -371,8 +369,8 @@ static void stage_add(struct weft_dev_work *dw, void *dst, const void *src, size
  * recv); overlapping ranges share one bounce buffer at the same relative
  * offsets. Copies send's bytes device -> host. Zero-byte buffers map to
  * NULL. */
-static weft_status stage_pair(struct weft_dev_work *dw, const void *send, size_t sbytes,
-                              void *recv, size_t rspan, const void **hs, void **hr) {
+static weft_status stage_pair(struct weft_dev_work *dw, const void *send, size_t sbytes, void *recv,
+                              size_t rspan, const void **hs, void **hr) {
   bool sc = send && sbytes, rc = recv && rspan;
   uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
   *hs = NULL;
@@ -380,8 +378,9 @@ static weft_status stage_pair(struct weft_dev_work *dw, const void *send, size_t
   if (sc && rc && s < r + rspan && r < s + sbytes) {
     uintptr_t lo = s < r ? s : r, hi = s + sbytes > r + rspan ? s + sbytes : r + rspan;
     char *h = malloc(hi - lo);
-    if (!h) return weft_error(WEFT_ERR_OOM, "no memory for a %zu-byte host bounce buffer",
-                              (size_t)(hi - lo));
+    if (!h)
+      return weft_error(WEFT_ERR_OOM, "no memory for a %zu-byte host bounce buffer",
+                        (size_t)(hi - lo));
     dw->hb[0] = h;
     *hs = h + (s - lo);
     *hr = h + (r - lo);
@@ -411,17 +410,17 @@ static weft_status stage_end(struct weft_dev_work *dw, weft_status st, weft_work
   return stage_finish(dw, WEFT_OK);
 }
 
-#define STAGE_NEW(dw, n)                                                             \
-  struct weft_dev_work *dw = stage_new(n);                                           \
+#define STAGE_NEW(dw, n)                   \
+  struct weft_dev_work *dw = stage_new(n); \
   if (!dw) return weft_error(WEFT_ERR_OOM, "no memory for a staged collective")
 
-#define STAGE_PAIR(dw, send, sbytes, recv, rspan, hs, hr)                            \
-  do {                                                                               \
-    weft_status sp_st_ = stage_pair(dw, send, sbytes, recv, rspan, &hs, &hr);        \
-    if (sp_st_) {                                                                    \
-      stage_finish(dw, WEFT_ERR_INVALID);                                            \
-      return weft_error_trace(sp_st_, __func__);                                     \
-    }                                                                                \
+#define STAGE_PAIR(dw, send, sbytes, recv, rspan, hs, hr)                     \
+  do {                                                                        \
+    weft_status sp_st_ = stage_pair(dw, send, sbytes, recv, rspan, &hs, &hr); \
+    if (sp_st_) {                                                             \
+      stage_finish(dw, WEFT_ERR_INVALID);                                     \
+      return weft_error_trace(sp_st_, __func__);                              \
+    }                                                                         \
   } while (0)
 
 /* ------------------------------------------------------------ NCCL path */
@@ -429,22 +428,33 @@ static weft_status stage_end(struct weft_dev_work *dw, weft_status st, weft_work
 #if WEFT_HAVE_NCCL
 static ncclDataType_t nccl_type(weft_dtype dt) {
   switch (dt) {
-    case WEFT_F32: return ncclFloat32;
-    case WEFT_F64: return ncclFloat64;
-    case WEFT_BF16: return ncclBfloat16;
-    case WEFT_F16: return ncclFloat16;
-    case WEFT_I32: return ncclInt32;
-    case WEFT_I64: return ncclInt64;
-    default: return ncclUint8;
+    case WEFT_F32:
+      return ncclFloat32;
+    case WEFT_F64:
+      return ncclFloat64;
+    case WEFT_BF16:
+      return ncclBfloat16;
+    case WEFT_F16:
+      return ncclFloat16;
+    case WEFT_I32:
+      return ncclInt32;
+    case WEFT_I64:
+      return ncclInt64;
+    default:
+      return ncclUint8;
   }
 }
 
 static ncclRedOp_t nccl_op(weft_reduce_op op) {
   switch (op) {
-    case WEFT_OP_AVG: return ncclAvg;
-    case WEFT_OP_MAX: return ncclMax;
-    case WEFT_OP_MIN: return ncclMin;
-    default: return ncclSum;
+    case WEFT_OP_AVG:
+      return ncclAvg;
+    case WEFT_OP_MAX:
+      return ncclMax;
+    case WEFT_OP_MIN:
+      return ncclMin;
+    default:
+      return ncclSum;
   }
 }
 
@@ -462,8 +472,8 @@ static weft_status nccl_pre(mesh_dim *g, nccl_ctx *c, const char *func) {
     return weft_error_at(WEFT_ERR_NO_DEVICE, func,
                          "device collective on mesh dim '%s' before weft_cuda_init", g->name);
   cudaEvent_t e;
-  WEFT_CHECK(cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), func,
-                        "cudaEventCreate", g));
+  WEFT_CHECK(
+      cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), func, "cudaEventCreate", g));
   cudaError_t err = cudaEventRecord(e, c->comp);
   if (err == cudaSuccess) err = cudaStreamWaitEvent(c->comm, e, 0);
   cudaEventDestroy(e); /* released once the wait passed it */
@@ -515,11 +525,10 @@ static weft_status nccl_post(weft_work *w, mesh_dim *g, nccl_ctx *c, weft_work *
 }
 
 /* Common prologue of the NCCL branches. */
-#define NCCL_BEGIN(kind, v, cnt, op, rt, extra, payload, ps, pr)                           \
-  weft_work w_;                                                                            \
-  WEFT_CHECK(weft__coll_start(&w_, mesh, g, kind, v, dt, cnt, op, rt, extra, payload, ps,  \
-                              pr));                                                        \
-  nccl_ctx c_;                                                                             \
+#define NCCL_BEGIN(kind, v, cnt, op, rt, extra, payload, ps, pr)                                \
+  weft_work w_;                                                                                 \
+  WEFT_CHECK(weft__coll_start(&w_, mesh, g, kind, v, dt, cnt, op, rt, extra, payload, ps, pr)); \
+  nccl_ctx c_;                                                                                  \
   WEFT_CHECK(nccl_pre(g, &c_, __func__))
 
 #define NCCL_CALL(expr, name) WEFT_CHECK(nccl_check((expr), __func__, name, g))
@@ -535,8 +544,8 @@ static weft_status nccl_work_done(weft_work *w) {
   free(dw);
   w->dev = NULL;
   if (w->async) w->root->inflight--;
-  WEFT_CHECK(cuda_check(err, __func__, "ordering the compute stream after the collective",
-                        w->group));
+  WEFT_CHECK(
+      cuda_check(err, __func__, "ordering the compute stream after the collective", w->group));
   return nccl_check(ae, __func__, "the NCCL communicator", w->group);
 }
 #endif
@@ -577,8 +586,7 @@ weft_status weft__device_work_test(weft_work *w, bool *done) {
   ncclCommGetAsyncError(dw->nccl, &ae);
   double waited = weft__now() - dw->t0;
   bool nccl_ok = ae == ncclSuccess || ae == ncclInProgress;
-  if (q == cudaErrorNotReady && nccl_ok && waited <= weft__rt.settings.timeout_s)
-    return WEFT_OK;
+  if (q == cudaErrorNotReady && nccl_ok && waited <= weft__rt.settings.timeout_s) return WEFT_OK;
   char desc[256];
   weft__fingerprint_describe(&w->fp, desc, sizeof desc);
   g->broken = true;
@@ -607,7 +615,7 @@ weft_status weft__device_work_test(weft_work *w, bool *done) {
 
 /* ------------------------------------------------------------ collectives */
 
-#define BACKEND(b) \
+#define BACKEND(b)     \
   weft_comm_backend b; \
   WEFT_CHECK(weft__device_backend(g, &b))
 
@@ -631,9 +639,9 @@ weft_status weft__device_all_gather(const weft_mesh *mesh, int dim, mesh_dim *g,
   return stage_end(dw, weft_all_gather(mesh, dim, hs, hr, count, dt, work), work);
 }
 
-weft_status weft__device_all_gather_v(const weft_mesh *mesh, int dim, mesh_dim *g,
-                                      const void *send, void *recv, const int64_t *counts,
-                                      weft_dtype dt, weft_work **work) {
+weft_status weft__device_all_gather_v(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
+                                      void *recv, const int64_t *counts, weft_dtype dt,
+                                      weft_work **work) {
   BACKEND(b);
   size_t es = weft_dtype_size(dt);
   int64_t total = 0;
@@ -673,21 +681,20 @@ weft_status weft__device_all_gather_v(const weft_mesh *mesh, int dim, mesh_dim *
 }
 
 weft_status weft__device_reduce_scatter(const weft_mesh *mesh, int dim, mesh_dim *g,
-                                        const void *send, void *recv, int64_t count,
-                                        weft_dtype dt, weft_reduce_op op, weft_work **work) {
+                                        const void *send, void *recv, int64_t count, weft_dtype dt,
+                                        weft_reduce_op op, weft_work **work) {
   BACKEND(b);
   size_t es = weft_dtype_size(dt), n = (size_t)g->size, blk = (size_t)count * es;
 #if WEFT_HAVE_NCCL
   if (b == WEFT_COMM_NCCL) {
-    NCCL_BEGIN(WEFT_COLL_REDUCE_SCATTER, false, count, op, -1, 0, (int64_t)(n * blk), NULL,
-               NULL);
+    NCCL_BEGIN(WEFT_COLL_REDUCE_SCATTER, false, count, op, -1, 0, (int64_t)(n * blk), NULL, NULL);
     /* weft's in place (send == recv, result at the start) is not NCCL's
      * (result at block coord): reduce into block coord, then move it. */
     bool in_place = send == recv;
     void *dst = in_place ? (char *)recv + (size_t)g->coord * blk : recv;
-    NCCL_CALL(ncclReduceScatter(send, dst, (size_t)count, nccl_type(dt), nccl_op(op), c_.nc,
-                                c_.comm),
-              "ncclReduceScatter");
+    NCCL_CALL(
+        ncclReduceScatter(send, dst, (size_t)count, nccl_type(dt), nccl_op(op), c_.nc, c_.comm),
+        "ncclReduceScatter");
     if (in_place && g->coord != 0)
       WEFT_CHECK(cuda_check(cudaMemcpyAsync(recv, dst, blk, cudaMemcpyDeviceToDevice, c_.comm),
                             __func__, "cudaMemcpyAsync", g));
@@ -710,8 +717,7 @@ weft_status weft__device_all_reduce(const weft_mesh *mesh, int dim, mesh_dim *g,
 #if WEFT_HAVE_NCCL
   if (b == WEFT_COMM_NCCL) {
     NCCL_BEGIN(WEFT_COLL_ALL_REDUCE, false, count, op, -1, 0, (int64_t)bytes, NULL, NULL);
-    NCCL_CALL(ncclAllReduce(send, recv, (size_t)count, nccl_type(dt), nccl_op(op), c_.nc,
-                            c_.comm),
+    NCCL_CALL(ncclAllReduce(send, recv, (size_t)count, nccl_type(dt), nccl_op(op), c_.nc, c_.comm),
               "ncclAllReduce");
     NCCL_END();
   }
@@ -756,10 +762,9 @@ weft_status weft__device_all_to_all(const weft_mesh *mesh, int dim, mesh_dim *g,
     const char *s = send;
     void *tmp = NULL;
     if (send == recv) { /* in place: send from a stream-ordered copy */
-      WEFT_CHECK(cuda_check(cudaMallocAsync(&tmp, n * blk, c_.comm), __func__,
-                            "cudaMallocAsync", g));
-      WEFT_CHECK(cuda_check(cudaMemcpyAsync(tmp, send, n * blk, cudaMemcpyDeviceToDevice,
-                                            c_.comm),
+      WEFT_CHECK(
+          cuda_check(cudaMallocAsync(&tmp, n * blk, c_.comm), __func__, "cudaMallocAsync", g));
+      WEFT_CHECK(cuda_check(cudaMemcpyAsync(tmp, send, n * blk, cudaMemcpyDeviceToDevice, c_.comm),
                             __func__, "cudaMemcpyAsync", g));
       s = tmp;
     }
@@ -768,8 +773,7 @@ weft_status weft__device_all_to_all(const weft_mesh *mesh, int dim, mesh_dim *g,
     for (size_t j = 0; j < n && r == ncclSuccess; j++) {
       r = ncclSend(s + j * blk, (size_t)count, nccl_type(dt), (int)j, c_.nc, c_.comm);
       if (r == ncclSuccess)
-        r = ncclRecv((char *)recv + j * blk, (size_t)count, nccl_type(dt), (int)j, c_.nc,
-                     c_.comm);
+        r = ncclRecv((char *)recv + j * blk, (size_t)count, nccl_type(dt), (int)j, c_.nc, c_.comm);
     }
     ncclResult_t e = ncclGroupEnd();
     if (tmp) cudaFreeAsync(tmp, c_.comm);
@@ -786,11 +790,10 @@ weft_status weft__device_all_to_all(const weft_mesh *mesh, int dim, mesh_dim *g,
   return stage_end(dw, weft_all_to_all(mesh, dim, hs, hr, count, dt, work), work);
 }
 
-weft_status weft__device_all_to_all_v(const weft_mesh *mesh, int dim, mesh_dim *g,
-                                      const void *send, const int64_t *send_counts,
-                                      const int64_t *send_displs, void *recv,
-                                      const int64_t *recv_counts, const int64_t *recv_displs,
-                                      weft_dtype dt, weft_work **work) {
+weft_status weft__device_all_to_all_v(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
+                                      const int64_t *send_counts, const int64_t *send_displs,
+                                      void *recv, const int64_t *recv_counts,
+                                      const int64_t *recv_displs, weft_dtype dt, weft_work **work) {
   BACKEND(b);
   size_t es = weft_dtype_size(dt);
   int n = g->size;

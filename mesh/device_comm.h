@@ -61,9 +61,8 @@ const weft_device_hooks *weft__device_hooks(void);
  * with 0 bytes (or NULL) does not count; if a and b both count and differ,
  * WEFT_ERR_INVALID naming which is which ("send is device memory but recv
  * is host memory"). b may be NULL/0 (broadcast). */
-weft_status weft__device_route(const char *func, const char *aname, const void *a,
-                               int64_t abytes, const char *bname, const void *b, int64_t bbytes,
-                               bool *device);
+weft_status weft__device_route(const char *func, const char *aname, const void *a, int64_t abytes,
+                               const char *bname, const void *b, int64_t bbytes, bool *device);
 
 /* ------------------------------------------------------- backend choice */
 
@@ -75,8 +74,8 @@ typedef enum weft_comm_backend {
 
 /* One rank's facts, all-gathered over the dim at the choice. */
 typedef struct weft_comm_facts {
-  uint64_t host_hash;   /* FNV-1a of the processor name */
-  int32_t device;       /* device ordinal, -1 none */
+  uint64_t host_hash; /* FNV-1a of the processor name */
+  int32_t device;     /* device ordinal, -1 none */
   int32_t world_rank;
   int32_t have_nccl;    /* build has NCCL and the hooks allow it */
   int32_t env_disabled; /* WEFT_NCCL=0 on that rank */
@@ -120,12 +119,12 @@ void weft__device_dim_free(mesh_dim *g);
 
 weft_status weft__device_all_gather(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
                                     void *recv, int64_t count, weft_dtype dt, weft_work **work);
-weft_status weft__device_all_gather_v(const weft_mesh *mesh, int dim, mesh_dim *g,
-                                      const void *send, void *recv, const int64_t *counts,
-                                      weft_dtype dt, weft_work **work);
+weft_status weft__device_all_gather_v(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
+                                      void *recv, const int64_t *counts, weft_dtype dt,
+                                      weft_work **work);
 weft_status weft__device_reduce_scatter(const weft_mesh *mesh, int dim, mesh_dim *g,
-                                        const void *send, void *recv, int64_t count,
-                                        weft_dtype dt, weft_reduce_op op, weft_work **work);
+                                        const void *send, void *recv, int64_t count, weft_dtype dt,
+                                        weft_reduce_op op, weft_work **work);
 weft_status weft__device_all_reduce(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
                                     void *recv, int64_t count, weft_dtype dt, weft_reduce_op op,
                                     weft_work **work);
@@ -133,11 +132,10 @@ weft_status weft__device_broadcast(const weft_mesh *mesh, int dim, mesh_dim *g, 
                                    int64_t count, weft_dtype dt, int root, weft_work **work);
 weft_status weft__device_all_to_all(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
                                     void *recv, int64_t count, weft_dtype dt, weft_work **work);
-weft_status weft__device_all_to_all_v(const weft_mesh *mesh, int dim, mesh_dim *g,
-                                      const void *send, const int64_t *send_counts,
-                                      const int64_t *send_displs, void *recv,
-                                      const int64_t *recv_counts, const int64_t *recv_displs,
-                                      weft_dtype dt, weft_work **work);
+weft_status weft__device_all_to_all_v(const weft_mesh *mesh, int dim, mesh_dim *g, const void *send,
+                                      const int64_t *send_counts, const int64_t *send_displs,
+                                      void *recv, const int64_t *recv_counts,
+                                      const int64_t *recv_displs, weft_dtype dt, weft_work **work);
 
 /* weft_work_wait / weft_work_test for a work with w->dev set (they free w
  * afterwards). Staged: the MPI wait, then host -> device. NCCL: the compute

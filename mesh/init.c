@@ -110,20 +110,20 @@ static weft_status read_settings(weft_settings *s) {
 /* note: chunked collectives (collectives.c) reduce over a contiguous run of
  * uint16 resized to a larger extent, so an "element" of *dt is `size / 2`
  * values at a stride of `extent` bytes. */
-#define WEFT_OP16_BODY(conv_in, conv_out, combine)                          \
-  int size_ = 2;                                                           \
-  MPI_Aint lb_ = 0, extent_ = 2;                                           \
-  if (*dt != MPI_UINT16_T) {                                               \
-    MPI_Type_size(*dt, &size_);                                            \
-    MPI_Type_get_extent(*dt, &lb_, &extent_);                              \
-  }                                                                        \
-  for (int k = 0; k < *len; k++) {                                         \
-    uint16_t *a = (uint16_t *)((char *)in + (MPI_Aint)k * extent_);        \
-    uint16_t *b = (uint16_t *)((char *)inout + (MPI_Aint)k * extent_);     \
-    for (int i = 0; i < size_ / 2; i++) {                                  \
-      float x = conv_in(a[i]), y = conv_in(b[i]);                          \
-      b[i] = conv_out(combine);                                            \
-    }                                                                      \
+#define WEFT_OP16_BODY(conv_in, conv_out, combine)                     \
+  int size_ = 2;                                                       \
+  MPI_Aint lb_ = 0, extent_ = 2;                                       \
+  if (*dt != MPI_UINT16_T) {                                           \
+    MPI_Type_size(*dt, &size_);                                        \
+    MPI_Type_get_extent(*dt, &lb_, &extent_);                          \
+  }                                                                    \
+  for (int k = 0; k < *len; k++) {                                     \
+    uint16_t *a = (uint16_t *)((char *)in + (MPI_Aint)k * extent_);    \
+    uint16_t *b = (uint16_t *)((char *)inout + (MPI_Aint)k * extent_); \
+    for (int i = 0; i < size_ / 2; i++) {                              \
+      float x = conv_in(a[i]), y = conv_in(b[i]);                      \
+      b[i] = conv_out(combine);                                        \
+    }                                                                  \
   }
 
 /* NaN propagates through max/min, as torch.maximum does. */
@@ -145,39 +145,34 @@ static void f16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
 static void f16_max(void *in, void *inout, int *len, MPI_Datatype *dt) {
   WEFT_OP16_BODY(weft_f16_to_f32, weft_f32_to_f16, max_nan(x, y))
 }
-static void f16_min(void *in, void *inout, int *len, MPI_Datatype *dt) {
-  WEFT_OP16_BODY(weft_f16_to_f32, weft_f32_to_f16, min_nan(x, y))
-}
-
+static void f16_min(void *in, void *inout, int *len, MPI_Datatype *dt){
+    WEFT_OP16_BODY(weft_f16_to_f32, weft_f32_to_f16, min_nan(x, y))}
 /* Native types, for chunked reduce-scatter: same loop over the chunk type's
  * layout as above, combining in the type itself. */
-#define WEFT_OPN(name, T, combine)                                          \
-  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {    \
-    int size_;                                                             \
-    MPI_Aint lb_, extent_;                                                 \
-    MPI_Type_size(*dt, &size_);                                            \
-    MPI_Type_get_extent(*dt, &lb_, &extent_);                              \
-    int per = size_ / (int)sizeof(T);                                      \
-    for (int k = 0; k < *len; k++) {                                       \
-      const T *a = (const T *)((const char *)in + (MPI_Aint)k * extent_);  \
-      T *b = (T *)((char *)inout + (MPI_Aint)k * extent_);                 \
-      for (int i = 0; i < per; i++) {                                      \
-        T x = a[i], y = b[i];                                              \
-        b[i] = (T)(combine);                                               \
-      }                                                                    \
-    }                                                                      \
+#define WEFT_OPN(name, T, combine)                                        \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {   \
+    int size_;                                                            \
+    MPI_Aint lb_, extent_;                                                \
+    MPI_Type_size(*dt, &size_);                                           \
+    MPI_Type_get_extent(*dt, &lb_, &extent_);                             \
+    int per = size_ / (int)sizeof(T);                                     \
+    for (int k = 0; k < *len; k++) {                                      \
+      const T *a = (const T *)((const char *)in + (MPI_Aint)k * extent_); \
+      T *b = (T *)((char *)inout + (MPI_Aint)k * extent_);                \
+      for (int i = 0; i < per; i++) {                                     \
+        T x = a[i], y = b[i];                                             \
+        b[i] = (T)(combine);                                              \
+      }                                                                   \
+    }                                                                     \
   }
-#define WEFT_OPN3(tag, T)                                                   \
-  WEFT_OPN(tag##_sum, T, x + y)                                            \
-  WEFT_OPN(tag##_max, T, x > y ? x : y)                                    \
+#define WEFT_OPN3(tag, T)               \
+  WEFT_OPN(tag##_sum, T, x + y)         \
+  WEFT_OPN(tag##_max, T, x > y ? x : y) \
   WEFT_OPN(tag##_min, T, x < y ? x : y)
-WEFT_OPN3(blk_f32, float)
-WEFT_OPN3(blk_f64, double)
-WEFT_OPN3(blk_i32, int32_t)
-WEFT_OPN3(blk_i64, int64_t)
-WEFT_OPN3(blk_u8, uint8_t)
+WEFT_OPN3(blk_f32, float) WEFT_OPN3(blk_f64, double) WEFT_OPN3(blk_i32, int32_t)
+    WEFT_OPN3(blk_i64, int64_t) WEFT_OPN3(blk_u8, uint8_t)
 
-static void free_ops(void) {
+        static void free_ops(void) {
   for (int f = 0; f < 2; f++)
     for (int o = 0; o < 3; o++)
       if (weft__rt.ops16[f][o] != MPI_OP_NULL) MPI_Op_free(&weft__rt.ops16[f][o]);
@@ -224,7 +219,7 @@ fail:
 /* What each rank tells the others at init (one nonblocking all-gather). */
 typedef struct init_record {
   char host[MPI_MAX_PROCESSOR_NAME + 1];
-  int env_rank, env_size;     /* -1 unset, -2 not an integer */
+  int env_rank, env_size; /* -1 unset, -2 not an integer */
   int env_local_rank, env_local_size;
   unsigned char cpus[sizeof(cpu_set_t)];
 } init_record;
@@ -246,18 +241,20 @@ static int check_env(const init_record *recs, int n, char *buf, size_t cap) {
     char one[192] = "";
     if (x->env_rank == -2 || x->env_size == -2 || x->env_local_rank == -2 ||
         x->env_local_size == -2)
-      snprintf(one, sizeof one, "world rank %d: RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE "
-               "is not a non-negative integer", r);
+      snprintf(one, sizeof one,
+               "world rank %d: RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE "
+               "is not a non-negative integer",
+               r);
     else if (x->env_rank >= 0 && x->env_rank != r)
-      snprintf(one, sizeof one, "world rank %d: RANK=%d disagrees with MPI rank %d", r,
-               x->env_rank, r);
+      snprintf(one, sizeof one, "world rank %d: RANK=%d disagrees with MPI rank %d", r, x->env_rank,
+               r);
     else if (x->env_size >= 0 && x->env_size != n)
       snprintf(one, sizeof one, "world rank %d: WORLD_SIZE=%d disagrees with MPI size %d", r,
                x->env_size, n);
     else if (x->env_local_rank >= 0 && x->env_local_size >= 0 &&
              x->env_local_rank >= x->env_local_size)
-      snprintf(one, sizeof one, "world rank %d: LOCAL_RANK=%d is not below LOCAL_WORLD_SIZE=%d",
-               r, x->env_local_rank, x->env_local_size);
+      snprintf(one, sizeof one, "world rank %d: LOCAL_RANK=%d is not below LOCAL_WORLD_SIZE=%d", r,
+               x->env_local_rank, x->env_local_size);
     if (!one[0]) continue;
     if (bad < 4 && len + strlen(one) + 3 < cap) {
       len += (size_t)snprintf(buf + len, cap - len, "%s%s", bad ? "; " : "", one);

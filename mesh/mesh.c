@@ -75,8 +75,7 @@ static int ravel(int ndim, const int *shape, const int *coord) {
 
 /* Mesh ranks of the group spanning root dims src[0..nsrc) through this
  * rank, in flattened-coordinate order; *coord is this rank's position. */
-static int *group_members(const weft_mesh *root, int nsrc, const int *src, int *size,
-                          int *coord) {
+static int *group_members(const weft_mesh *root, int nsrc, const int *src, int *size, int *coord) {
   int mine[WEFT_MESH_MAX_DIMS], c[WEFT_MESH_MAX_DIMS];
   unravel(root->rank, root->ndim, root->shape, mine);
   int n = 1, me = 0;
@@ -141,8 +140,10 @@ static weft_status make_group_comm(weft_mesh *root, mesh_dim *d, const int *mran
     if (rc != MPI_SUCCESS) return mpi_fail(rc, __func__, "MPI_Comm_idup");
     weft_status st = weft__wait_all(1, &req, weft__rt.settings.timeout_s);
     if (st == WEFT_ERR_TIMEOUT)
-      return weft_error(st, "creating the communicator of mesh dim '%s': not every rank "
-                        "arrived within %g s", d->name, weft__rt.settings.timeout_s);
+      return weft_error(st,
+                        "creating the communicator of mesh dim '%s': not every rank "
+                        "arrived within %g s",
+                        d->name, weft__rt.settings.timeout_s);
     if (st) return st;
   } else {
     MPI_Group all, g;
@@ -169,8 +170,10 @@ static weft_status make_ctl_comms(mesh_dim **ds, int n) {
   }
   weft_status st = weft__wait_all(n, reqs, weft__rt.settings.timeout_s);
   if (st == WEFT_ERR_TIMEOUT)
-    return weft_error(st, "creating mesh control communicators: not every rank arrived within "
-                      "%g s", weft__rt.settings.timeout_s);
+    return weft_error(st,
+                      "creating mesh control communicators: not every rank arrived within "
+                      "%g s",
+                      weft__rt.settings.timeout_s);
   if (st) return st;
   for (int i = 0; i < n; i++) MPI_Comm_set_errhandler(ds[i]->ctl, MPI_ERRORS_RETURN);
   return WEFT_OK;
@@ -252,8 +255,8 @@ static weft_status check_args(int ndim, const int *shape, const char *const *nam
     WEFT_CHECK(check_name(names[d], "dim name", d));
     for (int e = 0; e < d; e++)
       if (strcmp(names[d], names[e]) == 0)
-        return weft_error(WEFT_ERR_INVALID, "dim name '%s' repeated (dims %d and %d)", names[d],
-                          e, d);
+        return weft_error(WEFT_ERR_INVALID, "dim name '%s' repeated (dims %d and %d)", names[d], e,
+                          d);
   }
   if (prod != group_size) {
     if (prod > INT32_MAX)
@@ -476,8 +479,8 @@ static void list_dims(const weft_mesh *mesh, char *buf, size_t cap) {
   size_t len = 0;
   buf[0] = '\0';
   for (int d = 0; d < mesh->ndim && len < cap; d++)
-    len += (size_t)snprintf(buf + len, cap - len, "%s%s", d ? ", " : "",
-                            weft_mesh_dim_name(mesh, d));
+    len +=
+        (size_t)snprintf(buf + len, cap - len, "%s%s", d ? ", " : "", weft_mesh_dim_name(mesh, d));
 }
 
 weft_status weft_mesh_dim_index(const weft_mesh *mesh, const char *name, int *dim) {
@@ -548,8 +551,8 @@ void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap) {
     for (int d = mesh->ndim - 1; d >= 0 && c[d] == 0; d--) open++;
     int close = 0;
     for (int d = mesh->ndim - 1; d >= 0 && c[d] == mesh->shape[d] - 1; d--) close++;
-    len += (size_t)snprintf(buf + len, cap - len, "%s%.*s%d%.*s", r ? ", " : "", open,
-                            "[[[[[[[[", weft_mesh_world_rank_of(mesh, c), close, "]]]]]]]]");
+    len += (size_t)snprintf(buf + len, cap - len, "%s%.*s%d%.*s", r ? ", " : "", open, "[[[[[[[[",
+                            weft_mesh_world_rank_of(mesh, c), close, "]]]]]]]]");
   }
   if (len >= cap) buf[cap - 1] = '\0';
 }

@@ -142,8 +142,8 @@ WEFT_API bool weft_is_initialized(void);
 
 WEFT_API int weft_world_rank(void);
 WEFT_API int weft_world_size(void);
-WEFT_API int weft_local_rank(void);  /* rank among the processes on this node */
-WEFT_API int weft_local_size(void);  /* processes on this node */
+WEFT_API int weft_local_rank(void); /* rank among the processes on this node */
+WEFT_API int weft_local_size(void); /* processes on this node */
 
 /* ------------------------------------------------------------------- mesh */
 
@@ -161,10 +161,10 @@ typedef struct weft_mesh weft_mesh;
  * Communicators are made here, once per dim (MPI_Comm_create_group over
  * each dim's group, plus a duplicate of each for weft's control messages). */
 WEFT_API weft_status weft_mesh_create(int ndim, const int *shape, const char *const *names,
-                             weft_mesh **out);
+                                      weft_mesh **out);
 /* Same over the ranks of `comm` (duplicated; the caller keeps comm). */
 WEFT_API weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape,
-                                       const char *const *names, weft_mesh **out);
+                                                const char *const *names, weft_mesh **out);
 /* Destroys a mesh or sub-mesh. A root mesh with live sub-meshes (or
  * flattened meshes) or async collectives in flight, or any mesh still
  * referenced (weft_mesh_retain, e.g. by DTensors), returns WEFT_ERR_BUSY and
@@ -178,8 +178,8 @@ WEFT_API void weft_mesh_retain(weft_mesh *mesh);
 WEFT_API void weft_mesh_release(weft_mesh *mesh);
 
 WEFT_API int weft_mesh_ndim(const weft_mesh *mesh);
-WEFT_API int weft_mesh_size(const weft_mesh *mesh);               /* product of the shape */
-WEFT_API int weft_mesh_dim_size(const weft_mesh *mesh, int dim);  /* 0 if dim out of range */
+WEFT_API int weft_mesh_size(const weft_mesh *mesh);              /* product of the shape */
+WEFT_API int weft_mesh_dim_size(const weft_mesh *mesh, int dim); /* 0 if dim out of range */
 WEFT_API const char *weft_mesh_dim_name(const weft_mesh *mesh, int dim);
 /* Index of a dim by name; WEFT_ERR_NOT_FOUND naming the dim and listing the
  * mesh's dims otherwise. */
@@ -213,7 +213,7 @@ WEFT_API MPI_Comm weft_mesh_comm(const weft_mesh *mesh);
  * communicators (no communication) and must be destroyed before the root.
  * Not collective. */
 WEFT_API weft_status weft_mesh_submesh(weft_mesh *mesh, int n, const char *const *names,
-                              weft_mesh **out);
+                                       weft_mesh **out);
 /* The root mesh that `mesh` was taken from (mesh itself for a root), as
  * DeviceMesh's _mesh_resources.get_root_mesh: fsdp/ lays a parameter out
  * over the dp dims and the tp dims of that one mesh. Not retained; NULL
@@ -229,7 +229,7 @@ WEFT_API weft_mesh *weft_mesh_root(const weft_mesh *mesh);
  * name, nor a flattened name registered over other dims (WEFT_ERR_INVALID).
  * Destroy the result like a sub-mesh. */
 WEFT_API weft_status weft_mesh_flatten(weft_mesh *mesh, int n, const char *const *names,
-                              const char *flat_name, weft_mesh **out);
+                                       const char *flat_name, weft_mesh **out);
 
 /* ------------------------------------------------------------ collectives */
 
@@ -294,42 +294,43 @@ WEFT_API weft_status weft_wait_requests(int n, MPI_Request *reqs, const char *wh
  * communicator of the caller's own. The caller owns comm.
  * Errors of its own: WEFT_ERR_INVALID (comm is MPI_COMM_NULL), WEFT_ERR_MPI
  * and WEFT_ERR_TIMEOUT (messages name `what`; *failed_rank = -1). */
-WEFT_API weft_status weft_agree_status(MPI_Comm comm, weft_status st, const char *msg, const char *what,
-                              int *failed_rank);
+WEFT_API weft_status weft_agree_status(MPI_Comm comm, weft_status st, const char *msg,
+                                       const char *what, int *failed_rank);
 
 /* All-gather over `dim`: each rank contributes `count` elements; recv holds
  * group_size * count elements, rank i's at offset i * count. */
 WEFT_API weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, void *recv,
-                            int64_t count, weft_dtype dt, weft_work **work);
+                                     int64_t count, weft_dtype dt, weft_work **work);
 /* Uneven all-gather: rank i contributes counts[i] elements (counts has
  * group_size entries, identical on all ranks; zeros allowed); recv is
  * contiguous, rank i's part at sum(counts[0..i)). Counts and their sum must
  * fit in an int (else WEFT_ERR_UNSUPPORTED). */
 WEFT_API weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, void *recv,
-                              const int64_t *counts, weft_dtype dt, weft_work **work);
+                                       const int64_t *counts, weft_dtype dt, weft_work **work);
 /* Reduce-scatter over `dim`: send holds group_size * count elements; rank i
  * receives the reduction of block i (count elements). */
-WEFT_API weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send, void *recv,
-                                int64_t count, weft_dtype dt, weft_reduce_op op,
-                                weft_work **work);
+WEFT_API weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send,
+                                         void *recv, int64_t count, weft_dtype dt,
+                                         weft_reduce_op op, weft_work **work);
 /* All-reduce over `dim`; send == recv is allowed (in place). */
 WEFT_API weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, void *recv,
-                            int64_t count, weft_dtype dt, weft_reduce_op op, weft_work **work);
+                                     int64_t count, weft_dtype dt, weft_reduce_op op,
+                                     weft_work **work);
 /* Broadcast from the rank whose coordinate along `dim` is `root`. */
 WEFT_API weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t count,
-                           weft_dtype dt, int root, weft_work **work);
+                                    weft_dtype dt, int root, weft_work **work);
 /* All-to-all: send holds group_size blocks of `count` elements, block j goes
  * to rank j; recv block i comes from rank i. */
 WEFT_API weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, void *recv,
-                            int64_t count, weft_dtype dt, weft_work **work);
+                                     int64_t count, weft_dtype dt, weft_work **work);
 /* Uneven all-to-all: send_counts[j] elements at send_displs[j] go to rank j;
  * recv_counts[i] from rank i land at recv_displs[i] (all in elements, each
  * fitting in an int). Under WEFT_DEBUG the pairwise counts are checked too
  * (my send_counts[j] == rank j's recv_counts[me]). */
 WEFT_API weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
-                              const int64_t *send_counts, const int64_t *send_displs, void *recv,
-                              const int64_t *recv_counts, const int64_t *recv_displs,
-                              weft_dtype dt, weft_work **work);
+                                       const int64_t *send_counts, const int64_t *send_displs,
+                                       void *recv, const int64_t *recv_counts,
+                                       const int64_t *recv_displs, weft_dtype dt, weft_work **work);
 /* Barrier over one dim; dim = -1 for the whole mesh (over
  * weft_mesh_comm's communicator; for a sub-mesh that has none, one barrier
  * per dim in turn, blocking only: async is WEFT_ERR_UNSUPPORTED). */
@@ -365,9 +366,9 @@ WEFT_API void weft_comm_stats_reset(weft_mesh *mesh);
 
 /* Settings from the environment, read at weft_init (one place). */
 typedef struct weft_settings {
-  double timeout_s;   /* WEFT_TIMEOUT, default 300 */
-  bool debug;         /* WEFT_DEBUG=1 */
-  int backoff;        /* WEFT_BACKOFF: -1 auto (default), 0 never sleep, 1 always back off */
+  double timeout_s; /* WEFT_TIMEOUT, default 300 */
+  bool debug;       /* WEFT_DEBUG=1 */
+  int backoff;      /* WEFT_BACKOFF: -1 auto (default), 0 never sleep, 1 always back off */
   /* WEFT_CHUNK_BYTES (64 .. 2^30, default 2^30): a collective whose
    * per-rank block is larger is posted as several MPI calls of at most
    * this many bytes each (MPICH 4.0.2's nonblocking large-count calls

@@ -21,7 +21,7 @@
 
 /* One communication group (a root dim, a flattened dim, or the whole mesh). */
 typedef struct mesh_dim {
-  char name[WEFT_MESH_NAME_MAX];   /* at most WEFT_MESH_NAME_MAX - 1 chars */
+  char name[WEFT_MESH_NAME_MAX]; /* at most WEFT_MESH_NAME_MAX - 1 chars */
   int nsrc;                      /* root dims this group spans (1 for a root dim) */
   int src[WEFT_MESH_MAX_DIMS];   /* ... in flattening order (row-major over them) */
   int size;                      /* group size */
@@ -31,7 +31,7 @@ typedef struct mesh_dim {
   int *members;                  /* world rank of each group rank (size entries) */
   uint64_t seq;                  /* collectives started on this group */
   weft_comm_count stats[WEFT_COLL_KIND_COUNT];
-  bool broken;                   /* a collective timed out: the group is unusable */
+  bool broken; /* a collective timed out: the group is unusable */
   char broken_msg[192];
   /* device-buffer collectives (device_comm.c): backend chosen at the first
    * one on this group, NCCL communicator; NULL until then */
@@ -39,20 +39,20 @@ typedef struct mesh_dim {
 } mesh_dim;
 
 struct weft_mesh {
-  struct weft_mesh *root;        /* == this for a root mesh */
+  struct weft_mesh *root; /* == this for a root mesh */
   int ndim;
   int shape[WEFT_MESH_MAX_DIMS];
   int dim_id[WEFT_MESH_MAX_DIMS]; /* index into root->dims */
-  int refs;                      /* weft_mesh_retain count */
+  int refs;                       /* weft_mesh_retain count */
   /* root only */
-  MPI_Comm comm;                 /* duplicate of the creating communicator */
-  int size, rank;                /* mesh size and this rank's mesh rank */
-  int *world_of;                 /* mesh rank -> world rank (size entries) */
-  int nsubs;                     /* live sub-meshes and flattened meshes */
-  int inflight;                  /* async works not yet completed */
-  mesh_dim **dims;               /* ndim root dims, then flattened dims */
+  MPI_Comm comm;   /* duplicate of the creating communicator */
+  int size, rank;  /* mesh size and this rank's mesh rank */
+  int *world_of;   /* mesh rank -> world rank (size entries) */
+  int nsubs;       /* live sub-meshes and flattened meshes */
+  int inflight;    /* async works not yet completed */
+  mesh_dim **dims; /* ndim root dims, then flattened dims */
   int ndims_all, dims_cap;
-  mesh_dim whole;                /* the whole mesh (barrier over dim -1) */
+  mesh_dim whole; /* the whole mesh (barrier over dim -1) */
 };
 
 /* ------------------------------------------------------------ init.c */
@@ -60,14 +60,14 @@ struct weft_mesh {
 /* Settings and process facts (valid after weft_init). */
 typedef struct weft_runtime {
   bool initialized;
-  bool finalize_mpi;             /* weft_init started MPI */
+  bool finalize_mpi; /* weft_init started MPI */
   int world_rank, world_size;
-  int local_rank, local_size;    /* as reported (LOCAL_RANK/LOCAL_WORLD_SIZE override) */
-  int node_procs;                /* processes of this job on this node (measured) */
-  int node_cpus;                 /* CPUs those processes may use (union of affinities) */
-  bool sleep_waits;              /* resolved backoff policy */
+  int local_rank, local_size; /* as reported (LOCAL_RANK/LOCAL_WORLD_SIZE override) */
+  int node_procs;             /* processes of this job on this node (measured) */
+  int node_cpus;              /* CPUs those processes may use (union of affinities) */
+  bool sleep_waits;           /* resolved backoff policy */
   weft_settings settings;
-  MPI_Op ops16[2][3];            /* [bf16, f16][sum, max, min] user ops */
+  MPI_Op ops16[2][3]; /* [bf16, f16][sum, max, min] user ops */
   /* [dtype][sum, max, min] user ops that accept the resized chunk types of
    * chunked reduce-scatter (MPICH's builtin ops reject derived types) */
   MPI_Op ops_blk[WEFT_DTYPE_COUNT][3];
@@ -93,13 +93,13 @@ double weft__now(void);
 
 /* What a collective call looks like; compared across the group. */
 typedef struct weft_fingerprint {
-  int64_t magic;   /* WEFT_FP_MAGIC */
-  int64_t kind;    /* weft_coll_kind */
-  int64_t vflag;   /* 1 for the _v variants */
-  int64_t dim;     /* index of the group in the root's dim table (-1: whole mesh) */
-  int64_t dtype, count, op, root;  /* -1 where not meaningful */
-  int64_t seq;     /* the group's sequence number */
-  int64_t extra;   /* all_gather_v: hash of the counts */
+  int64_t magic;                  /* WEFT_FP_MAGIC */
+  int64_t kind;                   /* weft_coll_kind */
+  int64_t vflag;                  /* 1 for the _v variants */
+  int64_t dim;                    /* index of the group in the root's dim table (-1: whole mesh) */
+  int64_t dtype, count, op, root; /* -1 where not meaningful */
+  int64_t seq;                    /* the group's sequence number */
+  int64_t extra;                  /* all_gather_v: hash of the counts */
 } weft_fingerprint;
 #define WEFT_FP_MAGIC 0x7765667466707631LL /* "weftfpv1" */
 
@@ -109,8 +109,8 @@ typedef struct weft_fingerprint {
  * with a second exchange so every rank learns the verdict. Returns
  * WEFT_ERR_MISMATCH (same verdict on every rank), WEFT_ERR_TIMEOUT naming
  * the ranks that never arrived (d is then marked broken), or WEFT_OK. */
-weft_status weft__debug_check(mesh_dim *d, const weft_fingerprint *fp,
-                              const int64_t *pair_send, const int64_t *pair_recv);
+weft_status weft__debug_check(mesh_dim *d, const weft_fingerprint *fp, const int64_t *pair_send,
+                              const int64_t *pair_recv);
 /* "all_reduce(f32, count 16, sum)" */
 void weft__fingerprint_describe(const weft_fingerprint *fp, char *buf, size_t cap);
 
@@ -123,18 +123,18 @@ void weft__fingerprint_describe(const weft_fingerprint *fp, char *buf, size_t ca
 struct weft_work {
   weft_mesh *root;
   mesh_dim *group;
-  weft_fingerprint fp;       /* what was called, for messages */
+  weft_fingerprint fp; /* what was called, for messages */
   int nreq;
-  MPI_Request *reqs;         /* reqs_inline or malloc'd */
+  MPI_Request *reqs; /* reqs_inline or malloc'd */
   MPI_Request reqs_inline[WORK_INLINE_REQS];
-  void *owned;               /* counts/displs MPI reads until completion */
-  MPI_Datatype types[2];     /* chunk datatypes (freed at completion) */
+  void *owned;           /* counts/displs MPI reads until completion */
+  MPI_Datatype types[2]; /* chunk datatypes (freed at completion) */
   int ntypes;
-  void *avg_buf;             /* AVG: divide avg_count elements by the group size */
+  void *avg_buf; /* AVG: divide avg_count elements by the group size */
   int64_t avg_count;
   weft_dtype avg_dt;
   bool async;
-  int64_t bytes;             /* payload, for the wait policy */
+  int64_t bytes; /* payload, for the wait policy */
   /* device-buffer work (device_comm.c): host staging to finish after the
    * MPI requests, or an NCCL completion event; NULL for host buffers */
   struct weft_dev_work *dev;
@@ -145,10 +145,9 @@ struct weft_work {
  * compares fingerprints over the group. The NCCL path of device_comm.c uses
  * it so that device collectives count, sequence and check like host ones.
  * extra: the fingerprint's extra word (all_gather_v's counts hash). */
-weft_status weft__coll_start(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
-                             weft_coll_kind kind, bool v, weft_dtype dt, int64_t count, int op,
-                             int root, int64_t extra, int64_t payload, const int64_t *pair_send,
-                             const int64_t *pair_recv);
+weft_status weft__coll_start(weft_work *w, const weft_mesh *mesh, mesh_dim *g, weft_coll_kind kind,
+                             bool v, weft_dtype dt, int64_t count, int op, int root, int64_t extra,
+                             int64_t payload, const int64_t *pair_send, const int64_t *pair_recv);
 /* Waits for w's MPI requests (backoff, timeout) and completes it, as
  * weft_work_wait does for a host collective, without freeing w. */
 weft_status weft__work_wait_host(weft_work *w);

@@ -148,8 +148,10 @@ weft_status weft_wait_requests(int n, MPI_Request *reqs, const char *what) {
   double timeout = weft__rt.settings.timeout_s; /* 300 s until set */
   weft_status st = weft__wait_all(n, reqs, timeout);
   if (st == WEFT_ERR_TIMEOUT)
-    return weft_error(WEFT_ERR_TIMEOUT, "%s: no answer from the other ranks after %.0f s "
-                      "(a rank died or is not calling it)", what, timeout);
+    return weft_error(WEFT_ERR_TIMEOUT,
+                      "%s: no answer from the other ranks after %.0f s "
+                      "(a rank died or is not calling it)",
+                      what, timeout);
   if (st != WEFT_OK) {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", weft_last_error());

@@ -12,11 +12,11 @@
 typedef struct attention_impl {
   int64_t dim, H, Hkv, hd, max_seq;
   weft_module *wq, *wk, *wv, *wo;
-  nn_scratch cosb, sinb;   /* RoPE tables (max_seq, hd/2) */
+  nn_scratch cosb, sinb; /* RoPE tables (max_seq, hd/2) */
   /* forward state */
-  const weft_dtensor *v;   /* wv's output */
-  weft_dtensor *q, *k;     /* q, k after RoPE: (B, T, Hl*hd), (B, T, Hkvl*hd) */
-  weft_dtensor *att;       /* (B, T, H*hd) with q's placements */
+  const weft_dtensor *v; /* wv's output */
+  weft_dtensor *q, *k;   /* q, k after RoPE: (B, T, Hl*hd), (B, T, Hkvl*hd) */
+  weft_dtensor *att;     /* (B, T, H*hd) with q's placements */
   nn_scratch lse, scratch;
   int64_t B, T, Hl, Hkvl;
   /* backward state */
@@ -94,16 +94,18 @@ static weft_status attention_forward(weft_module *m, const weft_dtensor *x,
   WEFT_CHECK(nn_ensure(&A->q, m->mesh, WEFT_F32, 3, qs->shape, qs->placements));
   WEFT_CHECK(nn_ensure(&A->k, m->mesh, WEFT_F32, 3, ks->shape, ks->placements));
   WEFT_CHECK(nn_ensure(&A->att, m->mesh, WEFT_F32, 3, qs->shape, qs->placements));
-  WEFT_CHECK(weft_backend_rope_forward(nn_dev(q0), nn_f32(A->q), nn_f32(q0), A->cosb.p, A->sinb.p, A->max_seq, B, T,
-                               Hl, A->hd, 0));
-  WEFT_CHECK(weft_backend_rope_forward(nn_dev(k0), nn_f32(A->k), nn_f32(k0), A->cosb.p, A->sinb.p, A->max_seq, B, T,
-                               Hkvl, A->hd, 0));
+  WEFT_CHECK(weft_backend_rope_forward(nn_dev(q0), nn_f32(A->q), nn_f32(q0), A->cosb.p, A->sinb.p,
+                                       A->max_seq, B, T, Hl, A->hd, 0));
+  WEFT_CHECK(weft_backend_rope_forward(nn_dev(k0), nn_f32(A->k), nn_f32(k0), A->cosb.p, A->sinb.p,
+                                       A->max_seq, B, T, Hkvl, A->hd, 0));
   WEFT_CHECK(nn_scratch_reserve(&A->lse, B * Hl * T > 0 ? B * Hl * T : 1));
   size_t sbytes = weft_backend_attention_scratch_bytes(nn_dev(q0), B, T, Hl, Hkvl, A->hd);
-  WEFT_CHECK(nn_scratch_reserve(&A->scratch, (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float))));
+  WEFT_CHECK(
+      nn_scratch_reserve(&A->scratch, (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float))));
   if (Hl > 0)
-    WEFT_CHECK(weft_backend_attention_forward(nn_dev(q0), nn_f32(A->att), A->lse.p, nn_f32(A->q), nn_f32(A->k),
-                                      nn_f32(v0), B, T, Hl, Hkvl, A->hd, true, A->scratch.p));
+    WEFT_CHECK(weft_backend_attention_forward(nn_dev(q0), nn_f32(A->att), A->lse.p, nn_f32(A->q),
+                                              nn_f32(A->k), nn_f32(v0), B, T, Hl, Hkvl, A->hd, true,
+                                              A->scratch.p));
   A->v = v0;
   A->B = B;
   A->T = T;
@@ -124,15 +126,14 @@ static weft_status attention_backward(weft_module *m, const weft_dtensor *dy,
   WEFT_CHECK(nn_ensure(&A->dk, m->mesh, WEFT_F32, 3, ks->shape, g));
   WEFT_CHECK(nn_ensure(&A->dv, m->mesh, WEFT_F32, 3, ks->shape, g));
   if (A->Hl > 0) {
-    WEFT_CHECK(weft_backend_attention_backward(nn_dev(datt), nn_f32(A->dq), nn_f32(A->dk),
-                                               nn_f32(A->dv), nn_f32(datt), nn_f32(A->q),
-                                               nn_f32(A->k), nn_f32(A->v), A->lse.p,
-                                               nn_f32(A->att), A->B, A->T, A->Hl, A->Hkvl, A->hd,
-                                               true, A->scratch.p));
-    WEFT_CHECK(weft_backend_rope_backward(nn_dev(A->dq), nn_f32(A->dq), nn_f32(A->dq), A->cosb.p, A->sinb.p, A->max_seq,
-                                  A->B, A->T, A->Hl, A->hd, 0));
-    WEFT_CHECK(weft_backend_rope_backward(nn_dev(A->dk), nn_f32(A->dk), nn_f32(A->dk), A->cosb.p, A->sinb.p, A->max_seq,
-                                  A->B, A->T, A->Hkvl, A->hd, 0));
+    WEFT_CHECK(weft_backend_attention_backward(
+        nn_dev(datt), nn_f32(A->dq), nn_f32(A->dk), nn_f32(A->dv), nn_f32(datt), nn_f32(A->q),
+        nn_f32(A->k), nn_f32(A->v), A->lse.p, nn_f32(A->att), A->B, A->T, A->Hl, A->Hkvl, A->hd,
+        true, A->scratch.p));
+    WEFT_CHECK(weft_backend_rope_backward(nn_dev(A->dq), nn_f32(A->dq), nn_f32(A->dq), A->cosb.p,
+                                          A->sinb.p, A->max_seq, A->B, A->T, A->Hl, A->hd, 0));
+    WEFT_CHECK(weft_backend_rope_backward(nn_dev(A->dk), nn_f32(A->dk), nn_f32(A->dk), A->cosb.p,
+                                          A->sinb.p, A->max_seq, A->B, A->T, A->Hkvl, A->hd, 0));
   }
   const weft_dtensor *dxq, *dxk, *dxv;
   WEFT_CHECK(weft_module_backward(A->wq, A->dq, &dxq));
@@ -153,13 +154,14 @@ static void attention_destroy(weft_module *m) {
   nn_scratch_free(&A->sinb);
   nn_scratch_free(&A->lse);
   nn_scratch_free(&A->scratch);
-  weft_dtensor *d[] = {A->q, A->k, A->att, A->dq, A->dk, A->dv, A->dx, A->datt_tmp,
-                       A->add_tmp[0], A->add_tmp[1]};
+  weft_dtensor *d[] = {A->q,  A->k,  A->att,      A->dq,         A->dk,
+                       A->dv, A->dx, A->datt_tmp, A->add_tmp[0], A->add_tmp[1]};
   for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) weft_dtensor_destroy(d[i]);
   free(A);
 }
 
-static const nn_ops attention_ops = {attention_forward, attention_backward, attention_destroy, NULL};
+static const nn_ops attention_ops = {attention_forward, attention_backward, attention_destroy,
+                                     NULL};
 
 /* A Linear child (no bias) of a module: name, in -> out features, and the
  * impl field that keeps it. */
@@ -205,12 +207,13 @@ weft_status weft_attention_create(weft_mesh *mesh, const char *name, const weft_
   int64_t half = A->max_seq * (A->hd / 2);
   WEFT_CHECK_GOTO(nn_scratch_reserve(&A->cosb, half), st, fail);
   WEFT_CHECK_GOTO(nn_scratch_reserve(&A->sinb, half), st, fail);
-  WEFT_CHECK_GOTO(weft_backend_rope_tables(WEFT_CPU, A->cosb.p, A->sinb.p, A->max_seq, A->hd, cfg->rope_theta), st,
-                  fail);
+  WEFT_CHECK_GOTO(
+      weft_backend_rope_tables(WEFT_CPU, A->cosb.p, A->sinb.p, A->max_seq, A->hd, cfg->rope_theta),
+      st, fail);
   const linear_child lin[4] = {{"wq", A->dim, A->H * A->hd, &A->wq},
-                                {"wk", A->dim, A->Hkv * A->hd, &A->wk},
-                                {"wv", A->dim, A->Hkv * A->hd, &A->wv},
-                                {"wo", A->H * A->hd, A->dim, &A->wo}};
+                               {"wk", A->dim, A->Hkv * A->hd, &A->wk},
+                               {"wv", A->dim, A->Hkv * A->hd, &A->wv},
+                               {"wo", A->H * A->hd, A->dim, &A->wo}};
   WEFT_CHECK_GOTO(attach_linears(m, mesh, lin, 4, cfg->init_std), st, fail);
   *out = m;
   return WEFT_OK;
@@ -246,7 +249,8 @@ static weft_status ff_forward(weft_module *m, const weft_dtensor *x, const weft_
                       m->fqn, p, q);
   }
   WEFT_CHECK(nn_ensure(&F->g, m->mesh, WEFT_F32, as->ndim, as->shape, as->placements));
-  WEFT_CHECK(weft_backend_swiglu_forward(nn_dev(a), nn_f32(F->g), nn_f32(a), nn_f32(b), nn_numel(a)));
+  WEFT_CHECK(
+      weft_backend_swiglu_forward(nn_dev(a), nn_f32(F->g), nn_f32(a), nn_f32(b), nn_numel(a)));
   F->a = a;
   F->b = b;
   return weft_module_forward(F->w2, F->g, out);
@@ -260,8 +264,8 @@ static weft_status ff_backward(weft_module *m, const weft_dtensor *dy, const wef
   const weft_dtensor_spec *gs = weft_dtensor_get_spec(dg);
   WEFT_CHECK(nn_ensure(&F->da, m->mesh, WEFT_F32, gs->ndim, gs->shape, gs->placements));
   WEFT_CHECK(nn_ensure(&F->db, m->mesh, WEFT_F32, gs->ndim, gs->shape, gs->placements));
-  WEFT_CHECK(weft_backend_swiglu_backward(nn_dev(dg), nn_f32(F->da), nn_f32(F->db), nn_f32(dg), nn_f32(F->a),
-                                  nn_f32(F->b), nn_numel(F->a)));
+  WEFT_CHECK(weft_backend_swiglu_backward(nn_dev(dg), nn_f32(F->da), nn_f32(F->db), nn_f32(dg),
+                                          nn_f32(F->a), nn_f32(F->b), nn_numel(F->a)));
   const weft_dtensor *dx1, *dx3;
   WEFT_CHECK(weft_module_backward(F->w1, F->da, &dx1));
   WEFT_CHECK(weft_module_backward(F->w3, F->db, &dx3));

@@ -112,7 +112,7 @@ WEFT_API void weft_graph_set_grad_enabled(weft_graph *g, bool enabled);
 /* A var for a DTensor the caller owns (borrowed until reset). With
  * requires_grad its grad is kept after backward (weft_var_grad). */
 WEFT_API weft_status weft_graph_input(weft_graph *g, const weft_dtensor *t, bool requires_grad,
-                             weft_var **out);
+                                      weft_var **out);
 /* The var of a parameter: its current data (must be materialised); the
  * grad goes to p->grad (when p->requires_grad). One var per parameter and
  * graph position: calling it twice gives two vars whose grads both reach
@@ -170,7 +170,8 @@ WEFT_API weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **o
 /* Splits dim into n pieces of sizes[i] (sum = the dim's size). A dim
  * StridedShard(dim, n) with equal sizes splits locally (each piece comes
  * out Shard(dim)); other shards of `dim` are replicated first. */
-WEFT_API weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs);
+WEFT_API weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes,
+                                   weft_var **outs);
 /* Concatenates along dim (inputs equal elsewhere; `dim` replicated). */
 WEFT_API weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out);
 /* Sum / mean over dim (keepdim): a shard of dim becomes P(sum). */
@@ -186,7 +187,7 @@ WEFT_API weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **ou
  * the weight grad is P(sum) there and reduced at the parameter). */
 WEFT_API weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out);
 WEFT_API weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps,
-                               weft_var **out);
+                                        weft_var **out);
 /* Pointwise (placements kept; P(sum) inputs are reduced first). */
 WEFT_API weft_status weft_op_gelu(weft_var *x, bool tanh_approximate, weft_var **out);
 WEFT_API weft_status weft_op_silu(weft_var *x, weft_var **out);
@@ -208,7 +209,8 @@ WEFT_API weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_
  * all S(2) (heads, when the mesh dim's size divides Hkv: each rank holds
  * whole kv groups) -> the output alike; other placements (a sequence
  * shard, P(sum)) are redistributed first. */
-WEFT_API weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out);
+WEFT_API weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal,
+                                  weft_var **out);
 /* Mean cross-entropy of logits (..., V) against targets (...) int32 (a
  * DTensor, Replicate), ignoring positions whose target equals
  * ignore_index (torch's default -100): loss = sum over kept positions /
@@ -216,7 +218,7 @@ WEFT_API weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool ca
  * vocab-sharded S(last) (loss parallel: no rank gathers the vocab).
  * Output: a one-element Replicate var. */
 WEFT_API weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
-                                  int32_t ignore_index, weft_var **out);
+                                           int32_t ignore_index, weft_var **out);
 /* Inverted dropout with probability p in [0, 1): the mask of element e is
  * uniform(seed, key(step, op index in the graph), global index of e) >= p,
  * so it is the same on any mesh and placements. Identity when p == 0 or
@@ -235,8 +237,8 @@ WEFT_API weft_status weft_op_dropout(weft_var *x, float p, weft_var **out);
  * (may be NULL) frees ctx when the module is destroyed. */
 typedef struct weft_module_def {
   const char *kind_name; /* "gpt2_block": for messages */
-  weft_status (*forward)(weft_module *m, void *ctx, weft_var *const *in, int nin,
-                         weft_var **out, int nout);
+  weft_status (*forward)(weft_module *m, void *ctx, weft_var *const *in, int nin, weft_var **out,
+                         int nout);
   void (*destroy)(void *ctx);
 } weft_module_def;
 
@@ -245,8 +247,8 @@ typedef struct weft_module_def {
  * and children (weft_module_add_child) after. weft_module_forward on it is
  * WEFT_ERR_UNSUPPORTED (it runs in a graph). On failure ctx stays the
  * caller's (destroy is not called). Local. */
-WEFT_API weft_status weft_module_create(weft_mesh *mesh, const char *name, const weft_module_def *def,
-                               void *ctx, weft_module **out);
+WEFT_API weft_status weft_module_create(weft_mesh *mesh, const char *name,
+                                        const weft_module_def *def, void *ctx, weft_module **out);
 /* The ctx of a module made by weft_module_create (NULL for other kinds). */
 WEFT_API void *weft_module_ctx(const weft_module *m);
 /* The def's kind_name, or the built-in kind's name. */
@@ -261,7 +263,7 @@ WEFT_API weft_var *weft_module_param_var(weft_module *m, weft_graph *g, const ch
  * forward is the user's; a built-in layer (nn.h) runs its own forward and
  * records its hand-written backward as one node (nin = nout = 1). */
 WEFT_API weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_var **out,
-                             int nout);
+                                      int nout);
 /* One input, one output. */
 WEFT_API weft_status weft_module_call1(weft_module *m, weft_var *in, weft_var **out);
 
@@ -403,11 +405,11 @@ typedef struct weft_op_def {
   /* (optional) The outputs' global specs from the inputs' global specs;
    * returns an error (weft_error) for inputs the op does not take. NULL:
    * every output has input 0's shape and dtype. */
-  weft_status (*infer)(const weft_dtensor_spec *const *in, int nin, weft_op_out_spec *out,
-                       int nout, void *ctx);
+  weft_status (*infer)(const weft_dtensor_spec *const *in, int nin, weft_op_out_spec *out, int nout,
+                       void *ctx);
   /* The forward on this rank's pieces (see above). Required. */
-  weft_status (*forward)(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
-                         int nout, void *ctx);
+  weft_status (*forward)(const weft_dtensor *const *in, int nin, weft_dtensor *const *out, int nout,
+                         void *ctx);
   /* The backward (see above); NULL: the op is not differentiable, its
    * outputs require no grad (no node is recorded). */
   weft_status (*backward)(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out,
@@ -424,7 +426,7 @@ typedef struct weft_op_def {
  * ctx is passed to every callback as is. Collective (the redistributions,
  * every rank of the mesh calls it alike). */
 WEFT_API weft_status weft_op_custom(const weft_op_def *def, void *ctx, weft_var *const *in, int nin,
-                           weft_var **out);
+                                    weft_var **out);
 
 /* Ready-made rules (weft_op_rule_fn). Pointwise: the inputs have one
  * shape and the op works elementwise; every mesh dim lists all R -> R,
@@ -432,11 +434,12 @@ WEFT_API weft_status weft_op_custom(const weft_op_def *def, void *ctx, weft_var 
  * StridedShard of that mesh dim (all inputs alike). A Partial input is
  * reduced first (the op is not linear). */
 WEFT_API int weft_op_rule_pointwise(const weft_dtensor_spec *const *in, int nin, int mesh_dim,
-                           weft_sharding_option *opts, int cap, void *ctx);
+                                    weft_sharding_option *opts, int cap, void *ctx);
 /* Pointwise and linear in all inputs jointly (f(a + b) = f(a) + f(b): a
  * scale, a difference): also all P(sum) -> P(sum). */
-WEFT_API int weft_op_rule_pointwise_linear(const weft_dtensor_spec *const *in, int nin, int mesh_dim,
-                                  weft_sharding_option *opts, int cap, void *ctx);
+WEFT_API int weft_op_rule_pointwise_linear(const weft_dtensor_spec *const *in, int nin,
+                                           int mesh_dim, weft_sharding_option *opts, int cap,
+                                           void *ctx);
 
 #ifdef __cplusplus
 }

@@ -18,12 +18,12 @@
 
 struct weft_var {
   weft_graph *g;
-  int index;             /* position in the graph's var list */
+  int index;                 /* position in the graph's var list */
   const weft_dtensor *value; /* pooled, borrowed (input) or module-owned */
-  weft_param *param;     /* parameter vars: grads go to param->grad */
+  weft_param *param;         /* parameter vars: grads go to param->grad */
   bool requires_grad;
-  bool keep_grad;        /* input vars with requires_grad: grad stays readable */
-  weft_dtensor *grad;    /* pooled */
+  bool keep_grad;     /* input vars with requires_grad: grad stays readable */
+  weft_dtensor *grad; /* pooled */
 };
 
 typedef struct nn_node nn_node;
@@ -55,7 +55,7 @@ struct nn_node {
   const weft_dtensor *in_used[NN_MAX_IN];
   weft_dtensor *saved[NN_MAX_SAVED]; /* graph buffers the backward needs */
   nn_backward_fn backward;
-  double f[4];   /* op arguments */
+  double f[4]; /* op arguments */
   int64_t i[8];
   const void *p[2];
   weft_module *module; /* module nodes */
@@ -96,9 +96,9 @@ weft_status nn_op_error(weft_status code, const char *name, weft_var *const *in,
                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* weft_sharding_choose over the vars' values (NULL vars: not priced),
  * with an error naming the op and inputs when nothing applies. */
-weft_status nn_choose(const char *name, weft_var *const *in, int nin, const weft_sharding_option *opts,
-                      int cap, const int *nopt, bool allow_partial, weft_placement *targets,
-                      weft_placement *out_pl);
+weft_status nn_choose(const char *name, weft_var *const *in, int nin,
+                      const weft_sharding_option *opts, int cap, const int *nopt,
+                      bool allow_partial, weft_placement *targets, weft_placement *out_pl);
 
 /* A node for an op of inputs in[0..nin): *out is NULL (nothing to record)
  * when grad recording is off or no input requires grad. used (may be NULL,
@@ -106,8 +106,7 @@ weft_status nn_choose(const char *name, weft_var *const *in, int nin, const weft
  * differs from the var's value (a redistributed copy) the backward gets
  * that copy from nn_node_input; else the var's value as it is then. */
 weft_status nn_node_new(weft_graph *g, const char *name, weft_var *const *in, int nin,
-                        const weft_dtensor *const *used, nn_backward_fn backward,
-                        nn_node **out);
+                        const weft_dtensor *const *used, nn_backward_fn backward, nn_node **out);
 /* A var for an op's output (a graph buffer, or any DTensor that stays
  * valid until reset): the node's output j when node is non-NULL. */
 weft_status nn_var_new(weft_graph *g, const weft_dtensor *value, nn_node *node, weft_var **out);

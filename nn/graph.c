@@ -21,8 +21,8 @@
 
 typedef struct pool_entry {
   weft_dtensor *dt;
-  bool used;      /* handed out since the last reset (and not returned: checkpointing) */
-  bool used_last; /* handed out in the step before */
+  bool used;       /* handed out since the last reset (and not returned: checkpointing) */
+  bool used_last;  /* handed out in the step before */
   uint64_t handed; /* g->hand_seq when last handed out (activation checkpointing) */
 } pool_entry;
 
@@ -39,11 +39,11 @@ struct weft_graph {
   uint64_t seed;
   int64_t step;
   int64_t op_index;
-  int64_t debug_seq; /* WEFT_DEBUG: checks made in this step (debug_check) */
+  int64_t debug_seq;              /* WEFT_DEBUG: checks made in this step (debug_check) */
   int64_t batch_row0, batch_rows; /* weft_graph_set_batch_slice; rows 0: unset */
-  uint64_t hand_seq; /* pool hand-outs so far (activation checkpointing) */
-  uint64_t hand_step0; /* hand_seq at the last reset */
-  weft_param **params; /* the distinct parameters read this step (weft_graph_param) */
+  uint64_t hand_seq;              /* pool hand-outs so far (activation checkpointing) */
+  uint64_t hand_step0;            /* hand_seq at the last reset */
+  weft_param **params;            /* the distinct parameters read this step (weft_graph_param) */
   int nparams, cap_params;
 };
 
@@ -262,7 +262,8 @@ weft_var *weft_graph_param(weft_graph *g, weft_param *p) {
   bool seen = false;
   for (int i = 0; i < g->nparams && !seen; i++) {
     weft_param *q = g->params[i];
-    if (q == p) seen = true;
+    if (q == p)
+      seen = true;
     else if (q->data == p->data || (p->grad && q->grad == p->grad)) {
       weft_error(WEFT_ERR_INVALID,
                  "parameters '%s' and '%s' share one %s (a parameter's data was set to "
@@ -334,9 +335,14 @@ double weft_var_item(const weft_var *v) {
   double r = NAN;
   if (weft_tensor_to(full, WEFT_CPU, &h) == WEFT_OK) {
     switch (h->dtype) {
-      case WEFT_F32: r = *(const float *)h->data; break;
-      case WEFT_F64: r = *(const double *)h->data; break;
-      default: weft_error(WEFT_ERR_UNSUPPORTED, "var_item: dtype %s", weft_dtype_name(h->dtype));
+      case WEFT_F32:
+        r = *(const float *)h->data;
+        break;
+      case WEFT_F64:
+        r = *(const double *)h->data;
+        break;
+      default:
+        weft_error(WEFT_ERR_UNSUPPORTED, "var_item: dtype %s", weft_dtype_name(h->dtype));
     }
   }
   weft_tensor_destroy(h);
@@ -366,8 +372,7 @@ static weft_status node_push(weft_graph *g, nn_node **out) {
 }
 
 weft_status nn_node_new(weft_graph *g, const char *name, weft_var *const *in, int nin,
-                        const weft_dtensor *const *used, nn_backward_fn backward,
-                        nn_node **out) {
+                        const weft_dtensor *const *used, nn_backward_fn backward, nn_node **out) {
   *out = NULL;
   if (nin > NN_MAX_IN) return weft_error(WEFT_ERR_INTERNAL, "%s: %d inputs", name, nin);
   if (!g->grad_enabled) return WEFT_OK;
@@ -537,8 +542,10 @@ static void describe_vars(weft_var *const *in, int nin, char *buf, size_t cap) {
   buf[0] = 0;
   for (int i = 0; i < nin && len + 8 < cap; i++) {
     char d[384];
-    if (!in[i]) snprintf(d, sizeof d, "(none)");
-    else weft_dtensor_spec_describe(weft_dtensor_get_spec(nn_var_now(in[i])), d, sizeof d);
+    if (!in[i])
+      snprintf(d, sizeof d, "(none)");
+    else
+      weft_dtensor_spec_describe(weft_dtensor_get_spec(nn_var_now(in[i])), d, sizeof d);
     int w = snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", d);
     if (w < 0) break;
     len += (size_t)w;
@@ -580,7 +587,8 @@ weft_status nn_check_vars(const char *name, weft_var *const *in, int nin, weft_g
       bool same = s->mesh_ndim == s0->mesh_ndim;
       for (int d = 0; same && d < s->mesh_ndim; d++) same = s->mesh_shape[d] == s0->mesh_shape[d];
       if (!same)
-        return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "inputs live on meshes of different shapes");
+        return nn_op_error(WEFT_ERR_INVALID, name, in, nin,
+                           "inputs live on meshes of different shapes");
     }
     s0 = s;
   }
@@ -601,8 +609,8 @@ weft_status nn_choose(const char *name, weft_var *const *in, int nin,
       specs[i] = weft_dtensor_get_spec(nn_var_now(in[i]));
       k = specs[i]->mesh_ndim;
     }
-  weft_status st = weft_sharding_choose(specs, nin, k, opts, cap, nopt, allow_partial, targets,
-                                        out_pl);
+  weft_status st =
+      weft_sharding_choose(specs, nin, k, opts, cap, nopt, allow_partial, targets, out_pl);
   if (st != WEFT_OK) {
     char why[512];
     snprintf(why, sizeof why, "%s", weft_last_error());
@@ -614,9 +622,12 @@ weft_status nn_choose(const char *name, weft_var *const *in, int nin,
 void nn_grad_placements(const weft_placement *out, const weft_placement *grad, int n,
                         weft_placement *want) {
   for (int i = 0; i < n; i++) {
-    if (nn_is_r(out[i])) want[i] = nn_is_psum(grad[i]) ? grad[i] : nn_r();
-    else if (out[i].kind == WEFT_PLACE_PARTIAL) want[i] = nn_r();
-    else want[i] = out[i];
+    if (nn_is_r(out[i]))
+      want[i] = nn_is_psum(grad[i]) ? grad[i] : nn_r();
+    else if (out[i].kind == WEFT_PLACE_PARTIAL)
+      want[i] = nn_r();
+    else
+      want[i] = out[i];
   }
 }
 
@@ -733,8 +744,8 @@ weft_status weft_backward(weft_var *loss) {
   weft_placement rep[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < s->mesh_ndim; i++) rep[i] = nn_r();
   weft_dtensor *one;
-  WEFT_CHECK(nn_graph_tensor(loss->g, weft_dtensor_mesh(v), s->dtype, s->ndim, s->shape, rep,
-                             &one));
+  WEFT_CHECK(
+      nn_graph_tensor(loss->g, weft_dtensor_mesh(v), s->dtype, s->ndim, s->shape, rep, &one));
   WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(one), 1.0));
   WEFT_CHECK(weft_backward_grad(loss, one));
   return WEFT_OK;
@@ -742,8 +753,7 @@ weft_status weft_backward(weft_var *loss) {
 
 /* ------------------------------------------------------- module boundaries */
 
-static weft_status begin_backward(nn_node *n, const weft_dtensor *const *dout,
-                                  weft_dtensor **din) {
+static weft_status begin_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
   const weft_dtensor *t = dout[0];
   WEFT_CHECK(nn_module_hooks(n->module, WEFT_HOOK_POST_BACKWARD, &t));
   if (t && nn_node_wants(n, 0)) din[0] = (weft_dtensor *)t; /* copied by accumulate */
@@ -757,11 +767,10 @@ static weft_status end_backward(nn_node *n, const weft_dtensor *const *dout, wef
   const weft_dtensor *t = dout[0];
   if (!t && n->in[0] && n->in[0]->requires_grad) {
     weft_dtensor *z;
-    WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(n->out[0]->value),
-                              weft_dtensor_dtype(n->out[0]->value),
-                              weft_dtensor_ndim(n->out[0]->value),
-                              weft_dtensor_shape(n->out[0]->value),
-                              weft_dtensor_placements(n->out[0]->value), &z));
+    WEFT_CHECK(
+        nn_graph_zeros(g, weft_dtensor_mesh(n->out[0]->value), weft_dtensor_dtype(n->out[0]->value),
+                       weft_dtensor_ndim(n->out[0]->value), weft_dtensor_shape(n->out[0]->value),
+                       weft_dtensor_placements(n->out[0]->value), &z));
     t = z;
   }
   WEFT_CHECK(nn_module_hooks(n->module, WEFT_HOOK_PRE_BACKWARD, &t));
@@ -819,8 +828,8 @@ static weft_status boundary(weft_graph *g, weft_module *m, nn_node_kind kind, we
 typedef struct ac_mark {
   bool on;
   nn_node *begin;
-  int v0, n0;      /* vars and nodes the forward appends start here */
-  uint64_t since;  /* pool hand-outs from here on are the forward's */
+  int v0, n0;     /* vars and nodes the forward appends start here */
+  uint64_t since; /* pool hand-outs from here on are the forward's */
   int64_t op_index;
 } ac_mark;
 
@@ -856,8 +865,10 @@ static void ac_drop(weft_graph *g, int v0, int v1, weft_var *const *keep, int nk
   g->nvars = k;
   k = n0;
   for (int i = n0; i < g->nnodes; i++) {
-    if (i < n1) free(g->nodes[i]);
-    else g->nodes[k++] = g->nodes[i];
+    if (i < n1)
+      free(g->nodes[i]);
+    else
+      g->nodes[k++] = g->nodes[i];
   }
   g->nnodes = k;
 }
@@ -1020,8 +1031,9 @@ static weft_status legacy_backward(nn_node *n, const weft_dtensor *const *dout,
 weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_var **out,
                              int nout) {
   if (!m || !out || nin < 1 || nin > NN_MAX_IN || nout < 1 || nout > NN_MAX_OUT)
-    return weft_error(WEFT_ERR_INVALID, "module_call: module, inputs (1..%d) or outputs (1..%d) bad",
-                      NN_MAX_IN, NN_MAX_OUT);
+    return weft_error(WEFT_ERR_INVALID,
+                      "module_call: module, inputs (1..%d) or outputs (1..%d) bad", NN_MAX_IN,
+                      NN_MAX_OUT);
   for (int j = 0; j < nout; j++) out[j] = NULL;
   weft_graph *g;
   WEFT_CHECK(nn_check_vars(m->fqn[0] ? m->fqn : m->name, in, nin, &g));
@@ -1029,8 +1041,8 @@ weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_
     return weft_error(WEFT_ERR_STATE, "module '%s' is already running (re-entered)", m->fqn);
   if (!m->ops->graph_forward) {
     if (nin != 1 || nout != 1)
-      return weft_error(WEFT_ERR_INVALID, "module '%s' (%s) takes one input and one output",
-                        m->fqn, weft_module_kind_name(m->kind));
+      return weft_error(WEFT_ERR_INVALID, "module '%s' (%s) takes one input and one output", m->fqn,
+                        weft_module_kind_name(m->kind));
     const weft_dtensor *y;
     WEFT_CHECK(weft_module_forward(m, in[0]->value, &y));
     /* one node for its hand-written backward: needed when the input or

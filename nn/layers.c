@@ -24,8 +24,8 @@ static int64_t rows_of(const weft_dtensor *d, int64_t cols) {
 typedef struct linear_impl {
   int64_t in, out;
   weft_param *w;
-  const weft_dtensor *x;   /* saved input (owned elsewhere) */
-  weft_dtensor_spec xs;    /* its spec at forward */
+  const weft_dtensor *x; /* saved input (owned elsewhere) */
+  weft_dtensor_spec xs;  /* its spec at forward */
   weft_placement pw[WEFT_MESH_MAX_DIMS];
   weft_dtensor *y, *dx, *dy_tmp;
   nn_scratch dw;
@@ -38,10 +38,14 @@ static weft_status linear_rule(const weft_module *m, const weft_placement *px,
     weft_placement x = px[i], w = pw[i];
     bool ok = true;
     if (nn_is_r(w)) {
-      if (nn_is_r(x)) py[i] = weft_replicate();
-      else if (x.kind == WEFT_PLACE_SHARD && x.dim != last) py[i] = x;
-      else if (nn_is_psum(x)) py[i] = x;
-      else ok = false;
+      if (nn_is_r(x))
+        py[i] = weft_replicate();
+      else if (x.kind == WEFT_PLACE_SHARD && x.dim != last)
+        py[i] = x;
+      else if (nn_is_psum(x))
+        py[i] = x;
+      else
+        ok = false;
     } else if (nn_is_s(w, 0) && nn_is_r(x)) {
       py[i] = weft_shard(last);
     } else if (nn_is_s(w, 1) && nn_is_s(x, last)) {
@@ -54,11 +58,11 @@ static weft_status linear_rule(const weft_module *m, const weft_placement *px,
     pl_str(x, a, sizeof a);
     pl_str(w, b, sizeof b);
     return nn_unsupported(m, i,
-                            "input %s with weight %s is not supported; per mesh dim (input, "
-                            "weight -> output): (R, R -> R), (S(r), R -> S(r)) for r not the "
-                            "last dim, (P(sum), R -> P(sum)), (R, S(0) -> S(-1)) colwise, "
-                            "(S(-1), S(1) -> P(sum)) rowwise",
-                            a, b);
+                          "input %s with weight %s is not supported; per mesh dim (input, "
+                          "weight -> output): (R, R -> R), (S(r), R -> S(r)) for r not the "
+                          "last dim, (P(sum), R -> P(sum)), (R, S(0) -> S(-1)) colwise, "
+                          "(S(-1), S(1) -> P(sum)) rowwise",
+                          a, b);
   }
   return WEFT_OK;
 }
@@ -124,8 +128,11 @@ static weft_status linear_forward(weft_module *m, const weft_dtensor *x, const w
                       (long long)yl->shape[last]);
   int64_t n = rows_of(x, ic);
   if (ic == 0) n = rows_of(L->y, oc);
-  if (ic == 0) WEFT_CHECK(weft_memset(yl->device, yl->data, 0, weft_tensor_nbytes(yl)));
-  else WEFT_CHECK(weft_backend_linear_forward(yl->device, yl->data, xl->data, wl->data, NULL, n, ic, oc));
+  if (ic == 0)
+    WEFT_CHECK(weft_memset(yl->device, yl->data, 0, weft_tensor_nbytes(yl)));
+  else
+    WEFT_CHECK(
+        weft_backend_linear_forward(yl->device, yl->data, xl->data, wl->data, NULL, n, ic, oc));
   L->x = x;
   L->xs = *xs;
   memcpy(L->pw, pw, sizeof(weft_placement) * (size_t)nd);
@@ -145,7 +152,8 @@ static weft_status linear_backward(weft_module *m, const weft_dtensor *dy_in,
                       m->fqn);
   const weft_placement *g = weft_dtensor_placements(dy);
   weft_placement pdx[WEFT_MESH_MAX_DIMS], pdw[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < nd; i++) linear_grad_rule(L->xs.placements[i], L->pw[i], g[i], &pdx[i], &pdw[i]);
+  for (int i = 0; i < nd; i++)
+    linear_grad_rule(L->xs.placements[i], L->pw[i], g[i], &pdx[i], &pdw[i]);
   WEFT_CHECK(nn_ensure(&L->dx, m->mesh, WEFT_F32, L->xs.ndim, L->xs.shape, pdx));
   const weft_tensor *xl = weft_dtensor_local(L->x), *wl = weft_dtensor_local(w);
   int64_t ic = wl->shape[1], oc = wl->shape[0];
@@ -156,9 +164,11 @@ static weft_status linear_backward(weft_module *m, const weft_dtensor *dy_in,
                       (long long)nn_numel(L->dx), (long long)n, (long long)ic);
   /* dx = dy @ w */
   const weft_device dev = nn_dev(dy);
-  if (oc == 0) WEFT_CHECK(weft_memset(dev, nn_f32(L->dx), 0, (size_t)(n * ic) * sizeof(float)));
-  else WEFT_CHECK(weft_backend_linear_backward(dev, nn_f32(L->dx), NULL, NULL, nn_f32(dy), xl->data,
-                                               wl->data, n, ic, oc, false, false));
+  if (oc == 0)
+    WEFT_CHECK(weft_memset(dev, nn_f32(L->dx), 0, (size_t)(n * ic) * sizeof(float)));
+  else
+    WEFT_CHECK(weft_backend_linear_backward(dev, nn_f32(L->dx), NULL, NULL, nn_f32(dy), xl->data,
+                                            wl->data, n, ic, oc, false, false));
   if (L->w->requires_grad) {
     if (nn_pl_equal(pdw, L->pw, nd)) {
       /* the local dW is exact for the weight's placements: accumulate in place */
@@ -192,7 +202,7 @@ static void linear_destroy(weft_module *m) {
 }
 
 static const nn_ops linear_ops = {linear_forward, linear_backward, linear_destroy,
-                                   nn_linear_graph_forward};
+                                  nn_linear_graph_forward};
 
 weft_status nn_linear_new(weft_mesh *mesh, const char *name, int64_t in, int64_t out,
                           float init_std, weft_module **m) {
@@ -227,7 +237,7 @@ typedef struct embedding_impl {
   weft_param *w;
   const weft_dtensor *tokens;
   weft_placement pw[WEFT_MESH_MAX_DIMS];
-  int64_t v0, nv;          /* local rows of the table */
+  int64_t v0, nv; /* local rows of the table */
   weft_dtensor *y, *dy_tmp;
   nn_scratch dw;
 } embedding_impl;
@@ -249,9 +259,12 @@ static weft_status embedding_forward(weft_module *m, const weft_dtensor *tok,
   const weft_placement *pw = weft_dtensor_placements(w);
   weft_placement py[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < nd; i++) {
-    if (nn_is_r(pw[i])) py[i] = weft_replicate();
-    else if (nn_is_s(pw[i], 0)) py[i] = weft_partial(WEFT_OP_SUM);
-    else if (nn_is_s(pw[i], 1)) py[i] = weft_shard(ts->ndim);
+    if (nn_is_r(pw[i]))
+      py[i] = weft_replicate();
+    else if (nn_is_s(pw[i], 0))
+      py[i] = weft_partial(WEFT_OP_SUM);
+    else if (nn_is_s(pw[i], 1))
+      py[i] = weft_shard(ts->ndim);
     else {
       char a[32];
       pl_str(pw[i], a, sizeof a);
@@ -267,8 +280,8 @@ static weft_status embedding_forward(weft_module *m, const weft_dtensor *tok,
   for (int64_t i = 0; i < ntok; i++)
     if (ids[i] < 0 || ids[i] >= E->num)
       return weft_error(WEFT_ERR_INVALID,
-                        "embedding '%s': token %d at flat index %lld is outside [0, %lld)",
-                        m->fqn, ids[i], (long long)i, (long long)E->num);
+                        "embedding '%s': token %d at flat index %lld is outside [0, %lld)", m->fqn,
+                        ids[i], (long long)i, (long long)E->num);
   int64_t yshape[WEFT_MAX_DIMS];
   memcpy(yshape, ts->shape, sizeof(int64_t) * (size_t)ts->ndim);
   yshape[ts->ndim] = E->dim;
@@ -282,7 +295,7 @@ static weft_status embedding_forward(weft_module *m, const weft_dtensor *tok,
   if (nn_numel(E->y) != ntok * c)
     return weft_error(WEFT_ERR_INTERNAL, "embedding '%s': local output size", m->fqn);
   WEFT_CHECK(weft_backend_embedding_range_forward(wl->device, nn_f32(E->y), ids, wl->data, ntok,
-                                                 E->v0, E->nv, c));
+                                                  E->v0, E->nv, c));
   E->tokens = tok;
   memcpy(E->pw, pw, sizeof(weft_placement) * (size_t)nd);
   *out = E->y;
@@ -314,8 +327,8 @@ static weft_status embedding_backward(weft_module *m, const weft_dtensor *dy_in,
   } else {
     WEFT_CHECK(nn_scratch_reserve(&E->dw, E->nv * c));
     memset(E->dw.p, 0, (size_t)(E->nv * c) * sizeof(float));
-    WEFT_CHECK(weft_backend_embedding_range_backward(nn_dev(dy), E->dw.p, tl->data, nn_f32(dy), ntok,
-                                                     E->v0, E->nv, c));
+    WEFT_CHECK(weft_backend_embedding_range_backward(nn_dev(dy), E->dw.p, tl->data, nn_f32(dy),
+                                                     ntok, E->v0, E->nv, c));
     WEFT_CHECK(nn_grad_accumulate(m, E->w, E->dw.p, pdw));
   }
   return WEFT_OK;
@@ -331,7 +344,7 @@ static void embedding_destroy(weft_module *m) {
 }
 
 static const nn_ops embedding_ops = {embedding_forward, embedding_backward, embedding_destroy,
-                                      nn_embedding_graph_forward};
+                                     nn_embedding_graph_forward};
 
 weft_status nn_embedding_new(weft_mesh *mesh, const char *name, int64_t num, int64_t dim,
                              float init_std, weft_module **m) {
@@ -374,7 +387,8 @@ typedef struct rmsnorm_impl {
   nn_scratch rstd, dw;
 } rmsnorm_impl;
 
-static weft_status rmsnorm_forward(weft_module *m, const weft_dtensor *x, const weft_dtensor **out) {
+static weft_status rmsnorm_forward(weft_module *m, const weft_dtensor *x,
+                                   const weft_dtensor **out) {
   rmsnorm_impl *R = m->impl;
   WEFT_CHECK(nn_check_input(m, x, "input", WEFT_F32, 1));
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(x);
@@ -402,7 +416,7 @@ static weft_status rmsnorm_forward(weft_module *m, const weft_dtensor *x, const 
   int64_t n = rows_of(x, R->dim);
   WEFT_CHECK(nn_scratch_reserve(&R->rstd, n > 0 ? n : 1));
   WEFT_CHECK(weft_backend_rmsnorm_forward(nn_dev(x), nn_f32(R->y), R->rstd.p, nn_f32(x), nn_f32(w),
-                                         n, R->dim, R->eps));
+                                          n, R->dim, R->eps));
   R->x = x;
   R->xs = *xs;
   *out = R->y;
@@ -436,7 +450,7 @@ static weft_status rmsnorm_backward(weft_module *m, const weft_dtensor *dy_in,
     dwp = R->dw.p;
   }
   WEFT_CHECK(weft_backend_rmsnorm_backward(nn_dev(dy), nn_f32(R->dx), dwp, nn_f32(dy), nn_f32(R->x),
-                                          nn_f32(w), R->rstd.p, n, c, false));
+                                           nn_f32(w), R->rstd.p, n, c, false));
   if (!direct && R->w->requires_grad) WEFT_CHECK(nn_grad_accumulate(m, R->w, R->dw.p, pdw));
   *din = R->dx;
   return WEFT_OK;
@@ -454,7 +468,7 @@ static void rmsnorm_destroy(weft_module *m) {
 }
 
 static const nn_ops rmsnorm_ops = {rmsnorm_forward, rmsnorm_backward, rmsnorm_destroy,
-                                    nn_rmsnorm_graph_forward};
+                                   nn_rmsnorm_graph_forward};
 
 weft_status weft_rmsnorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
                                 weft_module **out) {

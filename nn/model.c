@@ -36,7 +36,7 @@ weft_status weft_sequential_create(weft_mesh *mesh, const char *name, weft_modul
 
 typedef struct block_impl {
   weft_module *attention_norm, *attention, *ffn_norm, *feed_forward;
-  weft_dtensor *h, *out;          /* h = x + attn(norm(x)); out = h + ff(norm(h)) */
+  weft_dtensor *h, *out; /* h = x + attn(norm(x)); out = h + ff(norm(h)) */
   weft_dtensor *dh, *dx, *dout_tmp, *tmp[4];
 } block_impl;
 
@@ -80,8 +80,8 @@ static weft_status block_backward(weft_module *m, const weft_dtensor *dy0,
 static void block_destroy(weft_module *m) {
   block_impl *K = m->impl;
   if (!K) return;
-  weft_dtensor *d[] = {K->h, K->out, K->dh, K->dx, K->dout_tmp, K->tmp[0], K->tmp[1], K->tmp[2],
-                       K->tmp[3]};
+  weft_dtensor *d[] = {K->h,      K->out,    K->dh,     K->dx,    K->dout_tmp,
+                       K->tmp[0], K->tmp[1], K->tmp[2], K->tmp[3]};
   for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) weft_dtensor_destroy(d[i]);
   free(K);
 }
@@ -116,11 +116,13 @@ weft_status weft_block_create(weft_mesh *mesh, const char *name, const weft_llam
   if (!st) K->attention_norm = c;
   if (!st) st = attach_new(m, &c, weft_attention_create(mesh, "attention", cfg, &c));
   if (!st) K->attention = c;
-  if (!st) st = attach_new(m, &c, weft_rmsnorm_create(mesh, "ffn_norm", cfg->dim, cfg->norm_eps, &c));
+  if (!st)
+    st = attach_new(m, &c, weft_rmsnorm_create(mesh, "ffn_norm", cfg->dim, cfg->norm_eps, &c));
   if (!st) K->ffn_norm = c;
   if (!st)
-    st = attach_new(m, &c,
-                    nn_feed_forward_new(mesh, "feed_forward", cfg->dim, cfg->ffn_dim, cfg->init_std, &c));
+    st = attach_new(
+        m, &c,
+        nn_feed_forward_new(mesh, "feed_forward", cfg->dim, cfg->ffn_dim, cfg->init_std, &c));
   if (!st) K->feed_forward = c;
   if (st) {
     weft_module_destroy(m);
@@ -133,7 +135,7 @@ weft_status weft_block_create(weft_mesh *mesh, const char *name, const weft_llam
 /* ===================================================================== Loss */
 
 typedef struct loss_impl {
-  weft_tensor *targets;          /* (B, T) int32, owned copy */
+  weft_tensor *targets; /* (B, T) int32, owned copy */
   bool has_targets;
   weft_loss_impl impl;
   void *ctx;
@@ -141,8 +143,8 @@ typedef struct loss_impl {
   weft_dtensor *out, *dlogits, *dl_tmp;
   double loss;
   /* default implementation's state */
-  nn_scratch lse, rows;          /* lse (N); gmax, gtarget, gsum (3N) */
-  int32_t *tl;                   /* local targets (N) */
+  nn_scratch lse, rows; /* lse (N); gmax, gtarget, gsum (3N) */
+  int32_t *tl;          /* local targets (N) */
   int64_t tl_cap;
   int64_t n_local, total, v0, nv;
   bool vocab_sharded;
@@ -228,7 +230,8 @@ static weft_status default_loss_forward(void *ctx, const weft_dtensor *logits,
       if (vocab_dim[i] && s->mesh_shape[i] > 1)
         WEFT_CHECK(weft_all_reduce(mesh, i, gsum, gsum, n, WEFT_F32, WEFT_OP_SUM, NULL));
     if (n > 0)
-      WEFT_CHECK(weft_backend_cross_entropy_finish(ll->device, &mean, L->lse.p, gmax, gsum, gtgt, n));
+      WEFT_CHECK(
+          weft_backend_cross_entropy_finish(ll->device, &mean, L->lse.p, gmax, gsum, gtgt, n));
   }
   double sum = mean * (double)n;
   for (int i = 0; i < nd; i++)
@@ -247,8 +250,8 @@ static weft_status default_loss_backward(void *ctx, const weft_dtensor *logits,
   float scale = (float)(dloss / (double)L->total);
   const float *lg = nn_f32(logits);
   if (!L->vocab_sharded)
-    return weft_backend_cross_entropy_backward(nn_dev(logits), nn_f32(dlogits), lg, L->lse.p,
-                                               L->tl, L->n_local, L->nv, scale);
+    return weft_backend_cross_entropy_backward(nn_dev(logits), nn_f32(dlogits), lg, L->lse.p, L->tl,
+                                               L->n_local, L->nv, scale);
   return weft_backend_cross_entropy_backward_local(nn_dev(logits), nn_f32(dlogits), lg, L->lse.p,
                                                    L->tl, L->n_local, L->v0, L->nv, scale);
 }
@@ -291,7 +294,8 @@ static weft_status loss_forward(weft_module *m, const weft_dtensor *logits,
   return WEFT_OK;
 }
 
-static weft_status loss_backward(weft_module *m, const weft_dtensor *dl0, const weft_dtensor **din) {
+static weft_status loss_backward(weft_module *m, const weft_dtensor *dl0,
+                                 const weft_dtensor **din) {
   loss_impl *L = m->impl;
   const weft_dtensor *dl;
   WEFT_CHECK(nn_coerce_grad(m, dl0, weft_dtensor_get_spec(L->out), false, &dl, &L->dl_tmp));
@@ -387,7 +391,7 @@ typedef struct model_impl {
   weft_dtensor *tokens; /* (B, T) int32 Replicate */
   weft_dtensor *one;    /* [1] = 1, the grad of the loss */
   const weft_dtensor *logits;
-  bool with_loss;       /* the last forward ran the loss */
+  bool with_loss; /* the last forward ran the loss */
 } model_impl;
 
 weft_status weft_llama_config_validate(const weft_llama_config *c) {
@@ -395,8 +399,12 @@ weft_status weft_llama_config_validate(const weft_llama_config *c) {
   struct {
     const char *n;
     int64_t v;
-  } f[] = {{"dim", c->dim},       {"n_layers", c->n_layers}, {"n_heads", c->n_heads},
-           {"n_kv_heads", c->n_kv_heads}, {"ffn_dim", c->ffn_dim}, {"vocab", c->vocab},
+  } f[] = {{"dim", c->dim},
+           {"n_layers", c->n_layers},
+           {"n_heads", c->n_heads},
+           {"n_kv_heads", c->n_kv_heads},
+           {"ffn_dim", c->ffn_dim},
+           {"vocab", c->vocab},
            {"max_seq_len", c->max_seq_len}};
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
     if (f[i].v < 1)
@@ -416,7 +424,8 @@ weft_status weft_llama_config_validate(const weft_llama_config *c) {
     return weft_error(WEFT_ERR_INVALID, "llama config: vocab %lld exceeds int32 ids",
                       (long long)c->vocab);
   if (!(c->norm_eps > 0.0f))
-    return weft_error(WEFT_ERR_INVALID, "llama config: norm_eps %g must be > 0", (double)c->norm_eps);
+    return weft_error(WEFT_ERR_INVALID, "llama config: norm_eps %g must be > 0",
+                      (double)c->norm_eps);
   if (!(c->rope_theta > 0.0))
     return weft_error(WEFT_ERR_INVALID, "llama config: rope_theta %g must be > 0", c->rope_theta);
   if (!(c->init_std >= 0.0f))
@@ -425,7 +434,8 @@ weft_status weft_llama_config_validate(const weft_llama_config *c) {
   return WEFT_OK;
 }
 
-static weft_status model_forward(weft_module *m, const weft_dtensor *tok, const weft_dtensor **out) {
+static weft_status model_forward(weft_module *m, const weft_dtensor *tok,
+                                 const weft_dtensor **out) {
   model_impl *M = m->impl;
   const weft_dtensor *x, *h, *n, *logits;
   WEFT_CHECK(weft_module_forward(M->tok_embeddings, tok, &x));
@@ -441,7 +451,8 @@ static weft_status model_forward(weft_module *m, const weft_dtensor *tok, const 
   return weft_module_forward(M->loss, logits, out);
 }
 
-static weft_status model_backward(weft_module *m, const weft_dtensor *dy, const weft_dtensor **din) {
+static weft_status model_backward(weft_module *m, const weft_dtensor *dy,
+                                  const weft_dtensor **din) {
   model_impl *M = m->impl;
   const weft_dtensor *dlogits = dy, *dn, *dh, *dx, *dt;
   if (M->with_loss) WEFT_CHECK(weft_module_backward(M->loss, dy, &dlogits));
@@ -474,8 +485,8 @@ weft_status weft_llama_create(const weft_llama_config *cfg, weft_mesh *mesh, wef
   WEFT_CHECK(nn_module_new(mesh, WEFT_MODULE_MODEL, "model", &model_ops, M, &m));
   weft_status st;
   weft_module *c = NULL;
-  st = attach_new(m, &c, nn_embedding_new(mesh, "tok_embeddings", cfg->vocab, cfg->dim,
-                                         cfg->init_std, &c));
+  st = attach_new(
+      m, &c, nn_embedding_new(mesh, "tok_embeddings", cfg->vocab, cfg->dim, cfg->init_std, &c));
   if (!st) M->tok_embeddings = c;
   if (!st) st = attach_new(m, &c, weft_sequential_create(mesh, "layers", &c));
   if (!st) M->layers = c;
@@ -502,8 +513,8 @@ weft_status weft_llama_create(const weft_llama_config *cfg, weft_mesh *mesh, wef
 static weft_status check_model(const weft_module *m) {
   if (!m) return weft_error(WEFT_ERR_INVALID, "model is NULL");
   if (m->kind != WEFT_MODULE_MODEL)
-    return weft_error(WEFT_ERR_INVALID, "'%s' is a %s, not a model from weft_llama_create",
-                      m->fqn, weft_module_kind_name(m->kind));
+    return weft_error(WEFT_ERR_INVALID, "'%s' is a %s, not a model from weft_llama_create", m->fqn,
+                      weft_module_kind_name(m->kind));
   return WEFT_OK;
 }
 
@@ -540,8 +551,8 @@ static weft_status check_ids(const weft_tensor *t, const char *what, const weft_
     for (int64_t i = 0; i < t->shape[1]; i++) {
       int32_t v = *((const int32_t *)t->data + b * t->strides[0] + i * t->strides[1]);
       if (v < 0 || v >= c->vocab)
-        return weft_error(WEFT_ERR_INVALID, "llama: %s[%lld, %lld] = %d is outside [0, %lld)",
-                          what, (long long)b, (long long)i, v, (long long)c->vocab);
+        return weft_error(WEFT_ERR_INVALID, "llama: %s[%lld, %lld] = %d is outside [0, %lld)", what,
+                          (long long)b, (long long)i, v, (long long)c->vocab);
     }
   return WEFT_OK;
 }

@@ -9,8 +9,8 @@
 /* ----------------------------------------------------------------- names */
 
 static const char *const kind_names[WEFT_MODULE_KIND_COUNT] = {
-    "container", "linear", "embedding", "rmsnorm", "attention",
-    "feed_forward", "block", "loss", "model", "layernorm", "custom"};
+    "container", "linear", "embedding", "rmsnorm",   "attention", "feed_forward",
+    "block",     "loss",   "model",     "layernorm", "custom"};
 
 const char *weft_module_kind_name(weft_module_kind kind) {
   if ((int)kind < 0 || kind >= WEFT_MODULE_KIND_COUNT) return "?";
@@ -43,8 +43,7 @@ static weft_status check_name(const char *name) {
   if (!name) return weft_error(WEFT_ERR_INVALID, "name is NULL");
   if (!name[0]) return weft_error(WEFT_ERR_INVALID, "name is empty");
   if (strchr(name, '.'))
-    return weft_error(WEFT_ERR_INVALID, "name '%s' contains '.' (FQNs join names with '.')",
-                      name);
+    return weft_error(WEFT_ERR_INVALID, "name '%s' contains '.' (FQNs join names with '.')", name);
   return WEFT_OK;
 }
 
@@ -207,7 +206,8 @@ weft_status nn_module_attach(weft_module *parent, weft_module *child) {
     return weft_error(WEFT_ERR_INVALID, "module '%s' already has a parent", child->name);
   if (child == parent) return weft_error(WEFT_ERR_INVALID, "a module cannot contain itself");
   for (weft_module *a = parent; a; a = a->parent)
-    if (a == child) return weft_error(WEFT_ERR_INVALID, "adding '%s' would make a cycle", child->name);
+    if (a == child)
+      return weft_error(WEFT_ERR_INVALID, "adding '%s' would make a cycle", child->name);
   for (int i = 0; i < parent->nchildren; i++)
     if (strcmp(parent->children[i]->name, child->name) == 0)
       return weft_error(WEFT_ERR_INVALID, "'%s' already has a child named '%s'",
@@ -235,10 +235,9 @@ weft_status nn_module_attach(weft_module *parent, weft_module *child) {
 weft_status weft_module_add_child(weft_module *parent, weft_module *child) {
   if (!parent || !child) return weft_error(WEFT_ERR_INVALID, "parent or child is NULL");
   if (parent->kind != WEFT_MODULE_CONTAINER && parent->kind != WEFT_MODULE_CUSTOM)
-    return weft_error(WEFT_ERR_INVALID,
-                      "'%s' is a %s: children can only be added to containers and user modules",
-                      parent->fqn[0] ? parent->fqn : parent->name,
-                      weft_module_kind_name(parent->kind));
+    return weft_error(
+        WEFT_ERR_INVALID, "'%s' is a %s: children can only be added to containers and user modules",
+        parent->fqn[0] ? parent->fqn : parent->name, weft_module_kind_name(parent->kind));
   if (parent->running) return weft_error(WEFT_ERR_BUSY, "'%s' is running", parent->name);
   return nn_module_attach(parent, child);
 }
@@ -263,7 +262,8 @@ weft_status nn_param_add(weft_module *m, const char *name, int ndim, const int64
   if (!st) st = weft_dtensor_spec_init_mesh(&p->spec, m->mesh, pl, nd, WEFT_F32, ndim, shape);
   if (!st) {
     weft_param **ps = realloc(m->params, (size_t)(m->nparams + 1) * sizeof *ps);
-    if (!ps) st = weft_error(WEFT_ERR_OOM, "parameters");
+    if (!ps)
+      st = weft_error(WEFT_ERR_OOM, "parameters");
     else {
       m->params = ps;
       m->params[m->nparams++] = p;
@@ -285,8 +285,8 @@ weft_status nn_param_data(const weft_module *m, const weft_param *p, const weft_
                       p->fqn);
   const weft_dtensor_spec *s = weft_dtensor_get_spec(p->data);
   if (s->dtype != WEFT_F32)
-    return weft_error(WEFT_ERR_UNSUPPORTED, "parameter '%s' is %s; layers compute on f32",
-                      p->fqn, weft_dtype_name(s->dtype));
+    return weft_error(WEFT_ERR_UNSUPPORTED, "parameter '%s' is %s; layers compute on f32", p->fqn,
+                      weft_dtype_name(s->dtype));
   int nd = weft_mesh_ndim(m->mesh);
   bool ok = s->mesh_ndim == nd;
   for (int i = 0; ok && i < nd; i++) ok = s->mesh_shape[i] == weft_mesh_dim_size(m->mesh, i);
@@ -300,8 +300,9 @@ weft_status nn_param_data(const weft_module *m, const weft_param *p, const weft_
                       s->ndim, p->spec.ndim);
   for (int d = 0; d < s->ndim; d++)
     if (s->shape[d] != p->spec.shape[d])
-      return weft_error(WEFT_ERR_INVALID, "parameter '%s' data has size %lld in dim %d, expected %lld",
-                        p->fqn, (long long)s->shape[d], d, (long long)p->spec.shape[d]);
+      return weft_error(WEFT_ERR_INVALID,
+                        "parameter '%s' data has size %lld in dim %d, expected %lld", p->fqn,
+                        (long long)s->shape[d], d, (long long)p->spec.shape[d]);
   if (!weft_tensor_is_contiguous(weft_dtensor_local(p->data)))
     return weft_error(WEFT_ERR_UNSUPPORTED, "parameter '%s' has a non-contiguous local shard",
                       p->fqn);
@@ -396,7 +397,8 @@ weft_status weft_module_parameters(weft_module *root, weft_param **out, int cap,
 weft_status weft_module_visit(weft_module *root, weft_module_visit_fn fn, void *ctx) {
   if (!root || !fn) return weft_error(WEFT_ERR_INVALID, "NULL argument");
   WEFT_CHECK(fn(root, ctx));
-  for (int i = 0; i < root->nchildren; i++) WEFT_CHECK(weft_module_visit(root->children[i], fn, ctx));
+  for (int i = 0; i < root->nchildren; i++)
+    WEFT_CHECK(weft_module_visit(root->children[i], fn, ctx));
   return WEFT_OK;
 }
 
@@ -610,8 +612,8 @@ weft_status weft_param_set_placements(weft_param *p, const weft_placement *pl, i
 
 static weft_status materialize(weft_param *p) {
   if (p->data) return WEFT_OK;
-  return weft_dtensor_zeros(p->mesh, p->spec.dtype, p->spec.ndim, p->spec.shape,
-                            p->spec.placements, p->spec.mesh_ndim, &p->data);
+  return weft_dtensor_zeros(p->mesh, p->spec.dtype, p->spec.ndim, p->spec.shape, p->spec.placements,
+                            p->spec.mesh_ndim, &p->data);
 }
 
 weft_status weft_param_load(weft_param *p, const weft_tensor *full) {
@@ -623,12 +625,12 @@ weft_status weft_param_load(weft_param *p, const weft_tensor *full) {
     char a[128], b[256];
     weft_tensor_describe(full, a, sizeof a);
     weft_dtensor_spec_describe(&p->spec, b, sizeof b);
-    return weft_error(WEFT_ERR_INVALID, "parameter '%s': tensor %s does not match %s", p->fqn,
-                      a, b);
+    return weft_error(WEFT_ERR_INVALID, "parameter '%s': tensor %s does not match %s", p->fqn, a,
+                      b);
   }
   if (!weft_dtype_is_float(full->dtype))
-    return weft_error(WEFT_ERR_INVALID, "parameter '%s': tensor is %s, not a float type",
-                      p->fqn, weft_dtype_name(full->dtype));
+    return weft_error(WEFT_ERR_INVALID, "parameter '%s': tensor is %s, not a float type", p->fqn,
+                      weft_dtype_name(full->dtype));
   WEFT_CHECK(materialize(p));
   /* the slice this rank holds, cut out of the full tensor and converted */
   int64_t off[WEFT_MAX_DIMS];
@@ -656,8 +658,8 @@ static weft_status init_visit(weft_module *m, void *ctx) {
     weft_param *p = m->params[i];
     WEFT_CHECK(materialize(p));
     if (p->init.kind == WEFT_INIT_NORMAL)
-      WEFT_CHECK(weft_dtensor_fill_normal(p->data, seed, weft_rng_key(p->fqn), p->init.mean,
-                                          p->init.std));
+      WEFT_CHECK(
+          weft_dtensor_fill_normal(p->data, seed, weft_rng_key(p->fqn), p->init.mean, p->init.std));
     else
       WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(p->data), p->init.value));
   }
@@ -692,8 +694,10 @@ static weft_status zero_visit(weft_module *m, void *ctx) {
       p->grad = NULL;
     } else {
       weft_tensor *g = weft_dtensor_local(p->grad);
-      if (weft_tensor_is_contiguous(g)) memset(g->data, 0, weft_tensor_nbytes(g));
-      else WEFT_CHECK(weft_tensor_fill(g, 0.0));
+      if (weft_tensor_is_contiguous(g))
+        memset(g->data, 0, weft_tensor_nbytes(g));
+      else
+        WEFT_CHECK(weft_tensor_fill(g, 0.0));
     }
   }
   return WEFT_OK;

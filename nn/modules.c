@@ -47,8 +47,8 @@ static weft_status name_free(const weft_module *m, const char *name, const char 
   return WEFT_OK;
 }
 
-weft_status weft_module_add_param(weft_module *m, const char *name, int ndim,
-                                  const int64_t *shape, weft_param_init init, weft_param **out) {
+weft_status weft_module_add_param(weft_module *m, const char *name, int ndim, const int64_t *shape,
+                                  weft_param_init init, weft_param **out) {
   if (out) *out = NULL;
   if (!m) return weft_error(WEFT_ERR_INVALID, "add_param: module is NULL");
   WEFT_CHECK(name_free(m, name, "parameter"));
@@ -76,8 +76,10 @@ weft_status weft_module_tie_param(weft_module *m, const char *name, weft_param *
   for (int i = 0; same && i < weft_mesh_ndim(a); i++)
     same = weft_mesh_dim_size(a, i) == weft_mesh_dim_size(b, i);
   if (!same)
-    return weft_error(WEFT_ERR_INVALID, "tie_param: '%s' lives on a mesh of another shape than "
-                      "module '%s'", shared->fqn, m->fqn);
+    return weft_error(WEFT_ERR_INVALID,
+                      "tie_param: '%s' lives on a mesh of another shape than "
+                      "module '%s'",
+                      shared->fqn, m->fqn);
   weft_param **t = realloc(m->tied, (size_t)(m->ntied + 1) * sizeof *t);
   if (!t) return weft_error(WEFT_ERR_OOM, "tie_param");
   m->tied = t;
@@ -99,7 +101,8 @@ typedef struct custom_impl {
   void *ctx;
 } custom_impl;
 
-static weft_status custom_forward(weft_module *m, const weft_dtensor *in, const weft_dtensor **out) {
+static weft_status custom_forward(weft_module *m, const weft_dtensor *in,
+                                  const weft_dtensor **out) {
   (void)in;
   *out = NULL;
   return weft_error(WEFT_ERR_UNSUPPORTED,
@@ -194,16 +197,16 @@ weft_status nn_linear_graph_forward(weft_module *m, weft_var *const *in, int nin
   return weft_op_linear(in[0], w, b, out);
 }
 
-weft_status nn_embedding_graph_forward(weft_module *m, weft_var *const *in, int nin,
-                                       weft_var **out, int nout) {
+weft_status nn_embedding_graph_forward(weft_module *m, weft_var *const *in, int nin, weft_var **out,
+                                       int nout) {
   WEFT_CHECK(one_in_out(m, nin, nout));
   weft_var *w;
   WEFT_CHECK(param_var(m, weft_var_graph(in[0]), "weight", &w));
   return weft_op_embedding(in[0], w, out);
 }
 
-weft_status nn_rmsnorm_graph_forward(weft_module *m, weft_var *const *in, int nin,
-                                     weft_var **out, int nout) {
+weft_status nn_rmsnorm_graph_forward(weft_module *m, weft_var *const *in, int nin, weft_var **out,
+                                     int nout) {
   WEFT_CHECK(one_in_out(m, nin, nout));
   weft_var *w;
   WEFT_CHECK(param_var(m, weft_var_graph(in[0]), "weight", &w));
@@ -237,7 +240,8 @@ typedef struct layernorm_impl {
   float eps;
 } layernorm_impl;
 
-static weft_status layernorm_legacy(weft_module *m, const weft_dtensor *in, const weft_dtensor **out) {
+static weft_status layernorm_legacy(weft_module *m, const weft_dtensor *in,
+                                    const weft_dtensor **out) {
   (void)in;
   *out = NULL;
   return weft_error(WEFT_ERR_UNSUPPORTED, "layernorm '%s' runs in a graph (weft_module_call)",

@@ -169,10 +169,10 @@ typedef struct weft_param_init {
  * zero with data's spec) or have exactly data's spec (WEFT_ERR_STATE
  * otherwise): whoever swaps `data` swaps `grad` along with it. */
 typedef struct weft_param {
-  const char *fqn;      /* read-only: "layers.0.attention.wq.weight" (changes when
-                           the module is added to a parent) */
-  const char *name;     /* read-only: "weight" */
-  weft_module *module;  /* read-only: the owner */
+  const char *fqn;     /* read-only: "layers.0.attention.wq.weight" (changes when
+                          the module is added to a parent) */
+  const char *name;    /* read-only: "weight" */
+  weft_module *module; /* read-only: the owner */
   /* What forward reads: an F32 DTensor with the layout below. NULL until
    * materialised (weft_module_init_weights, weft_module_materialize or
    * weft_param_load). FSDP may swap the pointer. Never another parameter's
@@ -201,7 +201,7 @@ typedef struct weft_param {
  * general), and drops the grad (set to NULL). Called by tp/ before
  * weft_module_init_weights, or after loading. */
 WEFT_API weft_status weft_param_set_placements(weft_param *p, const weft_placement *placements,
-                                      int nplacements);
+                                               int nplacements);
 /* Loads the parameter from `full`, its whole global tensor (same shape; any
  * float dtype, converted to f32), passed on every rank: each rank keeps its
  * own slice (no communication). Creates the storage if needed. */
@@ -217,10 +217,10 @@ typedef enum weft_module_kind {
   WEFT_MODULE_ATTENTION,
   WEFT_MODULE_FEED_FORWARD,
   WEFT_MODULE_BLOCK,
-  WEFT_MODULE_LOSS,          /* cross-entropy of logits against targets */
-  WEFT_MODULE_MODEL,         /* the Llama model (root) */
-  WEFT_MODULE_LAYERNORM,     /* torch.nn.LayerNorm (runs in a graph only) */
-  WEFT_MODULE_CUSTOM,        /* a user's module (weft_module_create, autograd.h) */
+  WEFT_MODULE_LOSS,      /* cross-entropy of logits against targets */
+  WEFT_MODULE_MODEL,     /* the Llama model (root) */
+  WEFT_MODULE_LAYERNORM, /* torch.nn.LayerNorm (runs in a graph only) */
+  WEFT_MODULE_CUSTOM,    /* a user's module (weft_module_create, autograd.h) */
   WEFT_MODULE_KIND_COUNT
 } weft_module_kind;
 
@@ -238,7 +238,7 @@ WEFT_API weft_module_kind weft_module_get_kind(const weft_module *m);
 WEFT_API const char *weft_module_name(const weft_module *m); /* local name */
 WEFT_API const char *weft_module_fqn(const weft_module *m);  /* "" for a root */
 WEFT_API weft_module *weft_module_parent(const weft_module *m);
-WEFT_API weft_mesh *weft_module_mesh(const weft_module *m);  /* the model mesh */
+WEFT_API weft_mesh *weft_module_mesh(const weft_module *m); /* the model mesh */
 WEFT_API int weft_module_num_children(const weft_module *m);
 WEFT_API weft_module *weft_module_child(const weft_module *m, int i); /* NULL if out of range */
 /* The module's own parameters (not its children's). */
@@ -249,10 +249,12 @@ WEFT_API weft_param *weft_module_param(const weft_module *m, int i);
  * for root = the model, "layers.1.attention.wq". WEFT_ERR_NOT_FOUND. */
 WEFT_API weft_status weft_module_find(weft_module *root, const char *rel_fqn, weft_module **out);
 /* Same for a parameter ("layers.1.attention.wq.weight"). */
-WEFT_API weft_status weft_module_find_param(weft_module *root, const char *rel_fqn, weft_param **out);
+WEFT_API weft_status weft_module_find_param(weft_module *root, const char *rel_fqn,
+                                            weft_param **out);
 /* All parameters of the subtree, depth-first in module order (the order of
  * named_parameters()): writes min(cap, count) pointers, *count = total. */
-WEFT_API weft_status weft_module_parameters(weft_module *root, weft_param **out, int cap, int *count);
+WEFT_API weft_status weft_module_parameters(weft_module *root, weft_param **out, int cap,
+                                            int *count);
 /* Calls fn on root and every descendant, pre-order (named_modules()).
  * Stops at the first error and returns it. */
 typedef weft_status (*weft_module_visit_fn)(weft_module *m, void *ctx);
@@ -282,7 +284,8 @@ WEFT_API weft_status weft_module_zero_grad(weft_module *root, bool set_to_none);
  * (WEFT_ERR_INVALID / WEFT_ERR_UNSUPPORTED naming the module), parameters
  * not materialised (WEFT_ERR_STATE), re-entering a running module
  * (WEFT_ERR_STATE), and whatever a hook returns. */
-WEFT_API weft_status weft_module_forward(weft_module *m, const weft_dtensor *in, const weft_dtensor **out);
+WEFT_API weft_status weft_module_forward(weft_module *m, const weft_dtensor *in,
+                                         const weft_dtensor **out);
 /* Back-propagates grad_out (the gradient of the loss with respect to the
  * output of the last forward: same global shape) through the module:
  * accumulates its parameters' grads and sets *grad_in to the gradient with
@@ -290,15 +293,15 @@ WEFT_API weft_status weft_module_forward(weft_module *m, const weft_dtensor *in,
  * backward (NULL when the input has no gradient: tokens). A backward must
  * follow a forward (WEFT_ERR_STATE otherwise); one backward per forward. */
 WEFT_API weft_status weft_module_backward(weft_module *m, const weft_dtensor *grad_out,
-                                 const weft_dtensor **grad_in);
+                                          const weft_dtensor **grad_in);
 
 /* ------------------------------------------------------------------- hooks */
 
 typedef enum weft_hook_kind {
-  WEFT_HOOK_PRE_FORWARD = 0,  /* t = the input */
-  WEFT_HOOK_POST_FORWARD,     /* t = the output */
-  WEFT_HOOK_PRE_BACKWARD,     /* t = the grad of the output */
-  WEFT_HOOK_POST_BACKWARD,    /* t = the grad of the input (may be NULL) */
+  WEFT_HOOK_PRE_FORWARD = 0, /* t = the input */
+  WEFT_HOOK_POST_FORWARD,    /* t = the output */
+  WEFT_HOOK_PRE_BACKWARD,    /* t = the grad of the output */
+  WEFT_HOOK_POST_BACKWARD,   /* t = the grad of the input (may be NULL) */
   WEFT_HOOK_KIND_COUNT
 } weft_hook_kind;
 
@@ -321,7 +324,7 @@ typedef struct weft_hook_handle {
 /* Registers fn(ctx) at point `kind` of m; the caller keeps ctx alive until
  * the hook is removed or m destroyed. *handle (may be NULL) identifies it. */
 WEFT_API weft_status weft_module_register_hook(weft_module *m, weft_hook_kind kind, weft_hook_fn fn,
-                                      void *ctx, weft_hook_handle *handle);
+                                               void *ctx, weft_hook_handle *handle);
 /* Removes a hook. WEFT_ERR_NOT_FOUND if it was already removed;
  * WEFT_ERR_BUSY while its module is running. */
 WEFT_API weft_status weft_hook_remove(weft_hook_handle handle);
@@ -335,23 +338,23 @@ WEFT_API weft_status weft_hook_remove(weft_hook_handle handle);
 
 /* torch.nn.Linear(in, out, bias=False): weight (out, in), y = x w^T. */
 WEFT_API weft_status weft_linear_create(weft_mesh *mesh, const char *name, int64_t in_features,
-                               int64_t out_features, weft_module **out);
+                                        int64_t out_features, weft_module **out);
 /* torch.nn.Embedding(num, dim): weight (num, dim); input int32 (B, T). */
-WEFT_API weft_status weft_embedding_create(weft_mesh *mesh, const char *name, int64_t num_embeddings,
-                                  int64_t dim, weft_module **out);
+WEFT_API weft_status weft_embedding_create(weft_mesh *mesh, const char *name,
+                                           int64_t num_embeddings, int64_t dim, weft_module **out);
 /* RMSNorm(dim, eps): weight (dim), initialised to ones. */
 WEFT_API weft_status weft_rmsnorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
-                                weft_module **out);
+                                         weft_module **out);
 /* torch.nn.Linear(in, out, bias): weight (out, in) Normal(0, 0.02), and
  * with bias a "bias" (out) initialised to zeros. A linear with a bias runs
  * in a graph only (weft_module_call); without, on both paths. */
 WEFT_API weft_status weft_linear_create_ex(weft_mesh *mesh, const char *name, int64_t in_features,
-                                  int64_t out_features, bool bias, weft_module **out);
+                                           int64_t out_features, bool bias, weft_module **out);
 /* torch.nn.LayerNorm(dim, eps, bias): weight (dim) ones, bias (dim) zeros
  * when `bias`. Runs in a graph (weft_module_call) with weft_op_layer_norm;
  * tp/'s sequence parallel applies to it as to RMSNorm. */
-WEFT_API weft_status weft_layernorm_create(weft_mesh *mesh, const char *name, int64_t dim, float eps,
-                                  bool bias, weft_module **out);
+WEFT_API weft_status weft_layernorm_create(weft_mesh *mesh, const char *name, int64_t dim,
+                                           float eps, bool bias, weft_module **out);
 
 /* Registers a parameter "name" of module m (torch's register_parameter):
  * global shape, all-Replicate on m's mesh, no storage until
@@ -359,7 +362,8 @@ WEFT_API weft_status weft_layernorm_create(weft_mesh *mesh, const char *name, in
  * owned by m. Errors: a bad name, a name m already has (parameter or tied
  * alias), a child of that name. Local. */
 WEFT_API weft_status weft_module_add_param(weft_module *m, const char *name, int ndim,
-                                  const int64_t *shape, weft_param_init init, weft_param **out);
+                                           const int64_t *shape, weft_param_init init,
+                                           weft_param **out);
 /* Makes `shared` (a parameter of another module of the same tree, e.g.
  * transformer.wte.weight) also m's parameter "name" (GPT-2's lm_head
  * weight tied to wte): one storage, one grad (uses from both modules sum
@@ -408,14 +412,14 @@ WEFT_API weft_status weft_llama_config_validate(const weft_llama_config *cfg);
 /* Attention "name" with children wq (H*hd, D), wk, wv (Hkv*hd, D), wo (D,
  * H*hd); forward x (B, T, D) -> (B, T, D) with RoPE and causal GQA. */
 WEFT_API weft_status weft_attention_create(weft_mesh *mesh, const char *name,
-                                  const weft_llama_config *cfg, weft_module **out);
+                                           const weft_llama_config *cfg, weft_module **out);
 /* FeedForward with children w1 (F, D), w2 (D, F), w3 (F, D). */
 WEFT_API weft_status weft_feed_forward_create(weft_mesh *mesh, const char *name, int64_t dim,
-                                     int64_t ffn_dim, weft_module **out);
+                                              int64_t ffn_dim, weft_module **out);
 /* TransformerBlock: attention_norm, attention, ffn_norm, feed_forward;
  * h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)). */
-WEFT_API weft_status weft_block_create(weft_mesh *mesh, const char *name, const weft_llama_config *cfg,
-                              weft_module **out);
+WEFT_API weft_status weft_block_create(weft_mesh *mesh, const char *name,
+                                       const weft_llama_config *cfg, weft_module **out);
 /* Cross-entropy loss module "name": forward(logits (B, T, V)) -> an f32 [1]
  * Replicate DTensor holding the mean loss over all B*T positions, against
  * the targets set with weft_loss_set_targets; backward(grad [1]) ->
@@ -450,7 +454,8 @@ WEFT_API weft_status weft_loss_set_impl(weft_module *loss, const weft_loss_impl 
  * layers.i.feed_forward.{w1,w2,w3}.weight, norm.weight [D],
  * output.weight [V, D] (not tied). Created without storage: call
  * weft_module_init_weights (after any placement changes) or load. */
-WEFT_API weft_status weft_llama_create(const weft_llama_config *cfg, weft_mesh *mesh, weft_module **out);
+WEFT_API weft_status weft_llama_create(const weft_llama_config *cfg, weft_mesh *mesh,
+                                       weft_module **out);
 WEFT_API const weft_llama_config *weft_llama_get_config(const weft_module *model);
 
 /* Forward of the model on tokens (B, T) int32 with 1 <= T <= max_seq_len,
@@ -461,7 +466,7 @@ WEFT_API const weft_llama_config *weft_llama_get_config(const weft_module *model
  * over the B*T positions (0 without targets). Errors name the bad shape or
  * token (index and value) before anything runs. Collective over the mesh. */
 WEFT_API weft_status weft_llama_forward(weft_module *model, const weft_tensor *tokens,
-                               const weft_tensor *targets, double *loss);
+                                        const weft_tensor *targets, double *loss);
 /* Backward from the loss of the last forward (dloss = 1): accumulates the
  * gradients of every parameter. Needs a forward with targets. */
 WEFT_API weft_status weft_llama_backward(weft_module *model);
@@ -486,8 +491,9 @@ typedef struct weft_optimizer weft_optimizer;
  * finds a parameter whose data's spec changed fails with WEFT_ERR_STATE.
  * Parameters must be materialised. Local (no communication). */
 WEFT_API weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
-                              weft_optimizer **out);
-WEFT_API weft_status weft_sgd_create(weft_module *root, const weft_sgd_params *hp, weft_optimizer **out);
+                                       weft_optimizer **out);
+WEFT_API weft_status weft_sgd_create(weft_module *root, const weft_sgd_params *hp,
+                                     weft_optimizer **out);
 /* torch.optim.AdamW with parameter groups: every trainable parameter of
  * root in exactly one group (WEFT_ERR_INVALID naming a parameter in none,
  * in two, or listed but not root's), each group with its own
@@ -500,12 +506,14 @@ typedef struct weft_adamw_group {
   weft_adamw_params hp;
 } weft_adamw_group;
 WEFT_API weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *groups,
-                                     int ngroups, weft_optimizer **out);
+                                              int ngroups, weft_optimizer **out);
 /* Number of groups (1 without groups), and a group's hyper-parameters
  * (read for checkpoints; set on restore: amsgrad cannot change). */
 WEFT_API int weft_optimizer_num_groups(const weft_optimizer *opt);
-WEFT_API weft_status weft_optimizer_group_get(const weft_optimizer *opt, int group, weft_adamw_params *hp);
-WEFT_API weft_status weft_optimizer_group_set(weft_optimizer *opt, int group, const weft_adamw_params *hp);
+WEFT_API weft_status weft_optimizer_group_get(const weft_optimizer *opt, int group,
+                                              weft_adamw_params *hp);
+WEFT_API weft_status weft_optimizer_group_set(weft_optimizer *opt, int group,
+                                              const weft_adamw_params *hp);
 
 WEFT_API void weft_optimizer_destroy(weft_optimizer *opt); /* NULL: no-op */
 
@@ -528,17 +536,19 @@ WEFT_API weft_status weft_optimizer_set_num_steps(weft_optimizer *opt, int64_t n
  * elements. */
 WEFT_API int weft_optimizer_state_count(const weft_optimizer *opt);
 WEFT_API weft_status weft_optimizer_state_get(const weft_optimizer *opt, int i, const char **name,
-                                     weft_dtensor **t);
+                                              weft_dtensor **t);
 WEFT_API weft_status weft_optimizer_state_find(const weft_optimizer *opt, const char *name,
-                                      weft_dtensor **t);
+                                               weft_dtensor **t);
 /* "state.<fqn>.step": the parameter's step count, read and restored. */
 WEFT_API weft_status weft_optimizer_get_param_step(const weft_optimizer *opt, const char *fqn,
-                                          int64_t *step);
-WEFT_API weft_status weft_optimizer_set_param_step(weft_optimizer *opt, const char *fqn, int64_t step);
+                                                   int64_t *step);
+WEFT_API weft_status weft_optimizer_set_param_step(weft_optimizer *opt, const char *fqn,
+                                                   int64_t step);
 /* The index of the group that holds parameter fqn (0 without groups):
  * what a checkpoint records as the parameter's place in torch's
  * param_groups. WEFT_ERR_NOT_FOUND when the optimizer does not step it. */
-WEFT_API weft_status weft_optimizer_param_group(const weft_optimizer *opt, const char *fqn, int *group);
+WEFT_API weft_status weft_optimizer_param_group(const weft_optimizer *opt, const char *fqn,
+                                                int *group);
 
 /* Linear warmup then cosine decay (llm.c's get_lr), for 0-based step s:
  *   s < warmup:          lr = lr_max * (s + 1) / warmup
@@ -572,7 +582,7 @@ WEFT_API weft_status weft_optimizer_set_schedule(weft_optimizer *opt, const weft
 WEFT_API weft_status weft_clip_grad_norm(weft_module *root, double max_norm, double *total_norm);
 /* Same over an explicit list of parameters (any meshes). */
 WEFT_API weft_status weft_clip_grad_norm_params(weft_param *const *params, int n, double max_norm,
-                                       double *total_norm);
+                                                double *total_norm);
 
 #ifdef __cplusplus
 }

@@ -55,8 +55,8 @@ struct weft_module {
   int cap_children;
   weft_param **params;
   int nparams;
-  weft_param **tied;  /* parameters of other modules used here (not owned) */
-  char **tied_names;  /* their local names here */
+  weft_param **tied; /* parameters of other modules used here (not owned) */
+  char **tied_names; /* their local names here */
   int ntied;
   weft_mesh *mesh; /* retained */
   const nn_ops *ops;
@@ -66,10 +66,10 @@ struct weft_module {
   int cap_hooks;
   uint64_t next_hook_id;
   nn_owned owned[WEFT_HOOK_KIND_COUNT];
-  bool running;     /* inside forward or backward (re-entry and hook removal checks) */
-  bool fwd_pending; /* a forward ran and its backward has not */
-  bool in_graph_forward; /* inside weft_module_call's forward (re-entry check) */
-  bool checkpoint;  /* weft_module_set_checkpoint: activations recomputed in backward */
+  bool running;               /* inside forward or backward (re-entry and hook removal checks) */
+  bool fwd_pending;           /* a forward ran and its backward has not */
+  bool in_graph_forward;      /* inside weft_module_call's forward (re-entry check) */
+  bool checkpoint;            /* weft_module_set_checkpoint: activations recomputed in backward */
   weft_dtensor_spec out_spec; /* what the last forward returned (after post-hooks) */
 };
 
@@ -120,9 +120,7 @@ void nn_scratch_free(nn_scratch *s);
 /* The device of a DTensor's local tensor: the kernels run through its
  * backend (backend.h). */
 static inline weft_device nn_dev(const weft_dtensor *d) { return weft_dtensor_local(d)->device; }
-static inline float *nn_f32(const weft_dtensor *d) {
-  return (float *)weft_dtensor_local(d)->data;
-}
+static inline float *nn_f32(const weft_dtensor *d) { return (float *)weft_dtensor_local(d)->data; }
 static inline int64_t nn_numel(const weft_dtensor *d) {
   return weft_tensor_numel(weft_dtensor_local(d));
 }
@@ -140,8 +138,8 @@ weft_status nn_coerce_grad(const weft_module *m, const weft_dtensor *dout,
 
 /* Brings `src` to `want` placements: returns src itself when equal, else a
  * redistribute (Replicate -> Partial allowed) stored in *tmp. */
-weft_status nn_align(const weft_dtensor *src, const weft_placement *want,
-                     const weft_dtensor **use, weft_dtensor **tmp);
+weft_status nn_align(const weft_dtensor *src, const weft_placement *want, const weft_dtensor **use,
+                     weft_dtensor **tmp);
 /* dst (its local) = a + b, where a has dst's placements and b is aligned
  * to them first (*tmp as for nn_align). Global shapes must match. */
 weft_status nn_add(weft_dtensor *dst, const weft_dtensor *a, const weft_dtensor *b,
@@ -184,10 +182,10 @@ weft_status nn_unsupported(const weft_module *m, int mesh_dim, const char *fmt, 
 /* Graph forwards of the built-in layers (nn_ops.graph_forward). */
 weft_status nn_linear_graph_forward(weft_module *m, weft_var *const *in, int nin, weft_var **out,
                                     int nout);
-weft_status nn_embedding_graph_forward(weft_module *m, weft_var *const *in, int nin,
-                                       weft_var **out, int nout);
-weft_status nn_rmsnorm_graph_forward(weft_module *m, weft_var *const *in, int nin,
-                                     weft_var **out, int nout);
+weft_status nn_embedding_graph_forward(weft_module *m, weft_var *const *in, int nin, weft_var **out,
+                                       int nout);
+weft_status nn_rmsnorm_graph_forward(weft_module *m, weft_var *const *in, int nin, weft_var **out,
+                                     int nout);
 weft_status nn_seq_graph_forward(weft_module *m, weft_var *const *in, int nin, weft_var **out,
                                  int nout);
 /* The eps of an RMSNorm module (layers.c). */

@@ -35,9 +35,8 @@ static int pointwise_rule(const weft_dtensor_spec *const *in, int nin, int mesh_
     o.out = nn_s(d);
     opts[c++] = o;
   }
-  weft_placement own = mesh_dim >= 0 && mesh_dim < in[0]->mesh_ndim
-                           ? in[0]->placements[mesh_dim]
-                           : nn_r();
+  weft_placement own =
+      mesh_dim >= 0 && mesh_dim < in[0]->mesh_ndim ? in[0]->placements[mesh_dim] : nn_r();
   if (own.kind == WEFT_PLACE_STRIDED_SHARD && own.dim < nd && c < cap) {
     for (int a = 0; a < nin; a++) o.in[a] = own;
     o.out = own;
@@ -91,8 +90,8 @@ static weft_status check_def(const weft_op_def *def) {
     return weft_error(WEFT_ERR_INVALID, "%s: the def's nin = %d is outside 1..%d", name, def->nin,
                       WEFT_OP_MAX_INPUTS);
   if (def->nout < 1 || def->nout > WEFT_OP_CUSTOM_MAX_OUTPUTS)
-    return weft_error(WEFT_ERR_INVALID, "%s: the def's nout = %d is outside 1..%d", name,
-                      def->nout, WEFT_OP_CUSTOM_MAX_OUTPUTS);
+    return weft_error(WEFT_ERR_INVALID, "%s: the def's nout = %d is outside 1..%d", name, def->nout,
+                      WEFT_OP_CUSTOM_MAX_OUTPUTS);
   if (!def->forward) return weft_error(WEFT_ERR_INVALID, "%s: the def has no forward", name);
   if (!def->rule && (!def->options || def->noptions < 1))
     return weft_error(WEFT_ERR_INVALID, "%s: the def has neither a rule nor options", name);
@@ -111,8 +110,7 @@ static bool pl_fits(weft_placement p, int nd) {
  * checked against the inputs' and outputs' dims. */
 static weft_status list_options(const weft_op_def *def, void *ctx, weft_var *const *in, int nin,
                                 const weft_dtensor_spec *const *specs, int k,
-                                const weft_op_out_spec *os, weft_sharding_option *opts,
-                                int *nopt) {
+                                const weft_op_out_spec *os, weft_sharding_option *opts, int *nopt) {
   const char *name = def->name;
   for (int i = 0; i < k; i++) {
     weft_sharding_option *o = &opts[i * WEFT_OP_RULE_CAP];
@@ -141,8 +139,8 @@ static weft_status list_options(const weft_op_def *def, void *ctx, weft_var *con
         if (!pl_fits(o[j].out, os[b].ndim)) {
           weft_placement_describe(o[j].out, d, sizeof d);
           return nn_op_error(WEFT_ERR_INVALID, name, in, nin,
-                             "option %d of mesh dim %d puts output %d at %s, which has %d dims",
-                             j, i, b, d, os[b].ndim);
+                             "option %d of mesh dim %d puts output %d at %s, which has %d dims", j,
+                             i, b, d, os[b].ndim);
         }
       for (int a = 0; a < nin; a++)
         if (o[j].in[a].kind == WEFT_PLACE_PARTIAL && o[j].out.kind != WEFT_PLACE_PARTIAL) {
@@ -204,9 +202,12 @@ static weft_status custom_backward(nn_node *n, const weft_dtensor *const *dout,
     const weft_placement *I = weft_dtensor_placements(used[a]);
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
-      if (nn_is_shard_any(I[i])) p[i] = I[i];
-      else if (I[i].kind == WEFT_PLACE_PARTIAL) p[i] = any_p[i] ? nn_psum() : nn_r();
-      else p[i] = nn_is_r(O[i]) && !any_p[i] ? nn_r() : nn_psum();
+      if (nn_is_shard_any(I[i]))
+        p[i] = I[i];
+      else if (I[i].kind == WEFT_PLACE_PARTIAL)
+        p[i] = any_p[i] ? nn_psum() : nn_r();
+      else
+        p[i] = nn_is_r(O[i]) && !any_p[i] ? nn_r() : nn_psum();
     }
     WEFT_CHECK(nn_graph_zeros(g, mesh, weft_dtensor_dtype(used[a]), weft_dtensor_ndim(used[a]),
                               weft_dtensor_shape(used[a]), p, &gin[a]));

@@ -101,7 +101,7 @@ static weft_status row_buffer(weft_graph *g, const weft_dtensor *x, weft_dtype d
   weft_placement p[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < s->mesh_ndim; i++)
     p[i] = nn_is_shard_any(s->placements[i]) && s->placements[i].dim == last ? nn_r()
-                                                                          : s->placements[i];
+                                                                             : s->placements[i];
   int64_t one = 1;
   if (last == 0) {
     all_r(s->mesh_ndim, p);
@@ -111,8 +111,7 @@ static weft_status row_buffer(weft_graph *g, const weft_dtensor *x, weft_dtype d
 }
 
 /* A 1-D f32 Replicate graph buffer of at least `floats` floats (>= 1). */
-static weft_status flat_buffer(weft_graph *g, weft_mesh *mesh, int64_t floats,
-                               weft_dtensor **out) {
+static weft_status flat_buffer(weft_graph *g, weft_mesh *mesh, int64_t floats, weft_dtensor **out) {
   weft_placement p[WEFT_MESH_MAX_DIMS];
   all_r(weft_mesh_ndim(mesh), p);
   int64_t n = floats > 0 ? floats : 1;
@@ -156,9 +155,12 @@ static weft_status embedding_backward(nn_node *n, const weft_dtensor *const *dou
   int k = weft_mesh_ndim(weft_dtensor_mesh(w));
   weft_placement p[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    if (nn_is_shard_any(W[i])) p[i] = W[i];
-    else if (nn_is_psum(D[i]) || nn_is_shard_any(I[i])) p[i] = nn_psum();
-    else p[i] = nn_r();
+    if (nn_is_shard_any(W[i]))
+      p[i] = W[i];
+    else if (nn_is_psum(D[i]) || nn_is_shard_any(I[i]))
+      p[i] = nn_psum();
+    else
+      p[i] = nn_r();
   }
   weft_dtensor *dw;
   WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(w), WEFT_F32, 2, weft_dtensor_shape(w), p, &dw));
@@ -239,11 +241,11 @@ weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
     return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, 2, "weight shard is not one box");
   int64_t nv = wl->shape[0], c = wl->shape[1], ntok = weft_tensor_numel(il);
   if (ntok > 0 && c > 0)
-    WEFT_CHECK(weft_backend_embedding_range_forward(wl->device, nn_f32(y), il->data, wl->data,
-                                                   ntok, nv ? off[0] : 0, nv, c));
+    WEFT_CHECK(weft_backend_embedding_range_forward(wl->device, nn_f32(y), il->data, wl->data, ntok,
+                                                    nv ? off[0] : 0, nv, c));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){iu, wu},
-                         embedding_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){iu, wu}, embedding_backward,
+                         &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -268,28 +270,31 @@ static weft_status norm_backward(nn_node *n, const weft_dtensor *const *dout, we
     pw[i] = (nn_is_shard_any(X[i]) || nn_is_psum(D[i])) ? nn_psum() : nn_r();
   weft_dtensor *dx = NULL, *dw = NULL, *db = NULL;
   if (nn_node_wants(n, 0)) WEFT_CHECK(nn_graph_like(g, x, D, &dx));
-  if (w && nn_node_wants(n, 1)) WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(w), WEFT_F32, 1,
-                                                          weft_dtensor_shape(w), pw, &dw));
-  if (b && nn_node_wants(n, 2)) WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(b), WEFT_F32, 1,
-                                                          weft_dtensor_shape(b), pw, &db));
+  if (w && nn_node_wants(n, 1))
+    WEFT_CHECK(
+        nn_graph_zeros(g, weft_dtensor_mesh(w), WEFT_F32, 1, weft_dtensor_shape(w), pw, &dw));
+  if (b && nn_node_wants(n, 2))
+    WEFT_CHECK(
+        nn_graph_zeros(g, weft_dtensor_mesh(b), WEFT_F32, 1, weft_dtensor_shape(b), pw, &db));
   if (N > 0 && C > 0) {
     if (layer) {
       if (dx || dw || db)
         WEFT_CHECK(weft_backend_layernorm_backward(
-            dev, dx ? nn_f32(dx) : NULL, dw ? nn_f32(dw) : NULL, db ? nn_f32(db) : NULL,
-            nn_f32(dy), xl->data, w ? nn_f32(w) : NULL, nn_f32(n->saved[1]), nn_f32(n->saved[0]),
-            N, C, false));
+            dev, dx ? nn_f32(dx) : NULL, dw ? nn_f32(dw) : NULL, db ? nn_f32(db) : NULL, nn_f32(dy),
+            xl->data, w ? nn_f32(w) : NULL, nn_f32(n->saved[1]), nn_f32(n->saved[0]), N, C, false));
     } else {
       /* the RMSNorm kernel writes both dinp and dweight: scratch for the
        * one not wanted, ones for a NULL weight */
       float *pdx, *pdw;
       weft_dtensor *t;
-      if (dx) pdx = nn_f32(dx);
+      if (dx)
+        pdx = nn_f32(dx);
       else {
         WEFT_CHECK(nn_graph_like(g, x, NULL, &t));
         pdx = nn_f32(t);
       }
-      if (dw) pdw = nn_f32(dw);
+      if (dw)
+        pdw = nn_f32(dw);
       else {
         WEFT_CHECK(flat_buffer(g, weft_dtensor_mesh(x), C, &t));
         WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(t), 0.0));
@@ -333,8 +338,8 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
     WEFT_CHECK(nn_check_f32_contig(name, in, 3, v, what[j]));
     const weft_dtensor_spec *s = weft_dtensor_get_spec(v);
     if (s->ndim != 1 || s->shape[0] != C)
-      return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "%s must be (%lld), x's last dim",
-                         what[j], (long long)C);
+      return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "%s must be (%lld), x's last dim", what[j],
+                         (long long)C);
   }
   if (layer ? !(eps > 0.0f) : !(eps >= 0.0f))
     return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "eps = %g must be %s 0", (double)eps,
@@ -373,8 +378,8 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
                                                 xl->data, wp, u[2] ? nn_f32(u[2]) : NULL, N, C,
                                                 eps));
     else
-      WEFT_CHECK(weft_backend_rmsnorm_forward(dev, nn_f32(y), nn_f32(rstd), xl->data, wp, N, C,
-                                              eps));
+      WEFT_CHECK(
+          weft_backend_rmsnorm_forward(dev, nn_f32(y), nn_f32(rstd), xl->data, wp, N, C, eps));
   }
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, in, 3, u, norm_backward, &node));
@@ -391,8 +396,7 @@ weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out
   return norm_op("rms_norm", false, x, w, NULL, eps, out);
 }
 
-weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps,
-                               weft_var **out) {
+weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps, weft_var **out) {
   return norm_op("layer_norm", true, x, w, b, eps, out);
 }
 
@@ -421,7 +425,8 @@ static weft_status act_op(const char *name, weft_activation act, weft_var *x, we
   int k = xs->mesh_ndim;
   weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < k; i++) nopt[i] = keep_options(&opts[i * NN_OPT_CAP], 1, xs->ndim, xs->placements[i]);
+  for (int i = 0; i < k; i++)
+    nopt[i] = keep_options(&opts[i * NN_OPT_CAP], 1, xs->ndim, xs->placements[i]);
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
   WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
@@ -442,8 +447,12 @@ static weft_status act_op(const char *name, weft_activation act, weft_var *x, we
 weft_status weft_op_gelu(weft_var *x, bool tanh_approximate, weft_var **out) {
   return act_op("gelu", tanh_approximate ? WEFT_ACT_GELU_TANH : WEFT_ACT_GELU_ERF, x, out);
 }
-weft_status weft_op_silu(weft_var *x, weft_var **out) { return act_op("silu", WEFT_ACT_SILU, x, out); }
-weft_status weft_op_relu(weft_var *x, weft_var **out) { return act_op("relu", WEFT_ACT_RELU, x, out); }
+weft_status weft_op_silu(weft_var *x, weft_var **out) {
+  return act_op("silu", WEFT_ACT_SILU, x, out);
+}
+weft_status weft_op_relu(weft_var *x, weft_var **out) {
+  return act_op("relu", WEFT_ACT_RELU, x, out);
+}
 
 /* ------------------------------------------------------------------ swiglu */
 
@@ -481,7 +490,8 @@ weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {
   int k = as->mesh_ndim;
   weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < k; i++) nopt[i] = keep_options(&opts[i * NN_OPT_CAP], 2, as->ndim, as->placements[i]);
+  for (int i = 0; i < k; i++)
+    nopt[i] = keep_options(&opts[i * NN_OPT_CAP], 2, as->ndim, as->placements[i]);
   weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
   WEFT_CHECK(nn_choose(name, in, 2, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *au, *bu;
@@ -493,8 +503,8 @@ weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {
   if (cnt > 0)
     WEFT_CHECK(weft_backend_swiglu_forward(nn_dev(au), nn_f32(y), nn_f32(au), nn_f32(bu), cnt));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu},
-                         swiglu_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, swiglu_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -509,8 +519,8 @@ static weft_status softmax_backward(nn_node *n, const weft_dtensor *const *dout,
   const weft_tensor *yl = nn_local(y);
   int64_t C = yl->shape[yl->ndim - 1], N = nn_rows(yl);
   if (N > 0 && C > 0)
-    WEFT_CHECK(weft_backend_softmax_backward(yl->device, nn_f32(dx), nn_f32(dy), yl->data, N, C,
-                                             false));
+    WEFT_CHECK(
+        weft_backend_softmax_backward(yl->device, nn_f32(dx), nn_f32(dy), yl->data, N, C, false));
   din[0] = dx;
   return WEFT_OK;
 }
@@ -529,7 +539,8 @@ weft_status weft_op_softmax(weft_var *x, weft_var **out) {
   int k = xs->mesh_ndim, last = xs->ndim - 1;
   weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < k; i++) nopt[i] = keep_options(&opts[i * NN_OPT_CAP], 1, last, xs->placements[i]);
+  for (int i = 0; i < k; i++)
+    nopt[i] = keep_options(&opts[i * NN_OPT_CAP], 1, last, xs->placements[i]);
   weft_placement tgt[WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
   WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
@@ -541,8 +552,8 @@ weft_status weft_op_softmax(weft_var *x, weft_var **out) {
   if (N > 0 && C > 0)
     WEFT_CHECK(weft_backend_softmax_forward(xl->device, nn_f32(y), xl->data, N, C));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu},
-                         softmax_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, softmax_backward, &node));
   if (node) {
     node->saved[0] = y;
   }
@@ -637,8 +648,8 @@ static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, we
   if (B > 0 && T > 0 && H > 0 && hd > 0)
     WEFT_CHECK(weft_backend_attention_backward(ql->device, nn_f32(dq), nn_f32(dk), nn_f32(dv),
                                                nn_f32(dy), ql->data, kl->data, nn_f32(v),
-                                               nn_f32(n->saved[0]), nn_f32(n->saved[2]), B, T,
-                                               H, Hkv, hd, n->i[0] != 0, nn_f32(n->saved[1])));
+                                               nn_f32(n->saved[0]), nn_f32(n->saved[2]), B, T, H,
+                                               Hkv, hd, n->i[0] != 0, nn_f32(n->saved[1])));
   else {
     if (nn_numel(dq) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dq), 0.0));
     if (nn_numel(dk) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dk), 0.0));
@@ -714,17 +725,17 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
   int64_t Bl = ql->shape[0], Hl = ql->shape[2], Hkvl = kl->shape[2];
   /* the scratch is sized for the largest local batch so that every rank
    * asks the pool for the same spec */
-  size_t sbytes = weft_backend_attention_scratch_bytes(dev, (B + pb - 1) / pb, T, H / ph,
-                                                       Hkv / ph, hd);
-  WEFT_CHECK(flat_buffer(g, mesh, (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float)),
-                         &scratch));
+  size_t sbytes =
+      weft_backend_attention_scratch_bytes(dev, (B + pb - 1) / pb, T, H / ph, Hkv / ph, hd);
+  WEFT_CHECK(
+      flat_buffer(g, mesh, (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float)), &scratch));
   if (Bl > 0 && T > 0 && Hl > 0 && hd > 0)
     WEFT_CHECK(weft_backend_attention_forward(dev, nn_f32(y), nn_f32(lse), ql->data, kl->data,
                                               nn_f32(vu), Bl, T, Hl, Hkvl, hd, causal,
                                               nn_f32(scratch)));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 3, (const weft_dtensor *const[]){qu, ku, vu},
-                         sdpa_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, in, 3, (const weft_dtensor *const[]){qu, ku, vu}, sdpa_backward, &node));
   if (node) {
     node->saved[0] = lse;
     node->saved[1] = scratch;
@@ -774,8 +785,8 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
       WEFT_CHECK(weft_backend_cross_entropy_backward_local(dev, nn_f32(dlog), ll->data, lse, tl, N,
                                                            off[last], nv, scale));
     } else {
-      WEFT_CHECK(weft_backend_cross_entropy_backward(dev, nn_f32(dlog), ll->data, lse, tl, N, nv,
-                                                     scale));
+      WEFT_CHECK(
+          weft_backend_cross_entropy_backward(dev, nn_f32(dlog), ll->data, lse, tl, N, nv, scale));
     }
     /* ignored rows get no gradient */
     const void *h;
@@ -845,8 +856,8 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
       int32_t bad = tg[i];
       weft_free(ttmp);
       return nn_op_error(WEFT_ERR_INVALID, name, &logits, 1,
-                         "target %d at flat index %lld is outside [0, %lld) (ignore_index %d)",
-                         bad, (long long)i, (long long)V, ignore_index);
+                         "target %d at flat index %lld is outside [0, %lld) (ignore_index %d)", bad,
+                         (long long)i, (long long)V, ignore_index);
     }
     count++;
   }
@@ -912,7 +923,8 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
     }
     if (host_tmp) {
       st = host_put(dev, nn_local(tsafe)->data, hsafe, (size_t)N * sizeof(int32_t));
-      if (st == WEFT_OK) st = host_put(dev, nn_local(keep)->data, hkeep, (size_t)N * sizeof(int32_t));
+      if (st == WEFT_OK)
+        st = host_put(dev, nn_local(keep)->data, hkeep, (size_t)N * sizeof(int32_t));
     }
   }
   weft_free(ttmp);
@@ -925,8 +937,8 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
     if (N > 0 && nv > 0) {
       double mean;
       WEFT_CHECK(weft_backend_cross_entropy_forward(dev, &mean, nn_f32(lse), ll->data, dts, N, nv));
-      WEFT_CHECK(weft_backend_cross_entropy_local_target(dev, nn_f32(gtgt), ll->data, dts, N, 0,
-                                                         nv));
+      WEFT_CHECK(
+          weft_backend_cross_entropy_local_target(dev, nn_f32(gtgt), ll->data, dts, N, 0, nv));
     }
   } else {
     WEFT_CHECK(row_buffer(g, lu, WEFT_F32, &gmax));
@@ -955,7 +967,8 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
     void *t1, *t2, *t3;
     WEFT_CHECK(host_get(dev, nn_f32(lse), (size_t)N * sizeof(float), &hl, &t1));
     st = host_get(dev, nn_f32(gtgt), (size_t)N * sizeof(float), &ht, &t2);
-    if (st == WEFT_OK) st = host_get(dev, nn_local(keep)->data, (size_t)N * sizeof(int32_t), &hk, &t3);
+    if (st == WEFT_OK)
+      st = host_get(dev, nn_local(keep)->data, (size_t)N * sizeof(int32_t), &hk, &t3);
     if (st == WEFT_OK) {
       const float *a = hl, *b = ht;
       const int32_t *kp = hk;
@@ -968,15 +981,16 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
     WEFT_CHECK(st);
   }
   for (int i = 0; i < k; i++)
-    if (row_dim[i]) WEFT_CHECK(weft_all_reduce(mesh, i, &sum, &sum, 1, WEFT_F64, WEFT_OP_SUM, NULL));
+    if (row_dim[i])
+      WEFT_CHECK(weft_all_reduce(mesh, i, &sum, &sum, 1, WEFT_F64, WEFT_OP_SUM, NULL));
   /* torch: the mean over no position is 0/0 = nan */
   float loss = (float)(sum / (double)count);
   int64_t one = 1;
   WEFT_CHECK(nn_graph_tensor(g, mesh, WEFT_F32, 1, &one, rep, &y));
   WEFT_CHECK(host_put(nn_dev(y), nn_f32(y), &loss, sizeof loss));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &logits, 1, (const weft_dtensor *const[]){lu},
-                         ce_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, &logits, 1, (const weft_dtensor *const[]){lu}, ce_backward, &node));
   if (node) {
     node->saved[0] = lse;
     node->saved[1] = tsafe;
@@ -1025,8 +1039,8 @@ weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {
     *out = x;
     return WEFT_OK;
   }
-  uint64_t key = splitmix64((uint64_t)nn_graph_step(g) * 1000003ULL +
-                            (uint64_t)nn_graph_next_op_index(g));
+  uint64_t key =
+      splitmix64((uint64_t)nn_graph_step(g) * 1000003ULL + (uint64_t)nn_graph_next_op_index(g));
   weft_dtensor *u, *y;
   WEFT_CHECK(nn_graph_like(g, xv, NULL, &u));
   int64_t row0, rows;

@@ -37,11 +37,16 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
   if (nn_node_wants(n, 0)) {
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
-      if (nn_is_psum(D[i])) p[i] = nn_psum();
-      else if (nn_is_shard_any(X[i]) && X[i].dim < last) p[i] = X[i];
-      else if (nn_is_shard_any(W[i]) && W[i].dim == 0) p[i] = nn_psum();
-      else if (nn_is_s(W[i], 1)) p[i] = nn_s(last);
-      else p[i] = nn_r();
+      if (nn_is_psum(D[i]))
+        p[i] = nn_psum();
+      else if (nn_is_shard_any(X[i]) && X[i].dim < last)
+        p[i] = X[i];
+      else if (nn_is_shard_any(W[i]) && W[i].dim == 0)
+        p[i] = nn_psum();
+      else if (nn_is_s(W[i], 1))
+        p[i] = nn_s(last);
+      else
+        p[i] = nn_r();
     }
     weft_dtensor *dx;
     WEFT_CHECK(nn_graph_like(g, x, p, &dx));
@@ -52,11 +57,16 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
   if (nn_node_wants(n, 1)) {
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
-      if (nn_is_psum(D[i])) p[i] = nn_psum();
-      else if (nn_is_shard_any(X[i]) && X[i].dim < last) p[i] = nn_psum();
-      else if (X[i].kind == WEFT_PLACE_PARTIAL) p[i] = nn_psum();
-      else if (nn_is_shard_any(W[i])) p[i] = W[i];
-      else p[i] = nn_r();
+      if (nn_is_psum(D[i]))
+        p[i] = nn_psum();
+      else if (nn_is_shard_any(X[i]) && X[i].dim < last)
+        p[i] = nn_psum();
+      else if (X[i].kind == WEFT_PLACE_PARTIAL)
+        p[i] = nn_psum();
+      else if (nn_is_shard_any(W[i]))
+        p[i] = W[i];
+      else
+        p[i] = nn_r();
     }
     weft_dtensor *dw;
     WEFT_CHECK(nn_graph_like(g, w, p, &dw));
@@ -112,8 +122,8 @@ static weft_status linear_nobias(weft_var *x, weft_var *w, weft_var **out) {
   WEFT_CHECK(weft_backend_linear_forward(xl->device, nn_f32(y), xl->data, wl->data, NULL,
                                          nn_rows(xl), xl->shape[last], wl->shape[0]));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){xu, wu},
-                         linear_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){xu, wu}, linear_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -172,8 +182,10 @@ static weft_status add_backward(nn_node *n, const weft_dtensor *const *dout, wef
       int64_t s2[2] = {lead, inner}, so[2] = {1, inner};
       WEFT_CHECK(weft_tensor_view_init(&v2, dyl->data, WEFT_F32, dyl->device, 2, s2, NULL));
       WEFT_CHECK(weft_tensor_view_init(&o2, dbl->data, WEFT_F32, dbl->device, 2, so, NULL));
-      if (lead == 0) WEFT_CHECK(weft_tensor_fill(dbl, 0.0));
-      else WEFT_CHECK(weft_reduce(&v2, WEFT_REDUCE_SUM, 0, &o2));
+      if (lead == 0)
+        WEFT_CHECK(weft_tensor_fill(dbl, 0.0));
+      else
+        WEFT_CHECK(weft_reduce(&v2, WEFT_REDUCE_SUM, 0, &o2));
     }
     din[1] = db;
   }
@@ -229,8 +241,8 @@ weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(weft_tensor_view_init(&bb, bl->data, WEFT_F32, bl->device, na, al->shape, st));
   WEFT_CHECK(weft_add(weft_dtensor_local(y), al, &bb));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu},
-                         add_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, add_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -248,9 +260,12 @@ static weft_status mul_backward(nn_node *n, const weft_dtensor *const *dout, wef
     const weft_placement *S = weft_dtensor_placements(ab[s]);
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
-      if (nn_is_psum(D[i]) || nn_is_psum(O[i])) p[i] = nn_psum();
-      else if (nn_is_shard_any(S[i])) p[i] = S[i];
-      else p[i] = nn_r();
+      if (nn_is_psum(D[i]) || nn_is_psum(O[i]))
+        p[i] = nn_psum();
+      else if (nn_is_shard_any(S[i]))
+        p[i] = S[i];
+      else
+        p[i] = nn_r();
     }
     weft_dtensor *d;
     WEFT_CHECK(nn_graph_like(g, ab[s], p, &d));
@@ -298,15 +313,14 @@ weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), WEFT_F32, na, as->shape, opl, &y));
   WEFT_CHECK(weft_mul(weft_dtensor_local(y), nn_local(au), nn_local(bu)));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu},
-                         mul_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, mul_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
 /* ------------------------------------------------------------------- scale */
 
-static weft_status scale_backward(nn_node *n, const weft_dtensor *const *dout,
-                                  weft_dtensor **din) {
+static weft_status scale_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
   weft_dtensor *dx;
   WEFT_CHECK(nn_graph_like(nn_node_graph(n), dout[0], NULL, &dx));
   WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(dx), nn_local(dout[0])));

@@ -38,8 +38,8 @@ static weft_status copy_narrow(weft_tensor *whole, const weft_tensor *part, int 
                                bool into_whole) {
   if (weft_tensor_numel(part) == 0) return WEFT_OK;
   weft_tensor v;
-  WEFT_CHECK(view_at(&v, whole, off * whole->strides[dim], whole->ndim, part->shape,
-                     whole->strides));
+  WEFT_CHECK(
+      view_at(&v, whole, off * whole->strides[dim], whole->ndim, part->shape, whole->strides));
   if (into_whole) return weft_tensor_copy(&v, part);
   return weft_tensor_copy((weft_tensor *)part, &v);
 }
@@ -47,8 +47,7 @@ static weft_status copy_narrow(weft_tensor *whole, const weft_tensor *part, int 
 static weft_status normalize_dim(const char *name, weft_var *const *in, int nin, int dim, int nd,
                                  int *out) {
   if (dim < -nd || dim >= nd)
-    return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "dim %d out of range for %d dims", dim,
-                       nd);
+    return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "dim %d out of range for %d dims", dim, nd);
   *out = dim < 0 ? dim + nd : dim;
   return WEFT_OK;
 }
@@ -71,32 +70,42 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
     /* da = dy b^T */
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
-      if (nn_is_psum(D[i])) p[i] = nn_psum();
-      else if (nn_is_shard_any(A[i])) p[i] = A[i];
-      else if (nn_is_shard_any(B[i]) && B[i].dim == 1) p[i] = nn_psum();
-      else if (nn_is_psum(B[i])) p[i] = nn_psum();
-      else p[i] = nn_r();
+      if (nn_is_psum(D[i]))
+        p[i] = nn_psum();
+      else if (nn_is_shard_any(A[i]))
+        p[i] = A[i];
+      else if (nn_is_shard_any(B[i]) && B[i].dim == 1)
+        p[i] = nn_psum();
+      else if (nn_is_psum(B[i]))
+        p[i] = nn_psum();
+      else
+        p[i] = nn_r();
     }
     weft_dtensor *da;
     WEFT_CHECK(nn_graph_like(g, a, p, &da));
-    WEFT_CHECK(weft_backend_sgemm(dev, false, true, rows, kl, nl, 1.0f, dyl->data, ld(nl),
-                                  bl->data, ld(nl), 0.0f, nn_f32(da), ld(kl)));
+    WEFT_CHECK(weft_backend_sgemm(dev, false, true, rows, kl, nl, 1.0f, dyl->data, ld(nl), bl->data,
+                                  ld(nl), 0.0f, nn_f32(da), ld(kl)));
     din[0] = da;
   }
   if (nn_node_wants(n, 1)) {
     /* db = a^T dy, summed over a's leading dims */
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
-      if (nn_is_psum(D[i])) p[i] = nn_psum();
-      else if (nn_is_shard_any(A[i]) && A[i].dim < last) p[i] = nn_psum();
-      else if (nn_is_psum(A[i])) p[i] = nn_psum();
-      else if (nn_is_shard_any(B[i])) p[i] = B[i];
-      else p[i] = nn_r();
+      if (nn_is_psum(D[i]))
+        p[i] = nn_psum();
+      else if (nn_is_shard_any(A[i]) && A[i].dim < last)
+        p[i] = nn_psum();
+      else if (nn_is_psum(A[i]))
+        p[i] = nn_psum();
+      else if (nn_is_shard_any(B[i]))
+        p[i] = B[i];
+      else
+        p[i] = nn_r();
     }
     weft_dtensor *db;
     WEFT_CHECK(nn_graph_like(g, b, p, &db));
-    WEFT_CHECK(weft_backend_sgemm(dev, true, false, kl, nl, rows, 1.0f, al->data, ld(kl),
-                                  dyl->data, ld(nl), 0.0f, nn_f32(db), ld(nl)));
+    WEFT_CHECK(weft_backend_sgemm(dev, true, false, kl, nl, rows, 1.0f, al->data, ld(kl), dyl->data,
+                                  ld(nl), 0.0f, nn_f32(db), ld(nl)));
     din[1] = db;
   }
   return WEFT_OK;
@@ -157,8 +166,8 @@ weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(weft_backend_sgemm(al->device, false, false, rows, nl, kl, 1.0f, al->data, ld(kl),
                                 bl->data, ld(nl), 0.0f, nn_f32(y), ld(nl)));
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu},
-                         matmul_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, matmul_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -225,8 +234,8 @@ static int rs_groups(const int64_t *in, int n, const int64_t *out, int m, rs_gro
 
 /* Where a shard of input dim d lands in the output: the output dim, or -1
  * (must be replicated). M: the product of the mesh sizes sharding d. */
-static int rs_shard_target(const int64_t *in, const int64_t *out, const rs_group *gr, int ng,
-                           int d, int64_t M, bool strided) {
+static int rs_shard_target(const int64_t *in, const int64_t *out, const rs_group *gr, int ng, int d,
+                           int64_t M, bool strided) {
   for (int j = 0; j < ng; j++) {
     const rs_group *G = &gr[j];
     if (d < G->i0 || d >= G->i1) continue;
@@ -266,8 +275,8 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
         return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "more than one -1 in the new shape");
       infer = d;
     } else if (shape[d] < 0) {
-      return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "size %lld on dim %d",
-                         (long long)shape[d], d);
+      return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "size %lld on dim %d", (long long)shape[d],
+                         d);
     } else {
       known *= shape[d];
     }
@@ -299,8 +308,8 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
       for (int j = 0; j < k; j++)
         if (nn_is_shard_any(xs->placements[j]) && xs->placements[j].dim == p.dim)
           M *= xs->mesh_shape[j];
-      int to = rs_shard_target(xs->shape, oshape, gr, ng, p.dim, M,
-                               p.kind == WEFT_PLACE_STRIDED_SHARD);
+      int to =
+          rs_shard_target(xs->shape, oshape, gr, ng, p.dim, M, p.kind == WEFT_PLACE_STRIDED_SHARD);
       if (to >= 0) {
         weft_placement q = p;
         q.dim = to;
@@ -326,8 +335,8 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
     WEFT_CHECK(weft_tensor_copy(yl, &v));
   }
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu},
-                         reshape_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, reshape_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
@@ -336,8 +345,10 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
 static void swap_pl(weft_placement *p, int k, int d0, int d1) {
   for (int i = 0; i < k; i++)
     if (nn_is_shard_any(p[i])) {
-      if (p[i].dim == d0) p[i].dim = d1;
-      else if (p[i].dim == d1) p[i].dim = d0;
+      if (p[i].dim == d0)
+        p[i].dim = d1;
+      else if (p[i].dim == d1)
+        p[i].dim = d0;
     }
 }
 
@@ -414,8 +425,8 @@ weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out) {
  * placement list `out` are brought to before a backward combines them:
  * where the output is Replicate, Partial(sum) if any grad is, else
  * Replicate; Replicate where the output is Partial; else the output's. */
-static void common_grad_pl(const weft_placement *out, const weft_dtensor *const *dout, int n,
-                           int k, weft_placement *want) {
+static void common_grad_pl(const weft_placement *out, const weft_dtensor *const *dout, int n, int k,
+                           weft_placement *want) {
   for (int i = 0; i < k; i++) {
     if (nn_is_r(out[i])) {
       want[i] = nn_r();
@@ -429,8 +440,7 @@ static void common_grad_pl(const weft_placement *out, const weft_dtensor *const 
   }
 }
 
-static weft_status split_backward(nn_node *n, const weft_dtensor *const *dout,
-                                  weft_dtensor **din) {
+static weft_status split_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
   if (!nn_node_wants(n, 0)) return WEFT_OK;
   weft_graph *g = nn_node_graph(n);
   const weft_dtensor *x = nn_node_input(n, 0);
@@ -667,9 +677,12 @@ static weft_status reduce_backward(nn_node *n, const weft_dtensor *const *dout,
   const weft_placement *X = weft_dtensor_placements(x), *D = weft_dtensor_placements(dy);
   weft_placement p[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < k; i++) {
-    if (nn_is_shard_any(X[i]) && X[i].dim == d) p[i] = X[i]; /* the grad is broadcast */
-    else if (nn_is_shard_any(D[i])) p[i] = X[i];
-    else p[i] = D[i];
+    if (nn_is_shard_any(X[i]) && X[i].dim == d)
+      p[i] = X[i]; /* the grad is broadcast */
+    else if (nn_is_shard_any(D[i]))
+      p[i] = X[i];
+    else
+      p[i] = D[i];
   }
   weft_dtensor *dx;
   WEFT_CHECK(nn_graph_like(nn_node_graph(n), x, p, &dx));
@@ -734,8 +747,10 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
   int64_t oshape[WEFT_MAX_DIMS];
   int ond = 0;
   for (int e = 0; e < nd; e++) {
-    if (e != d) oshape[ond++] = xs->shape[e];
-    else if (keepdim) oshape[ond++] = 1;
+    if (e != d)
+      oshape[ond++] = xs->shape[e];
+    else if (keepdim)
+      oshape[ond++] = 1;
   }
   weft_dtensor *y;
   WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, ond, oshape, opl, &y));
@@ -752,8 +767,8 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
     if (mean) WEFT_CHECK(weft_scale(yl, 1.0 / (double)xs->shape[d]));
   }
   nn_node *node;
-  WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu},
-                         reduce_backward, &node));
+  WEFT_CHECK(
+      nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, reduce_backward, &node));
   if (node) {
     node->i[0] = d;
     node->f[0] = mean ? 1.0 / (double)xs->shape[d] : 1.0;

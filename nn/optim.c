@@ -15,7 +15,7 @@ typedef struct opt_entry {
   weft_dtensor_spec spec; /* the data's spec at creation */
   weft_dtensor *s[3];     /* AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq; SGD: momentum_buffer */
   int64_t step;
-  int group;              /* index into the optimizer's groups (0 without groups) */
+  int group; /* index into the optimizer's groups (0 without groups) */
 } opt_entry;
 
 struct weft_optimizer {
@@ -155,8 +155,8 @@ weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
   return WEFT_OK;
 }
 
-weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *groups,
-                                     int ngroups, weft_optimizer **out) {
+weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *groups, int ngroups,
+                                     weft_optimizer **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
   *out = NULL;
   if (!groups || ngroups < 1) return weft_error(WEFT_ERR_INVALID, "AdamW: no parameter groups");
@@ -210,13 +210,16 @@ weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *
   return WEFT_OK;
 }
 
-int weft_optimizer_num_groups(const weft_optimizer *o) { return o ? (o->ngroups ? o->ngroups : 1) : 0; }
+int weft_optimizer_num_groups(const weft_optimizer *o) {
+  return o ? (o->ngroups ? o->ngroups : 1) : 0;
+}
 
 weft_status weft_optimizer_group_get(const weft_optimizer *o, int g, weft_adamw_params *hp) {
   if (!o || !hp) return weft_error(WEFT_ERR_INVALID, "NULL argument");
   if (o->kind != OPT_ADAMW) return weft_error(WEFT_ERR_UNSUPPORTED, "parameter groups: AdamW only");
   if (g < 0 || g >= weft_optimizer_num_groups(o))
-    return weft_error(WEFT_ERR_INVALID, "group %d outside [0, %d)", g, weft_optimizer_num_groups(o));
+    return weft_error(WEFT_ERR_INVALID, "group %d outside [0, %d)", g,
+                      weft_optimizer_num_groups(o));
   *hp = *group_hp(o, g);
   return WEFT_OK;
 }
@@ -226,12 +229,15 @@ weft_status weft_optimizer_group_set(weft_optimizer *o, int g, const weft_adamw_
   WEFT_CHECK(adamw_check(hp));
   if (o->kind != OPT_ADAMW) return weft_error(WEFT_ERR_UNSUPPORTED, "parameter groups: AdamW only");
   if (g < 0 || g >= weft_optimizer_num_groups(o))
-    return weft_error(WEFT_ERR_INVALID, "group %d outside [0, %d)", g, weft_optimizer_num_groups(o));
+    return weft_error(WEFT_ERR_INVALID, "group %d outside [0, %d)", g,
+                      weft_optimizer_num_groups(o));
   bool had = group_hp(o, g)->amsgrad;
   if (hp->amsgrad != had)
     return weft_error(WEFT_ERR_INVALID, "group %d: amsgrad cannot change after creation", g);
-  if (o->groups) o->groups[g] = *hp;
-  else o->adam = *hp;
+  if (o->groups)
+    o->groups[g] = *hp;
+  else
+    o->adam = *hp;
   return WEFT_OK;
 }
 
@@ -268,8 +274,10 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
     if (!p->grad) continue;
     char a[256], b[256];
     if (!p->data || !weft_dtensor_spec_equal(weft_dtensor_get_spec(p->data), &e->spec)) {
-      if (p->data) weft_dtensor_spec_describe(weft_dtensor_get_spec(p->data), a, sizeof a);
-      else snprintf(a, sizeof a, "(none)");
+      if (p->data)
+        weft_dtensor_spec_describe(weft_dtensor_get_spec(p->data), a, sizeof a);
+      else
+        snprintf(a, sizeof a, "(none)");
       weft_dtensor_spec_describe(&e->spec, b, sizeof b);
       return weft_error(WEFT_ERR_STATE,
                         "optimizer: parameter '%s' is now %s but was %s when the optimizer was "
@@ -300,13 +308,13 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
     opt_entry *e = i < o->n ? &o->e[i] : NULL;
     if (e && !e->p->grad) continue;
     if (e) e->step++;
-    bool flush = nb > 0 && (!e || nb == OPT_BATCH || nn_dev(e->p->data) != dev ||
-                            e->step != step || e->group != group);
+    bool flush = nb > 0 && (!e || nb == OPT_BATCH || nn_dev(e->p->data) != dev || e->step != step ||
+                            e->group != group);
     if (flush) {
       const weft_adamw_params *hp = group_hp(o, group);
       if (o->kind == OPT_ADAMW)
-        WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, hp->amsgrad ? s2 : NULL, na,
-                                            nb, step, hp));
+        WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, hp->amsgrad ? s2 : NULL, na, nb,
+                                            step, hp));
       else
         WEFT_CHECK(weft_backend_sgd_multi(dev, pa, ga, o->sgd.momentum != 0.0f ? s0 : NULL, na, nb,
                                           step, &o->sgd));
@@ -471,7 +479,8 @@ static weft_status for_each_f32_grad(weft_param *const *ps, int n, double *sq, f
       }
       if (nb > 0 && (i == n || (l && nb == BATCH))) {
         if (sumsq) {
-          WEFT_CHECK(weft_backend_sumsq_multi((weft_device)d, (const float *const *)x, cnt, nb, out));
+          WEFT_CHECK(
+              weft_backend_sumsq_multi((weft_device)d, (const float *const *)x, cnt, nb, out));
           for (int k = 0; k < nb; k++) sq[idx[k]] = out[k];
         } else {
           WEFT_CHECK(weft_backend_scale_multi((weft_device)d, x, cnt, nb, coef));
@@ -559,8 +568,8 @@ weft_status weft_clip_grad_norm_params(weft_param *const *ps, int n, double max_
   for (int k = 0; k < ng; k++) {
     for (int d = 0; d < WEFT_MESH_MAX_DIMS; d++)
       if (g[k].mask & (1u << d))
-        WEFT_CHECK(weft_all_reduce(g[k].mesh, d, &g[k].sum, &g[k].sum, 1, WEFT_F64, WEFT_OP_SUM,
-                                   NULL));
+        WEFT_CHECK(
+            weft_all_reduce(g[k].mesh, d, &g[k].sum, &g[k].sum, 1, WEFT_F64, WEFT_OP_SUM, NULL));
     total2 += g[k].sum;
   }
   double total = sqrt(total2);

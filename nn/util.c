@@ -41,8 +41,9 @@ static bool mesh_shape_matches(const weft_module *m, const weft_dtensor_spec *s)
 
 weft_status nn_check_input(const weft_module *m, const weft_dtensor *x, const char *what,
                            weft_dtype dtype, int min_ndim) {
-  if (!x) return weft_error(WEFT_ERR_INVALID, "%s '%s': %s is NULL",
-                            weft_module_kind_name(m->kind), mname(m), what);
+  if (!x)
+    return weft_error(WEFT_ERR_INVALID, "%s '%s': %s is NULL", weft_module_kind_name(m->kind),
+                      mname(m), what);
   const weft_dtensor_spec *s = weft_dtensor_get_spec(x);
   char d[256];
   if (s->dtype != dtype || s->ndim < min_ndim) {
@@ -97,8 +98,9 @@ weft_status nn_coerce_grad(const weft_module *m, const weft_dtensor *dout,
                            const weft_dtensor_spec *out_spec, bool partial_ok,
                            const weft_dtensor **use, weft_dtensor **tmp) {
   *use = NULL;
-  if (!dout) return weft_error(WEFT_ERR_INVALID, "%s '%s': grad is NULL",
-                               weft_module_kind_name(m->kind), mname(m));
+  if (!dout)
+    return weft_error(WEFT_ERR_INVALID, "%s '%s': grad is NULL", weft_module_kind_name(m->kind),
+                      mname(m));
   const weft_dtensor_spec *g = weft_dtensor_get_spec(dout);
   bool ok = g->dtype == WEFT_F32 && g->ndim == out_spec->ndim && mesh_shape_matches(m, g);
   for (int d = 0; ok && d < g->ndim; d++) ok = g->shape[d] == out_spec->shape[d];
@@ -135,8 +137,8 @@ weft_status nn_coerce_grad(const weft_module *m, const weft_dtensor *dout,
   return WEFT_OK;
 }
 
-weft_status nn_align(const weft_dtensor *src, const weft_placement *want,
-                     const weft_dtensor **use, weft_dtensor **tmp) {
+weft_status nn_align(const weft_dtensor *src, const weft_placement *want, const weft_dtensor **use,
+                     weft_dtensor **tmp) {
   const weft_dtensor_spec *s = weft_dtensor_get_spec(src);
   if (nn_pl_equal(s->placements, want, s->mesh_ndim) &&
       weft_tensor_is_contiguous(weft_dtensor_local(src))) {
@@ -168,8 +170,8 @@ weft_status nn_add(weft_dtensor *dst, const weft_dtensor *a, const weft_dtensor 
   WEFT_CHECK(nn_align(b, ds->placements, &bb, tmp));
   int64_t n = nn_numel(dst);
   if (nn_numel(a) != n || nn_numel(bb) != n)
-    return weft_error(WEFT_ERR_INTERNAL, "add: local sizes %lld, %lld, %lld differ",
-                      (long long)n, (long long)nn_numel(a), (long long)nn_numel(bb));
+    return weft_error(WEFT_ERR_INTERNAL, "add: local sizes %lld, %lld, %lld differ", (long long)n,
+                      (long long)nn_numel(a), (long long)nn_numel(bb));
   return weft_backend_residual_forward(nn_dev(dst), nn_f32(dst), nn_f32(a), nn_f32(bb), n);
 }
 
@@ -208,8 +210,8 @@ weft_status nn_reduce_to(weft_mesh *mesh, float *buf, const weft_dtensor_spec *l
   WEFT_CHECK_GOTO(weft_dtensor_redistribute_ex(src, want, nd, &o, &dst), st, done);
   got = weft_dtensor_local(dst);
   if (weft_tensor_numel(got) != n) {
-    st = weft_error(WEFT_ERR_INTERNAL, "reduce_to: local size changed (%lld -> %lld)",
-                    (long long)n, (long long)weft_tensor_numel(got));
+    st = weft_error(WEFT_ERR_INTERNAL, "reduce_to: local size changed (%lld -> %lld)", (long long)n,
+                    (long long)weft_tensor_numel(got));
     goto done;
   }
   {

@@ -10,10 +10,10 @@
 #include "tp.h"
 
 struct weft_tp_loss {
-  float *buf;          /* gmax (N) | sumexp (N) | target (N) | lse (N) */
-  int64_t cap;         /* floats in buf */
-  bool valid;          /* a forward ran and its state is here */
-  bool sharded;        /* vocab sharded on some mesh dim */
+  float *buf;   /* gmax (N) | sumexp (N) | target (N) | lse (N) */
+  int64_t cap;  /* floats in buf */
+  bool valid;   /* a forward ran and its state is here */
+  bool sharded; /* vocab sharded on some mesh dim */
   int64_t n, v0, nv, V;
   weft_dtensor_spec spec; /* the logits' spec at forward */
 };
@@ -45,7 +45,8 @@ static weft_status reserve(weft_tp_loss *l, int64_t floats) {
  * targets, so every rank reaches the same verdict. */
 static weft_status check_inputs(const weft_dtensor *logits, const weft_tensor *targets,
                                 bool *vocab_dim, int64_t *n, int64_t *v0, int64_t *nv) {
-  if (!logits || !targets) return weft_error(WEFT_ERR_INVALID, "tp loss: logits or targets is NULL");
+  if (!logits || !targets)
+    return weft_error(WEFT_ERR_INVALID, "tp loss: logits or targets is NULL");
   const weft_dtensor_spec *s = weft_dtensor_get_spec(logits);
   if (s->dtype != WEFT_F32)
     return weft_error(WEFT_ERR_INVALID, "tp loss: logits are %s, expected f32",
@@ -71,9 +72,8 @@ static weft_status check_inputs(const weft_dtensor *logits, const weft_tensor *t
                       last);
   for (int d = 0; d < last; d++)
     if (targets->shape[d] != s->shape[d])
-      return weft_error(WEFT_ERR_INVALID,
-                        "tp loss: targets dim %d is %lld, logits dim %d is %lld", d,
-                        (long long)targets->shape[d], d, (long long)s->shape[d]);
+      return weft_error(WEFT_ERR_INVALID, "tp loss: targets dim %d is %lld, logits dim %d is %lld",
+                        d, (long long)targets->shape[d], d, (long long)s->shape[d]);
   const weft_tensor *ll = weft_dtensor_local(logits);
   if (!weft_tensor_is_contiguous(ll))
     return weft_error(WEFT_ERR_UNSUPPORTED, "tp loss: local logits are not contiguous");
@@ -82,8 +82,10 @@ static weft_status check_inputs(const weft_dtensor *logits, const weft_tensor *t
   const int32_t *t = targets->data;
   for (int64_t r = 0; r < rows; r++)
     if (t[r] < 0 || t[r] >= V)
-      return weft_error(WEFT_ERR_INVALID, "tp loss: target %d at flat index %lld is outside "
-                        "[0, %lld)", t[r], (long long)r, (long long)V);
+      return weft_error(WEFT_ERR_INVALID,
+                        "tp loss: target %d at flat index %lld is outside "
+                        "[0, %lld)",
+                        t[r], (long long)r, (long long)V);
   int64_t off[WEFT_MAX_DIMS];
   if (!weft_dtensor_local_offset(logits, off))
     return weft_error(WEFT_ERR_UNSUPPORTED, "tp loss: logits shard is not one box");
@@ -141,8 +143,7 @@ weft_status weft_tp_loss_forward(weft_tp_loss *l, const weft_dtensor *logits,
 }
 
 weft_status weft_tp_loss_backward(weft_tp_loss *l, const weft_dtensor *logits,
-                                  const weft_tensor *targets, double dloss,
-                                  weft_dtensor *dlogits) {
+                                  const weft_tensor *targets, double dloss, weft_dtensor *dlogits) {
   if (!l || !logits || !targets || !dlogits)
     return weft_error(WEFT_ERR_INVALID, "tp loss: NULL argument");
   if (!l->valid || !weft_dtensor_spec_equal(&l->spec, weft_dtensor_get_spec(logits)))
@@ -170,8 +171,8 @@ static weft_status impl_forward(void *ctx, const weft_dtensor *logits, const wef
   return weft_tp_loss_forward(ctx, logits, targets, loss);
 }
 
-static weft_status impl_backward(void *ctx, const weft_dtensor *logits,
-                                 const weft_tensor *targets, double dloss, weft_dtensor *dlogits) {
+static weft_status impl_backward(void *ctx, const weft_dtensor *logits, const weft_tensor *targets,
+                                 double dloss, weft_dtensor *dlogits) {
   return weft_tp_loss_backward(ctx, logits, targets, dloss, dlogits);
 }
 

@@ -15,11 +15,11 @@
  * plus what its last forward did (for the backward). */
 typedef struct tp_app {
   weft_tp_style style;
-  int entry;            /* plan entry index */
+  int entry; /* plan entry index */
   weft_module *m;
   /* input side */
-  bool in_active;       /* has an input move */
-  bool in_check;        /* the input must arrive as in_decl */
+  bool in_active; /* has an input move */
+  bool in_check;  /* the input must arrive as in_decl */
   weft_placement in_decl;
   weft_placement in_want;
   /* output side */
@@ -80,10 +80,9 @@ static weft_status norm_layout(const tp_app *a, const char *what, weft_placement
   if (d < 0 || d >= ndim) {
     char s[96];
     weft_tp_style_describe(&a->style, s, sizeof s);
-    return weft_error(WEFT_ERR_INVALID,
-                      "tp: module '%s' (%s): %s layout %s(%d) does not fit a %d-dim tensor",
-                      fqn_of(a->m), s, what, p.kind == WEFT_PLACE_SHARD ? "S" : "StridedShard",
-                      p.dim, ndim);
+    return weft_error(
+        WEFT_ERR_INVALID, "tp: module '%s' (%s): %s layout %s(%d) does not fit a %d-dim tensor",
+        fqn_of(a->m), s, what, p.kind == WEFT_PLACE_SHARD ? "S" : "StridedShard", p.dim, ndim);
   }
   out->dim = d;
   return WEFT_OK;
@@ -284,14 +283,14 @@ static weft_status check_style(int e, const weft_tp_plan_entry *pe) {
     return weft_error(WEFT_ERR_INVALID, "tp: plan entry %d '%s': style kind %d is invalid", e,
                       pe->pattern, (int)s->kind);
   bool prep_in = s->kind == WEFT_TP_PREPARE_INPUT, prep_out = s->kind == WEFT_TP_PREPARE_OUTPUT;
-  WEFT_CHECK(check_layout(e, pe->pattern, s, "input_layouts", s->has_input_layout,
-                          s->input_layout, prep_in));
-  WEFT_CHECK(check_layout(e, pe->pattern, s, "desired_input_layouts",
-                          s->has_desired_input_layout, s->desired_input_layout, prep_in));
+  WEFT_CHECK(check_layout(e, pe->pattern, s, "input_layouts", s->has_input_layout, s->input_layout,
+                          prep_in));
+  WEFT_CHECK(check_layout(e, pe->pattern, s, "desired_input_layouts", s->has_desired_input_layout,
+                          s->desired_input_layout, prep_in));
   WEFT_CHECK(check_layout(e, pe->pattern, s, "output_layouts", s->has_output_layout,
                           s->output_layout, prep_out));
-  WEFT_CHECK(check_layout(e, pe->pattern, s, "desired_output_layouts",
-                          s->has_desired_output_layout, s->desired_output_layout, prep_out));
+  WEFT_CHECK(check_layout(e, pe->pattern, s, "desired_output_layouts", s->has_desired_output_layout,
+                          s->desired_output_layout, prep_out));
   if (s->split_factor < 0 || (s->split_factor > 1 && s->kind != WEFT_TP_COLWISE))
     return weft_error(WEFT_ERR_INVALID,
                       "tp: plan entry %d '%s': split_factor %d (a fused projection) is for "
@@ -299,8 +298,8 @@ static weft_status check_style(int e, const weft_tp_plan_entry *pe) {
                       e, pe->pattern, s->split_factor);
   if (s->kind == WEFT_TP_SEQUENCE_PARALLEL &&
       (s->sequence_dim < -WEFT_MAX_DIMS || s->sequence_dim >= WEFT_MAX_DIMS))
-    return weft_error(WEFT_ERR_INVALID, "tp: plan entry %d '%s': sequence_dim %d out of range",
-                      e, pe->pattern, s->sequence_dim);
+    return weft_error(WEFT_ERR_INVALID, "tp: plan entry %d '%s': sequence_dim %d out of range", e,
+                      pe->pattern, s->sequence_dim);
   return WEFT_OK;
 }
 
@@ -327,8 +326,7 @@ static weft_status resolve(int e, const weft_tp_plan_entry *pe, weft_module *m, 
                           weft_tp_style_kind_name(s->kind));
       weft_param *w = find_weight(m);
       if (!w)
-        return weft_error(WEFT_ERR_INVALID, "tp: module '%s' has no parameter 'weight'",
-                          fqn_of(m));
+        return weft_error(WEFT_ERR_INVALID, "tp: module '%s' has no parameter 'weight'", fqn_of(m));
       int fused = s->split_factor > 1 ? s->split_factor : 0;
       if (fused && !lin)
         return weft_error(WEFT_ERR_INVALID,
@@ -347,15 +345,19 @@ static weft_status resolve(int e, const weft_tp_plan_entry *pe, weft_module *m, 
       a->bias_pl = col && lin ? a->param_pl : weft_replicate();
       a->in_active = true;
       a->in_check = true;
-      if (s->has_input_layout) a->in_decl = s->input_layout;
-      else a->in_decl = (col || emb) ? weft_replicate() : weft_shard(-1);
+      if (s->has_input_layout)
+        a->in_decl = s->input_layout;
+      else
+        a->in_decl = (col || emb) ? weft_replicate() : weft_shard(-1);
       /* what the layer computes on: colwise R (Linear x, Embedding tokens);
        * rowwise Linear S(-1), Embedding tokens R */
       a->in_want = (col || emb) ? weft_replicate() : weft_shard(-1);
       a->out_active = true;
       a->out_check = false;
-      if (s->has_output_layout) a->out_want = s->output_layout;
-      else a->out_want = col ? weft_shard(-1) : weft_replicate();
+      if (s->has_output_layout)
+        a->out_want = s->output_layout;
+      else
+        a->out_want = col ? weft_shard(-1) : weft_replicate();
       if (fused && a->out_want.kind == WEFT_PLACE_SHARD)
         a->out_want = weft_strided_shard(a->out_want.dim, fused);
       break;
@@ -628,8 +630,8 @@ size_t weft_tp_describe(const weft_tp *tp, char *buf, size_t cap) {
 weft_status weft_tp_enable_loss_parallel(weft_tp *tp, weft_module *loss_module) {
   if (!tp || !loss_module) return weft_error(WEFT_ERR_INVALID, "tp: tp or loss module is NULL");
   if (weft_module_get_kind(loss_module) != WEFT_MODULE_LOSS)
-    return weft_error(WEFT_ERR_INVALID, "tp: '%s' is a %s module, not a loss",
-                      fqn_of(loss_module), weft_module_kind_name(weft_module_get_kind(loss_module)));
+    return weft_error(WEFT_ERR_INVALID, "tp: '%s' is a %s module, not a loss", fqn_of(loss_module),
+                      weft_module_kind_name(weft_module_get_kind(loss_module)));
   if (tp->loss_module && tp->loss_module != loss_module)
     return weft_error(WEFT_ERR_INVALID, "tp: loss parallel is already installed on '%s'",
                       fqn_of(tp->loss_module));

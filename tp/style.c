@@ -89,8 +89,7 @@ weft_tp_style weft_tp_prepare_input(weft_placement input_layout,
 }
 
 weft_tp_style weft_tp_prepare_output(weft_placement output_layout,
-                                     weft_placement desired_output_layout,
-                                     bool use_local_output) {
+                                     weft_placement desired_output_layout, bool use_local_output) {
   weft_tp_style s = blank(WEFT_TP_PREPARE_OUTPUT);
   s.has_output_layout = true;
   s.output_layout = output_layout;

@@ -126,11 +126,11 @@ extern "C" {
 /* ------------------------------------------------------------------ styles */
 
 typedef enum weft_tp_style_kind {
-  WEFT_TP_COLWISE = 0,        /* ColwiseParallel */
-  WEFT_TP_ROWWISE,            /* RowwiseParallel */
-  WEFT_TP_SEQUENCE_PARALLEL,  /* SequenceParallel */
-  WEFT_TP_PREPARE_INPUT,      /* PrepareModuleInput (one input) */
-  WEFT_TP_PREPARE_OUTPUT,     /* PrepareModuleOutput (one output) */
+  WEFT_TP_COLWISE = 0,       /* ColwiseParallel */
+  WEFT_TP_ROWWISE,           /* RowwiseParallel */
+  WEFT_TP_SEQUENCE_PARALLEL, /* SequenceParallel */
+  WEFT_TP_PREPARE_INPUT,     /* PrepareModuleInput (one input) */
+  WEFT_TP_PREPARE_OUTPUT,    /* PrepareModuleOutput (one output) */
   WEFT_TP_STYLE_COUNT
 } weft_tp_style_kind;
 
@@ -181,7 +181,7 @@ typedef struct weft_tp_style {
 WEFT_API weft_tp_style weft_tp_colwise(void);
 /* ColwiseParallel(input_layouts, output_layouts, use_local_output). */
 WEFT_API weft_tp_style weft_tp_colwise_ex(weft_placement input_layout, weft_placement output_layout,
-                                 bool use_local_output);
+                                          bool use_local_output);
 /* ColwiseParallel() on a fused projection of n stacked blocks (see
  * split_factor): input Replicate, output StridedShard(-1, n). */
 WEFT_API weft_tp_style weft_tp_colwise_fused(int n);
@@ -190,16 +190,17 @@ WEFT_API weft_tp_style weft_tp_colwise_fused(int n);
 WEFT_API weft_tp_style weft_tp_rowwise(void);
 /* RowwiseParallel(input_layouts, output_layouts, use_local_output). */
 WEFT_API weft_tp_style weft_tp_rowwise_ex(weft_placement input_layout, weft_placement output_layout,
-                                 bool use_local_output);
+                                          bool use_local_output);
 /* SequenceParallel(sequence_dim=1, use_local_output=False). */
 WEFT_API weft_tp_style weft_tp_sequence_parallel(void);
 /* PrepareModuleInput(input_layouts, desired_input_layouts, use_local_output). */
 WEFT_API weft_tp_style weft_tp_prepare_input(weft_placement input_layout,
-                                    weft_placement desired_input_layout, bool use_local_output);
+                                             weft_placement desired_input_layout,
+                                             bool use_local_output);
 /* PrepareModuleOutput(output_layouts, desired_output_layouts, use_local_output). */
 WEFT_API weft_tp_style weft_tp_prepare_output(weft_placement output_layout,
-                                     weft_placement desired_output_layout,
-                                     bool use_local_output);
+                                              weft_placement desired_output_layout,
+                                              bool use_local_output);
 
 /* "colwise(in R, out S(-1))" into buf (NUL-terminated). */
 WEFT_API void weft_tp_style_describe(const weft_tp_style *style, char *buf, size_t cap);
@@ -243,7 +244,8 @@ typedef struct weft_tp weft_tp;
  * (WEFT_ERR_INVALID naming the entry and module). Collective over tp_mesh
  * only where materialised parameters move (see the top). */
 WEFT_API weft_status weft_parallelize_module(weft_module *module, weft_mesh *tp_mesh,
-                                    const weft_tp_plan_entry *plan, int nentries, weft_tp **out);
+                                             const weft_tp_plan_entry *plan, int nentries,
+                                             weft_tp **out);
 
 /* Removes the hooks tp registered and restores the default loss of a loss
  * module it changed, then frees tp. The module must still exist (destroy
@@ -276,13 +278,13 @@ WEFT_API void weft_tp_loss_destroy(weft_tp_loss *l); /* NULL: no-op */
  * a target out of range, other placements (WEFT_ERR_UNSUPPORTED).
  * Collective over the sharded mesh dims. */
 WEFT_API weft_status weft_tp_loss_forward(weft_tp_loss *l, const weft_dtensor *logits,
-                                 const weft_tensor *targets, double *loss);
+                                          const weft_tensor *targets, double *loss);
 /* dlogits (same spec as logits; overwritten) = dloss * d loss / d logits
  * for the last forward (same logits and targets). Local, no communication.
  * WEFT_ERR_STATE without a matching forward. */
 WEFT_API weft_status weft_tp_loss_backward(weft_tp_loss *l, const weft_dtensor *logits,
-                                  const weft_tensor *targets, double dloss,
-                                  weft_dtensor *dlogits);
+                                           const weft_tensor *targets, double dloss,
+                                           weft_dtensor *dlogits);
 /* The weft_loss_impl whose ctx is a weft_tp_loss (weft_loss_set_impl). */
 WEFT_API const weft_loss_impl *weft_tp_loss_impl(void);
 
@@ -310,7 +312,7 @@ WEFT_API weft_status weft_tp_enable_loss_parallel(weft_tp *tp, weft_module *loss
  *   layers.*.feed_forward.w1 w3  colwise
  *   layers.*.feed_forward.w2     rowwise (output R, or S(1) with sp) */
 WEFT_API weft_status weft_tp_llama_plan(bool sequence_parallel, bool loss_parallel,
-                               weft_tp_plan_entry *out, int cap, int *n);
+                                        weft_tp_plan_entry *out, int cap, int *n);
 
 /* Checks that the model's heads divide over tp_mesh (n_heads % tp == 0 and
  * n_kv_heads % tp == 0; WEFT_ERR_INVALID naming the counts otherwise),
@@ -319,7 +321,8 @@ WEFT_API weft_status weft_tp_llama_plan(bool sequence_parallel, bool loss_parall
  * child. Per block forward: 2 all-reduces of (B, T, D) without sequence
  * parallel; 2 all-gathers and 2 reduce-scatters with it. */
 WEFT_API weft_status weft_tp_apply_llama_plan(weft_module *model, weft_mesh *tp_mesh,
-                                     bool sequence_parallel, bool loss_parallel, weft_tp **out);
+                                              bool sequence_parallel, bool loss_parallel,
+                                              weft_tp **out);
 
 #ifdef __cplusplus
 }

@@ -31,7 +31,8 @@ static void print_msg(const char *m) {
     if (e) m = e + 2;
   }
   const char *p = m;
-  while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_')
+  while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+         *p == '_')
     p++;
   if (p > m && p[0] == ':' && p[1] == ' ') m = p + 2;
   fprintf(stderr, "weft-ckpt: %.*s\n", (int)strcspn(m, "\n"), m);
@@ -53,7 +54,8 @@ static void shape_str(int nd, const int64_t *s, char *buf, size_t cap) {
 static void box_str(int nd, const int64_t *o, const int64_t *s, char *buf, size_t cap) {
   size_t at = (size_t)snprintf(buf, cap, "[");
   for (int d = 0; d < nd && at < cap; d++)
-    at += (size_t)snprintf(buf + at, cap - at, "%s%" PRId64 ":%" PRId64, d ? ", " : "", o[d], o[d] + s[d]);
+    at += (size_t)snprintf(buf + at, cap - at, "%s%" PRId64 ":%" PRId64, d ? ", " : "", o[d],
+                           o[d] + s[d]);
   if (at < cap) snprintf(buf + at, cap - at, "]");
 }
 
@@ -62,8 +64,9 @@ static int cmd_inspect(const char *dir) {
   if (weft_dcp_open(dir, &ck) != WEFT_OK) return fail();
   weft_dcp_info info;
   weft_dcp_get_info(ck, &info);
-  printf("checkpoint %s: format version %d, id %016" PRIx64 ", saved by %d rank%s, checksum block %" PRId64
-         " bytes\n", dir, info.format_version, info.id, info.world_size, info.world_size == 1 ? "" : "s",
+  printf("checkpoint %s: format version %d, id %016" PRIx64
+         ", saved by %d rank%s, checksum block %" PRId64 " bytes\n",
+         dir, info.format_version, info.id, info.world_size, info.world_size == 1 ? "" : "s",
          info.block_bytes);
   uint64_t *bytes = calloc((size_t)info.world_size, sizeof *bytes);
   int64_t *chunks = calloc((size_t)info.world_size, sizeof *chunks);
@@ -81,8 +84,9 @@ static int cmd_inspect(const char *dir) {
       weft_dcp_chunk_get(ck, i, c, &ci);
       char bx[256];
       box_str(t.ndim, ci.offsets, ci.sizes, bx, sizeof bx);
-      printf("    %s  rank %d  %s @%" PRIu64 " +%" PRIu64 " bytes, %" PRId64 " block%s\n", bx, ci.rank,
-             ci.file, ci.byte_offset, ci.length, ci.num_blocks, ci.num_blocks == 1 ? "" : "s");
+      printf("    %s  rank %d  %s @%" PRIu64 " +%" PRIu64 " bytes, %" PRId64 " block%s\n", bx,
+             ci.rank, ci.file, ci.byte_offset, ci.length, ci.num_blocks,
+             ci.num_blocks == 1 ? "" : "s");
       bytes[ci.rank] += ci.length;
       chunks[ci.rank]++;
       total += ci.length;
@@ -100,7 +104,8 @@ static int cmd_inspect(const char *dir) {
   printf("written per rank (%" PRIu64 " bytes of data in all):\n", total);
   for (int r = 0; r < info.world_size; r++)
     printf("  rank %d: %" PRId64 " chunk%s, %" PRIu64 " bytes (%.1f%%)\n", r, chunks[r],
-           chunks[r] == 1 ? "" : "s", bytes[r], total ? 100.0 * (double)bytes[r] / (double)total : 0.0);
+           chunks[r] == 1 ? "" : "s", bytes[r],
+           total ? 100.0 * (double)bytes[r] / (double)total : 0.0);
   free(bytes);
   free(chunks);
   weft_dcp_close(ck);
@@ -137,8 +142,8 @@ static int cmd_verify(const char *dir) {
     fprintf(stderr, "weft-ckpt: %s: %" PRId64 " problem%s found\n", dir, bad, bad == 1 ? "" : "s");
     return 1;
   }
-  printf("%s: %" PRId64 " tensors, %" PRId64 " chunks, %" PRId64 " blocks, %" PRIu64 " bytes: OK\n", dir,
-         info.num_tensors, nchunks, nblocks, nbytes);
+  printf("%s: %" PRId64 " tensors, %" PRId64 " chunks, %" PRId64 " blocks, %" PRIu64 " bytes: OK\n",
+         dir, info.num_tensors, nchunks, nblocks, nbytes);
   return 0;
 }
 
@@ -169,7 +174,8 @@ static int cmd_to_st(const char *dir, const char *file, int argc, char **argv) {
   for (int64_t i = 0; i < info.num_tensors && !rc; i++) {
     weft_dcp_tensor_info t;
     weft_dcp_tensor_get(ck, i, &t);
-    if (model_only && (!strncmp(t.name, "state.", 6) || !strncmp(t.name, "param_groups.", 13))) continue;
+    if (model_only && (!strncmp(t.name, "state.", 6) || !strncmp(t.name, "param_groups.", 13)))
+      continue;
     weft_tensor *x = NULL;
     int64_t zero[WEFT_MAX_DIMS] = {0};
     if (weft_tensor_create(t.dtype, WEFT_CPU, t.ndim, t.shape, &x) != WEFT_OK ||
@@ -210,8 +216,10 @@ static int cmd_to_st(const char *dir, const char *file, int argc, char **argv) {
       meta[k++] = json;
     }
     meta[k] = NULL;
-    if (weft_safetensors_write(file, e, n, meta) != WEFT_OK) rc = fail();
-    else printf("wrote %" PRId64 " tensors to %s\n", n, file);
+    if (weft_safetensors_write(file, e, n, meta) != WEFT_OK)
+      rc = fail();
+    else
+      printf("wrote %" PRId64 " tensors to %s\n", n, file);
     free(meta);
   }
   for (int64_t i = 0; i < n; i++) weft_tensor_destroy(keep[i]);
@@ -256,7 +264,8 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "inspect") && argc == 3) return cmd_inspect(argv[2]);
   if (!strcmp(cmd, "verify") && argc == 3) return cmd_verify(argv[2]);
-  if (!strcmp(cmd, "to-safetensors") && argc >= 4) return cmd_to_st(argv[2], argv[3], argc - 4, argv + 4);
+  if (!strcmp(cmd, "to-safetensors") && argc >= 4)
+    return cmd_to_st(argv[2], argv[3], argc - 4, argv + 4);
   if (!strcmp(cmd, "from-safetensors") && argc == 4) return cmd_from_st(argv[2], argv[3]);
   if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help")) {
     usage();

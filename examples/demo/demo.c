@@ -13,14 +13,14 @@
 
 static int failures = 0;
 
-#define DEMO_CHECK(cond, ...)                                    \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      failures++;                                                \
+#define DEMO_CHECK(cond, ...)                                         \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      failures++;                                                     \
       fprintf(stderr, "[rank %d] check failed: ", weft_world_rank()); \
-      fprintf(stderr, __VA_ARGS__);                              \
-      fprintf(stderr, "\n");                                     \
-    }                                                            \
+      fprintf(stderr, __VA_ARGS__);                                   \
+      fprintf(stderr, "\n");                                          \
+    }                                                                 \
   } while (0)
 
 static int demo_status(weft_status st, const char *what) {

@@ -13,9 +13,15 @@
 static char *slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
-  if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
+  if (fseek(f, 0, SEEK_END) != 0) {
+    fclose(f);
+    return NULL;
+  }
   long n = ftell(f);
-  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
+  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    fclose(f);
+    return NULL;
+  }
   char *buf = malloc((size_t)n + 1);
   size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
   fclose(f);
@@ -84,12 +90,21 @@ weft_status gpu_golden_load(const char *dir, gpu_golden *g) {
             json_get(j, "loss", &g->loss) && json_get(j, "grad_norm_before_clip", &g->grad_norm);
   cJSON_Delete(j);
   if (!ok) return weft_error(WEFT_ERR_CORRUPT, "%s: missing config / hyperparameters / loss", path);
-  g->cfg = (gpu_model_config){.D = (int64_t)D, .L = (int64_t)L, .H = (int64_t)H,
-                              .Hkv = (int64_t)Hkv, .F = (int64_t)F, .V = (int64_t)V,
-                              .T = (int64_t)T, .B = (int64_t)B, .rope_theta = 10000.0,
+  g->cfg = (gpu_model_config){.D = (int64_t)D,
+                              .L = (int64_t)L,
+                              .H = (int64_t)H,
+                              .Hkv = (int64_t)Hkv,
+                              .F = (int64_t)F,
+                              .V = (int64_t)V,
+                              .T = (int64_t)T,
+                              .B = (int64_t)B,
+                              .rope_theta = 10000.0,
                               .norm_eps = 1e-5f};
-  g->hp = (weft_adamw_params){.lr = (float)lr, .beta1 = (float)b1, .beta2 = (float)b2,
-                              .eps = (float)eps, .weight_decay = (float)wd};
+  g->hp = (weft_adamw_params){.lr = (float)lr,
+                              .beta1 = (float)b1,
+                              .beta2 = (float)b2,
+                              .eps = (float)eps,
+                              .weight_decay = (float)wd};
   /* llm.c token file (models/data/tokens.h): inputs tokens[0:BT], targets
    * tokens[1:BT+1] */
   snprintf(path, sizeof path, "%s/tokens.bin", dir);

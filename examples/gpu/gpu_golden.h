@@ -11,11 +11,11 @@
 #include "gpu_model.h"
 
 typedef struct gpu_golden {
-  char dir[512];          /* the folder (a longer path is WEFT_ERR_INVALID) */
-  gpu_model_config cfg;   /* rope theta 10000, eps 1e-5 as the reference */
+  char dir[512];        /* the folder (a longer path is WEFT_ERR_INVALID) */
+  gpu_model_config cfg; /* rope theta 10000, eps 1e-5 as the reference */
   weft_adamw_params hp;
   double clip, loss, grad_norm;
-  int32_t *inp, *tgt;     /* (B, T): tokens[0:BT] and tokens[1:BT+1] */
+  int32_t *inp, *tgt; /* (B, T): tokens[0:BT] and tokens[1:BT+1] */
 } gpu_golden;
 
 /* Loads <dir>/expected.json and <dir>/tokens.bin. WEFT_ERR_INVALID for a

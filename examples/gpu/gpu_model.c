@@ -42,7 +42,7 @@ struct gpu_model {
   float *acts;
   int32_t *tok; /* inp (N), tgt (N) */
   int32_t *inp, *tgt;
-  float *x;     /* (L + 1, N, D): residual stream entering each layer, then final */
+  float *x; /* (L + 1, N, D): residual stream entering each layer, then final */
   float *n1, *rstd1, *q, *k, *v, *att, *lse, *h, *n2, *rstd2, *a, *b, *gg; /* per layer */
   float *nf, *rstdf, *logits, *lsece; /* logits (N, V) become dlogits in the backward */
   float *cosb, *sinb;
@@ -62,14 +62,30 @@ static int64_t round_up(int64_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOAT
 /* ------------------------------------------------------------------ config */
 
 weft_status gpu_model_config_preset(const char *name, gpu_model_config *out) {
-  gpu_model_config c = {.D = 64, .L = 2, .H = 4, .Hkv = 4, .F = 172, .V = 96, .T = 16, .B = 2,
-                        .rope_theta = 10000.0, .norm_eps = 1e-5f};
+  gpu_model_config c = {.D = 64,
+                        .L = 2,
+                        .H = 4,
+                        .Hkv = 4,
+                        .F = 172,
+                        .V = 96,
+                        .T = 16,
+                        .B = 2,
+                        .rope_theta = 10000.0,
+                        .norm_eps = 1e-5f};
   if (name && strcmp(name, "tiny_mha") == 0) {
   } else if (name && strcmp(name, "tiny_gqa") == 0) {
     c.Hkv = 2;
   } else if (name && strcmp(name, "gpt2s") == 0) {
-    c = (gpu_model_config){.D = 768, .L = 12, .H = 12, .Hkv = 12, .F = 2048, .V = 50304,
-                           .T = 1024, .B = 8, .rope_theta = 10000.0, .norm_eps = 1e-5f};
+    c = (gpu_model_config){.D = 768,
+                           .L = 12,
+                           .H = 12,
+                           .Hkv = 12,
+                           .F = 2048,
+                           .V = 50304,
+                           .T = 1024,
+                           .B = 8,
+                           .rope_theta = 10000.0,
+                           .norm_eps = 1e-5f};
   } else {
     return weft_error(WEFT_ERR_NOT_FOUND, "unknown model config '%s' (tiny_mha, tiny_gqa, gpt2s)",
                       name ? name : "(null)");
@@ -79,10 +95,19 @@ weft_status gpu_model_config_preset(const char *name, gpu_model_config *out) {
 }
 
 static weft_status check_config(const gpu_model_config *c, int dp) {
-#define POS(f)                                                                          \
-  if (c->f < 1)                                                                         \
-    return weft_error(WEFT_ERR_INVALID, "config: " #f " = %lld, must be >= 1", (long long)c->f);
-  POS(D) POS(L) POS(H) POS(Hkv) POS(F) POS(V) POS(T) POS(B)
+#define POS(f)                                                                                     \
+  do {                                                                                             \
+    if (c->f < 1)                                                                                  \
+      return weft_error(WEFT_ERR_INVALID, "config: " #f " = %lld, must be >= 1", (long long)c->f); \
+  } while (0)
+  POS(D);
+  POS(L);
+  POS(H);
+  POS(Hkv);
+  POS(F);
+  POS(V);
+  POS(T);
+  POS(B);
 #undef POS
   if (c->D % c->H || (c->D / c->H) % 2)
     return weft_error(WEFT_ERR_INVALID, "config: D = %lld must be H = %lld times an even head dim",
@@ -135,8 +160,8 @@ weft_status gpu_model_create(const gpu_model_config *cfg, weft_mesh *mesh, int d
   m->hd = c->D / c->H;
   m->qd = c->H * m->hd;
   m->kd = c->Hkv * m->hd;
-  const int64_t D = c->D, F = c->F, V = c->V, L = c->L, qd = m->qd, kd = m->kd, N = m->N,
-                T = c->T, hd = m->hd;
+  const int64_t D = c->D, F = c->F, V = c->V, L = c->L, qd = m->qd, kd = m->kd, N = m->N, T = c->T,
+                hd = m->hd;
 
   m->np = (int)(3 + GPU_MODEL_PER_LAYER * L);
   m->name = calloc((size_t)m->np, sizeof *m->name);
@@ -190,15 +215,13 @@ weft_status gpu_model_create(const gpu_model_config *cfg, weft_mesh *mesh, int d
     float **dst;
     int64_t n;
   } pieces[] = {
-      {&m->x, (L + 1) * N * D},
-      {&m->n1, L * N * D}, {&m->rstd1, L * N}, {&m->q, L * N * qd}, {&m->k, L * N * kd},
-      {&m->v, L * N * kd}, {&m->att, L * N * qd}, {&m->lse, L * lseN}, {&m->h, L * N * D},
-      {&m->n2, L * N * D}, {&m->rstd2, L * N}, {&m->a, L * N * F}, {&m->b, L * N * F},
-      {&m->gg, L * N * F},
-      {&m->nf, N * D}, {&m->rstdf, N}, {&m->logits, N * V}, {&m->lsece, N},
-      {&m->cosb, T * hd / 2}, {&m->sinb, T * hd / 2},
-      {&m->dx, N * D}, {&m->dbig, big}, {&m->dq, N * qd}, {&m->dk, N * kd}, {&m->dv, N * kd},
-      {&m->da, N * F}, {&m->db, N * F}, {&m->dn, N * D},
+      {&m->x, (L + 1) * N * D}, {&m->n1, L * N * D}, {&m->rstd1, L * N},     {&m->q, L * N * qd},
+      {&m->k, L * N * kd},      {&m->v, L * N * kd}, {&m->att, L * N * qd},  {&m->lse, L * lseN},
+      {&m->h, L * N * D},       {&m->n2, L * N * D}, {&m->rstd2, L * N},     {&m->a, L * N * F},
+      {&m->b, L * N * F},       {&m->gg, L * N * F}, {&m->nf, N * D},        {&m->rstdf, N},
+      {&m->logits, N * V},      {&m->lsece, N},      {&m->cosb, T * hd / 2}, {&m->sinb, T * hd / 2},
+      {&m->dx, N * D},          {&m->dbig, big},     {&m->dq, N * qd},       {&m->dk, N * kd},
+      {&m->dv, N * kd},         {&m->da, N * F},     {&m->db, N * F},        {&m->dn, N * D},
   };
   const size_t npieces = sizeof pieces / sizeof pieces[0];
   int64_t total = 0;
@@ -288,11 +311,13 @@ weft_status gpu_model_init_weights(gpu_model *m, uint64_t seed) {
       weft_tensor view;
       int64_t n = m->numel[i];
       WEFT_CHECK_GOTO(weft_tensor_view_init(&view, host, WEFT_F32, WEFT_CPU, 1, &n, NULL), st, out);
-      WEFT_CHECK_GOTO(weft_tensor_fill_normal(&view, seed, weft_rng_key(m->name[i]), NULL, 0.0f,
-                                              0.02f), st, out);
+      WEFT_CHECK_GOTO(
+          weft_tensor_fill_normal(&view, seed, weft_rng_key(m->name[i]), NULL, 0.0f, 0.02f), st,
+          out);
     }
-    WEFT_CHECK_GOTO(weft_memcpy(DEV, m->p[i], host, (size_t)m->numel[i] * sizeof(float),
-                                     WEFT_COPY_H2D), st, out);
+    WEFT_CHECK_GOTO(
+        weft_memcpy(DEV, m->p[i], host, (size_t)m->numel[i] * sizeof(float), WEFT_COPY_H2D), st,
+        out);
   }
   WEFT_CHECK_GOTO(reset_optimizer(m), st, out);
 out:
@@ -320,8 +345,9 @@ weft_status gpu_model_load_safetensors(gpu_model *m, const char *path) {
     }
     host = nh;
     WEFT_CHECK_GOTO(weft_safetensors_read(f, m->name[i], WEFT_F32, host, m->numel[i]), st, out);
-    WEFT_CHECK_GOTO(weft_memcpy(DEV, m->p[i], host, (size_t)m->numel[i] * sizeof(float),
-                                     WEFT_COPY_H2D), st, out);
+    WEFT_CHECK_GOTO(
+        weft_memcpy(DEV, m->p[i], host, (size_t)m->numel[i] * sizeof(float), WEFT_COPY_H2D), st,
+        out);
   }
   WEFT_CHECK_GOTO(reset_optimizer(m), st, out);
 out:
@@ -331,7 +357,8 @@ out:
 }
 
 weft_status gpu_model_set_batch(gpu_model *m, const int32_t *inputs, const int32_t *targets) {
-  if (!inputs || !targets) return weft_error(WEFT_ERR_INVALID, "inputs and targets must not be NULL");
+  if (!inputs || !targets)
+    return weft_error(WEFT_ERR_INVALID, "inputs and targets must not be NULL");
   const int64_t n = m->c.B * m->c.T;
   for (int64_t i = 0; i < n; i++) {
     if (inputs[i] < 0 || inputs[i] >= m->c.V)
@@ -342,8 +369,10 @@ weft_status gpu_model_set_batch(gpu_model *m, const int32_t *inputs, const int32
                         targets[i], (long long)m->c.V);
   }
   const int64_t first = (int64_t)m->dp_rank * m->N;
-  WEFT_CHECK(weft_memcpy(DEV, m->inp, inputs + first, (size_t)m->N * sizeof(int32_t), WEFT_COPY_H2D));
-  WEFT_CHECK(weft_memcpy(DEV, m->tgt, targets + first, (size_t)m->N * sizeof(int32_t), WEFT_COPY_H2D));
+  WEFT_CHECK(
+      weft_memcpy(DEV, m->inp, inputs + first, (size_t)m->N * sizeof(int32_t), WEFT_COPY_H2D));
+  WEFT_CHECK(
+      weft_memcpy(DEV, m->tgt, targets + first, (size_t)m->N * sizeof(int32_t), WEFT_COPY_H2D));
   return WEFT_OK;
 }
 
@@ -363,8 +392,8 @@ weft_status gpu_model_read_grad(const gpu_model *m, int i, float *host) {
  * ordered after the backward's kernels on the compute stream, and the
  * kernels queued after it see the result). */
 static weft_status dp_all_reduce_grads(gpu_model *m) {
-  WEFT_CHECK(weft_all_reduce(m->mesh, m->dp_dim, m->grads, m->grads, m->flat, WEFT_F32,
-                             WEFT_OP_AVG, NULL));
+  WEFT_CHECK(weft_all_reduce(m->mesh, m->dp_dim, m->grads, m->grads, m->flat, WEFT_F32, WEFT_OP_AVG,
+                             NULL));
   return WEFT_OK;
 }
 
@@ -377,10 +406,10 @@ weft_status gpu_model_forward(gpu_model *m, double *loss) {
   const float eps = c->norm_eps;
   WEFT_CHECK(weft_backend_embedding_forward(DEV, m->x, m->inp, m->p[P_TOK], N, V, D));
   for (int64_t l = 0; l < c->L; l++) {
-    float *x = m->x + l * N * D, *xo = x + N * D, *n1 = m->n1 + l * N * D,
-          *q = m->q + l * N * qd, *k = m->k + l * N * kd, *v = m->v + l * N * kd,
-          *att = m->att + l * N * qd, *h = m->h + l * N * D, *n2 = m->n2 + l * N * D,
-          *a = m->a + l * N * F, *b = m->b + l * N * F, *g = m->gg + l * N * F;
+    float *x = m->x + l * N * D, *xo = x + N * D, *n1 = m->n1 + l * N * D, *q = m->q + l * N * qd,
+          *k = m->k + l * N * kd, *v = m->v + l * N * kd, *att = m->att + l * N * qd,
+          *h = m->h + l * N * D, *n2 = m->n2 + l * N * D, *a = m->a + l * N * F,
+          *b = m->b + l * N * F, *g = m->gg + l * N * F;
     float *const *P = m->p + pidx(m, l, 0);
     /* h = x + wo(attn(rope(q), rope(k), v)), q, k, v = wq/wk/wv(rmsnorm(x)) */
     WEFT_CHECK(weft_backend_rmsnorm_forward(DEV, n1, m->rstd1 + l * N, x, P[P_ANORM], N, D, eps));
@@ -389,8 +418,8 @@ weft_status gpu_model_forward(gpu_model *m, double *loss) {
     WEFT_CHECK(weft_backend_linear_forward(DEV, v, n1, P[P_WV], NULL, N, D, kd));
     WEFT_CHECK(weft_backend_rope_forward(DEV, q, q, m->cosb, m->sinb, T, B, T, H, hd, 0));
     WEFT_CHECK(weft_backend_rope_forward(DEV, k, k, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
-    WEFT_CHECK(weft_backend_attention_forward(DEV, att, m->lse + l * B * H * T, q, k, v, B, T, H, Hkv, hd,
-                                           true, m->scratch));
+    WEFT_CHECK(weft_backend_attention_forward(DEV, att, m->lse + l * B * H * T, q, k, v, B, T, H,
+                                              Hkv, hd, true, m->scratch));
     WEFT_CHECK(weft_backend_linear_forward(DEV, h, att, P[P_WO], NULL, N, qd, D));
     WEFT_CHECK(weft_backend_residual_forward(DEV, h, h, x, N * D));
     /* out = h + w2(silu(w1 n) * w3 n), n = rmsnorm(h) */
@@ -401,8 +430,8 @@ weft_status gpu_model_forward(gpu_model *m, double *loss) {
     WEFT_CHECK(weft_backend_linear_forward(DEV, xo, g, P[P_W2], NULL, N, F, D));
     WEFT_CHECK(weft_backend_residual_forward(DEV, xo, xo, h, N * D));
   }
-  WEFT_CHECK(weft_backend_rmsnorm_forward(DEV, m->nf, m->rstdf, m->x + c->L * N * D, m->p[P_NORM(m)], N, D,
-                                       eps));
+  WEFT_CHECK(weft_backend_rmsnorm_forward(DEV, m->nf, m->rstdf, m->x + c->L * N * D,
+                                          m->p[P_NORM(m)], N, D, eps));
   WEFT_CHECK(weft_backend_linear_forward(DEV, m->logits, m->nf, m->p[P_OUT(m)], NULL, N, D, V));
   double l = 0;
   WEFT_CHECK(weft_backend_cross_entropy_forward(DEV, &l, m->lsece, m->logits, m->tgt, N, V));
@@ -421,11 +450,11 @@ weft_status gpu_model_backward(gpu_model *m) {
   /* d(mean over the local N rows); the dp AVG below turns it into the global mean */
   float *dlog = m->logits, *dx = m->dx; /* in place: logits are not needed after this */
   WEFT_CHECK(weft_backend_cross_entropy_backward(DEV, dlog, m->logits, m->lsece, m->tgt, N, V,
-                                              1.0f / (float)N));
-  WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, m->g[P_OUT(m)], NULL, dlog, m->nf, m->p[P_OUT(m)], N,
-                                       D, V, false, true));
+                                                 1.0f / (float)N));
+  WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, m->g[P_OUT(m)], NULL, dlog, m->nf,
+                                          m->p[P_OUT(m)], N, D, V, false, true));
   WEFT_CHECK(weft_backend_rmsnorm_backward(DEV, dx, m->g[P_NORM(m)], m->dn, m->x + c->L * N * D,
-                                        m->p[P_NORM(m)], m->rstdf, N, D, false));
+                                           m->p[P_NORM(m)], m->rstdf, N, D, false));
   for (int64_t l = c->L - 1; l >= 0; l--) {
     float *x = m->x + l * N * D, *n1 = m->n1 + l * N * D, *q = m->q + l * N * qd,
           *k = m->k + l * N * kd, *v = m->v + l * N * kd, *att = m->att + l * N * qd,
@@ -435,31 +464,33 @@ weft_status gpu_model_backward(gpu_model *m) {
     float *const *G = m->g + pidx(m, l, 0);
     /* feed-forward branch; dx carries d(out) = d(h) through the residual */
     float *dg = m->dbig;
-    WEFT_CHECK(weft_backend_linear_backward(DEV, dg, G[P_W2], NULL, dx, g, P[P_W2], N, F, D, false, true));
+    WEFT_CHECK(
+        weft_backend_linear_backward(DEV, dg, G[P_W2], NULL, dx, g, P[P_W2], N, F, D, false, true));
     WEFT_CHECK(weft_backend_swiglu_backward(DEV, m->da, m->db, dg, a, b, N * F));
-    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_W1], NULL, m->da, n2, P[P_W1], N, D, F, false,
-                                         true));
-    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_W3], NULL, m->db, n2, P[P_W3], N, D, F, true,
-                                         true));
-    WEFT_CHECK(weft_backend_rmsnorm_backward(DEV, dx, G[P_FNORM], m->dn, h, P[P_FNORM], m->rstd2 + l * N, N,
-                                          D, true));
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_W1], NULL, m->da, n2, P[P_W1], N, D, F,
+                                            false, true));
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_W3], NULL, m->db, n2, P[P_W3], N, D, F,
+                                            true, true));
+    WEFT_CHECK(weft_backend_rmsnorm_backward(DEV, dx, G[P_FNORM], m->dn, h, P[P_FNORM],
+                                             m->rstd2 + l * N, N, D, true));
     /* attention branch; dx now d(h) = d(x) through the residual */
     float *datt = m->dbig;
-    WEFT_CHECK(weft_backend_linear_backward(DEV, datt, G[P_WO], NULL, dx, att, P[P_WO], N, qd, D, false,
-                                         true));
+    WEFT_CHECK(weft_backend_linear_backward(DEV, datt, G[P_WO], NULL, dx, att, P[P_WO], N, qd, D,
+                                            false, true));
     WEFT_CHECK(weft_backend_attention_backward(DEV, m->dq, m->dk, m->dv, datt, q, k, v,
-                                            m->lse + l * B * H * T, att, B, T, H, Hkv, hd,
-                                            true, m->scratch));
+                                               m->lse + l * B * H * T, att, B, T, H, Hkv, hd, true,
+                                               m->scratch));
     WEFT_CHECK(weft_backend_rope_backward(DEV, m->dq, m->dq, m->cosb, m->sinb, T, B, T, H, hd, 0));
-    WEFT_CHECK(weft_backend_rope_backward(DEV, m->dk, m->dk, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
-    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WQ], NULL, m->dq, n1, P[P_WQ], N, D, qd, false,
-                                         true));
-    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WK], NULL, m->dk, n1, P[P_WK], N, D, kd, true,
-                                         true));
-    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WV], NULL, m->dv, n1, P[P_WV], N, D, kd, true,
-                                         true));
-    WEFT_CHECK(weft_backend_rmsnorm_backward(DEV, dx, G[P_ANORM], m->dn, x, P[P_ANORM], m->rstd1 + l * N, N,
-                                          D, true));
+    WEFT_CHECK(
+        weft_backend_rope_backward(DEV, m->dk, m->dk, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WQ], NULL, m->dq, n1, P[P_WQ], N, D, qd,
+                                            false, true));
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WK], NULL, m->dk, n1, P[P_WK], N, D, kd,
+                                            true, true));
+    WEFT_CHECK(weft_backend_linear_backward(DEV, m->dn, G[P_WV], NULL, m->dv, n1, P[P_WV], N, D, kd,
+                                            true, true));
+    WEFT_CHECK(weft_backend_rmsnorm_backward(DEV, dx, G[P_ANORM], m->dn, x, P[P_ANORM],
+                                             m->rstd1 + l * N, N, D, true));
   }
   WEFT_CHECK(weft_backend_embedding_backward(DEV, m->g[P_TOK], m->inp, dx, N, V, D));
   if (m->dp > 1) WEFT_CHECK(dp_all_reduce_grads(m));
@@ -472,8 +503,7 @@ weft_status gpu_model_clip_grads(gpu_model *m, double max_norm, double *norm) {
   /* after the dp all-reduce every rank holds the full gradient: no reduction */
   double *per = malloc((size_t)m->np * sizeof *per);
   if (!per) return weft_error(WEFT_ERR_OOM, "%d sums of squares", m->np);
-  weft_status st =
-      weft_backend_sumsq_multi(DEV, (const float *const *)m->g, m->numel, m->np, per);
+  weft_status st = weft_backend_sumsq_multi(DEV, (const float *const *)m->g, m->numel, m->np, per);
   double sumsq = 0;
   for (int i = 0; i < m->np && !st; i++) sumsq += per[i];
   free(per);
@@ -491,8 +521,8 @@ weft_status gpu_model_adamw_step(gpu_model *m, const weft_adamw_params *hp) {
   if (!hp) return weft_error(WEFT_ERR_INVALID, "hp must not be NULL");
   if (hp->amsgrad) return weft_error(WEFT_ERR_UNSUPPORTED, "gpu_model keeps no vmax: amsgrad off");
   m->step++;
-  WEFT_CHECK(weft_backend_adamw_multi(DEV, m->p, (const float *const *)m->g, m->pm, m->pv, NULL, m->numel,
-                                   m->np, m->step, hp));
+  WEFT_CHECK(weft_backend_adamw_multi(DEV, m->p, (const float *const *)m->g, m->pm, m->pv, NULL,
+                                      m->numel, m->np, m->step, hp));
   return WEFT_OK;
 }
 
@@ -507,8 +537,10 @@ weft_status gpu_model_train_step(gpu_model *m, const weft_adamw_params *hp, doub
 
 double gpu_model_step_flops(const gpu_model_config *c, int64_t tokens) {
   const double hd = (double)(c->D / c->H);
-  const double per_layer = 2.0 * (double)c->D + (double)c->D * hd * (double)(2 * c->H + 2 * c->Hkv) +
+  const double per_layer = 2.0 * (double)c->D +
+                           (double)c->D * hd * (double)(2 * c->H + 2 * c->Hkv) +
                            3.0 * (double)c->D * (double)c->F;
   const double P = (double)c->L * per_layer + (double)c->D + (double)c->V * (double)c->D;
-  return 6.0 * P * (double)tokens + 6.0 * (double)c->L * (double)c->T * (double)c->D * (double)tokens;
+  return 6.0 * P * (double)tokens +
+         6.0 * (double)c->L * (double)c->T * (double)c->D * (double)tokens;
 }

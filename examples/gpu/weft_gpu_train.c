@@ -78,8 +78,14 @@ static bool parse_double(const char *s, double *out) {
 
 /* 0: ok, 1: --help printed, -1: error (printed) */
 static int parse_args(int argc, char **argv, opts *o, bool print) {
-  *o = (opts){.config = "gpt2s", .steps = -1, .warmup = -1, .precision = "f32", .seed = 1234,
-              .lr = 3e-4, .clip = 1.0, .wd = 0.1};
+  *o = (opts){.config = "gpt2s",
+              .steps = -1,
+              .warmup = -1,
+              .precision = "f32",
+              .seed = 1234,
+              .lr = 3e-4,
+              .clip = 1.0,
+              .wd = 0.1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -94,16 +100,26 @@ static int parse_args(int argc, char **argv, opts *o, bool print) {
     long n;
     double d;
     bool ok = true;
-    if (!strcmp(a, "--config")) o->config = v;
-    else if (!strcmp(a, "--golden")) o->golden = v;
-    else if (!strcmp(a, "--precision")) o->precision = v;
-    else if (!strcmp(a, "--steps")) ok = parse_long(v, &o->steps);
-    else if (!strcmp(a, "--warmup")) ok = parse_long(v, &o->warmup);
-    else if (!strcmp(a, "--batch")) ok = parse_long(v, &o->batch) && o->batch > 0;
-    else if (!strcmp(a, "--seed")) ok = parse_long(v, &n) && ((o->seed = (unsigned long long)n), 1);
-    else if (!strcmp(a, "--lr")) ok = parse_double(v, &o->lr);
-    else if (!strcmp(a, "--clip")) ok = parse_double(v, &o->clip);
-    else if (!strcmp(a, "--weight-decay")) ok = parse_double(v, &d) && ((o->wd = d), 1);
+    if (!strcmp(a, "--config"))
+      o->config = v;
+    else if (!strcmp(a, "--golden"))
+      o->golden = v;
+    else if (!strcmp(a, "--precision"))
+      o->precision = v;
+    else if (!strcmp(a, "--steps"))
+      ok = parse_long(v, &o->steps);
+    else if (!strcmp(a, "--warmup"))
+      ok = parse_long(v, &o->warmup);
+    else if (!strcmp(a, "--batch"))
+      ok = parse_long(v, &o->batch) && o->batch > 0;
+    else if (!strcmp(a, "--seed"))
+      ok = parse_long(v, &n) && ((o->seed = (unsigned long long)n), 1);
+    else if (!strcmp(a, "--lr"))
+      ok = parse_double(v, &o->lr);
+    else if (!strcmp(a, "--clip"))
+      ok = parse_double(v, &o->clip);
+    else if (!strcmp(a, "--weight-decay"))
+      ok = parse_double(v, &d) && ((o->wd = d), 1);
     else {
       if (print) fprintf(stderr, "weft-gpu-train: error: unknown option %s (see --help)\n", a);
       return -1;
@@ -142,10 +158,16 @@ static weft_status golden_step(gpu_model *m, const char *dir, const gpu_golden *
   double *ref = NULL;
   weft_safetensors *f = NULL;
   weft_status st = WEFT_OK;
-  if (!got || !init) { st = weft_error(WEFT_ERR_OOM, "golden buffers"); goto out; }
+  if (!got || !init) {
+    st = weft_error(WEFT_ERR_OOM, "golden buffers");
+    goto out;
+  }
   for (int i = 0; i < np; i++) {
     init[i] = malloc((size_t)gpu_model_tensor_numel(m, i) * sizeof **init);
-    if (!init[i]) { st = weft_error(WEFT_ERR_OOM, "golden buffers"); goto out; }
+    if (!init[i]) {
+      st = weft_error(WEFT_ERR_OOM, "golden buffers");
+      goto out;
+    }
     WEFT_CHECK_GOTO(gpu_model_read_param(m, i, init[i]), st, out);
   }
   double loss;
@@ -166,9 +188,13 @@ static weft_status golden_step(gpu_model *m, const char *dir, const gpu_golden *
     double r = gpu_golden_rel_err(got, ref, NULL, gpu_model_tensor_numel(m, i));
     if (r > 1e-5) {
       (*bad)++;
-      if (print) printf("golden grad %s: rel err %.2e > 1e-5  FAIL\n", gpu_model_tensor_name(m, i), r);
+      if (print)
+        printf("golden grad %s: rel err %.2e > 1e-5  FAIL\n", gpu_model_tensor_name(m, i), r);
     }
-    if (r > worst) { worst = r; worst_i = i; }
+    if (r > worst) {
+      worst = r;
+      worst_i = i;
+    }
   }
   weft_safetensors_close(f);
   f = NULL;
@@ -194,9 +220,13 @@ static weft_status golden_step(gpu_model *m, const char *dir, const gpu_golden *
     if (r > 1e-3) {
       (*bad)++;
       if (print)
-        printf("golden AdamW update %s: rel err %.2e > 1e-3  FAIL\n", gpu_model_tensor_name(m, i), r);
+        printf("golden AdamW update %s: rel err %.2e > 1e-3  FAIL\n", gpu_model_tensor_name(m, i),
+               r);
     }
-    if (r > worst_u) { worst_u = r; worst_ui = i; }
+    if (r > worst_u) {
+      worst_u = r;
+      worst_ui = i;
+    }
   }
   if (print)
     printf("golden AdamW update: worst rel err %.2e (%s)  (tol 1e-3)\n", worst_u,
@@ -218,8 +248,8 @@ static void fail_msg(const char *what) {
   fflush(stderr);
 }
 
-static weft_status timed_step(gpu_model *m, const weft_adamw_params *hp, double clip,
-                              double *loss, double *norm, float *ms) {
+static weft_status timed_step(gpu_model *m, const weft_adamw_params *hp, double clip, double *loss,
+                              double *norm, float *ms) {
   weft_event *e0 = NULL, *e1 = NULL;
   weft_status st = WEFT_OK;
   WEFT_CHECK_GOTO(weft_event_record(WEFT_CUDA, WEFT_STREAM_COMPUTE, &e0), st, out);
@@ -252,15 +282,19 @@ int main(int argc, char **argv) {
   gpu_golden g = {0};
   int32_t *inp = NULL, *tgt = NULL;
   gpu_model_config cfg;
-  weft_adamw_params hp = {.lr = (float)o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                          .weight_decay = (float)o.wd};
+  weft_adamw_params hp = {
+      .lr = (float)o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = (float)o.wd};
   double clip = o.clip;
   weft_matmul_precision prec;
-  if (!strcmp(o.precision, "f32")) prec = WEFT_MATMUL_F32;
-  else if (!strcmp(o.precision, "tf32")) prec = WEFT_MATMUL_TF32;
-  else if (!strcmp(o.precision, "bf16")) prec = WEFT_MATMUL_BF16;
+  if (!strcmp(o.precision, "f32"))
+    prec = WEFT_MATMUL_F32;
+  else if (!strcmp(o.precision, "tf32"))
+    prec = WEFT_MATMUL_TF32;
+  else if (!strcmp(o.precision, "bf16"))
+    prec = WEFT_MATMUL_BF16;
   else {
-    if (print) fprintf(stderr, "weft-gpu-train: error: --precision %s: f32, tf32 or bf16\n", o.precision);
+    if (print)
+      fprintf(stderr, "weft-gpu-train: error: --precision %s: f32, tf32 or bf16\n", o.precision);
     rc = 2;
     goto done;
   }
@@ -352,12 +386,13 @@ int main(int argc, char **argv) {
   int ngpus = world / weft_local_size() * (per_node > 0 ? per_node : 1);
   if (ngpus < 1) ngpus = 1;
   if (print) {
-    printf("weft-gpu-train: %s D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld B=%lld "
-           "(%lld per rank), %lld params, dp=%d on %d GPU(s), precision %s\n",
-           o.golden ? o.golden : o.config, (long long)cfg.D, (long long)cfg.L, (long long)cfg.H,
-           (long long)cfg.Hkv, (long long)cfg.F, (long long)cfg.V, (long long)cfg.T,
-           (long long)cfg.B, (long long)gpu_model_local_batch(m),
-           (long long)gpu_model_param_count(m), world, ngpus, o.precision);
+    printf(
+        "weft-gpu-train: %s D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld B=%lld "
+        "(%lld per rank), %lld params, dp=%d on %d GPU(s), precision %s\n",
+        o.golden ? o.golden : o.config, (long long)cfg.D, (long long)cfg.L, (long long)cfg.H,
+        (long long)cfg.Hkv, (long long)cfg.F, (long long)cfg.V, (long long)cfg.T, (long long)cfg.B,
+        (long long)gpu_model_local_batch(m), (long long)gpu_model_param_count(m), world, ngpus,
+        o.precision);
     printf("FLOPs/step %.4e (6 (P - embedding) tokens + 6 L B T^2 D)\n", flops);
     fflush(stdout);
   }
@@ -393,8 +428,8 @@ int main(int argc, char **argv) {
       timed++;
     }
     if (print) {
-      printf("step %4ld  loss %.6f  grad norm %.4f  %8.3f ms  %10.0f tok/s  mfu %5.2f%%%s\n",
-             s + 1, loss, norm, dms, tokens / (dms * 1e-3),
+      printf("step %4ld  loss %.6f  grad norm %.4f  %8.3f ms  %10.0f tok/s  mfu %5.2f%%%s\n", s + 1,
+             loss, norm, dms, tokens / (dms * 1e-3),
              100.0 * flops / (dms * 1e-3) / (PEAK_FLOPS * ngpus), warm ? "  (warmup)" : "");
       fflush(stdout);
     }
@@ -402,13 +437,13 @@ int main(int argc, char **argv) {
   if (print && timed > 0) {
     const double step_ms = sum_ms / (double)timed, tps = tokens / (step_ms * 1e-3),
                  mfu = flops / (step_ms * 1e-3) / (PEAK_FLOPS * ngpus);
-    printf("RESULT config=%s precision=%s dp=%d gpus=%d batch=%lld seq=%lld steps=%ld "
-           "step_ms=%.3f tokens_per_s=%.0f mfu=%.4f first_loss=%.6f last_loss=%.6f\n",
-           o.golden ? "golden" : o.config, o.precision, world, ngpus, (long long)cfg.B,
-           (long long)cfg.T, timed, step_ms, tps, mfu, first_loss, last_loss);
+    printf(
+        "RESULT config=%s precision=%s dp=%d gpus=%d batch=%lld seq=%lld steps=%ld "
+        "step_ms=%.3f tokens_per_s=%.0f mfu=%.4f first_loss=%.6f last_loss=%.6f\n",
+        o.golden ? "golden" : o.config, o.precision, world, ngpus, (long long)cfg.B,
+        (long long)cfg.T, timed, step_ms, tps, mfu, first_loss, last_loss);
   }
-  if (print && o.golden)
-    printf("RESULT golden=%s bad=%d\n", bad ? "FAIL" : "PASS", bad);
+  if (print && o.golden) printf("RESULT golden=%s bad=%d\n", bad ? "FAIL" : "PASS", bad);
   rc = bad ? 1 : 0;
 done:
   fflush(stdout);

@@ -119,7 +119,8 @@ static void predict(const plan_opts *o, config *k) {
   k->why[0] = 0;
   if (t > 1 && (H % t || Hk % t)) {
     k->valid = false;
-    snprintf(k->why, sizeof k->why, "heads %lld/%lld not divisible by tp", (long long)H, (long long)Hk);
+    snprintf(k->why, sizeof k->why, "heads %lld/%lld not divisible by tp", (long long)H,
+             (long long)Hk);
   } else if (o->batch % dp) {
     k->valid = false;
     snprintf(k->why, sizeof k->why, "batch %lld not divisible by dp %d", (long long)o->batch, dp);
@@ -133,7 +134,8 @@ static void predict(const plan_opts *o, config *k) {
   bool fsdp = dp > 1;
   int Sg = fsdp ? S : 1;
   group blk = {0, 0}, last = {0, 0}, root = {0, 0};
-  pshape wq = tp_local(H * hd, D, 1, t), wk = tp_local(Hk * hd, D, 1, t), wo = tp_local(D, H * hd, 2, t);
+  pshape wq = tp_local(H * hd, D, 1, t), wk = tp_local(Hk * hd, D, 1, t),
+         wo = tp_local(D, H * hd, 2, t);
   pshape w1 = tp_local(F, D, 1, t), w2 = tp_local(D, F, 2, t), nrm = {D, 1};
   add_param(&blk, nrm, Sg);
   add_param(&blk, wq, Sg);
@@ -147,7 +149,7 @@ static void predict(const plan_opts *o, config *k) {
   add_param(&last, nrm, Sg);
   add_param(&last, tp_local(V, D, 1, t), Sg);
   add_param(&root, tp_local(V, D, 1, t), Sg);
-  double local_numel = L * blk.numel + last.numel + root.numel;   /* tp-local */
+  double local_numel = L * blk.numel + last.numel + root.numel; /* tp-local */
   double shard_numel = fsdp ? (L * blk.padded + last.padded + root.padded) : local_numel;
   /* memory: fp32 master params and grads, AdamW exp_avg + exp_avg_sq */
   double pdt = o->bf16 ? 2 : 4, rdt = 4;
@@ -175,23 +177,23 @@ static void predict(const plan_opts *o, config *k) {
 
   /* --- communication per step */
   enum { AG = WEFT_COLL_ALL_GATHER, RS = WEFT_COLL_REDUCE_SCATTER, AR = WEFT_COLL_ALL_REDUCE };
-#define ADD(dim, kind, n, b)            \
-  do {                                  \
-    k->calls[dim][kind] += (n);         \
-    k->bytes[dim][kind] += (n) * (b);   \
+#define ADD(dim, kind, n, b)          \
+  do {                                \
+    k->calls[dim][kind] += (n);       \
+    k->bytes[dim][kind] += (n) * (b); \
   } while (0)
   if (t > 1) {
     double ND = 4 * N * D;
     if (!o->sp) {
-      ADD(2, AR, acc * (1 + 2 * L), ND);      /* forward */
-      ADD(2, AR, acc * (2 * L + 1), ND);      /* backward (+ the final norm's input grad) */
+      ADD(2, AR, acc * (1 + 2 * L), ND); /* forward */
+      ADD(2, AR, acc * (2 * L + 1), ND); /* backward (+ the final norm's input grad) */
     } else {
       ADD(2, RS, acc * (1 + 2 * L), ND);
       ADD(2, AG, acc * (2 * L + 1), ND);
       ADD(2, AG, acc * (1 + 2 * L), ND);
       ADD(2, RS, acc * (2 * L + 1), ND);
     }
-    ADD(2, AR, acc * (2 * L + 1), 4.0 * D);    /* norm weight grads */
+    ADD(2, AR, acc * (2 * L + 1), 4.0 * D); /* norm weight grads */
     if (o->lp) {
       ADD(2, AR, acc, 4 * N);
       ADD(2, AR, acc, 8 * N);
@@ -207,8 +209,8 @@ static void predict(const plan_opts *o, config *k) {
       double ag = gs[g].padded * S * pdt;
       bool is_root = g == 2;
       bool raf = !is_root && o->raf != 0;
-      ADD(sd, AG, cnt[g] * acc, ag);                               /* forward */
-      if (raf && o->raf < 2) ADD(sd, AG, cnt[g] * acc, ag);        /* backward re-gather */
+      ADD(sd, AG, cnt[g] * acc, ag);                        /* forward */
+      if (raf && o->raf < 2) ADD(sd, AG, cnt[g] * acc, ag); /* backward re-gather */
       ADD(sd, RS, cnt[g], gs[g].padded * S * rdt);
       if (R > 1) ADD(0, AR, cnt[g], gs[g].padded * rdt);
     }
@@ -228,8 +230,9 @@ static void predict(const plan_opts *o, config *k) {
   /* ranks are row-major (rep, shard, tp): tp innermost. A dim's group is
    * inside a node when its stride * size <= gpus per node. */
   int stride[3] = {S * t, t, 1}, size[3] = {R, S, t};
-  double comp_flops = 6.0 * (double)(L * blk.numel * t + last.numel * t) * (double)o->batch * T * acc +
-                      12.0 * L * D * (double)T * (double)o->batch * T * acc;
+  double comp_flops =
+      6.0 * (double)(L * blk.numel * t + last.numel * t) * (double)o->batch * T * acc +
+      12.0 * L * D * (double)T * (double)o->batch * T * acc;
   k->t_compute = comp_flops / ((double)R * S * t * o->c.flops);
   double tc = 0;
   for (int d = 0; d < 3; d++) {
@@ -237,7 +240,8 @@ static void predict(const plan_opts *o, config *k) {
     k->t_comm[d] = 0;
     if (n <= 1) continue;
     bool intra = (double)stride[d] * n <= gpn;
-    double bw = intra ? o->c.intra_bw : o->c.inter_bw, lat = intra ? o->c.intra_lat : o->c.inter_lat;
+    double bw = intra ? o->c.intra_bw : o->c.inter_bw,
+           lat = intra ? o->c.intra_lat : o->c.inter_lat;
     for (int kind = 0; kind < WEFT_COLL_KIND_COUNT; kind++) {
       double b = k->bytes[d][kind] * (n - 1) / n * (kind == AR ? 2 : 1);
       k->t_comm[d] += b / bw + k->calls[d][kind] * lat * (n - 1);
@@ -272,11 +276,21 @@ static bool preset(const char *name, weft_llama_config *c) {
   if (train_model_preset(name, c)) return true;
   weft_llama_config d = WEFT_LLAMA_CONFIG_INIT;
   if (!strcmp(name, "llama8b")) {
-    d.dim = 4096; d.n_layers = 32; d.n_heads = 32; d.n_kv_heads = 8;
-    d.ffn_dim = 14336; d.vocab = 128256; d.max_seq_len = 4096;
+    d.dim = 4096;
+    d.n_layers = 32;
+    d.n_heads = 32;
+    d.n_kv_heads = 8;
+    d.ffn_dim = 14336;
+    d.vocab = 128256;
+    d.max_seq_len = 4096;
   } else if (!strcmp(name, "llama70b")) {
-    d.dim = 8192; d.n_layers = 80; d.n_heads = 64; d.n_kv_heads = 8;
-    d.ffn_dim = 28672; d.vocab = 128256; d.max_seq_len = 4096;
+    d.dim = 8192;
+    d.n_layers = 80;
+    d.n_heads = 64;
+    d.n_kv_heads = 8;
+    d.ffn_dim = 28672;
+    d.vocab = 128256;
+    d.max_seq_len = 4096;
   } else {
     return false;
   }
@@ -346,22 +360,45 @@ static int parse(int argc, char **argv, plan_opts *o) {
   o->top = 30;
   o->steps = 3;
   int64_t ov[7] = {-1, -1, -1, -1, -1, -1, -1};
-  static const char *const ovn[7] = {"--dim", "--layers", "--heads", "--kv-heads", "--ffn-dim", "--vocab", "--seq-len"};
+  static const char *const ovn[7] = {"--dim",     "--layers", "--heads",  "--kv-heads",
+                                     "--ffn-dim", "--vocab",  "--seq-len"};
   const char *mp = NULL, *cp = NULL;
   double cov[8];
   bool has[8] = {0};
-  static const char *const covn[8] = {"--nodes", "--gpus-per-node", "--intra-bw", "--inter-bw",
-                                      "--intra-lat", "--inter-lat", "--mem", "--tflops"};
+  static const char *const covn[8] = {"--nodes",     "--gpus-per-node", "--intra-bw", "--inter-bw",
+                                      "--intra-lat", "--inter-lat",     "--mem",      "--tflops"};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) { help(); return 1; }
-    if (!strcmp(a, "--sequence-parallel")) { o->sp = true; continue; }
-    if (!strcmp(a, "--no-loss-parallel")) { o->lp = false; continue; }
-    if (!strcmp(a, "--tp-across-nodes")) { o->tp_across = true; continue; }
-    if (!strcmp(a, "--validate")) { o->validate = true; continue; }
-    if (!strcmp(a, "--reshard-after-forward=false")) { o->raf = 0; continue; }
-    if (!strcmp(a, "--reshard-after-forward") || !strcmp(a, "--reshard-after-forward=true")) { o->raf = 1; continue; }
-    if (i + 1 >= argc || strncmp(a, "--", 2)) return bad("unknown flag or missing value: '%s' (see --help)", a);
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      help();
+      return 1;
+    }
+    if (!strcmp(a, "--sequence-parallel")) {
+      o->sp = true;
+      continue;
+    }
+    if (!strcmp(a, "--no-loss-parallel")) {
+      o->lp = false;
+      continue;
+    }
+    if (!strcmp(a, "--tp-across-nodes")) {
+      o->tp_across = true;
+      continue;
+    }
+    if (!strcmp(a, "--validate")) {
+      o->validate = true;
+      continue;
+    }
+    if (!strcmp(a, "--reshard-after-forward=false")) {
+      o->raf = 0;
+      continue;
+    }
+    if (!strcmp(a, "--reshard-after-forward") || !strcmp(a, "--reshard-after-forward=true")) {
+      o->raf = 1;
+      continue;
+    }
+    if (i + 1 >= argc || strncmp(a, "--", 2))
+      return bad("unknown flag or missing value: '%s' (see --help)", a);
     const char *v = argv[++i];
     char *end = NULL;
     double x = strtod(v, &end);
@@ -381,31 +418,48 @@ static int parse(int argc, char **argv, plan_opts *o) {
         done = true;
       }
     if (done) continue;
-    if (!strcmp(a, "--model")) { mp = v; continue; }
-    if (!strcmp(a, "--cluster")) { cp = v; continue; }
-    if (!strcmp(a, "--dtype")) {
-      if (!strcmp(v, "bf16")) o->bf16 = true;
-      else if (!strcmp(v, "fp32")) o->bf16 = false;
-      else return bad("--dtype: want fp32 or bf16, not '%s'", v);
+    if (!strcmp(a, "--model")) {
+      mp = v;
       continue;
     }
-    if (!strcmp(a, "--batch") || !strcmp(a, "--grad-accum") || !strcmp(a, "--top") || !strcmp(a, "--steps")) {
+    if (!strcmp(a, "--cluster")) {
+      cp = v;
+      continue;
+    }
+    if (!strcmp(a, "--dtype")) {
+      if (!strcmp(v, "bf16"))
+        o->bf16 = true;
+      else if (!strcmp(v, "fp32"))
+        o->bf16 = false;
+      else
+        return bad("--dtype: want fp32 or bf16, not '%s'", v);
+      continue;
+    }
+    if (!strcmp(a, "--batch") || !strcmp(a, "--grad-accum") || !strcmp(a, "--top") ||
+        !strcmp(a, "--steps")) {
       if (!num || x < 0 || x != floor(x)) return bad("want an integer after %s", a);
-      if (!strcmp(a, "--batch")) o->batch = (int64_t)x;
-      else if (!strcmp(a, "--grad-accum")) o->grad_accum = (int64_t)x;
-      else if (!strcmp(a, "--top")) o->top = (int)x;
-      else o->steps = (int64_t)x;
+      if (!strcmp(a, "--batch"))
+        o->batch = (int64_t)x;
+      else if (!strcmp(a, "--grad-accum"))
+        o->grad_accum = (int64_t)x;
+      else if (!strcmp(a, "--top"))
+        o->top = (int)x;
+      else
+        o->steps = (int64_t)x;
       if (o->batch < 1 || o->grad_accum < 1) return bad("%s must be >= 1", a);
       continue;
     }
     return bad("unknown flag '%s' (see --help)", a);
   }
   if (mp) {
-    if (!preset(mp, &o->m)) return bad("--model: unknown preset '%s' (demo, tiny, small, llama8b, llama70b)", mp);
+    if (!preset(mp, &o->m))
+      return bad("--model: unknown preset '%s' (demo, tiny, small, llama8b, llama70b)", mp);
     snprintf(o->model_name, sizeof o->model_name, "%s", mp);
   }
-  if (cp && !cluster_preset(cp, &o->c)) return bad("--cluster: unknown preset '%s' (h100-nvlink-ib, cpu-local)", cp);
-  int64_t *f[7] = {&o->m.dim, &o->m.n_layers, &o->m.n_heads, &o->m.n_kv_heads, &o->m.ffn_dim, &o->m.vocab, &o->m.max_seq_len};
+  if (cp && !cluster_preset(cp, &o->c))
+    return bad("--cluster: unknown preset '%s' (h100-nvlink-ib, cpu-local)", cp);
+  int64_t *f[7] = {&o->m.dim,     &o->m.n_layers, &o->m.n_heads,    &o->m.n_kv_heads,
+                   &o->m.ffn_dim, &o->m.vocab,    &o->m.max_seq_len};
   for (int k = 0; k < 7; k++)
     if (ov[k] > 0) *f[k] = ov[k];
   if (ov[2] > 0 && ov[3] < 0) o->m.n_kv_heads = o->m.n_heads;
@@ -447,16 +501,19 @@ static int enumerate(const plan_opts *o, int world, config **out) {
 
 static void print_table(const plan_opts *o, config *v, int n, int world) {
   qsort(v, (size_t)n, sizeof *v, cmp_cfg);
-  printf("weft-plan: model %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld), batch %lld x %lld accum,\n"
-         "  %d ranks = %d nodes x %d, intra %.0f GB/s, inter %.0f GB/s, %.0f GiB and %.3g TFLOP/s per device%s%s\n",
-         o->model_name, (long long)o->m.dim, (long long)o->m.n_layers, (long long)o->m.n_heads,
-         (long long)o->m.n_kv_heads, (long long)o->m.ffn_dim, (long long)o->m.vocab,
-         (long long)o->m.max_seq_len, (long long)o->batch, (long long)o->grad_accum, world,
-         o->c.nodes, o->c.gpn, o->c.intra_bw / 1e9, o->c.inter_bw / 1e9, o->c.mem / (1 << 30),
-         o->c.flops / 1e12, o->sp ? ", SP" : "", o->bf16 ? ", bf16 all-gathers" : "");
-  printf("%4s %6s %6s %4s | %9s %9s %9s %9s %9s %9s %4s | %10s %10s %10s | %8s %8s %8s %9s\n", "rank",
-         "dp_rep", "dp_shd", "tp", "params", "grads", "optim", "unshard", "activ", "total", "fit",
-         "dp_rep B", "dp_shd B", "tp B", "dp_rep s", "dp_shd s", "tp s", "step s");
+  printf(
+      "weft-plan: model %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld), batch %lld x %lld "
+      "accum,\n"
+      "  %d ranks = %d nodes x %d, intra %.0f GB/s, inter %.0f GB/s, %.0f GiB and %.3g TFLOP/s per "
+      "device%s%s\n",
+      o->model_name, (long long)o->m.dim, (long long)o->m.n_layers, (long long)o->m.n_heads,
+      (long long)o->m.n_kv_heads, (long long)o->m.ffn_dim, (long long)o->m.vocab,
+      (long long)o->m.max_seq_len, (long long)o->batch, (long long)o->grad_accum, world, o->c.nodes,
+      o->c.gpn, o->c.intra_bw / 1e9, o->c.inter_bw / 1e9, o->c.mem / (1 << 30), o->c.flops / 1e12,
+      o->sp ? ", SP" : "", o->bf16 ? ", bf16 all-gathers" : "");
+  printf("%4s %6s %6s %4s | %9s %9s %9s %9s %9s %9s %4s | %10s %10s %10s | %8s %8s %8s %9s\n",
+         "rank", "dp_rep", "dp_shd", "tp", "params", "grads", "optim", "unshard", "activ", "total",
+         "fit", "dp_rep B", "dp_shd B", "tp B", "dp_rep s", "dp_shd s", "tp s", "step s");
   int shown = 0;
   for (int i = 0; i < n; i++) {
     config *k = &v[i];
@@ -477,9 +534,11 @@ static void print_table(const plan_opts *o, config *v, int n, int world) {
     for (int d = 0; d < 3; d++)
       for (int kk = 0; kk < WEFT_COLL_KIND_COUNT; kk++) db[d] += k->bytes[d][kk];
     for (int d = 0; d < 3; d++) fmt_b(db[d], b[6 + d], 16);
-    printf("%4d %6d %6d %4d | %9s %9s %9s %9s %9s %9s %4s | %10s %10s %10s | %8.4f %8.4f %8.4f %9.4f\n", i + 1,
-           k->rep, k->shard, k->tp, b[0], b[1], b[2], b[3], b[4], b[5], k->fits ? "yes" : "NO",
-           b[6], b[7], b[8], k->t_comm[0], k->t_comm[1], k->t_comm[2], k->t_step);
+    printf(
+        "%4d %6d %6d %4d | %9s %9s %9s %9s %9s %9s %4s | %10s %10s %10s | %8.4f %8.4f %8.4f "
+        "%9.4f\n",
+        i + 1, k->rep, k->shard, k->tp, b[0], b[1], b[2], b[3], b[4], b[5], k->fits ? "yes" : "NO",
+        b[6], b[7], b[8], k->t_comm[0], k->t_comm[1], k->t_comm[2], k->t_step);
   }
   if (shown < n) printf("(%d more; --top 0 prints all)\n", n - shown);
 }
@@ -493,8 +552,10 @@ static int validate(const plan_opts *o, int world) {
   int n = enumerate(&q, world, &v);
   int rank = weft_world_rank(), failed = 0, ran = 0;
   if (rank == 0)
-    printf("weft-plan --validate on %d ranks, model %s, batch %lld: predicted vs measured (last of %lld steps)\n",
-           world, o->model_name, (long long)o->batch, (long long)o->steps);
+    printf(
+        "weft-plan --validate on %d ranks, model %s, batch %lld: predicted vs measured (last of "
+        "%lld steps)\n",
+        world, o->model_name, (long long)o->batch, (long long)o->steps);
   for (int i = 0; i < n; i++) {
     config *k = &v[i];
     if (!k->valid) {
@@ -545,16 +606,24 @@ static int validate(const plan_opts *o, int world) {
     int len = 0;
     for (int d = 0; d < 3; d++)
       for (int kk = 0; kk < WEFT_COLL_KIND_COUNT; kk++) {
-        if (meas[d][kk] == 0 && k->bytes[d][kk] == 0 && mcalls[d][kk] == 0 && k->calls[d][kk] == 0) continue;
+        if (meas[d][kk] == 0 && k->bytes[d][kk] == 0 && mcalls[d][kk] == 0 && k->calls[d][kk] == 0)
+          continue;
         bool ok = meas[d][kk] == k->bytes[d][kk] && mcalls[d][kk] == k->calls[d][kk];
         comm_ok = comm_ok && ok;
-        len += snprintf(line + len, sizeof line - (size_t)len, "    %-12s %-15s predicted %12.0f B %4.0f calls, measured %12.0f B %4.0f calls %s\n",
-                        DIMN[d], weft_coll_kind_name((weft_coll_kind)kk), k->bytes[d][kk],
-                        k->calls[d][kk], meas[d][kk], mcalls[d][kk], ok ? "ok" : "MISMATCH");
+        len += snprintf(
+            line + len, sizeof line - (size_t)len,
+            "    %-12s %-15s predicted %12.0f B %4.0f calls, measured %12.0f B %4.0f calls %s\n",
+            DIMN[d], weft_coll_kind_name((weft_coll_kind)kk), k->bytes[d][kk], k->calls[d][kk],
+            meas[d][kk], mcalls[d][kk], ok ? "ok" : "MISMATCH");
         if (len >= (int)sizeof line - 200) len = (int)sizeof line - 200;
       }
     /* memory: the max over ranks of each rank's peak */
-    int64_t mm[6] = {r.peak_bytes, r.param_bytes, r.grad_bytes, r.optim_bytes, r.unsharded_param_peak + r.unsharded_grad_peak, r.other_peak};
+    int64_t mm[6] = {r.peak_bytes,
+                     r.param_bytes,
+                     r.grad_bytes,
+                     r.optim_bytes,
+                     r.unsharded_param_peak + r.unsharded_grad_peak,
+                     r.other_peak};
     MPI_Allreduce(MPI_IN_PLACE, mm, 6, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
     double ratio = k->m_total / (double)mm[0];
     bool mem_ok = fabs(ratio - 1) <= 0.10;
@@ -570,11 +639,15 @@ static int validate(const plan_opts *o, int world) {
       fmt_b((double)mm[4], ub[1], 16);
       fmt_b(k->m_act, ub[2], 16);
       fmt_b((double)mm[5], ub[3], 16);
-      printf("  dp_replicate=%d dp_shard=%d tp=%d: comm %s, memory %s (predicted peak %s, measured %s, ratio %.3f)\n"
-             "    memory: params+grads+optim predicted %s measured %s; unsharded %s vs %s; activations etc. %s vs %s\n%s",
-             k->rep, k->shard, k->tp, comm_ok ? "exact" : "MISMATCH", mem_ok ? "within 10%" : "OFF BY > 10%",
-             pb[0], pb[1], ratio, pb[2], r.param_bytes ? pb[3] : "n/a (no FSDP)", ub[0],
-             r.param_bytes ? ub[1] : "n/a", ub[2], r.param_bytes ? ub[3] : "n/a", line);
+      printf(
+          "  dp_replicate=%d dp_shard=%d tp=%d: comm %s, memory %s (predicted peak %s, measured "
+          "%s, ratio %.3f)\n"
+          "    memory: params+grads+optim predicted %s measured %s; unsharded %s vs %s; "
+          "activations etc. %s vs %s\n%s",
+          k->rep, k->shard, k->tp, comm_ok ? "exact" : "MISMATCH",
+          mem_ok ? "within 10%" : "OFF BY > 10%", pb[0], pb[1], ratio, pb[2],
+          r.param_bytes ? pb[3] : "n/a (no FSDP)", ub[0], r.param_bytes ? ub[1] : "n/a", ub[2],
+          r.param_bytes ? ub[3] : "n/a", line);
     }
   }
   free(v);

@@ -60,15 +60,17 @@ static int check_header(const run_state *s, const ckpt_header *h) {
   const char *dir = s->o->resume_dir;
   const weft_llama_config *c = &s->cfg, *k = &h->cfg;
   if (strcmp(h->family, family_of(s)) != 0)
-    return train_fail_all("--resume %s: a checkpoint of a %s model; this run trains a %s model", dir,
-                          h->family, family_of(s));
+    return train_fail_all("--resume %s: a checkpoint of a %s model; this run trains a %s model",
+                          dir, h->family, family_of(s));
   if (k->dim != c->dim || k->n_layers != c->n_layers || k->n_heads != c->n_heads ||
       k->n_kv_heads != c->n_kv_heads || k->ffn_dim != c->ffn_dim || k->vocab != c->vocab)
-    return train_fail_all("--resume %s: checkpoint of another model (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld; this run: D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld)",
-                          dir, (long long)k->dim, (long long)k->n_layers, (long long)k->n_heads,
-                          (long long)k->n_kv_heads, (long long)k->ffn_dim, (long long)k->vocab,
-                          (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads,
-                          (long long)c->n_kv_heads, (long long)c->ffn_dim, (long long)c->vocab);
+    return train_fail_all(
+        "--resume %s: checkpoint of another model (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld; "
+        "this run: D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld)",
+        dir, (long long)k->dim, (long long)k->n_layers, (long long)k->n_heads,
+        (long long)k->n_kv_heads, (long long)k->ffn_dim, (long long)k->vocab, (long long)c->dim,
+        (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
+        (long long)c->ffn_dim, (long long)c->vocab);
   return 0;
 }
 
@@ -87,12 +89,14 @@ static weft_status load_state(run_state *s) {
 int train_resume(run_state *s, int64_t *start_step) {
   const char *dir = s->o->resume_dir;
   ckpt_header h;
-  if (read_header(dir, &h) != WEFT_OK) return train_fail_all("--resume %s: %s", dir, weft_last_error());
+  if (read_header(dir, &h) != WEFT_OK)
+    return train_fail_all("--resume %s: %s", dir, weft_last_error());
   int rc = check_header(s, &h);
   if (rc) return rc;
   if (load_state(s) != WEFT_OK) return train_fail_all("--resume %s: %s", dir, weft_last_error());
   *start_step = h.step;
-  if (s->rank == 0 && !s->o->silent) printf("resumed from %s at step %lld\n", dir, (long long)h.step);
+  if (s->rank == 0 && !s->o->silent)
+    printf("resumed from %s at step %lld\n", dir, (long long)h.step);
   return 0;
 }
 
@@ -114,8 +118,10 @@ int train_save_if_due(run_state *s, int64_t done) {
   weft_status st = weft_state_dict_create(&sd);
   if (st == WEFT_OK) st = fill_state_dict(s, sd, done);
   if (st == WEFT_OK) {
-    if (last) st = weft_dcp_save(sd, o->save_dir, NULL);
-    else st = weft_dcp_async_save(sd, o->save_dir, NULL, &s->pending_save);
+    if (last)
+      st = weft_dcp_save(sd, o->save_dir, NULL);
+    else
+      st = weft_dcp_async_save(sd, o->save_dir, NULL, &s->pending_save);
   }
   weft_state_dict_destroy(sd);
   if (st != WEFT_OK) return train_fail_all("--save %s: %s", o->save_dir, weft_last_error());

@@ -88,15 +88,20 @@ static void split_tail(train_data *d) {
 }
 
 static int open_bin(const char *path, weft_token_file **f, token_src *s, char *err, size_t cap) {
-  if (weft_token_file_open(path, f) != WEFT_OK) return train_perr(err, cap, "%s", weft_last_error());
-  *s = (token_src){.bin = *f, .text_fd = -1, .lo = 0, .hi = weft_token_file_count(*f),
+  if (weft_token_file_open(path, f) != WEFT_OK)
+    return train_perr(err, cap, "%s", weft_last_error());
+  *s = (token_src){.bin = *f,
+                   .text_fd = -1,
+                   .lo = 0,
+                   .hi = weft_token_file_count(*f),
                    .name = weft_token_file_path(*f)};
   return 0;
 }
 
 static int open_text(const char *path, train_data *d, char *err, size_t cap) {
   d->text_fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (d->text_fd < 0) return train_perr(err, cap, "cannot open text file '%s': %s", path, strerror(errno));
+  if (d->text_fd < 0)
+    return train_perr(err, cap, "cannot open text file '%s': %s", path, strerror(errno));
   struct stat st;
   if (fstat(d->text_fd, &st) != 0)
     return train_perr(err, cap, "cannot read text file '%s': %s", path, strerror(errno));
@@ -107,11 +112,14 @@ static int open_text(const char *path, train_data *d, char *err, size_t cap) {
 
 static int open_synth(int64_t V, train_data *d, char *err, size_t cap) {
   if (V < 16)
-    return train_perr(err, cap, "the embedded data needs --vocab >= 16 (model has %lld)", (long long)V);
+    return train_perr(err, cap, "the embedded data needs --vocab >= 16 (model has %lld)",
+                      (long long)V);
   int64_t n = (1 << 17) + (1 << 14);
   d->synth = synth_generate(V, n);
-  if (!d->synth) return train_perr(err, cap, "out of memory for the embedded data (%lld tokens)", (long long)n);
-  d->train = (token_src){.mem = d->synth, .text_fd = -1, .lo = 0, .hi = 1 << 17, .name = "embedded data"};
+  if (!d->synth)
+    return train_perr(err, cap, "out of memory for the embedded data (%lld tokens)", (long long)n);
+  d->train =
+      (token_src){.mem = d->synth, .text_fd = -1, .lo = 0, .hi = 1 << 17, .name = "embedded data"};
   d->val = d->train;
   d->val.lo = 1 << 17;
   d->val.hi = n;
@@ -125,11 +133,14 @@ int train_data_open(const train_opts *o, int64_t V, int64_t T, train_data *d, ch
   int bad = 0;
   if (o->data) {
     bad = open_bin(o->data, &d->bin[0], &d->train, err, cap);
-    if (!bad && o->val_data) bad = open_bin(o->val_data, &d->bin[1], &d->val, err, cap);
-    else if (!bad) split_tail(d);
+    if (!bad && o->val_data)
+      bad = open_bin(o->val_data, &d->bin[1], &d->val, err, cap);
+    else if (!bad)
+      split_tail(d);
   } else if (o->text) {
     if (V < 256)
-      bad = train_perr(err, cap, "--text: byte-level tokens need --vocab >= 256 (model has %lld)", (long long)V);
+      bad = train_perr(err, cap, "--text: byte-level tokens need --vocab >= 256 (model has %lld)",
+                       (long long)V);
     else
       bad = open_text(o->text, d, err, cap);
   } else {
@@ -137,7 +148,8 @@ int train_data_open(const train_opts *o, int64_t V, int64_t T, train_data *d, ch
   }
   if (!bad && (d->train.hi - d->train.lo < T + 1 || d->val.hi - d->val.lo < T + 1))
     bad = train_perr(err, cap,
-                     "data: the train and held-out splits need at least seq-len + 1 = %lld tokens each (have %lld and %lld)",
+                     "data: the train and held-out splits need at least seq-len + 1 = %lld tokens "
+                     "each (have %lld and %lld)",
                      (long long)(T + 1), (long long)(d->train.hi - d->train.lo),
                      (long long)(d->val.hi - d->val.lo));
   return bad;
@@ -154,13 +166,15 @@ void train_data_close(train_data *d) {
 }
 
 /* Reads bytes [at, at + n) of a text file as tokens. */
-static int read_text(const token_src *s, int64_t at, int64_t n, int32_t *out, char *err, size_t cap) {
+static int read_text(const token_src *s, int64_t at, int64_t n, int32_t *out, char *err,
+                     size_t cap) {
   uint8_t buf[8192];
   for (int64_t done = 0; done < n;) {
     int64_t k = n - done < (int64_t)sizeof buf ? n - done : (int64_t)sizeof buf;
     ssize_t got = pread(s->text_fd, buf, (size_t)k, (off_t)(at + done));
     if (got != (ssize_t)k)
-      return train_perr(err, cap, "reading '%s' failed at token %lld", s->name, (long long)(at + done));
+      return train_perr(err, cap, "reading '%s' failed at token %lld", s->name,
+                        (long long)(at + done));
     for (int64_t i = 0; i < k; i++) out[done + i] = (int32_t)buf[i];
     done += k;
   }
@@ -168,8 +182,8 @@ static int read_text(const token_src *s, int64_t at, int64_t n, int32_t *out, ch
 }
 
 /* Reads tokens [pos, pos + n) of the split into out; every token < V. */
-static int src_read(const token_src *s, int64_t pos, int64_t n, int32_t *out, int64_t V,
-                    char *err, size_t cap) {
+static int src_read(const token_src *s, int64_t pos, int64_t n, int32_t *out, int64_t V, char *err,
+                    size_t cap) {
   int64_t at = s->lo + pos;
   if (s->mem) {
     for (int64_t i = 0; i < n; i++) out[i] = s->mem[at + i];
@@ -181,7 +195,8 @@ static int src_read(const token_src *s, int64_t pos, int64_t n, int32_t *out, in
   }
   for (int64_t i = 0; i < n; i++)
     if (out[i] >= V)
-      return train_perr(err, cap, "'%s': token %d at %lld is >= the model's vocab %lld (use --vocab)",
+      return train_perr(err, cap,
+                        "'%s': token %d at %lld is >= the model's vocab %lld (use --vocab)",
                         s->name, out[i], (long long)(at + i), (long long)V);
   return 0;
 }

@@ -55,7 +55,8 @@ static void fmt_bytes(double b, char *buf, size_t cap) {
  * tp first. Collective. */
 static weft_status world_reduce(const run_state *s, void *buf, int64_t n, weft_dtype dt,
                                 weft_reduce_op op) {
-  for (int d = s->ndim - 1; d >= 0; d--) WEFT_CHECK(weft_all_reduce(s->root, d, buf, buf, n, dt, op, NULL));
+  for (int d = s->ndim - 1; d >= 0; d--)
+    WEFT_CHECK(weft_all_reduce(s->root, d, buf, buf, n, dt, op, NULL));
   return WEFT_OK;
 }
 
@@ -104,7 +105,8 @@ static void free_buffers(run_state *s) {
 static int count_hits(run_state *s, const weft_dtensor *lg, double *hits) {
   int64_t V = s->cfg.vocab, N = s->rows * s->cfg.max_seq_len;
   weft_tensor *loc = NULL;
-  if (weft_dtensor_to_local(lg, &loc) != WEFT_OK) return train_fail_all("validation: %s", weft_last_error());
+  if (weft_dtensor_to_local(lg, &loc) != WEFT_OK)
+    return train_fail_all("validation: %s", weft_last_error());
   int64_t v0 = 0, nv = loc->shape[2];
   bool sharded = weft_dtensor_placements(lg)[0].kind == WEFT_PLACE_SHARD && s->tp_size > 1;
   if (sharded) {
@@ -118,7 +120,10 @@ static int count_hits(run_state *s, const weft_dtensor *lg, double *hits) {
     int64_t arg = 0;
     for (int64_t k = 0; k < nv; k++) {
       float x = z[n * nv + k];
-      if (x > m) { m = x; arg = v0 + k; }
+      if (x > m) {
+        m = x;
+        arg = v0 + k;
+      }
     }
     best[n] = m;
     best[N + n] = (float)arg;
@@ -127,8 +132,10 @@ static int count_hits(run_state *s, const weft_dtensor *lg, double *hits) {
   if (sharded) {
     memcpy(mx, best, sizeof(float) * (size_t)N);
     weft_status st = weft_all_reduce(s->model_mesh, 0, mx, mx, N, WEFT_F32, WEFT_OP_MAX, NULL);
-    for (int64_t n = 0; st == WEFT_OK && n < N; n++) best[N + n] = best[n] == mx[n] ? best[N + n] : (float)V;
-    if (st == WEFT_OK) st = weft_all_reduce(s->model_mesh, 0, best + N, best + N, N, WEFT_F32, WEFT_OP_MIN, NULL);
+    for (int64_t n = 0; st == WEFT_OK && n < N; n++)
+      best[N + n] = best[n] == mx[n] ? best[N + n] : (float)V;
+    if (st == WEFT_OK)
+      st = weft_all_reduce(s->model_mesh, 0, best + N, best + N, N, WEFT_F32, WEFT_OP_MIN, NULL);
     if (st != WEFT_OK) return train_fail_here("validation");
   }
   for (int64_t n = 0; n < N; n++) *hits += (int32_t)best[N + n] == s->tgt[n];
@@ -156,7 +163,8 @@ static int validate(run_state *s, double *loss_out, double *acc_out) {
     if (rc) return rc;
   }
   /* tp ranks hold the same numbers: sums over the world / tp = sums over dp */
-  if (world_reduce(s, acc, 2, WEFT_F64, WEFT_OP_SUM) != WEFT_OK) return train_fail_here("validation");
+  if (world_reduce(s, acc, 2, WEFT_F64, WEFT_OP_SUM) != WEFT_OK)
+    return train_fail_here("validation");
   *loss_out = acc[0] / ((double)nb * s->world);
   *acc_out = acc[1] / s->tp_size / ((double)nb * B * T);
   return 0;
@@ -180,8 +188,8 @@ static int micro_steps(run_state *s, int64_t step, double *loss_sum) {
     /* the embedded data is checked once (every token < V by construction) */
     if ((o->data || o->text) && train_agree_fail(bad != 0, err)) return 2;
     if (bad) return train_fail_all("%s", err);
-    if (s->root_fsdp &&
-        weft_fsdp_set_requires_gradient_sync(s->root_fsdp, micro == o->grad_accum - 1, true) != WEFT_OK)
+    if (s->root_fsdp && weft_fsdp_set_requires_gradient_sync(
+                            s->root_fsdp, micro == o->grad_accum - 1, true) != WEFT_OK)
       return train_fail_here(what);
     double l = 0;
     if (train_model_step(s, true, key, &l, NULL) != WEFT_OK) return train_fail_here(what);
@@ -196,7 +204,8 @@ static int optimizer_step(run_state *s, int64_t step, double *norm) {
   weft_status st = WEFT_OK;
   if (o->grad_accum > 1)
     for (int i = 0; i < s->nparams && st == WEFT_OK; i++)
-      if (s->params[i]->grad) st = weft_scale(weft_dtensor_local(s->params[i]->grad), 1.0 / (double)o->grad_accum);
+      if (s->params[i]->grad)
+        st = weft_scale(weft_dtensor_local(s->params[i]->grad), 1.0 / (double)o->grad_accum);
   if (st == WEFT_OK) st = weft_clip_grad_norm(s->model, o->clip > 0 ? o->clip : 1e30, norm);
   if (st == WEFT_OK) st = weft_optimizer_step(s->opt);
   if (st == WEFT_OK) st = weft_module_zero_grad(s->model, false);
@@ -279,7 +288,8 @@ static void print_step(const run_state *s, const step_report *r) {
   char pbuf[32], line[512];
   fmt_bytes((double)r->peak[0], pbuf, sizeof pbuf);
   int n = snprintf(line, sizeof line,
-                   "step %4lld/%lld | loss %.4f | lr %.2e | norm %.3f | %6.0f tok/s | mfu %5.2f%% | peak %s/rank |",
+                   "step %4lld/%lld | loss %.4f | lr %.2e | norm %.3f | %6.0f tok/s | mfu %5.2f%% "
+                   "| peak %s/rank |",
                    (long long)r->step + 1, (long long)s->o->steps, r->loss, r->lr, r->norm, r->tps,
                    100 * r->mfu, pbuf);
   for (int d = 0; d < s->ndim && n < (int)sizeof line; d++) {
@@ -338,16 +348,22 @@ static void print_banner(const run_state *s) {
   const weft_llama_config *c = &s->cfg;
   char buf[512];
   weft_mesh_describe(s->root, buf, sizeof buf);
-  printf("weft-train: model %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld, %.2fM params), %s\n",
-         o->model_name, (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads,
-         (long long)c->n_kv_heads, (long long)c->ffn_dim, (long long)c->vocab,
-         (long long)c->max_seq_len, train_count_params(c, o->gpt2, true) / 1e6, buf);
-  printf("  FSDP on %s, TP %s%s%s, data: %s, batch %lld x %lld tokens x %lld accum, %lld steps\n",
-         s->dp_total > 1 ? (s->ndp == 2 ? "dp_replicate x dp_shard (HSDP)" : "dp") : "nothing (dp=1)",
-         s->tp_size > 1 ? "on tp" : "off", s->tp_size > 1 && o->sequence_parallel ? " + SP" : "",
-         s->tp_size > 1 && o->loss_parallel ? " + loss parallel" : "",
-         o->data ? o->data : o->text ? o->text : "embedded synthetic language", (long long)o->batch,
-         (long long)c->max_seq_len, (long long)o->grad_accum, (long long)o->steps);
+  printf(
+      "weft-train: model %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld, %.2fM params), "
+      "%s\n",
+      o->model_name, (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads,
+      (long long)c->n_kv_heads, (long long)c->ffn_dim, (long long)c->vocab,
+      (long long)c->max_seq_len, train_count_params(c, o->gpt2, true) / 1e6, buf);
+  printf(
+      "  FSDP on %s, TP %s%s%s, data: %s, batch %lld x %lld tokens x %lld accum, %lld steps\n",
+      s->dp_total > 1 ? (s->ndp == 2 ? "dp_replicate x dp_shard (HSDP)" : "dp") : "nothing (dp=1)",
+      s->tp_size > 1 ? "on tp" : "off", s->tp_size > 1 && o->sequence_parallel ? " + SP" : "",
+      s->tp_size > 1 && o->loss_parallel ? " + loss parallel" : "",
+      o->data   ? o->data
+      : o->text ? o->text
+                : "embedded synthetic language",
+      (long long)o->batch, (long long)c->max_seq_len, (long long)o->grad_accum,
+      (long long)o->steps);
   fflush(stdout);
 }
 
@@ -367,7 +383,8 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   printf("  %-26s %.4f -> %.4f (ln V = %.4f)\n", "train loss", t->first_loss, t->last_loss,
          log((double)s->cfg.vocab));
   printf("  %-26s %.4f\n", "held-out loss", t->vloss);
-  printf("  %-26s %.2f%% (chance %.2f%%)\n", "held-out accuracy", 100 * t->vacc, 100.0 / (double)s->cfg.vocab);
+  printf("  %-26s %.2f%% (chance %.2f%%)\n", "held-out accuracy", 100 * t->vacc,
+         100.0 / (double)s->cfg.vocab);
   printf("  %-26s %.0f\n", "tokens/s (after step 1)", tps_avg);
   printf("  %-26s %.2f%% of %.0f GFLOP/s per rank\n", "MFU", 100 * mfu_avg, o->peak_flops / 1e9);
   printf("  %-26s %s\n", "peak memory (max rank)", pbuf);
@@ -383,7 +400,8 @@ static int start_run(run_state *s, run_totals *t, train_result *res) {
   int rc = alloc_buffers(s);
   if (rc) return rc;
   if (o->log_json && s->rank == 0) s->json = fopen(o->log_json, "w");
-  if (train_agree_fail(o->log_json && s->rank == 0 && !s->json, "cannot open the --log-json file")) return 2;
+  if (train_agree_fail(o->log_json && s->rank == 0 && !s->json, "cannot open the --log-json file"))
+    return 2;
   if (o->resume_dir && (rc = train_resume(s, &t->start_step))) return rc;
   t->sched = (weft_lr_schedule){(float)o->lr, (float)o->min_lr, o->warmup, o->steps};
   t->tokens_per_step = o->batch * s->cfg.max_seq_len * o->grad_accum;
@@ -436,7 +454,8 @@ static int finish_run(run_state *s, run_totals *t, train_result *res) {
   if (s->json && fclose(s->json) != 0) s->json_failed = true;
   s->json = NULL;
   if (train_agree_fail(s->json_failed, "writing the --log-json file failed")) return 2;
-  double tps_avg = t->timed_steps ? (double)(t->tokens_per_step * t->timed_steps) / t->timed_time : 0;
+  double tps_avg =
+      t->timed_steps ? (double)(t->tokens_per_step * t->timed_steps) / t->timed_time : 0;
   double mfu_avg = tps_avg * t->fpt / (s->world * o->peak_flops);
   if (res) {
     res->steps_run = t->steps_run;

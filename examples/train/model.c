@@ -16,17 +16,15 @@ typedef struct model_preset {
 
 /* demo and gpt2-demo train in seconds on 2 cores with 4 ranks; gpt2 is
  * GPT-2 124M as llm.c trains it (vocab padded to 50304) */
-static const model_preset llama_presets[] = {
-    {"demo", 64, 2, 4, 4, 176, 64, 32},
-    {"tiny", 256, 4, 8, 8, 688, 256, 256},
-    {"small", 768, 12, 12, 12, 2048, 8192, 512},
-    {NULL, 0, 0, 0, 0, 0, 0, 0}};
-static const model_preset gpt2_presets[] = {
-    {"gpt2-demo", 64, 2, 4, 0, 256, 64, 32},
-    {"gpt2-tiny", 256, 4, 8, 0, 1024, 256, 256},
-    {"gpt2", 768, 12, 12, 0, 3072, 50304, 1024},
-    {"gpt2-small", 768, 12, 12, 0, 3072, 50304, 1024},
-    {NULL, 0, 0, 0, 0, 0, 0, 0}};
+static const model_preset llama_presets[] = {{"demo", 64, 2, 4, 4, 176, 64, 32},
+                                             {"tiny", 256, 4, 8, 8, 688, 256, 256},
+                                             {"small", 768, 12, 12, 12, 2048, 8192, 512},
+                                             {NULL, 0, 0, 0, 0, 0, 0, 0}};
+static const model_preset gpt2_presets[] = {{"gpt2-demo", 64, 2, 4, 0, 256, 64, 32},
+                                            {"gpt2-tiny", 256, 4, 8, 0, 1024, 256, 256},
+                                            {"gpt2", 768, 12, 12, 0, 3072, 50304, 1024},
+                                            {"gpt2-small", 768, 12, 12, 0, 3072, 50304, 1024},
+                                            {NULL, 0, 0, 0, 0, 0, 0, 0}};
 
 static bool find_preset(const model_preset *t, const char *name, weft_llama_config *c) {
   for (; t->name; t++) {
@@ -100,9 +98,10 @@ static weft_status gpt2_step(run_state *s, bool train, int64_t key, double *loss
   weft_graph_set_grad_enabled(g, train);
   weft_graph_set_step(g, key);
   weft_placement r = weft_replicate();
-  WEFT_CHECK(weft_dtensor_distribute(s->model_mesh, s->tok_t, WEFT_DTENSOR_ALL_RANKS, &r, 1, &s->ids));
-  WEFT_CHECK(weft_dtensor_distribute(s->model_mesh, s->tgt_t, WEFT_DTENSOR_ALL_RANKS, &r, 1,
-                                     &s->targets));
+  WEFT_CHECK(
+      weft_dtensor_distribute(s->model_mesh, s->tok_t, WEFT_DTENSOR_ALL_RANKS, &r, 1, &s->ids));
+  WEFT_CHECK(
+      weft_dtensor_distribute(s->model_mesh, s->tgt_t, WEFT_DTENSOR_ALL_RANKS, &r, 1, &s->targets));
   weft_var *l = NULL, *z = NULL;
   WEFT_CHECK(weft_gpt2_loss(s->model, g, s->ids, s->targets, &l, &z));
   *loss = weft_var_item(l);

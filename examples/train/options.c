@@ -42,7 +42,8 @@ void train_print_help(const char *prog) {
       "tensor parallelism on tp, over an N-D mesh of the world.\n"
       "\n"
       "mesh\n"
-      "  --mesh SPEC             name=size pairs, e.g. dp=2,tp=2 or dp_replicate=2,dp_shard=2,tp=2;\n"
+      "  --mesh SPEC             name=size pairs, e.g. dp=2,tp=2 or "
+      "dp_replicate=2,dp_shard=2,tp=2;\n"
       "                          names: dp (= dp_shard), dp_replicate, dp_shard, tp; the product\n"
       "                          must be the world size (default: dp=<world size>). Laid out\n"
       "                          dp_replicate, dp_shard, tp (tp innermost).\n"
@@ -187,9 +188,18 @@ static int split_flag(const char *a, char flag[64], const char **val, char *err,
 /* The flags without a value (and --reshard-after-forward, whose value is
  * optional): 1 when flag is one of them, 0 when not, -1 on a bad value. */
 static int parse_switch(const char *flag, const char *val, train_opts *o, char *err, size_t cap) {
-  if (!strcmp(flag, "--sequence-parallel") && !val) { o->sequence_parallel = true; return 1; }
-  if (!strcmp(flag, "--no-loss-parallel") && !val) { o->loss_parallel = false; return 1; }
-  if (!strcmp(flag, "--quiet") && !val) { o->quiet = true; return 1; }
+  if (!strcmp(flag, "--sequence-parallel") && !val) {
+    o->sequence_parallel = true;
+    return 1;
+  }
+  if (!strcmp(flag, "--no-loss-parallel") && !val) {
+    o->loss_parallel = false;
+    return 1;
+  }
+  if (!strcmp(flag, "--quiet") && !val) {
+    o->quiet = true;
+    return 1;
+  }
   if (strcmp(flag, "--reshard-after-forward") != 0) return 0;
   if (!val || !strcmp(val, "true") || !strcmp(val, "1")) {
     o->reshard_after_forward = 1;
@@ -198,7 +208,8 @@ static int parse_switch(const char *flag, const char *val, train_opts *o, char *
   } else {
     int64_t k;
     if (!parse_i64(val, 2, &k) || k > INT_MAX)
-      return perr(err, cap, "--reshard-after-forward: want true, false or a group size >= 2 (got '%s')", val);
+      return perr(err, cap,
+                  "--reshard-after-forward: want true, false or a group size >= 2 (got '%s')", val);
     o->reshard_after_forward = (int)k;
   }
   return 1;
@@ -215,23 +226,31 @@ typedef struct field_flag {
   size_t off;
   int64_t lo;
 } field_flag;
-#define FIELD(name, field, lo) {name, offsetof(train_opts, field), lo}
+#define FIELD(name, field, lo) \
+  { name, offsetof(train_opts, field), lo }
 static const field_flag int_flags[] = {
-    FIELD("--steps", steps, 0),         FIELD("--batch", batch, 1),
+    FIELD("--steps", steps, 0),           FIELD("--batch", batch, 1),
     FIELD("--grad-accum", grad_accum, 1), FIELD("--warmup", warmup, 0),
-    FIELD("--val-every", val_every, 0), FIELD("--val-batches", val_batches, 0),
+    FIELD("--val-every", val_every, 0),   FIELD("--val-batches", val_batches, 0),
     FIELD("--save-every", save_every, 0), {NULL, 0, 0}};
-static const field_flag dbl_flags[] = {
-    FIELD("--lr", lr, 0), FIELD("--min-lr", min_lr, 0), FIELD("--weight-decay", weight_decay, 0),
-    FIELD("--clip", clip, 0), FIELD("--dropout", dropout, 0), {NULL, 0, 0}};
-static const field_flag str_flags[] = {
-    FIELD("--data", data, 0),          FIELD("--val-data", val_data, 0),
-    FIELD("--text", text, 0),          FIELD("--save", save_dir, 0),
-    FIELD("--resume", resume_dir, 0),  FIELD("--export-safetensors", export_path, 0),
-    FIELD("--init-from", init_from, 0), FIELD("--log-json", log_json, 0), {NULL, 0, 0}};
+static const field_flag dbl_flags[] = {FIELD("--lr", lr, 0),
+                                       FIELD("--min-lr", min_lr, 0),
+                                       FIELD("--weight-decay", weight_decay, 0),
+                                       FIELD("--clip", clip, 0),
+                                       FIELD("--dropout", dropout, 0),
+                                       {NULL, 0, 0}};
+static const field_flag str_flags[] = {FIELD("--data", data, 0),
+                                       FIELD("--val-data", val_data, 0),
+                                       FIELD("--text", text, 0),
+                                       FIELD("--save", save_dir, 0),
+                                       FIELD("--resume", resume_dir, 0),
+                                       FIELD("--export-safetensors", export_path, 0),
+                                       FIELD("--init-from", init_from, 0),
+                                       FIELD("--log-json", log_json, 0),
+                                       {NULL, 0, 0}};
 #undef FIELD
-static const char *const other_flags[] = {"--peak-tflops", "--seed", "--mesh", "--model",
-                                          "--dtype", "--device", NULL};
+static const char *const other_flags[] = {"--peak-tflops", "--seed",   "--mesh", "--model",
+                                          "--dtype",       "--device", NULL};
 
 static const field_flag *find_field(const field_flag *t, const char *flag) {
   for (; t->name; t++)
@@ -264,7 +283,8 @@ static int parse_field(parse_ctx *c, const char *flag, const char *val, train_op
   double dv;
   int k = find_name(shape_flags, N_SHAPE_FLAGS, flag);
   if (k >= 0) {
-    if (!parse_i64(val, 1, &iv)) return perr(err, cap, "%s: want an integer >= 1 (got '%s')", flag, val);
+    if (!parse_i64(val, 1, &iv))
+      return perr(err, cap, "%s: want an integer >= 1 (got '%s')", flag, val);
     c->shape[k] = iv;
     return 1;
   }
@@ -295,26 +315,36 @@ static int parse_other(parse_ctx *c, const char *flag, const char *val, train_op
   int64_t iv;
   double dv;
   if (!strcmp(flag, "--peak-tflops")) {
-    if (!parse_f64(val, &dv) || dv <= 0) return perr(err, cap, "--peak-tflops: want a number > 0 (got '%s')", val);
+    if (!parse_f64(val, &dv) || dv <= 0)
+      return perr(err, cap, "--peak-tflops: want a number > 0 (got '%s')", val);
     o->peak_flops = dv * 1e12;
   } else if (!strcmp(flag, "--seed")) {
-    if (!parse_i64(val, 0, &iv)) return perr(err, cap, "--seed: want an integer >= 0 (got '%s')", val);
+    if (!parse_i64(val, 0, &iv))
+      return perr(err, cap, "--seed: want an integer >= 0 (got '%s')", val);
     o->seed = (uint64_t)iv;
   } else if (!strcmp(flag, "--mesh")) {
     return parse_mesh(val, &o->mesh, err, cap);
   } else if (!strcmp(flag, "--model")) {
     weft_llama_config tmp;
     if (!train_model_preset(val, &tmp) && !train_gpt2_preset(val, &tmp))
-      return perr(err, cap, "--model: unknown preset '%s' (demo, tiny, small, gpt2-demo, gpt2-tiny, gpt2)", val);
+      return perr(err, cap,
+                  "--model: unknown preset '%s' (demo, tiny, small, gpt2-demo, gpt2-tiny, gpt2)",
+                  val);
     c->preset = val;
   } else if (!strcmp(flag, "--dtype")) {
-    if (!strcmp(val, "fp32") || !strcmp(val, "f32") || !strcmp(val, "float32")) o->bf16 = false;
-    else if (!strcmp(val, "bf16") || !strcmp(val, "bfloat16")) o->bf16 = true;
-    else return perr(err, cap, "--dtype: want fp32 or bf16 (got '%s')", val);
+    if (!strcmp(val, "fp32") || !strcmp(val, "f32") || !strcmp(val, "float32"))
+      o->bf16 = false;
+    else if (!strcmp(val, "bf16") || !strcmp(val, "bfloat16"))
+      o->bf16 = true;
+    else
+      return perr(err, cap, "--dtype: want fp32 or bf16 (got '%s')", val);
   } else if (!strcmp(flag, "--device")) {
-    if (!strcmp(val, "cpu")) o->cuda = false;
-    else if (!strcmp(val, "cuda")) o->cuda = true;
-    else return perr(err, cap, "--device: want cpu or cuda (got '%s')", val);
+    if (!strcmp(val, "cpu"))
+      o->cuda = false;
+    else if (!strcmp(val, "cuda"))
+      o->cuda = true;
+    else
+      return perr(err, cap, "--device: want cpu or cuda (got '%s')", val);
   } else {
     return perr(err, cap, "unknown flag '%s' (see --help)", flag);
   }
@@ -328,8 +358,8 @@ static void apply_model(const parse_ctx *c, train_opts *o) {
     if (o->gpt2) train_gpt2_preset(c->preset, &o->model);
     snprintf(o->model_name, sizeof o->model_name, "%s", c->preset);
   }
-  int64_t *fields[N_SHAPE_FLAGS] = {&o->model.dim,     &o->model.n_layers, &o->model.n_heads,
-                                    &o->model.n_kv_heads, &o->model.ffn_dim, &o->model.vocab,
+  int64_t *fields[N_SHAPE_FLAGS] = {&o->model.dim,        &o->model.n_layers, &o->model.n_heads,
+                                    &o->model.n_kv_heads, &o->model.ffn_dim,  &o->model.vocab,
                                     &o->model.max_seq_len};
   bool custom = false;
   for (int k = 0; k < N_SHAPE_FLAGS; k++)
@@ -351,7 +381,8 @@ static int check_options(train_opts *o, char *err, size_t cap) {
     return perr(err, cap, "--kv-heads: GPT-2 has no grouped-query attention (kv-heads = heads)");
   if (!o->gpt2 && o->dropout > 0)
     return perr(err, cap, "--dropout: the Llama model has no dropout (use a gpt2 preset)");
-  if (o->dropout >= 1) return perr(err, cap, "--dropout %g: want a probability in [0, 1)", o->dropout);
+  if (o->dropout >= 1)
+    return perr(err, cap, "--dropout %g: want a probability in [0, 1)", o->dropout);
   if (o->data && o->text) return perr(err, cap, "give --data or --text, not both");
   if (o->val_data && !o->data) return perr(err, cap, "--val-data needs --data");
   if (o->save_every > 0 && !o->save_dir) return perr(err, cap, "--save-every needs --save DIR");
@@ -360,18 +391,25 @@ static int check_options(train_opts *o, char *err, size_t cap) {
   weft_llama_config c = o->model;
   if (o->gpt2) {
     weft_gpt2_config g = train_gpt2_config(o);
-    if (weft_gpt2_config_validate(&g) != WEFT_OK) return perr(err, cap, "model: %s", weft_last_error());
+    if (weft_gpt2_config_validate(&g) != WEFT_OK)
+      return perr(err, cap, "model: %s", weft_last_error());
     return 0;
   }
-  if (c.dim % c.n_heads) return perr(err, cap, "model: dim %lld is not divisible by heads %lld", (long long)c.dim, (long long)c.n_heads);
-  if ((c.dim / c.n_heads) % 2) return perr(err, cap, "model: head dim %lld (dim / heads) must be even for RoPE", (long long)(c.dim / c.n_heads));
-  if (c.n_heads % c.n_kv_heads) return perr(err, cap, "model: heads %lld is not divisible by kv-heads %lld", (long long)c.n_heads, (long long)c.n_kv_heads);
-  if (weft_llama_config_validate(&c) != WEFT_OK) return perr(err, cap, "model: %s", weft_last_error());
+  if (c.dim % c.n_heads)
+    return perr(err, cap, "model: dim %lld is not divisible by heads %lld", (long long)c.dim,
+                (long long)c.n_heads);
+  if ((c.dim / c.n_heads) % 2)
+    return perr(err, cap, "model: head dim %lld (dim / heads) must be even for RoPE",
+                (long long)(c.dim / c.n_heads));
+  if (c.n_heads % c.n_kv_heads)
+    return perr(err, cap, "model: heads %lld is not divisible by kv-heads %lld",
+                (long long)c.n_heads, (long long)c.n_kv_heads);
+  if (weft_llama_config_validate(&c) != WEFT_OK)
+    return perr(err, cap, "model: %s", weft_last_error());
   return 0;
 }
 
-int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap,
-                     bool print_help) {
+int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap, bool print_help) {
   parse_ctx c = {.preset = NULL};
   for (int k = 0; k < N_SHAPE_FLAGS; k++) c.shape[k] = -1;
   for (int i = 1; i < argc; i++) {

@@ -56,12 +56,14 @@ static int check_fit(const run_state *s) {
   const train_opts *o = s->o;
   const weft_llama_config *c = &s->cfg;
   if (o->gpt2 && !o->loss_parallel)
-    return train_fail_all("--no-loss-parallel: GPT-2's tied lm_head always makes vocab-sharded logits "
-                          "under TP (its loss is loss parallel)");
+    return train_fail_all(
+        "--no-loss-parallel: GPT-2's tied lm_head always makes vocab-sharded logits "
+        "under TP (its loss is loss parallel)");
   if (o->cuda)
     return train_fail_all("--device cuda: not supported yet (weft's layers compute on the CPU; %s)",
-                          WEFT_HAVE_CUDA ? "this build has the CUDA kernels but nn does not use them" :
-                                           "this build has no CUDA backend");
+                          WEFT_HAVE_CUDA
+                              ? "this build has the CUDA kernels but nn does not use them"
+                              : "this build has no CUDA backend");
   if (s->tp_size > 1) {
     if (c->n_heads % s->tp_size || c->n_kv_heads % s->tp_size)
       return train_fail_all("model: heads %lld and kv-heads %lld must be divisible by tp=%d",
@@ -74,8 +76,11 @@ static int check_fit(const run_state *s) {
     return train_fail_all("--batch %lld must be divisible by the data-parallel size %d",
                           (long long)o->batch, s->dp_total);
   if (o->bf16 && s->dp_total < 2)
-    return train_fail_all("--dtype bf16: bf16 is FSDP's mixed precision (bf16 all-gathers) and needs a dp dim > 1; nn computes in fp32 only");
-  if (o->reshard_after_forward >= 2 && s->ndp && o->reshard_after_forward != WEFT_FSDP_RESHARD_DEFAULT &&
+    return train_fail_all(
+        "--dtype bf16: bf16 is FSDP's mixed precision (bf16 all-gathers) and needs a dp dim > 1; "
+        "nn computes in fp32 only");
+  if (o->reshard_after_forward >= 2 && s->ndp &&
+      o->reshard_after_forward != WEFT_FSDP_RESHARD_DEFAULT &&
       s->shape[s->ndp - 1] % o->reshard_after_forward)
     return train_fail_all("--reshard-after-forward=%d must divide the dp shard size %d",
                           o->reshard_after_forward, s->shape[s->ndp - 1]);
@@ -154,8 +159,10 @@ static weft_status make_optimizer(run_state *s) {
   weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
   hp.lr = (float)s->o->lr;
   hp.weight_decay = (float)s->o->weight_decay;
-  if (s->o->gpt2) WEFT_CHECK(weft_gpt2_adamw_create(s->model, &hp, &s->opt));
-  else WEFT_CHECK(weft_adamw_create(s->model, &hp, &s->opt));
+  if (s->o->gpt2)
+    WEFT_CHECK(weft_gpt2_adamw_create(s->model, &hp, &s->opt));
+  else
+    WEFT_CHECK(weft_adamw_create(s->model, &hp, &s->opt));
   if (s->root_fsdp) weft_fsdp_memory_track(s->opt);
   return WEFT_OK;
 }
@@ -163,10 +170,12 @@ static weft_status make_optimizer(run_state *s) {
 /* --init-from: weights from a safetensors file. */
 static int import_weights(run_state *s) {
   weft_key_list missing = {0}, unexpected = {0};
-  weft_status st = weft_safetensors_import_model(s->model, s->o->init_from, NULL, &missing, &unexpected);
+  weft_status st =
+      weft_safetensors_import_model(s->model, s->o->init_from, NULL, &missing, &unexpected);
   weft_key_list_clear(&missing);
   weft_key_list_clear(&unexpected);
-  if (st != WEFT_OK) return train_fail_all("--init-from %s: %s", s->o->init_from, weft_last_error());
+  if (st != WEFT_OK)
+    return train_fail_all("--init-from %s: %s", s->o->init_from, weft_last_error());
   return 0;
 }
 

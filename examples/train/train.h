@@ -4,8 +4,8 @@
  * Everything here uses the public weft API exactly as a user program would:
  * an N-D mesh (dp_replicate, dp_shard, tp) over the world, the Llama model
  * (nn.h) with torchtitan's TP plan (tp.h) or GPT-2 (models/gpt2, written on
- * the op layer) with its plan on the tp dim, FSDP (fsdp.h) on the dp dims, AdamW with warmup + cosine, gradient clipping, DCP checkpoints and
- * safetensors (dcp.h).
+ * the op layer) with its plan on the tp dim, FSDP (fsdp.h) on the dp dims, AdamW with warmup +
+ * cosine, gradient clipping, DCP checkpoints and safetensors (dcp.h).
  *
  * SPMD: every rank parses the same argv and calls train_run. Errors in the
  * options, the mesh, the model or the data are found alike on every rank
@@ -41,24 +41,24 @@ typedef struct train_mesh_spec {
 typedef struct train_opts {
   train_mesh_spec mesh;
   weft_llama_config model; /* the shape (GPT-2: n_kv_heads = n_heads) */
-  char model_name[32];  /* preset name or "custom" */
-  bool gpt2;            /* --model gpt2-*: models/gpt2 instead of the Llama */
-  double dropout;       /* GPT-2's dropout (0) */
+  char model_name[32];     /* preset name or "custom" */
+  bool gpt2;               /* --model gpt2-*: models/gpt2 instead of the Llama */
+  double dropout;          /* GPT-2's dropout (0) */
   int64_t steps, batch, grad_accum, warmup;
   double lr, min_lr, weight_decay, clip;
   uint64_t seed;
-  bool bf16;            /* --dtype bf16: FSDP param_dtype bf16 */
+  bool bf16;                 /* --dtype bf16: FSDP param_dtype bf16 */
   int reshard_after_forward; /* WEFT_FSDP_RESHARD_DEFAULT, 0, 1 or k */
   bool sequence_parallel;
-  bool loss_parallel;   /* default true with tp > 1 */
-  bool cuda;            /* --device cuda */
+  bool loss_parallel; /* default true with tp > 1 */
+  bool cuda;          /* --device cuda */
   const char *data, *val_data, *text;
   int64_t val_every, val_batches;
   const char *save_dir, *resume_dir, *export_path, *init_from, *log_json;
   int64_t save_every;
-  double peak_flops;    /* per rank, for MFU */
-  bool quiet;           /* no per-step lines (summary only) */
-  bool silent;          /* nothing on stdout (weft-plan --validate); errors still print */
+  double peak_flops; /* per rank, for MFU */
+  bool quiet;        /* no per-step lines (summary only) */
+  bool silent;       /* nothing on stdout (weft-plan --validate); errors still print */
 } train_opts;
 
 /* Defaults (the "demo" preset, 20 steps). */
@@ -67,8 +67,7 @@ void train_opts_default(train_opts *o);
 /* Parses argv[1..argc) into o (after train_opts_default). Returns 0 on
  * success, 1 when --help was given (help printed to stdout if print_help),
  * -1 on a bad flag with a one-line message in err. Pure: no MPI. */
-int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap,
-                     bool print_help);
+int train_parse_args(int argc, char **argv, train_opts *o, char *err, size_t cap, bool print_help);
 void train_print_help(const char *prog);
 
 /* Applies a model preset by name (demo, tiny, small); false if unknown. */

@@ -42,19 +42,19 @@ int train_fail_here(const char *what);
  * memory), of an llm.c .bin file or of a text file (one byte a token). The
  * sources borrow the memory and files of their train_data. */
 typedef struct token_src {
-  const uint16_t *mem;          /* embedded: the stream */
-  const weft_token_file *bin;   /* --data / --val-data */
-  int text_fd;                  /* --text; -1 otherwise */
-  int64_t lo, hi;               /* the split */
-  const char *name;             /* for messages: the path or "embedded data" */
+  const uint16_t *mem;        /* embedded: the stream */
+  const weft_token_file *bin; /* --data / --val-data */
+  int text_fd;                /* --text; -1 otherwise */
+  int64_t lo, hi;             /* the split */
+  const char *name;           /* for messages: the path or "embedded data" */
 } token_src;
 
 /* The train and held-out sources and what they own. */
 typedef struct train_data {
   token_src train, val;
-  uint16_t *synth;              /* the embedded stream (owned) */
-  weft_token_file *bin[2];      /* --data, --val-data (owned) */
-  int text_fd;                  /* --text (owned); -1 when none */
+  uint16_t *synth;         /* the embedded stream (owned) */
+  weft_token_file *bin[2]; /* --data, --val-data (owned) */
+  int text_fd;             /* --text (owned); -1 when none */
 } train_data;
 
 /* Opens the run's data (o->data, o->text or the embedded language) for a
@@ -92,17 +92,17 @@ typedef struct run_state {
   weft_fsdp *root_fsdp;
   weft_optimizer *opt;
   train_data data;
-  FILE *json;                  /* --log-json (rank 0) */
-  bool json_failed;            /* a write to it failed (agreed at the end) */
+  FILE *json;       /* --log-json (rank 0) */
+  bool json_failed; /* a write to it failed (agreed at the end) */
   weft_dcp_async *pending_save;
   weft_graph *graph;           /* GPT-2: the tape its forward records */
   weft_dtensor *ids, *targets; /* GPT-2: the graph's inputs until its next reset */
   /* this rank's batch: rows = B / dp_total rows of T tokens */
   int64_t rows;
   int32_t *tok, *tgt, *scratch;
-  weft_tensor *tok_t, *tgt_t;  /* views of tok, tgt: (rows, T) int32 */
-  float *argmax;               /* validation: (2, rows T) max, argmax */
-  float *argmax_max;           /* validation: rows T */
+  weft_tensor *tok_t, *tgt_t; /* views of tok, tgt: (rows, T) int32 */
+  float *argmax;              /* validation: (2, rows T) max, argmax */
+  float *argmax_max;          /* validation: rows T */
   weft_param **params;
   int nparams;
 } run_state;

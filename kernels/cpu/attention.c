@@ -84,8 +84,17 @@ weft_status weft_attention_forward(float *out, float *lse, const float *q, const
       for (int64_t t = 0; t < T; t++) lse[i * T + t] = logf((float)(causal ? t + 1 : T));
     return WEFT_OK;
   }
-  att_args a = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .B = B, .T = T, .H = H,
-                .Hkv = Hkv, .hd = hd, .causal = causal};
+  att_args a = {.out = out,
+                .lse = lse,
+                .q = q,
+                .k = k,
+                .v = v,
+                .B = B,
+                .T = T,
+                .H = H,
+                .Hkv = Hkv,
+                .hd = hd,
+                .causal = causal};
   weft_cpu_par_for_(B * H, att_forward_item, &a, scratch, weft_attention_scratch_floats(T));
   return WEFT_OK;
 }
@@ -105,8 +114,7 @@ static void att_backward_item(void *ctx, int64_t item, float *scratch) {
     float *dkb = a->dk + b * T * ldk + g * hd, *dvb = a->dv + b * T * ldk + g * hd;
     const float *lb = a->lse_in + (b * H + h) * T;
     for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
-      const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK,
-                    nk = a->causal ? t0 + nb : T;
+      const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = a->causal ? t0 + nb : T;
       float *P = scratch, *dP = scratch + bs * T; /* each (nb, nk) */
       /* recompute P = exp(scale * Q K^T - lse), zero above the diagonal
        * (causal) */
@@ -144,8 +152,8 @@ static void att_backward_item(void *ctx, int64_t item, float *scratch) {
 
 weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                     const float *q, const float *k, const float *v,
-                                    const float *lse, int64_t B, int64_t T, int64_t H,
-                                    int64_t Hkv, int64_t hd, bool causal, float *scratch) {
+                                    const float *lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                    int64_t hd, bool causal, float *scratch) {
   WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(__func__), B, T, H, Hkv, hd));
   CHECK_PTR(dq, B * T * H * hd);
   CHECK_PTR(dk, B * T * Hkv * hd);
@@ -161,8 +169,20 @@ weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float
     memset(dv, 0, (size_t)(B * T * Hkv * hd) * sizeof(float));
   }
   if (B * T * H * hd == 0) return WEFT_OK;
-  att_args a = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout,
-                .lse_in = lse, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd, .causal = causal};
+  att_args a = {.dq = dq,
+                .dk = dk,
+                .dv = dv,
+                .q = q,
+                .k = k,
+                .v = v,
+                .dout = dout,
+                .lse_in = lse,
+                .B = B,
+                .T = T,
+                .H = H,
+                .Hkv = Hkv,
+                .hd = hd,
+                .causal = causal};
   weft_cpu_par_for_(B * Hkv, att_backward_item, &a, scratch, weft_attention_scratch_floats(T));
   return WEFT_OK;
 }

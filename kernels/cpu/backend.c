@@ -77,7 +77,8 @@ static weft_status cpu_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t
   if (m == 0 || n == 0) return WEFT_OK;
   if (!c || (k > 0 && alpha != 0.0f && (!a || !b)))
     return weft_error_at(WEFT_ERR_INVALID, "gemm_bf16", "NULL matrix pointer");
-  if (k == 0 || alpha == 0.0f) return weft_cpu_sgemm_(ta, tb, m, n, k, alpha, NULL, lda, NULL, ldb, beta, c, ldc);
+  if (k == 0 || alpha == 0.0f)
+    return weft_cpu_sgemm_(ta, tb, m, n, k, alpha, NULL, lda, NULL, ldb, beta, c, ldc);
   const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
   float *fa = NULL, *fb = NULL;
   weft_status st = weft_alloc(WEFT_CPU, (size_t)(ar * ac) * sizeof(float), (void **)&fa);
@@ -113,17 +114,16 @@ static weft_status cpu_attention_forward(float *out, float *lse, const float *q,
  * checks it (after lse, before scratch), so a NULL out fails alike. */
 static weft_status cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                           const float *q, const float *k, const float *v,
-                                          const float *lse, const float *out, int64_t B,
-                                          int64_t T, int64_t H, int64_t Hkv, int64_t hd,
-                                          bool causal, void *scratch) {
-  const bool sizes_ok = B >= 0 && T >= 0 && H >= 0 && Hkv >= 0 && hd >= 0 &&
-                        !(H > 0 && (Hkv == 0 || H % Hkv != 0));
+                                          const float *lse, const float *out, int64_t B, int64_t T,
+                                          int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                          void *scratch) {
+  const bool sizes_ok =
+      B >= 0 && T >= 0 && H >= 0 && Hkv >= 0 && hd >= 0 && !(H > 0 && (Hkv == 0 || H % Hkv != 0));
   const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
   const bool earlier_ok = (dq || !nq) && (dk || !nkv) && (dv || !nkv) && (dout || !nq) &&
                           (q || !nq) && (k || !nkv) && (v || !nkv) && (lse || B * H * T == 0);
   if (sizes_ok && earlier_ok) CHECK_PTR_AT("attention_backward", out, nq);
-  return weft_attention_backward(dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, causal,
-                                 scratch);
+  return weft_attention_backward(dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, causal, scratch);
 }
 
 /* ------------------------------------------------------ optimizer steps */
@@ -140,8 +140,8 @@ static weft_status cpu_adamw_multi(float *const *param, const float *const *grad
   WEFT_CHECK(weft_check_multi_("adamw_multi", ntensors, n, 5, names, arrays, required));
   for (int i = 0; i < ntensors; i++)
     if (n[i] > 0)
-      WEFT_CHECK(weft_adamw_step(param[i], grad[i], m[i], v[i], vmax ? vmax[i] : NULL, n[i], step,
-                                 hp));
+      WEFT_CHECK(
+          weft_adamw_step(param[i], grad[i], m[i], v[i], vmax ? vmax[i] : NULL, n[i], step, hp));
   return WEFT_OK;
 }
 
@@ -155,8 +155,7 @@ static weft_status cpu_sgd_multi(float *const *param, const float *const *grad, 
   const bool required[3] = {true, true, hp->momentum != 0.0f};
   WEFT_CHECK(weft_check_multi_("sgd_multi", ntensors, n, 3, names, arrays, required));
   for (int i = 0; i < ntensors; i++)
-    if (n[i] > 0)
-      WEFT_CHECK(weft_sgd_step(param[i], grad[i], buf ? buf[i] : NULL, n[i], step, hp));
+    if (n[i] > 0) WEFT_CHECK(weft_sgd_step(param[i], grad[i], buf ? buf[i] : NULL, n[i], step, hp));
   return WEFT_OK;
 }
 
@@ -210,7 +209,8 @@ static void convert(void *dst, weft_dtype ddt, const void *src, weft_dtype sdt, 
   } else { /* bf16 <-> f16: through f32, as weft_tensor_copy */
     const size_t ds = weft_dtype_size(ddt), ss = weft_dtype_size(sdt);
     for (int64_t i = 0; i < n; i++)
-      weft_convert_elem_((char *)dst + (size_t)i * ds, ddt, (const char *)src + (size_t)i * ss, sdt);
+      weft_convert_elem_((char *)dst + (size_t)i * ds, ddt, (const char *)src + (size_t)i * ss,
+                         sdt);
   }
 }
 
@@ -225,8 +225,10 @@ static weft_status cpu_flat_pack(void *flat, weft_dtype flat_dtype, const weft_f
   for (int i = 0; i < npieces; i++) {
     const weft_flat_piece *p = &pieces[i];
     char *d = flat_at(flat, flat_dtype, p->offset);
-    if (p->data) convert(d, flat_dtype, p->data, p->dtype, p->count);
-    else if (p->count > 0) memset(d, 0, (size_t)p->count * es);
+    if (p->data)
+      convert(d, flat_dtype, p->data, p->dtype, p->count);
+    else if (p->count > 0)
+      memset(d, 0, (size_t)p->count * es);
     if (p->pad > 0) memset(d + (size_t)p->count * es, 0, (size_t)p->pad * es);
   }
   return WEFT_OK;

@@ -51,8 +51,7 @@ weft_status weft_cross_entropy_forward(double *loss, float *lse, const float *lo
 }
 
 weft_status weft_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
-                                        const int32_t *targets, int64_t N, int64_t V,
-                                        float scale) {
+                                        const int32_t *targets, int64_t N, int64_t V, float scale) {
   CHECK_SIZES(N, V);
   CHECK_PTR(dlogits, N * V);
   CHECK_PTR(logits, N * V);
@@ -120,8 +119,8 @@ weft_status weft_cross_entropy_finish(double *loss, float *lse, const float *gma
 }
 
 weft_status weft_cross_entropy_backward_local(float *dlogits_local, const float *logits_local,
-                                              const float *lse, const int32_t *targets,
-                                              int64_t N, int64_t v0, int64_t nv, float scale) {
+                                              const float *lse, const int32_t *targets, int64_t N,
+                                              int64_t v0, int64_t nv, float scale) {
   CHECK_SIZES(N, v0, nv);
   CHECK_PTR(dlogits_local, N * nv);
   CHECK_PTR(logits_local, N * nv);

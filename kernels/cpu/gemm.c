@@ -34,7 +34,7 @@
  * whole KC loop. Packed A (64 KiB for f32) stays in L2, one B micro-panel in
  * L1. */
 #define GEMM_MR 4
-#define GEMM_MC 64  /* multiple of MR */
+#define GEMM_MC 64 /* multiple of MR */
 #define GEMM_KC 256
 #define GEMM_NC 256 /* multiple of NR */
 
@@ -42,110 +42,110 @@ typedef float gemm_v4f __attribute__((vector_size(16)));
 typedef double gemm_v2d __attribute__((vector_size(16)));
 
 /* NAME: function; T: scalar; V: vector of VL lanes; NR = 2 * VL. */
-#define DEFINE_BLOCKED_GEMM(NAME, T, V, VL)                                                     \
-  enum { NAME##_NR = 2 * (VL) };                                                                \
-  static void NAME##_scale(int64_t m, int64_t n, T beta, T *c, int64_t ldc) {                   \
-    if (beta == (T)1) return;                                                                   \
-    for (int64_t i = 0; i < m; i++) {                                                           \
-      T *row = c + i * ldc;                                                                     \
-      if (beta == (T)0)                                                                         \
-        for (int64_t j = 0; j < n; j++) row[j] = (T)0;                                          \
-      else                                                                                      \
-        for (int64_t j = 0; j < n; j++) row[j] *= beta;                                         \
-    }                                                                                           \
-  }                                                                                             \
-  /* C[0..mr, 0..nr) += A_panel (kb x MR) * B_panel (kb x NR) */                                \
-  static void NAME##_micro(int64_t kb, const T *ap, const T *bp, T *c, int64_t ldc, int64_t mr,   \
-                           int64_t nr) {                                                        \
-    V c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};     \
-    for (int64_t p = 0; p < kb; p++) {                                                          \
-      V b0, b1, a;                                                                              \
-      memcpy(&b0, bp, sizeof b0);                                                               \
-      memcpy(&b1, bp + (VL), sizeof b1);                                                        \
-      a = (V){0} + ap[0];                                                                       \
-      c00 += a * b0;                                                                            \
-      c01 += a * b1;                                                                            \
-      a = (V){0} + ap[1];                                                                       \
-      c10 += a * b0;                                                                            \
-      c11 += a * b1;                                                                            \
-      a = (V){0} + ap[2];                                                                       \
-      c20 += a * b0;                                                                            \
-      c21 += a * b1;                                                                            \
-      a = (V){0} + ap[3];                                                                       \
-      c30 += a * b0;                                                                            \
-      c31 += a * b1;                                                                            \
-      ap += GEMM_MR;                                                                            \
-      bp += NAME##_NR;                                                                          \
-    }                                                                                           \
-    T tile[GEMM_MR][NAME##_NR];                                                                 \
-    memcpy(&tile[0][0], &c00, sizeof c00);                                                      \
-    memcpy(&tile[0][VL], &c01, sizeof c01);                                                     \
-    memcpy(&tile[1][0], &c10, sizeof c10);                                                      \
-    memcpy(&tile[1][VL], &c11, sizeof c11);                                                     \
-    memcpy(&tile[2][0], &c20, sizeof c20);                                                      \
-    memcpy(&tile[2][VL], &c21, sizeof c21);                                                     \
-    memcpy(&tile[3][0], &c30, sizeof c30);                                                      \
-    memcpy(&tile[3][VL], &c31, sizeof c31);                                                     \
-    for (int64_t i = 0; i < mr; i++)                                                            \
-      for (int64_t j = 0; j < nr; j++) c[i * ldc + j] += tile[i][j];                            \
-  }                                                                                             \
-  void NAME(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T *a,             \
-            int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {                  \
-    if (m <= 0 || n <= 0) return;                                                               \
-    NAME##_scale(m, n, beta, c, ldc);                                                           \
-    if (k <= 0 || alpha == (T)0) return;                                                        \
-    T *pa = malloc(sizeof(T) * GEMM_MC * GEMM_KC);                                              \
-    T *pb = malloc(sizeof(T) * GEMM_KC * GEMM_NC);                                              \
-    if (!pa || !pb) {                                                                           \
-      /* no scratch: an unpacked triple loop, slow but still correct */                         \
-      free(pa);                                                                                 \
-      free(pb);                                                                                 \
-      for (int64_t i = 0; i < m; i++)                                                           \
-        for (int64_t p = 0; p < k; p++) {                                                       \
-          T av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);                                \
-          for (int64_t j = 0; j < n; j++)                                                       \
-            c[i * ldc + j] += av * (tb ? b[j * ldb + p] : b[p * ldb + j]);                      \
-        }                                                                                       \
-      return;                                                                                   \
-    }                                                                                           \
-    const int64_t NR = NAME##_NR;                                                               \
-    for (int64_t jc = 0; jc < n; jc += GEMM_NC) {                                               \
-      const int64_t nb = n - jc < GEMM_NC ? n - jc : GEMM_NC;                                   \
-      for (int64_t pc = 0; pc < k; pc += GEMM_KC) {                                             \
-        const int64_t kb = k - pc < GEMM_KC ? k - pc : GEMM_KC;                                 \
-        /* pb: micro-panel jr holds op(B)[pc + p][jc + jr + jj] at [jr * kb + p * NR + jj] */   \
-        for (int64_t jr = 0; jr < nb; jr += NR) {                                               \
-          T *dst = pb + jr * kb;                                                                \
-          const int64_t nr = nb - jr < NR ? nb - jr : NR;                                       \
-          for (int64_t p = 0; p < kb; p++)                                                      \
-            for (int64_t jj = 0; jj < NR; jj++)                                                 \
-              dst[p * NR + jj] = jj >= nr ? (T)0                                                \
-                                 : tb     ? b[(jc + jr + jj) * ldb + pc + p]                    \
-                                          : b[(pc + p) * ldb + jc + jr + jj];                   \
-        }                                                                                       \
-        for (int64_t ic = 0; ic < m; ic += GEMM_MC) {                                           \
-          const int64_t mb = m - ic < GEMM_MC ? m - ic : GEMM_MC;                               \
-          /* pa: micro-panel ir holds alpha * op(A)[ic + ir + ii][pc + p] at                   \
-           * [ir * kb + p * MR + ii] */                                                         \
-          for (int64_t ir = 0; ir < mb; ir += GEMM_MR) {                                        \
-            T *dst = pa + ir * kb;                                                              \
-            const int64_t mr = mb - ir < GEMM_MR ? mb - ir : GEMM_MR;                           \
-            for (int64_t p = 0; p < kb; p++)                                                    \
-              for (int64_t ii = 0; ii < GEMM_MR; ii++)                                          \
-                dst[p * GEMM_MR + ii] =                                                         \
-                    ii >= mr ? (T)0                                                             \
-                    : alpha * (ta ? a[(pc + p) * lda + ic + ir + ii]                            \
-                                  : a[(ic + ir + ii) * lda + pc + p]);                          \
-          }                                                                                     \
-          for (int64_t jr = 0; jr < nb; jr += NR)                                               \
-            for (int64_t ir = 0; ir < mb; ir += GEMM_MR)                                        \
-              NAME##_micro(kb, pa + ir * kb, pb + jr * kb, c + (ic + ir) * ldc + jc + jr, ldc,  \
-                           mb - ir < GEMM_MR ? mb - ir : GEMM_MR, nb - jr < NR ? nb - jr : NR); \
-        }                                                                                       \
-      }                                                                                         \
-    }                                                                                           \
-    free(pa);                                                                                   \
-    free(pb);                                                                                   \
+#define DEFINE_BLOCKED_GEMM(NAME, T, V, VL)                                                      \
+  enum { NAME##_NR = 2 * (VL) };                                                                 \
+  static void NAME##_scale(int64_t m, int64_t n, T beta, T *c, int64_t ldc) {                    \
+    if (beta == (T)1) return;                                                                    \
+    for (int64_t i = 0; i < m; i++) {                                                            \
+      T *row = c + i * ldc;                                                                      \
+      if (beta == (T)0)                                                                          \
+        for (int64_t j = 0; j < n; j++) row[j] = (T)0;                                           \
+      else                                                                                       \
+        for (int64_t j = 0; j < n; j++) row[j] *= beta;                                          \
+    }                                                                                            \
+  }                                                                                              \
+  /* C[0..mr, 0..nr) += A_panel (kb x MR) * B_panel (kb x NR) */                                 \
+  static void NAME##_micro(int64_t kb, const T *ap, const T *bp, T *c, int64_t ldc, int64_t mr,  \
+                           int64_t nr) {                                                         \
+    V c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};    \
+    for (int64_t p = 0; p < kb; p++) {                                                           \
+      V b0, b1, a;                                                                               \
+      memcpy(&b0, bp, sizeof b0);                                                                \
+      memcpy(&b1, bp + (VL), sizeof b1);                                                         \
+      a = (V){0} + ap[0];                                                                        \
+      c00 += a * b0;                                                                             \
+      c01 += a * b1;                                                                             \
+      a = (V){0} + ap[1];                                                                        \
+      c10 += a * b0;                                                                             \
+      c11 += a * b1;                                                                             \
+      a = (V){0} + ap[2];                                                                        \
+      c20 += a * b0;                                                                             \
+      c21 += a * b1;                                                                             \
+      a = (V){0} + ap[3];                                                                        \
+      c30 += a * b0;                                                                             \
+      c31 += a * b1;                                                                             \
+      ap += GEMM_MR;                                                                             \
+      bp += NAME##_NR;                                                                           \
+    }                                                                                            \
+    T tile[GEMM_MR][NAME##_NR];                                                                  \
+    memcpy(&tile[0][0], &c00, sizeof c00);                                                       \
+    memcpy(&tile[0][VL], &c01, sizeof c01);                                                      \
+    memcpy(&tile[1][0], &c10, sizeof c10);                                                       \
+    memcpy(&tile[1][VL], &c11, sizeof c11);                                                      \
+    memcpy(&tile[2][0], &c20, sizeof c20);                                                       \
+    memcpy(&tile[2][VL], &c21, sizeof c21);                                                      \
+    memcpy(&tile[3][0], &c30, sizeof c30);                                                       \
+    memcpy(&tile[3][VL], &c31, sizeof c31);                                                      \
+    for (int64_t i = 0; i < mr; i++)                                                             \
+      for (int64_t j = 0; j < nr; j++) c[i * ldc + j] += tile[i][j];                             \
+  }                                                                                              \
+  void NAME(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda, \
+            const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {                                \
+    if (m <= 0 || n <= 0) return;                                                                \
+    NAME##_scale(m, n, beta, c, ldc);                                                            \
+    if (k <= 0 || alpha == (T)0) return;                                                         \
+    T *pa = malloc(sizeof(T) * GEMM_MC * GEMM_KC);                                               \
+    T *pb = malloc(sizeof(T) * GEMM_KC * GEMM_NC);                                               \
+    if (!pa || !pb) {                                                                            \
+      /* no scratch: an unpacked triple loop, slow but still correct */                          \
+      free(pa);                                                                                  \
+      free(pb);                                                                                  \
+      for (int64_t i = 0; i < m; i++)                                                            \
+        for (int64_t p = 0; p < k; p++) {                                                        \
+          T av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);                                 \
+          for (int64_t j = 0; j < n; j++)                                                        \
+            c[i * ldc + j] += av * (tb ? b[j * ldb + p] : b[p * ldb + j]);                       \
+        }                                                                                        \
+      return;                                                                                    \
+    }                                                                                            \
+    const int64_t NR = NAME##_NR;                                                                \
+    for (int64_t jc = 0; jc < n; jc += GEMM_NC) {                                                \
+      const int64_t nb = n - jc < GEMM_NC ? n - jc : GEMM_NC;                                    \
+      for (int64_t pc = 0; pc < k; pc += GEMM_KC) {                                              \
+        const int64_t kb = k - pc < GEMM_KC ? k - pc : GEMM_KC;                                  \
+        /* pb: micro-panel jr holds op(B)[pc + p][jc + jr + jj] at [jr * kb + p * NR + jj] */    \
+        for (int64_t jr = 0; jr < nb; jr += NR) {                                                \
+          T *dst = pb + jr * kb;                                                                 \
+          const int64_t nr = nb - jr < NR ? nb - jr : NR;                                        \
+          for (int64_t p = 0; p < kb; p++)                                                       \
+            for (int64_t jj = 0; jj < NR; jj++)                                                  \
+              dst[p * NR + jj] = jj >= nr ? (T)0                                                 \
+                                 : tb     ? b[(jc + jr + jj) * ldb + pc + p]                     \
+                                          : b[(pc + p) * ldb + jc + jr + jj];                        \
+        }                                                                                        \
+        for (int64_t ic = 0; ic < m; ic += GEMM_MC) {                                            \
+          const int64_t mb = m - ic < GEMM_MC ? m - ic : GEMM_MC;                                \
+          /* pa: micro-panel ir holds alpha * op(A)[ic + ir + ii][pc + p] at                     \
+           * [ir * kb + p * MR + ii] */                                                          \
+          for (int64_t ir = 0; ir < mb; ir += GEMM_MR) {                                         \
+            T *dst = pa + ir * kb;                                                               \
+            const int64_t mr = mb - ir < GEMM_MR ? mb - ir : GEMM_MR;                            \
+            for (int64_t p = 0; p < kb; p++)                                                     \
+              for (int64_t ii = 0; ii < GEMM_MR; ii++)                                           \
+                dst[p * GEMM_MR + ii] = ii >= mr                                                 \
+                                            ? (T)0                                               \
+                                            : alpha * (ta ? a[(pc + p) * lda + ic + ir + ii]     \
+                                                          : a[(ic + ir + ii) * lda + pc + p]);   \
+          }                                                                                      \
+          for (int64_t jr = 0; jr < nb; jr += NR)                                                \
+            for (int64_t ir = 0; ir < mb; ir += GEMM_MR)                                         \
+              NAME##_micro(kb, pa + ir * kb, pb + jr * kb, c + (ic + ir) * ldc + jc + jr, ldc,   \
+                           mb - ir < GEMM_MR ? mb - ir : GEMM_MR, nb - jr < NR ? nb - jr : NR);  \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
+    free(pa);                                                                                    \
+    free(pb);                                                                                    \
   }
 
 DEFINE_BLOCKED_GEMM(weft_sgemm_blocked_, float, gemm_v4f, 4)
@@ -216,7 +216,8 @@ weft_status weft_gemm_layout_(const char *func, const weft_tensor *t, const char
   char desc[256];
   weft_tensor_describe(t, desc, sizeof desc);
   return weft_error_at(WEFT_ERR_INVALID, func,
-                       "%s %s has strides [%" PRId64 ", %" PRId64 "]: gemm needs a unit-stride "
+                       "%s %s has strides [%" PRId64 ", %" PRId64
+                       "]: gemm needs a unit-stride "
                        "last dim and a row stride >= the row length%s",
                        name, desc, t->strides[0], t->strides[1],
                        allow_flip ? " (or a transposed view of such a matrix)" : "");
@@ -281,7 +282,8 @@ weft_status weft_cpu_gemm_(bool trans_a, bool trans_b, float alpha, const weft_t
   const int64_t k = trans_a ? a->shape[0] : a->shape[1];
   const int64_t n = trans_b ? b->shape[0] : b->shape[1];
   if (m == 0 || n == 0) return WEFT_OK;
-  if (dt == WEFT_BF16 || dt == WEFT_F16) return weft_gemm_via_f32_(trans_a, trans_b, alpha, a, b, beta, c);
+  if (dt == WEFT_BF16 || dt == WEFT_F16)
+    return weft_gemm_via_f32_(trans_a, trans_b, alpha, a, b, beta, c);
 
   int64_t lda, ldb, ldc;
   bool fa, fb, fc;
@@ -322,13 +324,14 @@ weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor
   const int64_t n = trans_b ? b->shape[0] : b->shape[1];
   if (ka != kb)
     return weft_error(WEFT_ERR_INVALID,
-                      "inner dims differ: op(A) is %" PRId64 " x %" PRId64 " (A %s%s), op(B) is %" PRId64
-                      " x %" PRId64 " (B %s%s)",
-                      m, ka, da, trans_a ? ", transposed" : "", kb, n, db, trans_b ? ", transposed" : "");
+                      "inner dims differ: op(A) is %" PRId64 " x %" PRId64
+                      " (A %s%s), op(B) is %" PRId64 " x %" PRId64 " (B %s%s)",
+                      m, ka, da, trans_a ? ", transposed" : "", kb, n, db,
+                      trans_b ? ", transposed" : "");
   if (c->shape[0] != m || c->shape[1] != n)
     return weft_error(WEFT_ERR_INVALID,
-                      "C is %s but op(A) @ op(B) is %" PRId64 " x %" PRId64 " (A %s, B %s)", dc, m, n,
-                      da, db);
+                      "C is %s but op(A) @ op(B) is %" PRId64 " x %" PRId64 " (A %s, B %s)", dc, m,
+                      n, da, db);
   weft_status st;
   const weft_backend *be =
       weft_backend_for_tensors_(__func__, offsetof(weft_backend, gemm), 3, ts, names, &st);

@@ -34,13 +34,13 @@ weft_status weft_linear_backward(float *dinp, float *dweight, float *dbias, cons
   if (dweight) CHECK_PTR(inp, N * IC);
   if (dinp && N * IC > 0) {
     /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
-    weft_sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC,
-               accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
+    weft_sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, accumulate_dinp ? 1.0f : 0.0f,
+               dinp, IC);
   }
   if (dweight && OC * IC > 0) {
     /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC) */
-    weft_sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC,
-               accumulate_dweight ? 1.0f : 0.0f, dweight, IC);
+    weft_sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, accumulate_dweight ? 1.0f : 0.0f,
+               dweight, IC);
   }
   if (dbias) {
     if (!accumulate_dweight) memset(dbias, 0, (size_t)OC * sizeof(float));

@@ -28,11 +28,16 @@
 
 const char *weft_activation_name(weft_activation a) {
   switch (a) {
-    case WEFT_ACT_GELU_TANH: return "gelu_tanh";
-    case WEFT_ACT_GELU_ERF: return "gelu_erf";
-    case WEFT_ACT_RELU: return "relu";
-    case WEFT_ACT_SILU: return "silu";
-    default: return "?";
+    case WEFT_ACT_GELU_TANH:
+      return "gelu_tanh";
+    case WEFT_ACT_GELU_ERF:
+      return "gelu_erf";
+    case WEFT_ACT_RELU:
+      return "relu";
+    case WEFT_ACT_SILU:
+      return "silu";
+    default:
+      return "?";
   }
 }
 
@@ -66,8 +71,7 @@ weft_status weft_layernorm_forward(float *out, float *mean, float *rstd, const f
 
 weft_status weft_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                     const float *inp, const float *weight, const float *mean,
-                                    const float *rstd, int64_t N, int64_t C,
-                                    bool accumulate_dinp) {
+                                    const float *rstd, int64_t N, int64_t C, bool accumulate_dinp) {
   WEFT_CHECK_ARGS_(weft_check_layernorm_backward_(OP, dout, inp, mean, rstd, N, C));
   if (dinp) {
     for (int64_t n = 0; n < N; n++) {
@@ -111,17 +115,21 @@ weft_status weft_layernorm_backward(float *dinp, float *dweight, float *dbias, c
 
 /* ------------------------------------------------------------- activations */
 
-#define GELU_K 0.7978845608028654f  /* sqrt(2 / pi) */
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f
 #define INV_SQRT2 0.7071067811865476f
 #define INV_SQRT_2PI 0.3989422804014327f
 
 static inline float act_value(weft_activation act, float x) {
   switch (act) {
-    case WEFT_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_C * x * x * x)));
-    case WEFT_ACT_GELU_ERF: return 0.5f * x * (1.0f + erff(x * INV_SQRT2));
-    case WEFT_ACT_RELU: return x > 0.0f ? x : (x != x ? x : 0.0f);
-    default: return x / (1.0f + expf(-x)); /* silu (act checked) */
+    case WEFT_ACT_GELU_TANH:
+      return 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_C * x * x * x)));
+    case WEFT_ACT_GELU_ERF:
+      return 0.5f * x * (1.0f + erff(x * INV_SQRT2));
+    case WEFT_ACT_RELU:
+      return x > 0.0f ? x : (x != x ? x : 0.0f);
+    default:
+      return x / (1.0f + expf(-x)); /* silu (act checked) */
   }
 }
 
@@ -131,13 +139,14 @@ static inline float act_grad(weft_activation act, float x) {
     case WEFT_ACT_GELU_TANH: {
       const float t = tanhf(GELU_K * (x + GELU_C * x * x * x)), sech2 = 1.0f - t * t;
       /* sech2 is 0 for |x| > ~9: the second term is 0 (x^2 may be inf) */
-      const float d2 = sech2 == 0.0f ? 0.0f
-                                     : 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+      const float d2 =
+          sech2 == 0.0f ? 0.0f : 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
       return 0.5f * (1.0f + t) + d2;
     }
     case WEFT_ACT_GELU_ERF:
       return 0.5f * (1.0f + erff(x * INV_SQRT2)) + x * expf(-0.5f * x * x) * INV_SQRT_2PI;
-    case WEFT_ACT_RELU: return x > 0.0f ? 1.0f : 0.0f;
+    case WEFT_ACT_RELU:
+      return x > 0.0f ? 1.0f : 0.0f;
     default: {
       const float s = 1.0f / (1.0f + expf(-x));
       return s * (1.0f + x * (1.0f - s));

@@ -28,10 +28,12 @@ static weft_status check_float(const char *func, const weft_tensor *t, const cha
   if (t->ndim < 0 || t->ndim > WEFT_MAX_DIMS)
     return weft_error_at(WEFT_ERR_INVALID, func, "%s has invalid ndim %d", name, t->ndim);
   if ((unsigned)t->device >= WEFT_DEVICE_COUNT)
-    return weft_error_at(WEFT_ERR_INVALID, func, "%s is on unknown device %d", name, (int)t->device);
+    return weft_error_at(WEFT_ERR_INVALID, func, "%s is on unknown device %d", name,
+                         (int)t->device);
   if (!weft_dtype_is_float(t->dtype))
     return weft_error_at(WEFT_ERR_INVALID, func,
-                         "%s %s: elementwise ops need a float dtype (f32, f64, bf16, f16)", name, desc);
+                         "%s %s: elementwise ops need a float dtype (f32, f64, bf16, f16)", name,
+                         desc);
   return WEFT_OK;
 }
 
@@ -58,50 +60,50 @@ typedef struct ew_ctx {
 } ew_ctx;
 
 /* Operand order in rows: binary (out, a, b); scale, div (t); axpy (y, x). */
-#define EW_LOOP(T, LOAD, STORE, CT, ALPHA)                                              \
-  do {                                                                                  \
-    const CT al_ = (CT)(ALPHA);                                                         \
-    T *o_ = (T *)p[0];                                                                  \
-    const int64_t s0 = st[0];                                                           \
-    switch (c->kind) {                                                                  \
-      case EW_ADD:                                                                      \
-      case EW_MUL: {                                                                    \
-        const T *a_ = (const T *)p[1], *b_ = (const T *)p[2];                           \
-        const int64_t s1 = st[1], s2 = st[2];                                           \
-        if (c->kind == EW_ADD)                                                          \
-          for (int64_t i = 0; i < n; i++) {                                             \
-            CT x = LOAD(a_[i * s1]), y = LOAD(b_[i * s2]);                              \
-            o_[i * s0] = STORE(x + y);                                                  \
-          }                                                                             \
-        else                                                                            \
-          for (int64_t i = 0; i < n; i++) {                                             \
-            CT x = LOAD(a_[i * s1]), y = LOAD(b_[i * s2]);                              \
-            o_[i * s0] = STORE(x * y);                                                  \
-          }                                                                             \
-        break;                                                                          \
-      }                                                                                 \
-      case EW_SCALE:                                                                    \
-        for (int64_t i = 0; i < n; i++) {                                               \
-          CT x = LOAD(o_[i * s0]);                                                      \
-          o_[i * s0] = STORE(x * al_);                                                  \
-        }                                                                               \
-        break;                                                                          \
-      case EW_DIV:                                                                      \
-        for (int64_t i = 0; i < n; i++) {                                               \
-          CT x = LOAD(o_[i * s0]);                                                      \
-          o_[i * s0] = STORE(x / al_);                                                  \
-        }                                                                               \
-        break;                                                                          \
-      case EW_AXPY: {                                                                   \
-        const T *x_ = (const T *)p[1];                                                  \
-        const int64_t s1 = st[1];                                                       \
-        for (int64_t i = 0; i < n; i++) {                                               \
-          CT y = LOAD(o_[i * s0]), x = LOAD(x_[i * s1]);                                \
-          o_[i * s0] = STORE(y + al_ * x);                                              \
-        }                                                                               \
-        break;                                                                          \
-      }                                                                                 \
-    }                                                                                   \
+#define EW_LOOP(T, LOAD, STORE, CT, ALPHA)                    \
+  do {                                                        \
+    const CT al_ = (CT)(ALPHA);                               \
+    T *o_ = (T *)p[0];                                        \
+    const int64_t s0 = st[0];                                 \
+    switch (c->kind) {                                        \
+      case EW_ADD:                                            \
+      case EW_MUL: {                                          \
+        const T *a_ = (const T *)p[1], *b_ = (const T *)p[2]; \
+        const int64_t s1 = st[1], s2 = st[2];                 \
+        if (c->kind == EW_ADD)                                \
+          for (int64_t i = 0; i < n; i++) {                   \
+            CT x = LOAD(a_[i * s1]), y = LOAD(b_[i * s2]);    \
+            o_[i * s0] = STORE(x + y);                        \
+          }                                                   \
+        else                                                  \
+          for (int64_t i = 0; i < n; i++) {                   \
+            CT x = LOAD(a_[i * s1]), y = LOAD(b_[i * s2]);    \
+            o_[i * s0] = STORE(x * y);                        \
+          }                                                   \
+        break;                                                \
+      }                                                       \
+      case EW_SCALE:                                          \
+        for (int64_t i = 0; i < n; i++) {                     \
+          CT x = LOAD(o_[i * s0]);                            \
+          o_[i * s0] = STORE(x * al_);                        \
+        }                                                     \
+        break;                                                \
+      case EW_DIV:                                            \
+        for (int64_t i = 0; i < n; i++) {                     \
+          CT x = LOAD(o_[i * s0]);                            \
+          o_[i * s0] = STORE(x / al_);                        \
+        }                                                     \
+        break;                                                \
+      case EW_AXPY: {                                         \
+        const T *x_ = (const T *)p[1];                        \
+        const int64_t s1 = st[1];                             \
+        for (int64_t i = 0; i < n; i++) {                     \
+          CT y = LOAD(o_[i * s0]), x = LOAD(x_[i * s1]);      \
+          o_[i * s0] = STORE(y + al_ * x);                    \
+        }                                                     \
+        break;                                                \
+      }                                                       \
+    }                                                         \
   } while (0)
 
 #define ID_(x) (x)
@@ -111,11 +113,20 @@ typedef struct ew_ctx {
 static void ew_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
   const ew_ctx *c = vctx;
   switch (c->dt) {
-    case WEFT_F32: EW_LOOP(float, ID_, ID_, float, c->alpha); break;
-    case WEFT_F64: EW_LOOP(double, ID_, ID_, double, c->alpha); break;
-    case WEFT_BF16: EW_LOOP(uint16_t, weft_bf16_to_f32_i_, TO_BF16_, float, c->alpha); break;
-    case WEFT_F16: EW_LOOP(uint16_t, weft_f16_to_f32_i_, TO_F16_, float, c->alpha); break;
-    default: break;
+    case WEFT_F32:
+      EW_LOOP(float, ID_, ID_, float, c->alpha);
+      break;
+    case WEFT_F64:
+      EW_LOOP(double, ID_, ID_, double, c->alpha);
+      break;
+    case WEFT_BF16:
+      EW_LOOP(uint16_t, weft_bf16_to_f32_i_, TO_BF16_, float, c->alpha);
+      break;
+    case WEFT_F16:
+      EW_LOOP(uint16_t, weft_f16_to_f32_i_, TO_F16_, float, c->alpha);
+      break;
+    default:
+      break;
   }
 }
 
@@ -191,8 +202,10 @@ static weft_status binary_cpu(ew_kind kind, weft_tensor *out, const weft_tensor 
                               const weft_tensor *b) {
   const weft_tensor *ops[3] = {out, a, b};
   if (all_contig_f32(3, ops)) {
-    if (kind == EW_ADD) f32_add(out->data, a->data, b->data, weft_tensor_numel(out));
-    else f32_mul(out->data, a->data, b->data, weft_tensor_numel(out));
+    if (kind == EW_ADD)
+      f32_add(out->data, a->data, b->data, weft_tensor_numel(out));
+    else
+      f32_mul(out->data, a->data, b->data, weft_tensor_numel(out));
     return WEFT_OK;
   }
   ew_run(kind, 0.0, 3, ops);
@@ -323,8 +336,12 @@ static inline double reduce_span(const char *p, int64_t n, int64_t s, weft_dtype
   for (int64_t i = 0; i < n; i++) {
     double v = weft_load_f_(p + i * s * es, dt);
     switch (kind) {
-      case WEFT_REDUCE_SUM: acc += v; break;
-      case WEFT_REDUCE_SUMSQ: acc += v * v; break;
+      case WEFT_REDUCE_SUM:
+        acc += v;
+        break;
+      case WEFT_REDUCE_SUMSQ:
+        acc += v * v;
+        break;
       case WEFT_REDUCE_MAX:
         if (v != v) return v;
         if (v > acc) acc = v;
@@ -405,14 +422,13 @@ static void red_dim_row(char *const *p, const int64_t *st, int64_t n, void *vctx
   const red_dim_ctx *c = vctx;
   const int64_t es = (int64_t)weft_dtype_size(c->dt);
   for (int64_t i = 0; i < n; i++) {
-    double acc = reduce_span(p[1] + i * st[1] * es, c->len, c->stride, c->dt, c->kind,
-                             reduce_init(c->kind));
+    double acc =
+        reduce_span(p[1] + i * st[1] * es, c->len, c->stride, c->dt, c->kind, reduce_init(c->kind));
     weft_store_f_(p[0] + i * st[0] * es, c->dt, acc);
   }
 }
 
-weft_status weft_cpu_reduce_(const weft_tensor *t, weft_reduce_kind kind, int d,
-                             weft_tensor *out) {
+weft_status weft_cpu_reduce_(const weft_tensor *t, weft_reduce_kind kind, int d, weft_tensor *out) {
   weft_tensor in = *t; /* input with the reduced dim narrowed to 1 */
   in.base_ = NULL;
   if (t->ndim == 0) {
@@ -446,8 +462,8 @@ weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, we
   /* a 0-d tensor reduces like one of shape [1] (torch accepts dim 0 / -1) */
   const int nd = t->ndim > 0 ? t->ndim : 1;
   if (dim < -nd || dim >= nd)
-    return weft_error(WEFT_ERR_INVALID, "dim %d out of range for %s (expected %d..%d)", dim, dt, -nd,
-                      nd - 1);
+    return weft_error(WEFT_ERR_INVALID, "dim %d out of range for %s (expected %d..%d)", dim, dt,
+                      -nd, nd - 1);
   const int d = dim < 0 ? dim + nd : dim;
   if (out->dtype != t->dtype)
     return weft_error(WEFT_ERR_INVALID, "out %s must have the input's dtype (input %s)", dout, dt);

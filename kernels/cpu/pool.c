@@ -28,19 +28,21 @@ static struct {
   pthread_mutex_t call; /* held by the caller for a whole job */
   pthread_mutex_t mu;   /* guards the fields below */
   pthread_cond_t wake, idle;
-  int nworkers;         /* started workers, ids 1..nworkers */
-  uint64_t gen;         /* job generation */
-  int want;             /* workers 1..want take part in the current job */
-  int busy;             /* of those, still working */
+  int nworkers; /* started workers, ids 1..nworkers */
+  uint64_t gen; /* job generation */
+  int want;     /* workers 1..want take part in the current job */
+  int busy;     /* of those, still working */
   weft_cpu_par_fn fn;
   void *ctx;
   int64_t n;
-  atomic_llong next;    /* next item to take */
+  atomic_llong next;           /* next item to take */
   uint64_t start_gen[PAR_MAX]; /* the generation before the job a worker was started for */
   float *scratch[PAR_MAX];
   int64_t scratch_cap[PAR_MAX];
-} par = {.call = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
-         .wake = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER};
+} par = {.call = PTHREAD_MUTEX_INITIALIZER,
+         .mu = PTHREAD_MUTEX_INITIALIZER,
+         .wake = PTHREAD_COND_INITIALIZER,
+         .idle = PTHREAD_COND_INITIALIZER};
 static pthread_once_t par_once = PTHREAD_ONCE_INIT;
 
 static void par_items(weft_cpu_par_fn fn, void *ctx, int64_t n, float *scratch) {
@@ -156,7 +158,7 @@ void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int
   par_run(n, nt, fn, ctx, own, floats);
   openblas_set_num_threads(nt);
 }
-#else /* no BLAS: the items run here, in order */
+#else  /* no BLAS: the items run here, in order */
 void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int64_t floats) {
   (void)floats;
   for (int64_t i = 0; i < n; i++) fn(ctx, i, own);

@@ -18,7 +18,8 @@
 
 weft_status weft_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
                                  int64_t N, int64_t C, float eps) {
-  WEFT_RETURN_IF_BAD_(weft_check_rmsnorm_forward_(weft_op_name_(__func__), out, rstd, inp, weight, N, C, eps));
+  WEFT_RETURN_IF_BAD_(
+      weft_check_rmsnorm_forward_(weft_op_name_(__func__), out, rstd, inp, weight, N, C, eps));
   for (int64_t n = 0; n < N; n++) {
     const float *x = inp + n * C;
     const double ss = row_dot_d(x, x, C); /* the sum of squares, in double */
@@ -33,9 +34,9 @@ weft_status weft_rmsnorm_forward(float *out, float *rstd, const float *inp, cons
   return WEFT_OK;
 }
 
-weft_status weft_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
-                                  const float *inp, const float *weight, const float *rstd,
-                                  int64_t N, int64_t C, bool accumulate_dinp) {
+weft_status weft_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                  const float *weight, const float *rstd, int64_t N, int64_t C,
+                                  bool accumulate_dinp) {
   CHECK_SIZES(N, C);
   CHECK_PTR(dinp, N * C);
   CHECK_PTR(dweight, C);
@@ -67,8 +68,8 @@ weft_status weft_rmsnorm_backward(float *dinp, float *dweight, const float *dout
     c = 0;
     if (accumulate_dinp) {
       for (; c + VL <= C; c += VL)
-        vstore(dx + c, vload(dx + c) +
-                           vr * (vload(dy + c) * vload(weight + c) - vload(x + c) * vk));
+        vstore(dx + c,
+               vload(dx + c) + vr * (vload(dy + c) * vload(weight + c) - vload(x + c) * vk));
       for (; c < C; c++) dx[c] += r * (dy[c] * weight[c] - x[c] * k);
     } else {
       for (; c + VL <= C; c += VL)

@@ -14,8 +14,7 @@
 #undef weft_error
 #define weft_error(st, ...) weft_error_at((st), weft_op_name_(__func__), __VA_ARGS__)
 
-weft_status weft_rope_tables(float *cosb, float *sinb, int64_t max_pos, int64_t hd,
-                             double theta) {
+weft_status weft_rope_tables(float *cosb, float *sinb, int64_t max_pos, int64_t hd, double theta) {
   CHECK_SIZES(max_pos, hd);
   if (hd == 0 || hd % 2 != 0)
     return weft_error(WEFT_ERR_INVALID, "head dim %lld must be even and > 0", (long long)hd);
@@ -36,8 +35,8 @@ weft_status weft_rope_tables(float *cosb, float *sinb, int64_t max_pos, int64_t 
 
 /* Shared by forward (sign = +1) and backward (sign = -1, the transpose). */
 static weft_status rope_apply(const char *op, float *out, const float *inp, const float *cosb,
-                              const float *sinb, int64_t max_pos, int64_t B, int64_t T,
-                              int64_t NH, int64_t hd, int64_t pos0, float sign) {
+                              const float *sinb, int64_t max_pos, int64_t B, int64_t T, int64_t NH,
+                              int64_t hd, int64_t pos0, float sign) {
   CHECK_SIZES_AT(op, max_pos, B, T, NH, hd, pos0);
   if (hd == 0 || hd % 2 != 0)
     return weft_error_at(WEFT_ERR_INVALID, op, "head dim %lld must be even and > 0", (long long)hd);
@@ -86,8 +85,8 @@ weft_status weft_rope_forward(float *out, const float *inp, const float *cosb, c
   return rope_apply("rope_forward", out, inp, cosb, sinb, max_pos, B, T, NH, hd, pos0, 1.0f);
 }
 
-weft_status weft_rope_backward(float *dinp, const float *dout, const float *cosb,
-                               const float *sinb, int64_t max_pos, int64_t B, int64_t T,
-                               int64_t NH, int64_t hd, int64_t pos0) {
+weft_status weft_rope_backward(float *dinp, const float *dout, const float *cosb, const float *sinb,
+                               int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
+                               int64_t pos0) {
   return rope_apply("rope_backward", dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0, -1.0f);
 }

@@ -147,9 +147,7 @@ AVX2_FN static inline void v8store_tail(float *p, vf8 v, int64_t n) {
   memcpy(p, &v, (size_t)n * sizeof(float));
 }
 AVX2_FN static inline vf8 v8set(float x) { return (vf8){x, x, x, x, x, x, x, x}; }
-AVX2_FN static inline vf8 v8sel(vi8 m, vf8 a, vf8 b) {
-  return (vf8)((m & (vi8)a) | (~m & (vi8)b));
-}
+AVX2_FN static inline vf8 v8sel(vi8 m, vf8 a, vf8 b) { return (vf8)((m & (vi8)a) | (~m & (vi8)b)); }
 /* a * b + c, rounded once */
 AVX2_FN static inline vf8 v8fma(vf8 a, vf8 b, vf8 c) {
   return (vf8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
@@ -188,15 +186,15 @@ AVX2_FN static inline vf8 v8exp(vf8 x) {
 }
 
 AVX2_FN static inline void row_exp_avx2(float *out, const float *x, int64_t n, float sub,
-                                         float mul) {
+                                        float mul) {
   const vf8 vs = v8set(sub), vm = v8set(mul);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) v8store(out + j, v8exp(v8load(x + j) - vs) * vm);
   if (j < n) v8store_tail(out + j, v8exp(v8load_tail(x + j, n - j, 0.0f) - vs) * vm, n - j);
 }
 
-AVX2_FN static inline double row_exp_sum_avx2(float *out, const float *x, int64_t n,
-                                              float sub, float mul) {
+AVX2_FN static inline double row_exp_sum_avx2(float *out, const float *x, int64_t n, float sub,
+                                              float mul) {
   vd4 lo = {0}, hi = {0};
   const vf8 vs = v8set(sub), vm = v8set(mul);
   int64_t j = 0;
@@ -214,7 +212,6 @@ AVX2_FN static inline double row_exp_sum_avx2(float *out, const float *x, int64_
 }
 
 #endif
-
 
 /* out[j] = exp(x[j] - sub) * mul for j < n (out may be x). */
 static inline void row_exp(float *out, const float *x, int64_t n, float sub, float mul) {

@@ -58,9 +58,9 @@ weft_status launched(const char *func) {
 
 /* Scratch regions, in floats from the start (each a multiple of 64). */
 struct att_layout {
-  int64_t bq;                         /* query rows per block */
+  int64_t bq;                                      /* query rows per block */
   int64_t qp, kp, vp, op, dqp, dkp, dvp, d, s, ds; /* offsets */
-  int64_t total;                      /* floats */
+  int64_t total;                                   /* floats */
 };
 
 int64_t round64(int64_t x) { return (x + 63) / 64 * 64; }
@@ -112,8 +112,8 @@ __global__ void permute_kernel(float *dst, const float *src, int64_t A0, int64_t
 weft_status permute(const char *func, float *dst, const float *src, int64_t A0, int64_t A1,
                     int64_t A2, int64_t inner) {
   const bool vec = inner % 4 == 0 && aligned16(dst) && aligned16(src);
-  WEFT_LAUNCH(permute_kernel, grid_for(A0 * A1 * A2, 8), dim3(32, 8), 0, compute_stream(), dst,
-              src, A0, A1, A2, inner, vec);
+  WEFT_LAUNCH(permute_kernel, grid_for(A0 * A1 * A2, 8), dim3(32, 8), 0, compute_stream(), dst, src,
+              A0, A1, A2, inner, vec);
   return launched(func);
 }
 
@@ -122,8 +122,8 @@ weft_status permute(const char *func, float *dst, const float *src, int64_t A0, 
 struct row_pos {
   int64_t t, lidx;
 };
-__device__ inline row_pos row_of(int64_t R, int64_t M, int64_t G, int64_t Hkv, int64_t H,
-                                 int64_t T, int64_t t0) {
+__device__ inline row_pos row_of(int64_t R, int64_t M, int64_t G, int64_t Hkv, int64_t H, int64_t T,
+                                 int64_t t0) {
   const int64_t i = R / M, r = R - i * M;
   const int64_t tl = r / G, j = r - tl * G;
   const int64_t b = i / Hkv, g = i - b * Hkv;
@@ -155,7 +155,8 @@ __global__ void softmax_fwd_kernel(float *S, float *lse, int64_t nrows, int64_t 
       lse_merge(m, s, m2, s2);
     }
     const float inv = 1.0f / s;
-    for (int64_t c = threadIdx.x; c < end; c += 32) row[c] = c < valid ? expf(row[c] - m) * inv : 0.0f;
+    for (int64_t c = threadIdx.x; c < end; c += 32)
+      row[c] = c < valid ? expf(row[c] - m) * inv : 0.0f;
     if (threadIdx.x == 0) lse[p.lidx] = m + logf(s);
   }
 }
@@ -216,8 +217,7 @@ weft_status check_ptrs(const char *func, int n, const char *const *names, const 
 
 extern "C" {
 
-size_t weft_cuda_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                         int64_t hd) {
+size_t weft_cuda_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd) {
   if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || hd <= 0) return 0;
   return (size_t)layout_for(B, T, H, Hkv, hd).total * sizeof(float);
 }
@@ -231,8 +231,8 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
     const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
     const char *names[6] = {"out", "lse", "q", "k", "v", "scratch"};
     const void *ptrs[6] = {out, lse, q, k, v, scratch};
-    const int64_t counts[6] = {nq, B * H * T, nq, nkv, nkv,
-                               (int64_t)weft_cuda_attention_scratch_bytes(B, T, H, Hkv, hd)};
+    const int64_t counts[6] = {
+        nq, B * H * T, nq, nkv, nkv, (int64_t)weft_cuda_attention_scratch_bytes(B, T, H, Hkv, hd)};
     WEFT_CHECK(check_ptrs(__func__, 6, names, ptrs, counts));
   }
   if (B * T * H == 0) return WEFT_OK;
@@ -244,8 +244,7 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
   const int64_t G = H / Hkv, count = B * Hkv;
   const att_layout L = layout_for(B, T, H, Hkv, hd);
   float *base = (float *)scratch;
-  float *Qp = base + L.qp, *Kp = base + L.kp, *Vp = base + L.vp, *Op = base + L.op,
-        *S = base + L.s;
+  float *Qp = base + L.qp, *Kp = base + L.kp, *Vp = base + L.vp, *Op = base + L.op, *S = base + L.s;
   const float scale = (float)(1.0 / sqrt((double)hd));
   WEFT_CHECK(permute(__func__, Qp, q, B, T, Hkv, G * hd));
   WEFT_CHECK(permute(__func__, Kp, k, B, T, Hkv, hd));
@@ -253,16 +252,16 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
   for (int64_t t0 = 0; t0 < T; t0 += L.bq) {
     const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = causal ? t0 + nb : T, M = nb * G;
     /* S = scale * Qblk Kp[0:end]^T, per (b, g) */
-    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, scale, Qp + t0 * G * hd,
-                                               hd, T * G * hd, Kp, hd, T * hd, 0.0f, S, end,
-                                               M * end, count));
-    WEFT_LAUNCH(softmax_fwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, S, lse,
-                count * M, end, M, G, Hkv, H, T, t0, causal);
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, scale, Qp + t0 * G * hd, hd,
+                                               T * G * hd, Kp, hd, T * hd, 0.0f, S, end, M * end,
+                                               count));
+    WEFT_LAUNCH(softmax_fwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, S, lse, count * M,
+                end, M, G, Hkv, H, T, t0, causal);
     WEFT_CHECK(launched(__func__));
     /* Oblk = P Vp[0:end] */
-    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, false, M, hd, end, 1.0f, S, end, M * end,
-                                               Vp, hd, T * hd, 0.0f, Op + t0 * G * hd, hd,
-                                               T * G * hd, count));
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, false, M, hd, end, 1.0f, S, end, M * end, Vp,
+                                               hd, T * hd, 0.0f, Op + t0 * G * hd, hd, T * G * hd,
+                                               count));
   }
   return permute(__func__, out, Op, B, Hkv, T, G * hd);
 }
@@ -278,8 +277,9 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
   {
     const char *names[10] = {"dq", "dk", "dv", "dout", "q", "k", "v", "lse", "out", "scratch"};
     const void *ptrs[10] = {dq, dk, dv, dout, q, k, v, lse, out, scratch};
-    const int64_t counts[10] = {nq, nkv, nkv, nq, nq, nkv, nkv, B * H * T, nq,
-                                (int64_t)weft_cuda_attention_scratch_bytes(B, T, H, Hkv, hd)};
+    const int64_t counts[10] = {
+        nq,  nkv, nkv,       nq, nq,
+        nkv, nkv, B * H * T, nq, (int64_t)weft_cuda_attention_scratch_bytes(B, T, H, Hkv, hd)};
     WEFT_CHECK(check_ptrs(__func__, 10, names, ptrs, counts));
   }
   if (nkv > 0 && H == 0) { /* no query heads read these kv heads */
@@ -299,8 +299,7 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
   WEFT_CHECK(permute(__func__, Kp, k, B, T, Hkv, hd));
   WEFT_CHECK(permute(__func__, Vp, v, B, T, Hkv, hd));
   WEFT_CHECK(permute(__func__, dOp, dout, B, T, Hkv, G * hd));
-  WEFT_LAUNCH(rowdot_kernel, grid_for(B * T * H, 8), dim3(32, 8), 0, s, D, dout, out, B, T, H,
-              hd);
+  WEFT_LAUNCH(rowdot_kernel, grid_for(B * T * H, 8), dim3(32, 8), 0, s, D, dout, out, B, T, H, hd);
   WEFT_CHECK(launched(__func__));
   WEFT_CHECK(weft_cuda_memset_(dKp, 0, (size_t)nkv * sizeof(float)));
   WEFT_CHECK(weft_cuda_memset_(dVp, 0, (size_t)nkv * sizeof(float)));
@@ -310,9 +309,8 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
     /* S = scale * Qblk Kp^T, dP = dOblk Vp^T */
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, scale, Qb, hd, T * G * hd,
                                                Kp, hd, T * hd, 0.0f, P, end, M * end, count));
-    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, 1.0f, dOb, hd,
-                                               T * G * hd, Vp, hd, T * hd, 0.0f, dS, end, M * end,
-                                               count));
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, 1.0f, dOb, hd, T * G * hd,
+                                               Vp, hd, T * hd, 0.0f, dS, end, M * end, count));
     WEFT_LAUNCH(softmax_bwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, P, dS, lse, D,
                 count * M, end, M, G, Hkv, H, T, t0, scale, causal);
     WEFT_CHECK(launched(__func__));
@@ -321,9 +319,9 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
                                                hd, T * G * hd, 1.0f, dVp, hd, T * hd, count));
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(true, false, end, hd, M, 1.0f, dS, end, M * end, Qb,
                                                hd, T * G * hd, 1.0f, dKp, hd, T * hd, count));
-    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, false, M, hd, end, 1.0f, dS, end, M * end,
-                                               Kp, hd, T * hd, 0.0f, dQp + t0 * G * hd, hd,
-                                               T * G * hd, count));
+    WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, false, M, hd, end, 1.0f, dS, end, M * end, Kp,
+                                               hd, T * hd, 0.0f, dQp + t0 * G * hd, hd, T * G * hd,
+                                               count));
   }
   WEFT_CHECK(permute(__func__, dq, dQp, B, Hkv, T, G * hd));
   WEFT_CHECK(permute(__func__, dk, dKp, B, Hkv, T, hd));

@@ -15,13 +15,13 @@
 
 typedef struct cblock {
   char *ptr;
-  size_t size;    /* class size: what the block can hold */
-  size_t req;     /* bytes requested by the current (or last) user */
-  int stream;     /* stream it was allocated for */
+  size_t size;      /* class size: what the block can hold */
+  size_t req;       /* bytes requested by the current (or last) user */
+  int stream;       /* stream it was allocated for */
   unsigned used_on; /* bit s: also used on stream s (record_stream) */
   bool live;
   void *marker[WEFT_CUDA_CACHE_STREAMS]; /* pending markers (free blocks only) */
-  struct cblock *next; /* free or pending list */
+  struct cblock *next;                   /* free or pending list */
 } cblock;
 
 struct weft_cuda_cache_ {

@@ -64,8 +64,8 @@
  * and thread (emu/emu.cpp). The arguments are evaluated once, at the
  * launch, and copied by value into the body (a heap copy that lives until
  * the launch ran), as a CUDA launch does; #kernel names it in messages. */
-#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)                               \
-  weft_emu_launch_(#kernel, (grid), (block), (size_t)(smem), (stream),                   \
+#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)            \
+  weft_emu_launch_(#kernel, (grid), (block), (size_t)(smem), (stream), \
                    [](auto... weft_a_) { return [=]() { kernel(weft_a_...); }; }(__VA_ARGS__))
 #define WEFT_DYN_SMEM(T, name) T *name = (T *)weft_emu_dyn_smem_()
 #else

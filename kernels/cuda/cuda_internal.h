@@ -34,10 +34,10 @@ extern "C" {
 /* How the cache gets raw memory and stream markers (cudaMalloc / events on
  * the device; plain malloc and flags in the unit tests). */
 typedef struct weft_cuda_cache_backend_ {
-  void *(*raw_alloc)(size_t bytes, void *ctx);          /* NULL on failure */
+  void *(*raw_alloc)(size_t bytes, void *ctx); /* NULL on failure */
   void (*raw_free)(void *ptr, size_t bytes, void *ctx);
-  void *(*mark)(int stream, void *ctx);                  /* record a marker on stream */
-  bool (*mark_done)(void *marker, void *ctx);            /* has the stream passed it? */
+  void *(*mark)(int stream, void *ctx);       /* record a marker on stream */
+  bool (*mark_done)(void *marker, void *ctx); /* has the stream passed it? */
   void (*mark_release)(void *marker, void *ctx);
   void *ctx;
 } weft_cuda_cache_backend_;
@@ -84,8 +84,8 @@ bool weft_cuda_contains_(const void *ptr); /* any byte of device memory */
 /* Copies and memset, ordered on the compute stream (memcpy_ waits for it). */
 weft_status weft_cuda_memset_(void *dst, int value, size_t bytes);
 weft_status weft_cuda_memcpy_(void *dst, const void *src, size_t bytes, weft_copy_kind kind);
-weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes,
-                                    weft_copy_kind kind, weft_stream_id s);
+weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes, weft_copy_kind kind,
+                                    weft_stream_id s);
 weft_status weft_cuda_event_record_(weft_stream_id s, weft_event **ev);
 weft_status weft_cuda_stream_wait_event_(weft_stream_id s, weft_event *ev);
 weft_status weft_cuda_event_synchronize_(weft_event *ev);

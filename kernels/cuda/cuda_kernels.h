@@ -63,14 +63,13 @@ weft_status weft_cuda_embedding_range_forward(float *out, const int32_t *tokens,
                                               const float *weight_local, int64_t N, int64_t v0,
                                               int64_t nv, int64_t C);
 weft_status weft_cuda_embedding_range_backward(float *dweight_local, const int32_t *tokens,
-                                               const float *dout, int64_t N, int64_t v0,
-                                               int64_t nv, int64_t C);
+                                               const float *dout, int64_t N, int64_t v0, int64_t nv,
+                                               int64_t C);
 weft_status weft_cuda_linear_forward(float *out, const float *inp, const float *weight,
                                      const float *bias, int64_t N, int64_t IC, int64_t OC);
-weft_status weft_cuda_linear_backward(float *dinp, float *dweight, float *dbias,
-                                      const float *dout, const float *inp, const float *weight,
-                                      int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp,
-                                      bool accumulate_dweight);
+weft_status weft_cuda_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                      const float *inp, const float *weight, int64_t N, int64_t IC,
+                                      int64_t OC, bool accumulate_dinp, bool accumulate_dweight);
 weft_status weft_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
                                       const float *weight, int64_t N, int64_t C, float eps);
 weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
@@ -93,11 +92,11 @@ weft_status weft_cuda_residual_backward(float *da, float *db, const float *dout,
 /* *loss is host memory (the call waits for it) */
 weft_status weft_cuda_cross_entropy_forward(double *loss, float *lse, const float *logits,
                                             const int32_t *targets, int64_t N, int64_t V);
-weft_status weft_cuda_cross_entropy_backward(float *dlogits, const float *logits,
-                                             const float *lse, const int32_t *targets, int64_t N,
-                                             int64_t V, float scale);
-weft_status weft_cuda_cross_entropy_local_max(float *row_max, const float *logits_local,
-                                              int64_t N, int64_t nv);
+weft_status weft_cuda_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
+                                             const int32_t *targets, int64_t N, int64_t V,
+                                             float scale);
+weft_status weft_cuda_cross_entropy_local_max(float *row_max, const float *logits_local, int64_t N,
+                                              int64_t nv);
 weft_status weft_cuda_cross_entropy_local_target(float *target_logit, const float *logits_local,
                                                  const int32_t *targets, int64_t N, int64_t v0,
                                                  int64_t nv);
@@ -105,10 +104,9 @@ weft_status weft_cuda_cross_entropy_local_sumexp(float *sumexp, const float *log
                                                  const float *gmax, int64_t N, int64_t nv);
 weft_status weft_cuda_cross_entropy_finish(double *loss, float *lse, const float *gmax,
                                            const float *gsum, const float *gtarget, int64_t N);
-weft_status weft_cuda_cross_entropy_backward_local(float *dlogits_local,
-                                                   const float *logits_local, const float *lse,
-                                                   const int32_t *targets, int64_t N, int64_t v0,
-                                                   int64_t nv, float scale);
+weft_status weft_cuda_cross_entropy_backward_local(float *dlogits_local, const float *logits_local,
+                                                   const float *lse, const int32_t *targets,
+                                                   int64_t N, int64_t v0, int64_t nv, float scale);
 
 /* ---- LayerNorm, activations, softmax, dropout (norm_act.cu; backend
  * version 2). Deterministic: row sums in a fixed tree, the weight and bias
@@ -118,23 +116,22 @@ weft_status weft_cuda_layernorm_forward(float *out, float *mean, float *rstd, co
                                         int64_t C, float eps);
 weft_status weft_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                          const float *dout, const float *inp, const float *weight,
-                                         const float *mean, const float *rstd, int64_t N,
-                                         int64_t C, bool accumulate_dinp);
+                                         const float *mean, const float *rstd, int64_t N, int64_t C,
+                                         bool accumulate_dinp);
 weft_status weft_cuda_activation_forward(weft_activation act, float *out, const float *inp,
                                          int64_t n);
 weft_status weft_cuda_activation_backward(weft_activation act, float *dinp, const float *dout,
                                           const float *inp, int64_t n, bool accumulate);
 weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);
-weft_status weft_cuda_softmax_backward(float *dinp, const float *dout, const float *out,
-                                       int64_t N, int64_t C, bool accumulate);
+weft_status weft_cuda_softmax_backward(float *dinp, const float *dout, const float *out, int64_t N,
+                                       int64_t C, bool accumulate);
 weft_status weft_cuda_dropout_apply(float *out, const float *inp, const float *uniform, float p,
                                     int64_t n);
 
 /* ---- attention (attention.cu): memory efficient, scores exist only for
  * one block of query rows at a time; scratch is device memory of
  * weft_cuda_attention_scratch_bytes bytes */
-size_t weft_cuda_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                         int64_t hd);
+size_t weft_cuda_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd);
 weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
                                         const float *v, int64_t B, int64_t T, int64_t H,
                                         int64_t Hkv, int64_t hd, bool causal, void *scratch);
@@ -148,8 +145,8 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
 weft_status weft_cuda_adamw_multi(float *const *param, const float *const *grad, float *const *m,
                                   float *const *v, float *const *vmax, const int64_t *n,
                                   int ntensors, int64_t step, const weft_adamw_params *hp);
-weft_status weft_cuda_sgd_multi(float *const *param, const float *const *grad,
-                                float *const *buf, const int64_t *n, int ntensors, int64_t step,
+weft_status weft_cuda_sgd_multi(float *const *param, const float *const *grad, float *const *buf,
+                                const int64_t *n, int ntensors, int64_t step,
                                 const weft_sgd_params *hp);
 /* out: host array of ntensors (the call waits for it) */
 weft_status weft_cuda_sumsq_multi(const float *const *x, const int64_t *n, int ntensors,

@@ -33,8 +33,8 @@ enum flat_op { FLAT_PACK, FLAT_SPLIT, FLAT_ACCUMULATE };
 
 /* One piece of a launch. */
 struct piece_desc {
-  void *data;     /* the piece's elements (NULL: zeros, pack only) */
-  int dtype;      /* weft_dtype of data */
+  void *data; /* the piece's elements (NULL: zeros, pack only) */
+  int dtype;  /* weft_dtype of data */
   int pad_;
   int64_t offset; /* in the flat buffer, elements */
   int64_t count;  /* elements of data */
@@ -50,9 +50,12 @@ __device__ inline const piece_desc *piece_of(const piece_desc *d, int np, int64_
 template <class FT>
 __device__ inline FT piece_value(const piece_desc &p, int64_t j) {
   switch (p.dtype) {
-    case WEFT_F32: return convert<FT, float>::from(((const float *)p.data)[j]);
-    case WEFT_BF16: return convert<FT, bf16_t>::from(((const bf16_t *)p.data)[j]);
-    default: return convert<FT, f16_t>::from(((const f16_t *)p.data)[j]);
+    case WEFT_F32:
+      return convert<FT, float>::from(((const float *)p.data)[j]);
+    case WEFT_BF16:
+      return convert<FT, bf16_t>::from(((const bf16_t *)p.data)[j]);
+    default:
+      return convert<FT, f16_t>::from(((const f16_t *)p.data)[j]);
   }
 }
 
@@ -60,9 +63,15 @@ __device__ inline FT piece_value(const piece_desc &p, int64_t j) {
 template <class FT>
 __device__ inline void piece_store(const piece_desc &p, int64_t j, FT x) {
   switch (p.dtype) {
-    case WEFT_F32: ((float *)p.data)[j] = convert<float, FT>::from(x); break;
-    case WEFT_BF16: ((bf16_t *)p.data)[j] = convert<bf16_t, FT>::from(x); break;
-    default: ((f16_t *)p.data)[j] = convert<f16_t, FT>::from(x); break;
+    case WEFT_F32:
+      ((float *)p.data)[j] = convert<float, FT>::from(x);
+      break;
+    case WEFT_BF16:
+      ((bf16_t *)p.data)[j] = convert<bf16_t, FT>::from(x);
+      break;
+    default:
+      ((f16_t *)p.data)[j] = convert<f16_t, FT>::from(x);
+      break;
   }
 }
 

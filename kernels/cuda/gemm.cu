@@ -101,7 +101,7 @@ __global__ void pack_bf16_kernel(uint16_t *dst, const float *src, int64_t rows, 
       for (int64_t c = threadIdx.x; c < cols / 4; c += blockDim.x) {
         f4 v = ((const f4 *)s)[c];
         h4 h = {weft_f32_to_bf16_i_(v.x), weft_f32_to_bf16_i_(v.y), weft_f32_to_bf16_i_(v.z),
-              weft_f32_to_bf16_i_(v.w)};
+                weft_f32_to_bf16_i_(v.w)};
         ((h4 *)d)[c] = h;
       }
     } else {
@@ -136,8 +136,8 @@ weft_status check_cublas_dims(const char *op, int64_t m, int64_t n, int64_t k, i
       return weft_error_at(WEFT_ERR_INVALID, op,
                            "m %lld, n %lld, k %lld, lda %lld, ldb %lld, ldc %lld: cuBLAS takes "
                            "32-bit sizes (each must be <= %d)",
-                           (long long)m, (long long)n, (long long)k, (long long)lda,
-                           (long long)ldb, (long long)ldc, INT_MAX);
+                           (long long)m, (long long)n, (long long)k, (long long)lda, (long long)ldb,
+                           (long long)ldc, INT_MAX);
   if (count > INT_MAX)
     return weft_error_at(WEFT_ERR_INVALID, op, "batch count %lld is more than cuBLAS's %d",
                          (long long)count, INT_MAX);
@@ -161,10 +161,10 @@ weft_status pack_operand(const char *func, uint16_t *dst, const float *src, int6
  * beta C_i. kind OPERANDS_F32: a and b are float and the matmul precision
  * applies; OPERANDS_BF16: a and b are bf16 bit patterns. batched selects
  * cublasGemmStridedBatchedEx (strides ignored otherwise). */
-weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta, bool tb,
-                     int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
-                     int64_t sa, const void *b, int64_t ldb, int64_t sb, float beta, float *c,
-                     int64_t ldc, int64_t sc, int64_t count) {
+weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta, bool tb, int64_t m,
+                     int64_t n, int64_t k, float alpha, const void *a, int64_t lda, int64_t sa,
+                     const void *b, int64_t ldb, int64_t sb, float beta, float *c, int64_t ldc,
+                     int64_t sc, int64_t count) {
   /* the checks and their order are the CPU backend's (kernels/cpu/backend.c) */
   const char *op = weft_op_name_(func);
   WEFT_CHECK(weft_cuda_require_init_(func));
@@ -191,8 +191,8 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
   WEFT_CHECK(check_cublas_dims(op, m, n, k, lda, ldb, ldc, count));
   cudaStream_t s = compute_stream();
   if (!reads_ab) {
-    WEFT_LAUNCH(scale_c_kernel, grid_for(m * count, 8), dim3(32, 8), 0, s, c, m, n, ldc, sc,
-                count, beta);
+    WEFT_LAUNCH(scale_c_kernel, grid_for(m * count, 8), dim3(32, 8), 0, s, c, m, n, ldc, sc, count,
+                beta);
     return weft_cuda_check_((int)cudaGetLastError(), op);
   }
 
@@ -235,9 +235,8 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
                                     &beta, c, CUDA_R_32F, (int)ldc, (long long)sc, (int)count,
                                     compute, CUBLAS_GEMM_DEFAULT);
   else
-    st = cublasGemmEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, in_type, (int)ldb, a,
-                      in_type, (int)lda, &beta, c, CUDA_R_32F, (int)ldc, compute,
-                      CUBLAS_GEMM_DEFAULT);
+    st = cublasGemmEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, in_type, (int)ldb, a, in_type,
+                      (int)lda, &beta, c, CUDA_R_32F, (int)ldc, compute, CUBLAS_GEMM_DEFAULT);
   return weft_cuda_check_cublas_((int)st, op);
 }
 
@@ -280,8 +279,8 @@ weft_status weft_cuda_sgemm_strided_batched(bool trans_a, bool trans_b, int64_t 
                                             int64_t stride_a, const float *b, int64_t ldb,
                                             int64_t stride_b, float beta, float *c, int64_t ldc,
                                             int64_t stride_c, int64_t count) {
-  return gemm_any(__func__, OPERANDS_F32, true, trans_a, trans_b, m, n, k, alpha, a, lda,
-                  stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, count);
+  return gemm_any(__func__, OPERANDS_F32, true, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a,
+                  b, ldb, stride_b, beta, c, ldc, stride_c, count);
 }
 
 weft_status weft_cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
@@ -295,8 +294,8 @@ weft_status weft_cuda_cast_f32_to_bf16(uint16_t *out, const float *in, int64_t n
   WEFT_CHECK(check_cast(__func__, out, in, n));
   if (n == 0) return WEFT_OK;
   const bool vec = aligned16(in) && ((uintptr_t)out & 7u) == 0;
-  WEFT_LAUNCH(cast_to_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0,
-              compute_stream(), out, in, n, vec);
+  WEFT_LAUNCH(cast_to_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(),
+              out, in, n, vec);
   return weft_cuda_check_((int)cudaGetLastError(), weft_op_name_(__func__));
 }
 
@@ -304,8 +303,8 @@ weft_status weft_cuda_cast_bf16_to_f32(float *out, const uint16_t *in, int64_t n
   WEFT_CHECK(check_cast(__func__, out, in, n));
   if (n == 0) return WEFT_OK;
   const bool vec = aligned16(out) && ((uintptr_t)in & 7u) == 0;
-  WEFT_LAUNCH(cast_from_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0,
-              compute_stream(), out, in, n, vec);
+  WEFT_LAUNCH(cast_from_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(),
+              out, in, n, vec);
   return weft_cuda_check_((int)cudaGetLastError(), weft_op_name_(__func__));
 }
 

@@ -129,8 +129,7 @@ weft_status check_ids(const char *func, const char *name, const int32_t *ids, in
   WEFT_CHECK(weft_cuda_scratch_(sizeof(unsigned), &scratch));
   unsigned *flag = (unsigned *)scratch;
   WEFT_CHECK(weft_cuda_memset_(flag, 0, sizeof *flag));
-  WEFT_LAUNCH(check_ids_kernel, grid_for(N, 256, 4096), 256, 0, compute_stream(), flag, ids, N,
-              hi);
+  WEFT_LAUNCH(check_ids_kernel, grid_for(N, 256, 4096), 256, 0, compute_stream(), flag, ids, N, hi);
   WEFT_CHECK(launched(func));
   unsigned got = 0;
   WEFT_CHECK(weft_cuda_memcpy_(&got, flag, sizeof got, WEFT_COPY_D2H));
@@ -139,8 +138,9 @@ weft_status check_ids(const char *func, const char *name, const int32_t *ids, in
   int32_t bad = 0;
   WEFT_CHECK(weft_cuda_memcpy_(&bad, ids + n, sizeof bad, WEFT_COPY_D2H));
   if (hi >= 0)
-    return weft_error_at(WEFT_ERR_INVALID, func, "%s[%lld] = %d is outside the vocabulary [0, %lld)",
-                         name, (long long)n, bad, (long long)hi);
+    return weft_error_at(WEFT_ERR_INVALID, func,
+                         "%s[%lld] = %d is outside the vocabulary [0, %lld)", name, (long long)n,
+                         bad, (long long)hi);
   return weft_error_at(WEFT_ERR_INVALID, func, "%s[%lld] = %d is negative", name, (long long)n,
                        bad);
 }
@@ -150,8 +150,8 @@ weft_status check_ids(const char *func, const char *name, const int32_t *ids, in
 /* out[n] = weight_local[tokens[n] - v0] if that row is in [0, nv), else 0.
  * One warp (threadIdx.y) per row, lanes along C; vec: C % 4 == 0 and
  * 16-byte aligned rows. */
-__global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const float *w,
-                                     int64_t N, int64_t v0, int64_t nv, int64_t C, bool vec) {
+__global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const float *w, int64_t N,
+                                     int64_t v0, int64_t nv, int64_t C, bool vec) {
   for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
        n += (int64_t)gridDim.x * blockDim.y) {
     const int64_t r = (int64_t)tokens[n] - v0;
@@ -171,8 +171,8 @@ __global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const fl
 }
 
 /* dweight_local[tokens[n] - v0] += dout[n] for rows in range (atomics). */
-__global__ void embedding_bwd_kernel(float *dw, const int32_t *tokens, const float *dout,
-                                     int64_t N, int64_t v0, int64_t nv, int64_t C, bool vec) {
+__global__ void embedding_bwd_kernel(float *dw, const int32_t *tokens, const float *dout, int64_t N,
+                                     int64_t v0, int64_t nv, int64_t C, bool vec) {
   for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
        n += (int64_t)gridDim.x * blockDim.y) {
     const int64_t r = (int64_t)tokens[n] - v0;
@@ -199,11 +199,11 @@ weft_status embedding_launch(const char *func, bool backward, float *dst, const 
   const bool vec = C % 4 == 0 && aligned16(dst) && aligned16(src);
   const dim3 block(32, 8);
   if (backward)
-    WEFT_LAUNCH(embedding_bwd_kernel, grid_for(N, 8), block, 0, compute_stream(), dst, tokens,
-                src, N, v0, nv, C, vec);
+    WEFT_LAUNCH(embedding_bwd_kernel, grid_for(N, 8), block, 0, compute_stream(), dst, tokens, src,
+                N, v0, nv, C, vec);
   else
-    WEFT_LAUNCH(embedding_fwd_kernel, grid_for(N, 8), block, 0, compute_stream(), dst, tokens,
-                src, N, v0, nv, C, vec);
+    WEFT_LAUNCH(embedding_fwd_kernel, grid_for(N, 8), block, 0, compute_stream(), dst, tokens, src,
+                N, v0, nv, C, vec);
   return launched(func);
 }
 
@@ -289,9 +289,9 @@ __global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *inp, co
  * dweight sums (summed in order by colsum_finish_kernel). */
 #define RMS_THREADS 256
 template <int K>
-__global__ void rmsnorm_bwd_kernel(float *dinp, float *partial, const float *dout,
-                                   const float *inp, const float *weight, const float *rstd,
-                                   int64_t N, int64_t C, bool acc) {
+__global__ void rmsnorm_bwd_kernel(float *dinp, float *partial, const float *dout, const float *inp,
+                                   const float *weight, const float *rstd, int64_t N, int64_t C,
+                                   bool acc) {
   __shared__ float sh[32];
   float w[K], dw[K];
   for (int k = 0; k < K; k++) {
@@ -388,8 +388,7 @@ __global__ void rope_kernel(float *out, const float *inp, const float *cosb, con
 
 __device__ inline float silu_of(float x) { return x / (1.0f + expf(-x)); }
 
-__global__ void swiglu_fwd_kernel(float *out, const float *a, const float *b, int64_t n,
-                                  bool vec) {
+__global__ void swiglu_fwd_kernel(float *out, const float *a, const float *b, int64_t n, bool vec) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t done = 0;
@@ -465,8 +464,7 @@ struct loss_result {
  * row_loss[n] = lse - logits[n, target] (double) into scratch. A target
  * outside [0, V) marks the row in res->flag (the loss is then not used). */
 __global__ void ce_fwd_kernel(float *row_lse, double *row_loss, loss_result *res,
-                              const float *logits, const int32_t *targets, int64_t N,
-                              int64_t V) {
+                              const float *logits, const int32_t *targets, int64_t N, int64_t V) {
   __shared__ float shm[32], shs[32];
   const unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
@@ -555,8 +553,8 @@ __global__ void row_max_kernel(float *row_max, const float *x, int64_t N, int64_
   }
 }
 
-__global__ void local_target_kernel(float *out, const float *x, const int32_t *targets,
-                                    int64_t N, int64_t v0, int64_t nv) {
+__global__ void local_target_kernel(float *out, const float *x, const int32_t *targets, int64_t N,
+                                    int64_t v0, int64_t nv) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; n < N; n += stride) {
     const int64_t j = (int64_t)targets[n] - v0;
@@ -605,8 +603,8 @@ weft_status ce_backward_launch(const char *func, float *dlogits, const float *lo
                                int64_t nv, float scale) {
   if (N == 0 || nv == 0) return WEFT_OK;
   const bool vec = nv % 4 == 0 && aligned16(dlogits) && aligned16(logits);
-  WEFT_LAUNCH(ce_bwd_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), dlogits, logits,
-              lse, targets, N, v0, nv, scale, vec);
+  WEFT_LAUNCH(ce_bwd_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), dlogits, logits, lse,
+              targets, N, v0, nv, scale, vec);
   return launched(func);
 }
 
@@ -656,8 +654,8 @@ weft_status weft_cuda_embedding_range_forward(float *out, const int32_t *tokens,
 }
 
 weft_status weft_cuda_embedding_range_backward(float *dweight_local, const int32_t *tokens,
-                                               const float *dout, int64_t N, int64_t v0,
-                                               int64_t nv, int64_t C) {
+                                               const float *dout, int64_t N, int64_t v0, int64_t nv,
+                                               int64_t C) {
   REQUIRE_INIT();
   CHECK_SIZES(N, v0, nv, C);
   CHECK_PTR(dweight_local, nv * C);
@@ -681,15 +679,13 @@ weft_status weft_cuda_linear_forward(float *out, const float *inp, const float *
   WEFT_CHECK(weft_cuda_sgemm(false, true, N, OC, IC, 1.0f, inp, IC > 0 ? IC : 1, weight,
                              IC > 0 ? IC : 1, 0.0f, out, OC));
   if (!bias) return WEFT_OK;
-  WEFT_LAUNCH(bias_add_kernel, grid_for(N, 8), dim3(32, 8), 0, compute_stream(), out, bias, N,
-              OC);
+  WEFT_LAUNCH(bias_add_kernel, grid_for(N, 8), dim3(32, 8), 0, compute_stream(), out, bias, N, OC);
   return launched(__func__);
 }
 
-weft_status weft_cuda_linear_backward(float *dinp, float *dweight, float *dbias,
-                                      const float *dout, const float *inp, const float *weight,
-                                      int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp,
-                                      bool accumulate_dweight) {
+weft_status weft_cuda_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                      const float *inp, const float *weight, int64_t N, int64_t IC,
+                                      int64_t OC, bool accumulate_dinp, bool accumulate_dweight) {
   REQUIRE_INIT();
   CHECK_SIZES(N, IC, OC);
   CHECK_PTR(dout, N * OC);
@@ -731,11 +727,12 @@ weft_status weft_cuda_linear_backward(float *dinp, float *dweight, float *dbias,
 weft_status weft_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
                                       const float *weight, int64_t N, int64_t C, float eps) {
   REQUIRE_INIT();
-  WEFT_RETURN_IF_BAD_(weft_check_rmsnorm_forward_(weft_op_name_(__func__), out, rstd, inp, weight, N, C, eps));
+  WEFT_RETURN_IF_BAD_(
+      weft_check_rmsnorm_forward_(weft_op_name_(__func__), out, rstd, inp, weight, N, C, eps));
   if (N == 0) return WEFT_OK;
   const bool vec = C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight);
-  WEFT_LAUNCH(rmsnorm_fwd_kernel, grid_for(N, 4), dim3(32, 4), 0, compute_stream(), out, rstd,
-              inp, weight, N, C, eps, vec);
+  WEFT_LAUNCH(rmsnorm_fwd_kernel, grid_for(N, 4), dim3(32, 4), 0, compute_stream(), out, rstd, inp,
+              weight, N, C, eps, vec);
   return launched(__func__);
 }
 
@@ -757,7 +754,7 @@ weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float 
   float *partial = (float *)scratch;
   cudaStream_t s = compute_stream();
   const int64_t K = (C + RMS_THREADS - 1) / RMS_THREADS;
-#define RMS_BWD(KK)                                                                         \
+#define RMS_BWD(KK)                                                                             \
   WEFT_LAUNCH(rmsnorm_bwd_kernel<KK>, (unsigned)blocks, RMS_THREADS, 0, s, dinp, partial, dout, \
               inp, weight, rstd, N, C, accumulate_dinp)
   if (K <= 1)
@@ -779,8 +776,7 @@ weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float 
   }
 #undef RMS_BWD
   WEFT_CHECK(launched(__func__));
-  WEFT_LAUNCH(colsum_finish_kernel, grid_for(C, 256), 256, 0, s, dweight, partial, blocks, C,
-              true);
+  WEFT_LAUNCH(colsum_finish_kernel, grid_for(C, 256), 256, 0, s, dweight, partial, blocks, C, true);
   return launched(__func__);
 }
 
@@ -813,8 +809,8 @@ weft_status weft_cuda_rope_tables(float *cosb, float *sinb, int64_t max_pos, int
 }
 
 static weft_status rope_apply(const char *func, float *out, const float *inp, const float *cosb,
-                              const float *sinb, int64_t max_pos, int64_t B, int64_t T,
-                              int64_t NH, int64_t hd, int64_t pos0, float sign) {
+                              const float *sinb, int64_t max_pos, int64_t B, int64_t T, int64_t NH,
+                              int64_t hd, int64_t pos0, float sign) {
   WEFT_CHECK(weft_cuda_require_init_(func));
   func = weft_op_name_(func);
   CHECK_SIZES_AT(func, max_pos, B, T, NH, hd, pos0);
@@ -873,8 +869,8 @@ weft_status weft_cuda_swiglu_backward(float *da, float *db, const float *dout, c
   if (n == 0) return WEFT_OK;
   const bool vec =
       aligned16(da) && aligned16(db) && aligned16(dout) && aligned16(a) && aligned16(b);
-  WEFT_LAUNCH(swiglu_bwd_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(),
-              da, db, dout, a, b, n, vec);
+  WEFT_LAUNCH(swiglu_bwd_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(), da,
+              db, dout, a, b, n, vec);
   return launched(__func__);
 }
 
@@ -886,8 +882,8 @@ weft_status weft_cuda_residual_forward(float *out, const float *a, const float *
   CHECK_PTR(b, n);
   if (n == 0) return WEFT_OK;
   const bool vec = aligned16(out) && aligned16(a) && aligned16(b);
-  WEFT_LAUNCH(add_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(), out, a,
-              b, n, vec);
+  WEFT_LAUNCH(add_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(), out, a, b,
+              n, vec);
   return launched(__func__);
 }
 
@@ -954,9 +950,9 @@ weft_status weft_cuda_cross_entropy_forward(double *loss, float *lse, const floa
   return WEFT_OK;
 }
 
-weft_status weft_cuda_cross_entropy_backward(float *dlogits, const float *logits,
-                                             const float *lse, const int32_t *targets, int64_t N,
-                                             int64_t V, float scale) {
+weft_status weft_cuda_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
+                                             const int32_t *targets, int64_t N, int64_t V,
+                                             float scale) {
   REQUIRE_INIT();
   CHECK_SIZES(N, V);
   CHECK_PTR(dlogits, N * V);
@@ -967,8 +963,8 @@ weft_status weft_cuda_cross_entropy_backward(float *dlogits, const float *logits
   return ce_backward_launch(__func__, dlogits, logits, lse, targets, N, 0, V, scale);
 }
 
-weft_status weft_cuda_cross_entropy_local_max(float *row_max, const float *logits_local,
-                                              int64_t N, int64_t nv) {
+weft_status weft_cuda_cross_entropy_local_max(float *row_max, const float *logits_local, int64_t N,
+                                              int64_t nv) {
   REQUIRE_INIT();
   CHECK_SIZES(N, nv);
   CHECK_PTR(row_max, N);
@@ -1002,8 +998,8 @@ weft_status weft_cuda_cross_entropy_local_sumexp(float *sumexp, const float *log
   CHECK_PTR(logits_local, N * nv);
   CHECK_PTR(gmax, N);
   if (N == 0) return WEFT_OK;
-  WEFT_LAUNCH(sumexp_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), sumexp,
-              logits_local, gmax, N, nv);
+  WEFT_LAUNCH(sumexp_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), sumexp, logits_local,
+              gmax, N, nv);
   return launched(__func__);
 }
 
@@ -1049,10 +1045,9 @@ weft_status weft_cuda_cross_entropy_finish(double *loss, float *lse, const float
   return WEFT_OK;
 }
 
-weft_status weft_cuda_cross_entropy_backward_local(float *dlogits_local,
-                                                   const float *logits_local, const float *lse,
-                                                   const int32_t *targets, int64_t N, int64_t v0,
-                                                   int64_t nv, float scale) {
+weft_status weft_cuda_cross_entropy_backward_local(float *dlogits_local, const float *logits_local,
+                                                   const float *lse, const int32_t *targets,
+                                                   int64_t N, int64_t v0, int64_t nv, float scale) {
   REQUIRE_INIT();
   CHECK_SIZES(N, v0, nv);
   CHECK_PTR(dlogits_local, N * nv);

@@ -87,9 +87,9 @@ __global__ void ln_fwd_kernel(float *out, float *mean, float *rstd, const float 
 }
 
 /* dinp, one warp per row. */
-__global__ void ln_bwd_dinp_kernel(float *dinp, const float *dout, const float *inp,
-                                   const float *w, const float *mean, const float *rstd,
-                                   int64_t N, int64_t C, bool acc) {
+__global__ void ln_bwd_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,
+                                   const float *mean, const float *rstd, int64_t N, int64_t C,
+                                   bool acc) {
   for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
        n += (int64_t)gridDim.x * blockDim.y) {
     const float *x = inp + n * C, *dy = dout + n * C;
@@ -265,8 +265,8 @@ weft_status weft_cuda_layernorm_forward(float *out, float *mean, float *rstd, co
 
 weft_status weft_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                          const float *dout, const float *inp, const float *weight,
-                                         const float *mean, const float *rstd, int64_t N,
-                                         int64_t C, bool accumulate_dinp) {
+                                         const float *mean, const float *rstd, int64_t N, int64_t C,
+                                         bool accumulate_dinp) {
   NA_REQUIRE_INIT();
   WEFT_CHECK_ARGS_(weft_check_layernorm_backward_(OP, dout, inp, mean, rstd, N, C));
   if (N == 0) return WEFT_OK;
@@ -353,13 +353,13 @@ weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, i
   NA_REQUIRE_INIT();
   WEFT_CHECK_ARGS_(weft_check_softmax_forward_(OP, out, inp, N, C));
   if (N == 0) return WEFT_OK;
-  WEFT_LAUNCH(softmax_fwd_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(), out,
-              inp, N, C);
+  WEFT_LAUNCH(softmax_fwd_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(), out, inp,
+              N, C);
   return na_launched(__func__);
 }
 
-weft_status weft_cuda_softmax_backward(float *dinp, const float *dout, const float *out,
-                                       int64_t N, int64_t C, bool accumulate) {
+weft_status weft_cuda_softmax_backward(float *dinp, const float *dout, const float *out, int64_t N,
+                                       int64_t C, bool accumulate) {
   NA_REQUIRE_INIT();
   WEFT_CHECK_ARGS_(weft_check_softmax_backward_(OP, dinp, dout, out, N, C));
   if (N == 0) return WEFT_OK;

@@ -36,12 +36,12 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* One tensor of a multi-tensor launch. */
 struct tensor_desc {
-  float *p;        /* param (adamw, sgd) or x (sumsq, scale) */
-  const float *g;  /* grad */
+  float *p;            /* param (adamw, sgd) or x (sumsq, scale) */
+  const float *g;      /* grad */
   float *m, *v, *vmax; /* sgd: m is the momentum buffer */
-  int64_t n;       /* elements */
-  int64_t chunk0;  /* its first chunk */
-  int vec;         /* every pointer 16-byte aligned: 4 elements at a time */
+  int64_t n;           /* elements */
+  int64_t chunk0;      /* its first chunk */
+  int vec;             /* every pointer 16-byte aligned: 4 elements at a time */
   int pad;
 };
 
@@ -160,8 +160,7 @@ __global__ void sumsq_kernel(double *partial, const tensor_desc *descs, int nt, 
 }
 
 /* out[t] = sum of tensor t's chunk partials in a fixed order (block t). */
-__global__ void sum_partials_kernel(double *out, const double *partial,
-                                    const tensor_desc *descs) {
+__global__ void sum_partials_kernel(double *out, const double *partial, const tensor_desc *descs) {
   __shared__ double sh[32];
   const tensor_desc *d = descs + blockIdx.x;
   const int64_t nch = (d->n + OPT_CHUNK - 1) / OPT_CHUNK;
@@ -202,10 +201,10 @@ unsigned grid_of(int64_t nchunks) { return (unsigned)(nchunks < 1048576 ? nchunk
  * after `extra` bytes the caller keeps for itself (aligned to 256). */
 struct table {
   tensor_desc *host = nullptr;
-  int nt = 0;             /* non-empty tensors */
+  int nt = 0; /* non-empty tensors */
   int64_t nchunks = 0;
   tensor_desc *dev = nullptr;
-  void *extra = nullptr;  /* the caller's part of the scratch */
+  void *extra = nullptr; /* the caller's part of the scratch */
   table() = default;
   table(const table &) = delete; /* owns host; launches must not capture it */
   table &operator=(const table &) = delete;
@@ -213,12 +212,11 @@ struct table {
 };
 
 weft_status build_table(const char *func, table &t, int ntensors, float *const *p,
-                        const float *const *g, float *const *m, float *const *v,
-                        float *const *vmax, const int64_t *n, size_t extra_bytes) {
+                        const float *const *g, float *const *m, float *const *v, float *const *vmax,
+                        const int64_t *n, size_t extra_bytes) {
   t.host = (tensor_desc *)calloc((size_t)(ntensors > 0 ? ntensors : 1), sizeof(tensor_desc));
   if (!t.host)
-    return weft_error_at(WEFT_ERR_OOM, func, "no host memory for %d tensor descriptors",
-                         ntensors);
+    return weft_error_at(WEFT_ERR_OOM, func, "no host memory for %d tensor descriptors", ntensors);
   for (int i = 0; i < ntensors; i++) {
     if (n[i] == 0) continue;
     tensor_desc &d = t.host[t.nt++];
@@ -283,13 +281,13 @@ weft_status weft_cuda_adamw_multi(float *const *param, const float *const *grad,
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
   const int64_t nchunks = t.nchunks;
-  WEFT_LAUNCH(adamw_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt,
-              nchunks, s);
+  WEFT_LAUNCH(adamw_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt, nchunks,
+              s);
   return weft_cuda_check_((int)cudaGetLastError(), op);
 }
 
-weft_status weft_cuda_sgd_multi(float *const *param, const float *const *grad,
-                                float *const *buf, const int64_t *n, int ntensors, int64_t step,
+weft_status weft_cuda_sgd_multi(float *const *param, const float *const *grad, float *const *buf,
+                                const int64_t *n, int ntensors, int64_t step,
                                 const weft_sgd_params *hp) {
   const char *op = weft_op_name_(__func__);
   WEFT_CHECK(weft_cuda_require_init_(__func__));
@@ -312,8 +310,8 @@ weft_status weft_cuda_sgd_multi(float *const *param, const float *const *grad,
   s.first = step == 1;
   s.nesterov = hp->nesterov ? 1 : 0;
   table t;
-  WEFT_CHECK(build_table(op, t, ntensors, param, grad, momentum ? buf : nullptr, nullptr, nullptr,
-                         n, 0));
+  WEFT_CHECK(
+      build_table(op, t, ntensors, param, grad, momentum ? buf : nullptr, nullptr, nullptr, n, 0));
   if (t.nt == 0) return WEFT_OK;
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
@@ -382,8 +380,8 @@ weft_status weft_cuda_scale_multi(float *const *x, const int64_t *n, int ntensor
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
   const int64_t nchunks = t.nchunks;
-  WEFT_LAUNCH(scale_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt,
-              nchunks, alpha);
+  WEFT_LAUNCH(scale_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt, nchunks,
+              alpha);
   return weft_cuda_check_((int)cudaGetLastError(), op);
 }
 

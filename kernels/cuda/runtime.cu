@@ -59,9 +59,12 @@ bool valid_stream(weft_stream_id s) { return (unsigned)s < WEFT_CUDA_CACHE_STREA
 
 cudaMemcpyKind copy_kind(weft_copy_kind k) {
   switch (k) {
-    case WEFT_COPY_H2D: return cudaMemcpyHostToDevice;
-    case WEFT_COPY_D2H: return cudaMemcpyDeviceToHost;
-    default: return cudaMemcpyDeviceToDevice;
+    case WEFT_COPY_H2D:
+      return cudaMemcpyHostToDevice;
+    case WEFT_COPY_D2H:
+      return cudaMemcpyDeviceToHost;
+    default:
+      return cudaMemcpyDeviceToDevice;
   }
 }
 

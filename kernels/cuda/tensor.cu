@@ -53,10 +53,10 @@
 #include "tensor_internal.h"
 
 #define EW_THREADS 256
-#define REDUCE_SERIAL_MAX 4096      /* reduce_all: one thread, the CPU's order */
-#define REDUCE_CHUNK 4096           /* reduce_all: elements per block */
-#define REDUCE_LONG_ROW 8192        /* reduce: rows this long ... */
-#define REDUCE_FEW_ROWS 1024        /* ... and at most this many get a block each */
+#define REDUCE_SERIAL_MAX 4096 /* reduce_all: one thread, the CPU's order */
+#define REDUCE_CHUNK 4096      /* reduce_all: elements per block */
+#define REDUCE_LONG_ROW 8192   /* reduce: rows this long ... */
+#define REDUCE_FEW_ROWS 1024   /* ... and at most this many get a block each */
 
 namespace {
 
@@ -132,10 +132,14 @@ weft_status launch_copy(const geom &g, int64_t n, void *dst, const void *src) {
 template <class D>
 weft_status copy_from(weft_dtype sdt, const geom &g, int64_t n, void *dst, const void *src) {
   switch (sdt) {
-    case WEFT_F32: return launch_copy<D, float>(g, n, dst, src);
-    case WEFT_F64: return launch_copy<D, double>(g, n, dst, src);
-    case WEFT_BF16: return launch_copy<D, bf16_t>(g, n, dst, src);
-    default: return launch_copy<D, f16_t>(g, n, dst, src);
+    case WEFT_F32:
+      return launch_copy<D, float>(g, n, dst, src);
+    case WEFT_F64:
+      return launch_copy<D, double>(g, n, dst, src);
+    case WEFT_BF16:
+      return launch_copy<D, bf16_t>(g, n, dst, src);
+    default:
+      return launch_copy<D, f16_t>(g, n, dst, src);
   }
 }
 
@@ -231,8 +235,8 @@ weft_status launch_fill_random(const rng_geom &g, int64_t n, void *p, const rng_
                                const unsigned char *below_bytes) {
   T below;
   memcpy(&below, below_bytes, sizeof below);
-  WEFT_LAUNCH(fill_random_kernel<T>, blocks_for(n), EW_THREADS, 0, compute_stream(), g, n,
-              (T *)p, r, below);
+  WEFT_LAUNCH(fill_random_kernel<T>, blocks_for(n), EW_THREADS, 0, compute_stream(), g, n, (T *)p,
+              r, below);
   return launched("fill_random");
 }
 
@@ -266,21 +270,31 @@ __global__ void ew_kernel(geom g, int64_t n, int kind, T *o, const T *a, const T
     offsets_of<3>(g, i, off);
     CT r;
     switch (kind) {
-      case EW_ADD: r = to_ct(a[off[1]]) + to_ct(b[off[2]]); break;
-      case EW_MUL: r = to_ct(a[off[1]]) * to_ct(b[off[2]]); break;
-      case EW_SCALE: r = to_ct(o[off[0]]) * alpha; break;
-      case EW_DIV: r = to_ct(o[off[0]]) / alpha; break;
-      default: r = to_ct(o[off[0]]) + mul_rn(alpha, to_ct(a[off[1]])); break;
+      case EW_ADD:
+        r = to_ct(a[off[1]]) + to_ct(b[off[2]]);
+        break;
+      case EW_MUL:
+        r = to_ct(a[off[1]]) * to_ct(b[off[2]]);
+        break;
+      case EW_SCALE:
+        r = to_ct(o[off[0]]) * alpha;
+        break;
+      case EW_DIV:
+        r = to_ct(o[off[0]]) / alpha;
+        break;
+      default:
+        r = to_ct(o[off[0]]) + mul_rn(alpha, to_ct(a[off[1]]));
+        break;
     }
     o[off[0]] = convert<T, CT>::from(r);
   }
 }
 
 template <class T>
-weft_status launch_ew(const geom &g, int64_t n, ew_kind kind, void *o, const void *a,
-                      const void *b, typename compute_type<T>::type alpha, const char *op) {
-  WEFT_LAUNCH(ew_kernel<T>, blocks_for(n), EW_THREADS, 0, compute_stream(), g, n, (int)kind,
-              (T *)o, (const T *)a, (const T *)b, alpha);
+weft_status launch_ew(const geom &g, int64_t n, ew_kind kind, void *o, const void *a, const void *b,
+                      typename compute_type<T>::type alpha, const char *op) {
+  WEFT_LAUNCH(ew_kernel<T>, blocks_for(n), EW_THREADS, 0, compute_stream(), g, n, (int)kind, (T *)o,
+              (const T *)a, (const T *)b, alpha);
   return launched(op);
 }
 
@@ -295,10 +309,14 @@ weft_status elementwise(const char *op, ew_kind kind, double alpha, int nops,
   void *o = ops[0]->data;
   const void *a = full[1]->data, *b = full[2]->data;
   switch (ops[0]->dtype) {
-    case WEFT_F32: return launch_ew<float>(g, n, kind, o, a, b, (float)alpha, op);
-    case WEFT_F64: return launch_ew<double>(g, n, kind, o, a, b, alpha, op);
-    case WEFT_BF16: return launch_ew<bf16_t>(g, n, kind, o, a, b, (float)alpha, op);
-    case WEFT_F16: return launch_ew<f16_t>(g, n, kind, o, a, b, (float)alpha, op);
+    case WEFT_F32:
+      return launch_ew<float>(g, n, kind, o, a, b, (float)alpha, op);
+    case WEFT_F64:
+      return launch_ew<double>(g, n, kind, o, a, b, alpha, op);
+    case WEFT_BF16:
+      return launch_ew<bf16_t>(g, n, kind, o, a, b, (float)alpha, op);
+    case WEFT_F16:
+      return launch_ew<f16_t>(g, n, kind, o, a, b, (float)alpha, op);
     default:
       return weft_backend_dtype_unsupported_(op, "out", ops[0], "f32, f64, bf16 and f16");
   }
@@ -343,8 +361,10 @@ __device__ inline uint8_t store_f64<uint8_t>(double v) {
 /* One step of reduce_span (kernels/cpu/ops.c); max keeps the first NaN. */
 __device__ inline double reduce_step(int kind, double acc, double v) {
   switch (kind) {
-    case WEFT_REDUCE_SUM: return acc + v;
-    case WEFT_REDUCE_SUMSQ: return acc + mul_rn(v, v);
+    case WEFT_REDUCE_SUM:
+      return acc + v;
+    case WEFT_REDUCE_SUMSQ:
+      return acc + mul_rn(v, v);
     default:
       if (acc != acc) return acc;
       if (v != v) return v;
@@ -360,9 +380,7 @@ __device__ inline double reduce_merge(int kind, double a, double b) {
   return b > a ? b : a;
 }
 
-__device__ inline double reduce_init(int kind) {
-  return kind == WEFT_REDUCE_MAX ? -INFINITY : 0.0;
-}
+__device__ inline double reduce_init(int kind) { return kind == WEFT_REDUCE_MAX ? -INFINITY : 0.0; }
 
 /* Block-wide merge of one value per thread in a fixed order (blockDim.x a
  * multiple of 32, at most 1024); thread 0 gets the result. */
@@ -381,8 +399,8 @@ __device__ inline double block_merge(int kind, double v) {
 /* One thread per output element, the CPU's order: g is over (out, input
  * narrowed to the reduced dim), len and stride the reduced dim's. */
 template <class T>
-__global__ void reduce_rows_kernel(geom g, int64_t nout, int kind, T *out, const T *in,
-                                   int64_t len, int64_t stride) {
+__global__ void reduce_rows_kernel(geom g, int64_t nout, int kind, T *out, const T *in, int64_t len,
+                                   int64_t stride) {
   const int64_t gs = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nout; i += gs) {
     int64_t off[2];
@@ -399,8 +417,8 @@ __global__ void reduce_rows_kernel(geom g, int64_t nout, int kind, T *out, const
 
 /* One block per output element (long rows, few outputs): a fixed tree. */
 template <class T>
-__global__ void reduce_long_kernel(geom g, int64_t nout, int kind, T *out, const T *in,
-                                   int64_t len, int64_t stride) {
+__global__ void reduce_long_kernel(geom g, int64_t nout, int kind, T *out, const T *in, int64_t len,
+                                   int64_t stride) {
   for (int64_t i = blockIdx.x; i < nout; i += gridDim.x) {
     int64_t off[2];
     offsets_of<2>(g, i, off);
@@ -427,8 +445,7 @@ weft_status launch_reduce(const geom &g, int64_t nout, int kind, void *out, cons
 
 /* *result = the whole tensor's reduction, one thread in row-major order. */
 template <class T>
-__global__ void reduce_all_serial_kernel(geom g, int64_t n, int kind, const T *in,
-                                         double *result) {
+__global__ void reduce_all_serial_kernel(geom g, int64_t n, int kind, const T *in, double *result) {
   double acc = reduce_init(kind);
   for (int64_t i = 0; i < n; i++) {
     int64_t off[1];
@@ -458,8 +475,7 @@ __global__ void reduce_chunks_kernel(geom g, int64_t n, int kind, const T *in, d
 }
 
 /* *result = partial[0..n) merged in a fixed order (one block). */
-__global__ void reduce_partials_kernel(int kind, const double *partial, int64_t n,
-                                       double *result) {
+__global__ void reduce_partials_kernel(int kind, const double *partial, int64_t n, double *result) {
   double acc = reduce_init(kind);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc = reduce_merge(kind, acc, partial[i]);
   acc = block_merge(kind, acc);
@@ -467,8 +483,7 @@ __global__ void reduce_partials_kernel(int kind, const double *partial, int64_t 
 }
 
 template <class T>
-weft_status launch_reduce_all(const geom &g, int64_t n, int kind, const void *in,
-                              double *scratch) {
+weft_status launch_reduce_all(const geom &g, int64_t n, int kind, const void *in, double *scratch) {
   cudaStream_t s = compute_stream();
   if (n <= REDUCE_SERIAL_MAX) {
     WEFT_LAUNCH(reduce_all_serial_kernel<T>, 1, 1, 0, s, g, n, kind, (const T *)in, scratch);
@@ -489,14 +504,29 @@ weft_status launch_reduce_all(const geom &g, int64_t n, int kind, const void *in
 template <class F>
 bool by_dtype(weft_dtype dt, F f, weft_status *st) {
   switch (dt) {
-    case WEFT_F32: *st = f(float()); return true;
-    case WEFT_F64: *st = f(double()); return true;
-    case WEFT_BF16: *st = f(bf16_t()); return true;
-    case WEFT_F16: *st = f(f16_t()); return true;
-    case WEFT_I32: *st = f(int32_t()); return true;
-    case WEFT_I64: *st = f(int64_t()); return true;
-    case WEFT_U8: *st = f(uint8_t()); return true;
-    default: return false;
+    case WEFT_F32:
+      *st = f(float());
+      return true;
+    case WEFT_F64:
+      *st = f(double());
+      return true;
+    case WEFT_BF16:
+      *st = f(bf16_t());
+      return true;
+    case WEFT_F16:
+      *st = f(f16_t());
+      return true;
+    case WEFT_I32:
+      *st = f(int32_t());
+      return true;
+    case WEFT_I64:
+      *st = f(int64_t());
+      return true;
+    case WEFT_U8:
+      *st = f(uint8_t());
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -516,24 +546,27 @@ weft_status weft_cuda_copy(weft_tensor *dst, const weft_tensor *src) {
     if (d < s + bytes && s < d + bytes) { /* overlapping views: memmove through a copy */
       void *tmp;
       WEFT_CHECK(weft_alloc(WEFT_CUDA, bytes, &tmp));
-      weft_status st = weft_cuda_memcpy_async_(tmp, src->data, bytes, WEFT_COPY_D2D,
-                                               WEFT_STREAM_COMPUTE);
+      weft_status st =
+          weft_cuda_memcpy_async_(tmp, src->data, bytes, WEFT_COPY_D2D, WEFT_STREAM_COMPUTE);
       if (st == WEFT_OK)
         st = weft_cuda_memcpy_async_(dst->data, tmp, bytes, WEFT_COPY_D2D, WEFT_STREAM_COMPUTE);
       weft_free(tmp); /* stream-ordered: reused only after the copies */
       return st;
     }
-    return weft_cuda_memcpy_async_(dst->data, src->data, bytes, WEFT_COPY_D2D,
-                                   WEFT_STREAM_COMPUTE);
+    return weft_cuda_memcpy_async_(dst->data, src->data, bytes, WEFT_COPY_D2D, WEFT_STREAM_COMPUTE);
   }
   const weft_tensor *ops[2] = {dst, src};
   const geom g = make_geom(2, ops);
   if (dd == sd) { /* strided: the same bytes, by element size */
     switch (weft_dtype_size(dd)) {
-      case 1: return launch_copy<uint8_t, uint8_t>(g, n, dst->data, src->data);
-      case 2: return launch_copy<uint16_t, uint16_t>(g, n, dst->data, src->data);
-      case 4: return launch_copy<uint32_t, uint32_t>(g, n, dst->data, src->data);
-      default: return launch_copy<uint64_t, uint64_t>(g, n, dst->data, src->data);
+      case 1:
+        return launch_copy<uint8_t, uint8_t>(g, n, dst->data, src->data);
+      case 2:
+        return launch_copy<uint16_t, uint16_t>(g, n, dst->data, src->data);
+      case 4:
+        return launch_copy<uint32_t, uint32_t>(g, n, dst->data, src->data);
+      default:
+        return launch_copy<uint64_t, uint64_t>(g, n, dst->data, src->data);
     }
   }
   if (!weft_dtype_is_float(dd) || !weft_dtype_is_float(sd)) {
@@ -543,10 +576,14 @@ weft_status weft_cuda_copy(weft_tensor *dst, const weft_tensor *src) {
         "conversions between f32, f64, bf16 and f16, and copies within one dtype");
   }
   switch (dd) {
-    case WEFT_F32: return copy_from<float>(sd, g, n, dst->data, src->data);
-    case WEFT_F64: return copy_from<double>(sd, g, n, dst->data, src->data);
-    case WEFT_BF16: return copy_from<bf16_t>(sd, g, n, dst->data, src->data);
-    default: return copy_from<f16_t>(sd, g, n, dst->data, src->data);
+    case WEFT_F32:
+      return copy_from<float>(sd, g, n, dst->data, src->data);
+    case WEFT_F64:
+      return copy_from<double>(sd, g, n, dst->data, src->data);
+    case WEFT_BF16:
+      return copy_from<bf16_t>(sd, g, n, dst->data, src->data);
+    default:
+      return copy_from<f16_t>(sd, g, n, dst->data, src->data);
   }
 }
 
@@ -559,10 +596,14 @@ weft_status weft_cuda_fill(weft_tensor *t, double v) {
   const weft_tensor *ops[1] = {t};
   const geom g = make_geom(1, ops);
   switch (weft_dtype_size(t->dtype)) {
-    case 1: return launch_fill<uint8_t>(g, n, t->data, bytes);
-    case 2: return launch_fill<uint16_t>(g, n, t->data, bytes);
-    case 4: return launch_fill<uint32_t>(g, n, t->data, bytes);
-    default: return launch_fill<uint64_t>(g, n, t->data, bytes);
+    case 1:
+      return launch_fill<uint8_t>(g, n, t->data, bytes);
+    case 2:
+      return launch_fill<uint16_t>(g, n, t->data, bytes);
+    case 4:
+      return launch_fill<uint32_t>(g, n, t->data, bytes);
+    default:
+      return launch_fill<uint64_t>(g, n, t->data, bytes);
   }
 }
 
@@ -594,10 +635,14 @@ weft_status weft_cuda_fill_random(weft_tensor *t, weft_random_kind kind, uint64_
   unsigned char below[8] = {0};
   r.have_below = kind == WEFT_RANDOM_UNIFORM && weft_rng_uniform_below_(t->dtype, a, b, below);
   switch (t->dtype) {
-    case WEFT_F32: return launch_fill_random<float>(g, n, t->data, r, below);
-    case WEFT_F64: return launch_fill_random<double>(g, n, t->data, r, below);
-    case WEFT_BF16: return launch_fill_random<bf16_t>(g, n, t->data, r, below);
-    case WEFT_F16: return launch_fill_random<f16_t>(g, n, t->data, r, below);
+    case WEFT_F32:
+      return launch_fill_random<float>(g, n, t->data, r, below);
+    case WEFT_F64:
+      return launch_fill_random<double>(g, n, t->data, r, below);
+    case WEFT_BF16:
+      return launch_fill_random<bf16_t>(g, n, t->data, r, below);
+    case WEFT_F16:
+      return launch_fill_random<f16_t>(g, n, t->data, r, below);
     default:
       return weft_backend_dtype_unsupported_("fill_random", "tensor", t, "f32, f64, bf16 and f16");
   }
@@ -701,8 +746,8 @@ weft_status weft_cuda_gemm(bool trans_a, bool trans_b, float alpha, const weft_t
   WEFT_CHECK(weft_gemm_layout_("weft_gemm", a, "A", true, &lda, &fa));
   WEFT_CHECK(weft_gemm_layout_("weft_gemm", b, "B", true, &ldb, &fb));
   WEFT_CHECK(weft_gemm_layout_("weft_gemm", c, "C", false, &ldc, &fc));
-  return weft_cuda_sgemm(trans_a != fa, trans_b != fb, m, n, k, alpha, (const float *)a->data,
-                         lda, (const float *)b->data, ldb, beta, (float *)c->data, ldc);
+  return weft_cuda_sgemm(trans_a != fa, trans_b != fb, m, n, k, alpha, (const float *)a->data, lda,
+                         (const float *)b->data, ldb, beta, (float *)c->data, ldc);
 }
 
 }  // extern "C"

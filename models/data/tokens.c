@@ -47,7 +47,8 @@ static weft_status check_header(weft_token_file *f) {
   if (fstat(f->fd, &st) != 0)
     return weft_error_at(WEFT_ERR_IO, OPEN, "cannot read data file '%s': %s", p, strerror(errno));
   ssize_t got = pread_full(f->fd, h, sizeof h, 0);
-  if (got < 0) return weft_error_at(WEFT_ERR_IO, OPEN, "cannot read data file '%s': %s", p, strerror(errno));
+  if (got < 0)
+    return weft_error_at(WEFT_ERR_IO, OPEN, "cannot read data file '%s': %s", p, strerror(errno));
   int64_t size = (int64_t)st.st_size;
   if (size < WEFT_TOKEN_FILE_HEADER_BYTES)
     return weft_error_at(WEFT_ERR_CORRUPT, OPEN,
@@ -55,14 +56,16 @@ static weft_status check_header(weft_token_file *f) {
                          (long long)size, WEFT_TOKEN_FILE_HEADER_BYTES);
   int32_t magic = le32(h), version = le32(h + 4), count = le32(h + 8);
   if (magic != WEFT_TOKEN_FILE_MAGIC)
-    return weft_error_at(WEFT_ERR_CORRUPT, OPEN, "data file '%s': bad magic %d (want %d: llm.c .bin)", p,
-                         magic, WEFT_TOKEN_FILE_MAGIC);
+    return weft_error_at(WEFT_ERR_CORRUPT, OPEN,
+                         "data file '%s': bad magic %d (want %d: llm.c .bin)", p, magic,
+                         WEFT_TOKEN_FILE_MAGIC);
   if (version != WEFT_TOKEN_FILE_VERSION)
-    return weft_error_at(WEFT_ERR_CORRUPT, OPEN, "data file '%s': version %d (want %d: uint16 tokens)", p,
-                         version, WEFT_TOKEN_FILE_VERSION);
+    return weft_error_at(WEFT_ERR_CORRUPT, OPEN,
+                         "data file '%s': version %d (want %d: uint16 tokens)", p, version,
+                         WEFT_TOKEN_FILE_VERSION);
   if (count < 1)
-    return weft_error_at(WEFT_ERR_CORRUPT, OPEN, "data file '%s': header says %d tokens (want >= 1)", p,
-                         count);
+    return weft_error_at(WEFT_ERR_CORRUPT, OPEN,
+                         "data file '%s': header says %d tokens (want >= 1)", p, count);
   int64_t want = WEFT_TOKEN_FILE_HEADER_BYTES + 2 * (int64_t)count;
   int64_t held = (size - WEFT_TOKEN_FILE_HEADER_BYTES) / 2;
   if (size < want)
@@ -110,8 +113,7 @@ int64_t weft_token_file_count(const weft_token_file *f) { return f ? f->count : 
 
 const char *weft_token_file_path(const weft_token_file *f) { return f ? f->path : ""; }
 
-weft_status weft_token_file_read(const weft_token_file *f, int64_t first, int64_t n,
-                                 int32_t *out) {
+weft_status weft_token_file_read(const weft_token_file *f, int64_t first, int64_t n, int32_t *out) {
   if (!f) return weft_error(WEFT_ERR_INVALID, "token file is NULL");
   if (first < 0 || n < 0)
     return weft_error(WEFT_ERR_INVALID, "data file '%s': read of %lld tokens at %lld (want >= 0)",

@@ -165,7 +165,7 @@ static const weft_module_def model_def = {"gpt2", model_forward, free};
 
 weft_status weft_gpt2_config_validate(const weft_gpt2_config *c) {
   if (!c) return weft_error(WEFT_ERR_INVALID, "gpt2: config is NULL");
-#define NEED(cond, field)                                                          \
+#define NEED(cond, field) \
   if (!(cond)) return weft_error(WEFT_ERR_INVALID, "gpt2 config: bad %s", field)
   NEED(c->vocab >= 1 && c->vocab <= INT32_MAX, "vocab");
   NEED(c->max_seq_len >= 1, "max_seq_len");
@@ -211,8 +211,7 @@ static weft_status custom(weft_mesh *mesh, weft_module *parent, const char *name
   return parent ? adopt(parent, *m) : WEFT_OK;
 }
 
-static weft_status build_block(const weft_gpt2_config *c, weft_mesh *mesh, weft_module *h,
-                               int i) {
+static weft_status build_block(const weft_gpt2_config *c, weft_mesh *mesh, weft_module *h, int i) {
   char name[32];
   snprintf(name, sizeof name, "%d", i);
   block_ctx *b = calloc(1, sizeof *b);
@@ -335,8 +334,10 @@ weft_status weft_gpt2_adamw_create(weft_module *model, const weft_adamw_params *
   if (!st) st = weft_module_parameters(model, all, n, &n);
   for (int i = 0; !st && i < n; i++) {
     if (!all[i]->requires_grad) continue;
-    if (all[i]->spec.ndim >= 2) decay[nd++] = all[i];
-    else nodecay[nn++] = all[i];
+    if (all[i]->spec.ndim >= 2)
+      decay[nd++] = all[i];
+    else
+      nodecay[nn++] = all[i];
   }
   if (!st) {
     weft_adamw_group groups[2] = {{decay, nd, *hp}, {nodecay, nn, *hp}};

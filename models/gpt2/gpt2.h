@@ -48,24 +48,26 @@ WEFT_API weft_status weft_gpt2_config_validate(const weft_gpt2_config *cfg);
 /* The model: a root module with children "transformer" (wte, wpe, h.<i>,
  * ln_f) and "lm_head" (tied to transformer.wte.weight). Parameters have
  * shapes only: weft_module_init_weights or load them. */
-WEFT_API weft_status weft_gpt2_create(const weft_gpt2_config *cfg, weft_mesh *mesh, weft_module **out);
+WEFT_API weft_status weft_gpt2_create(const weft_gpt2_config *cfg, weft_mesh *mesh,
+                                      weft_module **out);
 WEFT_API const weft_gpt2_config *weft_gpt2_get_config(const weft_module *model);
 
 /* logits (B, T, V) of ids (B, T) int32 (a Replicate DTensor on the model
  * mesh, T <= max_seq_len) in graph g, through weft_module_call on the
  * model (every module's hooks fire). */
 WEFT_API weft_status weft_gpt2_logits(weft_module *model, weft_graph *g, const weft_dtensor *ids,
-                             weft_var **logits);
+                                      weft_var **logits);
 /* The mean cross-entropy loss against targets (B, T) int32 (Replicate;
  * ignore_index -100), and (may be NULL) the logits. */
 WEFT_API weft_status weft_gpt2_loss(weft_module *model, weft_graph *g, const weft_dtensor *ids,
-                           const weft_dtensor *targets, weft_var **loss, weft_var **logits);
+                                    const weft_dtensor *targets, weft_var **loss,
+                                    weft_var **logits);
 
 /* nanoGPT's AdamW parameter groups: weight decay on parameters of 2 or
  * more dims (linear weights, wte, wpe), none on biases and LayerNorm
  * parameters. */
 WEFT_API weft_status weft_gpt2_adamw_create(weft_module *model, const weft_adamw_params *hp,
-                                   weft_optimizer **out);
+                                            weft_optimizer **out);
 
 /* A Megatron-style tensor-parallel plan for this GPT-2 (FQNs relative to
  * the model), into out[0..*n) (writes min(cap, count); *n = count):
@@ -82,13 +84,14 @@ WEFT_API weft_status weft_gpt2_adamw_create(weft_module *model, const weft_adamw
  *   transformer.h.*.mlp.c_proj  rowwise (output R, or S(1) with sp)
  * with sequence parallel also: ln_1, ln_2, ln_f sequence parallel, and
  * attn, mlp and lm_head prepare input S(1) -> R. wpe stays Replicate. */
-WEFT_API weft_status weft_gpt2_tp_plan(bool sequence_parallel, weft_tp_plan_entry *out, int cap, int *n);
+WEFT_API weft_status weft_gpt2_tp_plan(bool sequence_parallel, weft_tp_plan_entry *out, int cap,
+                                       int *n);
 /* Checks that the heads divide over tp_mesh (WEFT_ERR_INVALID naming
  * n_heads and the tp size), then weft_parallelize_module(model, tp_mesh,
  * weft_gpt2_tp_plan(...)); *out as there (destroy it before the model).
  * Collective over tp_mesh where materialised parameters move. */
-WEFT_API weft_status weft_gpt2_apply_tp(weft_module *model, weft_mesh *tp_mesh, bool sequence_parallel,
-                               weft_tp **out);
+WEFT_API weft_status weft_gpt2_apply_tp(weft_module *model, weft_mesh *tp_mesh,
+                                        bool sequence_parallel, weft_tp **out);
 
 #ifdef __cplusplus
 }

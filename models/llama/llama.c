@@ -247,9 +247,10 @@ weft_status weft_llama_ops_logits(weft_module *model, weft_graph *g, const weft_
     return weft_error(WEFT_ERR_INVALID, "llama_ops_logits: model, graph, ids or out is NULL");
   const weft_llama_config *c = weft_llama_ops_get_config(model);
   if (!c)
-    return weft_error(WEFT_ERR_INVALID, "llama_ops_logits: '%s' (%s) is not a model made by "
-                      "weft_llama_ops_create", weft_module_name(model),
-                      weft_module_def_name(model));
+    return weft_error(WEFT_ERR_INVALID,
+                      "llama_ops_logits: '%s' (%s) is not a model made by "
+                      "weft_llama_ops_create",
+                      weft_module_name(model), weft_module_def_name(model));
   if (weft_dtensor_ndim(ids) != 2 || weft_dtensor_dtype(ids) != WEFT_I32)
     return weft_error(WEFT_ERR_INVALID, "llama_ops: ids must be (B, T) int32, got %d dims of %s",
                       weft_dtensor_ndim(ids), weft_dtype_name(weft_dtensor_dtype(ids)));
@@ -265,8 +266,7 @@ weft_status weft_llama_ops_logits(weft_module *model, weft_graph *g, const weft_
 }
 
 weft_status weft_llama_ops_loss(weft_module *model, weft_graph *g, const weft_dtensor *ids,
-                                const weft_dtensor *targets, weft_var **loss,
-                                weft_var **logits) {
+                                const weft_dtensor *targets, weft_var **loss, weft_var **logits) {
   if (loss) *loss = NULL;
   if (logits) *logits = NULL;
   if (!loss || !targets)
@@ -292,12 +292,15 @@ weft_status weft_llama_ops_parallelize(weft_module *model, weft_mesh *tp_mesh, b
     return weft_error(WEFT_ERR_INVALID, "llama_ops_parallelize: model, tp_mesh or out is NULL");
   const weft_llama_config *c = weft_llama_ops_get_config(model);
   if (!c)
-    return weft_error(WEFT_ERR_INVALID, "llama_ops_parallelize: '%s' (%s) is not a model made "
-                      "by weft_llama_ops_create", weft_module_name(model),
-                      weft_module_def_name(model));
+    return weft_error(WEFT_ERR_INVALID,
+                      "llama_ops_parallelize: '%s' (%s) is not a model made "
+                      "by weft_llama_ops_create",
+                      weft_module_name(model), weft_module_def_name(model));
   if (weft_mesh_ndim(tp_mesh) != 1)
-    return weft_error(WEFT_ERR_INVALID, "llama_ops_parallelize: tp_mesh must be 1-D, it has %d "
-                      "dims", weft_mesh_ndim(tp_mesh));
+    return weft_error(WEFT_ERR_INVALID,
+                      "llama_ops_parallelize: tp_mesh must be 1-D, it has %d "
+                      "dims",
+                      weft_mesh_ndim(tp_mesh));
   int tp = weft_mesh_dim_size(tp_mesh, 0);
   if (c->n_heads % tp != 0 || c->n_kv_heads % tp != 0)
     return weft_error(WEFT_ERR_INVALID,

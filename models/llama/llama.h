@@ -54,7 +54,7 @@ extern "C" {
  * Replicate): apply a TP plan first if any, then weft_module_init_weights
  * or load them. *out is the caller's (weft_module_destroy). Local. */
 WEFT_API weft_status weft_llama_ops_create(const weft_llama_config *cfg, weft_mesh *mesh,
-                                  weft_module **out);
+                                           weft_module **out);
 /* The config of a model made by weft_llama_ops_create; NULL for any other
  * module. */
 WEFT_API const weft_llama_config *weft_llama_ops_get_config(const weft_module *model);
@@ -67,14 +67,15 @@ WEFT_API const weft_llama_config *weft_llama_ops_get_config(const weft_module *m
  * Errors: NULL arguments, a model not made by weft_llama_ops_create, ids
  * of another dtype, rank or length (WEFT_ERR_INVALID, alike on every
  * rank), an id out of range (the embedding op names it). Collective. */
-WEFT_API weft_status weft_llama_ops_logits(weft_module *model, weft_graph *g, const weft_dtensor *ids,
-                                  weft_var **logits);
+WEFT_API weft_status weft_llama_ops_logits(weft_module *model, weft_graph *g,
+                                           const weft_dtensor *ids, weft_var **logits);
 /* The mean cross-entropy (weft_op_cross_entropy, ignore_index -100)
  * against targets (B, T) int32 (Replicate, the ids' shape; borrowed), and
  * (logits may be NULL) the logits. Vocab-sharded logits take the loss
  * parallel path of the op (no rank gathers the vocab). Collective. */
 WEFT_API weft_status weft_llama_ops_loss(weft_module *model, weft_graph *g, const weft_dtensor *ids,
-                                const weft_dtensor *targets, weft_var **loss, weft_var **logits);
+                                         const weft_dtensor *targets, weft_var **loss,
+                                         weft_var **logits);
 
 /* torchtitan's tensor-parallel plan for this model (apply_tp in
  * parallelize_llama.py), into out[0..*n) (writes min(cap, count); *n =
@@ -95,7 +96,7 @@ WEFT_API weft_status weft_llama_ops_loss(weft_module *model, weft_graph *g, cons
  * vocab-sharded logits to weft_op_cross_entropy. Pure; WEFT_ERR_INVALID
  * for a NULL n (or out with cap > 0). */
 WEFT_API weft_status weft_llama_ops_tp_plan(bool sequence_parallel, bool loss_parallel,
-                                   weft_tp_plan_entry *out, int cap, int *n);
+                                            weft_tp_plan_entry *out, int cap, int *n);
 /* Checks that the heads divide over tp_mesh (n_heads % tp == 0 and
  * n_kv_heads % tp == 0; WEFT_ERR_INVALID naming the counts), then
  * weft_parallelize_module(model, tp_mesh, weft_llama_ops_tp_plan(...)).
@@ -106,8 +107,8 @@ WEFT_API weft_status weft_llama_ops_tp_plan(bool sequence_parallel, bool loss_pa
  * changed on failure. Collective over tp_mesh only where materialised
  * parameters move. */
 WEFT_API weft_status weft_llama_ops_parallelize(weft_module *model, weft_mesh *tp_mesh,
-                                       bool sequence_parallel, bool loss_parallel,
-                                       weft_tp **out);
+                                                bool sequence_parallel, bool loss_parallel,
+                                                weft_tp **out);
 
 #ifdef __cplusplus
 }

@@ -73,9 +73,9 @@ static bool fake_is_device(const void *p) {
 static weft_status fake_copy(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
   bool ok = kind == WEFT_COPY_D2H ? fake_is_device(src) && !fake_is_device(dst) &&
                                         fake_is_device((const char *)src + bytes - 1)
-          : kind == WEFT_COPY_H2D ? fake_is_device(dst) && !fake_is_device(src) &&
-                                        fake_is_device((char *)dst + bytes - 1)
-                                  : false;
+            : kind == WEFT_COPY_H2D ? fake_is_device(dst) && !fake_is_device(src) &&
+                                          fake_is_device((char *)dst + bytes - 1)
+                                    : false;
   WCHECK(ok, "copy of %zu bytes kind %d: wrong direction or outside a fake block", bytes,
          (int)kind);
   if (!ok) return weft_error(WEFT_ERR_INVALID, "fake copy in the wrong direction");
@@ -156,8 +156,10 @@ static void case_id_exchange(void) {
     fill_blob(blob, sizeof blob, weft_world_rank(), t);
     fill_blob(want, sizeof want, g->members[0], t);
     WOK(weft__comm_id_exchange(g, blob, sizeof blob));
-    WCHECK(memcmp(blob, want, sizeof blob) == 0, "mesh %d (dim '%s', coord %d): blob is not "
-           "coordinate 0's (world rank %d)", t, g->name, g->coord, g->members[0]);
+    WCHECK(memcmp(blob, want, sizeof blob) == 0,
+           "mesh %d (dim '%s', coord %d): blob is not "
+           "coordinate 0's (world rank %d)",
+           t, g->name, g->coord, g->members[0]);
     /* a second exchange on the same dim, another blob */
     fill_blob(blob, 40, weft_world_rank() + 100, t);
     fill_blob(want, 40, g->members[0] + 100, t);
@@ -176,8 +178,8 @@ static void case_id_exchange(void) {
 /* ------------------------------------------------------------ staged */
 
 enum { C_AG, C_AGV, C_RS, C_AR, C_BC, C_A2A, C_A2AV, C_N };
-static const char *const cname[C_N] = {"all_gather", "all_gather_v", "reduce_scatter",
-                                       "all_reduce", "broadcast", "all_to_all", "all_to_all_v"};
+static const char *const cname[C_N] = {"all_gather", "all_gather_v", "reduce_scatter", "all_reduce",
+                                       "broadcast",  "all_to_all",   "all_to_all_v"};
 static const weft_coll_kind ckind[C_N] = {
     WEFT_COLL_ALL_GATHER, WEFT_COLL_ALL_GATHER, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_ALL_REDUCE,
     WEFT_COLL_BROADCAST,  WEFT_COLL_ALL_TO_ALL, WEFT_COLL_ALL_TO_ALL};
@@ -238,8 +240,8 @@ static void make_layout(layout *L, int which, int n, int me, size_t es, uint64_t
 }
 
 /* One call on (send, recv) bases; in place derives send from recv. */
-static weft_status call(weft_mesh *m, int which, const layout *L, weft_dtype dt,
-                        weft_reduce_op op, bool in_place, void *sb, void *rb, weft_work **w) {
+static weft_status call(weft_mesh *m, int which, const layout *L, weft_dtype dt, weft_reduce_op op,
+                        bool in_place, void *sb, void *rb, weft_work **w) {
   size_t es = weft_dtype_size(dt);
   int me = weft_mesh_coord(m, 0);
   int64_t c = L->count;
@@ -247,17 +249,23 @@ static weft_status call(weft_mesh *m, int which, const layout *L, weft_dtype dt,
     case C_AG:
       return weft_all_gather(m, 0, in_place ? (char *)rb + (size_t)(me * c) * es : sb, rb, c, dt,
                              w);
-    case C_AGV: return weft_all_gather_v(m, 0, sb, rb, L->cnt, dt, w);
-    case C_RS: return weft_reduce_scatter(m, 0, in_place ? rb : sb, rb, c, dt, op, w);
-    case C_AR: return weft_all_reduce(m, 0, in_place ? rb : sb, rb, c, dt, op, w);
-    case C_BC: return weft_broadcast(m, 0, rb, c, dt, weft_mesh_dim_size(m, 0) - 1, w);
-    case C_A2A: return weft_all_to_all(m, 0, in_place ? rb : sb, rb, c, dt, w);
-    default: return weft_all_to_all_v(m, 0, sb, L->sc, L->sd, rb, L->rc, L->rd, dt, w);
+    case C_AGV:
+      return weft_all_gather_v(m, 0, sb, rb, L->cnt, dt, w);
+    case C_RS:
+      return weft_reduce_scatter(m, 0, in_place ? rb : sb, rb, c, dt, op, w);
+    case C_AR:
+      return weft_all_reduce(m, 0, in_place ? rb : sb, rb, c, dt, op, w);
+    case C_BC:
+      return weft_broadcast(m, 0, rb, c, dt, weft_mesh_dim_size(m, 0) - 1, w);
+    case C_A2A:
+      return weft_all_to_all(m, 0, in_place ? rb : sb, rb, c, dt, w);
+    default:
+      return weft_all_to_all_v(m, 0, sb, L->sc, L->sd, rb, L->rc, L->rd, dt, w);
   }
 }
 
-static weft_status run(weft_mesh *m, int which, const layout *L, weft_dtype dt,
-                       weft_reduce_op op, bool in_place, void *sb, void *rb, int mode) {
+static weft_status run(weft_mesh *m, int which, const layout *L, weft_dtype dt, weft_reduce_op op,
+                       bool in_place, void *sb, void *rb, int mode) {
   if (mode == 0) return call(m, which, L, dt, op, in_place, sb, rb, NULL);
   weft_work *w = NULL;
   weft_status st = call(m, which, L, dt, op, in_place, sb, rb, &w);
@@ -271,8 +279,8 @@ static weft_status run(weft_mesh *m, int which, const layout *L, weft_dtype dt,
   return done ? WEFT_OK : weft_error(WEFT_ERR_TIMEOUT, "weft_work_test never done");
 }
 
-static void one(weft_mesh *m, int which, weft_dtype dt, weft_reduce_op op, bool in_place,
-                int mode, uint64_t salt) {
+static void one(weft_mesh *m, int which, weft_dtype dt, weft_reduce_op op, bool in_place, int mode,
+                uint64_t salt) {
   int n = weft_mesh_dim_size(m, 0), me = weft_mesh_coord(m, 0);
   size_t es = weft_dtype_size(dt);
   layout L;
@@ -291,8 +299,8 @@ static void one(weft_mesh *m, int which, weft_dtype dt, weft_reduce_op op, bool 
   void *hsb = L.sbytes ? hs : NULL, *dsb = L.sbytes ? ds : NULL;
   char what[160];
   snprintf(what, sizeof what, "%s %s op %s%s mode %d on '%s' (n %d, count %" PRId64 ")",
-           cname[which], weft_dtype_name(dt), weft_reduce_op_name(op),
-           in_place ? " in place" : "", mode, weft_mesh_dim_name(m, 0), n, L.count);
+           cname[which], weft_dtype_name(dt), weft_reduce_op_name(op), in_place ? " in place" : "",
+           mode, weft_mesh_dim_name(m, 0), n, L.count);
 
   weft_comm_count c0 = weft_comm_stats(m, 0, ckind[which]);
   weft_status st = run(m, which, &L, dt, op, in_place, hsb, hr, mode);
@@ -309,8 +317,8 @@ static void one(weft_mesh *m, int which, weft_dtype dt, weft_reduce_op op, bool 
   if (!in_place && L.sbytes)
     WCHECK(memcmp(ds, s0, L.sbytes) == 0, "%s: the device send buffer changed", what);
   WCHECK(c1.calls - c0.calls == 1 && c2.calls - c1.calls == 1,
-         "%s: calls counted %" PRId64 " (host) and %" PRId64 " (device)", what,
-         c1.calls - c0.calls, c2.calls - c1.calls);
+         "%s: calls counted %" PRId64 " (host) and %" PRId64 " (device)", what, c1.calls - c0.calls,
+         c2.calls - c1.calls);
   WCHECK(c2.bytes - c1.bytes == c1.bytes - c0.bytes &&
              c2.bus_bytes - c1.bus_bytes == c1.bus_bytes - c0.bus_bytes,
          "%s: device bytes %" PRId64 " vs host %" PRId64, what, c2.bytes - c1.bytes,
@@ -383,21 +391,19 @@ static void case_mixed(void) {
   expect_mixed(weft_all_reduce(m, 0, h, d, 4, WEFT_F32, WEFT_OP_SUM, NULL), "all_reduce", hd);
   expect_mixed(weft_all_gather(m, 0, d, h, 4, WEFT_F32, NULL), "all_gather", dh);
   weft_work *w = (weft_work *)0x1;
-  expect_mixed(weft_reduce_scatter(m, 0, d, h, 4, WEFT_F32, WEFT_OP_AVG, &w), "reduce_scatter",
-               dh);
+  expect_mixed(weft_reduce_scatter(m, 0, d, h, 4, WEFT_F32, WEFT_OP_AVG, &w), "reduce_scatter", dh);
   WCHECK(w == NULL, "work handle not cleared on error");
   expect_mixed(weft_all_to_all(m, 0, h, d, 4, WEFT_F32, NULL), "all_to_all", hd);
   int64_t cnt[16], dsp[16];
   for (int i = 0; i < n; i++) cnt[i] = 1, dsp[i] = i;
   expect_mixed(weft_all_gather_v(m, 0, d, h, cnt, WEFT_F32, NULL), "all_gather_v", dh);
-  expect_mixed(weft_all_to_all_v(m, 0, h, cnt, dsp, d, cnt, dsp, WEFT_F32, NULL),
-               "all_to_all_v", hd);
+  expect_mixed(weft_all_to_all_v(m, 0, h, cnt, dsp, d, cnt, dsp, WEFT_F32, NULL), "all_to_all_v",
+               hd);
   WCHECK(g->seq == seq, "a failed mixed call used a sequence number (%" PRIu64 " -> %" PRIu64 ")",
          seq, g->seq);
   weft_comm_count c1 = weft_comm_stats_dim(m, 0);
   WCHECK(c1.calls == c0.calls, "a failed mixed call was accounted");
-  WCHECK(weft__device_dim_backend(g) == WEFT_COMM_UNDECIDED,
-         "a failed mixed call chose a backend");
+  WCHECK(weft__device_dim_backend(g) == WEFT_COMM_UNDECIDED, "a failed mixed call chose a backend");
   /* a zero-byte buffer does not vote: device recv with an empty host send */
   for (int i = 0; i < n; i++) cnt[i] = i == weft_mesh_coord(m, 0) ? 0 : 1;
   for (int i = 0; i < n; i++) d[i] = -1.0f;
@@ -461,14 +467,13 @@ static void fallback_run(const char *needle_reason) {
     else /* the first duplicate pair: coordinates 0 and 1 */
       snprintf(want, sizeof want, "world ranks %d and %d share GPU 0 on node", g->members[0],
                g->members[1]);
-    WCHECK(strstr(reason, want) != NULL, "dim '%s': reason '%s' lacks '%s'", g->name, reason,
-           want);
+    WCHECK(strstr(reason, want) != NULL, "dim '%s': reason '%s' lacks '%s'", g->name, reason, want);
     if (first) {
       WCHECK(strstr(first, want) != NULL, "dim '%s': log line lacks '%s': %s", g->name, want,
              first);
-      WCHECK(strstr(first, "collectives on device buffers go through MPI with host staging") !=
-                 NULL,
-             "dim '%s': log line %s", g->name, first);
+      WCHECK(
+          strstr(first, "collectives on device buffers go through MPI with host staging") != NULL,
+          "dim '%s': log line %s", g->name, first);
     }
   }
   free(text);
@@ -488,11 +493,8 @@ static void case_env_off(void) {
   weft__device_hooks_set(NULL);
 }
 
-static const weft_worker_case cases[] = {{"id_exchange", case_id_exchange},
-                                         {"staged", case_staged},
-                                         {"mixed", case_mixed},
-                                         {"log_once", case_log_once},
-                                         {"env_off", case_env_off},
-                                         {0}};
+static const weft_worker_case cases[] = {
+    {"id_exchange", case_id_exchange}, {"staged", case_staged},   {"mixed", case_mixed},
+    {"log_once", case_log_once},       {"env_off", case_env_off}, {0}};
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

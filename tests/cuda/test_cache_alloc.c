@@ -10,8 +10,8 @@
 typedef struct fake {
   int64_t live_bytes; /* raw bytes held */
   int raw_allocs, raw_frees;
-  int64_t limit;      /* raw_alloc fails beyond this many live bytes */
-  bool markers_done;  /* what mark_done reports */
+  int64_t limit;     /* raw_alloc fails beyond this many live bytes */
+  bool markers_done; /* what mark_done reports */
   int marks, releases;
 } fake;
 
@@ -170,7 +170,7 @@ Test(cuda_cache, oom_trims_then_retries_then_reports) {
   weft_cuda_cache_ *c = make(&f);
   void *a, *b, *d;
   cr_assert_eq(weft_cuda_cache_alloc_(c, 6000, 0, &a), WEFT_OK); /* 6144 */
-  weft_cuda_cache_free_(c, a);                                     /* cached */
+  weft_cuda_cache_free_(c, a);                                   /* cached */
   cr_assert_eq(weft_cuda_cache_alloc_(c, 4000, 0, &b), WEFT_OK,
                "the cached 6144-byte block is returned to make room");
   cr_assert_eq(weft_cuda_cache_stats_(c).cached_bytes, 0);
@@ -191,7 +191,8 @@ Test(cuda_cache, steady_state_loop_allocates_nothing_new) {
   const size_t sizes[] = {256, 3 << 20, 65536, 1000000, 12345, 7 << 22};
   void *p[6];
   for (int step = 0; step < 5; step++) {
-    for (int i = 0; i < 6; i++) cr_assert_eq(weft_cuda_cache_alloc_(c, sizes[i], 0, &p[i]), WEFT_OK);
+    for (int i = 0; i < 6; i++)
+      cr_assert_eq(weft_cuda_cache_alloc_(c, sizes[i], 0, &p[i]), WEFT_OK);
     for (int i = 5; i >= 0; i--) weft_cuda_cache_free_(c, p[i]);
   }
   weft_cuda_cache_stats s = weft_cuda_cache_stats_(c);

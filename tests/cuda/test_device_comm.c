@@ -127,16 +127,28 @@ static int dc(int n, const char *cs, const char *shape) {
 
 /* Every rank of each dim gets coordinate 0's blob (1-D 2 and 4 ranks;
  * 2x2: per dim and on the flattened dim). */
-Test(device_comm, id_exchange_on_2_ranks, .timeout = 60) { cr_assert_eq(dc(2, "id_exchange", "2"), 0); }
-Test(device_comm, id_exchange_on_4_ranks, .timeout = 60) { cr_assert_eq(dc(4, "id_exchange", "4"), 0); }
-Test(device_comm, id_exchange_on_2x2, .timeout = 60) { cr_assert_eq(dc(4, "id_exchange", "2x2"), 0); }
+Test(device_comm, id_exchange_on_2_ranks, .timeout = 60) {
+  cr_assert_eq(dc(2, "id_exchange", "2"), 0);
+}
+Test(device_comm, id_exchange_on_4_ranks, .timeout = 60) {
+  cr_assert_eq(dc(4, "id_exchange", "4"), 0);
+}
+Test(device_comm, id_exchange_on_2x2, .timeout = 60) {
+  cr_assert_eq(dc(4, "id_exchange", "2x2"), 0);
+}
 
 /* Every collective (in place too, every op) x f32/bf16 x blocking, async
  * wait, async test on fake device buffers, bitwise equal to the host call,
  * accounted alike. */
-Test(device_comm, staged_collectives_on_2_ranks, .timeout = 90) { cr_assert_eq(dc(2, "staged", "2"), 0); }
-Test(device_comm, staged_collectives_on_4_ranks, .timeout = 90) { cr_assert_eq(dc(4, "staged", "4"), 0); }
-Test(device_comm, staged_collectives_on_2x2, .timeout = 90) { cr_assert_eq(dc(4, "staged", "2x2"), 0); }
+Test(device_comm, staged_collectives_on_2_ranks, .timeout = 90) {
+  cr_assert_eq(dc(2, "staged", "2"), 0);
+}
+Test(device_comm, staged_collectives_on_4_ranks, .timeout = 90) {
+  cr_assert_eq(dc(4, "staged", "4"), 0);
+}
+Test(device_comm, staged_collectives_on_2x2, .timeout = 90) {
+  cr_assert_eq(dc(4, "staged", "2x2"), 0);
+}
 /* WEFT_DEBUG fingerprints pass on the staged path (same sequence numbers) */
 Test(device_comm, staged_collectives_debug_on_2x2, .timeout = 90) {
   const char *env[] = {"WEFT_DEBUG=1", "DC_SHAPE=2x2", NULL};

@@ -37,7 +37,9 @@ struct Lcg {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     return (uint32_t)(s >> 32);
   }
-  float uni(float lo, float hi) { return lo + (hi - lo) * (float)(next() >> 8) * (1.0f / 16777216.0f); }
+  float uni(float lo, float hi) {
+    return lo + (hi - lo) * (float)(next() >> 8) * (1.0f / 16777216.0f);
+  }
   int range(int lo, int hi) { return lo + (int)(next() % (uint32_t)(hi - lo + 1)); }
 };
 
@@ -108,10 +110,18 @@ __global__ void shfl_k(const T *in, T *out, int kind, int arg, int width, int pe
   if (perlane) a = kind == 0 ? (lane * 7 + 3) % 45 - 6 : (lane * 5 + 1) % 32;
   T v = in[t], r;
   switch (kind) {
-    case 0: r = __shfl_sync(0xffffffffu, v, a, width); break;
-    case 1: r = __shfl_up_sync(0xffffffffu, v, (unsigned)a, width); break;
-    case 2: r = __shfl_down_sync(0xffffffffu, v, (unsigned)a, width); break;
-    default: r = __shfl_xor_sync(0xffffffffu, v, a, width); break;
+    case 0:
+      r = __shfl_sync(0xffffffffu, v, a, width);
+      break;
+    case 1:
+      r = __shfl_up_sync(0xffffffffu, v, (unsigned)a, width);
+      break;
+    case 2:
+      r = __shfl_down_sync(0xffffffffu, v, (unsigned)a, width);
+      break;
+    default:
+      r = __shfl_xor_sync(0xffffffffu, v, a, width);
+      break;
   }
   out[t] = r;
 }
@@ -120,9 +130,12 @@ __global__ void shfl_k(const T *in, T *out, int kind, int arg, int width, int pe
 int ref_src(int kind, int lane, int a, int w) {
   int seg = lane / w * w;
   switch (kind) {
-    case 0: return seg + (a & (w - 1)); /* srcLane modulo width */
-    case 1: return lane - seg >= a ? lane - a : lane;
-    case 2: return lane - seg + a < w ? lane + a : lane;
+    case 0:
+      return seg + (a & (w - 1)); /* srcLane modulo width */
+    case 1:
+      return lane - seg >= a ? lane - a : lane;
+    case 2:
+      return lane - seg + a < w ? lane + a : lane;
     default: {
       int j = lane ^ a;
       return j < seg + w ? j : lane; /* no reading from a higher segment */
@@ -277,15 +290,16 @@ void launch_deadlock(void) {
   cudaDeviceSynchronize(); /* deferred: the launch runs here */
 }
 
-} // namespace
+}  // namespace
 
 /* ================================================================ tests */
 
 TestSuite(emu, .timeout = 60);
 
 Test(emu, block_reduction_shared_syncthreads) {
-  const dim3 blocks[] = {dim3(1), dim3(7), dim3(32), dim3(33), dim3(100), dim3(256), dim3(513),
-                         dim3(1000), dim3(1024), dim3(8, 4, 3), dim3(32, 32), dim3(5, 1, 7)};
+  const dim3 blocks[] = {dim3(1),    dim3(7),       dim3(32),     dim3(33),
+                         dim3(100),  dim3(256),     dim3(513),    dim3(1000),
+                         dim3(1024), dim3(8, 4, 3), dim3(32, 32), dim3(5, 1, 7)};
   const dim3 grid(3, 2, 1);
   Lcg rng(11);
   for (dim3 b : blocks) {
@@ -535,7 +549,8 @@ Test(emu, launch_time_64x256_two_barriers) {
   std::vector<float> h = from_dev(out, 64 * 256);
   for (unsigned i = 0; i < 64 * 256; i++) cr_assert_eq(h[i], (float)((i % 256 + 1) % 256));
   fprintf(stderr, "[emu] 64 blocks x 256 threads, 2 barriers: %.2f ms (best of 5)\n", best);
-  cr_assert_lt(best, 50.0, "a 64x256 launch with 2 barriers took %.2f ms (target well under 10)", best);
+  cr_assert_lt(best, 50.0, "a 64x256 launch with 2 barriers took %.2f ms (target well under 10)",
+               best);
   cudaFree(out);
 }
 
@@ -591,9 +606,13 @@ Test(emu, launch_validation) {
   struct {
     dim3 grid, block;
     size_t smem;
-  } bad[] = {{dim3(1), dim3(1025), 0},       {dim3(1), dim3(32, 33), 0}, {dim3(0), dim3(32), 0},
-             {dim3(1, 0), dim3(32), 0},      {dim3(1), dim3(1, 1, 65), 0},
-             {dim3(1, 65536), dim3(32), 0}, {dim3(1), dim3(32), 227 * 1024 + 1}};
+  } bad[] = {{dim3(1), dim3(1025), 0},
+             {dim3(1), dim3(32, 33), 0},
+             {dim3(0), dim3(32), 0},
+             {dim3(1, 0), dim3(32), 0},
+             {dim3(1), dim3(1, 1, 65), 0},
+             {dim3(1, 65536), dim3(32), 0},
+             {dim3(1), dim3(32), 227 * 1024 + 1}};
   for (auto &b : bad) {
     WEFT_LAUNCH(mark_k, b.grid, b.block, b.smem, 0, p);
     cr_assert_eq(cudaPeekAtLastError(), cudaErrorInvalidConfiguration);
@@ -861,7 +880,8 @@ void check_gemm(const GemmCase &g, float alpha, float beta, const std::vector<fl
       ref = alpha * ref + (beta != 0.0f ? beta * (double)C0[ci] : 0.0);
       mag = std::fabs(alpha) * mag + std::fabs(beta * (double)(beta != 0.0f ? C0[ci] : 0.0f));
       double err = std::fabs((double)C[ci] - ref);
-      cr_assert(err <= rel_tol * mag + 1e-30, "%s: ta %d tb %d m %d n %d k %d: C(%d,%d) = %.9g, "
+      cr_assert(err <= rel_tol * mag + 1e-30,
+                "%s: ta %d tb %d m %d n %d k %d: C(%d,%d) = %.9g, "
                 "reference %.9g (err %.3g, tol %.3g)",
                 what, g.ta, g.tb, g.m, g.n, g.k, i, j, C[ci], ref, err, rel_tol * mag);
     }
@@ -879,7 +899,7 @@ struct Blas {
   ~Blas() { cublasDestroy(h); }
 };
 
-} // namespace
+}  // namespace
 
 Test(emu, sgemm_all_transposes_padded) {
   Blas b;
@@ -913,46 +933,54 @@ Test(emu, sgemm_beta_nan_and_errors) {
         *dC = dev_alloc<float>(C0.size());
   to_dev(dA, A), to_dev(dB, B), to_dev(dC, C0);
   float one = 1.0f, zero = 0.0f, half = 0.5f;
-  cr_assert_eq(cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, m, dB, k, &zero, dC, m),
-               CUBLAS_STATUS_SUCCESS);
+  cr_assert_eq(
+      cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, m, dB, k, &zero, dC, m),
+      CUBLAS_STATUS_SUCCESS);
   for (float v : from_dev(dC, C0.size())) cr_assert(!std::isnan(v), "beta = 0 reads no C");
   to_dev(dC, C0);
-  cr_assert_eq(cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, m, dB, k, &half, dC, m),
-               CUBLAS_STATUS_SUCCESS);
+  cr_assert_eq(
+      cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, m, dB, k, &half, dC, m),
+      CUBLAS_STATUS_SUCCESS);
   for (float v : from_dev(dC, C0.size())) cr_assert(std::isnan(v), "beta != 0 reads C");
   struct {
     cublasOperation_t ta, tb;
     int m, n, k, lda, ldb, ldc;
   } bad[] = {
-      {CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, m - 1, k, m},  {CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, k - 1, k, m},
-      {CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, m, k - 1, m},  {CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, m, n - 1, m},
-      {CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, m, k, m - 1},  {CUBLAS_OP_N, CUBLAS_OP_N, -1, n, k, m, k, m},
-      {CUBLAS_OP_N, CUBLAS_OP_N, m, -1, k, m, k, m},     {CUBLAS_OP_N, CUBLAS_OP_N, m, n, -1, m, k, m},
+      {CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, m - 1, k, m},
+      {CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, k - 1, k, m},
+      {CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, m, k - 1, m},
+      {CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, m, n - 1, m},
+      {CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, m, k, m - 1},
+      {CUBLAS_OP_N, CUBLAS_OP_N, -1, n, k, m, k, m},
+      {CUBLAS_OP_N, CUBLAS_OP_N, m, -1, k, m, k, m},
+      {CUBLAS_OP_N, CUBLAS_OP_N, m, n, -1, m, k, m},
       {(cublasOperation_t)3, CUBLAS_OP_N, m, n, k, m, k, m}, /* CUBLAS_OP_CONJG */
-      {CUBLAS_OP_N, CUBLAS_OP_N, 0, n, k, 0, k, 0}, /* ld >= max(1, rows) */
+      {CUBLAS_OP_N, CUBLAS_OP_N, 0, n, k, 0, k, 0},          /* ld >= max(1, rows) */
   };
   std::vector<float> before = from_dev(dC, C0.size());
   for (auto &x : bad) {
-    cr_assert_eq(cublasSgemm(b.h, x.ta, x.tb, x.m, x.n, x.k, &one, dA, x.lda, dB, x.ldb, &zero, dC,
-                             x.ldc),
-                 CUBLAS_STATUS_INVALID_VALUE, "m %d n %d k %d lda %d ldb %d ldc %d", x.m, x.n, x.k,
-                 x.lda, x.ldb, x.ldc);
+    cr_assert_eq(
+        cublasSgemm(b.h, x.ta, x.tb, x.m, x.n, x.k, &one, dA, x.lda, dB, x.ldb, &zero, dC, x.ldc),
+        CUBLAS_STATUS_INVALID_VALUE, "m %d n %d k %d lda %d ldb %d ldc %d", x.m, x.n, x.k, x.lda,
+        x.ldb, x.ldc);
   }
   std::vector<float> after = from_dev(dC, C0.size());
   cr_assert(std::memcmp(before.data(), after.data(), 4 * before.size()) == 0, "C untouched");
-  cr_assert_eq(cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, 0, n, k, &one, dA, 1, dB, k, &zero, dC, 1),
-               CUBLAS_STATUS_SUCCESS, "m = 0 is a no-op");
-  cr_assert_eq(cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, A.data(), m, dB, k, &zero,
-                           dC, m),
-               CUBLAS_STATUS_EXECUTION_FAILED, "a host pointer as A");
-  cr_assert_eq(cublasSgemm(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, m, dB, k, &zero,
-                           dC, m),
-               CUBLAS_STATUS_NOT_INITIALIZED);
+  cr_assert_eq(
+      cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, 0, n, k, &one, dA, 1, dB, k, &zero, dC, 1),
+      CUBLAS_STATUS_SUCCESS, "m = 0 is a no-op");
+  cr_assert_eq(
+      cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, A.data(), m, dB, k, &zero, dC, m),
+      CUBLAS_STATUS_EXECUTION_FAILED, "a host pointer as A");
+  cr_assert_eq(
+      cublasSgemm(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, m, dB, k, &zero, dC, m),
+      CUBLAS_STATUS_NOT_INITIALIZED);
   /* k = 0: C = beta C */
   std::vector<float> Ck(A.begin(), A.begin() + m * n);
   to_dev(dC, Ck);
-  cr_assert_eq(cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, 0, &one, dA, m, dB, 1, &half, dC, m),
-               CUBLAS_STATUS_SUCCESS);
+  cr_assert_eq(
+      cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, 0, &one, dA, m, dB, 1, &half, dC, m),
+      CUBLAS_STATUS_SUCCESS);
   std::vector<float> kc = from_dev(dC, (size_t)m * n);
   for (int i = 0; i < m * n; i++) cr_assert_eq(kc[i], (float)(0.5 * (double)A[i]));
   cr_assert_str_eq(cublasGetStatusString(CUBLAS_STATUS_INVALID_VALUE),
@@ -1007,12 +1035,11 @@ static void gemm_ex_case(RefRound rr, cublasComputeType_t ct, cublasMath_t math,
           *dC = dev_alloc<float>(C0.size());
     to_dev(dA, A), to_dev(dB, B), to_dev(dC, C0);
     float alpha = 1.5f, beta = 0.5f;
-    cublasStatus_t st =
-        use_sgemm ? cublasSgemm(b.h, g.ta, g.tb, g.m, g.n, g.k, &alpha, dA, g.lda, dB, g.ldb, &beta,
-                                dC, g.ldc)
-                  : cublasGemmEx(b.h, g.ta, g.tb, g.m, g.n, g.k, &alpha, dA, CUDA_R_32F, g.lda, dB,
-                                 CUDA_R_32F, g.ldb, &beta, dC, CUDA_R_32F, g.ldc, ct,
-                                 CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t st = use_sgemm ? cublasSgemm(b.h, g.ta, g.tb, g.m, g.n, g.k, &alpha, dA, g.lda,
+                                                dB, g.ldb, &beta, dC, g.ldc)
+                                  : cublasGemmEx(b.h, g.ta, g.tb, g.m, g.n, g.k, &alpha, dA,
+                                                 CUDA_R_32F, g.lda, dB, CUDA_R_32F, g.ldb, &beta,
+                                                 dC, CUDA_R_32F, g.ldc, ct, CUBLAS_GEMM_DEFAULT);
     cr_assert_eq(st, CUBLAS_STATUS_SUCCESS, "%s", what);
     std::vector<float> C = from_dev(dC, C0.size());
     check_gemm(g, alpha, beta, A, B, C0, C, rr, what, 1e-6);
@@ -1101,18 +1128,18 @@ Test(emu, gemm_ex_bf16_inputs) {
     }
   float one = 1, zero = 0;
   float *d = dev_alloc<float>(64);
-  cr_assert_eq(cublasGemmEx(b.h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d, CUDA_R_16BF, 2, d,
-                            CUDA_R_16BF, 2, &zero, d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F_FAST_TF32,
-                            CUBLAS_GEMM_DEFAULT),
-               CUBLAS_STATUS_NOT_SUPPORTED);
-  cr_assert_eq(cublasGemmEx(b.h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d, CUDA_R_16BF, 2, d,
-                            CUDA_R_32F, 2, &zero, d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT),
-               CUBLAS_STATUS_NOT_SUPPORTED, "A and B types differ");
-  cr_assert_eq(cublasGemmEx(b.h, CUBLAS_OP_N, CUBLAS_OP_T, 2, 2, 3, &one, d, CUDA_R_32F, 1, d,
-                            CUDA_R_32F, 2, &zero, d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT),
-               CUBLAS_STATUS_INVALID_VALUE);
+  cr_assert_eq(
+      cublasGemmEx(b.h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d, CUDA_R_16BF, 2, d, CUDA_R_16BF,
+                   2, &zero, d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_NOT_SUPPORTED);
+  cr_assert_eq(
+      cublasGemmEx(b.h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d, CUDA_R_16BF, 2, d, CUDA_R_32F,
+                   2, &zero, d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_NOT_SUPPORTED, "A and B types differ");
+  cr_assert_eq(
+      cublasGemmEx(b.h, CUBLAS_OP_N, CUBLAS_OP_T, 2, 2, 3, &one, d, CUDA_R_32F, 1, d, CUDA_R_32F, 2,
+                   &zero, d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_INVALID_VALUE);
   cudaFree(d);
 }
 
@@ -1121,19 +1148,21 @@ Test(emu, gemm_strided_batched_ex_bf16_and_speed) {
   Lcg rng(8);
   /* batched bf16 -> f32 */
   const int m = 16, n = 12, k = 24, batch = 4;
-  std::vector<float> A = rand_vec(rng, (size_t)m * k * batch), B = rand_vec(rng, (size_t)k * n * batch);
+  std::vector<float> A = rand_vec(rng, (size_t)m * k * batch),
+                     B = rand_vec(rng, (size_t)k * n * batch);
   std::vector<uint16_t> hA(A.size()), hB(B.size());
-  for (size_t i = 0; i < A.size(); i++) hA[i] = weft_f32_to_bf16(A[i]), A[i] = weft_bf16_to_f32(hA[i]);
-  for (size_t i = 0; i < B.size(); i++) hB[i] = weft_f32_to_bf16(B[i]), B[i] = weft_bf16_to_f32(hB[i]);
+  for (size_t i = 0; i < A.size(); i++)
+    hA[i] = weft_f32_to_bf16(A[i]), A[i] = weft_bf16_to_f32(hA[i]);
+  for (size_t i = 0; i < B.size(); i++)
+    hB[i] = weft_f32_to_bf16(B[i]), B[i] = weft_bf16_to_f32(hB[i]);
   uint16_t *dA = dev_alloc<uint16_t>(hA.size()), *dB = dev_alloc<uint16_t>(hB.size());
   float *dC = dev_alloc<float>((size_t)m * n * batch);
   to_dev(dA, hA), to_dev(dB, hB);
   float one = 1, zero = 0;
-  cr_assert_eq(cublasGemmStridedBatchedEx(b.h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA,
-                                          CUDA_R_16BF, k, (long long)m * k, dB, CUDA_R_16BF, k,
-                                          (long long)k * n, &zero, dC, CUDA_R_32F, m,
-                                          (long long)m * n, batch, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT),
+  cr_assert_eq(cublasGemmStridedBatchedEx(
+                   b.h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, k,
+                   (long long)m * k, dB, CUDA_R_16BF, k, (long long)k * n, &zero, dC, CUDA_R_32F, m,
+                   (long long)m * n, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                CUBLAS_STATUS_SUCCESS);
   std::vector<float> C = from_dev(dC, (size_t)m * n * batch);
   for (int q = 0; q < batch; q++) {
@@ -1152,10 +1181,12 @@ Test(emu, gemm_strided_batched_ex_bf16_and_speed) {
   to_dev(dX, X), to_dev(dW, W);
   auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < 10; r++)
-    cr_assert_eq(cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, M, N, K, &one, dX, M, dW, K, &zero, dY, M),
-                 CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(
+        cublasSgemm(b.h, CUBLAS_OP_N, CUBLAS_OP_N, M, N, K, &one, dX, M, dW, K, &zero, dY, M),
+        CUBLAS_STATUS_SUCCESS);
   cudaDeviceSynchronize(); /* the GEMMs run here */
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 10;
+  double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 10;
   fprintf(stderr, "[emu] sgemm 64x512x64: %.2f ms\n", ms);
   cr_assert_lt(ms, 100.0, "sgemm 64x512x64 took %.1f ms", ms);
   cudaFree(dX), cudaFree(dW), cudaFree(dY);
@@ -1225,7 +1256,7 @@ std::string addr(const void *p) {
   return b;
 }
 
-} // namespace
+}  // namespace
 
 Test(emu, strict_host_read_of_device_memory_aborts) {
   honest_modes();
@@ -1409,8 +1440,8 @@ Test(emu, deferred_work_runs_in_stream_order_at_synchronization) {
   cr_assert_eq(cudaMemcpyAsync(back.data(), out, 16, cudaMemcpyDeviceToHost, s), cudaSuccess);
   cr_assert_eq(back[0], -7);
   cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
-  cr_assert(back[0] == 10 && back[1] == 20 && back[2] == 31 && back[3] == 40,
-            "got %d %d %d %d", back[0], back[1], back[2], back[3]);
+  cr_assert(back[0] == 10 && back[1] == 20 && back[2] == 31 && back[3] == 40, "got %d %d %d %d",
+            back[0], back[1], back[2], back[3]);
   cudaFreeHost(pinned);
   cudaFree(x), cudaFree(out);
   cudaStreamDestroy(s);
@@ -1510,9 +1541,9 @@ Test(emu, cublas_gemm_runs_on_the_handle_stream) {
   cr_assert_eq(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), CUBLAS_STATUS_SUCCESS);
   cr_assert_eq(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, dab, dA, 2, dB, 2, dab + 1, dC, 2),
                CUBLAS_STATUS_SUCCESS);
-  cr_assert_eq(cudaMemcpyAsync(dab, std::vector<float>{3.0f, 0.0f}.data(), 8,
-                               cudaMemcpyHostToDevice, 0),
-               cudaSuccess);
+  cr_assert_eq(
+      cudaMemcpyAsync(dab, std::vector<float>{3.0f, 0.0f}.data(), 8, cudaMemcpyHostToDevice, 0),
+      cudaSuccess);
   cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
   /* the legacy stream's copy is not ordered before s's GEMM: alpha is still 1 */
   cr_assert(from_dev(dC, 4) == A);

@@ -82,9 +82,9 @@ Test(emu_strict, host_read_of_a_device_tensor_aborts) {
   weft_tensor *t = dev_vec(1.5);
   OK(weft_device_synchronize(WEFT_CUDA));
   char err[4096];
-  cr_assert(child_aborts_with(read_device_data, t, "host code read device memory at", err,
-                              sizeof err),
-            "stderr: %s", err);
+  cr_assert(
+      child_aborts_with(read_device_data, t, "host code read device memory at", err, sizeof err),
+      "stderr: %s", err);
   cr_assert(strstr(err, "outside a kernel launch or a copy: copy it to the host first"), "%s", err);
   cr_assert(strstr(err, "-byte allocation at"), "%s", err);
   /* the right way: a copy */
@@ -141,9 +141,9 @@ Test(emu_strict, missing_event_between_compute_and_comm_gives_a_stale_result) {
 Test(emu_strict, queued_work_runs_in_stream_order_when_synchronized) {
   setup();
   weft_tensor *x = dev_vec(1.0);
-  OK(weft_scale(x, 3.0));     /* 3 */
-  OK(weft_axpy(x, 2.0, x));   /* 3 + 6 = 9 */
-  OK(weft_scale(x, 0.5));     /* 4.5 */
+  OK(weft_scale(x, 3.0));   /* 3 */
+  OK(weft_axpy(x, 2.0, x)); /* 3 + 6 = 9 */
+  OK(weft_scale(x, 0.5));   /* 4.5 */
   weft_event *ev = NULL;
   OK(weft_event_record(WEFT_CUDA, WEFT_STREAM_COMPUTE, &ev));
   bool done = true;
@@ -164,8 +164,8 @@ Test(emu_strict, freeing_with_pending_work_is_safe) {
   setup();
   weft_tensor *x = dev_vec(2.0), *y = dev_vec(0.0);
   OK(weft_add(y, x, x));
-  weft_tensor_destroy(x); /* back to the cache while the add is queued */
-  weft_tensor *z = dev_vec(7.0); /* may reuse x's block, after the add in stream order */
+  weft_tensor_destroy(x);                 /* back to the cache while the add is queued */
+  weft_tensor *z = dev_vec(7.0);          /* may reuse x's block, after the add in stream order */
   OK(weft_device_empty_cache(WEFT_CUDA)); /* cudaFree: the device synchronizes first */
   float *h = host_copy(y);
   assert_all(h, 4.0f, "y = x + x");

@@ -82,7 +82,8 @@ static void check_golden(const char *name) {
   double loss;
   OK(gpu_model_forward(m, &loss));
   const double lerr = fabs(loss - g.loss) / fabs(g.loss);
-  cr_expect(lerr <= 1e-6, "%s: loss %.10g, golden %.10g (rel %.2e > 1e-6)", name, loss, g.loss, lerr);
+  cr_expect(lerr <= 1e-6, "%s: loss %.10g, golden %.10g (rel %.2e > 1e-6)", name, loss, g.loss,
+            lerr);
 
   OK(gpu_model_backward(m));
   char path[1024];
@@ -97,7 +98,8 @@ static void check_golden(const char *name) {
     double *ref = malloc((size_t)n * sizeof *ref);
     OK(weft_safetensors_read(f, gpu_model_tensor_name(m, i), WEFT_F64, ref, n));
     double r = gpu_golden_rel_err(grads[i], ref, NULL, n);
-    cr_expect(r <= 1e-5, "%s: grad of %s: rel err %.2e > 1e-5", name, gpu_model_tensor_name(m, i), r);
+    cr_expect(r <= 1e-5, "%s: grad of %s: rel err %.2e > 1e-5", name, gpu_model_tensor_name(m, i),
+              r);
     if (r > worst) {
       worst = r;
       worst_name = gpu_model_tensor_name(m, i);
@@ -110,7 +112,8 @@ static void check_golden(const char *name) {
   double norm;
   OK(gpu_model_clip_grads(m, g.clip, &norm));
   const double nerr = fabs(norm - g.grad_norm) / g.grad_norm;
-  cr_expect(nerr <= 1e-5, "%s: grad norm %.10g, golden %.10g (rel %.2e)", name, norm, g.grad_norm, nerr);
+  cr_expect(nerr <= 1e-5, "%s: grad norm %.10g, golden %.10g (rel %.2e)", name, norm, g.grad_norm,
+            nerr);
   /* the device norm is the CPU norm of the same gradients */
   cr_expect(fabs(norm - sqrt(sumsq)) <= 1e-9 * sqrt(sumsq), "%s: device norm %.12g, host %.12g",
             name, norm, sqrt(sumsq));
@@ -140,9 +143,10 @@ static void check_golden(const char *name) {
     free(ref);
   }
   weft_safetensors_close(f);
-  cr_log_info("%s (emulator): loss rel err %.2e, worst grad rel err %.2e (%s), grad norm rel err "
-              "%.2e, worst AdamW update rel err %.2e",
-              name, lerr, worst, worst_name, nerr, worst_u);
+  cr_log_info(
+      "%s (emulator): loss rel err %.2e, worst grad rel err %.2e (%s), grad norm rel err "
+      "%.2e, worst AdamW update rel err %.2e",
+      name, lerr, worst, worst_name, nerr, worst_u);
   free_all(init, np);
   free_all(grads, np);
   free_all(clipped, np);
@@ -197,23 +201,43 @@ static void cpu_build(cpu_model *m, const gpu_model *gm, const gpu_golden *gd) {
   m->inp = gd->inp;
   m->tgt = gd->tgt;
   m->x = fz((L + 1) * N * D);
-  m->n1 = fz(L * N * D); m->rstd1 = fz(L * N); m->q = fz(L * N * qd); m->k = fz(L * N * kd);
-  m->v = fz(L * N * kd); m->att = fz(L * N * qd); m->lse = fz(L * c->B * c->H * c->T);
-  m->h = fz(L * N * D); m->n2 = fz(L * N * D); m->rstd2 = fz(L * N);
-  m->a = fz(L * N * F); m->b = fz(L * N * F); m->gg = fz(L * N * F);
-  m->nf = fz(N * D); m->rstdf = fz(N); m->logits = fz(N * V); m->lsece = fz(N);
-  m->cosb = fz(c->T * m->hd / 2); m->sinb = fz(c->T * m->hd / 2);
+  m->n1 = fz(L * N * D);
+  m->rstd1 = fz(L * N);
+  m->q = fz(L * N * qd);
+  m->k = fz(L * N * kd);
+  m->v = fz(L * N * kd);
+  m->att = fz(L * N * qd);
+  m->lse = fz(L * c->B * c->H * c->T);
+  m->h = fz(L * N * D);
+  m->n2 = fz(L * N * D);
+  m->rstd2 = fz(L * N);
+  m->a = fz(L * N * F);
+  m->b = fz(L * N * F);
+  m->gg = fz(L * N * F);
+  m->nf = fz(N * D);
+  m->rstdf = fz(N);
+  m->logits = fz(N * V);
+  m->lsece = fz(N);
+  m->cosb = fz(c->T * m->hd / 2);
+  m->sinb = fz(c->T * m->hd / 2);
   OK(weft_rope_tables(m->cosb, m->sinb, c->T, m->hd, c->rope_theta));
   m->scratch = fz(weft_attention_scratch_floats(c->T));
   int64_t big = N * (V > F ? (V > qd ? V : qd) : (F > qd ? F : qd));
-  m->dx = fz(N * D); m->dbig = fz(big); m->dq = fz(N * qd); m->dk = fz(N * kd); m->dv = fz(N * kd);
-  m->da = fz(N * F); m->db = fz(N * F); m->dn = fz(N * D);
+  m->dx = fz(N * D);
+  m->dbig = fz(big);
+  m->dq = fz(N * qd);
+  m->dk = fz(N * kd);
+  m->dv = fz(N * kd);
+  m->da = fz(N * F);
+  m->db = fz(N * F);
+  m->dn = fz(N * D);
 }
 
 static void cpu_free(cpu_model *m) {
-  float *fs[] = {m->x, m->n1, m->rstd1, m->q, m->k, m->v, m->att, m->lse, m->h, m->n2, m->rstd2,
-                 m->a, m->b, m->gg, m->nf, m->rstdf, m->logits, m->lsece, m->cosb, m->sinb,
-                 m->scratch, m->dx, m->dbig, m->dq, m->dk, m->dv, m->da, m->db, m->dn};
+  float *fs[] = {m->x,      m->n1,    m->rstd1, m->q,    m->k,       m->v,  m->att,  m->lse,
+                 m->h,      m->n2,    m->rstd2, m->a,    m->b,       m->gg, m->nf,   m->rstdf,
+                 m->logits, m->lsece, m->cosb,  m->sinb, m->scratch, m->dx, m->dbig, m->dq,
+                 m->dk,     m->dv,    m->da,    m->db,   m->dn};
   for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) free(fs[i]);
   free_all(m->p, m->np);
   free_all(m->g, m->np);
@@ -266,7 +290,8 @@ static void cpu_backward(cpu_model *m) {
   const int on = m->np - 1, nn = m->np - 2;
   OK(weft_cross_entropy_backward(dlog, m->logits, m->lsece, m->tgt, N, V, 1.0f / (float)N));
   OK(weft_linear_backward(m->dn, m->g[on], NULL, dlog, m->nf, m->p[on], N, D, V, false, true));
-  OK(weft_rmsnorm_backward(dx, m->g[nn], m->dn, m->x + c->L * N * D, m->p[nn], m->rstdf, N, D, false));
+  OK(weft_rmsnorm_backward(dx, m->g[nn], m->dn, m->x + c->L * N * D, m->p[nn], m->rstdf, N, D,
+                           false));
   for (int64_t l = c->L - 1; l >= 0; l--) {
     float *x = m->x + l * N * D, *n1 = m->n1 + l * N * D, *q = m->q + l * N * qd,
           *k = m->k + l * N * kd, *v = m->v + l * N * kd, *att = m->att + l * N * qd,
@@ -282,8 +307,8 @@ static void cpu_backward(cpu_model *m) {
     OK(weft_rmsnorm_backward(dx, G[P_FNORM], m->dn, h, P[P_FNORM], m->rstd2 + l * N, N, D, true));
     float *datt = m->dbig;
     OK(weft_linear_backward(datt, G[P_WO], NULL, dx, att, P[P_WO], N, qd, D, false, true));
-    OK(weft_attention_backward(m->dq, m->dk, m->dv, datt, q, k, v, m->lse + l * B * H * T, B, T,
-                               H, Hkv, hd, true, m->scratch));
+    OK(weft_attention_backward(m->dq, m->dk, m->dv, datt, q, k, v, m->lse + l * B * H * T, B, T, H,
+                               Hkv, hd, true, m->scratch));
     OK(weft_rope_backward(m->dq, m->dq, m->cosb, m->sinb, T, B, T, H, hd, 0));
     OK(weft_rope_backward(m->dk, m->dk, m->cosb, m->sinb, T, B, T, Hkv, hd, 0));
     OK(weft_linear_backward(m->dn, G[P_WQ], NULL, m->dq, n1, P[P_WQ], N, D, qd, false, true));
@@ -326,7 +351,8 @@ Test(emu_train, three_steps_lower_the_loss_and_match_the_cpu_kernels, .timeout =
     OK(gpu_model_train_step(m, &hp, g.clip, &gl[s], &gn[s]));
     cpu_step(&c, &hp, g.clip, s + 1, &cl[s], &cn[s]);
     const double le = fabs(gl[s] - cl[s]) / fabs(cl[s]), ne = fabs(gn[s] - cn[s]) / cn[s];
-    cr_expect(le <= 1e-5, "step %d: emulated loss %.10g, CPU %.10g (rel %.2e)", s + 1, gl[s], cl[s], le);
+    cr_expect(le <= 1e-5, "step %d: emulated loss %.10g, CPU %.10g (rel %.2e)", s + 1, gl[s], cl[s],
+              le);
     cr_expect(ne <= 1e-4, "step %d: emulated grad norm %.10g, CPU %.10g (rel %.2e)", s + 1, gn[s],
               cn[s], ne);
     cr_log_info("step %d: loss %.8f (CPU %.8f), grad norm %.6f (CPU %.6f)", s + 1, gl[s], cl[s],
@@ -341,8 +367,8 @@ Test(emu_train, three_steps_lower_the_loss_and_match_the_cpu_kernels, .timeout =
   double worst = 0;
   for (int i = 0; i < c.np; i++) {
     double r = weft_test_rel_change_f32(after[i], c.p[i], init[i], c.numel[i]);
-    cr_expect(r <= 1e-3, "%s after %d steps: update rel err %.2e vs CPU", gpu_model_tensor_name(m, i),
-              STEPS, r);
+    cr_expect(r <= 1e-3, "%s after %d steps: update rel err %.2e vs CPU",
+              gpu_model_tensor_name(m, i), STEPS, r);
     if (r > worst) worst = r;
   }
   cr_log_info("after %d steps: worst update rel err vs CPU %.2e", STEPS, worst);
@@ -371,8 +397,9 @@ Test(emu_train, two_runs_from_the_same_weights_are_bitwise_identical, .timeout =
               s + 1, loss[0][s], loss[1][s]);
   gpu_model *m = make_model(&g);
   for (int i = 0; i < np; i++)
-    cr_expect(memcmp(res[0][i], res[1][i], (size_t)gpu_model_tensor_numel(m, i) * sizeof(float)) == 0,
-              "%s differs between two identical runs", gpu_model_tensor_name(m, i));
+    cr_expect(
+        memcmp(res[0][i], res[1][i], (size_t)gpu_model_tensor_numel(m, i) * sizeof(float)) == 0,
+        "%s differs between two identical runs", gpu_model_tensor_name(m, i));
   gpu_model_destroy(m);
   free_all(res[0], np);
   free_all(res[1], np);
@@ -390,8 +417,8 @@ Test(emu_train, rng_init_is_weft_fill_normal_by_name_and_norms_are_one) {
   const uint64_t seed = 777;
   OK(gpu_model_init_weights(m, seed));
   cr_assert_eq(gpu_model_param_count(m),
-               2 * c.V * c.D + c.D + c.L * (2 * c.D + 2 * c.D * c.D + 2 * c.D * (c.D / c.H) * c.Hkv +
-                                            3 * c.D * c.F));
+               2 * c.V * c.D + c.D +
+                   c.L * (2 * c.D + 2 * c.D * c.D + 2 * c.D * (c.D / c.H) * c.Hkv + 3 * c.D * c.F));
   for (int i = 0; i < gpu_model_num_tensors(m); i++) {
     const char *name = gpu_model_tensor_name(m, i);
     cr_assert_eq(gpu_model_tensor_index(m, name), i);
@@ -405,8 +432,8 @@ Test(emu_train, rng_init_is_weft_fill_normal_by_name_and_norms_are_one) {
       OK(weft_tensor_view_init(&v, want, WEFT_F32, WEFT_CPU, 1, &n, NULL));
       OK(weft_tensor_fill_normal(&v, seed, weft_rng_key(name), NULL, 0.0f, 0.02f));
     }
-    cr_expect(memcmp(got, want, (size_t)n * sizeof *got) == 0, "%s: not the RNG's values (seed %llu)",
-              name, (unsigned long long)seed);
+    cr_expect(memcmp(got, want, (size_t)n * sizeof *got) == 0,
+              "%s: not the RNG's values (seed %llu)", name, (unsigned long long)seed);
     free(got);
     free(want);
   }
@@ -455,8 +482,8 @@ static void run_dp_golden(const char *cfg) {
   snprintf(cmd, sizeof cmd,
            "MPIEXEC_TIMEOUT=60 %s -n 2 %s --config %s --golden %s/golden/%s "
            "> %s/dp_%s.log 2>&1",
-           WEFT_TEST_MPIEXEC, WEFT_GPU_TRAIN, cfg, WEFT_TEST_DATA_DIR, cfg,
-           WEFT_TEST_BUILD_DIR, cfg);
+           WEFT_TEST_MPIEXEC, WEFT_GPU_TRAIN, cfg, WEFT_TEST_DATA_DIR, cfg, WEFT_TEST_BUILD_DIR,
+           cfg);
   int rc = system(cmd);
   char log[512];
   snprintf(log, sizeof log, "%s/dp_%s.log", WEFT_TEST_BUILD_DIR, cfg);

@@ -18,8 +18,8 @@ Test(cuda_runtime, without_a_gpu_every_entry_fails_clearly) {
   weft_status st = weft_cuda_init(0, &dev);
   weft_status want = WEFT_HAVE_CUDA ? WEFT_ERR_NO_DEVICE : WEFT_ERR_UNSUPPORTED;
   cr_assert_eq(st, want, "%s", weft_last_error());
-  cr_assert(strstr(weft_last_error(), WEFT_HAVE_CUDA ? "no CUDA device" : "no backend for device cuda") !=
-                NULL,
+  cr_assert(strstr(weft_last_error(),
+                   WEFT_HAVE_CUDA ? "no CUDA device" : "no backend for device cuda") != NULL,
             "%s", weft_last_error());
   cr_assert_eq(weft_backend_get(WEFT_CUDA) != NULL, WEFT_HAVE_CUDA != 0,
                "a CPU-only build registers no CUDA table");

@@ -60,15 +60,15 @@ static char *path2(const char *a, const char *b) {
 }
 
 /* Expects st to be `code` with every needle in the message. */
-#define EXPECT_ERR(expr, code, ...)                                                          \
-  do {                                                                                       \
-    weft_status ee_st_ = (expr);                                                             \
-    const char *ee_needles_[] = {__VA_ARGS__, NULL};                                         \
-    WCHECK(ee_st_ == (code), "%s -> %s (want %s): %s", #expr, weft_status_str(ee_st_),       \
-           weft_status_str(code), weft_last_error());                                        \
-    for (int ee_i_ = 0; ee_needles_[ee_i_]; ee_i_++)                                         \
-      WCHECK(strstr(weft_last_error(), ee_needles_[ee_i_]) != NULL,                          \
-             "%s: message lacks '%s': %s", #expr, ee_needles_[ee_i_], weft_last_error());    \
+#define EXPECT_ERR(expr, code, ...)                                                               \
+  do {                                                                                            \
+    weft_status ee_st_ = (expr);                                                                  \
+    const char *ee_needles_[] = {__VA_ARGS__, NULL};                                              \
+    WCHECK(ee_st_ == (code), "%s -> %s (want %s): %s", #expr, weft_status_str(ee_st_),            \
+           weft_status_str(code), weft_last_error());                                             \
+    for (int ee_i_ = 0; ee_needles_[ee_i_]; ee_i_++)                                              \
+      WCHECK(strstr(weft_last_error(), ee_needles_[ee_i_]) != NULL, "%s: message lacks '%s': %s", \
+             #expr, ee_needles_[ee_i_], weft_last_error());                                       \
   } while (0)
 
 /* ------------------------------------------------------------ meshes */
@@ -110,16 +110,18 @@ static const tdesc TD[] = {
 #define NTD ((int)(sizeof TD / sizeof TD[0]))
 
 /* Placements per mesh, as text (weft_placements_parse). */
-static const char *PL_SAVE[NTD] = {"S(0),S(1)", "R,S(0)", "R,R",      "SS(0,2),S(0)", "S(1),S(2)",
-                                   "R,R",       "S(0),R", "S(0),R",   "S(1),S(0)"};
+static const char *PL_SAVE[NTD] = {"S(0),S(1)", "R,S(0)", "R,R",    "SS(0,2),S(0)", "S(1),S(2)",
+                                   "R,R",       "S(0),R", "S(0),R", "S(1),S(0)"};
 static const char *PL_1[NTD] = {"R", "R", "R", "R", "R", "R", "R", "R", "R"};
-static const char *PL_2[NTD] = {"S(1)", "S(0)", "R", "S(0)", "S(0)", "R", "S(1)", "S(1)", "SS(0,3)"};
-static const char *PL_4[NTD] = {"S(0)", "S(1)", "S(0)", "SS(0,2)", "S(2)", "R", "S(0)", "S(0)", "S(1)"};
+static const char *PL_2[NTD] = {"S(1)", "S(0)", "R",    "S(0)",   "S(0)",
+                                "R",    "S(1)", "S(1)", "SS(0,3)"};
+static const char *PL_4[NTD] = {"S(0)", "S(1)", "S(0)", "SS(0,2)", "S(2)",
+                                "R",    "S(0)", "S(0)", "S(1)"};
 static const char *PL_22[NTD] = {"S(1),S(0)", "S(0),S(0)", "S(0),R", "SS(0,2),S(0)", "R,S(0)",
                                  "R,R",       "S(1),S(0)", "R,S(1)", "SS(0,2),S(1)"};
-static const char *PL_222[NTD] = {"S(0),S(1),S(0)", "R,S(1),S(0)",     "S(0),S(0),S(0)",
+static const char *PL_222[NTD] = {"S(0),S(1),S(0)",    "R,S(1),S(0)", "S(0),S(0),S(0)",
                                   "SS(0,4),S(0),S(0)", "S(1),R,S(2)", "R,R,R",
-                                  "R,R,S(0)",       "S(1),S(0),R",     "S(0),SS(1,2),S(1)"};
+                                  "R,R,S(0)",          "S(1),S(0),R", "S(0),SS(1,2),S(1)"};
 
 static const char **placements_for(const char *mesh) {
   if (!strcmp(mesh, "1")) return PL_1;
@@ -206,7 +208,8 @@ static void check_values(weft_state_dict *sd, int saved_world) {
   WOK(weft_state_dict_get_string(sd, "train.note", &s));
   WCHECK(s && strcmp(s, "caf\xc3\xa9 \"quoted\"\n") == 0, "train.note = %s", s ? s : "(null)");
   WOK(weft_state_dict_get_json(sd, "data.loader", &s));
-  WCHECK(s && strcmp(s, "{\"epoch\":3,\"offset\":[1,2,3]}") == 0, "data.loader = %s", s ? s : "(null)");
+  WCHECK(s && strcmp(s, "{\"epoch\":3,\"offset\":[1,2,3]}") == 0, "data.loader = %s",
+         s ? s : "(null)");
   weft_llama_config cfg;
   WOK(weft_state_dict_get_llama_config(sd, "model.config", &cfg));
   WCHECK(cfg.dim == 768 && cfg.n_layers == 12 && cfg.n_kv_heads == 4 && cfg.vocab == 8192 &&
@@ -288,13 +291,16 @@ static void case_rt_save(void) {
           repl_writers |= 1 << ci.rank;
       }
       if (!strcmp(ti.name, "plain"))
-        WCHECK(ti.num_chunks == 1 && !strcmp(ti.layout, "full"), "plain: %" PRId64 " chunks, layout %s",
-               ti.num_chunks, ti.layout);
+        WCHECK(ti.num_chunks == 1 && !strcmp(ti.layout, "full"),
+               "plain: %" PRId64 " chunks, layout %s", ti.num_chunks, ti.layout);
       if (!strcmp(ti.name, "b"))
-        WCHECK(ti.num_chunks == 2 && strstr(ti.layout, "(R, S(0))"), "b: %" PRId64 " chunks, layout %s",
-               ti.num_chunks, ti.layout);
-      if (!strcmp(ti.name, "g")) WCHECK(ti.num_chunks == 0, "g is empty: %" PRId64 " chunks", ti.num_chunks);
-      if (!strcmp(ti.name, "d")) WCHECK(ti.num_chunks == 4, "d (strided, one run per rank): %" PRId64 " chunks", ti.num_chunks);
+        WCHECK(ti.num_chunks == 2 && strstr(ti.layout, "(R, S(0))"),
+               "b: %" PRId64 " chunks, layout %s", ti.num_chunks, ti.layout);
+      if (!strcmp(ti.name, "g"))
+        WCHECK(ti.num_chunks == 0, "g is empty: %" PRId64 " chunks", ti.num_chunks);
+      if (!strcmp(ti.name, "d"))
+        WCHECK(ti.num_chunks == 4, "d (strided, one run per rank): %" PRId64 " chunks",
+               ti.num_chunks);
     }
     int nw = __builtin_popcount((unsigned)repl_writers);
     WCHECK(nw >= 3, "replicated chunks are written by %d ranks only (mask %x)", nw, repl_writers);
@@ -347,7 +353,8 @@ static void rt_load(const char *mesh_spec) {
     weft_state_dict *sd = NULL;
     WOK(weft_state_dict_create(&sd));
     for (int i = 0; i < NTD; i++)
-      WOK(weft_state_dict_add_dtensor(sd, TD[i].name, make_target(mesh, i, pl[i]), WEFT_LOCAL_TAKE));
+      WOK(weft_state_dict_add_dtensor(sd, TD[i].name, make_target(mesh, i, pl[i]),
+                                      WEFT_LOCAL_TAKE));
     weft_tensor *p = NULL;
     int64_t sh[2] = {13, 7};
     WOK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, 2, sh, &p));
@@ -382,7 +389,8 @@ static void rt_load(const char *mesh_spec) {
       WOK(weft_state_dict_create(&rsd));
       const char *rep = nd == 1 ? "R" : nd == 2 ? "R,R" : "R,R,R";
       for (int i = 0; i < NTD; i++)
-        WOK(weft_state_dict_add_dtensor(rsd, TD[i].name, make_target(mesh, i, rep), WEFT_LOCAL_TAKE));
+        WOK(weft_state_dict_add_dtensor(rsd, TD[i].name, make_target(mesh, i, rep),
+                                        WEFT_LOCAL_TAKE));
       weft_tensor *p2 = NULL;
       WOK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, 2, sh, &p2));
       WOK(weft_state_dict_add_tensor(rsd, "plain", p2, WEFT_LOCAL_TAKE));
@@ -403,12 +411,14 @@ static void rt_load(const char *mesh_spec) {
     weft_dtensor *z = make_target(mesh, 1, pl[1]);
     WOK(weft_state_dict_add_dtensor(sd, "not.saved", z, WEFT_LOCAL_TAKE));
     WOK(weft_state_dict_set_int(sd, "also.missing", 5));
-    EXPECT_ERR(weft_dcp_load(sd, arg(2), NULL, NULL), WEFT_ERR_NOT_FOUND, "not.saved", "allow_partial");
+    EXPECT_ERR(weft_dcp_load(sd, arg(2), NULL, NULL), WEFT_ERR_NOT_FOUND, "not.saved",
+               "allow_partial");
     weft_dcp_opts o = WEFT_DCP_OPTS_INIT;
     o.allow_partial = true;
     weft_key_list miss = {0};
     WOK(weft_dcp_load(sd, arg(2), &o, &miss));
-    WCHECK(miss.count == 2 && !strcmp(miss.keys[0], "not.saved") && !strcmp(miss.keys[1], "also.missing"),
+    WCHECK(miss.count == 2 && !strcmp(miss.keys[0], "not.saved") &&
+               !strcmp(miss.keys[1], "also.missing"),
            "partial: %" PRId64 " missing", miss.count);
     weft_key_list_clear(&miss);
     weft_tensor *got = NULL, *want = reference(0, 0);
@@ -618,7 +628,8 @@ static void compare_ref(weft_state_dict *sd, const char *ref, const char *what) 
     if (!got) continue;
     WOK(weft_tensor_create(got->dtype, WEFT_CPU, got->ndim, got->shape, &want));
     WOK(weft_safetensors_read_tensor(f, en.name, want));
-    WCHECK(want && weft_tensor_equal(got, want), "%s: '%s' differs from the saved state", what, en.name);
+    WCHECK(want && weft_tensor_equal(got, want), "%s: '%s' differs from the saved state", what,
+           en.name);
     weft_tensor_destroy(got);
     weft_tensor_destroy(want);
   }
@@ -673,7 +684,8 @@ static void model_load(const char *layout, const char *dir, const char *ref) {
   WOK(weft_state_dict_get_double(sd, "param_groups.output.weight.lr", &lr));
   WCHECK(lr > 0 && weft_optimizer_get_lr(L.opt) == (float)lr, "lr %g vs saved %g",
          (double)weft_optimizer_get_lr(L.opt), lr);
-  WCHECK(weft_optimizer_num_steps(L.opt) == 2, "num_steps %" PRId64, weft_optimizer_num_steps(L.opt));
+  WCHECK(weft_optimizer_num_steps(L.opt) == 2, "num_steps %" PRId64,
+         weft_optimizer_num_steps(L.opt));
   char what[64];
   snprintf(what, sizeof what, "model on %s", layout);
   compare_ref(sd, ref, what);
@@ -732,7 +744,8 @@ static void case_resume(void) {
     for (int i = 0; i < np && i < n2; i++) {
       weft_tensor *got = NULL;
       WOK(weft_dtensor_full_tensor(ps[i]->data, &got));
-      WCHECK(got && weft_tensor_equal(got, final[i]), "final '%s' differs after resume", ps[i]->fqn);
+      WCHECK(got && weft_tensor_equal(got, final[i]), "final '%s' differs after resume",
+             ps[i]->fqn);
       weft_tensor_destroy(got);
     }
     lmodel_free(&L);
@@ -749,8 +762,9 @@ static void case_sd_opts(void) {
   weft_state_dict_opts fo = WEFT_STATE_DICT_OPTS_INIT;
   fo.full_state_dict = true;
   weft_state_dict *full = full_sd(&A, &fo), *views = full_sd(&A, NULL);
-  WCHECK(weft_state_dict_count(full) == weft_state_dict_count(views), "counts %" PRId64 " vs %" PRId64,
-         weft_state_dict_count(full), weft_state_dict_count(views));
+  WCHECK(weft_state_dict_count(full) == weft_state_dict_count(views),
+         "counts %" PRId64 " vs %" PRId64, weft_state_dict_count(full),
+         weft_state_dict_count(views));
   for (int64_t i = 0; i < weft_state_dict_count(views); i++) {
     weft_sd_entry v, f;
     WOK(weft_state_dict_get(views, i, &v));
@@ -771,8 +785,8 @@ static void case_sd_opts(void) {
   bo.broadcast_from_rank0 = true;
   weft_key_list miss = {0}, unexp = {0};
   WOK(weft_set_model_state_dict(B.m, rank0() ? r0 : empty, &bo, &miss, &unexp));
-  WCHECK(miss.count == 0 && unexp.count == 0, "bcast model: %" PRId64 " missing %" PRId64 " unexpected",
-         miss.count, unexp.count);
+  WCHECK(miss.count == 0 && unexp.count == 0,
+         "bcast model: %" PRId64 " missing %" PRId64 " unexpected", miss.count, unexp.count);
   weft_key_list_clear(&miss);
   weft_key_list_clear(&unexp);
   WOK(weft_set_optimizer_state_dict(B.m, B.opt, rank0() ? r0 : empty, &bo, NULL, NULL));
@@ -839,11 +853,13 @@ static void case_sd_opts(void) {
   WOK(weft_state_dict_find(full, "norm.weight", &e));
   WOK(weft_state_dict_add_tensor(bad, "norm.weight", e.tensor, WEFT_LOCAL_VIEW));
   WOK(weft_state_dict_add_tensor(bad, "nonsense.weight", e.tensor, WEFT_LOCAL_VIEW));
-  EXPECT_ERR(weft_set_model_state_dict(B.m, bad, NULL, NULL, NULL), WEFT_ERR_NOT_FOUND, "missing key");
+  EXPECT_ERR(weft_set_model_state_dict(B.m, bad, NULL, NULL, NULL), WEFT_ERR_NOT_FOUND,
+             "missing key");
   weft_state_dict_opts ns = WEFT_STATE_DICT_OPTS_INIT;
   ns.strict = false;
   WOK(weft_set_model_state_dict(B.m, bad, &ns, &miss, &unexp));
-  WCHECK(unexp.count == 1 && !strcmp(unexp.keys[0], "nonsense.weight"), "unexpected %" PRId64, unexp.count);
+  WCHECK(unexp.count == 1 && !strcmp(unexp.keys[0], "nonsense.weight"), "unexpected %" PRId64,
+         unexp.count);
   WCHECK(miss.count > 10, "missing %" PRId64, miss.count);
   weft_key_list_clear(&miss);
   weft_key_list_clear(&unexp);
@@ -895,7 +911,8 @@ static void case_st_export(void) {
       cJSON *o = cJSON_CreateObject();
       cJSON_AddStringToObject(o, "name", ps[i]->fqn);
       cJSON *sh = cJSON_AddArrayToObject(o, "shape");
-      for (int d = 0; d < full->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)full->shape[d]));
+      for (int d = 0; d < full->ndim; d++)
+        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)full->shape[d]));
       cJSON_AddItemToArray(index, o);
     }
     weft_tensor_destroy(full);
@@ -940,7 +957,8 @@ static void case_st_export(void) {
     weft_tensor_destroy(ab);
     weft_tensor_destroy(abf);
   }
-  EXPECT_ERR(weft_safetensors_import_model(B.m, ref, NULL, NULL, NULL), WEFT_ERR_CORRUPT, "ref.bin");
+  EXPECT_ERR(weft_safetensors_import_model(B.m, ref, NULL, NULL, NULL), WEFT_ERR_CORRUPT,
+             "ref.bin");
   free(f32);
   free(bf16);
   free(ref);
@@ -989,7 +1007,10 @@ static void case_load_all(void) {
   const char *mesh = arg(6);
   rt_load(mesh);
 #ifdef HAVE_MODELS
-  const char *layout = !strcmp(mesh, "1") ? "1" : !strcmp(mesh, "2") ? "tp2" : !strcmp(mesh, "4") ? "fsdp4" : mesh;
+  const char *layout = !strcmp(mesh, "1")   ? "1"
+                       : !strcmp(mesh, "2") ? "tp2"
+                       : !strcmp(mesh, "4") ? "fsdp4"
+                                            : mesh;
   model_load(layout, arg(4), arg(5));
 #endif
 }
@@ -1053,8 +1074,9 @@ static bool loads_salt(weft_mesh *m, const char *dir, uint64_t salt) {
 static void case_fault_check(void) {
   weft_mesh *m = world_mesh();
   WCHECK(loads_salt(m, arg(2), 1), "the previous checkpoint A does not load");
-  WCHECK(loads_salt(m, arg(3), 1), "checkpoint B does not load its previous contents after a save "
-                                   "over it died before committing");
+  WCHECK(loads_salt(m, arg(3), 1),
+         "checkpoint B does not load its previous contents after a save "
+         "over it died before committing");
   for (int k = 4; k <= 5; k++) {
     weft_state_dict *sd = small_sd(m, 77);
     EXPECT_ERR(weft_dcp_load(sd, arg(k), NULL, NULL), WEFT_ERR_NOT_FOUND, "incomplete", arg(k));
@@ -1074,7 +1096,8 @@ static void case_fault_check(void) {
       if (fscanf(p, "%d", &nfiles) != 1) nfiles = -1;
       pclose(p);
     }
-    WCHECK(nfiles == weft_world_size(), "B holds %d data files after the commit (stale ones left)", nfiles);
+    WCHECK(nfiles == weft_world_size(), "B holds %d data files after the commit (stale ones left)",
+           nfiles);
   }
   WOK(weft_mesh_destroy(m));
 }
@@ -1129,12 +1152,16 @@ static void ed_overlap(cJSON *r) {
 static void ed_hole(cJSON *r) {
   cJSON_DeleteItemFromArray(cJSON_GetObjectItem(tensor_of(r, "a"), "chunks"), 0);
 }
-static void ed_version(cJSON *r) { cJSON_ReplaceItemInObject(r, "version", cJSON_CreateNumber(99)); }
+static void ed_version(cJSON *r) {
+  cJSON_ReplaceItemInObject(r, "version", cJSON_CreateNumber(99));
+}
 static void ed_crc(cJSON *r) {
   cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(tensor_of(r, "b"), "chunks"), 0);
   cJSON_ReplaceItemInObject(ch, "crc32c", cJSON_CreateArray());
 }
-static void ed_id(cJSON *r) { cJSON_ReplaceItemInObject(r, "id", cJSON_CreateString("00000000000000aa")); }
+static void ed_id(cJSON *r) {
+  cJSON_ReplaceItemInObject(r, "id", cJSON_CreateString("00000000000000aa"));
+}
 
 /* The data file holding tensor name's first chunk, and its byte offset. */
 static char *chunk_file(const char *dir, const char *name, uint64_t *off) {
@@ -1399,7 +1426,8 @@ static void case_async(void) {
     WCHECK(done, "the first async save is not finished after the second started");
     WOK(weft_dcp_async_wait(h1));
     WOK(weft_dcp_async_wait(h2));
-    WCHECK(loads_salt(m, d1, 1), "async save %d: the checkpoint does not hold the staged state", mode);
+    WCHECK(loads_salt(m, d1, 1), "async save %d: the checkpoint does not hold the staged state",
+           mode);
     weft_state_dict *t = small_sd(m, 5);
     add_value_targets(t, weft_world_size());
     WOK(weft_dcp_load(t, d2, NULL, NULL));
@@ -1568,7 +1596,8 @@ static void case_gpt2_save(void) {
   int np = 0;
   WOK(weft_module_parameters(G.m, NULL, 0, &np));
   WCHECK(weft_state_dict_count(sd) == np && np == 2 + 12 * 2 + 2,
-         "model state dict: %lld entries for %d parameters", (long long)weft_state_dict_count(sd), np);
+         "model state dict: %lld entries for %d parameters", (long long)weft_state_dict_count(sd),
+         np);
   WCHECK(weft_state_dict_find(sd, "transformer.wte.weight", NULL) == WEFT_OK &&
              weft_state_dict_find(sd, "lm_head.weight", NULL) == WEFT_ERR_NOT_FOUND,
          "the tied weight is not saved once under its owner's name");
@@ -1745,7 +1774,8 @@ static void case_gpt2_load(void) {
   WOK(weft_get_model_state_dict(H.m, NULL, sd));
   EXPECT_ERR(weft_dcp_load(sd, d2, NULL, NULL), WEFT_ERR_CORRUPT, "'transformer.wte.weight'",
              "'lm_head.weight'", "different values");
-  WCHECK(same_param(H.m, I.m, "transformer.wte.weight") && same_param(H.m, I.m, "transformer.wpe.weight"),
+  WCHECK(same_param(H.m, I.m, "transformer.wte.weight") &&
+             same_param(H.m, I.m, "transformer.wpe.weight"),
          "a refused load changed the model");
   weft_state_dict_destroy(sd);
   /* set_model_state_dict: the alias alone, then both names */
@@ -1815,8 +1845,10 @@ static void case_gpt2_groups(void) {
   WOK(weft_state_dict_get_int(sd, "param_groups.transformer.ln_f.bias.group", &g));
   const char *betas = NULL;
   WOK(weft_state_dict_get_json(sd, "param_groups.transformer.wte.weight.betas", &betas));
-  WCHECK(ng == 2 && g == 1 && betas && strstr(betas, "0.9"), "saved groups: %lld, ln_f.bias in %lld, "
-         "betas %s", (long long)ng, (long long)g, betas ? betas : "?");
+  WCHECK(ng == 2 && g == 1 && betas && strstr(betas, "0.9"),
+         "saved groups: %lld, ln_f.bias in %lld, "
+         "betas %s",
+         (long long)ng, (long long)g, betas ? betas : "?");
   WOK(weft_dcp_save(sd, dir, NULL));
   weft_state_dict_destroy(sd);
   for (int s = K; s < N; s++) la[s] = g2_step(&A, s);
@@ -1843,7 +1875,8 @@ static void case_gpt2_groups(void) {
            (double)got.lr, (double)got.beta1, (double)got.beta2, (double)got.eps,
            (double)got.weight_decay);
   }
-  WCHECK(weft_optimizer_num_steps(B.opt) == K, "num_steps %lld", (long long)weft_optimizer_num_steps(B.opt));
+  WCHECK(weft_optimizer_num_steps(B.opt) == K, "num_steps %lld",
+         (long long)weft_optimizer_num_steps(B.opt));
   double lb[4];
   for (int s = K; s < N; s++) lb[s] = g2_step(&B, s);
   for (int s = K; s < N; s++)
@@ -1854,8 +1887,10 @@ static void case_gpt2_groups(void) {
   for (int i = 0; i < np && i < nb; i++) {
     weft_tensor *t = NULL;
     WOK(weft_dtensor_full_tensor(pb[i]->data, &t));
-    WCHECK(t && fa[i] && weft_tensor_equal(t, fa[i]), "%s: resumed run differs from the straight "
-           "run", pb[i]->fqn);
+    WCHECK(t && fa[i] && weft_tensor_equal(t, fa[i]),
+           "%s: resumed run differs from the straight "
+           "run",
+           pb[i]->fqn);
     weft_tensor_destroy(t);
   }
   if (rank0())
@@ -1883,8 +1918,10 @@ static void case_gpt2_groups(void) {
   WOK(weft_module_parameters(C.m, ps, 64, &n));
   for (int i = 0; i < n; i++) {
     bool moved = strcmp(ps[i]->fqn, "transformer.ln_f.weight") == 0;
-    if (ps[i]->spec.ndim >= 2 || moved) g0[n0++] = ps[i];
-    else g1[n1++] = ps[i];
+    if (ps[i]->spec.ndim >= 2 || moved)
+      g0[n0++] = ps[i];
+    else
+      g1[n1++] = ps[i];
   }
   weft_adamw_group grp[3] = {{g0, n0, other}, {g1, n1, other}, {NULL, 0, other}};
   WOK(weft_adamw_create_groups(C.m, grp, 2, &C.opt));

@@ -50,7 +50,8 @@ static int run(int n, const char *c, const char *const *args, int secs) {
 
 Test(dcp, crc32c_matches_standard_vectors_and_software_on_random_buffers) {
   const char *v = "123456789";
-  cr_expect_eq(weft_crc32c(0, v, 9), 0xE3069283u, "crc32c(\"123456789\") = %08x", weft_crc32c(0, v, 9));
+  cr_expect_eq(weft_crc32c(0, v, 9), 0xE3069283u, "crc32c(\"123456789\") = %08x",
+               weft_crc32c(0, v, 9));
   cr_expect_eq(weft_crc32c_sw(0, v, 9), 0xE3069283u);
   /* RFC 3720 B.4 */
   unsigned char b[32];
@@ -83,15 +84,18 @@ Test(dcp, crc32c_matches_standard_vectors_and_software_on_random_buffers) {
 
 static const char *META =
     "{\"format\":\"weft-dcp\",\"version\":1,\"id\":\"0123456789abcdef\",\"world_size\":2,"
-    "\"block_bytes\":64,\"files\":[{\"name\":\"r00000-0123456789abcdef.data\",\"rank\":0,\"bytes\":200},"
+    "\"block_bytes\":64,\"files\":[{\"name\":\"r00000-0123456789abcdef.data\",\"rank\":0,\"bytes\":"
+    "200},"
     "{\"name\":\"r00001-0123456789abcdef.data\",\"rank\":1,\"bytes\":200}],"
-    "\"tensors\":{\"w\":{\"dtype\":\"f32\",\"shape\":[4,6],\"layout\":\"(S(0)) on mesh 2\",\"chunks\":["
+    "\"tensors\":{\"w\":{\"dtype\":\"f32\",\"shape\":[4,6],\"layout\":\"(S(0)) on mesh "
+    "2\",\"chunks\":["
     "{\"offsets\":[0,0],\"sizes\":[2,6],\"file\":0,\"offset\":64,\"length\":48,\"crc32c\":[1]},"
     "{\"offsets\":[2,0],\"sizes\":[2,6],\"file\":1,\"offset\":64,\"length\":48,\"crc32c\":[2]}]},"
     "\"s\":{\"dtype\":\"f64\",\"shape\":[],\"chunks\":[{\"offsets\":[],\"sizes\":[],\"file\":0,"
     "\"offset\":128,\"length\":8,\"crc32c\":[3]}]},"
     "\"z\":{\"dtype\":\"bf16\",\"shape\":[0,3],\"chunks\":[]}},"
-    "\"values\":{\"step\":{\"type\":\"int\",\"value\":\"5\"},\"cfg\":{\"type\":\"json\",\"value\":{\"a\":[1,2]}}}}";
+    "\"values\":{\"step\":{\"type\":\"int\",\"value\":\"5\"},\"cfg\":{\"type\":\"json\",\"value\":{"
+    "\"a\":[1,2]}}}}";
 
 /* META with the first occurrence of `from` replaced by `to`. */
 static char *mutate(const char *from, const char *to) {
@@ -127,7 +131,8 @@ Test(dcp, metadata_parser_accepts_the_format_and_rejects_each_broken_rule) {
       {"\"offset\":64", "\"offset\":190", WEFT_ERR_CORRUPT, "outside the data"},
       {"\"offset\":64", "\"offset\":10", WEFT_ERR_CORRUPT, "outside the data"},
       {"\"file\":1", "\"file\":5", WEFT_ERR_CORRUPT, "\"file\""},
-      {"\"file\":1,\"offset\":64", "\"file\":0,\"offset\":100", WEFT_ERR_CORRUPT, "overlap a chunk"},
+      {"\"file\":1,\"offset\":64", "\"file\":0,\"offset\":100", WEFT_ERR_CORRUPT,
+       "overlap a chunk"},
       {"\"dtype\":\"f32\"", "\"dtype\":\"f33\"", WEFT_ERR_CORRUPT, "dtype"},
       {"\"value\":\"5\"", "\"value\":\"5x\"", WEFT_ERR_CORRUPT, "64-bit integer"},
       {"\"type\":\"int\"", "\"type\":\"float\"", WEFT_ERR_CORRUPT, "unknown type"},
@@ -135,8 +140,10 @@ Test(dcp, metadata_parser_accepts_the_format_and_rejects_each_broken_rule) {
       {"\"name\":\"r00001", "\"name\":\"../r00001", WEFT_ERR_CORRUPT, "plain file name"},
       {"\"rank\":1", "\"rank\":2", WEFT_ERR_CORRUPT, "rank"},
       {"\"offsets\":[0,0]", "\"offsets\":[-1,0]", WEFT_ERR_CORRUPT, "non-negative"},
-      {"\"shape\":[],\"chunks\":[", "\"shape\":[],\"chunks\":[{\"offsets\":[],\"sizes\":[],\"file\":1,"
-                                  "\"offset\":160,\"length\":8,\"crc32c\":[3]},", WEFT_ERR_CORRUPT, "overlaps"},
+      {"\"shape\":[],\"chunks\":[",
+       "\"shape\":[],\"chunks\":[{\"offsets\":[],\"sizes\":[],\"file\":1,"
+       "\"offset\":160,\"length\":8,\"crc32c\":[3]},",
+       WEFT_ERR_CORRUPT, "overlaps"},
       {"\"z\":{", "\"w\":{", WEFT_ERR_CORRUPT, "listed twice"},
       {"\"shape\":[0,3]", "\"shape\":[4611686018427387904,3]", WEFT_ERR_CORRUPT, "shape"},
       {"\"shape\":[0,3]", "\"shape\":[4294967296,4294967296]", WEFT_ERR_CORRUPT, "too large"},
@@ -148,8 +155,8 @@ Test(dcp, metadata_parser_accepts_the_format_and_rejects_each_broken_rule) {
     weft_status st = weft_dcp_metadata_check(s, strlen(s), "m");
     cr_expect_eq(st, cases[i].code, "case %zu (%s -> %s): %s: %s", i, cases[i].from, cases[i].to,
                  weft_status_str(st), weft_last_error());
-    cr_expect(strstr(weft_last_error(), cases[i].needle) != NULL, "case %zu: message lacks '%s': %s",
-              i, cases[i].needle, weft_last_error());
+    cr_expect(strstr(weft_last_error(), cases[i].needle) != NULL,
+              "case %zu: message lacks '%s': %s", i, cases[i].needle, weft_last_error());
     free(s);
   }
   /* trailing bytes, NUL bytes, truncation at every length */
@@ -301,11 +308,12 @@ Test(dcp, reader_rejects_missing_and_unusable_directories) {
   /* no data files: the read fails naming the file and tensor */
   cr_expect_eq(weft_dcp_read(ck, "w", (int64_t[]){0, 0}, (int64_t[]){4, 6}, buf, sizeof buf),
                WEFT_ERR_NOT_FOUND);
-  cr_expect(strstr(weft_last_error(), "tensor 'w'") && strstr(weft_last_error(), "is missing"), "%s",
-            weft_last_error());
+  cr_expect(strstr(weft_last_error(), "tensor 'w'") && strstr(weft_last_error(), "is missing"),
+            "%s", weft_last_error());
   cr_expect_eq(weft_dcp_read(ck, "w", (int64_t[]){0, 0}, (int64_t[]){5, 6}, buf, sizeof buf),
                WEFT_ERR_INVALID);
-  cr_expect_eq(weft_dcp_read(ck, "w", (int64_t[]){0, 0}, (int64_t[]){4, 6}, buf, 8), WEFT_ERR_INVALID);
+  cr_expect_eq(weft_dcp_read(ck, "w", (int64_t[]){0, 0}, (int64_t[]){4, 6}, buf, 8),
+               WEFT_ERR_INVALID);
   cr_expect_eq(weft_dcp_read(ck, "zz", NULL, NULL, buf, 8), WEFT_ERR_NOT_FOUND);
   int64_t bad = 0;
   cr_expect_neq(weft_dcp_verify(ck, &bad, NULL, NULL), WEFT_OK);
@@ -422,9 +430,9 @@ Test(dcp, rank_killed_mid_save_leaves_previous_checkpoint_and_rejects_the_new_on
   char *a = join(d, "A"), *b = join(d, "B"), *c = join(d, "C"), *e = join(d, "D");
   const char *pa[] = {a, b, NULL};
   cr_assert_eq(run(2, "fault_prep", pa, 60), 0);
-  fault("1:write", c);   /* rank 1 dies after writing part of its data */
-  fault("1:synced", e);  /* rank 1 dies after its data is durable, before the exchange */
-  fault("0:commit", b);  /* rank 0 dies before renaming the new metadata over B's */
+  fault("1:write", c);  /* rank 1 dies after writing part of its data */
+  fault("1:synced", e); /* rank 1 dies after its data is durable, before the exchange */
+  fault("0:commit", b); /* rank 0 dies before renaming the new metadata over B's */
   char *btmp = join(b, "metadata.json.tmp");
   cr_expect_eq(access(btmp, F_OK), 0, "the dead commit left no metadata.json.tmp");
   free(btmp);
@@ -561,7 +569,8 @@ static int lines(const char *s) {
 
 Test(dcp, weft_ckpt_inspects_verifies_and_converts, .timeout = 200) {
   char *d = mktmp("tool");
-  char *ck = join(d, "ck"), *st = join(d, "x.safetensors"), *ck2 = join(d, "ck2"), *bad = join(d, "bad");
+  char *ck = join(d, "ck"), *st = join(d, "x.safetensors"), *ck2 = join(d, "ck2"),
+       *bad = join(d, "bad");
   const char *a[] = {ck, NULL};
   cr_assert_eq(run(2, "tool_prep", a, 60), 0);
   char args[1024], *out = NULL;
@@ -598,10 +607,13 @@ Test(dcp, weft_ckpt_inspects_verifies_and_converts, .timeout = 200) {
     int64_t zero[8] = {0};
     for (int k = 0; k < ti.ndim; k++) nb *= (size_t)ti.shape[k];
     char *x = malloc(nb + 1), *y = malloc(nb + 1), *z = malloc(nb + 1);
-    cr_expect_eq(weft_dcp_read(c1, ti.name, zero, ti.shape, x, nb), WEFT_OK, "%s", weft_last_error());
-    cr_expect_eq(weft_dcp_read(c2, ti.name, zero, ti.shape, y, nb), WEFT_OK, "%s", weft_last_error());
-    cr_expect_eq(weft_safetensors_read(sf, ti.name, ti.dtype, z, (int64_t)(nb / weft_dtype_size(ti.dtype))),
-                 WEFT_OK, "%s", weft_last_error());
+    cr_expect_eq(weft_dcp_read(c1, ti.name, zero, ti.shape, x, nb), WEFT_OK, "%s",
+                 weft_last_error());
+    cr_expect_eq(weft_dcp_read(c2, ti.name, zero, ti.shape, y, nb), WEFT_OK, "%s",
+                 weft_last_error());
+    cr_expect_eq(
+        weft_safetensors_read(sf, ti.name, ti.dtype, z, (int64_t)(nb / weft_dtype_size(ti.dtype))),
+        WEFT_OK, "%s", weft_last_error());
     cr_expect(memcmp(x, y, nb) == 0 && memcmp(x, z, nb) == 0, "tensor %s differs", ti.name);
     free(x);
     free(y);
@@ -613,15 +625,22 @@ Test(dcp, weft_ckpt_inspects_verifies_and_converts, .timeout = 200) {
   /* bad input: one line, non-zero exit */
   snprintf(args, sizeof args, "cp -r '%s' '%s'", ck, bad);
   cr_assert_eq(sh(args), 0);
-  snprintf(args, sizeof args, "sh -c 'f=$(ls %s/*.data | head -1); printf x | dd of=$f bs=1 seek=200 "
-           "conv=notrunc 2>/dev/null'", bad);
+  snprintf(args, sizeof args,
+           "sh -c 'f=$(ls %s/*.data | head -1); printf x | dd of=$f bs=1 seek=200 "
+           "conv=notrunc 2>/dev/null'",
+           bad);
   cr_assert_eq(sh(args), 0);
   snprintf(args, sizeof args, "verify '%s'", bad);
   cr_expect_eq(tool(args, &out), 1, "%s", out);
   cr_expect(strstr(out, "checksum mismatch"), "%s", out);
   free(out);
-  const char *bads[] = {"", "frobnicate x", "inspect", "inspect /nonexistent/ckpt", "verify /nonexistent",
-                        "to-safetensors /nonexistent /tmp/x.st", "from-safetensors /nonexistent/x.st /tmp/y"};
+  const char *bads[] = {"",
+                        "frobnicate x",
+                        "inspect",
+                        "inspect /nonexistent/ckpt",
+                        "verify /nonexistent",
+                        "to-safetensors /nonexistent /tmp/x.st",
+                        "from-safetensors /nonexistent/x.st /tmp/y"};
   for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
     int rc = tool(bads[i], &out);
     cr_expect_neq(rc, 0, "'weft-ckpt %s' exited 0", bads[i]);

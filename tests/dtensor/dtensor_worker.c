@@ -104,8 +104,8 @@ static void case_property(void) {
       WCHECK(st == WEFT_OK, "spec: %s", weft_last_error());
       char desc[768], base[600];
       ref_case_describe(&sa, b, base, sizeof base);
-      snprintf(desc, sizeof desc, "[seed %llu mesh %s case %d src %d] %s",
-               (unsigned long long)seed, tok, it, src, base);
+      snprintf(desc, sizeof desc, "[seed %llu mesh %s case %d src %d] %s", (unsigned long long)seed,
+               tok, it, src, base);
       weft_dtensor *da = NULL, *db = NULL;
       /* the source may pass the tensor; others pass NULL half of the time */
       const weft_tensor *arg = x;
@@ -171,7 +171,8 @@ static int64_t piece(weft_reduce_op op, uint64_t seed, int64_t g, int pc, int pc
       int64_t d = ref_rng_int(&q, 0, 5);
       return op == WEFT_OP_MAX ? base - d : base + d;
     }
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
@@ -243,9 +244,12 @@ static void case_partial(void) {
         for (int pc = 0; pc < npc; pc++) {
           int pc1 = pc / (npc / mshape[pdims[0]]);
           double v = (double)piece(op, pseed, g, pc, pc1, mshape[pdims[0]], uns);
-          if (op == WEFT_OP_MAX) acc = v > acc ? v : acc;
-          else if (op == WEFT_OP_MIN) acc = v < acc ? v : acc;
-          else acc += v;
+          if (op == WEFT_OP_MAX)
+            acc = v > acc ? v : acc;
+          else if (op == WEFT_OP_MIN)
+            acc = v < acc ? v : acc;
+          else
+            acc += v;
         }
         if (op == WEFT_OP_AVG) acc /= npc;
         int64_t idx[4], rem = g;
@@ -356,13 +360,14 @@ static void expect_move(weft_mesh *mesh, const char *from, const char *to, int64
   weft_comm_count c = delta(mesh, 0, kind, c0);
   weft_comm_count all = weft_comm_stats_dim(mesh, 0);
   if (kind == WEFT_COLL_KIND_COUNT) {
-    WCHECK(all.calls == tot0.calls, "%s -> %s: expected no communication, got %lld calls", from,
-           to, (long long)(all.calls - tot0.calls));
+    WCHECK(all.calls == tot0.calls, "%s -> %s: expected no communication, got %lld calls", from, to,
+           (long long)(all.calls - tot0.calls));
   } else {
-    WCHECK(c.calls == 1 && c.bytes == bytes && all.calls - tot0.calls == 1,
-           "%s -> %s [%lld x %lld]: %lld calls / %lld bytes of %s (want 1 / %lld), %lld calls in all",
-           from, to, (long long)rows, (long long)cols, (long long)c.calls, (long long)c.bytes,
-           weft_coll_kind_name(kind), (long long)bytes, (long long)(all.calls - tot0.calls));
+    WCHECK(
+        c.calls == 1 && c.bytes == bytes && all.calls - tot0.calls == 1,
+        "%s -> %s [%lld x %lld]: %lld calls / %lld bytes of %s (want 1 / %lld), %lld calls in all",
+        from, to, (long long)rows, (long long)cols, (long long)c.calls, (long long)c.bytes,
+        weft_coll_kind_name(kind), (long long)bytes, (long long)(all.calls - tot0.calls));
   }
   if (db && !partial) check_local(db, x, "move", from);
   weft_dtensor_destroy(db);
@@ -463,8 +468,8 @@ static void case_comm(void) {
       weft_dtensor_destroy(da);
     }
     weft_plan_cache_stats cs = weft_redistribute_plan_cache_stats();
-    WCHECK(cs.misses == 1 && cs.hits == 2, "plan cache: %lld misses %lld hits", (long long)cs.misses,
-           (long long)cs.hits);
+    WCHECK(cs.misses == 1 && cs.hits == 2, "plan cache: %lld misses %lld hits",
+           (long long)cs.misses, (long long)cs.hits);
     weft_tensor_destroy(x);
   }
   WOK(weft_mesh_destroy(mesh));
@@ -572,8 +577,8 @@ static void elementwise_case(weft_mesh *mesh, bool add, const char *pa, const ch
     char got[128], exp[128];
     weft_placements_describe(weft_dtensor_placements(dc), k, got, sizeof got);
     weft_placements_describe(lo, k, exp, sizeof exp);
-    WCHECK(strcmp(got, exp) == 0, "%s %s, %s: output %s, want %s", add ? "add" : "mul", pa, pb,
-           got, exp);
+    WCHECK(strcmp(got, exp) == 0, "%s %s, %s: output %s, want %s", add ? "add" : "mul", pa, pb, got,
+           exp);
     weft_tensor *full = NULL;
     WOK(weft_dtensor_full_tensor(dc, &full));
     for (int64_t i = 0; full && i < 30; i++) {
@@ -604,7 +609,8 @@ static void reduce_case(weft_mesh *mesh, bool mean, const char *pa, int dim, boo
   weft_placements_parse(want_out, lo, 8, &n);
   weft_dtensor *da = NULL, *dc = NULL;
   WOK(weft_dtensor_distribute(mesh, A, WEFT_DTENSOR_ALL_RANKS, la, k, &da));
-  if (da) WOK(mean ? weft_dtensor_mean(da, dim, keepdim, &dc) : weft_dtensor_sum(da, dim, keepdim, &dc));
+  if (da)
+    WOK(mean ? weft_dtensor_mean(da, dim, keepdim, &dc) : weft_dtensor_sum(da, dim, keepdim, &dc));
   if (dc) {
     char got[128], exp[128];
     weft_placements_describe(weft_dtensor_placements(dc), k, got, sizeof got);
@@ -765,8 +771,7 @@ static void case_errors(void) {
     weft_dtensor_destroy(o);
     if (other) WOK(weft_mesh_destroy(other));
     /* shape errors of ops */
-    expect_err(weft_dtensor_matmul(d, d, &r), WEFT_ERR_INVALID, "matmul 4x6 @ 4x6",
-               "contracting");
+    expect_err(weft_dtensor_matmul(d, d, &r), WEFT_ERR_INVALID, "matmul 4x6 @ 4x6", "contracting");
     expect_err(weft_dtensor_sum(d, 2, false, &r), WEFT_ERR_INVALID, "sum dim 2", "out of range");
     /* from_local with a wrong local shape (no debug): this rank's own check */
     weft_tensor *l3;
@@ -912,7 +917,8 @@ static void case_into_cache(void) {
   /* cache: repeated same-size redistributes reuse blocks */
   weft_mem_stats m0 = weft_mem_get(WEFT_CPU);
   weft_dtensor_set_buffer_cache((size_t)64 << 20);
-  weft_placement S0[2] = {weft_shard(0), weft_replicate()}, S1[2] = {weft_replicate(), weft_shard(1)};
+  weft_placement S0[2] = {weft_shard(0), weft_replicate()},
+                 S1[2] = {weft_replicate(), weft_shard(1)};
   weft_dtensor *da = NULL;
   WOK(weft_dtensor_distribute(mesh, x, WEFT_DTENSOR_ALL_RANKS, S0, 2, &da));
   int64_t allocs_first = 0;
@@ -925,8 +931,9 @@ static void case_into_cache(void) {
     weft_mem_stats after = weft_mem_get(WEFT_CPU);
     int64_t n = after.alloc_count - before.alloc_count;
     if (it == 0) allocs_first = n;
-    if (it >= 2) WCHECK(n < allocs_first, "call %d made %lld allocations, the first %lld", it,
-                        (long long)n, (long long)allocs_first);
+    if (it >= 2)
+      WCHECK(n < allocs_first, "call %d made %lld allocations, the first %lld", it, (long long)n,
+             (long long)allocs_first);
   }
   weft_dtensor_destroy(da);
   weft_dtensor_set_buffer_cache(0);
@@ -936,7 +943,6 @@ static void case_into_cache(void) {
   weft_tensor_destroy(x);
   WOK(weft_mesh_destroy(mesh));
 }
-
 
 /* ---------------------------------------------------------- partition */
 
@@ -988,7 +994,8 @@ static void case_partition(void) {
     ref_rng_seed(&r, seed + (uint64_t)t);
     for (int64_t e = 0; e < numel; e++) {
       double u = (double)(ref_rng_next(&r) >> 11) * 0x1p-53;
-      double v = (0.5 + u) * ldexp(1.0, ref_rng_int(&r, -30, 30)) * (ref_rng_int(&r, 0, 1) ? 1 : -1);
+      double v =
+          (0.5 + u) * ldexp(1.0, ref_rng_int(&r, -30, 30)) * (ref_rng_int(&r, 0, 1) ? 1 : -1);
       int64_t idx[2] = {e / shape[1], e % shape[1]};
       weft_tensor_set(x, idx, v);
     }
@@ -1033,9 +1040,11 @@ static void case_partition(void) {
              "%s %s: %lld partials != x/3, %lld sums != reference, %lld off by > 1 ulp",
              weft_dtype_name(dt), sname, (long long)bad_q, (long long)bad_sum, (long long)off_ulp);
       if (weft_worker_rank == 0)
-        printf("partition %s %s on 1x3: %lld elements, partials == x/3: %lld, R->P->R != x "
-               "(within 1 ulp): %lld\n", weft_dtype_name(dt), sname, (long long)numel,
-               (long long)(numel - bad_q), (long long)not_x);
+        printf(
+            "partition %s %s on 1x3: %lld elements, partials == x/3: %lld, R->P->R != x "
+            "(within 1 ulp): %lld\n",
+            weft_dtype_name(dt), sname, (long long)numel, (long long)(numel - bad_q),
+            (long long)not_x);
       weft_dtensor_destroy(a);
       weft_dtensor_destroy(p);
       weft_dtensor_destroy(back);
@@ -1046,8 +1055,9 @@ static void case_partition(void) {
     WOK(weft_dtensor_distribute(mesh, x, 0, R, 2, &a));
     if (a) WOK(weft_dtensor_redistribute(a, S1, 2, &sh));
     if (sh) WOK(weft_dtensor_redistribute(sh, R, 2, &back));
-    if (back) WCHECK(weft_tensor_equal(weft_dtensor_local(back), x), "%s R -> S(1) -> R not bitwise",
-                     weft_dtype_name(dt));
+    if (back)
+      WCHECK(weft_tensor_equal(weft_dtensor_local(back), x), "%s R -> S(1) -> R not bitwise",
+             weft_dtype_name(dt));
     weft_dtensor_destroy(a);
     weft_dtensor_destroy(sh);
     weft_dtensor_destroy(back);

@@ -67,8 +67,7 @@ Test(dtensor, bad_input_fails_on_every_rank, .timeout = 60) {
 }
 Test(dtensor, from_local_mismatch_under_debug_fails_on_every_rank, .timeout = 60) {
   const char *env[] = {"WEFT_DEBUG=1", NULL};
-  cr_assert_eq(weft_test_mpiexec_env(4, WORKER("dtensor_worker"), "debug_from_local", 50, env),
-               0);
+  cr_assert_eq(weft_test_mpiexec_env(4, WORKER("dtensor_worker"), "debug_from_local", 50, env), 0);
 }
 
 /* RNG fills by global index agree with filling the full tensor. */

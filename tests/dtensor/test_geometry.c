@@ -95,8 +95,8 @@ Test(dtensor_geometry, nested_shards_match_pytorch_docstring) {
     cr_assert_eq(weft_dtensor_spec_local_shape(&s, c, ls, off, &contig), WEFT_OK);
     cr_assert(contig);
     cr_assert(ls[0] == want_shape[r][0] && ls[1] == want_shape[r][1], "rank %d shape", r);
-    cr_assert(off[0] == want_off[r][0] && off[1] == want_off[r][1], "rank %d offset %lld,%lld",
-              r, (long long)off[0], (long long)off[1]);
+    cr_assert(off[0] == want_off[r][0] && off[1] == want_off[r][1], "rank %d offset %lld,%lld", r,
+              (long long)off[0], (long long)off[1]);
   }
 }
 
@@ -173,8 +173,8 @@ Test(dtensor_geometry, random_specs_match_reference_for_every_rank) {
   unsigned long seed = weft_test_seed(20240611);
   ref_rng r;
   ref_rng_seed(&r, seed);
-  static const int meshes[][4] = {{1, 1}, {1, 2}, {1, 3}, {1, 4}, {2, 1, 4}, {2, 2, 2},
-                                  {2, 2, 3}, {2, 4, 2}, {3, 2, 2, 2}, {3, 3, 2, 2}};
+  static const int meshes[][4] = {{1, 1},    {1, 2},    {1, 3},    {1, 4},       {2, 1, 4},
+                                  {2, 2, 2}, {2, 2, 3}, {2, 4, 2}, {3, 2, 2, 2}, {3, 3, 2, 2}};
   int checked = 0;
   for (int it = 0; it < 3000; it++) {
     const int *m = meshes[ref_rng_int(&r, 0, 9)];
@@ -186,8 +186,8 @@ Test(dtensor_geometry, random_specs_match_reference_for_every_rank) {
     weft_placement pl[4];
     ref_random_placements(&r, k, mshape, nd, pl);
     weft_dtensor_spec s;
-    cr_assert_eq(weft_dtensor_spec_init(&s, k, mshape, pl, k, WEFT_F32, nd, shape), WEFT_OK,
-                 "%s", weft_last_error());
+    cr_assert_eq(weft_dtensor_spec_init(&s, k, mshape, pl, k, WEFT_F32, nd, shape), WEFT_OK, "%s",
+                 weft_last_error());
     int total = 1;
     for (int i = 0; i < k; i++) total *= mshape[i];
     for (int rank = 0; rank < total; rank++) {
@@ -208,8 +208,8 @@ Test(dtensor_geometry, random_specs_match_reference_for_every_rank) {
         cr_assert_eq(weft_dtensor_spec_ranges(&s, c, d, rg, 64, &nr), WEFT_OK);
         char desc[512];
         ref_case_describe(&s, NULL, desc, sizeof desc);
-        cr_assert_eq(ls[d], n, "seed %lu it %d %s rank %d dim %d: %lld vs ref %lld", seed, it,
-                     desc, rank, d, (long long)ls[d], (long long)n);
+        cr_assert_eq(ls[d], n, "seed %lu it %d %s rank %d dim %d: %lld vs ref %lld", seed, it, desc,
+                     rank, d, (long long)ls[d], (long long)n);
         /* expand the runs and compare index by index */
         int64_t at = 0;
         for (int q = 0; q < nr && q < 64; q++)
@@ -304,9 +304,11 @@ Test(dtensor_geometry, local_boxes_tile_the_shard_as_the_reference_says) {
       }
       weft_local_box *lb = NULL;
       int64_t nb = -1;
-      cr_assert_eq(weft_dtensor_spec_local_boxes(&s, c, &lb, &nb), WEFT_OK, "%s", weft_last_error());
-      if (lnumel == 0) cr_assert(nb == 0 && lb == NULL, "seed %lu %s rank %d: empty shard gives %lld",
-                                 seed, desc, rank, (long long)nb);
+      cr_assert_eq(weft_dtensor_spec_local_boxes(&s, c, &lb, &nb), WEFT_OK, "%s",
+                   weft_last_error());
+      if (lnumel == 0)
+        cr_assert(nb == 0 && lb == NULL, "seed %lu %s rank %d: empty shard gives %lld", seed, desc,
+                  rank, (long long)nb);
       char *seen = calloc((size_t)lnumel + 1, 1);
       int64_t vol = 0;
       for (int64_t b = 0; b < nb; b++) {
@@ -316,7 +318,8 @@ Test(dtensor_geometry, local_boxes_tile_the_shard_as_the_reference_says) {
         vol += v;
         for (int d = 0; d < nd; d++)
           for (int64_t i = 0; i < x->global.size[d]; i++)
-            cr_assert(x->local_start[d] + i < n[d] && idx[d][x->local_start[d] + i] == x->global.off[d] + i,
+            cr_assert(x->local_start[d] + i < n[d] &&
+                          idx[d][x->local_start[d] + i] == x->global.off[d] + i,
                       "seed %lu %s rank %d piece %lld dim %d: local %lld is not global %lld", seed,
                       desc, rank, (long long)b, d, (long long)(x->local_start[d] + i),
                       (long long)(x->global.off[d] + i));
@@ -340,7 +343,8 @@ Test(dtensor_geometry, local_boxes_tile_the_shard_as_the_reference_says) {
       for (int d = 0; d < nd; d++) free(idx[d]);
     }
   }
-  cr_assert_gt(multi, 50, "strided shards should give several pieces (%lld cases)", (long long)multi);
+  cr_assert_gt(multi, 50, "strided shards should give several pieces (%lld cases)",
+               (long long)multi);
   cr_log_info("%lld pieces, %lld shards of several", (long long)pieces, (long long)multi);
   int c3[2] = {0, 3};
   int m13[2] = {1, 3};
@@ -371,7 +375,8 @@ Test(dtensor_geometry, box_volume_equal_intersect_match_brute_force) {
       va *= a.size[d];
       int64_t c = 0;
       for (int64_t i = 0; i < 12; i++)
-        c += (i >= a.off[d] && i < a.off[d] + a.size[d]) && (i >= b.off[d] && i < b.off[d] + b.size[d]);
+        c += (i >= a.off[d] && i < a.off[d] + a.size[d]) &&
+             (i >= b.off[d] && i < b.off[d] + b.size[d]);
       common *= c;
       same = same && a.off[d] == b.off[d] && a.size[d] == b.size[d];
     }
@@ -423,10 +428,11 @@ Test(dtensor_geometry, single_dim_moves_are_one_direct_collective) {
   struct {
     const char *from, *to;
     weft_coll_kind coll;
-  } cases[] = {{"S(0)", "R", WEFT_COLL_ALL_GATHER},     {"S(0)", "S(1)", WEFT_COLL_ALL_TO_ALL},
-               {"R", "S(1)", WEFT_COLL_KIND_COUNT},     {"P(sum)", "R", WEFT_COLL_ALL_REDUCE},
-               {"P(max)", "S(0)", WEFT_COLL_REDUCE_SCATTER}, {"S(1)", "R", WEFT_COLL_ALL_GATHER},
-               {"SS(0,2)", "R", WEFT_COLL_ALL_GATHER},  {"SS(0,2)", "S(0)", WEFT_COLL_ALL_TO_ALL}};
+  } cases[] = {
+      {"S(0)", "R", WEFT_COLL_ALL_GATHER},          {"S(0)", "S(1)", WEFT_COLL_ALL_TO_ALL},
+      {"R", "S(1)", WEFT_COLL_KIND_COUNT},          {"P(sum)", "R", WEFT_COLL_ALL_REDUCE},
+      {"P(max)", "S(0)", WEFT_COLL_REDUCE_SCATTER}, {"S(1)", "R", WEFT_COLL_ALL_GATHER},
+      {"SS(0,2)", "R", WEFT_COLL_ALL_GATHER},       {"SS(0,2)", "S(0)", WEFT_COLL_ALL_TO_ALL}};
   for (unsigned i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     weft_placement pl[1];
     int n;
@@ -515,8 +521,8 @@ Test(dtensor_geometry, every_random_pair_has_a_plan) {
   unsigned long seed = weft_test_seed(4242);
   ref_rng r;
   ref_rng_seed(&r, seed);
-  static const int meshes[][4] = {{1, 1}, {1, 2}, {1, 4}, {2, 1, 4}, {2, 2, 2}, {2, 2, 3},
-                                  {3, 2, 2, 2}};
+  static const int meshes[][4] = {{1, 1},    {1, 2},    {1, 4},      {2, 1, 4},
+                                  {2, 2, 2}, {2, 2, 3}, {3, 2, 2, 2}};
   for (int it = 0; it < 600; it++) {
     const int *m = meshes[ref_rng_int(&r, 0, 6)];
     int k = m[0];

@@ -26,10 +26,10 @@ extern char **environ;
 #define PLAN WEFT_EXAMPLES_DIR "/weft-plan"
 
 typedef struct run_out {
-  int rc;       /* exit status, 128 + signal, or -1 */
-  double secs;  /* wall time */
-  char *out;    /* stdout (malloc'ed) */
-  char *err;    /* stderr */
+  int rc;      /* exit status, 128 + signal, or -1 */
+  double secs; /* wall time */
+  char *out;   /* stdout (malloc'ed) */
+  char *err;   /* stderr */
 } run_out;
 
 static char *slurp(const char *path) {
@@ -120,8 +120,10 @@ static bool read_json_last(const char *path, double *loss, double *val_loss, int
   if (last) *loss = strtod(last + 7, NULL);
   char *v = NULL;
   for (char *p = t; (p = strstr(p, "\"val_loss\":")); p++) v = p;
-  if (v) *val_loss = strtod(v + 11, NULL);
-  else ok = false;
+  if (v)
+    *val_loss = strtod(v + 11, NULL);
+  else
+    ok = false;
   free(t);
   return ok;
 }
@@ -131,7 +133,8 @@ static bool read_json_last(const char *path, double *loss, double *val_loss, int
 Test(examples, train_2x2_reaches_the_1_rank_loss, .timeout = 120) {
   const char *j1 = "/tmp/weft-test-examples-1rank.jsonl", *j4 = "/tmp/weft-test-examples-2x2.jsonl";
   const char *a1[] = {"--steps", "12", "--val-every", "6", "--log-json", j1, NULL};
-  const char *a4[] = {"--mesh", "dp=2,tp=2", "--steps", "12", "--val-every", "6", "--log-json", j4, NULL};
+  const char *a4[] = {"--mesh", "dp=2,tp=2",  "--steps", "12", "--val-every",
+                      "6",      "--log-json", j4,        NULL};
   run_out r1 = run(1, TRAIN, a1, 50);
   cr_assert_eq(r1.rc, 0, "1-rank run failed (rc %d): %s", r1.rc, r1.err);
   run_out r4 = run(4, TRAIN, a4, 90);
@@ -146,7 +149,8 @@ Test(examples, train_2x2_reaches_the_1_rank_loss, .timeout = 120) {
   cr_assert(fabs(v4 - v1) <= 0.01 * v1, "held-out loss 2x2 %.6f vs 1 rank %.6f (> 1%%)", v4, v1);
   /* it learns: well below ln V = ln 64 = 4.159 after 12 steps */
   cr_assert(l1 < 3.6 && v1 < 3.6, "the demo model did not learn: loss %.4f, held-out %.4f", l1, v1);
-  cr_assert(strstr(r4.out, "summary") && strstr(r4.out, "held-out accuracy"), "no summary:\n%s", r4.out);
+  cr_assert(strstr(r4.out, "summary") && strstr(r4.out, "held-out accuracy"), "no summary:\n%s",
+            r4.out);
   cr_assert(strstr(r4.out, "step   12/12") != NULL, "no step lines:\n%s", r4.out);
   /* the 2x2 run communicates on both dims */
   cr_assert(strstr(r4.out, " dp ") && strstr(r4.out, " tp "), "no per-dim comm:\n%s", r4.out);
@@ -180,7 +184,8 @@ static void expect_error(int nranks, const char *const *args, const char *needle
   cr_expect(r.secs < 25, "[%s] took %.1f s", needle, r.secs);
   cr_expect_eq(count_lines(r.err), 1, "[%s] want one line on stderr, got:\n%s", needle, r.err);
   cr_expect(strstr(r.err, needle) != NULL, "[%s] not in stderr:\n%s", needle, r.err);
-  cr_expect(strstr(r.err, "weft-train: error:") != NULL, "[%s] no error prefix:\n%s", needle, r.err);
+  cr_expect(strstr(r.err, "weft-train: error:") != NULL, "[%s] no error prefix:\n%s", needle,
+            r.err);
   run_free(&r);
 }
 
@@ -211,13 +216,39 @@ Test(examples, train_help_documents_every_flag, .timeout = 30) {
   const char *a[] = {"--help", NULL};
   run_out r = run(1, TRAIN, a, 20);
   cr_assert_eq(r.rc, 0);
-  static const char *const flags[] = {
-      "--mesh", "--model", "--dim", "--layers", "--heads", "--kv-heads", "--ffn-dim", "--vocab",
-      "--seq-len", "--steps", "--batch", "--grad-accum", "--lr", "--warmup", "--weight-decay",
-      "--clip", "--seed", "--dtype", "--reshard-after-forward", "--sequence-parallel",
-      "--device", "--data", "--val-data", "--text", "--save", "--save-every", "--resume",
-      "--export-safetensors", "--init-from", "--log-json", NULL};
-  for (int i = 0; flags[i]; i++) cr_expect(strstr(r.out, flags[i]) != NULL, "--help lacks %s", flags[i]);
+  static const char *const flags[] = {"--mesh",
+                                      "--model",
+                                      "--dim",
+                                      "--layers",
+                                      "--heads",
+                                      "--kv-heads",
+                                      "--ffn-dim",
+                                      "--vocab",
+                                      "--seq-len",
+                                      "--steps",
+                                      "--batch",
+                                      "--grad-accum",
+                                      "--lr",
+                                      "--warmup",
+                                      "--weight-decay",
+                                      "--clip",
+                                      "--seed",
+                                      "--dtype",
+                                      "--reshard-after-forward",
+                                      "--sequence-parallel",
+                                      "--device",
+                                      "--data",
+                                      "--val-data",
+                                      "--text",
+                                      "--save",
+                                      "--save-every",
+                                      "--resume",
+                                      "--export-safetensors",
+                                      "--init-from",
+                                      "--log-json",
+                                      NULL};
+  for (int i = 0; flags[i]; i++)
+    cr_expect(strstr(r.out, flags[i]) != NULL, "--help lacks %s", flags[i]);
   run_free(&r);
 }
 
@@ -239,11 +270,13 @@ Test(examples, train_flag_variants_run_and_learn, .timeout = 120) {
     argv[n++] = "/tmp/weft-test-examples-v.jsonl";
     argv[n] = NULL;
     run_out r = run(2, TRAIN, argv, 60);
-    cr_expect_eq(r.rc, 0, "variant %zu (%s %s) failed: %s", v, variants[v][0], variants[v][1], r.err);
+    cr_expect_eq(r.rc, 0, "variant %zu (%s %s) failed: %s", v, variants[v][0], variants[v][1],
+                 r.err);
     double l = 0, vl = 0;
     int lines = 0;
     cr_expect(read_json_last("/tmp/weft-test-examples-v.jsonl", &l, &vl, &lines));
-    cr_expect(l < 4.0 && vl < 4.0, "variant %zu does not learn: loss %.4f, held-out %.4f", v, l, vl);
+    cr_expect(l < 4.0 && vl < 4.0, "variant %zu does not learn: loss %.4f, held-out %.4f", v, l,
+              vl);
     run_free(&r);
   }
   unlink("/tmp/weft-test-examples-v.jsonl");
@@ -269,7 +302,8 @@ Test(examples, train_reads_llm_c_bin_and_text_files, .timeout = 120) {
   write_bin(bin, 4000, 20240520, 64);
   write_bin(badb, 4000, 12345, 64);
   FILE *f = fopen(txt, "w");
-  for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d\n", i % 10);
+  for (int i = 0; i < 200; i++)
+    fprintf(f, "the quick brown fox jumps over the lazy dog %d\n", i % 10);
   fclose(f);
   const char *a1[] = {"--mesh", "dp=2", "--data", bin, "--steps", "4", NULL};
   run_out r = run(2, TRAIN, a1, 50);
@@ -292,8 +326,21 @@ Test(examples, train_reads_llm_c_bin_and_text_files, .timeout = 120) {
 Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_model, .timeout = 150) {
   const char *dir = "/tmp/weft-test-examples-ckpt", *st = "/tmp/weft-test-examples.safetensors";
   system("rm -rf /tmp/weft-test-examples-ckpt");
-  const char *a1[] = {"--mesh", "dp=2", "--steps", "4", "--save", dir, "--save-every", "2",
-                      "--export-safetensors", st, "--warmup", "0", "--min-lr", "0.003", NULL};
+  const char *a1[] = {"--mesh",
+                      "dp=2",
+                      "--steps",
+                      "4",
+                      "--save",
+                      dir,
+                      "--save-every",
+                      "2",
+                      "--export-safetensors",
+                      st,
+                      "--warmup",
+                      "0",
+                      "--min-lr",
+                      "0.003",
+                      NULL};
   run_out r = run(2, TRAIN, a1, 60);
   cr_assert_eq(r.rc, 0, "save run failed: %s", r.err);
   run_free(&r);
@@ -302,12 +349,13 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
   /* constant lr (no warmup, min-lr = lr): saving after 4 of 4 steps and
    * resuming to 6 is the same run as 6 steps straight */
   const char *j6 = "/tmp/weft-test-examples-6.jsonl", *jr = "/tmp/weft-test-examples-r.jsonl";
-  const char *a2[] = {"--mesh", "tp=2", "--steps", "6", "--resume", dir, "--warmup", "0",
-                      "--min-lr", "0.003", "--log-json", jr, NULL};
+  const char *a2[] = {"--mesh", "tp=2",     "--steps", "6",          "--resume", dir, "--warmup",
+                      "0",      "--min-lr", "0.003",   "--log-json", jr,         NULL};
   r = run(2, TRAIN, a2, 60);
   cr_expect_eq(r.rc, 0, "resume failed: %s", r.err);
   cr_expect(strstr(r.out, "resumed from") && strstr(r.out, "at step 4"), "%s", r.out);
-  cr_expect(strstr(r.out, "step    5/6") != NULL, "resumed run did not start at step 5:\n%s", r.out);
+  cr_expect(strstr(r.out, "step    5/6") != NULL, "resumed run did not start at step 5:\n%s",
+            r.out);
   run_free(&r);
   const char *a5[] = {"--steps", "6", "--warmup", "0", "--min-lr", "0.003", "--log-json", j6, NULL};
   r = run(1, TRAIN, a5, 60);
@@ -318,7 +366,8 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
   cr_expect(read_json_last(j6, &l6, &v6, &n6));
   cr_expect(read_json_last(jr, &lr6, &vr, &nr));
   cr_expect_eq(nr, 2, "the resumed run should log steps 5 and 6 only, got %d lines", nr);
-  cr_expect(fabs(l6 - lr6) <= 1e-4 * l6, "step 6 loss: resumed on tp=2 %.7f vs straight on 1 rank %.7f", lr6, l6);
+  cr_expect(fabs(l6 - lr6) <= 1e-4 * l6,
+            "step 6 loss: resumed on tp=2 %.7f vs straight on 1 rank %.7f", lr6, l6);
   cr_expect(fabs(v6 - vr) <= 1e-4 * v6, "held-out loss: resumed %.7f vs straight %.7f", vr, v6);
   unlink(j6);
   unlink(jr);
@@ -345,19 +394,19 @@ static int read_json_losses(const char *path, double *loss, int cap) {
   return n;
 }
 
-Test(examples, train_gpt2_with_dropout_follows_the_1_rank_curve_on_2x2_and_2x2x2,
-     .timeout = 200) {
+Test(examples, train_gpt2_with_dropout_follows_the_1_rank_curve_on_2x2_and_2x2x2, .timeout = 200) {
   enum { STEPS = 6 };
   const char *j1 = "/tmp/weft-test-examples-gpt2-1.jsonl";
   const char *j4 = "/tmp/weft-test-examples-gpt2-4.jsonl";
   const char *j8 = "/tmp/weft-test-examples-gpt2-8.jsonl";
-  const char *a1[] = {"--model", "gpt2-demo", "--steps", "6", "--dropout", "0.1", "--val-every",
-                      "0", "--log-json", j1, NULL};
-  const char *a4[] = {"--model", "gpt2-demo", "--mesh", "dp=2,tp=2", "--sequence-parallel",
-                      "--steps", "6", "--dropout", "0.1", "--val-every", "0", "--log-json", j4,
-                      NULL};
-  const char *a8[] = {"--model", "gpt2-demo", "--mesh", "dp_replicate=2,dp_shard=2,tp=2",
-                      "--steps", "6", "--dropout", "0.1", "--val-every", "0", "--log-json", j8,
+  const char *a1[] = {"--model",     "gpt2-demo", "--steps",    "6", "--dropout", "0.1",
+                      "--val-every", "0",         "--log-json", j1,  NULL};
+  const char *a4[] = {"--model", "gpt2-demo",  "--mesh",    "dp=2,tp=2", "--sequence-parallel",
+                      "--steps", "6",          "--dropout", "0.1",       "--val-every",
+                      "0",       "--log-json", j4,          NULL};
+  const char *a8[] = {"--model",     "gpt2-demo", "--mesh",     "dp_replicate=2,dp_shard=2,tp=2",
+                      "--steps",     "6",         "--dropout",  "0.1",
+                      "--val-every", "0",         "--log-json", j8,
                       NULL};
   run_out r1 = run(1, TRAIN, a1, 60), r4 = run(4, TRAIN, a4, 80), r8 = run(8, TRAIN, a8, 120);
   cr_assert_eq(r1.rc, 0, "1 rank: %s", r1.err);
@@ -368,11 +417,10 @@ Test(examples, train_gpt2_with_dropout_follows_the_1_rank_curve_on_2x2_and_2x2x2
   cr_assert_eq(read_json_losses(j1, l1, STEPS), STEPS);
   cr_assert_eq(read_json_losses(j4, l4, STEPS), STEPS);
   cr_assert_eq(read_json_losses(j8, l8, STEPS), STEPS);
-  cr_expect(l1[STEPS - 1] < l1[0] - 0.2, "GPT-2 did not learn: %.4f -> %.4f", l1[0],
-            l1[STEPS - 1]);
+  cr_expect(l1[STEPS - 1] < l1[0] - 0.2, "GPT-2 did not learn: %.4f -> %.4f", l1[0], l1[STEPS - 1]);
   for (int s = 0; s < STEPS; s++) {
-    cr_expect(fabs(l4[s] - l1[s]) <= 1e-5 * l1[s], "step %d: 2x2 %.7f vs 1 rank %.7f", s + 1,
-              l4[s], l1[s]);
+    cr_expect(fabs(l4[s] - l1[s]) <= 1e-5 * l1[s], "step %d: 2x2 %.7f vs 1 rank %.7f", s + 1, l4[s],
+              l1[s]);
     cr_expect(fabs(l8[s] - l1[s]) <= 1e-5 * l1[s], "step %d: 2x2x2 %.7f vs 1 rank %.7f", s + 1,
               l8[s], l1[s]);
   }
@@ -387,22 +435,25 @@ Test(examples, train_gpt2_with_dropout_follows_the_1_rank_curve_on_2x2_and_2x2x2
 Test(examples, train_gpt2_checkpoint_resumes_on_another_mesh, .timeout = 150) {
   const char *dir = "/tmp/weft-test-examples-gpt2-ckpt";
   system("rm -rf /tmp/weft-test-examples-gpt2-ckpt");
-  const char *a1[] = {"--model", "gpt2-demo", "--mesh", "dp=2,tp=2", "--steps", "3", "--dropout",
-                      "0.1", "--warmup", "0", "--min-lr", "0.003", "--val-every", "0", "--save",
-                      dir, NULL};
+  const char *a1[] = {"--model",     "gpt2-demo", "--mesh",   "dp=2,tp=2", "--steps",  "3",
+                      "--dropout",   "0.1",       "--warmup", "0",         "--min-lr", "0.003",
+                      "--val-every", "0",         "--save",   dir,         NULL};
   run_out r = run(4, TRAIN, a1, 80);
   cr_assert_eq(r.rc, 0, "save run failed: %s", r.err);
   run_free(&r);
-  const char *jr = "/tmp/weft-test-examples-gpt2-r.jsonl", *js = "/tmp/weft-test-examples-gpt2-s.jsonl";
-  const char *a2[] = {"--model", "gpt2-demo", "--mesh", "tp=2", "--steps", "6", "--dropout", "0.1",
-                      "--warmup", "0", "--min-lr", "0.003", "--val-every", "0", "--resume", dir,
-                      "--log-json", jr, NULL};
+  const char *jr = "/tmp/weft-test-examples-gpt2-r.jsonl",
+             *js = "/tmp/weft-test-examples-gpt2-s.jsonl";
+  const char *a2[] = {"--model",     "gpt2-demo", "--mesh",   "tp=2", "--steps",    "6",
+                      "--dropout",   "0.1",       "--warmup", "0",    "--min-lr",   "0.003",
+                      "--val-every", "0",         "--resume", dir,    "--log-json", jr,
+                      NULL};
   r = run(2, TRAIN, a2, 60);
   cr_expect_eq(r.rc, 0, "resume failed: %s", r.err);
   cr_expect(strstr(r.out, "at step 3") != NULL, "%s", r.out);
   run_free(&r);
-  const char *a3[] = {"--model", "gpt2-demo", "--steps", "6", "--dropout", "0.1", "--warmup", "0",
-                      "--min-lr", "0.003", "--val-every", "0", "--log-json", js, NULL};
+  const char *a3[] = {"--model",     "gpt2-demo", "--steps",    "6",        "--dropout",
+                      "0.1",         "--warmup",  "0",          "--min-lr", "0.003",
+                      "--val-every", "0",         "--log-json", js,         NULL};
   r = run(1, TRAIN, a3, 60);
   cr_expect_eq(r.rc, 0, "straight run failed: %s", r.err);
   run_free(&r);
@@ -460,13 +511,17 @@ Test(examples, readme_tour_is_under_150_lines_and_is_the_program_built, .timeout
   char *code = readme_tour(&lines);
   cr_assert(code != NULL, "no ```c block between <!-- tour:begin --> and <!-- tour:end --> in %s",
             WEFT_README);
-  cr_expect(lines > 20 && lines < 150, "the README's tour has %d lines (want a complete program "
-            "under 150)", lines);
+  cr_expect(lines > 20 && lines < 150,
+            "the README's tour has %d lines (want a complete program "
+            "under 150)",
+            lines);
   /* the built source is a #line directive and then the block as it stands */
   char *built = slurp(WEFT_TOUR_SOURCE), *nl = strchr(built, '\n');
-  cr_expect(strncmp(built, "#line ", 6) == 0 && nl, "%s does not start with #line", WEFT_TOUR_SOURCE);
+  cr_expect(strncmp(built, "#line ", 6) == 0 && nl, "%s does not start with #line",
+            WEFT_TOUR_SOURCE);
   cr_expect(nl && strcmp(nl + 1, code) == 0,
-            "%s is not README.md's tour block (rebuild: README.md changed since)", WEFT_TOUR_SOURCE);
+            "%s is not README.md's tour block (rebuild: README.md changed since)",
+            WEFT_TOUR_SOURCE);
   free(built);
   free(code);
 }
@@ -480,7 +535,8 @@ Test(examples, readme_tour_learns_and_prints_the_same_losses_on_1_2_and_4_ranks,
     cr_assert_eq(r.rc, 0, "weft-tour on %d ranks failed (rc %d):\n%s\n%s", ranks[k], r.rc, r.out,
                  r.err);
     int n = read_tour(r.out, loss[k], norm[k], STEPS + 1);
-    cr_assert_eq(n, STEPS, "weft-tour on %d ranks: %d step lines, want %d (rank 0 prints them):\n%s",
+    cr_assert_eq(n, STEPS,
+                 "weft-tour on %d ranks: %d step lines, want %d (rank 0 prints them):\n%s",
                  ranks[k], n, STEPS, r.out);
     run_free(&r);
   }
@@ -497,8 +553,8 @@ Test(examples, readme_tour_learns_and_prints_the_same_losses_on_1_2_and_4_ranks,
     for (int s = 0; s < STEPS; s++) {
       double dl = fabs(loss[k][s] - loss[0][s]) / loss[0][s];
       double dn = fabs(norm[k][s] - norm[0][s]) / norm[0][s];
-      cr_expect(dl <= 1e-5, "step %d loss on %d ranks %.9f vs 1 rank %.9f (rel %.2g)", s,
-                ranks[k], loss[k][s], loss[0][s], dl);
+      cr_expect(dl <= 1e-5, "step %d loss on %d ranks %.9f vs 1 rank %.9f (rel %.2g)", s, ranks[k],
+                loss[k][s], loss[0][s], dl);
       cr_expect(dn <= 1e-4, "step %d grad norm on %d ranks %.6f vs 1 rank %.6f (rel %.2g)", s,
                 ranks[k], norm[k][s], norm[0][s], dn);
     }
@@ -509,7 +565,7 @@ Test(examples, readme_tour_learns_and_prints_the_same_losses_on_1_2_and_4_ranks,
 
 Test(examples, plan_ranks_70b_on_128x8_in_under_a_second, .timeout = 30) {
   const char *a[] = {"--model", "llama70b", "--nodes", "128", "--gpus-per-node", "8", "--batch",
-                     "1024", "--top", "0", NULL};
+                     "1024",    "--top",    "0",       NULL};
   run_out r = run(0, PLAN, a, 20);
   cr_assert_eq(r.rc, 0, "%s", r.err);
   cr_expect(r.secs < 1.0, "took %.3f s", r.secs);
@@ -521,7 +577,8 @@ Test(examples, plan_ranks_70b_on_128x8_in_under_a_second, .timeout = 30) {
   cr_expect(strstr(r.out, "\n  38 ") != NULL, "no 38th row:\n%s", r.out);
   run_free(&r);
   /* a small model does fit: rows marked yes come first */
-  const char *b[] = {"--model", "tiny", "--nodes", "2", "--gpus-per-node", "4", "--batch", "16", NULL};
+  const char *b[] = {"--model", "tiny",    "--nodes", "2", "--gpus-per-node",
+                     "4",       "--batch", "16",      NULL};
   r = run(0, PLAN, b, 20);
   cr_assert_eq(r.rc, 0, "%s", r.err);
   char *yes = strstr(r.out, " yes ");
@@ -537,7 +594,8 @@ Test(examples, plan_ranks_70b_on_128x8_in_under_a_second, .timeout = 30) {
 static void validate_on(int n, int timeout, const char *flag) {
   const char *a[] = {"--validate", flag, NULL};
   run_out r = run(n, PLAN, a, timeout);
-  cr_expect_eq(r.rc, 0, "weft-plan --validate on %d ranks failed (rc %d):\n%s\n%s", n, r.rc, r.out, r.err);
+  cr_expect_eq(r.rc, 0, "weft-plan --validate on %d ranks failed (rc %d):\n%s\n%s", n, r.rc, r.out,
+               r.err);
   cr_expect(strstr(r.out, "MISMATCH") == NULL, "%s", r.out);
   cr_expect(strstr(r.out, "comm exact") != NULL, "%s", r.out);
   cr_expect(strstr(r.out, " 0 failed") != NULL, "%s", r.out);

@@ -397,8 +397,8 @@ static void check_comm_step(const char *what, const setup *s, const weft_llama_c
   int64_t ngroups = L + 2;
   WCHECK(a.bus_bytes == ag, "%s: all-gather bus bytes %lld, expected %lld", what,
          (long long)a.bus_bytes, (long long)ag);
-  WCHECK(a.calls == ag_root + ag_other * (L + 1), "%s: all-gather calls %lld",
-         what, (long long)a.calls);
+  WCHECK(a.calls == ag_root + ag_other * (L + 1), "%s: all-gather calls %lld", what,
+         (long long)a.calls);
   WCHECK(b.bus_bytes == rs, "%s: reduce-scatter bus bytes %lld, expected %lld", what,
          (long long)b.bus_bytes, (long long)rs);
   WCHECK(b.calls == (sync ? ngroups : 0), "%s: reduce-scatter calls %lld", what,
@@ -413,15 +413,15 @@ static void check_comm_step(const char *what, const setup *s, const weft_llama_c
            (long long)ar.bus_bytes, (long long)per);
   }
   if (rank0() && sync)
-    printf("comm %-38s per step: all-gather %lld B (%lld calls), reduce-scatter %lld B "
-           "(%lld calls)\n",
-           what, (long long)a.bus_bytes, (long long)a.calls, (long long)b.bus_bytes,
-           (long long)b.calls);
+    printf(
+        "comm %-38s per step: all-gather %lld B (%lld calls), reduce-scatter %lld B "
+        "(%lld calls)\n",
+        what, (long long)a.bus_bytes, (long long)a.calls, (long long)b.bus_bytes,
+        (long long)b.calls);
 }
 
 /* Sharded state <= 1.1 x 16 P / (shard x tp) for fp32 AdamW. */
-static void check_memory(const char *what, const setup *s, const weft_llama_config *c,
-                         model *md) {
+static void check_memory(const char *what, const setup *s, const weft_llama_config *c, model *md) {
   weft_fsdp_memory mm;
   WOK(weft_fsdp_memory_get(&mm));
   int64_t P = total_params(c);
@@ -439,13 +439,13 @@ static void check_memory(const char *what, const setup *s, const weft_llama_conf
   WCHECK(mm.unsharded_params.current == 0, "%s: %lld unsharded bytes left after the step", what,
          (long long)mm.unsharded_params.current);
   if (rank0())
-    printf("memory %-36s P=%lld: sharded params %lld + grads %lld + adam %lld = %lld B "
-           "(bound %.0f); unsharded peak %lld B, grads peak %lld B, other peak %lld B, "
-           "total peak %lld B\n",
-           what, (long long)P, (long long)mm.sharded_params.peak, (long long)mm.sharded_grads.peak,
-           (long long)mm.optimizer.peak, (long long)state, bound,
-           (long long)mm.unsharded_params.peak, (long long)mm.unsharded_grads.peak,
-           (long long)mm.other.peak, (long long)mm.total.peak);
+    printf(
+        "memory %-36s P=%lld: sharded params %lld + grads %lld + adam %lld = %lld B "
+        "(bound %.0f); unsharded peak %lld B, grads peak %lld B, other peak %lld B, "
+        "total peak %lld B\n",
+        what, (long long)P, (long long)mm.sharded_params.peak, (long long)mm.sharded_grads.peak,
+        (long long)mm.optimizer.peak, (long long)state, bound, (long long)mm.unsharded_params.peak,
+        (long long)mm.unsharded_grads.peak, (long long)mm.other.peak, (long long)mm.total.peak);
   (void)md;
 }
 
@@ -525,8 +525,8 @@ typedef struct pcase {
   bool self_model, sp, deferred, check_comm, check_mem, offload;
 } pcase;
 
-static void parity(const pcase *pc, const weft_llama_config *c, const train *tr,
-                   const result *ref, weft_module *ref_init) {
+static void parity(const pcase *pc, const weft_llama_config *c, const train *tr, const result *ref,
+                   weft_module *ref_init) {
   setup s;
   if (!setup_make(&s, pc->rep, pc->shard, pc->tp, pc->self_model)) return;
   mopt o = mopt_default();
@@ -582,8 +582,15 @@ static void case_parity_fsdp(void) {
   int w = weft_world_size();
   char name[64];
   snprintf(name, sizeof name, "fsdp dp=%d%s", w, w == 2 ? " (offload)" : "");
-  pcase pc = {.name = name, .rep = 0, .shard = w, .tp = 1, .self_model = w == 2, .deferred = true,
-              .check_comm = true, .check_mem = true, .offload = w == 2};
+  pcase pc = {.name = name,
+              .rep = 0,
+              .shard = w,
+              .tp = 1,
+              .self_model = w == 2,
+              .deferred = true,
+              .check_comm = true,
+              .check_mem = true,
+              .offload = w == 2};
   parity(&pc, &c, &TRAIN5, &ref, ri.m);
   ref_free(&ri);
   result_free(&ref);
@@ -600,7 +607,11 @@ static void case_parity_uneven(void) {
   pcase a = {.name = "uneven fsdp dp=4", .rep = 0, .shard = 4, .tp = 1, .deferred = true};
   parity(&a, &c, &TRAIN5, &ref, ri.m);
 #ifdef FSDP_TEST_HAVE_TP
-  pcase b = {.name = "uneven 2-D dp=2 x tp=2 (sp)", .rep = 0, .shard = 2, .tp = 2, .sp = true,
+  pcase b = {.name = "uneven 2-D dp=2 x tp=2 (sp)",
+             .rep = 0,
+             .shard = 2,
+             .tp = 2,
+             .sp = true,
              .deferred = true};
   parity(&b, &c, &TRAIN5, &ref, ri.m);
 #endif
@@ -652,11 +663,20 @@ static void case_parity_2d(void) {
   model ri;
   reference(&c, &TRAIN5, 1234, NULL, &ri);
   reference(&c, &TRAIN5, 1234, &ref, NULL);
-  pcase a = {.name = "2-D dp=2 x tp=2", .rep = 0, .shard = 2, .tp = 2, .check_comm = true,
+  pcase a = {.name = "2-D dp=2 x tp=2",
+             .rep = 0,
+             .shard = 2,
+             .tp = 2,
+             .check_comm = true,
              .check_mem = true};
   parity(&a, &c, &TRAIN5, &ref, ri.m);
-  pcase b = {.name = "2-D dp=2 x tp=2 (sp, deferred)", .rep = 0, .shard = 2, .tp = 2, .sp = true,
-             .deferred = true, .check_comm = true};
+  pcase b = {.name = "2-D dp=2 x tp=2 (sp, deferred)",
+             .rep = 0,
+             .shard = 2,
+             .tp = 2,
+             .sp = true,
+             .deferred = true,
+             .check_comm = true};
   parity(&b, &c, &TRAIN5, &ref, ri.m);
   /* redistribute of the sharded layout, on a fresh model */
   setup s;
@@ -681,8 +701,13 @@ static void case_parity_3d(void) {
   model ri;
   reference(&c, &tr, 1234, NULL, &ri);
   reference(&c, &tr, 1234, &ref, NULL);
-  pcase a = {.name = "3-D rep=2 x shard=2 x tp=2 (sp)", .rep = 2, .shard = 2, .tp = 2, .sp = true,
-             .deferred = true, .check_comm = true};
+  pcase a = {.name = "3-D rep=2 x shard=2 x tp=2 (sp)",
+             .rep = 2,
+             .shard = 2,
+             .tp = 2,
+             .sp = true,
+             .deferred = true,
+             .check_comm = true};
   parity(&a, &c, &tr, &ref, ri.m);
   ref_free(&ri);
   result_free(&ref);
@@ -696,8 +721,13 @@ static void case_parity_hsdp(void) {
   model ri;
   reference(&c, &TRAIN5, 1234, NULL, &ri);
   reference(&c, &TRAIN5, 1234, &ref, NULL);
-  pcase a = {.name = "hsdp rep=2 x shard=2", .rep = 2, .shard = 2, .tp = 1, .self_model = true,
-             .deferred = true, .check_comm = true};
+  pcase a = {.name = "hsdp rep=2 x shard=2",
+             .rep = 2,
+             .shard = 2,
+             .tp = 1,
+             .self_model = true,
+             .deferred = true,
+             .check_comm = true};
   parity(&a, &c, &TRAIN5, &ref, ri.m);
   ref_free(&ri);
   result_free(&ref);
@@ -733,8 +763,8 @@ static void case_reshard_modes(void) {
       WOK(weft_fsdp_comm_get(root, true, &fc));
       int64_t fwd = (g.root + L * g.block + g.last) * 4 * (n - 1) / n;
       int64_t bwd_dp = modes[k] == 1 ? (L * g.block + g.last) * 4 * (n - 1) / n : 0;
-      WCHECK(a.bus_bytes == fwd + bwd_dp, "raf=%d: dp all-gather bus %lld, expected %lld",
-             modes[k], (long long)a.bus_bytes, (long long)(fwd + bwd_dp));
+      WCHECK(a.bus_bytes == fwd + bwd_dp, "raf=%d: dp all-gather bus %lld, expected %lld", modes[k],
+             (long long)a.bus_bytes, (long long)(fwd + bwd_dp));
       WCHECK(fc.all_gather.bus_bytes == a.bus_bytes, "raf=%d: fsdp counts %lld, mesh %lld",
              modes[k], (long long)fc.all_gather.bus_bytes, (long long)a.bus_bytes);
       int64_t small = modes[k] == 2 ? (L * g.block + g.last) * 4 * (2 - 1) / 2 : 0;
@@ -744,9 +774,10 @@ static void case_reshard_modes(void) {
              (long long)fc.small_all_gather.bus_bytes, (long long)fc.small_all_gather.calls,
              (long long)small);
       if (i == 0 && rank0())
-        printf("reshard_after_forward=%d: all-gather per step %lld B on dp + %lld B on 2-rank "
-               "groups\n",
-               modes[k], (long long)a.bus_bytes, (long long)fc.small_all_gather.bus_bytes);
+        printf(
+            "reshard_after_forward=%d: all-gather per step %lld B on dp + %lld B on 2-rank "
+            "groups\n",
+            modes[k], (long long)a.bus_bytes, (long long)fc.small_all_gather.bus_bytes);
     }
     snapshot(md.m, &r[k]);
     model_free(&md);
@@ -781,7 +812,8 @@ static void case_accumulate(void) {
   const weft_llama_config *cc = weft_llama_get_config(big.m);
   /* the big batch: this rank's rows of all micro-batches together */
   weft_tensor *tok[4], *tgt[4];
-  for (int k = 0; k < micro; k++) make_batch(cc, 8, k, 11, s.dp_index * rows, rows, &tok[k], &tgt[k]);
+  for (int k = 0; k < micro; k++)
+    make_batch(cc, 8, k, 11, s.dp_index * rows, rows, &tok[k], &tgt[k]);
   weft_tensor *btok = NULL, *btgt = NULL;
   WOK(weft_tensor_cat(tok, micro, 0, &btok));
   WOK(weft_tensor_cat(tgt, micro, 0, &btgt));
@@ -903,14 +935,13 @@ static void case_overlap(void) {
   g[4] = weft_fsdp_of(find(md.m, "norm"));
   WREQUIRE(g[0] && g[1] && g[2] && g[3] && g[4] && g[4] == weft_fsdp_of(find(md.m, "output")),
            "groups");
-  WCHECK(strcmp(weft_fsdp_name(g[4]), "norm+output") == 0, "group name '%s'",
-         weft_fsdp_name(g[4]));
+  WCHECK(strcmp(weft_fsdp_name(g[4]), "norm+output") == 0, "group name '%s'", weft_fsdp_name(g[4]));
   train tr = TRAIN5;
   step_once(&md, &s, &tr, 0, NULL); /* the first step records the forward order */
   WCHECK(weft_fsdp_is_root(g[0]) && !weft_fsdp_is_root(g[1]), "root detection");
   WCHECK(weft_fsdp_reshard_after_forward(g[0]) == 0 && weft_fsdp_reshard_after_forward(g[1]) == 1,
-         "default reshard_after_forward: root %d, block %d",
-         weft_fsdp_reshard_after_forward(g[0]), weft_fsdp_reshard_after_forward(g[1]));
+         "default reshard_after_forward: root %d, block %d", weft_fsdp_reshard_after_forward(g[0]),
+         weft_fsdp_reshard_after_forward(g[1]));
   weft_fsdp_trace_clear();
   weft_fsdp_trace_enable(true);
   step_once(&md, &s, &tr, 1, NULL);
@@ -967,10 +998,12 @@ static void case_overlap(void) {
   weft_fsdp_trace_clear();
   step_once(&md, &s, &tr, 3, NULL);
   int b1 = ev_find(WEFT_FSDP_EV_FORWARD_BEGIN, g[1], 0);
-  int p2 = ev_find(WEFT_FSDP_EV_UNSHARD_START, g[2], 0), p3 = ev_find(WEFT_FSDP_EV_UNSHARD_START, g[3], 0);
-  WCHECK(p2 >= 0 && p3 >= 0 && p2 < b1 && p3 < b1 && ev_count(WEFT_FSDP_EV_UNSHARD_START, true) == 2,
-         "explicit forward prefetch of layers.1 and layers.2 from layers.0: %d %d before %d", p2, p3,
-         b1);
+  int p2 = ev_find(WEFT_FSDP_EV_UNSHARD_START, g[2], 0),
+      p3 = ev_find(WEFT_FSDP_EV_UNSHARD_START, g[3], 0);
+  WCHECK(
+      p2 >= 0 && p3 >= 0 && p2 < b1 && p3 < b1 && ev_count(WEFT_FSDP_EV_UNSHARD_START, true) == 2,
+      "explicit forward prefetch of layers.1 and layers.2 from layers.0: %d %d before %d", p2, p3,
+      b1);
   weft_fsdp_trace_enable(false);
   for (int k = 0; k < 5; k++) {
     WOK(weft_fsdp_set_modules_to_forward_prefetch(g[k], NULL, -1));
@@ -1113,10 +1146,11 @@ static void case_bf16(void) {
     model_free(&md);
   }
   if (rank0())
-    printf("bf16 mixed precision: loss %.4f -> %.4f (fp32 %.4f -> %.4f), worst gap %.3f%%, "
-           "all-gather %lld B vs %lld B per step\n",
-           loss[1][0], loss[1][tr.steps - 1], loss[0][0], loss[0][tr.steps - 1], 100 * worst,
-           (long long)agb[1], (long long)agb[0]);
+    printf(
+        "bf16 mixed precision: loss %.4f -> %.4f (fp32 %.4f -> %.4f), worst gap %.3f%%, "
+        "all-gather %lld B vs %lld B per step\n",
+        loss[1][0], loss[1][tr.steps - 1], loss[0][0], loss[0][tr.steps - 1], 100 * worst,
+        (long long)agb[1], (long long)agb[0]);
   setup_free(&s);
 }
 
@@ -1191,8 +1225,8 @@ static void case_bad(void) {
   expect_err(weft_optimizer_step(opt), WEFT_ERR_STATE, "after sharding", "optimizer first");
   weft_optimizer_destroy(opt);
   /* sharding after the model ran */
-  expect_err(weft_fully_shard(find(m, "layers.0.attention.wq"), s.dp, NULL, NULL),
-             WEFT_ERR_INVALID, "bottom-up", "after the root");
+  expect_err(weft_fully_shard(find(m, "layers.0.attention.wq"), s.dp, NULL, NULL), WEFT_ERR_INVALID,
+             "bottom-up", "after the root");
   WOK(weft_fsdp_destroy_all(m));
   WOK(weft_module_destroy(m));
   m = NULL;
@@ -1360,8 +1394,8 @@ static void case_tied(void) {
            weft_status_str(st), weft_last_error());
     if (rank == 0 && mode == 0) printf("fully_shard(wte): %s\n", weft_last_error());
     weft_clear_error();
-    expect_err(weft_fully_shard(tr, dp, NULL, NULL), WEFT_ERR_INVALID, "apply fully_shard to 'model'",
-               "fully_shard(transformer)");
+    expect_err(weft_fully_shard(tr, dp, NULL, NULL), WEFT_ERR_INVALID,
+               "apply fully_shard to 'model'", "fully_shard(transformer)");
     WCHECK(!weft_fsdp_of(wte) && !weft_fsdp_of(tr) && w && w->data == before,
            "a refused fully_shard changed the model");
     for (int i = 0; i < weft_module_num_children(h); i++)

@@ -30,7 +30,8 @@ static weft_status golden_read_tokens(const char *path, golden *g) {
   if (weft_token_file_count(f) < n + 1)
     st = weft_error(WEFT_ERR_CORRUPT, "%s: %lld tokens, need %lld (batch x seq + 1)", path,
                     (long long)weft_token_file_count(f), (long long)(n + 1));
-  if (!st && !(t = malloc((size_t)(n + 1) * sizeof *t))) st = weft_error(WEFT_ERR_OOM, "golden tokens");
+  if (!st && !(t = malloc((size_t)(n + 1) * sizeof *t)))
+    st = weft_error(WEFT_ERR_OOM, "golden tokens");
   if (!st) st = weft_token_file_read(f, 0, n + 1, t);
   weft_token_file_close(f);
   int64_t shape[2] = {g->B, g->T};
@@ -117,8 +118,8 @@ weft_status golden_rows(weft_mesh *mesh, const weft_tensor *t, int64_t r0, int64
   WEFT_CHECK(weft_tensor_narrow(t, 0, r0, n, &v));
   weft_placement pl[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < weft_mesh_ndim(mesh); i++) pl[i] = weft_replicate();
-  weft_status st = weft_dtensor_distribute(mesh, v, WEFT_DTENSOR_ALL_RANKS, pl,
-                                           weft_mesh_ndim(mesh), out);
+  weft_status st =
+      weft_dtensor_distribute(mesh, v, WEFT_DTENSOR_ALL_RANKS, pl, weft_mesh_ndim(mesh), out);
   weft_tensor_destroy(v);
   return st;
 }
@@ -143,8 +144,8 @@ weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np
     st = weft_dtensor_full_tensor(ps[i]->grad, &full);
     if (!st) st = read_f64(f, ps[i]->fqn, &ref, &n);
     if (!st && n != weft_tensor_numel(full))
-      st = weft_error(WEFT_ERR_INVALID, "golden: '%s' has %lld elements, the file %lld",
-                      ps[i]->fqn, (long long)weft_tensor_numel(full), (long long)n);
+      st = weft_error(WEFT_ERR_INVALID, "golden: '%s' has %lld elements, the file %lld", ps[i]->fqn,
+                      (long long)weft_tensor_numel(full), (long long)n);
     if (!st) {
       double e = weft_test_rel_norm_f32_f64(full->data, ref, n);
       if (e > *worst || i == 0) {
@@ -159,9 +160,9 @@ weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np
   return st;
 }
 
-weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int np,
-                                    bool zero_grads, double *worst, const char **worst_fqn,
-                                    int64_t *nzero, double *zero_move) {
+weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int np, bool zero_grads,
+                                    double *worst, const char **worst_fqn, int64_t *nzero,
+                                    double *zero_move) {
   const char *files[3] = {"after_step.safetensors", "init.safetensors", "grads.safetensors"};
   weft_safetensors *f[3] = {NULL, NULL, NULL};
   weft_status st = WEFT_OK;
@@ -185,8 +186,7 @@ weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int 
     int64_t m = full ? weft_tensor_numel(full) : 0;
     if (!st && (n[0] != m || n[1] != m || n[2] != m))
       st = weft_error(WEFT_ERR_INVALID, "golden: '%s' has %lld elements, the files %lld/%lld/%lld",
-                      ps[i]->fqn, (long long)m, (long long)n[0], (long long)n[1],
-                      (long long)n[2]);
+                      ps[i]->fqn, (long long)m, (long long)n[0], (long long)n[1], (long long)n[2]);
     if (!st) {
       du = malloc((size_t)(m ? m : 1) * sizeof *du);
       dref = malloc((size_t)(m ? m : 1) * sizeof *dref);

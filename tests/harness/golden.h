@@ -67,8 +67,8 @@ weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np
  * float32 noise there into up to lr in any precision; *nzero (may be NULL)
  * counts them and *zero_move (may be NULL) is their largest |update|, for
  * the caller to bound. */
-weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int np,
-                                    bool zero_grads, double *worst, const char **worst_fqn,
-                                    int64_t *nzero, double *zero_move);
+weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int np, bool zero_grads,
+                                    double *worst, const char **worst_fqn, int64_t *nzero,
+                                    double *zero_move);
 
 #endif

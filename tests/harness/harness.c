@@ -61,8 +61,8 @@ static int run(int nranks, const char *worker, const char *case_name, int timeou
   return -1;
 }
 
-int weft_test_mpiexec_args(int nranks, const char *worker, const char *case_name,
-                           int timeout_s, const char *const *extra) {
+int weft_test_mpiexec_args(int nranks, const char *worker, const char *case_name, int timeout_s,
+                           const char *const *extra) {
   return run(nranks, worker, case_name, timeout_s, extra, NULL);
 }
 
@@ -120,8 +120,7 @@ double weft_test_rel_norm_f32_f64(const float *got, const double *want, int64_t 
   return rel_norm(got, false, want, true, NULL, n);
 }
 
-double weft_test_rel_change_f32(const float *got, const float *want, const float *base,
-                                int64_t n) {
+double weft_test_rel_change_f32(const float *got, const float *want, const float *base, int64_t n) {
   return rel_norm(got, false, want, false, base, n);
 }
 

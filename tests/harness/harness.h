@@ -32,8 +32,8 @@ extern "C" {
  * passed), 128+signal if it was killed, or -1 if it could not start. Output
  * goes to this process's stdout/stderr. `extra` may be NULL; else a
  * NULL-terminated list of further arguments. */
-int weft_test_mpiexec_args(int nranks, const char *worker, const char *case_name,
-                           int timeout_s, const char *const *extra);
+int weft_test_mpiexec_args(int nranks, const char *worker, const char *case_name, int timeout_s,
+                           const char *const *extra);
 int weft_test_mpiexec(int nranks, const char *worker, const char *case_name, int timeout_s);
 
 /* Same, with extra environment variables ("NAME=value", NULL-terminated)
@@ -57,12 +57,12 @@ unsigned long weft_test_seed(unsigned long fallback);
  * Both need <criterion/criterion.h> and the weft headers where they are
  * used (macros: harness.h itself includes neither). MPI workers use WOK
  * (worker.h) instead. */
-#define WEFT_TEST_OK_MSG(expr, fmt, ...)                                                     \
-  do {                                                                                       \
-    weft_status ok_st_ = (expr);                                                             \
-    if (ok_st_ != WEFT_OK)                                                                   \
+#define WEFT_TEST_OK_MSG(expr, fmt, ...)                                                    \
+  do {                                                                                      \
+    weft_status ok_st_ = (expr);                                                            \
+    if (ok_st_ != WEFT_OK)                                                                  \
       cr_assert_fail("%s -> %s: %s" fmt, #expr, weft_status_str(ok_st_), weft_last_error(), \
-                     __VA_ARGS__);                                                           \
+                     __VA_ARGS__);                                                          \
   } while (0)
 #define OK(expr) WEFT_TEST_OK_MSG(expr, "%s", "")
 
@@ -133,8 +133,7 @@ double weft_test_rel_norm_f32_f64(const float *got, const double *want, int64_t 
 /* Norm-wise relative error of a change: ||(got - base) - (want - base)|| /
  * ||want - base||, e.g. of an optimizer update from the weights `base`.
  * base NULL: zero (then equal to weft_test_rel_norm_f32). */
-double weft_test_rel_change_f32(const float *got, const float *want, const float *base,
-                                int64_t n);
+double weft_test_rel_change_f32(const float *got, const float *want, const float *base, int64_t n);
 
 /* Max-wise: max|got - want| / max|want| (max|got - want| if want is all
  * zero). f32/f32, f32 against f64, and f64/f64. */

@@ -32,31 +32,31 @@ typedef struct weft_worker_case {
 extern int weft_worker_failures;
 extern int weft_worker_rank;
 
-#define WCHECK(cond, ...)                                                          \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      weft_worker_failures++;                                                      \
-      fprintf(stderr, "[rank %d] %s:%d: check failed: %s: ", weft_worker_rank,     \
-              __FILE__, __LINE__, #cond);                                          \
-      fprintf(stderr, __VA_ARGS__);                                                \
-      fprintf(stderr, "\n");                                                       \
-    }                                                                              \
+#define WCHECK(cond, ...)                                                                          \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      weft_worker_failures++;                                                                      \
+      fprintf(stderr, "[rank %d] %s:%d: check failed: %s: ", weft_worker_rank, __FILE__, __LINE__, \
+              #cond);                                                                              \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fprintf(stderr, "\n");                                                                       \
+    }                                                                                              \
   } while (0)
 
-#define WREQUIRE(cond, ...)                                                        \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      WCHECK(cond, __VA_ARGS__);                                                   \
-      return;                                                                      \
-    }                                                                              \
+#define WREQUIRE(cond, ...)      \
+  do {                           \
+    if (!(cond)) {               \
+      WCHECK(cond, __VA_ARGS__); \
+      return;                    \
+    }                            \
   } while (0)
 
 /* Checks a weft_status is WEFT_OK, printing weft_last_error otherwise. */
-#define WOK(expr)                                                                  \
-  do {                                                                             \
-    weft_status wok_st_ = (expr);                                                  \
-    WCHECK(wok_st_ == WEFT_OK, "%s -> %s: %s", #expr, weft_status_str(wok_st_),    \
-           weft_last_error());                                                     \
+#define WOK(expr)                                                               \
+  do {                                                                          \
+    weft_status wok_st_ = (expr);                                               \
+    WCHECK(wok_st_ == WEFT_OK, "%s -> %s: %s", #expr, weft_status_str(wok_st_), \
+           weft_last_error());                                                  \
   } while (0)
 
 /* Runs the case named argv[1] (weft_init/weft_finalize around it); the case

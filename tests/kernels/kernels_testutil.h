@@ -53,10 +53,16 @@ static inline void fill_rand(weft_tensor *t, uint64_t *r) {
   do {
     double v;
     switch (t->dtype) {
-      case WEFT_U8: v = (double)weft_test_rng_int(r, 0, 255); break;
+      case WEFT_U8:
+        v = (double)weft_test_rng_int(r, 0, 255);
+        break;
       case WEFT_I32:
-      case WEFT_I64: v = (double)weft_test_rng_int(r, -1000, 1000); break;
-      default: v = weft_test_rng_sym(r); break;
+      case WEFT_I64:
+        v = (double)weft_test_rng_int(r, -1000, 1000);
+        break;
+      default:
+        v = weft_test_rng_sym(r);
+        break;
     }
     weft_tensor_set(t, idx, v);
   } while (idx_next(idx, t->ndim, t->shape));
@@ -65,7 +71,7 @@ static inline void fill_rand(weft_tensor *t, uint64_t *r) {
 /* A strided view of `shape` inside a larger contiguous base: dims permuted
  * in memory, each padded by 0..2 elements and offset inside the padding. */
 static inline weft_tensor *make_strided(weft_dtype dt, int ndim, const int64_t *shape, uint64_t *r,
-                                 weft_tensor *view) {
+                                        weft_tensor *view) {
   int perm[WEFT_MAX_DIMS], inv[WEFT_MAX_DIMS];
   for (int d = 0; d < ndim; d++) perm[d] = d;
   for (int d = ndim - 1; d > 0; d--) {
@@ -101,14 +107,14 @@ static inline weft_tensor *make_strided(weft_dtype dt, int ndim, const int64_t *
 }
 
 /* Expects `expr` to fail with `code` and a message containing `substr`. */
-#define EXPECT_ERR(expr, code, substr)                                                       \
-  do {                                                                                       \
-    weft_clear_error();                                                                      \
-    weft_status st_ = (expr);                                                                \
-    cr_expect_eq(st_, (code), "%s: status %d (%s), want %d; message: %s", #expr, (int)st_,   \
-                 weft_status_str(st_), (int)(code), weft_last_error());                      \
-    cr_expect(strstr(weft_last_error(), (substr)) != NULL, "%s: message '%s' lacks '%s'",    \
-              #expr, weft_last_error(), (substr));                                           \
+#define EXPECT_ERR(expr, code, substr)                                                           \
+  do {                                                                                           \
+    weft_clear_error();                                                                          \
+    weft_status st_ = (expr);                                                                    \
+    cr_expect_eq(st_, (code), "%s: status %d (%s), want %d; message: %s", #expr, (int)st_,       \
+                 weft_status_str(st_), (int)(code), weft_last_error());                          \
+    cr_expect(strstr(weft_last_error(), (substr)) != NULL, "%s: message '%s' lacks '%s'", #expr, \
+              weft_last_error(), (substr));                                                      \
   } while (0)
 
 #endif

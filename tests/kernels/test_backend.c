@@ -272,16 +272,21 @@ static double rne(double x, int p, int emin, int emax) {
 /* x rounded once to dt (floats), or truncated and saturated (i32, NaN -> 0). */
 static double round_once(weft_dtype dt, double x) {
   switch (dt) {
-    case WEFT_F64: return x;
-    case WEFT_F32: return rne(x, 24, -126, 127);
-    case WEFT_BF16: return rne(x, 8, -126, 127);
-    case WEFT_F16: return rne(x, 11, -14, 15);
+    case WEFT_F64:
+      return x;
+    case WEFT_F32:
+      return rne(x, 24, -126, 127);
+    case WEFT_BF16:
+      return rne(x, 8, -126, 127);
+    case WEFT_F16:
+      return rne(x, 11, -14, 15);
     case WEFT_I32:
       if (x != x) return 0.0;
       if (x <= -2147483648.0) return -2147483648.0;
       if (x >= 2147483647.0) return 2147483647.0;
       return trunc(x) + 0.0; /* an integer has no -0 */
-    default: cr_assert_fail("round_once: dtype %d", (int)dt);
+    default:
+      cr_assert_fail("round_once: dtype %d", (int)dt);
   }
   return 0.0;
 }
@@ -323,7 +328,9 @@ static void enc(void *p, weft_dtype dt, double v) {
       memcpy(p, &f, 4);
       return;
     }
-    case WEFT_F64: memcpy(p, &v, 8); return;
+    case WEFT_F64:
+      memcpy(p, &v, 8);
+      return;
     case WEFT_BF16: {
       float f = (float)v;
       uint32_t u;
@@ -342,7 +349,8 @@ static void enc(void *p, weft_dtype dt, double v) {
       memcpy(p, &i, 4);
       return;
     }
-    default: cr_assert_fail("enc: dtype %d", (int)dt);
+    default:
+      cr_assert_fail("enc: dtype %d", (int)dt);
   }
 }
 static double dec(const void *p, weft_dtype dt) {
@@ -375,7 +383,8 @@ static double dec(const void *p, weft_dtype dt) {
       memcpy(&i, p, 4);
       return i;
     }
-    default: cr_assert_fail("dec: dtype %d", (int)dt);
+    default:
+      cr_assert_fail("dec: dtype %d", (int)dt);
   }
   return 0.0;
 }
@@ -938,8 +947,12 @@ static double below(weft_dtype dt, double hi) {
   double v = round_once(dt, hi);
   while (v >= hi) {
     switch (dt) {
-      case WEFT_F64: v = nextafter(v, -INFINITY); break;
-      case WEFT_F32: v = nextafterf((float)v, -INFINITY); break;
+      case WEFT_F64:
+        v = nextafter(v, -INFINITY);
+        break;
+      case WEFT_F32:
+        v = nextafterf((float)v, -INFINITY);
+        break;
       default: { /* 16-bit sign-magnitude patterns */
         char p[2];
         uint16_t h;
@@ -1074,8 +1087,8 @@ BACKEND_TEST(philox_16_bit_fills_round_through_f32_like_a_copy_on_a_large_tensor
       const double v = ref_philox_value(seed, key, (uint64_t)e, WEFT_RANDOM_NORMAL, 0.5, 2.0);
       if (round_once(dt, v) != want[e]) via_f32++;
     }
-    cr_log_info("%s: %lld of %lld values would round differently straight from double", weft_dtype_name(dt),
-                (long long)via_f32, (long long)n);
+    cr_log_info("%s: %lld of %lld values would round differently straight from double",
+                weft_dtype_name(dt), (long long)via_f32, (long long)n);
     expect_fill("normal fill of 2^18 elements", dev, got, dt, want, n, WEFT_RANDOM_NORMAL);
     free(got), free(want);
     weft_tensor_destroy(t);
@@ -1085,8 +1098,8 @@ BACKEND_TEST(philox_16_bit_fills_round_through_f32_like_a_copy_on_a_large_tensor
 /* =========================================================== elementwise */
 
 typedef enum { EW_ADD, EW_MUL, EW_ADD_INPLACE, EW_SCALE, EW_AXPY, EW_DIV, EW_COUNT } ew_op;
-static const char *const ew_names[EW_COUNT] = {"add", "mul", "add (out is a)", "scale", "axpy",
-                                               "div_scalar"};
+static const char *const ew_names[EW_COUNT] = {"add",   "mul",  "add (out is a)",
+                                               "scale", "axpy", "div_scalar"};
 #define EW_ALPHA_SCALE 0.3
 #define EW_ALPHA_AXPY (-1.7)
 #define EW_DIVISOR 3.0 /* Partial(sum) on a mesh dim of 3: x / 3, not x * fl(1/3) */
@@ -1102,11 +1115,21 @@ static double ew_ref(ew_op op, weft_dtype dt, double a, double b) {
   double r;
   switch (op) {
     case EW_ADD:
-    case EW_ADD_INPLACE: r = a + b; break;
-    case EW_MUL: r = a * b; break;
-    case EW_SCALE: r = a * al_s; break;
-    case EW_DIV: r = a / EW_DIVISOR; break; /* division: double rounding is innocuous too */
-    default: r = dbl ? a + al_a * b : a + (double)(float)(al_a * b); break; /* y = a, x = b */
+    case EW_ADD_INPLACE:
+      r = a + b;
+      break;
+    case EW_MUL:
+      r = a * b;
+      break;
+    case EW_SCALE:
+      r = a * al_s;
+      break;
+    case EW_DIV:
+      r = a / EW_DIVISOR;
+      break; /* division: double rounding is innocuous too */
+    default:
+      r = dbl ? a + al_a * b : a + (double)(float)(al_a * b);
+      break; /* y = a, x = b */
   }
   return dbl ? r : round_once(dt, (double)(float)r);
 }
@@ -1124,12 +1147,24 @@ static void *ew_run(weft_device dev, ew_op op, weft_dtype dt, int ndim, const in
   const sview *res = &so;
   weft_status st = WEFT_OK;
   switch (op) {
-    case EW_ADD: st = weft_add(&so.t, &sa.t, &sb.t); break;
-    case EW_MUL: st = weft_mul(&so.t, &sa.t, &sb.t); break;
-    case EW_ADD_INPLACE: st = weft_add(&sa.t, &sa.t, &sb.t), res = &sa; break;
-    case EW_SCALE: st = weft_scale(&sa.t, EW_ALPHA_SCALE), res = &sa; break;
-    case EW_DIV: st = weft_div_scalar(&sa.t, EW_DIVISOR), res = &sa; break;
-    default: st = weft_axpy(&sa.t, EW_ALPHA_AXPY, &sb.t), res = &sa; break;
+    case EW_ADD:
+      st = weft_add(&so.t, &sa.t, &sb.t);
+      break;
+    case EW_MUL:
+      st = weft_mul(&so.t, &sa.t, &sb.t);
+      break;
+    case EW_ADD_INPLACE:
+      st = weft_add(&sa.t, &sa.t, &sb.t), res = &sa;
+      break;
+    case EW_SCALE:
+      st = weft_scale(&sa.t, EW_ALPHA_SCALE), res = &sa;
+      break;
+    case EW_DIV:
+      st = weft_div_scalar(&sa.t, EW_DIVISOR), res = &sa;
+      break;
+    default:
+      st = weft_axpy(&sa.t, EW_ALPHA_AXPY, &sb.t), res = &sa;
+      break;
   }
   void *got = NULL;
   if (done_or_refused(st, dev, op == EW_ADD_INPLACE ? "add" : ew_names[op], dt, ew_names[op]))
@@ -1179,8 +1214,10 @@ BACKEND_TEST(add_mul_scale_axpy_div_round_once_in_every_float_dtype_on_strided_v
  * rest of dst and every byte outside the views stay as they were. */
 BACKEND_TEST(copy_region_copies_one_box_between_strided_views_converting_dtypes) {
   seed_tests(733);
-  static const weft_dtype pairs[][2] = {{WEFT_F32, WEFT_F32}, {WEFT_BF16, WEFT_F32},
-                                        {WEFT_F64, WEFT_F32}, {WEFT_F16, WEFT_F16},
+  static const weft_dtype pairs[][2] = {{WEFT_F32, WEFT_F32},
+                                        {WEFT_BF16, WEFT_F32},
+                                        {WEFT_F64, WEFT_F32},
+                                        {WEFT_F16, WEFT_F16},
                                         {WEFT_I32, WEFT_I32}};
   const int64_t ss[3] = {5, 7, 6}, dsh[3] = {4, 9, 5}, box[3] = {3, 4, 2};
   const int64_t soff[3] = {1, 2, 3}, doff[3] = {0, 5, 1};
@@ -1190,7 +1227,8 @@ BACKEND_TEST(copy_region_copies_one_box_between_strided_views_converting_dtypes)
       sview sv, dv;
       sv_init(&sv, dev, sdt, 3, ss, lay);
       sv_init(&dv, dev, ddt, 3, dsh, 2 - lay);
-      double *a = rand_vals(sdt, sv.numel, -100.0, 100.0), *b = rand_vals(ddt, dv.numel, -100.0, 100.0);
+      double *a = rand_vals(sdt, sv.numel, -100.0, 100.0),
+             *b = rand_vals(ddt, dv.numel, -100.0, 100.0);
       sv_upload(&sv, a);
       sv_upload(&dv, b);
       char what[96];
@@ -1235,20 +1273,28 @@ BACKEND_TEST(copy_region_copies_one_box_between_strided_views_converting_dtypes)
 /* kernels.h: accumulated in double; max propagates NaN. */
 static double red_step(weft_reduce_kind kind, double acc, double v) {
   switch (kind) {
-    case WEFT_REDUCE_SUM: return acc + v;
-    case WEFT_REDUCE_SUMSQ: return acc + v * v;
-    default: return (acc != acc || v != v) ? NAN : (v > acc ? v : acc);
+    case WEFT_REDUCE_SUM:
+      return acc + v;
+    case WEFT_REDUCE_SUMSQ:
+      return acc + v * v;
+    default:
+      return (acc != acc || v != v) ? NAN : (v > acc ? v : acc);
   }
 }
 static const char *const red_names[3] = {"sum", "sumsq", "max"};
 
 static double red_tol(weft_dtype dt) {
   switch (dt) {
-    case WEFT_F64: return 1e-12;
-    case WEFT_F32: return 1e-6;
-    case WEFT_F16: return 2e-3;
-    case WEFT_BF16: return 1e-2;
-    default: return 0.0; /* i32: exact */
+    case WEFT_F64:
+      return 1e-12;
+    case WEFT_F32:
+      return 1e-6;
+    case WEFT_F16:
+      return 2e-3;
+    case WEFT_BF16:
+      return 1e-2;
+    default:
+      return 0.0; /* i32: exact */
   }
 }
 
@@ -1864,33 +1910,33 @@ static double *to_dbl(const float *x, int64_t n) {
 Test(reference, attention_backward_reference_matches_finite_differences) {
   seed_tests(170);
   for (int causal = 1; causal >= 0; causal--) {
-  const int64_t B = 1, T = 6, H = 4, Hkv = 2, hd = 3;
-  const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd, nl = B * H * T;
-  double *in[3] = {h_dbl(nq), h_dbl(nkv), h_dbl(nkv)}, *dout = h_dbl(nq);
-  for (int64_t i = 0; i < nq; i++) in[0][i] = rnd_normal(), dout[i] = rnd_normal();
-  for (int64_t i = 0; i < nkv; i++) in[1][i] = rnd_normal(), in[2][i] = rnd_normal();
-  double *out = h_dbl(nq), *lse = h_dbl(nl), *g[3] = {h_dbl(nq), h_dbl(nkv), h_dbl(nkv)};
-  att_ref_forward(in[0], in[1], in[2], B, T, H, Hkv, hd, causal, out, lse);
-  att_ref_backward(in[0], in[1], in[2], dout, lse, B, T, H, Hkv, hd, causal, g[0], g[1], g[2]);
-  const int64_t sizes[3] = {nq, nkv, nkv};
-  for (int a = 0; a < 3; a++)
-    for (int64_t i = 0; i < sizes[a]; i++) {
-      double f[2];
-      const double x0 = in[a][i], h = 1e-5;
-      for (int sgn = 0; sgn < 2; sgn++) {
-        in[a][i] = x0 + (sgn ? -h : h);
-        att_ref_forward(in[0], in[1], in[2], B, T, H, Hkv, hd, causal, out, lse);
-        f[sgn] = 0.0;
-        for (int64_t j = 0; j < nq; j++) f[sgn] += dout[j] * out[j];
+    const int64_t B = 1, T = 6, H = 4, Hkv = 2, hd = 3;
+    const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd, nl = B * H * T;
+    double *in[3] = {h_dbl(nq), h_dbl(nkv), h_dbl(nkv)}, *dout = h_dbl(nq);
+    for (int64_t i = 0; i < nq; i++) in[0][i] = rnd_normal(), dout[i] = rnd_normal();
+    for (int64_t i = 0; i < nkv; i++) in[1][i] = rnd_normal(), in[2][i] = rnd_normal();
+    double *out = h_dbl(nq), *lse = h_dbl(nl), *g[3] = {h_dbl(nq), h_dbl(nkv), h_dbl(nkv)};
+    att_ref_forward(in[0], in[1], in[2], B, T, H, Hkv, hd, causal, out, lse);
+    att_ref_backward(in[0], in[1], in[2], dout, lse, B, T, H, Hkv, hd, causal, g[0], g[1], g[2]);
+    const int64_t sizes[3] = {nq, nkv, nkv};
+    for (int a = 0; a < 3; a++)
+      for (int64_t i = 0; i < sizes[a]; i++) {
+        double f[2];
+        const double x0 = in[a][i], h = 1e-5;
+        for (int sgn = 0; sgn < 2; sgn++) {
+          in[a][i] = x0 + (sgn ? -h : h);
+          att_ref_forward(in[0], in[1], in[2], B, T, H, Hkv, hd, causal, out, lse);
+          f[sgn] = 0.0;
+          for (int64_t j = 0; j < nq; j++) f[sgn] += dout[j] * out[j];
+        }
+        in[a][i] = x0;
+        const double fd = (f[0] - f[1]) / (2 * h);
+        cr_assert(fabs(fd - g[a][i]) <= 1e-6 * (1.0 + fabs(fd)),
+                  "d%s[%lld] (causal %d): reference %.12g, finite difference %.12g (seed %lu)",
+                  &"q\0k\0v"[2 * a], (long long)i, causal, g[a][i], fd, g_seed);
       }
-      in[a][i] = x0;
-      const double fd = (f[0] - f[1]) / (2 * h);
-      cr_assert(fabs(fd - g[a][i]) <= 1e-6 * (1.0 + fabs(fd)),
-                "d%s[%lld] (causal %d): reference %.12g, finite difference %.12g (seed %lu)",
-                &"q\0k\0v"[2 * a], (long long)i, causal, g[a][i], fd, g_seed);
-    }
-  for (int a = 0; a < 3; a++) free(in[a]), free(g[a]);
-  free(dout), free(out), free(lse);
+    for (int a = 0; a < 3; a++) free(in[a]), free(g[a]);
+    free(dout), free(out), free(lse);
   }
 }
 
@@ -2118,8 +2164,8 @@ BACKEND_TEST(swiglu_and_residual_forward_backward_match_references_in_place_too)
 
 /* LayerNorm in double (torch's formula, biased variance): out (N, C), mean
  * and rstd (N, either may be NULL); w and b may be NULL (1 and 0). */
-static void ln_ref_forward(const double *x, const double *w, const double *b, int64_t N,
-                           int64_t C, double eps, double *out, double *mean, double *rstd) {
+static void ln_ref_forward(const double *x, const double *w, const double *b, int64_t N, int64_t C,
+                           double eps, double *out, double *mean, double *rstd) {
   for (int64_t n = 0; n < N; n++) {
     const double *xr = x + n * C;
     double s = 0.0, v = 0.0;
@@ -2169,11 +2215,16 @@ static void ln_ref_backward(const double *x, const double *w, const double *dout
 
 static double act_ref(weft_activation a, double x) {
   switch (a) {
-    case WEFT_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(GELU_K_D * (x + 0.044715 * x * x * x)));
-    case WEFT_ACT_GELU_ERF: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
-    case WEFT_ACT_RELU: return x > 0.0 ? x : 0.0;
-    case WEFT_ACT_SILU: return x / (1.0 + exp(-x));
-    default: cr_assert_fail("act_ref: activation %d", (int)a);
+    case WEFT_ACT_GELU_TANH:
+      return 0.5 * x * (1.0 + tanh(GELU_K_D * (x + 0.044715 * x * x * x)));
+    case WEFT_ACT_GELU_ERF:
+      return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case WEFT_ACT_RELU:
+      return x > 0.0 ? x : 0.0;
+    case WEFT_ACT_SILU:
+      return x / (1.0 + exp(-x));
+    default:
+      cr_assert_fail("act_ref: activation %d", (int)a);
   }
   return 0.0;
 }
@@ -2185,12 +2236,14 @@ static double act_ref_grad(weft_activation a, double x) {
     }
     case WEFT_ACT_GELU_ERF:
       return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) * INV_SQRT_2PI_D;
-    case WEFT_ACT_RELU: return x > 0.0 ? 1.0 : 0.0;
+    case WEFT_ACT_RELU:
+      return x > 0.0 ? 1.0 : 0.0;
     case WEFT_ACT_SILU: {
       const double s = 1.0 / (1.0 + exp(-x));
       return s * (1.0 + x * (1.0 - s));
     }
-    default: cr_assert_fail("act_ref_grad: activation %d", (int)a);
+    default:
+      cr_assert_fail("act_ref_grad: activation %d", (int)a);
   }
   return 0.0;
 }
@@ -2246,8 +2299,8 @@ typedef struct ln_ctx {
 } ln_ctx;
 static void ln_fd_forward(const double *v, void *ctx, double *out) {
   const ln_ctx *c = ctx;
-  ln_ref_forward(c->which == 0 ? v : c->x, c->which == 1 ? v : c->w, c->which == 2 ? v : c->b,
-                 c->N, c->C, 1e-5, out, NULL, NULL);
+  ln_ref_forward(c->which == 0 ? v : c->x, c->which == 1 ? v : c->w, c->which == 2 ? v : c->b, c->N,
+                 c->C, 1e-5, out, NULL, NULL);
 }
 typedef struct act_ctx {
   weft_activation a;
@@ -2415,8 +2468,8 @@ BACKEND_TEST(layernorm_forward_backward_with_and_without_affine_match_references
           float *gdi = acc ? dupf(dev, dinp0, NC) : dnan(dev, (size_t)NC * 4);
           float *gdw = dupf(dev, dw0, C), *gdb = dupf(dev, db0, C);
           OK(weft_backend_layernorm_backward(dev, want_i ? gdi : NULL, want_p ? gdw : NULL,
-                                             want_p ? gdb : NULL, ddout, dx, pw, dmean, drstd, N,
-                                             C, acc));
+                                             want_p ? gdb : NULL, ddout, dx, pw, dmean, drstd, N, C,
+                                             acc));
           snprintf(what, sizeof what, "layernorm_backward dinp (%s, %s, N %lld, C %lld)",
                    acc ? "+=" : "=", aff_names[aff], (long long)N, (long long)C);
           if (want_i) {
@@ -2497,7 +2550,9 @@ BACKEND_TEST(activation_forward_backward_every_kind_match_references_in_place_to
       for (int64_t i = 0; i < n; i++) want[i] = (mode == 1 ? dinp0[i] : 0.0) + wb[i];
       float *got = downf(dev, g, n);
       snprintf(what, sizeof what, "activation_backward %s (%s)", name,
-               mode == 0 ? "=" : mode == 1 ? "+=" : "dinp is dout");
+               mode == 0   ? "="
+               : mode == 1 ? "+="
+                           : "dinp is dout");
       expect_close(what, got, want, n, 1e-5);
       free(got);
       weft_free(g);
@@ -2588,9 +2643,9 @@ BACKEND_TEST(dropout_apply_keeps_uniforms_at_or_above_p_scaled_and_zeros_the_res
   for (int k = 0; k < 4; k++) {
     const float p = ps[k];
     float *u = h_unif(n, 0.0, 1.0);
-    u[0] = p;                                      /* kept: u >= p */
+    u[0] = p;                                     /* kept: u >= p */
     u[1] = p > 0.0f ? nextafterf(p, 0.0f) : 0.5f; /* dropped just below p */
-    u[2] = 0.0f;                                   /* dropped unless p = 0 */
+    u[2] = 0.0f;                                  /* dropped unless p = 0 */
     float *du = dupf(dev, u, n);
     dropout_ref(xd, u, p, n, want);
     for (int inplace = 0; inplace < 2; inplace++) {
@@ -3406,8 +3461,8 @@ static int errs_norm_act(const ebufs *b, eres *res) {
     weft_backend_layernorm_backward(dev, f, f + 512, f + 600, NULL, f + 1024, NULL, f + 2048,
                                     f + 3000, 3, 4, false));
   E("layernorm_backward", INV, "mean is NULL",
-    weft_backend_layernorm_backward(dev, NULL, NULL, NULL, f + 512, f + 1024, NULL, NULL,
-                                    f + 3000, 3, 4, false));
+    weft_backend_layernorm_backward(dev, NULL, NULL, NULL, f + 512, f + 1024, NULL, NULL, f + 3000,
+                                    3, 4, false));
   E("layernorm_backward", INV, "C = 0: rows must have C >= 1",
     weft_backend_layernorm_backward(dev, f, f + 512, f + 600, f + 700, f + 1024, NULL, f + 2048,
                                     f + 3000, 3, 0, true));
@@ -3720,13 +3775,14 @@ Test(registry, a_version_2_table_has_no_attention_and_says_so_by_name) {
   weft_clear_error();
   cr_assert_eq(weft_backend_attention_forward(WEFT_CPU, y, l, x, x, x, 1, 2, 1, 1, 4, true, s),
                WEFT_ERR_UNSUPPORTED);
-  cr_assert(strstr(weft_last_error(), "attention_forward is not supported on cpu (backend "
-                                      "'cpu-version-2')"),
+  cr_assert(strstr(weft_last_error(),
+                   "attention_forward is not supported on cpu (backend "
+                   "'cpu-version-2')"),
             "message: %s", weft_last_error());
   weft_clear_error();
-  cr_assert_eq(weft_backend_attention_backward(WEFT_CPU, y, y, y, x, x, x, x, l, x, 1, 2, 1, 1, 4,
-                                               false, s),
-               WEFT_ERR_UNSUPPORTED);
+  cr_assert_eq(
+      weft_backend_attention_backward(WEFT_CPU, y, y, y, x, x, x, x, l, x, 1, 2, 1, 1, 4, false, s),
+      WEFT_ERR_UNSUPPORTED);
   weft_backend_reset(WEFT_CPU);
   OK(weft_backend_attention_forward(WEFT_CPU, y, l, x, x, x, 1, 2, 1, 1, 4, false, s));
   cr_assert(WEFT_BACKEND_VERSION >= 3);

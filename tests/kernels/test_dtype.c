@@ -82,7 +82,7 @@ Test(dtype, bf16_rounds_to_nearest_even) {
   uint64_t r = weft_test_rng_state(weft_test_seed(11));
   for (int i = 0; i < 300000; i++) {
     uint32_t u = (uint32_t)weft_test_rng_u64(&r);
-    if ((u & 0x7f800000u) == 0x7f800000u) continue; /* inf/NaN below */
+    if ((u & 0x7f800000u) == 0x7f800000u) continue;  /* inf/NaN below */
     if (i % 4 == 0) u = (u & 0xffff0000u) | 0x8000u; /* exact ties */
     float x = bitsf(u);
     uint16_t got = weft_f32_to_bf16(x), want = ref_bf16(x);
@@ -132,17 +132,22 @@ static uint16_t ref_f16(float x) {
   } else {
     while (lo < hi) {
       int mid = (lo + hi + 1) / 2;
-      if ((double)weft_f16_to_f32((uint16_t)mid) <= ax) lo = mid;
-      else hi = mid - 1;
+      if ((double)weft_f16_to_f32((uint16_t)mid) <= ax)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
   }
   double v0 = weft_f16_to_f32((uint16_t)lo);
   double v1 = lo == 0x7bff ? 65536.0 : (double)weft_f16_to_f32((uint16_t)(lo + 1));
   double d0 = ax - v0, d1 = v1 - ax;
   uint16_t pick;
-  if (d0 < d1) pick = (uint16_t)lo;
-  else if (d1 < d0) pick = (uint16_t)(lo + 1);
-  else pick = (lo & 1) ? (uint16_t)(lo + 1) : (uint16_t)lo;
+  if (d0 < d1)
+    pick = (uint16_t)lo;
+  else if (d1 < d0)
+    pick = (uint16_t)(lo + 1);
+  else
+    pick = (lo & 1) ? (uint16_t)(lo + 1) : (uint16_t)lo;
   return sign | pick; /* lo + 1 == 0x7c00 is inf */
 }
 

@@ -34,10 +34,14 @@ static double at(const weft_tensor *t, int64_t i, int64_t j) {
 
 static double tol_for(weft_dtype dt) {
   switch (dt) {
-    case WEFT_F64: return 1e-12;
-    case WEFT_F32: return 1e-5;
-    case WEFT_F16: return 2e-3;
-    default: return 1e-2; /* bf16: 8 mantissa bits on the output */
+    case WEFT_F64:
+      return 1e-12;
+    case WEFT_F32:
+      return 1e-5;
+    case WEFT_F16:
+      return 2e-3;
+    default:
+      return 1e-2; /* bf16: 8 mantissa bits on the output */
   }
 }
 
@@ -75,10 +79,12 @@ static double run_case(weft_dtype dt, bool ta, bool tb, int64_t m, int64_t n, in
       double err = fabs(got - want) / (scale[i * n + j] + 1e-30);
       if (scale[i * n + j] == 0) err = fabs(got - want) > 0 ? INFINITY : 0;
       cr_assert(err <= tol,
-                "%s ta %d tb %d m %" PRId64 " n %" PRId64 " k %" PRId64 " alpha %g beta %g "
+                "%s ta %d tb %d m %" PRId64 " n %" PRId64 " k %" PRId64
+                " alpha %g beta %g "
                 "(A %s, B %s): C[%" PRId64 ",%" PRId64 "] = %.9g, want %.9g (seed %lu)",
                 weft_dtype_name(dt), ta, tb, m, n, k, (double)alpha, (double)beta,
-                acm ? "col-major" : "row-major", bcm ? "col-major" : "row-major", i, j, got, want, seed);
+                acm ? "col-major" : "row-major", bcm ? "col-major" : "row-major", i, j, got, want,
+                seed);
       if (err > worst) worst = err;
     }
   free(ref);
@@ -102,7 +108,8 @@ Test(gemm, f32_all_transposes_all_odd_and_empty_sizes) {
         for (int c = 0; c < N_SIZES; c++) {
           float alpha = (float)(0.5 + weft_test_rng_unit(&r)),
                 beta = (c + a) % 3 == 0 ? 0.0f : (float)weft_test_rng_sym(&r);
-          double w = run_case(WEFT_F32, t & 1, t & 2, sizes[a], sizes[b], sizes[c], alpha, beta, &r, seed);
+          double w =
+              run_case(WEFT_F32, t & 1, t & 2, sizes[a], sizes[b], sizes[c], alpha, beta, &r, seed);
           if (w > worst) worst = w;
         }
   cr_log_info("f32 worst normalised error %.3g", worst);
@@ -137,7 +144,8 @@ Test(gemm, alpha_zero_and_k_zero_leave_beta_c) {
   float *pc = c->data;
   for (int i = 0; i < 8; i++) pc[i] = (float)i;
   OK(weft_gemm(false, false, 0.0f, a, b, 0.5f, c));
-  for (int i = 0; i < 8; i++) cr_expect_eq(pc[i], 0.5f * (float)i, "alpha 0: C[%d] = %g", i, (double)pc[i]);
+  for (int i = 0; i < 8; i++)
+    cr_expect_eq(pc[i], 0.5f * (float)i, "alpha 0: C[%d] = %g", i, (double)pc[i]);
   OK(weft_gemm(false, false, 1.0f, a0, b0, 2.0f, c)); /* K = 0 */
   for (int i = 0; i < 8; i++) cr_expect_eq(pc[i], (float)i, "k 0: C[%d] = %g", i, (double)pc[i]);
   weft_tensor_fill(c, NAN);
@@ -148,9 +156,9 @@ Test(gemm, alpha_zero_and_k_zero_leave_beta_c) {
 }
 
 /* Naive double reference on raw row-major arrays. */
-static void ref_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const float *a,
-                     int64_t lda, const float *b, int64_t ldb, double beta, const float *c0,
-                     int64_t ldc, double *out, double *scale) {
+static void ref_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                     const float *a, int64_t lda, const float *b, int64_t ldb, double beta,
+                     const float *c0, int64_t ldc, double *out, double *scale) {
   for (int64_t i = 0; i < m; i++)
     for (int64_t j = 0; j < n; j++) {
       double s = 0, sa = 0;
@@ -177,11 +185,14 @@ static void check_raw(bool blocked, bool ta, bool tb, int64_t m, int64_t n, int6
   float *a = rand_floats((ta ? k : m) * lda, r), *b = rand_floats((tb ? n : k) * ldb, r);
   float *c = rand_floats(m * ldc, r), *c0 = malloc(sizeof(float) * (size_t)(m * ldc + 1));
   memcpy(c0, c, sizeof(float) * (size_t)(m * ldc));
-  double *ref = malloc(sizeof(double) * (size_t)(m * n + 1)), *sc = malloc(sizeof(double) * (size_t)(m * n + 1));
+  double *ref = malloc(sizeof(double) * (size_t)(m * n + 1)),
+         *sc = malloc(sizeof(double) * (size_t)(m * n + 1));
   const float alpha = 0.75f, beta = -1.25f;
   ref_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c0, ldc, ref, sc);
-  if (blocked) weft_sgemm_blocked_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  else weft_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (blocked)
+    weft_sgemm_blocked_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    weft_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   for (int64_t i = 0; i < m; i++) {
     for (int64_t j = 0; j < n; j++)
       cr_assert(fabs(c[i * ldc + j] - ref[i * n + j]) <= 1e-5 * sc[i * n + j] + 1e-30,
@@ -218,11 +229,12 @@ Test(gemm, blocked_fallback_across_block_boundaries) {
   check_raw(true, false, true, 5, 5, 0, &r);
   /* double version */
   const int64_t m = 70, n = 65, k = 300;
-  double *a = malloc(sizeof(double) * (size_t)(m * k)), *b = malloc(sizeof(double) * (size_t)(k * n)),
+  double *a = malloc(sizeof(double) * (size_t)(m * k)),
+         *b = malloc(sizeof(double) * (size_t)(k * n)),
          *c = malloc(sizeof(double) * (size_t)(m * n));
   for (int64_t i = 0; i < m * k; i++) a[i] = weft_test_rng_sym(&r);
   for (int64_t i = 0; i < k * n; i++) b[i] = weft_test_rng_sym(&r);
-  for (int64_t i = 0; i < m * n; i++) c[i] = NAN; /* beta = 0 overwrites */
+  for (int64_t i = 0; i < m * n; i++) c[i] = NAN;                        /* beta = 0 overwrites */
   weft_dgemm_blocked_(true, false, m, n, k, 2.0, a, m, b, n, 0.0, c, n); /* A stored as (k, m) */
   for (int64_t i = 0; i < m; i++)
     for (int64_t j = 0; j < n; j++) {
@@ -231,7 +243,8 @@ Test(gemm, blocked_fallback_across_block_boundaries) {
         s += a[p * m + i] * b[p * n + j];
         sa += fabs(a[p * m + i] * b[p * n + j]);
       }
-      cr_assert(fabs(c[i * n + j] - 2.0 * s) <= 1e-13 * 2.0 * sa, "dgemm C[%" PRId64 ",%" PRId64 "]", i, j);
+      cr_assert(fabs(c[i * n + j] - 2.0 * s) <= 1e-13 * 2.0 * sa,
+                "dgemm C[%" PRId64 ",%" PRId64 "]", i, j);
     }
   free(a);
   free(b);
@@ -279,8 +292,10 @@ Test(gemm, bad_tensors_are_rejected_with_the_shapes) {
              "inner dims differ: op(A) is 2 x 3 (A f32[2, 3]), op(B) is 4 x 5 (B f32[4, 5])");
   EXPECT_ERR(weft_gemm(false, false, 1, a, b, 0, c2), WEFT_ERR_INVALID,
              "C is f32[2, 5] but op(A) @ op(B) is 2 x 4");
-  EXPECT_ERR(weft_gemm(true, false, 1, a, b, 0, c), WEFT_ERR_INVALID, "op(A) is 3 x 2 (A f32[2, 3], transposed)");
-  EXPECT_ERR(weft_gemm(false, false, 1, a3, b, 0, c), WEFT_ERR_INVALID, "A must be 2-D, got f32[1, 2, 3]");
+  EXPECT_ERR(weft_gemm(true, false, 1, a, b, 0, c), WEFT_ERR_INVALID,
+             "op(A) is 3 x 2 (A f32[2, 3], transposed)");
+  EXPECT_ERR(weft_gemm(false, false, 1, a3, b, 0, c), WEFT_ERR_INVALID,
+             "A must be 2-D, got f32[1, 2, 3]");
   EXPECT_ERR(weft_gemm(false, false, 1, a, bd, 0, c), WEFT_ERR_INVALID, "B f64[3, 4]");
   EXPECT_ERR(weft_gemm(false, false, 1, ai, bi, 0, ci), WEFT_ERR_UNSUPPORTED, "i32");
   EXPECT_ERR(weft_gemm(false, false, 1, NULL, b, 0, c), WEFT_ERR_INVALID, "A is NULL");

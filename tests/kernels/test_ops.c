@@ -12,12 +12,18 @@ static const weft_dtype float_dtypes[4] = {WEFT_F32, WEFT_F64, WEFT_BF16, WEFT_F
 /* Rounds v to dtype dt (through f32 for the 16-bit types). */
 static double round_to(weft_dtype dt, double v) {
   switch (dt) {
-    case WEFT_F32: return (float)v;
-    case WEFT_BF16: return weft_bf16_to_f32(weft_f32_to_bf16((float)v));
-    case WEFT_F16: return weft_f16_to_f32(weft_f32_to_f16((float)v));
-    case WEFT_I32: return (double)(int32_t)v;
-    case WEFT_I64: return (double)(int64_t)v;
-    default: return v;
+    case WEFT_F32:
+      return (float)v;
+    case WEFT_BF16:
+      return weft_bf16_to_f32(weft_f32_to_bf16((float)v));
+    case WEFT_F16:
+      return weft_f16_to_f32(weft_f32_to_f16((float)v));
+    case WEFT_I32:
+      return (double)(int32_t)v;
+    case WEFT_I64:
+      return (double)(int64_t)v;
+    default:
+      return v;
   }
 }
 
@@ -61,7 +67,8 @@ Test(ops, add_mul_match_reference_for_any_strides_and_aliasing) {
             double x = weft_tensor_get(ca, idx), y = weft_tensor_get(cb, idx);
             double want = round_to(dt, round_to(compute_dt(dt), op == OP_ADD ? x + y : x * y));
             double got = weft_tensor_get(out, idx);
-            cr_assert_eq(got, want, "%s %s ndim %d alias %d: %.9g %s %.9g = %.9g, want %.9g (seed %lu)",
+            cr_assert_eq(got, want,
+                         "%s %s ndim %d alias %d: %.9g %s %.9g = %.9g, want %.9g (seed %lu)",
                          weft_dtype_name(dt), op == OP_ADD ? "add" : "mul", ndim, alias, x,
                          op == OP_ADD ? "+" : "*", y, got, want, seed);
           } while (idx_next(idx, ndim, shape));
@@ -85,21 +92,25 @@ Test(ops, scale_and_axpy_match_reference) {
       random_shape(&r, &ndim, shape);
       const double alpha = 3.0 * weft_test_rng_sym(&r);
       weft_tensor y, x;
-      weft_tensor *by = make_strided(dt, ndim, shape, &r, &y), *bx = make_strided(dt, ndim, shape, &r, &x);
+      weft_tensor *by = make_strided(dt, ndim, shape, &r, &y),
+                  *bx = make_strided(dt, ndim, shape, &r, &x);
       weft_tensor *y0;
       OK(weft_tensor_clone(&y, &y0));
       OK(weft_axpy(&y, alpha, &x));
       const double al = round_to(compute_dt(dt), alpha);
       /* two roundings in the compute precision: t = al * x, then y + t */
-      const double eps = dt == WEFT_F64 ? 0x1p-52 : dt == WEFT_F32 ? 0x1p-23 : dt == WEFT_BF16 ? 0x1p-7 : 0x1p-10;
+      const double eps = dt == WEFT_F64    ? 0x1p-52
+                         : dt == WEFT_F32  ? 0x1p-23
+                         : dt == WEFT_BF16 ? 0x1p-7
+                                           : 0x1p-10;
       if (weft_tensor_numel(&y) > 0) {
         int64_t idx[WEFT_MAX_DIMS] = {0};
         do {
           double yv = weft_tensor_get(y0, idx), xv = weft_tensor_get(&x, idx);
           double want = yv + al * xv, got = weft_tensor_get(&y, idx);
           cr_assert(fabs(got - want) <= eps * (fabs(yv) + fabs(al * xv)),
-                    "%s axpy: %.9g + %.9g * %.9g = %.9g, want %.9g (seed %lu)", weft_dtype_name(dt), yv,
-                    al, xv, got, want, seed);
+                    "%s axpy: %.9g + %.9g * %.9g = %.9g, want %.9g (seed %lu)", weft_dtype_name(dt),
+                    yv, al, xv, got, want, seed);
         } while (idx_next(idx, ndim, shape));
       }
       /* scale x in place */
@@ -110,9 +121,10 @@ Test(ops, scale_and_axpy_match_reference) {
         int64_t idx[WEFT_MAX_DIMS] = {0};
         do {
           double xv = weft_tensor_get(x0, idx);
-          double want = round_to(dt, round_to(compute_dt(dt), xv * al)), got = weft_tensor_get(&x, idx);
-          cr_assert_eq(got, want, "%s scale: %.9g * %.9g = %.9g, want %.9g (seed %lu)", weft_dtype_name(dt),
-                       xv, al, got, want, seed);
+          double want = round_to(dt, round_to(compute_dt(dt), xv * al)),
+                 got = weft_tensor_get(&x, idx);
+          cr_assert_eq(got, want, "%s scale: %.9g * %.9g = %.9g, want %.9g (seed %lu)",
+                       weft_dtype_name(dt), xv, al, got, want, seed);
         } while (idx_next(idx, ndim, shape));
       }
       weft_tensor_destroy(x0);
@@ -146,12 +158,14 @@ Test(ops, contiguous_f32_fast_paths_are_exact) {
   OK(weft_tensor_clone(b, &b0));
   const float *pb0 = b0->data;
   OK(weft_scale(b, 1.0 / 3.0));
-  for (int64_t i = 0; i < N; i++) cr_assert_eq(pb[i], pb0[i] * (float)(1.0 / 3.0), "scale %" PRId64, i);
+  for (int64_t i = 0; i < N; i++)
+    cr_assert_eq(pb[i], pb0[i] * (float)(1.0 / 3.0), "scale %" PRId64, i);
   OK(weft_tensor_copy(a0, a));
   OK(weft_add(a, a, a)); /* full aliasing */
   for (int64_t i = 0; i < N; i++) cr_assert_eq(pa[i], pa0[i] + pa0[i], "a + a %" PRId64, i);
   OK(weft_mul(b, a, b)); /* out aliases the second input */
-  for (int64_t i = 0; i < N; i++) cr_assert_eq(pb[i], pa[i] * (pb0[i] * (float)(1.0 / 3.0)), "a * b %" PRId64, i);
+  for (int64_t i = 0; i < N; i++)
+    cr_assert_eq(pb[i], pa[i] * (pb0[i] * (float)(1.0 / 3.0)), "a * b %" PRId64, i);
   weft_tensor *list[] = {a, b, o, a0, b0};
   for (int i = 0; i < 5; i++) weft_tensor_destroy(list[i]);
 }
@@ -166,7 +180,8 @@ Test(ops, elementwise_bad_input) {
   OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 2, s23, &j));
   EXPECT_ERR(weft_add(a, a, b), WEFT_ERR_INVALID, "shape mismatch: out f32[2, 3], b f32[3, 2]");
   EXPECT_ERR(weft_mul(a, c, a), WEFT_ERR_INVALID, "dtype mismatch: out f32[2, 3], a bf16[2, 3]");
-  EXPECT_ERR(weft_add(i, i, j), WEFT_ERR_INVALID, "out i32[2, 3]: elementwise ops need a float dtype");
+  EXPECT_ERR(weft_add(i, i, j), WEFT_ERR_INVALID,
+             "out i32[2, 3]: elementwise ops need a float dtype");
   EXPECT_ERR(weft_axpy(a, 1.0, b), WEFT_ERR_INVALID, "shape mismatch: y f32[2, 3], x f32[3, 2]");
   EXPECT_ERR(weft_axpy(a, 1.0, NULL), WEFT_ERR_INVALID, "x is NULL");
   EXPECT_ERR(weft_scale(i, 2.0), WEFT_ERR_INVALID, "i32");
@@ -214,17 +229,24 @@ Test(ops, reduce_over_a_dim_matches_reference) {
             for (int64_t k = 0; k < len; k++) {
               if (ndim > 0) src[d] = k;
               double v = weft_tensor_get(&t, src);
-              if (kind == WEFT_REDUCE_SUM) acc += v;
-              else if (kind == WEFT_REDUCE_SUMSQ) acc += v * v;
-              else if (v > acc) acc = v;
+              if (kind == WEFT_REDUCE_SUM)
+                acc += v;
+              else if (kind == WEFT_REDUCE_SUMSQ)
+                acc += v * v;
+              else if (v > acc)
+                acc = v;
               mag += kind == WEFT_REDUCE_SUMSQ ? v * v : fabs(v);
             }
             double want = round_to(dt, acc), got = weft_tensor_get(&o, idx);
-            double tol = 1e-12 * mag + (dt == WEFT_BF16 ? 0x1p-8 : dt == WEFT_F16 ? 0x1p-11 : 0x1p-24) * fabs(acc);
+            double tol = 1e-12 * mag + (dt == WEFT_BF16  ? 0x1p-8
+                                        : dt == WEFT_F16 ? 0x1p-11
+                                                         : 0x1p-24) *
+                                           fabs(acc);
             if (dt == WEFT_F64) tol = 1e-12 * mag;
             if (dt == WEFT_I32 || kind == WEFT_REDUCE_MAX) tol = 0;
-            cr_assert(fabs(got - want) <= tol, "%s %s dim %d of ndim %d: %.17g, want %.17g (seed %lu)",
-                      weft_dtype_name(dt), kind_str((weft_reduce_kind)kind), dim, ndim, got, want, seed);
+            cr_assert(fabs(got - want) <= tol,
+                      "%s %s dim %d of ndim %d: %.17g, want %.17g (seed %lu)", weft_dtype_name(dt),
+                      kind_str((weft_reduce_kind)kind), dim, ndim, got, want, seed);
           } while (idx_next(idx, ndim, oshape));
         }
         weft_tensor_destroy(bt);
@@ -244,11 +266,14 @@ Test(ops, reduce_all_matches_reference_and_fast_path) {
     for (int64_t i = 0; i < n[0]; i++) {
       p[i] = (float)(weft_test_rng_sym(&r) + 0.25);
       double v = p[i];
-      acc = kind == WEFT_REDUCE_SUM ? acc + v : kind == WEFT_REDUCE_SUMSQ ? acc + v * v : (v > acc ? v : acc);
+      acc = kind == WEFT_REDUCE_SUM     ? acc + v
+            : kind == WEFT_REDUCE_SUMSQ ? acc + v * v
+                                        : (v > acc ? v : acc);
     }
     double got;
     OK(weft_reduce_all(t, (weft_reduce_kind)kind, &got));
-    cr_expect(fabs(got - acc) <= 1e-12 * (fabs(acc) + n[0]), "%s: %.17g vs %.17g", kind_str((weft_reduce_kind)kind), got, acc);
+    cr_expect(fabs(got - acc) <= 1e-12 * (fabs(acc) + n[0]), "%s: %.17g vs %.17g",
+              kind_str((weft_reduce_kind)kind), got, acc);
     weft_tensor_destroy(t);
     /* strided, every float dtype and i64 */
     const weft_dtype dts[5] = {WEFT_F32, WEFT_F64, WEFT_BF16, WEFT_F16, WEFT_I64};
@@ -260,11 +285,13 @@ Test(ops, reduce_all_matches_reference_and_fast_path) {
       int64_t idx[3] = {0, 0, 0};
       do {
         double x = weft_tensor_get(&v, idx);
-        ref = kind == WEFT_REDUCE_SUM ? ref + x : kind == WEFT_REDUCE_SUMSQ ? ref + x * x : (x > ref ? x : ref);
+        ref = kind == WEFT_REDUCE_SUM     ? ref + x
+              : kind == WEFT_REDUCE_SUMSQ ? ref + x * x
+                                          : (x > ref ? x : ref);
       } while (idx_next(idx, 3, shape));
       OK(weft_reduce_all(&v, (weft_reduce_kind)kind, &got));
-      cr_expect(fabs(got - ref) <= 1e-9 * fabs(ref), "%s %s: %.17g vs %.17g", weft_dtype_name(dts[di]),
-                kind_str((weft_reduce_kind)kind), got, ref);
+      cr_expect(fabs(got - ref) <= 1e-9 * fabs(ref), "%s %s: %.17g vs %.17g",
+                weft_dtype_name(dts[di]), kind_str((weft_reduce_kind)kind), got, ref);
       weft_tensor_destroy(b);
     }
   }
@@ -299,7 +326,8 @@ Test(ops, reductions_nan_empty_and_bad_input) {
   OK(weft_reduce(e, WEFT_REDUCE_SUMSQ, 0, eo));
   q = eo->data;
   for (int i = 0; i < 3; i++) cr_expect_eq(q[i], 0.0f);
-  EXPECT_ERR(weft_reduce(e, WEFT_REDUCE_MAX, 0, eo), WEFT_ERR_INVALID, "max over dim 0 of size 0 in f32[0, 3]");
+  EXPECT_ERR(weft_reduce(e, WEFT_REDUCE_MAX, 0, eo), WEFT_ERR_INVALID,
+             "max over dim 0 of size 0 in f32[0, 3]");
   OK(weft_reduce_all(e, WEFT_REDUCE_SUM, &all));
   cr_expect_eq(all, 0.0);
   EXPECT_ERR(weft_reduce_all(e, WEFT_REDUCE_MAX, &all), WEFT_ERR_INVALID, "empty tensor f32[0, 3]");
@@ -315,8 +343,10 @@ Test(ops, reductions_nan_empty_and_bad_input) {
   EXPECT_ERR(weft_reduce(t, WEFT_REDUCE_SUM, 0, o2), WEFT_ERR_INVALID,
              "out f32[2, 1] must be the input f32[2, 3] with dim 0 of size 1");
   EXPECT_ERR(weft_reduce(t, WEFT_REDUCE_SUM, 0, o3), WEFT_ERR_INVALID, "keepdim");
-  EXPECT_ERR(weft_reduce(t, WEFT_REDUCE_SUM, 2, o1), WEFT_ERR_INVALID, "dim 2 out of range for f32[2, 3] (expected -2..1)");
-  EXPECT_ERR(weft_reduce(t, WEFT_REDUCE_SUM, 0, ob), WEFT_ERR_INVALID, "out bf16[1, 3] must have the input's dtype");
+  EXPECT_ERR(weft_reduce(t, WEFT_REDUCE_SUM, 2, o1), WEFT_ERR_INVALID,
+             "dim 2 out of range for f32[2, 3] (expected -2..1)");
+  EXPECT_ERR(weft_reduce(t, WEFT_REDUCE_SUM, 0, ob), WEFT_ERR_INVALID,
+             "out bf16[1, 3] must have the input's dtype");
   EXPECT_ERR(weft_reduce(t, (weft_reduce_kind)9, 0, o1), WEFT_ERR_INVALID, "kind 9");
   EXPECT_ERR(weft_reduce(t, WEFT_REDUCE_SUM, 0, NULL), WEFT_ERR_INVALID, "out is NULL");
   EXPECT_ERR(weft_reduce_all(t, WEFT_REDUCE_SUM, NULL), WEFT_ERR_INVALID, "out is NULL");

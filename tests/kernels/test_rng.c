@@ -45,14 +45,16 @@ Test(rng, elements_follow_the_documented_recipe) {
   OK(weft_tensor_create(WEFT_F64, WEFT_CPU, 2, shape, &t));
   const uint64_t seed = 1234, key = weft_rng_key("w");
   for (int normal = 0; normal < 2; normal++) {
-    if (normal) OK(weft_tensor_fill_normal(t, seed, key, NULL, 0.25f, 2.0f));
-    else OK(weft_tensor_fill_uniform(t, seed, key, NULL, -1.0f, 3.0f));
+    if (normal)
+      OK(weft_tensor_fill_normal(t, seed, key, NULL, 0.25f, 2.0f));
+    else
+      OK(weft_tensor_fill_uniform(t, seed, key, NULL, -1.0f, 3.0f));
     const double *p = t->data;
     for (int64_t e = 0; e < 35; e++) {
       double want = normal ? recipe(seed, key, (uint64_t)e, true, 0.25, 2.0)
                            : recipe(seed, key, (uint64_t)e, false, -1.0, 3.0);
-      cr_assert(fabs(p[e] - want) <= 1e-12 * (1 + fabs(want)), "element %" PRId64 ": %.17g vs %.17g",
-                e, p[e], want);
+      cr_assert(fabs(p[e] - want) <= 1e-12 * (1 + fabs(want)),
+                "element %" PRId64 ": %.17g vs %.17g", e, p[e], want);
     }
   }
   weft_tensor_destroy(t);
@@ -87,13 +89,15 @@ static void check_shard(const weft_tensor *full, int ndim, const int64_t *off, c
     OK(weft_tensor_create(full->dtype, WEFT_CPU, ndim, len, &holder));
     local = holder;
   }
-  if (normal) OK(weft_tensor_fill_normal(local, seed, key, &reg, 0.0f, 1.0f));
-  else OK(weft_tensor_fill_uniform(local, seed, key, &reg, -2.0f, 5.0f));
+  if (normal)
+    OK(weft_tensor_fill_normal(local, seed, key, &reg, 0.0f, 1.0f));
+  else
+    OK(weft_tensor_fill_uniform(local, seed, key, &reg, -2.0f, 5.0f));
   char desc[64];
   weft_tensor_describe(view, desc, sizeof desc);
   cr_assert(weft_tensor_equal(local, view),
-            "shard %s at offset (%" PRId64 ", %" PRId64 ") differs from the full fill (%s, %s)", desc,
-            off[0], ndim > 1 ? off[1] : 0, normal ? "normal" : "uniform",
+            "shard %s at offset (%" PRId64 ", %" PRId64 ") differs from the full fill (%s, %s)",
+            desc, off[0], ndim > 1 ? off[1] : 0, normal ? "normal" : "uniform",
             strided_dst ? "strided" : "contiguous");
   weft_tensor_destroy(holder);
   weft_tensor_destroy(view);
@@ -107,8 +111,10 @@ Test(rng, shard_fills_equal_slices_of_the_full_fill) {
       int64_t shape[2] = {7, 10};
       weft_tensor *full;
       OK(weft_tensor_create(dts[di], WEFT_CPU, 2, shape, &full));
-      if (normal) OK(weft_tensor_fill_normal(full, seed, key, NULL, 0.0f, 1.0f));
-      else OK(weft_tensor_fill_uniform(full, seed, key, NULL, -2.0f, 5.0f));
+      if (normal)
+        OK(weft_tensor_fill_normal(full, seed, key, NULL, 0.0f, 1.0f));
+      else
+        OK(weft_tensor_fill_uniform(full, seed, key, NULL, -2.0f, 5.0f));
       /* Shard(0) over 3 and 8 ranks (uneven, then empty), Shard(1) over 4,
        * and 2-D (Shard(0), Shard(1)) over a 2 x 3 mesh */
       const int64_t ks[4][2] = {{3, 1}, {8, 1}, {1, 4}, {2, 3}};
@@ -183,7 +189,8 @@ Test(rng, uniform_moments_and_range) {
   cr_expect(fabs(mean - 1.0) < 0.019, "mean %g (seed %lu)", mean, seed);
   cr_expect(fabs(var - 4.0 / 3.0) < 0.02, "var %g (seed %lu)", var, seed);
   for (int b = 0; b < 8; b++)
-    cr_expect(labs((long)bins[b] - 12500) < 520, "bin %d holds %" PRId64 " (seed %lu)", b, bins[b], seed);
+    cr_expect(labs((long)bins[b] - 12500) < 520, "bin %d holds %" PRId64 " (seed %lu)", b, bins[b],
+              seed);
   weft_tensor_destroy(t);
 }
 
@@ -205,7 +212,8 @@ Test(rng, uniform_never_reaches_hi_after_rounding) {
     }
     /* the samples that would have rounded up to 1.0 land on the value below */
     cr_expect_eq(mx, below, "%s max %g", weft_dtype_name(dts[di]), mx);
-    cr_expect_gt(top, 20, "%s: %" PRId64 " samples at the top value", weft_dtype_name(dts[di]), top);
+    cr_expect_gt(top, 20, "%s: %" PRId64 " samples at the top value", weft_dtype_name(dts[di]),
+                 top);
     weft_tensor_destroy(t);
   }
 }
@@ -263,7 +271,8 @@ Test(rng, scalars_empties_and_bad_input) {
   OK(weft_tensor_fill_normal(e, 1, 2, NULL, 0.0f, 1.0f));
   OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 1, s3, &i32));
   EXPECT_ERR(weft_tensor_fill_normal(i32, 1, 2, NULL, 0.0f, 1.0f), WEFT_ERR_INVALID, "i32[3]");
-  EXPECT_ERR(weft_tensor_fill_uniform(i32, 1, 2, NULL, 0.0f, 1.0f), WEFT_ERR_INVALID, "float dtype");
+  EXPECT_ERR(weft_tensor_fill_uniform(i32, 1, 2, NULL, 0.0f, 1.0f), WEFT_ERR_INVALID,
+             "float dtype");
   OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s34, &t));
   weft_rng_region r1 = {.ndim = 1, .global_shape = {3}, .offset = {0}};
   EXPECT_ERR(weft_tensor_fill_normal(t, 1, 2, &r1, 0.0f, 1.0f), WEFT_ERR_INVALID,

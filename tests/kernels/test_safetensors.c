@@ -45,7 +45,8 @@ static unsigned char *slurp(const char *path, size_t *len) {
 
 /* Writes 8-byte length + header + `data_len` bytes of data (a raw file for
  * the corruption cases). hlen_override >= 0 replaces the stated length. */
-static void write_raw(const char *path, const char *header, size_t data_len, int64_t hlen_override) {
+static void write_raw(const char *path, const char *header, size_t data_len,
+                      int64_t hlen_override) {
   FILE *f = fopen(path, "wb");
   cr_assert(f != NULL);
   uint64_t n = hlen_override >= 0 ? (uint64_t)hlen_override : strlen(header);
@@ -70,10 +71,14 @@ Test(safetensors, write_then_read_roundtrips_every_dtype, .init = make_tmpdir, .
   const int64_t s_f32[2] = {3, 4}, s_f64[1] = {2}, s_bf16[1] = {5}, s_f16[2] = {2, 2},
                 s_i64[1] = {3}, s_u8[1] = {7}, s_empty[2] = {0, 3};
   const weft_safetensors_entry e[] = {
-      {"w.f32", WEFT_F32, 2, s_f32, f32},      {"b.f64", WEFT_F64, 1, s_f64, f64},
-      {"z\"quoted\\name", WEFT_BF16, 1, s_bf16, bf16}, {"h", WEFT_F16, 2, s_f16, f16},
-      {"scalar", WEFT_I32, 0, NULL, i32},      {"i64", WEFT_I64, 1, s_i64, i64},
-      {"bytes", WEFT_U8, 1, s_u8, u8},         {"empty", WEFT_F32, 2, s_empty, NULL},
+      {"w.f32", WEFT_F32, 2, s_f32, f32},
+      {"b.f64", WEFT_F64, 1, s_f64, f64},
+      {"z\"quoted\\name", WEFT_BF16, 1, s_bf16, bf16},
+      {"h", WEFT_F16, 2, s_f16, f16},
+      {"scalar", WEFT_I32, 0, NULL, i32},
+      {"i64", WEFT_I64, 1, s_i64, i64},
+      {"bytes", WEFT_U8, 1, s_u8, u8},
+      {"empty", WEFT_F32, 2, s_empty, NULL},
   };
   const int n = sizeof e / sizeof e[0];
   const void *data[] = {f32, f64, bf16, f16, i32, i64, u8, NULL};
@@ -103,7 +108,8 @@ Test(safetensors, write_then_read_roundtrips_every_dtype, .init = make_tmpdir, .
     for (int i = 0; i < n; i++) {
       if (weft_dtype_size(e[i].dtype) != esz) continue;
       if (bytes[i]) cr_expect(memcmp(raw + off, data[i], bytes[i]) == 0, "bytes of %s", e[i].name);
-      cr_expect_eq(off % esz, 0, "%s at file offset %zu is not %zu-byte aligned", e[i].name, off, esz);
+      cr_expect_eq(off % esz, 0, "%s at file offset %zu is not %zu-byte aligned", e[i].name, off,
+                   esz);
       off += bytes[i];
     }
 
@@ -183,8 +189,8 @@ Test(safetensors, read_slice_matches_naive_slicing, .init = make_tmpdir, .fini =
     double got64[210];
     naive_slice(x, shape, st, ln, want);
     int64_t cnt = ln[0] * ln[1] * ln[2];
-    cr_assert_eq(weft_safetensors_read_slice(f, "x", 3, st, ln, WEFT_F32, got, 210), WEFT_OK,
-                 "%s", weft_last_error());
+    cr_assert_eq(weft_safetensors_read_slice(f, "x", 3, st, ln, WEFT_F32, got, 210), WEFT_OK, "%s",
+                 weft_last_error());
     cr_expect(memcmp(got, want, (size_t)cnt * sizeof(float)) == 0, "box %zu differs", b);
     cr_assert_eq(weft_safetensors_read_slice(f, "x", 3, st, ln, WEFT_F64, got64, 210), WEFT_OK);
     for (int64_t i = 0; i < cnt; i++)
@@ -196,9 +202,12 @@ Test(safetensors, read_slice_matches_naive_slicing, .init = make_tmpdir, .fini =
   /* bad boxes and destinations */
   const int64_t st0[3] = {0, 0, 0}, out[3] = {0, 0, 8}, neg[3] = {-1, 0, 0}, ok[3] = {1, 1, 1};
   float small[4];
-  cr_expect_eq(weft_safetensors_read_slice(f, "x", 3, st0, out, WEFT_F32, rows, 84), WEFT_ERR_INVALID);
-  cr_expect_eq(weft_safetensors_read_slice(f, "x", 3, neg, ok, WEFT_F32, rows, 84), WEFT_ERR_INVALID);
-  cr_expect_eq(weft_safetensors_read_slice(f, "x", 2, st0, ok, WEFT_F32, rows, 84), WEFT_ERR_INVALID);
+  cr_expect_eq(weft_safetensors_read_slice(f, "x", 3, st0, out, WEFT_F32, rows, 84),
+               WEFT_ERR_INVALID);
+  cr_expect_eq(weft_safetensors_read_slice(f, "x", 3, neg, ok, WEFT_F32, rows, 84),
+               WEFT_ERR_INVALID);
+  cr_expect_eq(weft_safetensors_read_slice(f, "x", 2, st0, ok, WEFT_F32, rows, 84),
+               WEFT_ERR_INVALID);
   cr_expect_eq(weft_safetensors_read(f, "x", WEFT_F32, small, 4), WEFT_ERR_INVALID);
   cr_expect(strstr(weft_last_error(), "holds 4 elements") != NULL, "%s", weft_last_error());
   cr_expect_eq(weft_safetensors_read_rows(f, "x", 4, 2, WEFT_F32, rows, 84), WEFT_ERR_INVALID);
@@ -210,7 +219,8 @@ Test(safetensors, read_slice_matches_naive_slicing, .init = make_tmpdir, .fini =
 
 /* Column slices of a wide matrix exercise the merged-window reads; rows
  * longer than the staging buffer exercise the chunked conversion. */
-Test(safetensors, large_column_and_row_slices_read_correctly, .init = make_tmpdir, .fini = rm_tmpdir) {
+Test(safetensors, large_column_and_row_slices_read_correctly, .init = make_tmpdir,
+     .fini = rm_tmpdir) {
   const int64_t R = 300, C = 2000, W = 700000;
   float *a = malloc((size_t)(R * C) * sizeof(float)), *w = malloc((size_t)(2 * W) * sizeof(float));
   for (int64_t i = 0; i < R * C; i++) a[i] = (float)i;
@@ -235,12 +245,16 @@ Test(safetensors, large_column_and_row_slices_read_correctly, .init = make_tmpdi
     cr_expect_eq(bad, 0, "column slice %zu: %lld wrong elements", c, (long long)bad);
   }
   double *wd = malloc((size_t)W * sizeof(double));
-  cr_assert_eq(weft_safetensors_read_rows(f, "w", 1, 1, WEFT_F64, wd, W), WEFT_OK, "%s", weft_last_error());
+  cr_assert_eq(weft_safetensors_read_rows(f, "w", 1, 1, WEFT_F64, wd, W), WEFT_OK, "%s",
+               weft_last_error());
   int64_t bad = 0;
   for (int64_t j = 0; j < W; j++) bad += wd[j] != (double)w[W + j];
   cr_expect_eq(bad, 0, "long row as f64: %lld wrong", (long long)bad);
   weft_safetensors_close(f);
-  free(a); free(w); free(got); free(wd);
+  free(a);
+  free(w);
+  free(got);
+  free(wd);
 }
 
 Test(safetensors, float_conversions_round_as_weft_does, .init = make_tmpdir, .fini = rm_tmpdir) {
@@ -302,10 +316,11 @@ Test(safetensors, corrupt_files_are_rejected_with_file_and_tensor_named, .init =
        "end before", 8, -1},
       {"overlap",
        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-       "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", "'b'", "overlaps", 12, -1},
+       "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+       "'b'", "overlaps", 12, -1},
       {"shape times dtype != length",
-       "{\"s\":{\"dtype\":\"F64\",\"shape\":[2,3],\"data_offsets\":[0,40]}}", "'s'", "give 48 bytes",
-       48, -1},
+       "{\"s\":{\"dtype\":\"F64\",\"shape\":[2,3],\"data_offsets\":[0,40]}}", "'s'",
+       "give 48 bytes", 48, -1},
       {"negative shape", "{\"n\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,0]}}", "'n'",
        "shape[0]", 0, -1},
       {"fractional offset", "{\"o\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1.5]}}",
@@ -313,11 +328,12 @@ Test(safetensors, corrupt_files_are_rejected_with_file_and_tensor_named, .init =
       {"missing dtype", "{\"m\":{\"shape\":[1],\"data_offsets\":[0,4]}}", "'m'", "dtype", 4, -1},
       {"duplicate name",
        "{\"d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
-       "\"d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", "'d'", "twice", 2, -1},
+       "\"d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+       "'d'", "twice", 2, -1},
       {"metadata value not a string", "{\"__metadata__\":{\"k\":3}}", NULL, "not a string", 0, -1},
       {"shape product overflows",
-       "{\"v\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", "'v'",
-       "more than", 4, -1},
+       "{\"v\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}",
+       "'v'", "more than", 4, -1},
   };
   char path[300];
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -328,7 +344,8 @@ Test(safetensors, corrupt_files_are_rejected_with_file_and_tensor_named, .init =
     const char *msg = weft_last_error();
     cr_expect_eq(st, WEFT_ERR_CORRUPT, "%s: status %d (%s)", cases[i].what, st, msg);
     cr_expect_null(f, "%s: *out must be NULL on failure", cases[i].what);
-    cr_expect(strstr(msg, path) != NULL, "%s: message does not name the file: %s", cases[i].what, msg);
+    cr_expect(strstr(msg, path) != NULL, "%s: message does not name the file: %s", cases[i].what,
+              msg);
     if (cases[i].tensor)
       cr_expect(strstr(msg, cases[i].tensor) != NULL, "%s: message does not name the tensor: %s",
                 cases[i].what, msg);
@@ -348,8 +365,10 @@ Test(safetensors, corrupt_files_are_rejected_with_file_and_tensor_named, .init =
   cr_expect(strstr(weft_last_error(), "absent.safetensors") != NULL, "%s", weft_last_error());
   /* gaps between tensors are accepted; empty tensors may share offsets */
   path_in(path, sizeof path, "gap.safetensors");
-  write_raw(path, "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[4,6]},"
-                  "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[5,5]}}   ", 8, -1);
+  write_raw(path,
+            "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[4,6]},"
+            "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[5,5]}}   ",
+            8, -1);
   cr_assert_eq(weft_safetensors_open(path, &f), WEFT_OK, "%s", weft_last_error());
   uint8_t two[2];
   cr_assert_eq(weft_safetensors_read(f, "a", WEFT_U8, two, 2), WEFT_OK);
@@ -366,8 +385,8 @@ Test(safetensors, writer_rejects_bad_entries, .init = make_tmpdir, .fini = rm_tm
   cr_expect_eq(weft_safetensors_write(path, dup, 2, NULL), WEFT_ERR_INVALID);
   cr_expect(strstr(weft_last_error(), "'a' given twice") != NULL, "%s", weft_last_error());
   weft_safetensors_entry bad[] = {
-      {"", WEFT_F32, 1, s, x}, {"__metadata__", WEFT_F32, 1, s, x}, {NULL, WEFT_F32, 1, s, x},
-      {"n", WEFT_F32, 1, neg, x}, {"d", (weft_dtype)99, 1, s, x}, {"p", WEFT_F32, 1, s, NULL},
+      {"", WEFT_F32, 1, s, x},    {"__metadata__", WEFT_F32, 1, s, x}, {NULL, WEFT_F32, 1, s, x},
+      {"n", WEFT_F32, 1, neg, x}, {"d", (weft_dtype)99, 1, s, x},      {"p", WEFT_F32, 1, s, NULL},
       {"k", WEFT_F32, 9, s, x},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
@@ -396,7 +415,8 @@ Test(safetensors, reads_golden_files) {
     cr_expect_eq(weft_safetensors_count(f), 3 + 9 * 2);
     weft_safetensors_info info;
     cr_assert_eq(weft_safetensors_find(f, "tok_embeddings.weight", &info), WEFT_OK);
-    cr_expect(info.dtype == WEFT_F32 && info.ndim == 2 && info.shape[0] == 96 && info.shape[1] == 64);
+    cr_expect(info.dtype == WEFT_F32 && info.ndim == 2 && info.shape[0] == 96 &&
+              info.shape[1] == 64);
     cr_assert_eq(weft_safetensors_find(f, "layers.1.attention.wk.weight", &info), WEFT_OK);
     cr_expect(info.shape[0] == kv[c] * 16 && info.shape[1] == 64, "%s wk [%lld, %lld]", cfgs[c],
               (long long)info.shape[0], (long long)info.shape[1]);
@@ -404,8 +424,11 @@ Test(safetensors, reads_golden_files) {
     cr_expect(info.shape[0] == 64 && info.shape[1] == 172);
     /* a rank's rows equal the same rows of the whole tensor */
     float all[96 * 64], rows[10 * 64];
-    cr_assert_eq(weft_safetensors_read(f, "tok_embeddings.weight", WEFT_F32, all, 96 * 64), WEFT_OK);
-    cr_assert_eq(weft_safetensors_read_rows(f, "tok_embeddings.weight", 40, 10, WEFT_F32, rows, 640), WEFT_OK);
+    cr_assert_eq(weft_safetensors_read(f, "tok_embeddings.weight", WEFT_F32, all, 96 * 64),
+                 WEFT_OK);
+    cr_assert_eq(
+        weft_safetensors_read_rows(f, "tok_embeddings.weight", 40, 10, WEFT_F32, rows, 640),
+        WEFT_OK);
     cr_expect(memcmp(rows, all + 40 * 64, sizeof rows) == 0);
     /* norm weights are not all ones (golden/README.md) */
     float nw[64];
@@ -433,8 +456,8 @@ Test(safetensors, reads_golden_files) {
     const char *p = strstr((const char *)j, "\"grad_norm_before_clip\":");
     cr_assert(p != NULL);
     double want = strtod(p + strlen("\"grad_norm_before_clip\":"), NULL);
-    cr_expect(fabs(sqrt(ss) - want) <= 1e-12 * want, "%s: norm of golden grads %.17g, expected.json %.17g",
-              cfgs[c], sqrt(ss), want);
+    cr_expect(fabs(sqrt(ss) - want) <= 1e-12 * want,
+              "%s: norm of golden grads %.17g, expected.json %.17g", cfgs[c], sqrt(ss), want);
     free(j);
   }
 }

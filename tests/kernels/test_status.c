@@ -10,7 +10,9 @@
 
 #include "status.h"
 
-static weft_status raise_inner(void) { return weft_error_at(WEFT_ERR_INVALID, "check_args", "bad %d", 7); }
+static weft_status raise_inner(void) {
+  return weft_error_at(WEFT_ERR_INVALID, "check_args", "bad %d", 7);
+}
 
 Test(status, head_is_the_outermost_public_function_origin_and_trail_follow) {
   weft_error_set_rank(-1);
@@ -50,8 +52,8 @@ Test(status, wrapping_the_last_error_reads_it_intact) {
   weft_error_set_rank(-1);
   weft_error_at(WEFT_ERR_IO, "read_file", "short read of '%s'", "x.bin");
   weft_error_trace(WEFT_ERR_IO, "weft_dcp_load");
-  weft_status st = weft_error_at(WEFT_ERR_IO, "weft_dcp_agree", "load failed on rank 1: %s",
-                                 weft_last_error());
+  weft_status st =
+      weft_error_at(WEFT_ERR_IO, "weft_dcp_agree", "load failed on rank 1: %s", weft_last_error());
   cr_assert_eq(st, WEFT_ERR_IO);
   cr_assert_str_eq(weft_last_error(),
                    "weft_dcp_agree: load failed on rank 1: weft_dcp_load: short read of 'x.bin'\n"

@@ -172,8 +172,9 @@ Test(tensor, narrow_selects_the_right_elements) {
         int64_t src[3] = {idx[0], idx[1], idx[2]};
         src[d] += cases[c].start;
         double want = (double)((src[0] * 5 + src[1]) * 4 + src[2]);
-        cr_assert_eq(weft_tensor_get(v, idx), want, "case %zu at (%" PRId64 ",%" PRId64 ",%" PRId64 ")",
-                     c, idx[0], idx[1], idx[2]);
+        cr_assert_eq(weft_tensor_get(v, idx), want,
+                     "case %zu at (%" PRId64 ",%" PRId64 ",%" PRId64 ")", c, idx[0], idx[1],
+                     idx[2]);
       } while (idx_next(idx, 3, v->shape));
     weft_tensor_destroy(v);
   }
@@ -183,7 +184,8 @@ Test(tensor, narrow_selects_the_right_elements) {
   cr_expect_null(v);
   EXPECT_ERR(weft_tensor_narrow(t, 0, -1, 1, &v), WEFT_ERR_INVALID, "start -1");
   EXPECT_ERR(weft_tensor_narrow(t, 0, 0, -2, &v), WEFT_ERR_INVALID, "len -2");
-  EXPECT_ERR(weft_tensor_narrow(t, 3, 0, 1, &v), WEFT_ERR_INVALID, "dim 3 out of range for f64[3, 5, 4] (expected -3..2)");
+  EXPECT_ERR(weft_tensor_narrow(t, 3, 0, 1, &v), WEFT_ERR_INVALID,
+             "dim 3 out of range for f64[3, 5, 4] (expected -3..2)");
   EXPECT_ERR(weft_tensor_narrow(t, -4, 0, 1, &v), WEFT_ERR_INVALID, "dim -4");
   EXPECT_ERR(weft_tensor_narrow(t, 0, INT64_MAX, INT64_MAX, &v), WEFT_ERR_INVALID, "start");
   EXPECT_ERR(weft_tensor_narrow(NULL, 0, 0, 1, &v), WEFT_ERR_INVALID, "NULL");
@@ -210,7 +212,8 @@ Test(tensor, view_reshapes_contiguous_tensors_only) {
   EXPECT_ERR(weft_tensor_view(tr, 1, flat, &v), WEFT_ERR_INVALID, "f64[6, 4] is strided");
   weft_tensor_destroy(tr);
   int64_t bad[2] = {5, 5};
-  EXPECT_ERR(weft_tensor_view(t, 2, bad, &v), WEFT_ERR_INVALID, "view shape [5, 5] has 25 elements, f64[4, 6] has 24");
+  EXPECT_ERR(weft_tensor_view(t, 2, bad, &v), WEFT_ERR_INVALID,
+             "view shape [5, 5] has 25 elements, f64[4, 6] has 24");
   int64_t two[2] = {-1, -1};
   EXPECT_ERR(weft_tensor_view(t, 2, two, &v), WEFT_ERR_INVALID, "more than one -1");
   int64_t nodiv[2] = {-1, 5};
@@ -253,17 +256,17 @@ Test(tensor, chunk_range_matches_torch_chunk) {
   const struct {
     int64_t n, k, lens[6];
   } cases[] = {
-      {10, 3, {4, 4, 2}}, {5, 4, {2, 2, 1, 0}},      {2, 5, {1, 1, 0, 0, 0}},
-      {0, 3, {0, 0, 0}},  {7, 1, {7}},                {12, 4, {3, 3, 3, 3}},
-      {13, 6, {3, 3, 3, 3, 1, 0}},
+      {10, 3, {4, 4, 2}}, {5, 4, {2, 2, 1, 0}},  {2, 5, {1, 1, 0, 0, 0}},     {0, 3, {0, 0, 0}},
+      {7, 1, {7}},        {12, 4, {3, 3, 3, 3}}, {13, 6, {3, 3, 3, 3, 1, 0}},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     int64_t expect_start = 0;
     for (int64_t i = 0; i < cases[c].k; i++) {
       int64_t s, l;
       weft_chunk_range(cases[c].n, cases[c].k, i, &s, &l);
-      cr_expect_eq(l, cases[c].lens[i], "n %" PRId64 " k %" PRId64 " chunk %" PRId64 ": len %" PRId64,
-                   cases[c].n, cases[c].k, i, l);
+      cr_expect_eq(l, cases[c].lens[i],
+                   "n %" PRId64 " k %" PRId64 " chunk %" PRId64 ": len %" PRId64, cases[c].n,
+                   cases[c].k, i, l);
       cr_expect_eq(s, expect_start, "n %" PRId64 " k %" PRId64 " chunk %" PRId64 ": start %" PRId64,
                    cases[c].n, cases[c].k, i, s);
       expect_start += l;
@@ -360,7 +363,8 @@ Test(tensor, cat_rejects_mismatches) {
   OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s24, &c));
   OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 1, s3, &d));
   OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 0, NULL, &e));
-  weft_tensor *ab[2] = {a, b}, *ac[2] = {a, c}, *ad[2] = {a, d}, *ee[2] = {e, e}, *an[2] = {a, NULL};
+  weft_tensor *ab[2] = {a, b}, *ac[2] = {a, c}, *ad[2] = {a, d}, *ee[2] = {e, e},
+              *an[2] = {a, NULL};
   EXPECT_ERR(weft_tensor_cat(ab, 2, 0, &out), WEFT_ERR_INVALID, "tensor 1 is bf16[2, 3]");
   cr_expect_null(out);
   EXPECT_ERR(weft_tensor_cat(ac, 2, 0, &out), WEFT_ERR_INVALID,
@@ -387,16 +391,26 @@ Test(tensor, cat_rejects_mismatches) {
 /* Independent expectation of converting value v (exactly a src value) to dd. */
 static double expect_convert(double v, weft_dtype sd, weft_dtype dd) {
   switch (dd) {
-    case WEFT_F32: return (double)(float)v;
-    case WEFT_F64: return v;
-    case WEFT_BF16: return weft_bf16_to_f32(weft_f32_to_bf16((float)v));
-    case WEFT_F16: return weft_f16_to_f32(weft_f32_to_f16((float)v));
-    default: break;
+    case WEFT_F32:
+      return (double)(float)v;
+    case WEFT_F64:
+      return v;
+    case WEFT_BF16:
+      return weft_bf16_to_f32(weft_f32_to_bf16((float)v));
+    case WEFT_F16:
+      return weft_f16_to_f32(weft_f32_to_f16((float)v));
+    default:
+      break;
   }
   int64_t iv;
   if (weft_dtype_is_float(sd)) { /* truncate, saturate */
-    double t = trunc(v), lo = dd == WEFT_U8 ? 0 : dd == WEFT_I32 ? -2147483648.0 : -9223372036854775808.0,
-           hi = dd == WEFT_U8 ? 255 : dd == WEFT_I32 ? 2147483647.0 : 9223372036854775807.0;
+    double t = trunc(v),
+           lo = dd == WEFT_U8    ? 0
+                : dd == WEFT_I32 ? -2147483648.0
+                                 : -9223372036854775808.0,
+           hi = dd == WEFT_U8    ? 255
+                : dd == WEFT_I32 ? 2147483647.0
+                                 : 9223372036854775807.0;
     return t < lo ? lo : t > hi ? hi : t;
   }
   iv = (int64_t)v; /* integers wrap */
@@ -442,15 +456,16 @@ Test(tensor, copy_converts_every_dtype_pair_for_any_strides) {
             double got = weft_tensor_get(&dst, idx);
             cr_assert(got == want || (isnan(got) && isnan(want)),
                       "%s -> %s ndim %d: %.17g -> %.17g, want %.17g (seed %lu)",
-                      weft_dtype_name(all_dtypes[si]), weft_dtype_name(all_dtypes[di]), ndim, v, got,
-                      want, weft_test_seed(41));
+                      weft_dtype_name(all_dtypes[si]), weft_dtype_name(all_dtypes[di]), ndim, v,
+                      got, want, weft_test_seed(41));
           } while (idx_next(idx, ndim, shape));
         }
         /* elements of the base outside the view are untouched */
         int64_t nb = weft_tensor_numel(bd), touched = 0;
         size_t es = weft_dtype_size(bd->dtype);
         for (int64_t i = 0; i < nb; i++)
-          if (memcmp((char *)bd->data + i * (int64_t)es, (char *)before->data + i * (int64_t)es, es))
+          if (memcmp((char *)bd->data + i * (int64_t)es, (char *)before->data + i * (int64_t)es,
+                     es))
             touched++;
         cr_assert_leq(touched, weft_tensor_numel(&dst), "copy wrote outside its view");
         weft_tensor_destroy(before);
@@ -481,7 +496,8 @@ Test(tensor, copy_same_dtype_is_bit_exact_and_checks_shapes) {
   int64_t s43[2] = {4, 3};
   weft_tensor *w;
   OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, s43, &w));
-  EXPECT_ERR(weft_tensor_copy(w, c), WEFT_ERR_INVALID, "shape mismatch: dst f32[4, 3], src f32[3, 4]");
+  EXPECT_ERR(weft_tensor_copy(w, c), WEFT_ERR_INVALID,
+             "shape mismatch: dst f32[4, 3], src f32[3, 4]");
   EXPECT_ERR(weft_tensor_copy(NULL, c), WEFT_ERR_INVALID, "dst is NULL");
   weft_tensor *list[] = {a, b, c, ta, tb, fa, w};
   for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) weft_tensor_destroy(list[i]);
@@ -525,13 +541,16 @@ Test(tensor, fill_converts_and_touches_only_the_view) {
       OK(weft_tensor_fill(&v, vals[vi]));
       double want = expect_convert(vals[vi], WEFT_F64, all_dtypes[di]);
       int64_t idx[3] = {0, 0, 0};
-      do cr_assert_eq(weft_tensor_get(&v, idx), want, "%s fill %g", weft_dtype_name(all_dtypes[di]), vals[vi]);
+      do
+        cr_assert_eq(weft_tensor_get(&v, idx), want, "%s fill %g", weft_dtype_name(all_dtypes[di]),
+                     vals[vi]);
       while (idx_next(idx, 3, shape));
       /* count changed base elements: at most the view's 60 */
       int64_t changed = 0;
       size_t es = weft_dtype_size(all_dtypes[di]);
       for (int64_t i = 0; i < weft_tensor_numel(b); i++)
-        changed += memcmp((char *)b->data + i * (int64_t)es, (char *)before->data + i * (int64_t)es, es) != 0;
+        changed += memcmp((char *)b->data + i * (int64_t)es, (char *)before->data + i * (int64_t)es,
+                          es) != 0;
       cr_assert_leq(changed, 60);
       weft_tensor_destroy(before);
       weft_tensor_destroy(b);

@@ -36,39 +36,74 @@ static int64_t val(int wr, int64_t i, int salt, weft_dtype dt) {
                       weft_test_mix64((uint64_t)i));
   int64_t lo, span;
   switch (dt) {
-    case WEFT_BF16: lo = -8, span = 16; break;
-    case WEFT_F16: lo = -64, span = 128; break;
-    case WEFT_U8: lo = 0, span = 16; break;
-    case WEFT_F32: lo = -(1 << 16), span = 1 << 17; break;
-    case WEFT_I32: lo = -1000000, span = 2000000; break;
-    default: lo = -(1ll << 40), span = 1ll << 41; break;
+    case WEFT_BF16:
+      lo = -8, span = 16;
+      break;
+    case WEFT_F16:
+      lo = -64, span = 128;
+      break;
+    case WEFT_U8:
+      lo = 0, span = 16;
+      break;
+    case WEFT_F32:
+      lo = -(1 << 16), span = 1 << 17;
+      break;
+    case WEFT_I32:
+      lo = -1000000, span = 2000000;
+      break;
+    default:
+      lo = -(1ll << 40), span = 1ll << 41;
+      break;
   }
   return lo + (int64_t)(h % (uint64_t)span);
 }
 
 static void put(void *b, weft_dtype dt, int64_t i, double v) {
   switch (dt) {
-    case WEFT_F32: ((float *)b)[i] = (float)v; break;
-    case WEFT_F64: ((double *)b)[i] = v; break;
-    case WEFT_BF16: ((uint16_t *)b)[i] = weft_f32_to_bf16((float)v); break;
-    case WEFT_F16: ((uint16_t *)b)[i] = weft_f32_to_f16((float)v); break;
-    case WEFT_I32: ((int32_t *)b)[i] = (int32_t)v; break;
-    case WEFT_I64: ((int64_t *)b)[i] = (int64_t)v; break;
-    case WEFT_U8: ((uint8_t *)b)[i] = (uint8_t)v; break;
-    default: break;
+    case WEFT_F32:
+      ((float *)b)[i] = (float)v;
+      break;
+    case WEFT_F64:
+      ((double *)b)[i] = v;
+      break;
+    case WEFT_BF16:
+      ((uint16_t *)b)[i] = weft_f32_to_bf16((float)v);
+      break;
+    case WEFT_F16:
+      ((uint16_t *)b)[i] = weft_f32_to_f16((float)v);
+      break;
+    case WEFT_I32:
+      ((int32_t *)b)[i] = (int32_t)v;
+      break;
+    case WEFT_I64:
+      ((int64_t *)b)[i] = (int64_t)v;
+      break;
+    case WEFT_U8:
+      ((uint8_t *)b)[i] = (uint8_t)v;
+      break;
+    default:
+      break;
   }
 }
 
 static double get(const void *b, weft_dtype dt, int64_t i) {
   switch (dt) {
-    case WEFT_F32: return ((const float *)b)[i];
-    case WEFT_F64: return ((const double *)b)[i];
-    case WEFT_BF16: return weft_bf16_to_f32(((const uint16_t *)b)[i]);
-    case WEFT_F16: return weft_f16_to_f32(((const uint16_t *)b)[i]);
-    case WEFT_I32: return ((const int32_t *)b)[i];
-    case WEFT_I64: return (double)((const int64_t *)b)[i];
-    case WEFT_U8: return ((const uint8_t *)b)[i];
-    default: return NAN;
+    case WEFT_F32:
+      return ((const float *)b)[i];
+    case WEFT_F64:
+      return ((const double *)b)[i];
+    case WEFT_BF16:
+      return weft_bf16_to_f32(((const uint16_t *)b)[i]);
+    case WEFT_F16:
+      return weft_f16_to_f32(((const uint16_t *)b)[i]);
+    case WEFT_I32:
+      return ((const int32_t *)b)[i];
+    case WEFT_I64:
+      return (double)((const int64_t *)b)[i];
+    case WEFT_U8:
+      return ((const uint8_t *)b)[i];
+    default:
+      return NAN;
   }
 }
 
@@ -79,17 +114,25 @@ static double ref_reduce(const int *members, int n, int64_t i, int salt, weft_dt
   double acc = (double)val(members[0], i, salt, dt);
   for (int j = 1; j < n; j++) {
     double x = (double)val(members[j], i, salt, dt);
-    if (op == WEFT_OP_MAX) acc = x > acc ? x : acc;
-    else if (op == WEFT_OP_MIN) acc = x < acc ? x : acc;
-    else acc += x;
+    if (op == WEFT_OP_MAX)
+      acc = x > acc ? x : acc;
+    else if (op == WEFT_OP_MIN)
+      acc = x < acc ? x : acc;
+    else
+      acc += x;
   }
   if (op != WEFT_OP_AVG) return acc;
   switch (dt) {
-    case WEFT_F32: return (float)acc / (float)n;
-    case WEFT_F64: return acc / n;
-    case WEFT_BF16: return weft_bf16_to_f32(weft_f32_to_bf16((float)acc / (float)n));
-    case WEFT_F16: return weft_f16_to_f32(weft_f32_to_f16((float)acc / (float)n));
-    default: return (double)((int64_t)acc / n); /* C truncation, as integer AVG does */
+    case WEFT_F32:
+      return (float)acc / (float)n;
+    case WEFT_F64:
+      return acc / n;
+    case WEFT_BF16:
+      return weft_bf16_to_f32(weft_f32_to_bf16((float)acc / (float)n));
+    case WEFT_F16:
+      return weft_f16_to_f32(weft_f32_to_f16((float)acc / (float)n));
+    default:
+      return (double)((int64_t)acc / n); /* C truncation, as integer AVG does */
   }
 }
 
@@ -179,14 +222,14 @@ static void check_group_matches(const weft_mesh *m, int dim, const grp *g, const
 
 /* ------------------------------------------------ collectives on a group */
 
-#define CHECKV(got, want, ...)                                                           \
-  do {                                                                                   \
-    double got_ = (got), want_ = (want);                                                 \
-    if (got_ != want_) {                                                                 \
-      WCHECK(got_ == want_, __VA_ARGS__);                                                \
-      fprintf(stderr, "    got %.17g want %.17g (seed %lu)\n", got_, want_, seed);       \
-      bad++;                                                                             \
-    }                                                                                    \
+#define CHECKV(got, want, ...)                                                     \
+  do {                                                                             \
+    double got_ = (got), want_ = (want);                                           \
+    if (got_ != want_) {                                                           \
+      WCHECK(got_ == want_, __VA_ARGS__);                                          \
+      fprintf(stderr, "    got %.17g want %.17g (seed %lu)\n", got_, want_, seed); \
+      bad++;                                                                       \
+    }                                                                              \
   } while (0)
 
 /* Stops checking a buffer after a few failures so a broken collective does
@@ -307,8 +350,8 @@ static void t_all_to_all(const weft_mesh *m, int dim, const grp *g, weft_dtype d
   for (int j = 0; j < g->n && !TOO_BAD; j++)
     for (int64_t i = 0; i < c && !TOO_BAD; i++)
       CHECKV(get(recv, dt, j * c + i), (double)val(g->members[j], g->me * c + i, salt, dt),
-             "%s all_to_all %s c=%" PRId64 "%s: block %d elem %" PRId64, label,
-             weft_dtype_name(dt), c, in_place ? " in-place" : "", j, i);
+             "%s all_to_all %s c=%" PRId64 "%s: block %d elem %" PRId64, label, weft_dtype_name(dt),
+             c, in_place ? " in-place" : "", j, i);
   free(send);
   if (!in_place) free(recv);
 }
@@ -391,7 +434,8 @@ static void check_async_overlap(const weft_mesh *m, const grp *g0, const grp *g1
                                 const char *label) {
   int bad = 0, n = 4099;
   int s0 = ++salt_counter, s1 = ++salt_counter;
-  float *a = xalloc(n, WEFT_F32), *b = xalloc(n, WEFT_F32), *gat = xalloc((int64_t)g1->n * n, WEFT_F32);
+  float *a = xalloc(n, WEFT_F32), *b = xalloc(n, WEFT_F32),
+        *gat = xalloc((int64_t)g1->n * n, WEFT_F32);
   for (int i = 0; i < n; i++) {
     a[i] = (float)val(weft_world_rank(), i, s0, WEFT_F32);
     b[i] = (float)val(weft_world_rank(), i, s1, WEFT_F32);
@@ -425,10 +469,12 @@ static void check_count(weft_comm_count c, int64_t calls, int64_t bytes, int64_t
 
 /* Known calls on dim `dim` of m (n ranks); exact counters on that row,
  * zero on every other row of `root` (rows named by root_rows of root). */
-static void check_accounting(weft_mesh *root, const weft_mesh *m, int dim, int n, const char *label) {
+static void check_accounting(weft_mesh *root, const weft_mesh *m, int dim, int n,
+                             const char *label) {
   weft_comm_stats_reset(root);
   int64_t c = 10;
-  double *buf = calloc((size_t)(n * c + 64), sizeof *buf), *out = calloc((size_t)(n * c + 64), sizeof *out);
+  double *buf = calloc((size_t)(n * c + 64), sizeof *buf),
+         *out = calloc((size_t)(n * c + 64), sizeof *out);
   int64_t counts[64];
   for (int j = 0; j < n; j++) counts[j] = j % 3;
   int64_t vtotal = 0;
@@ -508,8 +554,7 @@ static int parse_shape(const char *s, int *shape) {
   return n;
 }
 
-static const char *dim_names[4][3] = {
-    {0}, {"x"}, {"dp", "tp"}, {"dp_replicate", "dp_shard", "tp"}};
+static const char *dim_names[4][3] = {{0}, {"x"}, {"dp", "tp"}, {"dp_replicate", "dp_shard", "tp"}};
 
 static void submesh_and_flatten(weft_mesh *mesh, int ndim, const int *shape);
 
@@ -607,8 +652,8 @@ static void submesh_and_flatten(weft_mesh *mesh, int ndim, const int *shape) {
         cc[ndim - 1] = j;
         cc[0] = k;
         int want = ravel(ndim, shape, cc), q[2] = {j, k};
-        WCHECK(weft_mesh_world_rank_of(sub, q) == want, "reversed sub (%d,%d) -> %d want %d", j,
-               k, weft_mesh_world_rank_of(sub, q), want);
+        WCHECK(weft_mesh_world_rank_of(sub, q) == want, "reversed sub (%d,%d) -> %d want %d", j, k,
+               weft_mesh_world_rank_of(sub, q), want);
       }
     /* no communicator spans it (not in root order): blocking barrier chains dims */
     WCHECK(weft_mesh_comm(sub) == MPI_COMM_NULL || ndim == 2, "reversed sub has no comm");
@@ -686,7 +731,8 @@ static void submesh_and_flatten(weft_mesh *mesh, int ndim, const int *shape) {
       t_all_to_all_v(rt, 0, &g02, WEFT_F32, false, "[flat rt]");
     }
     WOK(weft_mesh_submesh(mesh, 2, rt_names, &sub02));
-    WCHECK(sub02 && weft_mesh_comm(sub02) == weft_mesh_dim_comm(rt, 0), "sub (dp_r, tp) -> rt comm");
+    WCHECK(sub02 && weft_mesh_comm(sub02) == weft_mesh_dim_comm(rt, 0),
+           "sub (dp_r, tp) -> rt comm");
     /* retain makes destroy busy */
     weft_mesh_retain(dp);
     WCHECK(weft_mesh_destroy(dp) == WEFT_ERR_BUSY && strstr(weft_last_error(), "retained"),
@@ -738,8 +784,8 @@ static void case_errors(void) {
   const char *dt[2] = {"dp", "tp"};
   /* mesh_create: bad shapes and names, same on every rank, no hang */
   int s23[2] = {2, 3}, s22[2] = {2, 2}, s0[2] = {0, 4};
-  expect_err(weft_mesh_create(2, s23, dt, &m), WEFT_ERR_INVALID, "product of shape (2x3=6) != group size 4",
-             "wrong product");
+  expect_err(weft_mesh_create(2, s23, dt, &m), WEFT_ERR_INVALID,
+             "product of shape (2x3=6) != group size 4", "wrong product");
   const char *dup[2] = {"dp", "dp"};
   expect_err(weft_mesh_create(2, s22, dup, &m), WEFT_ERR_INVALID, "repeated", "duplicate names");
   const char *empty[2] = {"dp", ""};
@@ -764,8 +810,8 @@ static void case_errors(void) {
   WOK(weft_mesh_create(2, s22, dt, &m));
   WREQUIRE(m, "mesh");
   int idx;
-  expect_err(weft_mesh_dim_index(m, "pp", &idx), WEFT_ERR_NOT_FOUND, "no dim named 'pp' in mesh (dp, tp)",
-             "unknown dim");
+  expect_err(weft_mesh_dim_index(m, "pp", &idx), WEFT_ERR_NOT_FOUND,
+             "no dim named 'pp' in mesh (dp, tp)", "unknown dim");
   float buf[64] = {1}, out[64];
   expect_err(weft_all_reduce(m, 2, buf, out, 4, WEFT_F32, WEFT_OP_SUM, NULL), WEFT_ERR_INVALID,
              "dim 2 out of range", "dim out of range");
@@ -796,7 +842,8 @@ static void case_errors(void) {
   else
     st = weft_all_reduce(m, tp, buf, out, 4, WEFT_F32, WEFT_OP_SUM, NULL);
   if (me < 2) {
-    expect_err(st, WEFT_ERR_MISMATCH, "world rank 0 called all_reduce(f32, count 4, sum", "op mismatch");
+    expect_err(st, WEFT_ERR_MISMATCH, "world rank 0 called all_reduce(f32, count 4, sum",
+               "op mismatch");
     WCHECK(strstr(weft_last_error(), "world rank 1 called all_gather(f32, count 4") != NULL,
            "mismatch names rank 1: %s", weft_last_error());
   } else {
@@ -804,25 +851,36 @@ static void case_errors(void) {
   }
   /* count mismatch, dtype mismatch, root mismatch */
   st = weft_all_reduce(m, tp, buf, out, me == 3 ? 5 : 4, WEFT_F32, WEFT_OP_SUM, NULL);
-  if (me >= 2) expect_err(st, WEFT_ERR_MISMATCH, "world rank 3 called all_reduce(f32, count 5", "count mismatch");
-  else WOK(st);
+  if (me >= 2)
+    expect_err(st, WEFT_ERR_MISMATCH, "world rank 3 called all_reduce(f32, count 5",
+               "count mismatch");
+  else
+    WOK(st);
   st = weft_all_reduce(m, 0, buf, out, 4, me == 0 ? WEFT_F64 : WEFT_F32, WEFT_OP_MAX, NULL);
-  if (me % 2 == 0) expect_err(st, WEFT_ERR_MISMATCH, "world rank 0 called all_reduce(f64", "dtype mismatch");
-  else WOK(st);
+  if (me % 2 == 0)
+    expect_err(st, WEFT_ERR_MISMATCH, "world rank 0 called all_reduce(f64", "dtype mismatch");
+  else
+    WOK(st);
   st = weft_broadcast(m, 0, buf, 4, WEFT_F32, me == 3 ? 1 : 0, NULL);
-  if (me % 2 == 1) expect_err(st, WEFT_ERR_MISMATCH, "root 1", "root mismatch");
-  else WOK(st);
+  if (me % 2 == 1)
+    expect_err(st, WEFT_ERR_MISMATCH, "root 1", "root mismatch");
+  else
+    WOK(st);
   int64_t counts[2] = {1, me == 1 ? 3 : 2};
   st = weft_all_gather_v(m, tp, buf, out, counts, WEFT_F32, NULL);
-  if (me < 2) expect_err(st, WEFT_ERR_MISMATCH, "counts hash", "all_gather_v counts mismatch");
-  else WOK(st);
+  if (me < 2)
+    expect_err(st, WEFT_ERR_MISMATCH, "counts hash", "all_gather_v counts mismatch");
+  else
+    WOK(st);
   /* all_to_all_v: rank 0 sends 2 to rank 1, which expects 1 */
   int64_t sc[2] = {1, 1}, sd[2] = {0, 2}, rc[2] = {1, 1}, rd[2] = {0, 2};
   if (me == 0) sc[1] = 2;
   st = weft_all_to_all_v(m, tp, buf, sc, sd, out, rc, rd, WEFT_F32, NULL);
-  if (me < 2) expect_err(st, WEFT_ERR_MISMATCH, "world rank 0 sends 2 to world rank 1, which expects 1",
-                         "all_to_all_v pair mismatch");
-  else WOK(st);
+  if (me < 2)
+    expect_err(st, WEFT_ERR_MISMATCH, "world rank 0 sends 2 to world rank 1, which expects 1",
+               "all_to_all_v pair mismatch");
+  else
+    WOK(st);
   /* the groups still work after mismatches */
   for (int i = 0; i < 4; i++) buf[i] = (float)(me + 1);
   WOK(weft_all_reduce(m, tp, buf, out, 4, WEFT_F32, WEFT_OP_SUM, NULL));
@@ -863,7 +921,8 @@ static void case_errors(void) {
   weft_set_timeout(30.0);
   MPI_Barrier(MPI_COMM_WORLD);
   if (me == 3) WOK(weft_all_reduce(m, tp, buf, out, 4, WEFT_F32, WEFT_OP_SUM, NULL));
-  if (me == 2) expect_err(weft_barrier(m, tp, NULL), WEFT_ERR_STATE, "timed out", "broken tp group");
+  if (me == 2)
+    expect_err(weft_barrier(m, tp, NULL), WEFT_ERR_STATE, "timed out", "broken tp group");
   MPI_Barrier(MPI_COMM_WORLD);
   /* destroy semantics with a retained mesh and in-flight work */
   weft_mesh_retain(m);
@@ -906,7 +965,8 @@ static void case_big_count(void) {
   CHECKV(b[(int64_t)INT_MAX], 18, "byte INT_MAX");
   CHECKV(b[n - 1], 19, "last byte");
   check_count(weft_comm_stats(m, 0, WEFT_COLL_BROADCAST), 1, n, n, "big broadcast accounting");
-  check_count(weft_comm_stats(m, 0, WEFT_COLL_ALL_REDUCE), 2, 2 * n, 0, "big all_reduce accounting");
+  check_count(weft_comm_stats(m, 0, WEFT_COLL_ALL_REDUCE), 2, 2 * n, 0,
+              "big all_reduce accounting");
   int64_t cnt[1] = {n};
   WCHECK(weft_all_gather_v(m, 0, b, b, cnt, WEFT_U8, NULL) == WEFT_ERR_UNSUPPORTED,
          "all_gather_v above INT_MAX is unsupported");
@@ -944,7 +1004,8 @@ static void case_big_count_full(void) {
     memset(c, 0, (size_t)n);
     WOK(weft_all_gather(m, 0, b, c, n, WEFT_U8, NULL));
     CHECKV(c[n - 1], 50, "big all_gather last byte");
-    CHECKV(c[(int64_t)INT_MAX + 1 - 4096 * 3], b[(int64_t)INT_MAX + 1 - 4096 * 3], "big all_gather mid");
+    CHECKV(c[(int64_t)INT_MAX + 1 - 4096 * 3], b[(int64_t)INT_MAX + 1 - 4096 * 3],
+           "big all_gather mid");
     memset(c, 0, (size_t)n);
     WOK(weft_reduce_scatter(m, 0, b, c, n, WEFT_U8, WEFT_OP_SUM, NULL));
     CHECKV(c[n - 1], 50, "big reduce_scatter last byte");
@@ -987,7 +1048,8 @@ static void case_wait_requests(void) {
   for (int k = 0; k < K; k++) {
     for (int i = 0; i < N; i++) buf[k][i] = wait_val(me, k, i);
     WREQUIRE(MPI_Iallreduce(MPI_IN_PLACE, buf[k], N, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD,
-                            &reqs[k]) == MPI_SUCCESS, "Iallreduce %d", k);
+                            &reqs[k]) == MPI_SUCCESS,
+             "Iallreduce %d", k);
   }
   WOK(weft_wait_requests(K, reqs, "test all-reduce"));
   for (int k = 0; k < K; k++) {
@@ -998,8 +1060,8 @@ static void case_wait_requests(void) {
       for (int r = 0; r < np; r++) want += wait_val(r, k, i);
       double err = fabs(buf[k][i] - want) / (fabs(want) > 1e-3 ? fabs(want) : 1e-3);
       if (err > 1e-13) bad++;
-      WCHECK(err <= 1e-13, "reduce %d elem %d: got %.17g want %.17g (seed %lu)", k, i,
-             buf[k][i], want, seed);
+      WCHECK(err <= 1e-13, "reduce %d elem %d: got %.17g want %.17g (seed %lu)", k, i, buf[k][i],
+             want, seed);
     }
   }
   WOK(weft_wait_requests(K, reqs, "all null"));

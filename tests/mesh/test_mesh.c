@@ -98,8 +98,9 @@ Test(mesh, env_bad_setting_fails_init, .timeout = 30) {
 /* Matching RANK/WORLD_SIZE pass; LOCAL_RANK/LOCAL_WORLD_SIZE override the
  * node-local rank (torchrun style); without them it is the rank on the node. */
 Test(mesh, env_matching_rank_and_local_rank_override, .timeout = 30) {
-  const char *env[] = {"RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=5", "LOCAL_WORLD_SIZE=8",
-                       "MESH_LR=5", "MESH_LS=8", NULL};
+  const char *env[] = {
+      "RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=5", "LOCAL_WORLD_SIZE=8", "MESH_LR=5", "MESH_LS=8",
+      NULL};
   cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_ok", 20, env), 0);
   cr_assert_eq(weft_test_mpiexec(3, ENV_WORKER, "expect_ok", 20), 0);
 }

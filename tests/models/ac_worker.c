@@ -88,14 +88,14 @@ static void apply_ac(weft_module *model, int mode) {
 /* What a run is made of. */
 typedef struct setup {
   weft_gpt2_config cfg;
-  const golden *g;          /* weights from its init.safetensors; NULL: init_weights(seed) */
+  const golden *g; /* weights from its init.safetensors; NULL: init_weights(seed) */
   uint64_t seed;
   const weft_tensor *ids, *tgt; /* (B, T) int32, the whole batch */
-  bool fsdp;                /* world of 2 ranks: FSDP per block + root over dp = 2 */
+  bool fsdp;                    /* world of 2 ranks: FSDP per block + root over dp = 2 */
   int steps;
-  bool measure;             /* peak memory of step 0 (param grads made beforehand) */
-  bool tp_sp;               /* world of 2 ranks: tensor parallel + sequence parallel */
-  bool fsdp_inner;          /* with fsdp: fully_shard each block's attn and mlp, not blocks */
+  bool measure;    /* peak memory of step 0 (param grads made beforehand) */
+  bool tp_sp;      /* world of 2 ranks: tensor parallel + sequence parallel */
+  bool fsdp_inner; /* with fsdp: fully_shard each block's attn and mlp, not blocks */
 } setup;
 
 /* Trains nothing: `steps` forward/backward passes (grads zeroed before
@@ -200,8 +200,7 @@ static void run(const setup *S, int mode, result *r) {
         continue;
       }
       const weft_tensor *l = weft_dtensor_local(ps[i]->grad);
-      WREQUIRE(l->dtype == WEFT_F32 && weft_tensor_is_contiguous(l), "%s: grad layout",
-               ps[i]->fqn);
+      WREQUIRE(l->dtype == WEFT_F32 && weft_tensor_is_contiguous(l), "%s: grad layout", ps[i]->fqn);
       int64_t n = weft_tensor_numel(l);
       /* after backward every FSDP group is resharded (the recompute's
        * forward hooks and prefetches left nothing gathered) */
@@ -268,15 +267,14 @@ static double vs_golden(const golden *g, const result *r, bool sharded, const ch
     if (sharded) { /* FSDP shards dim 0 evenly over the world: gather rank order */
       int world = weft_world_size();
       gathered = malloc((size_t)n * sizeof(float));
-      WCHECK(r->n[i] * world == n, "%s: shard %lld x %d != %lld", r->fqn[i],
-             (long long)r->n[i], world, (long long)n);
+      WCHECK(r->n[i] * world == n, "%s: shard %lld x %d != %lld", r->fqn[i], (long long)r->n[i],
+             world, (long long)n);
       if (r->n[i] * world == n)
         MPI_Allgather(r->grad[0][i], (int)r->n[i], MPI_FLOAT, gathered, (int)r->n[i], MPI_FLOAT,
                       MPI_COMM_WORLD);
       full = gathered;
     } else {
-      WCHECK(r->n[i] == n, "%s: size %lld want %lld", r->fqn[i], (long long)r->n[i],
-             (long long)n);
+      WCHECK(r->n[i] == n, "%s: size %lld want %lld", r->fqn[i], (long long)r->n[i], (long long)n);
     }
     if (full && (sharded || r->n[i] == n)) {
       double e = weft_test_rel_norm_f32_f64(full, ref, n);
@@ -297,8 +295,12 @@ static double vs_golden(const golden *g, const result *r, bool sharded, const ch
 static void case_golden(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
-  setup S = {.cfg = gpt2_golden_config(&g, 0.0f), .g = &g, .seed = 0, .ids = g.tokens,
-             .tgt = g.targets, .steps = 1};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.0f),
+             .g = &g,
+             .seed = 0,
+             .ids = g.tokens,
+             .tgt = g.targets,
+             .steps = 1};
   result plain, ac;
   run(&S, AC_NONE, &plain);
   run(&S, AC_BLOCKS, &ac);
@@ -306,9 +308,10 @@ static void case_golden(void) {
   WCHECK(lerr < 1e-6, "AC loss %.9f want %.9f", ac.loss[0], g.loss);
   double worst = vs_golden(&g, &ac, false, "AC blocks");
   int64_t n = same_bits(&plain, &ac, "AC blocks vs none");
-  printf("ac golden (1 rank, AC on every block): loss rel err %.3g, worst grad rel err %.3g vs "
-         "PyTorch float64; %lld grad elements bitwise equal to no AC\n",
-         lerr, worst, (long long)n);
+  printf(
+      "ac golden (1 rank, AC on every block): loss rel err %.3g, worst grad rel err %.3g vs "
+      "PyTorch float64; %lld grad elements bitwise equal to no AC\n",
+      lerr, worst, (long long)n);
   result_free(&plain);
   result_free(&ac);
   golden_free(&g);
@@ -320,8 +323,12 @@ static void case_golden(void) {
 static void case_dropout_bitwise(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
-  setup S = {.cfg = gpt2_golden_config(&g, 0.1f), .g = &g, .seed = 0, .ids = g.tokens,
-             .tgt = g.targets, .steps = 3};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.1f),
+             .g = &g,
+             .seed = 0,
+             .ids = g.tokens,
+             .tgt = g.targets,
+             .steps = 3};
   result plain, nodrop;
   run(&S, AC_NONE, &plain);
   setup S0 = S;
@@ -337,9 +344,10 @@ static void case_dropout_bitwise(void) {
     char what[64];
     snprintf(what, sizeof what, "dropout 0.1, AC %s vs none", mode_name[mode]);
     int64_t n = same_bits(&plain, &ac, what);
-    printf("ac %s: 3 steps, losses %.9f %.9f %.9f and %lld grad elements bitwise equal to no "
-           "AC (dropout moves the loss by %.3g)\n",
-           what, ac.loss[0], ac.loss[1], ac.loss[2], (long long)n, moved);
+    printf(
+        "ac %s: 3 steps, losses %.9f %.9f %.9f and %lld grad elements bitwise equal to no "
+        "AC (dropout moves the loss by %.3g)\n",
+        what, ac.loss[0], ac.loss[1], ac.loss[2], (long long)n, moved);
     result_free(&ac);
   }
   result_free(&plain);
@@ -372,13 +380,13 @@ static void case_memory(void) {
   WCHECK(ac.steady_allocs == 0 && plain.steady_allocs == 0,
          "steady step allocations: AC %lld, none %lld", (long long)ac.steady_allocs,
          (long long)plain.steady_allocs);
-  printf("ac memory (GPT-2 4 layers, B=4 T=64 D=64 ffn=256, dropout 0.1, forward + backward): "
-         "peak above start %lld bytes without AC, %lld with AC on every block (%.3f); graph "
-         "buffers kept after the step %lld vs %lld; %lld grad elements bitwise equal over 3 "
-         "steps; steady step allocations %lld / %lld\n",
-         (long long)plain.peak, (long long)ac.peak, ratio, (long long)plain.held,
-         (long long)ac.held, (long long)n, (long long)plain.steady_allocs,
-         (long long)ac.steady_allocs);
+  printf(
+      "ac memory (GPT-2 4 layers, B=4 T=64 D=64 ffn=256, dropout 0.1, forward + backward): "
+      "peak above start %lld bytes without AC, %lld with AC on every block (%.3f); graph "
+      "buffers kept after the step %lld vs %lld; %lld grad elements bitwise equal over 3 "
+      "steps; steady step allocations %lld / %lld\n",
+      (long long)plain.peak, (long long)ac.peak, ratio, (long long)plain.held, (long long)ac.held,
+      (long long)n, (long long)plain.steady_allocs, (long long)ac.steady_allocs);
   result_free(&plain);
   result_free(&ac);
   weft_tensor_destroy(ids);
@@ -394,8 +402,14 @@ static void case_fsdp(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
   WREQUIRE(weft_world_size() == 2, "fsdp runs on 2 ranks");
-  setup S = {.cfg = gpt2_golden_config(&g, 0.1f), .g = &g, .seed = 0, .ids = g.tokens,
-             .tgt = g.targets, .fsdp = true, .steps = 2, .measure = true};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.1f),
+             .g = &g,
+             .seed = 0,
+             .ids = g.tokens,
+             .tgt = g.targets,
+             .fsdp = true,
+             .steps = 2,
+             .measure = true};
   result plain, ac;
   run(&S, AC_NONE, &plain);
   run(&S, AC_BLOCKS, &ac);
@@ -416,11 +430,12 @@ static void case_fsdp(void) {
   WCHECK(lerr < 1e-6, "FSDP x AC loss %.9f want %.9f", ac0.loss[0], g.loss);
   double worst = vs_golden(&g, &ac0, true, "FSDP x AC");
   if (weft_worker_rank == 0)
-    printf("ac fsdp dp=2 x AC per block: %lld local grad elements (2 dropout steps) bitwise "
-           "equal to FSDP without AC (%lld with nested AC); without dropout loss rel err %.3g, "
-           "worst grad rel err %.3g vs PyTorch float64; rank 0 peak %lld bytes without AC, "
-           "%lld with\n",
-           (long long)n, (long long)n2, lerr, worst, (long long)plain.peak, (long long)ac.peak);
+    printf(
+        "ac fsdp dp=2 x AC per block: %lld local grad elements (2 dropout steps) bitwise "
+        "equal to FSDP without AC (%lld with nested AC); without dropout loss rel err %.3g, "
+        "worst grad rel err %.3g vs PyTorch float64; rank 0 peak %lld bytes without AC, "
+        "%lld with\n",
+        (long long)n, (long long)n2, lerr, worst, (long long)plain.peak, (long long)ac.peak);
   result_free(&plain);
   result_free(&ac);
   result_free(&ac0);
@@ -435,8 +450,13 @@ static void case_tp_sp(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
   WREQUIRE(weft_world_size() == 2, "tp_sp runs on 2 ranks");
-  setup S = {.cfg = gpt2_golden_config(&g, 0.1f), .g = &g, .seed = 0, .ids = g.tokens,
-             .tgt = g.targets, .steps = 2, .tp_sp = true};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.1f),
+             .g = &g,
+             .seed = 0,
+             .ids = g.tokens,
+             .tgt = g.targets,
+             .steps = 2,
+             .tp_sp = true};
   result plain, ac, deep;
   run(&S, AC_NONE, &plain);
   run(&S, AC_BLOCKS, &ac);
@@ -444,9 +464,10 @@ static void case_tp_sp(void) {
   int64_t n = same_bits(&plain, &ac, "TP=2 SP, dropout 0.1, AC blocks vs none");
   int64_t n2 = same_bits(&plain, &deep, "TP=2 SP, dropout 0.1, AC nested vs none");
   if (weft_worker_rank == 0)
-    printf("ac tp=2 sp x AC: %lld local grad elements (2 dropout steps) bitwise equal to no AC "
-           "with AC per block, %lld with nested AC\n",
-           (long long)n, (long long)n2);
+    printf(
+        "ac tp=2 sp x AC: %lld local grad elements (2 dropout steps) bitwise equal to no AC "
+        "with AC per block, %lld with nested AC\n",
+        (long long)n, (long long)n2);
   result_free(&plain);
   result_free(&ac);
   result_free(&deep);
@@ -462,15 +483,23 @@ static void case_fsdp_inner(void) {
   golden g;
   WOK(golden_load("gpt2_tiny", &g));
   WREQUIRE(weft_world_size() == 2, "fsdp_inner runs on 2 ranks");
-  setup S = {.cfg = gpt2_golden_config(&g, 0.1f), .g = &g, .seed = 0, .ids = g.tokens,
-             .tgt = g.targets, .fsdp = true, .steps = 2, .fsdp_inner = true};
+  setup S = {.cfg = gpt2_golden_config(&g, 0.1f),
+             .g = &g,
+             .seed = 0,
+             .ids = g.tokens,
+             .tgt = g.targets,
+             .fsdp = true,
+             .steps = 2,
+             .fsdp_inner = true};
   result plain, ac;
   run(&S, AC_NONE, &plain);
   run(&S, AC_BLOCKS, &ac);
   int64_t n = same_bits(&plain, &ac, "FSDP on attn/mlp, AC blocks vs none");
   if (weft_worker_rank == 0)
-    printf("ac fsdp on attn+mlp x AC per block: %lld local grad elements (2 dropout steps) "
-           "bitwise equal to no AC\n", (long long)n);
+    printf(
+        "ac fsdp on attn+mlp x AC per block: %lld local grad elements (2 dropout steps) "
+        "bitwise equal to no AC\n",
+        (long long)n);
   result_free(&plain);
   result_free(&ac);
   golden_free(&g);
@@ -558,14 +587,10 @@ static void case_errors(void) {
 }
 
 static const weft_worker_case cases[] = {
-    {"golden", case_golden},
-    {"dropout_bitwise", case_dropout_bitwise},
-    {"memory", case_memory},
-    {"fsdp", case_fsdp},
-    {"tp_sp", case_tp_sp},
-    {"fsdp_inner", case_fsdp_inner},
-    {"errors", case_errors},
-    {0, 0},
+    {"golden", case_golden}, {"dropout_bitwise", case_dropout_bitwise},
+    {"memory", case_memory}, {"fsdp", case_fsdp},
+    {"tp_sp", case_tp_sp},   {"fsdp_inner", case_fsdp_inner},
+    {"errors", case_errors}, {0, 0},
 };
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

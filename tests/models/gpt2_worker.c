@@ -211,13 +211,14 @@ static void run_golden(const char *what, layout L) {
     WOK(weft_optimizer_step(opt));
     allocs[s] = weft_mem_get(WEFT_CPU).alloc_count;
   }
-  WCHECK(L.fsdp || L.tp > 1 || allocs[3] == allocs[2], "%s: %lld allocations in a steady step", what,
-         (long long)(allocs[3] - allocs[2]));
+  WCHECK(L.fsdp || L.tp > 1 || allocs[3] == allocs[2], "%s: %lld allocations in a steady step",
+         what, (long long)(allocs[3] - allocs[2]));
   if (rank == 0)
-    printf("gpt2 golden %s (%d ranks): loss rel err %.3g, worst grad rel err %.3g, norm rel "
-           "err %.3g, worst update rel err %.3g (%lld elements with an exactly zero gradient "
-           "compared by bound)\n",
-           what, world, lerr, worst_g, nerr, worst_u, (long long)nzero);
+    printf(
+        "gpt2 golden %s (%d ranks): loss rel err %.3g, worst grad rel err %.3g, norm rel "
+        "err %.3g, worst update rel err %.3g (%lld elements with an exactly zero gradient "
+        "compared by bound)\n",
+        what, world, lerr, worst_g, nerr, worst_u, (long long)nzero);
   weft_optimizer_destroy(opt);
   weft_graph_destroy(gr);
   weft_dtensor_destroy(ids);
@@ -329,14 +330,15 @@ static void case_dropout_curve(void) {
     if (e > worst) worst = e;
     double d = fabs(alone[s] - plain[s]) / fabs(plain[s]);
     if (d > moved) moved = d;
-    WCHECK(e < 1e-5, "step %d: loss %.9f on 2x2, %.9f on one rank (rel %.3g)", s, mesh[s],
-           alone[s], e);
+    WCHECK(e < 1e-5, "step %d: loss %.9f on 2x2, %.9f on one rank (rel %.3g)", s, mesh[s], alone[s],
+           e);
   }
   WCHECK(moved > 1e-3, "dropout 0.1 changed the loss curve by only %.3g", moved);
   if (weft_worker_rank == 0)
-    printf("gpt2 dropout 0.1, %d steps: 2x2 vs one rank worst rel diff %.3g (dropout moves the "
-           "curve by up to %.3g)\n",
-           STEPS, worst, moved);
+    printf(
+        "gpt2 dropout 0.1, %d steps: 2x2 vs one rank worst rel diff %.3g (dropout moves the "
+        "curve by up to %.3g)\n",
+        STEPS, worst, moved);
   golden_free(&g);
 }
 
@@ -392,8 +394,8 @@ static void case_groups(void) {
   WCHECK(weft_optimizer_num_groups(opt) == 2, "groups %d", weft_optimizer_num_groups(opt));
   weft_adamw_params got;
   WOK(weft_optimizer_group_get(opt, 1, &got));
-  WCHECK(got.lr == 5e-4f && got.weight_decay == 0.0f, "group 1 reads lr %g wd %g",
-         (double)got.lr, (double)got.weight_decay);
+  WCHECK(got.lr == 5e-4f && got.weight_decay == 0.0f, "group 1 reads lr %g wd %g", (double)got.lr,
+         (double)got.weight_decay);
   got.beta2 = 0.95f;
   WOK(weft_optimizer_group_set(opt, 1, &got));
   weft_adamw_params again;

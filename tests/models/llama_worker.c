@@ -206,8 +206,8 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
     lv = sum / world;
   }
   double lerr = fabs(lv - g.loss) / fabs(g.loss);
-  WCHECK(lerr < 1e-6, "%s mode %d sp %d lp %d: loss %.9f want %.9f (rel %.3g)", name, mode, sp,
-         lp, lv, g.loss, lerr);
+  WCHECK(lerr < 1e-6, "%s mode %d sp %d lp %d: loss %.9f want %.9f (rel %.3g)", name, mode, sp, lp,
+         lv, g.loss, lerr);
 
   weft_param *ps[256];
   int np = 0;
@@ -216,7 +216,8 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
   double worst_g = 0;
   const char *worst_p = "";
   WOK(golden_worst_grad_err(&g, ps, np, &worst_g, &worst_p));
-  WCHECK(worst_g < 1e-5, "%s mode %d sp %d lp %d: grad %s rel err %.3g", name, mode, sp, lp, worst_p, worst_g);
+  WCHECK(worst_g < 1e-5, "%s mode %d sp %d lp %d: grad %s rel err %.3g", name, mode, sp, lp,
+         worst_p, worst_g);
   double norm = 0;
   WOK(weft_clip_grad_norm(model, g.clip, &norm));
   double nerr = fabs(norm - g.grad_norm) / g.grad_norm;
@@ -227,7 +228,8 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
   double worst_u = 0;
   const char *worst_up = "";
   WOK(golden_worst_update_err(&g, ps, np, false, &worst_u, &worst_up, NULL, NULL));
-  WCHECK(worst_u < 1e-3, "%s mode %d sp %d lp %d: update of %s rel err %.3g", name, mode, sp, lp, worst_up, worst_u);
+  WCHECK(worst_u < 1e-3, "%s mode %d sp %d lp %d: update of %s rel err %.3g", name, mode, sp, lp,
+         worst_up, worst_u);
   /* more steps: the loss goes down on the same batch, and from the second
    * step on a one-rank step allocates nothing (the graph reuses buffers) */
   int64_t allocs[4] = {0};
@@ -247,15 +249,15 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
     MPI_Allreduce(&l_last, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     l_last = sum / world;
   }
-  WCHECK(l_last < lv, "%s mode %d: loss at step 5 %.6f not below %.6f", name, mode, l_last,
-         lv);
+  WCHECK(l_last < lv, "%s mode %d: loss at step 5 %.6f not below %.6f", name, mode, l_last, lv);
   WCHECK(mode != 0 || allocs[3] == allocs[2], "%s: %lld allocations in a steady step", name,
          (long long)(allocs[3] - allocs[2]));
   if (rank == 0)
-    printf("llama_ops golden %s mode %d (sp %d, lp %d) ranks %d: loss rel err %.3g, worst grad "
-           "rel err %.3g, norm rel err %.3g, worst update rel err %.3g; first fwd+bwd %.2f ms; "
-           "loss %.6f at step 1, %.6f at step 5\n",
-           name, mode, sp, lp, world, lerr, worst_g, nerr, worst_u, 1e3 * (t1 - t0), lv, l_last);
+    printf(
+        "llama_ops golden %s mode %d (sp %d, lp %d) ranks %d: loss rel err %.3g, worst grad "
+        "rel err %.3g, norm rel err %.3g, worst update rel err %.3g; first fwd+bwd %.2f ms; "
+        "loss %.6f at step 1, %.6f at step 5\n",
+        name, mode, sp, lp, world, lerr, worst_g, nerr, worst_u, 1e3 * (t1 - t0), lv, l_last);
   weft_optimizer_destroy(opt);
   weft_graph_destroy(gr);
   weft_dtensor_destroy(ids);
@@ -270,8 +272,8 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
 /* --------------------------------------------------------- bad arguments */
 
 static void expect(weft_status got, weft_status want, const char *needle, const char *what) {
-  WCHECK(got == want, "%s: got %s want %s (%s)", what, weft_status_str(got),
-         weft_status_str(want), weft_last_error());
+  WCHECK(got == want, "%s: got %s want %s (%s)", what, weft_status_str(got), weft_status_str(want),
+         weft_last_error());
   if (needle)
     WCHECK(strstr(weft_last_error(), needle), "%s: error '%s' does not mention '%s'", what,
            weft_last_error(), needle);
@@ -623,22 +625,25 @@ static void case_bench(void) {
         step_ops(&p, ids, tg, &la, &pa[s]);
       }
     }
-    printf("bench %s step %d: built-in %.1f ms (fwd %.1f bwd %.1f rest %.1f, cpu %.1f, %ld "
-           "page faults; loss %.6f), ops %.1f ms (fwd %.1f bwd %.1f rest %.1f, cpu %.1f, %ld page "
-           "faults; loss %.6f)\n",
-           which, s, 1e3 * (pb[s].fwd + pb[s].bwd + pb[s].rest), 1e3 * pb[s].fwd,
-           1e3 * pb[s].bwd, 1e3 * pb[s].rest, 1e3 * pb[s].cpu, pb[s].faults, lb,
-           1e3 * (pa[s].fwd + pa[s].bwd + pa[s].rest), 1e3 * pa[s].fwd, 1e3 * pa[s].bwd,
-           1e3 * pa[s].rest, 1e3 * pa[s].cpu, pa[s].faults, la);
+    printf(
+        "bench %s step %d: built-in %.1f ms (fwd %.1f bwd %.1f rest %.1f, cpu %.1f, %ld "
+        "page faults; loss %.6f), ops %.1f ms (fwd %.1f bwd %.1f rest %.1f, cpu %.1f, %ld page "
+        "faults; loss %.6f)\n",
+        which, s, 1e3 * (pb[s].fwd + pb[s].bwd + pb[s].rest), 1e3 * pb[s].fwd, 1e3 * pb[s].bwd,
+        1e3 * pb[s].rest, 1e3 * pb[s].cpu, pb[s].faults, lb,
+        1e3 * (pa[s].fwd + pa[s].bwd + pa[s].rest), 1e3 * pa[s].fwd, 1e3 * pa[s].bwd,
+        1e3 * pa[s].rest, 1e3 * pa[s].cpu, pa[s].faults, la);
   }
   /* with one model only, the peak over the run differs from the other
    * model's run by what that model's steps hold (both models and their
    * AdamW states exist in either run) */
   printf("bench %s (%s): peak tensor bytes %.1f MiB\n", which,
-         run_a && run_b ? "both models" : run_a ? "ops only" : "built-in only",
+         run_a && run_b ? "both models"
+         : run_a        ? "ops only"
+                        : "built-in only",
          (double)weft_mem_get(WEFT_CPU).peak_bytes / 1048576.0);
-  WCHECK(!run_a || !run_b || fabs(la - lb) <= 1e-4 * fabs(lb), "losses diverged: %.6f vs %.6f",
-         la, lb);
+  WCHECK(!run_a || !run_b || fabs(la - lb) <= 1e-4 * fabs(lb), "losses diverged: %.6f vs %.6f", la,
+         lb);
   /* medians of each phase (each sorted on its own) */
   double v[5][2][64];
   for (int s = 0; s < steps; s++)
@@ -656,14 +661,15 @@ static void case_bench(void) {
       qsort(v[i][m], (size_t)steps, sizeof(double), cmp_d);
       med[i][m] = v[i][m][steps / 2];
     }
-  printf("bench %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld B=%lld T=%lld), %d steps, "
-         "medians: step built-in %.1f ms, ops %.1f ms, ops/built-in %.3f; fwd %.1f / %.1f, bwd "
-         "%.1f / %.1f, rest %.1f / %.1f, cpu %.1f / %.1f (ops/built-in %.3f)\n",
-         which, (long long)cfg.dim, (long long)cfg.n_layers, (long long)cfg.n_heads,
-         (long long)cfg.n_kv_heads, (long long)cfg.ffn_dim, (long long)cfg.vocab, (long long)B,
-         (long long)T, steps, 1e3 * med[0][0], 1e3 * med[0][1], med[0][1] / med[0][0],
-         1e3 * med[1][0], 1e3 * med[1][1], 1e3 * med[2][0], 1e3 * med[2][1], 1e3 * med[3][0],
-         1e3 * med[3][1], 1e3 * med[4][0], 1e3 * med[4][1], med[4][1] / med[4][0]);
+  printf(
+      "bench %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld B=%lld T=%lld), %d steps, "
+      "medians: step built-in %.1f ms, ops %.1f ms, ops/built-in %.3f; fwd %.1f / %.1f, bwd "
+      "%.1f / %.1f, rest %.1f / %.1f, cpu %.1f / %.1f (ops/built-in %.3f)\n",
+      which, (long long)cfg.dim, (long long)cfg.n_layers, (long long)cfg.n_heads,
+      (long long)cfg.n_kv_heads, (long long)cfg.ffn_dim, (long long)cfg.vocab, (long long)B,
+      (long long)T, steps, 1e3 * med[0][0], 1e3 * med[0][1], med[0][1] / med[0][0], 1e3 * med[1][0],
+      1e3 * med[1][1], 1e3 * med[2][0], 1e3 * med[2][1], 1e3 * med[3][0], 1e3 * med[3][1],
+      1e3 * med[4][0], 1e3 * med[4][1], med[4][1] / med[4][0]);
   weft_dtensor_destroy(ids);
   weft_dtensor_destroy(tg);
   weft_tensor_destroy(tok);

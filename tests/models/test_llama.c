@@ -8,13 +8,11 @@
 
 #define LLAMA_WORKER WORKER("llama_worker")
 
-Test(models_llama, one_rank_matches_pytorch_loss_grads_adamw_and_builtin_layout,
-     .timeout = 120) {
+Test(models_llama, one_rank_matches_pytorch_loss_grads_adamw_and_builtin_layout, .timeout = 120) {
   cr_assert_eq(weft_test_mpiexec(1, LLAMA_WORKER, "golden", 100), 0);
 }
 
-Test(models_llama, tp2_plain_loss_parallel_and_sequence_parallel_match_pytorch,
-     .timeout = 180) {
+Test(models_llama, tp2_plain_loss_parallel_and_sequence_parallel_match_pytorch, .timeout = 180) {
   cr_assert_eq(weft_test_mpiexec(2, LLAMA_WORKER, "golden_tp", 160), 0);
 }
 

@@ -50,8 +50,8 @@ static uint16_t *random_tokens(int64_t n, uint64_t seed) {
 
 /* A good file of n seeded random tokens at a path tagged `tag`, opened:
  * *toks (the tokens written, caller frees), path (cap 128), the handle. */
-static weft_token_file *open_random(const char *tag, int64_t n, unsigned long seed,
-                                    uint16_t **toks, char *path) {
+static weft_token_file *open_random(const char *tag, int64_t n, unsigned long seed, uint16_t **toks,
+                                    char *path) {
   *toks = random_tokens(n, seed);
   tmp_path(path, 128, tag);
   write_file(path, 20240520, 1, (int32_t)n, *toks, n, 0);

@@ -63,11 +63,14 @@ static weft_status plan_visit(weft_module *m, void *ctx) {
   if (sp) {
     weft_module_kind k = weft_module_get_kind(m);
     if (k == WEFT_MODULE_ATTENTION || k == WEFT_MODULE_FEED_FORWARD) {
-      WEFT_CHECK(weft_module_register_hook(m, WEFT_HOOK_PRE_FORWARD, hook_redistribute, &ctx_r, NULL));
-      WEFT_CHECK(weft_module_register_hook(m, WEFT_HOOK_POST_FORWARD, hook_redistribute, &ctx_s1, NULL));
+      WEFT_CHECK(
+          weft_module_register_hook(m, WEFT_HOOK_PRE_FORWARD, hook_redistribute, &ctx_r, NULL));
+      WEFT_CHECK(
+          weft_module_register_hook(m, WEFT_HOOK_POST_FORWARD, hook_redistribute, &ctx_s1, NULL));
     }
     if (strcmp(f, "output") == 0)
-      WEFT_CHECK(weft_module_register_hook(m, WEFT_HOOK_PRE_FORWARD, hook_redistribute, &ctx_r, NULL));
+      WEFT_CHECK(
+          weft_module_register_hook(m, WEFT_HOOK_PRE_FORWARD, hook_redistribute, &ctx_r, NULL));
   }
   return WEFT_OK;
 }
@@ -138,10 +141,11 @@ static void run_golden(const char *name, int plan) {
   WCHECK(plan != 0 || allocs[3] == allocs[2], "%s: %lld allocations in a replicated step", name,
          (long long)(allocs[3] - allocs[2]));
   if (weft_worker_rank == 0)
-    printf("golden %s plan %d ranks %d: loss rel err %.3g, worst grad rel err %.3g, norm rel err "
-           "%.3g, worst update rel err %.3g; fwd+bwd %.2f ms, adamw %.2f ms\n",
-           name, plan, weft_world_size(), lerr, worst_g, nerr, worst_u, 1e3 * (t1 - t0),
-           1e3 * (t3 - t2));
+    printf(
+        "golden %s plan %d ranks %d: loss rel err %.3g, worst grad rel err %.3g, norm rel err "
+        "%.3g, worst update rel err %.3g; fwd+bwd %.2f ms, adamw %.2f ms\n",
+        name, plan, weft_world_size(), lerr, worst_g, nerr, worst_u, 1e3 * (t1 - t0),
+        1e3 * (t3 - t2));
   weft_optimizer_destroy(opt);
   WOK(weft_module_destroy(model));
   WOK(weft_mesh_destroy(mesh));
@@ -279,27 +283,78 @@ static void case_hooks(void) {
   double loss;
   WOK(weft_llama_forward(model, tok, tgt, &loss));
   WOK(weft_llama_backward(model));
-  static const char *const want[] = {
-      "F>(root)", "F>tok_embeddings", "F<tok_embeddings", "F>layers", "F>layers.0",
-      "F>layers.0.attention_norm", "F<layers.0.attention_norm", "F>layers.0.attention",
-      "F>layers.0.attention.wq", "F<layers.0.attention.wq", "F>layers.0.attention.wk",
-      "F<layers.0.attention.wk", "F>layers.0.attention.wv", "F<layers.0.attention.wv",
-      "F>layers.0.attention.wo", "F<layers.0.attention.wo", "F<layers.0.attention",
-      "F>layers.0.ffn_norm", "F<layers.0.ffn_norm", "F>layers.0.feed_forward",
-      "F>layers.0.feed_forward.w1", "F<layers.0.feed_forward.w1", "F>layers.0.feed_forward.w3",
-      "F<layers.0.feed_forward.w3", "F>layers.0.feed_forward.w2", "F<layers.0.feed_forward.w2",
-      "F<layers.0.feed_forward", "F<layers.0", "F<layers", "F>norm", "F<norm", "F>output",
-      "F<output", "F>loss", "F<loss", "F<(root)",
-      "B>(root)", "B>loss", "B<loss", "B>output", "B<output", "B>norm", "B<norm", "B>layers",
-      "B>layers.0", "B>layers.0.feed_forward", "B>layers.0.feed_forward.w2",
-      "B<layers.0.feed_forward.w2", "B>layers.0.feed_forward.w1", "B<layers.0.feed_forward.w1",
-      "B>layers.0.feed_forward.w3", "B<layers.0.feed_forward.w3", "B<layers.0.feed_forward",
-      "B>layers.0.ffn_norm", "B<layers.0.ffn_norm", "B>layers.0.attention",
-      "B>layers.0.attention.wo", "B<layers.0.attention.wo", "B>layers.0.attention.wq",
-      "B<layers.0.attention.wq", "B>layers.0.attention.wk", "B<layers.0.attention.wk",
-      "B>layers.0.attention.wv", "B<layers.0.attention.wv", "B<layers.0.attention",
-      "B>layers.0.attention_norm", "B<layers.0.attention_norm", "B<layers.0", "B<layers",
-      "B>tok_embeddings", "B<tok_embeddings", "B<(root)"};
+  static const char *const want[] = {"F>(root)",
+                                     "F>tok_embeddings",
+                                     "F<tok_embeddings",
+                                     "F>layers",
+                                     "F>layers.0",
+                                     "F>layers.0.attention_norm",
+                                     "F<layers.0.attention_norm",
+                                     "F>layers.0.attention",
+                                     "F>layers.0.attention.wq",
+                                     "F<layers.0.attention.wq",
+                                     "F>layers.0.attention.wk",
+                                     "F<layers.0.attention.wk",
+                                     "F>layers.0.attention.wv",
+                                     "F<layers.0.attention.wv",
+                                     "F>layers.0.attention.wo",
+                                     "F<layers.0.attention.wo",
+                                     "F<layers.0.attention",
+                                     "F>layers.0.ffn_norm",
+                                     "F<layers.0.ffn_norm",
+                                     "F>layers.0.feed_forward",
+                                     "F>layers.0.feed_forward.w1",
+                                     "F<layers.0.feed_forward.w1",
+                                     "F>layers.0.feed_forward.w3",
+                                     "F<layers.0.feed_forward.w3",
+                                     "F>layers.0.feed_forward.w2",
+                                     "F<layers.0.feed_forward.w2",
+                                     "F<layers.0.feed_forward",
+                                     "F<layers.0",
+                                     "F<layers",
+                                     "F>norm",
+                                     "F<norm",
+                                     "F>output",
+                                     "F<output",
+                                     "F>loss",
+                                     "F<loss",
+                                     "F<(root)",
+                                     "B>(root)",
+                                     "B>loss",
+                                     "B<loss",
+                                     "B>output",
+                                     "B<output",
+                                     "B>norm",
+                                     "B<norm",
+                                     "B>layers",
+                                     "B>layers.0",
+                                     "B>layers.0.feed_forward",
+                                     "B>layers.0.feed_forward.w2",
+                                     "B<layers.0.feed_forward.w2",
+                                     "B>layers.0.feed_forward.w1",
+                                     "B<layers.0.feed_forward.w1",
+                                     "B>layers.0.feed_forward.w3",
+                                     "B<layers.0.feed_forward.w3",
+                                     "B<layers.0.feed_forward",
+                                     "B>layers.0.ffn_norm",
+                                     "B<layers.0.ffn_norm",
+                                     "B>layers.0.attention",
+                                     "B>layers.0.attention.wo",
+                                     "B<layers.0.attention.wo",
+                                     "B>layers.0.attention.wq",
+                                     "B<layers.0.attention.wq",
+                                     "B>layers.0.attention.wk",
+                                     "B<layers.0.attention.wk",
+                                     "B>layers.0.attention.wv",
+                                     "B<layers.0.attention.wv",
+                                     "B<layers.0.attention",
+                                     "B>layers.0.attention_norm",
+                                     "B<layers.0.attention_norm",
+                                     "B<layers.0",
+                                     "B<layers",
+                                     "B>tok_embeddings",
+                                     "B<tok_embeddings",
+                                     "B<(root)"};
   int nw = (int)(sizeof want / sizeof want[0]);
   WCHECK(tr->n == nw, "trace has %d entries, want %d", tr->n, nw);
   for (int i = 0; i < nw && i < tr->n; i++)
@@ -393,7 +448,8 @@ static void case_hooks(void) {
 static weft_status reference_fill(const weft_param *p, uint64_t seed, weft_tensor **out) {
   WEFT_CHECK(weft_tensor_create(WEFT_F32, WEFT_CPU, p->spec.ndim, p->spec.shape, out));
   if (p->init.kind == WEFT_INIT_NORMAL)
-    return weft_tensor_fill_normal(*out, seed, weft_rng_key(p->fqn), NULL, p->init.mean, p->init.std);
+    return weft_tensor_fill_normal(*out, seed, weft_rng_key(p->fqn), NULL, p->init.mean,
+                                   p->init.std);
   return weft_tensor_fill(*out, p->init.value);
 }
 
@@ -591,7 +647,8 @@ static void case_clip(void) {
     wa2 += ref_sumsq(ps[i]);
   }
   WOK(weft_clip_grad_norm(a, 1e9, &norm));
-  WCHECK(fabs(norm - sqrt(wa2)) <= 1e-10 * sqrt(wa2), "module norm %.15g want %.15g", norm, sqrt(wa2));
+  WCHECK(fabs(norm - sqrt(wa2)) <= 1e-10 * sqrt(wa2), "module norm %.15g want %.15g", norm,
+         sqrt(wa2));
   WCHECK(weft_clip_grad_norm(a, 0.0, &norm) == WEFT_ERR_INVALID, "max_norm 0 accepted");
   weft_tensor_destroy(g0);
   weft_tensor_destroy(g1);
@@ -712,8 +769,10 @@ static void check_opt(weft_mesh *mesh, bool adam, const weft_adamw_params *ha,
   weft_tensor *q0 = NULL;
   WOK(weft_tensor_clone(weft_dtensor_local(q->data), &q0));
   weft_optimizer *opt = NULL;
-  if (adam) WOK(weft_adamw_create(root, ha, &opt));
-  else WOK(weft_sgd_create(root, hs, &opt));
+  if (adam)
+    WOK(weft_adamw_create(root, ha, &opt));
+  else
+    WOK(weft_sgd_create(root, hs, &opt));
   WREQUIRE(opt, "%s: no optimizer", label);
   ref_opt r;
   memset(&r, 0, sizeof r);
@@ -731,11 +790,13 @@ static void check_opt(weft_mesh *mesh, bool adam, const weft_adamw_params *ha,
     const float *gf = weft_dtensor_local(p->grad)->data;
     for (int i = 0; i < n; i++) g[i] = gf[i];
     WOK(weft_optimizer_step(opt));
-    if (adam) ref_adamw(&r, g, n, t, ha);
-    else ref_sgd(&r, g, n, t, hs);
+    if (adam)
+      ref_adamw(&r, g, n, t, ha);
+    else
+      ref_sgd(&r, g, n, t, hs);
     for (int i = 0; i < n; i++)
-      WCHECK(fabs(pd[i] - r.p[i]) <= 1e-6 + 1e-5 * fabs(r.p[i]), "%s step %d: p[%d] = %.9g want %.9g",
-             label, t, i, pd[i], r.p[i]);
+      WCHECK(fabs(pd[i] - r.p[i]) <= 1e-6 + 1e-5 * fabs(r.p[i]),
+             "%s step %d: p[%d] = %.9g want %.9g", label, t, i, pd[i], r.p[i]);
   }
   char name[64];
   weft_dtensor *st = NULL;
@@ -788,8 +849,8 @@ static void case_optim(void) {
   check_opt(mesh, true, &a, NULL, "adamw maximize");
   weft_sgd_params sg = {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.1f, .weight_decay = 0.01f};
   check_opt(mesh, false, NULL, &sg, "sgd momentum dampening wd");
-  weft_sgd_params sn = {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f,
-                        .nesterov = true};
+  weft_sgd_params sn = {
+      .lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = true};
   check_opt(mesh, false, NULL, &sn, "sgd nesterov");
   weft_sgd_params s0 = {.lr = 0.1f, .momentum = 0.0f, .dampening = 0.0f, .weight_decay = 0.0f};
   check_opt(mesh, false, NULL, &s0, "sgd plain");
@@ -827,8 +888,8 @@ static void case_optim(void) {
   bad.beta1 = 1.0f;
   opt = NULL;
   WCHECK(weft_adamw_create(lin, &bad, &opt) == WEFT_ERR_INVALID && !opt, "beta1 = 1 accepted");
-  weft_sgd_params badn = {.lr = 0.1f, .momentum = 0.0f, .dampening = 0.0f, .weight_decay = 0.0f,
-                          .nesterov = true};
+  weft_sgd_params badn = {
+      .lr = 0.1f, .momentum = 0.0f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = true};
   WCHECK(weft_sgd_create(lin, &badn, &opt) == WEFT_ERR_INVALID, "nesterov without momentum");
   WOK(weft_module_destroy(lin));
   /* an optimizer needs materialised parameters */
@@ -887,12 +948,11 @@ static void case_steady(void) {
 
 /* ------------------------------------------------------------ bad input */
 
-#define WERR(expr, code, substr)                                                            \
-  do {                                                                                      \
-    weft_status e_ = (expr);                                                                \
-    WCHECK(e_ == (code) && strstr(weft_last_error(), (substr)),                             \
-           "%s -> %s (want %s): %s", #expr, weft_status_str(e_), weft_status_str(code),     \
-           weft_last_error());                                                              \
+#define WERR(expr, code, substr)                                                                 \
+  do {                                                                                           \
+    weft_status e_ = (expr);                                                                     \
+    WCHECK(e_ == (code) && strstr(weft_last_error(), (substr)), "%s -> %s (want %s): %s", #expr, \
+           weft_status_str(e_), weft_status_str(code), weft_last_error());                       \
   } while (0)
 
 static void case_bad(void) {
@@ -1010,8 +1070,8 @@ typedef struct sum_loss {
   int fwd, bwd;
 } sum_loss;
 
-static weft_status sum_loss_forward(void *ctx, const weft_dtensor *logits, const weft_tensor *targets,
-                                    double *loss) {
+static weft_status sum_loss_forward(void *ctx, const weft_dtensor *logits,
+                                    const weft_tensor *targets, double *loss) {
   sum_loss *c = ctx;
   c->fwd++;
   (void)targets;
@@ -1055,13 +1115,22 @@ static void case_misc(void) {
   /* named_modules order (pre-order, children in creation order) */
   trace *tr = calloc(1, sizeof *tr);
   WOK(weft_module_visit(model, collect_fqn, tr));
-  static const char *const want[] = {"(root)", "tok_embeddings", "layers", "layers.0",
-                                     "layers.0.attention_norm", "layers.0.attention",
-                                     "layers.0.attention.wq", "layers.0.attention.wk",
-                                     "layers.0.attention.wv", "layers.0.attention.wo",
-                                     "layers.0.ffn_norm", "layers.0.feed_forward",
-                                     "layers.0.feed_forward.w1", "layers.0.feed_forward.w2",
-                                     "layers.0.feed_forward.w3", "layers.1"};
+  static const char *const want[] = {"(root)",
+                                     "tok_embeddings",
+                                     "layers",
+                                     "layers.0",
+                                     "layers.0.attention_norm",
+                                     "layers.0.attention",
+                                     "layers.0.attention.wq",
+                                     "layers.0.attention.wk",
+                                     "layers.0.attention.wv",
+                                     "layers.0.attention.wo",
+                                     "layers.0.ffn_norm",
+                                     "layers.0.feed_forward",
+                                     "layers.0.feed_forward.w1",
+                                     "layers.0.feed_forward.w2",
+                                     "layers.0.feed_forward.w3",
+                                     "layers.1"};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
     WCHECK(strcmp(tr->e[i], want[i]) == 0, "visit[%zu] = %s want %s", i, tr->e[i], want[i]);
   WCHECK(tr->n == 3 + 2 * 12 + 3, "visit count %d", tr->n);
@@ -1188,12 +1257,13 @@ static void case_timing(void) {
     to += t3 - t2;
   }
   if (weft_worker_rank == 0)
-    printf("timing %s (B=%lld T=%lld D=%lld L=%lld V=%lld) %d ranks: %.2f ms/step (fwd %.2f, bwd "
-           "%.2f, clip+adamw %.2f) over %d steps, last loss %.4f\n",
-           which, (long long)B, (long long)cfg.max_seq_len, (long long)cfg.dim,
-           (long long)cfg.n_layers, (long long)cfg.vocab, weft_world_size(),
-           1e3 * (tf + tb + to) / steps, 1e3 * tf / steps, 1e3 * tb / steps, 1e3 * to / steps,
-           steps, loss);
+    printf(
+        "timing %s (B=%lld T=%lld D=%lld L=%lld V=%lld) %d ranks: %.2f ms/step (fwd %.2f, bwd "
+        "%.2f, clip+adamw %.2f) over %d steps, last loss %.4f\n",
+        which, (long long)B, (long long)cfg.max_seq_len, (long long)cfg.dim,
+        (long long)cfg.n_layers, (long long)cfg.vocab, weft_world_size(),
+        1e3 * (tf + tb + to) / steps, 1e3 * tf / steps, 1e3 * tb / steps, 1e3 * to / steps, steps,
+        loss);
   weft_optimizer_destroy(opt);
   weft_tensor_destroy(tok);
   weft_tensor_destroy(tgt);
@@ -1202,20 +1272,13 @@ static void case_timing(void) {
 }
 
 static const weft_worker_case cases[] = {
-    {"golden", case_golden},
-    {"golden_tp", case_golden_tp},
-    {"hooks", case_hooks},
-    {"init", case_init},
-    {"clip", case_clip},
-    {"tp_errors", case_tp_errors},
-    {"multi", case_multi},
-    {"optim", case_optim},
-    {"steady", case_steady},
-    {"bad", case_bad},
-    {"misc", case_misc},
-    {"single", case_single},
-    {"timing", case_timing},
-    {0, 0},
+    {"golden", case_golden}, {"golden_tp", case_golden_tp},
+    {"hooks", case_hooks},   {"init", case_init},
+    {"clip", case_clip},     {"tp_errors", case_tp_errors},
+    {"multi", case_multi},   {"optim", case_optim},
+    {"steady", case_steady}, {"bad", case_bad},
+    {"misc", case_misc},     {"single", case_single},
+    {"timing", case_timing}, {0, 0},
 };
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

@@ -187,73 +187,269 @@ static weft_status run_scale(const oc_case *c, weft_var *const *in, weft_var **o
 
 /* ----------------------------------------------------------------- cases */
 
-#define S(...) {__VA_ARGS__}
+#define S(...) \
+  { __VA_ARGS__ }
 const oc_case oc_cases[] = {
-    {.name = "matmul", .nin = 2, .ndim = {3, 2}, .shape = {S(2, 3, 4), S(4, 5)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 5)}, .ref = ref_matmul, .run = run_matmul},
-    {.name = "matmul_2d", .nin = 2, .ndim = {2, 2}, .shape = {S(3, 4), S(4, 6)}, .nout = 1,
-     .ondim = {2}, .oshape = {S(3, 6)}, .ref = ref_matmul, .run = run_matmul},
-    {.name = "reshape_split_heads", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 8)}, .nout = 1,
-     .ondim = {4}, .oshape = {S(2, 3, 2, 4)}, .iarg = {4}, .sizes = {2, 3, 2, 4},
-     .ref = ref_copy, .run = run_reshape},
-    {.name = "reshape_split_heads4", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 16)}, .nout = 1,
-     .ondim = {4}, .oshape = {S(2, 3, 4, 4)}, .iarg = {4}, .sizes = {2, 3, 4, 4},
-     .ref = ref_copy, .run = run_reshape},
-    {.name = "reshape_merge_heads", .nin = 1, .ndim = {4}, .shape = {S(2, 3, 2, 4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 8)}, .iarg = {3}, .sizes = {2, 3, 8}, .ref = ref_copy,
+    {.name = "matmul",
+     .nin = 2,
+     .ndim = {3, 2},
+     .shape = {S(2, 3, 4), S(4, 5)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 5)},
+     .ref = ref_matmul,
+     .run = run_matmul},
+    {.name = "matmul_2d",
+     .nin = 2,
+     .ndim = {2, 2},
+     .shape = {S(3, 4), S(4, 6)},
+     .nout = 1,
+     .ondim = {2},
+     .oshape = {S(3, 6)},
+     .ref = ref_matmul,
+     .run = run_matmul},
+    {.name = "reshape_split_heads",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 8)},
+     .nout = 1,
+     .ondim = {4},
+     .oshape = {S(2, 3, 2, 4)},
+     .iarg = {4},
+     .sizes = {2, 3, 2, 4},
+     .ref = ref_copy,
      .run = run_reshape},
-    {.name = "reshape_flatten", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 8)}, .nout = 1,
-     .ondim = {2}, .oshape = {S(6, 8)}, .iarg = {2}, .sizes = {-1, 8}, .ref = ref_copy,
+    {.name = "reshape_split_heads4",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 16)},
+     .nout = 1,
+     .ondim = {4},
+     .oshape = {S(2, 3, 4, 4)},
+     .iarg = {4},
+     .sizes = {2, 3, 4, 4},
+     .ref = ref_copy,
      .run = run_reshape},
-    {.name = "reshape_regroup", .nin = 1, .ndim = {3}, .shape = {S(2, 6, 4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 4, 6)}, .iarg = {3}, .sizes = {2, 4, -1}, .ref = ref_copy,
+    {.name = "reshape_merge_heads",
+     .nin = 1,
+     .ndim = {4},
+     .shape = {S(2, 3, 2, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 8)},
+     .iarg = {3},
+     .sizes = {2, 3, 8},
+     .ref = ref_copy,
      .run = run_reshape},
-    {.name = "transpose", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 4)}, .nout = 1, .ondim = {3},
-     .oshape = {S(2, 4, 3)}, .iarg = {1, 2}, .ref = ref_transpose, .run = run_transpose},
-    {.name = "transpose_heads", .nin = 1, .ndim = {4}, .shape = {S(2, 3, 2, 4)}, .nout = 1,
-     .ondim = {4}, .oshape = {S(2, 2, 3, 4)}, .iarg = {1, -2}, .ref = ref_transpose,
+    {.name = "reshape_flatten",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 8)},
+     .nout = 1,
+     .ondim = {2},
+     .oshape = {S(6, 8)},
+     .iarg = {2},
+     .sizes = {-1, 8},
+     .ref = ref_copy,
+     .run = run_reshape},
+    {.name = "reshape_regroup",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 6, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 4, 6)},
+     .iarg = {3},
+     .sizes = {2, 4, -1},
+     .ref = ref_copy,
+     .run = run_reshape},
+    {.name = "transpose",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 4, 3)},
+     .iarg = {1, 2},
+     .ref = ref_transpose,
      .run = run_transpose},
-    {.name = "split_qkv", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 12)}, .nout = 3,
-     .ondim = {3, 3, 3}, .oshape = {S(2, 3, 4), S(2, 3, 4), S(2, 3, 4)}, .iarg = {-1},
-     .sizes = {4, 4, 4}, .ref = ref_split, .run = run_split},
-    {.name = "split_uneven", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 12)}, .nout = 2,
-     .ondim = {3, 3}, .oshape = {S(2, 3, 3), S(2, 3, 9)}, .iarg = {2}, .sizes = {3, 9},
-     .ref = ref_split, .run = run_split},
-    {.name = "split_dim1", .nin = 1, .ndim = {3}, .shape = {S(2, 4, 3)}, .nout = 2,
-     .ondim = {3, 3}, .oshape = {S(2, 1, 3), S(2, 3, 3)}, .iarg = {1}, .sizes = {1, 3},
-     .ref = ref_split, .run = run_split},
-    {.name = "cat_last", .nin = 2, .ndim = {3, 3}, .shape = {S(2, 3, 4), S(2, 3, 2)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 6)}, .iarg = {-1}, .ref = ref_cat, .run = run_cat},
-    {.name = "cat_dim0", .nin = 3, .ndim = {3, 3, 3}, .shape = {S(1, 3, 4), S(2, 3, 4), S(1, 3, 4)},
-     .nout = 1, .ondim = {3}, .oshape = {S(4, 3, 4)}, .iarg = {0}, .ref = ref_cat,
+    {.name = "transpose_heads",
+     .nin = 1,
+     .ndim = {4},
+     .shape = {S(2, 3, 2, 4)},
+     .nout = 1,
+     .ondim = {4},
+     .oshape = {S(2, 2, 3, 4)},
+     .iarg = {1, -2},
+     .ref = ref_transpose,
+     .run = run_transpose},
+    {.name = "split_qkv",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 12)},
+     .nout = 3,
+     .ondim = {3, 3, 3},
+     .oshape = {S(2, 3, 4), S(2, 3, 4), S(2, 3, 4)},
+     .iarg = {-1},
+     .sizes = {4, 4, 4},
+     .ref = ref_split,
+     .run = run_split},
+    {.name = "split_uneven",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 12)},
+     .nout = 2,
+     .ondim = {3, 3},
+     .oshape = {S(2, 3, 3), S(2, 3, 9)},
+     .iarg = {2},
+     .sizes = {3, 9},
+     .ref = ref_split,
+     .run = run_split},
+    {.name = "split_dim1",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 4, 3)},
+     .nout = 2,
+     .ondim = {3, 3},
+     .oshape = {S(2, 1, 3), S(2, 3, 3)},
+     .iarg = {1},
+     .sizes = {1, 3},
+     .ref = ref_split,
+     .run = run_split},
+    {.name = "cat_last",
+     .nin = 2,
+     .ndim = {3, 3},
+     .shape = {S(2, 3, 4), S(2, 3, 2)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 6)},
+     .iarg = {-1},
+     .ref = ref_cat,
      .run = run_cat},
-    {.name = "cat_qkv", .nin = 3, .ndim = {3, 3, 3}, .shape = {S(2, 3, 4), S(2, 3, 4), S(2, 3, 4)},
-     .nout = 1, .ondim = {3}, .oshape = {S(2, 3, 12)}, .iarg = {2}, .ref = ref_cat,
+    {.name = "cat_dim0",
+     .nin = 3,
+     .ndim = {3, 3, 3},
+     .shape = {S(1, 3, 4), S(2, 3, 4), S(1, 3, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(4, 3, 4)},
+     .iarg = {0},
+     .ref = ref_cat,
      .run = run_cat},
-    {.name = "sum_dim1", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 4)}, .nout = 1, .ondim = {2},
-     .oshape = {S(2, 4)}, .iarg = {1, 0, 0}, .ref = ref_reduce, .run = run_reduce},
-    {.name = "sum_keepdim_last", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 1)}, .iarg = {-1, 1, 0}, .ref = ref_reduce,
+    {.name = "cat_qkv",
+     .nin = 3,
+     .ndim = {3, 3, 3},
+     .shape = {S(2, 3, 4), S(2, 3, 4), S(2, 3, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 12)},
+     .iarg = {2},
+     .ref = ref_cat,
+     .run = run_cat},
+    {.name = "sum_dim1",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 4)},
+     .nout = 1,
+     .ondim = {2},
+     .oshape = {S(2, 4)},
+     .iarg = {1, 0, 0},
+     .ref = ref_reduce,
      .run = run_reduce},
-    {.name = "mean_last", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 4)}, .nout = 1, .ondim = {2},
-     .oshape = {S(2, 3)}, .iarg = {-1, 0, 1}, .ref = ref_reduce, .run = run_reduce},
-    {.name = "mean_dim0_keepdim", .nin = 1, .ndim = {3}, .shape = {S(3, 2, 4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(1, 2, 4)}, .iarg = {0, 1, 1}, .ref = ref_reduce,
+    {.name = "sum_keepdim_last",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 1)},
+     .iarg = {-1, 1, 0},
+     .ref = ref_reduce,
      .run = run_reduce},
-    {.name = "linear", .nin = 2, .ndim = {3, 2}, .shape = {S(2, 3, 4), S(6, 4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 6)}, .ref = ref_linear, .run = run_linear},
-    {.name = "linear_bias", .nin = 3, .ndim = {3, 2, 1}, .shape = {S(2, 3, 4), S(6, 4), S(6)},
-     .nout = 1, .ondim = {3}, .oshape = {S(2, 3, 6)}, .ref = ref_linear, .run = run_linear},
-    {.name = "add", .nin = 2, .ndim = {3, 3}, .shape = {S(2, 3, 4), S(2, 3, 4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 4)}, .ref = ref_add, .run = run_add},
-    {.name = "add_bias", .nin = 2, .ndim = {3, 1}, .shape = {S(2, 3, 4), S(4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 4)}, .ref = ref_add, .run = run_add},
-    {.name = "add_pos", .nin = 2, .ndim = {3, 2}, .shape = {S(2, 3, 4), S(3, 4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 4)}, .ref = ref_add, .run = run_add},
-    {.name = "mul", .nin = 2, .ndim = {3, 3}, .shape = {S(2, 3, 4), S(2, 3, 4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 4)}, .ref = ref_mul, .run = run_mul},
-    {.name = "scale", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 4)}, .nout = 1, .ondim = {3},
-     .oshape = {S(2, 3, 4)}, .farg = -1.75, .ref = ref_scale, .run = run_scale},
+    {.name = "mean_last",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 4)},
+     .nout = 1,
+     .ondim = {2},
+     .oshape = {S(2, 3)},
+     .iarg = {-1, 0, 1},
+     .ref = ref_reduce,
+     .run = run_reduce},
+    {.name = "mean_dim0_keepdim",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(3, 2, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(1, 2, 4)},
+     .iarg = {0, 1, 1},
+     .ref = ref_reduce,
+     .run = run_reduce},
+    {.name = "linear",
+     .nin = 2,
+     .ndim = {3, 2},
+     .shape = {S(2, 3, 4), S(6, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 6)},
+     .ref = ref_linear,
+     .run = run_linear},
+    {.name = "linear_bias",
+     .nin = 3,
+     .ndim = {3, 2, 1},
+     .shape = {S(2, 3, 4), S(6, 4), S(6)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 6)},
+     .ref = ref_linear,
+     .run = run_linear},
+    {.name = "add",
+     .nin = 2,
+     .ndim = {3, 3},
+     .shape = {S(2, 3, 4), S(2, 3, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 4)},
+     .ref = ref_add,
+     .run = run_add},
+    {.name = "add_bias",
+     .nin = 2,
+     .ndim = {3, 1},
+     .shape = {S(2, 3, 4), S(4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 4)},
+     .ref = ref_add,
+     .run = run_add},
+    {.name = "add_pos",
+     .nin = 2,
+     .ndim = {3, 2},
+     .shape = {S(2, 3, 4), S(3, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 4)},
+     .ref = ref_add,
+     .run = run_add},
+    {.name = "mul",
+     .nin = 2,
+     .ndim = {3, 3},
+     .shape = {S(2, 3, 4), S(2, 3, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 4)},
+     .ref = ref_mul,
+     .run = run_mul},
+    {.name = "scale",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 4)},
+     .farg = -1.75,
+     .ref = ref_scale,
+     .run = run_scale},
     {0},
 };
 #undef S
@@ -270,11 +466,15 @@ void oc_random_placements(const oc_case *c, int k, uint64_t *state, weft_placeme
       int nd = c->ndim[a];
       uint64_t r = weft_test_rng_u64(state) % (uint64_t)(nd + 3);
       weft_placement p;
-      if (r == 0) p = weft_replicate();
-      else if (r == 1) p = weft_partial(WEFT_OP_SUM);
-      else if (r == 2) p = weft_strided_shard((int)(weft_test_rng_u64(state) % (uint64_t)nd),
-                                              2 + (int)(weft_test_rng_u64(state) % 2));
-      else p = weft_shard((int)(r - 3));
+      if (r == 0)
+        p = weft_replicate();
+      else if (r == 1)
+        p = weft_partial(WEFT_OP_SUM);
+      else if (r == 2)
+        p = weft_strided_shard((int)(weft_test_rng_u64(state) % (uint64_t)nd),
+                               2 + (int)(weft_test_rng_u64(state) % 2));
+      else
+        p = weft_shard((int)(r - 3));
       if (strcmp(c->name, "split_qkv") == 0 && (weft_test_rng_u64(state) & 1))
         p = weft_strided_shard(2, 3);
       pl[a * k + i] = p;
@@ -284,18 +484,20 @@ void oc_random_placements(const oc_case *c, int k, uint64_t *state, weft_placeme
 void oc_random_grad_placements(int ndim, int k, uint64_t *state, weft_placement *pl) {
   for (int i = 0; i < k; i++) {
     uint64_t r = weft_test_rng_u64(state) % (uint64_t)(ndim + 2);
-    pl[i] = r == 0 ? weft_replicate() : r == 1 ? weft_partial(WEFT_OP_SUM) : weft_shard((int)(r - 2));
+    pl[i] = r == 0   ? weft_replicate()
+            : r == 1 ? weft_partial(WEFT_OP_SUM)
+                     : weft_shard((int)(r - 2));
   }
 }
 
 /* -------------------------------------------------------------- checking */
 
-#define FAIL(...)                                   \
-  do {                                              \
-    fprintf(stderr, "[%s] ", c->name);              \
-    fprintf(stderr, __VA_ARGS__);                   \
-    fprintf(stderr, "\n");                          \
-    fails++;                                        \
+#define FAIL(...)                      \
+  do {                                 \
+    fprintf(stderr, "[%s] ", c->name); \
+    fprintf(stderr, __VA_ARGS__);      \
+    fprintf(stderr, "\n");             \
+    fails++;                           \
   } while (0)
 
 /* A DTensor of global values v (doubles, f32-exact) with placements pl
@@ -368,8 +570,8 @@ static int compare(const oc_case *c, const char *what, const float *got, const d
   return fails;
 }
 
-int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
-           const weft_placement *gpl, int mode, uint64_t seed, double tol, oc_result *res) {
+int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl, const weft_placement *gpl,
+           int mode, uint64_t seed, double tol, oc_result *res) {
   int fails = 0, k = weft_mesh_ndim(mesh);
   if (res) memset(res, 0, sizeof *res);
   uint64_t s = weft_test_rng_state(seed);
@@ -409,8 +611,10 @@ int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
     float *f = full_floats(y);
     char what[32];
     snprintf(what, sizeof what, "out%d", j);
-    if (!f) FAIL("full_tensor of output %d: %s", j, weft_last_error());
-    else fails += compare(c, what, f, out[j], ne_out(c, j), tol);
+    if (!f)
+      FAIL("full_tensor of output %d: %s", j, weft_last_error());
+    else
+      fails += compare(c, what, f, out[j], ne_out(c, j), tol);
     if (res) {
       res->out[j] = f;
       memcpy(res->opl[j], weft_dtensor_placements(y), sizeof(weft_placement) * (size_t)k);
@@ -474,10 +678,14 @@ int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
       float *f = full_floats(gr);
       char what[32];
       snprintf(what, sizeof what, "grad%d", a);
-      if (!f) FAIL("full_tensor of grad %d: %s", a, weft_last_error());
-      else fails += compare(c, what, f, fd, n, tol);
-      if (res) res->grad[a] = f;
-      else free(f);
+      if (!f)
+        FAIL("full_tensor of grad %d: %s", a, weft_last_error());
+      else
+        fails += compare(c, what, f, fd, n, tol);
+      if (res)
+        res->grad[a] = f;
+      else
+        free(f);
     }
     free(fd);
   }

@@ -60,8 +60,8 @@ const oc_case *oc_find(const char *name);
  * the same collectives regardless). Outputs of mode -1 are combined by
  * cat along iarg[0], so they must agree on the other dims. Collective
  * over the mesh. */
-int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
-           const weft_placement *gpl, int mode, uint64_t seed, double tol, oc_result *res);
+int oc_run(const oc_case *c, weft_mesh *mesh, const weft_placement *pl, const weft_placement *gpl,
+           int mode, uint64_t seed, double tol, oc_result *res);
 void oc_result_free(const oc_case *c, oc_result *r);
 /* Random input placements for case c on a k-dim mesh (nin * k entries):
  * Replicate, Partial(sum), Shard and StridedShard of any dim; the fused

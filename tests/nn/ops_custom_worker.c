@@ -204,20 +204,22 @@ static weft_status pos_infer(const weft_dtensor_spec *const *in, int nin, weft_o
 }
 /* the same options on every mesh dim (no rule function): R and plain
  * shards; a StridedShard input is moved to one of them */
-#define PR {WEFT_PLACE_REPLICATE, 0, 1, WEFT_OP_SUM}
-#define PS(d) {WEFT_PLACE_SHARD, d, 1, WEFT_OP_SUM}
+#define PR \
+  { WEFT_PLACE_REPLICATE, 0, 1, WEFT_OP_SUM }
+#define PS(d) \
+  { WEFT_PLACE_SHARD, d, 1, WEFT_OP_SUM }
 static const weft_sharding_option pos_options[] = {
     {{PR}, PR}, {{PS(0)}, PS(0)}, {{PS(1)}, PS(1)}, {{PS(2)}, PS(2)}};
 #undef PR
 #undef PS
 static const weft_op_def pos_scale_def = {.name = "pos_scale",
-                                    .nin = 1,
-                                    .nout = 1,
-                                    .options = pos_options,
-                                    .noptions = 4,
-                                    .infer = pos_infer,
-                                    .forward = pos_fwd,
-                                    .backward = pos_bwd};
+                                          .nin = 1,
+                                          .nout = 1,
+                                          .options = pos_options,
+                                          .noptions = 4,
+                                          .infer = pos_infer,
+                                          .forward = pos_fwd,
+                                          .backward = pos_bwd};
 
 /* --------------------------------------------------------- scale_rows */
 
@@ -378,8 +380,7 @@ static void ref_mul_sin(const oc_case *c, double *const *in, double *const *out)
     out[0][i] = in[0][i] * in[1][i] + sin(in[0][i]);
 }
 static void ref_lin_comb(const oc_case *c, double *const *in, double *const *out) {
-  for (int64_t i = 0; i < ne(c->ndim[0], c->shape[0]); i++)
-    out[0][i] = 2 * in[0][i] - 3 * in[1][i];
+  for (int64_t i = 0; i < ne(c->ndim[0], c->shape[0]); i++) out[0][i] = 2 * in[0][i] - 3 * in[1][i];
 }
 static void ref_pos_scale(const oc_case *c, double *const *in, double *const *out) {
   const int64_t *s = c->shape[0];
@@ -462,26 +463,88 @@ static weft_status run_mlp(const oc_case *c, weft_var *const *in, weft_var **out
   return weft_op_linear(a, in[2], NULL, out);
 }
 
-#define S(...) {__VA_ARGS__}
+#define S(...) \
+  { __VA_ARGS__ }
 static const oc_case cases[] = {
-    {.name = "softplus", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 5)}, .nout = 1, .ondim = {3},
-     .oshape = {S(2, 3, 5)}, .farg = 1.5, .fd_h = 1e-4, .ref = ref_softplus,
+    {.name = "softplus",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 5)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 5)},
+     .farg = 1.5,
+     .fd_h = 1e-4,
+     .ref = ref_softplus,
      .run = run_softplus},
-    {.name = "mul_sin", .nin = 2, .ndim = {3, 3}, .shape = {S(2, 3, 4), S(2, 3, 4)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 4)}, .fd_h = 1e-4, .ref = ref_mul_sin, .run = run_mul_sin},
-    {.name = "lin_comb", .nin = 2, .ndim = {3, 3}, .shape = {S(3, 2, 5), S(3, 2, 5)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(3, 2, 5)}, .ref = ref_lin_comb, .run = run_lin_comb},
-    {.name = "pos_scale", .nin = 1, .ndim = {3}, .shape = {S(2, 5, 3)}, .nout = 1, .ondim = {3},
-     .oshape = {S(2, 5, 3)}, .ref = ref_pos_scale, .run = run_pos_scale},
-    {.name = "scale_rows", .nin = 2, .ndim = {3, 1}, .shape = {S(2, 3, 6), S(6)}, .nout = 1,
-     .ondim = {3}, .oshape = {S(2, 3, 6)}, .ref = ref_scale_rows, .run = run_scale_rows},
-    {.name = "row_norm2", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 5)}, .nout = 1, .ondim = {2},
-     .oshape = {S(2, 3)}, .fd_h = 1e-4, .ref = ref_row_norm2, .run = run_row_norm2},
-    {.name = "sincos", .nin = 1, .ndim = {3}, .shape = {S(2, 3, 4)}, .nout = 2, .ondim = {3, 3},
-     .oshape = {S(2, 3, 4), S(2, 3, 4)}, .iarg = {-1}, .fd_h = 1e-4, .ref = ref_sincos,
+    {.name = "mul_sin",
+     .nin = 2,
+     .ndim = {3, 3},
+     .shape = {S(2, 3, 4), S(2, 3, 4)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 4)},
+     .fd_h = 1e-4,
+     .ref = ref_mul_sin,
+     .run = run_mul_sin},
+    {.name = "lin_comb",
+     .nin = 2,
+     .ndim = {3, 3},
+     .shape = {S(3, 2, 5), S(3, 2, 5)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(3, 2, 5)},
+     .ref = ref_lin_comb,
+     .run = run_lin_comb},
+    {.name = "pos_scale",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 5, 3)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 5, 3)},
+     .ref = ref_pos_scale,
+     .run = run_pos_scale},
+    {.name = "scale_rows",
+     .nin = 2,
+     .ndim = {3, 1},
+     .shape = {S(2, 3, 6), S(6)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 6)},
+     .ref = ref_scale_rows,
+     .run = run_scale_rows},
+    {.name = "row_norm2",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 5)},
+     .nout = 1,
+     .ondim = {2},
+     .oshape = {S(2, 3)},
+     .fd_h = 1e-4,
+     .ref = ref_row_norm2,
+     .run = run_row_norm2},
+    {.name = "sincos",
+     .nin = 1,
+     .ndim = {3},
+     .shape = {S(2, 3, 4)},
+     .nout = 2,
+     .ondim = {3, 3},
+     .oshape = {S(2, 3, 4), S(2, 3, 4)},
+     .iarg = {-1},
+     .fd_h = 1e-4,
+     .ref = ref_sincos,
      .run = run_sincos},
-    {.name = "mlp", .nin = 3, .ndim = {3, 2, 2}, .shape = {S(2, 3, 4), S(6, 4), S(5, 6)},
-     .nout = 1, .ondim = {3}, .oshape = {S(2, 3, 5)}, .farg = 1.5, .fd_h = 1e-4, .ref = ref_mlp,
+    {.name = "mlp",
+     .nin = 3,
+     .ndim = {3, 2, 2},
+     .shape = {S(2, 3, 4), S(6, 4), S(5, 6)},
+     .nout = 1,
+     .ondim = {3},
+     .oshape = {S(2, 3, 5)},
+     .farg = 1.5,
+     .fd_h = 1e-4,
+     .ref = ref_mlp,
      .run = run_mlp},
     {0},
 };
@@ -494,7 +557,6 @@ static const oc_case *find(const char *name) {
 }
 
 /* ---------------------------------------------------------------- runs */
-
 
 /* 1 rank: every case against the double reference and finite differences
  * (all Replicate, each output alone, random placements). */
@@ -559,8 +621,10 @@ static void case_directed(void) {
   const directed ds[] = {
       /* pointwise keeps shards */
       {.name = "softplus", .in = {SH(1)}, .check = true, .want = SH(1)},
-      {.name = "softplus", .in = {weft_strided_shard(2, 2)},
-        .check = true, .want = weft_strided_shard(2, 2)},
+      {.name = "softplus",
+       .in = {weft_strided_shard(2, 2)},
+       .check = true,
+       .want = weft_strided_shard(2, 2)},
       {.name = "softplus", .in = {P}, .check = false, .want = R}, /* not linear: reduced */
       {.name = "mul_sin", .in = {SH(2), SH(2)}, .check = true, .want = SH(2)},
       /* b sliced to a's shard */
@@ -593,7 +657,7 @@ static void case_directed(void) {
       for (int gp = 0; gp < 2; gp++) {
         weft_placement gpl[1] = {gp ? P : R};
         oc_against_replicate(c, mesh, ds[i].in, gpl, m - 1, 77 + i,
-                          ds[i].check ? &ds[i].want : NULL);
+                             ds[i].check ? &ds[i].want : NULL);
       }
     }
   }
@@ -700,8 +764,8 @@ static void case_bad(void) {
   weft_var *one[1] = {X}, *two[2] = {X, X2};
 
   /* arity and the def */
-  expect_err(mesh, weft_op_custom(&mul_sin_def, NULL, one, 1, y), WEFT_ERR_INVALID,
-             "wrong arity", "mul_sin", "takes 2 inputs, got 1");
+  expect_err(mesh, weft_op_custom(&mul_sin_def, NULL, one, 1, y), WEFT_ERR_INVALID, "wrong arity",
+             "mul_sin", "takes 2 inputs, got 1");
   expect_err(mesh, weft_op_custom(NULL, NULL, one, 1, y), WEFT_ERR_INVALID, "NULL def", "def",
              NULL);
   weft_op_def d = softplus_def;
@@ -712,8 +776,8 @@ static void case_bad(void) {
   expect_err(mesh, weft_op_custom(&d, &g_sp, one, 1, y), WEFT_ERR_INVALID, "nout 0", "softplus",
              "nout = 0");
   d = softplus_def, d.forward = NULL;
-  expect_err(mesh, weft_op_custom(&d, &g_sp, one, 1, y), WEFT_ERR_INVALID, "no forward",
-             "softplus", "forward");
+  expect_err(mesh, weft_op_custom(&d, &g_sp, one, 1, y), WEFT_ERR_INVALID, "no forward", "softplus",
+             "forward");
   d = softplus_def, d.rule = NULL;
   expect_err(mesh, weft_op_custom(&d, &g_sp, one, 1, y), WEFT_ERR_INVALID, "no rule", "softplus",
              "rule");
@@ -721,8 +785,8 @@ static void case_bad(void) {
   expect_err(mesh, weft_op_custom(&softplus_def, &g_sp, with_null, 1, y), WEFT_ERR_INVALID,
              "NULL input", "softplus", "input 0 is NULL");
   /* shapes infer rejects */
-  expect_err(mesh, weft_op_custom(&mul_sin_def, NULL, two, 2, y), WEFT_ERR_INVALID,
-             "shapes differ", "mul_sin", "input 1's shape differs");
+  expect_err(mesh, weft_op_custom(&mul_sin_def, NULL, two, 2, y), WEFT_ERR_INVALID, "shapes differ",
+             "mul_sin", "input 1's shape differs");
   weft_var *xw[2] = {X, W5};
   expect_err(mesh, weft_op_custom(&scale_rows_def, NULL, xw, 2, y), WEFT_ERR_INVALID,
              "scale_rows w (5)", "scale_rows", "need x (B, T, C) and w (C)");
@@ -737,8 +801,8 @@ static void case_bad(void) {
   expect_err(mesh, weft_op_custom(&d, &g_sp, one, 1, y), WEFT_ERR_INVALID, "S(7) of a 3-D input",
              "far_dim", "puts input 0 at S(7), which has 3 dims");
   d = softplus_def, d.name = "partial_to_r", d.rule = partial_to_r_rule;
-  expect_err(mesh, weft_op_custom(&d, &g_sp, one, 1, y), WEFT_ERR_INVALID,
-             "P input, R output", "partial_to_r", "the output must be Partial");
+  expect_err(mesh, weft_op_custom(&d, &g_sp, one, 1, y), WEFT_ERR_INVALID, "P input, R output",
+             "partial_to_r", "the output must be Partial");
   d = softplus_def, d.name = "int_out", d.infer = int_infer;
   expect_err(mesh, weft_op_custom(&d, &g_sp, one, 1, y), WEFT_ERR_INVALID, "int32 output",
              "int_out", "output 0 is i32");
@@ -851,8 +915,8 @@ static void case_steps(void) {
 }
 
 static const weft_worker_case wcases[] = {
-    {"one", case_one},   {"random", case_random}, {"directed", case_directed},
-    {"bad", case_bad},   {"steps", case_steps},   {0},
+    {"one", case_one}, {"random", case_random}, {"directed", case_directed},
+    {"bad", case_bad}, {"steps", case_steps},   {0},
 };
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, wcases); }

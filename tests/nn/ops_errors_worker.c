@@ -134,10 +134,9 @@ static void case_shapes(void) {
   weft_graph *g = NULL;
   WOK(weft_graph_create(&g));
   weft_placement R = weft_replicate(), S0 = weft_shard(0), S1 = weft_shard(1);
-  int64_t s235[3] = {2, 3, 5}, s46[2] = {4, 6}, s34[2] = {3, 4}, s52[2] = {5, 2},
-          s35[2] = {3, 5}, s24[2] = {2, 4}, s25[2] = {2, 5}, s26[2] = {2, 6}, s8[1] = {7},
-          s28[2] = {2, 8}, q[4] = {1, 4, 3, 2}, kv[4] = {1, 4, 2, 2}, s246[3] = {2, 4, 6},
-          s2x5[2] = {2, 5};
+  int64_t s235[3] = {2, 3, 5}, s46[2] = {4, 6}, s34[2] = {3, 4}, s52[2] = {5, 2}, s35[2] = {3, 5},
+          s24[2] = {2, 4}, s25[2] = {2, 5}, s26[2] = {2, 6}, s8[1] = {7}, s28[2] = {2, 8},
+          q[4] = {1, 4, 3, 2}, kv[4] = {1, 4, 2, 2}, s246[3] = {2, 4, 6}, s2x5[2] = {2, 5};
   weft_dtensor *dts[32] = {0};
   int nd = 0;
 #define DT(nd_, shape_, pl_) keep(dts, &nd, rand_dt(mesh, nd_, shape_, pl_, 100u + (uint64_t)nd))
@@ -240,8 +239,8 @@ static void case_params(void) {
              "add_param twice", "'a'", "'w'");
   WCHECK(!w2 && weft_module_num_params(a) == 1 && weft_module_get_param(a, "w") == w,
          "a refused add_param changed the module");
-  expect_msg(weft_module_add_param(a, "x.y", 2, shape, init, NULL), WEFT_ERR_INVALID,
-             "dotted name", "'x.y'", NULL);
+  expect_msg(weft_module_add_param(a, "x.y", 2, shape, init, NULL), WEFT_ERR_INVALID, "dotted name",
+             "'x.y'", NULL);
   expect_msg(weft_module_add_param(a, "", 2, shape, init, NULL), WEFT_ERR_INVALID, "empty name",
              "name", NULL);
   /* b ties a.w as "tied"; its name is then taken for b's own parameters */
@@ -387,8 +386,8 @@ static double tied_reference(const double *W, const int32_t *ids, const int32_t 
     for (int v = 0; v < TV; v++) {
       double dz = (exp(z[v] - mx) / se - (v == tg[p])) / P;
       for (int d = 0; d < TD; d++) {
-        dW[v * TD + d] += dz * W[ids[p] * TD + d];    /* the head's use */
-        dW[ids[p] * TD + d] += dz * W[v * TD + d];    /* the embedding's use */
+        dW[v * TD + d] += dz * W[ids[p] * TD + d]; /* the head's use */
+        dW[ids[p] * TD + d] += dz * W[v * TD + d]; /* the embedding's use */
       }
     }
   }
@@ -426,8 +425,10 @@ static void case_tied(void) {
   for (int mode = 0; mode < 2; mode++) {
     weft_placement pl = mode ? weft_shard(0) : weft_replicate();
     WOK(weft_param_set_placements(weft_module_get_param(c.head, "weight"), &pl, 1));
-    WCHECK(weft_placement_equal(w->spec.placements[0], pl), "mode %d: owner's layout not the "
-           "alias's", mode);
+    WCHECK(weft_placement_equal(w->spec.placements[0], pl),
+           "mode %d: owner's layout not the "
+           "alias's",
+           mode);
     WOK(weft_param_load(w, wt));
     weft_graph *g = NULL;
     WOK(weft_graph_create(&g));
@@ -480,8 +481,7 @@ static void expect_mismatch(weft_status st, const char *op0, const char *op1, co
 }
 
 /* scale, gelu, add, sum, sum, backward on x (2, 4): the values and grad. */
-static void consistent(weft_mesh *mesh, weft_dtensor *xd, float *val, float *grad,
-                       int64_t *calls) {
+static void consistent(weft_mesh *mesh, weft_dtensor *xd, float *val, float *grad, int64_t *calls) {
   weft_graph *g = NULL;
   WOK(weft_graph_create(&g));
   weft_comm_stats_reset(mesh);
@@ -522,10 +522,11 @@ static void case_debug(void) {
   weft_set_debug(true);
   WCHECK(v_on == v_off && memcmp(g_on, g_off, sizeof g_on) == 0,
          "WEFT_DEBUG changed the numbers: %.9g vs %.9g", (double)v_on, (double)v_off);
-  WCHECK(c_off == 0 && c_on > 0, "collectives: %lld with the check, %lld without",
-         (long long)c_on, (long long)c_off);
-  if (r == 0) printf("consistent graph: %lld collectives with WEFT_DEBUG, %lld without\n",
-                     (long long)c_on, (long long)c_off);
+  WCHECK(c_off == 0 && c_on > 0, "collectives: %lld with the check, %lld without", (long long)c_on,
+         (long long)c_off);
+  if (r == 0)
+    printf("consistent graph: %lld collectives with WEFT_DEBUG, %lld without\n", (long long)c_on,
+           (long long)c_off);
 
   weft_graph *g = NULL;
   WOK(weft_graph_create(&g));
@@ -569,12 +570,8 @@ static void case_debug(void) {
 }
 
 static const weft_worker_case cases[] = {
-    {"shapes", case_shapes},
-    {"params", case_params},
-    {"backward", case_backward},
-    {"tied", case_tied},
-    {"debug", case_debug},
-    {NULL, NULL},
+    {"shapes", case_shapes}, {"params", case_params}, {"backward", case_backward},
+    {"tied", case_tied},     {"debug", case_debug},   {NULL, NULL},
 };
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

@@ -39,8 +39,10 @@ static weft_dtensor *mk_dt(weft_mesh *mesh, weft_dtype dt, int ndim, const int64
   if (weft_tensor_create(dt, WEFT_CPU, ndim, shape, &full) != WEFT_OK) return NULL;
   int64_t n = numel(ndim, shape);
   for (int64_t i = 0; i < n; i++) {
-    if (dt == WEFT_I32) ((int32_t *)full->data)[i] = (int32_t)h[i];
-    else ((float *)full->data)[i] = (float)h[i];
+    if (dt == WEFT_I32)
+      ((int32_t *)full->data)[i] = (int32_t)h[i];
+    else
+      ((float *)full->data)[i] = (float)h[i];
   }
   /* a Partial(sum) input: distributed Replicate, then partitioned */
   weft_placement dpl = pl.kind == WEFT_PLACE_PARTIAL ? weft_replicate() : pl;
@@ -110,7 +112,8 @@ static void run_case(weft_mesh *mesh, const opcase *c) {
     if (c->absent[i]) continue;
     int64_t n = numel(c->ndim[i], c->shape[i]);
     h[i] = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
-    if (c->gen) c->gen(i, h[i], n);
+    if (c->gen)
+      c->gen(i, h[i], n);
     else
       for (int64_t j = 0; j < n; j++) h[i][j] = srand1();
     dt[i] = mk_dt(mesh, c->isint[i] ? WEFT_I32 : WEFT_F32, c->ndim[i], c->shape[i], h[i], c->pl[i]);
@@ -235,8 +238,7 @@ static void ref_layer(double *const *in, double *out, const void *ctx) {
     for (int64_t i = 0; i < c->C; i++) var += (x[i] - m) * (x[i] - m);
     double rs = 1.0 / sqrt(var / (double)c->C + c->eps);
     for (int64_t i = 0; i < c->C; i++)
-      out[r * c->C + i] =
-          (x[i] - m) * rs * (in[1] ? in[1][i] : 1.0) + (in[2] ? in[2][i] : 0.0);
+      out[r * c->C + i] = (x[i] - m) * rs * (in[1] ? in[1][i] : 1.0) + (in[2] ? in[2][i] : 0.0);
   }
 }
 static weft_status run_rms(weft_var *const *in, weft_var **out, const void *ctx) {
@@ -252,10 +254,14 @@ typedef struct act_ctx {
 } act_ctx;
 static double act(int kind, double x) {
   switch (kind) {
-    case 0: return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
-    case 1: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
-    case 2: return x > 0 ? x : 0;
-    default: return x / (1 + exp(-x));
+    case 0:
+      return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    case 1:
+      return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+    case 2:
+      return x > 0 ? x : 0;
+    default:
+      return x / (1 + exp(-x));
   }
 }
 static void ref_act(double *const *in, double *out, const void *ctx) {
@@ -277,10 +283,14 @@ static weft_status run_act(weft_var *const *in, weft_var **out, const void *ctx)
   weft_var *x3;
   WEFT_CHECK(weft_op_scale(in[0], 3.0, &x3));
   switch (a->kind) {
-    case 0: return weft_op_gelu(x3, true, out);
-    case 1: return weft_op_gelu(x3, false, out);
-    case 2: return weft_op_relu(x3, out);
-    default: return weft_op_silu(x3, out);
+    case 0:
+      return weft_op_gelu(x3, true, out);
+    case 1:
+      return weft_op_gelu(x3, false, out);
+    case 2:
+      return weft_op_relu(x3, out);
+    default:
+      return weft_op_silu(x3, out);
   }
 }
 
@@ -421,27 +431,57 @@ static weft_status run_ce(weft_var *const *in, weft_var **out, const void *ctx) 
  * weight-like second input. */
 static void cases_embedding(weft_mesh *mesh, weft_placement pids, weft_placement pw) {
   static const emb_ctx e = {6, 7, 5};
-  opcase c = {.name = "embedding", .nin = 2, .ndim = {2, 2}, .shape = {{2, 3}, {7, 5}},
-              .isint = {true, false}, .grad = {false, true}, .pl = {pids, pw}, .out_ndim = 3,
-              .out_shape = {2, 3, 5}, .run = run_embedding, .ref = ref_embedding,
-              .gen = gen_ids, .ctx = &e, .fwd_tol = 1e-7, .bwd_tol = 1e-6};
+  opcase c = {.name = "embedding",
+              .nin = 2,
+              .ndim = {2, 2},
+              .shape = {{2, 3}, {7, 5}},
+              .isint = {true, false},
+              .grad = {false, true},
+              .pl = {pids, pw},
+              .out_ndim = 3,
+              .out_shape = {2, 3, 5},
+              .run = run_embedding,
+              .ref = ref_embedding,
+              .gen = gen_ids,
+              .ctx = &e,
+              .fwd_tol = 1e-7,
+              .bwd_tol = 1e-6};
   run_case(mesh, &c);
 }
 
 static void cases_norms(weft_mesh *mesh, weft_placement px) {
   static const norm_ctx nc = {10, 8, 1e-5};
   for (int variant = 0; variant < 2; variant++) {
-    opcase c = {.name = variant ? "rms_norm (no weight)" : "rms_norm", .nin = 2,
-                .ndim = {3, 1}, .shape = {{2, 5, 8}, {8}}, .absent = {false, variant == 1},
-                .grad = {true, true}, .pl = {px}, .out_ndim = 3, .out_shape = {2, 5, 8},
-                .run = run_rms, .ref = ref_rms, .ctx = &nc, .fwd_tol = F, .bwd_tol = G};
+    opcase c = {.name = variant ? "rms_norm (no weight)" : "rms_norm",
+                .nin = 2,
+                .ndim = {3, 1},
+                .shape = {{2, 5, 8}, {8}},
+                .absent = {false, variant == 1},
+                .grad = {true, true},
+                .pl = {px},
+                .out_ndim = 3,
+                .out_shape = {2, 5, 8},
+                .run = run_rms,
+                .ref = ref_rms,
+                .ctx = &nc,
+                .fwd_tol = F,
+                .bwd_tol = G};
     run_case(mesh, &c);
   }
   for (int variant = 0; variant < 3; variant++) {
-    opcase c = {.name = "layer_norm", .nin = 3, .ndim = {3, 1, 1},
-                .shape = {{2, 5, 8}, {8}, {8}}, .grad = {true, true, true}, .pl = {px},
-                .out_ndim = 3, .out_shape = {2, 5, 8}, .run = run_layer, .ref = ref_layer,
-                .ctx = &nc, .fwd_tol = F, .bwd_tol = G};
+    opcase c = {.name = "layer_norm",
+                .nin = 3,
+                .ndim = {3, 1, 1},
+                .shape = {{2, 5, 8}, {8}, {8}},
+                .grad = {true, true, true},
+                .pl = {px},
+                .out_ndim = 3,
+                .out_shape = {2, 5, 8},
+                .run = run_layer,
+                .ref = ref_layer,
+                .ctx = &nc,
+                .fwd_tol = F,
+                .bwd_tol = G};
     if (variant == 1) c.name = "layer_norm (no bias)", c.absent[2] = true;
     if (variant == 2) c.name = "layer_norm (no affine)", c.absent[1] = c.absent[2] = true;
     run_case(mesh, &c);
@@ -453,23 +493,54 @@ static void cases_pointwise(weft_mesh *mesh, weft_placement px) {
   static act_ctx ac[4];
   for (int k = 0; k < 4; k++) {
     ac[k] = (act_ctx){k, 4 * 7};
-    opcase c = {.name = names[k], .nin = 1, .ndim = {2}, .shape = {{4, 7}}, .grad = {true},
-                .pl = {px}, .out_ndim = 2, .out_shape = {4, 7}, .run = run_act, .ref = ref_act,
-                .gen = gen_act, .ctx = &ac[k], .fwd_tol = F, .bwd_tol = G};
+    opcase c = {.name = names[k],
+                .nin = 1,
+                .ndim = {2},
+                .shape = {{4, 7}},
+                .grad = {true},
+                .pl = {px},
+                .out_ndim = 2,
+                .out_shape = {4, 7},
+                .run = run_act,
+                .ref = ref_act,
+                .gen = gen_act,
+                .ctx = &ac[k],
+                .fwd_tol = F,
+                .bwd_tol = G};
     run_case(mesh, &c);
   }
   static const int64_t n = 4 * 7;
-  opcase s = {.name = "swiglu", .nin = 2, .ndim = {2, 2}, .shape = {{4, 7}, {4, 7}},
-              .grad = {true, true}, .pl = {px, px}, .out_ndim = 2, .out_shape = {4, 7},
-              .run = run_swiglu, .ref = ref_swiglu, .ctx = &n, .fwd_tol = F, .bwd_tol = G};
+  opcase s = {.name = "swiglu",
+              .nin = 2,
+              .ndim = {2, 2},
+              .shape = {{4, 7}, {4, 7}},
+              .grad = {true, true},
+              .pl = {px, px},
+              .out_ndim = 2,
+              .out_shape = {4, 7},
+              .run = run_swiglu,
+              .ref = ref_swiglu,
+              .ctx = &n,
+              .fwd_tol = F,
+              .bwd_tol = G};
   run_case(mesh, &s);
 }
 
 static void cases_softmax(weft_mesh *mesh, weft_placement px) {
   static const norm_ctx nc = {6, 6, 0};
-  opcase c = {.name = "softmax", .nin = 1, .ndim = {3}, .shape = {{2, 3, 6}}, .grad = {true},
-              .pl = {px}, .out_ndim = 3, .out_shape = {2, 3, 6}, .run = run_softmax,
-              .ref = ref_softmax, .ctx = &nc, .fwd_tol = F, .bwd_tol = G};
+  opcase c = {.name = "softmax",
+              .nin = 1,
+              .ndim = {3},
+              .shape = {{2, 3, 6}},
+              .grad = {true},
+              .pl = {px},
+              .out_ndim = 3,
+              .out_shape = {2, 3, 6},
+              .run = run_softmax,
+              .ref = ref_softmax,
+              .ctx = &nc,
+              .fwd_tol = F,
+              .bwd_tol = G};
   run_case(mesh, &c);
 }
 
@@ -477,10 +548,19 @@ static void cases_rope(weft_mesh *mesh, weft_placement px) {
   static const rope_ctx r0 = {2, 5, 4, 6, 0, 10000.0}, r3 = {2, 5, 4, 6, 3, 500.0};
   const rope_ctx *rs[2] = {&r0, &r3};
   for (int i = 0; i < 2; i++) {
-    opcase c = {.name = i ? "rope (pos0 3)" : "rope", .nin = 1, .ndim = {4},
-                .shape = {{2, 5, 4, 6}}, .grad = {true}, .pl = {px}, .out_ndim = 4,
-                .out_shape = {2, 5, 4, 6}, .run = run_rope, .ref = ref_rope, .ctx = rs[i],
-                .fwd_tol = F, .bwd_tol = G};
+    opcase c = {.name = i ? "rope (pos0 3)" : "rope",
+                .nin = 1,
+                .ndim = {4},
+                .shape = {{2, 5, 4, 6}},
+                .grad = {true},
+                .pl = {px},
+                .out_ndim = 4,
+                .out_shape = {2, 5, 4, 6},
+                .run = run_rope,
+                .ref = ref_rope,
+                .ctx = rs[i],
+                .fwd_tol = F,
+                .bwd_tol = G};
     run_case(mesh, &c);
   }
 }
@@ -490,16 +570,33 @@ static void cases_sdpa(weft_mesh *mesh, weft_placement px) {
   static const sdpa_ctx sc[2] = {{2, 5, 4, 2, 4, false}, {2, 5, 4, 2, 4, true}};
   static const sdpa_ctx mha[2] = {{1, 3, 2, 2, 2, false}, {1, 3, 2, 2, 2, true}};
   for (int nc = 0; nc < 2; nc++) {
-    opcase c = {.name = nc ? "sdpa non-causal" : "sdpa", .nin = 3, .ndim = {4, 4, 4},
-                .shape = {{2, 5, 4, 4}, {2, 5, 2, 4}, {2, 5, 2, 4}}, .grad = {true, true, true},
-                .pl = {px, px, px}, .out_ndim = 4, .out_shape = {2, 5, 4, 4}, .run = run_sdpa,
-                .ref = ref_sdpa2, .ctx = &sc[nc], .fwd_tol = F, .bwd_tol = G};
+    opcase c = {.name = nc ? "sdpa non-causal" : "sdpa",
+                .nin = 3,
+                .ndim = {4, 4, 4},
+                .shape = {{2, 5, 4, 4}, {2, 5, 2, 4}, {2, 5, 2, 4}},
+                .grad = {true, true, true},
+                .pl = {px, px, px},
+                .out_ndim = 4,
+                .out_shape = {2, 5, 4, 4},
+                .run = run_sdpa,
+                .ref = ref_sdpa2,
+                .ctx = &sc[nc],
+                .fwd_tol = F,
+                .bwd_tol = G};
     run_case(mesh, &c);
-    opcase d = {.name = nc ? "sdpa non-causal (mha)" : "sdpa (mha)", .nin = 3,
-                .ndim = {4, 4, 4}, .shape = {{1, 3, 2, 2}, {1, 3, 2, 2}, {1, 3, 2, 2}},
-                .grad = {true, false, true}, .pl = {px, px, px}, .out_ndim = 4,
-                .out_shape = {1, 3, 2, 2}, .run = run_sdpa, .ref = ref_sdpa2, .ctx = &mha[nc],
-                .fwd_tol = F, .bwd_tol = G};
+    opcase d = {.name = nc ? "sdpa non-causal (mha)" : "sdpa (mha)",
+                .nin = 3,
+                .ndim = {4, 4, 4},
+                .shape = {{1, 3, 2, 2}, {1, 3, 2, 2}, {1, 3, 2, 2}},
+                .grad = {true, false, true},
+                .pl = {px, px, px},
+                .out_ndim = 4,
+                .out_shape = {1, 3, 2, 2},
+                .run = run_sdpa,
+                .ref = ref_sdpa2,
+                .ctx = &mha[nc],
+                .fwd_tol = F,
+                .bwd_tol = G};
     run_case(mesh, &d);
   }
 }
@@ -550,9 +647,19 @@ static void cases_ce(weft_mesh *mesh, weft_placement px, int64_t V) {
   int64_t ts[2] = {2, 4};
   weft_dtensor *tdt = mk_dt(mesh, WEFT_I32, 2, ts, th, weft_replicate());
   ce_ctx cc = {8, V, t, -100, tdt};
-  opcase c = {.name = "cross_entropy", .nin = 1, .ndim = {3}, .shape = {{2, 4, V}},
-              .grad = {true}, .pl = {px}, .out_ndim = 1, .out_shape = {1}, .run = run_ce,
-              .ref = ref_ce, .ctx = &cc, .fwd_tol = F, .bwd_tol = G};
+  opcase c = {.name = "cross_entropy",
+              .nin = 1,
+              .ndim = {3},
+              .shape = {{2, 4, V}},
+              .grad = {true},
+              .pl = {px},
+              .out_ndim = 1,
+              .out_shape = {1},
+              .run = run_ce,
+              .ref = ref_ce,
+              .ctx = &cc,
+              .fwd_tol = F,
+              .bwd_tol = G};
   run_case(mesh, &c);
   weft_dtensor_destroy(tdt);
 }
@@ -624,7 +731,8 @@ static void cases_dropout(weft_mesh *mesh, weft_placement px) {
          (long long)same_b, (long long)n);
   /* another step, op index or seed: a different mask (agreement ~ p^2 + (1-p)^2 = 0.58) */
   WCHECK(same_c < n * 0.7, "dropout: step 4 mask equals step 3's (%lld)", (long long)same_c);
-  WCHECK(same_d < n * 0.7, "dropout: op index 1 mask equals op index 0's (%lld)", (long long)same_d);
+  WCHECK(same_d < n * 0.7, "dropout: op index 1 mask equals op index 0's (%lld)",
+         (long long)same_d);
   WCHECK(same_e < n * 0.7, "dropout: seed 8 mask equals seed 7's (%lld)", (long long)same_e);
   free(a), free(b), free(c), free(d), free(e), free(z), free(gr), free(xh), free(R);
 }
@@ -673,7 +781,8 @@ static void case_ce_all_ignored(weft_mesh *mesh) {
     int64_t n;
     double *gr = weft_var_grad(lv) ? fetch(weft_var_grad(lv), &n) : NULL;
     WCHECK(gr, "no grad");
-    for (int64_t i = 0; gr && i < n; i++) WCHECK(gr[i] == 0, "grad[%lld] = %g", (long long)i, gr[i]);
+    for (int64_t i = 0; gr && i < n; i++)
+      WCHECK(gr[i] == 0, "grad[%lld] = %g", (long long)i, gr[i]);
     free(gr);
   }
   weft_graph_destroy(g);
@@ -697,8 +806,8 @@ static void case_bad(weft_mesh *mesh) {
   for (int i = 0; i < 256; i++) h[i] = srand1();
   double ids[6] = {0, 1, 9, 2, 3, 4};
   int64_t s_x[3] = {2, 3, 8}, s_w7[1] = {7}, s_w8[1] = {8}, s_ids[2] = {2, 3}, s_e[2] = {7, 5},
-          s_q[4] = {1, 4, 2, 4}, s_odd[4] = {1, 4, 2, 5}, s_kbad[4] = {1, 4, 3, 4},
-          s_a[2] = {3, 4}, s_b[2] = {4, 3}, s_t[2] = {2, 3}, s_tb[1] = {6};
+          s_q[4] = {1, 4, 2, 4}, s_odd[4] = {1, 4, 2, 5}, s_kbad[4] = {1, 4, 3, 4}, s_a[2] = {3, 4},
+          s_b[2] = {4, 3}, s_t[2] = {2, 3}, s_tb[1] = {6};
   weft_dtensor *x = mk_dt(mesh, WEFT_F32, 3, s_x, h, r), *w7 = mk_dt(mesh, WEFT_F32, 1, s_w7, h, r),
                *w8 = mk_dt(mesh, WEFT_F32, 1, s_w8, h, r),
                *id = mk_dt(mesh, WEFT_I32, 2, s_ids, ids, r),
@@ -707,7 +816,8 @@ static void case_bad(weft_mesh *mesh) {
                *kbad = mk_dt(mesh, WEFT_F32, 4, s_kbad, h, r),
                *a = mk_dt(mesh, WEFT_F32, 2, s_a, h, r), *b = mk_dt(mesh, WEFT_F32, 2, s_b, h, r);
   double tv[6] = {0, 1, 2, 3, 17, 5}, tok[6] = {0, 1, 2, 3, 4, 5};
-  weft_dtensor *tbad = mk_dt(mesh, WEFT_I32, 2, s_t, tv, r), *tgood = mk_dt(mesh, WEFT_I32, 2, s_t, tok, r),
+  weft_dtensor *tbad = mk_dt(mesh, WEFT_I32, 2, s_t, tv, r),
+               *tgood = mk_dt(mesh, WEFT_I32, 2, s_t, tok, r),
                *tshape = mk_dt(mesh, WEFT_I32, 1, s_tb, tok, r);
   weft_graph *g;
   WOK(weft_graph_create(&g));
@@ -724,11 +834,14 @@ static void case_bad(weft_mesh *mesh) {
   WOK(weft_graph_input(g, b, true, &B));
   expect_err(weft_op_layer_norm(X, W7, NULL, 1e-5f, &y), WEFT_ERR_INVALID, "layer_norm weight (7)",
              "layer_norm");
-  expect_err(weft_op_rms_norm(X, W7, 1e-5f, &y), WEFT_ERR_INVALID, "rms_norm weight (7)", "rms_norm");
+  expect_err(weft_op_rms_norm(X, W7, 1e-5f, &y), WEFT_ERR_INVALID, "rms_norm weight (7)",
+             "rms_norm");
   expect_err(weft_op_layer_norm(X, W8, W7, 1e-5f, &y), WEFT_ERR_INVALID, "layer_norm bias (7)",
              "bias");
-  expect_err(weft_op_layer_norm(X, W8, NULL, 0.0f, &y), WEFT_ERR_INVALID, "layer_norm eps 0", "eps");
-  expect_err(weft_op_embedding(ID, E, &y), WEFT_ERR_INVALID, "embedding id 9", "id 9 at flat index 2");
+  expect_err(weft_op_layer_norm(X, W8, NULL, 0.0f, &y), WEFT_ERR_INVALID, "layer_norm eps 0",
+             "eps");
+  expect_err(weft_op_embedding(ID, E, &y), WEFT_ERR_INVALID, "embedding id 9",
+             "id 9 at flat index 2");
   expect_err(weft_op_embedding(X, E, &y), WEFT_ERR_INVALID, "embedding float ids", "int32");
   expect_err(weft_op_rope(ODD, 10000.0, 0, &y), WEFT_ERR_INVALID, "rope odd hd", "rope");
   expect_err(weft_op_rope(X, 10000.0, 0, &y), WEFT_ERR_INVALID, "rope 3-D", "rope");
@@ -780,7 +893,8 @@ static void case_two_steps(weft_mesh *mesh) {
     int64_t m;
     double *out = y ? fetch(weft_var_value(y), &m) : NULL;
     WREQUIRE(out, "step %d", step);
-    if (!first) first = out;
+    if (!first)
+      first = out;
     else {
       int64_t same = 0;
       for (int64_t i = 0; i < m; i++) same += out[i] == first[i];
@@ -842,30 +956,30 @@ static void case_ops2(void) {
   weft_placement r = weft_replicate(), p = weft_partial(WEFT_OP_SUM), s0 = weft_shard(0),
                  s1 = weft_shard(1), s2 = weft_shard(2);
 #define EXPECT(pl) (expect_pl = (pl))
-  EXPECT(&p), cases_embedding(mesh, r, s0);    /* vocab ranges: output P(sum) */
-  EXPECT(&s2), cases_embedding(mesh, r, s1);   /* colwise: output S(last) */
-  EXPECT(&s1), cases_embedding(mesh, s1, r);   /* ids rows split: dW P(sum) */
-  EXPECT(&s1), cases_norms(mesh, s1);          /* sequence parallel (5 rows: 3 / 2) */
-  EXPECT(NULL), cases_norms(mesh, s2);         /* a shard of the normalised dim: moved */
-  EXPECT(&s1), cases_pointwise(mesh, s1);      /* 7 columns: 4 / 3 */
-  EXPECT(NULL), cases_pointwise(mesh, p);      /* P(sum) inputs: reduced first */
-  cases_norms(mesh, p);                        /* P(sum) x: reduced first */
+  EXPECT(&p), cases_embedding(mesh, r, s0);  /* vocab ranges: output P(sum) */
+  EXPECT(&s2), cases_embedding(mesh, r, s1); /* colwise: output S(last) */
+  EXPECT(&s1), cases_embedding(mesh, s1, r); /* ids rows split: dW P(sum) */
+  EXPECT(&s1), cases_norms(mesh, s1);        /* sequence parallel (5 rows: 3 / 2) */
+  EXPECT(NULL), cases_norms(mesh, s2);       /* a shard of the normalised dim: moved */
+  EXPECT(&s1), cases_pointwise(mesh, s1);    /* 7 columns: 4 / 3 */
+  EXPECT(NULL), cases_pointwise(mesh, p);    /* P(sum) inputs: reduced first */
+  cases_norms(mesh, p);                      /* P(sum) x: reduced first */
   EXPECT(&s0), cases_softmax(mesh, s0);
-  EXPECT(NULL), cases_softmax(mesh, s2);       /* the softmax dim: moved first */
-  EXPECT(&s2), cases_rope(mesh, s2);           /* heads */
+  EXPECT(NULL), cases_softmax(mesh, s2); /* the softmax dim: moved first */
+  EXPECT(&s2), cases_rope(mesh, s2);     /* heads */
   EXPECT(&s0), cases_rope(mesh, s0);
-  EXPECT(&s2), cases_sdpa(mesh, s2);           /* heads: whole kv groups per rank */
-  EXPECT(&s0), cases_sdpa(mesh, s0);           /* batch */
-  EXPECT(NULL), cases_sdpa(mesh, s1);          /* sequence: moved first */
-  EXPECT(&r), cases_ce(mesh, s2, 6);           /* loss parallel */
-  cases_ce(mesh, s2, 7);                       /* loss parallel, uneven vocab 4 / 3 */
-  cases_ce(mesh, s0, 6);                       /* rows split */
-  cases_ce(mesh, s1, 5);                       /* rows split */
+  EXPECT(&s2), cases_sdpa(mesh, s2);  /* heads: whole kv groups per rank */
+  EXPECT(&s0), cases_sdpa(mesh, s0);  /* batch */
+  EXPECT(NULL), cases_sdpa(mesh, s1); /* sequence: moved first */
+  EXPECT(&r), cases_ce(mesh, s2, 6);  /* loss parallel */
+  cases_ce(mesh, s2, 7);              /* loss parallel, uneven vocab 4 / 3 */
+  cases_ce(mesh, s0, 6);              /* rows split */
+  cases_ce(mesh, s1, 5);              /* rows split */
   EXPECT(NULL);
 #undef EXPECT
-  cases_dropout(mesh, s0);                     /* the mask of R and S(0) inputs agree */
+  cases_dropout(mesh, s0); /* the mask of R and S(0) inputs agree */
   cases_dropout(mesh, s1);
-  cases_dropout(mesh, p);                      /* a P(sum) input: the same mask everywhere */
+  cases_dropout(mesh, p); /* a P(sum) input: the same mask everywhere */
   WOK(weft_mesh_destroy(mesh));
 }
 

@@ -56,27 +56,27 @@ static void case_directed(void) {
   weft_placement R = weft_replicate(), P = weft_partial(WEFT_OP_SUM);
 #define SH(d) weft_shard(d)
   const directed ds[] = {
-      {"linear", {R, SH(0)}, SH(2), SH(2)},            /* colwise */
-      {"linear", {SH(2), SH(1)}, P, P},                /* rowwise */
-      {"linear", {SH(1), R}, SH(1), SH(1)},            /* sequence-sharded x */
-      {"linear", {SH(0), R}, SH(0), SH(0)},            /* batch-sharded x (uneven on 4) */
+      {"linear", {R, SH(0)}, SH(2), SH(2)}, /* colwise */
+      {"linear", {SH(2), SH(1)}, P, P},     /* rowwise */
+      {"linear", {SH(1), R}, SH(1), SH(1)}, /* sequence-sharded x */
+      {"linear", {SH(0), R}, SH(0), SH(0)}, /* batch-sharded x (uneven on 4) */
       {"linear_bias", {R, SH(0), SH(0)}, SH(2), SH(2)},
-      {"linear_bias", {SH(2), SH(1), R}, P, P},       /* the bias added once */
+      {"linear_bias", {SH(2), SH(1), R}, P, P}, /* the bias added once */
       {"add_bias", {SH(1), R}, SH(1), SH(1)},
-      {"add_pos", {SH(1), SH(0)}, SH(1), SH(1)},      /* sequence-parallel position add */
+      {"add_pos", {SH(1), SH(0)}, SH(1), SH(1)}, /* sequence-parallel position add */
       {"add_pos", {SH(0), R}, SH(0), SH(0)},
       {"add", {P, P}, P, P},
       {"mul", {P, R}, P, P},
       {"matmul", {SH(0), R}, SH(0), SH(0)},
       {"matmul", {R, SH(1)}, SH(2), SH(2)},
       {"matmul", {SH(2), SH(0)}, P, P},
-      {"reshape_split_heads", {SH(2)}, SH(2), R},      /* H = 2: survives on 2 ranks only */
+      {"reshape_split_heads", {SH(2)}, SH(2), R}, /* H = 2: survives on 2 ranks only */
       {"reshape_split_heads4", {SH(2)}, SH(2), SH(2)},
       {"reshape_split_heads4", {SH(1)}, SH(1), SH(1)}, /* sequence dim untouched (uneven) */
       {"reshape_merge_heads", {SH(2)}, SH(2), R},
       {"reshape_flatten", {SH(2)}, SH(1), SH(1)},
       {"reshape_flatten", {SH(0)}, SH(0), R},
-      {"reshape_flatten", {SH(1)}, R, R},             /* inner dim of a merge */
+      {"reshape_flatten", {SH(1)}, R, R}, /* inner dim of a merge */
       {"reshape_flatten", {P}, P, P},
       {"transpose_heads", {SH(2)}, SH(1), SH(1)},
       {"transpose", {P}, P, P},

@@ -12,8 +12,8 @@ static void describe(const weft_placement *p, int n, char *buf, size_t cap) {
 /* Runs c with placements pl (and grad placements gpl) and compares with
  * the all-Replicate run on the same mesh. */
 void oc_against_replicate(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
-                              const weft_placement *gpl, int mode, uint64_t seed,
-                              const weft_placement *expect) {
+                          const weft_placement *gpl, int mode, uint64_t seed,
+                          const weft_placement *expect) {
   int k = weft_mesh_ndim(mesh);
   oc_result ref, got;
   int f0 = oc_run(c, mesh, NULL, NULL, mode, seed, 1e-5, &ref);
@@ -46,8 +46,8 @@ void oc_against_replicate(const oc_case *c, weft_mesh *mesh, const weft_placemen
   for (int a = 0; a < c->nin; a++) {
     if (!ref.grad[a] || !got.grad[a]) continue;
     double e = oc_maxrel(got.grad[a], ref.grad[a], oc_numel(c->ndim[a], c->shape[a]));
-    WCHECK(e <= 1e-5, "%s: inputs %s grad %s mode %d: grad %d differs from 1 rank by %g",
-           c->name, ps, gs, mode, a, e);
+    WCHECK(e <= 1e-5, "%s: inputs %s grad %s mode %d: grad %d differs from 1 rank by %g", c->name,
+           ps, gs, mode, a, e);
   }
   oc_result_free(c, &ref);
   oc_result_free(c, &got);

@@ -77,8 +77,8 @@ Test(nn, lr_schedule_warmup_and_cosine_points) {
     cr_assert(fabs(weft_lr_schedule_at(&s, k) - want) <= 1e-6 * want, "step %lld: %g want %g",
               (long long)k, (double)weft_lr_schedule_at(&s, k), want);
     if (k > 10 && k < 110)
-      cr_assert(weft_lr_schedule_at(&s, k) < weft_lr_schedule_at(&s, k - 1), "not decreasing at %lld",
-                (long long)k);
+      cr_assert(weft_lr_schedule_at(&s, k) < weft_lr_schedule_at(&s, k - 1),
+                "not decreasing at %lld", (long long)k);
   }
   weft_lr_schedule nw = {1e-3f, 0.0f, 0, 4}; /* no warmup */
   cr_assert_float_eq(weft_lr_schedule_at(&nw, 0), 1e-3f, 1e-10);

@@ -26,8 +26,7 @@ Test(nn_ops_errors, tied_weight_has_one_layout_and_sums_both_grads_sharded, .tim
 }
 
 /* WEFT_TIMEOUT bounds a wait if the check itself failed to meet. */
-Test(nn_ops_errors, weft_debug_names_ranks_and_ops_that_diverge_instead_of_hanging,
-     .timeout = 90) {
+Test(nn_ops_errors, weft_debug_names_ranks_and_ops_that_diverge_instead_of_hanging, .timeout = 90) {
   const char *env[] = {"WEFT_DEBUG=1", "WEFT_TIMEOUT=30", NULL};
   cr_assert_eq(weft_test_mpiexec_env(2, ERR_WORKER, "debug", 80, env), 0);
 }

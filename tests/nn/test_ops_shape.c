@@ -46,10 +46,8 @@ static void one_rank(const char *name) {
   cr_assert_eq(fails, 0, "%s: %d failed checks (seed %lu; see stderr)", name, fails, seed);
 }
 
-#define ONE_RANK(name)                                           \
-  Test(ops_shape, name##_forward_and_grads_match_double_ref, .timeout = 60) { \
-    one_rank(#name);                                             \
-  }
+#define ONE_RANK(name) \
+  Test(ops_shape, name##_forward_and_grads_match_double_ref, .timeout = 60) { one_rank(#name); }
 
 ONE_RANK(matmul)
 ONE_RANK(matmul_2d)
@@ -123,8 +121,7 @@ Test(ops_shape, four_ranks_random_placements_equal_one_rank, .timeout = 400) {
   cr_assert_eq(weft_test_mpiexec(4, OPS_WORKER, "random", 360), 0);
 }
 
-Test(ops_shape, eight_ranks_random_placements_on_8_and_2x4_meshes_equal_one_rank,
-     .timeout = 400) {
+Test(ops_shape, eight_ranks_random_placements_on_8_and_2x4_meshes_equal_one_rank, .timeout = 400) {
   const char *extra[] = {"2", NULL};
   cr_assert_eq(weft_test_mpiexec_args(8, OPS_WORKER, "random", 360, extra), 0);
 }

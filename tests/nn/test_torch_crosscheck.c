@@ -51,8 +51,10 @@
 static int torch_missing(const char *test) {
   int rc = system(PYTHON " -c 'import torch' >/dev/null 2>&1");
   if (rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0) return 0;
-  fprintf(stderr, "[SKIP] torch_crosscheck::%s: %s cannot import torch (install python3-torch: "
-          "scripts/setup.sh does)\n", test, PYTHON);
+  fprintf(stderr,
+          "[SKIP] torch_crosscheck::%s: %s cannot import torch (install python3-torch: "
+          "scripts/setup.sh does)\n",
+          test, PYTHON);
   return 1;
 }
 
@@ -231,7 +233,7 @@ Test(torch_crosscheck, a_perturbed_gradient_is_reported_as_a_mismatch, .timeout 
   crosscheck c = small_case(weft_test_seed(778));
   c.perturb_grad = "layers.0.attention.wk.weight";
   int rc = run_crosscheck(&c);
-  cr_assert_eq(rc, 1, "a gradient perturbed on weft's side gave exit %d, want 1 (seed %lu, %s)",
-               rc, c.seed, c.dir);
+  cr_assert_eq(rc, 1, "a gradient perturbed on weft's side gave exit %d, want 1 (seed %lu, %s)", rc,
+               c.seed, c.dir);
   remove_dir(&c);
 }

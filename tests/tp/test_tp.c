@@ -216,9 +216,13 @@ Test(tp, null_objects_are_harmless) {
  * clipping), and the parameters after them, equal the 1-rank run within
  * 1e-5 relative: tiny_mha (all sp x lp) and tiny_gqa (Hkv = 2), also with
  * the weights loaded before parallelizing. */
-Test(tp, llama_plan_matches_one_rank_tp2, .timeout = 120) { cr_assert_eq(RUN(2, "parity_tp2", 110), 0); }
+Test(tp, llama_plan_matches_one_rank_tp2, .timeout = 120) {
+  cr_assert_eq(RUN(2, "parity_tp2", 110), 0);
+}
 /* Same at tp = 4 for tiny_mha; tiny_gqa (Hkv = 2) is refused there. */
-Test(tp, llama_plan_matches_one_rank_tp4, .timeout = 150) { cr_assert_eq(RUN(4, "parity_tp4", 140), 0); }
+Test(tp, llama_plan_matches_one_rank_tp4, .timeout = 150) {
+  cr_assert_eq(RUN(4, "parity_tp4", 140), 0);
+}
 
 /* Per block forward: 2 all-reduces of B*T*D floats (no sp), 2 all-gathers
  * + 2 reduce-scatters (sp), nothing else; loss parallel: 2 all-reduces of
@@ -230,17 +234,31 @@ Test(tp, block_forward_comm_counts_tp4, .timeout = 90) { cr_assert_eq(RUN(4, "co
  * replicated input, prepare input/output, colwise with output R, rowwise
  * with output S(1) on an uneven (and on 4 ranks empty) sequence shard:
  * output and grads equal the 1-rank run. */
-Test(tp, generic_styles_match_one_rank_tp1, .timeout = 60) { cr_assert_eq(RUN(1, "styles", 50), 0); }
-Test(tp, generic_styles_match_one_rank_tp2, .timeout = 60) { cr_assert_eq(RUN(2, "styles", 50), 0); }
-Test(tp, generic_styles_match_one_rank_tp4, .timeout = 90) { cr_assert_eq(RUN(4, "styles", 80), 0); }
+Test(tp, generic_styles_match_one_rank_tp1, .timeout = 60) {
+  cr_assert_eq(RUN(1, "styles", 50), 0);
+}
+Test(tp, generic_styles_match_one_rank_tp2, .timeout = 60) {
+  cr_assert_eq(RUN(2, "styles", 50), 0);
+}
+Test(tp, generic_styles_match_one_rank_tp4, .timeout = 90) {
+  cr_assert_eq(RUN(4, "styles", 80), 0);
+}
 
 /* weft_tp_loss vs a double reference: even/uneven/empty vocab shards. */
-Test(tp, loss_parallel_matches_double_reference_tp1, .timeout = 60) { cr_assert_eq(RUN(1, "loss", 50), 0); }
-Test(tp, loss_parallel_matches_double_reference_tp2, .timeout = 60) { cr_assert_eq(RUN(2, "loss", 50), 0); }
-Test(tp, loss_parallel_matches_double_reference_tp4, .timeout = 90) { cr_assert_eq(RUN(4, "loss", 80), 0); }
+Test(tp, loss_parallel_matches_double_reference_tp1, .timeout = 60) {
+  cr_assert_eq(RUN(1, "loss", 50), 0);
+}
+Test(tp, loss_parallel_matches_double_reference_tp2, .timeout = 60) {
+  cr_assert_eq(RUN(2, "loss", 50), 0);
+}
+Test(tp, loss_parallel_matches_double_reference_tp4, .timeout = 90) {
+  cr_assert_eq(RUN(4, "loss", 80), 0);
+}
 
 /* Patterns matching nothing, wrong module kinds, two parameter styles,
  * missing/Partial layouts, heads not divisible by tp, an inconsistent
  * plan and a head split found at forward: clear errors on every rank,
  * nothing changed, no hang. */
-Test(tp, bad_plans_fail_cleanly_on_every_rank, .timeout = 60) { cr_assert_eq(RUN(2, "bad_input", 50), 0); }
+Test(tp, bad_plans_fail_cleanly_on_every_rank, .timeout = 60) {
+  cr_assert_eq(RUN(2, "bad_input", 50), 0);
+}

@@ -238,18 +238,19 @@ static void check_errs(const char *name, const char *what, run_opts o, errs e, d
                        double secs) {
   int tp = weft_world_size();
   if (weft_worker_rank == 0)
-    printf("parity %s tp=%d sp=%d lp=%d%s %s: max rel err loss %.2e grad %.2e (%s) grad-norm "
-           "%.2e params %.2e (%.2f s)\n",
-           name, tp, o.sp, o.lp, o.load_first ? " load-first" : "", what, e.loss, e.grad,
-           e.worst_grad, e.norm, e.param, secs);
+    printf(
+        "parity %s tp=%d sp=%d lp=%d%s %s: max rel err loss %.2e grad %.2e (%s) grad-norm "
+        "%.2e params %.2e (%.2f s)\n",
+        name, tp, o.sp, o.lp, o.load_first ? " load-first" : "", what, e.loss, e.grad, e.worst_grad,
+        e.norm, e.param, secs);
   WCHECK(e.loss <= TOL, "%s %s tp=%d sp=%d lp=%d: loss rel err %.3e > %g", name, what, tp, o.sp,
          o.lp, e.loss, TOL);
   WCHECK(e.grad <= gtol, "%s %s tp=%d sp=%d lp=%d: grad rel err %.3e (%s) > %g", name, what, tp,
          o.sp, o.lp, e.grad, e.worst_grad, gtol);
   WCHECK(e.norm <= gtol, "%s %s tp=%d sp=%d lp=%d: grad norm rel err %.3e > %g", name, what, tp,
          o.sp, o.lp, e.norm, gtol);
-  WCHECK(e.param <= TOL, "%s %s tp=%d sp=%d lp=%d: params rel err %.3e > %g", name, what, tp,
-         o.sp, o.lp, e.param, TOL);
+  WCHECK(e.param <= TOL, "%s %s tp=%d sp=%d lp=%d: params rel err %.3e > %g", name, what, tp, o.sp,
+         o.lp, e.param, TOL);
 }
 
 static void parity_model(const char *name, weft_mesh *world, weft_mesh *self,
@@ -263,22 +264,21 @@ static void parity_model(const char *name, weft_mesh *world, weft_mesh *self,
   WCHECK(ok, "%s: reference run failed", name);
   if (ok) {
     /* the reference itself must train: the loss goes down over the steps */
-    WCHECK(ref.loss[NSTEPS - 1] < ref.loss[0], "%s: reference loss %g -> %g did not decrease",
-           name, ref.loss[0], ref.loss[NSTEPS - 1]);
+    WCHECK(ref.loss[NSTEPS - 1] < ref.loss[0], "%s: reference loss %g -> %g did not decrease", name,
+           ref.loss[0], ref.loss[NSTEPS - 1]);
     for (int c = 0; c < ncombos; c++)
       for (int synced = 1; synced >= 0; synced--) {
         traj t;
         run_opts o = combos[c];
         double t1 = now_s();
         if (!run_traj(world, &g, o, synced ? &ref : NULL, &t)) {
-          WCHECK(false, "%s tp=%d sp=%d lp=%d load_first=%d: run failed", name,
-                 weft_world_size(), o.sp, o.lp, o.load_first);
+          WCHECK(false, "%s tp=%d sp=%d lp=%d load_first=%d: run failed", name, weft_world_size(),
+                 o.sp, o.lp, o.load_first);
           traj_free(&t);
           continue;
         }
         errs e = compare(&t, &ref);
-        check_errs(name, synced ? "synced" : "free", o, e, synced ? TOL : FREE_TOL,
-                   now_s() - t1);
+        check_errs(name, synced ? "synced" : "free", o, e, synced ? TOL : FREE_TOL, now_s() - t1);
         traj_free(&t);
       }
   }
@@ -384,8 +384,10 @@ static weft_status win_hook(weft_module *m, weft_hook_kind kind, const weft_dten
     acc->c[k].calls += d.c[k].calls;
     acc->c[k].bytes += d.c[k].bytes;
   }
-  if (kind == WEFT_HOOK_POST_FORWARD) w->nfwd++;
-  else w->nbwd++;
+  if (kind == WEFT_HOOK_POST_FORWARD)
+    w->nfwd++;
+  else
+    w->nbwd++;
   return WEFT_OK;
 }
 
@@ -443,8 +445,13 @@ static void comm_run(weft_mesh *mesh, bool sp, bool lp) {
   window win[7];
   window *blk = &win[0], *wo = &win[2], *w2 = &win[3], *wq = &win[4], *out = &win[5],
          *loss = &win[6];
-  const char *at[7] = {"layers.0", "layers.1", "layers.0.attention.wo", "layers.0.feed_forward.w2",
-                       "layers.0.attention.wq", "output", "loss"};
+  const char *at[7] = {"layers.0",
+                       "layers.1",
+                       "layers.0.attention.wo",
+                       "layers.0.feed_forward.w2",
+                       "layers.0.attention.wq",
+                       "output",
+                       "loss"};
   for (int i = 0; i < 7; i++) watch_pre(model, at[i], &win[i], mesh);
   weft_tp *tpst = NULL;
   WOK(weft_tp_apply_llama_plan(model, mesh, sp, lp, &tpst));
@@ -510,8 +517,8 @@ static void comm_run(weft_mesh *mesh, bool sp, bool lp) {
     int64_t nw = 2 * D * 4;
     if (!sp)
       WCHECK(calls(g, AR) == 4 && bytes(g, AR) == 2 * btd + nw && total_calls(g) == 4,
-             "tp=%d block %d backward: AR %lld (%lld B), %lld collectives; want 4 (%lld B)", tp,
-             b, (long long)calls(g, AR), (long long)bytes(g, AR), (long long)total_calls(g),
+             "tp=%d block %d backward: AR %lld (%lld B), %lld collectives; want 4 (%lld B)", tp, b,
+             (long long)calls(g, AR), (long long)bytes(g, AR), (long long)total_calls(g),
              (long long)(2 * btd + nw));
     else
       WCHECK(calls(g, AG) == 2 && bytes(g, AG) == 2 * btd && calls(g, RS) == 2 &&
@@ -550,8 +557,8 @@ static void comm_run(weft_mesh *mesh, bool sp, bool lp) {
            (long long)vloc);
     WCHECK(weft_tensor_numel(ll) * tp <= N * V + N * (tp - 1), "local logits too large");
     WCHECK(calls(&loss->fwd, AR) == (tp > 1 ? 2 : 0) &&
-               bytes(&loss->fwd, AR) == (tp > 1 ? 3 * N * 4 : 0) &&
-               calls(&loss->fwd, AG) == 0 && total_calls(&loss->fwd) == calls(&loss->fwd, AR),
+               bytes(&loss->fwd, AR) == (tp > 1 ? 3 * N * 4 : 0) && calls(&loss->fwd, AG) == 0 &&
+               total_calls(&loss->fwd) == calls(&loss->fwd, AR),
            "loss forward: AR %lld (%lld B), AG %lld, total %lld; want 2 AR of %lld B total",
            (long long)calls(&loss->fwd, AR), (long long)bytes(&loss->fwd, AR),
            (long long)calls(&loss->fwd, AG), (long long)total_calls(&loss->fwd),
@@ -563,8 +570,8 @@ static void comm_run(weft_mesh *mesh, bool sp, bool lp) {
     WCHECK(total_calls(&loss->fwd) == 0, "replicated loss communicates");
   }
   if (weft_worker_rank == 0) {
-    printf("comm tp=%d sp=%d lp=%d (B=%lld T=%lld D=%lld V=%lld; B*T*D*4 = %lld B)\n", tp, sp,
-           lp, (long long)B, (long long)T, (long long)D, (long long)V, (long long)btd);
+    printf("comm tp=%d sp=%d lp=%d (B=%lld T=%lld D=%lld V=%lld; B*T*D*4 = %lld B)\n", tp, sp, lp,
+           (long long)B, (long long)T, (long long)D, (long long)V, (long long)btd);
     print_snap("block 0 forward", &blk[0].fwd);
     print_snap("block 0 backward", &blk[0].bwd);
     print_snap("wo forward / backward", &wo->fwd);
@@ -653,12 +660,9 @@ static weft_tp *plan_tree(weft_module *root, weft_mesh *mesh, int which) {
     WOK(weft_parallelize_module(root, mesh, plan, 5, &tp));
   } else {
     weft_tp_plan_entry plan[] = {
-        {"emb", weft_tp_rowwise_ex(R, S1, true)},
-        {"n1", weft_tp_sequence_parallel()},
-        {"mlp", weft_tp_prepare_input(S1, S1, false)},
-        {"mlp.up", weft_tp_colwise_ex(S1, Sl, true)},
-        {"mlp.d*", weft_tp_rowwise_ex(Sl, S1, true)},
-        {"mlp", weft_tp_prepare_output(S1, R, true)},
+        {"emb", weft_tp_rowwise_ex(R, S1, true)},      {"n1", weft_tp_sequence_parallel()},
+        {"mlp", weft_tp_prepare_input(S1, S1, false)}, {"mlp.up", weft_tp_colwise_ex(S1, Sl, true)},
+        {"mlp.d*", weft_tp_rowwise_ex(Sl, S1, true)},  {"mlp", weft_tp_prepare_output(S1, R, true)},
     };
     WOK(weft_parallelize_module(root, mesh, plan, 6, &tp));
   }
@@ -731,8 +735,8 @@ static void case_styles(void) {
       }
     }
     if (weft_worker_rank == 0)
-      printf("styles tree %d tp=%d: output rel err %.2e, grads %.2e\n", which,
-             weft_world_size(), ey, eg);
+      printf("styles tree %d tp=%d: output rel err %.2e, grads %.2e\n", which, weft_world_size(),
+             ey, eg);
     WCHECK(ey <= TOL && eg <= TOL, "tree %d tp=%d: output %.3e grads %.3e > %g", which,
            weft_world_size(), ey, eg, TOL);
     free(y0);
@@ -794,8 +798,10 @@ static void case_loss(void) {
       if (weft_worker_rank == 0)
         printf("loss tp=%d V=%lld %s: loss %.6f ref %.6f rel %.2e, dlogits rel %.2e\n", tp,
                (long long)V, sharded ? "S(-1)" : "R", loss, ref, el, eg);
-      WCHECK(el <= 1e-6 && eg <= 1e-5, "tp=%d V=%lld sharded=%d: loss %.9g vs %.9g (%.2e), "
-             "dlogits %.2e", tp, (long long)V, sharded, loss, ref, el, eg);
+      WCHECK(el <= 1e-6 && eg <= 1e-5,
+             "tp=%d V=%lld sharded=%d: loss %.9g vs %.9g (%.2e), "
+             "dlogits %.2e",
+             tp, (long long)V, sharded, loss, ref, el, eg);
       /* every rank holds only its vocab columns */
       int64_t vloc = sharded ? (V + tp - 1) / tp : V;
       WCHECK(weft_dtensor_local(dz)->shape[2] <= vloc, "local logits too wide");
@@ -891,10 +897,13 @@ static void case_bad_input(void) {
                     "pattern matching nothing");
   weft_tp_plan_entry late[] = {{"layers.*.attention.wq", weft_tp_colwise()},
                                {"layers.9.attention.wo", weft_tp_rowwise()}};
-  expect_plan_error(model, w, late, 2, WEFT_ERR_NOT_FOUND, "entry 1", "second entry matches nothing");
+  expect_plan_error(model, w, late, 2, WEFT_ERR_NOT_FOUND, "entry 1",
+                    "second entry matches nothing");
   weft_tp_plan_entry kind1[] = {{"layers.0.attention_norm", weft_tp_colwise()}};
-  expect_plan_error(model, w, kind1, 1, WEFT_ERR_INVALID, "a rmsnorm module: colwise applies to "
-                    "linear and embedding", "colwise on a norm");
+  expect_plan_error(model, w, kind1, 1, WEFT_ERR_INVALID,
+                    "a rmsnorm module: colwise applies to "
+                    "linear and embedding",
+                    "colwise on a norm");
   weft_tp_plan_entry kind2[] = {{"layers.*.attention.wq", weft_tp_sequence_parallel()}};
   expect_plan_error(model, w, kind2, 1, WEFT_ERR_INVALID, "sequence_parallel applies to rmsnorm",
                     "sequence parallel on a linear");
@@ -958,7 +967,8 @@ static void case_bad_input(void) {
   WCHECK(weft_tp_apply_llama_plan(norm, w, false, false, &tpst) == WEFT_ERR_INVALID &&
              strstr(weft_last_error(), "not the Llama model"),
          "plan on a norm: %s", weft_last_error());
-  WCHECK(weft_tp_apply_llama_plan(model, NULL, false, false, &tpst) == WEFT_ERR_INVALID, "NULL mesh");
+  WCHECK(weft_tp_apply_llama_plan(model, NULL, false, false, &tpst) == WEFT_ERR_INVALID,
+         "NULL mesh");
   WCHECK(weft_tp_enable_loss_parallel(NULL, norm) == WEFT_ERR_INVALID, "NULL tp");
 
   /* A plan that applies but is inconsistent: wo rowwise expects S(-1)
@@ -1005,10 +1015,12 @@ static void case_bad_input(void) {
   WOK(weft_mesh_destroy(w));
 }
 
-static const weft_worker_case cases[] = {
-    {"parity_tp2", case_parity_tp2}, {"parity_tp4", case_parity_tp4},
-    {"comm", case_comm},             {"styles", case_styles},
-    {"loss", case_loss},             {"bad_input", case_bad_input},
-    {NULL, NULL}};
+static const weft_worker_case cases[] = {{"parity_tp2", case_parity_tp2},
+                                         {"parity_tp4", case_parity_tp4},
+                                         {"comm", case_comm},
+                                         {"styles", case_styles},
+                                         {"loss", case_loss},
+                                         {"bad_input", case_bad_input},
+                                         {NULL, NULL}};
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

@@ -140,7 +140,7 @@ extern __thread uint3 threadIdx WEFT_EMU_TLS_;
 extern __thread uint3 blockIdx WEFT_EMU_TLS_;
 extern __thread dim3 blockDim WEFT_EMU_TLS_;
 extern __thread dim3 gridDim WEFT_EMU_TLS_;
-} // namespace weft_emu
+}  // namespace weft_emu
 using weft_emu::blockDim;
 using weft_emu::blockIdx;
 using weft_emu::gridDim;
@@ -161,8 +161,7 @@ void weft_emu_syncwarp_(unsigned mask);
 /* One lane's part of a shuffle: its value's bits (size 4 or 8 bytes), the
  * PTX operands b (lane or offset) and c ((32 - width) << 8 | clamp); the
  * value of the source lane that PTX's shfl.sync picks. */
-uint64_t weft_emu_shfl_(unsigned mask, uint64_t bits, int size, int mode, int b, int c,
-                        int width);
+uint64_t weft_emu_shfl_(unsigned mask, uint64_t bits, int size, int mode, int b, int c, int width);
 
 inline void __syncthreads(void) { weft_emu_syncthreads_(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { weft_emu_syncwarp_(mask); }
@@ -182,19 +181,18 @@ inline T weft_emu_shfl_t_(unsigned mask, T v, int mode, int b, int width) {
 
 /* Overloads as in CUDA's sm_30_intrinsics.h (not a template: arguments
  * convert as they do under nvcc). */
-#define WEFT_EMU_SHFL_DEFS_(T)                                                            \
-  inline T __shfl_sync(unsigned mask, T var, int srcLane, int width = warpSize) {         \
-    return weft_emu_shfl_t_<T>(mask, var, WEFT_EMU_SHFL_IDX_, srcLane, width);            \
-  }                                                                                        \
-  inline T __shfl_up_sync(unsigned mask, T var, unsigned int delta, int width = warpSize) { \
-    return weft_emu_shfl_t_<T>(mask, var, WEFT_EMU_SHFL_UP_, (int)delta, width);          \
-  }                                                                                        \
-  inline T __shfl_down_sync(unsigned mask, T var, unsigned int delta,                     \
-                            int width = warpSize) {                                        \
-    return weft_emu_shfl_t_<T>(mask, var, WEFT_EMU_SHFL_DOWN_, (int)delta, width);        \
-  }                                                                                        \
-  inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = warpSize) {    \
-    return weft_emu_shfl_t_<T>(mask, var, WEFT_EMU_SHFL_BFLY_, laneMask, width);          \
+#define WEFT_EMU_SHFL_DEFS_(T)                                                                \
+  inline T __shfl_sync(unsigned mask, T var, int srcLane, int width = warpSize) {             \
+    return weft_emu_shfl_t_<T>(mask, var, WEFT_EMU_SHFL_IDX_, srcLane, width);                \
+  }                                                                                           \
+  inline T __shfl_up_sync(unsigned mask, T var, unsigned int delta, int width = warpSize) {   \
+    return weft_emu_shfl_t_<T>(mask, var, WEFT_EMU_SHFL_UP_, (int)delta, width);              \
+  }                                                                                           \
+  inline T __shfl_down_sync(unsigned mask, T var, unsigned int delta, int width = warpSize) { \
+    return weft_emu_shfl_t_<T>(mask, var, WEFT_EMU_SHFL_DOWN_, (int)delta, width);            \
+  }                                                                                           \
+  inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = warpSize) {        \
+    return weft_emu_shfl_t_<T>(mask, var, WEFT_EMU_SHFL_BFLY_, laneMask, width);              \
   }
 WEFT_EMU_SHFL_DEFS_(int)
 WEFT_EMU_SHFL_DEFS_(unsigned int)
@@ -210,27 +208,71 @@ WEFT_EMU_SHFL_DEFS_(double)
 /* Fibers never preempt: a plain read-modify-write is atomic. Each returns
  * the old value. */
 
-inline float atomicAdd(float *a, float v) { float o = *a; *a = o + v; return o; }
-inline double atomicAdd(double *a, double v) { double o = *a; *a = o + v; return o; }
+inline float atomicAdd(float *a, float v) {
+  float o = *a;
+  *a = o + v;
+  return o;
+}
+inline double atomicAdd(double *a, double v) {
+  double o = *a;
+  *a = o + v;
+  return o;
+}
 inline int atomicAdd(int *a, int v) {
   int o = *a;
   *a = (int)((unsigned)o + (unsigned)v); /* wraps as the hardware does */
   return o;
 }
-inline unsigned int atomicAdd(unsigned int *a, unsigned int v) { unsigned o = *a; *a = o + v; return o; }
+inline unsigned int atomicAdd(unsigned int *a, unsigned int v) {
+  unsigned o = *a;
+  *a = o + v;
+  return o;
+}
 inline unsigned long long atomicAdd(unsigned long long *a, unsigned long long v) {
   unsigned long long o = *a;
   *a = o + v;
   return o;
 }
-inline int atomicMax(int *a, int v) { int o = *a; *a = o > v ? o : v; return o; }
-inline unsigned int atomicMax(unsigned int *a, unsigned int v) { unsigned o = *a; *a = o > v ? o : v; return o; }
-inline int atomicMin(int *a, int v) { int o = *a; *a = o < v ? o : v; return o; }
-inline unsigned int atomicMin(unsigned int *a, unsigned int v) { unsigned o = *a; *a = o < v ? o : v; return o; }
-inline int atomicExch(int *a, int v) { int o = *a; *a = v; return o; }
-inline unsigned int atomicExch(unsigned int *a, unsigned int v) { unsigned o = *a; *a = v; return o; }
-inline float atomicExch(float *a, float v) { float o = *a; *a = v; return o; }
-inline int atomicCAS(int *a, int cmp, int v) { int o = *a; if (o == cmp) *a = v; return o; }
+inline int atomicMax(int *a, int v) {
+  int o = *a;
+  *a = o > v ? o : v;
+  return o;
+}
+inline unsigned int atomicMax(unsigned int *a, unsigned int v) {
+  unsigned o = *a;
+  *a = o > v ? o : v;
+  return o;
+}
+inline int atomicMin(int *a, int v) {
+  int o = *a;
+  *a = o < v ? o : v;
+  return o;
+}
+inline unsigned int atomicMin(unsigned int *a, unsigned int v) {
+  unsigned o = *a;
+  *a = o < v ? o : v;
+  return o;
+}
+inline int atomicExch(int *a, int v) {
+  int o = *a;
+  *a = v;
+  return o;
+}
+inline unsigned int atomicExch(unsigned int *a, unsigned int v) {
+  unsigned o = *a;
+  *a = v;
+  return o;
+}
+inline float atomicExch(float *a, float v) {
+  float o = *a;
+  *a = v;
+  return o;
+}
+inline int atomicCAS(int *a, int cmp, int v) {
+  int o = *a;
+  if (o == cmp) *a = v;
+  return o;
+}
 inline unsigned int atomicCAS(unsigned int *a, unsigned int cmp, unsigned int v) {
   unsigned o = *a;
   if (o == cmp) *a = v;
@@ -453,9 +495,9 @@ inline void weft_emu_launch_(const char *name, dim3 grid, dim3 block, size_t sme
                              cudaStream_t stream, F &&body) {
   typedef typename std::decay<F>::type B;
   B *heap = new B(std::forward<F>(body));
-  weft_emu_run_(grid, block, smem, stream, [](const void *p) { (*static_cast<const B *>(p))(); },
-                static_cast<void *>(heap), [](void *p) { delete static_cast<B *>(p); }, name,
-                typeid(B));
+  weft_emu_run_(
+      grid, block, smem, stream, [](const void *p) { (*static_cast<const B *>(p))(); },
+      static_cast<void *>(heap), [](void *p) { delete static_cast<B *>(p); }, name, typeid(B));
 }
 
 /* --------------------------------------------------------------- cuBLAS */
@@ -550,12 +592,14 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType Btype, int ldb, const void *beta, void *C,
                             cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
                             cublasGemmAlgo_t algo);
-cublasStatus_t cublasGemmStridedBatchedEx(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const void *alpha, const void *A, cudaDataType Atype, int lda, long long int strideA,
-    const void *B, cudaDataType Btype, int ldb, long long int strideB, const void *beta, void *C,
-    cudaDataType Ctype, int ldc, long long int strideC, int batchCount,
-    cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void *B,
+                                          cudaDataType Btype, int ldb, long long int strideB,
+                                          const void *beta, void *C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo);
 
 /* as cublas_v2.h */
 #define cublasCreate cublasCreate_v2

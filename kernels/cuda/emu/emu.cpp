@@ -106,7 +106,7 @@ __thread uint3 threadIdx WEFT_EMU_TLS_;
 __thread uint3 blockIdx WEFT_EMU_TLS_;
 __thread dim3 blockDim WEFT_EMU_TLS_;
 __thread dim3 gridDim WEFT_EMU_TLS_;
-} // namespace weft_emu
+}  // namespace weft_emu
 
 namespace {
 
@@ -116,7 +116,7 @@ namespace {
 struct Ctx {
   void *sp;
 };
-} // namespace
+}  // namespace
 extern "C" void weft_emu_swap_ctx_(void **save_sp, void *load_sp);
 extern "C" void weft_emu_fiber_tramp_(void);
 extern "C" __attribute__((used, visibility("hidden"))) void weft_emu_fiber_entry_(void *arg);
@@ -170,14 +170,14 @@ void ctx_make(Ctx *c, char *stack, size_t size, void *arg) {
   uint16_t fcw;
   __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
   __asm__ volatile("fnstcw %0" : "=m"(fcw));
-  *--sp = 0;                                  /* alignment pad */
-  *--sp = (uint64_t)&weft_emu_fiber_tramp_;  /* ret target */
-  *--sp = 0;                                  /* rbp */
-  *--sp = 0;                                  /* rbx */
-  *--sp = (uint64_t)arg;                      /* r12 */
-  *--sp = 0;                                  /* r13 */
-  *--sp = 0;                                  /* r14 */
-  *--sp = 0;                                  /* r15 */
+  *--sp = 0;                                /* alignment pad */
+  *--sp = (uint64_t)&weft_emu_fiber_tramp_; /* ret target */
+  *--sp = 0;                                /* rbp */
+  *--sp = 0;                                /* rbx */
+  *--sp = (uint64_t)arg;                    /* r12 */
+  *--sp = 0;                                /* r13 */
+  *--sp = 0;                                /* r14 */
+  *--sp = 0;                                /* r15 */
   *--sp = (uint64_t)mxcsr | ((uint64_t)fcw << 32);
   c->sp = sp;
 }
@@ -186,7 +186,7 @@ inline void ctx_swap(Ctx *from, Ctx *to) { weft_emu_swap_ctx_(&from->sp, to->sp)
 struct Ctx {
   ucontext_t uc;
 };
-} // namespace
+}  // namespace
 extern "C" void weft_emu_fiber_entry_(void *arg);
 namespace {
 void ctx_tramp(unsigned lo, unsigned hi) {
@@ -250,7 +250,7 @@ struct Sched {
   std::vector<Warp> warps;
   Launch *launch = nullptr; /* non-null while a launch runs */
   unsigned n = 0, ndone = 0, nwait_block = 0;
-  unsigned cur = 0;          /* the running thread (linear id) */
+  unsigned cur = 0; /* the running thread (linear id) */
   bool in_fiber = false;
   char *dyn_smem = nullptr;
   char *altstack = nullptr; /* for the guard-page handler */
@@ -271,7 +271,10 @@ struct Sched {
 
 thread_local Sched *tls_sched_;
 thread_local struct SchedHolder {
-  ~SchedHolder() { delete tls_sched_; tls_sched_ = nullptr; }
+  ~SchedHolder() {
+    delete tls_sched_;
+    tls_sched_ = nullptr;
+  }
 } tls_holder_;
 
 Sched &sched() {
@@ -301,8 +304,9 @@ std::string kernel_name(const std::type_info *ti) {
     fprintf(stderr,
             "weft CUDA emulator: in the kernel launch %s (%s), grid (%u,%u,%u), block "
             "(%u,%u,%u), %zu bytes of dynamic shared memory; block (%u,%u,%u)",
-            L->name ? L->name : "?", kernel_name(L->kernel).c_str(), L->grid.x, L->grid.y, L->grid.z, L->block.x,
-            L->block.y, L->block.z, L->smem, blockIdx.x, blockIdx.y, blockIdx.z);
+            L->name ? L->name : "?", kernel_name(L->kernel).c_str(), L->grid.x, L->grid.y,
+            L->grid.z, L->block.x, L->block.y, L->block.z, L->smem, blockIdx.x, blockIdx.y,
+            blockIdx.z);
     if (s->in_fiber) {
       uint3 t = s->fib[s->cur].tid;
       fprintf(stderr, ", thread (%u,%u,%u)", t.x, t.y, t.z);
@@ -383,7 +387,8 @@ bool handler_is_ours() {
 bool ensure_fault_handler() {
   if (handler_is_ours()) return true;
   std::lock_guard<std::mutex> g(g_segv_mu);
-  struct sigaction sa {}, old{};
+  struct sigaction sa {
+  }, old{};
   sa.sa_sigaction = segv_handler;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
@@ -424,7 +429,8 @@ Stack *stack_get(Sched &s) {
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
   if (m == MAP_FAILED) fail("cannot map a %zu-byte fiber stack: %s", st->map_size, strerror(errno));
   st->map = (char *)m;
-  if (mprotect(st->map, page, PROT_NONE) != 0) fail("mprotect of a guard page: %s", strerror(errno));
+  if (mprotect(st->map, page, PROT_NONE) != 0)
+    fail("mprotect of a guard page: %s", strerror(errno));
   st->base = st->map + page;
   st->size = size;
   ctx_make(&st->ctx, st->base, st->size, st);
@@ -478,10 +484,14 @@ void release_block(Sched &s) {
 
 const char *shfl_name(int mode) {
   switch (mode) {
-    case WEFT_EMU_SHFL_IDX_: return "__shfl_sync";
-    case WEFT_EMU_SHFL_UP_: return "__shfl_up_sync";
-    case WEFT_EMU_SHFL_DOWN_: return "__shfl_down_sync";
-    default: return "__shfl_xor_sync";
+    case WEFT_EMU_SHFL_IDX_:
+      return "__shfl_sync";
+    case WEFT_EMU_SHFL_UP_:
+      return "__shfl_up_sync";
+    case WEFT_EMU_SHFL_DOWN_:
+      return "__shfl_down_sync";
+    default:
+      return "__shfl_xor_sync";
   }
 }
 
@@ -502,10 +512,11 @@ bool warp_try_complete(Sched &s, unsigned wi, uint32_t M) {
     if (w.kind[l] != w.kind[first] || w.mask[l] != w.mask[first] ||
         (w.kind[l] == W_SHFL && (w.mode[l] != w.mode[first] || w.size[l] != w.size[first] ||
                                  w.width[l] != w.width[first])))
-      fail("warp %u: lanes meet at different warp operations: lane %d at %s (mask 0x%08x, "
-           "%d-byte value, width %d), lane %d at %s (mask 0x%08x, %d-byte value, width %d)",
-           wi, first, warp_op_name(w, first), w.mask[first], w.size[first], w.width[first], l,
-           warp_op_name(w, l), w.mask[l], w.size[l], w.width[l]);
+      fail(
+          "warp %u: lanes meet at different warp operations: lane %d at %s (mask 0x%08x, "
+          "%d-byte value, width %d), lane %d at %s (mask 0x%08x, %d-byte value, width %d)",
+          wi, first, warp_op_name(w, first), w.mask[first], w.size[first], w.width[first], l,
+          warp_op_name(w, l), w.mask[l], w.size[l], w.width[l]);
   }
   if (w.kind[first] == W_SHFL) {
     for (uint32_t m = need; m; m &= m - 1) {
@@ -518,10 +529,22 @@ bool warp_try_complete(Sched &s, unsigned wi, uint32_t M) {
       int j;
       bool p;
       switch (w.mode[l]) {
-        case WEFT_EMU_SHFL_UP_: j = l - bval; p = j >= maxLane; break;
-        case WEFT_EMU_SHFL_DOWN_: j = l + bval; p = j <= maxLane; break;
-        case WEFT_EMU_SHFL_BFLY_: j = l ^ bval; p = j <= maxLane; break;
-        default: j = minLane | (bval & ~segmask); p = j <= maxLane; break;
+        case WEFT_EMU_SHFL_UP_:
+          j = l - bval;
+          p = j >= maxLane;
+          break;
+        case WEFT_EMU_SHFL_DOWN_:
+          j = l + bval;
+          p = j <= maxLane;
+          break;
+        case WEFT_EMU_SHFL_BFLY_:
+          j = l ^ bval;
+          p = j <= maxLane;
+          break;
+        default:
+          j = minLane | (bval & ~segmask);
+          p = j <= maxLane;
+          break;
       }
       if (!p) j = l;
       if (!((need >> j) & 1u))
@@ -678,7 +701,7 @@ void run_block(Sched &s) {
   }
 }
 
-} // namespace
+}  // namespace
 
 extern "C" void weft_emu_fiber_entry_(void *arg) {
   Stack *st = (Stack *)arg;
@@ -707,8 +730,7 @@ void weft_emu_syncthreads_(void) {
 
 void weft_emu_syncwarp_(unsigned mask) { (void)warp_op(W_SYNCWARP, mask, 0, 0, 0, 0, 0, 32); }
 
-uint64_t weft_emu_shfl_(unsigned mask, uint64_t bits, int size, int mode, int b, int c,
-                        int width) {
+uint64_t weft_emu_shfl_(unsigned mask, uint64_t bits, int size, int mode, int b, int c, int width) {
   return warp_op(W_SHFL, mask, bits, size, mode, b, c, width);
 }
 
@@ -740,8 +762,8 @@ int device_count() {
     static bool warned = false;
     if (!warned) {
       warned = true;
-      fprintf(stderr, "weft CUDA emulator: WEFT_EMU_DEVICES='%s' is not a count in 0..64; using 1\n",
-              e);
+      fprintf(stderr,
+              "weft CUDA emulator: WEFT_EMU_DEVICES='%s' is not a count in 0..64; using 1\n", e);
     }
     return 1;
   }
@@ -768,8 +790,8 @@ struct Alloc {
   int device;
 };
 
-std::mutex g_mu;                       /* guards the registry below */
-std::map<uintptr_t, Alloc> g_allocs;   /* start -> allocation */
+std::mutex g_mu;                     /* guards the registry below */
+std::map<uintptr_t, Alloc> g_allocs; /* start -> allocation */
 size_t g_device_live = 0;
 std::set<const void *> g_streams, g_events, g_handles; /* live handles */
 
@@ -847,13 +869,13 @@ bool defer_on() {
 /* ---------------------------------------------------------------- arena */
 
 struct Block {
-  size_t len;  /* page-rounded */
-  bool open;   /* read-write in the current window */
+  size_t len; /* page-rounded */
+  bool open;  /* read-write in the current window */
 };
 struct Arena {
   char *base = nullptr;
-  size_t size = 0;      /* reserved bytes */
-  size_t hw = 0;        /* blocks lie in [base, base + hw) */
+  size_t size = 0; /* reserved bytes */
+  size_t hw = 0;   /* blocks lie in [base, base + hw) */
   size_t page = 4096;
   std::map<size_t, size_t> free_ranges; /* offset -> bytes, below hw, coalesced */
   std::map<size_t, Block> blocks;       /* live blocks by offset */
@@ -1005,7 +1027,7 @@ struct SigBuf {
   }
 };
 
-} // namespace
+}  // namespace
 
 namespace {
 /* Called by the SIGSEGV handler for every fault; returns false for an
@@ -1061,8 +1083,9 @@ bool arena_fault(const char *addr, void *uc) {
       have = lookup_locked(addr, &start, &a) && a.kind == A_DEVICE;
       g_mu.unlock();
     }
-    m.str(write_access == 1 ? "host code wrote" : write_access == 0 ? "host code read"
-                                                                    : "host code read/wrote");
+    m.str(write_access == 1   ? "host code wrote"
+          : write_access == 0 ? "host code read"
+                              : "host code read/wrote");
     m.str(" device memory at ");
     m.hex((uintptr_t)addr);
     if (have) {
@@ -1074,14 +1097,15 @@ bool arena_fault(const char *addr, void *uc) {
     } else {
       m.str(" (outside every live allocation: freed, or never allocated)");
     }
-    m.str(" outside a kernel launch or a copy: copy it to the host first (cudaMemcpy after "
-          "synchronizing its stream; WEFT_EMU_STRICT=0 turns this check off)\n");
+    m.str(
+        " outside a kernel launch or a copy: copy it to the host first (cudaMemcpy after "
+        "synchronizing its stream; WEFT_EMU_STRICT=0 turns this check off)\n");
   }
   ssize_t r = write(2, m.b, m.n);
   (void)r;
   abort();
 }
-} // namespace
+}  // namespace
 
 /* ---------------------------------------------------------------- queues */
 
@@ -1099,7 +1123,7 @@ struct Op {
   virtual void exec() = 0;
   virtual ~Op() {}
 };
-} // namespace weft_emu
+}  // namespace weft_emu
 
 struct CUstream_st {
   unsigned flags;
@@ -1113,13 +1137,13 @@ struct CUstream_st {
 struct CUevent_st {
   unsigned flags;
   bool live = true;
-  int refs = 1;                /* the handle and each queued record */
-  uint64_t gen = 0;            /* records so far */
-  uint64_t done_gen = 0;       /* the newest record that ran */
+  int refs = 1;                  /* the handle and each queued record */
+  uint64_t gen = 0;              /* records so far */
+  uint64_t done_gen = 0;         /* the newest record that ran */
   CUstream_st *stream = nullptr; /* where the last record is queued */
   uint64_t seq = 0;
-  double t_ms = 0;             /* host time at which record done_gen ran */
-  unsigned polls = 0;          /* NotReady answers for the last record */
+  double t_ms = 0;    /* host time at which record done_gen ran */
+  unsigned polls = 0; /* NotReady answers for the last record */
 };
 
 namespace {
@@ -1255,52 +1279,88 @@ struct WaitOp : Op {
   void exec() override {} /* the dependency did the work */
 };
 
-} // namespace
+}  // namespace
 
 const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInitializationError: return "initialization error";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidPitchValue: return "invalid pitch argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorInvalidDeviceFunction: return "invalid device function";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    case cudaErrorNotSupported: return "operation not supported";
-    case cudaErrorUnknown: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInitializationError:
+      return "initialization error";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidPitchValue:
+      return "invalid pitch argument";
+    case cudaErrorInvalidDevicePointer:
+      return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    case cudaErrorInvalidDeviceFunction:
+      return "invalid device function";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources:
+      return "too many resources requested for launch";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    case cudaErrorNotSupported:
+      return "operation not supported";
+    case cudaErrorUnknown:
+      return "unknown error";
   }
   return "unrecognized error code";
 }
 
 const char *cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInitializationError: return "cudaErrorInitializationError";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    case cudaErrorUnknown: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInitializationError:
+      return "cudaErrorInitializationError";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidPitchValue:
+      return "cudaErrorInvalidPitchValue";
+    case cudaErrorInvalidDevicePointer:
+      return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInvalidDeviceFunction:
+      return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchOutOfResources:
+      return "cudaErrorLaunchOutOfResources";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    case cudaErrorUnknown:
+      return "cudaErrorUnknown";
   }
   return "cudaErrorUnknown";
 }
@@ -1340,20 +1400,47 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
   if (n == 0) return rec(cudaErrorNoDevice);
   if (device < 0 || device >= n) return rec(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
-    case cudaDevAttrMaxBlockDimX: *value = 1024; break;
-    case cudaDevAttrMaxBlockDimY: *value = 1024; break;
-    case cudaDevAttrMaxBlockDimZ: *value = 64; break;
-    case cudaDevAttrMaxGridDimX: *value = 2147483647; break;
-    case cudaDevAttrMaxGridDimY: *value = 65535; break;
-    case cudaDevAttrMaxGridDimZ: *value = 65535; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
-    case cudaDevAttrWarpSize: *value = 32; break;
-    case cudaDevAttrMultiProcessorCount: *value = 4; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;
-    default: return rec(cudaErrorInvalidValue);
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      break;
+    case cudaDevAttrMaxBlockDimX:
+      *value = 1024;
+      break;
+    case cudaDevAttrMaxBlockDimY:
+      *value = 1024;
+      break;
+    case cudaDevAttrMaxBlockDimZ:
+      *value = 64;
+      break;
+    case cudaDevAttrMaxGridDimX:
+      *value = 2147483647;
+      break;
+    case cudaDevAttrMaxGridDimY:
+      *value = 65535;
+      break;
+    case cudaDevAttrMaxGridDimZ:
+      *value = 65535;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = 48 * 1024;
+      break;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 4;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = 227 * 1024;
+      break;
+    default:
+      return rec(cudaErrorInvalidValue);
   }
   return cudaSuccess;
 }
@@ -1424,7 +1511,7 @@ cudaError_t free_common(void *p, AllocKind kind) {
     free(p);
   return cudaSuccess;
 }
-} // namespace
+}  // namespace
 
 cudaError_t cudaMalloc(void **devPtr, size_t size) { return alloc_common(devPtr, size, A_DEVICE); }
 cudaError_t cudaFree(void *devPtr) { return free_common(devPtr, A_DEVICE); }
@@ -1471,11 +1558,21 @@ cudaError_t copy_common(void *dst, const void *src, size_t n, enum cudaMemcpyKin
   bool ddev = d == 2, sdev = s == 2;
   bool ok = true;
   switch (kind) {
-    case cudaMemcpyHostToHost: ok = !ddev && !sdev; break;
-    case cudaMemcpyHostToDevice: ok = ddev && !sdev; break;
-    case cudaMemcpyDeviceToHost: ok = !ddev && sdev; break;
-    case cudaMemcpyDeviceToDevice: ok = ddev && sdev; break;
-    case cudaMemcpyDefault: ok = true; break;
+    case cudaMemcpyHostToHost:
+      ok = !ddev && !sdev;
+      break;
+    case cudaMemcpyHostToDevice:
+      ok = ddev && !sdev;
+      break;
+    case cudaMemcpyDeviceToHost:
+      ok = !ddev && sdev;
+      break;
+    case cudaMemcpyDeviceToDevice:
+      ok = ddev && sdev;
+      break;
+    case cudaMemcpyDefault:
+      ok = true;
+      break;
   }
   if (!ok) return rec(cudaErrorInvalidValue);
   ExecLock x(g_exec);
@@ -1507,7 +1604,7 @@ cudaError_t set_common(void *p, int value, size_t n, cudaStream_t stream) {
   enqueue(resolve(stream), op);
   return cudaSuccess;
 }
-} // namespace
+}  // namespace
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
   return copy_common(dst, src, count, kind, 0, true);
@@ -1626,7 +1723,8 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
   if (cudaError_t e = need_device()) return rec(e);
   ExecLock x(g_exec);
   if (!event_ok(start) || !event_ok(end)) return rec(cudaErrorInvalidResourceHandle);
-  if ((start->flags | end->flags) & cudaEventDisableTiming) return rec(cudaErrorInvalidResourceHandle);
+  if ((start->flags | end->flags) & cudaEventDisableTiming)
+    return rec(cudaErrorInvalidResourceHandle);
   if (!start->gen || !end->gen) return rec(cudaErrorInvalidResourceHandle);
   if (start->done_gen != start->gen || end->done_gen != end->gen) return cudaErrorNotReady;
   *ms = (float)(end->t_ms - start->t_ms);
@@ -1703,7 +1801,7 @@ struct LaunchOp : Op {
   ~LaunchOp() override { destroy(const_cast<void *>(L.ctx)); }
 };
 
-} // namespace
+}  // namespace
 
 void weft_emu_run_(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    void (*fn)(const void *), void *ctx, void (*destroy)(void *), const char *name,
@@ -1715,10 +1813,10 @@ void weft_emu_run_(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
   cudaError_t err = need_device();
   if (!err && !stream_ok(stream)) err = cudaErrorInvalidResourceHandle;
   uint64_t threads = (uint64_t)block.x * block.y * block.z;
-  if (!err && (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u ||
-               grid.y > 65535 || grid.z > 65535 || block.x == 0 || block.y == 0 ||
-               block.z == 0 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
-               threads > 1024 || smem > 227 * 1024))
+  if (!err &&
+      (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 ||
+       grid.z > 65535 || block.x == 0 || block.y == 0 || block.z == 0 || block.x > 1024 ||
+       block.y > 1024 || block.z > 64 || threads > 1024 || smem > 227 * 1024))
     err = cudaErrorInvalidConfiguration;
   if (err) {
     destroy(ctx);
@@ -1772,10 +1870,14 @@ inline float round_tf32(float x) {
 
 inline double round_op(float x, Round r) {
   switch (r) {
-    case R_TF32: return round_tf32(x);
-    case R_BF16: return __bfloat162float(__float2bfloat16(x));
-    case R_F16: return weft_f16_to_f32(weft_f32_to_f16(x));
-    default: return x;
+    case R_TF32:
+      return round_tf32(x);
+    case R_BF16:
+      return __bfloat162float(__float2bfloat16(x));
+    case R_F16:
+      return weft_f16_to_f32(weft_f32_to_f16(x));
+    default:
+      return x;
   }
 }
 
@@ -1783,7 +1885,8 @@ inline size_t type_size(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
 
 inline float load(const void *p, cudaDataType t, int64_t i) {
   switch (t) {
-    case CUDA_R_32F: return ((const float *)p)[i];
+    case CUDA_R_32F:
+      return ((const float *)p)[i];
     case CUDA_R_16BF: {
       __nv_bfloat16 h;
       memcpy(&h, (const char *)p + 2 * i, 2);
@@ -1799,7 +1902,9 @@ inline float load(const void *p, cudaDataType t, int64_t i) {
 
 inline void store(void *p, cudaDataType t, int64_t i, float v) {
   switch (t) {
-    case CUDA_R_32F: ((float *)p)[i] = v; return;
+    case CUDA_R_32F:
+      ((float *)p)[i] = v;
+      return;
     case CUDA_R_16BF: {
       __nv_bfloat16 h = __float2bfloat16(v);
       memcpy((char *)p + 2 * i, &h, 2);
@@ -1814,8 +1919,8 @@ inline void store(void *p, cudaDataType t, int64_t i, float v) {
 }
 
 /* Every batch's [p, p + extent) inside device memory; else a message. */
-bool check_operand(const char *func, const char *name, const void *p, cudaDataType t,
-                   int64_t rows, int64_t cols, int64_t ld, long long stride, int batch) {
+bool check_operand(const char *func, const char *name, const void *p, cudaDataType t, int64_t rows,
+                   int64_t cols, int64_t ld, long long stride, int batch) {
   size_t es = type_size(t);
   size_t bytes = (size_t)((cols - 1) * ld + rows) * es;
   for (int b = 0; b < batch; b++) {
@@ -1895,16 +2000,14 @@ void gemm_compute(const GemmArgs &g) {
       /* op(A) row-major m x k, op(B) row-major k x n, operands rounded */
       for (int i = 0; i < m; i++)
         for (int l = 0; l < k; l++)
-          Ad[(size_t)i * k + l] =
-              round_op(load(A, g.At, an ? (int64_t)i + (int64_t)l * g.lda
-                                        : (int64_t)l + (int64_t)i * g.lda),
-                       g.round);
+          Ad[(size_t)i * k + l] = round_op(
+              load(A, g.At, an ? (int64_t)i + (int64_t)l * g.lda : (int64_t)l + (int64_t)i * g.lda),
+              g.round);
       for (int l = 0; l < k; l++)
         for (int j = 0; j < n; j++)
-          Bd[(size_t)l * n + j] =
-              round_op(load(B, g.Bt, bn ? (int64_t)l + (int64_t)j * g.ldb
-                                        : (int64_t)j + (int64_t)l * g.ldb),
-                       g.round);
+          Bd[(size_t)l * n + j] = round_op(
+              load(B, g.Bt, bn ? (int64_t)l + (int64_t)j * g.ldb : (int64_t)j + (int64_t)l * g.ldb),
+              g.round);
     }
     for (int i = 0; i < m; i++) {
       for (int j = 0; j < n; j++) acc[j] = 0.0;
@@ -1942,8 +2045,10 @@ cublasStatus_t gemm_submit(GemmArgs g, const float *alpha, const float *beta) {
   cublasHandle_t h = g.h;
   bool dev = h->pmode == CUBLAS_POINTER_MODE_DEVICE;
   if (dev && (classify(alpha, 4) != 2 || classify(beta, 4) != 2)) {
-    fprintf(stderr, "weft CUDA emulator: %s: device pointer mode, but alpha (%p) or beta (%p) is "
-                    "not device memory\n", g.func, (const void *)alpha, (const void *)beta);
+    fprintf(stderr,
+            "weft CUDA emulator: %s: device pointer mode, but alpha (%p) or beta (%p) is "
+            "not device memory\n",
+            g.func, (const void *)alpha, (const void *)beta);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (!dev) g.alpha = *alpha, g.beta = *beta;
@@ -1969,7 +2074,8 @@ cublasStatus_t gemm_ex(const char *func, cublasHandle_t h, cublasOperation_t ta,
   if (!handle_ok(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (cublasStatus_t st = gemm_validate(ta, tb, m, n, k, lda, ldb, ldc, batch)) return st;
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
-  if (!((algo >= -1 && algo <= 23) || (algo >= 99 && algo <= 115))) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!((algo >= -1 && algo <= 23) || (algo >= 99 && algo <= 115)))
+    return CUBLAS_STATUS_INVALID_VALUE;
   Round r = R_NONE;
   bool f32 = At == CUDA_R_32F && Bt == CUDA_R_32F && Ct == CUDA_R_32F;
   bool half = (At == CUDA_R_16BF || At == CUDA_R_16F) && Bt == At && (Ct == At || Ct == CUDA_R_32F);
@@ -1981,30 +2087,50 @@ cublasStatus_t gemm_ex(const char *func, cublasHandle_t h, cublasOperation_t ta,
     case CUBLAS_COMPUTE_32F_PEDANTIC:
       if (!f32 && !half) return CUBLAS_STATUS_NOT_SUPPORTED;
       break;
-    case CUBLAS_COMPUTE_32F_FAST_TF32: if (!f32) return CUBLAS_STATUS_NOT_SUPPORTED; r = R_TF32; break;
-    case CUBLAS_COMPUTE_32F_FAST_16BF: if (!f32) return CUBLAS_STATUS_NOT_SUPPORTED; r = R_BF16; break;
-    case CUBLAS_COMPUTE_32F_FAST_16F: if (!f32) return CUBLAS_STATUS_NOT_SUPPORTED; r = R_F16; break;
-    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+    case CUBLAS_COMPUTE_32F_FAST_TF32:
+      if (!f32) return CUBLAS_STATUS_NOT_SUPPORTED;
+      r = R_TF32;
+      break;
+    case CUBLAS_COMPUTE_32F_FAST_16BF:
+      if (!f32) return CUBLAS_STATUS_NOT_SUPPORTED;
+      r = R_BF16;
+      break;
+    case CUBLAS_COMPUTE_32F_FAST_16F:
+      if (!f32) return CUBLAS_STATUS_NOT_SUPPORTED;
+      r = R_F16;
+      break;
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  GemmArgs g{func, h,  ta, tb, m,  n,  k,  0.0f, 0.0f, A, At, lda,
-             sA,   B,  Bt, ldb, sB, C, Ct, ldc, sC, batch, r};
+  GemmArgs g{func, h, ta, tb,  m,  n, k,  0.0f, 0.0f, A,     At, lda,
+             sA,   B, Bt, ldb, sB, C, Ct, ldc,  sC,   batch, r};
   return gemm_submit(g, (const float *)alpha, (const float *)beta);
 }
 
-} // namespace
+}  // namespace
 
 const char *cublasGetStatusString(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "an access to GPU memory space failed";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "error detected trying to check the license";
+    case CUBLAS_STATUS_SUCCESS:
+      return "the operation completed successfully";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "an absent device architectural feature is required";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "an access to GPU memory space failed";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "the GPU program failed to execute";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "an internal operation failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "the functionality requested is not supported";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "error detected trying to check the license";
   }
   return "unknown error";
 }
@@ -2082,9 +2208,29 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
     return st;
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   Round r = (handle->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH ? R_TF32 : R_NONE;
-  GemmArgs g{"cublasSgemmStridedBatched", handle, transa, transb, m, n, k, 0.0f, 0.0f,
-             A, CUDA_R_32F, lda, strideA, B, CUDA_R_32F, ldb, strideB, C, CUDA_R_32F, ldc,
-             strideC, batchCount, r};
+  GemmArgs g{"cublasSgemmStridedBatched",
+             handle,
+             transa,
+             transb,
+             m,
+             n,
+             k,
+             0.0f,
+             0.0f,
+             A,
+             CUDA_R_32F,
+             lda,
+             strideA,
+             B,
+             CUDA_R_32F,
+             ldb,
+             strideB,
+             C,
+             CUDA_R_32F,
+             ldc,
+             strideC,
+             batchCount,
+             r};
   return gemm_submit(g, alpha, beta);
 }
 
@@ -2096,8 +2242,29 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
   if (cublasStatus_t st = gemm_validate(transa, transb, m, n, k, lda, ldb, ldc, 1)) return st;
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   Round r = (handle->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH ? R_TF32 : R_NONE;
-  GemmArgs g{"cublasSgemm", handle, transa, transb, m, n, k, 0.0f, 0.0f,
-             A, CUDA_R_32F, lda, 0, B, CUDA_R_32F, ldb, 0, C, CUDA_R_32F, ldc, 0, 1, r};
+  GemmArgs g{"cublasSgemm",
+             handle,
+             transa,
+             transb,
+             m,
+             n,
+             k,
+             0.0f,
+             0.0f,
+             A,
+             CUDA_R_32F,
+             lda,
+             0,
+             B,
+             CUDA_R_32F,
+             ldb,
+             0,
+             C,
+             CUDA_R_32F,
+             ldc,
+             0,
+             1,
+             r};
   return gemm_submit(g, alpha, beta);
 }
 
@@ -2107,16 +2274,18 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType Btype, int ldb, const void *beta, void *C,
                             cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
                             cublasGemmAlgo_t algo) {
-  return gemm_ex("cublasGemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B,
-                 Btype, ldb, 0, beta, C, Ctype, ldc, 0, 1, computeType, algo);
+  return gemm_ex("cublasGemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype,
+                 ldb, 0, beta, C, Ctype, ldc, 0, 1, computeType, algo);
 }
 
-cublasStatus_t cublasGemmStridedBatchedEx(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const void *alpha, const void *A, cudaDataType Atype, int lda, long long int strideA,
-    const void *B, cudaDataType Btype, int ldb, long long int strideB, const void *beta, void *C,
-    cudaDataType Ctype, int ldc, long long int strideC, int batchCount,
-    cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void *B,
+                                          cudaDataType Btype, int ldb, long long int strideB,
+                                          const void *beta, void *C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
   return gemm_ex("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A, Atype,
                  lda, strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount,
                  computeType, algo);
