@@ -32,17 +32,10 @@ typedef struct run_out {
   char *err;   /* stderr */
 } run_out;
 
+/* The file's text, "" when it cannot be read (the caller frees). */
 static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return strdup("");
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  size_t got = fread(b, 1, (size_t)n, f);
-  b[got] = 0;
-  fclose(f);
-  return b;
+  char *b = weft_test_slurp(path, NULL);
+  return b ? b : strdup("");
 }
 
 static int tmp_counter = 0;
@@ -558,6 +551,17 @@ Test(examples, readme_tour_learns_and_prints_the_same_losses_on_1_2_and_4_ranks,
       cr_expect(dn <= 1e-4, "step %d grad norm on %d ranks %.6f vs 1 rank %.6f (rel %.2g)", s,
                 ranks[k], norm[k][s], norm[0][s], dn);
     }
+}
+
+/* README.md's app.c ("Use it from your project"), built from the README by
+ * examples/tour (so is its "Devices" fragment, compiled only): it runs and
+ * prints what the README says it prints. */
+Test(examples, readme_app_runs_on_2_ranks_as_the_readme_says, .timeout = 60) {
+  run_out r = run(2, WEFT_README_APP, NULL, 40);
+  cr_assert_eq(r.rc, 0, "weft-readme-app on 2 ranks failed (rc %d):\n%s\n%s", r.rc, r.out, r.err);
+  cr_expect(strstr(r.out, "rank 0 of 2\n") && strstr(r.out, "rank 1 of 2\n"),
+            "weft-readme-app printed:\n%s", r.out);
+  run_free(&r);
 }
 #endif
 
