@@ -91,9 +91,12 @@ weft_status nn_graph_bring(weft_graph *g, const weft_dtensor *x, const weft_plac
  * one shape. `name` is the op. */
 weft_status nn_check_vars(const char *name, weft_var *const *in, int nin, weft_graph **g);
 /* An error naming the op and its inputs' shapes and placements, with a
- * reason. Returns `code`. */
-weft_status nn_op_error(weft_status code, const char *name, weft_var *const *in, int nin,
-                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+ * reason, raised as from `func` (nn_op_error: the calling function, so an
+ * op's own checks head the message with weft_op_<name>). Returns `code`. */
+weft_status nn_op_error_at(const char *func, weft_status code, const char *name,
+                           weft_var *const *in, int nin, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+#define nn_op_error(...) nn_op_error_at(__func__, __VA_ARGS__)
 /* weft_sharding_choose over the vars' values (NULL vars: not priced),
  * with an error naming the op and inputs when nothing applies. */
 weft_status nn_choose(const char *name, weft_var *const *in, int nin,

@@ -553,15 +553,15 @@ static void describe_vars(weft_var *const *in, int nin, char *buf, size_t cap) {
   }
 }
 
-weft_status nn_op_error(weft_status code, const char *name, weft_var *const *in, int nin,
-                        const char *fmt, ...) {
+weft_status nn_op_error_at(const char *func, weft_status code, const char *name,
+                           weft_var *const *in, int nin, const char *fmt, ...) {
   char why[512], ins[1536];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
   describe_vars(in, nin, ins, sizeof ins);
-  return weft_error(code, "%s: %s (inputs: %s)", name, why, ins);
+  return weft_error_at(code, func, "%s: %s (inputs: %s)", name, why, ins);
 }
 
 weft_status nn_check_f32_contig(const char *name, weft_var *const *in, int nin,

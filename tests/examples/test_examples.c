@@ -40,6 +40,24 @@ static char *slurp(const char *path) {
 
 static int tmp_counter = 0;
 
+/* "/tmp/weft-test-examples-<pid>-<name>": this process's own file, so runs
+ * of the suite side by side (two builds) do not clobber each other's. The
+ * result stays valid for the next 15 calls. */
+static const char *tmp_file(const char *name) {
+  static char ring[16][256];
+  static int next = 0;
+  char *b = ring[next++ % 16];
+  snprintf(b, sizeof ring[0], "/tmp/weft-test-examples-%d-%s", (int)getpid(), name);
+  return b;
+}
+
+/* rm -rf of a tmp_file directory. */
+static void remove_tree(const char *dir) {
+  char cmd[320];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 /* Runs `mpiexec -n nranks prog args...` (nranks 0: prog args... directly). */
 static run_out run(int nranks, const char *prog, const char *const *args, int timeout_s) {
   run_out r = {-1, 0, NULL, NULL};
@@ -124,7 +142,7 @@ static bool read_json_last(const char *path, double *loss, double *val_loss, int
 /* ---------------------------------------------------------------- training */
 
 Test(examples, train_2x2_reaches_the_1_rank_loss, .timeout = 120) {
-  const char *j1 = "/tmp/weft-test-examples-1rank.jsonl", *j4 = "/tmp/weft-test-examples-2x2.jsonl";
+  const char *j1 = tmp_file("1rank.jsonl"), *j4 = tmp_file("2x2.jsonl");
   const char *a1[] = {"--steps", "12", "--val-every", "6", "--log-json", j1, NULL};
   const char *a4[] = {"--mesh", "dp=2,tp=2",  "--steps", "12", "--val-every",
                       "6",      "--log-json", j4,        NULL};
@@ -260,19 +278,19 @@ Test(examples, train_flag_variants_run_and_learn, .timeout = 120) {
     argv[n++] = "--steps";
     argv[n++] = "4";
     argv[n++] = "--log-json";
-    argv[n++] = "/tmp/weft-test-examples-v.jsonl";
+    argv[n++] = tmp_file("v.jsonl");
     argv[n] = NULL;
     run_out r = run(2, TRAIN, argv, 60);
     cr_expect_eq(r.rc, 0, "variant %zu (%s %s) failed: %s", v, variants[v][0], variants[v][1],
                  r.err);
     double l = 0, vl = 0;
     int lines = 0;
-    cr_expect(read_json_last("/tmp/weft-test-examples-v.jsonl", &l, &vl, &lines));
+    cr_expect(read_json_last(tmp_file("v.jsonl"), &l, &vl, &lines));
     cr_expect(l < 4.0 && vl < 4.0, "variant %zu does not learn: loss %.4f, held-out %.4f", v, l,
               vl);
     run_free(&r);
   }
-  unlink("/tmp/weft-test-examples-v.jsonl");
+  unlink(tmp_file("v.jsonl"));
 }
 
 static void write_bin(const char *path, int n, int magic, int V) {
@@ -290,8 +308,8 @@ static void write_bin(const char *path, int n, int magic, int V) {
 }
 
 Test(examples, train_reads_llm_c_bin_and_text_files, .timeout = 120) {
-  const char *bin = "/tmp/weft-test-examples.bin", *badb = "/tmp/weft-test-examples-bad.bin";
-  const char *txt = "/tmp/weft-test-examples.txt";
+  const char *bin = tmp_file("data.bin"), *badb = tmp_file("bad.bin");
+  const char *txt = tmp_file("data.txt");
   write_bin(bin, 4000, 20240520, 64);
   write_bin(badb, 4000, 12345, 64);
   FILE *f = fopen(txt, "w");
@@ -317,8 +335,8 @@ Test(examples, train_reads_llm_c_bin_and_text_files, .timeout = 120) {
 }
 
 Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_model, .timeout = 150) {
-  const char *dir = "/tmp/weft-test-examples-ckpt", *st = "/tmp/weft-test-examples.safetensors";
-  system("rm -rf /tmp/weft-test-examples-ckpt");
+  const char *dir = tmp_file("ckpt"), *st = tmp_file("model.safetensors");
+  remove_tree(dir);
   const char *a1[] = {"--mesh",
                       "dp=2",
                       "--steps",
@@ -341,7 +359,7 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
   cr_assert_eq(stat(st, &sb), 0, "no safetensors file");
   /* constant lr (no warmup, min-lr = lr): saving after 4 of 4 steps and
    * resuming to 6 is the same run as 6 steps straight */
-  const char *j6 = "/tmp/weft-test-examples-6.jsonl", *jr = "/tmp/weft-test-examples-r.jsonl";
+  const char *j6 = tmp_file("6.jsonl"), *jr = tmp_file("r.jsonl");
   const char *a2[] = {"--mesh", "tp=2",     "--steps", "6",          "--resume", dir, "--warmup",
                       "0",      "--min-lr", "0.003",   "--log-json", jr,         NULL};
   r = run(2, TRAIN, a2, 60);
@@ -370,7 +388,7 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
   r = run(2, TRAIN, a4, 60);
   cr_expect_eq(r.rc, 0, "--init-from failed: %s", r.err);
   run_free(&r);
-  system("rm -rf /tmp/weft-test-examples-ckpt");
+  remove_tree(dir);
   unlink(st);
 }
 
@@ -389,9 +407,9 @@ static int read_json_losses(const char *path, double *loss, int cap) {
 
 Test(examples, train_gpt2_with_dropout_follows_the_1_rank_curve_on_2x2_and_2x2x2, .timeout = 200) {
   enum { STEPS = 6 };
-  const char *j1 = "/tmp/weft-test-examples-gpt2-1.jsonl";
-  const char *j4 = "/tmp/weft-test-examples-gpt2-4.jsonl";
-  const char *j8 = "/tmp/weft-test-examples-gpt2-8.jsonl";
+  const char *j1 = tmp_file("gpt2-1.jsonl");
+  const char *j4 = tmp_file("gpt2-4.jsonl");
+  const char *j8 = tmp_file("gpt2-8.jsonl");
   const char *a1[] = {"--model",     "gpt2-demo", "--steps",    "6", "--dropout", "0.1",
                       "--val-every", "0",         "--log-json", j1,  NULL};
   const char *a4[] = {"--model", "gpt2-demo",  "--mesh",    "dp=2,tp=2", "--sequence-parallel",
@@ -426,16 +444,15 @@ Test(examples, train_gpt2_with_dropout_follows_the_1_rank_curve_on_2x2_and_2x2x2
 }
 
 Test(examples, train_gpt2_checkpoint_resumes_on_another_mesh, .timeout = 150) {
-  const char *dir = "/tmp/weft-test-examples-gpt2-ckpt";
-  system("rm -rf /tmp/weft-test-examples-gpt2-ckpt");
+  const char *dir = tmp_file("gpt2-ckpt");
+  remove_tree(dir);
   const char *a1[] = {"--model",     "gpt2-demo", "--mesh",   "dp=2,tp=2", "--steps",  "3",
                       "--dropout",   "0.1",       "--warmup", "0",         "--min-lr", "0.003",
                       "--val-every", "0",         "--save",   dir,         NULL};
   run_out r = run(4, TRAIN, a1, 80);
   cr_assert_eq(r.rc, 0, "save run failed: %s", r.err);
   run_free(&r);
-  const char *jr = "/tmp/weft-test-examples-gpt2-r.jsonl",
-             *js = "/tmp/weft-test-examples-gpt2-s.jsonl";
+  const char *jr = tmp_file("gpt2-r.jsonl"), *js = tmp_file("gpt2-s.jsonl");
   const char *a2[] = {"--model",     "gpt2-demo", "--mesh",   "tp=2", "--steps",    "6",
                       "--dropout",   "0.1",       "--warmup", "0",    "--min-lr",   "0.003",
                       "--val-every", "0",         "--resume", dir,    "--log-json", jr,
@@ -461,7 +478,7 @@ Test(examples, train_gpt2_checkpoint_resumes_on_another_mesh, .timeout = 150) {
   expect_error(1, a4, "a checkpoint of a gpt2 model; this run trains a llama model");
   unlink(jr);
   unlink(js);
-  system("rm -rf /tmp/weft-test-examples-gpt2-ckpt");
+  remove_tree(dir);
 }
 
 /* ------------------------------------------------------------ the tour */
