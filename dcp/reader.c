@@ -561,7 +561,8 @@ weft_status weft_dcp_read(weft_dcp_checkpoint *ck, const char *name, const int64
   int64_t ds[WEFT_MAX_DIMS];
   dcp_contig_strides(region.size, t->ndim, esz, ds);
   WEFT_CHECK(dcp_ck_prepare_region(ck, t, &region));
-  return dcp_ck_read_region(ck, t, &region, dst, ds);
+  WEFT_CHECK(dcp_ck_read_region(ck, t, &region, dst, ds));
+  return WEFT_OK;
 }
 
 weft_status weft_dcp_verify(weft_dcp_checkpoint *ck, int64_t *bad_blocks,

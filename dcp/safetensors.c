@@ -671,7 +671,8 @@ static void sb_json(sbuf *b, const char *s) {
 }
 
 static int cmp_str_ptr(const void *a, const void *b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
+  WEFT_CHECK(strcmp(*(const char *const *)a, *(const char *const *)b));
+  return WEFT_OK;
 }
 
 static weft_status write_full(int fd, const void *buf, size_t len, const char *path) {

@@ -210,7 +210,8 @@ weft_status dcp_sd_set_value(weft_state_dict *sd, const char *name, weft_sd_valu
 weft_status weft_state_dict_set_int(weft_state_dict *sd, const char *name, int64_t v) {
   char buf[32];
   snprintf(buf, sizeof buf, "%" PRId64, v);
-  return dcp_sd_set_value(sd, name, WEFT_VALUE_INT, buf);
+  WEFT_CHECK(dcp_sd_set_value(sd, name, WEFT_VALUE_INT, buf));
+  return WEFT_OK;
 }
 
 weft_status weft_state_dict_set_double(weft_state_dict *sd, const char *name, double v) {
@@ -221,12 +222,14 @@ weft_status weft_state_dict_set_double(weft_state_dict *sd, const char *name, do
     snprintf(buf, sizeof buf, v > 0 ? "inf" : "-inf");
   else
     snprintf(buf, sizeof buf, "%a", v);
-  return dcp_sd_set_value(sd, name, WEFT_VALUE_DOUBLE, buf);
+  WEFT_CHECK(dcp_sd_set_value(sd, name, WEFT_VALUE_DOUBLE, buf));
+  return WEFT_OK;
 }
 
 weft_status weft_state_dict_set_string(weft_state_dict *sd, const char *name, const char *v) {
   if (!v) return weft_error(WEFT_ERR_INVALID, "'%s': string is NULL", name ? name : "(null)");
-  return dcp_sd_set_value(sd, name, WEFT_VALUE_STRING, v);
+  WEFT_CHECK(dcp_sd_set_value(sd, name, WEFT_VALUE_STRING, v));
+  return WEFT_OK;
 }
 
 weft_status weft_state_dict_set_json(weft_state_dict *sd, const char *name, const char *json) {
@@ -394,7 +397,8 @@ weft_status weft_state_dict_remove(weft_state_dict *sd, const char *name) {
   free_entry(&sd->e[i]);
   memmove(&sd->e[i], &sd->e[i + 1], (size_t)(sd->n - i - 1) * sizeof *sd->e);
   sd->n--;
-  return rehash(sd, sd->hcap);
+  WEFT_CHECK(rehash(sd, sd->hcap));
+  return WEFT_OK;
 }
 
 weft_status weft_state_dict_add_alias(weft_state_dict *sd, const char *alias, const char *name) {

@@ -139,13 +139,15 @@ static weft_status make_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const
 weft_status weft_dtensor_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
                                const weft_placement *placements, int nplacements,
                                weft_dtensor **out) {
-  return make_empty(mesh, dtype, ndim, shape, placements, nplacements, false, out);
+  WEFT_CHECK(make_empty(mesh, dtype, ndim, shape, placements, nplacements, false, out));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
                                const weft_placement *placements, int nplacements,
                                weft_dtensor **out) {
-  return make_empty(mesh, dtype, ndim, shape, placements, nplacements, true, out);
+  WEFT_CHECK(make_empty(mesh, dtype, ndim, shape, placements, nplacements, true, out));
+  return WEFT_OK;
 }
 
 /* Collective over the whole mesh: max of a flag (chained over the dims). */
@@ -662,7 +664,8 @@ static weft_status check_collective(const weft_mesh *mesh, const weft_dtensor_sp
 
 weft_status weft_dtensor_check(const weft_dtensor *dt) {
   WEFT_CHECK(check_dt(dt, "dt"));
-  return check_collective(dt->mesh, &dt->spec, dt->local, WEFT_OK);
+  WEFT_CHECK(check_collective(dt->mesh, &dt->spec, dt->local, WEFT_OK));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_local_ownership own,
@@ -772,7 +775,8 @@ weft_status weft_dtensor_redistribute_ex(const weft_dtensor *dt, const weft_plac
   WEFT_CHECK(dt_spec_with(&dt->spec, placements, nplacements, &dst));
   dt_plan plan;
   WEFT_CHECK(dt_plan_get(&dt->spec, dst.placements, allow, &plan));
-  return dt_redistribute_run(dt, &dst, &plan, NULL, out);
+  WEFT_CHECK(dt_redistribute_run(dt, &dst, &plan, NULL, out));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor *out,
@@ -805,7 +809,8 @@ weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft_dtensor 
                         "out's local tensor has size %lld on dim %d, its spec "
                         "gives %lld",
                         (long long)out->local->shape[d], d, (long long)want[d]);
-  return dt_redistribute_run(dt, b, &plan, out->local, NULL);
+  WEFT_CHECK(dt_redistribute_run(dt, b, &plan, out->local, NULL));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_redistribute(const weft_dtensor *dt, const weft_placement *placements,
@@ -900,12 +905,14 @@ static weft_status fill_rng(weft_dtensor *dt, bool normal, uint64_t seed, uint64
 
 weft_status weft_dtensor_fill_normal(weft_dtensor *dt, uint64_t seed, uint64_t key, float mean,
                                      float std) {
-  return fill_rng(dt, true, seed, key, mean, std, 0, 0);
+  WEFT_CHECK(fill_rng(dt, true, seed, key, mean, std, 0, 0));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_fill_uniform(weft_dtensor *dt, uint64_t seed, uint64_t key, float lo,
                                       float hi) {
-  return fill_rng(dt, false, seed, key, lo, hi, 0, 0);
+  WEFT_CHECK(fill_rng(dt, false, seed, key, lo, hi, 0, 0));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint64_t key, float lo,
@@ -913,5 +920,6 @@ weft_status weft_dtensor_fill_uniform_rows(weft_dtensor *dt, uint64_t seed, uint
   if (total_rows < 1)
     return weft_error(WEFT_ERR_INVALID, "fill_uniform_rows: total_rows %lld < 1",
                       (long long)total_rows);
-  return fill_rng(dt, false, seed, key, lo, hi, row0, total_rows);
+  WEFT_CHECK(fill_rng(dt, false, seed, key, lo, hi, row0, total_rows));
+  return WEFT_OK;
 }

@@ -251,11 +251,13 @@ done:
 }
 
 weft_status weft_dtensor_matmul(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out) {
-  return mm(a, b, false, "matmul", out);
+  WEFT_CHECK(mm(a, b, false, "matmul", out));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_linear(const weft_dtensor *x, const weft_dtensor *w, weft_dtensor **out) {
-  return mm(x, w, true, "linear", out);
+  WEFT_CHECK(mm(x, w, true, "linear", out));
+  return WEFT_OK;
 }
 
 /* ---------------------------------------------------------- elementwise */
@@ -323,11 +325,13 @@ done:
 }
 
 weft_status weft_dtensor_add(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out) {
-  return elementwise(a, b, true, out);
+  WEFT_CHECK(elementwise(a, b, true, out));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_mul(const weft_dtensor *a, const weft_dtensor *b, weft_dtensor **out) {
-  return elementwise(a, b, false, out);
+  WEFT_CHECK(elementwise(a, b, false, out));
+  return WEFT_OK;
 }
 
 /* ---------------------------------------------------------- reductions */
@@ -415,9 +419,11 @@ done:
 }
 
 weft_status weft_dtensor_sum(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out) {
-  return reduce_dim(x, dim, keepdim, false, out);
+  WEFT_CHECK(reduce_dim(x, dim, keepdim, false, out));
+  return WEFT_OK;
 }
 
 weft_status weft_dtensor_mean(const weft_dtensor *x, int dim, bool keepdim, weft_dtensor **out) {
-  return reduce_dim(x, dim, keepdim, true, out);
+  WEFT_CHECK(reduce_dim(x, dim, keepdim, true, out));
+  return WEFT_OK;
 }

@@ -738,7 +738,8 @@ static weft_status set_sync(weft_fsdp *g, void *ctx) {
   return WEFT_OK;
 }
 weft_status weft_fsdp_set_requires_gradient_sync(weft_fsdp *f, bool sync, bool recurse) {
-  return for_groups(f, recurse, set_sync, &sync);
+  WEFT_CHECK(for_groups(f, recurse, set_sync, &sync));
+  return WEFT_OK;
 }
 
 static weft_status set_rab(weft_fsdp *g, void *ctx) {
@@ -746,7 +747,8 @@ static weft_status set_rab(weft_fsdp *g, void *ctx) {
   return WEFT_OK;
 }
 weft_status weft_fsdp_set_reshard_after_backward(weft_fsdp *f, bool reshard, bool recurse) {
-  return for_groups(f, recurse, set_rab, &reshard);
+  WEFT_CHECK(for_groups(f, recurse, set_rab, &reshard));
+  return WEFT_OK;
 }
 
 static weft_status check_raf(weft_fsdp *g, void *ctx) {
@@ -768,7 +770,8 @@ weft_status weft_fsdp_set_reshard_after_forward(weft_fsdp *f, int value, bool re
                       "set_reshard_after_forward(%d): use 0 (false), 1 (true) or a group size",
                       value);
   WEFT_CHECK(for_groups(f, recurse, check_raf, &value));
-  return for_groups(f, recurse, set_raf, &value);
+  WEFT_CHECK(for_groups(f, recurse, set_raf, &value));
+  return WEFT_OK;
 }
 
 static weft_status set_prefetch(weft_fsdp *f, weft_fsdp *const *gs, int n, bool fwd) {
@@ -800,10 +803,12 @@ static weft_status set_prefetch(weft_fsdp *f, weft_fsdp *const *gs, int n, bool 
 }
 
 weft_status weft_fsdp_set_modules_to_forward_prefetch(weft_fsdp *f, weft_fsdp *const *gs, int n) {
-  return set_prefetch(f, gs, n, true);
+  WEFT_CHECK(set_prefetch(f, gs, n, true));
+  return WEFT_OK;
 }
 weft_status weft_fsdp_set_modules_to_backward_prefetch(weft_fsdp *f, weft_fsdp *const *gs, int n) {
-  return set_prefetch(f, gs, n, false);
+  WEFT_CHECK(set_prefetch(f, gs, n, false));
+  return WEFT_OK;
 }
 
 weft_status weft_fsdp_set_is_last_backward(weft_fsdp *f, bool last) {
@@ -819,7 +824,8 @@ weft_status weft_fsdp_wait_reductions(weft_fsdp *f) {
   if (!f) return weft_error(WEFT_ERR_INVALID, "fsdp group is NULL");
   if (!registered(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
   WEFT_CHECK(fsdp__finish_pending(f->root ? f->root : f, NULL));
-  return fsdp__reduce_finish(f);
+  WEFT_CHECK(fsdp__reduce_finish(f));
+  return WEFT_OK;
 }
 
 /* --------------------------------------------------------- unshard API */

@@ -245,7 +245,8 @@ weft_status weft_tensor_fill_normal(weft_tensor *t, uint64_t seed, uint64_t key,
   if (!isfinite(mean) || !isfinite(std) || std < 0.0f)
     return weft_error(WEFT_ERR_INVALID, "need finite mean and std >= 0, got mean %g, std %g",
                       (double)mean, (double)std);
-  return fill_random(__func__, t, region, WEFT_RANDOM_NORMAL, seed, key, mean, std);
+  WEFT_CHECK(fill_random(__func__, t, region, WEFT_RANDOM_NORMAL, seed, key, mean, std));
+  return WEFT_OK;
 }
 
 weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key,
@@ -253,5 +254,6 @@ weft_status weft_tensor_fill_uniform(weft_tensor *t, uint64_t seed, uint64_t key
   if (!isfinite(lo) || !isfinite(hi) || !(lo < hi))
     return weft_error(WEFT_ERR_INVALID, "need finite lo < hi, got lo %g, hi %g", (double)lo,
                       (double)hi);
-  return fill_random(__func__, t, region, WEFT_RANDOM_UNIFORM, seed, key, lo, hi);
+  WEFT_CHECK(fill_random(__func__, t, region, WEFT_RANDOM_UNIFORM, seed, key, lo, hi));
+  return WEFT_OK;
 }

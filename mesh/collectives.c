@@ -492,7 +492,8 @@ weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, vo
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
   WEFT_CHECK(post_blocks(&w, BLK_ALL_GATHER, sbuf, recv, count, dt, MPI_OP_NULL, __func__));
-  return finish(&w, work);
+  WEFT_CHECK(finish(&w, work));
+  return WEFT_OK;
 }
 
 weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, void *recv,
@@ -557,7 +558,8 @@ weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, 
                            g->comm, &w.reqs[0]);
   if (rc != MPI_SUCCESS) free(arr);
   WEFT_CHECK(mpi_posted(rc, __func__, "MPI_Iallgatherv", g));
-  return finish(&w, work);
+  WEFT_CHECK(finish(&w, work));
+  return WEFT_OK;
 }
 
 weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send, void *recv,
@@ -589,7 +591,8 @@ weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send
   }
   MPI_Op mop = count > chunk_elems(dt) ? mpi_op_blk(dt, op) : mpi_op(dt, op);
   WEFT_CHECK(post_blocks(&w, BLK_REDUCE_SCATTER, sbuf, recv, count, dt, mop, __func__));
-  return finish(&w, work);
+  WEFT_CHECK(finish(&w, work));
+  return WEFT_OK;
 }
 
 weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, void *recv,
@@ -619,7 +622,8 @@ weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, vo
   }
   WEFT_CHECK(post_flat(&w, false, in_place ? MPI_IN_PLACE : send, recv, count, dt, mpi_op(dt, op),
                        -1, __func__));
-  return finish(&w, work);
+  WEFT_CHECK(finish(&w, work));
+  return WEFT_OK;
 }
 
 weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t count, weft_dtype dt,
@@ -641,7 +645,8 @@ weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t co
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
   WEFT_CHECK(post_flat(&w, true, NULL, buf, count, dt, MPI_OP_NULL, root, __func__));
-  return finish(&w, work);
+  WEFT_CHECK(finish(&w, work));
+  return WEFT_OK;
 }
 
 weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, void *recv,
@@ -666,7 +671,8 @@ weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, vo
   weft_work w;
   WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
   WEFT_CHECK(post_blocks(&w, BLK_ALL_TO_ALL, sbuf, recv, count, dt, MPI_OP_NULL, __func__));
-  return finish(&w, work);
+  WEFT_CHECK(finish(&w, work));
+  return WEFT_OK;
 }
 
 weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
@@ -727,7 +733,8 @@ weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
   int rc = MPI_Ialltoallv(nz(send), sc, sd, t, nz(recv), rcn, rd, t, g->comm, &w.reqs[0]);
   if (rc != MPI_SUCCESS) free(arr);
   WEFT_CHECK(mpi_posted(rc, __func__, "MPI_Ialltoallv", g));
-  return finish(&w, work);
+  WEFT_CHECK(finish(&w, work));
+  return WEFT_OK;
 }
 
 static weft_status barrier_group(const weft_mesh *mesh, mesh_dim *g, weft_work **work) {
@@ -749,7 +756,8 @@ weft_status weft_barrier(const weft_mesh *mesh, int dim, weft_work **work) {
   if (dim != -1) {
     mesh_dim *g = weft__mesh_group(mesh, dim, __func__);
     if (!g) return weft_last_status();
-    return barrier_group(mesh, g, work);
+    WEFT_CHECK(barrier_group(mesh, g, work));
+    return WEFT_OK;
   }
   mesh_dim *whole = weft__mesh_whole(mesh);
   if (whole) return barrier_group(mesh, whole, work);

@@ -344,7 +344,8 @@ weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape
   int rc = MPI_Comm_idup(comm, &m->comm, &req);
   if (rc != MPI_SUCCESS) {
     free(m);
-    return mpi_fail(rc, __func__, "MPI_Comm_idup");
+    WEFT_CHECK(mpi_fail(rc, __func__, "MPI_Comm_idup"));
+    return WEFT_OK;
   }
   st = weft__wait_all(1, &req, weft__rt.settings.timeout_s);
   if (st == WEFT_ERR_TIMEOUT) {
@@ -690,7 +691,8 @@ weft_status weft_mesh_submesh(weft_mesh *mesh, int n, const char *const *names, 
   *out = NULL;
   int ids[WEFT_MESH_MAX_DIMS];
   WEFT_CHECK(resolve(mesh, n, names, ids, __func__));
-  return sub_new(mesh->root, n, ids, out);
+  WEFT_CHECK(sub_new(mesh->root, n, ids, out));
+  return WEFT_OK;
 }
 
 weft_status weft_mesh_flatten(weft_mesh *mesh, int n, const char *const *names,
@@ -713,8 +715,10 @@ weft_status weft_mesh_flatten(weft_mesh *mesh, int n, const char *const *names,
   for (int i = root->ndim; i < root->ndims_all; i++) {
     const mesh_dim *g = root->dims[i];
     if (strcmp(g->name, flat_name) != 0) continue;
-    if (g->nsrc == k && memcmp(g->src, src, (size_t)k * sizeof *src) == 0)
-      return sub_new(root, 1, &i, out); /* made before: free */
+    if (g->nsrc == k && memcmp(g->src, src, (size_t)k * sizeof *src) == 0) {
+      WEFT_CHECK(sub_new(root, 1, &i, out));
+      return WEFT_OK; /* made before: free */
+    }
     char had[WEFT_MESH_MAX_DIMS * (WEFT_MESH_NAME_MAX + 2)] = "";
     size_t len = 0;
     for (int j = 0; j < g->nsrc && len < sizeof had; j++)
@@ -732,5 +736,6 @@ weft_status weft_mesh_flatten(weft_mesh *mesh, int n, const char *const *names,
   mesh_dim *g;
   int index = root->ndims_all;
   WEFT_CHECK(add_group(root, flat_name, k, src, TAG_FLAT_DIM + index, &g));
-  return sub_new(root, 1, &index, out);
+  WEFT_CHECK(sub_new(root, 1, &index, out));
+  return WEFT_OK;
 }

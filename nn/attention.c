@@ -311,5 +311,6 @@ weft_status nn_feed_forward_new(weft_mesh *mesh, const char *name, int64_t dim, 
 
 weft_status weft_feed_forward_create(weft_mesh *mesh, const char *name, int64_t dim,
                                      int64_t ffn_dim, weft_module **out) {
-  return nn_feed_forward_new(mesh, name, dim, ffn_dim, 0.02f, out);
+  WEFT_CHECK(nn_feed_forward_new(mesh, name, dim, ffn_dim, 0.02f, out));
+  return WEFT_OK;
 }

@@ -1058,7 +1058,8 @@ weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_
       node->backward = legacy_backward;
       node->module = m;
     }
-    return nn_var_new(g, y, node, &out[0]);
+    WEFT_CHECK(nn_var_new(g, y, node, &out[0]));
+    return WEFT_OK;
   }
   m->running = true;
   weft_status st;

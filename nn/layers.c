@@ -227,7 +227,8 @@ weft_status nn_linear_new(weft_mesh *mesh, const char *name, int64_t in, int64_t
 
 weft_status weft_linear_create(weft_mesh *mesh, const char *name, int64_t in_features,
                                int64_t out_features, weft_module **out) {
-  return nn_linear_new(mesh, name, in_features, out_features, 0.02f, out);
+  WEFT_CHECK(nn_linear_new(mesh, name, in_features, out_features, 0.02f, out));
+  return WEFT_OK;
 }
 
 /* ================================================================ Embedding */
@@ -372,7 +373,8 @@ weft_status nn_embedding_new(weft_mesh *mesh, const char *name, int64_t num, int
 
 weft_status weft_embedding_create(weft_mesh *mesh, const char *name, int64_t num_embeddings,
                                   int64_t dim, weft_module **out) {
-  return nn_embedding_new(mesh, name, num_embeddings, dim, 0.02f, out);
+  WEFT_CHECK(nn_embedding_new(mesh, name, num_embeddings, dim, 0.02f, out));
+  return WEFT_OK;
 }
 
 /* ================================================================== RMSNorm */

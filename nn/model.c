@@ -29,7 +29,8 @@ static void seq_destroy(weft_module *m) { (void)m; }
 static const nn_ops seq_ops = {seq_forward, seq_backward, seq_destroy, nn_seq_graph_forward};
 
 weft_status weft_sequential_create(weft_mesh *mesh, const char *name, weft_module **out) {
-  return nn_module_new(mesh, WEFT_MODULE_CONTAINER, name, &seq_ops, NULL, out);
+  WEFT_CHECK(nn_module_new(mesh, WEFT_MODULE_CONTAINER, name, &seq_ops, NULL, out));
+  return WEFT_OK;
 }
 
 /* ==================================================================== Block */
@@ -328,7 +329,8 @@ weft_status weft_loss_create(weft_mesh *mesh, const char *name, weft_module **ou
   L->impl.forward = default_loss_forward;
   L->impl.backward = default_loss_backward;
   L->ctx = L;
-  return nn_module_new(mesh, WEFT_MODULE_LOSS, name, &loss_ops, L, out);
+  WEFT_CHECK(nn_module_new(mesh, WEFT_MODULE_LOSS, name, &loss_ops, L, out));
+  return WEFT_OK;
 }
 
 static weft_status check_loss(const weft_module *m) {

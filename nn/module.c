@@ -239,7 +239,8 @@ weft_status weft_module_add_child(weft_module *parent, weft_module *child) {
         WEFT_ERR_INVALID, "'%s' is a %s: children can only be added to containers and user modules",
         parent->fqn[0] ? parent->fqn : parent->name, weft_module_kind_name(parent->kind));
   if (parent->running) return weft_error(WEFT_ERR_BUSY, "'%s' is running", parent->name);
-  return nn_module_attach(parent, child);
+  WEFT_CHECK(nn_module_attach(parent, child));
+  return WEFT_OK;
 }
 
 weft_status nn_param_add(weft_module *m, const char *name, int ndim, const int64_t *shape,

@@ -62,7 +62,8 @@ weft_status weft_module_add_param(weft_module *m, const char *name, int ndim, co
   if (init.kind == WEFT_INIT_NORMAL && !(init.std >= 0))
     return weft_error(WEFT_ERR_INVALID, "module '%s': parameter '%s' init std %g", m->fqn, name,
                       (double)init.std);
-  return nn_param_add(m, name, ndim, shape, init, out);
+  WEFT_CHECK(nn_param_add(m, name, ndim, shape, init, out));
+  return WEFT_OK;
 }
 
 weft_status weft_module_tie_param(weft_module *m, const char *name, weft_param *shared) {

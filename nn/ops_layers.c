@@ -246,7 +246,8 @@ weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){iu, wu}, embedding_backward,
                          &node));
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* ------------------------------------------------------ rms_norm, layer_norm */
@@ -393,11 +394,13 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
 }
 
 weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out) {
-  return norm_op("rms_norm", false, x, w, NULL, eps, out);
+  WEFT_CHECK(norm_op("rms_norm", false, x, w, NULL, eps, out));
+  return WEFT_OK;
 }
 
 weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps, weft_var **out) {
-  return norm_op("layer_norm", true, x, w, b, eps, out);
+  WEFT_CHECK(norm_op("layer_norm", true, x, w, b, eps, out));
+  return WEFT_OK;
 }
 
 /* ---------------------------------------------------- gelu, silu, relu */
@@ -445,13 +448,16 @@ static weft_status act_op(const char *name, weft_activation act, weft_var *x, we
 }
 
 weft_status weft_op_gelu(weft_var *x, bool tanh_approximate, weft_var **out) {
-  return act_op("gelu", tanh_approximate ? WEFT_ACT_GELU_TANH : WEFT_ACT_GELU_ERF, x, out);
+  WEFT_CHECK(act_op("gelu", tanh_approximate ? WEFT_ACT_GELU_TANH : WEFT_ACT_GELU_ERF, x, out));
+  return WEFT_OK;
 }
 weft_status weft_op_silu(weft_var *x, weft_var **out) {
-  return act_op("silu", WEFT_ACT_SILU, x, out);
+  WEFT_CHECK(act_op("silu", WEFT_ACT_SILU, x, out));
+  return WEFT_OK;
 }
 weft_status weft_op_relu(weft_var *x, weft_var **out) {
-  return act_op("relu", WEFT_ACT_RELU, x, out);
+  WEFT_CHECK(act_op("relu", WEFT_ACT_RELU, x, out));
+  return WEFT_OK;
 }
 
 /* ------------------------------------------------------------------ swiglu */
@@ -505,7 +511,8 @@ weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, swiglu_backward, &node));
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* ----------------------------------------------------------------- softmax */
@@ -557,7 +564,8 @@ weft_status weft_op_softmax(weft_var *x, weft_var **out) {
   if (node) {
     node->saved[0] = y;
   }
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* -------------------------------------------------------------------- rope */
@@ -626,7 +634,8 @@ weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out
     node->i[0] = max_pos;
     node->i[1] = pos0;
   }
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* -------------------------------------------------------------------- sdpa */
@@ -742,7 +751,8 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
     node->saved[2] = y;
     node->i[0] = causal;
   }
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* ----------------------------------------------------------- cross_entropy */
@@ -998,7 +1008,8 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
     node->f[0] = (double)count;
     node->i[0] = vocab;
   }
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* ----------------------------------------------------------------- dropout */
@@ -1059,5 +1070,6 @@ weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {
     node->saved[0] = u;
     node->f[0] = p;
   }
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }

@@ -243,7 +243,8 @@ weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, add_backward, &node));
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* --------------------------------------------------------------------- mul */
@@ -315,7 +316,8 @@ weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out) {
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, mul_backward, &node));
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* ------------------------------------------------------------------- scale */
@@ -344,5 +346,6 @@ weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out) {
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, &x, 1, NULL, scale_backward, &node));
   if (node) node->f[0] = alpha;
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }

@@ -168,7 +168,8 @@ weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, matmul_backward, &node));
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* ----------------------------------------------------------------- reshape */
@@ -337,7 +338,8 @@ weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_va
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, reshape_backward, &node));
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* --------------------------------------------------------------- transpose */
@@ -416,7 +418,8 @@ weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out) {
     node->i[0] = d0;
     node->i[1] = d1;
   }
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* ------------------------------------------------------------ split / cat */
@@ -663,7 +666,8 @@ weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
   if (node) {
     node->i[0] = dim;
   }
-  return nn_var_new(g, y, node, out);
+  WEFT_CHECK(nn_var_new(g, y, node, out));
+  return WEFT_OK;
 }
 
 /* -------------------------------------------------------------- sum / mean */
@@ -777,9 +781,11 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
 }
 
 weft_status weft_op_sum(weft_var *x, int dim, bool keepdim, weft_var **out) {
-  return reduce_op(x, dim, keepdim, false, out);
+  WEFT_CHECK(reduce_op(x, dim, keepdim, false, out));
+  return WEFT_OK;
 }
 
 weft_status weft_op_mean(weft_var *x, int dim, bool keepdim, weft_var **out) {
-  return reduce_op(x, dim, keepdim, true, out);
+  WEFT_CHECK(reduce_op(x, dim, keepdim, true, out));
+  return WEFT_OK;
 }

@@ -264,11 +264,13 @@ static weft_status binary(const char *func, size_t member, weft_tensor *out, con
 }
 
 weft_status weft_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
-  return binary(__func__, offsetof(weft_backend, add), out, a, b);
+  WEFT_CHECK(binary(__func__, offsetof(weft_backend, add), out, a, b));
+  return WEFT_OK;
 }
 
 weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
-  return binary(__func__, offsetof(weft_backend, mul), out, a, b);
+  WEFT_CHECK(binary(__func__, offsetof(weft_backend, mul), out, a, b));
+  return WEFT_OK;
 }
 
 /* t op= v through member (scale or div_scalar) of t's device table. */
@@ -285,7 +287,8 @@ static weft_status scalar_op(const char *func, size_t member, weft_tensor *t, do
 }
 
 weft_status weft_scale(weft_tensor *t, double alpha) {
-  return scalar_op(__func__, offsetof(weft_backend, scale), t, alpha);
+  WEFT_CHECK(scalar_op(__func__, offsetof(weft_backend, scale), t, alpha));
+  return WEFT_OK;
 }
 
 weft_status weft_div_scalar(weft_tensor *t, double divisor) {

@@ -82,11 +82,14 @@ static weft_status rope_apply(const char *op, float *out, const float *inp, cons
 weft_status weft_rope_forward(float *out, const float *inp, const float *cosb, const float *sinb,
                               int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
                               int64_t pos0) {
-  return rope_apply("rope_forward", out, inp, cosb, sinb, max_pos, B, T, NH, hd, pos0, 1.0f);
+  WEFT_CHECK(rope_apply("rope_forward", out, inp, cosb, sinb, max_pos, B, T, NH, hd, pos0, 1.0f));
+  return WEFT_OK;
 }
 
 weft_status weft_rope_backward(float *dinp, const float *dout, const float *cosb, const float *sinb,
                                int64_t max_pos, int64_t B, int64_t T, int64_t NH, int64_t hd,
                                int64_t pos0) {
-  return rope_apply("rope_backward", dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0, -1.0f);
+  WEFT_CHECK(
+      rope_apply("rope_backward", dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0, -1.0f));
+  return WEFT_OK;
 }
