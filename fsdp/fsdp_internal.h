@@ -125,6 +125,7 @@ struct weft_fsdp {
   MPI_Comm step_comm; /* a duplicate of the root mesh's communicator */
   bool step_comm_ready;
   int64_t nforward, nbackward; /* root forwards started, backwards finished */
+  int64_t step_mine[2];        /* the step check's send buffer */
   /* counters */
   weft_fsdp_comm comm;
   /* registry */

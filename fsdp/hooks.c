@@ -137,7 +137,10 @@ static weft_status step_check(weft_fsdp *r) {
   int n = 0, me = 0;
   MPI_Comm_size(r->step_comm, &n);
   MPI_Comm_rank(r->step_comm, &me);
-  int64_t mine[2] = {r->nforward, r->nbackward};
+  /* both buffers outlive this call: after a timeout MPI may still complete
+   * the abandoned all-gather into them */
+  int64_t *mine = r->step_mine;
+  mine[0] = r->nforward, mine[1] = r->nbackward;
   int64_t *all = malloc(2 * (size_t)n * sizeof *all);
   if (!all) return weft_error(WEFT_ERR_OOM, "fully_shard '%s': step check", r->name);
   MPI_Request q = MPI_REQUEST_NULL;
@@ -171,7 +174,7 @@ static weft_status step_check(weft_fsdp *r) {
                     r->name, w_me, (long long)mine[0], (long long)mine[1], w_other,
                     (long long)all[2 * other], (long long)all[2 * other + 1]);
   }
-  free(all);
+  if (st != WEFT_ERR_TIMEOUT) free(all); /* else leaked on purpose: see above */
   return st;
 }
 
