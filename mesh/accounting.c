@@ -1,5 +1,9 @@
 /* Comm accounting: per group (root dim, flattened dim, whole mesh) and per
- * collective kind, the calls, payload bytes and bus bytes of this rank.
+ * collective kind, the calls, payload bytes, bus bytes and seconds of this
+ * rank. Seconds: collectives.c reads the clock where a call starts
+ * (begin), where a blocking call completes or an async one is handed out
+ * (finish), and around weft_work_wait / weft_work_test: one
+ * clock_gettime pair per call or wait.
  *
  * Bus bytes follow the nccl-tests convention (doc/PERFORMANCE.md there):
  * what one rank moves in a ring / pairwise algorithm for a payload P over n
@@ -31,8 +35,13 @@ void weft__account(mesh_dim *d, weft_coll_kind kind, int64_t payload) {
   c->bus_bytes += bus;
 }
 
+void weft__account_seconds(mesh_dim *d, int64_t kind, double seconds) {
+  if (!d || kind < 0 || kind >= WEFT_COLL_KIND_COUNT || !(seconds > 0)) return;
+  d->stats[kind].seconds += seconds;
+}
+
 weft_comm_count weft_comm_stats(const weft_mesh *mesh, int dim, weft_coll_kind kind) {
-  weft_comm_count zero = {0, 0, 0};
+  weft_comm_count zero = {0};
   if (!mesh || (unsigned)kind >= WEFT_COLL_KIND_COUNT) return zero;
   const weft_mesh *root = mesh->root;
   if (dim == -1) {
@@ -45,12 +54,13 @@ weft_comm_count weft_comm_stats(const weft_mesh *mesh, int dim, weft_coll_kind k
 }
 
 weft_comm_count weft_comm_stats_dim(const weft_mesh *mesh, int dim) {
-  weft_comm_count sum = {0, 0, 0};
+  weft_comm_count sum = {0};
   for (int k = 0; k < WEFT_COLL_KIND_COUNT; k++) {
     weft_comm_count c = weft_comm_stats(mesh, dim, (weft_coll_kind)k);
     sum.calls += c.calls;
     sum.bytes += c.bytes;
     sum.bus_bytes += c.bus_bytes;
+    sum.seconds += c.seconds;
   }
   return sum;
 }
@@ -59,7 +69,6 @@ void weft_comm_stats_reset(weft_mesh *mesh) {
   if (!mesh) return;
   weft_mesh *root = mesh->root;
   for (int i = 0; i < root->ndims_all; i++)
-    for (int k = 0; k < WEFT_COLL_KIND_COUNT; k++)
-      root->dims[i]->stats[k] = (weft_comm_count){0, 0, 0};
-  for (int k = 0; k < WEFT_COLL_KIND_COUNT; k++) root->whole.stats[k] = (weft_comm_count){0, 0, 0};
+    for (int k = 0; k < WEFT_COLL_KIND_COUNT; k++) root->dims[i]->stats[k] = (weft_comm_count){0};
+  for (int k = 0; k < WEFT_COLL_KIND_COUNT; k++) root->whole.stats[k] = (weft_comm_count){0};
 }

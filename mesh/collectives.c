@@ -236,11 +236,16 @@ static weft_status work_wait_internal(weft_work *w) {
 /* Either hands the posted work to the caller or waits for it here. The
  * work lives on the caller's stack until then. */
 static weft_status finish(weft_work *w, weft_work **out) {
-  if (!out) return work_wait_internal(w);
+  if (!out) {
+    weft_status st = work_wait_internal(w);
+    weft__account_seconds(w->group, w->fp.kind, weft__now() - w->t0);
+    return st;
+  }
   weft_work *h = malloc(sizeof *h);
   if (!h) {
     /* cannot hand it out: complete it now instead */
     weft_status st = work_wait_internal(w);
+    weft__account_seconds(w->group, w->fp.kind, weft__now() - w->t0);
     if (st) return st;
     return weft_error(WEFT_ERR_OOM, "no memory for a work handle (the collective completed)");
   }
@@ -249,6 +254,7 @@ static weft_status finish(weft_work *w, weft_work **out) {
   h->async = true;
   h->root->inflight++;
   *out = h;
+  weft__account_seconds(w->group, w->fp.kind, weft__now() - w->t0); /* posting */
   return WEFT_OK;
 }
 
@@ -256,8 +262,12 @@ weft_status weft__work_wait_host(weft_work *w) { return work_wait_internal(w); }
 
 weft_status weft_work_wait(weft_work *work) {
   if (!work) return WEFT_OK;
+  double t0 = weft__now();
+  mesh_dim *g = work->group; /* outlives the work: the root cannot be destroyed meanwhile */
+  int64_t kind = work->fp.kind;
   weft_status st = work->dev ? weft__device_work_wait(work) : work_wait_internal(work);
   free(work);
+  weft__account_seconds(g, kind, weft__now() - t0);
   return st;
 }
 
@@ -284,9 +294,13 @@ weft_status weft_work_test(weft_work *work, bool *done) {
     *done = true;
     return WEFT_OK;
   }
+  double t0 = weft__now();
+  mesh_dim *g = work->group;
+  int64_t kind = work->fp.kind;
   weft_status st =
       work->dev ? weft__device_work_test(work, done) : weft__work_test_host(work, done);
   if (*done) free(work);
+  weft__account_seconds(g, kind, weft__now() - t0);
   return st;
 }
 
@@ -295,6 +309,7 @@ static weft_status begin(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
                          const weft_fingerprint *fp, const int64_t *pair_send,
                          const int64_t *pair_recv) {
   memset(w, 0, sizeof *w);
+  w->t0 = weft__now();
   w->root = mesh->root;
   w->group = g;
   w->fp = *fp;

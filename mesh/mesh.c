@@ -12,7 +12,10 @@
  * can be helped: MPICH 4.0.2's blocking calls busy-poll, and on 8 ranks
  * over 2 cores one MPI_Comm_split cost ~80 ms against ~15 ms for
  * MPI_Comm_create_group over a 2-rank group and ~5 ms for an MPI_Comm_idup
- * waited with backoff.
+ * waited with backoff. weft_mesh_create_ordered reorders the world with one
+ * MPI_Comm_create_group over all ranks (MPI has no nonblocking form; the
+ * ranks are computed locally, so no MPI_Comm_split), after a nonblocking
+ * agreement on the arguments so that every rank is known to be there.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -22,7 +25,7 @@
 #include "device_comm.h"
 #include "mesh_internal.h"
 
-enum { TAG_ROOT_DIM = 100, TAG_FLAT_DIM = 200 };
+enum { TAG_ROOT_DIM = 100, TAG_FLAT_DIM = 200, TAG_ORDERED = 300 };
 
 void weft__format_ranks(const int *ranks, int n, char *buf, size_t cap) {
   if (cap == 0) return;
@@ -268,6 +271,20 @@ static weft_status check_args(int ndim, const int *shape, const char *const *nam
   return WEFT_OK;
 }
 
+/* Hash of a mesh-creation call's arguments (order: NULL to leave out),
+ * safe on bad arguments (NULL arrays, ndim out of range). */
+static uint64_t args_hash(int ndim, const int *shape, const char *const *names, const int *order) {
+  uint64_t h = fnv1a(FNV_INIT, &ndim, sizeof ndim);
+  for (int d = 0; d < ndim && d < WEFT_MESH_MAX_DIMS; d++) {
+    int sz = shape ? shape[d] : -1;
+    h = fnv1a(h, &sz, sizeof sz);
+    if (order) h = fnv1a(h, &order[d], sizeof order[d]);
+    const char *nm = names && names[d] ? names[d] : "\x01(null)";
+    h = fnv1a(h, nm, strnlen(nm, WEFT_MESH_NAME_MAX + 1) + 1);
+  }
+  return h;
+}
+
 static void root_free(weft_mesh *m) {
   if (!m) return;
   for (int i = 0; i < m->ndims_all; i++) dim_free(m->dims[i]);
@@ -381,13 +398,7 @@ weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape
   /* note: the arguments are compared across ranks before they are
    * checked, so that a rank with other arguments makes every rank fail
    * (WEFT_ERR_MISMATCH) instead of leaving the others waiting. */
-  uint64_t h = fnv1a(FNV_INIT, &ndim, sizeof ndim);
-  for (int d = 0; d < ndim && d < WEFT_MESH_MAX_DIMS; d++) {
-    int sz = shape ? shape[d] : -1;
-    h = fnv1a(h, &sz, sizeof sz);
-    const char *nm = names && names[d] ? names[d] : "\x01(null)";
-    h = fnv1a(h, nm, strnlen(nm, WEFT_MESH_NAME_MAX + 1) + 1);
-  }
+  uint64_t h = args_hash(ndim, shape, names, NULL);
   WEFT_CHECK_GOTO(agree(m->comm, m->world_of, h, "weft_mesh_create", __func__), st, fail);
   WEFT_CHECK_GOTO(check_args(ndim, shape, names, gsize), st, fail);
   m->ndim = ndim;
@@ -423,6 +434,77 @@ weft_status weft_mesh_create(int ndim, const int *shape, const char *const *name
                              weft_mesh **out) {
   WEFT_CHECK(weft__require_init(__func__));
   WEFT_CHECK(weft_mesh_create_from_comm(MPI_COMM_WORLD, ndim, shape, names, out));
+  return WEFT_OK;
+}
+
+/* order must list every dim of 0..ndim-1 once (ndim already checked). */
+static weft_status check_order(int ndim, const int *order) {
+  if (!order) return weft_error(WEFT_ERR_INVALID, "order is NULL");
+  bool seen[WEFT_MESH_MAX_DIMS] = {false};
+  for (int i = 0; i < ndim; i++) {
+    if (order[i] < 0 || order[i] >= ndim)
+      return weft_error(WEFT_ERR_INVALID,
+                        "order[%d] = %d is not a dim of the mesh (expected a permutation of "
+                        "0..%d)",
+                        i, order[i], ndim - 1);
+    if (seen[order[i]])
+      return weft_error(WEFT_ERR_INVALID,
+                        "order[%d] = %d repeats a dim (expected a permutation of 0..%d)", i,
+                        order[i], ndim - 1);
+    seen[order[i]] = true;
+  }
+  return WEFT_OK;
+}
+
+/* Mesh rank of world rank w when the dims are laid out slowest-first in
+ * `order`: w unravels over the reordered shape, the coordinates go back
+ * to their dims, and the mesh rank is row-major over the mesh's dims. */
+static int ordered_mesh_rank(int w, int ndim, const int *shape, const int *order) {
+  int coord[WEFT_MESH_MAX_DIMS];
+  for (int i = ndim - 1; i >= 0; i--) {
+    coord[order[i]] = w % shape[order[i]];
+    w /= shape[order[i]];
+  }
+  return ravel(ndim, shape, coord);
+}
+
+weft_status weft_mesh_create_ordered(int ndim, const int *shape, const char *const *names,
+                                     const int *order, weft_mesh **out) {
+  WEFT_CHECK(weft__require_init(__func__));
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  /* compare first (as weft_mesh_create_from_comm does), then check: same
+   * verdict on every rank, and no rank enters the blocking
+   * MPI_Comm_create_group unless every rank got this far */
+  uint64_t h = args_hash(ndim, shape, names, order);
+  int has_order = order != NULL; /* a NULL order hashes apart from an empty one */
+  h = fnv1a(h, &has_order, sizeof has_order);
+  WEFT_CHECK(agree(MPI_COMM_WORLD, NULL, h, "weft_mesh_create_ordered", __func__));
+  int wsize = weft__rt.world_size;
+  WEFT_CHECK(check_args(ndim, shape, names, wsize));
+  WEFT_CHECK(check_order(ndim, order));
+  bool identity = true;
+  for (int i = 0; i < ndim; i++) identity = identity && order[i] == i;
+  if (identity) {
+    WEFT_CHECK(weft_mesh_create_from_comm(MPI_COMM_WORLD, ndim, shape, names, out));
+    return WEFT_OK;
+  }
+  /* world rank of every mesh rank, computed alike on every rank */
+  int *world_of = malloc((size_t)wsize * sizeof *world_of);
+  if (!world_of) return weft_error(WEFT_ERR_OOM, "no memory for a mesh of %d ranks", wsize);
+  for (int w = 0; w < wsize; w++) world_of[ordered_mesh_rank(w, ndim, shape, order)] = w;
+  MPI_Group all, g;
+  MPI_Comm_group(MPI_COMM_WORLD, &all);
+  MPI_Group_incl(all, wsize, world_of, &g);
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rc = MPI_Comm_create_group(MPI_COMM_WORLD, g, TAG_ORDERED, &comm);
+  MPI_Group_free(&g);
+  MPI_Group_free(&all);
+  free(world_of);
+  if (rc != MPI_SUCCESS) WEFT_CHECK(mpi_fail(rc, __func__, "MPI_Comm_create_group"));
+  weft_status st = weft_mesh_create_from_comm(comm, ndim, shape, names, out);
+  comm_free(&comm);
+  WEFT_CHECK(st);
   return WEFT_OK;
 }
 

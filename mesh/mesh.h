@@ -15,7 +15,9 @@
  *     weft_finalize();
  *
  * Semantics follow torch.distributed.DeviceMesh: ranks are laid out row-major
- * (arange(prod(shape)).view(shape)); the group of mesh dim d for a rank is
+ * (arange(prod(shape)).view(shape); weft_mesh_create_ordered lays the dims
+ * onto world ranks in another order, e.g. tp outermost so that tp spans
+ * nodes); the group of mesh dim d for a rank is
  * the ranks whose coordinates differ from it only in d; dim names are
  * unique. Sub-meshes and flattened dims reuse the communicators made once by
  * the root mesh.
@@ -136,7 +138,16 @@ WEFT_API weft_status weft_init(int *argc, char ***argv);
 /* Releases weft's global state and finalises MPI if weft_init started it
  * (after a backoff barrier, so oversubscribed ranks do not spin in
  * MPI_Finalize's own barrier). Collective over MPI_COMM_WORLD. No-op if
- * weft is not initialised. Meshes should be destroyed first. */
+ * weft is not initialised. Meshes should be destroyed first.
+ * When the job spans nodes (weft_node_count() > 1) it does not call
+ * MPI_Finalize after that barrier unless WEFT_MPI_FINALIZE=1: MPICH 4.0.2's
+ * MPI_Finalize over UCX 1.13's TCP transport deadlocks in its endpoint
+ * teardown in about half of the runs (docs/DESIGN.md "MPICH notes");
+ * every message has been delivered once all ranks met in the barrier; it
+ * then tells the process manager it finalised (PMI-1's finalize exchange
+ * on PMI_FD, as MPI_Finalize ends), so the exit counts as a clean one.
+ * WEFT_MPI_FINALIZE=0 skips it on one node too; anything but auto, 0 or 1 is
+ * WEFT_ERR_INVALID (MPI is then left running). */
 WEFT_API weft_status weft_finalize(void);
 WEFT_API bool weft_is_initialized(void);
 
@@ -144,6 +155,15 @@ WEFT_API int weft_world_rank(void);
 WEFT_API int weft_world_size(void);
 WEFT_API int weft_local_rank(void); /* rank among the processes on this node */
 WEFT_API int weft_local_size(void); /* processes on this node */
+/* Nodes, from the host names weft_init all-gathers (MPI_Get_processor_name;
+ * ranks with the same name are on one node). Local queries, valid after
+ * weft_init; before it (or after weft_finalize) count 1 and index 0.
+ * Not affected by LOCAL_RANK / LOCAL_WORLD_SIZE (those override only
+ * weft_local_rank / weft_local_size, e.g. to pick a GPU). */
+WEFT_API int weft_node_count(void); /* distinct host names among the world's ranks */
+/* This rank's node, 0..weft_node_count()-1; nodes are numbered in the order
+ * of their lowest world rank (the node of world rank 0 is 0). */
+WEFT_API int weft_node_index(void);
 
 /* ------------------------------------------------------------------- mesh */
 
@@ -162,6 +182,27 @@ typedef struct weft_mesh weft_mesh;
  * each dim's group, plus a duplicate of each for weft's control messages). */
 WEFT_API weft_status weft_mesh_create(int ndim, const int *shape, const char *const *names,
                                       weft_mesh **out);
+/* Like weft_mesh_create, but lays the mesh dims onto world ranks in the
+ * given order: order[0] is the dim whose coordinate changes slowest along
+ * world ranks, order[ndim-1] the fastest (innermost). weft_mesh_create is
+ * order = {0, 1, ..., ndim-1}. Example: shape {dp=2, tp=2}, order {1, 0}
+ * (tp outermost): world ranks 0, 1 have tp coordinate 0 and ranks 2, 3 tp
+ * coordinate 1, so the tp groups are {0, 2} and {1, 3}. The mesh's dims,
+ * names and coordinates (and weft_mesh_rank, which stays row-major over the
+ * mesh's own dims) behave as for any mesh; only which world rank sits at
+ * which coordinate changes (weft_mesh_world_rank_of reports it). The
+ * arguments are compared first (one nonblocking all-gather over the world,
+ * so a missing rank times out instead of hanging); then, unless order is
+ * the identity, the world ranks are reordered into a communicator of
+ * their own (MPI_Comm_create_group, computed locally: no MPI_Comm_split)
+ * and the mesh is made over it as by weft_mesh_create_from_comm.
+ * Collective over the world; the
+ * caller owns *out (weft_mesh_destroy). Errors, on every rank alike: those
+ * of weft_mesh_create, and WEFT_ERR_INVALID when order is NULL or not a
+ * permutation of 0..ndim-1 (the message names the bad entry);
+ * WEFT_ERR_MISMATCH when ranks pass different orders. */
+WEFT_API weft_status weft_mesh_create_ordered(int ndim, const int *shape, const char *const *names,
+                                              const int *order, weft_mesh **out);
 /* Same over the ranks of `comm` (duplicated; the caller keeps comm). */
 WEFT_API weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape,
                                                 const char *const *names, weft_mesh **out);
@@ -352,6 +393,16 @@ typedef struct weft_comm_count {
   int64_t calls;
   int64_t bytes;
   int64_t bus_bytes;
+  /* Wall time this rank spent held up by these collectives, in seconds
+   * (CLOCK_MONOTONIC): a blocking call from entry to completion; an async
+   * one the time inside the posting call plus the time blocked in
+   * weft_work_wait / weft_work_test until it completed (time overlapped
+   * with the caller's own work does not count). Includes waiting for
+   * slower ranks of the group; a wait that times out counts in full.
+   * NCCL collectives on device buffers do not hold the host: they count
+   * only the time spent in weft_work_wait / weft_work_test (0 when
+   * blocking). weft_comm_stats_reset zeroes it. */
+  double seconds;
 } weft_comm_count;
 
 /* Count for one dim of this mesh (dim indexes this mesh, sub-mesh or

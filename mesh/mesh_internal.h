@@ -63,6 +63,7 @@ typedef struct weft_runtime {
   bool finalize_mpi; /* weft_init started MPI */
   int world_rank, world_size;
   int local_rank, local_size; /* as reported (LOCAL_RANK/LOCAL_WORLD_SIZE override) */
+  int node_count, node_index; /* distinct host names; this rank's node (by lowest world rank) */
   int node_procs;             /* processes of this job on this node (measured) */
   int node_cpus;              /* CPUs those processes may use (union of affinities) */
   bool sleep_waits;           /* resolved backoff policy */
@@ -135,6 +136,7 @@ struct weft_work {
   weft_dtype avg_dt;
   bool async;
   int64_t bytes; /* payload, for the wait policy */
+  double t0;     /* weft__now() when the call began (comm seconds) */
   /* device-buffer work (device_comm.c): host staging to finish after the
    * MPI requests, or an NCCL completion event; NULL for host buffers */
   struct weft_dev_work *dev;
@@ -159,6 +161,9 @@ weft_status weft__work_test_host(weft_work *w, bool *done);
 /* Adds one call to d's counters: payload bytes and bus bytes as mesh.h
  * documents them. */
 void weft__account(mesh_dim *d, weft_coll_kind kind, int64_t payload);
+/* Adds `seconds` (wall time this rank was held up) to d's row for `kind`;
+ * ignores a NULL d, a kind out of range and seconds <= 0. */
+void weft__account_seconds(mesh_dim *d, int64_t kind, double seconds);
 
 /* ----------------------------------------------------------- mesh.c */
 

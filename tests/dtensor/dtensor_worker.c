@@ -329,7 +329,7 @@ static weft_comm_count delta(const weft_mesh *m, int dim, weft_coll_kind kind,
                              weft_comm_count before) {
   weft_comm_count now = weft_comm_stats(m, dim, kind);
   weft_comm_count d = {now.calls - before.calls, now.bytes - before.bytes,
-                       now.bus_bytes - before.bus_bytes};
+                       now.bus_bytes - before.bus_bytes, now.seconds - before.seconds};
   return d;
 }
 

@@ -3,6 +3,8 @@
  * through mpiexec; each Criterion test names what its worker case proves.
  * Timeouts: the worker's MPIEXEC_TIMEOUT (secs) sits below .timeout. */
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
@@ -123,5 +125,54 @@ Test(mesh, names_and_calls_before_init) {
   cr_assert_eq(weft_mesh_dim_comm(NULL, 0), MPI_COMM_NULL);
   weft_comm_count c = weft_comm_stats(NULL, 0, WEFT_COLL_ALL_REDUCE);
   cr_assert_eq(c.calls, 0);
+  cr_assert_eq(c.seconds, 0.0);
+  cr_assert_eq(weft_node_count(), 1);
+  cr_assert_eq(weft_node_index(), 0);
   cr_assert_eq(weft_get_settings()->timeout_s, 300.0);
+}
+
+/* ------------------------------------------- layout, nodes, seconds */
+
+#define LAYOUT_WORKER WORKER("mesh_layout_worker")
+
+/* weft_mesh_create_ordered: every order of a 2-D and a 3-D mesh lays the
+ * world ranks out as the formula says (coordinates, groups, world_rank_of,
+ * sub-meshes, flattening) and the collectives along each dim sum the right
+ * members; bad orders fail on every rank. */
+Test(mesh, ordered_layouts_on_4_ranks, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(4, LAYOUT_WORKER, "ordered", 50), 0);
+}
+Test(mesh, ordered_layouts_on_8_ranks, .timeout = 90) {
+  cr_assert_eq(weft_test_mpiexec(8, LAYOUT_WORKER, "ordered", 80), 0);
+}
+
+/* One host: one node, index 0, local ranks 0..3; LOCAL_RANK /
+ * LOCAL_WORLD_SIZE override the local rank and size, not the nodes. */
+Test(mesh, nodes_on_one_host, .timeout = 30) {
+  cr_assert_eq(weft_test_mpiexec(4, LAYOUT_WORKER, "nodes", 20), 0);
+  const char *env[] = {"LOCAL_RANK=1", "LOCAL_WORLD_SIZE=6", "MESH_LR=1", "MESH_LS=6", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(4, LAYOUT_WORKER, "nodes", 20, env), 0);
+}
+
+/* Two emulated nodes of two ranks: each rank runs in a UTS namespace of
+ * its own with host name weftnode<rank / 2> (unshare -u; needs root or
+ * user namespaces, else skipped): node count 2, index 0, 0, 1, 1, local
+ * ranks 0, 1, 0, 1. */
+Test(mesh, nodes_on_2_emulated_hosts, .timeout = 30) {
+  if (system("unshare -u true >/dev/null 2>&1") != 0)
+    cr_skip_test("unshare -u is not permitted here (needs root or user namespaces)");
+  char script[512];
+  snprintf(script, sizeof script,
+           "exec unshare -u sh -c 'hostname weftnode$((PMI_RANK / 2)) && MESH_RPN=2 exec %s "
+           "nodes'",
+           LAYOUT_WORKER);
+  const char *extra[] = {script, NULL};
+  cr_assert_eq(weft_test_mpiexec_args(4, "/bin/sh", "-c", 20, extra), 0);
+}
+
+/* Comm seconds: a rank 0.2 s late makes its peer account >= 0.15 s to
+ * that dim and kind (blocking; async + wait), not the overlapped time of
+ * async + test; calls and bytes unchanged; reset zeroes. */
+Test(mesh, comm_seconds_with_a_slow_rank, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(4, LAYOUT_WORKER, "seconds", 50), 0);
 }
