@@ -20,6 +20,7 @@ typedef struct run_totals {
   int64_t start_step, steps_run, timed_steps, peak_max;
   double total_time, timed_time, first_loss, last_loss, vloss, vacc, first_vloss;
   weft_lr_schedule sched;
+  double *step_s; /* the slowest rank's time of each timed step (timed_steps of them) */
   int64_t tokens_per_step;
   double fpt; /* training FLOPs per token */
   bool tty;   /* rank 0 draws a progress bar */
@@ -32,6 +33,7 @@ typedef struct step_report {
   double loss, norm, dt, dtmax, tps, mfu;
   int64_t peak[2]; /* max over ranks, -min over ranks */
   int64_t comm_bytes[TRAIN_MAX_DIMS], comm_calls[TRAIN_MAX_DIMS];
+  double comm_seconds[TRAIN_MAX_DIMS]; /* rank 0's time held up in each dim's collectives */
   bool do_val;
 } step_report;
 
@@ -222,10 +224,12 @@ static int take_stats(run_state *s, step_report *r, train_result *res) {
     weft_comm_count k = weft_comm_stats_dim(s->root, d);
     r->comm_bytes[d] = k.bytes;
     r->comm_calls[d] = k.calls;
+    r->comm_seconds[d] = k.seconds;
     for (int kk = 0; res && kk < WEFT_COLL_KIND_COUNT; kk++) {
       weft_comm_count kc = weft_comm_stats(s->root, d, (weft_coll_kind)kk);
       res->comm_kind_bytes[d][kk] = kc.bytes;
       res->comm_kind_calls[d][kk] = kc.calls;
+      res->comm_kind_seconds[d][kk] = kc.seconds;
     }
   }
   int64_t peak = weft_mem_get(WEFT_CPU).peak_bytes;
@@ -267,7 +271,7 @@ static void add_to_totals(run_state *s, run_totals *t, step_report *r) {
   t->total_time += r->dtmax;
   if (r->step > t->start_step || s->o->steps - t->start_step == 1) {
     t->timed_time += r->dtmax;
-    t->timed_steps++;
+    t->step_s[t->timed_steps++] = r->dtmax;
   }
   if (r->peak[0] > t->peak_max) t->peak_max = r->peak[0];
   r->tps = (double)t->tokens_per_step / r->dtmax;
@@ -305,7 +309,8 @@ static void write_json(run_state *s, const step_report *r, const run_totals *t) 
   cJSON *j = cJSON_CreateObject();
   cJSON *cm = j ? cJSON_AddObjectToObject(j, "comm_bytes") : NULL;
   cJSON *cl = j ? cJSON_AddObjectToObject(j, "comm_calls") : NULL;
-  bool ok = j && cm && cl;
+  cJSON *cs = j ? cJSON_AddObjectToObject(j, "comm_seconds") : NULL;
+  bool ok = j && cm && cl && cs;
   ok = ok && cJSON_AddNumberToObject(j, "step", (double)(r->step + 1));
   ok = ok && cJSON_AddNumberToObject(j, "loss", r->loss);
   ok = ok && cJSON_AddNumberToObject(j, "lr", r->lr);
@@ -318,6 +323,7 @@ static void write_json(run_state *s, const step_report *r, const run_totals *t) 
   for (int d = 0; ok && d < s->ndim; d++) {
     ok = ok && cJSON_AddNumberToObject(cm, s->names[d], (double)r->comm_bytes[d]);
     ok = ok && cJSON_AddNumberToObject(cl, s->names[d], (double)r->comm_calls[d]);
+    ok = ok && cJSON_AddNumberToObject(cs, s->names[d], r->comm_seconds[d]);
   }
   if (ok && r->do_val) {
     ok = cJSON_AddNumberToObject(j, "val_loss", t->vloss);
@@ -367,7 +373,8 @@ static void print_banner(const run_state *s) {
   fflush(stdout);
 }
 
-static void print_summary(const run_state *s, const run_totals *t, double tps_avg, double mfu_avg) {
+static void print_summary(const run_state *s, const run_totals *t, double tps_avg, double mfu_avg,
+                          double step_med, double step_min) {
   const train_opts *o = s->o;
   char pbuf[32], mbuf[128] = "";
   fmt_bytes((double)t->peak_max, pbuf, sizeof pbuf);
@@ -378,7 +385,8 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   printf("\nsummary\n");
   printf("  %-26s %s\n", "model", o->model_name);
   printf("  %-26s %.3fM\n", "parameters", train_count_params(&s->cfg, o->gpt2, true) / 1e6);
-  printf("  %-26s %s (%d ranks)\n", "mesh", mbuf, s->world);
+  printf("  %-26s %s (%d ranks%s)\n", "mesh", mbuf, s->world,
+         o->mesh.tp_across_nodes ? ", tp outermost: --tp-across-nodes" : "");
   printf("  %-26s %lld (of %lld)\n", "steps run", (long long)t->steps_run, (long long)o->steps);
   printf("  %-26s %.4f -> %.4f (ln V = %.4f)\n", "train loss", t->first_loss, t->last_loss,
          log((double)s->cfg.vocab));
@@ -386,6 +394,8 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   printf("  %-26s %.2f%% (chance %.2f%%)\n", "held-out accuracy", 100 * t->vacc,
          100.0 / (double)s->cfg.vocab);
   printf("  %-26s %.0f\n", "tokens/s (after step 1)", tps_avg);
+  printf("  %-26s %.1f ms median, %.1f ms min\n", "step time (after step 1)", 1e3 * step_med,
+         1e3 * step_min);
   printf("  %-26s %.2f%% of %.0f GFLOP/s per rank\n", "MFU", 100 * mfu_avg, o->peak_flops / 1e9);
   printf("  %-26s %s\n", "peak memory (max rank)", pbuf);
   printf("  %-26s %.2f s\n", "training time", t->total_time);
@@ -399,6 +409,8 @@ static int start_run(run_state *s, run_totals *t, train_result *res) {
   const train_opts *o = s->o;
   int rc = alloc_buffers(s);
   if (rc) return rc;
+  t->step_s = malloc(sizeof(double) * (size_t)(o->steps + 1)); /* at most one per step */
+  if (train_agree_fail(!t->step_s, "out of memory for the step times")) return 2;
   if (o->log_json && s->rank == 0) s->json = fopen(o->log_json, "w");
   if (train_agree_fail(o->log_json && s->rank == 0 && !s->json, "cannot open the --log-json file"))
     return 2;
@@ -440,6 +452,21 @@ static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res
   return train_save_if_due(s, step + 1);
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median and minimum of the timed steps' times (0 when none ran). */
+static void step_times(run_totals *t, double *median, double *min) {
+  int64_t n = t->timed_steps;
+  *median = *min = 0;
+  if (n == 0) return;
+  qsort(t->step_s, (size_t)n, sizeof *t->step_s, cmp_double);
+  *min = t->step_s[0];
+  *median = n % 2 ? t->step_s[n / 2] : 0.5 * (t->step_s[n / 2 - 1] + t->step_s[n / 2]);
+}
+
 /* The last save, the export, a validation if no step ran, the results and
  * the summary; a failed --log-json write fails the run on every rank. */
 static int finish_run(run_state *s, run_totals *t, train_result *res) {
@@ -457,7 +484,11 @@ static int finish_run(run_state *s, run_totals *t, train_result *res) {
   double tps_avg =
       t->timed_steps ? (double)(t->tokens_per_step * t->timed_steps) / t->timed_time : 0;
   double mfu_avg = tps_avg * t->fpt / (s->world * o->peak_flops);
+  double med = 0, min = 0;
+  step_times(t, &med, &min);
   if (res) {
+    res->step_s_median = med;
+    res->step_s_min = min;
     res->steps_run = t->steps_run;
     res->first_loss = t->first_loss;
     res->final_loss = t->last_loss;
@@ -467,7 +498,7 @@ static int finish_run(run_state *s, run_totals *t, train_result *res) {
     res->tokens_per_s = tps_avg;
     res->mfu = mfu_avg;
   }
-  if (s->rank == 0 && !o->silent) print_summary(s, t, tps_avg, mfu_avg);
+  if (s->rank == 0 && !o->silent) print_summary(s, t, tps_avg, mfu_avg, med, min);
   return 0;
 }
 
@@ -486,6 +517,7 @@ int train_run(const train_opts *o, train_result *res) {
   for (int64_t step = t.start_step; !rc && step < o->steps; step++) rc = run_step(s, &t, step, res);
   if (!rc) rc = finish_run(s, &t, res);
   free_buffers(s);
+  free(t.step_s);
   if (train_teardown(s) != WEFT_OK && !rc) rc = train_fail_here("teardown");
   return rc;
 }

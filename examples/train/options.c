@@ -46,7 +46,16 @@ void train_print_help(const char *prog) {
       "dp_replicate=2,dp_shard=2,tp=2;\n"
       "                          names: dp (= dp_shard), dp_replicate, dp_shard, tp; the product\n"
       "                          must be the world size (default: dp=<world size>). Laid out\n"
-      "                          dp_replicate, dp_shard, tp (tp innermost).\n"
+      "                          dp_replicate, dp_shard, tp (tp innermost: tp peers are\n"
+      "                          neighbouring ranks, on one node when nodes hold consecutive\n"
+      "                          ranks).\n"
+      "  --tp-inside-node        keep that layout, and check it: tp must divide the ranks per\n"
+      "                          node, every node must hold as many ranks, and every tp group\n"
+      "                          must lie on one node (else an error)\n"
+      "  --tp-across-nodes       lay tp outermost (world-rank order tp, dp_replicate, dp_shard):\n"
+      "                          tp peers as far apart as possible, i.e. on different nodes\n"
+      "                          (to measure TP over the network); the dims and the loss curve\n"
+      "                          stay the same\n"
       "model (a preset, then any flag overrides it)\n"
       "  --model NAME            Llama: demo (default: D=64 L=2 H=4 F=176 V=64 T=32),\n"
       "                          tiny (D=256 L=4 H=8 F=688 V=256 T=256),\n"
@@ -144,7 +153,10 @@ static int *mesh_slot(train_mesh_spec *m, const char *name, bool *seen_dp, bool 
 }
 
 static int parse_mesh(const char *s, train_mesh_spec *m, char *err, size_t cap) {
-  memset(m, 0, sizeof *m);
+  /* the layout flags may come before --mesh */
+  train_mesh_spec layout = {.tp_across_nodes = m->tp_across_nodes,
+                            .tp_inside_node = m->tp_inside_node};
+  *m = layout;
   m->given = true;
   char buf[256];
   if (strlen(s) >= sizeof buf) return perr(err, cap, "--mesh: too long");
@@ -198,6 +210,14 @@ static int parse_switch(const char *flag, const char *val, train_opts *o, char *
   }
   if (!strcmp(flag, "--quiet") && !val) {
     o->quiet = true;
+    return 1;
+  }
+  if (!strcmp(flag, "--tp-across-nodes") && !val) {
+    o->mesh.tp_across_nodes = true;
+    return 1;
+  }
+  if (!strcmp(flag, "--tp-inside-node") && !val) {
+    o->mesh.tp_inside_node = true;
     return 1;
   }
   if (strcmp(flag, "--reshard-after-forward") != 0) return 0;
@@ -377,6 +397,12 @@ static void apply_model(const parse_ctx *c, train_opts *o) {
 
 /* Checks across flags, then the model's shape. */
 static int check_options(train_opts *o, char *err, size_t cap) {
+  const train_mesh_spec *m = &o->mesh;
+  if (m->tp_across_nodes && m->tp_inside_node)
+    return perr(err, cap, "--tp-across-nodes and --tp-inside-node contradict each other: give one");
+  if ((m->tp_across_nodes || m->tp_inside_node) && !m->tp)
+    return perr(err, cap, "%s: --mesh has no tp dim (e.g. --mesh dp=2,tp=2)",
+                m->tp_across_nodes ? "--tp-across-nodes" : "--tp-inside-node");
   if (o->gpt2 && o->model.n_kv_heads != o->model.n_heads)
     return perr(err, cap, "--kv-heads: GPT-2 has no grouped-query attention (kv-heads = heads)");
   if (!o->gpt2 && o->dropout > 0)

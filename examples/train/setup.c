@@ -1,11 +1,14 @@
 /* examples/train/setup.c — everything a run builds before its first step,
  * in order: the mesh layout from --mesh (dp_replicate, dp_shard, tp; tp
- * innermost) checked against the world size and the model, the data, the
+ * innermost in world-rank order, or outermost with --tp-across-nodes;
+ * --tp-inside-node checks the nodes) checked against the world size and
+ * the model, the data, the
  * meshes (the root, its dp sub-mesh, the model's tp mesh), the model (its
  * shapes, then TP placements, then FSDP on the dp dims, then its weights)
  * and the optimizer; and teardown, which frees them in reverse. Collective
  * over the world: every rank builds the same things. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train_internal.h"
@@ -85,6 +88,77 @@ static int check_fit(const run_state *s) {
     return train_fail_all("--reshard-after-forward=%d must divide the dp shard size %d",
                           o->reshard_after_forward, s->shape[s->ndp - 1]);
   return 0;
+}
+
+/* --tp-inside-node: with the default layout (tp innermost) a tp group is
+ * tp consecutive world ranks; it lies on one node when tp divides the
+ * ranks per node, every node holds as many ranks and ranks are placed node
+ * by node. Checked from one all-gather of (node index, local size) of
+ * every rank, so every rank finds the same verdict (rank 0 prints it).
+ * Collective over the world. */
+static int check_tp_inside_node(const run_state *s) {
+  int n = s->world, tp = s->tp_size;
+  int mine[2] = {weft_node_index(), weft_local_size()};
+  int *all = malloc(sizeof(int) * 2 * (size_t)n);
+  int nodes = weft_node_count();
+  int *count = calloc((size_t)nodes, sizeof *count);
+  if (train_agree_fail(!all || !count, "--tp-inside-node: out of memory")) {
+    free(all);
+    free(count);
+    return 2;
+  }
+  MPI_Request req;
+  weft_status st = WEFT_OK;
+  if (MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+    st = weft_error(WEFT_ERR_MPI, "MPI_Iallgather failed");
+  else
+    st = weft_wait_requests(1, &req, "--tp-inside-node: gathering the nodes");
+  if (st != WEFT_OK) {
+    free(all);
+    free(count);
+    return train_fail_here("--tp-inside-node");
+  }
+  char msg[512] = "";
+  for (int r = 0; r < n; r++)
+    if (all[2 * r] >= 0 && all[2 * r] < nodes) count[all[2 * r]]++;
+  bool equal = true;
+  for (int k = 1; k < nodes; k++) equal = equal && count[k] == count[0];
+  if (!equal) {
+    int len =
+        snprintf(msg, sizeof msg, "--tp-inside-node: nodes hold different numbers of ranks (");
+    for (int k = 0; k < nodes && len < (int)sizeof msg - 32; k++)
+      len += snprintf(msg + len, sizeof msg - (size_t)len, "%snode %d: %d", k ? ", " : "", k,
+                      count[k]);
+    snprintf(msg + len, sizeof msg - (size_t)len, ")");
+  }
+  for (int r = 0; !msg[0] && r < n; r++)
+    if (all[2 * r + 1] % tp)
+      snprintf(msg, sizeof msg, "--tp-inside-node: tp=%d does not divide the %d ranks per node", tp,
+               all[2 * r + 1]);
+  for (int r = 0; !msg[0] && r < n; r++)
+    if (all[2 * r] != all[2 * (r - r % tp)])
+      snprintf(msg, sizeof msg,
+               "--tp-inside-node: the tp group of world ranks %d..%d spans nodes %d and %d (ranks "
+               "are not placed node by node)",
+               r - r % tp, r - r % tp + tp - 1, all[2 * (r - r % tp)], all[2 * r]);
+  free(all);
+  free(count);
+  if (msg[0]) return train_fail_all("%s", msg);
+  return 0;
+}
+
+/* The root mesh: tp innermost in world-rank order (weft_mesh_create), or
+ * outermost with --tp-across-nodes (order tp, then the dp dims). */
+static weft_status make_root(run_state *s) {
+  if (!s->o->mesh.tp_across_nodes) {
+    WEFT_CHECK(weft_mesh_create(s->ndim, s->shape, s->names, &s->root));
+    return WEFT_OK;
+  }
+  int order[TRAIN_MAX_DIMS], k = 0;
+  order[k++] = s->ndim - 1; /* tp is the last dim (check_options: tp is given) */
+  for (int d = 0; d < s->ndim - 1; d++) order[k++] = d;
+  WEFT_CHECK(weft_mesh_create_ordered(s->ndim, s->shape, s->names, order, &s->root));
+  return WEFT_OK;
 }
 
 /* Under the root mesh: its dp sub-mesh and the model's tp mesh (a 1-rank
@@ -188,12 +262,13 @@ int train_setup(run_state *s, train_result *res) {
   char err[1024] = "";
   int rc = layout_mesh(s);
   if (!rc) rc = check_fit(s);
+  if (!rc && o->mesh.tp_inside_node) rc = check_tp_inside_node(s);
   if (rc) return rc;
   /* every rank opens the files; failures agreed */
   int bad = train_data_open(o, s->cfg.vocab, s->cfg.max_seq_len, &s->data, err, sizeof err);
   if (train_agree_fail(bad != 0, err)) return 2;
   /* agreed: a failure may be one rank's */
-  weft_status st = weft_mesh_create(s->ndim, s->shape, s->names, &s->root);
+  weft_status st = make_root(s);
   if (train_agree_fail(st != WEFT_OK, weft_last_error())) return 2;
   st = make_meshes(s);
   if (st == WEFT_OK) st = make_model(s);

@@ -28,14 +28,23 @@ extern "C" {
 
 #define TRAIN_MAX_DIMS 4
 
-/* A mesh given as name=size pairs ("dp=2,tp=2"). Dims are laid out in the
- * canonical order dp_replicate, dp_shard, tp (tp innermost, as FSDP + TP
- * need: the dp dims come first in the root mesh). "dp" is dp_shard. */
+/* A mesh given as name=size pairs ("dp=2,tp=2"). The root mesh's dims are
+ * in the canonical order dp_replicate, dp_shard, tp (as FSDP + TP need: the
+ * dp dims come first). "dp" is dp_shard. Onto world ranks they are laid
+ * out tp innermost (tp peers are neighbouring world ranks, on one node
+ * when nodes hold consecutive ranks), or with tp_across_nodes tp
+ * outermost (weft_mesh_create_ordered: tp peers as far apart in world
+ * rank as possible, so across nodes). */
 typedef struct train_mesh_spec {
-  int dp_replicate; /* 0 = absent */
-  int dp_shard;     /* 0 = absent ("dp" sets this) */
-  int tp;           /* 0 = absent */
-  bool given;       /* false: dp_shard = world size */
+  int dp_replicate;     /* 0 = absent */
+  int dp_shard;         /* 0 = absent ("dp" sets this) */
+  int tp;               /* 0 = absent */
+  bool given;           /* false: dp_shard = world size */
+  bool tp_across_nodes; /* --tp-across-nodes: tp outermost in world-rank order */
+  /* --tp-inside-node: the default layout, checked at setup: tp divides
+   * weft_local_size(), every node holds as many ranks and every tp group
+   * lies on one node (else an error on every rank) */
+  bool tp_inside_node;
 } train_mesh_spec;
 
 typedef struct train_opts {
@@ -95,6 +104,14 @@ typedef struct train_result {
   /* the last step's bytes per (dim, collective kind) */
   int64_t comm_kind_bytes[TRAIN_MAX_DIMS][WEFT_COLL_KIND_COUNT];
   int64_t comm_kind_calls[TRAIN_MAX_DIMS][WEFT_COLL_KIND_COUNT];
+  /* the last step's seconds per (dim, kind): this rank's time held up in
+   * those collectives (weft_comm_count.seconds) */
+  double comm_kind_seconds[TRAIN_MAX_DIMS][WEFT_COLL_KIND_COUNT];
+  /* wall time of an optimizer step (forward + backward + optimizer; no
+   * validation or checkpoint), the slowest rank's, over the timed steps
+   * (every step after the first run; with one step, that step): median
+   * (mean of the middle two for an even count) and minimum */
+  double step_s_median, step_s_min;
   /* memory (this rank, bytes): allocator peak over the training steps, and
    * FSDP's categories (zero without FSDP) */
   int64_t peak_bytes;
