@@ -34,6 +34,63 @@
  *     HSDP an all-reduce of the reduced shard over dp_replicate.
  *   grad clipping: one all-reduce of one double per (placement group,
  *     sharded mesh dim) (nn's clip_grad_norm).
+ *
+ * The time model (per step, per rank; every input is either the cluster's
+ * -- a preset, flags, or what the probe measured: --measure, --calibrate --
+ * or derived from the model's shape; nothing is fitted to measured steps):
+ *   layout    world ranks fill nodes in order (gpn per node). Ranks are
+ *             (rep, shard, tp) row-major, tp innermost ("tp inside"), or
+ *             (tp, rep, shard), tp outermost ("tp across", weft-train's
+ *             --tp-across-nodes). A dim's groups use the intra-node link
+ *             iff each group's ranks all lie on one node (plan_group_nodes),
+ *             else the inter-node link; a group with m ranks on each of
+ *             its nodes gets m x the probed per-rank inter-node rate (one
+ *             ring stream per group leaves a node, and the node's link is
+ *             shared by the gpn / m groups on it; the probe measures
+ *             gpn streams at once).
+ *   comm      probed (--measure, --calibrate with a probe of this world):
+ *             each call's time read off the probe's curve for its kind,
+ *             payload and the dim's placement (group size, nodes spanned),
+ *             measured on that very placement with every group of the dim
+ *             at once, so the algorithm MPICH picks, the link sharing and
+ *             a shaped link's burst are in it (plan_coll_time). Else (a
+ *             preset cluster, flags) the link model:
+ *             per dim and collective kind: bus bytes / bandwidth + calls *
+ *             latency * ceil(log2 n). Bus bytes as mesh.h counts them
+ *             (all-gather and reduce-scatter payload (n-1)/n, all-reduce
+ *             2 payload (n-1)/n); bandwidth per rank with every rank of a
+ *             node communicating at once (the node's link is shared), the
+ *             all-gather rate for all-gathers and the all-reduce rate for
+ *             reductions (MPICH's reduce-scatter + all-gather all-reduce
+ *             also pays the reduction); latency per message step of a
+ *             small all-reduce (MPICH's recursive doubling: log2 n steps).
+ *   compute   with probed kernels (--measure, or --calibrate with a probe of
+ *             the same model): per micro-batch L x (one block's forward +
+ *             backward) + the head's, timed through the weft CPU kernels at
+ *             the factorisation's rank-local shapes with every rank busy,
+ *             plus the framework's cost (the whole model's step at tp 1
+ *             through nn/ on a 1-rank mesh, minus its kernels: autograd,
+ *             DTensor, allocation); then AdamW over the local shard at the
+ *             probed AdamW rate and FSDP's copies in and out of its flat
+ *             buffers at the probed element-wise rate. Without them:
+ *             6 x params x tokens + 12 L D T^2 B (attention) FLOPs at the
+ *             cluster's FLOP rate, plus the element-wise traffic of the
+ *             norms, residuals, RoPE, SwiGLU, loss, optimizer and FSDP
+ *             copies (floats moved per token, x3 for backward) at its
+ *             element-wise rate (0: not counted).
+ *   overlap   dp_shard's collectives (prefetched all-gathers, async
+ *             reduce-scatters) are in flight while the rank waits in TP's
+ *             collectives (MPI progresses every outstanding request in any
+ *             wait), so when tp's groups use the other link kind they hide
+ *             under tp's comm time: under_tp = min(dp_shard comm, tp comm);
+ *             the rest hides under compute up to the cluster's overlap
+ *             factor; HSDP's all-reduce over dp_replicate is blocking:
+ *             step = compute + tp comm + fsdp comm - under_tp -
+ *             overlap * min(dp_shard comm - under_tp, compute). Presets assume 1 (GPUs
+ *             with copy engines); the probe measures it (an async
+ *             all-gather under GEMMs: on oversubscribed CPU cores little
+ *             hides); --overlap overrides it. TP's collectives are on the
+ *             critical path.
  */
 #include <math.h>
 #include <stdio.h>
@@ -41,42 +98,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "train.h"
+#include "plan.h"
 
-typedef struct cluster {
-  int nodes, gpn;
-  double intra_bw, inter_bw;   /* bytes/s per rank (bus bandwidth) */
-  double intra_lat, inter_lat; /* s */
-  double mem;                  /* bytes per device */
-  double flops;                /* FLOP/s per device (achievable) */
-} cluster;
-
-typedef struct plan_opts {
-  weft_llama_config m;
-  char model_name[32];
-  int64_t batch, grad_accum;
-  cluster c;
-  bool sp, lp, bf16, tp_across, validate, all;
-  int raf;
-  int top;
-  int64_t steps;
-} plan_opts;
-
-/* One factorisation and its predictions. */
-typedef struct config {
-  int rep, shard, tp;
-  bool valid;
-  char why[96];
-  /* memory per rank, bytes */
-  double m_params, m_grads, m_optim, m_unsharded, m_act, m_total;
-  bool fits;
-  /* comm per step: bytes and calls per (dim: 0 rep, 1 shard, 2 tp; kind) */
-  double bytes[3][WEFT_COLL_KIND_COUNT];
-  double calls[3][WEFT_COLL_KIND_COUNT];
-  double t_comm[3], t_compute, t_step;
-} config;
-
-static const char *const DIMN[3] = {"dp_replicate", "dp_shard", "tp"};
+const char *const PLAN_DIM_NAMES[3] = {"dp_replicate", "dp_shard", "tp"};
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -107,7 +131,7 @@ static void add_param(group *g, pshape p, int S) {
   g->padded += (double)chunk0(p.rows, S) * (double)p.cols;
 }
 
-static void predict(const plan_opts *o, config *k) {
+void plan_predict(const plan_opts *o, plan_config *k) {
   const weft_llama_config *m = &o->m;
   int t = k->tp, S = k->shard, R = k->rep;
   int dp = S * R;
@@ -177,10 +201,20 @@ static void predict(const plan_opts *o, config *k) {
 
   /* --- communication per step */
   enum { AG = WEFT_COLL_ALL_GATHER, RS = WEFT_COLL_REDUCE_SCATTER, AR = WEFT_COLL_ALL_REDUCE };
-#define ADD(dim, kind, n, b)          \
-  do {                                \
-    k->calls[dim][kind] += (n);       \
-    k->bytes[dim][kind] += (n) * (b); \
+  /* the probed collectives of each dim's placement, if every kind is */
+  int size[3], stride[3];
+  plan_dim_layout(k, size, stride);
+  const plan_coll_fit *fit[3];
+  double t_fit[3] = {0, 0, 0};
+  for (int d = 0; d < 3; d++)
+    fit[d] = size[d] > 1 ? plan_coll_find(&o->c, size[d],
+                                          plan_group_nodes(stride[d], size[d], R * S * t, o->c.gpn))
+                         : NULL;
+#define ADD(dim, kind, n, b)                                             \
+  do {                                                                   \
+    k->calls[dim][kind] += (n);                                          \
+    k->bytes[dim][kind] += (n) * (b);                                    \
+    if (fit[dim]) t_fit[dim] += (n)*plan_coll_time(fit[dim], kind, (b)); \
   } while (0)
   if (t > 1) {
     double ND = 4 * N * D;
@@ -225,37 +259,124 @@ static void predict(const plan_opts *o, config *k) {
     ADD(2, AR, 1, 8);
   }
 #undef ADD
-  /* --- time: ring collectives, bus bytes / bandwidth + latency * steps */
-  int gpn = o->c.gpn;
-  /* ranks are row-major (rep, shard, tp): tp innermost. A dim's group is
-   * inside a node when its stride * size <= gpus per node. */
-  int stride[3] = {S * t, t, 1}, size[3] = {R, S, t};
+  /* --- time (the head comment's "time model") */
+  int world = R * S * t;
   double comp_flops =
       6.0 * (double)(L * blk.numel * t + last.numel * t) * (double)o->batch * T * acc +
       12.0 * L * D * (double)T * (double)o->batch * T * acc;
-  k->t_compute = comp_flops / ((double)R * S * t * o->c.flops);
-  double tc = 0;
+  k->t_gemm = comp_flops / ((double)world * o->c.flops);
+  k->probed = false;
+  for (int i = 0; i < o->c.nkern; i++)
+    if (o->c.kern[i].tp == t && o->c.kern[i].batch_local == o->batch / (dp ? dp : 1)) {
+      k->t_gemm = acc * (L * o->c.kern[i].block_s + o->c.kern[i].head_s + o->c.framework);
+      k->probed = true;
+    }
+  /* element-wise work: floats moved per local token per block (forward;
+   * backward twice that), the loss and embedding, AdamW + clipping +
+   * zero_grad over the local shard, FSDP's copies in and out of its
+   * collective buffers */
+  double per_block = 10.0 * D / s + 2.0 * (double)(H + Hk) * hd / t + 3.0 * F / t;
+  double elem = 4.0 * N * acc * (3.0 * L * per_block + 3.0 * (double)V / t + 2.0 * D) +
+                4.0 * 9.0 * shard_numel + 2.0 * (k->bytes[1][AG] + k->bytes[1][RS]);
+  if (k->probed) /* the kernels are in t_gemm: AdamW and FSDP's copies remain */
+    elem = 4.0 * 2.0 * shard_numel + 2.0 * (k->bytes[1][AG] + k->bytes[1][RS]);
+  k->t_elem = o->c.mem_bw > 0 ? elem / o->c.mem_bw : 0;
+  if (k->probed && o->c.adamw_rate > 0) k->t_elem += shard_numel / o->c.adamw_rate;
+  k->t_compute = k->t_gemm + k->t_elem;
   for (int d = 0; d < 3; d++) {
     int n = size[d];
     k->t_comm[d] = 0;
+    int spans = plan_group_nodes(stride[d], n, world, o->c.gpn);
+    k->intra[d] = spans <= 1;
     if (n <= 1) continue;
-    bool intra = (double)stride[d] * n <= gpn;
-    double bw = intra ? o->c.intra_bw : o->c.inter_bw,
-           lat = intra ? o->c.intra_lat : o->c.inter_lat;
-    for (int kind = 0; kind < WEFT_COLL_KIND_COUNT; kind++) {
-      double b = k->bytes[d][kind] * (n - 1) / n * (kind == AR ? 2 : 1);
-      k->t_comm[d] += b / bw + k->calls[d][kind] * lat * (n - 1);
+    bool all_fit = fit[d] != NULL;
+    for (int kind = 0; fit[d] && kind < WEFT_COLL_KIND_COUNT; kind++)
+      if (k->calls[d][kind] > 0 && fit[d]->secs[kind][0] < 0) all_fit = false;
+    if (all_fit) { /* probed on this very placement, call by call */
+      k->t_comm[d] = t_fit[d];
+      continue;
     }
-    tc += k->t_comm[d];
+    bool in = k->intra[d];
+    double bw = in ? o->c.intra_bw : o->c.inter_bw, lat = in ? o->c.intra_lat : o->c.inter_lat;
+    double rbw = in ? o->c.intra_rbw : o->c.inter_rbw;
+    if (rbw <= 0) rbw = bw;
+    /* a group with m = n / spans ranks on each of its nodes sends one
+     * stream per node across (ring order, node-major); the node's link is
+     * shared by the gpn / m groups of this dim on it, so each stream gets
+     * m x the per-rank rate the probe measured with all gpn ranks sending */
+    if (!in) {
+      double m = (double)n / spans;
+      bw *= m;
+      rbw *= m;
+    }
+    double steps = ceil(log2((double)n));
+    for (int kind = 0; kind < WEFT_COLL_KIND_COUNT; kind++) {
+      double bus = k->bytes[d][kind] * (n - 1) / n * (kind == AR ? 2 : 1);
+      k->t_comm[d] += bus / (kind == AG ? bw : rbw) + k->calls[d][kind] * lat * steps;
+    }
   }
-  /* FSDP's collectives overlap compute (prefetch, async reduce-scatter);
-   * TP's sit on the critical path */
+  /* FSDP's collectives overlap compute (prefetch, async reduce-scatter) as
+   * far as the cluster's overlap factor says; TP's sit on the critical path */
+  /* dp_shard's collectives (prefetched all-gathers, async reduce-scatters)
+   * are in flight while the rank waits in TP's: MPI progresses every
+   * outstanding request in any wait, so those on the other link kind than
+   * tp's move during TP's waits; the rest may hide under compute. HSDP's
+   * all-reduce over dp_replicate is blocking (fsdp/comm.c) */
   double fsdp_t = k->t_comm[0] + k->t_comm[1];
-  k->t_step = k->t_compute + k->t_comm[2] + (fsdp_t > k->t_compute ? fsdp_t - k->t_compute : 0);
-  (void)tc;
+  bool other_link = size[1] > 1 && size[2] > 1 && k->intra[1] != k->intra[2];
+  double under_tp = other_link ? fmin(k->t_comm[1], k->t_comm[2]) : 0;
+  double hidden = under_tp + o->c.overlap * fmin(k->t_comm[1] - under_tp, k->t_compute);
+  k->t_step = k->t_compute + k->t_comm[2] + fsdp_t - hidden;
 }
 
-static void fmt_b(double b, char *buf, size_t cap) {
+void plan_dim_layout(const plan_config *k, int size[3], int stride[3]) {
+  /* world rank order: (rep, shard, tp) row-major, tp innermost; across:
+   * (tp, rep, shard), tp outermost */
+  size[0] = k->rep;
+  size[1] = k->shard;
+  size[2] = k->tp;
+  stride[0] = k->shard * k->tp;
+  stride[1] = k->tp;
+  stride[2] = 1;
+  if (k->across) {
+    stride[0] = k->shard;
+    stride[1] = 1;
+    stride[2] = k->rep * k->shard;
+  }
+}
+
+double plan_coll_time(const plan_coll_fit *f, int kind, double payload) {
+  const double *x = f->bytes, *y = f->secs[kind];
+  if (y[0] < 0) return 0;
+  if (payload <= x[0]) return y[0];
+  int i = 1;
+  while (i < PLAN_COLL_SIZES - 1 && payload > x[i]) i++;
+  double t = y[i - 1] + (y[i] - y[i - 1]) * (payload - x[i - 1]) / (x[i] - x[i - 1]);
+  return t > y[0] ? t : y[0];
+}
+
+const plan_coll_fit *plan_coll_find(const cluster *c, int n, int spans) {
+  for (int i = 0; i < c->ncoll; i++)
+    if (c->coll[i].n == n && c->coll[i].spans == spans) return &c->coll[i];
+  return NULL;
+}
+
+int plan_group_nodes(int stride, int n, int world, int gpn) {
+  if (n <= 1 || gpn <= 0) return 1;
+  /* a group is {base + j * stride}; nodes hold gpn consecutive world ranks,
+   * so its nodes are counted along its (increasing) ranks */
+  int most = 1;
+  for (int base = 0; base < world; base++) {
+    if ((base / stride) % n) continue; /* each group once, from its first rank */
+    int spans = 1;
+    for (int j = 1; j < n; j++)
+      spans += (base + j * stride) / gpn != (base + (j - 1) * stride) / gpn;
+    if (spans > most) most = spans;
+  }
+  return most;
+}
+
+void plan_fmt_bytes(double b, char *buf, size_t cap) {
   const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int i = 0;
   while (b >= 1024 && i < 5) {
@@ -266,7 +387,7 @@ static void fmt_b(double b, char *buf, size_t cap) {
 }
 
 static int cmp_cfg(const void *a, const void *b) {
-  const config *x = a, *y = b;
+  const plan_config *x = a, *y = b;
   if (x->valid != y->valid) return x->valid ? -1 : 1;
   if (x->fits != y->fits) return x->fits ? -1 : 1;
   return x->t_step < y->t_step ? -1 : x->t_step > y->t_step;
@@ -283,6 +404,16 @@ static bool preset(const char *name, weft_llama_config *c) {
     d.ffn_dim = 14336;
     d.vocab = 128256;
     d.max_seq_len = 4096;
+  } else if (!strcmp(name, "measure")) {
+    /* sized for --measure on a few CPU ranks: a step of every factorisation
+     * in ~0.1-1 s, FSDP's and TP's traffic of the same order */
+    d.dim = 128;
+    d.n_layers = 2;
+    d.n_heads = 4;
+    d.n_kv_heads = 4;
+    d.ffn_dim = 352;
+    d.vocab = 256;
+    d.max_seq_len = 64;
   } else if (!strcmp(name, "llama70b")) {
     d.dim = 8192;
     d.n_layers = 80;
@@ -302,11 +433,27 @@ static bool cluster_preset(const char *name, cluster *c) {
   if (!strcmp(name, "h100-nvlink-ib")) {
     /* NVLink 4: ~450 GB/s bus bandwidth per GPU; one 400 Gb/s IB NIC per
      * GPU: ~50 GB/s; 80 GB HBM; ~400 TFLOP/s achievable bf16 (of 989) */
-    *c = (cluster){16, 8, 450e9, 50e9, 3e-6, 10e-6, 80e9, 400e12};
+    *c = (cluster){.nodes = 16,
+                   .gpn = 8,
+                   .intra_bw = 450e9,
+                   .inter_bw = 50e9,
+                   .intra_lat = 3e-6,
+                   .inter_lat = 10e-6,
+                   .mem = 80e9,
+                   .flops = 400e12,
+                   .overlap = 1};
   } else if (!strcmp(name, "cpu-local")) {
     /* this kind of machine: ranks share memory, ~5 GB/s through MPICH
      * shared memory, ~1 us; 8 GiB per rank; ~50 GFLOP/s per rank */
-    *c = (cluster){1, 4, 5e9, 5e9, 1e-6, 1e-6, 8.0 * (1 << 30), 50e9};
+    *c = (cluster){.nodes = 1,
+                   .gpn = 4,
+                   .intra_bw = 5e9,
+                   .inter_bw = 5e9,
+                   .intra_lat = 1e-6,
+                   .inter_lat = 1e-6,
+                   .mem = 8.0 * (1 << 30),
+                   .flops = 50e9,
+                   .overlap = 1};
   } else {
     return false;
   }
@@ -319,7 +466,8 @@ static void help(void) {
       "Predicts per-rank memory and per-step communication and time for every\n"
       "factorisation of the world into dp_replicate x dp_shard x tp, ranked.\n"
       "model\n"
-      "  --model NAME       demo (default), tiny, small, llama8b, llama70b\n"
+      "  --model NAME       demo (default), tiny, small, measure (D=128 L=2 F=352 V=256\n"
+      "                     T=64, for --measure), llama8b, llama70b\n"
       "  --dim --layers --heads --kv-heads --ffn-dim --vocab --seq-len   override the preset\n"
       "  --batch B          global batch in sequences (default 8)\n"
       "  --grad-accum K     micro-batches per step (1)\n"
@@ -337,7 +485,22 @@ static void help(void) {
       "  --validate         run weft-train's step on every factorisation of this\n"
       "                     world (mpiexec -n) and compare predicted and measured\n"
       "                     comm bytes (exact) and memory (within 10%%)\n"
-      "  --steps N          steps per validation run (3)\n"
+      "  --steps N          steps per run (--validate 3, --measure 4; the first is warm-up)\n"
+      "measure (mpiexec -n N weft-plan --measure; nodes from the host names)\n"
+      "  --measure          probe the links and the compute, predict every factorisation\n"
+      "                     of this world (tp > 1 with dp > 1 in both layouts: tp inside\n"
+      "                     nodes, tp across), run each with weft-train's step and report\n"
+      "                     predicted vs measured step time, ranks, Spearman, comm bytes\n"
+      "  --probe            only the probe: print it and exit\n"
+      "  --probe-out FILE   write the probe as JSON (with --probe or --measure)\n"
+      "  --calibrate FILE   predict for the probed cluster without running (a JSON\n"
+      "                     from --probe-out; --nodes/--gpus-per-node override its shape)\n"
+      "  --overlap X        fraction of FSDP comm hidden under compute, 0..1 (overrides\n"
+      "                     the preset's or the probe's)\n"
+      "  --repeat N         --measure: N rounds over every factorisation in turn, the\n"
+      "                     median of the runs' median step times (1; at most 15)\n"
+      "  --svg FILE         --measure: scatter of predicted vs measured step time\n"
+      "  --json FILE        --measure: the numbers as JSON\n"
       "  --help\n");
 }
 
@@ -389,6 +552,14 @@ static int parse(int argc, char **argv, plan_opts *o) {
       o->validate = true;
       continue;
     }
+    if (!strcmp(a, "--measure")) {
+      o->measure = true;
+      continue;
+    }
+    if (!strcmp(a, "--probe")) {
+      o->probe = true;
+      continue;
+    }
     if (!strcmp(a, "--reshard-after-forward=false")) {
       o->raf = 0;
       continue;
@@ -422,6 +593,27 @@ static int parse(int argc, char **argv, plan_opts *o) {
       mp = v;
       continue;
     }
+    const char **files[4] = {&o->probe_out, &o->calibrate, &o->svg, &o->json};
+    static const char *const filen[4] = {"--probe-out", "--calibrate", "--svg", "--json"};
+    for (int k = 0; k < 4; k++)
+      if (!strcmp(a, filen[k])) {
+        if (!*v) return bad("%s wants a file name", a);
+        *files[k] = v;
+        done = true;
+      }
+    if (done) continue;
+    if (!strcmp(a, "--repeat")) {
+      if (!num || x < 1 || x > PLAN_MAX_REPEAT || x != floor(x))
+        return bad("want an integer in [1, 15] after %s", a);
+      o->repeat = (int)x;
+      continue;
+    }
+    if (!strcmp(a, "--overlap")) {
+      if (!num || x < 0 || x > 1) return bad("want a number in [0, 1] after %s", a);
+      o->has_overlap = true;
+      o->overlap_flag = x;
+      continue;
+    }
     if (!strcmp(a, "--cluster")) {
       cp = v;
       continue;
@@ -444,26 +636,48 @@ static int parse(int argc, char **argv, plan_opts *o) {
         o->grad_accum = (int64_t)x;
       else if (!strcmp(a, "--top"))
         o->top = (int)x;
-      else
+      else {
         o->steps = (int64_t)x;
-      if (o->batch < 1 || o->grad_accum < 1) return bad("%s must be >= 1", a);
+        o->steps_given = true;
+      }
+      if (o->steps < 1 || o->batch < 1 || o->grad_accum < 1) return bad("%s must be >= 1", a);
       continue;
     }
     return bad("unknown flag '%s' (see --help)", a);
   }
   if (mp) {
     if (!preset(mp, &o->m))
-      return bad("--model: unknown preset '%s' (demo, tiny, small, llama8b, llama70b)", mp);
+      return bad("--model: unknown preset '%s' (demo, tiny, small, measure, llama8b, llama70b)",
+                 mp);
     snprintf(o->model_name, sizeof o->model_name, "%s", mp);
   }
   if (cp && !cluster_preset(cp, &o->c))
     return bad("--cluster: unknown preset '%s' (h100-nvlink-ib, cpu-local)", cp);
+  if (o->calibrate && (o->measure || o->probe || o->validate))
+    return bad(
+        "%s: --calibrate predicts without running; it does not go with --measure, "
+        "--probe or --validate",
+        o->calibrate);
+  if (o->repeat && !o->measure) return bad("%s wants --measure", "--repeat");
+  if ((o->svg || o->json) && !o->measure)
+    return bad("%s wants --measure", o->svg ? "--svg" : "--json");
+  if (o->probe_out && !o->probe && !o->measure)
+    return bad("%s wants --probe or --measure", "--probe-out");
   int64_t *f[7] = {&o->m.dim,     &o->m.n_layers, &o->m.n_heads,    &o->m.n_kv_heads,
                    &o->m.ffn_dim, &o->m.vocab,    &o->m.max_seq_len};
   for (int k = 0; k < 7; k++)
-    if (ov[k] > 0) *f[k] = ov[k];
+    if (ov[k] > 0) {
+      *f[k] = ov[k];
+      snprintf(o->model_name, sizeof o->model_name, "custom");
+    }
   if (ov[2] > 0 && ov[3] < 0) o->m.n_kv_heads = o->m.n_heads;
   if (weft_llama_config_validate(&o->m) != WEFT_OK) return bad("model: %s", weft_last_error());
+  if (o->calibrate) {
+    plan_probe pr;
+    char err[512];
+    if (plan_probe_load(o->calibrate, &pr, err, sizeof err)) return bad("%s", err);
+    plan_probe_apply(&pr, &o->m, &o->c);
+  }
   if (has[0]) o->c.nodes = (int)cov[0];
   if (has[1]) o->c.gpn = (int)cov[1];
   if (has[2]) o->c.intra_bw = cov[2] * 1e9;
@@ -472,39 +686,73 @@ static int parse(int argc, char **argv, plan_opts *o) {
   if (has[5]) o->c.inter_lat = cov[5] * 1e-6;
   if (has[6]) o->c.mem = cov[6] * (double)(1 << 30);
   if (has[7]) o->c.flops = cov[7] * 1e12;
+  if (o->has_overlap) o->c.overlap = o->overlap_flag;
+  if (o->calibrate && o->c.nodes > 1 && !(o->c.inter_bw > 0))
+    return bad(
+        "--calibrate: '%s' has no inter-node link (probed on one node); give --inter-bw "
+        "and --inter-lat or probe on several nodes",
+        o->calibrate);
+  if (o->calibrate && o->c.gpn > 1 && !(o->c.intra_bw > 0))
+    return bad(
+        "--calibrate: '%s' has no intra-node link (probed with one rank per node); give "
+        "--intra-bw and --intra-lat",
+        o->calibrate);
+  if (!o->steps_given) o->steps = o->measure ? 4 : 3;
+  if (o->measure && o->steps < 2)
+    return bad("%s", "--measure wants --steps >= 2 (the first is warm-up)");
   return 0;
 }
 
-/* Every (rep, shard, tp) with rep * shard * tp = world. */
-static int enumerate(const plan_opts *o, int world, config **out) {
+int plan_enumerate(const plan_opts *o, int world, bool both_layouts, plan_config **out) {
   int cap = 64, n = 0;
-  config *v = malloc(sizeof *v * (size_t)cap);
-  for (int t = 1; t <= world; t++) {
+  plan_config *v = malloc(sizeof *v * (size_t)cap);
+  for (int t = 1; v && t <= world; t++) {
     if (world % t) continue;
     if (!o->tp_across && t > o->c.gpn) continue;
     if (!o->tp_across && o->c.gpn % t) continue;
     int dp = world / t;
-    for (int r = 1; r <= dp; r++) {
+    for (int r = 1; v && r <= dp; r++) {
       if (dp % r) continue;
-      if (n == cap) v = realloc(v, sizeof *v * (size_t)(cap *= 2));
-      memset(&v[n], 0, sizeof v[n]);
-      v[n].rep = r;
-      v[n].shard = dp / r;
-      v[n].tp = t;
-      predict(o, &v[n]);
-      n++;
+      for (int lay = 0; lay < (both_layouts && t > 1 && dp > 1 ? 2 : 1); lay++) {
+        if (n == cap) {
+          plan_config *w = realloc(v, sizeof *v * (size_t)(cap *= 2));
+          if (!w) free(v);
+          v = w;
+          if (!v) break;
+        }
+        memset(&v[n], 0, sizeof v[n]);
+        v[n].rep = r;
+        v[n].shard = dp / r;
+        v[n].tp = t;
+        v[n].across = lay == 1;
+        plan_predict(o, &v[n]);
+        n++;
+      }
     }
   }
   *out = v;
-  return n;
+  return v ? n : -1;
 }
 
-static void print_table(const plan_opts *o, config *v, int n, int world) {
+void plan_config_name(const plan_config *k, char *buf, size_t cap) {
+  int len = 0, sz[3] = {k->rep, k->shard, k->tp};
+  buf[0] = 0;
+  for (int d = 0; d < 3; d++)
+    if (sz[d] > 1 && len < (int)cap)
+      len += snprintf(buf + len, cap - (size_t)len, "%s%s=%d", len ? " x " : "", PLAN_DIM_NAMES[d],
+                      sz[d]);
+  if (!len)
+    snprintf(buf, cap, "single rank");
+  else if (k->tp > 1 && k->rep * k->shard > 1 && len < (int)cap)
+    snprintf(buf + len, cap - (size_t)len, " (tp %s)", k->across ? "across" : "inside");
+}
+
+static void print_table(const plan_opts *o, plan_config *v, int n, int world) {
   qsort(v, (size_t)n, sizeof *v, cmp_cfg);
   printf(
       "weft-plan: model %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld), batch %lld x %lld "
       "accum,\n"
-      "  %d ranks = %d nodes x %d, intra %.0f GB/s, inter %.0f GB/s, %.0f GiB and %.3g TFLOP/s per "
+      "  %d ranks = %d nodes x %d, intra %.3g GB/s, inter %.3g GB/s, %.0f GiB and %.3g TFLOP/s per "
       "device%s%s\n",
       o->model_name, (long long)o->m.dim, (long long)o->m.n_layers, (long long)o->m.n_heads,
       (long long)o->m.n_kv_heads, (long long)o->m.ffn_dim, (long long)o->m.vocab,
@@ -516,7 +764,7 @@ static void print_table(const plan_opts *o, config *v, int n, int world) {
          "fit", "dp_rep B", "dp_shd B", "tp B", "dp_rep s", "dp_shd s", "tp s", "step s");
   int shown = 0;
   for (int i = 0; i < n; i++) {
-    config *k = &v[i];
+    plan_config *k = &v[i];
     if (o->top && shown >= o->top) break;
     shown++;
     if (!k->valid) {
@@ -524,64 +772,89 @@ static void print_table(const plan_opts *o, config *v, int n, int world) {
       continue;
     }
     char b[9][16];
-    fmt_b(k->m_params, b[0], 16);
-    fmt_b(k->m_grads, b[1], 16);
-    fmt_b(k->m_optim, b[2], 16);
-    fmt_b(k->m_unsharded, b[3], 16);
-    fmt_b(k->m_act, b[4], 16);
-    fmt_b(k->m_total, b[5], 16);
+    plan_fmt_bytes(k->m_params, b[0], 16);
+    plan_fmt_bytes(k->m_grads, b[1], 16);
+    plan_fmt_bytes(k->m_optim, b[2], 16);
+    plan_fmt_bytes(k->m_unsharded, b[3], 16);
+    plan_fmt_bytes(k->m_act, b[4], 16);
+    plan_fmt_bytes(k->m_total, b[5], 16);
     double db[3] = {0, 0, 0};
     for (int d = 0; d < 3; d++)
       for (int kk = 0; kk < WEFT_COLL_KIND_COUNT; kk++) db[d] += k->bytes[d][kk];
-    for (int d = 0; d < 3; d++) fmt_b(db[d], b[6 + d], 16);
+    for (int d = 0; d < 3; d++) plan_fmt_bytes(db[d], b[6 + d], 16);
     printf(
         "%4d %6d %6d %4d | %9s %9s %9s %9s %9s %9s %4s | %10s %10s %10s | %8.4f %8.4f %8.4f "
-        "%9.4f\n",
+        "%9.4f%s\n",
         i + 1, k->rep, k->shard, k->tp, b[0], b[1], b[2], b[3], b[4], b[5], k->fits ? "yes" : "NO",
-        b[6], b[7], b[8], k->t_comm[0], k->t_comm[1], k->t_comm[2], k->t_step);
+        b[6], b[7], b[8], k->t_comm[0], k->t_comm[1], k->t_comm[2], k->t_step,
+        k->across ? "  tp across nodes" : "");
   }
   if (shown < n) printf("(%d more; --top 0 prints all)\n", n - shown);
 }
 
+void plan_train_opts(const plan_opts *o, const plan_config *k, train_opts *t) {
+  train_opts_default(t);
+  t->model = o->m;
+  snprintf(t->model_name, sizeof t->model_name, "%s", o->model_name);
+  t->steps = o->steps;
+  /* what train_parse_args derives (min_lr -1 means lr / 10) */
+  t->min_lr = t->lr / 10;
+  if (t->warmup > t->steps) t->warmup = t->steps;
+  t->batch = o->batch;
+  t->grad_accum = o->grad_accum;
+  t->val_every = 0;
+  t->val_batches = 0;
+  t->quiet = true;
+  t->sequence_parallel = o->sp;
+  t->loss_parallel = o->lp;
+  t->bf16 = o->bf16 && k->rep * k->shard > 1;
+  t->reshard_after_forward = o->raf ? WEFT_FSDP_RESHARD_DEFAULT : 0;
+  t->mesh.given = true;
+  t->mesh.dp_replicate = k->rep > 1 ? k->rep : 0;
+  t->mesh.dp_shard = k->shard > 1 || k->rep > 1 ? k->shard : 0;
+  t->mesh.tp = k->tp > 1 ? k->tp : 0;
+  if (!t->mesh.dp_replicate && !t->mesh.dp_shard && !t->mesh.tp) t->mesh.dp_shard = 1;
+  t->mesh.tp_across_nodes = k->across;
+  t->silent = true;
+}
+
+void plan_measured_rows(const train_result *r, double bytes[3][WEFT_COLL_KIND_COUNT],
+                        double calls[3][WEFT_COLL_KIND_COUNT], double secs[3]) {
+  memset(bytes, 0, sizeof(double) * 3 * WEFT_COLL_KIND_COUNT);
+  memset(calls, 0, sizeof(double) * 3 * WEFT_COLL_KIND_COUNT);
+  for (int d = 0; d < 3; d++) secs[d] = 0;
+  for (int d = 0; d < r->ndim; d++) {
+    int row = !strcmp(r->dim_names[d], "tp") ? 2 : !strcmp(r->dim_names[d], "dp_replicate") ? 0 : 1;
+    for (int kk = 0; kk < WEFT_COLL_KIND_COUNT; kk++) {
+      bytes[row][kk] += (double)r->comm_kind_bytes[d][kk];
+      calls[row][kk] += (double)r->comm_kind_calls[d][kk];
+      secs[row] += r->comm_kind_seconds[d][kk];
+    }
+  }
+}
+
 /* --validate: run each factorisation of this world with weft-train's core. */
 static int validate(const plan_opts *o, int world) {
-  config *v = NULL;
+  plan_config *v = NULL;
   plan_opts q = *o;
   q.tp_across = true;
   q.c.gpn = world;
-  int n = enumerate(&q, world, &v);
+  int n = plan_enumerate(&q, world, false, &v);
   int rank = weft_world_rank(), failed = 0, ran = 0;
+  if (n < 0) return 1; /* out of memory: alike on every rank */
   if (rank == 0)
     printf(
         "weft-plan --validate on %d ranks, model %s, batch %lld: predicted vs measured (last of "
         "%lld steps)\n",
         world, o->model_name, (long long)o->batch, (long long)o->steps);
   for (int i = 0; i < n; i++) {
-    config *k = &v[i];
+    plan_config *k = &v[i];
     if (!k->valid) {
       if (rank == 0) printf("  %d x %d x %d: skipped (%s)\n", k->rep, k->shard, k->tp, k->why);
       continue;
     }
     train_opts t;
-    train_opts_default(&t);
-    t.model = o->m;
-    snprintf(t.model_name, sizeof t.model_name, "%s", o->model_name);
-    t.steps = o->steps;
-    t.batch = o->batch;
-    t.grad_accum = o->grad_accum;
-    t.val_every = 0;
-    t.val_batches = 0;
-    t.quiet = true;
-    t.sequence_parallel = o->sp;
-    t.loss_parallel = o->lp;
-    t.bf16 = o->bf16 && k->rep * k->shard > 1;
-    t.reshard_after_forward = o->raf ? WEFT_FSDP_RESHARD_DEFAULT : 0;
-    t.mesh.given = true;
-    t.mesh.dp_replicate = k->rep > 1 ? k->rep : 0;
-    t.mesh.dp_shard = k->shard > 1 || k->rep > 1 ? k->shard : 0;
-    t.mesh.tp = k->tp > 1 ? k->tp : 0;
-    if (!t.mesh.dp_replicate && !t.mesh.dp_shard && !t.mesh.tp) t.mesh.dp_shard = 1;
-    t.silent = true;
+    plan_train_opts(o, k, &t);
     train_result r;
     int rc = train_run(&t, &r);
     if (rc) {
@@ -590,17 +863,8 @@ static int validate(const plan_opts *o, int world) {
       continue;
     }
     ran++;
-    /* map the run's mesh dims to (rep, shard, tp) rows */
-    double meas[3][WEFT_COLL_KIND_COUNT], mcalls[3][WEFT_COLL_KIND_COUNT];
-    memset(meas, 0, sizeof meas);
-    memset(mcalls, 0, sizeof mcalls);
-    for (int d = 0; d < r.ndim; d++) {
-      int row = !strcmp(r.dim_names[d], "tp") ? 2 : !strcmp(r.dim_names[d], "dp_replicate") ? 0 : 1;
-      for (int kk = 0; kk < WEFT_COLL_KIND_COUNT; kk++) {
-        meas[row][kk] += (double)r.comm_kind_bytes[d][kk];
-        mcalls[row][kk] += (double)r.comm_kind_calls[d][kk];
-      }
-    }
+    double meas[3][WEFT_COLL_KIND_COUNT], mcalls[3][WEFT_COLL_KIND_COUNT], secs[3];
+    plan_measured_rows(&r, meas, mcalls, secs);
     bool comm_ok = true;
     char line[1024];
     int len = 0;
@@ -613,8 +877,8 @@ static int validate(const plan_opts *o, int world) {
         len += snprintf(
             line + len, sizeof line - (size_t)len,
             "    %-12s %-15s predicted %12.0f B %4.0f calls, measured %12.0f B %4.0f calls %s\n",
-            DIMN[d], weft_coll_kind_name((weft_coll_kind)kk), k->bytes[d][kk], k->calls[d][kk],
-            meas[d][kk], mcalls[d][kk], ok ? "ok" : "MISMATCH");
+            PLAN_DIM_NAMES[d], weft_coll_kind_name((weft_coll_kind)kk), k->bytes[d][kk],
+            k->calls[d][kk], meas[d][kk], mcalls[d][kk], ok ? "ok" : "MISMATCH");
         if (len >= (int)sizeof line - 200) len = (int)sizeof line - 200;
       }
     /* memory: the max over ranks of each rank's peak */
@@ -630,15 +894,15 @@ static int validate(const plan_opts *o, int world) {
     if (!comm_ok || !mem_ok) failed++;
     if (rank == 0) {
       char pb[4][16];
-      fmt_b(k->m_total, pb[0], 16);
-      fmt_b((double)mm[0], pb[1], 16);
-      fmt_b(k->m_params + k->m_grads + k->m_optim, pb[2], 16);
-      fmt_b((double)(mm[1] + mm[2] + mm[3]), pb[3], 16);
+      plan_fmt_bytes(k->m_total, pb[0], 16);
+      plan_fmt_bytes((double)mm[0], pb[1], 16);
+      plan_fmt_bytes(k->m_params + k->m_grads + k->m_optim, pb[2], 16);
+      plan_fmt_bytes((double)(mm[1] + mm[2] + mm[3]), pb[3], 16);
       char ub[4][16];
-      fmt_b(k->m_unsharded, ub[0], 16);
-      fmt_b((double)mm[4], ub[1], 16);
-      fmt_b(k->m_act, ub[2], 16);
-      fmt_b((double)mm[5], ub[3], 16);
+      plan_fmt_bytes(k->m_unsharded, ub[0], 16);
+      plan_fmt_bytes((double)mm[4], ub[1], 16);
+      plan_fmt_bytes(k->m_act, ub[2], 16);
+      plan_fmt_bytes((double)mm[5], ub[3], 16);
       printf(
           "  dp_replicate=%d dp_shard=%d tp=%d: comm %s, memory %s (predicted peak %s, measured "
           "%s, ratio %.3f)\n"
@@ -659,20 +923,40 @@ int main(int argc, char **argv) {
   plan_opts o;
   int p = parse(argc, argv, &o);
   if (p) return p == 1 ? 0 : p;
-  if (o.validate) {
+  if (o.validate || o.measure || o.probe) {
     if (weft_init(&argc, &argv) != WEFT_OK) {
       fprintf(stderr, "weft-plan: error: %s\n", weft_last_error());
       return 1;
     }
-    int rc = validate(&o, weft_world_size());
+    int rc = 0;
+    if (o.validate) rc = validate(&o, weft_world_size());
+    if (!rc && o.measure) {
+      rc = plan_measure(&o);
+    } else if (!rc && o.probe) {
+      plan_probe pr;
+      rc = plan_probe_run(&o, &pr) ? 1 : 0;
+      if (!rc && weft_world_rank() == 0) {
+        plan_probe_print(&pr);
+        char err[512];
+        if (o.probe_out && plan_probe_save(o.probe_out, &pr, err, sizeof err)) {
+          fprintf(stderr, "weft-plan: error: %s\n", err);
+          rc = 1;
+        }
+      }
+      MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    }
     weft_finalize();
     return rc;
   }
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int world = o.c.nodes * o.c.gpn;
-  config *v = NULL;
-  int n = enumerate(&o, world, &v);
+  plan_config *v = NULL;
+  int n = plan_enumerate(&o, world, o.calibrate != NULL, &v);
+  if (n < 0) {
+    fprintf(stderr, "weft-plan: error: out of memory\n");
+    return 1;
+  }
   print_table(&o, v, n, world);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   printf("%d factorisations of %d ranks in %.3f ms\n", n, world,

@@ -5,6 +5,7 @@
  * stdout and stderr redirected to files, MPIEXEC_TIMEOUT below the
  * Criterion timeout so a hang fails instead of blocking, and checks the
  * exit status, the output and the wall time. */
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <math.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "stats.h" /* examples/plan: plan_ranks, plan_spearman */
 
 extern char **environ;
 
@@ -175,9 +177,12 @@ Test(examples, train_2x2_reaches_the_1_rank_loss, .timeout = 120) {
  * program ends, so the test sees every rank's own exit status. */
 static const char *const RANK_EXIT_SH = "\"$0\" \"$@\"; rc=$?; echo \"rank-exit $rc\"; exit $rc";
 
-/* One bad invocation: non-zero exit on every rank, one error line, no hang. */
-static void expect_error(int nranks, const char *const *args, const char *needle) {
-  const char *argv[40] = {"-c", RANK_EXIT_SH, TRAIN};
+/* One bad invocation: non-zero exit on every rank, one error line, no hang.
+ * expect_error_sh runs each rank under its own sh -c script (it must run
+ * "$0" "$@" and print "rank-exit <status>" as RANK_EXIT_SH does). */
+static void expect_error_sh(int nranks, const char *script, const char *const *args,
+                            const char *needle) {
+  const char *argv[40] = {"-c", script, TRAIN};
   int n = 3;
   for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
   argv[n] = NULL;
@@ -198,6 +203,9 @@ static void expect_error(int nranks, const char *const *args, const char *needle
   cr_expect(strstr(r.err, "weft-train: error:") != NULL, "[%s] no error prefix:\n%s", needle,
             r.err);
   run_free(&r);
+}
+static void expect_error(int nranks, const char *const *args, const char *needle) {
+  expect_error_sh(nranks, RANK_EXIT_SH, args, needle);
 }
 
 Test(examples, train_bad_input_gives_one_line_and_nonzero_exit_on_every_rank, .timeout = 200) {
@@ -257,6 +265,8 @@ Test(examples, train_help_documents_every_flag, .timeout = 30) {
                                       "--export-safetensors",
                                       "--init-from",
                                       "--log-json",
+                                      "--tp-across-nodes",
+                                      "--tp-inside-node",
                                       NULL};
   for (int i = 0; flags[i]; i++)
     cr_expect(strstr(r.out, flags[i]) != NULL, "--help lacks %s", flags[i]);
@@ -291,6 +301,98 @@ Test(examples, train_flag_variants_run_and_learn, .timeout = 120) {
     run_free(&r);
   }
   unlink(tmp_file("v.jsonl"));
+}
+
+/* ------------------------------------------- mesh layout over nodes */
+
+/* An sh -c script that runs the rank in a UTS namespace of its own whose
+ * host name is weftnode<node_expr> (shell arithmetic on PMI_RANK), so
+ * weft_init sees emulated nodes, then does what RANK_EXIT_SH does. */
+static const char *node_sh(const char *node_expr, char *buf, size_t cap) {
+  snprintf(buf, cap, "exec unshare -u sh -c 'hostname weftnode$((%s)) && %s' \"$0\" \"$@\"",
+           node_expr, RANK_EXIT_SH);
+  return buf;
+}
+
+static int read_json_losses(const char *path, double *loss, int cap);
+
+static bool can_emulate_nodes(void) { return system("unshare -u true >/dev/null 2>&1") == 0; }
+
+/* --tp-across-nodes lays tp outermost (tp groups {0, 2}, {1, 3} instead of
+ * {0, 1}, {2, 3}); the per-step losses must not change (bitwise: the dims,
+ * coordinates and reduction orders are the layout's own, only the world
+ * ranks move). --tp-inside-node keeps the default layout. */
+Test(examples, train_tp_layout_flags_keep_the_loss_curve, .timeout = 120) {
+  enum { STEPS = 3 };
+  const char *flag[3] = {NULL, "--tp-across-nodes", "--tp-inside-node"};
+  const char *pic[3] = {"[[0, 1], [2, 3]]", "[[0, 2], [1, 3]]", "[[0, 1], [2, 3]]"};
+  double loss[3][STEPS];
+  for (int v = 0; v < 3; v++) {
+    const char *j = tmp_file("layout.jsonl");
+    const char *a[] = {"--mesh", "dp=2,tp=2",  "--steps", "3",     "--val-every",
+                       "0",      "--log-json", j,         flag[v], NULL};
+    run_out r = run(4, TRAIN, a, 60);
+    cr_assert_eq(r.rc, 0, "%s: rc %d: %s", flag[v] ? flag[v] : "default", r.rc, r.err);
+    cr_expect(strstr(r.out, pic[v]) != NULL, "%s: want the layout %s in:\n%s",
+              flag[v] ? flag[v] : "default", pic[v], r.out);
+    cr_expect(strstr(r.out, "step time (after step 1)") != NULL, "no step time:\n%s", r.out);
+    cr_assert_eq(read_json_losses(j, loss[v], STEPS), STEPS);
+    char *t = slurp(j);
+    cr_expect(strstr(t, "\"comm_seconds\":{\"dp\":") != NULL, "no comm_seconds:\n%s", t);
+    free(t);
+    unlink(j);
+    run_free(&r);
+  }
+  for (int v = 1; v < 3; v++)
+    for (int s = 0; s < STEPS; s++) {
+      cr_expect(fabs(loss[v][s] - loss[0][s]) <= 1e-6 * fabs(loss[0][s]),
+                "%s step %d: %.17g vs default %.17g", flag[v], s + 1, loss[v][s], loss[0][s]);
+      if (loss[v][s] != loss[0][s])
+        printf("note: %s step %d differs from the default in the last bits (%.17g vs %.17g)\n",
+               flag[v], s + 1, loss[v][s], loss[0][s]);
+    }
+}
+
+Test(examples, train_tp_layout_flag_errors, .timeout = 120) {
+  const char *a1[] = {"--mesh", "dp=2,tp=2", "--tp-across-nodes", "--tp-inside-node", NULL};
+  expect_error(4, a1, "--tp-across-nodes and --tp-inside-node contradict each other");
+  const char *a2[] = {"--tp-across-nodes", "--mesh", "dp=2", NULL};
+  expect_error(2, a2, "--tp-across-nodes: --mesh has no tp dim");
+  const char *a3[] = {"--tp-inside-node", NULL};
+  expect_error(2, a3, "--tp-inside-node: --mesh has no tp dim");
+  /* one host whose LOCAL_WORLD_SIZE says 2 ranks per node */
+  const char *a4[] = {"--mesh", "tp=4", "--tp-inside-node", NULL};
+  char script[512];
+  snprintf(script, sizeof script, "LOCAL_WORLD_SIZE=2 %s", RANK_EXIT_SH);
+  expect_error_sh(4, script, a4, "--tp-inside-node: tp=4 does not divide the 2 ranks per node");
+}
+
+/* Emulated nodes (a UTS namespace a rank, unshare -u; skipped where not
+ * permitted): 2 nodes x 2 ranks take --tp-inside-node and
+ * --tp-across-nodes; unequal nodes and ranks placed round-robin over the
+ * nodes fail --tp-inside-node with the node sizes / the straddling group. */
+Test(examples, train_tp_inside_node_on_emulated_nodes, .timeout = 150) {
+  if (!can_emulate_nodes()) cr_skip_test("unshare -u is not permitted here");
+  char script[512];
+  const char *flags[2] = {"--tp-inside-node", "--tp-across-nodes"};
+  for (int v = 0; v < 2; v++) {
+    const char *a[] = {"-c",        node_sh("PMI_RANK / 2", script, sizeof script),
+                       TRAIN,       "--mesh",
+                       "dp=2,tp=2", "--steps",
+                       "2",         "--val-every",
+                       "0",         flags[v],
+                       NULL};
+    run_out r = run(4, "/bin/sh", a, 60);
+    cr_expect_eq(r.rc, 0, "%s on 2 nodes x 2: rc %d:\n%s", flags[v], r.rc, r.err);
+    cr_expect(strstr(r.out, "summary") != NULL, "%s: no summary:\n%s", flags[v], r.out);
+    run_free(&r);
+  }
+  const char *a1[] = {"--mesh", "dp=3,tp=1", "--batch", "6", "--tp-inside-node", NULL};
+  expect_error_sh(3, node_sh("PMI_RANK / 2", script, sizeof script), a1,
+                  "--tp-inside-node: nodes hold different numbers of ranks (node 0: 2, node 1: 1)");
+  const char *a2[] = {"--mesh", "dp=2,tp=2", "--tp-inside-node", NULL};
+  expect_error_sh(4, node_sh("PMI_RANK % 2", script, sizeof script), a2,
+                  "the tp group of world ranks 0..1 spans nodes 0 and 1");
 }
 
 static void write_bin(const char *path, int n, int magic, int V) {
@@ -629,3 +731,206 @@ Test(examples, plan_validate_2_ranks, .timeout = 200) {
   validate_on(2, 60, "--no-loss-parallel");
 }
 Test(examples, plan_validate_4_ranks, .timeout = 300) { validate_on(4, 280, NULL); }
+
+/* ------------------------------------------------- planning: --measure */
+
+Test(examples, plan_spearman_of_known_vectors_with_ties) {
+  /* reference: ranks by hand, Pearson's formula in double */
+  double a[5] = {1, 2, 3, 4, 5}, b[5] = {10, 20, 30, 40, 50}, c[5] = {5, 4, 3, 2, 1};
+  cr_expect_float_eq(plan_spearman(a, b, 5), 1.0, 1e-12);
+  cr_expect_float_eq(plan_spearman(a, c, 5), -1.0, 1e-12);
+  /* d = (1,2,3,4,5) vs e = (2,1,4,3,5): sum d^2 = 4, rho = 1 - 6*4/(5*24) = 0.8 */
+  double e[5] = {0.2, 0.1, 0.4, 0.3, 0.5};
+  cr_expect_float_eq(plan_spearman(a, e, 5), 0.8, 1e-12);
+  /* ties: x = (1, 2, 2, 3) has ranks (1, 2.5, 2.5, 4); y = (1, 3, 2, 4) ranks
+   * (1, 3, 2, 4); Pearson of the ranks about 2.5: sxy = 2.25 + 0 + 0 + 2.25 = 4.5,
+   * sxx = 4.5, syy = 2.25 + 0.25 + 0.25 + 2.25 = 5 */
+  double x[4] = {1, 2, 2, 3}, y[4] = {1, 3, 2, 4}, rx[4];
+  plan_ranks(x, 4, rx);
+  cr_expect_float_eq(rx[0], 1.0, 1e-12);
+  cr_expect_float_eq(rx[1], 2.5, 1e-12);
+  cr_expect_float_eq(rx[2], 2.5, 1e-12);
+  cr_expect_float_eq(rx[3], 4.0, 1e-12);
+  double ry[4] = {1, 3, 2, 4}, mx = 2.5, my = 2.5, sxy = 0, sxx = 0, syy = 0;
+  for (int i = 0; i < 4; i++) {
+    sxy += (rx[i] - mx) * (ry[i] - my);
+    sxx += (rx[i] - mx) * (rx[i] - mx);
+    syy += (ry[i] - my) * (ry[i] - my);
+  }
+  cr_expect_float_eq(plan_spearman(x, y, 4), sxy / sqrt(sxx * syy), 1e-12);
+  cr_expect_float_eq(plan_spearman(x, y, 4), 4.5 / sqrt(4.5 * 5.0), 1e-12);
+  /* random vectors against a double reference with its own tie handling */
+  srand(7);
+  for (int trial = 0; trial < 20; trial++) {
+    double p[9], q[9], rp[9], rq[9];
+    for (int i = 0; i < 9; i++) {
+      p[i] = rand() % 5; /* many ties */
+      q[i] = (double)rand() / RAND_MAX;
+    }
+    for (int i = 0; i < 9; i++) {
+      int lp = 0, ep = 0, lq = 0, eq = 0;
+      for (int j = 0; j < 9; j++) {
+        lp += p[j] < p[i];
+        ep += p[j] == p[i];
+        lq += q[j] < q[i];
+        eq += q[j] == q[i];
+      }
+      rp[i] = lp + (ep + 1) / 2.0;
+      rq[i] = lq + (eq + 1) / 2.0;
+    }
+    double a1 = 0, a2 = 0, s12 = 0, s11 = 0, s22 = 0;
+    for (int i = 0; i < 9; i++) {
+      a1 += rp[i] / 9;
+      a2 += rq[i] / 9;
+    }
+    for (int i = 0; i < 9; i++) {
+      s12 += (rp[i] - a1) * (rq[i] - a2);
+      s11 += (rp[i] - a1) * (rp[i] - a1);
+      s22 += (rq[i] - a2) * (rq[i] - a2);
+    }
+    double want = s11 > 0 ? s12 / sqrt(s11 * s22) : NAN;
+    double got = plan_spearman(p, q, 9);
+    if (isnan(want))
+      cr_expect(isnan(got), "trial %d: want NAN, got %g", trial, got);
+    else
+      cr_expect_float_eq(got, want, 1e-12, "trial %d", trial);
+  }
+  /* constant side or too few points: NAN */
+  double k[3] = {2, 2, 2};
+  cr_expect(isnan(plan_spearman(a, k, 3)));
+  cr_expect(isnan(plan_spearman(a, b, 1)));
+}
+
+/* Parses an SVG with Python's XML parser (well-formed or an exception) and
+ * prints "circles N" and one "label TEXT" line per <text class="label">. */
+static const char *const SVG_PY =
+    "import sys, xml.etree.ElementTree as E\n"
+    "r = E.parse(sys.argv[1]).getroot()\n"
+    "ns = '{http://www.w3.org/2000/svg}'\n"
+    "print('root', r.tag)\n"
+    "print('circles', len(r.findall('.//' + ns + 'circle')))\n"
+    "for t in r.iter(ns + 'text'):\n"
+    "    print(('label ' if t.get('class') == 'label' else 'text ') + (t.text or ''))\n";
+
+Test(examples, plan_measure_4_ranks_reports_every_factorisation, .timeout = 200) {
+  const char *svg = tmp_file("plan.svg"), *json = tmp_file("plan.json");
+  const char *probe = tmp_file("probe.json");
+  const char *a[] = {"--measure", "--model", "demo", "--steps",     "2",   "--svg",
+                     svg,         "--json",  json,   "--probe-out", probe, NULL};
+  run_out r = run(4, PLAN, a, 180);
+  cr_assert_eq(r.rc, 0, "rc %d:\n%s\n%s", r.rc, r.out, r.err);
+  /* 4 ranks: (rep, shard) of 4 with tp 1 (3), of 2 with tp 2 (2, each in
+   * both layouts: 4), tp 4 (1) = 8 rows, every one with exact comm bytes */
+  const char *names[8] = {"dp_shard=4",
+                          "dp_replicate=2 x dp_shard=2",
+                          "dp_replicate=4",
+                          "dp_shard=2 x tp=2 (tp inside)",
+                          "dp_shard=2 x tp=2 (tp across)",
+                          "dp_replicate=2 x tp=2 (tp inside)",
+                          "dp_replicate=2 x tp=2 (tp across)",
+                          "tp=4"};
+  const char *table = strstr(r.out, "weft-plan --measure: model demo");
+  cr_assert(table != NULL, "no table:\n%s", r.out);
+  for (int i = 0; i < 8; i++) {
+    char want[64];
+    snprintf(want, sizeof want, "\n%s ", names[i]);
+    cr_expect(strstr(table, want) != NULL, "no row '%s':\n%s", names[i], table);
+  }
+  cr_expect(strstr(r.out, "MISMATCH") == NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "run failed") == NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "(exact)") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "Spearman rank correlation") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "predicted fastest: ") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "measured fastest:  ") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "probe: 1 node x 4 ranks per node") != NULL, "%s", r.out);
+  /* the SVG: well-formed XML, one circle and one label per factorisation */
+  const char *pa[] = {"-c", SVG_PY, svg, NULL};
+  run_out s = run(0, "/usr/bin/python3", pa, 30);
+  cr_expect_eq(s.rc, 0, "SVG does not parse:\n%s\n%s", s.out, s.err);
+  cr_expect(strstr(s.out, "root {http://www.w3.org/2000/svg}svg") != NULL, "%s", s.out);
+  cr_expect(strstr(s.out, "circles 8\n") != NULL, "%s", s.out);
+  for (int i = 0; i < 8; i++) {
+    char want[64];
+    snprintf(want, sizeof want, "label %s\n", names[i]);
+    cr_expect(strstr(s.out, want) != NULL, "no label '%s':\n%s", names[i], s.out);
+  }
+  cr_expect(strstr(s.out, "text predicted step time (s)") != NULL, "%s", s.out);
+  cr_expect(strstr(s.out, "Spearman") != NULL, "%s", s.out);
+  run_free(&s);
+  /* the JSON: 8 rows with positive times, bytes predicted == measured */
+  char *txt = slurp(json);
+  cJSON *j = cJSON_Parse(txt);
+  free(txt);
+  cr_assert(j != NULL, "JSON does not parse");
+  const cJSON *rows = cJSON_GetObjectItem(j, "rows");
+  cr_expect_eq(cJSON_GetArraySize(rows), 8);
+  const cJSON *row;
+  cJSON_ArrayForEach(row, rows) {
+    const char *nm = cJSON_GetStringValue(cJSON_GetObjectItem(row, "name"));
+    double ps = cJSON_GetNumberValue(cJSON_GetObjectItem(row, "predicted_s"));
+    double ms = cJSON_GetNumberValue(cJSON_GetObjectItem(row, "measured_s"));
+    cr_expect(ps > 0 && ms > 0, "%s: predicted %g measured %g", nm, ps, ms);
+    cr_expect(cJSON_IsTrue(cJSON_GetObjectItem(row, "comm_exact")), "%s", nm);
+    const cJSON *dim;
+    int dims = 0;
+    cJSON_ArrayForEach(dim, cJSON_GetObjectItem(row, "comm")) {
+      double pb = cJSON_GetNumberValue(cJSON_GetObjectItem(dim, "predicted_bytes"));
+      double mb = cJSON_GetNumberValue(cJSON_GetObjectItem(dim, "measured_bytes"));
+      cr_expect(pb > 0 && pb == mb, "%s %s: %.0f vs %.0f", nm, dim->string, pb, mb);
+      dims++;
+    }
+    cr_expect(dims >= 1, "%s: no comm dims", nm);
+  }
+  double rho = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "spearman"));
+  cr_expect(rho >= -1 && rho <= 1, "spearman %g", rho);
+  cr_expect(cJSON_GetNumberValue(cJSON_GetObjectItem(j, "max_abs_error")) >= 0);
+  cJSON_Delete(j);
+  run_free(&r);
+  /* --calibrate with the probe just written predicts without running */
+  const char *c[] = {"--calibrate", probe,     "--nodes", "1", "--gpus-per-node",
+                     "4",           "--model", "demo",    NULL};
+  r = run(0, PLAN, c, 30);
+  cr_expect_eq(r.rc, 0, "%s\n%s", r.out, r.err);
+  cr_expect(strstr(r.out, "8 factorisations of 4 ranks") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "tp across nodes") != NULL, "%s", r.out);
+  run_free(&r);
+  unlink(svg);
+  unlink(json);
+  unlink(probe);
+}
+
+Test(examples, plan_calibrate_missing_or_corrupt_file_is_a_clear_error, .timeout = 30) {
+  const char *bad = tmp_file("bad-probe.json");
+  struct {
+    const char *content; /* NULL: no file */
+    const char *needle;
+  } cases[] = {
+      {NULL, "cannot open"},
+      {"{not json", "is not JSON"},
+      {"{\"x\": 1}", "is not a weft-plan probe"},
+      {"{\"format\": \"weft-plan probe 1\", \"nodes\": 1, \"ranks_per_node\": 4}",
+       "\"intra_lat\" is missing"},
+      {"{\"format\": \"weft-plan probe 1\", \"nodes\": 1, \"ranks_per_node\": 4, \"intra_lat\": "
+       "1e-4, \"inter_lat\": 0, \"intra_bw\": 1e8, \"inter_bw\": 0, \"intra_rbw\": 1e8, "
+       "\"inter_rbw\": 0, \"flops\": -3, \"mem_bw\": 1e9, \"overlap\": 0, \"seconds\": 1}",
+       "\"flops\" is missing or not a number > 0"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    unlink(bad);
+    if (cases[i].content) {
+      FILE *f = fopen(bad, "w");
+      cr_assert(f != NULL);
+      fputs(cases[i].content, f);
+      fclose(f);
+    }
+    const char *a[] = {"--calibrate", bad, NULL};
+    run_out r = run(0, PLAN, a, 20);
+    cr_expect_eq(r.rc, 2, "[%s] rc %d", cases[i].needle, r.rc);
+    cr_expect_eq(count_lines(r.err), 1, "[%s] want one line:\n%s", cases[i].needle, r.err);
+    cr_expect(strstr(r.err, "weft-plan: error: --calibrate:") != NULL, "%s", r.err);
+    cr_expect(strstr(r.err, cases[i].needle) != NULL, "[%s] not in:\n%s", cases[i].needle, r.err);
+    cr_expect(strstr(r.err, bad) != NULL, "the file is not named:\n%s", r.err);
+    run_free(&r);
+  }
+  unlink(bad);
+}
