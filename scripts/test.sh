@@ -13,7 +13,7 @@
 # the second.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-WEFT_EXTRA_PACKAGES=(clang-format)  # the style check below
+WEFT_EXTRA_PACKAGES=(clang-format iproute2)  # the style check; ip and tc for tests/nodes
 source scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 set +e
 
