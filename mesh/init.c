@@ -19,7 +19,11 @@ weft_runtime weft__rt = {
     .local_size = 1,
     .node_count = 1,
     .node_index = 0,
-    .settings = {.timeout_s = 300.0, .debug = false, .backoff = -1, .chunk_bytes = 1 << 30},
+    .settings = {.timeout_s = 300.0,
+                 .debug = false,
+                 .backoff = -1,
+                 .chunk_bytes = 1 << 30,
+                 .mpi_finalize = -1},
     .sleep_waits = true,
 };
 
@@ -62,7 +66,7 @@ static bool word_is(const char *s, const char *const *words) {
 }
 
 /* WEFT_TIMEOUT (seconds, > 0), WEFT_DEBUG (0/1), WEFT_BACKOFF (auto/0/1),
- * WEFT_CHUNK_BYTES (64..2^30, default 2^30). */
+ * WEFT_CHUNK_BYTES (64..2^30, default 2^30), WEFT_MPI_FINALIZE (auto/0/1). */
 static weft_status read_settings(weft_settings *s) {
   static const char *const yes[] = {"1", "true", "yes", "on", NULL};
   static const char *const no[] = {"0", "false", "no", "off", "", NULL};
@@ -86,17 +90,27 @@ static weft_status read_settings(weft_settings *s) {
     else if (!word_is(v, no))
       return weft_error(WEFT_ERR_INVALID, "WEFT_DEBUG='%s' (expected 0 or 1)", v);
   }
+  static const char *const aut[] = {"-1", "auto", NULL};
   v = getenv("WEFT_BACKOFF");
   if (v && *v) {
     static const char *const never[] = {"0", "never", "spin", NULL};
     static const char *const always[] = {"1", "always", "sleep", NULL};
-    static const char *const aut[] = {"-1", "auto", NULL};
     if (word_is(v, never))
       s->backoff = 0;
     else if (word_is(v, always))
       s->backoff = 1;
     else if (!word_is(v, aut))
       return weft_error(WEFT_ERR_INVALID, "WEFT_BACKOFF='%s' (expected auto, 0 or 1)", v);
+  }
+  s->mpi_finalize = -1;
+  v = getenv("WEFT_MPI_FINALIZE");
+  if (v && *v) {
+    if (word_is(v, no))
+      s->mpi_finalize = 0;
+    else if (word_is(v, yes))
+      s->mpi_finalize = 1;
+    else if (!word_is(v, aut))
+      return weft_error(WEFT_ERR_INVALID, "WEFT_MPI_FINALIZE='%s' (expected auto, 0 or 1)", v);
   }
   v = getenv("WEFT_CHUNK_BYTES");
   if (v && *v) {
@@ -415,11 +429,8 @@ static void pmi_finalize(double timeout_s) {
 
 weft_status weft_finalize(void) {
   if (!weft__rt.initialized) return WEFT_OK;
-  const char *fin = getenv("WEFT_MPI_FINALIZE");
-  if (fin && strcmp(fin, "auto") && strcmp(fin, "0") && strcmp(fin, "1"))
-    return weft_error(WEFT_ERR_INVALID, "WEFT_MPI_FINALIZE='%s' (expected auto, 0 or 1)", fin);
-  bool call_finalize = fin ? !strcmp(fin, "1") || (!strcmp(fin, "auto") && weft__rt.node_count == 1)
-                           : weft__rt.node_count == 1;
+  int fin = weft__rt.settings.mpi_finalize;
+  bool call_finalize = fin < 0 ? weft__rt.node_count == 1 : fin == 1;
   free_ops();
   weft_status st = WEFT_OK;
   if (weft__rt.finalize_mpi) {

@@ -146,8 +146,7 @@ WEFT_API weft_status weft_init(int *argc, char ***argv);
  * every message has been delivered once all ranks met in the barrier; it
  * then tells the process manager it finalised (PMI-1's finalize exchange
  * on PMI_FD, as MPI_Finalize ends), so the exit counts as a clean one.
- * WEFT_MPI_FINALIZE=0 skips it on one node too; anything but auto, 0 or 1 is
- * WEFT_ERR_INVALID (MPI is then left running). */
+ * WEFT_MPI_FINALIZE=0 skips it on one node too (weft_settings). */
 WEFT_API weft_status weft_finalize(void);
 WEFT_API bool weft_is_initialized(void);
 
@@ -426,6 +425,9 @@ typedef struct weft_settings {
    * fail beyond 2 GiB: docs/DESIGN.md "MPICH notes").
    * Tests set it small to exercise the chunked paths. */
   int64_t chunk_bytes;
+  /* WEFT_MPI_FINALIZE: -1 auto (default: call MPI_Finalize on one node
+   * only, see weft_finalize), 0 never, 1 always */
+  int mpi_finalize;
 } weft_settings;
 WEFT_API const weft_settings *weft_get_settings(void);
 /* Overrides (tests); takes effect for later collectives. */

@@ -95,6 +95,9 @@ Test(mesh, env_world_size_mismatch_fails_init, .timeout = 30) {
 Test(mesh, env_bad_setting_fails_init, .timeout = 30) {
   const char *env[] = {"WEFT_TIMEOUT=soon", "MESH_NEEDLE=WEFT_TIMEOUT='soon'", NULL};
   cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_invalid", 20, env), 0);
+  const char *fin[] = {"WEFT_MPI_FINALIZE=maybe",
+                       "MESH_NEEDLE=WEFT_MPI_FINALIZE='maybe' (expected auto, 0 or 1)", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_invalid", 20, fin), 0);
 }
 
 /* Matching RANK/WORLD_SIZE pass; LOCAL_RANK/LOCAL_WORLD_SIZE override the
