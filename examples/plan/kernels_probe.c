@@ -19,19 +19,6 @@
 #include "nn.h"
 #include "plan.h"
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void fill(float *x, int64_t n, uint32_t seed) {
-  for (int64_t i = 0; i < n; i++) {
-    seed = seed * 1664525u + 1013904223u;
-    x[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 0.2f;
-  }
-}
-
 enum {
   X,
   XN,
@@ -172,9 +159,9 @@ static double timed(weft_status (*fn)(block_bufs *, const weft_llama_config *, i
                     block_bufs *s, const weft_llama_config *m, int64_t Bl, int t, int reps) {
   MPI_Barrier(MPI_COMM_WORLD);
   weft_status st = WEFT_OK;
-  double t0 = now();
+  double t0 = plan_now();
   for (int i = 0; i < reps && st == WEFT_OK; i++) st = fn(s, m, Bl, t);
-  double dt = st == WEFT_OK ? now() - t0 : -1;
+  double dt = st == WEFT_OK ? plan_now() - t0 : -1;
   double r[2] = {dt, dt < 0 ? 1 : 0};
   MPI_Allreduce(MPI_IN_PLACE, r, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return r[1] > 0 ? -1 : r[0] / reps;
@@ -216,7 +203,7 @@ static int probe_one(const weft_llama_config *m, int64_t Bl, int t, plan_kernel_
   for (int i = 0; i < NBUF && !bad; i++) {
     s.b[i] = malloc(sizeof(float) * (size_t)sz[i]);
     bad = !s.b[i];
-    if (!bad && i != COS && i != SIN) fill(s.b[i], sz[i], 31u * (uint32_t)i + 1u);
+    if (!bad && i != COS && i != SIN) plan_fill(s.b[i], sz[i], 31u * (uint32_t)i + 1u, 0.2f);
   }
   s.targets = bad ? NULL : malloc(sizeof(int32_t) * (size_t)N);
   bad = bad || !s.targets;
@@ -264,11 +251,11 @@ static double model_step(const weft_llama_config *m, int64_t Bl) {
   /* every rank runs the same reductions, whether or not its steps failed */
   for (int i = 0; i < 4 && !failed; i++) {
     MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = now();
+    double t0 = plan_now();
     if (st == WEFT_OK) st = weft_llama_forward(model, tt, gt, &loss);
     if (st == WEFT_OK) st = weft_llama_backward(model);
     if (st == WEFT_OK) st = weft_module_zero_grad(model, false);
-    double r[2] = {now() - t0, st != WEFT_OK};
+    double r[2] = {plan_now() - t0, st != WEFT_OK};
     MPI_Allreduce(MPI_IN_PLACE, r, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     v[i] = r[0];
     failed = r[1] > 0;
@@ -317,17 +304,17 @@ int plan_probe_kernels(const plan_opts *o, int world, plan_probe *p) {
     free(buf);
     return -1;
   }
-  fill(buf, n * 2, 5u);
+  plan_fill(buf, n * 2, 5u, 0.2f);
   memset(buf + 2 * n, 0, sizeof(float) * (size_t)n * 2);
   float *param = buf, *m1 = buf + 2 * n, *v1 = buf + 3 * n;
   const float *grad = buf + n;
   weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
   MPI_Barrier(MPI_COMM_WORLD);
-  double t0 = now();
+  double t0 = plan_now();
   weft_status st = WEFT_OK;
   for (int i = 1; i <= 4 && st == WEFT_OK; i++)
     st = weft_backend_adamw_multi(WEFT_CPU, &param, &grad, &m1, &v1, NULL, &n, 1, i, &hp);
-  double r[2] = {now() - t0, st != WEFT_OK};
+  double r[2] = {plan_now() - t0, st != WEFT_OK};
   MPI_Allreduce(MPI_IN_PLACE, r, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   free(buf);
   if (r[1] > 0) return -1;

@@ -163,6 +163,10 @@ int plan_probe_kernels(const plan_opts *o, int world, plan_probe *p);
  * mesh, every group at once. Collective over MPI_COMM_WORLD; -1 on every
  * rank on failure. */
 int plan_probe_collectives(const plan_opts *o, int world, plan_probe *p);
+/* probe.c: monotonic seconds; n pseudo-random floats in [-scale/2, scale/2)
+ * from seed (the probes' inputs, never zeros). Local. */
+double plan_now(void);
+void plan_fill(float *x, int64_t n, uint32_t seed, float scale);
 /* plan.c: the size of each dim (rep, shard, tp) of k and its stride in
  * world ranks (tp innermost, or outermost when k->across). */
 void plan_dim_layout(const plan_config *k, int size[3], int stride[3]);

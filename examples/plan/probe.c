@@ -37,7 +37,7 @@
 #include "backend.h"
 #include "plan.h"
 
-static double now(void) {
+double plan_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -53,9 +53,9 @@ typedef weft_status (*probe_fn)(void *ctx);
 
 static int timed(weft_mesh *mesh, probe_fn fn, void *ctx, int reps, double *secs) {
   weft_status st = weft_barrier(mesh, -1, NULL);
-  double t0 = now();
+  double t0 = plan_now();
   for (int i = 0; i < reps && st == WEFT_OK; i++) st = fn(ctx);
-  double t = now() - t0;
+  double t = plan_now() - t0;
   int bad = st != WEFT_OK;
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (bad) return -1;
@@ -128,10 +128,10 @@ static weft_status gemm_coll(void *p) {
   return st != WEFT_OK ? st : coll(x->c);
 }
 
-static void fill(float *x, int64_t n, uint32_t seed) {
+void plan_fill(float *x, int64_t n, uint32_t seed, float scale) {
   for (int64_t i = 0; i < n; i++) {
     seed = seed * 1664525u + 1013904223u;
-    x[i] = (float)(seed >> 8) / 16777216.0f - 0.5f;
+    x[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * scale;
   }
 }
 
@@ -154,7 +154,7 @@ static int probe_dim(weft_mesh *mesh, int dim, double *lat, double *bw, double *
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   int rc = -1;
   if (bad) goto done;
-  fill(send, count, 7u + (uint32_t)weft_world_rank());
+  plan_fill(send, count, 7u + (uint32_t)weft_world_rank(), 1.0f);
   coll_ctx small = {mesh, dim, send, recv, 1, true};
   double t;
   /* the median of 5 trials of 40 calls (a shared machine's hiccups) */
@@ -209,7 +209,7 @@ static int fit_dim(weft_mesh *mesh, int d, plan_coll_fit *f) {
   int bad = !send || !recv;
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   int rc = bad ? -1 : 0;
-  if (!rc) fill(send, big * n, 23u + (uint32_t)weft_world_rank());
+  if (!rc) plan_fill(send, big * n, 23u + (uint32_t)weft_world_rank(), 1.0f);
   int kinds[3] = {WEFT_COLL_ALL_GATHER, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_ALL_REDUCE};
   for (int i = 0; i < WEFT_COLL_KIND_COUNT; i++) f->secs[i][0] = -1;
   for (int z = 0; z < PLAN_COLL_SIZES; z++) f->bytes[z] = 4.0 * (double)blocks[z] * n;
@@ -276,7 +276,7 @@ int plan_probe_collectives(const plan_opts *o, int world, plan_probe *p) {
 }
 
 int plan_probe_run(const plan_opts *o, plan_probe *p) {
-  double t_start = now();
+  double t_start = plan_now();
   memset(p, 0, sizeof *p);
   int world = weft_world_size(), rank = weft_world_rank();
   int nodes = weft_node_count(), node = weft_node_index();
@@ -338,10 +338,10 @@ int plan_probe_run(const plan_opts *o, plan_probe *p) {
   if (bad) rc = -1;
   double t = 0;
   if (!rc) {
-    fill(g.a, g.m * g.k, 11u + (uint32_t)rank);
-    fill(g.b, g.n * g.k, 13u);
-    fill(e.a, e.n, 17u);
-    fill(e.b, e.n, 19u);
+    plan_fill(g.a, g.m * g.k, 11u + (uint32_t)rank, 1.0f);
+    plan_fill(g.b, g.n * g.k, 13u, 1.0f);
+    plan_fill(e.a, e.n, 17u, 1.0f);
+    plan_fill(e.b, e.n, 19u, 1.0f);
     /* enough GEMMs for ~0.3 s on one rank alone at 20 GFLOP/s */
     double fl = 2.0 * (double)g.m * (double)g.n * (double)g.k;
     int greps = (int)fmin(200, fmax(2, 0.3 * 20e9 / fl / world));
@@ -394,7 +394,7 @@ int plan_probe_run(const plan_opts *o, plan_probe *p) {
   free(e.b);
   weft_mesh_destroy(mesh);
   if (rc && rank == 0) fprintf(stderr, "weft-plan: error: probe failed: %s\n", weft_last_error());
-  p->seconds = max_over_ranks(now() - t_start);
+  p->seconds = max_over_ranks(plan_now() - t_start);
   return rc;
 }
 
