@@ -102,6 +102,14 @@ node_list() {
 
 record() { echo "$*" >>"$STATE/created"; }
 
+# Sends signal $1 to every process in network namespace $2; prints how many.
+ns_kill() {
+  local pids
+  pids=$(ip netns pids "$2" 2>/dev/null || true)
+  [ -n "$pids" ] && kill "-$1" $pids 2>/dev/null || true
+  echo $pids | wc -w
+}
+
 # Removes what $STATE/created lists, newest first; kills what runs in our
 # namespaces before removing them.
 teardown() {
@@ -109,18 +117,13 @@ teardown() {
     rm -rf "$STATE"
     return 0
   }
-  local kind obj pids
-  while read -r kind obj; do
-    [ "$kind" = netns ] || continue
-    pids=$(ip netns pids "$obj" 2>/dev/null || true)
-    [ -n "$pids" ] && kill -TERM $pids 2>/dev/null || true
-  done <"$STATE/created"
-  sleep 0.2
-  while read -r kind obj; do
-    [ "$kind" = netns ] || continue
-    pids=$(ip netns pids "$obj" 2>/dev/null || true)
-    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
-  done <"$STATE/created"
+  local kind obj sig
+  for sig in TERM KILL; do
+    while read -r kind obj; do
+      if [ "$kind" = netns ]; then ns_kill "$sig" "$obj" >/dev/null; fi
+    done <"$STATE/created"
+    if [ $sig = TERM ]; then sleep 0.2; fi
+  done
   tac "$STATE/created" | while read -r kind obj; do
     case "$kind" in
       netns) ip netns del "$obj" 2>/dev/null || true ;;
@@ -361,14 +364,8 @@ report_lost() {
     done <"$STATE/proxies"
   fi
   [ $lost = 1 ] || echo "nodes.sh: the job failed (mpiexec exit status $rc); no node was lost" >&2
-  local i pids left=0
-  for ((i = 1; i <= K; i++)); do
-    pids=$(ip netns pids "${NAME}n$i" 2>/dev/null || true)
-    if [ -n "$pids" ]; then
-      left=$((left + $(echo $pids | wc -w)))
-      kill -KILL $pids 2>/dev/null || true
-    fi
-  done
+  local i left=0
+  for ((i = 1; i <= K; i++)); do left=$((left + $(ns_kill KILL "${NAME}n$i"))); done
   [ $left = 0 ] || echo "nodes.sh: killed $left processes the job left behind" >&2
 }
 
@@ -389,11 +386,9 @@ cmd_kill_node() {
   need_root
   load_config
   [ $# -eq 1 ] || die "kill-node: which node?"
-  local ns pids
+  local ns
   ns=$(node_ns "$1") || die "kill-node: unknown node '$1' (this cluster has: $(node_list))"
-  pids=$(ip netns pids "$ns" || true)
-  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
-  echo "nodes.sh: killed $(echo $pids | wc -w) processes on node $1 ($ns)"
+  echo "nodes.sh: killed $(ns_kill KILL "$ns") processes on node $1 ($ns)"
 }
 
 cmd_status() {
