@@ -269,6 +269,23 @@ static void print_report(const plan_opts *o, const plan_probe *pr, row *rows, in
   }
   printf("predicted fastest: %s\nmeasured fastest:  %s\n", *pbest >= 0 ? rows[*pbest].name : "-",
          *mbest >= 0 ? rows[*mbest].name : "-");
+  if (*pbest >= 0 && *mbest >= 0 && *pbest != *mbest) {
+    /* how far apart the two are, against the spread of their own rounds */
+    const row *p = &rows[*pbest], *m = &rows[*mbest];
+    int R = o->repeat > 1 ? o->repeat : 1;
+    double plo = p->rounds[0], phi = plo, mlo = m->rounds[0], mhi = mlo;
+    for (int r = 1; r < R; r++) {
+      plo = fmin(plo, p->rounds[r]);
+      phi = fmax(phi, p->rounds[r]);
+      mlo = fmin(mlo, m->rounds[r]);
+      mhi = fmax(mhi, m->rounds[r]);
+    }
+    printf(
+        "  the predicted fastest measured %.1f%% slower than the measured fastest; rounds "
+        "%.4f..%.4f s vs %.4f..%.4f s (%s)\n",
+        100 * (p->meas_s / m->meas_s - 1), plo, phi, mlo, mhi,
+        plo <= mhi ? "overlapping: within the measurement's own spread" : "apart");
+  }
   printf("Spearman rank correlation (predicted vs measured step time): %.3f\n", *rho);
   printf("max |error|: %.1f%%\n", 100 * *maxerr);
   bool goal = *pbest == *mbest && *rho >= 0.8 && *maxerr <= 0.25;

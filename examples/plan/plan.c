@@ -52,8 +52,18 @@
  *             each call's time read off the probe's curve for its kind,
  *             payload and the dim's placement (group size, nodes spanned),
  *             measured on that very placement with every group of the dim
- *             at once, so the algorithm MPICH picks, the link sharing and
- *             a shaped link's burst are in it (plan_coll_time). Else (a
+ *             at once, so the algorithm MPICH picks and the link sharing
+ *             are in it (plan_coll_time). The probe has two curves: calls
+ *             back to back, and each call right after ~1 ms of compute. A
+ *             link rests between its collectives while the rank computes
+ *             or uses the other link kind, and a shaped link (tbf) saves
+ *             up a burst while it rests: on 2 emulated nodes x 1 rank at
+ *             1 Gbit/s a 256 KiB all-gather took 1.07 ms back to back and
+ *             0.23 ms after the gap. A dim's calls are read off the
+ *             back-to-back curve moved towards the after-gap one by
+ *             (rest per call on its link) / (the probe's gap), at most all
+ *             the way; the rest is the compute plus the other link kind's
+ *             comm, shared by the link's calls. Else (a
  *             preset cluster, flags) the link model:
  *             per dim and collective kind: bus bytes / bandwidth + calls *
  *             latency * ceil(log2 n). Bus bytes as mesh.h counts them
@@ -205,16 +215,19 @@ void plan_predict(const plan_opts *o, plan_config *k) {
   int size[3], stride[3];
   plan_dim_layout(k, size, stride);
   const plan_coll_fit *fit[3];
-  double t_fit[3] = {0, 0, 0};
+  double t_fit[3] = {0, 0, 0}, t_fit_gap[3] = {0, 0, 0}; /* back to back, after a gap */
   for (int d = 0; d < 3; d++)
     fit[d] = size[d] > 1 ? plan_coll_find(&o->c, size[d],
                                           plan_group_nodes(stride[d], size[d], R * S * t, o->c.gpn))
                          : NULL;
-#define ADD(dim, kind, n, b)                                             \
-  do {                                                                   \
-    k->calls[dim][kind] += (n);                                          \
-    k->bytes[dim][kind] += (n) * (b);                                    \
-    if (fit[dim]) t_fit[dim] += (n)*plan_coll_time(fit[dim], kind, (b)); \
+#define ADD(dim, kind, n, b)                                           \
+  do {                                                                 \
+    k->calls[dim][kind] += (n);                                        \
+    k->bytes[dim][kind] += (n) * (b);                                  \
+    if (fit[dim]) {                                                    \
+      t_fit[dim] += (n)*plan_coll_time(fit[dim], kind, (b), false);    \
+      t_fit_gap[dim] += (n)*plan_coll_time(fit[dim], kind, (b), true); \
+    }                                                                  \
   } while (0)
   if (t > 1) {
     double ND = 4 * N * D;
@@ -283,6 +296,7 @@ void plan_predict(const plan_opts *o, plan_config *k) {
   k->t_elem = o->c.mem_bw > 0 ? elem / o->c.mem_bw : 0;
   if (k->probed && o->c.adamw_rate > 0) k->t_elem += shard_numel / o->c.adamw_rate;
   k->t_compute = k->t_gemm + k->t_elem;
+  bool probed_dim[3] = {false, false, false};
   for (int d = 0; d < 3; d++) {
     int n = size[d];
     k->t_comm[d] = 0;
@@ -294,6 +308,7 @@ void plan_predict(const plan_opts *o, plan_config *k) {
       if (k->calls[d][kind] > 0 && fit[d]->secs[kind][0] < 0) all_fit = false;
     if (all_fit) { /* probed on this very placement, call by call */
       k->t_comm[d] = t_fit[d];
+      probed_dim[d] = true;
       continue;
     }
     bool in = k->intra[d];
@@ -314,6 +329,23 @@ void plan_predict(const plan_opts *o, plan_config *k) {
       double bus = k->bytes[d][kind] * (n - 1) / n * (kind == AR ? 2 : 1);
       k->t_comm[d] += bus / (kind == AG ? bw : rbw) + k->calls[d][kind] * lat * steps;
     }
+  }
+  /* Probed dims: a link rests between its collectives while the rank
+   * computes or uses the other link kind; the call's time moves from the
+   * back-to-back curve towards the after-gap one by the mean rest per call
+   * over the probe's gap (linear, at most all the way) */
+  double back_to_back[3] = {k->t_comm[0], k->t_comm[1], k->t_comm[2]};
+  for (int d = 0; d < 3; d++) {
+    if (!probed_dim[d] || fit[d]->gap <= 0) continue;
+    double calls = 0, rest = k->t_compute;
+    for (int e = 0; e < 3; e++) {
+      if (size[e] <= 1) continue;
+      for (int kind = 0; k->intra[e] == k->intra[d] && kind < WEFT_COLL_KIND_COUNT; kind++)
+        calls += k->calls[e][kind];
+      if (k->intra[e] != k->intra[d]) rest += back_to_back[e];
+    }
+    double w = calls > 0 ? fmin(1, rest / calls / fit[d]->gap) : 0;
+    k->t_comm[d] = t_fit[d] + (t_fit_gap[d] - t_fit[d]) * w;
   }
   /* FSDP's collectives overlap compute (prefetch, async reduce-scatter) as
    * far as the cluster's overlap factor says; TP's sit on the critical path */
@@ -345,8 +377,9 @@ void plan_dim_layout(const plan_config *k, int size[3], int stride[3]) {
   }
 }
 
-double plan_coll_time(const plan_coll_fit *f, int kind, double payload) {
+double plan_coll_time(const plan_coll_fit *f, int kind, double payload, bool after_gap) {
   const double *x = f->bytes, *y = f->secs[kind];
+  if (after_gap && f->gap > 0 && f->gap_secs[kind][0] >= 0) y = f->gap_secs[kind];
   if (y[0] < 0) return 0;
   if (payload <= x[0]) return y[0];
   int i = 1;

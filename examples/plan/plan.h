@@ -40,10 +40,18 @@ typedef struct plan_coll_fit {
   int n, spans;
   double bytes[PLAN_COLL_SIZES];
   double secs[WEFT_COLL_KIND_COUNT][PLAN_COLL_SIZES];
+  /* the same, each call right after `gap` seconds of compute on every rank
+   * (gap 0: not measured) */
+  double gap;
+  double gap_secs[WEFT_COLL_KIND_COUNT][PLAN_COLL_SIZES];
 } plan_coll_fit;
 #define PLAN_MAX_COLL 16
-/* Seconds of one call of `kind` with `payload` bytes on f's placement. */
-double plan_coll_time(const plan_coll_fit *f, int kind, double payload);
+/* The compute the probe puts before each call of the after-gap curve, s. */
+#define PLAN_COLL_GAP 1e-3
+/* Seconds of one call of `kind` with `payload` bytes on f's placement,
+ * back to back (after_gap false) or right after f->gap seconds of compute
+ * (true; the back-to-back curve if that was not measured). */
+double plan_coll_time(const plan_coll_fit *f, int kind, double payload, bool after_gap);
 
 /* A cluster as the time model sees it. Bandwidths are per rank, in bus
  * bytes per second (nccl-tests' convention, mesh.h's bus_bytes), with every

@@ -196,10 +196,39 @@ static weft_status run_kind(void *p) {
   return weft_all_reduce(c->mesh, c->dim, c->send, c->recv, c->count, WEFT_F32, WEFT_OP_SUM, NULL);
 }
 
+/* A collective after compute: greps GEMMs, then the call. */
+typedef struct gap_ctx {
+  gemm_ctx *g;
+  int greps;
+  kind_ctx *c;
+} gap_ctx;
+
+static weft_status gemms(void *p) {
+  gap_ctx *x = p;
+  weft_status st = WEFT_OK;
+  for (int i = 0; i < x->greps && st == WEFT_OK; i++) st = gemm(x->g);
+  return st;
+}
+
+static weft_status gemms_then_call(void *p) {
+  gap_ctx *x = p;
+  weft_status st = gemms(p);
+  return st != WEFT_OK ? st : run_kind(x->c);
+}
+
 /* Each kind's time per call on dim d of mesh at PLAN_COLL_SIZES payloads
- * (64 floats per rank up to 1 MiB in all), the median of 3 trials, every
- * group at once. */
-static int fit_dim(weft_mesh *mesh, int d, plan_coll_fit *f) {
+ * (64 floats per rank up to 1 MiB in all), every group at once, two ways:
+ * back to back (secs), and each call right after about PLAN_COLL_GAP s of
+ * GEMMs g on every rank (gap_secs: reps x (GEMMs + call) minus reps x
+ * GEMMs), as in a step, where compute separates the collectives: a shaped
+ * link's token bucket refills in the gap (tbf passes the refilled burst at
+ * the veth's speed), and ranks sharing a core leave the GEMMs apart. Each
+ * the median of COLL_TRIALS trials of enough calls (with their gaps) for
+ * COLL_TRIAL_S seconds (at least 3), the trials of all entries taken in turn, so that a
+ * hiccup of the machine spoils one trial of several entries, not an entry. */
+enum { COLL_TRIALS = 7 };
+#define COLL_TRIAL_S 0.05
+static int fit_dim(weft_mesh *mesh, int d, gemm_ctx *g, plan_coll_fit *f) {
   int n = weft_mesh_dim_size(mesh, d);
   int64_t blocks[PLAN_COLL_SIZES] = {64, (int64_t)(16 << 10) / n, (int64_t)(64 << 10) / n,
                                      (int64_t)(256 << 10) / n}; /* floats per rank block */
@@ -210,39 +239,73 @@ static int fit_dim(weft_mesh *mesh, int d, plan_coll_fit *f) {
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   int rc = bad ? -1 : 0;
   if (!rc) plan_fill(send, big * n, 23u + (uint32_t)weft_world_rank(), 1.0f);
-  int kinds[3] = {WEFT_COLL_ALL_GATHER, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_ALL_REDUCE};
-  for (int i = 0; i < WEFT_COLL_KIND_COUNT; i++) f->secs[i][0] = -1;
-  for (int z = 0; z < PLAN_COLL_SIZES; z++) f->bytes[z] = 4.0 * (double)blocks[z] * n;
-  for (int ki = 0; ki < 3 && !rc; ki++) {
-    int kind = kinds[ki];
-    double t[PLAN_COLL_SIZES];
-    for (int z = 0; z < PLAN_COLL_SIZES && !rc; z++) {
-      int64_t count = blocks[z];
-      /* all-reduce's count is the whole buffer; the others' a rank's block */
-      kind_ctx c = {mesh, d, kind, send, recv, kind == WEFT_COLL_ALL_REDUCE ? count * n : count};
-      int reps = z < 2 ? 10 : 3;
-      double v[3], secs = 0;
-      rc = timed(mesh, run_kind, &c, 1, &secs);
-      for (int trial = 0; trial < 3 && !rc; trial++) {
-        rc = timed(mesh, run_kind, &c, reps, &secs);
-        v[trial] = secs / reps;
-      }
-      if (!rc) t[z] = plan_median(v, 3);
-    }
-    if (!rc) memcpy(f->secs[kind], t, sizeof t);
+  const int kinds[3] = {WEFT_COLL_ALL_GATHER, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_ALL_REDUCE};
+  kind_ctx c[3][PLAN_COLL_SIZES];
+  int reps[3][PLAN_COLL_SIZES], reps_gap[3][PLAN_COLL_SIZES];
+  double v[3][PLAN_COLL_SIZES][COLL_TRIALS], w[3][PLAN_COLL_SIZES][COLL_TRIALS];
+  for (int i = 0; i < WEFT_COLL_KIND_COUNT; i++) f->secs[i][0] = f->gap_secs[i][0] = -1;
+  /* GEMMs per gap: about PLAN_COLL_GAP s of wall time with every rank busy */
+  gap_ctx gx = {g, 16, NULL};
+  double tg = 0;
+  if (!rc) rc = timed(mesh, gemms, &gx, 1, &tg);
+  if (!rc) {
+    gx.greps = (int)fmax(1, round(PLAN_COLL_GAP / (tg / 16)));
+    f->gap = gx.greps * tg / 16;
   }
+  for (int z = 0; z < PLAN_COLL_SIZES; z++) f->bytes[z] = 4.0 * (double)blocks[z] * n;
+  /* one warm-up call each, which also sets the calls per trial (the same
+   * on every rank: timed gives the slowest rank's time) */
+  for (int ki = 0; ki < 3 && !rc; ki++)
+    for (int z = 0; z < PLAN_COLL_SIZES && !rc; z++) {
+      int kind = kinds[ki];
+      /* all-reduce's count is the whole buffer; the others' a rank's block */
+      c[ki][z] = (kind_ctx){mesh, d,    kind,
+                            send, recv, kind == WEFT_COLL_ALL_REDUCE ? blocks[z] * n : blocks[z]};
+      double t = 0;
+      rc = timed(mesh, run_kind, &c[ki][z], 1, &t);
+      reps[ki][z] = (int)fmin(200, fmax(3, ceil(COLL_TRIAL_S / fmax(t, 1e-6))));
+      reps_gap[ki][z] = (int)fmin(200, fmax(3, ceil(COLL_TRIAL_S / (t + f->gap))));
+    }
+  for (int trial = 0; trial < COLL_TRIALS && !rc; trial++)
+    for (int ki = 0; ki < 3 && !rc; ki++)
+      for (int z = 0; z < PLAN_COLL_SIZES && !rc; z++) {
+        double t = 0, after = 0, only = 0;
+        gx.c = &c[ki][z];
+        int r = reps[ki][z], rg = reps_gap[ki][z];
+        rc = timed(mesh, run_kind, &c[ki][z], r, &t) ||
+             timed(mesh, gemms_then_call, &gx, rg, &after) || timed(mesh, gemms, &gx, rg, &only);
+        v[ki][z][trial] = t / r;
+        w[ki][z][trial] = fmax(0, after - only) / rg;
+      }
+  for (int ki = 0; ki < 3 && !rc; ki++)
+    for (int z = 0; z < PLAN_COLL_SIZES; z++) {
+      f->secs[kinds[ki]][z] = plan_median(v[ki][z], COLL_TRIALS);
+      f->gap_secs[kinds[ki]][z] = plan_median(w[ki][z], COLL_TRIALS);
+    }
   free(send);
   free(recv);
   return rc;
 }
 
 int plan_probe_collectives(const plan_opts *o, int world, plan_probe *p) {
+  /* the gaps' GEMM: the model's w1 at dp = world, as the link probe's */
+  int64_t tokens = o->batch * o->m.max_seq_len / world;
+  gemm_ctx g = {tokens < 1 ? 1 : tokens, o->m.ffn_dim, o->m.dim, NULL, NULL, NULL};
+  g.a = malloc(sizeof(float) * (size_t)(g.m * g.k));
+  g.b = malloc(sizeof(float) * (size_t)(g.n * g.k));
+  g.c = malloc(sizeof(float) * (size_t)(g.m * g.n));
+  int bad = !g.a || !g.b || !g.c;
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!bad) {
+    plan_fill(g.a, g.m * g.k, 29u + (uint32_t)weft_world_rank(), 1.0f);
+    plan_fill(g.b, g.n * g.k, 31u, 1.0f);
+  }
   plan_opts q = *o;
   q.c.nodes = p->nodes;
   q.c.gpn = p->gpn;
   q.tp_across = true;
   plan_config *v = NULL;
-  int n = plan_enumerate(&q, world, true, &v), rc = 0;
+  int n = bad ? 0 : plan_enumerate(&q, world, true, &v), rc = bad ? -1 : 0;
   p->ncoll = 0;
   for (int i = 0; i < n && !rc; i++) {
     int size[3], stride[3];
@@ -266,12 +329,15 @@ int plan_probe_collectives(const plan_opts *o, int world, plan_probe *p) {
       plan_coll_fit *f = &p->coll[p->ncoll];
       f->n = size[d];
       f->spans = spans;
-      rc = fit_dim(mesh, d, f);
+      rc = fit_dim(mesh, d, &g, f);
       if (!rc) p->ncoll++;
       weft_mesh_destroy(mesh);
     }
   }
   free(v);
+  free(g.a);
+  free(g.b);
+  free(g.c);
   return rc;
 }
 
@@ -443,9 +509,28 @@ void plan_probe_print(const plan_probe *p) {
       printf("   ");
       for (int z = 0; z < PLAN_COLL_SIZES; z++) printf(" %8.3f  ", 1e3 * f->secs[kind][z]);
       printf(" %s\n", weft_coll_kind_name((weft_coll_kind)kind));
+      if (f->gap <= 0) continue;
+      printf("   ");
+      for (int z = 0; z < PLAN_COLL_SIZES; z++) printf(" %8.3f  ", 1e3 * f->gap_secs[kind][z]);
+      printf(" %s after %.2f ms of compute\n", weft_coll_kind_name((weft_coll_kind)kind),
+             1e3 * f->gap);
     }
   }
   fflush(stdout);
+}
+
+/* Reads PLAN_COLL_SIZES seconds >= 0 into out; an absent array gives
+ * out[0] = -1 (not measured). False if present but malformed. */
+static bool secs_array(const cJSON *a, double out[PLAN_COLL_SIZES]) {
+  out[0] = -1;
+  if (!a) return true;
+  if (cJSON_GetArraySize(a) != PLAN_COLL_SIZES) return false;
+  for (int z = 0; z < PLAN_COLL_SIZES; z++) {
+    const cJSON *x = cJSON_GetArrayItem(a, z);
+    if (!cJSON_IsNumber(x) || x->valuedouble < 0) return false;
+    out[z] = x->valuedouble;
+  }
+  return true;
 }
 
 /* The fields of the JSON file, in order. */
@@ -505,7 +590,13 @@ cJSON *plan_probe_to_json(const plan_probe *p) {
       if (p->coll[i].secs[kind][0] < 0) continue;
       cJSON *kj = cJSON_CreateDoubleArray(p->coll[i].secs[kind], PLAN_COLL_SIZES);
       ok = kj && cJSON_AddItemToObject(e, weft_coll_kind_name((weft_coll_kind)kind), kj);
+      if (!ok || p->coll[i].gap <= 0) continue;
+      char key[64];
+      snprintf(key, sizeof key, "%s_after_gap", weft_coll_kind_name((weft_coll_kind)kind));
+      kj = cJSON_CreateDoubleArray(p->coll[i].gap_secs[kind], PLAN_COLL_SIZES);
+      ok = kj && cJSON_AddItemToObject(e, key, kj);
     }
+    if (ok && p->coll[i].gap > 0) ok = cJSON_AddNumberToObject(e, "gap_s", p->coll[i].gap) != NULL;
   }
   if (ok) return j;
   cJSON_Delete(j);
@@ -652,22 +743,23 @@ int plan_probe_load(const char *path, plan_probe *p, char *err, size_t cap) {
       good = cJSON_IsNumber(x) && x->valuedouble > (z ? f->bytes[z - 1] : 0);
       if (good) f->bytes[z] = x->valuedouble;
     }
+    /* the after-gap curves are optional (an older probe: back to back) */
+    const cJSON *gj = cJSON_GetObjectItemCaseSensitive(e, "gap_s");
+    f->gap = cJSON_IsNumber(gj) && gj->valuedouble > 0 ? gj->valuedouble : 0;
     for (int kind = 0; good && kind < WEFT_COLL_KIND_COUNT; kind++) {
-      f->secs[kind][0] = -1;
-      const cJSON *kj =
-          cJSON_GetObjectItemCaseSensitive(e, weft_coll_kind_name((weft_coll_kind)kind));
-      if (!kj) continue;
-      good = cJSON_GetArraySize(kj) == PLAN_COLL_SIZES;
-      for (int z = 0; good && z < PLAN_COLL_SIZES; z++) {
-        const cJSON *x = cJSON_GetArrayItem(kj, z);
-        good = cJSON_IsNumber(x) && x->valuedouble >= 0;
-        if (good) f->secs[kind][z] = x->valuedouble;
-      }
+      const char *name = weft_coll_kind_name((weft_coll_kind)kind);
+      char key[64];
+      snprintf(key, sizeof key, "%s_after_gap", name);
+      good = secs_array(cJSON_GetObjectItemCaseSensitive(e, name), f->secs[kind]) &&
+             secs_array(f->gap > 0 ? cJSON_GetObjectItemCaseSensitive(e, key) : NULL,
+                        f->gap_secs[kind]);
+      if (good && f->secs[kind][0] >= 0 && f->gap > 0 && f->gap_secs[kind][0] < 0)
+        good = false; /* gap_s without this kind's curve */
     }
     if (!good) {
       snprintf(err, cap,
                "--calibrate: '%s': collectives[%d] needs %d increasing payload_bytes and %d "
-               "seconds >= 0 per kind",
+               "seconds >= 0 per kind (and per kind measured, KIND_after_gap after gap_s)",
                path, i, PLAN_COLL_SIZES, PLAN_COLL_SIZES);
       rc = -1;
       break;

@@ -899,6 +899,117 @@ Test(examples, plan_measure_4_ranks_reports_every_factorisation, .timeout = 200)
   unlink(probe);
 }
 
+/* The step times --calibrate predicts, in the table's row order (the
+ * last number of each row's last '|' segment); returns how many. */
+static int calibrate_steps(const char *probe, double *steps, int cap, run_out *r) {
+  const char *a[] = {"--calibrate", probe, "--model", "measure", "--batch", "8", NULL};
+  *r = run(0, PLAN, a, 20);
+  int n = 0;
+  for (const char *line = r->out; line && *line && n < cap;) {
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    char buf[512];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 511 ? len : 511), line);
+    int rank = 0;
+    char *bar = strrchr(buf, '|');
+    if (sscanf(buf, "%d", &rank) == 1 && rank > 0 && bar) {
+      double v[4];
+      if (sscanf(bar + 1, "%lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3]) == 4) steps[n++] = v[3];
+    }
+    line = end ? end + 1 : NULL;
+  }
+  return n;
+}
+
+/* Writes j to path and deletes it. */
+static void write_json_file(const char *path, cJSON *j) {
+  char *out = cJSON_Print(j);
+  cJSON_Delete(j);
+  FILE *f = fopen(path, "w");
+  cr_assert(f != NULL && out != NULL);
+  fputs(out, f);
+  fclose(f);
+  free(out);
+}
+
+/* Sets every collective kind's after-gap curve of the probe JSON to its
+ * back-to-back curve times `scale` (scale < 0: removes gap_s and the
+ * curves) and writes it to path. */
+static void write_gap_variant(const char *src, const char *path, double scale) {
+  char *txt = slurp(src);
+  cJSON *j = cJSON_Parse(txt);
+  free(txt);
+  cr_assert(j != NULL, "%s does not parse", src);
+  cJSON *e;
+  cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, "collectives")) {
+    const char *kinds[3] = {"all_gather", "reduce_scatter", "all_reduce"};
+    for (int k = 0; k < 3; k++) {
+      char key[64];
+      snprintf(key, sizeof key, "%s_after_gap", kinds[k]);
+      cJSON_DeleteItemFromObject(e, key);
+      if (scale < 0) continue;
+      const cJSON *b = cJSON_GetObjectItem(e, kinds[k]);
+      double v[4];
+      for (int z = 0; z < 4; z++) v[z] = scale * cJSON_GetNumberValue(cJSON_GetArrayItem(b, z));
+      cJSON_AddItemToObject(e, key, cJSON_CreateDoubleArray(v, 4));
+    }
+    if (scale < 0) cJSON_DeleteItemFromObject(e, "gap_s");
+  }
+  write_json_file(path, j);
+}
+
+/* The after-gap curves (a collective right after compute: a shaped link's
+ * token bucket refills in the gap) move each call's time from the
+ * back-to-back curve towards them: equal curves change nothing, faster
+ * ones lower every step, and a probe without them (an older file) gives
+ * the back-to-back prediction. A probe measured on 2 emulated nodes x 2
+ * ranks at 1 Gbit/s (bench/topology.sh). */
+Test(examples, plan_calibrate_after_gap_curves_move_predictions_their_way, .timeout = 60) {
+  const char *src = WEFT_TEST_DATA_DIR "/plan/probe-2x2-1gbit.json";
+  const char *none = tmp_file("gap-none.json"), *same = tmp_file("gap-same.json"),
+             *half = tmp_file("gap-half.json");
+  write_gap_variant(src, none, -1);
+  write_gap_variant(src, same, 1);
+  write_gap_variant(src, half, 0.5);
+  double a[16], b[16], c[16];
+  run_out ra, rb, rc;
+  int na = calibrate_steps(none, a, 16, &ra), nb = calibrate_steps(same, b, 16, &rb),
+      nc = calibrate_steps(half, c, 16, &rc);
+  cr_expect_eq(ra.rc, 0, "%s%s", ra.out, ra.err);
+  cr_expect_eq(rb.rc, 0, "%s%s", rb.out, rb.err);
+  cr_expect_eq(rc.rc, 0, "%s%s", rc.out, rc.err);
+  cr_expect(na >= 7 && na == nb && na == nc, "rows %d %d %d:\n%s", na, nb, nc, ra.out);
+  /* the table is sorted by step time: compare sorted sums and extremes */
+  double sa = 0, sb = 0, sc = 0;
+  for (int i = 0; i < na && i < nb && i < nc; i++) {
+    sa += a[i];
+    sb += b[i];
+    sc += c[i];
+  }
+  cr_expect(fabs(sa - sb) < 1e-4 * sa, "equal curves changed the steps: %g vs %g", sa, sb);
+  cr_expect(sc < 0.95 * sa, "halved after-gap curves: steps %g, back to back %g", sc, sa);
+  cr_expect(nc > 0 && c[0] < a[0] && c[nc - 1] < a[na - 1], "%s\nvs\n%s", rc.out, ra.out);
+  run_free(&ra);
+  run_free(&rb);
+  run_free(&rc);
+  /* gap_s without a kind's after-gap curve: a clear error */
+  char *txt = slurp(same);
+  cJSON *j = cJSON_Parse(txt);
+  free(txt);
+  cJSON_DeleteItemFromObject(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "collectives"), 0),
+                             "all_reduce_after_gap");
+  write_json_file(same, j);
+  const char *args[] = {"--calibrate", same, NULL};
+  run_out r = run(0, PLAN, args, 20);
+  cr_expect_eq(r.rc, 2, "rc %d\n%s", r.rc, r.err);
+  cr_expect(strstr(r.err, "collectives[0]") != NULL && strstr(r.err, "after gap_s") != NULL, "%s",
+            r.err);
+  run_free(&r);
+  unlink(none);
+  unlink(same);
+  unlink(half);
+}
+
 Test(examples, plan_calibrate_missing_or_corrupt_file_is_a_clear_error, .timeout = 30) {
   const char *bad = tmp_file("bad-probe.json");
   struct {
