@@ -63,10 +63,14 @@
 /* weft_emu_launch_ queues the body on the stream, to run for every block
  * and thread (emu/emu.cpp). The arguments are evaluated once, at the
  * launch, and copied by value into the body (a heap copy that lives until
- * the launch ran), as a CUDA launch does; #kernel names it in messages. */
-#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)            \
-  weft_emu_launch_(#kernel, (grid), (block), (size_t)(smem), (stream), \
-                   [](auto... weft_a_) { return [=]() { kernel(weft_a_...); }; }(__VA_ARGS__))
+ * the launch ran), as a CUDA launch does; #kernel names it in messages.
+ * Pointer arguments must be device or pinned memory (checked at the
+ * launch: weft_emu_check_launch_args_). */
+#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)                                  \
+  weft_emu_launch_(#kernel, (grid), (block), (size_t)(smem), (stream), [](auto... weft_a_) { \
+    weft_emu_check_launch_args_(#kernel, weft_a_...);                                        \
+    return [=]() { kernel(weft_a_...); };                                                    \
+  }(__VA_ARGS__))
 #define WEFT_DYN_SMEM(T, name) T *name = (T *)weft_emu_dyn_smem_()
 #else
 #define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...) \

@@ -1586,3 +1586,24 @@ Test(emu, launch_heavy_loop_cost) {
   cudaFree(x);
   cudaStreamDestroy(s);
 }
+
+/* A kernel given a pointer to ordinary host memory would fault on a GPU
+ * (illegal address): the launch aborts naming the kernel and argument;
+ * pinned host memory (cudaMallocHost) is mapped and fine. */
+Test(emu, strict_launch_with_a_host_pointer_aborts) {
+  honest_modes();
+  expect_abort(
+      [] {
+        static int host[4];
+        WEFT_LAUNCH(mark_k, 1, 1, 0, 0, host);
+        cudaDeviceSynchronize();
+      },
+      {"weft CUDA emulator: kernel mark_k: argument 1", "neither device memory nor pinned"});
+  int *pinned = nullptr;
+  cr_assert_eq(cudaMallocHost((void **)&pinned, 4 * sizeof(int)), cudaSuccess);
+  pinned[0] = 0;
+  WEFT_LAUNCH(mark_k, 1, 1, 0, 0, pinned);
+  cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+  cr_assert_eq(pinned[0], 7, "pinned host memory is mapped: the kernel wrote it");
+  cudaFreeHost(pinned);
+}

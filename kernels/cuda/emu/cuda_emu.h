@@ -20,7 +20,10 @@
  *   the host first" (under AddressSanitizer, if ASan keeps the signal, its
  *   SEGV report kills the process instead). Device work touching a freed
  *   block aborts too, naming the launch. Pinned host memory
- *   (cudaMallocHost) is ordinary host memory.
+ *   (cudaMallocHost) is ordinary host memory. The other way round, a
+ *   kernel launched with a pointer argument to other host memory (the
+ *   stack, malloc, weft_alloc(WEFT_CPU)) aborts at the launch, naming the
+ *   kernel and the argument: on a GPU it is an illegal address.
  *
  * - Deferred work (WEFT_EMU_DEFER=0 turns it off: everything then runs at
  *   the call). Launches, cudaMemcpyAsync, cudaMemsetAsync, cudaMemset,
@@ -486,6 +489,24 @@ void weft_emu_run_(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    const char *name, const std::type_info &kernel);
 /* The running launch's dynamic shared memory (16-byte aligned). */
 void *weft_emu_dyn_smem_(void);
+
+/* A launch's pointer arguments: each must be NULL, device memory
+ * (cudaMalloc) or pinned host memory (cudaMallocHost, mapped on a GPU);
+ * any other host pointer (stack, malloc, a weft_alloc(WEFT_CPU) block)
+ * is what makes a GPU kernel fault with an illegal address, so the
+ * emulator aborts at the launch naming the kernel and the argument.
+ * Pointers inside structs passed by value are not seen. */
+void weft_emu_check_launch_ptr_(const char *name, int index, const void *p);
+template <class T>
+inline void weft_emu_check_launch_arg_(const char *name, int index, const T &v) {
+  if constexpr (std::is_pointer<T>::value) weft_emu_check_launch_ptr_(name, index, (const void *)v);
+}
+template <class... A>
+inline void weft_emu_check_launch_args_(const char *name, const A &...a) {
+  int i = 0;
+  (weft_emu_check_launch_arg_(name, i++, a), ...);
+  (void)i;
+}
 
 /* What WEFT_LAUNCH expands to: body() is the kernel call with its
  * arguments captured by value; it is copied to the heap so that the launch

@@ -1803,6 +1803,25 @@ struct LaunchOp : Op {
 
 }  // namespace
 
+void weft_emu_check_launch_ptr_(const char *name, int index, const void *p) {
+  /* no device: the launch itself is rejected; strict memory off: allowed;
+   * freed device memory: the kernel's touch reports it, naming the access */
+  if (!p || need_device() != cudaSuccess || !strict_on()) return;
+  if (g_arena.base && (const char *)p >= g_arena.base &&
+      (const char *)p < g_arena.base + g_arena.size)
+    return;
+  uintptr_t start;
+  Alloc a;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (lookup_locked(p, &start, &a)) return; /* device or pinned host memory */
+  }
+  fail(
+      "kernel %s: argument %d (%p) is neither device memory nor pinned host memory (a host "
+      "pointer, or freed): a GPU faults on it; copy the data to the device first",
+      name, index + 1, p);
+}
+
 void weft_emu_run_(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    void (*fn)(const void *), void *ctx, void (*destroy)(void *), const char *name,
                    const std::type_info &kernel) {
