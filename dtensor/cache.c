@@ -47,7 +47,8 @@ void weft_dtensor_set_buffer_cache(size_t max_bytes) {
   pthread_mutex_unlock(&mu);
 }
 
-weft_status dt_buf_get(size_t bytes, void **out) {
+weft_status dt_buf_get(weft_device dev, size_t bytes, void **out) {
+  if (dev != WEFT_CPU) return weft_alloc(dev, bytes ? bytes : 1, out);
   if (bytes >= CACHE_MIN_BYTES) {
     pthread_mutex_lock(&mu);
     int best = -1;
@@ -69,7 +70,7 @@ weft_status dt_buf_get(size_t bytes, void **out) {
 
 void dt_buf_put(void *p, size_t cap) {
   if (!p) return;
-  if (cap >= CACHE_MIN_BYTES) {
+  if (cap >= CACHE_MIN_BYTES && weft_ptr_device(p) == WEFT_CPU) {
     pthread_mutex_lock(&mu);
     if (cap <= limit) {
       evict_locked(cap);
@@ -86,7 +87,9 @@ void dt_buf_put(void *p, size_t cap) {
   if (p) weft_free(p);
 }
 
-weft_status dt_tensor_new(weft_dtype dt, int ndim, const int64_t *shape, weft_tensor **out) {
+weft_status dt_tensor_new(weft_device dev, weft_dtype dt, int ndim, const int64_t *shape,
+                          weft_tensor **out) {
+  if (dev != WEFT_CPU) return weft_tensor_create(dt, dev, ndim, shape, out);
   bool on;
   pthread_mutex_lock(&mu);
   on = limit > 0;
@@ -97,7 +100,7 @@ weft_status dt_tensor_new(weft_dtype dt, int ndim, const int64_t *shape, weft_te
   size_t bytes = (size_t)numel * weft_dtype_size(dt);
   if (bytes < CACHE_MIN_BYTES) return weft_tensor_create(dt, WEFT_CPU, ndim, shape, out);
   void *p;
-  WEFT_CHECK(dt_buf_get(bytes, &p));
+  WEFT_CHECK(dt_buf_get(WEFT_CPU, bytes, &p));
   weft_status st = weft_tensor_wrap(p, dt, WEFT_CPU, ndim, shape, out);
   if (st != WEFT_OK) {
     weft_free(p);

@@ -42,7 +42,7 @@ static weft_status xfer_walk(const dt_xfer *x, int mode, const weft_tensor *a,
   if (mode != 2) {
     const weft_tensor *t = mode == 0 ? a : b;
     void *p = mode == 0 ? packed_out : (void *)(uintptr_t)packed_in;
-    WEFT_CHECK(weft_tensor_view_init(&pv, p, t->dtype, WEFT_CPU, nd, x->packed_shape, NULL));
+    WEFT_CHECK(weft_tensor_view_init(&pv, p, t->dtype, t->device, nd, x->packed_shape, NULL));
   }
   weft_tensor *dst = mode == 0 ? &pv : b;
   const weft_tensor *src = mode == 1 ? &pv : a;

@@ -127,10 +127,11 @@ static weft_status make_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const
   dt_my_coords(mesh, me);
   WEFT_CHECK(weft_dtensor_spec_local_shape(&spec, me, lshape, NULL, NULL));
   weft_tensor *t;
+  weft_device dev = weft_mesh_device(mesh);
   if (zero)
-    WEFT_CHECK(weft_tensor_zeros(dtype, WEFT_CPU, ndim, lshape, &t));
+    WEFT_CHECK(weft_tensor_zeros(dtype, dev, ndim, lshape, &t));
   else
-    WEFT_CHECK(weft_tensor_create(dtype, WEFT_CPU, ndim, lshape, &t));
+    WEFT_CHECK(weft_tensor_create(dtype, dev, ndim, lshape, &t));
   weft_status st = dt_wrap(mesh, &spec, t, true, out);
   if (st != WEFT_OK) weft_tensor_destroy(t);
   return st;
@@ -241,8 +242,8 @@ static weft_status full_box(const weft_dtensor_spec *spec, dt_box *out) {
   return WEFT_OK;
 }
 
-/* Views `full` as the local tensor of a "full box" (any strides). */
-static weft_status slice_from_full(const weft_dtensor_spec *spec, const int *me,
+/* This rank's piece of `full` (any strides, on `dev`). */
+static weft_status slice_from_full(const weft_dtensor_spec *spec, const int *me, weft_device dev,
                                    const weft_tensor *full, weft_tensor **out) {
   dt_box fb = {0}, mb = {0};
   dt_xfer xf = {0};
@@ -253,7 +254,7 @@ static weft_status slice_from_full(const weft_dtensor_spec *spec, const int *me,
   WEFT_CHECK_GOTO(dt_xfer_make(&fb, &mb, &xf), st, done);
   int64_t shape[WEFT_MAX_DIMS];
   for (int d = 0; d < spec->ndim; d++) shape[d] = dt_runs_total(&mb.d[d]);
-  WEFT_CHECK_GOTO(weft_tensor_create(spec->dtype, WEFT_CPU, spec->ndim, shape, &t), st, done);
+  WEFT_CHECK_GOTO(weft_tensor_create(spec->dtype, dev, spec->ndim, shape, &t), st, done);
   WEFT_CHECK_GOTO(dt_xfer_copy(&xf, full, t), st, done);
   *out = t;
   t = NULL;
@@ -275,8 +276,8 @@ done:
  * and the spec of the result. */
 static weft_status distribute_agree(weft_mesh *mesh, const weft_tensor *full, int src_rank,
                                     const weft_placement *placements, int nplacements,
-                                    const int *me, int *src, bool *is_src,
-                                    weft_dtensor_spec *spec) {
+                                    const int *me, int *src, bool *is_src, weft_dtensor_spec *spec,
+                                    weft_tensor **moved) {
   int k = weft_mesh_ndim(mesh);
   /* The source's metadata travels along the same chain as the data; a
    * source-side error travels with it so every rank fails together. */
@@ -286,10 +287,12 @@ static weft_status distribute_agree(weft_mesh *mesh, const weft_tensor *full, in
   *is_src = dt_linear(mshape, k, me) == src_rank;
   int64_t meta[META_WORDS] = {0};
   if (*is_src) {
+    weft_device dev = weft_mesh_device(mesh);
     if (!full) {
       meta[0] = WEFT_ERR_INVALID;
-    } else if (full->device != WEFT_CPU) {
-      meta[0] = WEFT_ERR_UNSUPPORTED;
+    } else if (full->device != dev && weft_tensor_to(full, dev, moved) != WEFT_OK) {
+      meta[0] = weft_last_status();
+      meta[1] = -1; /* marks a failed copy */
     } else {
       meta[1] = full->dtype;
       meta[2] = full->ndim;
@@ -299,8 +302,12 @@ static weft_status distribute_agree(weft_mesh *mesh, const weft_tensor *full, in
   for (int i = 0; i < k; i++)
     WEFT_CHECK(weft_broadcast(mesh, i, meta, META_WORDS, WEFT_I64, src[i], NULL));
   if (meta[0] != WEFT_OK)
-    return weft_error((weft_status)meta[0], "the source (mesh rank %d) passed %s", src_rank,
-                      meta[0] == WEFT_ERR_INVALID ? "full = NULL" : "a non-CPU tensor");
+    return weft_error((weft_status)meta[0],
+                      meta[1] != -1
+                          ? "the source (mesh rank %d) passed full = NULL"
+                          : "the source (mesh rank %d) could not copy its full tensor to the "
+                            "mesh's device",
+                      src_rank);
   int64_t shape[WEFT_MAX_DIMS];
   for (int d = 0; d < (int)meta[2]; d++) shape[d] = meta[3 + d];
   weft_status sst = weft_dtensor_spec_init_mesh(spec, mesh, placements, nplacements,
@@ -338,14 +345,15 @@ static weft_status distribute_agree(weft_mesh *mesh, const weft_tensor *full, in
  * U_{i+1} (xs[x], caller-allocated, m entries) with its send counts and
  * displacements (sc, sd; elements). Local. On failure the caller frees
  * next, nt and xs. */
-static weft_status distribute_boxes(const weft_dtensor_spec *spec, const int *me, int i, int m,
-                                    bool live, bool root, const dt_box *cur, dt_box *next,
-                                    weft_tensor **nt, dt_xfer *xs, int64_t *sc, int64_t *sd) {
+static weft_status distribute_boxes(const weft_dtensor_spec *spec, weft_device dev, const int *me,
+                                    int i, int m, bool live, bool root, const dt_box *cur,
+                                    dt_box *next, weft_tensor **nt, dt_xfer *xs, int64_t *sc,
+                                    int64_t *sd) {
   if (live) {
     WEFT_CHECK(union_box(spec, me, i + 1, next));
     int64_t ns[WEFT_MAX_DIMS];
     for (int d = 0; d < spec->ndim; d++) ns[d] = dt_runs_total(&next->d[d]);
-    WEFT_CHECK(weft_tensor_create(spec->dtype, WEFT_CPU, spec->ndim, ns, nt));
+    WEFT_CHECK(weft_tensor_create(spec->dtype, dev, spec->ndim, ns, nt));
   }
   if (!root || !xs) return WEFT_OK;
   int64_t tot = 0;
@@ -376,6 +384,7 @@ static weft_status distribute_scatter(weft_mesh *mesh, const weft_dtensor_spec *
                                       const int *src, const weft_tensor *full, weft_tensor **res) {
   const int k = spec->mesh_ndim, msize = weft_mesh_size(mesh);
   const size_t esz = weft_dtype_size(spec->dtype);
+  const weft_device dev = weft_mesh_device(mesh);
   weft_status st = WEFT_OK;
   dt_box cur = {0};
   weft_tensor *curt = NULL; /* U_i for this rank (NULL before it has data) */
@@ -408,7 +417,7 @@ static weft_status distribute_scatter(weft_mesh *mesh, const weft_dtensor_spec *
       if (!xs) st = weft_error(WEFT_ERR_OOM, "distribute transfers");
     }
     if (st == WEFT_OK)
-      st = distribute_boxes(spec, me, i, m, live, root, &cur, &next, &nt, xs, sc, sd);
+      st = distribute_boxes(spec, dev, me, i, m, live, root, &cur, &next, &nt, xs, sc, sd);
     if (st == WEFT_OK && rep) {
       /* the members' U_{i+1} equal the root's U_i (same box, same order) */
       if (root) {
@@ -423,7 +432,7 @@ static weft_status distribute_scatter(weft_mesh *mesh, const weft_dtensor_spec *
     } else if (st == WEFT_OK) {
       if (root) {
         int64_t tot = m > 0 ? sd[m - 1] + sc[m - 1] : 0;
-        st = weft_alloc(WEFT_CPU, (size_t)tot * esz + 1, &sendbuf);
+        st = weft_alloc(dev, (size_t)tot * esz + 1, &sendbuf);
         for (int x = 0; x < m && st == WEFT_OK; x++)
           st = dt_xfer_pack(&xs[x], curv, (char *)sendbuf + (size_t)sd[x] * esz);
       }
@@ -455,7 +464,7 @@ static weft_status distribute_scatter(weft_mesh *mesh, const weft_dtensor_spec *
     st = dt_box_of(spec, me, &mb);
     if (st == WEFT_OK) st = dt_xfer_make(&cur, &mb, &xf);
     for (int d = 0; d < spec->ndim; d++) ls[d] = dt_runs_total(&mb.d[d]);
-    if (st == WEFT_OK) st = weft_tensor_create(spec->dtype, WEFT_CPU, spec->ndim, ls, res);
+    if (st == WEFT_OK) st = weft_tensor_create(spec->dtype, dev, spec->ndim, ls, res);
     if (st == WEFT_OK) st = dt_xfer_copy(&xf, curv, *res);
     dt_xfer_free(&xf);
     dt_box_free(&mb);
@@ -497,19 +506,20 @@ weft_status weft_dtensor_distribute(weft_mesh *mesh, const weft_tensor *full, in
   if (src_rank == WEFT_DTENSOR_ALL_RANKS) {
     /* every rank holds `full`: no communication, each slices its own */
     if (!full) return weft_error(WEFT_ERR_INVALID, "full is NULL (every rank must pass it)");
-    if (full->device != WEFT_CPU)
-      return weft_error(WEFT_ERR_UNSUPPORTED, "distribute from %s tensors",
-                        weft_device_name(full->device));
     WEFT_CHECK(weft_dtensor_spec_init_mesh(&spec, mesh, placements, nplacements, full->dtype,
                                            full->ndim, full->shape));
-    WEFT_CHECK(slice_from_full(&spec, me, full, &res));
+    WEFT_CHECK(slice_from_full(&spec, me, weft_mesh_device(mesh), full, &res));
     st = dt_wrap(mesh, &spec, res, true, out);
     if (st != WEFT_OK) weft_tensor_destroy(res);
     return st;
   }
   bool is_src = false;
-  st = distribute_agree(mesh, full, src_rank, placements, nplacements, me, src, &is_src, &spec);
-  if (st == WEFT_OK) st = distribute_scatter(mesh, &spec, me, src, is_src ? full : NULL, &res);
+  weft_tensor *moved = NULL; /* the source's `full` on the mesh's device */
+  st = distribute_agree(mesh, full, src_rank, placements, nplacements, me, src, &is_src, &spec,
+                        &moved);
+  if (st == WEFT_OK)
+    st = distribute_scatter(mesh, &spec, me, src, is_src ? (moved ? moved : full) : NULL, &res);
+  weft_tensor_destroy(moved);
   if (st == WEFT_OK) st = dt_wrap(mesh, &spec, res, true, out);
   if (st != WEFT_OK) {
     weft_tensor_destroy(res);
@@ -681,9 +691,11 @@ weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_lo
     st = weft_error(WEFT_ERR_INVALID, "local is NULL");
   else if (own != WEFT_LOCAL_COPY && own != WEFT_LOCAL_TAKE && own != WEFT_LOCAL_VIEW)
     st = weft_error(WEFT_ERR_INVALID, "invalid ownership %d", (int)own);
-  else if (local->device != WEFT_CPU)
-    st = weft_error(WEFT_ERR_UNSUPPORTED, "from_local of %s tensors",
-                    weft_device_name(local->device));
+  else if (local->device != weft_mesh_device(mesh))
+    st = weft_error(WEFT_ERR_INVALID,
+                    "local is a %s tensor but the mesh is on %s (move it there with "
+                    "weft_tensor_to, or set the mesh's device)",
+                    weft_device_name(local->device), weft_device_name(weft_mesh_device(mesh)));
   if (st == WEFT_OK) {
     int64_t gshape[WEFT_MAX_DIMS];
     int k = weft_mesh_ndim(mesh);

@@ -383,7 +383,10 @@ WEFT_API weft_status weft_dtensor_redistribute_into(const weft_dtensor *dt, weft
  * and reused by later ones, so a loop of same-size redistributes does not
  * pay first-touch page faults on every result (16384 faults for 64 MiB).
  * Off (0) by default: cached blocks stay allocated and counted by
- * weft_mem_get. Setting 0 frees what is held. Process-wide, thread-safe. */
+ * weft_mem_get. Setting 0 frees what is held. Process-wide, thread-safe.
+ * Host memory only: DTensors on a device mesh allocate through the
+ * device's own caching allocator (weft_device_cache_stats), which reuses
+ * blocks whether this is on or off. */
 WEFT_API void weft_dtensor_set_buffer_cache(size_t max_bytes);
 
 /* One step of a plan: mesh dim, placements before/after on that dim, and the

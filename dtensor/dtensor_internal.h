@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "dtensor.h"
+#include "backend.h"
 
 struct weft_dtensor {
   weft_mesh *mesh;        /* retained */
@@ -121,12 +122,14 @@ weft_status dt_redistribute_run(const weft_dtensor *dt, const weft_dtensor_spec 
 
 /* ------------------------------------------------------ buffer cache */
 
-/* Host buffers through the opt-in cache (cache.c); put takes the size the
- * block was asked for. dt_tensor_new / dt_tensor_release make and drop
- * owning contiguous tensors through it. */
-weft_status dt_buf_get(size_t bytes, void **out);
+/* Scratch buffers on `dev`: host ones through the opt-in cache (cache.c),
+ * device ones straight from the device's caching allocator; put takes the
+ * size the block was asked for (and frees device blocks). dt_tensor_new /
+ * dt_tensor_release make and drop owning contiguous tensors the same way. */
+weft_status dt_buf_get(weft_device dev, size_t bytes, void **out);
 void dt_buf_put(void *p, size_t bytes);
-weft_status dt_tensor_new(weft_dtype dt, int ndim, const int64_t *shape, weft_tensor **out);
+weft_status dt_tensor_new(weft_device dev, weft_dtype dt, int ndim, const int64_t *shape,
+                          weft_tensor **out);
 void dt_tensor_release(weft_tensor *t);
 
 /* ------------------------------------------------------------ helpers */

@@ -229,12 +229,13 @@ static weft_status mm(const weft_dtensor *a, const weft_dtensor *b, bool trans_b
     int64_t rshape[WEFT_MAX_DIMS];
     for (int d = 0; d < na - 1; d++) rshape[d] = la->shape[d];
     rshape[na - 1] = nl;
-    WEFT_CHECK_GOTO(weft_tensor_zeros(dt, WEFT_CPU, na, rshape, &res), st, done);
+    WEFT_CHECK_GOTO(weft_tensor_zeros(dt, la->device, na, rshape, &res), st, done);
     if (rows > 0 && nl > 0 && kl > 0) {
       weft_tensor a2, c2;
       int64_t as[2] = {rows, kl}, cs[2] = {rows, nl};
-      WEFT_CHECK_GOTO(weft_tensor_view_init(&a2, la->data, dt, WEFT_CPU, 2, as, NULL), st, done);
-      WEFT_CHECK_GOTO(weft_tensor_view_init(&c2, res->data, dt, WEFT_CPU, 2, cs, NULL), st, done);
+      WEFT_CHECK_GOTO(weft_tensor_view_init(&a2, la->data, dt, la->device, 2, as, NULL), st, done);
+      WEFT_CHECK_GOTO(weft_tensor_view_init(&c2, res->data, dt, res->device, 2, cs, NULL), st,
+                      done);
       WEFT_CHECK_GOTO(weft_gemm(false, trans_b, 1.0f, &a2, lb, 0.0f, &c2), st, done);
     }
   }
@@ -309,7 +310,8 @@ static weft_status elementwise(const weft_dtensor *a, const weft_dtensor *b, boo
   weft_status st;
   WEFT_CHECK_GOTO(bring(a, ta, is_add, &ra, &ua), st, done);
   WEFT_CHECK_GOTO(bring(b, tb, is_add, &rb, &ub), st, done);
-  WEFT_CHECK_GOTO(weft_tensor_create(ospec.dtype, WEFT_CPU, nd, ua->local->shape, &res), st, done);
+  WEFT_CHECK_GOTO(weft_tensor_create(ospec.dtype, ua->local->device, nd, ua->local->shape, &res),
+                  st, done);
   if (is_add)
     WEFT_CHECK_GOTO(weft_add(res, ua->local, ub->local), st, done);
   else
@@ -393,7 +395,7 @@ static weft_status reduce_dim(const weft_dtensor *x, int dim, bool keepdim, bool
   {
     int64_t ks[WEFT_MAX_DIMS];
     for (int e = 0; e < nd; e++) ks[e] = e == d ? 1 : ux->local->shape[e];
-    WEFT_CHECK_GOTO(weft_tensor_create(x->spec.dtype, WEFT_CPU, nd, ks, &kept), st, done);
+    WEFT_CHECK_GOTO(weft_tensor_create(x->spec.dtype, ux->local->device, nd, ks, &kept), st, done);
     WEFT_CHECK_GOTO(weft_reduce(ux->local, WEFT_REDUCE_SUM, d, kept), st, done);
     if (mean) WEFT_CHECK_GOTO(weft_scale(kept, 1.0 / (double)x->spec.shape[d]), st, done);
     if (keepdim) {
@@ -404,8 +406,10 @@ static weft_status reduce_dim(const weft_dtensor *x, int dim, bool keepdim, bool
       int r = 0;
       for (int e = 0; e < nd; e++)
         if (e != d) rs[r++] = ks[e];
-      WEFT_CHECK_GOTO(weft_tensor_create(x->spec.dtype, WEFT_CPU, r, rs, &res), st, done);
-      memcpy(res->data, kept->data, weft_tensor_nbytes(res));
+      WEFT_CHECK_GOTO(weft_tensor_create(x->spec.dtype, kept->device, r, rs, &res), st, done);
+      WEFT_CHECK_GOTO(
+          weft_memcpy(kept->device, res->data, kept->data, weft_tensor_nbytes(res), WEFT_COPY_D2D),
+          st, done);
     }
   }
   st = finish(x->mesh, &ospec, res, out);

@@ -18,22 +18,17 @@ void dt_my_coords(const weft_mesh *mesh, int *coords) {
   for (int i = 0; i < n; i++) coords[i] = weft_mesh_coord(mesh, i);
 }
 
-static weft_status new_local_for(const weft_dtensor_spec *spec, const dt_box *box,
-                                 weft_tensor **out) {
-  int64_t shape[WEFT_MAX_DIMS];
-  for (int d = 0; d < spec->ndim; d++) shape[d] = dt_runs_total(&box->d[d]);
-  return dt_tensor_new(spec->dtype, spec->ndim, shape, out);
-}
-
-/* The result tensor of a step: the caller's preset (last step of a
- * redistribute_into) or a new one. */
-static weft_status out_tensor(const weft_dtensor_spec *spec, const dt_box *box, weft_tensor *preset,
-                              weft_tensor **out) {
+/* The result tensor of a step, on the input's device: the caller's preset
+ * (last step of a redistribute_into) or a new one. */
+static weft_status out_tensor(const weft_dtensor_spec *spec, const dt_box *box, weft_device dev,
+                              weft_tensor *preset, weft_tensor **out) {
   if (preset) {
     *out = preset;
     return WEFT_OK;
   }
-  return new_local_for(spec, box, out);
+  int64_t shape[WEFT_MAX_DIMS];
+  for (int d = 0; d < spec->ndim; d++) shape[d] = dt_runs_total(&box->d[d]);
+  return dt_tensor_new(dev, spec->dtype, spec->ndim, shape, out);
 }
 
 static void drop(weft_tensor *t, const weft_tensor *preset) {
@@ -111,9 +106,9 @@ static weft_status group_boxes(const weft_dtensor_spec *spec, const int *me, int
 }
 
 /* Scratch through the buffer cache; *size remembers the request for put. */
-static weft_status alloc_buf(size_t bytes, void **out, size_t *size) {
+static weft_status alloc_buf(weft_device dev, size_t bytes, void **out, size_t *size) {
   *size = bytes;
-  return dt_buf_get(bytes, out);
+  return dt_buf_get(dev, bytes, out);
 }
 
 /* ------------------------------------------------------------- steps */
@@ -131,7 +126,7 @@ static weft_status step_local(const weft_dtensor_spec *x, const weft_dtensor_spe
     st = weft_error(WEFT_ERR_INTERNAL, "local step: new holding not inside the old one");
     goto done;
   }
-  WEFT_CHECK_GOTO(out_tensor(y, &n, preset, &t), st, done);
+  WEFT_CHECK_GOTO(out_tensor(y, &n, in->device, preset, &t), st, done);
   WEFT_CHECK_GOTO(dt_xfer_copy(&xf, in, t), st, done);
   *out = t;
   t = NULL;
@@ -162,7 +157,7 @@ static weft_status step_partition(const weft_dtensor_spec *x, const int *me, int
       st = weft_div_scalar(t, (double)m);
     } else if (me[i] != 0) {
       /* integers: keep the value on coordinate 0, zeros elsewhere (exact) */
-      memset(t->data, 0, weft_tensor_nbytes(t));
+      st = weft_memset(t->device, t->data, 0, weft_tensor_nbytes(t));
     }
   }
   if (st != WEFT_OK) {
@@ -182,7 +177,7 @@ static weft_status step_all_reduce(const weft_mesh *mesh, const weft_dtensor_spe
     if (preset)
       t = preset;
     else
-      WEFT_CHECK(dt_tensor_new(x->dtype, in->ndim, in->shape, &t));
+      WEFT_CHECK(dt_tensor_new(in->device, x->dtype, in->ndim, in->shape, &t));
     st = weft_all_reduce(mesh, i, in->data, t->data, weft_tensor_numel(in), x->dtype, op, NULL);
   } else {
     if (preset) {
@@ -230,7 +225,7 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
     total += counts[c];
     if (counts[c] != counts[0]) even = false;
   }
-  WEFT_CHECK_GOTO(out_tensor(y, &nb, preset, &t), st, done);
+  WEFT_CHECK_GOTO(out_tensor(y, &nb, in->device, preset, &t), st, done);
   int64_t osz[WEFT_MAX_DIMS], nsz[WEFT_MAX_DIMS], off;
   box_sizes(&ob[me[i]], osz);
   box_sizes(&nb, nsz);
@@ -239,7 +234,8 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
   if (weft_tensor_is_contiguous(in) && xfer_contig(&xf[me[i]], true, osz, &off)) {
     send = (const char *)in->data + (size_t)off * esz;
   } else {
-    WEFT_CHECK_GOTO(alloc_buf((size_t)counts[me[i]] * esz, &sendbuf, &sendsz), st, done);
+    WEFT_CHECK_GOTO(alloc_buf(in->device, (size_t)counts[me[i]] * esz, &sendbuf, &sendsz), st,
+                    done);
     WEFT_CHECK_GOTO(dt_xfer_pack(&xf[me[i]], in, sendbuf), st, done);
     send = sendbuf;
   }
@@ -256,7 +252,7 @@ static weft_status step_all_gather(const weft_mesh *mesh, const weft_dtensor_spe
   if (direct) {
     recv = t->data;
   } else {
-    WEFT_CHECK_GOTO(alloc_buf((size_t)total * esz, &recvbuf, &recvsz), st, done);
+    WEFT_CHECK_GOTO(alloc_buf(in->device, (size_t)total * esz, &recvbuf, &recvsz), st, done);
     recv = recvbuf;
   }
   if (even)
@@ -317,7 +313,7 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
     sc[c] = xs[c].numel;
     rc[c] = xr[c].numel;
   }
-  WEFT_CHECK_GOTO(out_tensor(y, &nb[r], preset, &t), st, done);
+  WEFT_CHECK_GOTO(out_tensor(y, &nb[r], in->device, preset, &t), st, done);
   int64_t osz[WEFT_MAX_DIMS], nsz[WEFT_MAX_DIMS];
   box_sizes(&ob[r], osz);
   box_sizes(&nb[r], nsz);
@@ -345,7 +341,7 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
       sd[c] = tot;
       tot += sc[c];
     }
-    WEFT_CHECK_GOTO(alloc_buf((size_t)tot * esz, &sendbuf, &sendsz), st, done);
+    WEFT_CHECK_GOTO(alloc_buf(in->device, (size_t)tot * esz, &sendbuf, &sendsz), st, done);
     for (int c = 0; c < m; c++)
       WEFT_CHECK_GOTO(dt_xfer_pack(&xs[c], in, (char *)sendbuf + (size_t)sd[c] * esz), st, done);
     send = sendbuf;
@@ -363,7 +359,7 @@ static weft_status step_all_to_all(const weft_mesh *mesh, const weft_dtensor_spe
       rd[c] = tot;
       tot += rc[c];
     }
-    WEFT_CHECK_GOTO(alloc_buf((size_t)tot * esz, &recvbuf, &recvsz), st, done);
+    WEFT_CHECK_GOTO(alloc_buf(in->device, (size_t)tot * esz, &recvbuf, &recvsz), st, done);
     recv = recvbuf;
   }
   if (even)
@@ -418,7 +414,7 @@ static weft_status step_reduce_scatter(const weft_mesh *mesh, const weft_dtensor
   }
   for (int c = 0; c < m; c++)
     if (xs[c].numel != count) even = false;
-  WEFT_CHECK_GOTO(out_tensor(y, &nb[r], preset, &t), st, done);
+  WEFT_CHECK_GOTO(out_tensor(y, &nb[r], in->device, preset, &t), st, done);
   int64_t osz[WEFT_MAX_DIMS];
   box_sizes(&ob, osz);
   bool sdirect = even && weft_tensor_is_contiguous(in);
@@ -428,23 +424,29 @@ static weft_status step_reduce_scatter(const weft_mesh *mesh, const weft_dtensor
   }
   const void *send = in->data;
   if (!sdirect) {
-    WEFT_CHECK_GOTO(alloc_buf((size_t)(count * m) * esz, &sendbuf, &sendsz), st, done);
+    WEFT_CHECK_GOTO(alloc_buf(in->device, (size_t)(count * m) * esz, &sendbuf, &sendsz), st, done);
     for (int c = 0; c < m; c++) {
       char *blk = (char *)sendbuf + (size_t)(c * count) * esz;
       WEFT_CHECK_GOTO(dt_xfer_pack(&xs[c], in, blk), st, done);
       /* padding joins the reduction and is dropped; keep it defined */
-      memset(blk + (size_t)xs[c].numel * esz, 0, (size_t)(count - xs[c].numel) * esz);
+      if (count > xs[c].numel)
+        WEFT_CHECK_GOTO(weft_memset(in->device, blk + (size_t)xs[c].numel * esz, 0,
+                                    (size_t)(count - xs[c].numel) * esz),
+                        st, done);
     }
     send = sendbuf;
   }
   void *recv = t->data;
   if (xs[r].numel != count) {
-    WEFT_CHECK_GOTO(alloc_buf((size_t)count * esz, &recvbuf, &recvsz), st, done);
+    WEFT_CHECK_GOTO(alloc_buf(in->device, (size_t)count * esz, &recvbuf, &recvsz), st, done);
     recv = recvbuf;
   }
   st = weft_reduce_scatter(mesh, i, send, recv, count, x->dtype, op, NULL);
   if (st != WEFT_OK) goto done;
-  if (recvbuf) memcpy(t->data, recvbuf, (size_t)xs[r].numel * esz);
+  if (recvbuf && xs[r].numel)
+    WEFT_CHECK_GOTO(
+        weft_memcpy(t->device, t->data, recvbuf, (size_t)xs[r].numel * esz, WEFT_COPY_D2D), st,
+        done);
   *out = t;
   t = NULL;
 done:
@@ -462,9 +464,9 @@ done:
 
 weft_status dt_redistribute_run(const weft_dtensor *dt, const weft_dtensor_spec *dst_spec,
                                 const dt_plan *plan, weft_tensor *into, weft_dtensor **out) {
-  if (dt->local->device != WEFT_CPU || (into && into->device != WEFT_CPU))
-    return weft_error(WEFT_ERR_UNSUPPORTED, "redistribute of %s tensors is not implemented",
-                      weft_device_name(dt->local->device));
+  if (into && into->device != dt->local->device)
+    return weft_error(WEFT_ERR_INVALID, "redistribute_into: `into` is on %s but the DTensor on %s",
+                      weft_device_name(into->device), weft_device_name(dt->local->device));
   int me[WEFT_MESH_MAX_DIMS];
   dt_my_coords(dt->mesh, me);
   /* the last step writes straight into `into` when it is a dense tensor of

@@ -640,6 +640,30 @@ void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap) {
   if (len >= cap) buf[cap - 1] = '\0';
 }
 
+/* ------------------------------------------------------------- device */
+
+weft_status weft_mesh_set_device(weft_mesh *mesh, weft_device dev) {
+  if (!mesh) return weft_error(WEFT_ERR_INVALID, "mesh is NULL");
+  if (mesh->root != mesh)
+    return weft_error(WEFT_ERR_INVALID,
+                      "the device belongs to the root mesh: set it there (sub-meshes and "
+                      "flattened meshes inherit it)");
+  if ((int)dev < 0 || dev >= WEFT_DEVICE_COUNT)
+    return weft_error(WEFT_ERR_INVALID, "device %d is not a weft_device", (int)dev);
+  weft_status st = agree(mesh->comm, mesh->world_of, fnv1a(0xcbf29ce484222325ULL, &dev, sizeof dev),
+                         "weft_mesh_set_device", __func__);
+  if (st) return st;
+  weft_status mine = WEFT_OK;
+  if (dev != WEFT_CPU && weft_device_current(dev) < 0)
+    mine = weft_device_init(dev, weft_local_rank(), NULL);
+  st = weft_agree_status(mesh->comm, mine, NULL, "weft_mesh_set_device", NULL);
+  if (st) return st;
+  mesh->device = dev;
+  return WEFT_OK;
+}
+
+weft_device weft_mesh_device(const weft_mesh *mesh) { return mesh ? mesh->root->device : WEFT_CPU; }
+
 /* ---------------------------------------------------- groups for collectives */
 
 mesh_dim *weft__mesh_group(const weft_mesh *mesh, int dim, const char *func) {

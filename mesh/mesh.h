@@ -271,6 +271,22 @@ WEFT_API weft_mesh *weft_mesh_root(const weft_mesh *mesh);
 WEFT_API weft_status weft_mesh_flatten(weft_mesh *mesh, int n, const char *const *names,
                                        const char *flat_name, weft_mesh **out);
 
+/* The device of a mesh, as DeviceMesh("cuda", ...): every DTensor made on
+ * the mesh or on any of its sub-meshes and flattened meshes keeps its local
+ * tensor on it, and the collectives behind them run on its memory (NCCL
+ * where it can, else MPI with host staging; see "Device buffers" above).
+ * A new mesh is on WEFT_CPU. Set it on the root mesh (WEFT_ERR_INVALID on
+ * a sub-mesh: they inherit the root's), before DTensors are made on it.
+ * For WEFT_CUDA this rank's device is chosen here if weft_device_init has
+ * not chosen it (the node-local rank modulo the devices the node has).
+ * Collective over the mesh: every rank passes the same device (else
+ * WEFT_ERR_MISMATCH on every rank); a rank that cannot use it (a build
+ * without that backend: WEFT_ERR_UNSUPPORTED; no device: WEFT_ERR_NO_DEVICE)
+ * makes every rank fail with its message, and the mesh keeps its device. */
+WEFT_API weft_status weft_mesh_set_device(weft_mesh *mesh, weft_device dev);
+/* The device of mesh's root (WEFT_CPU for NULL). Not collective. */
+WEFT_API weft_device weft_mesh_device(const weft_mesh *mesh);
+
 /* ------------------------------------------------------------ collectives */
 
 typedef enum weft_reduce_op {

@@ -52,7 +52,8 @@ struct weft_mesh {
   int inflight;    /* async works not yet completed */
   mesh_dim **dims; /* ndim root dims, then flattened dims */
   int ndims_all, dims_cap;
-  mesh_dim whole; /* the whole mesh (barrier over dim -1) */
+  mesh_dim whole;     /* the whole mesh (barrier over dim -1) */
+  weft_device device; /* where DTensors on this mesh keep their locals */
 };
 
 /* ------------------------------------------------------------ init.c */
