@@ -98,10 +98,10 @@ static weft_status attention_forward(weft_module *m, const weft_dtensor *x,
                                        A->max_seq, B, T, Hl, A->hd, 0));
   WEFT_CHECK(weft_backend_rope_forward(nn_dev(k0), nn_f32(A->k), nn_f32(k0), A->cosb.p, A->sinb.p,
                                        A->max_seq, B, T, Hkvl, A->hd, 0));
-  WEFT_CHECK(nn_scratch_reserve(&A->lse, B * Hl * T > 0 ? B * Hl * T : 1));
+  WEFT_CHECK(nn_scratch_reserve(&A->lse, nn_dev(q0), B * Hl * T > 0 ? B * Hl * T : 1));
   size_t sbytes = weft_backend_attention_scratch_bytes(nn_dev(q0), B, T, Hl, Hkvl, A->hd);
-  WEFT_CHECK(
-      nn_scratch_reserve(&A->scratch, (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float))));
+  WEFT_CHECK(nn_scratch_reserve(&A->scratch, nn_dev(q0),
+                                (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float))));
   if (Hl > 0)
     WEFT_CHECK(weft_backend_attention_forward(nn_dev(q0), nn_f32(A->att), A->lse.p, nn_f32(A->q),
                                               nn_f32(A->k), nn_f32(v0), B, T, Hl, Hkvl, A->hd, true,
@@ -205,11 +205,12 @@ weft_status weft_attention_create(weft_mesh *mesh, const char *name, const weft_
   WEFT_CHECK(nn_module_new(mesh, WEFT_MODULE_ATTENTION, name, &attention_ops, A, &m));
   weft_status st;
   int64_t half = A->max_seq * (A->hd / 2);
-  WEFT_CHECK_GOTO(nn_scratch_reserve(&A->cosb, half), st, fail);
-  WEFT_CHECK_GOTO(nn_scratch_reserve(&A->sinb, half), st, fail);
+  weft_device dev = weft_mesh_device(mesh); /* the tables live where the model computes */
+  WEFT_CHECK_GOTO(nn_scratch_reserve(&A->cosb, dev, half), st, fail);
+  WEFT_CHECK_GOTO(nn_scratch_reserve(&A->sinb, dev, half), st, fail);
   WEFT_CHECK_GOTO(
-      weft_backend_rope_tables(WEFT_CPU, A->cosb.p, A->sinb.p, A->max_seq, A->hd, cfg->rope_theta),
-      st, fail);
+      weft_backend_rope_tables(dev, A->cosb.p, A->sinb.p, A->max_seq, A->hd, cfg->rope_theta), st,
+      fail);
   const linear_child lin[4] = {{"wq", A->dim, A->H * A->hd, &A->wq},
                                {"wk", A->dim, A->Hkv * A->hd, &A->wk},
                                {"wv", A->dim, A->Hkv * A->hd, &A->wv},

@@ -178,12 +178,12 @@ static weft_status linear_backward(weft_module *m, const weft_dtensor *dy_in,
         WEFT_CHECK(weft_backend_linear_backward(dev, NULL, nn_f32(gr), NULL, nn_f32(dy), xl->data,
                                                 wl->data, n, ic, oc, false, true));
     } else {
-      WEFT_CHECK(nn_scratch_reserve(&L->dw, oc * ic));
+      WEFT_CHECK(nn_scratch_reserve(&L->dw, dev, oc * ic));
       if (n > 0)
         WEFT_CHECK(weft_backend_linear_backward(dev, NULL, L->dw.p, NULL, nn_f32(dy), xl->data,
                                                 wl->data, n, ic, oc, false, false));
       else
-        memset(L->dw.p, 0, (size_t)(oc * ic) * sizeof(float));
+        WEFT_CHECK(weft_memset(dev, L->dw.p, 0, (size_t)(oc * ic) * sizeof(float)));
       WEFT_CHECK(nn_grad_accumulate(m, L->w, L->dw.p, pdw));
     }
   }
@@ -277,12 +277,19 @@ static weft_status embedding_forward(weft_module *m, const weft_dtensor *tok,
   }
   const weft_tensor *tl = weft_dtensor_local(tok), *wl = weft_dtensor_local(w);
   int64_t ntok = weft_tensor_numel(tl);
-  const int32_t *ids = tl->data;
+  const int32_t *ids = tl->data, *hids;
+  void *tmp;
+  WEFT_CHECK(
+      nn_host_get(tl->device, ids, (size_t)ntok * sizeof(int32_t), (const void **)&hids, &tmp));
   for (int64_t i = 0; i < ntok; i++)
-    if (ids[i] < 0 || ids[i] >= E->num)
+    if (hids[i] < 0 || hids[i] >= E->num) {
+      int32_t bad = hids[i];
+      weft_free(tmp);
       return weft_error(WEFT_ERR_INVALID,
                         "embedding '%s': token %d at flat index %lld is outside [0, %lld)", m->fqn,
-                        ids[i], (long long)i, (long long)E->num);
+                        bad, (long long)i, (long long)E->num);
+    }
+  weft_free(tmp);
   int64_t yshape[WEFT_MAX_DIMS];
   memcpy(yshape, ts->shape, sizeof(int64_t) * (size_t)ts->ndim);
   yshape[ts->ndim] = E->dim;
@@ -326,8 +333,8 @@ static weft_status embedding_backward(weft_module *m, const weft_dtensor *dy_in,
     WEFT_CHECK(weft_backend_embedding_range_backward(nn_dev(dy), nn_f32(gr), tl->data, nn_f32(dy),
                                                      ntok, E->v0, E->nv, c));
   } else {
-    WEFT_CHECK(nn_scratch_reserve(&E->dw, E->nv * c));
-    memset(E->dw.p, 0, (size_t)(E->nv * c) * sizeof(float));
+    WEFT_CHECK(nn_scratch_reserve(&E->dw, nn_dev(dy), E->nv * c));
+    WEFT_CHECK(weft_memset(nn_dev(dy), E->dw.p, 0, (size_t)(E->nv * c) * sizeof(float)));
     WEFT_CHECK(weft_backend_embedding_range_backward(nn_dev(dy), E->dw.p, tl->data, nn_f32(dy),
                                                      ntok, E->v0, E->nv, c));
     WEFT_CHECK(nn_grad_accumulate(m, E->w, E->dw.p, pdw));
@@ -416,7 +423,7 @@ static weft_status rmsnorm_forward(weft_module *m, const weft_dtensor *x,
   }
   WEFT_CHECK(nn_ensure(&R->y, m->mesh, WEFT_F32, xs->ndim, xs->shape, xs->placements));
   int64_t n = rows_of(x, R->dim);
-  WEFT_CHECK(nn_scratch_reserve(&R->rstd, n > 0 ? n : 1));
+  WEFT_CHECK(nn_scratch_reserve(&R->rstd, nn_dev(x), n > 0 ? n : 1));
   WEFT_CHECK(weft_backend_rmsnorm_forward(nn_dev(x), nn_f32(R->y), R->rstd.p, nn_f32(x), nn_f32(w),
                                           n, R->dim, R->eps));
   R->x = x;
@@ -447,8 +454,8 @@ static weft_status rmsnorm_backward(weft_module *m, const weft_dtensor *dy_in,
     WEFT_CHECK(nn_grad_get(m, R->w, &gr));
     dwp = nn_f32(gr);
   } else {
-    WEFT_CHECK(nn_scratch_reserve(&R->dw, c));
-    memset(R->dw.p, 0, (size_t)c * sizeof(float));
+    WEFT_CHECK(nn_scratch_reserve(&R->dw, nn_dev(dy), c));
+    WEFT_CHECK(weft_memset(nn_dev(dy), R->dw.p, 0, (size_t)c * sizeof(float)));
     dwp = R->dw.p;
   }
   WEFT_CHECK(weft_backend_rmsnorm_backward(nn_dev(dy), nn_f32(R->dx), dwp, nn_f32(dy), nn_f32(R->x),

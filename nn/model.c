@@ -145,8 +145,10 @@ typedef struct loss_impl {
   double loss;
   /* default implementation's state */
   nn_scratch lse, rows; /* lse (N); gmax, gtarget, gsum (3N) */
-  int32_t *tl;          /* local targets (N) */
+  int32_t *tl;          /* local targets (N), gathered on the host */
   int64_t tl_cap;
+  nn_scratch tl_dev; /* the same on the logits' device (not the CPU) */
+  const int32_t *tk; /* where the kernels read them: tl or tl_dev */
   int64_t n_local, total, v0, nv;
   bool vocab_sharded;
 } loss_impl;
@@ -209,17 +211,23 @@ static weft_status default_loss_forward(void *ctx, const weft_dtensor *logits,
     }
     L->tl[r] = tg[flat];
   }
-  WEFT_CHECK(nn_scratch_reserve(&L->lse, n > 0 ? n : 1));
+  L->tk = L->tl;
+  if (ll->device != WEFT_CPU) {
+    WEFT_CHECK(nn_scratch_reserve(&L->tl_dev, ll->device, n > 0 ? n : 1));
+    WEFT_CHECK(nn_host_put(ll->device, L->tl_dev.p, L->tl, (size_t)n * sizeof(int32_t)));
+    L->tk = (const int32_t *)L->tl_dev.p;
+  }
+  WEFT_CHECK(nn_scratch_reserve(&L->lse, ll->device, n > 0 ? n : 1));
   double mean = 0.0;
   if (!L->vocab_sharded) {
     if (n > 0)
-      WEFT_CHECK(weft_backend_cross_entropy_forward(ll->device, &mean, L->lse.p, ll->data, L->tl, n,
+      WEFT_CHECK(weft_backend_cross_entropy_forward(ll->device, &mean, L->lse.p, ll->data, L->tk, n,
                                                     L->nv));
   } else {
-    WEFT_CHECK(nn_scratch_reserve(&L->rows, 3 * (n > 0 ? n : 1)));
+    WEFT_CHECK(nn_scratch_reserve(&L->rows, ll->device, 3 * (n > 0 ? n : 1)));
     float *gmax = L->rows.p, *gtgt = gmax + n, *gsum = gtgt + n;
     WEFT_CHECK(weft_backend_cross_entropy_local_max(ll->device, gmax, ll->data, n, L->nv));
-    WEFT_CHECK(weft_backend_cross_entropy_local_target(ll->device, gtgt, ll->data, L->tl, n, L->v0,
+    WEFT_CHECK(weft_backend_cross_entropy_local_target(ll->device, gtgt, ll->data, L->tk, n, L->v0,
                                                        L->nv));
     for (int i = 0; i < nd; i++)
       if (vocab_dim[i] && s->mesh_shape[i] > 1) {
@@ -251,10 +259,10 @@ static weft_status default_loss_backward(void *ctx, const weft_dtensor *logits,
   float scale = (float)(dloss / (double)L->total);
   const float *lg = nn_f32(logits);
   if (!L->vocab_sharded)
-    return weft_backend_cross_entropy_backward(nn_dev(logits), nn_f32(dlogits), lg, L->lse.p, L->tl,
+    return weft_backend_cross_entropy_backward(nn_dev(logits), nn_f32(dlogits), lg, L->lse.p, L->tk,
                                                L->n_local, L->nv, scale);
   return weft_backend_cross_entropy_backward_local(nn_dev(logits), nn_f32(dlogits), lg, L->lse.p,
-                                                   L->tl, L->n_local, L->v0, L->nv, scale);
+                                                   L->tk, L->n_local, L->v0, L->nv, scale);
 }
 
 static weft_status loss_forward(weft_module *m, const weft_dtensor *logits,
@@ -288,7 +296,8 @@ static weft_status loss_forward(weft_module *m, const weft_dtensor *logits,
   for (int i = 0; i < s->mesh_ndim; i++) r[i] = weft_replicate();
   int64_t one = 1;
   WEFT_CHECK(nn_ensure(&L->out, m->mesh, WEFT_F32, 1, &one, r));
-  nn_f32(L->out)[0] = (float)loss;
+  float lf = (float)loss;
+  WEFT_CHECK(nn_host_put(nn_dev(L->out), nn_f32(L->out), &lf, sizeof lf));
   L->loss = loss;
   L->logits = logits;
   *out = L->out;
@@ -302,7 +311,12 @@ static weft_status loss_backward(weft_module *m, const weft_dtensor *dl0,
   WEFT_CHECK(nn_coerce_grad(m, dl0, weft_dtensor_get_spec(L->out), false, &dl, &L->dl_tmp));
   const weft_dtensor_spec *s = weft_dtensor_get_spec(L->logits);
   WEFT_CHECK(nn_ensure(&L->dlogits, m->mesh, WEFT_F32, s->ndim, s->shape, s->placements));
-  WEFT_CHECK(L->impl.backward(L->ctx, L->logits, L->targets, (double)nn_f32(dl)[0], L->dlogits));
+  const void *hd;
+  void *tmp;
+  WEFT_CHECK(nn_host_get(nn_dev(dl), nn_f32(dl), sizeof(float), &hd, &tmp));
+  float dloss = *(const float *)hd;
+  weft_free(tmp);
+  WEFT_CHECK(L->impl.backward(L->ctx, L->logits, L->targets, (double)dloss, L->dlogits));
   *din = L->dlogits;
   return WEFT_OK;
 }
@@ -316,6 +330,7 @@ static void loss_destroy(weft_module *m) {
   weft_dtensor_destroy(L->dl_tmp);
   nn_scratch_free(&L->lse);
   nn_scratch_free(&L->rows);
+  nn_scratch_free(&L->tl_dev);
   weft_free(L->tl);
   free(L);
 }
@@ -549,14 +564,21 @@ static weft_status check_ids(const weft_tensor *t, const char *what, const weft_
                       "llama: %s shape (%lld, %lld): need B >= 1 and 1 <= T <= max_seq_len %lld",
                       what, (long long)t->shape[0], (long long)t->shape[1],
                       (long long)c->max_seq_len);
-  for (int64_t b = 0; b < t->shape[0]; b++)
-    for (int64_t i = 0; i < t->shape[1]; i++) {
+  weft_tensor *host = NULL; /* a device tensor's ids, read on the host */
+  if (t->device != WEFT_CPU) {
+    WEFT_CHECK(weft_tensor_to(t, WEFT_CPU, &host));
+    t = host;
+  }
+  weft_status st = WEFT_OK;
+  for (int64_t b = 0; st == WEFT_OK && b < t->shape[0]; b++)
+    for (int64_t i = 0; st == WEFT_OK && i < t->shape[1]; i++) {
       int32_t v = *((const int32_t *)t->data + b * t->strides[0] + i * t->strides[1]);
       if (v < 0 || v >= c->vocab)
-        return weft_error(WEFT_ERR_INVALID, "llama: %s[%lld, %lld] = %d is outside [0, %lld)", what,
-                          (long long)b, (long long)i, v, (long long)c->vocab);
+        st = weft_error(WEFT_ERR_INVALID, "llama: %s[%lld, %lld] = %d is outside [0, %lld)", what,
+                        (long long)b, (long long)i, v, (long long)c->vocab);
     }
-  return WEFT_OK;
+  weft_tensor_destroy(host);
+  return st;
 }
 
 weft_status weft_llama_forward(weft_module *model, const weft_tensor *tokens,
@@ -589,7 +611,8 @@ weft_status weft_llama_backward(weft_module *model) {
   for (int i = 0; i < weft_mesh_ndim(model->mesh); i++) r[i] = weft_replicate();
   int64_t one = 1;
   WEFT_CHECK(nn_ensure(&M->one, model->mesh, WEFT_F32, 1, &one, r));
-  nn_f32(M->one)[0] = 1.0f;
+  const float one_f = 1.0f;
+  WEFT_CHECK(nn_host_put(nn_dev(M->one), nn_f32(M->one), &one_f, sizeof one_f));
   const weft_dtensor *din;
   return weft_module_backward(model, M->one, &din);
 }

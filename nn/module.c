@@ -696,7 +696,7 @@ static weft_status zero_visit(weft_module *m, void *ctx) {
     } else {
       weft_tensor *g = weft_dtensor_local(p->grad);
       if (weft_tensor_is_contiguous(g))
-        memset(g->data, 0, weft_tensor_nbytes(g));
+        WEFT_CHECK(weft_memset(g->device, g->data, 0, weft_tensor_nbytes(g)));
       else
         WEFT_CHECK(weft_tensor_fill(g, 0.0));
     }

@@ -109,12 +109,20 @@ weft_status nn_check_input(const weft_module *m, const weft_dtensor *x, const ch
  * already matches (the steady state: no allocation). Contents undefined. */
 weft_status nn_ensure(weft_dtensor **slot, weft_mesh *mesh, weft_dtype dtype, int ndim,
                       const int64_t *shape, const weft_placement *pl);
-/* A scratch host buffer of at least `floats` floats (grows, never shrinks). */
+/* A scratch buffer of at least `floats` floats on `dev` (grows, never
+ * shrinks; moves when asked for on another device). */
 typedef struct nn_scratch {
   float *p;
   int64_t cap;
+  weft_device dev;
 } nn_scratch;
-weft_status nn_scratch_reserve(nn_scratch *s, int64_t floats);
+weft_status nn_scratch_reserve(nn_scratch *s, weft_device dev, int64_t floats);
+/* Host access to a local tensor's memory on `dev`. nn_host_get: *h points
+ * at `bytes` host bytes with src's contents (src itself on the CPU, else a
+ * copy in *tmp, which the caller frees with weft_free; waits for the
+ * device). nn_host_put copies `bytes` host bytes to dst on dev. */
+weft_status nn_host_get(weft_device dev, const void *src, size_t bytes, const void **h, void **tmp);
+weft_status nn_host_put(weft_device dev, void *dst, const void *src, size_t bytes);
 void nn_scratch_free(nn_scratch *s);
 
 /* The device of a DTensor's local tensor: the kernels run through its

@@ -60,37 +60,6 @@ static bool any_psum(const weft_placement *p, int k) {
   return false;
 }
 
-/* Host access to device memory (the local tensors live on the CPU today;
- * these keep the ops correct for device locals). host_get: *h points at
- * `bytes` host bytes with src's contents (src itself on the CPU, else a
- * copy in *tmp, freed by the caller with weft_free). */
-static weft_status host_get(weft_device dev, const void *src, size_t bytes, const void **h,
-                            void **tmp) {
-  *tmp = NULL;
-  if (dev == WEFT_CPU || bytes == 0) {
-    *h = src;
-    return WEFT_OK;
-  }
-  WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, tmp));
-  weft_status st = weft_memcpy(dev, *tmp, src, bytes, WEFT_COPY_D2H);
-  if (st != WEFT_OK) {
-    weft_free(*tmp);
-    *tmp = NULL;
-    return st;
-  }
-  *h = *tmp;
-  return WEFT_OK;
-}
-
-static weft_status host_put(weft_device dev, void *dst, const void *src, size_t bytes) {
-  if (bytes == 0) return WEFT_OK;
-  if (dev == WEFT_CPU) {
-    memmove(dst, src, bytes);
-    return WEFT_OK;
-  }
-  return weft_memcpy(dev, dst, src, bytes, WEFT_COPY_H2D);
-}
-
 /* A graph buffer of x's leading dims (x (..., C) -> (...)) whose local
  * box is x's rows: x's placements with shards of the last dim as R. A 1-D
  * x gives shape (1). */
@@ -201,7 +170,7 @@ weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
     int64_t nt = weft_tensor_numel(il);
     const void *h;
     void *tmp;
-    WEFT_CHECK(host_get(il->device, il->data, (size_t)nt * sizeof(int32_t), &h, &tmp));
+    WEFT_CHECK(nn_host_get(il->device, il->data, (size_t)nt * sizeof(int32_t), &h, &tmp));
     const int32_t *t = h;
     for (int64_t i = 0; i < nt; i++)
       if (t[i] < 0 || t[i] >= V) {
@@ -774,7 +743,7 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
   {
     const void *h;
     void *tmp;
-    WEFT_CHECK(host_get(nn_dev(dl), nn_f32(dl), sizeof(float), &h, &tmp));
+    WEFT_CHECK(nn_host_get(nn_dev(dl), nn_f32(dl), sizeof(float), &h, &tmp));
     dloss = *(const float *)h;
     weft_free(tmp);
   }
@@ -801,7 +770,8 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
     /* ignored rows get no gradient */
     const void *h;
     void *tmp;
-    WEFT_CHECK(host_get(dev, nn_local(n->saved[2])->data, (size_t)N * sizeof(int32_t), &h, &tmp));
+    WEFT_CHECK(
+        nn_host_get(dev, nn_local(n->saved[2])->data, (size_t)N * sizeof(int32_t), &h, &tmp));
     const int32_t *keep = h;
     weft_status st = WEFT_OK;
     for (int64_t r = 0; r < N && st == WEFT_OK; r++) {
@@ -858,7 +828,7 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
   int64_t nt = weft_tensor_numel(tl), count = 0;
   const void *th;
   void *ttmp;
-  WEFT_CHECK(host_get(tl->device, tl->data, (size_t)nt * sizeof(int32_t), &th, &ttmp));
+  WEFT_CHECK(nn_host_get(tl->device, tl->data, (size_t)nt * sizeof(int32_t), &th, &ttmp));
   const int32_t *tg = th;
   for (int64_t i = 0; i < nt; i++) {
     if (tg[i] == ignore_index) continue;
@@ -932,9 +902,9 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
       hsafe[r] = t != ignore_index ? t : 0;
     }
     if (host_tmp) {
-      st = host_put(dev, nn_local(tsafe)->data, hsafe, (size_t)N * sizeof(int32_t));
+      st = nn_host_put(dev, nn_local(tsafe)->data, hsafe, (size_t)N * sizeof(int32_t));
       if (st == WEFT_OK)
-        st = host_put(dev, nn_local(keep)->data, hkeep, (size_t)N * sizeof(int32_t));
+        st = nn_host_put(dev, nn_local(keep)->data, hkeep, (size_t)N * sizeof(int32_t));
     }
   }
   weft_free(ttmp);
@@ -975,10 +945,10 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
   if (N > 0) {
     const void *hl, *ht, *hk;
     void *t1, *t2, *t3;
-    WEFT_CHECK(host_get(dev, nn_f32(lse), (size_t)N * sizeof(float), &hl, &t1));
-    st = host_get(dev, nn_f32(gtgt), (size_t)N * sizeof(float), &ht, &t2);
+    WEFT_CHECK(nn_host_get(dev, nn_f32(lse), (size_t)N * sizeof(float), &hl, &t1));
+    st = nn_host_get(dev, nn_f32(gtgt), (size_t)N * sizeof(float), &ht, &t2);
     if (st == WEFT_OK)
-      st = host_get(dev, nn_local(keep)->data, (size_t)N * sizeof(int32_t), &hk, &t3);
+      st = nn_host_get(dev, nn_local(keep)->data, (size_t)N * sizeof(int32_t), &hk, &t3);
     if (st == WEFT_OK) {
       const float *a = hl, *b = ht;
       const int32_t *kp = hk;
@@ -997,7 +967,7 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
   float loss = (float)(sum / (double)count);
   int64_t one = 1;
   WEFT_CHECK(nn_graph_tensor(g, mesh, WEFT_F32, 1, &one, rep, &y));
-  WEFT_CHECK(host_put(nn_dev(y), nn_f32(y), &loss, sizeof loss));
+  WEFT_CHECK(nn_host_put(nn_dev(y), nn_f32(y), &loss, sizeof loss));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, &logits, 1, (const weft_dtensor *const[]){lu}, ce_backward, &node));

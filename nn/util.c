@@ -78,13 +78,41 @@ weft_status nn_ensure(weft_dtensor **slot, weft_mesh *mesh, weft_dtype dtype, in
   return weft_dtensor_empty(mesh, dtype, ndim, shape, pl, nd, slot);
 }
 
-weft_status nn_scratch_reserve(nn_scratch *s, int64_t floats) {
-  if (floats <= s->cap) return WEFT_OK;
+weft_status nn_host_get(weft_device dev, const void *src, size_t bytes, const void **h,
+                        void **tmp) {
+  *tmp = NULL;
+  if (dev == WEFT_CPU || bytes == 0) {
+    *h = src;
+    return WEFT_OK;
+  }
+  WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, tmp));
+  weft_status st = weft_memcpy(dev, *tmp, src, bytes, WEFT_COPY_D2H);
+  if (st != WEFT_OK) {
+    weft_free(*tmp);
+    *tmp = NULL;
+    return st;
+  }
+  *h = *tmp;
+  return WEFT_OK;
+}
+
+weft_status nn_host_put(weft_device dev, void *dst, const void *src, size_t bytes) {
+  if (bytes == 0) return WEFT_OK;
+  if (dev == WEFT_CPU) {
+    memmove(dst, src, bytes);
+    return WEFT_OK;
+  }
+  return weft_memcpy(dev, dst, src, bytes, WEFT_COPY_H2D);
+}
+
+weft_status nn_scratch_reserve(nn_scratch *s, weft_device dev, int64_t floats) {
+  if (floats <= s->cap && dev == s->dev) return WEFT_OK;
   void *p;
-  WEFT_CHECK(weft_alloc(WEFT_CPU, (size_t)floats * sizeof(float), &p));
+  WEFT_CHECK(weft_alloc(dev, (size_t)floats * sizeof(float), &p));
   weft_free(s->p);
   s->p = p;
   s->cap = floats;
+  s->dev = dev;
   return WEFT_OK;
 }
 
@@ -202,7 +230,8 @@ weft_status nn_reduce_to(weft_mesh *mesh, float *buf, const weft_dtensor_spec *l
   weft_tensor *view = NULL, *got = NULL;
   weft_dtensor *src = NULL, *dst = NULL;
   weft_status st;
-  WEFT_CHECK_GOTO(weft_tensor_wrap(buf, WEFT_F32, WEFT_CPU, like->ndim, lshape, &view), st, done);
+  weft_device dev = weft_mesh_device(mesh);
+  WEFT_CHECK_GOTO(weft_tensor_wrap(buf, WEFT_F32, dev, like->ndim, lshape, &view), st, done);
   WEFT_CHECK_GOTO(weft_dtensor_from_local(mesh, view, WEFT_LOCAL_VIEW, have, nd, like->shape, &src),
                   st, done);
   weft_redistribute_opts o = WEFT_REDISTRIBUTE_OPTS_INIT;
@@ -216,8 +245,7 @@ weft_status nn_reduce_to(weft_mesh *mesh, float *buf, const weft_dtensor_spec *l
   }
   {
     weft_tensor *outv = NULL;
-    WEFT_CHECK_GOTO(weft_tensor_wrap(buf, WEFT_F32, WEFT_CPU, like->ndim, got->shape, &outv), st,
-                    done);
+    WEFT_CHECK_GOTO(weft_tensor_wrap(buf, WEFT_F32, dev, like->ndim, got->shape, &outv), st, done);
     st = weft_tensor_copy(outv, got);
     weft_tensor_destroy(outv);
   }
@@ -254,8 +282,5 @@ weft_status nn_grad_accumulate(const weft_module *m, weft_param *p, float *dw,
     WEFT_CHECK(nn_reduce_to(weft_dtensor_mesh(p->data), dw, ds, have, ds->placements));
   weft_dtensor *g;
   WEFT_CHECK(nn_grad_get(m, p, &g));
-  int64_t n = nn_numel(g);
-  float *gp = nn_f32(g);
-  for (int64_t i = 0; i < n; i++) gp[i] += dw[i];
-  return WEFT_OK;
+  return weft_backend_residual_forward(nn_dev(g), nn_f32(g), nn_f32(g), dw, nn_numel(g));
 }

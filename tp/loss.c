@@ -10,10 +10,13 @@
 #include "tp.h"
 
 struct weft_tp_loss {
-  float *buf;   /* gmax (N) | sumexp (N) | target (N) | lse (N) */
-  int64_t cap;  /* floats in buf */
-  bool valid;   /* a forward ran and its state is here */
-  bool sharded; /* vocab sharded on some mesh dim */
+  float *buf;      /* gmax (N) | sumexp (N) | target (N) | lse (N), on `dev` */
+  int64_t cap;     /* floats in buf */
+  int32_t *y;      /* the targets on `dev` when it is not the CPU (N) */
+  int64_t ycap;    /* int32s in y */
+  weft_device dev; /* where buf and y live: the logits' device */
+  bool valid;      /* a forward ran and its state is here */
+  bool sharded;    /* vocab sharded on some mesh dim */
   int64_t n, v0, nv, V;
   weft_dtensor_spec spec; /* the logits' spec at forward */
 };
@@ -27,16 +30,35 @@ weft_status weft_tp_loss_create(weft_tp_loss **out) {
 
 void weft_tp_loss_destroy(weft_tp_loss *l) {
   if (!l) return;
-  free(l->buf);
+  weft_free(l->buf);
+  weft_free(l->y);
   free(l);
 }
 
-static weft_status reserve(weft_tp_loss *l, int64_t floats) {
-  if (floats <= l->cap) return WEFT_OK;
-  float *p = realloc(l->buf, (size_t)floats * sizeof *p);
-  if (!p) return weft_error(WEFT_ERR_OOM, "tp loss: %lld floats", (long long)floats);
-  l->buf = p;
-  l->cap = floats;
+/* buf of at least `floats` floats and, off the CPU, y of n int32s, on dev. */
+static weft_status reserve(weft_tp_loss *l, weft_device dev, int64_t floats, int64_t n) {
+  if (dev != l->dev) {
+    weft_free(l->buf);
+    weft_free(l->y);
+    l->buf = NULL;
+    l->y = NULL;
+    l->cap = l->ycap = 0;
+    l->dev = dev;
+  }
+  if (floats > l->cap) {
+    void *p;
+    WEFT_CHECK(weft_alloc(dev, (size_t)floats * sizeof(float), &p));
+    weft_free(l->buf);
+    l->buf = p;
+    l->cap = floats;
+  }
+  if (dev != WEFT_CPU && n > l->ycap) {
+    void *p;
+    WEFT_CHECK(weft_alloc(dev, (size_t)n * sizeof(int32_t), &p));
+    weft_free(l->y);
+    l->y = p;
+    l->ycap = n;
+  }
   return WEFT_OK;
 }
 
@@ -65,9 +87,10 @@ static weft_status check_inputs(const weft_dtensor *logits, const weft_tensor *t
                         b, i);
     }
   }
-  if (targets->dtype != WEFT_I32 || targets->ndim != last || !weft_tensor_is_contiguous(targets))
+  if (targets->dtype != WEFT_I32 || targets->ndim != last || !weft_tensor_is_contiguous(targets) ||
+      targets->device != WEFT_CPU)
     return weft_error(WEFT_ERR_INVALID,
-                      "tp loss: targets must be a contiguous int32 tensor of %d dims (the "
+                      "tp loss: targets must be a contiguous int32 host tensor of %d dims (the "
                       "logits' rows)",
                       last);
   for (int d = 0; d < last; d++)
@@ -106,11 +129,15 @@ weft_status weft_tp_loss_forward(weft_tp_loss *l, const weft_dtensor *logits,
   weft_mesh *mesh = weft_dtensor_mesh(logits);
   bool sharded = false;
   for (int i = 0; i < s->mesh_ndim; i++) sharded |= vocab_dim[i] && s->mesh_shape[i] > 1;
-  WEFT_CHECK(reserve(l, 4 * (n > 0 ? n : 1)));
+  const weft_device dev = weft_dtensor_local(logits)->device;
+  WEFT_CHECK(reserve(l, dev, 4 * (n > 0 ? n : 1), n));
   float *gmax = l->buf, *st = gmax + n, *lse = gmax + 3 * n;
   const float *z = weft_dtensor_local(logits)->data;
-  const weft_device dev = weft_dtensor_local(logits)->device;
   const int32_t *y = targets->data;
+  if (dev != WEFT_CPU && n > 0) { /* the kernels read the targets on the device */
+    WEFT_CHECK(weft_memcpy(dev, l->y, y, (size_t)n * sizeof(int32_t), WEFT_COPY_H2D));
+    y = l->y;
+  }
   double mean = 0.0;
   if (n == 0) {
     mean = 0.0; /* no positions: torch's mean over nothing is nan; 0 keeps the sums finite */
@@ -159,7 +186,7 @@ weft_status weft_tp_loss_backward(weft_tp_loss *l, const weft_dtensor *logits,
   /* d mean / d z[n, v] = (softmax(z)[n, v] - [v == y_n]) / N */
   float scale = (float)(dloss / (double)l->n);
   const float *z = weft_dtensor_local(logits)->data, *lse = l->buf + 3 * l->n;
-  const int32_t *y = targets->data;
+  const int32_t *y = l->dev != WEFT_CPU ? l->y : targets->data; /* as the forward's */
   if (!l->sharded)
     return weft_backend_cross_entropy_backward(dl->device, dl->data, z, lse, y, l->n, l->nv, scale);
   return weft_backend_cross_entropy_backward_local(dl->device, dl->data, z, lse, y, l->n, l->v0,

@@ -271,7 +271,9 @@ WEFT_API void weft_tp_loss_destroy(weft_tp_loss *l); /* NULL: no-op */
 
 /* Mean cross-entropy of logits (..., V) (f32 DTensor; rows = every dim but
  * the last, whole on every rank) against targets (the rows' shape, int32,
- * in [0, V), the same full tensor on every rank). Per mesh dim the logits
+ * in [0, V), the same full host tensor on every rank; copied to the
+ * logits' device when they live on one, where the row statistics are
+ * kept too). Per mesh dim the logits
  * are Replicate, or Shard(last) = loss parallel (the formulas at the top;
  * all-reduces over those mesh dims). *loss is the same on every rank.
  * Errors (every rank alike, before communicating): NULL, dtype, shapes,

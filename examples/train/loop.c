@@ -107,7 +107,7 @@ static void free_buffers(run_state *s) {
 static int count_hits(run_state *s, const weft_dtensor *lg, double *hits) {
   int64_t V = s->cfg.vocab, N = s->rows * s->cfg.max_seq_len;
   weft_tensor *loc = NULL;
-  if (weft_dtensor_to_local(lg, &loc) != WEFT_OK)
+  if (weft_tensor_to(weft_dtensor_local(lg), WEFT_CPU, &loc) != WEFT_OK) /* a host copy */
     return train_fail_all("validation: %s", weft_last_error());
   int64_t v0 = 0, nv = loc->shape[2];
   bool sharded = weft_dtensor_placements(lg)[0].kind == WEFT_PLACE_SHARD && s->tp_size > 1;
@@ -232,7 +232,7 @@ static int take_stats(run_state *s, step_report *r, train_result *res) {
       res->comm_kind_seconds[d][kk] = kc.seconds;
     }
   }
-  int64_t peak = weft_mem_get(WEFT_CPU).peak_bytes;
+  int64_t peak = weft_mem_get(weft_mesh_device(s->root)).peak_bytes; /* where the model lives */
   r->peak[0] = peak;
   r->peak[1] = -peak;
   if (!res) return 0;
@@ -397,7 +397,8 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   printf("  %-26s %.1f ms median, %.1f ms min\n", "step time (after step 1)", 1e3 * step_med,
          1e3 * step_min);
   printf("  %-26s %.2f%% of %.0f GFLOP/s per rank\n", "MFU", 100 * mfu_avg, o->peak_flops / 1e9);
-  printf("  %-26s %s\n", "peak memory (max rank)", pbuf);
+  printf("  %-26s %s (%s)\n", "peak memory (max rank)", pbuf,
+         weft_device_name(weft_mesh_device(s->root)));
   printf("  %-26s %.2f s\n", "training time", t->total_time);
   fflush(stdout);
 }
@@ -431,7 +432,7 @@ static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res
   const train_opts *o = s->o;
   step_report r = {.step = step};
   weft_comm_stats_reset(s->root);
-  weft_mem_reset_peak(WEFT_CPU);
+  weft_mem_reset_peak(weft_mesh_device(s->root));
   if (s->root_fsdp) weft_fsdp_memory_reset_peak();
   r.lr = weft_lr_schedule_at(&t->sched, step);
   weft_optimizer_set_lr(s->opt, r.lr);

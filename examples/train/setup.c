@@ -62,11 +62,6 @@ static int check_fit(const run_state *s) {
     return train_fail_all(
         "--no-loss-parallel: GPT-2's tied lm_head always makes vocab-sharded logits "
         "under TP (its loss is loss parallel)");
-  if (o->cuda)
-    return train_fail_all("--device cuda: not supported yet (weft's layers compute on the CPU; %s)",
-                          WEFT_HAVE_CUDA
-                              ? "this build has the CUDA kernels but nn does not use them"
-                              : "this build has no CUDA backend");
   if (s->tp_size > 1) {
     if (c->n_heads % s->tp_size || c->n_kv_heads % s->tp_size)
       return train_fail_all("model: heads %lld and kv-heads %lld must be divisible by tp=%d",
@@ -171,6 +166,7 @@ static weft_status make_meshes(run_state *s) {
     int one = 1;
     const char *tn[1] = {"tp"};
     WEFT_CHECK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, tn, &s->model_mesh));
+    if (s->o->cuda) WEFT_CHECK(weft_mesh_set_device(s->model_mesh, WEFT_CUDA));
   }
   if (s->ndp == 2)
     s->dp_index = weft_mesh_coord(s->dp, 0) * s->shape[1] + weft_mesh_coord(s->dp, 1);
@@ -270,6 +266,14 @@ int train_setup(run_state *s, train_result *res) {
   /* agreed: a failure may be one rank's */
   weft_status st = make_root(s);
   if (train_agree_fail(st != WEFT_OK, weft_last_error())) return 2;
+  /* --device cuda: the root mesh on the GPU of this rank's node-local rank
+   * (collective: a rank without one fails every rank, in one line) */
+  if (o->cuda && weft_mesh_set_device(s->root, WEFT_CUDA) != WEFT_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "--device cuda: %s", weft_last_error());
+    why[strcspn(why, "\n")] = '\0';
+    return train_fail_all("%s", why);
+  }
   st = make_meshes(s);
   if (st == WEFT_OK) st = make_model(s);
   if (st == WEFT_OK && s->dp_total > 1) st = shard_model(s);

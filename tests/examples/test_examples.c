@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h" /* weft_device_count: is --device cuda runnable here */
 #include "harness.h"
 #include "stats.h" /* examples/plan: plan_ranks, plan_spearman */
 
@@ -222,7 +223,8 @@ Test(examples, train_bad_input_gives_one_line_and_nonzero_exit_on_every_rank, .t
   const char *a6[] = {"--mesh", "dp=2,pp=1", NULL};
   expect_error(2, a6, "unknown dim 'pp'");
   const char *a7[] = {"--device", "cuda", NULL};
-  expect_error(2, a7, "not supported yet");
+  if (weft_device_count(WEFT_CUDA) == 0) /* else it trains (the emulated device, a GPU) */
+    expect_error(2, a7, "--device cuda: ");
   const char *a8[] = {"--batch", "3", NULL};
   expect_error(2, a8, "divisible by the data-parallel size 2");
   const char *a9[] = {"--text", "/nonexistent.txt", "--vocab", "256", NULL};
@@ -499,12 +501,17 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
  * and on rep=2 x shard=2 x tp=2 equals the one-rank curve; a checkpoint
  * resumes on another mesh to the straight run's losses, and a Llama run
  * refuses it. */
-static int read_json_losses(const char *path, double *loss, int cap) {
+/* Every value of "key" (e.g. "\"loss\":") in a --log-json file, in order. */
+static int read_json_values(const char *path, const char *key, double *v, int cap) {
   char *t = slurp(path);
   int n = 0;
-  for (char *p = t; (p = strstr(p, "\"loss\":")) && n < cap; p++) loss[n++] = strtod(p + 7, NULL);
+  size_t k = strlen(key);
+  for (char *p = t; (p = strstr(p, key)) && n < cap; p++) v[n++] = strtod(p + k, NULL);
   free(t);
   return n;
+}
+static int read_json_losses(const char *path, double *loss, int cap) {
+  return read_json_values(path, "\"loss\":", loss, cap);
 }
 
 Test(examples, train_gpt2_with_dropout_follows_the_1_rank_curve_on_2x2_and_2x2x2, .timeout = 200) {
@@ -1044,4 +1051,61 @@ Test(examples, plan_calibrate_missing_or_corrupt_file_is_a_clear_error, .timeout
     run_free(&r);
   }
   unlink(bad);
+}
+
+/* --device cuda: the same program with the mesh on the (emulated or real)
+ * GPU gives the CPU path's losses and gradient norms within 1e-6
+ * relative on every mesh kind: one rank, FSDP x TP with loss parallel,
+ * HSDP, TP with sequence parallelism, GPT-2 (tied lm_head, dropout) on
+ * 2x2; the held-out loss too. Skips where this process sees no device. */
+Test(examples, train_on_the_device_gives_the_cpu_losses_on_every_mesh_kind, .timeout = 600) {
+  if (weft_device_count(WEFT_CUDA) == 0)
+    cr_skip(
+        "no WEFT_CUDA device here (%s): runs on the emulated device (-Dcuda=emulated) and on "
+        "GPUs",
+        weft_backend_get(WEFT_CUDA) ? "the CUDA backend is built but sees no GPU"
+                                    : "this build has no CUDA backend");
+  enum { STEPS = 3 };
+  struct {
+    int n;
+    const char *args[12];
+  } runs[] = {
+      {1, {NULL}},
+      {4, {"--mesh", "dp=2,tp=2", NULL}},
+      {4, {"--mesh", "dp_replicate=2,dp_shard=2", NULL}},
+      {2, {"--mesh", "tp=2", "--sequence-parallel", NULL}},
+      {4, {"--model", "gpt2-demo", "--mesh", "dp=2,tp=2", "--dropout", "0.1", NULL}},
+  };
+  for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+    double loss[2][STEPS], norm[2][STEPS], val[2][1];
+    char what[160] = "";
+    for (int i = 0; runs[r].args[i]; i++)
+      snprintf(what + strlen(what), sizeof what - strlen(what), "%s ", runs[r].args[i]);
+    for (int d = 0; d < 2; d++) {
+      const char *j = tmp_file(d ? "dev-cuda.jsonl" : "dev-cpu.jsonl");
+      const char *a[24] = {"--steps",    "3", "--val-every", "3",
+                           "--log-json", j,   "--device",    d ? "cuda" : "cpu"};
+      int k = 8;
+      for (int i = 0; runs[r].args[i]; i++) a[k++] = runs[r].args[i];
+      a[k] = NULL;
+      run_out o = run(runs[r].n, TRAIN, a, 150);
+      cr_assert_eq(o.rc, 0, "%s--device %s: rc %d: %s", what, d ? "cuda" : "cpu", o.rc, o.err);
+      if (d)
+        cr_expect(strstr(o.out, "(cuda)") != NULL, "%s: no device memory line:\n%s", what, o.out);
+      run_free(&o);
+      cr_assert_eq(read_json_losses(j, loss[d], STEPS), STEPS, "%s: losses in %s", what, j);
+      cr_assert_eq(read_json_values(j, "\"grad_norm\":", norm[d], STEPS), STEPS, "%s", what);
+      cr_assert_eq(read_json_values(j, "\"val_loss\":", val[d], 1), 1, "%s: val_loss", what);
+      unlink(j);
+    }
+    for (int s = 0; s < STEPS; s++) {
+      cr_expect(fabs(loss[1][s] - loss[0][s]) <= 1e-6 * fabs(loss[0][s]),
+                "%sstep %d: loss on cuda %.9f vs cpu %.9f", what, s + 1, loss[1][s], loss[0][s]);
+      cr_expect(fabs(norm[1][s] - norm[0][s]) <= 1e-6 * fabs(norm[0][s]),
+                "%sstep %d: grad norm on cuda %.9f vs cpu %.9f", what, s + 1, norm[1][s],
+                norm[0][s]);
+    }
+    cr_expect(fabs(val[1][0] - val[0][0]) <= 1e-6 * fabs(val[0][0]),
+              "%sheld-out loss on cuda %.9f vs cpu %.9f", what, val[1][0], val[0][0]);
+  }
 }
