@@ -173,8 +173,7 @@ static weft_status check_entry(weft_dcp_checkpoint *ck, const weft_state_dict *s
                       strcmp(t->name, e->name) ? e->name : "",
                       strcmp(t->name, e->name) ? "')" : "");
   }
-  if (!lt || lt->device != WEFT_CPU)
-    return weft_error(WEFT_ERR_UNSUPPORTED, "load: tensor '%s' is not in host memory", e->name);
+  if (!lt) return weft_error(WEFT_ERR_INVALID, "load: tensor '%s' has no local tensor", e->name);
   if (e->kind == WEFT_SD_DTENSOR) {
     const weft_dtensor_spec *s = weft_dtensor_get_spec(e->dt);
     for (int d = 0; d < s->mesh_ndim; d++)
@@ -218,23 +217,26 @@ static weft_status read_entry(weft_dcp_checkpoint *ck, weft_state_dict *sd, int6
   const dcp_tmeta *t = source_of(ck, sd, e->name, &other);
   if (!t) return WEFT_OK;
   int64_t bs[WEFT_MAX_DIMS];
+  weft_tensor *host = NULL; /* the destination, or its host staging on a device */
   if (e->kind == WEFT_SD_TENSOR) {
     weft_box whole = {{0}, {0}};
     memcpy(whole.size, t->shape, sizeof whole.size);
-    dcp_byte_strides(e->t, bs);
-    return dcp_ck_read_region(ck, t, &whole, e->t->data, bs);
+    WEFT_CHECK(dcp_stage_begin(e->t, &host));
+    dcp_byte_strides(host, bs);
+    return dcp_stage_end(e->t, host, dcp_ck_read_region(ck, t, &whole, host->data, bs));
   }
   weft_tensor *lt = weft_dtensor_local(e->dt);
-  dcp_byte_strides(lt, bs);
   weft_local_box *lb;
   int64_t n;
   WEFT_CHECK(weft_dtensor_local_boxes(e->dt, &lb, &n));
-  weft_status st = WEFT_OK;
+  weft_status st = dcp_stage_begin(lt, &host);
+  if (st == WEFT_OK) dcp_byte_strides(host, bs);
   for (int64_t k = 0; k < n && st == WEFT_OK; k++) {
-    char *dst = lt->data;
+    char *dst = host->data;
     for (int d = 0; d < t->ndim; d++) dst += lb[k].local_start[d] * bs[d];
     st = dcp_ck_read_region(ck, t, &lb[k].global, dst, bs);
   }
+  if (host) st = dcp_stage_end(lt, host, st);
   free(lb);
   return st;
 }

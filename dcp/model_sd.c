@@ -41,7 +41,7 @@ static weft_status add_state_tensor(weft_state_dict *sd, const char *name, weft_
                                     const weft_state_dict_opts *o) {
   if (o->full_state_dict) {
     weft_tensor *full;
-    WEFT_CHECK(weft_dtensor_full_tensor(dt, &full));
+    WEFT_CHECK(dcp_full_on_host(dt, &full));
     if (o->cpu_offload && weft_world_rank() != 0) {
       weft_tensor_destroy(full);
       return WEFT_OK;
@@ -50,8 +50,9 @@ static weft_status add_state_tensor(weft_state_dict *sd, const char *name, weft_
     if (st != WEFT_OK) weft_tensor_destroy(full);
     return st;
   }
-  bool host = weft_dtensor_local(dt)->device == WEFT_CPU;
-  return weft_state_dict_add_dtensor(sd, name, dt, host ? WEFT_LOCAL_VIEW : WEFT_LOCAL_COPY);
+  /* a view on any device: loads write into the model, saves stage device
+   * locals through the host (save.c) */
+  return weft_state_dict_add_dtensor(sd, name, dt, WEFT_LOCAL_VIEW);
 }
 
 weft_status weft_get_model_state_dict(weft_module *model, const weft_state_dict_opts *opts,
@@ -416,7 +417,7 @@ static weft_status entry_full(const dcp_sd_ent *e, weft_tensor **out, bool *owne
     *out = e->t;
     return WEFT_OK;
   }
-  return weft_dtensor_full_tensor(e->dt, out);
+  return dcp_full_on_host(e->dt, out);
 }
 
 /* Entries a and b name one tied parameter (target t): their values must be

@@ -95,7 +95,8 @@ typedef struct gplan {
 /* What this rank holds: one per tensor entry. */
 typedef struct litem {
   const dcp_sd_ent *e;
-  weft_tensor *local;
+  const weft_tensor *local; /* on the host: the entry's, or `staged` */
+  weft_tensor *staged;      /* host copy of a device local (owned) */
   char layout[320];
   weft_dtype dtype;
   int ndim;
@@ -130,6 +131,8 @@ typedef struct save_ctx {
   int64_t ncrcs;
   char *staging;
   size_t staging_cap;
+  weft_tensor **staged; /* host copies of device locals the jobs read (owned) */
+  int64_t nstaged;
   weft_status io_st;
   char io_msg[1600];
 } save_ctx;
@@ -174,8 +177,17 @@ static void plan_free(gplan *p) {
   memset(p, 0, sizeof *p);
 }
 
+/* The host copies of device locals, once no job reads them. */
+static void staged_free(save_ctx *c) {
+  for (int64_t i = 0; i < c->nstaged; i++) weft_tensor_destroy(c->staged[i]);
+  free(c->staged);
+  c->staged = NULL;
+  c->nstaged = 0;
+}
+
 static void ctx_free(save_ctx *c) {
   if (!c) return;
+  staged_free(c);
   dcp_comm_close(&c->comm);
   plan_free(&c->plan);
   free(c->jobs);
@@ -245,25 +257,31 @@ static weft_status local_items(const weft_state_dict *sd, litem **out, int64_t *
       for (int d = 0; d < L->ndim; d++) L->lb[0].global.size[d] = L->shape[d];
       L->nlb = weft_tensor_numel(e->t) > 0 ? 1 : 0;
     }
-    if (!L->local || L->local->device != WEFT_CPU) {
-      st = weft_error(WEFT_ERR_UNSUPPORTED,
-                      "save: tensor '%s' is not in host memory (copy it to "
-                      "the CPU first, e.g. cpu_offload)",
-                      e->name);
+    if (!L->local) {
+      st = weft_error(WEFT_ERR_INVALID, "save: tensor '%s' has no local tensor", e->name);
       goto fail;
     }
+    /* a device local is written from a host copy taken here, before the
+     * save returns (so training may go on changing the device one) */
+    WEFT_CHECK_GOTO(dcp_host_of(L->local, &L->local, &L->staged), st, fail);
   }
   *out = it;
   *n = k;
   return WEFT_OK;
 fail:
-  for (int64_t i = 0; i < k; i++) free(it[i].lb);
+  for (int64_t i = 0; i < k; i++) {
+    free(it[i].lb);
+    weft_tensor_destroy(it[i].staged);
+  }
   free(it);
   return st;
 }
 
 static void local_items_free(litem *it, int64_t n) {
-  for (int64_t i = 0; i < n; i++) free(it[i].lb);
+  for (int64_t i = 0; i < n; i++) {
+    free(it[i].lb);
+    weft_tensor_destroy(it[i].staged);
+  }
   free(it);
 }
 
@@ -1005,6 +1023,16 @@ static weft_status plan_save(const weft_state_dict *sd, const char *dir, const w
   }
   free(all);
   free(displs);
+  /* the jobs read the host copies of device locals: the context keeps them */
+  if (st == WEFT_OK && nit > 0) {
+    c->staged = calloc((size_t)nit, sizeof *c->staged);
+    if (!c->staged) st = weft_error(WEFT_ERR_OOM, "save: staged copies");
+    for (int64_t i = 0; c->staged && i < nit; i++) {
+      if (!it[i].staged) continue;
+      c->staged[c->nstaged++] = it[i].staged;
+      it[i].staged = NULL;
+    }
+  }
   local_items_free(it, nit);
   if (st != WEFT_OK) {
     ctx_free(c);
@@ -1099,6 +1127,7 @@ weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
       at += (size_t)((J->length + DCP_ALIGN - 1) / DCP_ALIGN * DCP_ALIGN);
     }
   }
+  if (st == WEFT_OK) staged_free(c); /* every box is in staging now */
   weft_dcp_async *h = NULL;
   if (st == WEFT_OK) {
     h = calloc(1, sizeof *h);

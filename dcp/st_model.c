@@ -58,7 +58,7 @@ weft_status weft_safetensors_export_model(weft_module *model, const char *path, 
   /* every rank takes part in every gather, even after a local error */
   for (int i = 0; i < n; i++) {
     weft_tensor *full = NULL;
-    weft_status g = weft_dtensor_full_tensor(ps[i]->data, &full);
+    weft_status g = dcp_full_on_host(ps[i]->data, &full);
     if (g != WEFT_OK && local == WEFT_OK) local = g;
     if (full && writer && local == WEFT_OK) {
       if (full->dtype == dtype) {
@@ -104,14 +104,18 @@ static weft_status push_key(weft_key_list *l, const char *k) {
  * or a tied parameter's alias). */
 static weft_status import_param(const weft_safetensors *f, weft_param *p, const char *name) {
   weft_dtensor *dt = p->data;
-  weft_tensor *lt = weft_dtensor_local(dt);
-  size_t esz = weft_dtype_size(lt->dtype);
+  weft_tensor *dev_local = weft_dtensor_local(dt), *lt; /* lt: on the host */
+  size_t esz = weft_dtype_size(dev_local->dtype);
   weft_local_box *lb;
   int64_t nb;
   WEFT_CHECK(weft_dtensor_local_boxes(dt, &lb, &nb));
+  weft_status st = dcp_stage_begin(dev_local, &lt);
+  if (st != WEFT_OK) {
+    free(lb);
+    return st;
+  }
   int64_t bs[WEFT_MAX_DIMS];
   dcp_byte_strides(lt, bs);
-  weft_status st = WEFT_OK;
   char *tmp = NULL;
   for (int64_t k = 0; k < nb && st == WEFT_OK; k++) {
     const int nd = lt->ndim;
@@ -144,7 +148,7 @@ static weft_status import_param(const weft_safetensors *f, weft_param *p, const 
   }
   free(tmp);
   free(lb);
-  return st;
+  return dcp_stage_end(dev_local, lt, st);
 }
 
 /* A tied parameter stored under two names a and b: this rank's slices of

@@ -103,6 +103,41 @@ void dcp_byte_strides(const weft_tensor *t, int64_t *out) {
   for (int d = 0; d < t->ndim; d++) out[d] = t->strides[d] * (int64_t)esz;
 }
 
+weft_status dcp_host_of(const weft_tensor *t, const weft_tensor **host, weft_tensor **owned) {
+  *owned = NULL;
+  *host = t;
+  if (t->device == WEFT_CPU) return WEFT_OK;
+  WEFT_CHECK(weft_tensor_to(t, WEFT_CPU, owned));
+  *host = *owned;
+  return WEFT_OK;
+}
+
+weft_status dcp_full_on_host(const weft_dtensor *dt, weft_tensor **out) {
+  weft_tensor *full;
+  WEFT_CHECK(weft_dtensor_full_tensor(dt, &full));
+  if (full->device == WEFT_CPU) {
+    *out = full;
+    return WEFT_OK;
+  }
+  weft_status st = weft_tensor_to(full, WEFT_CPU, out);
+  weft_tensor_destroy(full);
+  return st;
+}
+
+weft_status dcp_stage_begin(weft_tensor *dst, weft_tensor **host) {
+  *host = dst;
+  if (dst->device == WEFT_CPU) return WEFT_OK;
+  *host = NULL;
+  return weft_tensor_create(dst->dtype, WEFT_CPU, dst->ndim, dst->shape, host);
+}
+
+weft_status dcp_stage_end(weft_tensor *dst, weft_tensor *host, weft_status st) {
+  if (host == dst || !host) return st;
+  if (st == WEFT_OK) st = weft_tensor_copy(dst, host);
+  weft_tensor_destroy(host);
+  return st;
+}
+
 void dcp_contig_strides(const int64_t *shape, int ndim, size_t esz, int64_t *out) {
   int64_t s = (int64_t)esz;
   for (int d = ndim - 1; d >= 0; d--) {

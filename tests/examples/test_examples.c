@@ -1109,3 +1109,97 @@ Test(examples, train_on_the_device_gives_the_cpu_losses_on_every_mesh_kind, .tim
               "%sheld-out loss on cuda %.9f vs cpu %.9f", what, val[1][0], val[0][0]);
   }
 }
+
+/* Checkpoints across devices: saved from the device on dp=2 x tp=2 (one
+ * async save mid-run, one at the end, a safetensors export), resumed on a
+ * CPU mesh of another shape and on the device on tp=2, then saved on the
+ * CPU and resumed on the device again: every resumed step's loss is the
+ * straight device run's within 1e-6, and the export initialises a CPU run
+ * as it does a device run. Skips where this process sees no device. */
+Test(examples, train_checkpoint_moves_between_the_device_and_the_cpu, .timeout = 600) {
+  if (weft_device_count(WEFT_CUDA) == 0)
+    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  enum { STEPS = 5 };
+  const char *dir = tmp_file("ckdev"), *dir2 = tmp_file("ckcpu"), *st = tmp_file("ckdev.st");
+  const char *js = tmp_file("straight.jsonl");
+#define CONST_LR "--warmup", "0", "--min-lr", "0.003", "--val-every", "0"
+  const char *a0[] = {"--mesh", "dp=2,tp=2",  "--device", "cuda",   "--steps",
+                      "5",      "--log-json", js,         CONST_LR, NULL};
+  run_out r = run(4, TRAIN, a0, 150);
+  cr_assert_eq(r.rc, 0, "straight device run: %s", r.err);
+  run_free(&r);
+  double straight[STEPS];
+  cr_assert_eq(read_json_losses(js, straight, STEPS), STEPS);
+  const char *a1[] = {"--mesh",
+                      "dp=2,tp=2",
+                      "--device",
+                      "cuda",
+                      "--steps",
+                      "2",
+                      "--save",
+                      dir,
+                      "--save-every",
+                      "1",
+                      "--export-safetensors",
+                      st,
+                      CONST_LR,
+                      NULL};
+  r = run(4, TRAIN, a1, 150);
+  cr_assert_eq(r.rc, 0, "device save run: %s", r.err);
+  run_free(&r);
+  struct {
+    int n;
+    const char *mesh, *device, *from, *save;
+    int steps, first;
+  } legs[] = {{2, "dp=2", "cpu", dir, dir2, 4, 3},
+              {2, "tp=2", "cuda", dir, NULL, 5, 3},
+              {4, "dp=2,tp=2", "cuda", dir2, NULL, 5, 5}};
+  for (size_t l = 0; l < sizeof legs / sizeof legs[0]; l++) {
+    const char *jr = tmp_file("leg.jsonl");
+    char steps[8];
+    snprintf(steps, sizeof steps, "%d", legs[l].steps);
+    const char *a[24] = {"--mesh",     legs[l].mesh, "--device", legs[l].device,
+                         "--steps",    steps,        "--resume", legs[l].from,
+                         "--log-json", jr,           CONST_LR};
+    int k = 16;
+    if (legs[l].save) {
+      a[k++] = "--save";
+      a[k++] = legs[l].save;
+    }
+    a[k] = NULL;
+    r = run(legs[l].n, TRAIN, a, 150);
+    cr_assert_eq(r.rc, 0, "resume on %s %s: %s", legs[l].mesh, legs[l].device, r.err);
+    run_free(&r);
+    double got[STEPS];
+    int n = read_json_losses(jr, got, STEPS);
+    cr_expect_eq(n, legs[l].steps - legs[l].first + 1, "resume on %s %s: %d steps logged",
+                 legs[l].mesh, legs[l].device, n);
+    for (int s = 0; s < n; s++) {
+      double want = straight[legs[l].first - 1 + s];
+      cr_expect(fabs(got[s] - want) <= 1e-6 * want,
+                "resume on %s %s, step %d: %.9f vs the straight device run's %.9f", legs[l].mesh,
+                legs[l].device, legs[l].first + s, got[s], want);
+    }
+    unlink(jr);
+  }
+  /* the device's export initialises the CPU and the device alike */
+  double init[2][1];
+  for (int d = 0; d < 2; d++) {
+    const char *ji = tmp_file("init.jsonl");
+    const char *a[] = {"--mesh",     "tp=2", "--device",    d ? "cuda" : "cpu",
+                       "--steps",    "1",    "--init-from", st,
+                       "--log-json", ji,     NULL};
+    r = run(2, TRAIN, a, 100);
+    cr_assert_eq(r.rc, 0, "--init-from on %s: %s", d ? "cuda" : "cpu", r.err);
+    run_free(&r);
+    cr_assert_eq(read_json_losses(ji, init[d], 1), 1);
+    unlink(ji);
+  }
+  cr_expect(fabs(init[1][0] - init[0][0]) <= 1e-6 * init[0][0],
+            "--init-from: first loss on cuda %.9f vs cpu %.9f", init[1][0], init[0][0]);
+#undef CONST_LR
+  remove_tree(dir);
+  remove_tree(dir2);
+  unlink(st);
+  unlink(js);
+}
