@@ -1203,3 +1203,29 @@ Test(examples, train_checkpoint_moves_between_the_device_and_the_cpu, .timeout =
   unlink(st);
   unlink(js);
 }
+
+/* FSDP on the device: with dp=2 the per-rank device peak (weft-train's
+ * peak_bytes_max: weft_alloc's accounting for the device) of the tiny
+ * config is at most 0.6x the 1-rank peak, as on the CPU. */
+Test(examples, train_fsdp_halves_the_device_peak_memory, .timeout = 300) {
+  if (weft_device_count(WEFT_CUDA) == 0)
+    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  double peak[2][1];
+  for (int k = 0; k < 2; k++) {
+    const char *j = tmp_file("mem.jsonl");
+    const char *a[] = {
+        "--model", "tiny",     "--batch", "2",          "--steps", "1",      "--val-every",
+        "0",       "--device", "cuda",    "--log-json", j,         "--mesh", k ? "dp=2" : "dp=1",
+        NULL};
+    run_out r = run(k ? 2 : 1, TRAIN, a, 200);
+    cr_assert_eq(r.rc, 0, "tiny on %d rank(s): %s", k + 1, r.err);
+    run_free(&r);
+    cr_assert_eq(read_json_values(j, "\"peak_bytes_max\":", peak[k], 1), 1);
+    unlink(j);
+  }
+  cr_expect(peak[1][0] <= 0.6 * peak[0][0],
+            "device peak per rank with FSDP dp=2: %.1f MiB, 1 rank: %.1f MiB (ratio %.3f > 0.6)",
+            peak[1][0] / 1048576, peak[0][0] / 1048576, peak[1][0] / peak[0][0]);
+  cr_log_info("device peak per rank: dp=2 %.1f MiB, 1 rank %.1f MiB (ratio %.3f)",
+              peak[1][0] / 1048576, peak[0][0] / 1048576, peak[1][0] / peak[0][0]);
+}
