@@ -257,7 +257,9 @@ static weft_status group_post_backward(weft_fsdp *f) {
 /* -------------------------------------------------------------- casts */
 
 /* A copy of t with every element rounded to dt's precision (f32 storage:
- * nn computes in f32), or NULL when there is nothing to round. */
+ * nn computes in f32), or NULL when there is nothing to round. The rounding
+ * runs where t lives: a cast into a dt temporary and back (weft_tensor_copy
+ * rounds to nearest even on every device). */
 static weft_status rounded_copy(const weft_dtensor *t, weft_dtype dt, weft_dtensor **out) {
   *out = NULL;
   if (!t || dt == WEFT_DTYPE_COUNT || dt == WEFT_F32) return WEFT_OK;
@@ -268,13 +270,15 @@ static weft_status rounded_copy(const weft_dtensor *t, weft_dtype dt, weft_dtens
   weft_dtensor *c;
   WEFT_CHECK(weft_dtensor_empty(weft_dtensor_mesh(t), WEFT_F32, s->ndim, s->shape, s->placements,
                                 s->mesh_ndim, &c));
-  const float *x = l->data;
-  float *y = weft_dtensor_local(c)->data;
-  int64_t n = weft_tensor_numel(l);
-  if (dt == WEFT_BF16)
-    for (int64_t i = 0; i < n; i++) y[i] = weft_bf16_to_f32(weft_f32_to_bf16(x[i]));
-  else
-    for (int64_t i = 0; i < n; i++) y[i] = weft_f16_to_f32(weft_f32_to_f16(x[i]));
+  weft_tensor *low = NULL;
+  weft_status st = weft_tensor_create(dt, l->device, l->ndim, l->shape, &low);
+  if (!st) st = weft_tensor_copy(low, l);
+  if (!st) st = weft_tensor_copy(weft_dtensor_local(c), low);
+  weft_tensor_destroy(low);
+  if (st) {
+    weft_dtensor_destroy(c);
+    return st;
+  }
   *out = c;
   return WEFT_OK;
 }

@@ -32,26 +32,12 @@ static int parse_mesh(const char *s, int *shape) {
   return n;
 }
 
-/* True under WEFT_TEST_DEVICE=cuda (any other non-empty value is a
- * failed check, so a typo cannot quietly run the host mode). */
-static bool device_mode(void) {
-  const char *e = getenv("WEFT_TEST_DEVICE");
-  if (!e || !*e) return false;
-  WCHECK(strcmp(e, "cuda") == 0, "WEFT_TEST_DEVICE=%s: the only device mode is 'cuda'", e);
-  return strcmp(e, "cuda") == 0;
-}
-
 static weft_mesh *make_mesh(int k, const int *shape) {
   static const char *names[8] = {"a", "b", "c", "d", "e", "f", "g", "h"};
   weft_mesh *m = NULL;
   weft_status st = weft_mesh_create(k, shape, names, &m);
   WCHECK(st == WEFT_OK, "mesh_create: %s", weft_last_error());
-  if (m && device_mode()) {
-    st = weft_mesh_set_device(m, WEFT_CUDA);
-    WCHECK(st == WEFT_OK, "mesh_set_device(cuda): %s", weft_last_error());
-    WCHECK(weft_mesh_device(m) == WEFT_CUDA, "mesh_set_device(cuda) left the mesh on %s",
-           weft_device_name(weft_mesh_device(m)));
-  }
+  weft_worker_mesh_on_device(m);
   return m;
 }
 

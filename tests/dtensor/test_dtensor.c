@@ -19,27 +19,10 @@ static int run(int n, const char *cname, const char *meshes, int ncases, int sec
   return weft_test_mpiexec_args(n, WORKER("dtensor_worker"), cname, secs, extra);
 }
 
-/* Skips the calling test unless a WEFT_CUDA device is visible here (the
- * ranks of the worker see the same devices: they run on this machine). */
-static void require_cuda_device(void) {
-  if (!weft_backend_get(WEFT_CUDA))
-    cr_skip_test(
-        "this build has no CUDA backend (-Dcuda=disabled, or no nvcc at configure time): "
-        "the device variants need one (-Dcuda=emulated runs them on the CPU emulator)");
-  if (weft_device_count(WEFT_CUDA) <= 0)
-    cr_skip_test("no CUDA device visible: the '%s' backend reports %d devices",
-                 weft_backend_name(WEFT_CUDA), weft_device_count(WEFT_CUDA));
-}
-
-/* run() in the worker's device mode. The harness has no call taking both
- * arguments and environment, and the environment of this process is what
- * mpiexec passes on: set here (Criterion runs each test in its own process)
- * and taken back after. extra: NULL-terminated worker arguments, or NULL. */
+/* run() in the worker's device mode. extra: NULL-terminated worker
+ * arguments, or NULL. */
 static int run_on_device(int n, const char *cname, const char *const *extra, int secs) {
-  setenv("WEFT_TEST_DEVICE", "cuda", 1);
-  int rc = weft_test_mpiexec_args(n, WORKER("dtensor_worker"), cname, secs, extra);
-  unsetenv("WEFT_TEST_DEVICE");
-  return rc;
+  return weft_test_mpiexec_on_device(n, WORKER("dtensor_worker"), cname, secs, extra);
 }
 static int run_cases_on_device(int n, const char *cname, const char *meshes, int ncases, int secs) {
   char cases[32], seed[32];
@@ -132,31 +115,31 @@ Test(dtensor, redistribute_into_and_buffer_cache, .timeout = 60) {
  * is on the device; distribute takes `full` from the host or the device
  * (mixed across ranks too), from_local only from the device. */
 Test(dtensor, redistribute_roundtrips_on_device_2_ranks, .timeout = 90) {
-  require_cuda_device();
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(run_cases_on_device(2, "property", "2", 60, 80), 0);
 }
 Test(dtensor, redistribute_roundtrips_on_device_4_ranks_1d_and_2x2, .timeout = 120) {
-  require_cuda_device();
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(run_cases_on_device(4, "property", "4,2x2", 60, 110), 0);
 }
 Test(dtensor, partial_reductions_are_exact_on_device_4_ranks, .timeout = 120) {
-  require_cuda_device();
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(run_cases_on_device(4, "partial", "4,2x2", 60, 110), 0);
 }
 Test(dtensor, propagation_matches_single_rank_on_device_2x2, .timeout = 90) {
-  require_cuda_device();
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(run_on_device(4, "ops", NULL, 80), 0);
 }
 Test(dtensor, fill_by_global_index_matches_full_fill_on_device, .timeout = 90) {
-  require_cuda_device();
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(run_on_device(4, "fill", NULL, 80), 0);
 }
 Test(dtensor, redistribute_into_and_buffer_cache_on_device, .timeout = 90) {
-  require_cuda_device();
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(run_on_device(4, "into_cache", NULL, 80), 0);
 }
 Test(dtensor, replicate_to_partial_divides_on_device_1x3, .timeout = 90) {
-  require_cuda_device();
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
   char seed[32];
   snprintf(seed, sizeof seed, "%lu", weft_test_seed(2718));
   const char *extra[] = {seed, "4096", NULL};
@@ -165,6 +148,6 @@ Test(dtensor, replicate_to_partial_divides_on_device_1x3, .timeout = 90) {
 /* Bad input on a device mesh, plus: from_local of a host local fails on
  * every rank with a message naming both devices. */
 Test(dtensor, bad_input_fails_on_every_rank_on_device, .timeout = 90) {
-  require_cuda_device();
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(run_on_device(4, "errors", NULL, 80), 0);
 }

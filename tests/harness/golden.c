@@ -124,6 +124,22 @@ weft_status golden_rows(weft_mesh *mesh, const weft_tensor *t, int64_t r0, int64
   return st;
 }
 
+/* full_tensor(d) on the host: on a device mesh the full tensor is made
+ * there, then copied over (and the device copy freed); on the host it is
+ * returned as it is. *out is left NULL on error. */
+static weft_status full_on_host(const weft_dtensor *d, weft_tensor **out) {
+  weft_tensor *full = NULL;
+  *out = NULL;
+  WEFT_CHECK(weft_dtensor_full_tensor(d, &full));
+  if (full->device == WEFT_CPU) {
+    *out = full;
+    return WEFT_OK;
+  }
+  weft_status st = weft_tensor_to(full, WEFT_CPU, out);
+  weft_tensor_destroy(full);
+  return st;
+}
+
 weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np, double *worst,
                                   const char **worst_fqn) {
   char path[700];
@@ -141,7 +157,7 @@ weft_status golden_worst_grad_err(const golden *g, weft_param *const *ps, int np
     weft_tensor *full = NULL;
     double *ref = NULL;
     int64_t n = 0;
-    st = weft_dtensor_full_tensor(ps[i]->grad, &full);
+    st = full_on_host(ps[i]->grad, &full);
     if (!st) st = read_f64(f, ps[i]->fqn, &ref, &n);
     if (!st && n != weft_tensor_numel(full))
       st = weft_error(WEFT_ERR_INVALID, "golden: '%s' has %lld elements, the file %lld", ps[i]->fqn,
@@ -181,7 +197,7 @@ weft_status golden_worst_update_err(const golden *g, weft_param *const *ps, int 
     int64_t n[3] = {0, 0, 0};
     float *du = NULL;
     double *dref = NULL;
-    st = weft_dtensor_full_tensor(ps[i]->data, &full);
+    st = full_on_host(ps[i]->data, &full);
     for (int j = 0; j < 3 && !st; j++) st = read_f64(f[j], ps[i]->fqn, &ref[j], &n[j]);
     int64_t m = full ? weft_tensor_numel(full) : 0;
     if (!st && (n[0] != m || n[1] != m || n[2] != m))

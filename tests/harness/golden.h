@@ -50,7 +50,8 @@ weft_status golden_rows(weft_mesh *mesh, const weft_tensor *t, int64_t r0, int64
 weft_status read_f64(weft_safetensors *f, const char *name, double **out, int64_t *n);
 
 /* Each of ps[0..np)'s grad (its full tensor: collective over the
- * parameter's mesh, in this order on every rank) against the golden
+ * parameter's mesh, in this order on every rank; copied to the host when
+ * the mesh is on a device) against the golden
  * grads.safetensors under the parameter's FQN: *worst is the largest
  * relative error (rel_err_f32_f64) and *worst_fqn (may be NULL) the
  * parameter it belongs to. WEFT_ERR_INVALID naming a parameter without a

@@ -70,6 +70,12 @@ int weft_test_mpiexec(int nranks, const char *worker, const char *case_name, int
   return run(nranks, worker, case_name, timeout_s, NULL, NULL);
 }
 
+int weft_test_mpiexec_on_device(int nranks, const char *worker, const char *case_name,
+                                int timeout_s, const char *const *extra) {
+  const char *const env[] = {"WEFT_TEST_DEVICE=cuda", NULL};
+  return run(nranks, worker, case_name, timeout_s, extra, env);
+}
+
 int weft_test_mpiexec_env(int nranks, const char *worker, const char *case_name, int timeout_s,
                           const char *const *env_extra) {
   return run(nranks, worker, case_name, timeout_s, NULL, env_extra);

@@ -41,6 +41,30 @@ int weft_test_mpiexec(int nranks, const char *worker, const char *case_name, int
 int weft_test_mpiexec_env(int nranks, const char *worker, const char *case_name, int timeout_s,
                           const char *const *env_extra);
 
+/* The same in the workers' device mode: WEFT_TEST_DEVICE=cuda is added to
+ * the ranks' environment, so every root mesh a worker makes goes on
+ * WEFT_CUDA (weft_worker_mesh_on_device). extra as in
+ * weft_test_mpiexec_args (may be NULL). */
+int weft_test_mpiexec_on_device(int nranks, const char *worker, const char *case_name,
+                                int timeout_s, const char *const *extra);
+
+/* WEFT_TEST_REQUIRE_CUDA_DEVICE(): skips the calling Criterion test, saying
+ * why, unless this process sees a WEFT_CUDA device (a worker's ranks run on
+ * this machine and see the same ones): a build without the CUDA backend,
+ * or one whose backend reports no device (nvcc-built, no GPU). A macro
+ * (cr_skip_test); the test file includes <criterion/criterion.h> and
+ * backend.h. */
+#define WEFT_TEST_REQUIRE_CUDA_DEVICE()                                                          \
+  do {                                                                                           \
+    if (!weft_backend_get(WEFT_CUDA))                                                            \
+      cr_skip_test(                                                                              \
+          "this build has no CUDA backend (-Dcuda=disabled, or no nvcc at configure time): the " \
+          "device variants need one (-Dcuda=emulated runs them on the CPU emulator)");           \
+    if (weft_device_count(WEFT_CUDA) <= 0)                                                       \
+      cr_skip_test("no CUDA device visible: the '%s' backend reports %d devices",                \
+                   weft_backend_name(WEFT_CUDA), weft_device_count(WEFT_CUDA));                  \
+  } while (0)
+
 /* Seed for randomized tests: WEFT_TEST_SEED if set, else `fallback`. Tests
  * print the seed on failure. */
 unsigned long weft_test_seed(unsigned long fallback);

@@ -39,3 +39,29 @@ int weft_worker_main(int argc, char **argv, const weft_worker_case *cases) {
   weft_finalize();
   return total ? 1 : 0;
 }
+
+/* ------------------------------------------------------ device mode */
+
+bool weft_worker_device_mode(void) {
+  const char *e = getenv("WEFT_TEST_DEVICE");
+  if (!e || !*e) return false;
+  WCHECK(strcmp(e, "cuda") == 0, "WEFT_TEST_DEVICE=%s: the only device mode is 'cuda'", e);
+  return strcmp(e, "cuda") == 0;
+}
+
+weft_mesh *weft_worker_mesh_on_device(weft_mesh *root) {
+  if (!root || !weft_worker_device_mode()) return root;
+  weft_status st = weft_mesh_set_device(root, WEFT_CUDA);
+  WCHECK(st == WEFT_OK, "mesh_set_device(cuda): %s", weft_last_error());
+  WCHECK(weft_mesh_device(root) == WEFT_CUDA, "mesh_set_device(cuda) left the mesh on %s",
+         weft_device_name(weft_mesh_device(root)));
+  return root;
+}
+
+const weft_tensor *weft_worker_host_copy(const weft_tensor *t, weft_tensor **tmp) {
+  *tmp = NULL;
+  if (!t || t->device == WEFT_CPU) return t;
+  weft_status st = weft_tensor_to(t, WEFT_CPU, tmp);
+  WCHECK(st == WEFT_OK, "tensor_to(%s -> cpu): %s", weft_device_name(t->device), weft_last_error());
+  return *tmp;
+}

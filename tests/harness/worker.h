@@ -18,6 +18,7 @@
 #ifndef WEFT_TEST_WORKER_H
 #define WEFT_TEST_WORKER_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 /* Workers also get the harness's shared helpers (random inputs, relative
@@ -64,5 +65,30 @@ extern int weft_worker_rank;
 int weft_worker_main(int argc, char **argv, const weft_worker_case *cases);
 extern int weft_worker_argc;
 extern char **weft_worker_argv;
+
+/* ------------------------------------------------------ device mode
+ *
+ * A worker run with WEFT_TEST_DEVICE=cuda in its environment (what
+ * weft_test_mpiexec_on_device sets) runs its case with every root mesh on
+ * WEFT_CUDA: the worker passes each root mesh it makes through
+ * weft_worker_mesh_on_device (sub-meshes inherit the device) and reads
+ * numbers only through weft_worker_host_copy. Unset, everything stays on
+ * the CPU and no copy is made: the host mode is the suites' plain run. */
+
+/* True under WEFT_TEST_DEVICE=cuda; any other non-empty value is a failed
+ * check, so a typo cannot quietly run the host mode. Local. */
+bool weft_worker_device_mode(void);
+
+/* Puts root, a root mesh the worker just made, on WEFT_CUDA in device mode
+ * (collective over the mesh, like its creation; a failure is a failed
+ * check); nothing in host mode or for NULL. Returns root. */
+struct weft_mesh *weft_worker_mesh_on_device(struct weft_mesh *root);
+
+/* t readable on the host: t itself when it is there, else a new host copy
+ * left in *tmp for the caller to destroy (*tmp is NULL when no copy was
+ * made). NULL t gives NULL; a failed copy is a failed check and gives
+ * NULL. Local (a device-to-host copy). */
+const struct weft_tensor *weft_worker_host_copy(const struct weft_tensor *t,
+                                                struct weft_tensor **tmp);
 
 #endif

@@ -4,7 +4,12 @@
  * weft_module_init_weights, run with and without checkpointing: losses
  * and gradients must be bitwise equal (dropout on, several steps, on one
  * rank and with FSDP per block on two ranks), match PyTorch's float64
- * golden gradients, and the graph's peak memory must go down. */
+ * golden gradients, and the graph's peak memory must go down.
+ *
+ * Device mode (WEFT_TEST_DEVICE=cuda, worker.h): every root mesh is
+ * put on WEFT_CUDA, so the models run there; memory is measured on the
+ * mesh's device and grads are read through host copies. Unset, everything
+ * stays on the CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +21,7 @@
 #include "gpt2_golden.h"
 #include "gpt2.h"
 #include "kernels.h"
+#include "model_device.h"
 #include "tp.h"
 #include "worker.h"
 
@@ -110,6 +116,7 @@ static void run(const setup *S, int mode, result *r) {
     int shape[2] = {weft_world_size(), 1};
     const char *names[2] = {"dp", "tp"};
     WOK(weft_mesh_create(2, shape, names, &root));
+    weft_worker_mesh_on_device(root);
     WOK(weft_mesh_submesh(root, 1, &names[0], &dp));
     WOK(weft_mesh_submesh(root, 1, &names[1], &mesh));
     nb = B / weft_world_size();
@@ -118,11 +125,14 @@ static void run(const setup *S, int mode, result *r) {
     int n = weft_world_size();
     const char *mn[1] = {"tp"};
     WOK(weft_mesh_create(1, &n, mn, &mesh));
+    weft_worker_mesh_on_device(mesh);
   } else {
     int one = 1;
     const char *mn[1] = {"tp"};
     WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, mn, &mesh));
+    weft_worker_mesh_on_device(mesh);
   }
+  weft_device dev = weft_mesh_device(mesh); /* where the memory is measured */
   weft_module *model = NULL;
   WOK(weft_gpt2_create(&S->cfg, mesh, &model));
   if (!model) return;
@@ -174,17 +184,18 @@ static void run(const setup *S, int mode, result *r) {
   r->np = np;
   for (int s = 0; s < S->steps; s++) {
     WOK(weft_module_zero_grad(model, false));
-    int64_t before = weft_mem_get(WEFT_CPU).current_bytes;
-    int64_t a0 = weft_mem_get(WEFT_CPU).alloc_count;
-    weft_mem_reset_peak(WEFT_CPU);
+    int64_t before = weft_mem_get(dev).current_bytes;
+    int64_t a0 = weft_mem_get(dev).alloc_count;
+    weft_mem_reset_peak(dev);
     WOK(weft_gpt2_loss(model, gr, ids, tgt, &loss, NULL));
     WOK(weft_backward(loss));
     if (s == 0) {
-      weft_mem_stats m = weft_mem_get(WEFT_CPU);
+      weft_mem_stats m = weft_mem_get(dev);
       r->peak = m.peak_bytes - before;
       r->held = m.current_bytes - before;
     }
-    r->steady_allocs = weft_mem_get(WEFT_CPU).alloc_count - a0;
+    r->steady_allocs = weft_mem_get(dev).alloc_count - a0;
+    if (s == 0) model_check_params_on_device(model, mode_name[mode]);
     double lv = weft_var_item(loss);
     if (S->fsdp) {
       double sum = 0;
@@ -199,8 +210,10 @@ static void run(const setup *S, int mode, result *r) {
         WCHECK(ps[i]->grad, "%s: %s has no grad", mode_name[mode], ps[i]->fqn);
         continue;
       }
-      const weft_tensor *l = weft_dtensor_local(ps[i]->grad);
-      WREQUIRE(l->dtype == WEFT_F32 && weft_tensor_is_contiguous(l), "%s: grad layout", ps[i]->fqn);
+      weft_tensor *hl = NULL;
+      const weft_tensor *l = weft_worker_host_copy(weft_dtensor_local(ps[i]->grad), &hl);
+      WREQUIRE(l && l->dtype == WEFT_F32 && weft_tensor_is_contiguous(l), "%s: grad layout",
+               ps[i]->fqn);
       int64_t n = weft_tensor_numel(l);
       /* after backward every FSDP group is resharded (the recompute's
        * forward hooks and prefetches left nothing gathered) */
@@ -211,6 +224,7 @@ static void run(const setup *S, int mode, result *r) {
       r->n[i] = n;
       r->grad[s][i] = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
       if (n > 0) memcpy(r->grad[s][i], l->data, (size_t)n * sizeof(float));
+      weft_tensor_destroy(hl);
     }
     WOK(weft_graph_reset(gr));
   }
@@ -530,6 +544,7 @@ static void case_errors(void) {
   const char *mn[1] = {"tp"};
   weft_mesh *mesh = NULL;
   WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, mn, &mesh));
+  weft_worker_mesh_on_device(mesh);
   static const weft_module_def def = {"flaky", flaky_forward, free};
   flaky_ctx *fc = calloc(1, sizeof *fc);
   weft_module *m = NULL;
@@ -573,12 +588,17 @@ static void case_errors(void) {
   WOK(weft_backward(l));
   const weft_dtensor *gx = weft_var_grad(xv);
   WREQUIRE(gx && p->grad, "no grads");
-  const float *dx = weft_dtensor_local(gx)->data, *dw = weft_dtensor_local(p->grad)->data,
-              *w = weft_dtensor_local(p->data)->data, *xs = xt->data;
+  weft_tensor *h[3] = {NULL, NULL, NULL};
+  const weft_tensor *hx = weft_worker_host_copy(weft_dtensor_local(gx), &h[0]),
+                    *hw = weft_worker_host_copy(weft_dtensor_local(p->grad), &h[1]),
+                    *hp = weft_worker_host_copy(weft_dtensor_local(p->data), &h[2]);
+  WREQUIRE(hx && hw && hp, "host copies");
+  const float *dx = hx->data, *dw = hw->data, *w = hp->data, *xs = xt->data;
   for (int i = 0; i < 6; i++) {
     WCHECK(dx[i] == w[i], "dx[%d] %g want %g", i, (double)dx[i], (double)w[i]);
     WCHECK(dw[i] == xs[i], "dw[%d] %g want %g", i, (double)dw[i], (double)xs[i]);
   }
+  for (int i = 0; i < 3; i++) weft_tensor_destroy(h[i]);
   weft_graph_destroy(g);
   weft_dtensor_destroy(x);
   weft_tensor_destroy(xt);

@@ -1,7 +1,11 @@
 /* tests/models/gpt2_worker.c — MPI worker cases for models/gpt2 (started
  * by test_models.c under mpiexec): PyTorch float64 golden parity of loss,
  * gradients (the tied wte grad includes lm_head's use) and one AdamW step
- * with nanoGPT's two parameter groups, on one rank and sharded. */
+ * with nanoGPT's two parameter groups, on one rank and sharded.
+ *
+ * Device mode (WEFT_TEST_DEVICE=cuda, worker.h): every root mesh is
+ * put on WEFT_CUDA, so the model trains there; the golden comparisons read
+ * host copies. Unset, everything stays on the CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +17,7 @@
 #include "golden.h"
 #include "gpt2_golden.h"
 #include "gpt2.h"
+#include "model_device.h"
 #include "tp.h"
 #include "worker.h"
 
@@ -46,6 +51,7 @@ static void place_model(const layout *L, placed *P) {
   shape[nd] = L->tp;
   names[nd++] = "tp";
   WOK(weft_mesh_create(nd, shape, names, &P->root));
+  weft_worker_mesh_on_device(P->root);
   WOK(weft_mesh_submesh(P->root, ndp, names, &P->dp));
   WOK(weft_mesh_submesh(P->root, 1, &names[ndp], &P->model));
   /* the batch is split over the dp (shard) dim only: the golden batch has
@@ -109,6 +115,7 @@ static void check_checkpoint(weft_module *model, const weft_gpt2_config *cfg, co
   const char *mn[1] = {"tp"};
   weft_mesh *self = NULL;
   WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, mn, &self));
+  weft_worker_mesh_on_device(self);
   weft_module *m1 = NULL;
   WOK(weft_gpt2_create(cfg, self, &m1));
   WOK(weft_module_init_weights(m1, 99));
@@ -123,10 +130,14 @@ static void check_checkpoint(weft_module *model, const weft_gpt2_config *cfg, co
     WOK(weft_dtensor_full_tensor(ps[i]->data, &full));
     weft_param *q = NULL;
     WOK(weft_module_find_param(m1, ps[i]->fqn, &q));
-    const weft_tensor *l = weft_dtensor_local(q->data);
-    WCHECK(full && weft_tensor_numel(full) == weft_tensor_numel(l) &&
-               memcmp(full->data, l->data, weft_tensor_nbytes(l)) == 0,
+    weft_tensor *hf = NULL, *hl = NULL;
+    const weft_tensor *f = weft_worker_host_copy(full, &hf),
+                      *l = weft_worker_host_copy(weft_dtensor_local(q->data), &hl);
+    WCHECK(f && l && weft_tensor_numel(f) == weft_tensor_numel(l) &&
+               memcmp(f->data, l->data, weft_tensor_nbytes(l)) == 0,
            "%s: %s loaded from the checkpoint differs from the sharded one", what, ps[i]->fqn);
+    weft_tensor_destroy(hf);
+    weft_tensor_destroy(hl);
     weft_tensor_destroy(full);
   }
   weft_state_dict_destroy(sd1);
@@ -172,6 +183,7 @@ static void run_golden(const char *what, layout L) {
   double lerr = fabs(lv - g.loss) / fabs(g.loss);
   WCHECK(lerr < 1e-6, "%s: loss %.9f want %.9f (rel %.3g)", what, lv, g.loss, lerr);
   WOK(weft_backward(loss));
+  model_check_params_on_device(model, what);
 
   weft_param *ps[256];
   int np = 0;
@@ -199,20 +211,25 @@ static void run_golden(const char *what, layout L) {
   WCHECK(zero_move <= 2.0 * g.hp.lr, "%s: a parameter element moved %.3g with a zero gradient",
          what, zero_move);
   if (L.tp > 1 && L.fsdp) check_checkpoint(model, &cfg, what);
-  /* a few more steps: from the second on, the graph reuses its buffers */
-  int64_t allocs[4] = {0};
+  /* a few more steps: from the second on, the graph reuses its buffers
+   * (counted on the mesh's device; a loss on a device is read through a
+   * full tensor and a host copy, which the count leaves out) */
+  weft_device dev = weft_mesh_device(mesh);
+  int64_t allocs[4] = {0}, item_allocs = 0;
   for (int s = 0; s < 4; s++) {
     WOK(weft_graph_reset(gr));
     WOK(weft_module_zero_grad(model, false));
     WOK(weft_gpt2_loss(model, gr, ids, tgt, &loss, NULL));
+    int64_t a0 = weft_mem_get(dev).alloc_count;
     WCHECK(isfinite(weft_var_item(loss)), "%s: loss is not finite", what); /* read in place */
+    if (dev != WEFT_CPU) item_allocs += weft_mem_get(dev).alloc_count - a0;
     WOK(weft_backward(loss));
     WOK(weft_clip_grad_norm(model, g.clip, NULL));
     WOK(weft_optimizer_step(opt));
-    allocs[s] = weft_mem_get(WEFT_CPU).alloc_count;
+    allocs[s] = weft_mem_get(dev).alloc_count - item_allocs;
   }
-  WCHECK(L.fsdp || L.tp > 1 || allocs[3] == allocs[2], "%s: %lld allocations in a steady step",
-         what, (long long)(allocs[3] - allocs[2]));
+  WCHECK(L.fsdp || L.tp > 1 || allocs[3] == allocs[2], "%s: %lld %s allocations in a steady step",
+         what, (long long)(allocs[3] - allocs[2]), weft_device_name(dev));
   if (rank == 0)
     printf(
         "gpt2 golden %s (%d ranks): loss rel err %.3g, worst grad rel err %.3g, norm rel "
@@ -261,6 +278,7 @@ static void train_curve(const golden *g, float p, const layout *L, bool alone, i
     int one = 1;
     const char *mn[1] = {"tp"};
     WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, mn, &mesh));
+    weft_worker_mesh_on_device(mesh);
   } else {
     place_model(L, &P);
     mesh = P.model;
@@ -352,6 +370,7 @@ static void case_groups(void) {
   const char *mn[1] = {"tp"};
   weft_mesh *mesh = NULL;
   WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, mn, &mesh));
+  weft_worker_mesh_on_device(mesh);
   weft_module *model = NULL;
   WOK(weft_gpt2_create(&cfg, mesh, &model));
   WOK(weft_module_init_weights(model, 7));

@@ -17,6 +17,10 @@
  *                   the op-based model on one config, alternated step by
  *                   step (or one of them only); cfg "golden" (default),
  *                   "tiny" or "small" (bench/step.c's); not in the suite
+ *
+ * Device mode (WEFT_TEST_DEVICE=cuda, worker.h): every root mesh is
+ * put on WEFT_CUDA, so the models train there; the comparisons read host
+ * copies. Unset, everything stays on the CPU.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +33,7 @@
 #include "fsdp.h"
 #include "golden.h"
 #include "llama.h"
+#include "model_device.h"
 #include "tp.h"
 #include "worker.h"
 
@@ -45,7 +50,7 @@ static weft_mesh *mesh_self(void) {
   const char *names[1] = {"tp"};
   weft_mesh *m = NULL;
   WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, names, &m));
-  return m;
+  return weft_worker_mesh_on_device(m);
 }
 
 /* The meshes of a run: mode 0 a 1-rank model mesh; mode 1 tp over the
@@ -66,12 +71,12 @@ static bool meshes_make(meshes *m, int mode) {
   if (mode == 1) {
     const char *n[1] = {"tp"};
     WOK(weft_mesh_create(1, &world, n, &m->tp));
-    return m->tp != NULL;
+    return weft_worker_mesh_on_device(m->tp) != NULL;
   }
   int shape[2] = {world / 2, 2};
   const char *names[2] = {"dp", "tp"};
   WOK(weft_mesh_create(2, shape, names, &m->root));
-  if (!m->root) return false;
+  if (!weft_worker_mesh_on_device(m->root)) return false;
   WOK(weft_mesh_submesh(m->root, 1, &names[0], &m->dp));
   WOK(weft_mesh_submesh(m->root, 1, &names[1], &m->tp));
   if (!m->dp || !m->tp) return false;
@@ -188,6 +193,7 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
   double lv = weft_var_item(loss);
   WOK(weft_backward(loss));
   double t1 = now_s();
+  model_check_params_on_device(model, name);
   WCHECK(emb_out.hits == 1 && blk_out.hits == 1 && wo_in.hits == 1, "hooks ran %d %d %d times",
          emb_out.hits, blk_out.hits, wo_in.hits);
   if (mode > 0) {
@@ -232,17 +238,22 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
          worst_up, worst_u);
   /* more steps: the loss goes down on the same batch, and from the second
    * step on a one-rank step allocates nothing (the graph reuses buffers) */
-  int64_t allocs[4] = {0};
+  /* (allocations counted on the mesh's device; a loss on a device is read
+   * through a full tensor and a host copy, which the count leaves out) */
+  weft_device dev = weft_mesh_device(ms.tp);
+  int64_t allocs[4] = {0}, item_allocs = 0;
   double l_last = lv;
   for (int s = 0; s < 4; s++) {
     WOK(weft_graph_reset(gr));
     WOK(weft_module_zero_grad(model, false));
     WOK(weft_llama_ops_loss(model, gr, ids, tgt, &loss, NULL));
+    int64_t a0 = weft_mem_get(dev).alloc_count;
     l_last = weft_var_item(loss); /* a Replicate loss is read in place */
+    if (dev != WEFT_CPU) item_allocs += weft_mem_get(dev).alloc_count - a0;
     WOK(weft_backward(loss));
     WOK(weft_clip_grad_norm(model, g.clip, NULL));
     WOK(weft_optimizer_step(opt));
-    allocs[s] = weft_mem_get(WEFT_CPU).alloc_count;
+    allocs[s] = weft_mem_get(dev).alloc_count - item_allocs;
   }
   if (mode == 2) {
     double sum = 0;
@@ -250,8 +261,8 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
     l_last = sum / world;
   }
   WCHECK(l_last < lv, "%s mode %d: loss at step 5 %.6f not below %.6f", name, mode, l_last, lv);
-  WCHECK(mode != 0 || allocs[3] == allocs[2], "%s: %lld allocations in a steady step", name,
-         (long long)(allocs[3] - allocs[2]));
+  WCHECK(mode != 0 || allocs[3] == allocs[2], "%s: %lld %s allocations in a steady step", name,
+         (long long)(allocs[3] - allocs[2]), weft_device_name(dev));
   if (rank == 0)
     printf(
         "llama_ops golden %s mode %d (sp %d, lp %d) ranks %d: loss rel err %.3g, worst grad "
@@ -324,7 +335,17 @@ static void check_errors(const golden *g, weft_mesh *mesh) {
   WOK(weft_dtensor_zeros(mesh, WEFT_I32, 2, slong, reps, weft_mesh_ndim(mesh), &lng));
   WOK(weft_dtensor_zeros(mesh, WEFT_I32, 2, s2, reps, weft_mesh_ndim(mesh), &oor));
   WOK(weft_dtensor_zeros(mesh, WEFT_I32, 2, s2, reps, weft_mesh_ndim(mesh), &ok));
-  if (oor) ((int32_t *)weft_dtensor_local(oor)->data)[2] = (int32_t)g->cfg.vocab;
+  if (oor) {
+    weft_tensor *l = weft_dtensor_local(oor), *h = NULL;
+    if (l->device == WEFT_CPU) {
+      ((int32_t *)l->data)[2] = (int32_t)g->cfg.vocab;
+    } else { /* on a device mesh: set in a host copy, copied back */
+      WOK(weft_tensor_to(l, WEFT_CPU, &h));
+      if (h) ((int32_t *)h->data)[2] = (int32_t)g->cfg.vocab;
+      if (h) WOK(weft_tensor_copy(l, h));
+      weft_tensor_destroy(h);
+    }
+  }
   expect(weft_llama_ops_logits(m, gr, f, &lg), WEFT_ERR_INVALID, "int32", "float ids");
   expect(weft_llama_ops_logits(m, gr, lng, &lg), WEFT_ERR_INVALID, "max_seq_len", "long ids");
   WCHECK(weft_llama_ops_logits(m, gr, oor, &lg) != WEFT_OK, "an id = V was accepted");
@@ -387,6 +408,7 @@ static void case_golden_tp(void) {
   const char *n[1] = {"tp"};
   weft_mesh *tpm = NULL;
   WOK(weft_mesh_create(1, &world, n, &tpm));
+  weft_worker_mesh_on_device(tpm);
   weft_module *m = NULL;
   WOK(weft_llama_ops_create(&c, tpm, &m));
   weft_tp *tp = NULL;
@@ -526,8 +548,13 @@ static double worst_diff(pair *p, bool grads) {
     const weft_dtensor *a = grads ? p->pa[i]->grad : p->pa[i]->data;
     const weft_dtensor *b = grads ? p->pb[i]->grad : p->pb[i]->data;
     if (!a || !b) return INFINITY;
-    const weft_tensor *la = weft_dtensor_local(a), *lb = weft_dtensor_local(b);
-    double e = weft_test_rel_norm_f32(la->data, lb->data, weft_tensor_numel(lb));
+    weft_tensor *ha = NULL, *hb = NULL;
+    const weft_tensor *la = weft_worker_host_copy(weft_dtensor_local(a), &ha),
+                      *lb = weft_worker_host_copy(weft_dtensor_local(b), &hb);
+    double e =
+        la && lb ? weft_test_rel_norm_f32(la->data, lb->data, weft_tensor_numel(lb)) : INFINITY;
+    weft_tensor_destroy(ha);
+    weft_tensor_destroy(hb);
     if (e > worst) worst = e;
   }
   return worst;
@@ -560,6 +587,8 @@ static void case_builtin(void) {
     double la = 0, lb = 0;
     step_ops(&p, ids, tg, &la, NULL);
     step_builtin(&p, tok, tgt, &lb, NULL);
+    model_check_params_on_device(p.ops, "ops model");
+    model_check_params_on_device(p.builtin, "built-in model");
     double el = fabs(la - lb) / fabs(lb), eg = worst_diff(&p, true), ew = worst_diff(&p, false);
     WCHECK(el < 1e-6, "step %d: loss %.9f (ops) vs %.9f (built-in)", s, la, lb);
     WCHECK(eg < 1e-5, "step %d: grads differ (worst rel %.3g)", s, eg);

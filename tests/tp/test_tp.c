@@ -1,10 +1,15 @@
 /* tests/tp/test_tp.c — the tp suite: pure tests of patterns, styles and
  * the Llama plan, and multi-rank cases run in tp_worker under mpiexec
  * (tests/harness). Parity cases compare against the same model on one rank
- * within 1e-5 relative (fp32); see tp_worker.c for each case. */
+ * within 1e-5 relative (fp32); see tp_worker.c for each case.
+ * The *_on_device variants run the same cases with the meshes on WEFT_CUDA
+ * (the worker's device mode, WEFT_TEST_DEVICE=cuda) and the same
+ * tolerances; they skip, saying why, where this process sees no CUDA
+ * device. */
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "backend.h"
 #include "harness.h"
 #include "tp.h"
 
@@ -219,9 +224,17 @@ Test(tp, null_objects_are_harmless) {
 Test(tp, llama_plan_matches_one_rank_tp2, .timeout = 120) {
   cr_assert_eq(RUN(2, "parity_tp2", 110), 0);
 }
+Test(tp, llama_plan_matches_one_rank_tp2_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(2, WORKER("tp_worker"), "parity_tp2", 110, NULL), 0);
+}
 /* Same at tp = 4 for tiny_mha; tiny_gqa (Hkv = 2) is refused there. */
 Test(tp, llama_plan_matches_one_rank_tp4, .timeout = 150) {
   cr_assert_eq(RUN(4, "parity_tp4", 140), 0);
+}
+Test(tp, llama_plan_matches_one_rank_tp4_on_device, .timeout = 150) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(4, WORKER("tp_worker"), "parity_tp4", 140, NULL), 0);
 }
 
 /* Per block forward: 2 all-reduces of B*T*D floats (no sp), 2 all-gathers
@@ -229,6 +242,10 @@ Test(tp, llama_plan_matches_one_rank_tp4, .timeout = 150) {
  * 3 B*T floats in all and local logits (B, T, V/tp). */
 Test(tp, block_forward_comm_counts_tp2, .timeout = 60) { cr_assert_eq(RUN(2, "comm", 50), 0); }
 Test(tp, block_forward_comm_counts_tp4, .timeout = 90) { cr_assert_eq(RUN(4, "comm", 80), 0); }
+Test(tp, block_forward_comm_counts_tp2_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(2, WORKER("tp_worker"), "comm", 50, NULL), 0);
+}
 
 /* Colwise/rowwise embeddings (uneven vocab), sequence parallel from a
  * replicated input, prepare input/output, colwise with output R, rowwise
@@ -243,6 +260,10 @@ Test(tp, generic_styles_match_one_rank_tp2, .timeout = 60) {
 Test(tp, generic_styles_match_one_rank_tp4, .timeout = 90) {
   cr_assert_eq(RUN(4, "styles", 80), 0);
 }
+Test(tp, generic_styles_match_one_rank_tp2_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(2, WORKER("tp_worker"), "styles", 50, NULL), 0);
+}
 
 /* weft_tp_loss vs a double reference: even/uneven/empty vocab shards. */
 Test(tp, loss_parallel_matches_double_reference_tp1, .timeout = 60) {
@@ -253,6 +274,10 @@ Test(tp, loss_parallel_matches_double_reference_tp2, .timeout = 60) {
 }
 Test(tp, loss_parallel_matches_double_reference_tp4, .timeout = 90) {
   cr_assert_eq(RUN(4, "loss", 80), 0);
+}
+Test(tp, loss_parallel_matches_double_reference_tp2_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(2, WORKER("tp_worker"), "loss", 50, NULL), 0);
 }
 
 /* Patterns matching nothing, wrong module kinds, two parameter styles,

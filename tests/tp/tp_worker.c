@@ -1,7 +1,13 @@
 /* tests/tp/tp_worker.c — MPI worker cases of the tp suite (started by
  * test_tp.c through mpiexec; see tests/harness/worker.h). Every rank
  * checks. The reference for every parallel run is the same model on a
- * 1-rank mesh over MPI_COMM_SELF, computed on each rank. */
+ * 1-rank mesh over MPI_COMM_SELF, computed on each rank.
+ *
+ * Device mode: with WEFT_TEST_DEVICE=cuda every root mesh (the world and
+ * the 1-rank reference mesh) is put on WEFT_CUDA as it is made
+ * (weft_worker_mesh_on_device), so the models, the reference included, compute there;
+ * the worker reads numbers only through host copies (weft_worker_host_copy). Unset,
+ * everything stays on the CPU and no copy is made. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +35,7 @@ static weft_mesh *mesh_self(void) {
   const char *names[1] = {"tp"};
   weft_mesh *m = NULL;
   WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, shape, names, &m));
-  return m;
+  return weft_worker_mesh_on_device(m);
 }
 
 static weft_mesh *mesh_world(void) {
@@ -37,7 +43,7 @@ static weft_mesh *mesh_world(void) {
   const char *names[1] = {"tp"};
   weft_mesh *m = NULL;
   WOK(weft_mesh_create(1, shape, names, &m));
-  return m;
+  return weft_worker_mesh_on_device(m);
 }
 
 /* ------------------------------------------------------------- golden */
@@ -88,9 +94,12 @@ static float *full_copy(const weft_dtensor *d, int64_t *numel) {
   weft_status st = weft_dtensor_full_tensor(d, &f);
   WCHECK(st == WEFT_OK, "full_tensor: %s", weft_last_error());
   if (st) return NULL;
+  weft_tensor *tmp = NULL;
+  const weft_tensor *h = weft_worker_host_copy(f, &tmp);
   int64_t n = weft_tensor_numel(f);
-  float *p = malloc((size_t)(n ? n : 1) * sizeof *p);
-  memcpy(p, f->data, (size_t)n * sizeof *p);
+  float *p = h ? malloc((size_t)(n ? n : 1) * sizeof *p) : NULL;
+  if (p) memcpy(p, h->data, (size_t)n * sizeof *p);
+  weft_tensor_destroy(tmp);
   weft_tensor_destroy(f);
   if (numel) *numel = n;
   return p;
@@ -791,9 +800,10 @@ static void case_loss(void) {
       double loss = 0;
       WOK(weft_tp_loss_forward(l, dz, y, &loss));
       WOK(weft_tp_loss_backward(l, dz, y, dloss, dg));
-      weft_tensor *gf = NULL;
+      weft_tensor *gf = NULL, *gh = NULL;
       WOK(weft_dtensor_full_tensor(dg, &gf));
-      double eg = gf ? weft_test_rel_norm_f32_f64(gf->data, dref, N * V) : INFINITY;
+      const weft_tensor *gfh = weft_worker_host_copy(gf, &gh);
+      double eg = gfh ? weft_test_rel_norm_f32_f64(gfh->data, dref, N * V) : INFINITY;
       double el = weft_test_rel_scalar(loss, ref);
       if (weft_worker_rank == 0)
         printf("loss tp=%d V=%lld %s: loss %.6f ref %.6f rel %.2e, dlogits rel %.2e\n", tp,
@@ -805,6 +815,7 @@ static void case_loss(void) {
       /* every rank holds only its vocab columns */
       int64_t vloc = sharded ? (V + tp - 1) / tp : V;
       WCHECK(weft_dtensor_local(dz)->shape[2] <= vloc, "local logits too wide");
+      weft_tensor_destroy(gh);
       weft_tensor_destroy(gf);
       free(dref);
       weft_dtensor_destroy(dz);
