@@ -116,8 +116,9 @@ void weft_dtensor_describe(const weft_dtensor *dt, char *buf, size_t cap) {
 
 /* ------------------------------------------------------------ creation */
 
-static weft_status make_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
-                              const weft_placement *pl, int n, bool zero, weft_dtensor **out) {
+static weft_status make_empty(weft_mesh *mesh, weft_device dev, weft_dtype dtype, int ndim,
+                              const int64_t *shape, const weft_placement *pl, int n, bool zero,
+                              weft_dtensor **out) {
   WEFT_CHECK(check_out(out));
   if (!mesh) return weft_error(WEFT_ERR_INVALID, "mesh is NULL");
   weft_dtensor_spec spec;
@@ -127,7 +128,6 @@ static weft_status make_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const
   dt_my_coords(mesh, me);
   WEFT_CHECK(weft_dtensor_spec_local_shape(&spec, me, lshape, NULL, NULL));
   weft_tensor *t;
-  weft_device dev = weft_mesh_device(mesh);
   if (zero)
     WEFT_CHECK(weft_tensor_zeros(dtype, dev, ndim, lshape, &t));
   else
@@ -140,14 +140,25 @@ static weft_status make_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const
 weft_status weft_dtensor_empty(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
                                const weft_placement *placements, int nplacements,
                                weft_dtensor **out) {
-  WEFT_CHECK(make_empty(mesh, dtype, ndim, shape, placements, nplacements, false, out));
+  WEFT_CHECK(make_empty(mesh, weft_mesh_device(mesh), dtype, ndim, shape, placements, nplacements,
+                        false, out));
   return WEFT_OK;
 }
 
 weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim, const int64_t *shape,
                                const weft_placement *placements, int nplacements,
                                weft_dtensor **out) {
-  WEFT_CHECK(make_empty(mesh, dtype, ndim, shape, placements, nplacements, true, out));
+  WEFT_CHECK(make_empty(mesh, weft_mesh_device(mesh), dtype, ndim, shape, placements, nplacements,
+                        true, out));
+  return WEFT_OK;
+}
+
+weft_status weft_dtensor_zeros_like(const weft_dtensor *t, weft_dtype dtype, weft_dtensor **out) {
+  WEFT_CHECK(check_out(out));
+  if (!t) return weft_error(WEFT_ERR_INVALID, "zeros_like: the tensor is NULL");
+  const weft_dtensor_spec *s = weft_dtensor_get_spec(t);
+  WEFT_CHECK(make_empty(weft_dtensor_mesh(t), weft_dtensor_local(t)->device, dtype, s->ndim,
+                        s->shape, s->placements, s->mesh_ndim, true, out));
   return WEFT_OK;
 }
 
@@ -691,7 +702,7 @@ weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_lo
     st = weft_error(WEFT_ERR_INVALID, "local is NULL");
   else if (own != WEFT_LOCAL_COPY && own != WEFT_LOCAL_TAKE && own != WEFT_LOCAL_VIEW)
     st = weft_error(WEFT_ERR_INVALID, "invalid ownership %d", (int)own);
-  else if (local->device != weft_mesh_device(mesh))
+  else if (local->device != weft_mesh_device(mesh) && local->device != WEFT_CPU)
     st = weft_error(WEFT_ERR_INVALID,
                     "local is a %s tensor but the mesh is on %s (move it there with "
                     "weft_tensor_to, or set the mesh's device)",

@@ -235,6 +235,12 @@ WEFT_API weft_status weft_dtensor_empty(weft_mesh *mesh, weft_dtype dtype, int n
 WEFT_API weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim,
                                         const int64_t *shape, const weft_placement *placements,
                                         int nplacements, weft_dtensor **out);
+/* torch.zeros_like: a zero-filled DTensor of dtype with t's mesh, global
+ * shape and placements, its local on the device of t's local (so an
+ * offloaded t gives an offloaded result: optimizer state next to its
+ * parameter). Local, no communication. */
+WEFT_API weft_status weft_dtensor_zeros_like(const weft_dtensor *t, weft_dtype dtype,
+                                             weft_dtensor **out);
 
 /* Collective. Distributes a full tensor (torch.distributed.tensor.
  * distribute_tensor): with src_rank a mesh rank (weft_mesh_rank numbering),
@@ -268,7 +274,11 @@ typedef enum weft_local_ownership {
  * exchange their specs and local shapes (weft_dtensor_check), so a rank whose
  * shape, placements or dtype disagree is named on every rank: WEFT_ERR_MISMATCH
  * on the others, its own error code on a rank whose arguments were bad.
- * Without debug it does not communicate. */
+ * Without debug it does not communicate. The local lives on the mesh's
+ * device, or on the CPU: a host local on a device mesh is an offloaded
+ * DTensor (as a CPU tensor on a "cuda" DeviceMesh in PyTorch, FSDP's
+ * CPUOffloadPolicy), whose redistributions and ops stay in host memory;
+ * a local on another device is WEFT_ERR_INVALID. */
 WEFT_API weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local,
                                              weft_local_ownership own,
                                              const weft_placement *placements, int nplacements,

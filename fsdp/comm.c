@@ -12,12 +12,6 @@ static char *elem(void *base, int64_t i, weft_dtype dt) {
   return (char *)base + (size_t)i * weft_dtype_size(dt);
 }
 
-/* The device of the group's parameters (their sharded locals), where its
- * flat buffers live and its casts run (backend.h). */
-static weft_device group_device(const weft_fsdp *f) {
-  return f->nparams > 0 ? weft_dtensor_local(f->params[0].sharded)->device : WEFT_CPU;
-}
-
 /* f->nparams pieces (freed by the caller), or NULL with an error set. */
 static weft_flat_piece *pieces_new(const weft_fsdp *f, int64_t per_param) {
   int64_t n = (int64_t)f->nparams * per_param;
@@ -28,13 +22,14 @@ static weft_flat_piece *pieces_new(const weft_fsdp *f, int64_t per_param) {
 
 /* Block r of the flat layout (S elements of dt at dst): each parameter's
  * rows chunk r taken from src(fp) (the tp-local tensor, f32, or NULL for
- * zeros), padding zeroed; one flat_pack on the group's device.
+ * zeros), padding zeroed; one flat_pack on dev, where dst and the sources
+ * live (the group's device; the host for an offloaded shard).
  * from_shard: src is this rank's shard (r must be f->coord), whose row 0 is
  * the chunk's first row. */
 typedef const float *(*src_fn)(const fsdp_param *fp);
 
-static weft_status pack_block(const weft_fsdp *f, int r, void *dst, weft_dtype dt, src_fn src,
-                              bool from_shard) {
+static weft_status pack_block(const weft_fsdp *f, weft_device dev, int r, void *dst, weft_dtype dt,
+                              src_fn src, bool from_shard) {
   weft_flat_piece *pc = pieces_new(f, f->max_blocks);
   if (!pc) return weft_last_status();
   int npc = 0;
@@ -54,7 +49,7 @@ static weft_status pack_block(const weft_fsdp *f, int r, void *dst, weft_dtype d
       q->pad = b == fp->nblocks - 1 ? (fp->pad_rows - done) * fp->rest : 0;
     }
   }
-  weft_status st = weft_backend_flat_pack(group_device(f), dst, dt, pc, npc);
+  weft_status st = weft_backend_flat_pack(dev, dst, dt, pc, npc);
   free(pc);
   return st;
 }
@@ -70,6 +65,20 @@ static const float *src_grad(const fsdp_param *fp) {
   return fp->acc_grad ? weft_dtensor_local(fp->acc_grad)->data : NULL;
 }
 
+/* This rank's block of the flat layout from its shards into dst (S
+ * elements of dt on the group's device). Offloaded shards are packed on the
+ * host and copied over. */
+static weft_status pack_shard(const weft_fsdp *f, void *dst, weft_dtype dt) {
+  if (!f->offload) return pack_block(f, f->dev, f->coord, dst, dt, src_sharded, true);
+  size_t bytes = (size_t)f->block * weft_dtype_size(dt);
+  void *host;
+  WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, &host));
+  weft_status st = pack_block(f, WEFT_CPU, f->coord, host, dt, src_sharded, true);
+  if (!st) st = weft_memcpy(f->dev, dst, host, bytes, WEFT_COPY_H2D);
+  weft_free(host);
+  return st;
+}
+
 static int64_t dt_bytes(const weft_dtensor *d) {
   return d ? (int64_t)weft_tensor_nbytes(weft_dtensor_local(d)) : 0;
 }
@@ -82,7 +91,7 @@ weft_status fsdp__unshard_start(weft_fsdp *f, bool prefetch) {
   weft_dtype dt = f->ag_dtype;
   size_t bytes = (size_t)(n * S) * weft_dtype_size(dt);
   void *buf;
-  const weft_device dev = group_device(f);
+  const weft_device dev = f->dev;
   WEFT_CHECK(weft_alloc(dev, bytes, &buf));
   fsdp__mem_add_unsharded_params((int64_t)bytes);
   weft_status st;
@@ -98,7 +107,7 @@ weft_status fsdp__unshard_start(weft_fsdp *f, bool prefetch) {
     if (!st) fsdp__comm_add(&f->comm.small_all_gather, (int64_t)bytes, k, false);
     f->ag_small = true;
   } else {
-    st = pack_block(f, f->coord, elem(buf, f->coord * S, dt), dt, src_sharded, true);
+    st = pack_shard(f, elem(buf, f->coord * S, dt), dt);
     if (!st)
       st = weft_all_gather(f->dp_mesh, f->shard_dim, elem(buf, f->coord * S, dt), buf, S, dt, &w);
     if (!st) fsdp__comm_add(&f->comm.all_gather, (int64_t)bytes, (int)n, false);
@@ -166,7 +175,7 @@ weft_status fsdp__unshard_wait(weft_fsdp *f) {
       }
     }
   }
-  if (!st) st = weft_backend_flat_split(group_device(f), f->ag_buf, dt, pc, npc);
+  if (!st) st = weft_backend_flat_split(f->dev, f->ag_buf, dt, pc, npc);
   free(pc);
   free_ag(f);
   if (st) {
@@ -204,11 +213,12 @@ weft_status fsdp__reshard(weft_fsdp *f, bool small) {
     size_t bytes = (size_t)(per * S) * weft_dtype_size(dt);
     fsdp__drop_small(f);
     void *buf;
-    WEFT_CHECK(weft_alloc(group_device(f), bytes, &buf));
+    WEFT_CHECK(weft_alloc(f->dev, bytes, &buf));
     fsdp__mem_add_unsharded_params((int64_t)bytes);
     weft_status st = WEFT_OK;
     for (int64_t b = 0; b < per && !st; b++)
-      st = pack_block(f, (int)(j * per + b), elem(buf, b * S, dt), dt, src_unsharded, false);
+      st =
+          pack_block(f, f->dev, (int)(j * per + b), elem(buf, b * S, dt), dt, src_unsharded, false);
     if (st) {
       weft_free(buf);
       fsdp__mem_add_unsharded_params(-(int64_t)bytes);
@@ -247,11 +257,11 @@ weft_status fsdp__post_backward_grads(weft_fsdp *f) {
   weft_dtype dt = f->rs_dtype;
   size_t bytes = (size_t)(n * S) * weft_dtype_size(dt);
   void *buf;
-  WEFT_CHECK(weft_alloc(group_device(f), bytes, &buf));
+  WEFT_CHECK(weft_alloc(f->dev, bytes, &buf));
   fsdp__mem_add_unsharded_grads((int64_t)bytes);
   weft_status st = WEFT_OK;
   for (int64_t r = 0; r < n && !st; r++)
-    st = pack_block(f, (int)r, elem(buf, r * S, dt), dt, src_grad, false);
+    st = pack_block(f, f->dev, (int)r, elem(buf, r * S, dt), dt, src_grad, false);
   weft_work *w = NULL;
   if (!st) st = weft_reduce_scatter(f->dp_mesh, f->shard_dim, buf, buf, S, dt, WEFT_OP_SUM, &w);
   if (st) {
@@ -294,9 +304,7 @@ weft_status fsdp__reduce_finish(weft_fsdp *f) {
     weft_param *p = fp->p;
     if (!p->requires_grad) continue;
     if (!p->grad) {
-      const weft_dtensor_spec *s = weft_dtensor_get_spec(fp->sharded);
-      st = weft_dtensor_zeros(f->spmd_mesh, WEFT_F32, s->ndim, s->shape, s->placements,
-                              s->mesh_ndim, &p->grad);
+      st = weft_dtensor_zeros_like(fp->sharded, WEFT_F32, &p->grad);
       if (st) break;
     } else if (!weft_dtensor_spec_equal(weft_dtensor_get_spec(p->grad),
                                         weft_dtensor_get_spec(fp->sharded)) ||
@@ -310,7 +318,16 @@ weft_status fsdp__reduce_finish(weft_fsdp *f) {
     pc[npc].count = fp->shard_len * fp->rest;
     npc++;
   }
-  if (!st) st = weft_backend_flat_accumulate(group_device(f), f->rs_buf, dt, pc, npc, scale);
+  if (!st && f->offload) { /* the host grads take the reduced block from a host copy */
+    size_t bytes = (size_t)S * weft_dtype_size(dt);
+    void *host = NULL;
+    st = weft_alloc(WEFT_CPU, bytes, &host);
+    if (!st) st = weft_memcpy(f->dev, host, f->rs_buf, bytes, WEFT_COPY_D2H);
+    if (!st) st = weft_backend_flat_accumulate(WEFT_CPU, host, dt, pc, npc, scale);
+    weft_free(host);
+  } else if (!st) {
+    st = weft_backend_flat_accumulate(f->dev, f->rs_buf, dt, pc, npc, scale);
+  }
   free(pc);
   weft_free(f->rs_buf);
   fsdp__mem_add_unsharded_grads(-(int64_t)f->rs_bytes);

@@ -173,8 +173,13 @@ typedef struct weft_fsdp_options {
   int reshard_after_forward; /* see above */
   weft_fsdp_mixed_precision mp;
   /* CPUOffloadPolicy: keep sharded parameters, grads and optimizer state in
-   * host memory. weft computes on the CPU, where they already are: the
-   * flag is accepted and recorded, and changes nothing. */
+   * host memory. On a device mesh the sharded parameters and grads are
+   * offloaded DTensors (host locals on the device mesh; the optimizer makes
+   * its state next to them and steps on the CPU); an unshard packs the
+   * shard on the host and copies it to the device before the all-gather,
+   * and the reduce-scattered gradient block is copied back to the host
+   * before it is accumulated. On a CPU mesh everything is already in host
+   * memory: the flag changes nothing there. */
   bool offload_params;
 } weft_fsdp_options;
 #define WEFT_FSDP_OPTIONS_VERSION 1

@@ -75,6 +75,8 @@ struct weft_fsdp {
   int nshard, coord;    /* shard dim size and this rank's coordinate */
   int nrep;             /* replicate dim size (1 without) */
   weft_mesh *spmd_mesh; /* where sharded DTensors live (dp_mesh or the root) */
+  weft_device dev;      /* the spmd mesh's device: flat buffers, casts, unsharded data */
+  bool offload;         /* offload_params on a device mesh: sharded data and grads on the host */
   weft_dtype ag_dtype, rs_dtype;
   /* parameters */
   fsdp_param *params;

@@ -398,6 +398,29 @@ static void dims_text(const weft_mesh *m, char *buf, size_t cap) {
     len += (size_t)snprintf(buf + len, cap - len, "%s%s=%d", i ? ", " : "",
                             weft_mesh_dim_name(m, i), weft_mesh_dim_size(m, i));
 }
+/* A zero-filled sharded DTensor (f32, spec's shape, placements pl) on the
+ * spmd mesh: on its device, or in host memory when f->offload. */
+static weft_status sharded_zeros(const weft_fsdp *f, const weft_dtensor_spec *spec,
+                                 const weft_placement *pl, int npl, weft_dtensor **out) {
+  *out = NULL;
+  if (!f->offload)
+    return weft_dtensor_zeros(f->spmd_mesh, WEFT_F32, spec->ndim, spec->shape, pl, npl, out);
+  /* offloaded: this rank's shard in host memory, wrapped on the device mesh */
+  weft_dtensor_spec s;
+  int coords[WEFT_MESH_MAX_DIMS];
+  int64_t local_shape[WEFT_MAX_DIMS];
+  int k = weft_mesh_ndim(f->spmd_mesh);
+  for (int d = 0; d < k; d++) coords[d] = weft_mesh_coord(f->spmd_mesh, d);
+  WEFT_CHECK(
+      weft_dtensor_spec_init_mesh(&s, f->spmd_mesh, pl, npl, WEFT_F32, spec->ndim, spec->shape));
+  WEFT_CHECK(weft_dtensor_spec_local_shape(&s, coords, local_shape, NULL, NULL));
+  weft_tensor *host = NULL;
+  WEFT_CHECK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, spec->ndim, local_shape, &host));
+  weft_status st =
+      weft_dtensor_from_local(f->spmd_mesh, host, WEFT_LOCAL_TAKE, pl, npl, spec->shape, out);
+  if (st) weft_tensor_destroy(host);
+  return st;
+}
 
 /* Chooses the mesh sharded parameters live on: the dp mesh without TP,
  * else the common root, which must be exactly (dp dims..., tp dims...). */
@@ -569,12 +592,10 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
   }
   f->block = off;
   /* allocations (nothing changed yet) */
-  for (int i = 0; i < np; i++) {
-    const weft_dtensor_spec *sp = &ps[i]->spec;
-    WEFT_CHECK_GOTO(weft_dtensor_zeros(f->spmd_mesh, WEFT_F32, sp->ndim, sp->shape, bs[i].pl,
-                                       bs[i].npl, &bs[i].sharded),
-                    st, fail);
-  }
+  f->dev = weft_mesh_device(f->spmd_mesh);
+  f->offload = o.offload_params && f->dev != WEFT_CPU;
+  for (int i = 0; i < np; i++)
+    WEFT_CHECK_GOTO(sharded_zeros(f, &ps[i]->spec, bs[i].pl, bs[i].npl, &bs[i].sharded), st, fail);
   if (f->raf > 1) WEFT_CHECK_GOTO(make_small_mesh(f, f->raf), st, fail);
   f->nparams = np;
   f->max_blocks = 1;
@@ -593,8 +614,9 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
       const weft_tensor *sl = weft_dtensor_local(p->data);
       const float *src = sl->data;
       float *dst = weft_dtensor_local(fp->sharded)->data;
-      /* note: the shard and the eager tensor share a device; a failed copy
-       * leaves the (allocated) shard unfilled, as an OOM would */
+      /* note: the shard is on the eager tensor's device, or on the host
+       * (offload); a failed copy leaves the (allocated) shard unfilled, as
+       * an OOM would */
       int64_t done = 0;
       for (int b = 0; b < fp->nblocks && !st; b++) {
         int64_t start, len;
@@ -602,7 +624,8 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
         size_t cnt = (size_t)(len * fp->rest);
         if (cnt)
           st = weft_memcpy(sl->device, dst + done * fp->rest, src + start * fp->rest,
-                           cnt * sizeof(float), WEFT_COPY_D2D);
+                           cnt * sizeof(float),
+                           f->offload && sl->device != WEFT_CPU ? WEFT_COPY_D2H : WEFT_COPY_D2D);
         done += len;
       }
       weft_dtensor_destroy(p->data);

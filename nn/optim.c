@@ -49,8 +49,8 @@ void weft_optimizer_destroy(weft_optimizer *o) {
 
 static weft_status add_state(weft_optimizer *o, opt_entry *e, int k, const char *what) {
   const weft_dtensor_spec *s = &e->spec;
-  WEFT_CHECK(weft_dtensor_zeros(weft_dtensor_mesh(e->p->data), s->dtype, s->ndim, s->shape,
-                                s->placements, s->mesh_ndim, &e->s[k]));
+  /* next to the parameter: on its device, or on the host when offloaded */
+  WEFT_CHECK(weft_dtensor_zeros_like(e->p->data, s->dtype, &e->s[k]));
   size_t len = strlen(e->p->fqn) + strlen(what) + 16;
   char *name = malloc(len);
   if (!name) return weft_error(WEFT_ERR_OOM, "state name");

@@ -80,11 +80,19 @@ void train_print_help(const char *prog) {
       "                          math stays f32); needs a dp dim\n"
       "  --reshard-after-forward[=true|false|K]  FSDP reshard after forward for blocks\n"
       "                          and [norm, output] (default: PyTorch's)\n"
+      "  --cpu-offload           FSDP's CPUOffloadPolicy: sharded parameters, grads and\n"
+      "                          AdamW state in host memory, the optimizer steps on the\n"
+      "                          CPU (for --device cuda; nothing moves on the CPU);\n"
+      "                          needs a dp dim\n"
       "  --sequence-parallel     TP with sequence parallelism (norms sharded on T)\n"
       "  --no-loss-parallel      gather the logits instead of vocab-parallel loss\n"
       "  --device cpu|cuda       cuda: every rank on the GPU of its node-local rank (NCCL\n"
       "                          between GPUs where built; the emulated device in a\n"
       "                          -Dcuda=emulated build)\n"
+      "  --matmul fp32|tf32|bf16 the device's fp32 matrix products: exact fp32 (default),\n"
+      "                          TF32 tensor cores, or bf16 operands with fp32\n"
+      "                          accumulation (torch's set_float32_matmul_precision);\n"
+      "                          needs --device cuda\n"
       "data (default: an embedded synthetic language, generated in the program)\n"
       "  --data FILE             llm.c token file (.bin: 256 int32 header, magic 20240520,\n"
       "                          then uint16 tokens); --val-data FILE held-out tokens\n"
@@ -210,6 +218,10 @@ static int parse_switch(const char *flag, const char *val, train_opts *o, char *
     o->loss_parallel = false;
     return 1;
   }
+  if (!strcmp(flag, "--cpu-offload") && !val) {
+    o->cpu_offload = true;
+    return 1;
+  }
   if (!strcmp(flag, "--quiet") && !val) {
     o->quiet = true;
     return 1;
@@ -271,8 +283,8 @@ static const field_flag str_flags[] = {FIELD("--data", data, 0),
                                        FIELD("--log-json", log_json, 0),
                                        {NULL, 0, 0}};
 #undef FIELD
-static const char *const other_flags[] = {"--peak-tflops", "--seed",   "--mesh", "--model",
-                                          "--dtype",       "--device", NULL};
+static const char *const other_flags[] = {"--peak-tflops", "--seed",   "--mesh",   "--model",
+                                          "--dtype",       "--device", "--matmul", NULL};
 
 static const field_flag *find_field(const field_flag *t, const char *flag) {
   for (; t->name; t++)
@@ -331,7 +343,7 @@ static int parse_field(parse_ctx *c, const char *flag, const char *val, train_op
   return 0;
 }
 
-/* --peak-tflops, --seed, --mesh, --model, --dtype, --device: 0 or -1. */
+/* --peak-tflops, --seed, --mesh, --model, --dtype, --device, --matmul: 0 or -1. */
 static int parse_other(parse_ctx *c, const char *flag, const char *val, train_opts *o, char *err,
                        size_t cap) {
   int64_t iv;
@@ -360,6 +372,15 @@ static int parse_other(parse_ctx *c, const char *flag, const char *val, train_op
       o->bf16 = true;
     else
       return perr(err, cap, "--dtype: want fp32 or bf16 (got '%s')", val);
+  } else if (!strcmp(flag, "--matmul")) {
+    if (!strcmp(val, "fp32"))
+      o->matmul = WEFT_MATMUL_F32;
+    else if (!strcmp(val, "tf32"))
+      o->matmul = WEFT_MATMUL_TF32;
+    else if (!strcmp(val, "bf16"))
+      o->matmul = WEFT_MATMUL_BF16;
+    else
+      return perr(err, cap, "--matmul: want fp32, tf32 or bf16 (got '%s')", val);
   } else if (!strcmp(flag, "--device")) {
     if (!strcmp(val, "cpu"))
       o->cuda = false;

@@ -77,6 +77,9 @@ static int check_fit(const run_state *s) {
     return train_fail_all(
         "--dtype bf16: bf16 is FSDP's mixed precision (bf16 all-gathers) and needs a dp dim > 1; "
         "nn computes in fp32 only");
+  if (o->cpu_offload && s->dp_total < 2)
+    return train_fail_all(
+        "--cpu-offload: offloading is FSDP's (its sharded state) and needs a dp dim > 1");
   if (o->reshard_after_forward >= 2 && s->ndp &&
       o->reshard_after_forward != WEFT_FSDP_RESHARD_DEFAULT &&
       s->shape[s->ndp - 1] % o->reshard_after_forward)
@@ -203,6 +206,7 @@ static weft_status shard_model(run_state *s) {
   const train_opts *o = s->o;
   weft_fsdp_options blk = WEFT_FSDP_OPTIONS_INIT, rootopt = WEFT_FSDP_OPTIONS_INIT;
   blk.reshard_after_forward = o->reshard_after_forward;
+  blk.offload_params = rootopt.offload_params = o->cpu_offload;
   if (o->bf16) {
     blk.mp.param_dtype = WEFT_BF16;
     blk.mp.reduce_dtype = WEFT_F32;
@@ -274,6 +278,11 @@ int train_setup(run_state *s, train_result *res) {
     why[strcspn(why, "\n")] = '\0';
     return train_fail_all("%s", why);
   }
+  if (o->matmul != WEFT_MATMUL_F32 && !o->cuda)
+    return train_fail_all("--matmul %s: needs --device cuda (the CPU computes in fp32)",
+                          o->matmul == WEFT_MATMUL_TF32 ? "tf32" : "bf16");
+  if (o->cuda && weft_device_set_matmul_precision(WEFT_CUDA, (weft_matmul_precision)o->matmul))
+    return train_fail_all("--matmul: %s", weft_last_error());
   st = make_meshes(s);
   if (st == WEFT_OK) st = make_model(s);
   if (st == WEFT_OK && s->dp_total > 1) st = shard_model(s);

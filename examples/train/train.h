@@ -58,9 +58,11 @@ typedef struct train_opts {
   uint64_t seed;
   bool bf16;                 /* --dtype bf16: FSDP param_dtype bf16 */
   int reshard_after_forward; /* WEFT_FSDP_RESHARD_DEFAULT, 0, 1 or k */
+  bool cpu_offload;          /* --cpu-offload: FSDP offload_params */
   bool sequence_parallel;
   bool loss_parallel; /* default true with tp > 1 */
   bool cuda;          /* --device cuda */
+  int matmul;         /* --matmul: weft_matmul_precision of the device's fp32 GEMMs */
   const char *data, *val_data, *text;
   int64_t val_every, val_batches;
   const char *save_dir, *resume_dir, *export_path, *init_from, *log_json;

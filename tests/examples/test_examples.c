@@ -231,6 +231,9 @@ Test(examples, train_bad_input_gives_one_line_and_nonzero_exit_on_every_rank, .t
   expect_error(2, a9, "cannot open text file");
   const char *a10[] = {"--model", "huge", NULL};
   expect_error(2, a10, "unknown preset 'huge'");
+  const char *a11[] = {"--mesh", "tp=2", "--cpu-offload", NULL};
+  expect_error(2, a11,
+               "--cpu-offload: offloading is FSDP's (its sharded state) and needs a dp dim");
 }
 
 Test(examples, train_help_documents_every_flag, .timeout = 30) {
@@ -257,7 +260,9 @@ Test(examples, train_help_documents_every_flag, .timeout = 30) {
                                       "--dtype",
                                       "--reshard-after-forward",
                                       "--sequence-parallel",
+                                      "--cpu-offload",
                                       "--device",
+                                      "--matmul",
                                       "--data",
                                       "--val-data",
                                       "--text",
@@ -1228,4 +1233,36 @@ Test(examples, train_fsdp_halves_the_device_peak_memory, .timeout = 300) {
             peak[1][0] / 1048576, peak[0][0] / 1048576, peak[1][0] / peak[0][0]);
   cr_log_info("device peak per rank: dp=2 %.1f MiB, 1 rank %.1f MiB (ratio %.3f)",
               peak[1][0] / 1048576, peak[0][0] / 1048576, peak[1][0] / peak[0][0]);
+}
+
+/* --cpu-offload (FSDP's CPUOffloadPolicy) on the device: the losses of the
+ * run without it, and a lower device peak (the sharded parameters, grads
+ * and AdamW state live in host memory; the optimizer steps on the CPU). */
+Test(examples, train_cpu_offload_keeps_the_losses_and_lowers_the_device_peak, .timeout = 300) {
+  if (weft_device_count(WEFT_CUDA) == 0)
+    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  enum { STEPS = 3 };
+  double loss[2][STEPS], peak[2][1];
+  for (int k = 0; k < 2; k++) {
+    const char *j = tmp_file("offload.jsonl");
+    const char *a[] = {"--model",     "tiny",       "--batch",
+                       "2",           "--steps",    "3",
+                       "--val-every", "0",          "--device",
+                       "cuda",        "--log-json", j,
+                       "--mesh",      "dp=2",       k ? "--cpu-offload" : NULL,
+                       NULL};
+    run_out r = run(2, TRAIN, a, 200);
+    cr_assert_eq(r.rc, 0, "tiny dp=2%s: %s", k ? " --cpu-offload" : "", r.err);
+    run_free(&r);
+    cr_assert_eq(read_json_losses(j, loss[k], STEPS), STEPS, "losses in %s", j);
+    cr_assert_eq(read_json_values(j, "\"peak_bytes_max\":", peak[k], 1), 1);
+    unlink(j);
+  }
+  for (int s = 0; s < STEPS; s++)
+    cr_expect(fabs(loss[1][s] - loss[0][s]) <= 1e-6 * fabs(loss[0][s]),
+              "step %d: loss %.9f with --cpu-offload, %.9f without", s + 1, loss[1][s], loss[0][s]);
+  cr_expect(peak[1][0] < peak[0][0], "device peak %.2f MiB with --cpu-offload, %.2f MiB without",
+            peak[1][0] / 1048576, peak[0][0] / 1048576);
+  cr_log_info("device peak per rank: %.2f MiB with --cpu-offload, %.2f MiB without",
+              peak[1][0] / 1048576, peak[0][0] / 1048576);
 }

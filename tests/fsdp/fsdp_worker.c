@@ -3,7 +3,13 @@
  * checks. The reference for every parallel run is the same model on a
  * 1-rank mesh over MPI_COMM_SELF with the whole global batch, computed on
  * each rank (the models are tiny). Expected communication volumes are
- * computed from the config (independently of fsdp's own bookkeeping). */
+ * computed from the config (independently of fsdp's own bookkeeping).
+ *
+ * Device mode: with WEFT_TEST_DEVICE=cuda every root mesh the worker makes
+ * (the 1-rank reference meshes included) is put on WEFT_CUDA as it is made
+ * (weft_worker_mesh_on_device; the dp and tp sub-meshes inherit), so every model
+ * computes there; the worker reads numbers only through host copies
+ * (weft_worker_host_copy). Unset, everything stays on the CPU and no copy is made. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +32,16 @@
 
 static int rank0(void) { return weft_world_rank() == 0; }
 
+/* weft_tensor_equal of a and b wherever they live (read on the host). */
+static bool equal_on_host(const weft_tensor *a, const weft_tensor *b) {
+  weft_tensor *ta = NULL, *tb = NULL;
+  const weft_tensor *ha = weft_worker_host_copy(a, &ta), *hb = weft_worker_host_copy(b, &tb);
+  bool eq = ha && hb && weft_tensor_equal(ha, hb);
+  weft_tensor_destroy(ta);
+  weft_tensor_destroy(tb);
+  return eq;
+}
+
 /* ------------------------------------------------------------- meshes */
 
 /* The root mesh ([replicate,] shard|dp [, tp]), the dp sub-mesh and the
@@ -42,7 +58,7 @@ static weft_mesh *mesh_self(void) {
   const char *names[1] = {"tp"};
   weft_mesh *m = NULL;
   WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, names, &m));
-  return m;
+  return weft_worker_mesh_on_device(m);
 }
 
 static bool setup_make(setup *s, int rep, int shard, int tp, bool self_model) {
@@ -65,6 +81,7 @@ static bool setup_make(setup *s, int rep, int shard, int tp, bool self_model) {
   }
   WOK(weft_mesh_create(nd, shape, names, &s->root));
   if (!s->root) return false;
+  weft_worker_mesh_on_device(s->root);
   WOK(weft_mesh_submesh(s->root, ndp, names, &s->dp));
   if (self_model) {
     s->model = mesh_self();
@@ -208,7 +225,8 @@ static void result_free(result *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* Full tensors of every parameter (collective over their meshes). */
+/* Full tensors of every parameter (collective over their meshes), on the
+ * host. */
 static void snapshot(weft_module *m, result *r) {
   weft_param *ps[MAXP];
   int n = 0;
@@ -218,6 +236,11 @@ static void snapshot(weft_module *m, result *r) {
     r->p[i] = NULL;
     r->name[i] = strdup(ps[i]->fqn);
     WOK(weft_dtensor_full_tensor(ps[i]->data, &r->p[i]));
+    if (r->p[i] && r->p[i]->device != WEFT_CPU) { /* keep a host copy only */
+      weft_tensor *dev = r->p[i];
+      weft_worker_host_copy(dev, &r->p[i]);
+      weft_tensor_destroy(dev);
+    }
   }
 }
 
@@ -261,16 +284,27 @@ static void run(model *md, const setup *s, const train *tr, result *r) {
 }
 
 /* max |a - b| / max |b| of two f32 tensors (inf if either is missing or
- * the sizes differ) */
+ * the sizes differ); read on the host wherever they live */
 static double rel_max(const weft_tensor *a, const weft_tensor *b) {
   if (!a || !b || weft_tensor_numel(a) != weft_tensor_numel(b)) return INFINITY;
-  return weft_test_rel_max_f32(a->data, b->data, weft_tensor_numel(a));
+  weft_tensor *ta = NULL, *tb = NULL;
+  const weft_tensor *ha = weft_worker_host_copy(a, &ta), *hb = weft_worker_host_copy(b, &tb);
+  double e = ha && hb ? weft_test_rel_max_f32(ha->data, hb->data, weft_tensor_numel(a)) : INFINITY;
+  weft_tensor_destroy(ta);
+  weft_tensor_destroy(tb);
+  return e;
 }
 
-/* ||a - b|| / ||b|| (the tensor relative error of the tp and nn suites) */
+/* ||a - b|| / ||b|| (the tensor relative error of the tp and nn suites);
+ * read on the host wherever they live */
 static double rel_norm(const weft_tensor *a, const weft_tensor *b) {
   if (!a || !b || weft_tensor_numel(a) != weft_tensor_numel(b)) return INFINITY;
-  return weft_test_rel_norm_f32(a->data, b->data, weft_tensor_numel(a));
+  weft_tensor *ta = NULL, *tb = NULL;
+  const weft_tensor *ha = weft_worker_host_copy(a, &ta), *hb = weft_worker_host_copy(b, &tb);
+  double e = ha && hb ? weft_test_rel_norm_f32(ha->data, hb->data, weft_tensor_numel(a)) : INFINITY;
+  weft_tensor_destroy(ta);
+  weft_tensor_destroy(tb);
+  return e;
 }
 
 /* Compares a run with the reference; prints the worst errors (rank 0). */
@@ -517,6 +551,21 @@ static void reference(const weft_llama_config *c, const train *tr, uint64_t seed
   WOK(weft_mesh_destroy(self));
 }
 
+/* Every parameter's sharded data and grad (after a step) live on want:
+ * the mesh's device, or the host under offload_params. */
+static void check_state_device(const char *what, weft_module *m, weft_device want) {
+  weft_param *ps[MAXP];
+  int n = 0;
+  WOK(weft_module_parameters(m, ps, MAXP, &n));
+  for (int i = 0; i < n; i++) {
+    weft_device d = weft_dtensor_local(ps[i]->data)->device;
+    weft_device g = ps[i]->grad ? weft_dtensor_local(ps[i]->grad)->device : want;
+    WCHECK(d == want && g == want, "%s: %s's shard on %s, its grad on %s, want %s", what,
+           ps[i]->fqn, weft_device_name(d), weft_device_name(g), weft_device_name(want));
+    if (d != want || g != want) return;
+  }
+}
+
 /* A parallel run against the reference: parity, optional exact comm per
  * step, memory, and the initial values (deferred init). */
 typedef struct pcase {
@@ -560,6 +609,7 @@ static void parity(const pcase *pc, const weft_llama_config *c, const train *tr,
       check_at_most_two_unsharded(pc->name);
     }
     weft_fsdp_memory_track(NULL);
+    check_state_device(pc->name, md.m, pc->offload ? WEFT_CPU : weft_mesh_device(s.root));
     snapshot(md.m, &r);
     compare(pc->name, &r, ref, TOL);
     result_free(&r);
@@ -594,6 +644,67 @@ static void case_parity_fsdp(void) {
   parity(&pc, &c, &TRAIN5, &ref, ri.m);
   ref_free(&ri);
   result_free(&ref);
+}
+
+/* offload_params (CPUOffloadPolicy) on dp = world: the losses of the run
+ * without it (bitwise on a CPU mesh, where nothing moves; within TOL on a
+ * device mesh, where the optimizer steps on the CPU), sharded parameters
+ * and grads in host memory, and on a device mesh a device peak (model
+ * build and training steps) lower than without offload by at least the
+ * sharded state it keeps on the host: parameters, grads and AdamW's two
+ * moments. */
+static void case_offload(void) {
+  weft_llama_config c = tiny(32, 2, 4, 2, 64, 64);
+  const train *tr = &TRAIN5;
+  double loss[2][MAXSTEPS] = {{0}};
+  int64_t peak[2] = {0, 0}, shard_bytes = 0;
+  weft_device dev = WEFT_CPU;
+  for (int k = 0; k < 2; k++) {
+    setup s;
+    if (!setup_make(&s, 0, weft_world_size(), 1, true)) return;
+    dev = weft_mesh_device(s.root);
+    mopt o = mopt_default();
+    o.fsdp = true;
+    o.blocks.offload_params = o.last.offload_params = o.root.offload_params = k == 1;
+    model md;
+    weft_mem_reset_peak(dev);
+    int64_t before = weft_mem_get(dev).current_bytes;
+    if (build(&md, &c, s.model, s.dp, &o, 1234)) {
+      for (int i = 0; i < tr->steps; i++) loss[k][i] = step_once(&md, &s, tr, i, NULL);
+      peak[k] = weft_mem_get(dev).peak_bytes - before;
+      check_state_device(k ? "offload" : "no offload", md.m, k ? WEFT_CPU : dev);
+      if (k == 1) {
+        weft_param *ps[MAXP];
+        int n = 0;
+        WOK(weft_module_parameters(md.m, ps, MAXP, &n));
+        for (int i = 0; i < n; i++)
+          shard_bytes += (int64_t)weft_tensor_nbytes(weft_dtensor_local(ps[i]->data));
+      }
+    }
+    model_free(&md);
+    setup_free(&s);
+  }
+  double worst = 0;
+  for (int i = 0; i < tr->steps; i++) {
+    double e = fabs(loss[1][i] - loss[0][i]) / fabs(loss[0][i]);
+    if (e > worst) worst = e;
+    if (dev == WEFT_CPU)
+      WCHECK(loss[1][i] == loss[0][i], "step %d: loss %.9g with offload, %.9g without", i,
+             loss[1][i], loss[0][i]);
+  }
+  WCHECK(worst <= TOL, "offload changes the losses by %.3g relative", worst);
+  if (dev != WEFT_CPU)
+    WCHECK(peak[0] - peak[1] >= 4 * shard_bytes,
+           "%s peak %lld B with offload, %lld B without: want at least %lld B "
+           "(4 x %lld B of sharded state) less",
+           weft_device_name(dev), (long long)peak[1], (long long)peak[0],
+           (long long)(4 * shard_bytes), (long long)shard_bytes);
+  if (rank0())
+    printf(
+        "offload dp=%d on %s: losses rel %.3g apart; peak %lld B with offload, %lld B "
+        "without (sharded params %lld B per rank)\n",
+        weft_world_size(), weft_device_name(dev), worst, (long long)peak[1], (long long)peak[0],
+        (long long)shard_bytes);
 }
 
 /* Dim-0 sizes not divisible by dp (vocab 61, ffn 90): FSDP dp=4 and, with
@@ -638,7 +749,7 @@ static void check_redistribute(weft_module *m, const setup *s, const weft_module
   WOK(weft_dtensor_redistribute(p->data, rs, 2, &tps));
   if (full && tps) {
     const weft_tensor *want = weft_dtensor_local(q->data);
-    WCHECK(weft_tensor_equal(weft_dtensor_local(full), want),
+    WCHECK(equal_on_host(weft_dtensor_local(full), want),
            "redistribute to (R, R) is not the global tensor");
     int64_t start, len;
     weft_chunk_range(want->shape[0], s->tp, weft_mesh_coord(s->model, 0), &start, &len);
@@ -646,7 +757,7 @@ static void check_redistribute(weft_module *m, const setup *s, const weft_module
     WOK(weft_tensor_narrow(want, 0, start, len, &rows));
     weft_tensor *rowsc = NULL;
     WOK(weft_tensor_clone(rows, &rowsc));
-    WCHECK(rowsc && weft_tensor_equal(weft_dtensor_local(tps), rowsc),
+    WCHECK(rowsc && equal_on_host(weft_dtensor_local(tps), rowsc),
            "redistribute to (R, S(0)) is not the TP shard");
     weft_tensor_destroy(rowsc);
     weft_tensor_destroy(rows);
@@ -1035,7 +1146,7 @@ static void case_overlap(void) {
     WOK(weft_fsdp_reshard(g[2]));
     WOK(weft_dtensor_full_tensor(wq->data, &full));
     WOK(weft_fsdp_unshard(g[2], false, NULL));
-    WCHECK(full && weft_tensor_equal(full, weft_dtensor_local(wq->data)),
+    WCHECK(full && equal_on_host(full, weft_dtensor_local(wq->data)),
            "unsharded wq is not the full tensor");
     weft_tensor_destroy(full);
   }
@@ -1133,14 +1244,16 @@ static void case_bf16(void) {
     WOK(weft_llama_forward(md.m, tok, NULL, &l));
     const weft_dtensor *lg = weft_llama_logits(md.m);
     int64_t off = 0;
-    if (lg) {
-      const weft_tensor *t = weft_dtensor_local(lg);
+    weft_tensor *tmp = NULL;
+    const weft_tensor *t = lg ? weft_worker_host_copy(weft_dtensor_local(lg), &tmp) : NULL;
+    if (t) {
       const float *x = t->data;
       for (int64_t i = 0; i < weft_tensor_numel(t); i++)
         if (weft_bf16_to_f32(weft_f32_to_bf16(x[i])) != x[i]) off++;
       WCHECK(k == 1 ? off == 0 : off > 0, "output_dtype %s: %lld of %lld logits not bf16 values",
              k ? "bf16" : "unset", (long long)off, (long long)weft_tensor_numel(t));
     }
+    weft_tensor_destroy(tmp);
     weft_tensor_destroy(tok);
     weft_tensor_destroy(tgt);
     model_free(&md);
@@ -1180,6 +1293,7 @@ static void case_bad(void) {
   const char *n3[3] = {"a", "b", "c"};
   weft_mesh *m3 = NULL;
   WOK(weft_mesh_create(3, shape3, n3, &m3));
+  weft_worker_mesh_on_device(m3);
   expect_err(weft_fully_shard(b0, m3, NULL, NULL), WEFT_ERR_INVALID, "1-D", "3-D mesh");
   WOK(weft_mesh_destroy(m3));
   expect_err(weft_fully_shard(NULL, s.dp, NULL, NULL), WEFT_ERR_INVALID, "NULL", "NULL module");
@@ -1254,11 +1368,13 @@ static void case_bad(void) {
     const char *tn[2] = {"tp", "dp"};
     weft_mesh *root = NULL, *dpm = NULL;
     WOK(weft_mesh_create(2, one_two, tn, &root));
+    weft_worker_mesh_on_device(root);
     WOK(weft_mesh_submesh(root, 1, &tn[1], &dpm));
     int world[1] = {2};
     const char *wn[1] = {"tpw"};
     weft_mesh *wtp = NULL;
     WOK(weft_mesh_create(1, world, wn, &wtp)); /* a tp mesh of 2 from another root */
+    weft_worker_mesh_on_device(wtp);
     weft_module *mt = NULL;
     WOK(weft_llama_create(&c, wtp, &mt));
     expect_err(weft_fully_shard(find(mt, "layers.0"), dpm, NULL, NULL), WEFT_ERR_INVALID,
@@ -1272,6 +1388,7 @@ static void case_bad(void) {
     const char *nm[2] = {"tp", "dp"};
     weft_mesh *r3 = NULL, *t3 = NULL, *d3 = NULL;
     WOK(weft_mesh_create(2, sh, nm, &r3));
+    weft_worker_mesh_on_device(r3);
     WOK(weft_mesh_submesh(r3, 1, &nm[0], &t3));
     WOK(weft_mesh_submesh(r3, 1, &nm[1], &d3));
     weft_module *m4 = NULL;
@@ -1365,6 +1482,7 @@ static void case_tied(void) {
   weft_mesh *self = mesh_self(), *dp = NULL;
   const char *dn[1] = {"dp"};
   WOK(weft_mesh_create(1, &world, dn, &dp));
+  weft_worker_mesh_on_device(dp);
   WREQUIRE(self && dp, "meshes");
   /* the reference: one rank, the whole batch */
   weft_module *ref = NULL;
@@ -1430,7 +1548,7 @@ static void case_tied(void) {
     double worst = 0;
     for (int i = 0; i < np && i < nref; i++) {
       if (!gg[i] || !gref[i]) continue;
-      double e = weft_test_rel_norm_f32(gg[i]->data, gref[i]->data, weft_tensor_numel(gg[i]));
+      double e = rel_norm(gg[i], gref[i]);
       if (e > worst) worst = e;
       WCHECK(e <= TOL, "mode %d: grad of %s differs from one rank by %.3g", mode, ps[i]->fqn, e);
       weft_tensor_destroy(gg[i]);
@@ -1451,6 +1569,7 @@ static void case_tied(void) {
 static const weft_worker_case cases[] = {
     {"parity_fsdp", case_parity_fsdp},
     {"parity_uneven", case_parity_uneven},
+    {"offload", case_offload},
 #ifdef FSDP_TEST_HAVE_TP
     {"parity_2d", case_parity_2d},
     {"parity_3d", case_parity_3d},

@@ -1,9 +1,13 @@
 /* tests/fsdp/test_fsdp.c — the fsdp suite. Cases that need ranks run in
  * fsdp_worker under mpiexec (1..8 ranks, oversubscribed); argument checks
- * that need no MPI run here. */
+ * that need no MPI run here. The *_on_device variants run the same worker
+ * cases with every mesh on WEFT_CUDA (the worker's device mode,
+ * WEFT_TEST_DEVICE=cuda) and the same tolerances; they skip, saying why,
+ * where this process sees no CUDA device. */
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "backend.h"
 #include "fsdp.h"
 #include "harness.h"
 
@@ -21,6 +25,10 @@ Test(fsdp, parity_dp4_matches_one_rank_exact_comm_and_memory, .timeout = 90) {
 
 Test(fsdp, uneven_dim0_sizes_dp4_and_2d_match_one_rank, .timeout = 120) {
   cr_assert_eq(weft_test_mpiexec(4, FSDP_WORKER, "parity_uneven", 110), 0);
+}
+
+Test(fsdp, offload_params_keeps_sharded_state_on_the_host_with_the_same_losses, .timeout = 90) {
+  cr_assert_eq(weft_test_mpiexec(2, FSDP_WORKER, "offload", 80), 0);
 }
 
 #ifdef FSDP_TEST_HAVE_TP
@@ -60,6 +68,74 @@ Test(fsdp, bad_input_gives_clear_errors_and_changes_nothing, .timeout = 90) {
 #ifdef FSDP_TEST_HAVE_GPT2
 Test(fsdp, tied_weight_only_in_a_common_ancestor_group_and_trains_like_one_rank, .timeout = 90) {
   cr_assert_eq(weft_test_mpiexec(2, FSDP_WORKER, "tied", 80), 0);
+}
+#endif
+
+/* ------------------------------------------- the same on the device */
+
+#define RUN_ON_DEVICE(n, c, secs) weft_test_mpiexec_on_device((n), FSDP_WORKER, (c), (secs), NULL)
+
+Test(fsdp, parity_dp2_matches_one_rank_on_device, .timeout = 90) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "parity_fsdp", 80), 0);
+}
+
+Test(fsdp, uneven_dim0_sizes_dp4_and_2d_match_one_rank_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(4, "parity_uneven", 110), 0);
+}
+
+Test(fsdp, offload_params_moves_sharded_state_off_the_device_on_device, .timeout = 90) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "offload", 80), 0);
+}
+
+#ifdef FSDP_TEST_HAVE_TP
+Test(fsdp, parity_2d_dp2_tp2_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(4, "parity_2d", 110), 0);
+}
+
+Test(fsdp, parity_3d_replicate2_shard2_tp2_on_8_ranks_on_device, .timeout = 150) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(8, "parity_3d", 140), 0);
+}
+#endif
+
+Test(fsdp, parity_hsdp_2x2_on_device, .timeout = 90) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(4, "parity_hsdp", 80), 0);
+}
+
+Test(fsdp, reshard_after_forward_modes_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(4, "reshard_modes", 110), 0);
+}
+
+Test(fsdp, gradient_accumulation_without_sync_on_device, .timeout = 90) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "accumulate", 80), 0);
+}
+
+Test(fsdp, prefetch_and_reduce_scatter_overlap_in_trace_on_device, .timeout = 90) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "overlap", 80), 0);
+}
+
+Test(fsdp, bf16_mixed_precision_tracks_fp32_loss_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "bf16", 110), 0);
+}
+
+Test(fsdp, bad_input_gives_clear_errors_on_device, .timeout = 90) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "bad", 80), 0);
+}
+
+#ifdef FSDP_TEST_HAVE_GPT2
+Test(fsdp, tied_weight_trains_like_one_rank_on_device, .timeout = 90) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "tied", 80), 0);
 }
 #endif
 
