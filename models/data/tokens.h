@@ -1,6 +1,6 @@
 /* models/data/tokens.h — llm.c's token files (.bin), read by any program
- * that trains on them: weft-train's --data, the golden folders of the tests
- * and of weft-gpu-train.
+ * that trains on them: weft-train's --data and the golden folders of the
+ * tests.
  *
  *     weft_token_file *f = NULL;
  *     if (weft_token_file_open("train.bin", &f) != WEFT_OK) ...;  // checks the header
