@@ -397,8 +397,16 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   printf("  %-26s %.1f ms median, %.1f ms min\n", "step time (after step 1)", 1e3 * step_med,
          1e3 * step_min);
   printf("  %-26s %.2f%% of %.0f GFLOP/s per rank\n", "MFU", 100 * mfu_avg, o->peak_flops / 1e9);
-  printf("  %-26s %s (%s)\n", "peak memory (max rank)", pbuf,
-         weft_device_name(weft_mesh_device(s->root)));
+  weft_device dev = weft_mesh_device(s->root);
+  printf("  %-26s %s (%s)\n", "peak memory (max rank)", pbuf, weft_device_name(dev));
+  weft_cache_stats cs;
+  if (dev != WEFT_CPU && weft_device_cache_stats(dev, &cs) == WEFT_OK) {
+    char cbuf[32], rbuf[32];
+    fmt_bytes((double)weft_mem_get(dev).current_bytes, cbuf, sizeof cbuf);
+    fmt_bytes((double)cs.reserved_bytes, rbuf, sizeof rbuf);
+    printf("  %-26s %s in use, %s reserved (caching allocator)\n", "device memory (rank 0)", cbuf,
+           rbuf);
+  }
   printf("  %-26s %.2f s\n", "training time", t->total_time);
   fflush(stdout);
 }
