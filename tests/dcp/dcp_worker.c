@@ -8,7 +8,15 @@
  * - models: the saving run writes the full state (gathered) to a
  *   safetensors file with the independent safetensors writer; loads compare
  *   each parameter's and optimizer state's full tensor bitwise with it.
- * Arguments: argv[2..] are directories/files made by the Criterion test. */
+ * Arguments: argv[2..] are directories/files made by the Criterion test.
+ *
+ * Device mode: with WEFT_TEST_DEVICE=cuda (test_dcp's *_on_device tests)
+ * every root mesh a case makes, the 1-rank MPI_COMM_SELF meshes included,
+ * is put on WEFT_CUDA as it is made (on_dev), so DTensors, models and
+ * optimizer state live there and DCP stages them through the host; the
+ * worker reads numbers only through host copies (equal_host, get_host).
+ * The cross-device case (xdev) chooses each mesh's device itself,
+ * from its arguments, whatever the environment says. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -49,6 +57,47 @@ static const char *arg(int i) {
 
 static bool rank0(void) { return weft_world_rank() == 0; }
 
+/* ------------------------------------------------------ devices */
+
+/* The device the xdev cases force on the next root meshes (they set it
+ * before making each one); -1: the worker's mode decides (on_dev). */
+static int forced_dev = -1;
+
+/* Every root mesh passes through here as it is made: on WEFT_CUDA in
+ * device mode (or on forced_dev), else left on the CPU. */
+static weft_mesh *on_dev(weft_mesh *m) {
+  if (!m || forced_dev < 0) return weft_worker_mesh_on_device(m);
+  if (weft_mesh_device(m) != (weft_device)forced_dev) {
+    weft_status st = weft_mesh_set_device(m, (weft_device)forced_dev);
+    WCHECK(st == WEFT_OK, "mesh_set_device(%s): %s", weft_device_name((weft_device)forced_dev),
+           weft_last_error());
+  }
+  WCHECK(weft_mesh_device(m) == (weft_device)forced_dev, "mesh on %s, want %s",
+         weft_device_name(weft_mesh_device(m)), weft_device_name((weft_device)forced_dev));
+  return m;
+}
+
+/* a and b (each on any device) are equal bitwise: dtype, shape, bytes,
+ * compared through host copies. NULL is never equal. */
+static bool equal_host(const weft_tensor *a, const weft_tensor *b) {
+  if (!a || !b) return false;
+  weft_tensor *ta = NULL, *tb = NULL;
+  const weft_tensor *ha = weft_worker_host_copy(a, &ta), *hb = weft_worker_host_copy(b, &tb);
+  bool eq = ha && hb && weft_tensor_equal(ha, hb);
+  weft_tensor_destroy(ta);
+  weft_tensor_destroy(tb);
+  return eq;
+}
+
+/* weft_tensor_get of t (on any device). NaN if it cannot be read. */
+static double get_host(const weft_tensor *t, const int64_t *idx) {
+  weft_tensor *tmp = NULL;
+  const weft_tensor *h = weft_worker_host_copy(t, &tmp);
+  double v = h ? weft_tensor_get(h, idx) : NAN;
+  weft_tensor_destroy(tmp);
+  return v;
+}
+
 static void barrier(void) { MPI_Barrier(MPI_COMM_WORLD); }
 
 static char *path2(const char *a, const char *b) {
@@ -84,7 +133,7 @@ static weft_mesh *mesh_of(const char *spec, int *nd, int shape[3]) {
   const char *names[3] = {"a", "b", "c"};
   weft_mesh *m = NULL;
   WOK(weft_mesh_create(*nd, shape, names, &m));
-  return m;
+  return on_dev(m);
 }
 
 /* ------------------------------------------------------ plain tensors */
@@ -329,7 +378,7 @@ static void check_loaded(weft_state_dict *sd, const char *what) {
     WOK(weft_state_dict_find(sd, TD[i].name, &e));
     weft_tensor *want = reference(i, 0), *got = NULL;
     if (e.kind == WEFT_SD_DTENSOR) WOK(weft_dtensor_full_tensor(e.dtensor, &got));
-    bool eq = got && want && weft_tensor_equal(got, want);
+    bool eq = got && want && equal_host(got, want);
     WCHECK(eq, "%s: tensor '%s' differs after load", what, TD[i].name);
     if (e.kind == WEFT_SD_DTENSOR) weft_tensor_destroy(got);
     weft_tensor_destroy(want);
@@ -337,7 +386,7 @@ static void check_loaded(weft_state_dict *sd, const char *what) {
   weft_sd_entry e;
   WOK(weft_state_dict_find(sd, "plain", &e));
   weft_tensor *want = reference(0, 99);
-  WCHECK(e.kind == WEFT_SD_TENSOR && weft_tensor_equal(e.tensor, want), "%s: plain differs", what);
+  WCHECK(e.kind == WEFT_SD_TENSOR && equal_host(e.tensor, want), "%s: plain differs", what);
   weft_tensor_destroy(want);
 }
 
@@ -368,7 +417,7 @@ static void rt_load(const char *mesh_spec) {
     weft_key_list miss = {0};
     WOK(weft_dcp_load(sd, dir, NULL, &miss));
     weft_tensor *want_t = reference(0, 98);
-    WCHECK(weft_tensor_equal(tbuf, want_t), "transposed view target differs after load");
+    WCHECK(equal_host(tbuf, want_t), "transposed view target differs after load");
     weft_tensor_destroy(want_t);
     WCHECK(miss.count == 0, "missing %" PRId64, miss.count);
     weft_key_list_clear(&miss);
@@ -423,7 +472,7 @@ static void rt_load(const char *mesh_spec) {
     weft_key_list_clear(&miss);
     weft_tensor *got = NULL, *want = reference(0, 0);
     WOK(weft_dtensor_full_tensor(a, &got));
-    WCHECK(got && weft_tensor_equal(got, want), "partial: 'a' not loaded");
+    WCHECK(got && equal_host(got, want), "partial: 'a' not loaded");
     weft_tensor_destroy(got);
     weft_tensor_destroy(want);
     weft_state_dict_destroy(sd);
@@ -505,6 +554,7 @@ static bool lmodel_make(lmodel *L, const char *layout, uint64_t seed) {
   }
   WOK(weft_mesh_create(nd, shape, names, &L->root));
   if (!L->root) return false;
+  on_dev(L->root);
   if (fsdp) {
     WOK(weft_mesh_submesh(L->root, ndp, names, &L->dp));
     L->dp_total = 1;
@@ -520,6 +570,7 @@ static bool lmodel_make(lmodel *L, const char *layout, uint64_t seed) {
     int one = 1;
     const char *n1[1] = {"tp"};
     WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, n1, &L->mm));
+    on_dev(L->mm);
     L->own_mm = true;
   }
   WOK(weft_llama_create(&cfg, L->mm, &L->m));
@@ -628,8 +679,7 @@ static void compare_ref(weft_state_dict *sd, const char *ref, const char *what) 
     if (!got) continue;
     WOK(weft_tensor_create(got->dtype, WEFT_CPU, got->ndim, got->shape, &want));
     WOK(weft_safetensors_read_tensor(f, en.name, want));
-    WCHECK(want && weft_tensor_equal(got, want), "%s: '%s' differs from the saved state", what,
-           en.name);
+    WCHECK(want && equal_host(got, want), "%s: '%s' differs from the saved state", what, en.name);
     weft_tensor_destroy(got);
     weft_tensor_destroy(want);
   }
@@ -744,8 +794,7 @@ static void case_resume(void) {
     for (int i = 0; i < np && i < n2; i++) {
       weft_tensor *got = NULL;
       WOK(weft_dtensor_full_tensor(ps[i]->data, &got));
-      WCHECK(got && weft_tensor_equal(got, final[i]), "final '%s' differs after resume",
-             ps[i]->fqn);
+      WCHECK(got && equal_host(got, final[i]), "final '%s' differs after resume", ps[i]->fqn);
       weft_tensor_destroy(got);
     }
     lmodel_free(&L);
@@ -772,7 +821,7 @@ static void case_sd_opts(void) {
     WOK(weft_state_dict_find(full, v.name, &f));
     weft_tensor *g = NULL;
     WOK(weft_dtensor_full_tensor(v.dtensor, &g));
-    WCHECK(f.kind == WEFT_SD_TENSOR && g && weft_tensor_equal(g, f.tensor), "full '%s'", v.name);
+    WCHECK(f.kind == WEFT_SD_TENSOR && g && equal_host(g, f.tensor), "full '%s'", v.name);
     weft_tensor_destroy(g);
   }
   /* broadcast_from_rank0 into a model sharded differently (fsdp over 4):
@@ -799,7 +848,7 @@ static void case_sd_opts(void) {
     weft_tensor *g = NULL, *h = NULL;
     WOK(weft_dtensor_full_tensor(v.dtensor, &g));
     WOK(weft_dtensor_full_tensor(w.dtensor, &h));
-    WCHECK(g && h && weft_tensor_equal(g, h), "broadcast_from_rank0: '%s' differs", v.name);
+    WCHECK(g && h && equal_host(g, h), "broadcast_from_rank0: '%s' differs", v.name);
     weft_tensor_destroy(g);
     weft_tensor_destroy(h);
   }
@@ -823,7 +872,7 @@ static void case_sd_opts(void) {
       weft_tensor *g = NULL, *h = NULL;
       WOK(weft_dtensor_full_tensor(v.dtensor, &g));
       WOK(weft_dtensor_full_tensor(w.dtensor, &h));
-      WCHECK(g && h && weft_tensor_equal(g, h), "offloaded save -> load: '%s' differs", v.name);
+      WCHECK(g && h && equal_host(g, h), "offloaded save -> load: '%s' differs", v.name);
       weft_tensor_destroy(g);
       weft_tensor_destroy(h);
     }
@@ -904,10 +953,11 @@ static void case_st_export(void) {
   FILE *fb = rank0() ? fopen(ref, "wb") : NULL;
   cJSON *index = cJSON_CreateArray();
   for (int i = 0; i < np; i++) {
-    weft_tensor *full = NULL;
+    weft_tensor *full = NULL, *fh = NULL;
     WOK(weft_dtensor_full_tensor(ps[i]->data, &full));
-    if (fb && full) {
-      fwrite(full->data, 4, (size_t)weft_tensor_numel(full), fb);
+    const weft_tensor *hf = fb ? weft_worker_host_copy(full, &fh) : NULL;
+    if (hf) {
+      fwrite(hf->data, 4, (size_t)weft_tensor_numel(full), fb);
       cJSON *o = cJSON_CreateObject();
       cJSON_AddStringToObject(o, "name", ps[i]->fqn);
       cJSON *sh = cJSON_AddArrayToObject(o, "shape");
@@ -915,6 +965,7 @@ static void case_st_export(void) {
         cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)full->shape[d]));
       cJSON_AddItemToArray(index, o);
     }
+    weft_tensor_destroy(fh);
     weft_tensor_destroy(full);
   }
   if (fb) {
@@ -939,19 +990,21 @@ static void case_st_export(void) {
     weft_tensor *a = NULL, *b = NULL;
     WOK(weft_dtensor_full_tensor(ps[i]->data, &a));
     WOK(weft_dtensor_full_tensor(qs[i]->data, &b));
-    WCHECK(a && b && weft_tensor_equal(a, b), "import f32: '%s' differs", ps[i]->fqn);
+    WCHECK(a && b && equal_host(a, b), "import f32: '%s' differs", ps[i]->fqn);
     weft_tensor_destroy(a);
     weft_tensor_destroy(b);
   }
   /* bf16 import: equal to the bf16-rounded values */
   WOK(weft_safetensors_import_model(B.m, bf16, NULL, NULL, NULL));
   for (int i = 0; i < np && i < nq; i++) {
-    weft_tensor *a = NULL, *b = NULL, *ab = NULL, *abf = NULL;
+    weft_tensor *a = NULL, *b = NULL, *ab = NULL, *abf = NULL, *ta = NULL;
     WOK(weft_dtensor_full_tensor(ps[i]->data, &a));
     WOK(weft_dtensor_full_tensor(qs[i]->data, &b));
-    WOK(weft_cast(a, WEFT_BF16, &ab));
+    const weft_tensor *ha = weft_worker_host_copy(a, &ta);
+    if (ha) WOK(weft_cast(ha, WEFT_BF16, &ab));
     WOK(weft_cast(ab, WEFT_F32, &abf));
-    WCHECK(abf && b && weft_tensor_equal(abf, b), "import bf16: '%s' differs", ps[i]->fqn);
+    WCHECK(abf && b && equal_host(abf, b), "import bf16: '%s' differs", ps[i]->fqn);
+    weft_tensor_destroy(ta);
     weft_tensor_destroy(a);
     weft_tensor_destroy(b);
     weft_tensor_destroy(ab);
@@ -980,15 +1033,17 @@ static void case_st_import_py(void) {
   int np = 0;
   WOK(weft_module_parameters(L.m, ps, 64, &np));
   for (int i = 0; i < np; i++) {
-    weft_tensor *got = NULL;
+    weft_tensor *got = NULL, *tmp = NULL;
     WOK(weft_dtensor_full_tensor(ps[i]->data, &got));
     if (!got) continue;
+    const weft_tensor *h = weft_worker_host_copy(got, &tmp);
     int64_t n = weft_tensor_numel(got);
     float *want = malloc((size_t)n * 4);
     size_t r = fread(want, 4, (size_t)n, f);
-    WCHECK(r == (size_t)n && memcmp(want, got->data, (size_t)n * 4) == 0,
+    WCHECK(h && r == (size_t)n && memcmp(want, h->data, (size_t)n * 4) == 0,
            "python tensor '%s' differs after import", ps[i]->fqn);
     free(want);
+    weft_tensor_destroy(tmp);
     weft_tensor_destroy(got);
   }
   fclose(f);
@@ -1015,6 +1070,194 @@ static void case_load_all(void) {
 #endif
 }
 
+/* ------------------------------------------------------ across devices */
+
+static weft_device dev_arg(int i) {
+  const char *a = arg(i);
+  WCHECK(!strcmp(a, "cuda") || !strcmp(a, "cpu"), "device argument '%s' (cuda or cpu)", a);
+  return !strcmp(a, "cuda") ? WEFT_CUDA : WEFT_CPU;
+}
+
+/* Every DTensor entry of sd keeps its local on dev. */
+static void check_on(weft_state_dict *sd, weft_device dev, const char *what) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < weft_state_dict_count(sd); i++) {
+    weft_sd_entry e;
+    WOK(weft_state_dict_get(sd, i, &e));
+    if (e.kind == WEFT_SD_DTENSOR && weft_dtensor_local(e.dtensor)->device != dev) {
+      if (!bad++)
+        WCHECK(false, "%s: '%s' is on %s, not %s", what, e.name,
+               weft_device_name(weft_dtensor_local(e.dtensor)->device), weft_device_name(dev));
+    }
+  }
+}
+
+/* Plain targets for TD on mesh (placements pl) plus the plain tensor and
+ * the value targets. */
+static weft_state_dict *plain_targets(weft_mesh *mesh, const char **pl) {
+  weft_state_dict *sd = NULL;
+  WOK(weft_state_dict_create(&sd));
+  for (int i = 0; i < NTD; i++)
+    WOK(weft_state_dict_add_dtensor(sd, TD[i].name, make_target(mesh, i, pl[i]), WEFT_LOCAL_TAKE));
+  weft_tensor *p = NULL;
+  int64_t sh[2] = {13, 7};
+  WOK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, 2, sh, &p));
+  WOK(weft_state_dict_add_tensor(sd, "plain", p, WEFT_LOCAL_TAKE));
+  add_value_targets(sd, 4);
+  return sd;
+}
+
+/* argv: dir, save device, load device (cuda|cpu). 4 ranks. Saves from
+ * meshes on the save device (plain DTensors on 2x2; the model FSDP 2 x
+ * TP 2 after a step, synchronously and, before one more step that
+ * changes every parameter and optimizer state, asynchronously), loads
+ * onto other shapes on the load device (plain on 4, the model FSDP over
+ * 4), re-saves from there and loads that back onto 2x2 meshes on the
+ * save device (other placements, another model init): every full tensor
+ * bitwise equal to the reference after each hop. */
+static void case_xdev(void) {
+  const char *dir = arg(2);
+  weft_device sdev = dev_arg(3), ldev = dev_arg(4);
+  char *plain = path2(dir, "plain"), *plain_back = path2(dir, "plain.back");
+  int nd, shape[3];
+  /* 1: plain DTensors on 2x2 on the save device */
+  forced_dev = (int)sdev;
+  weft_mesh *m22 = mesh_of("2x2", &nd, shape);
+  WREQUIRE(m22, "mesh");
+  {
+    weft_state_dict *sd = plain_sd(m22, PL_SAVE, 0);
+    add_values(sd);
+    check_on(sd, sdev, "plain save");
+    WOK(weft_dcp_save(sd, plain, NULL));
+    weft_state_dict_destroy(sd);
+  }
+  /* 2: onto 4 ranks on the load device; save again from there */
+  forced_dev = (int)ldev;
+  weft_mesh *m4 = mesh_of("4", &nd, shape);
+  WREQUIRE(m4, "mesh");
+  {
+    weft_state_dict *sd = plain_targets(m4, PL_4);
+    check_on(sd, ldev, "plain load");
+    WOK(weft_dcp_load(sd, plain, NULL, NULL));
+    char what[96];
+    snprintf(what, sizeof what, "plain %s 2x2 -> %s 4", weft_device_name(sdev),
+             weft_device_name(ldev));
+    check_loaded(sd, what);
+    check_values(sd, 4);
+    WOK(weft_dcp_save(sd, plain_back, NULL));
+    weft_state_dict_destroy(sd);
+  }
+  /* 3: back onto 2x2 (other placements) on the save device */
+  {
+    weft_state_dict *sd = plain_targets(m22, PL_22);
+    check_on(sd, sdev, "plain load back");
+    WOK(weft_dcp_load(sd, plain_back, NULL, NULL));
+    char what[96];
+    snprintf(what, sizeof what, "plain back %s 4 -> %s 2x2", weft_device_name(ldev),
+             weft_device_name(sdev));
+    check_loaded(sd, what);
+    check_values(sd, 4);
+    weft_state_dict_destroy(sd);
+  }
+  WOK(weft_mesh_destroy(m4));
+  WOK(weft_mesh_destroy(m22));
+#ifdef HAVE_MODELS
+  char *model = path2(dir, "model"), *model_async = path2(dir, "model.async"),
+       *model_back = path2(dir, "model.back"), *ref = path2(dir, "ref.safetensors");
+  {
+    forced_dev = (int)sdev;
+    lmodel L;
+    WREQUIRE(lmodel_make(&L, "2x2", SEED), "model");
+    train_step(&L, 0);
+    weft_state_dict *sd = full_sd(&L, NULL);
+    check_on(sd, sdev, "model save");
+    WOK(weft_state_dict_set_int(sd, "train.step", 1));
+    WOK(weft_dcp_save(sd, model, NULL));
+    weft_state_dict_opts o = WEFT_STATE_DICT_OPTS_INIT;
+    o.full_state_dict = true;
+    o.cpu_offload = true;
+    weft_state_dict *full = full_sd(&L, &o);
+    if (rank0()) write_ref(full, ref);
+    /* async: the next step overwrites the model's (device) tensors right
+     * after the save returns; the checkpoint keeps the staged values */
+    weft_dcp_async *h = NULL;
+    WOK(weft_dcp_async_save(sd, model_async, NULL, &h));
+    train_step(&L, 1);
+    WOK(weft_state_dict_set_int(sd, "train.step", 2));
+    WOK(weft_dcp_async_wait(h));
+    int64_t changed = 0, n = 0;
+    for (int64_t i = 0; i < weft_state_dict_count(sd); i++) {
+      weft_sd_entry v, f;
+      WOK(weft_state_dict_get(sd, i, &v));
+      if (v.kind != WEFT_SD_DTENSOR) continue;
+      weft_tensor *g = NULL;
+      WOK(weft_dtensor_full_tensor(v.dtensor, &g));
+      n++;
+      if (!rank0()) {
+        weft_tensor_destroy(g);
+        continue;
+      }
+      WOK(weft_state_dict_find(full, v.name, &f));
+      changed += !equal_host(g, f.tensor);
+      weft_tensor_destroy(g);
+    }
+    if (rank0())
+      WCHECK(changed == n && n > 30,
+             "the step after the async save changed %" PRId64 " of %" PRId64
+             " tensors (it must change all)",
+             changed, n);
+    weft_state_dict_destroy(full);
+    weft_state_dict_destroy(sd);
+    lmodel_free(&L);
+    barrier();
+  }
+  const char *srcs[2] = {model, model_async};
+  for (int k = 0; k < 2; k++) {
+    forced_dev = (int)ldev;
+    lmodel L;
+    WREQUIRE(lmodel_make(&L, "fsdp4", SEED + 17), "model");
+    weft_state_dict *sd = full_sd(&L, NULL);
+    check_on(sd, ldev, "model load");
+    WOK(weft_state_dict_set_int(sd, "train.step", 0));
+    WOK(weft_dcp_load(sd, srcs[k], NULL, NULL));
+    int64_t step = -1;
+    WOK(weft_state_dict_get_int(sd, "train.step", &step));
+    WCHECK(step == 1, "%s: train.step %" PRId64, srcs[k], step);
+    WOK(weft_set_optimizer_state_dict(L.m, L.opt, sd, NULL, NULL, NULL));
+    WCHECK(weft_optimizer_num_steps(L.opt) == 1, "%s: num_steps %" PRId64, srcs[k],
+           weft_optimizer_num_steps(L.opt));
+    char what[128];
+    snprintf(what, sizeof what, "%s model %s 2x2 -> %s fsdp4", k ? "async" : "sync",
+             weft_device_name(sdev), weft_device_name(ldev));
+    compare_ref(sd, ref, what);
+    if (k == 0) WOK(weft_dcp_save(sd, model_back, NULL));
+    weft_state_dict_destroy(sd);
+    lmodel_free(&L);
+  }
+  {
+    forced_dev = (int)sdev;
+    lmodel L;
+    WREQUIRE(lmodel_make(&L, "2x2", SEED + 29), "model");
+    weft_state_dict *sd = full_sd(&L, NULL);
+    check_on(sd, sdev, "model load back");
+    WOK(weft_dcp_load(sd, model_back, NULL, NULL));
+    char what[128];
+    snprintf(what, sizeof what, "model back %s fsdp4 -> %s 2x2", weft_device_name(ldev),
+             weft_device_name(sdev));
+    compare_ref(sd, ref, what);
+    weft_state_dict_destroy(sd);
+    lmodel_free(&L);
+  }
+  free(model);
+  free(model_async);
+  free(model_back);
+  free(ref);
+#endif
+  forced_dev = -1;
+  free(plain);
+  free(plain_back);
+}
+
 /* ------------------------------------------------------ faults */
 
 static weft_state_dict *small_sd(weft_mesh *mesh, uint64_t salt) {
@@ -1027,7 +1270,7 @@ static weft_mesh *world_mesh(void) {
   const char *names[1] = {"w"};
   weft_mesh *m = NULL;
   WOK(weft_mesh_create(1, &n, names, &m));
-  return m;
+  return on_dev(m);
 }
 
 /* argv: A, B — two good checkpoints (salt 1). */
@@ -1061,7 +1304,7 @@ static bool loads_salt(weft_mesh *m, const char *dir, uint64_t salt) {
     WOK(weft_state_dict_find(sd, TD[i].name, &e));
     weft_tensor *got = NULL, *want = reference(i, salt);
     WOK(weft_dtensor_full_tensor(e.dtensor, &got));
-    ok = got && weft_tensor_equal(got, want);
+    ok = got && equal_host(got, want);
     weft_tensor_destroy(got);
     weft_tensor_destroy(want);
   }
@@ -1198,7 +1441,7 @@ static void expect_load_error(weft_mesh *m, const char *dir, weft_status code, c
       WOK(weft_state_dict_find(sd, TD[i].name, &e));
       weft_tensor *got = NULL, *want = reference(i, 55);
       WOK(weft_dtensor_full_tensor(e.dtensor, &got));
-      WCHECK(got && weft_tensor_equal(got, want), "%s: '%s' was modified by a failed load", dir,
+      WCHECK(got && equal_host(got, want), "%s: '%s' was modified by a failed load", dir,
              TD[i].name);
       weft_tensor_destroy(got);
       weft_tensor_destroy(want);
@@ -1362,6 +1605,7 @@ static void case_corrupt(void) {
     const char *nm[1] = {"self"};
     weft_mesh *self = NULL;
     WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, nm, &self));
+    on_dev(self);
     weft_state_dict *g = NULL, *h = NULL;
     WOK(weft_state_dict_create(&g));
     WOK(weft_state_dict_add_tensor(g, "mine", reference(0, 100 + (uint64_t)weft_world_rank()),
@@ -1385,7 +1629,7 @@ static void case_corrupt(void) {
     WOK(weft_state_dict_add_tensor(h, "mine", z, WEFT_LOCAL_TAKE));
     WOK(weft_dcp_load(h, gdir, &o, NULL));
     weft_tensor *want = reference(0, 100 + (uint64_t)weft_world_rank());
-    WCHECK(weft_tensor_equal(z, want), "group load differs");
+    WCHECK(equal_host(z, want), "group load differs");
     weft_tensor_destroy(want);
     weft_state_dict_destroy(g);
     weft_state_dict_destroy(h);
@@ -1438,7 +1682,7 @@ static void case_async(void) {
     WOK(weft_state_dict_find(t, "a", &e));
     weft_tensor *got = NULL;
     WOK(weft_dtensor_full_tensor(e.dtensor, &got));
-    WCHECK(got && weft_tensor_get(got, (int64_t[]){12, 6}) == 3.0, "second async save: values");
+    WCHECK(got && get_host(got, (int64_t[]){12, 6}) == 3.0, "second async save: values");
     weft_tensor_destroy(got);
     weft_state_dict_destroy(t);
     /* an async save whose plan fails reports on every rank */
@@ -1506,6 +1750,8 @@ static bool g2_make(g2model *G, bool fsdp, uint64_t seed, const weft_adamw_param
   WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, tn, &G->self));
   WOK(weft_mesh_create(1, &n, dn, &G->dp));
   if (!G->self || !G->dp) return false;
+  on_dev(G->self);
+  on_dev(G->dp);
   WOK(weft_gpt2_create(&c, G->self, &G->m));
   if (!G->m) return false;
   G->fsdp = fsdp;
@@ -1697,7 +1943,16 @@ static weft_state_dict *aliased_sd(weft_module *m, const char *const *names, int
       WOK(weft_state_dict_add_dtensor(sd, names[1], ps[i]->data, WEFT_LOCAL_COPY));
       weft_sd_entry en;
       WOK(weft_state_dict_find(sd, names[1], &en));
-      ((float *)weft_dtensor_local(en.dtensor)->data)[3] += delta;
+      /* through the host: the local may be on the device */
+      weft_tensor *loc = weft_dtensor_local(en.dtensor), *tmp = NULL, *h = NULL;
+      const weft_tensor *hc = weft_worker_host_copy(loc, &tmp);
+      if (hc) WOK(weft_tensor_clone(hc, &h));
+      if (h) {
+        ((float *)h->data)[3] += delta;
+        WOK(weft_tensor_copy(loc, h));
+      }
+      weft_tensor_destroy(h);
+      weft_tensor_destroy(tmp);
     }
   }
   return sd;
@@ -1708,7 +1963,7 @@ static bool same_param(weft_module *a, weft_module *b, const char *fqn) {
   WOK(weft_module_find_param(a, fqn, &x));
   WOK(weft_module_find_param(b, fqn, &y));
   if (!x || !y) return false;
-  return weft_tensor_equal(weft_dtensor_local(x->data), weft_dtensor_local(y->data));
+  return equal_host(weft_dtensor_local(x->data), weft_dtensor_local(y->data));
 }
 
 /* argv: dir, st, ref, work. 1 rank: the 2-rank FSDP checkpoint and export
@@ -1887,7 +2142,7 @@ static void case_gpt2_groups(void) {
   for (int i = 0; i < np && i < nb; i++) {
     weft_tensor *t = NULL;
     WOK(weft_dtensor_full_tensor(pb[i]->data, &t));
-    WCHECK(t && fa[i] && weft_tensor_equal(t, fa[i]),
+    WCHECK(t && fa[i] && equal_host(t, fa[i]),
            "%s: resumed run differs from the straight "
            "run",
            pb[i]->fqn);
@@ -1947,6 +2202,7 @@ static const weft_worker_case cases[] = {
     {"corrupt", case_corrupt},
     {"async", case_async},
     {"tool_prep", case_tool_prep},
+    {"xdev", case_xdev},
 #ifdef HAVE_MODELS
     {"resume", case_resume},
     {"sd_opts", case_sd_opts},

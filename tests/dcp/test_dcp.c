@@ -3,7 +3,14 @@
  * the weft-ckpt tool) and multi-rank cases run in dcp_worker through
  * mpiexec (round trips with resharding onto 1, 2, 4, 2x2 and 2x2x2
  * meshes, models with FSDP + TP, resume, state-dict options, faults,
- * corruption, async save, safetensors read back by PyTorch). */
+ * corruption, async save, safetensors read back by PyTorch).
+ *
+ * The *_on_device variants run the same worker cases, with the same
+ * (bitwise) checks, in the worker's device mode (WEFT_TEST_DEVICE=cuda:
+ * every mesh on WEFT_CUDA, DCP staging device shards through the host);
+ * the cross-device tests save from meshes on one device and load onto
+ * meshes of another shape on the other (CUDA -> CPU -> CUDA and back).
+ * All of them skip, saying why, where this process sees no CUDA device. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <inttypes.h>
@@ -15,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "dcp.h"
 #include "harness.h"
 #include "safetensors.h"
@@ -42,9 +50,24 @@ static char *join(const char *a, const char *b) {
   return p;
 }
 
+/* Set by the *_on_device tests (each runs in its own process): run()
+ * and fault() start the worker in its device mode. */
+static bool on_device = false;
+
 static int run(int n, const char *c, const char *const *args, int secs) {
-  return weft_test_mpiexec_args(n, W, c, secs, args);
+  return on_device ? weft_test_mpiexec_on_device(n, W, c, secs, args)
+                   : weft_test_mpiexec_args(n, W, c, secs, args);
 }
+
+/* Test(dcp, name) and Test(dcp, name_on_device) running body (the same
+ * worker cases; the second in the device mode, skipped without a device). */
+#define TEST_BOTH(name, secs, body)                \
+  Test(dcp, name, .timeout = (secs)) { body(); }   \
+  Test(dcp, name##_on_device, .timeout = (secs)) { \
+    WEFT_TEST_REQUIRE_CUDA_DEVICE();               \
+    on_device = true;                              \
+    body();                                        \
+  }
 
 /* ------------------------------------------------------------ CRC32C */
 
@@ -378,7 +401,7 @@ Test(dcp, fuzz_corpus_safetensors_replays_through_the_header_parser) {
 
 /* ------------------------------------------------------------ multi-rank */
 
-Test(dcp, roundtrip_save_2x2_reshard_load_on_1_2_4_2x2_2x2x2, .timeout = 400) {
+static void t_roundtrip(void) {
   char *d = mktmp("rt");
   char *p1 = join(d, "plain"), *p2 = join(d, "plain64"), *md = join(d, "model"),
        *ref = join(d, "ref.safetensors");
@@ -397,22 +420,25 @@ Test(dcp, roundtrip_save_2x2_reshard_load_on_1_2_4_2x2_2x2x2, .timeout = 400) {
   free(md);
   free(ref);
 }
+TEST_BOTH(roundtrip_save_2x2_reshard_load_on_1_2_4_2x2_2x2x2, 400, t_roundtrip)
 
-Test(dcp, resume_k_steps_save_load_equals_straight_run_bitwise, .timeout = 200) {
+static void t_resume(void) {
   char *d = mktmp("resume");
   const char *a[] = {d, NULL};
   cr_expect_eq(run(4, "resume", a, 180), 0);
   rmrf(d);
   free(d);
 }
+TEST_BOTH(resume_k_steps_save_load_equals_straight_run_bitwise, 200, t_resume)
 
-Test(dcp, state_dict_options_full_offload_broadcast_strict, .timeout = 200) {
+static void t_sd_opts(void) {
   char *d = mktmp("sdopts");
   const char *a[] = {d, NULL};
   cr_expect_eq(run(4, "sd_opts", a, 180), 0);
   rmrf(d);
   free(d);
 }
+TEST_BOTH(state_dict_options_full_offload_broadcast_strict, 200, t_sd_opts)
 
 /* Runs fault_save with WEFT_DCP_FAULT=spec into dir (passed in the
  * environment: the harness's env variant takes no arguments). */
@@ -420,12 +446,12 @@ static void fault(const char *spec, const char *dir) {
   char env[64], denv[512];
   snprintf(env, sizeof env, "WEFT_DCP_FAULT=%s", spec);
   snprintf(denv, sizeof denv, "DCP_TEST_ARG=%s", dir);
-  const char *envs[] = {env, denv, NULL};
+  const char *envs[] = {env, denv, on_device ? "WEFT_TEST_DEVICE=cuda" : NULL, NULL};
   int rc = weft_test_mpiexec_env(2, W, "fault_save", 60, envs);
   cr_expect_neq(rc, 0, "a save with WEFT_DCP_FAULT=%s succeeded", spec);
 }
 
-Test(dcp, rank_killed_mid_save_leaves_previous_checkpoint_and_rejects_the_new_one, .timeout = 300) {
+static void t_rank_killed(void) {
   char *d = mktmp("fault");
   char *a = join(d, "A"), *b = join(d, "B"), *c = join(d, "C"), *e = join(d, "D");
   const char *pa[] = {a, b, NULL};
@@ -444,21 +470,50 @@ Test(dcp, rank_killed_mid_save_leaves_previous_checkpoint_and_rejects_the_new_on
   free(c);
   free(e);
 }
+TEST_BOTH(rank_killed_mid_save_leaves_previous_checkpoint_and_rejects_the_new_one, 300,
+          t_rank_killed)
 
-Test(dcp, corrupt_files_and_metadata_are_clear_errors_on_every_rank, .timeout = 200) {
+static void t_corrupt(void) {
   char *d = mktmp("corrupt");
   const char *a[] = {d, NULL};
   cr_expect_eq(run(2, "corrupt", a, 180), 0);
   rmrf(d);
   free(d);
 }
+TEST_BOTH(corrupt_files_and_metadata_are_clear_errors_on_every_rank, 200, t_corrupt)
 
-Test(dcp, async_save_stages_then_writes_in_the_background, .timeout = 200) {
+static void t_async_save(void) {
   char *d = mktmp("async");
   const char *a[] = {d, NULL};
   cr_expect_eq(run(2, "async", a, 180), 0);
   rmrf(d);
   free(d);
+}
+TEST_BOTH(async_save_stages_then_writes_in_the_background, 200, t_async_save)
+
+/* Across devices (4 ranks): plain DTensors saved on a 2x2 mesh and loaded
+ * on a 4-rank mesh of the other device, re-saved there and loaded back on
+ * 2x2 (other placements); the model (FSDP 2 x TP 2, model and optimizer
+ * state) saved synchronously and asynchronously (the next step overwrites
+ * it at once), loaded into FSDP over 4 on the other device, re-saved and
+ * loaded back into a fresh 2x2 model: every full tensor bitwise equal to
+ * the reference after each hop. The worker sets each mesh's device from
+ * its arguments; skipped where this process sees no CUDA device. */
+static void xdev(const char *save_dev, const char *load_dev) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  char *d = mktmp("xdev");
+  const char *a[] = {d, save_dev, load_dev, NULL};
+  cr_expect_eq(run(4, "xdev", a, 110), 0, "save on %s, load on %s", save_dev, load_dev);
+  rmrf(d);
+  free(d);
+}
+
+Test(dcp, reshard_save_on_device_2x2_load_on_cpu_4_and_back_bitwise_incl_async, .timeout = 120) {
+  xdev("cuda", "cpu");
+}
+
+Test(dcp, reshard_save_on_cpu_2x2_load_on_device_4_and_back_bitwise_incl_async, .timeout = 120) {
+  xdev("cpu", "cuda");
 }
 
 /* Aliases (a tied parameter's other names) are not entries; each alias
@@ -486,7 +541,7 @@ Test(dcp, state_dict_alias_is_no_entry_and_names_one_entry) {
  * FSDP checkpoint and safetensors export load on 1 rank bitwise; files
  * and state dicts holding only the alias load into the tied weight, both
  * names with different values are refused naming both. */
-Test(dcp, gpt2_tied_weight_saved_once_fsdp2_to_1_rank_bitwise_alias_accepted, .timeout = 200) {
+static void t_gpt2_tied(void) {
   char *d = mktmp("gpt2");
   char *ck = join(d, "ck"), *st = join(d, "model.safetensors"), *ref = join(d, "ref.safetensors");
   const char *sa[] = {ck, st, ref, NULL};
@@ -499,17 +554,20 @@ Test(dcp, gpt2_tied_weight_saved_once_fsdp2_to_1_rank_bitwise_alias_accepted, .t
   free(st);
   free(ref);
 }
+TEST_BOTH(gpt2_tied_weight_saved_once_fsdp2_to_1_rank_bitwise_alias_accepted, 200, t_gpt2_tied)
 
 /* nanoGPT's two AdamW groups: saved with their hyper-parameters and
  * members, restored over other values, the resumed run bitwise equal to
  * the straight one; optimizers with other groups refused naming the group. */
-Test(dcp, gpt2_adamw_groups_restore_and_resume_bitwise_mismatched_groups_refused, .timeout = 200) {
+static void t_gpt2_groups(void) {
   char *d = mktmp("gpt2groups");
   const char *a[] = {d, NULL};
   cr_expect_eq(run(2, "gpt2_groups", a, 180), 0);
   rmrf(d);
   free(d);
 }
+TEST_BOTH(gpt2_adamw_groups_restore_and_resume_bitwise_mismatched_groups_refused, 200,
+          t_gpt2_groups)
 #endif
 
 /* ------------------------------------------------------------ PyTorch */
@@ -519,7 +577,7 @@ static int sh(const char *cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
-Test(dcp, safetensors_export_reads_back_in_pytorch_and_imports_sharded, .timeout = 300) {
+static void t_st_export(void) {
   if (sh("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
     cr_skip_test("/usr/bin/python3 cannot import torch: PyTorch cross-check skipped");
     return;
@@ -538,6 +596,7 @@ Test(dcp, safetensors_export_reads_back_in_pytorch_and_imports_sharded, .timeout
   free(py);
   free(pyref);
 }
+TEST_BOTH(safetensors_export_reads_back_in_pytorch_and_imports_sharded, 300, t_st_export)
 
 /* ------------------------------------------------------------ weft-ckpt */
 
@@ -567,7 +626,7 @@ static int lines(const char *s) {
   return n;
 }
 
-Test(dcp, weft_ckpt_inspects_verifies_and_converts, .timeout = 200) {
+static void t_weft_ckpt(void) {
   char *d = mktmp("tool");
   char *ck = join(d, "ck"), *st = join(d, "x.safetensors"), *ck2 = join(d, "ck2"),
        *bad = join(d, "bad");
@@ -655,4 +714,5 @@ Test(dcp, weft_ckpt_inspects_verifies_and_converts, .timeout = 200) {
   free(ck2);
   free(bad);
 }
+TEST_BOTH(weft_ckpt_inspects_verifies_and_converts, 200, t_weft_ckpt)
 #endif
