@@ -228,6 +228,24 @@ weft_status weft_record_stream(weft_device dev, void *ptr, weft_stream_id s) {
   DISPATCH(dev, record_stream, ptr, s);
 }
 
+weft_status weft_alloc_pinned(weft_device dev, size_t bytes, void **out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "alloc_pinned: out is NULL");
+  *out = NULL;
+  const weft_backend *be = weft_backend_get(dev);
+  if (be && has_member(be, offsetof(weft_backend, host_alloc_pinned)))
+    return be->host_alloc_pinned(bytes, out);
+  return weft_alloc(WEFT_CPU, bytes, out);
+}
+
+void weft_free_pinned(weft_device dev, void *ptr) {
+  if (!ptr) return;
+  const weft_backend *be = weft_backend_get(dev);
+  if (be && has_member(be, offsetof(weft_backend, host_free_pinned)))
+    be->host_free_pinned(ptr);
+  else
+    weft_free(ptr);
+}
+
 /* ------------------------------------------------------------------ events */
 
 weft_status weft_event_record(weft_device dev, weft_stream_id s, weft_event **ev) {

@@ -129,8 +129,9 @@ typedef struct weft_flat_piece {
  *   3  attention_forward / attention_backward take `causal` (their argument
  *      lists changed in place: the attention members of a table built for
  *      version 1 or 2 have the causal-only argument list and are dropped at
- *      registration, so attention on such a table is WEFT_ERR_UNSUPPORTED) */
-#define WEFT_BACKEND_VERSION 3
+ *      registration, so attention on such a table is WEFT_ERR_UNSUPPORTED)
+ *   4  host_alloc_pinned / host_free_pinned (page-locked host memory) */
+#define WEFT_BACKEND_VERSION 4
 
 typedef struct weft_backend {
   /* ---- identity (required) */
@@ -348,6 +349,12 @@ typedef struct weft_backend {
   /* uniform: this device's memory, as the other arrays */
   weft_status (*dropout_apply)(float *out, const float *inp, const float *uniform, float p,
                                int64_t n);
+
+  /* ---- version 4 (optional): page-locked host memory, which this
+   * device's asynchronous copies read and write when the stream reaches
+   * them (cudaMallocHost / cudaFreeHost) */
+  weft_status (*host_alloc_pinned)(size_t bytes, void **out);
+  void (*host_free_pinned)(void *ptr);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -392,6 +399,14 @@ WEFT_API weft_status weft_memcpy(weft_device dev, void *dst, const void *src, si
 WEFT_API weft_status weft_memcpy_async(weft_device dev, void *dst, const void *src, size_t bytes,
                                        weft_copy_kind kind, weft_stream_id s);
 WEFT_API weft_status weft_record_stream(weft_device dev, void *ptr, weft_stream_id s);
+/* Page-locked host memory for dev's asynchronous copies (cudaMallocHost):
+ * weft_memcpy_async D2H into it returns at once and the bytes land when the
+ * stream reaches the copy (wait for an event recorded after it before
+ * reading them). Where dev has no pinned allocator (the CPU) it is ordinary
+ * host memory from weft_alloc(WEFT_CPU). Local. Free it with
+ * weft_free_pinned(dev, ptr) (same dev); not counted by weft_mem_get(dev). */
+WEFT_API weft_status weft_alloc_pinned(weft_device dev, size_t bytes, void **out);
+WEFT_API void weft_free_pinned(weft_device dev, void *ptr); /* NULL: no-op */
 
 /* --------------------------------------------------------------- events */
 

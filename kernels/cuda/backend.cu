@@ -39,6 +39,8 @@ weft_backend make_table() {
   b.memset = weft_cuda_memset_;
   b.memcpy = weft_cuda_memcpy_;
   b.memcpy_async = weft_cuda_memcpy_async_;
+  b.host_alloc_pinned = weft_cuda_host_alloc_pinned_;
+  b.host_free_pinned = weft_cuda_host_free_pinned_;
   b.copy = weft_cuda_copy;
   b.fill = weft_cuda_fill;
   b.fill_random = weft_cuda_fill_random;

@@ -84,6 +84,8 @@ bool weft_cuda_contains_(const void *ptr); /* any byte of device memory */
 /* Copies and memset, ordered on the compute stream (memcpy_ waits for it). */
 weft_status weft_cuda_memset_(void *dst, int value, size_t bytes);
 weft_status weft_cuda_memcpy_(void *dst, const void *src, size_t bytes, weft_copy_kind kind);
+weft_status weft_cuda_host_alloc_pinned_(size_t bytes, void **out);
+void weft_cuda_host_free_pinned_(void *ptr);
 weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes, weft_copy_kind kind,
                                     weft_stream_id s);
 weft_status weft_cuda_event_record_(weft_stream_id s, weft_event **ev);

@@ -344,6 +344,15 @@ weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes, we
                           "cudaMemcpyAsync");
 }
 
+weft_status weft_cuda_host_alloc_pinned_(size_t bytes, void **out) {
+  WEFT_CHECK(weft_cuda_require_init_("alloc_pinned"));
+  *out = NULL;
+  WEFT_CHECK(weft_cuda_check_(cudaMallocHost(out, bytes ? bytes : 1), "cudaMallocHost"));
+  return WEFT_OK;
+}
+
+void weft_cuda_host_free_pinned_(void *ptr) { cudaFreeHost(ptr); }
+
 weft_status weft_cuda_memcpy_(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
   WEFT_CHECK(weft_cuda_memcpy_async_(dst, src, bytes, kind, WEFT_STREAM_COMPUTE));
   if (bytes == 0) return WEFT_OK;

@@ -713,6 +713,38 @@ BACKEND_TEST(memcpy_moves_bytes_in_every_direction) {
   weft_free(a), weft_free(b);
 }
 
+/* weft_alloc_pinned: page-locked memory where the device has it (an async
+ * device-to-host copy into it lands by the time an event recorded after it
+ * completes), ordinary host memory on the CPU; freed by weft_free_pinned. */
+BACKEND_TEST(pinned_host_memory_takes_an_async_device_to_host_copy) {
+  seed_tests(108);
+  const weft_backend *be = weft_backend_get(dev);
+  const size_t n = 3001;
+  unsigned char *src = xmalloc(n), *pin = NULL;
+  for (size_t i = 0; i < n; i++) src[i] = (unsigned char)rnd_u64();
+  OK(weft_alloc_pinned(dev, n, (void **)&pin));
+  cr_assert_not_null(pin);
+  cr_assert_eq(weft_ptr_device(pin), WEFT_CPU, "pinned memory is host memory");
+  memset(pin, 0x5A, n); /* the host may write it */
+  unsigned char *d = dnan(dev, n);
+  OK(weft_memcpy(dev, d, src, n, WEFT_COPY_H2D));
+  if (be->memcpy_async && be->event_record) {
+    weft_event *e = NULL;
+    OK(weft_memcpy_async(dev, pin, d, n, WEFT_COPY_D2H, WEFT_STREAM_COMPUTE));
+    OK(weft_event_record(dev, WEFT_STREAM_COMPUTE, &e));
+    OK(weft_event_synchronize(dev, e));
+    weft_event_destroy(dev, e);
+  } else {
+    OK(weft_memcpy(dev, pin, d, n, WEFT_COPY_D2H));
+  }
+  expect_same_bytes("D2H into pinned memory", pin, src, (int64_t)n, 1);
+  cr_assert_eq(weft_alloc_pinned(dev, 16, NULL), WEFT_ERR_INVALID);
+  weft_free_pinned(dev, pin);
+  weft_free_pinned(dev, NULL);
+  weft_free(d);
+  free(src);
+}
+
 BACKEND_TEST(events_order_streams_or_are_unsupported_by_name) {
   seed_tests(103);
   const weft_backend *be = weft_backend_get(dev);
