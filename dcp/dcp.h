@@ -371,8 +371,11 @@ WEFT_API weft_status weft_dcp_load(weft_state_dict *sd, const char *dir, const w
 typedef struct weft_dcp_async weft_dcp_async;
 
 /* Starts saving sd to dir: plans (collective), copies every chunk this
- * rank writes into host staging buffers, then returns; a background thread
- * computes checksums, writes and fsyncs. With MPI_THREAD_MULTIPLE (and not
+ * rank writes from host memory into host staging buffers and queues the
+ * copies of device locals into pinned host memory on the device's compute
+ * stream (weft_alloc_pinned; ahead of any work queued later, so training
+ * may go on at once), then returns; a background thread waits for those
+ * copies, computes checksums, writes and fsyncs. With MPI_THREAD_MULTIPLE (and not
  * opts->commit_in_wait) the thread also exchanges checksums and commits
  * the metadata on a private communicator; else weft_dcp_async_wait does
  * that. sd may change as soon as this returns. At most one save is in
@@ -390,8 +393,8 @@ WEFT_API weft_status weft_dcp_async_wait(weft_dcp_async *h);
 /* *done = true when the background part has finished (local; nothing is
  * freed: call wait). */
 WEFT_API weft_status weft_dcp_async_test(weft_dcp_async *h, bool *done);
-/* Frees the staging buffers kept between async saves (none in flight:
- * WEFT_ERR_BUSY otherwise). */
+/* Frees the staging buffers (host and pinned) kept between saves (none in
+ * flight: WEFT_ERR_BUSY otherwise). */
 WEFT_API weft_status weft_dcp_release_staging(void);
 
 /* ------------------------------------------------- reading checkpoints */

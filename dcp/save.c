@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "dcp_internal.h"
 
 #define WRITE_PIECE ((uint64_t)4 << 20)
@@ -96,7 +97,7 @@ typedef struct gplan {
 typedef struct litem {
   const dcp_sd_ent *e;
   const weft_tensor *local; /* on the host: the entry's, or `staged` */
-  weft_tensor *staged;      /* host copy of a device local (owned) */
+  weft_tensor *staged;      /* host copy of a device local (owned; over pinned memory, or not) */
   char layout[320];
   weft_dtype dtype;
   int ndim;
@@ -114,6 +115,7 @@ typedef struct wjob {
   weft_dtype dtype;
   size_t esz;
   bool contig;
+  bool private_src; /* src is the save's own host copy (of a device local): no one else writes it */
   uint64_t off, length;
   uint32_t *crc;
   int64_t ncrc;
@@ -133,6 +135,12 @@ typedef struct save_ctx {
   size_t staging_cap;
   weft_tensor **staged; /* host copies of device locals the jobs read (owned) */
   int64_t nstaged;
+  /* the device-to-host copies of device locals: queued on the device's
+   * compute stream into pinned memory, complete once `copied` is */
+  weft_device dev;
+  char *pinned;
+  size_t pinned_cap;
+  weft_event *copied;
   weft_status io_st;
   char io_msg[1600];
 } save_ctx;
@@ -152,6 +160,10 @@ static weft_dcp_async *g_pending;
 static char *g_stage;
 static size_t g_stage_cap;
 static bool g_stage_busy;
+/* pinned staging kept for the next save (on g_pinned_dev) */
+static char *g_pinned;
+static size_t g_pinned_cap;
+static weft_device g_pinned_dev;
 
 /* ------------------------------------------------------------ freeing */
 
@@ -185,9 +197,31 @@ static void staged_free(save_ctx *c) {
   c->nstaged = 0;
 }
 
+/* Waits until the queued device-to-host copies have landed (they write
+ * into c->pinned). Blocks; the first wait does the work. */
+static weft_status copies_wait(save_ctx *c) {
+  if (!c->copied) return WEFT_OK;
+  weft_status st = weft_event_synchronize(c->dev, c->copied);
+  weft_event_destroy(c->dev, c->copied);
+  c->copied = NULL;
+  return st;
+}
+
 static void ctx_free(save_ctx *c) {
   if (!c) return;
+  copies_wait(c); /* never release memory a queued copy still writes */
   staged_free(c);
+  if (c->pinned) {
+    if (!g_pinned || g_pinned_cap < c->pinned_cap) {
+      weft_free_pinned(g_pinned_dev, g_pinned);
+      g_pinned = c->pinned;
+      g_pinned_cap = c->pinned_cap;
+      g_pinned_dev = c->dev;
+    } else {
+      weft_free_pinned(c->dev, c->pinned);
+    }
+    c->pinned = NULL;
+  }
   dcp_comm_close(&c->comm);
   plan_free(&c->plan);
   free(c->jobs);
@@ -261,9 +295,8 @@ static weft_status local_items(const weft_state_dict *sd, litem **out, int64_t *
       st = weft_error(WEFT_ERR_INVALID, "save: tensor '%s' has no local tensor", e->name);
       goto fail;
     }
-    /* a device local is written from a host copy taken here, before the
-     * save returns (so training may go on changing the device one) */
-    WEFT_CHECK_GOTO(dcp_host_of(L->local, &L->local, &L->staged), st, fail);
+    /* a device local is written from a host copy queued before the save
+     * returns (stage_device_locals), so training may go on changing it */
   }
   *out = it;
   *n = k;
@@ -283,6 +316,57 @@ static void local_items_free(litem *it, int64_t n) {
     weft_tensor_destroy(it[i].staged);
   }
   free(it);
+}
+
+/* Host copies of this rank's device locals, taken in stream order: one
+ * pinned block for the contiguous ones (reused from the last save when it
+ * is big enough), an async device-to-host copy each on the compute stream
+ * and an event after them (c->copied: write_file waits for it, so a save
+ * returns as soon as the copies are queued, and the training work queued
+ * after them cannot change what they read). A strided device local gets a
+ * blocking copy. Each item's local then points at its host copy. */
+static weft_status stage_device_locals(save_ctx *c, litem *it, int64_t n) {
+  size_t total = 0;
+  bool any = false;
+  for (int64_t i = 0; i < n; i++) {
+    const weft_tensor *t = it[i].local;
+    if (t->device == WEFT_CPU || !weft_tensor_is_contiguous(t)) continue;
+    if (!any) c->dev = t->device;
+    any = true;
+    total += (weft_tensor_nbytes(t) + DCP_ALIGN - 1) / DCP_ALIGN * DCP_ALIGN;
+  }
+  if (any) {
+    if (g_pinned && g_pinned_cap >= total && g_pinned_dev == c->dev) {
+      c->pinned = g_pinned;
+      c->pinned_cap = g_pinned_cap;
+      g_pinned = NULL;
+      g_pinned_cap = 0;
+    } else {
+      WEFT_CHECK(weft_alloc_pinned(c->dev, total ? total : 1, (void **)&c->pinned));
+      c->pinned_cap = total;
+    }
+  }
+  size_t at = 0;
+  weft_status st = WEFT_OK;
+  for (int64_t i = 0; i < n && st == WEFT_OK; i++) {
+    litem *L = &it[i];
+    const weft_tensor *t = L->local;
+    if (t->device == WEFT_CPU) continue;
+    if (!weft_tensor_is_contiguous(t)) {
+      st = dcp_host_of(t, &L->local, &L->staged);
+      continue;
+    }
+    size_t bytes = weft_tensor_nbytes(t);
+    st = weft_tensor_wrap(c->pinned + at, t->dtype, WEFT_CPU, t->ndim, t->shape, &L->staged);
+    if (st == WEFT_OK && bytes > 0)
+      st = weft_memcpy_async(t->device, c->pinned + at, t->data, bytes, WEFT_COPY_D2H,
+                             WEFT_STREAM_COMPUTE);
+    if (st == WEFT_OK) L->local = L->staged;
+    at += (bytes + DCP_ALIGN - 1) / DCP_ALIGN * DCP_ALIGN;
+  }
+  if (st == WEFT_OK && any) st = weft_event_record(c->dev, WEFT_STREAM_COMPUTE, &c->copied);
+  if (st != WEFT_OK && any) weft_device_synchronize(c->dev); /* nothing left writing c->pinned */
+  return st;
 }
 
 static void put_status(dcp_buf *b, weft_status st) {
@@ -678,6 +762,7 @@ static weft_status make_jobs(save_ctx *c, const litem *it, int64_t nit) {
       J->len[d] = G->box.size[d];
     }
     J->src = src;
+    J->private_src = L->staged != NULL;
     /* contiguous when merging trailing dims swallows every dim */
     int64_t cs[WEFT_MAX_DIMS];
     dcp_contig_strides(J->len, J->ndim, J->esz, cs);
@@ -723,6 +808,7 @@ static weft_status write_bytes(int fd, const char *path, const char *p, uint64_t
 
 /* Phase 2 (no MPI): writes this rank's file and fsyncs it. */
 static weft_status write_file(save_ctx *c) {
+  WEFT_CHECK(copies_wait(c)); /* the host copies of device locals */
   char *path = dcp_path_join(c->dir, c->fname);
   if (!path) return weft_error(WEFT_ERR_OOM, "path");
   weft_status st = WEFT_OK;
@@ -1003,6 +1089,7 @@ static weft_status plan_save(const weft_state_dict *sd, const char *dir, const w
   litem *it = NULL;
   int64_t nit = 0;
   weft_status local = local_items(sd, &it, &nit);
+  if (local == WEFT_OK) local = stage_device_locals(c, it, nit);
   if (local == WEFT_OK && c->comm.rank == 0) local = dcp_mkdirs(dir);
   uint64_t id = c->comm.rank == 0 ? new_id() : 0;
   dcp_buf b = {0};
@@ -1093,11 +1180,14 @@ weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
   dcp_complete_pending();
   save_ctx *c;
   WEFT_CHECK(plan_save(sd, dir, opts, &c));
-  /* stage every box this rank writes: the caller may change sd on return */
+  /* stage every box this rank writes from memory the caller may change on
+   * return (the host copies of device locals are the save's own: their
+   * jobs read them in place once the queued copies have landed) */
   weft_status st = WEFT_OK;
   size_t total = 0;
   for (int64_t j = 0; j < c->njobs; j++)
-    total += (size_t)((c->jobs[j].length + DCP_ALIGN - 1) / DCP_ALIGN * DCP_ALIGN);
+    if (!c->jobs[j].private_src)
+      total += (size_t)((c->jobs[j].length + DCP_ALIGN - 1) / DCP_ALIGN * DCP_ALIGN);
   if (g_stage && g_stage_cap >= total) {
     c->staging = g_stage;
     c->staging_cap = g_stage_cap;
@@ -1115,6 +1205,7 @@ weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
     size_t at = 0;
     for (int64_t j = 0; j < c->njobs; j++) {
       wjob *J = &c->jobs[j];
+      if (J->private_src) continue;
       int64_t cs[WEFT_MAX_DIMS];
       dcp_contig_strides(J->len, J->ndim, J->esz, cs);
       if (J->contig)
@@ -1127,7 +1218,7 @@ weft_status weft_dcp_async_save(const weft_state_dict *sd, const char *dir,
       at += (size_t)((J->length + DCP_ALIGN - 1) / DCP_ALIGN * DCP_ALIGN);
     }
   }
-  if (st == WEFT_OK) staged_free(c); /* every box is in staging now */
+  /* (the host copies of device locals stay until the write is done) */
   weft_dcp_async *h = NULL;
   if (st == WEFT_OK) {
     h = calloc(1, sizeof *h);
@@ -1175,5 +1266,8 @@ weft_status weft_dcp_release_staging(void) {
   if (g_stage) weft_free(g_stage);
   g_stage = NULL;
   g_stage_cap = 0;
+  weft_free_pinned(g_pinned_dev, g_pinned);
+  g_pinned = NULL;
+  g_pinned_cap = 0;
   return WEFT_OK;
 }
