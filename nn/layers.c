@@ -241,6 +241,7 @@ typedef struct embedding_impl {
   int64_t v0, nv; /* local rows of the table */
   weft_dtensor *y, *dy_tmp;
   nn_scratch dw;
+  nn_scratch ids_host; /* device token ids read back for the range check */
 } embedding_impl;
 
 static weft_status embedding_forward(weft_module *m, const weft_dtensor *tok,
@@ -277,19 +278,22 @@ static weft_status embedding_forward(weft_module *m, const weft_dtensor *tok,
   }
   const weft_tensor *tl = weft_dtensor_local(tok), *wl = weft_dtensor_local(w);
   int64_t ntok = weft_tensor_numel(tl);
-  const int32_t *ids = tl->data, *hids;
-  void *tmp;
-  WEFT_CHECK(
-      nn_host_get(tl->device, ids, (size_t)ntok * sizeof(int32_t), (const void **)&hids, &tmp));
+  const int32_t *ids = tl->data, *hids = ids;
+  if (tl->device != WEFT_CPU && ntok > 0) {
+    /* read back into a host scratch kept across steps (int32 ids in its
+     * float slots): the steady state allocates nothing on the host */
+    WEFT_CHECK(nn_scratch_reserve(&E->ids_host, WEFT_CPU, ntok));
+    WEFT_CHECK(
+        weft_memcpy(tl->device, E->ids_host.p, ids, (size_t)ntok * sizeof(int32_t), WEFT_COPY_D2H));
+    hids = (const int32_t *)(const void *)E->ids_host.p;
+  }
   for (int64_t i = 0; i < ntok; i++)
     if (hids[i] < 0 || hids[i] >= E->num) {
       int32_t bad = hids[i];
-      weft_free(tmp);
       return weft_error(WEFT_ERR_INVALID,
                         "embedding '%s': token %d at flat index %lld is outside [0, %lld)", m->fqn,
                         bad, (long long)i, (long long)E->num);
     }
-  weft_free(tmp);
   int64_t yshape[WEFT_MAX_DIMS];
   memcpy(yshape, ts->shape, sizeof(int64_t) * (size_t)ts->ndim);
   yshape[ts->ndim] = E->dim;
@@ -348,6 +352,7 @@ static void embedding_destroy(weft_module *m) {
   weft_dtensor_destroy(E->y);
   weft_dtensor_destroy(E->dy_tmp);
   nn_scratch_free(&E->dw);
+  nn_scratch_free(&E->ids_host);
   free(E);
 }
 

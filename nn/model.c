@@ -311,11 +311,11 @@ static weft_status loss_backward(weft_module *m, const weft_dtensor *dl0,
   WEFT_CHECK(nn_coerce_grad(m, dl0, weft_dtensor_get_spec(L->out), false, &dl, &L->dl_tmp));
   const weft_dtensor_spec *s = weft_dtensor_get_spec(L->logits);
   WEFT_CHECK(nn_ensure(&L->dlogits, m->mesh, WEFT_F32, s->ndim, s->shape, s->placements));
-  const void *hd;
-  void *tmp;
-  WEFT_CHECK(nn_host_get(nn_dev(dl), nn_f32(dl), sizeof(float), &hd, &tmp));
-  float dloss = *(const float *)hd;
-  weft_free(tmp);
+  float dloss; /* read into this float: no host allocation per step */
+  if (nn_dev(dl) == WEFT_CPU)
+    dloss = *nn_f32(dl);
+  else
+    WEFT_CHECK(weft_memcpy(nn_dev(dl), &dloss, nn_f32(dl), sizeof dloss, WEFT_COPY_D2H));
   WEFT_CHECK(L->impl.backward(L->ctx, L->logits, L->targets, (double)dloss, L->dlogits));
   *din = L->dlogits;
   return WEFT_OK;

@@ -77,18 +77,6 @@ static weft_mesh *on_dev(weft_mesh *m) {
   return m;
 }
 
-/* a and b (each on any device) are equal bitwise: dtype, shape, bytes,
- * compared through host copies. NULL is never equal. */
-static bool equal_host(const weft_tensor *a, const weft_tensor *b) {
-  if (!a || !b) return false;
-  weft_tensor *ta = NULL, *tb = NULL;
-  const weft_tensor *ha = weft_worker_host_copy(a, &ta), *hb = weft_worker_host_copy(b, &tb);
-  bool eq = ha && hb && weft_tensor_equal(ha, hb);
-  weft_tensor_destroy(ta);
-  weft_tensor_destroy(tb);
-  return eq;
-}
-
 /* weft_tensor_get of t (on any device). NaN if it cannot be read. */
 static double get_host(const weft_tensor *t, const int64_t *idx) {
   weft_tensor *tmp = NULL;
@@ -378,7 +366,7 @@ static void check_loaded(weft_state_dict *sd, const char *what) {
     WOK(weft_state_dict_find(sd, TD[i].name, &e));
     weft_tensor *want = reference(i, 0), *got = NULL;
     if (e.kind == WEFT_SD_DTENSOR) WOK(weft_dtensor_full_tensor(e.dtensor, &got));
-    bool eq = got && want && equal_host(got, want);
+    bool eq = got && want && weft_worker_equal_on_host(got, want);
     WCHECK(eq, "%s: tensor '%s' differs after load", what, TD[i].name);
     if (e.kind == WEFT_SD_DTENSOR) weft_tensor_destroy(got);
     weft_tensor_destroy(want);
@@ -386,7 +374,8 @@ static void check_loaded(weft_state_dict *sd, const char *what) {
   weft_sd_entry e;
   WOK(weft_state_dict_find(sd, "plain", &e));
   weft_tensor *want = reference(0, 99);
-  WCHECK(e.kind == WEFT_SD_TENSOR && equal_host(e.tensor, want), "%s: plain differs", what);
+  WCHECK(e.kind == WEFT_SD_TENSOR && weft_worker_equal_on_host(e.tensor, want), "%s: plain differs",
+         what);
   weft_tensor_destroy(want);
 }
 
@@ -417,7 +406,7 @@ static void rt_load(const char *mesh_spec) {
     weft_key_list miss = {0};
     WOK(weft_dcp_load(sd, dir, NULL, &miss));
     weft_tensor *want_t = reference(0, 98);
-    WCHECK(equal_host(tbuf, want_t), "transposed view target differs after load");
+    WCHECK(weft_worker_equal_on_host(tbuf, want_t), "transposed view target differs after load");
     weft_tensor_destroy(want_t);
     WCHECK(miss.count == 0, "missing %" PRId64, miss.count);
     weft_key_list_clear(&miss);
@@ -472,7 +461,7 @@ static void rt_load(const char *mesh_spec) {
     weft_key_list_clear(&miss);
     weft_tensor *got = NULL, *want = reference(0, 0);
     WOK(weft_dtensor_full_tensor(a, &got));
-    WCHECK(got && equal_host(got, want), "partial: 'a' not loaded");
+    WCHECK(got && weft_worker_equal_on_host(got, want), "partial: 'a' not loaded");
     weft_tensor_destroy(got);
     weft_tensor_destroy(want);
     weft_state_dict_destroy(sd);
@@ -679,7 +668,8 @@ static void compare_ref(weft_state_dict *sd, const char *ref, const char *what) 
     if (!got) continue;
     WOK(weft_tensor_create(got->dtype, WEFT_CPU, got->ndim, got->shape, &want));
     WOK(weft_safetensors_read_tensor(f, en.name, want));
-    WCHECK(want && equal_host(got, want), "%s: '%s' differs from the saved state", what, en.name);
+    WCHECK(want && weft_worker_equal_on_host(got, want), "%s: '%s' differs from the saved state",
+           what, en.name);
     weft_tensor_destroy(got);
     weft_tensor_destroy(want);
   }
@@ -794,7 +784,8 @@ static void case_resume(void) {
     for (int i = 0; i < np && i < n2; i++) {
       weft_tensor *got = NULL;
       WOK(weft_dtensor_full_tensor(ps[i]->data, &got));
-      WCHECK(got && equal_host(got, final[i]), "final '%s' differs after resume", ps[i]->fqn);
+      WCHECK(got && weft_worker_equal_on_host(got, final[i]), "final '%s' differs after resume",
+             ps[i]->fqn);
       weft_tensor_destroy(got);
     }
     lmodel_free(&L);
@@ -821,7 +812,8 @@ static void case_sd_opts(void) {
     WOK(weft_state_dict_find(full, v.name, &f));
     weft_tensor *g = NULL;
     WOK(weft_dtensor_full_tensor(v.dtensor, &g));
-    WCHECK(f.kind == WEFT_SD_TENSOR && g && equal_host(g, f.tensor), "full '%s'", v.name);
+    WCHECK(f.kind == WEFT_SD_TENSOR && g && weft_worker_equal_on_host(g, f.tensor), "full '%s'",
+           v.name);
     weft_tensor_destroy(g);
   }
   /* broadcast_from_rank0 into a model sharded differently (fsdp over 4):
@@ -848,7 +840,7 @@ static void case_sd_opts(void) {
     weft_tensor *g = NULL, *h = NULL;
     WOK(weft_dtensor_full_tensor(v.dtensor, &g));
     WOK(weft_dtensor_full_tensor(w.dtensor, &h));
-    WCHECK(g && h && equal_host(g, h), "broadcast_from_rank0: '%s' differs", v.name);
+    WCHECK(g && h && weft_worker_equal_on_host(g, h), "broadcast_from_rank0: '%s' differs", v.name);
     weft_tensor_destroy(g);
     weft_tensor_destroy(h);
   }
@@ -872,7 +864,8 @@ static void case_sd_opts(void) {
       weft_tensor *g = NULL, *h = NULL;
       WOK(weft_dtensor_full_tensor(v.dtensor, &g));
       WOK(weft_dtensor_full_tensor(w.dtensor, &h));
-      WCHECK(g && h && equal_host(g, h), "offloaded save -> load: '%s' differs", v.name);
+      WCHECK(g && h && weft_worker_equal_on_host(g, h), "offloaded save -> load: '%s' differs",
+             v.name);
       weft_tensor_destroy(g);
       weft_tensor_destroy(h);
     }
@@ -990,7 +983,7 @@ static void case_st_export(void) {
     weft_tensor *a = NULL, *b = NULL;
     WOK(weft_dtensor_full_tensor(ps[i]->data, &a));
     WOK(weft_dtensor_full_tensor(qs[i]->data, &b));
-    WCHECK(a && b && equal_host(a, b), "import f32: '%s' differs", ps[i]->fqn);
+    WCHECK(a && b && weft_worker_equal_on_host(a, b), "import f32: '%s' differs", ps[i]->fqn);
     weft_tensor_destroy(a);
     weft_tensor_destroy(b);
   }
@@ -1003,7 +996,7 @@ static void case_st_export(void) {
     const weft_tensor *ha = weft_worker_host_copy(a, &ta);
     if (ha) WOK(weft_cast(ha, WEFT_BF16, &ab));
     WOK(weft_cast(ab, WEFT_F32, &abf));
-    WCHECK(abf && b && equal_host(abf, b), "import bf16: '%s' differs", ps[i]->fqn);
+    WCHECK(abf && b && weft_worker_equal_on_host(abf, b), "import bf16: '%s' differs", ps[i]->fqn);
     weft_tensor_destroy(ta);
     weft_tensor_destroy(a);
     weft_tensor_destroy(b);
@@ -1198,7 +1191,7 @@ static void case_xdev(void) {
         continue;
       }
       WOK(weft_state_dict_find(full, v.name, &f));
-      changed += !equal_host(g, f.tensor);
+      changed += !weft_worker_equal_on_host(g, f.tensor);
       weft_tensor_destroy(g);
     }
     if (rank0())
@@ -1304,7 +1297,7 @@ static bool loads_salt(weft_mesh *m, const char *dir, uint64_t salt) {
     WOK(weft_state_dict_find(sd, TD[i].name, &e));
     weft_tensor *got = NULL, *want = reference(i, salt);
     WOK(weft_dtensor_full_tensor(e.dtensor, &got));
-    ok = got && equal_host(got, want);
+    ok = got && weft_worker_equal_on_host(got, want);
     weft_tensor_destroy(got);
     weft_tensor_destroy(want);
   }
@@ -1441,8 +1434,8 @@ static void expect_load_error(weft_mesh *m, const char *dir, weft_status code, c
       WOK(weft_state_dict_find(sd, TD[i].name, &e));
       weft_tensor *got = NULL, *want = reference(i, 55);
       WOK(weft_dtensor_full_tensor(e.dtensor, &got));
-      WCHECK(got && equal_host(got, want), "%s: '%s' was modified by a failed load", dir,
-             TD[i].name);
+      WCHECK(got && weft_worker_equal_on_host(got, want), "%s: '%s' was modified by a failed load",
+             dir, TD[i].name);
       weft_tensor_destroy(got);
       weft_tensor_destroy(want);
     }
@@ -1629,7 +1622,7 @@ static void case_corrupt(void) {
     WOK(weft_state_dict_add_tensor(h, "mine", z, WEFT_LOCAL_TAKE));
     WOK(weft_dcp_load(h, gdir, &o, NULL));
     weft_tensor *want = reference(0, 100 + (uint64_t)weft_world_rank());
-    WCHECK(equal_host(z, want), "group load differs");
+    WCHECK(weft_worker_equal_on_host(z, want), "group load differs");
     weft_tensor_destroy(want);
     weft_state_dict_destroy(g);
     weft_state_dict_destroy(h);
@@ -1963,7 +1956,7 @@ static bool same_param(weft_module *a, weft_module *b, const char *fqn) {
   WOK(weft_module_find_param(a, fqn, &x));
   WOK(weft_module_find_param(b, fqn, &y));
   if (!x || !y) return false;
-  return equal_host(weft_dtensor_local(x->data), weft_dtensor_local(y->data));
+  return weft_worker_equal_on_host(weft_dtensor_local(x->data), weft_dtensor_local(y->data));
 }
 
 /* argv: dir, st, ref, work. 1 rank: the 2-rank FSDP checkpoint and export
@@ -2142,7 +2135,7 @@ static void case_gpt2_groups(void) {
   for (int i = 0; i < np && i < nb; i++) {
     weft_tensor *t = NULL;
     WOK(weft_dtensor_full_tensor(pb[i]->data, &t));
-    WCHECK(t && fa[i] && equal_host(t, fa[i]),
+    WCHECK(t && fa[i] && weft_worker_equal_on_host(t, fa[i]),
            "%s: resumed run differs from the straight "
            "run",
            pb[i]->fqn);

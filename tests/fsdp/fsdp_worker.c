@@ -32,16 +32,6 @@
 
 static int rank0(void) { return weft_world_rank() == 0; }
 
-/* weft_tensor_equal of a and b wherever they live (read on the host). */
-static bool equal_on_host(const weft_tensor *a, const weft_tensor *b) {
-  weft_tensor *ta = NULL, *tb = NULL;
-  const weft_tensor *ha = weft_worker_host_copy(a, &ta), *hb = weft_worker_host_copy(b, &tb);
-  bool eq = ha && hb && weft_tensor_equal(ha, hb);
-  weft_tensor_destroy(ta);
-  weft_tensor_destroy(tb);
-  return eq;
-}
-
 /* ------------------------------------------------------------- meshes */
 
 /* The root mesh ([replicate,] shard|dp [, tp]), the dp sub-mesh and the
@@ -749,7 +739,7 @@ static void check_redistribute(weft_module *m, const setup *s, const weft_module
   WOK(weft_dtensor_redistribute(p->data, rs, 2, &tps));
   if (full && tps) {
     const weft_tensor *want = weft_dtensor_local(q->data);
-    WCHECK(equal_on_host(weft_dtensor_local(full), want),
+    WCHECK(weft_worker_equal_on_host(weft_dtensor_local(full), want),
            "redistribute to (R, R) is not the global tensor");
     int64_t start, len;
     weft_chunk_range(want->shape[0], s->tp, weft_mesh_coord(s->model, 0), &start, &len);
@@ -757,7 +747,7 @@ static void check_redistribute(weft_module *m, const setup *s, const weft_module
     WOK(weft_tensor_narrow(want, 0, start, len, &rows));
     weft_tensor *rowsc = NULL;
     WOK(weft_tensor_clone(rows, &rowsc));
-    WCHECK(rowsc && equal_on_host(weft_dtensor_local(tps), rowsc),
+    WCHECK(rowsc && weft_worker_equal_on_host(weft_dtensor_local(tps), rowsc),
            "redistribute to (R, S(0)) is not the TP shard");
     weft_tensor_destroy(rowsc);
     weft_tensor_destroy(rows);
@@ -1146,7 +1136,7 @@ static void case_overlap(void) {
     WOK(weft_fsdp_reshard(g[2]));
     WOK(weft_dtensor_full_tensor(wq->data, &full));
     WOK(weft_fsdp_unshard(g[2], false, NULL));
-    WCHECK(full && equal_on_host(full, weft_dtensor_local(wq->data)),
+    WCHECK(full && weft_worker_equal_on_host(full, weft_dtensor_local(wq->data)),
            "unsharded wq is not the full tensor");
     weft_tensor_destroy(full);
   }

@@ -65,3 +65,13 @@ const weft_tensor *weft_worker_host_copy(const weft_tensor *t, weft_tensor **tmp
   WCHECK(st == WEFT_OK, "tensor_to(%s -> cpu): %s", weft_device_name(t->device), weft_last_error());
   return *tmp;
 }
+
+bool weft_worker_equal_on_host(const weft_tensor *a, const weft_tensor *b) {
+  if (!a || !b) return false;
+  weft_tensor *ta = NULL, *tb = NULL;
+  const weft_tensor *ha = weft_worker_host_copy(a, &ta), *hb = weft_worker_host_copy(b, &tb);
+  bool eq = ha && hb && weft_tensor_equal(ha, hb);
+  weft_tensor_destroy(ta);
+  weft_tensor_destroy(tb);
+  return eq;
+}

@@ -91,4 +91,8 @@ struct weft_mesh *weft_worker_mesh_on_device(struct weft_mesh *root);
 const struct weft_tensor *weft_worker_host_copy(const struct weft_tensor *t,
                                                 struct weft_tensor **tmp);
 
+/* a and b (each on any device) equal bitwise, as weft_tensor_equal, read
+ * through host copies; NULL is never equal. Local. */
+bool weft_worker_equal_on_host(const struct weft_tensor *a, const struct weft_tensor *b);
+
 #endif

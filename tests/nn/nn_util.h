@@ -7,7 +7,8 @@
 #include "golden.h"
 #include "nn.h"
 
-/* Builds a 1-D mesh "tp" of the world's size. */
+/* Builds a 1-D mesh "tp" of the world's size (on WEFT_CUDA in the
+ * worker's device mode: weft_worker_mesh_on_device). */
 weft_status mesh_world(weft_mesh **out);
 
 #endif

@@ -1,5 +1,13 @@
 /* tests/nn/nn_worker.c — MPI worker cases of the nn suite (started by
- * test_nn.c through mpiexec). Every rank checks; see tests/harness/worker.h. */
+ * test_nn.c through mpiexec). Every rank checks; see tests/harness/worker.h.
+ *
+ * Device mode: with WEFT_TEST_DEVICE=cuda every root mesh (the world, the
+ * 2-D mesh of clip and the 1-rank reference mesh of init) is put on
+ * WEFT_CUDA as it is made (weft_worker_mesh_on_device), so models,
+ * optimizers and grads live there; the worker reads numbers only through
+ * host copies (weft_worker_host_copy) and writes them by copying a host
+ * tensor over (weft_tensor_copy). Memory checks look at the mesh's device.
+ * Unset, everything stays on the CPU and no copy is made. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +26,32 @@ static double now_s(void) {
 static bool ends_with(const char *s, const char *suf) {
   size_t a = strlen(s), b = strlen(suf);
   return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* ------------------------------------------------------ host access */
+
+/* The n floats of t (any device) in a new host array (free it); NULL,
+ * with a failed check, when the copy fails. */
+static float *host_floats(const weft_tensor *t, int64_t *n) {
+  int64_t k = t ? weft_tensor_numel(t) : 0;
+  if (n) *n = k;
+  weft_tensor *tmp = NULL;
+  const weft_tensor *h = weft_worker_host_copy(t, &tmp);
+  float *c = h ? malloc((size_t)(k ? k : 1) * sizeof(float)) : NULL;
+  if (c && k) memcpy(c, h->data, (size_t)k * sizeof(float));
+  weft_tensor_destroy(tmp);
+  return c;
+}
+
+/* Moves the host tensor *t to the mesh's device (nothing on a CPU mesh). */
+static weft_status to_mesh_device(const weft_mesh *mesh, weft_tensor **t) {
+  weft_device dev = weft_mesh_device(mesh);
+  if ((*t)->device == dev) return WEFT_OK;
+  weft_tensor *d = NULL;
+  WEFT_CHECK(weft_tensor_to(*t, dev, &d));
+  weft_tensor_destroy(*t);
+  *t = d;
+  return WEFT_OK;
 }
 
 /* ------------------------------------------------- a test-side TP plan */
@@ -124,22 +158,32 @@ static void run_golden(const char *name, int plan) {
   WOK(golden_worst_update_err(&g, ps, np, false, &worst_u, &worst_up, NULL, NULL));
   WCHECK(worst_u < 1e-3, "%s plan %d: update of %s rel err %.3g", name, plan, worst_up, worst_u);
   /* more steps: memory in use comes back to the same level each step
-   * (redistributes under TP allocate, but nothing is left behind) */
-  int64_t bytes[4] = {0}, allocs[4] = {0};
+   * (redistributes under TP allocate, but nothing is left behind), on the
+   * host and, in device mode, on the mesh's device */
+  weft_device devs[2] = {WEFT_CPU, weft_mesh_device(mesh)};
+  int ndev = devs[1] == WEFT_CPU ? 1 : 2;
+  int64_t bytes[2][4] = {{0}}, allocs[2][4] = {{0}};
   for (int s = 0; s < 4; s++) {
     WOK(weft_module_zero_grad(model, false));
     WOK(weft_llama_forward(model, g.tokens, g.targets, NULL));
     WOK(weft_llama_backward(model));
     WOK(weft_clip_grad_norm(model, g.clip, NULL));
     WOK(weft_optimizer_step(opt));
-    weft_mem_stats ms = weft_mem_get(WEFT_CPU);
-    bytes[s] = ms.current_bytes;
-    allocs[s] = ms.alloc_count;
+    for (int d = 0; d < ndev; d++) {
+      weft_mem_stats ms = weft_mem_get(devs[d]);
+      bytes[d][s] = ms.current_bytes;
+      allocs[d][s] = ms.alloc_count;
+    }
   }
-  WCHECK(bytes[3] == bytes[2] && bytes[2] == bytes[1], "%s plan %d: bytes in use %lld %lld %lld",
-         name, plan, (long long)bytes[1], (long long)bytes[2], (long long)bytes[3]);
-  WCHECK(plan != 0 || allocs[3] == allocs[2], "%s: %lld allocations in a replicated step", name,
-         (long long)(allocs[3] - allocs[2]));
+  for (int d = 0; d < ndev; d++) {
+    const char *dn = weft_device_name(devs[d]);
+    WCHECK(bytes[d][3] == bytes[d][2] && bytes[d][2] == bytes[d][1],
+           "%s plan %d: %s bytes in use %lld %lld %lld", name, plan, dn, (long long)bytes[d][1],
+           (long long)bytes[d][2], (long long)bytes[d][3]);
+    WCHECK(plan != 0 || allocs[d][3] == allocs[d][2],
+           "%s: %lld %s allocations in a replicated step", name,
+           (long long)(allocs[d][3] - allocs[d][2]), dn);
+  }
   if (weft_worker_rank == 0)
     printf(
         "golden %s plan %d ranks %d: loss rel err %.3g, worst grad rel err %.3g, norm rel err "
@@ -197,12 +241,19 @@ static weft_status affine_copy(const weft_dtensor *t, float a, float b, weft_dte
   const weft_dtensor_spec *s = weft_dtensor_get_spec(t);
   WEFT_CHECK(weft_dtensor_empty(weft_dtensor_mesh(t), s->dtype, s->ndim, s->shape, s->placements,
                                 s->mesh_ndim, out));
-  const weft_tensor *src = weft_dtensor_local(t);
-  weft_tensor *dst = weft_dtensor_local(*out);
-  const float *x = src->data;
-  float *y = dst->data;
-  for (int64_t i = 0; i < weft_tensor_numel(src); i++) y[i] = x[i] * a + b;
-  return WEFT_OK;
+  weft_tensor *dst = weft_dtensor_local(*out), *h = NULL;
+  int64_t n = 0;
+  float *x = host_floats(weft_dtensor_local(t), &n);
+  if (!x) return weft_error(WEFT_ERR_INTERNAL, "affine_copy: no host copy of the input");
+  weft_status st = weft_tensor_create(WEFT_F32, WEFT_CPU, dst->ndim, dst->shape, &h);
+  if (st == WEFT_OK) {
+    float *y = h->data;
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * a + b;
+    st = weft_tensor_copy(dst, h); /* to the output's device */
+  }
+  weft_tensor_destroy(h);
+  free(x);
+  return st;
 }
 
 typedef struct affine {
@@ -237,11 +288,7 @@ static weft_status hook_bad_shape(weft_module *m, weft_hook_kind kind, const wef
 }
 
 static float *copy_local(const weft_dtensor *d, int64_t *n) {
-  const weft_tensor *l = weft_dtensor_local(d);
-  *n = weft_tensor_numel(l);
-  float *c = malloc((size_t)(*n ? *n : 1) * sizeof(float));
-  memcpy(c, l->data, (size_t)*n * sizeof(float));
-  return c;
+  return host_floats(weft_dtensor_local(d), n);
 }
 
 static weft_llama_config small_cfg(int64_t layers, int64_t heads, int64_t kv, int64_t vocab) {
@@ -392,25 +439,32 @@ static void case_hooks(void) {
   WOK(weft_module_register_hook(lin, WEFT_HOOK_POST_BACKWARD, hook_affine, &post_b, &h[3]));
   WOK(weft_module_forward(lin, x, &y));
   WCHECK(y != y_plain, "post-forward replacement not returned");
-  const float *y1 = weft_dtensor_local(y)->data;
-  for (int64_t i = 0; i < ny; i++)
+  int64_t n1 = 0;
+  float *y1 = copy_local(y, &n1);
+  for (int64_t i = 0; y1 && i < ny; i++)
     WCHECK(y1[i] == 2 * y0[i] + 1, "y[%lld] = %g, want 2*%g+1", (long long)i, y1[i], y0[i]);
+  free(y1);
   WOK(weft_module_backward(lin, dy, &dx));
-  const float *dx1 = weft_dtensor_local(dx)->data, *gw1 = weft_dtensor_local(w->grad)->data;
+  float *dx1 = copy_local(dx, &n1), *gw1 = copy_local(w->grad, &n1);
+  WREQUIRE(dx1 && gw1, "host copies of dx and dW");
   for (int64_t i = 0; i < ndx; i++)
     WCHECK(fabsf(dx1[i] - 15 * dx0[i]) <= 1e-5f * (fabsf(15 * dx0[i]) + 1e-3f),
            "dx[%lld] = %g, want 15*%g", (long long)i, dx1[i], dx0[i]);
   for (int64_t i = 0; i < ngw; i++)
     WCHECK(fabsf(gw1[i] - 6 * gw0[i]) <= 1e-5f * (fabsf(6 * gw0[i]) + 1e-3f),
            "dW[%lld] = %g, want 6*%g (input x2 and grad x3)", (long long)i, gw1[i], gw0[i]);
+  free(dx1);
+  free(gw1);
   WCHECK(pre.calls == 1 && post.calls == 1 && pre_b.calls == 1 && post_b.calls == 1,
          "hook calls %d %d %d %d", pre.calls, post.calls, pre_b.calls, post_b.calls);
   for (int i = 0; i < 4; i++) WOK(weft_hook_remove(h[i]));
   WCHECK(weft_hook_remove(h[0]) == WEFT_ERR_NOT_FOUND, "second remove: %s", weft_last_error());
   WOK(weft_module_forward(lin, x, &y));
   WCHECK(y == y_plain, "after removal the plain output comes back");
-  WCHECK(memcmp(weft_dtensor_local(y)->data, y0, (size_t)ny * sizeof(float)) == 0,
+  y1 = copy_local(y, &n1);
+  WCHECK(y1 && memcmp(y1, y0, (size_t)ny * sizeof(float)) == 0,
          "output after removing hooks differs");
+  free(y1);
   /* a hook's error aborts; a wrong-shape replacement is rejected */
   weft_hook_handle hf;
   WOK(weft_module_register_hook(lin, WEFT_HOOK_PRE_FORWARD, hook_fail, NULL, &hf));
@@ -459,6 +513,7 @@ static void case_init(void) {
   int one = 1;
   const char *names[1] = {"tp"};
   WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, names, &mesh1));
+  weft_worker_mesh_on_device(mesh1);
   /* vocab 31: the Shard(0) embedding and output split unevenly (16 / 15) */
   weft_llama_config cfg = small_cfg(2, 4, 2, 31);
   weft_module *m2 = NULL, *m1 = NULL;
@@ -481,9 +536,9 @@ static void case_init(void) {
     weft_tensor *full = NULL, *ref = NULL;
     WOK(weft_dtensor_full_tensor(p2[i]->data, &full));
     WOK(reference_fill(p1[i], 42, &ref));
-    WCHECK(full && weft_tensor_equal(full, weft_dtensor_local(p1[i]->data)),
+    WCHECK(full && weft_worker_equal_on_host(full, weft_dtensor_local(p1[i]->data)),
            "%s: sharded init differs from the 1-rank init (seed 42)", p1[i]->fqn);
-    WCHECK(ref && weft_tensor_equal(ref, weft_dtensor_local(p1[i]->data)),
+    WCHECK(ref && weft_worker_equal_on_host(ref, weft_dtensor_local(p1[i]->data)),
            "%s: init differs from the RNG keyed by its FQN", p1[i]->fqn);
     weft_tensor_destroy(full);
     weft_tensor_destroy(ref);
@@ -493,7 +548,7 @@ static void case_init(void) {
   WOK(weft_module_init_weights(m1, 43));
   weft_tensor *ref = NULL;
   WOK(reference_fill(p1[0], 42, &ref));
-  WCHECK(!weft_tensor_equal(ref, weft_dtensor_local(p1[0]->data)), "seed 43 == seed 42");
+  WCHECK(!weft_worker_equal_on_host(ref, weft_dtensor_local(p1[0]->data)), "seed 43 == seed 42");
   weft_tensor_destroy(ref);
   /* set_placements on materialised data keeps the global values */
   weft_param *wq;
@@ -504,11 +559,12 @@ static void case_init(void) {
   WOK(weft_param_set_placements(wq, &s1, 1));
   WCHECK(weft_placement_equal(weft_dtensor_placements(wq->data)[0], s1), "placement not applied");
   WOK(weft_dtensor_full_tensor(wq->data, &after));
-  WCHECK(before && after && weft_tensor_equal(before, after), "set_placements changed values");
+  WCHECK(before && after && weft_worker_equal_on_host(before, after),
+         "set_placements changed values");
   WOK(weft_param_set_placements(wq, &r, 1));
   weft_tensor_destroy(after);
   WOK(weft_dtensor_full_tensor(wq->data, &after));
-  WCHECK(after && weft_tensor_equal(before, after), "back to R changed values");
+  WCHECK(after && weft_worker_equal_on_host(before, after), "back to R changed values");
   weft_placement pbad = weft_partial(WEFT_OP_SUM);
   WCHECK(weft_param_set_placements(wq, &pbad, 1) == WEFT_ERR_INVALID, "Partial param accepted");
   weft_tensor_destroy(before);
@@ -540,6 +596,7 @@ static weft_status set_grad(weft_param *p, bool partial) {
   WEFT_CHECK(weft_tensor_fill_normal(full, 9, weft_rng_key(key), NULL, 0, 1));
   int n = weft_world_size(), rk = weft_world_rank();
   WEFT_CHECK(weft_scale(full, (double)(rk + 1) / (n * (n + 1) / 2.0)));
+  WEFT_CHECK(to_mesh_device(weft_dtensor_mesh(p->data), &full));
   weft_placement pl[WEFT_MESH_MAX_DIMS];
   for (int i = 0; i < s->mesh_ndim; i++) pl[i] = weft_partial(WEFT_OP_SUM);
   return weft_dtensor_from_local(weft_dtensor_mesh(p->data), full, WEFT_LOCAL_TAKE, pl,
@@ -576,6 +633,7 @@ static void case_clip(void) {
   int shape[2] = {weft_world_size(), 1};
   const char *names[2] = {"dp", "tp"};
   WOK(weft_mesh_create(2, shape, names, &m2));
+  weft_worker_mesh_on_device(m2);
   weft_placement R = weft_replicate(), S0 = weft_shard(0), S1 = weft_shard(1);
   weft_module *a = NULL, *b = NULL;
   WOK(weft_sequential_create(m1, "a", &a));
@@ -609,7 +667,7 @@ static void case_clip(void) {
   WOK(weft_clip_grad_norm_params(ps, n, 10 * want, &norm));
   WCHECK(fabs(norm - want) <= 1e-7 * want, "norm %.15g want %.15g", norm, want);
   WOK(weft_dtensor_full_tensor(ps[0]->grad, &g1));
-  WCHECK(g0 && g1 && weft_tensor_equal(g0, g1), "grads changed with coef 1");
+  WCHECK(g0 && g1 && weft_worker_equal_on_host(g0, g1), "grads changed with coef 1");
   weft_param *pp = ps[na - 1];
   WCHECK(weft_dtensor_spec_equal(weft_dtensor_get_spec(pp->grad), weft_dtensor_get_spec(pp->data)),
          "partial grad not reduced to the data's placements");
@@ -628,13 +686,15 @@ static void case_clip(void) {
     weft_tensor *ref;
     weft_tensor_create(WEFT_F32, WEFT_CPU, full->ndim, full->shape, &ref);
     weft_tensor_fill_normal(ref, 9, weft_rng_key(key), NULL, 0, 1);
-    const float *x = full->data, *y = ref->data;
-    for (int64_t k = 0; k < weft_tensor_numel(full); k++) {
+    float *x = host_floats(full, NULL);
+    const float *y = ref->data;
+    for (int64_t k = 0; x && k < weft_tensor_numel(full); k++) {
       double w = coef * y[k];
       WCHECK(fabs(x[k] - w) <= 1e-6 * (fabs(w) + 1e-3), "%s[%lld] = %g want %g", ps[i]->fqn,
              (long long)k, x[k], w);
       after2 += (double)x[k] * x[k];
     }
+    free(x);
     weft_tensor_destroy(full);
     weft_tensor_destroy(ref);
   }
@@ -777,7 +837,8 @@ static void check_opt(weft_mesh *mesh, bool adam, const weft_adamw_params *ha,
   ref_opt r;
   memset(&r, 0, sizeof r);
   int n = 12;
-  const float *pd = weft_dtensor_local(p->data)->data;
+  float *pd = copy_local(p->data, NULL);
+  WREQUIRE(pd, "%s: no host copy of the parameter", label);
   for (int i = 0; i < n; i++) r.p[i] = pd[i];
   for (int t = 1; t <= 4; t++) {
     char key[32];
@@ -787,17 +848,22 @@ static void check_opt(weft_mesh *mesh, bool adam, const weft_adamw_params *ha,
     WOK(weft_dtensor_zeros(mesh, WEFT_F32, 2, p->spec.shape, p->spec.placements, 1, &p->grad));
     WOK(weft_dtensor_fill_normal(p->grad, 3, weft_rng_key(key), 0, 1));
     double g[64];
-    const float *gf = weft_dtensor_local(p->grad)->data;
-    for (int i = 0; i < n; i++) g[i] = gf[i];
+    float *gf = copy_local(p->grad, NULL);
+    for (int i = 0; i < n; i++) g[i] = gf ? gf[i] : NAN;
+    free(gf);
     WOK(weft_optimizer_step(opt));
     if (adam)
       ref_adamw(&r, g, n, t, ha);
     else
       ref_sgd(&r, g, n, t, hs);
+    free(pd);
+    pd = copy_local(p->data, NULL);
+    WREQUIRE(pd, "%s: no host copy of the parameter", label);
     for (int i = 0; i < n; i++)
       WCHECK(fabs(pd[i] - r.p[i]) <= 1e-6 + 1e-5 * fabs(r.p[i]),
              "%s step %d: p[%d] = %.9g want %.9g", label, t, i, pd[i], r.p[i]);
   }
+  free(pd);
   char name[64];
   weft_dtensor *st = NULL;
   snprintf(name, sizeof name, "state.a.weight.%s", adam ? "exp_avg" : "momentum_buffer");
@@ -806,18 +872,21 @@ static void check_opt(weft_mesh *mesh, bool adam, const weft_adamw_params *ha,
   WCHECK(has ? s == WEFT_OK : s == WEFT_ERR_NOT_FOUND, "%s: state %s: %s", label, name,
          weft_status_str(s));
   if (st) {
-    const float *sd = weft_dtensor_local(st)->data;
-    for (int i = 0; i < n; i++) {
+    float *sd = copy_local(st, NULL);
+    for (int i = 0; sd && i < n; i++) {
       double w = adam ? r.m[i] : r.buf[i];
       WCHECK(fabs(sd[i] - w) <= 1e-6 + 1e-5 * fabs(w), "%s: %s[%d] = %g want %g", label, name, i,
              sd[i], w);
     }
+    free(sd);
   }
   if (adam) {
     WOK(weft_optimizer_state_find(opt, "state.a.weight.exp_avg_sq", &st));
-    const float *sd = weft_dtensor_local(st)->data;
-    for (int i = 0; i < n; i++)
+    float *sd = st ? copy_local(st, NULL) : NULL;
+    WCHECK(sd, "%s: no exp_avg_sq on the host", label);
+    for (int i = 0; sd && i < n; i++)
       WCHECK(fabs(sd[i] - r.v[i]) <= 1e-7 + 1e-5 * r.v[i], "%s: exp_avg_sq[%d]", label, i);
+    free(sd);
     s = weft_optimizer_state_find(opt, "state.a.weight.max_exp_avg_sq", &st);
     WCHECK(ha->amsgrad ? s == WEFT_OK : s == WEFT_ERR_NOT_FOUND, "%s: max_exp_avg_sq", label);
   }
@@ -826,8 +895,8 @@ static void check_opt(weft_mesh *mesh, bool adam, const weft_adamw_params *ha,
   WCHECK(step == 4, "%s: step %lld", label, (long long)step);
   WOK(weft_optimizer_get_param_step(opt, "b.weight", &step));
   WCHECK(step == 0, "%s: a param without grad advanced to step %lld", label, (long long)step);
-  WCHECK(weft_tensor_equal(q0, weft_dtensor_local(q->data)), "%s: param without grad changed",
-         label);
+  WCHECK(weft_worker_equal_on_host(q0, weft_dtensor_local(q->data)),
+         "%s: param without grad changed", label);
   WCHECK(weft_optimizer_num_steps(opt) == 4, "%s: num_steps", label);
   weft_tensor_destroy(q0);
   weft_optimizer_destroy(opt);
@@ -922,7 +991,10 @@ static void case_steady(void) {
   weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
   weft_optimizer *opt = NULL;
   WOK(weft_adamw_create(model, &hp, &opt));
-  weft_mem_stats ms[4];
+  /* the host's accounting and, in device mode, the mesh's device's */
+  weft_device devs[2] = {WEFT_CPU, weft_mesh_device(mesh)};
+  int ndev = devs[1] == WEFT_CPU ? 1 : 2;
+  weft_mem_stats ms[2][4];
   double loss[4] = {0};
   for (int s = 1; s <= 3; s++) {
     double norm;
@@ -931,13 +1003,18 @@ static void case_steady(void) {
     WOK(weft_clip_grad_norm(model, 1.0, &norm));
     WOK(weft_optimizer_step(opt));
     WOK(weft_module_zero_grad(model, false));
-    ms[s] = weft_mem_get(WEFT_CPU);
+    for (int d = 0; d < ndev; d++) ms[d][s] = weft_mem_get(devs[d]);
   }
-  WCHECK(ms[3].alloc_count == ms[2].alloc_count, "step 3 made %lld allocations",
-         (long long)(ms[3].alloc_count - ms[2].alloc_count));
-  WCHECK(ms[3].current_bytes == ms[2].current_bytes, "bytes %lld -> %lld",
-         (long long)ms[2].current_bytes, (long long)ms[3].current_bytes);
-  WCHECK(ms[2].alloc_count > ms[1].alloc_count || ms[1].alloc_count > 0, "accounting is live");
+  for (int d = 0; d < ndev; d++) {
+    const char *dn = weft_device_name(devs[d]);
+    WCHECK(ms[d][3].alloc_count == ms[d][2].alloc_count, "step 3 made %lld %s allocations",
+           (long long)(ms[d][3].alloc_count - ms[d][2].alloc_count), dn);
+    WCHECK(ms[d][3].current_bytes == ms[d][2].current_bytes, "%s bytes %lld -> %lld", dn,
+           (long long)ms[d][2].current_bytes, (long long)ms[d][3].current_bytes);
+  }
+  /* the accounting of where the model lives is live */
+  weft_mem_stats *mm = ms[ndev - 1];
+  WCHECK(mm[2].alloc_count > mm[1].alloc_count || mm[1].alloc_count > 0, "accounting is live");
   WCHECK(loss[3] < loss[1], "AdamW on one batch should lower the loss: %g -> %g", loss[1], loss[3]);
   weft_optimizer_destroy(opt);
   weft_tensor_destroy(tok);
@@ -1076,9 +1153,12 @@ static weft_status sum_loss_forward(void *ctx, const weft_dtensor *logits,
   c->fwd++;
   (void)targets;
   const weft_tensor *l = weft_dtensor_local(logits);
-  const float *z = l->data;
+  int64_t n = 0;
+  float *z = host_floats(l, &n);
+  if (!z) return weft_error(WEFT_ERR_INTERNAL, "sum_loss: no host copy of the logits");
   double s = 0;
-  for (int64_t i = 0; i < weft_tensor_numel(l); i++) s += z[i];
+  for (int64_t i = 0; i < n; i++) s += z[i];
+  free(z);
   *loss = s / (double)(l->shape[0] * l->shape[1]);
   return WEFT_OK;
 }
@@ -1145,18 +1225,22 @@ static void case_misc(void) {
   WOK(weft_module_parameters(model, ps, 64, &np));
   WOK(weft_llama_forward(model, tok, tgt, NULL));
   WOK(weft_llama_backward(model));
-  weft_tensor *g1[64] = {0};
-  for (int i = 0; i < np; i++) WOK(weft_tensor_clone(weft_dtensor_local(ps[i]->grad), &g1[i]));
+  float *g1[64] = {0};
+  int64_t n1[64] = {0};
+  for (int i = 0; i < np; i++) g1[i] = copy_local(ps[i]->grad, &n1[i]);
   WOK(weft_llama_forward(model, tok, tgt, NULL));
   WOK(weft_llama_backward(model));
   for (int i = 0; i < np; i++) {
     /* note: kernels that accumulate row by row into the grad (embedding,
      * norms) round differently from g + g: compare to 1e-5 */
-    const float *a = g1[i]->data, *b = weft_dtensor_local(ps[i]->grad)->data;
-    for (int64_t k = 0; k < weft_tensor_numel(g1[i]); k++)
+    const float *a = g1[i];
+    float *b = copy_local(ps[i]->grad, NULL);
+    WCHECK(a && b, "%s: no host copy of the grad", ps[i]->fqn);
+    for (int64_t k = 0; a && b && k < n1[i]; k++)
       WCHECK(fabsf(b[k] - 2 * a[k]) <= 1e-5f * fabsf(2 * a[k]) + 1e-9f,
              "%s[%lld]: accumulated %g != 2 * %g", ps[i]->fqn, (long long)k, b[k], a[k]);
-    weft_tensor_destroy(g1[i]);
+    free(b);
+    free(g1[i]);
   }
   WOK(weft_module_zero_grad(model, true));
   for (int i = 0; i < np; i++) WCHECK(ps[i]->grad == NULL, "%s: grad not dropped", ps[i]->fqn);
@@ -1174,9 +1258,11 @@ static void case_misc(void) {
   WOK(weft_llama_forward(model, tok, tgt, &lv));
   const weft_dtensor *logits = weft_llama_logits(model);
   WREQUIRE(logits, "logits");
-  const weft_tensor *ll = weft_dtensor_local(logits);
+  int64_t nl = 0;
+  float *ll = copy_local(logits, &nl);
   double want_l = 0;
-  for (int64_t i = 0; i < weft_tensor_numel(ll); i++) want_l += ((const float *)ll->data)[i];
+  for (int64_t i = 0; ll && i < nl; i++) want_l += ll[i];
+  free(ll);
   want_l /= 21.0;
   WCHECK(fabs(lv - want_l) <= 1e-12 * (fabs(want_l) + 1), "custom loss %g want %g", lv, want_l);
   WOK(weft_llama_backward(model));
@@ -1187,11 +1273,13 @@ static void case_misc(void) {
   weft_param *po;
   WOK(weft_module_find_param(model, "output.weight", &po));
   WREQUIRE(po->grad, "output grad");
-  const float *go = weft_dtensor_local(po->grad)->data;
-  for (int64_t v = 1; v < cfg.vocab; v++)
+  float *go = copy_local(po->grad, NULL);
+  WCHECK(go, "no host copy of output.weight's grad");
+  for (int64_t v = 1; go && v < cfg.vocab; v++)
     for (int64_t d = 0; d < cfg.dim; d++)
       WCHECK(fabsf(go[v * cfg.dim + d] - go[d]) <= 1e-6f * (fabsf(go[d]) + 1e-6f),
              "output grad row %lld differs", (long long)v);
+  free(go);
   WOK(weft_loss_set_impl(loss, NULL, NULL));
   WOK(weft_llama_forward(model, tok, tgt, &lv));
   WCHECK(lv > 1.0 && lv < 2 * log((double)cfg.vocab), "default loss back: %g", lv);

@@ -535,9 +535,18 @@ static weft_status make_dt(weft_mesh *mesh, const double *v, int nd, const int64
   return WEFT_OK;
 }
 
+/* The full tensor of d as host floats; on a device mesh the full tensor is
+ * copied to the host first (the runs read numbers only on the host). */
 static float *full_floats(const weft_dtensor *d) {
   weft_tensor *f = NULL;
   if (weft_dtensor_full_tensor(d, &f) != WEFT_OK) return NULL;
+  if (f->device != WEFT_CPU) {
+    weft_tensor *h = NULL;
+    weft_status st = weft_tensor_to(f, WEFT_CPU, &h);
+    weft_tensor_destroy(f);
+    if (st != WEFT_OK) return NULL;
+    f = h;
+  }
   int64_t n = weft_tensor_numel(f);
   float *r = malloc(sizeof(float) * (size_t)(n ? n : 1));
   if (r && n) memcpy(r, f->data, sizeof(float) * (size_t)n);

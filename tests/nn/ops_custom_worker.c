@@ -28,6 +28,12 @@
  *   directed  2 / 4 ranks: shardings the rules keep are kept;
  *   bad       bad input fails with an error naming the op, the same text
  *             on every rank, and the graph works after it.
+ *
+ * Device mode (WEFT_TEST_DEVICE=cuda): every mesh is put on WEFT_CUDA as it
+ * is made (oc_make_mesh), so the ops' local tensors live on the device; the
+ * ops still compute on the host, through host copies staged around each
+ * forward and backward (see "host staging" below), and the checks read
+ * results through host copies. Same references, same tolerances.
  */
 #include <math.h>
 #include <stdio.h>
@@ -40,7 +46,68 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static float *lf(const weft_dtensor *d) { return (float *)weft_dtensor_local(d)->data; }
+/* ------------------------------------------------------ host staging
+ *
+ * The ops below compute with plain loops on the host. On a device mesh
+ * their local tensors are device memory, so each forward and backward runs
+ * through STAGED_FWD / STAGED_BWD: inside it lf() (read) and lfw() (write)
+ * hand out a host copy of a local tensor, made on first use, and when the
+ * callback returns the copies it wrote go back to the device and all are
+ * freed. On the CPU they are the local tensor's own memory and nothing is
+ * copied (the host mode). */
+#define MAX_STAGED 16
+static struct {
+  weft_tensor *t, *h;
+  bool write;
+} staged[MAX_STAGED];
+static int nstaged;
+
+static float *stage_get(const weft_dtensor *d, bool write) {
+  weft_tensor *t = weft_dtensor_local(d);
+  if (t->device == WEFT_CPU) return t->data;
+  for (int i = 0; i < nstaged; i++)
+    if (staged[i].t == t) {
+      staged[i].write = staged[i].write || write;
+      return staged[i].h->data;
+    }
+  weft_tensor *h = NULL;
+  weft_status st = nstaged < MAX_STAGED ? weft_tensor_to(t, WEFT_CPU, &h) : WEFT_ERR_INVALID;
+  if (st != WEFT_OK) { /* the op cannot go on without its numbers */
+    fprintf(stderr, "[rank %d] staging a local tensor on the host failed: %s\n", weft_worker_rank,
+            nstaged < MAX_STAGED ? weft_last_error() : "too many tensors");
+    abort();
+  }
+  staged[nstaged].t = t;
+  staged[nstaged].h = h;
+  staged[nstaged++].write = write;
+  return h->data;
+}
+
+/* Ends a staged callback that returned st: written copies go back (when st
+ * is WEFT_OK), all copies are freed. */
+static weft_status stage_end(weft_status st) {
+  for (int i = 0; i < nstaged; i++) {
+    if (st == WEFT_OK && staged[i].write) st = weft_tensor_copy(staged[i].t, staged[i].h);
+    weft_tensor_destroy(staged[i].h);
+  }
+  nstaged = 0;
+  return st;
+}
+
+#define STAGED_FWD(name)                                                                    \
+  static weft_status name(const weft_dtensor *const *in, int nin, weft_dtensor *const *out, \
+                          int nout, void *ctx) {                                            \
+    return stage_end(name##_host(in, nin, out, nout, ctx));                                 \
+  }
+#define STAGED_BWD(name)                                                                          \
+  static weft_status name(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out, \
+                          const weft_dtensor *const *gout, int nout, weft_dtensor *const *gin,    \
+                          void *ctx) {                                                            \
+    return stage_end(name##_host(in, nin, out, gout, nout, gin, ctx));                            \
+  }
+
+static const float *lf(const weft_dtensor *d) { return stage_get(d, false); }
+static float *lfw(const weft_dtensor *d) { return stage_get(d, true); }
 static int64_t ln(const weft_dtensor *d) { return weft_tensor_numel(weft_dtensor_local(d)); }
 
 static weft_status need_f32(const weft_dtensor_spec *const *in, int nin) {
@@ -74,26 +141,28 @@ typedef struct sp_ctx {
   double beta;
 } sp_ctx;
 
-static weft_status sp_fwd(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
-                          int nout, void *ctx) {
+static weft_status sp_fwd_host(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
+                               int nout, void *ctx) {
   (void)nin, (void)nout;
   const float b = (float)((const sp_ctx *)ctx)->beta;
   const float *x = lf(in[0]);
-  float *y = lf(out[0]);
+  float *y = lfw(out[0]);
   for (int64_t i = 0; i < ln(in[0]); i++) y[i] = log1pf(expf(b * x[i])) / b;
   return WEFT_OK;
 }
-static weft_status sp_bwd(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out,
-                          const weft_dtensor *const *gout, int nout, weft_dtensor *const *gin,
-                          void *ctx) {
+static weft_status sp_bwd_host(const weft_dtensor *const *in, int nin,
+                               const weft_dtensor *const *out, const weft_dtensor *const *gout,
+                               int nout, weft_dtensor *const *gin, void *ctx) {
   (void)nin, (void)nout, (void)out;
   const float b = (float)((const sp_ctx *)ctx)->beta;
   if (!gin[0]) return WEFT_OK;
   const float *x = lf(in[0]), *dy = lf(gout[0]);
-  float *dx = lf(gin[0]);
+  float *dx = lfw(gin[0]);
   for (int64_t i = 0; i < ln(in[0]); i++) dx[i] = dy[i] / (1.0f + expf(-b * x[i]));
   return WEFT_OK;
 }
+STAGED_FWD(sp_fwd)
+STAGED_BWD(sp_bwd)
 static const weft_op_def softplus_def = {.name = "softplus",
                                          .nin = 1,
                                          .nout = 1,
@@ -105,25 +174,27 @@ static const weft_op_def softplus_def = {.name = "softplus",
 
 /* ----------------------------------------------------------- mul_sin */
 
-static weft_status ms_fwd(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
-                          int nout, void *ctx) {
+static weft_status ms_fwd_host(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
+                               int nout, void *ctx) {
   (void)nin, (void)nout, (void)ctx;
   const float *a = lf(in[0]), *b = lf(in[1]);
-  float *y = lf(out[0]);
+  float *y = lfw(out[0]);
   for (int64_t i = 0; i < ln(in[0]); i++) y[i] = a[i] * b[i] + sinf(a[i]);
   return WEFT_OK;
 }
-static weft_status ms_bwd(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out,
-                          const weft_dtensor *const *gout, int nout, weft_dtensor *const *gin,
-                          void *ctx) {
+static weft_status ms_bwd_host(const weft_dtensor *const *in, int nin,
+                               const weft_dtensor *const *out, const weft_dtensor *const *gout,
+                               int nout, weft_dtensor *const *gin, void *ctx) {
   (void)nin, (void)nout, (void)out, (void)ctx;
   const float *a = lf(in[0]), *b = lf(in[1]), *dy = lf(gout[0]);
   for (int64_t i = 0; i < ln(in[0]); i++) {
-    if (gin[0]) lf(gin[0])[i] = dy[i] * (b[i] + cosf(a[i]));
-    if (gin[1]) lf(gin[1])[i] = dy[i] * a[i];
+    if (gin[0]) lfw(gin[0])[i] = dy[i] * (b[i] + cosf(a[i]));
+    if (gin[1]) lfw(gin[1])[i] = dy[i] * a[i];
   }
   return WEFT_OK;
 }
+STAGED_FWD(ms_fwd)
+STAGED_BWD(ms_bwd)
 static const weft_op_def mul_sin_def = {.name = "mul_sin",
                                         .nin = 2,
                                         .nout = 1,
@@ -135,29 +206,31 @@ static const weft_op_def mul_sin_def = {.name = "mul_sin",
 
 /* ----------------------------------------------------------- lin_comb */
 
-static weft_status lc_fwd(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
-                          int nout, void *ctx) {
+static weft_status lc_fwd_host(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
+                               int nout, void *ctx) {
   (void)nin, (void)nout, (void)ctx;
   const float *a = lf(in[0]), *b = lf(in[1]);
-  float *y = lf(out[0]);
+  float *y = lfw(out[0]);
   for (int64_t i = 0; i < ln(in[0]); i++) y[i] = 2.0f * a[i] - 3.0f * b[i];
   return WEFT_OK;
 }
 /* keeps nothing: in[] and out[] are NULL here */
-static weft_status lc_bwd(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out,
-                          const weft_dtensor *const *gout, int nout, weft_dtensor *const *gin,
-                          void *ctx) {
+static weft_status lc_bwd_host(const weft_dtensor *const *in, int nin,
+                               const weft_dtensor *const *out, const weft_dtensor *const *gout,
+                               int nout, weft_dtensor *const *gin, void *ctx) {
   (void)nout, (void)ctx;
   for (int a = 0; a < nin; a++)
     if (in[a]) return weft_error(WEFT_ERR_INTERNAL, "lin_comb keeps no input, got input %d", a);
   if (out[0]) return weft_error(WEFT_ERR_INTERNAL, "lin_comb keeps no output");
   const float *dy = lf(gout[0]);
   for (int64_t i = 0; i < ln(gout[0]); i++) {
-    if (gin[0]) lf(gin[0])[i] = 2.0f * dy[i];
-    if (gin[1]) lf(gin[1])[i] = -3.0f * dy[i];
+    if (gin[0]) lfw(gin[0])[i] = 2.0f * dy[i];
+    if (gin[1]) lfw(gin[1])[i] = -3.0f * dy[i];
   }
   return WEFT_OK;
 }
+STAGED_FWD(lc_fwd)
+STAGED_BWD(lc_bwd)
 static const weft_op_def lin_comb_def = {.name = "lin_comb",
                                          .nin = 2,
                                          .nout = 1,
@@ -177,8 +250,8 @@ static weft_status pos_apply(const weft_dtensor *src, weft_dtensor *dst, const w
     return weft_error(WEFT_ERR_INVALID, "pos_scale: the local piece is not one box");
   const double T = (double)weft_dtensor_shape(geo)[1];
   const int64_t n0 = s->shape[0], n1 = s->shape[1], n2 = s->shape[2];
-  const float *x = s->data;
-  float *y = lf(dst);
+  const float *x = lf(src);
+  float *y = lfw(dst);
   for (int64_t i = 0; i < n0; i++)
     for (int64_t t = 0; t < n1; t++) {
       const float f = (float)(1.0 + (double)(off[1] + t) / T);
@@ -186,17 +259,19 @@ static weft_status pos_apply(const weft_dtensor *src, weft_dtensor *dst, const w
     }
   return WEFT_OK;
 }
-static weft_status pos_fwd(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
-                           int nout, void *ctx) {
+static weft_status pos_fwd_host(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
+                                int nout, void *ctx) {
   (void)nin, (void)nout, (void)ctx;
   return pos_apply(in[0], out[0], out[0]);
 }
-static weft_status pos_bwd(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out,
-                           const weft_dtensor *const *gout, int nout, weft_dtensor *const *gin,
-                           void *ctx) {
+static weft_status pos_bwd_host(const weft_dtensor *const *in, int nin,
+                                const weft_dtensor *const *out, const weft_dtensor *const *gout,
+                                int nout, weft_dtensor *const *gin, void *ctx) {
   (void)in, (void)nin, (void)out, (void)nout, (void)ctx;
   return gin[0] ? pos_apply(gout[0], gin[0], gin[0]) : WEFT_OK;
 }
+STAGED_FWD(pos_fwd)
+STAGED_BWD(pos_bwd)
 static weft_status pos_infer(const weft_dtensor_spec *const *in, int nin, weft_op_out_spec *out,
                              int nout, void *ctx) {
   if (in[0]->ndim != 3) return weft_error(WEFT_ERR_INVALID, "x must be (B, T, C)");
@@ -247,27 +322,29 @@ static weft_status sr_infer(const weft_dtensor_spec *const *in, int nin, weft_op
   memcpy(out[0].shape, in[0]->shape, sizeof(int64_t) * 3);
   return WEFT_OK;
 }
-static weft_status sr_fwd(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
-                          int nout, void *ctx) {
+static weft_status sr_fwd_host(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
+                               int nout, void *ctx) {
   (void)nin, (void)nout, (void)ctx;
   const int64_t C = ln(in[1]), n = ln(in[0]);
   const float *x = lf(in[0]), *w = lf(in[1]);
-  float *y = lf(out[0]);
+  float *y = lfw(out[0]);
   for (int64_t i = 0; i < n; i++) y[i] = x[i] * w[i % C];
   return WEFT_OK;
 }
-static weft_status sr_bwd(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out,
-                          const weft_dtensor *const *gout, int nout, weft_dtensor *const *gin,
-                          void *ctx) {
+static weft_status sr_bwd_host(const weft_dtensor *const *in, int nin,
+                               const weft_dtensor *const *out, const weft_dtensor *const *gout,
+                               int nout, weft_dtensor *const *gin, void *ctx) {
   (void)nin, (void)out, (void)nout, (void)ctx;
   const int64_t C = ln(in[1]), n = ln(in[0]);
   const float *x = lf(in[0]), *w = lf(in[1]), *dy = lf(gout[0]);
   for (int64_t i = 0; i < n; i++) {
-    if (gin[0]) lf(gin[0])[i] = dy[i] * w[i % C];
-    if (gin[1]) lf(gin[1])[i % C] += dy[i] * x[i]; /* grad_in is zero-filled */
+    if (gin[0]) lfw(gin[0])[i] = dy[i] * w[i % C];
+    if (gin[1]) lfw(gin[1])[i % C] += dy[i] * x[i]; /* grad_in is zero-filled */
   }
   return WEFT_OK;
 }
+STAGED_FWD(sr_fwd)
+STAGED_BWD(sr_bwd)
 static const weft_op_def scale_rows_def = {.name = "scale_rows",
                                            .nin = 2,
                                            .nout = 1,
@@ -299,13 +376,13 @@ static weft_status rn_infer(const weft_dtensor_spec *const *in, int nin, weft_op
   out[0].shape[1] = in[0]->shape[1];
   return WEFT_OK;
 }
-static weft_status rn_fwd(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
-                          int nout, void *ctx) {
+static weft_status rn_fwd_host(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
+                               int nout, void *ctx) {
   (void)nin, (void)nout, (void)ctx;
   const weft_tensor *xl = weft_dtensor_local(in[0]);
   const int64_t rows = xl->shape[0] * xl->shape[1], C = xl->shape[2];
-  const float *x = xl->data;
-  float *y = lf(out[0]);
+  const float *x = lf(in[0]);
+  float *y = lfw(out[0]);
   for (int64_t r = 0; r < rows; r++) {
     double s = 0;
     for (int64_t c = 0; c < C; c++) s += (double)x[r * C + c] * x[r * C + c];
@@ -313,19 +390,21 @@ static weft_status rn_fwd(const weft_dtensor *const *in, int nin, weft_dtensor *
   }
   return WEFT_OK;
 }
-static weft_status rn_bwd(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out,
-                          const weft_dtensor *const *gout, int nout, weft_dtensor *const *gin,
-                          void *ctx) {
+static weft_status rn_bwd_host(const weft_dtensor *const *in, int nin,
+                               const weft_dtensor *const *out, const weft_dtensor *const *gout,
+                               int nout, weft_dtensor *const *gin, void *ctx) {
   (void)nin, (void)out, (void)nout, (void)ctx;
   if (!gin[0]) return WEFT_OK;
   const weft_tensor *xl = weft_dtensor_local(in[0]);
   const int64_t rows = xl->shape[0] * xl->shape[1], C = xl->shape[2];
-  const float *x = xl->data, *dy = lf(gout[0]);
-  float *dx = lf(gin[0]);
+  const float *x = lf(in[0]), *dy = lf(gout[0]);
+  float *dx = lfw(gin[0]);
   for (int64_t r = 0; r < rows; r++)
     for (int64_t c = 0; c < C; c++) dx[r * C + c] = 2.0f * x[r * C + c] * dy[r];
   return WEFT_OK;
 }
+STAGED_FWD(rn_fwd)
+STAGED_BWD(rn_bwd)
 static const weft_op_def row_norm2_def = {.name = "row_norm2",
                                           .nin = 1,
                                           .nout = 1,
@@ -337,27 +416,29 @@ static const weft_op_def row_norm2_def = {.name = "row_norm2",
 
 /* ------------------------------------------------------------- sincos */
 
-static weft_status sc_fwd(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
-                          int nout, void *ctx) {
+static weft_status sc_fwd_host(const weft_dtensor *const *in, int nin, weft_dtensor *const *out,
+                               int nout, void *ctx) {
   (void)nin, (void)nout, (void)ctx;
   const float *x = lf(in[0]);
   for (int64_t i = 0; i < ln(in[0]); i++) {
-    lf(out[0])[i] = sinf(x[i]);
-    lf(out[1])[i] = cosf(x[i]);
+    lfw(out[0])[i] = sinf(x[i]);
+    lfw(out[1])[i] = cosf(x[i]);
   }
   return WEFT_OK;
 }
 /* reads the outputs only: d sin = cos dx, d cos = -sin dx */
-static weft_status sc_bwd(const weft_dtensor *const *in, int nin, const weft_dtensor *const *out,
-                          const weft_dtensor *const *gout, int nout, weft_dtensor *const *gin,
-                          void *ctx) {
+static weft_status sc_bwd_host(const weft_dtensor *const *in, int nin,
+                               const weft_dtensor *const *out, const weft_dtensor *const *gout,
+                               int nout, weft_dtensor *const *gin, void *ctx) {
   (void)nin, (void)nout, (void)ctx;
   if (in[0]) return weft_error(WEFT_ERR_INTERNAL, "sincos keeps no input");
   if (!gin[0]) return WEFT_OK;
   const float *s = lf(out[0]), *c = lf(out[1]), *d0 = lf(gout[0]), *d1 = lf(gout[1]);
-  for (int64_t i = 0; i < ln(gin[0]); i++) lf(gin[0])[i] = d0[i] * c[i] - d1[i] * s[i];
+  for (int64_t i = 0; i < ln(gin[0]); i++) lfw(gin[0])[i] = d0[i] * c[i] - d1[i] * s[i];
   return WEFT_OK;
 }
+STAGED_FWD(sc_fwd)
+STAGED_BWD(sc_bwd)
 static const weft_op_def sincos_def = {.name = "sincos",
                                        .nin = 1,
                                        .nout = 2,
@@ -842,16 +923,18 @@ static void case_bad(void) {
   WOK(weft_op_custom(&softplus_def, &g_sp, &XS, 1, &ng));
   WCHECK(ng && !weft_var_requires_grad(ng), "grad disabled: the output needs no grad");
   if (ng) {
-    weft_tensor *full = NULL;
+    weft_tensor *full = NULL, *tmp = NULL;
     WOK(weft_dtensor_full_tensor(weft_var_value(ng), &full));
-    if (full) {
+    const weft_tensor *hf = weft_worker_host_copy(full, &tmp);
+    if (hf) {
       double want = log1p(exp(1.5 * 0.5)) / 1.5;
-      const float *f = full->data;
-      for (int64_t i = 0; i < weft_tensor_numel(full); i++)
+      const float *f = hf->data;
+      for (int64_t i = 0; i < weft_tensor_numel(hf); i++)
         WCHECK(fabs(f[i] - want) <= 1e-6, "softplus(0.5)[%lld] = %g, want %g", (long long)i,
                (double)f[i], want);
-      weft_tensor_destroy(full);
     }
+    weft_tensor_destroy(tmp);
+    weft_tensor_destroy(full);
   }
   weft_graph_destroy(g);
   weft_dtensor_destroy(x);
@@ -893,17 +976,19 @@ static void case_steps(void) {
     WOK(weft_backward_grad(z, a));
     const weft_dtensor *ga = weft_var_grad(A);
     WREQUIRE(ga, "step %d: no grad", step);
-    weft_tensor *full = NULL;
+    weft_tensor *full = NULL, *tmp = NULL;
     WOK(weft_dtensor_full_tensor(ga, &full));
     WREQUIRE(full, "full");
-    if (!first) {
-      n0 = weft_tensor_numel(full);
+    const weft_tensor *hf = weft_worker_host_copy(full, &tmp);
+    if (hf && !first) {
+      n0 = weft_tensor_numel(hf);
       first = malloc(sizeof(float) * (size_t)n0);
-      memcpy(first, full->data, sizeof(float) * (size_t)n0);
-    } else {
-      WCHECK(memcmp(first, full->data, sizeof(float) * (size_t)n0) == 0,
+      memcpy(first, hf->data, sizeof(float) * (size_t)n0);
+    } else if (hf) {
+      WCHECK(memcmp(first, hf->data, sizeof(float) * (size_t)n0) == 0,
              "step %d: the grad differs from step 0", step);
     }
+    weft_tensor_destroy(tmp);
     weft_tensor_destroy(full);
     WOK(weft_graph_reset(g));
   }

@@ -21,7 +21,11 @@
  *            fails on both ranks with WEFT_ERR_MISMATCH naming both ranks
  *            and both calls, instead of hanging or computing wrong numbers;
  *            a consistent graph gives bitwise the numbers of a run without
- *            the check, which communicates nothing there. */
+ *            the check, which communicates nothing there.
+ *
+ * Device mode (WEFT_TEST_DEVICE=cuda): the mesh is put on WEFT_CUDA as it is
+ * made (weft_worker_mesh_on_device); inputs are distributed from host
+ * tensors and results read through host copies (full_host). */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -41,7 +45,22 @@ static weft_mesh *world_mesh(void) {
   const char *names[1] = {"tp"};
   weft_mesh *m = NULL;
   WOK(weft_mesh_create(1, &n, names, &m));
-  return m;
+  return weft_worker_mesh_on_device(m);
+}
+
+/* weft_dtensor_full_tensor, read on the host: on a device mesh the full
+ * tensor is replaced by its host copy. Collective. */
+static weft_status full_host(const weft_dtensor *d, weft_tensor **out) {
+  weft_tensor *f = NULL, *h = NULL;
+  WEFT_CHECK(weft_dtensor_full_tensor(d, &f));
+  if (f->device == WEFT_CPU) {
+    *out = f;
+    return WEFT_OK;
+  }
+  weft_status st = weft_tensor_to(f, WEFT_CPU, &h);
+  weft_tensor_destroy(f);
+  if (st == WEFT_OK) *out = h;
+  return st;
 }
 
 /* A random f32 DTensor of global shape `shape` with placement pl on the
@@ -190,7 +209,7 @@ static void case_shapes(void) {
   weft_tensor *gx = NULL;
   const weft_dtensor *gd = weft_var_grad(mu[0]);
   WREQUIRE(gd, "no grad after the errors");
-  WOK(weft_dtensor_full_tensor(gd, &gx));
+  WOK(full_host(gd, &gx));
   for (int64_t i = 0; gx && i < weft_tensor_numel(gx); i++)
     WCHECK(((float *)gx->data)[i] == 2.0f, "grad[%lld] = %g, want 2", (long long)i,
            (double)((float *)gx->data)[i]);
@@ -320,8 +339,8 @@ static void case_backward(void) {
     weft_clear_error();
     /* the grad is x (double reference: x itself) */
     weft_tensor *gx = NULL, *xf = NULL;
-    WOK(weft_dtensor_full_tensor(weft_var_grad(x), &gx));
-    WOK(weft_dtensor_full_tensor(xd, &xf));
+    WOK(full_host(weft_var_grad(x), &gx));
+    WOK(full_host(xd, &xf));
     double worst = 0;
     for (int64_t i = 0; gx && xf && i < weft_tensor_numel(gx); i++) {
       double e = fabs((double)((float *)gx->data)[i] - (double)((float *)xf->data)[i]);
@@ -417,8 +436,8 @@ static void case_tied(void) {
   WOK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, wshape, &wt));
   for (int i = 0; wt && i < TV * TD; i++) ((float *)wt->data)[i] = (float)W[i];
   weft_tensor *it = NULL, *tt = NULL;
-  WOK(weft_dtensor_full_tensor(ids, &it));
-  WOK(weft_dtensor_full_tensor(tgt, &tt));
+  WOK(full_host(ids, &it));
+  WOK(full_host(tgt, &tt));
   WREQUIRE(wt && it && tt, "data");
   double lref = tied_reference(W, it->data, tt->data, dWref);
   /* Replicate, then vocab-sharded S(0) set through the alias */
@@ -444,7 +463,7 @@ static void case_tied(void) {
     WCHECK(weft_placement_equal(weft_dtensor_get_spec(w->grad)->placements[0], pl),
            "mode %d: grad placements differ from the weight's", mode);
     weft_tensor *gf = NULL;
-    WOK(weft_dtensor_full_tensor(w->grad, &gf));
+    WOK(full_host(w->grad, &gf));
     double rel = gf ? weft_test_rel_norm_f32_f64(gf->data, dWref, TV * TD) : INFINITY;
     WCHECK(gf && rel <= 1e-5, "mode %d: tied grad rel err %.3g against double", mode, rel);
     if (weft_worker_rank == 0)
@@ -494,8 +513,8 @@ static void consistent(weft_mesh *mesh, weft_dtensor *xd, float *val, float *gra
   if (l) WOK(weft_backward(l));
   *calls = weft_comm_stats_dim(mesh, 0).calls;
   weft_tensor *v = NULL, *gx = NULL;
-  if (l) WOK(weft_dtensor_full_tensor(weft_var_value(l), &v));
-  if (l) WOK(weft_dtensor_full_tensor(weft_var_grad(x), &gx));
+  if (l) WOK(full_host(weft_var_value(l), &v));
+  if (l) WOK(full_host(weft_var_grad(x), &gx));
   *val = v ? ((float *)v->data)[0] : NAN;
   for (int i = 0; i < 8; i++) grad[i] = gx ? ((float *)gx->data)[i] : NAN;
   weft_tensor_destroy(v);

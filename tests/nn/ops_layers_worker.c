@@ -5,7 +5,12 @@
  * sum(out * R) (weft_backward_grad with a random R) with central finite
  * differences of the reference. Case "ops1" runs on a 1-rank mesh, "ops2"
  * on a 2-rank mesh with sharded inputs (the same references: a sharded
- * run must give the unsharded result). */
+ * run must give the unsharded result).
+ *
+ * Device mode (WEFT_TEST_DEVICE=cuda): the mesh is put on WEFT_CUDA as it
+ * is made (weft_worker_mesh_on_device), inputs are distributed from host
+ * tensors and results are read through host copies (weft_worker_host_copy),
+ * with the same references and tolerances. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,8 +72,11 @@ static double *fetch(const weft_dtensor *d, int64_t *n) {
   WCHECK(st == WEFT_OK, "full_tensor: %s", weft_last_error());
   if (st != WEFT_OK) return NULL;
   *n = weft_tensor_numel(full);
-  double *h = calloc((size_t)(*n > 0 ? *n : 1), sizeof(double));
-  for (int64_t i = 0; i < *n; i++) h[i] = ((const float *)full->data)[i];
+  weft_tensor *tmp = NULL;
+  const weft_tensor *hf = weft_worker_host_copy(full, &tmp);
+  double *h = hf ? calloc((size_t)(*n > 0 ? *n : 1), sizeof(double)) : NULL;
+  for (int64_t i = 0; h && i < *n; i++) h[i] = ((const float *)hf->data)[i];
+  weft_tensor_destroy(tmp);
   weft_tensor_destroy(full);
   return h;
 }
@@ -924,7 +932,7 @@ static weft_mesh *make_mesh(int n) {
   int shape[1] = {n};
   const char *names[1] = {"tp"};
   WOK(weft_mesh_create(1, shape, names, &m));
-  return m;
+  return weft_worker_mesh_on_device(m);
 }
 
 static void case_ops1(void) {

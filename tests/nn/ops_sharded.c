@@ -57,5 +57,5 @@ weft_mesh *oc_make_mesh(int ndim, const int *shape) {
   const char *names[2] = {"dp", "tp"};
   weft_mesh *m = NULL;
   WOK(weft_mesh_create(ndim, shape, ndim == 1 ? names + 1 : names, &m));
-  return m;
+  return weft_worker_mesh_on_device(m);
 }

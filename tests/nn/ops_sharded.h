@@ -16,7 +16,8 @@
 void oc_against_replicate(const oc_case *c, weft_mesh *mesh, const weft_placement *pl,
                           const weft_placement *gpl, int mode, uint64_t seed,
                           const weft_placement *expect);
-/* A mesh of the world: 1-D "tp" (shape[0]) or 2-D "dp" x "tp". */
+/* A mesh of the world: 1-D "tp" (shape[0]) or 2-D "dp" x "tp"; on WEFT_CUDA
+ * in the worker's device mode (weft_worker_mesh_on_device). */
 weft_mesh *oc_make_mesh(int ndim, const int *shape);
 
 #endif

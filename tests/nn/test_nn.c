@@ -1,9 +1,14 @@
 /* tests/nn/test_nn.c — the nn suite. Cases that need a mesh run in
- * nn_worker under mpiexec (1 or 2 ranks); pure functions are tested here. */
+ * nn_worker under mpiexec (1 or 2 ranks); pure functions are tested here.
+ * The *_on_device variants run the same worker cases with every mesh on
+ * WEFT_CUDA (the worker's device mode, WEFT_TEST_DEVICE=cuda) and the same
+ * tolerances; they skip, saying why, where this process sees no CUDA
+ * device. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
 
+#include "backend.h"
 #include "harness.h"
 #include "nn.h"
 
@@ -49,6 +54,61 @@ Test(nn, unsupported_tp_placements_fail_cleanly_on_every_rank, .timeout = 60) {
 
 Test(nn, visit_order_grad_accumulation_requires_grad_and_custom_loss, .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec(1, NN_WORKER, "misc", 50), 0);
+}
+
+/* ------------------------------------------- the same on the device */
+
+#define RUN_ON_DEVICE(n, c) weft_test_mpiexec_on_device((n), NN_WORKER, (c), 50, NULL)
+
+Test(nn, golden_one_rank_matches_pytorch_loss_grads_clip_adamw_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(1, "golden"), 0);
+}
+
+Test(nn, golden_two_ranks_tp_and_sequence_parallel_match_pytorch_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "golden_tp"), 0);
+}
+
+Test(nn, hooks_fire_in_documented_order_and_replacements_are_honoured_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(1, "hooks"), 0);
+}
+
+Test(nn, optimizers_match_torch_formulas_and_schedule_state_names_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(1, "optim"), 0);
+}
+
+Test(nn, steady_state_step_allocates_nothing_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(1, "steady"), 0);
+}
+
+Test(nn, bad_input_gives_clear_errors_and_leaves_state_intact_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(1, "bad"), 0);
+}
+
+Test(nn, init_is_bitwise_identical_sharded_or_replicated_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "init"), 0);
+}
+
+Test(nn, clip_grad_norm_over_sharded_replicated_partial_grads_equals_one_rank_on_device,
+     .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "clip"), 0);
+}
+
+Test(nn, unsupported_tp_placements_fail_cleanly_on_every_rank_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(2, "tp_errors"), 0);
+}
+
+Test(nn, visit_order_grad_accumulation_requires_grad_and_custom_loss_on_device, .timeout = 60) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(RUN_ON_DEVICE(1, "misc"), 0);
 }
 
 /* ------------------------------------------------------------ in process */

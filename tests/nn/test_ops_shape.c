@@ -8,10 +8,15 @@
  * against central differences of sum(out * R) from the reference
  * (tests/nn/ops_check.c). Then ops_shape_worker on 2 and 4 ranks: random
  * placements give the 1-rank results, and directed cases keep their shards.
+ * The multi-rank *_on_device variants run the same worker cases with every
+ * mesh on WEFT_CUDA (the worker's device mode, WEFT_TEST_DEVICE=cuda) and
+ * the same tolerances; they skip, saying why, where this process sees no
+ * CUDA device.
  */
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "backend.h"
 #include "harness.h"
 #include "ops_check.h"
 
@@ -132,4 +137,33 @@ Test(ops_shape, two_ranks_directed_shardings_survive_and_match, .timeout = 120) 
 
 Test(ops_shape, four_ranks_directed_shardings_survive_and_match, .timeout = 120) {
   cr_assert_eq(weft_test_mpiexec(4, OPS_WORKER, "directed", 100), 0);
+}
+
+/* ------------------------------------------- the same on the device */
+
+Test(ops_shape, two_ranks_random_placements_equal_one_rank_on_device, .timeout = 240) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(2, OPS_WORKER, "random", 200, NULL), 0);
+}
+
+Test(ops_shape, four_ranks_random_placements_equal_one_rank_on_device, .timeout = 400) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(4, OPS_WORKER, "random", 360, NULL), 0);
+}
+
+Test(ops_shape, eight_ranks_random_placements_on_8_and_2x4_meshes_equal_one_rank_on_device,
+     .timeout = 400) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  const char *extra[] = {"2", NULL};
+  cr_assert_eq(weft_test_mpiexec_on_device(8, OPS_WORKER, "random", 360, extra), 0);
+}
+
+Test(ops_shape, two_ranks_directed_shardings_survive_and_match_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(2, OPS_WORKER, "directed", 100, NULL), 0);
+}
+
+Test(ops_shape, four_ranks_directed_shardings_survive_and_match_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(4, OPS_WORKER, "directed", 100, NULL), 0);
 }
