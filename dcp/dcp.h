@@ -393,8 +393,8 @@ WEFT_API weft_status weft_dcp_async_wait(weft_dcp_async *h);
 /* *done = true when the background part has finished (local; nothing is
  * freed: call wait). */
 WEFT_API weft_status weft_dcp_async_test(weft_dcp_async *h, bool *done);
-/* Frees the staging buffers (host and pinned) kept between saves (none in
- * flight: WEFT_ERR_BUSY otherwise). */
+/* Frees the staging buffers (host and pinned) kept between saves and
+ * loads (none in flight: WEFT_ERR_BUSY otherwise). */
 WEFT_API weft_status weft_dcp_release_staging(void);
 
 /* ------------------------------------------------- reading checkpoints */

@@ -49,14 +49,18 @@ void dcp_byte_strides(const weft_tensor *t, int64_t *out);
 /* Host staging of tensors that live on a device (files are read and
  * written on the host). dcp_host_of: *host is t itself on the CPU, else a
  * new host copy of it (*owned, the caller destroys it; waits for the
- * device). dcp_stage_begin: *host is dst itself on the CPU, else a new
- * contiguous host tensor of dst's shape to fill; dcp_stage_end then copies
- * it into dst when st is WEFT_OK and frees it, returning the first error. */
+ * device). dcp_stage_begin: *host is dst itself on the CPU, else a
+ * contiguous host tensor of dst's shape to fill (over pinned memory kept
+ * between calls, so the copy up is a pinned one; a staging begun while
+ * another is open gets ordinary memory); dcp_stage_end then copies it into
+ * dst when st is WEFT_OK and frees it, returning the first error.
+ * dcp_release_load_staging frees the kept pinned block (none open). */
 weft_status dcp_host_of(const weft_tensor *t, const weft_tensor **host, weft_tensor **owned);
 /* weft_dtensor_full_tensor, brought to the host (collective like it). */
 weft_status dcp_full_on_host(const weft_dtensor *dt, weft_tensor **out);
 weft_status dcp_stage_begin(weft_tensor *dst, weft_tensor **host);
 weft_status dcp_stage_end(weft_tensor *dst, weft_tensor *host, weft_status st);
+void dcp_release_load_staging(void);
 /* Contiguous row-major byte strides of shape. */
 void dcp_contig_strides(const int64_t *shape, int ndim, size_t esz, int64_t *out);
 

@@ -1269,5 +1269,6 @@ weft_status weft_dcp_release_staging(void) {
   weft_free_pinned(g_pinned_dev, g_pinned);
   g_pinned = NULL;
   g_pinned_cap = 0;
+  dcp_release_load_staging();
   return WEFT_OK;
 }

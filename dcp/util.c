@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "dcp_internal.h"
 
 /* ------------------------------------------------------------ boxes */
@@ -124,18 +125,45 @@ weft_status dcp_full_on_host(const weft_dtensor *dt, weft_tensor **out) {
   return st;
 }
 
+/* The pinned block that load staging reads into (grown as needed, kept for
+ * the next tensor; one staging at a time: a nested one gets plain memory). */
+static char *g_load_pinned;
+static size_t g_load_pinned_cap;
+static weft_device g_load_pinned_dev;
+static bool g_load_pinned_busy;
+
 weft_status dcp_stage_begin(weft_tensor *dst, weft_tensor **host) {
   *host = dst;
   if (dst->device == WEFT_CPU) return WEFT_OK;
   *host = NULL;
-  return weft_tensor_create(dst->dtype, WEFT_CPU, dst->ndim, dst->shape, host);
+  size_t bytes = weft_tensor_nbytes(dst);
+  if (g_load_pinned_busy || bytes == 0)
+    return weft_tensor_create(dst->dtype, WEFT_CPU, dst->ndim, dst->shape, host);
+  if (!g_load_pinned || g_load_pinned_cap < bytes || g_load_pinned_dev != dst->device) {
+    dcp_release_load_staging();
+    WEFT_CHECK(weft_alloc_pinned(dst->device, bytes, (void **)&g_load_pinned));
+    g_load_pinned_cap = bytes;
+    g_load_pinned_dev = dst->device;
+  }
+  WEFT_CHECK(weft_tensor_wrap(g_load_pinned, dst->dtype, WEFT_CPU, dst->ndim, dst->shape, host));
+  g_load_pinned_busy = true;
+  return WEFT_OK;
 }
 
 weft_status dcp_stage_end(weft_tensor *dst, weft_tensor *host, weft_status st) {
   if (host == dst || !host) return st;
+  /* a blocking copy: the pinned block is free again when it returns */
   if (st == WEFT_OK) st = weft_tensor_copy(dst, host);
+  if (host->data == g_load_pinned) g_load_pinned_busy = false;
   weft_tensor_destroy(host);
   return st;
+}
+
+void dcp_release_load_staging(void) {
+  if (g_load_pinned_busy) return;
+  weft_free_pinned(g_load_pinned_dev, g_load_pinned);
+  g_load_pinned = NULL;
+  g_load_pinned_cap = 0;
 }
 
 void dcp_contig_strides(const int64_t *shape, int ndim, size_t esz, int64_t *out) {
