@@ -17,6 +17,7 @@
 #include "weft_config.h"
 
 #include "device_comm.h"
+#include "watchdog.h"
 
 #if WEFT_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -311,7 +312,9 @@ weft_comm_backend weft__device_dim_backend(const mesh_dim *g) {
 const char *weft__device_dim_reason(const mesh_dim *g) { return g && g->dev ? g->dev->reason : ""; }
 
 void weft__device_dim_free(mesh_dim *g) {
-  if (!g || !g->dev) return;
+  if (!g) return;
+  weft__watch_forget(g); /* no abort can come for g after this */
+  if (!g->dev) return;
 #if WEFT_HAVE_NCCL
   if (g->dev->nccl) {
     if (g->broken)
@@ -480,10 +483,51 @@ static weft_status nccl_pre(mesh_dim *g, nccl_ctx *c, const char *func) {
   return cuda_check(err, func, "ordering the comm stream after the compute stream", g);
 }
 
+/* The watchdog's view of an NCCL call (watchdog.h): an event recorded
+ * after it on the comm stream, queried on the watchdog's thread (with this
+ * process's device made current there once). */
+static int nccl_watch_query(void *ev) {
+  static __thread bool device_set;
+  if (!device_set) {
+    int ord = weft_device_current(WEFT_CUDA);
+    if (ord >= 0) cudaSetDevice(ord);
+    device_set = true;
+  }
+  cudaError_t q = cudaEventQuery((cudaEvent_t)ev);
+  return q == cudaSuccess ? 1 : q == cudaErrorNotReady ? 0 : -1;
+}
+static void nccl_watch_release(void *ev) { cudaEventDestroy((cudaEvent_t)ev); }
+/* ends the device work waiting on g's calls; the dim is broken from now on,
+ * so nothing uses the communicator again */
+static void nccl_watch_abort(mesh_dim *g) {
+  if (!g->dev || !g->dev->nccl) return;
+  ncclCommAbort(g->dev->nccl);
+  g->dev->nccl = NULL;
+}
+static const weft_watch_ops nccl_watch_ops = {nccl_watch_query, nccl_watch_release,
+                                              nccl_watch_abort};
+
+/* Hands the call just queued on c->comm to the watchdog. */
+static weft_status nccl_watch(const weft_work *w, mesh_dim *g, nccl_ctx *c, const char *func) {
+  cudaEvent_t ev;
+  WEFT_CHECK(cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), func,
+                        "cudaEventCreate (watchdog)", g));
+  cudaError_t err = cudaEventRecord(ev, c->comm);
+  if (err != cudaSuccess) {
+    cudaEventDestroy(ev);
+    return cuda_check(err, func, "cudaEventRecord (watchdog)", g);
+  }
+  char desc[112];
+  weft__fingerprint_describe(&w->fp, desc, sizeof desc);
+  return weft__watch(g, &nccl_watch_ops, (void *)ev, desc);
+}
+
 /* After the NCCL call: blocking -> the compute stream waits for it;
- * async -> a handle holding the completion event. */
+ * async -> a handle holding the completion event. Either way the
+ * watchdog watches it. */
 static weft_status nccl_post(weft_work *w, mesh_dim *g, nccl_ctx *c, weft_work **out,
                              const char *func) {
+  WEFT_CHECK(nccl_watch(w, g, c, func));
   cudaEvent_t done;
   WEFT_CHECK(cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), func,
                         "cudaEventCreate", g));
@@ -540,10 +584,14 @@ static weft_status nccl_work_done(weft_work *w) {
   cudaError_t err = comp ? cudaStreamWaitEvent(comp, dw->done, 0) : cudaSuccess;
   cudaEventDestroy(dw->done);
   ncclResult_t ae = ncclSuccess;
-  ncclCommGetAsyncError(dw->nccl, &ae);
+  bool aborted = __atomic_load_n(&w->group->broken, __ATOMIC_ACQUIRE);
+  if (!aborted) ncclCommGetAsyncError(dw->nccl, &ae); /* (an aborted communicator is gone) */
   free(dw);
   w->dev = NULL;
   if (w->async) w->root->inflight--;
+  if (aborted)
+    return weft_error(WEFT_ERR_STATE, "mesh dim '%s' is unusable: %s", w->group->name,
+                      w->group->broken_msg);
   WEFT_CHECK(
       cuda_check(err, __func__, "ordering the compute stream after the collective", w->group));
   return nccl_check(ae, __func__, "the NCCL communicator", w->group);
@@ -583,6 +631,14 @@ weft_status weft__device_work_test(weft_work *w, bool *done) {
   }
   mesh_dim *g = w->group;
   ncclResult_t ae = ncclSuccess;
+  if (__atomic_load_n(&g->broken, __ATOMIC_ACQUIRE)) { /* the watchdog gave up on the dim */
+    *done = true;
+    cudaEventDestroy(dw->done);
+    free(dw);
+    w->dev = NULL;
+    if (w->async) w->root->inflight--;
+    return weft_error(WEFT_ERR_STATE, "mesh dim '%s' is unusable: %s", g->name, g->broken_msg);
+  }
   ncclCommGetAsyncError(dw->nccl, &ae);
   double waited = weft__now() - dw->t0;
   bool nccl_ok = ae == ncclSuccess || ae == ncclInProgress;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "mesh_internal.h"
+#include "watchdog.h"
 
 weft_runtime weft__rt = {
     .world_rank = 0,
@@ -429,6 +430,7 @@ static void pmi_finalize(double timeout_s) {
 
 weft_status weft_finalize(void) {
   if (!weft__rt.initialized) return WEFT_OK;
+  weft__watch_shutdown(); /* the device collectives' watchdog (watchdog.h) */
   int fin = weft__rt.settings.mpi_finalize;
   bool call_finalize = fin < 0 ? weft__rt.node_count == 1 : fin == 1;
   free_ops();
