@@ -1062,7 +1062,9 @@ Test(examples, plan_calibrate_missing_or_corrupt_file_is_a_clear_error, .timeout
  * GPU gives the CPU path's losses and gradient norms within 1e-6
  * relative on every mesh kind: one rank, FSDP x TP with loss parallel,
  * HSDP, TP with sequence parallelism, GPT-2 (tied lm_head, dropout) on
- * 2x2; the held-out loss too. Skips where this process sees no device. */
+ * 2x2, FSDP dp=4 resharding to pairs after forward with gradient
+ * accumulation; the held-out loss too. Skips where this process sees no
+ * device. */
 Test(examples, train_on_the_device_gives_the_cpu_losses_on_every_mesh_kind, .timeout = 600) {
   if (weft_device_count(WEFT_CUDA) == 0)
     cr_skip(
@@ -1080,6 +1082,7 @@ Test(examples, train_on_the_device_gives_the_cpu_losses_on_every_mesh_kind, .tim
       {4, {"--mesh", "dp_replicate=2,dp_shard=2", NULL}},
       {2, {"--mesh", "tp=2", "--sequence-parallel", NULL}},
       {4, {"--model", "gpt2-demo", "--mesh", "dp=2,tp=2", "--dropout", "0.1", NULL}},
+      {4, {"--mesh", "dp=4", "--reshard-after-forward=2", "--grad-accum", "2", NULL}},
   };
   for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
     double loss[2][STEPS], norm[2][STEPS], val[2][1];
