@@ -1269,3 +1269,51 @@ Test(examples, train_cpu_offload_keeps_the_losses_and_lowers_the_device_peak, .t
   cr_log_info("device peak per rank: %.2f MiB with --cpu-offload, %.2f MiB without",
               peak[1][0] / 1048576, peak[0][0] / 1048576);
 }
+
+/* A checkpoint saved under --cpu-offload (offloaded DTensors: host locals
+ * on the device mesh) resumes on the device with and without offload
+ * bitwise as the straight offloaded run, and on a CPU tp=2 mesh within
+ * 1e-6. */
+Test(examples, train_cpu_offload_checkpoint_resumes_on_the_device_and_on_the_cpu, .timeout = 300) {
+  if (weft_device_count(WEFT_CUDA) == 0)
+    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  enum { STEPS = 4 };
+  const char *dir = tmp_file("offload-ckpt"), *js = tmp_file("offload-straight.jsonl");
+  remove_tree(dir);
+  double straight[STEPS], resumed[STEPS];
+  const char *a0[] = {"--steps", "4",    "--val-every",   "0",          "--device", "cuda",
+                      "--mesh",  "dp=2", "--cpu-offload", "--log-json", js,         NULL};
+  run_out r = run(2, TRAIN, a0, 150);
+  cr_assert_eq(r.rc, 0, "straight offloaded run: %s", r.err);
+  run_free(&r);
+  cr_assert_eq(read_json_losses(js, straight, STEPS), STEPS);
+  unlink(js);
+  const char *a1[] = {"--steps", "2",    "--val-every",   "0",      "--device", "cuda",
+                      "--mesh",  "dp=2", "--cpu-offload", "--save", dir,        NULL};
+  r = run(2, TRAIN, a1, 150);
+  cr_assert_eq(r.rc, 0, "offloaded save run: %s", r.err);
+  run_free(&r);
+  struct {
+    const char *device, *mesh, *offload;
+    double tol;
+  } resumes[] = {
+      {"cuda", "dp=2", NULL, 0}, {"cuda", "dp=2", "--cpu-offload", 0}, {"cpu", "tp=2", NULL, 1e-6}};
+  for (size_t k = 0; k < sizeof resumes / sizeof resumes[0]; k++) {
+    const char *j = tmp_file("offload-resumed.jsonl");
+    const char *a[] = {"--steps",         "4",      "--val-every",      "0",        "--device",
+                       resumes[k].device, "--mesh", resumes[k].mesh,    "--resume", dir,
+                       "--log-json",      j,        resumes[k].offload, NULL};
+    r = run(2, TRAIN, a, 150);
+    cr_assert_eq(r.rc, 0, "resume on %s %s%s: %s", resumes[k].device, resumes[k].mesh,
+                 resumes[k].offload ? " --cpu-offload" : "", r.err);
+    run_free(&r);
+    cr_assert_eq(read_json_losses(j, resumed, 2), 2, "resumed losses in %s", j);
+    unlink(j);
+    for (int s = 0; s < 2; s++)
+      cr_expect(fabs(resumed[s] - straight[2 + s]) <= resumes[k].tol * fabs(straight[2 + s]),
+                "resume on %s %s%s, step %d: loss %.17g, straight offloaded run %.17g",
+                resumes[k].device, resumes[k].mesh, resumes[k].offload ? " --cpu-offload" : "",
+                s + 3, resumed[s], straight[2 + s]);
+  }
+  remove_tree(dir);
+}
