@@ -1317,3 +1317,36 @@ Test(examples, train_cpu_offload_checkpoint_resumes_on_the_device_and_on_the_cpu
   }
   remove_tree(dir);
 }
+
+/* --cpu-offload changes where FSDP's sharded state lives, not the numbers:
+ * on the device, 2-D FSDP x TP, HSDP and GPT-2 (tied weights) on 2x2 give
+ * bitwise the losses of the run without it. */
+Test(examples, train_cpu_offload_is_bitwise_on_2d_hsdp_and_gpt2, .timeout = 300) {
+  if (weft_device_count(WEFT_CUDA) == 0)
+    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  enum { STEPS = 3 };
+  const char *meshes[][4] = {{"--mesh", "dp=2,tp=2", NULL, NULL},
+                             {"--mesh", "dp_replicate=2,dp_shard=2", NULL, NULL},
+                             {"--model", "gpt2-demo", "--mesh", "dp=2,tp=2"}};
+  for (size_t m = 0; m < sizeof meshes / sizeof meshes[0]; m++) {
+    double loss[2][STEPS];
+    for (int k = 0; k < 2; k++) {
+      const char *j = tmp_file("offload-bitwise.jsonl");
+      const char *a[16] = {"--steps", "3", "--val-every", "0", "--device", "cuda", "--log-json", j};
+      int n = 8;
+      for (int i = 0; i < 4 && meshes[m][i]; i++) a[n++] = meshes[m][i];
+      if (k) a[n++] = "--cpu-offload";
+      a[n] = NULL;
+      run_out r = run(4, TRAIN, a, 150);
+      cr_assert_eq(r.rc, 0, "%s %s%s: %s", meshes[m][0], meshes[m][1], k ? " --cpu-offload" : "",
+                   r.err);
+      run_free(&r);
+      cr_assert_eq(read_json_losses(j, loss[k], STEPS), STEPS);
+      unlink(j);
+    }
+    for (int s = 0; s < STEPS; s++)
+      cr_expect(loss[1][s] == loss[0][s],
+                "%s %s %s, step %d: %.17g with --cpu-offload, %.17g without", meshes[m][0],
+                meshes[m][1], meshes[m][2] ? meshes[m][3] : "", s + 1, loss[1][s], loss[0][s]);
+  }
+}
