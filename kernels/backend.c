@@ -237,6 +237,16 @@ weft_status weft_alloc_pinned(weft_device dev, size_t bytes, void **out) {
   return weft_alloc(WEFT_CPU, bytes, out);
 }
 
+weft_status weft_device_model(weft_device dev, char *buf, size_t cap) {
+  if (!buf || cap == 0) return weft_error(WEFT_ERR_INVALID, "device_model: no buffer");
+  buf[0] = '\0';
+  if (dev == WEFT_CPU) {
+    snprintf(buf, cap, "cpu");
+    return WEFT_OK;
+  }
+  DISPATCH(dev, device_model, buf, cap);
+}
+
 void weft_free_pinned(weft_device dev, void *ptr) {
   if (!ptr) return;
   const weft_backend *be = weft_backend_get(dev);

@@ -130,7 +130,8 @@ typedef struct weft_flat_piece {
  *      lists changed in place: the attention members of a table built for
  *      version 1 or 2 have the causal-only argument list and are dropped at
  *      registration, so attention on such a table is WEFT_ERR_UNSUPPORTED)
- *   4  host_alloc_pinned / host_free_pinned (page-locked host memory) */
+ *   4  host_alloc_pinned / host_free_pinned (page-locked host memory),
+ *      device_model */
 #define WEFT_BACKEND_VERSION 4
 
 typedef struct weft_backend {
@@ -355,6 +356,8 @@ typedef struct weft_backend {
    * them (cudaMallocHost / cudaFreeHost) */
   weft_status (*host_alloc_pinned)(size_t bytes, void **out);
   void (*host_free_pinned)(void *ptr);
+  /* (optional) the selected device's model name ("NVIDIA H100 80GB HBM3") */
+  weft_status (*device_model)(char *buf, size_t cap);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -407,6 +410,11 @@ WEFT_API weft_status weft_record_stream(weft_device dev, void *ptr, weft_stream_
  * weft_free_pinned(dev, ptr) (same dev); not counted by weft_mem_get(dev). */
 WEFT_API weft_status weft_alloc_pinned(weft_device dev, size_t bytes, void **out);
 WEFT_API void weft_free_pinned(weft_device dev, void *ptr); /* NULL: no-op */
+/* The model name of this process's device of kind dev (the one
+ * weft_device_init selected): the GPU's ("NVIDIA H100 80GB HBM3"), "weft
+ * CUDA emulator", "cpu". Local. WEFT_ERR_UNSUPPORTED where the backend
+ * cannot say; a backend's init errors before weft_device_init. */
+WEFT_API weft_status weft_device_model(weft_device dev, char *buf, size_t cap);
 
 /* --------------------------------------------------------------- events */
 

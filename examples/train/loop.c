@@ -275,7 +275,7 @@ static void add_to_totals(run_state *s, run_totals *t, step_report *r) {
   }
   if (r->peak[0] > t->peak_max) t->peak_max = r->peak[0];
   r->tps = (double)t->tokens_per_step / r->dtmax;
-  r->mfu = r->tps * t->fpt / (s->world * s->o->peak_flops);
+  r->mfu = r->tps * t->fpt / (s->world * s->peak_flops);
 }
 
 /* ---------------------------------------------------------------- logging */
@@ -396,7 +396,8 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   printf("  %-26s %.0f\n", "tokens/s (after step 1)", tps_avg);
   printf("  %-26s %.1f ms median, %.1f ms min\n", "step time (after step 1)", 1e3 * step_med,
          1e3 * step_min);
-  printf("  %-26s %.2f%% of %.0f GFLOP/s per rank\n", "MFU", 100 * mfu_avg, o->peak_flops / 1e9);
+  printf("  %-26s %.2f%% of %.0f GFLOP/s per rank (%s)\n", "MFU", 100 * mfu_avg,
+         s->peak_flops / 1e9, s->peak_why);
   weft_device dev = weft_mesh_device(s->root);
   printf("  %-26s %s (%s)\n", "peak memory (max rank)", pbuf, weft_device_name(dev));
   weft_cache_stats cs;
@@ -492,7 +493,7 @@ static int finish_run(run_state *s, run_totals *t, train_result *res) {
   if (train_agree_fail(s->json_failed, "writing the --log-json file failed")) return 2;
   double tps_avg =
       t->timed_steps ? (double)(t->tokens_per_step * t->timed_steps) / t->timed_time : 0;
-  double mfu_avg = tps_avg * t->fpt / (s->world * o->peak_flops);
+  double mfu_avg = tps_avg * t->fpt / (s->world * s->peak_flops);
   double med = 0, min = 0;
   step_times(t, &med, &min);
   if (res) {

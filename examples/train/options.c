@@ -109,7 +109,9 @@ void train_print_help(const char *prog) {
       "  --init-from F           initial weights from a safetensors file\n"
       "output\n"
       "  --log-json FILE         one JSON object per step (rank 0)\n"
-      "  --peak-tflops X         per-rank peak for MFU (0.1)\n"
+      "  --peak-tflops X         per-rank peak for MFU (0.1; with --device cuda the GPU's\n"
+      "                          dense bf16 peak where its model is known: H100/H200 989,\n"
+      "                          A100 312)\n"
       "  --quiet                 no per-step lines, only validation and the summary\n"
       "  --help                  this text\n",
       prog);
@@ -352,6 +354,7 @@ static int parse_other(parse_ctx *c, const char *flag, const char *val, train_op
     if (!parse_f64(val, &dv) || dv <= 0)
       return perr(err, cap, "--peak-tflops: want a number > 0 (got '%s')", val);
     o->peak_flops = dv * 1e12;
+    o->peak_given = true;
   } else if (!strcmp(flag, "--seed")) {
     if (!parse_i64(val, 0, &iv))
       return perr(err, cap, "--seed: want an integer >= 0 (got '%s')", val);

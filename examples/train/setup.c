@@ -200,6 +200,35 @@ static weft_status make_model(run_state *s) {
   return WEFT_OK;
 }
 
+/* The per-rank peak MFU is measured against: --peak-tflops; else, on the
+ * device, the dense bf16 tensor-core peak of a known GPU model (NVIDIA's
+ * datasheets); else the CPU default, which on a GPU the summary flags. */
+static void choose_peak(run_state *s) {
+  const train_opts *o = s->o;
+  s->peak_flops = o->peak_flops;
+  snprintf(s->peak_why, sizeof s->peak_why, "%s",
+           o->peak_given ? "--peak-tflops" : "the CPU default; --peak-tflops sets it");
+  if (o->peak_given || !o->cuda) return;
+  static const struct {
+    const char *name; /* a substring of the model name */
+    double tflops;
+  } known[] = {{"H200", 989.4}, {"GH200", 989.4}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0},
+               {"H100", 989.4}, {"A100", 312.0},  {"L40S", 362.1},      {NULL, 0}};
+  char model[128];
+  if (weft_device_model(WEFT_CUDA, model, sizeof model) != WEFT_OK) {
+    snprintf(s->peak_why, sizeof s->peak_why, "no GPU model known; --peak-tflops sets it");
+    return;
+  }
+  for (int i = 0; known[i].name; i++)
+    if (strstr(model, known[i].name)) {
+      s->peak_flops = known[i].tflops * 1e12;
+      snprintf(s->peak_why, sizeof s->peak_why, "%.100s dense bf16", model);
+      return;
+    }
+  snprintf(s->peak_why, sizeof s->peak_why, "no peak known for '%.80s'; --peak-tflops sets it",
+           model);
+}
+
 /* FSDP on the dp dims: one group per block, the Llama's [norm, output]
  * together, the rest in the root group. */
 static weft_status shard_model(run_state *s) {
@@ -283,6 +312,7 @@ int train_setup(run_state *s, train_result *res) {
                           o->matmul == WEFT_MATMUL_TF32 ? "tf32" : "bf16");
   if (o->cuda && weft_device_set_matmul_precision(WEFT_CUDA, (weft_matmul_precision)o->matmul))
     return train_fail_all("--matmul: %s", weft_last_error());
+  choose_peak(s);
   st = make_meshes(s);
   if (st == WEFT_OK) st = make_model(s);
   if (st == WEFT_OK && s->dp_total > 1) st = shard_model(s);

@@ -68,6 +68,7 @@ typedef struct train_opts {
   const char *save_dir, *resume_dir, *export_path, *init_from, *log_json;
   int64_t save_every;
   double peak_flops; /* per rank, for MFU */
+  bool peak_given;   /* --peak-tflops (else the CPU default, or the GPU's from its model) */
   bool quiet;        /* no per-step lines (summary only) */
   bool silent;       /* nothing on stdout (weft-plan --validate); errors still print */
 } train_opts;

@@ -105,6 +105,8 @@ typedef struct run_state {
   float *argmax_max;          /* validation: rows T */
   weft_param **params;
   int nparams;
+  double peak_flops;  /* per rank, for MFU: --peak-tflops, the GPU's, or the CPU default */
+  char peak_why[160]; /* where peak_flops comes from (the summary says it) */
 } run_state;
 
 /* ---------------------------------------------------------------- setup.c */

@@ -85,6 +85,7 @@ bool weft_cuda_contains_(const void *ptr); /* any byte of device memory */
 weft_status weft_cuda_memset_(void *dst, int value, size_t bytes);
 weft_status weft_cuda_memcpy_(void *dst, const void *src, size_t bytes, weft_copy_kind kind);
 weft_status weft_cuda_host_alloc_pinned_(size_t bytes, void **out);
+weft_status weft_cuda_device_model_(char *buf, size_t cap);
 void weft_cuda_host_free_pinned_(void *ptr);
 weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes, weft_copy_kind kind,
                                     weft_stream_id s);

@@ -353,6 +353,18 @@ weft_status weft_cuda_host_alloc_pinned_(size_t bytes, void **out) {
 
 void weft_cuda_host_free_pinned_(void *ptr) { cudaFreeHost(ptr); }
 
+weft_status weft_cuda_device_model_(char *buf, size_t cap) {
+  WEFT_CHECK(weft_cuda_require_init_("device_model"));
+#ifdef WEFT_CUDA_EMU
+  snprintf(buf, cap, "weft CUDA emulator");
+#else
+  cudaDeviceProp p;
+  WEFT_CHECK(weft_cuda_check_(cudaGetDeviceProperties(&p, rt.device), "cudaGetDeviceProperties"));
+  snprintf(buf, cap, "%s", p.name);
+#endif
+  return WEFT_OK;
+}
+
 weft_status weft_cuda_memcpy_(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
   WEFT_CHECK(weft_cuda_memcpy_async_(dst, src, bytes, kind, WEFT_STREAM_COMPUTE));
   if (bytes == 0) return WEFT_OK;

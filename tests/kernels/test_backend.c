@@ -745,6 +745,23 @@ BACKEND_TEST(pinned_host_memory_takes_an_async_device_to_host_copy) {
   free(src);
 }
 
+/* weft_device_model names the device ("cpu", the GPU's model, the
+ * emulator) or says the backend cannot. */
+BACKEND_TEST(device_model_names_the_device_or_is_unsupported) {
+  const weft_backend *be = weft_backend_get(dev);
+  char model[128] = "x";
+  weft_clear_error();
+  weft_status st = weft_device_model(dev, model, sizeof model);
+  if (dev == WEFT_CPU || be->device_model) {
+    cr_assert_eq(st, WEFT_OK, "device_model: %s", weft_last_error());
+    cr_assert(model[0] != '\0', "an empty model name");
+    if (dev == WEFT_CPU) cr_assert_str_eq(model, "cpu");
+  } else {
+    cr_assert_eq(st, WEFT_ERR_UNSUPPORTED, "status %d: %s", (int)st, weft_last_error());
+  }
+  cr_assert_eq(weft_device_model(dev, NULL, 8), WEFT_ERR_INVALID);
+}
+
 BACKEND_TEST(events_order_streams_or_are_unsupported_by_name) {
   seed_tests(103);
   const weft_backend *be = weft_backend_get(dev);
