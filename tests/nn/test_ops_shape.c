@@ -22,7 +22,9 @@
 
 #define OPS_WORKER WORKER("ops_shape_worker")
 
-static void one_rank(const char *name) {
+/* on_device: the mesh on WEFT_CUDA (skips, saying why, without one) */
+static void one_rank(const char *name, bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
   const oc_case *c = oc_find(name);
   cr_assert_not_null(c, "no case %s", name);
   unsigned long seed = weft_test_seed(1234);
@@ -33,6 +35,7 @@ static void one_rank(const char *name) {
   const char *names[1] = {"tp"};
   weft_mesh *mesh;
   OK(weft_mesh_create(1, shape, names, &mesh));
+  if (on_device) OK(weft_mesh_set_device(mesh, WEFT_CUDA));
   int fails = 0;
   /* all Replicate; multi-output ops also from each output alone */
   fails += oc_run(c, mesh, NULL, NULL, -1, seed, 1e-5, NULL);
@@ -46,13 +49,20 @@ static void one_rank(const char *name) {
     oc_random_grad_placements(c->ondim[0], 1, &st, gpl);
     fails += oc_run(c, mesh, pl, gpl, -1, seed + 100 + (unsigned long)t, 1e-5, NULL);
   }
+  int64_t device_allocs = on_device ? weft_mem_get(WEFT_CUDA).alloc_count : 0;
   weft_mesh_destroy(mesh);
   weft_finalize();
   cr_assert_eq(fails, 0, "%s: %d failed checks (seed %lu; see stderr)", name, fails, seed);
+  cr_assert(!on_device || device_allocs > 0, "%s: nothing was allocated on the device", name);
 }
 
-#define ONE_RANK(name) \
-  Test(ops_shape, name##_forward_and_grads_match_double_ref, .timeout = 60) { one_rank(#name); }
+#define ONE_RANK(name)                                                                  \
+  Test(ops_shape, name##_forward_and_grads_match_double_ref, .timeout = 60) {           \
+    one_rank(#name, false);                                                             \
+  }                                                                                     \
+  Test(ops_shape, name##_forward_and_grads_match_double_ref_on_device, .timeout = 60) { \
+    one_rank(#name, true);                                                              \
+  }
 
 ONE_RANK(matmul)
 ONE_RANK(matmul_2d)
