@@ -85,6 +85,7 @@ weft_status weft_error_at(weft_status st, const char *func, const char *fmt, ...
 }
 
 weft_status weft_error_trace(weft_status st, const char *func) {
+  if (!func) func = "?";
   if (errstatus == WEFT_OK) {
     /* A status came back without a message (e.g. a code path that only
      * returned a code): make sure the caller still learns something. */
