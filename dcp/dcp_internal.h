@@ -50,17 +50,22 @@ void dcp_byte_strides(const weft_tensor *t, int64_t *out);
  * written on the host). dcp_host_of: *host is t itself on the CPU, else a
  * new host copy of it (*owned, the caller destroys it; waits for the
  * device). dcp_stage_begin: *host is dst itself on the CPU, else a
- * contiguous host tensor of dst's shape to fill (over pinned memory kept
- * between calls, so the copy up is a pinned one; a staging begun while
- * another is open gets ordinary memory); dcp_stage_end then copies it into
- * dst when st is WEFT_OK and frees it, returning the first error.
- * dcp_release_load_staging frees the kept pinned block (none open). */
+ * contiguous host tensor of dst's shape to fill (over the kept pinned
+ * block, so the copy up is a pinned one; a staging begun while another is
+ * open gets ordinary memory); dcp_stage_end then copies it into dst when st
+ * is WEFT_OK and frees it, returning the first error. */
 weft_status dcp_host_of(const weft_tensor *t, const weft_tensor **host, weft_tensor **owned);
 /* weft_dtensor_full_tensor, brought to the host (collective like it). */
 weft_status dcp_full_on_host(const weft_dtensor *dt, weft_tensor **out);
 weft_status dcp_stage_begin(weft_tensor *dst, weft_tensor **host);
 weft_status dcp_stage_end(weft_tensor *dst, weft_tensor *host, weft_status st);
-void dcp_release_load_staging(void);
+/* The pinned block kept between saves and loads: take gives it (or a new
+ * one when it is smaller than bytes or on another device; *cap its size),
+ * give hands a block back (the larger of it and the kept one stays),
+ * release frees the kept one. Not thread-safe: the caller's thread only. */
+weft_status dcp_pinned_take(weft_device dev, size_t bytes, char **p, size_t *cap);
+void dcp_pinned_give(weft_device dev, char *p, size_t cap);
+void dcp_pinned_release(void);
 /* Contiguous row-major byte strides of shape. */
 void dcp_contig_strides(const int64_t *shape, int ndim, size_t esz, int64_t *out);
 

@@ -160,10 +160,6 @@ static weft_dcp_async *g_pending;
 static char *g_stage;
 static size_t g_stage_cap;
 static bool g_stage_busy;
-/* pinned staging kept for the next save (on g_pinned_dev) */
-static char *g_pinned;
-static size_t g_pinned_cap;
-static weft_device g_pinned_dev;
 
 /* ------------------------------------------------------------ freeing */
 
@@ -211,17 +207,8 @@ static void ctx_free(save_ctx *c) {
   if (!c) return;
   copies_wait(c); /* never release memory a queued copy still writes */
   staged_free(c);
-  if (c->pinned) {
-    if (!g_pinned || g_pinned_cap < c->pinned_cap) {
-      weft_free_pinned(g_pinned_dev, g_pinned);
-      g_pinned = c->pinned;
-      g_pinned_cap = c->pinned_cap;
-      g_pinned_dev = c->dev;
-    } else {
-      weft_free_pinned(c->dev, c->pinned);
-    }
-    c->pinned = NULL;
-  }
+  dcp_pinned_give(c->dev, c->pinned, c->pinned_cap);
+  c->pinned = NULL;
   dcp_comm_close(&c->comm);
   plan_free(&c->plan);
   free(c->jobs);
@@ -335,17 +322,7 @@ static weft_status stage_device_locals(save_ctx *c, litem *it, int64_t n) {
     any = true;
     total += (weft_tensor_nbytes(t) + DCP_ALIGN - 1) / DCP_ALIGN * DCP_ALIGN;
   }
-  if (any) {
-    if (g_pinned && g_pinned_cap >= total && g_pinned_dev == c->dev) {
-      c->pinned = g_pinned;
-      c->pinned_cap = g_pinned_cap;
-      g_pinned = NULL;
-      g_pinned_cap = 0;
-    } else {
-      WEFT_CHECK(weft_alloc_pinned(c->dev, total ? total : 1, (void **)&c->pinned));
-      c->pinned_cap = total;
-    }
-  }
+  if (any) WEFT_CHECK(dcp_pinned_take(c->dev, total, &c->pinned, &c->pinned_cap));
   size_t at = 0;
   weft_status st = WEFT_OK;
   for (int64_t i = 0; i < n && st == WEFT_OK; i++) {
@@ -1266,9 +1243,6 @@ weft_status weft_dcp_release_staging(void) {
   if (g_stage) weft_free(g_stage);
   g_stage = NULL;
   g_stage_cap = 0;
-  weft_free_pinned(g_pinned_dev, g_pinned);
-  g_pinned = NULL;
-  g_pinned_cap = 0;
-  dcp_release_load_staging();
+  dcp_pinned_release();
   return WEFT_OK;
 }

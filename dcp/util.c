@@ -125,45 +125,75 @@ weft_status dcp_full_on_host(const weft_dtensor *dt, weft_tensor **out) {
   return st;
 }
 
-/* The pinned block that load staging reads into (grown as needed, kept for
- * the next tensor; one staging at a time: a nested one gets plain memory). */
-static char *g_load_pinned;
-static size_t g_load_pinned_cap;
-static weft_device g_load_pinned_dev;
-static bool g_load_pinned_busy;
+/* The one pinned block kept between saves and loads (on g_pinned_dev). */
+static char *g_pinned;
+static size_t g_pinned_cap;
+static weft_device g_pinned_dev;
+
+weft_status dcp_pinned_take(weft_device dev, size_t bytes, char **p, size_t *cap) {
+  if (g_pinned && g_pinned_cap >= bytes && g_pinned_dev == dev) {
+    *p = g_pinned;
+    *cap = g_pinned_cap;
+    g_pinned = NULL;
+    g_pinned_cap = 0;
+    return WEFT_OK;
+  }
+  WEFT_CHECK(weft_alloc_pinned(dev, bytes ? bytes : 1, (void **)p));
+  *cap = bytes;
+  return WEFT_OK;
+}
+
+void dcp_pinned_give(weft_device dev, char *p, size_t cap) {
+  if (!p) return;
+  if (g_pinned && g_pinned_cap >= cap) {
+    weft_free_pinned(dev, p);
+    return;
+  }
+  weft_free_pinned(g_pinned_dev, g_pinned);
+  g_pinned = p;
+  g_pinned_cap = cap;
+  g_pinned_dev = dev;
+}
+
+void dcp_pinned_release(void) {
+  weft_free_pinned(g_pinned_dev, g_pinned);
+  g_pinned = NULL;
+  g_pinned_cap = 0;
+}
+
+/* The pinned block of the staging open now (one at a time: a nested one
+ * gets plain memory). */
+static char *g_open;
+static size_t g_open_cap;
+static weft_device g_open_dev;
 
 weft_status dcp_stage_begin(weft_tensor *dst, weft_tensor **host) {
   *host = dst;
   if (dst->device == WEFT_CPU) return WEFT_OK;
   *host = NULL;
   size_t bytes = weft_tensor_nbytes(dst);
-  if (g_load_pinned_busy || bytes == 0)
+  if (g_open || bytes == 0)
     return weft_tensor_create(dst->dtype, WEFT_CPU, dst->ndim, dst->shape, host);
-  if (!g_load_pinned || g_load_pinned_cap < bytes || g_load_pinned_dev != dst->device) {
-    dcp_release_load_staging();
-    WEFT_CHECK(weft_alloc_pinned(dst->device, bytes, (void **)&g_load_pinned));
-    g_load_pinned_cap = bytes;
-    g_load_pinned_dev = dst->device;
+  WEFT_CHECK(dcp_pinned_take(dst->device, bytes, &g_open, &g_open_cap));
+  g_open_dev = dst->device;
+  weft_status st = weft_tensor_wrap(g_open, dst->dtype, WEFT_CPU, dst->ndim, dst->shape, host);
+  if (st) {
+    dcp_pinned_give(g_open_dev, g_open, g_open_cap);
+    g_open = NULL;
   }
-  WEFT_CHECK(weft_tensor_wrap(g_load_pinned, dst->dtype, WEFT_CPU, dst->ndim, dst->shape, host));
-  g_load_pinned_busy = true;
-  return WEFT_OK;
+  return st;
 }
 
 weft_status dcp_stage_end(weft_tensor *dst, weft_tensor *host, weft_status st) {
   if (host == dst || !host) return st;
   /* a blocking copy: the pinned block is free again when it returns */
   if (st == WEFT_OK) st = weft_tensor_copy(dst, host);
-  if (host->data == g_load_pinned) g_load_pinned_busy = false;
+  if (g_open && host->data == g_open) {
+    dcp_pinned_give(g_open_dev, g_open, g_open_cap);
+    g_open = NULL;
+  }
   weft_tensor_destroy(host);
   return st;
-}
-
-void dcp_release_load_staging(void) {
-  if (g_load_pinned_busy) return;
-  weft_free_pinned(g_load_pinned_dev, g_load_pinned);
-  g_load_pinned = NULL;
-  g_load_pinned_cap = 0;
 }
 
 void dcp_contig_strides(const int64_t *shape, int ndim, size_t esz, int64_t *out) {
