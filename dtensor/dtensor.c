@@ -153,6 +153,18 @@ weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim, cons
   return WEFT_OK;
 }
 
+weft_status weft_dtensor_zeros_on(weft_mesh *mesh, weft_device dev, weft_dtype dtype, int ndim,
+                                  const int64_t *shape, const weft_placement *placements,
+                                  int nplacements, weft_dtensor **out) {
+  WEFT_CHECK(check_out(out));
+  if (mesh && dev != weft_mesh_device(mesh) && dev != WEFT_CPU)
+    return weft_error(WEFT_ERR_INVALID,
+                      "zeros_on: a local on %s for a mesh on %s (the mesh's device or the CPU)",
+                      weft_device_name(dev), weft_device_name(weft_mesh_device(mesh)));
+  WEFT_CHECK(make_empty(mesh, dev, dtype, ndim, shape, placements, nplacements, true, out));
+  return WEFT_OK;
+}
+
 weft_status weft_dtensor_zeros_like(const weft_dtensor *t, weft_dtype dtype, weft_dtensor **out) {
   WEFT_CHECK(check_out(out));
   if (!t) return weft_error(WEFT_ERR_INVALID, "zeros_like: the tensor is NULL");

@@ -235,6 +235,13 @@ WEFT_API weft_status weft_dtensor_empty(weft_mesh *mesh, weft_dtype dtype, int n
 WEFT_API weft_status weft_dtensor_zeros(weft_mesh *mesh, weft_dtype dtype, int ndim,
                                         const int64_t *shape, const weft_placement *placements,
                                         int nplacements, weft_dtensor **out);
+/* weft_dtensor_zeros with this rank's local on dev: the mesh's device, or
+ * the CPU for an offloaded DTensor (see weft_dtensor_from_local); another
+ * device is WEFT_ERR_INVALID. Local, no communication. */
+WEFT_API weft_status weft_dtensor_zeros_on(weft_mesh *mesh, weft_device dev, weft_dtype dtype,
+                                           int ndim, const int64_t *shape,
+                                           const weft_placement *placements, int nplacements,
+                                           weft_dtensor **out);
 /* torch.zeros_like: a zero-filled DTensor of dtype with t's mesh, global
  * shape and placements, its local on the device of t's local (so an
  * offloaded t gives an offloaded result: optimizer state next to its

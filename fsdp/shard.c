@@ -398,29 +398,6 @@ static void dims_text(const weft_mesh *m, char *buf, size_t cap) {
     len += (size_t)snprintf(buf + len, cap - len, "%s%s=%d", i ? ", " : "",
                             weft_mesh_dim_name(m, i), weft_mesh_dim_size(m, i));
 }
-/* A zero-filled sharded DTensor (f32, spec's shape, placements pl) on the
- * spmd mesh: on its device, or in host memory when f->offload. */
-static weft_status sharded_zeros(const weft_fsdp *f, const weft_dtensor_spec *spec,
-                                 const weft_placement *pl, int npl, weft_dtensor **out) {
-  *out = NULL;
-  if (!f->offload)
-    return weft_dtensor_zeros(f->spmd_mesh, WEFT_F32, spec->ndim, spec->shape, pl, npl, out);
-  /* offloaded: this rank's shard in host memory, wrapped on the device mesh */
-  weft_dtensor_spec s;
-  int coords[WEFT_MESH_MAX_DIMS];
-  int64_t local_shape[WEFT_MAX_DIMS];
-  int k = weft_mesh_ndim(f->spmd_mesh);
-  for (int d = 0; d < k; d++) coords[d] = weft_mesh_coord(f->spmd_mesh, d);
-  WEFT_CHECK(
-      weft_dtensor_spec_init_mesh(&s, f->spmd_mesh, pl, npl, WEFT_F32, spec->ndim, spec->shape));
-  WEFT_CHECK(weft_dtensor_spec_local_shape(&s, coords, local_shape, NULL, NULL));
-  weft_tensor *host = NULL;
-  WEFT_CHECK(weft_tensor_zeros(WEFT_F32, WEFT_CPU, spec->ndim, local_shape, &host));
-  weft_status st =
-      weft_dtensor_from_local(f->spmd_mesh, host, WEFT_LOCAL_TAKE, pl, npl, spec->shape, out);
-  if (st) weft_tensor_destroy(host);
-  return st;
-}
 
 /* Chooses the mesh sharded parameters live on: the dp mesh without TP,
  * else the common root, which must be exactly (dp dims..., tp dims...). */
@@ -595,7 +572,10 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
   f->dev = weft_mesh_device(f->spmd_mesh);
   f->offload = o.offload_params && f->dev != WEFT_CPU;
   for (int i = 0; i < np; i++)
-    WEFT_CHECK_GOTO(sharded_zeros(f, &ps[i]->spec, bs[i].pl, bs[i].npl, &bs[i].sharded), st, fail);
+    WEFT_CHECK_GOTO(weft_dtensor_zeros_on(f->spmd_mesh, f->offload ? WEFT_CPU : f->dev, WEFT_F32,
+                                          ps[i]->spec.ndim, ps[i]->spec.shape, bs[i].pl, bs[i].npl,
+                                          &bs[i].sharded),
+                    st, fail);
   if (f->raf > 1) WEFT_CHECK_GOTO(make_small_mesh(f, f->raf), st, fail);
   f->nparams = np;
   f->max_blocks = 1;
