@@ -159,6 +159,20 @@ __global__ void warp_sum_k(const int *in, int *out) {
 }
 
 /* Half-warps synchronize separately with __syncwarp(mask). */
+/* out[2t] = the ballot of in > 0 over the full warp, out[2t + 1] = the
+ * ballot over the even lanes (odd lanes skip it), each then through __ffs. */
+__global__ void ballot_k(const int *in, unsigned *out, int *first) {
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned b = __ballot_sync(0xffffffffu, in[t] > 0);
+  out[2 * t] = b;
+  out[2 * t + 1] = threadIdx.x % 2 == 0 ? __ballot_sync(0x55555555u, in[t] > 0) : 0u;
+  first[t] = __ffs((int)b);
+}
+
+__global__ void partial_warp_ballot_k(unsigned *o) {
+  o[threadIdx.x] = __ballot_sync(0xffffffffu, threadIdx.x % 3 == 0);
+}
+
 __global__ void syncwarp_k(const float *in, float *out) {
   __shared__ float s[64];
   unsigned t = threadIdx.x, lane = t % 32;
@@ -395,6 +409,32 @@ Test(emu, shuffles_unsigned) {
   check_shuffles<unsigned>([](Lcg &r) { return r.next() | 0x80000000u; }, "unsigned");
 }
 
+Test(emu, ballot_and_ffs) {
+  const int n = 2 * 32;
+  Lcg rng(11);
+  std::vector<int> h(n);
+  for (int &v : h) v = rng.range(-3, 3);
+  for (int l = 32; l < 64; l++) h[l] = 0; /* the second warp: no lane's predicate holds */
+  int *in = dev_alloc<int>(n), *first = dev_alloc<int>(n);
+  unsigned *out = dev_alloc<unsigned>(2 * n);
+  to_dev(in, h);
+  WEFT_LAUNCH(ballot_k, 2, 32, 0, 0, (const int *)in, out, first);
+  std::vector<unsigned> got = from_dev(out, 2 * n);
+  std::vector<int> f = from_dev(first, n);
+  for (int t = 0; t < n; t++) {
+    const int w0 = t - t % 32;
+    unsigned all = 0, even = 0;
+    for (int l = 0; l < 32; l++)
+      if (h[w0 + l] > 0) all |= 1u << l, even |= l % 2 == 0 ? 1u << l : 0u;
+    cr_assert_eq(got[2 * t], all, "thread %d: ballot 0x%08x, want 0x%08x", t, got[2 * t], all);
+    if (t % 2 == 0)
+      cr_assert_eq(got[2 * t + 1], even, "thread %d: even-lane ballot 0x%08x, want 0x%08x", t,
+                   got[2 * t + 1], even);
+    cr_assert_eq(f[t], all ? __builtin_ctz(all) + 1 : 0, "thread %d: __ffs", t);
+  }
+  cudaFree(in), cudaFree(out), cudaFree(first);
+}
+
 Test(emu, warp_reductions_and_scan) {
   const int n = 3 * 64;
   Lcg rng(5);
@@ -567,6 +607,14 @@ Test(emu, misuse_messages) {
         cudaDeviceSynchronize();
       },
       {"__shfl_down_sync", "has only lanes 0x0000ffff", "block of 48 threads"});
+  expect_abort(
+      [] {
+        unsigned *o = nullptr;
+        cudaMalloc(&o, 48 * sizeof(unsigned));
+        WEFT_LAUNCH(partial_warp_ballot_k, 1, 48, 0, 0, o);
+        cudaDeviceSynchronize();
+      },
+      {"__ballot_sync", "has only lanes 0x0000ffff", "block of 48 threads"});
   expect_abort(
       [] {
         float *o = nullptr;

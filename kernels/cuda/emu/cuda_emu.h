@@ -157,6 +157,7 @@ enum weft_emu_shfl_mode_ {
   WEFT_EMU_SHFL_UP_ = 1,
   WEFT_EMU_SHFL_DOWN_ = 2,
   WEFT_EMU_SHFL_BFLY_ = 3,
+  WEFT_EMU_BALLOT_ = 4, /* __ballot_sync: a warp operation like the shuffles */
 };
 
 void weft_emu_syncthreads_(void);
@@ -206,6 +207,14 @@ WEFT_EMU_SHFL_DEFS_(unsigned long long)
 WEFT_EMU_SHFL_DEFS_(float)
 WEFT_EMU_SHFL_DEFS_(double)
 #undef WEFT_EMU_SHFL_DEFS_
+
+/* Bit l of the result: lane l's predicate, for the lanes of mask (each
+ * must call it with the same mask, as __shfl_sync). */
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  return (unsigned)weft_emu_shfl_(mask, predicate != 0, 4, WEFT_EMU_BALLOT_, 0, 0x1f, warpSize);
+}
+/* Position of the least significant set bit, 1-based; 0 for 0. */
+inline int __ffs(int x) { return __builtin_ffs(x); }
 
 /* ------------------------------------------------------------- atomics */
 /* Fibers never preempt: a plain read-modify-write is atomic. Each returns

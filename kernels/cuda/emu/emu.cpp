@@ -490,6 +490,8 @@ const char *shfl_name(int mode) {
       return "__shfl_up_sync";
     case WEFT_EMU_SHFL_DOWN_:
       return "__shfl_down_sync";
+    case WEFT_EMU_BALLOT_:
+      return "__ballot_sync";
     default:
       return "__shfl_xor_sync";
   }
@@ -518,7 +520,14 @@ bool warp_try_complete(Sched &s, unsigned wi, uint32_t M) {
           wi, first, warp_op_name(w, first), w.mask[first], w.size[first], w.width[first], l,
           warp_op_name(w, l), w.mask[l], w.size[l], w.width[l]);
   }
-  if (w.kind[first] == W_SHFL) {
+  if (w.kind[first] == W_SHFL && w.mode[first] == WEFT_EMU_BALLOT_) {
+    uint64_t bits = 0;
+    for (uint32_t m = need; m; m &= m - 1) {
+      int l = __builtin_ctz(m);
+      if (w.val[l]) bits |= 1u << l;
+    }
+    for (uint32_t m = need; m; m &= m - 1) w.res[__builtin_ctz(m)] = bits;
+  } else if (w.kind[first] == W_SHFL) {
     for (uint32_t m = need; m; m &= m - 1) {
       int l = __builtin_ctz(m);
       /* PTX ISA, shfl.sync */
