@@ -15,11 +15,10 @@
  *   and then in a tree (warp shuffles, then across warps in a fixed order),
  *   instead of the CPU's double; the sharded sumexp and the loss sums use
  *   double. Results agree with the CPU to ~1e-6 relative.
- * - Deterministic everywhere except embedding backward, which scatters with
- *   float atomicAdd: rows that share a token add up in an arbitrary order,
- *   so their last bits may differ from run to run. Column sums (dbias,
- *   RMSNorm's dweight) go through per-block partials and a second kernel
- *   that adds them in a fixed order.
+ * - Deterministic everywhere: embedding backward gathers each vocabulary
+ *   row's tokens in order (no atomics; the CPU's bits), and column sums
+ *   (dbias, RMSNorm's dweight) go through per-block partials and a second
+ *   kernel that adds them in a fixed order.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -170,26 +169,43 @@ __global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const fl
   }
 }
 
-/* dweight_local[tokens[n] - v0] += dout[n] for rows in range (atomics). */
+/* dweight_local[r] += dout[n] for every n with tokens[n] == v0 + r, in
+ * increasing n. One warp per (row r of [0, nv), tile of EMB_COLS columns,
+ * blockIdx.y) scans the ids 32 at a time (a ballot of the matches) and adds
+ * each matching dout row's slice, lane by lane in order, into registers
+ * that start from the weight row and are stored once. No atomics: every
+ * element gets the CPU's adds in the CPU's order (kernels/cpu/embedding.c),
+ * so the result is the CPU's bits on every run. Cost: nv * ceil(C /
+ * EMB_COLS) * N / 32 ballots besides the N * C loads. */
+#define EMB_COLS 256 /* 8 columns per lane */
 __global__ void embedding_bwd_kernel(float *dw, const int32_t *tokens, const float *dout, int64_t N,
-                                     int64_t v0, int64_t nv, int64_t C, bool vec) {
-  for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
-       n += (int64_t)gridDim.x * blockDim.y) {
-    const int64_t r = (int64_t)tokens[n] - v0;
-    if (r < 0 || r >= nv) continue;
+                                     int64_t v0, int64_t nv, int64_t C) {
+  const int lane = (int)threadIdx.x;
+  const int64_t c0 = (int64_t)blockIdx.y * EMB_COLS + lane;
+  for (int64_t r = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; r < nv;
+       r += (int64_t)gridDim.x * blockDim.y) {
+    const int64_t id = v0 + r;
     float *d = dw + r * C;
-    const float *g = dout + n * C;
-    if (vec) {
-      for (int64_t c = threadIdx.x; c < C / 4; c += blockDim.x) {
-        f4 v = ((const f4 *)g)[c];
-        atomicAdd(d + 4 * c, v.x);
-        atomicAdd(d + 4 * c + 1, v.y);
-        atomicAdd(d + 4 * c + 2, v.z);
-        atomicAdd(d + 4 * c + 3, v.w);
+    float acc[EMB_COLS / 32];
+    bool any = false;
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+      const int64_t n = n0 + lane;
+      unsigned hit = __ballot_sync(0xffffffffu, n < N && (int64_t)tokens[n] == id);
+      if (hit && !any) {
+        for (int k = 0; k < EMB_COLS / 32; k++) acc[k] = c0 + 32 * k < C ? d[c0 + 32 * k] : 0.0f;
+        any = true;
       }
-    } else {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(d + c, g[c]);
+      while (hit) { /* the same for every lane */
+        const int j = __ffs((int)hit) - 1;
+        hit &= hit - 1;
+        const float *g = dout + (n0 + j) * C;
+        for (int k = 0; k < EMB_COLS / 32; k++)
+          if (c0 + 32 * k < C) acc[k] += g[c0 + 32 * k];
+      }
     }
+    if (any)
+      for (int k = 0; k < EMB_COLS / 32; k++)
+        if (c0 + 32 * k < C) d[c0 + 32 * k] = acc[k];
   }
 }
 
@@ -198,9 +214,13 @@ weft_status embedding_launch(const char *func, bool backward, float *dst, const 
   if (N == 0 || C == 0) return WEFT_OK;
   const bool vec = C % 4 == 0 && aligned16(dst) && aligned16(src);
   const dim3 block(32, 8);
+  if (backward && (C + EMB_COLS - 1) / EMB_COLS > 65535)
+    return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "C = %lld columns: at most %lld on cuda",
+                         (long long)C, 65535LL * EMB_COLS);
   if (backward)
-    WEFT_LAUNCH(embedding_bwd_kernel, grid_for(N, 8), block, 0, compute_stream(), dst, tokens, src,
-                N, v0, nv, C, vec);
+    WEFT_LAUNCH(embedding_bwd_kernel,
+                dim3(grid_for(nv, 8), (unsigned)((C + EMB_COLS - 1) / EMB_COLS)), block, 0,
+                compute_stream(), dst, tokens, src, N, v0, nv, C);
   else
     WEFT_LAUNCH(embedding_fwd_kernel, grid_for(N, 8), block, 0, compute_stream(), dst, tokens, src,
                 N, v0, nv, C, vec);

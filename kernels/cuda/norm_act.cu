@@ -97,15 +97,17 @@ __global__ void ln_bwd_dinp_kernel(float *dinp, const float *dout, const float *
     const float m = mean[n], r = rstd[n];
     double sg = 0.0, sgx = 0.0;
     for (int64_t c = threadIdx.x; c < C; c += 32) {
-      const float xh = (x[c] - m) * r, g = dy[c] * (w ? w[c] : 1.0f);
+      const float xh = mul_rn(x[c] - m, r), g = mul_rn(dy[c], w ? w[c] : 1.0f);
       sg += (double)g;
       sgx += (double)g * (double)xh;
     }
     const float a = (float)(na_warp_sum_d(sg) / (double)C);
     const float bb = (float)(na_warp_sum_d(sgx) / (double)C);
+    /* products with mul_rn: g - a fused into fma(dy, w, -a) would leave
+     * dy * w's rounding error where the CPU has exactly 0 (C = 1) */
     for (int64_t c = threadIdx.x; c < C; c += 32) {
-      const float xh = (x[c] - m) * r, g = dy[c] * (w ? w[c] : 1.0f);
-      const float d = r * (g - a - xh * bb);
+      const float xh = mul_rn(x[c] - m, r), g = mul_rn(dy[c], w ? w[c] : 1.0f);
+      const float d = mul_rn(r, g - a - mul_rn(xh, bb));
       dx[c] = acc ? dx[c] + d : d;
     }
   }

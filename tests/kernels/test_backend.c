@@ -236,18 +236,38 @@ static void expect_rel(const char *what, double got, double want, double tol) {
             what, weft_backend_name(g_dev), got, want, err, tol, g_seed);
 }
 
+/* Fails naming element i of n (es bytes each) and both bit patterns. */
+static void fail_bits_differ(const char *what, int64_t i, int64_t n, const void *got,
+                             const void *want, size_t es) {
+  uint64_t gb = 0, wb = 0;
+  memcpy(&gb, got, es);
+  memcpy(&wb, want, es);
+  cr_assert_fail("%s on %s: element %lld of %lld is 0x%0*llx, want 0x%0*llx (seed %lu)", what,
+                 weft_backend_name(g_dev), (long long)i, (long long)n, (int)(2 * es),
+                 (unsigned long long)gb, (int)(2 * es), (unsigned long long)wb, g_seed);
+}
+
 /* The same bytes; reports the first differing element of size es. */
 static void expect_same_bytes(const char *what, const void *got, const void *want, int64_t n,
                               size_t es) {
   const unsigned char *g = got, *w = want;
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(g + (size_t)i * es, w + (size_t)i * es, es) != 0)
+      fail_bits_differ(what, i, n, g + (size_t)i * es, w + (size_t)i * es, es);
+}
+
+/* The same values bit for bit, except that any NaN equals any NaN: IEEE
+ * 754 leaves a new NaN's sign and payload to the machine (x86 makes
+ * 0xffc00000 of inf - inf, a GPU 0x7fffffff), and torch makes no promise. */
+static double dec(const void *p, weft_dtype dt);
+static void expect_same_floats(const char *what, const void *got, const void *want, int64_t n,
+                               weft_dtype dt) {
+  const size_t es = weft_dtype_size(dt);
+  const unsigned char *g = got, *w = want;
   for (int64_t i = 0; i < n; i++) {
-    if (memcmp(g + (size_t)i * es, w + (size_t)i * es, es) == 0) continue;
-    uint64_t gb = 0, wb = 0;
-    memcpy(&gb, g + (size_t)i * es, es);
-    memcpy(&wb, w + (size_t)i * es, es);
-    cr_assert_fail("%s on %s: element %lld of %lld is 0x%0*llx, want 0x%0*llx (seed %lu)", what,
-                   weft_backend_name(g_dev), (long long)i, (long long)n, (int)(2 * es),
-                   (unsigned long long)gb, (int)(2 * es), (unsigned long long)wb, g_seed);
+    const void *gi = g + (size_t)i * es, *wi = w + (size_t)i * es;
+    if (memcmp(gi, wi, es) != 0 && !(isnan(dec(gi, dt)) && isnan(dec(wi, dt))))
+      fail_bits_differ(what, i, n, gi, wi, es);
   }
 }
 
@@ -1249,7 +1269,7 @@ BACKEND_TEST(add_mul_scale_axpy_div_round_once_in_every_float_dtype_on_strided_v
         expect_values(what, got, dt, want, n);
         if (dev != WEFT_CPU) {
           void *cpu = ew_run(WEFT_CPU, (ew_op)op, dt, nd, shape, sh ? lay1 : lay2, a, b);
-          expect_same_bytes(what, got, cpu, n, esz(dt));
+          expect_same_floats(what, got, cpu, n, dt);
           free(cpu);
         }
         free(got), free(want);
@@ -1690,6 +1710,43 @@ BACKEND_TEST(embedding_and_embedding_range_forward_backward_match_references) {
   free(got);
   free(tok), free(w), free(dout), free(dw0), free(want);
   weft_free(dtok), weft_free(dwt), weft_free(ddout), weft_free(dout_d), weft_free(ddw);
+}
+
+/* Repeated tokens add up in increasing n, as the CPU adds them: every
+ * backend gives the CPU's bits, on every run (a GPU scatter with atomics
+ * would add each row's hundreds of repeats in a different order per run). */
+BACKEND_TEST(embedding_backward_adds_repeats_in_token_order_the_cpus_bits_every_run) {
+  seed_tests(167);
+  const int64_t N = 4099, V = 7, C = 300, v0 = 2, nv = 4; /* C: 2 column tiles on cuda */
+  int32_t *tok = h_ids(N, 0, V);
+  float *dout = h_normal(N * C, 1.0), *dw0 = h_normal(V * C, 1.0);
+  int32_t *dtok = dupi(dev, tok, N);
+  float *ddout = dupf(dev, dout, N * C);
+  for (int range = 0; range < 2; range++) {
+    float *cpu = malloc((size_t)(V * C) * sizeof(float));
+    memcpy(cpu, dw0, (size_t)(V * C) * sizeof(float));
+    if (range)
+      OK(weft_backend_embedding_range_backward(WEFT_CPU, cpu + v0 * C, tok, dout, N, v0, nv, C));
+    else
+      OK(weft_backend_embedding_backward(WEFT_CPU, cpu, tok, dout, N, V, C));
+    for (int run = 0; run < 3; run++) {
+      float *ddw = dupf(dev, dw0, V * C);
+      if (range)
+        OK(weft_backend_embedding_range_backward(dev, ddw + v0 * C, dtok, ddout, N, v0, nv, C));
+      else
+        OK(weft_backend_embedding_backward(dev, ddw, dtok, ddout, N, V, C));
+      float *got = downf(dev, ddw, V * C);
+      char what[96];
+      snprintf(what, sizeof what, "embedding%s_backward, run %d, against the CPU",
+               range ? "_range" : "", run + 1);
+      expect_same_bytes(what, got, cpu, V * C, sizeof(float));
+      free(got);
+      weft_free(ddw);
+    }
+    free(cpu);
+  }
+  free(tok), free(dout), free(dw0);
+  weft_free(dtok), weft_free(ddout);
 }
 
 BACKEND_TEST(linear_forward_backward_with_bias_and_accumulate_flags_match_references) {
