@@ -397,7 +397,12 @@ __device__ inline double block_merge(int kind, double v) {
 }
 
 /* One thread per output element, the CPU's order: g is over (out, input
- * narrowed to the reduced dim), len and stride the reduced dim's. */
+ * narrowed to the reduced dim), len and stride the reduced dim's. The
+ * loads go REDUCE_BATCH at a time ahead of the (in-order) adds: a column
+ * sum of few outputs (a bias grad: 768 columns of 4096 rows) is otherwise
+ * one dependent global load per element, 1.4 ms on an H200 where the
+ * batch takes ~0.1. */
+#define REDUCE_BATCH 16
 template <class T>
 __global__ void reduce_rows_kernel(geom g, int64_t nout, int kind, T *out, const T *in, int64_t len,
                                    int64_t stride) {
@@ -407,10 +412,15 @@ __global__ void reduce_rows_kernel(geom g, int64_t nout, int kind, T *out, const
     offsets_of<2>(g, i, off);
     const T *row = in + off[1];
     double acc = reduce_init(kind);
-    for (int64_t j = 0; j < len; j++) {
-      acc = reduce_step(kind, acc, load_f64(row[j * stride]));
+    int64_t j = 0;
+    for (; j + REDUCE_BATCH <= len; j += REDUCE_BATCH) {
+      double v[REDUCE_BATCH];
+      for (int k = 0; k < REDUCE_BATCH; k++) v[k] = load_f64(row[(j + k) * stride]);
+      for (int k = 0; k < REDUCE_BATCH; k++) acc = reduce_step(kind, acc, v[k]);
       if (kind == WEFT_REDUCE_MAX && acc != acc) break;
     }
+    for (; j < len && !(kind == WEFT_REDUCE_MAX && acc != acc); j++)
+      acc = reduce_step(kind, acc, load_f64(row[j * stride]));
     out[off[0]] = store_f64<T>(acc);
   }
 }
