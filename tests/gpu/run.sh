@@ -72,6 +72,7 @@ finish() {
   echo "=== summary ($(( $(date +%s) - T0 )) s in all; log: $LOG)"
   printf '%s\n' "${SUMMARY[@]}"
   grep -h '^RESULT' "$LOG" | sort -u || true
+  grep -h '^KERNELS' "$LOG" || true
   exit "${1:-$FAILED}"
 }
 
@@ -149,20 +150,37 @@ step backend_conformance 150 "$BUILD/tests/kernels/test_backend" --jobs=1 --verb
 step runtime 60 "$BUILD/tests/cuda/test_cuda_host" --jobs=1
 
 # ---- c. GPT-2 124M on one GPU ------------------------------------------------
-gpt2() { # gpt2 MATMUL: 10 steps (the first is warm-up), RESULT lines from the summary
-  local m=$1 out=$BUILD/gpt2_$1.txt
-  "$BUILD/examples/weft-train" --model gpt2 --device cuda --matmul "$m" --batch 4 \
+gpt2() { # gpt2 MATMUL [BATCH]: 10 steps (the first is warm-up), RESULT lines from the summary
+  local m=$1 b=${2:-4}
+  local out=$BUILD/gpt2_${m}_b$b.txt
+  "$BUILD/examples/weft-train" --model gpt2 --device cuda --matmul "$m" --batch "$b" \
     --steps 10 --val-every 0 --warmup 2 --peak-tflops 989 > "$out" 2>&1
   local rc=$?
   cat "$out"
   [ $rc -eq 0 ] || return $rc
-  echo "RESULT gpt2-124M --matmul $m B=4 T=1024 1 GPU: $(grep -E 'step time|tokens/s|MFU|peak memory' "$out" |
+  echo "RESULT gpt2-124M --matmul $m B=$b T=1024 1 GPU: $(grep -E 'step time|tokens/s|MFU|peak memory' "$out" |
     sed 's/  */ /g' | paste -sd';' -)"
 }
 export -f gpt2
 export BUILD
 step gpt2_124M_matmul_bf16 200 gpt2 bf16
 step gpt2_124M_matmul_tf32 150 gpt2 tf32
+step gpt2_124M_matmul_bf16_batch8 150 gpt2 bf16 8
+# where the step's time goes: every kernel's GPU time (ncu, one metric, no
+# clock control) over 2 steps of GPT-2 124M cut to 2 layers, largest first
+kernel_times() {
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] || { echo "no ncu here: kernel times not measured"; return 0; }
+  "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum --print-summary per-kernel \
+    "$BUILD/examples/weft-train" --model gpt2 --layers 2 --device cuda --matmul bf16 --batch 4 \
+    --steps 2 --val-every 0 --quiet > "$BUILD/ncu_gpt2.csv" 2> "$BUILD/ncu_gpt2.err"
+  local rc=$?
+  tail -5 "$BUILD/ncu_gpt2.err"
+  [ $rc -eq 0 ] || return $rc
+  python3 tests/gpu/kernel_times.py < "$BUILD/ncu_gpt2.csv" | sed 's/^/KERNELS /'
+}
+export -f kernel_times
 
 
 # ---- b. the golden checks and the CPU parity, on the device -----------------
@@ -179,5 +197,6 @@ step weft_train_fsdp_device_memory 120 "$BUILD/tests/examples/test_examples" --j
   --filter 'examples/train_fsdp_halves*'
 step weft_train_cpu_offload 120 "$BUILD/tests/examples/test_examples" --jobs=1 --verbose \
   --filter 'examples/train_cpu_offload*'
+step gpt2_124M_kernel_times 150 kernel_times
 
 finish
