@@ -21,6 +21,8 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <algorithm>
+#include <set>
 #include <vector>
 
 #include "cuda_compat.h"
@@ -167,6 +169,13 @@ __global__ void ballot_k(const int *in, unsigned *out, int *first) {
   out[2 * t] = b;
   out[2 * t + 1] = threadIdx.x % 2 == 0 ? __ballot_sync(0x55555555u, in[t] > 0) : 0u;
   first[t] = __ffs((int)b);
+}
+
+/* *sum += x[blockIdx.x] (one float atomic per block: the result depends
+ * on the blocks' order); order[i] = the i-th block to run. */
+__global__ void order_sum_k(const float *x, float *sum, unsigned *order, unsigned *next) {
+  atomicAdd(sum, x[blockIdx.x]);
+  order[atomicAdd(next, 1u)] = blockIdx.x;
 }
 
 __global__ void partial_warp_ballot_k(unsigned *o) {
@@ -435,6 +444,46 @@ Test(emu, ballot_and_ffs) {
   cudaFree(in), cudaFree(out), cudaFree(first);
 }
 
+/* Blocks run in an order drawn per launch (a GPU promises none): every
+ * block once, different orders under different seeds and launches, z, y, x
+ * order when shuffling is off, and an order-dependent float atomic sum that
+ * changes with the seed (as from run to run on a GPU). */
+Test(emu, blocks_run_once_each_in_a_drawn_order) {
+  const unsigned n = 97;
+  std::vector<float> h(n);
+  /* 1e8 + 1 rounds to 1e8: the sum is 1e8 plus the ones added before it */
+  for (unsigned i = 0; i < n; i++) h[i] = i == 40 ? 1e8f : 1.0f;
+  float *x = dev_alloc<float>(n), *sum = dev_alloc<float>(1);
+  unsigned *order = dev_alloc<unsigned>(n), *next = dev_alloc<unsigned>(1);
+  to_dev(x, h);
+  const unsigned long long prev = weft_emu_set_shuffle(0);
+  std::set<std::vector<unsigned>> orders;
+  std::set<float> sums;
+  for (unsigned long long seed = 0; seed < 6; seed++) {
+    weft_emu_set_shuffle(seed);
+    for (int rep = 0; rep < 2; rep++) {
+      cudaMemset(sum, 0, sizeof(float));
+      cudaMemset(next, 0, sizeof(unsigned));
+      WEFT_LAUNCH(order_sum_k, n, 1, 0, 0, (const float *)x, sum, order, next);
+      std::vector<unsigned> o = from_dev(order, n);
+      std::vector<unsigned> sorted = o;
+      std::sort(sorted.begin(), sorted.end());
+      for (unsigned i = 0; i < n; i++)
+        cr_assert_eq(sorted[i], i, "seed %llu: block %u ran %s", seed, i,
+                     sorted[i] < i ? "twice" : "never");
+      if (seed == 0)
+        for (unsigned i = 0; i < n; i++)
+          cr_assert_eq(o[i], i, "unshuffled: block %u ran %u-th", o[i], i);
+      orders.insert(o);
+      sums.insert(from_dev(sum, 1)[0]);
+    }
+  }
+  weft_emu_set_shuffle(prev);
+  cr_assert_geq(orders.size(), 10u, "%zu distinct block orders in 12 launches", orders.size());
+  cr_assert_geq(sums.size(), 2u, "an order-dependent atomic sum gave one value under 6 seeds");
+  cudaFree(x), cudaFree(sum), cudaFree(order), cudaFree(next);
+}
+
 Test(emu, warp_reductions_and_scan) {
   const int n = 3 * 64;
   Lcg rng(5);
@@ -598,7 +647,7 @@ Test(emu, deadlock_aborts, .signal = SIGABRT) { launch_deadlock(); }
 
 Test(emu, misuse_messages) {
   expect_abort(launch_deadlock, {"deadlock", "the kernel launch deadlock_k", "launch_deadlock",
-                                 "__syncthreads", "__shfl_xor_sync", "block (0,0,0)"});
+                                 "__syncthreads", "__shfl_xor_sync", "shared memory; block ("});
   expect_abort(
       [] {
         float *o = nullptr;

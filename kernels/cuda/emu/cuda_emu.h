@@ -64,8 +64,12 @@
  *   when its queue is full).
  *
  * How work runs (emu.cpp):
- * - A launch runs its blocks one after another in z, y, x order on the
- *   OS thread that runs the queue; the threads of a block are cooperative
+ * - A launch runs its blocks one after another on the OS thread that runs
+ *   the queue, in an order drawn per launch from a per-process seed (a GPU
+ *   promises no order, so a result that depends on it, such as float
+ *   atomics adding across blocks, changes from run to run here too;
+ *   WEFT_EMU_SHUFFLE=<seed> repeats one run's orders, =0 runs blocks in z,
+ *   y, x order, and a fault names the seed); the threads of a block are cooperative
  *   fibers (each its own stack), so __syncthreads, __syncwarp and the
  *   shuffles are real barriers. Fibers never preempt each other: atomics
  *   are plain read-modify-writes. Host threads share the queues; one runs
@@ -84,14 +88,14 @@
  *   aligned as CUDA's) with a registry: copies check their kind against
  *   the pointers, frees check the pointer, new allocations are filled with
  *   0xFF bytes (NaN), freed pages go back to the system.
- * - Environment: WEFT_EMU_STRICT, WEFT_EMU_DEFER (above; read at first
- *   use), WEFT_EMU_DEVICES=n (default 1; 0 tests the no-GPU paths),
+ * - Environment: WEFT_EMU_STRICT, WEFT_EMU_DEFER, WEFT_EMU_SHUFFLE (above;
+ *   read at first use), WEFT_EMU_DEVICES=n (default 1; 0 tests the no-GPU paths),
  *   WEFT_EMU_STACK_KB (fiber stack size, default 64, 256 under ASan).
  * - cuBLAS GEMMs are column-major as the real library, accumulate in double
  *   and round once; TF32 / BF16 compute modes round the operands first.
  *
  * The host API functions have C++ linkage (unlike libcudart's C symbols);
- * the two test hooks at the end (weft_emu_set_strict / _defer) are C.
+ * the test hooks at the end (weft_emu_set_strict / _defer / _shuffle) are C.
  */
 #ifndef WEFT_CUDA_EMU_H
 #define WEFT_CUDA_EMU_H
@@ -646,5 +650,8 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
  * Turning deferral off first runs all queued work. For tests. */
 extern "C" int weft_emu_set_strict(int on);
 extern "C" int weft_emu_set_defer(int on);
+/* Launches from here on run their blocks in the order drawn from seed (0:
+ * in z, y, x order); returns the previous seed (0 if it was off). */
+extern "C" unsigned long long weft_emu_set_shuffle(unsigned long long seed);
 
 #endif /* WEFT_CUDA_EMU_H */

@@ -296,6 +296,9 @@ std::string kernel_name(const std::type_info *ti) {
   return s;
 }
 
+extern int g_shuffle; /* block order, below ("modes") */
+extern uint64_t g_shuffle_seed;
+
 [[noreturn]] __attribute__((format(printf, 1, 2))) void fail(const char *fmt, ...) {
   Sched *s = tls_sched_;
   fflush(stdout);
@@ -311,6 +314,9 @@ std::string kernel_name(const std::type_info *ti) {
       uint3 t = s->fib[s->cur].tid;
       fprintf(stderr, ", thread (%u,%u,%u)", t.x, t.y, t.z);
     }
+    if (g_shuffle == 1)
+      fprintf(stderr, " (blocks in shuffled order: WEFT_EMU_SHUFFLE=%llu repeats it)",
+              (unsigned long long)g_shuffle_seed);
     fprintf(stderr, ": ");
   } else {
     fprintf(stderr, "weft CUDA emulator: ");
@@ -873,6 +879,52 @@ bool strict_on() {
 bool defer_on() {
   if (g_defer < 0) g_defer = env_on("WEFT_EMU_DEFER");
   return g_defer != 0;
+}
+
+/* Block order (WEFT_EMU_SHUFFLE): a GPU runs a launch's blocks in no set
+ * order, so results that depend on it (float atomics adding in block
+ * order) differ from run to run there. Here each launch's blocks run in
+ * an order drawn from a per-process seed: the seed is WEFT_EMU_SHUFFLE's
+ * value when it is a number, else drawn from the clock and pid (so two
+ * runs of a program differ as on a GPU); "0"/"off" runs them in z, y, x
+ * order. The seed is printed with any failure. */
+int g_shuffle = -1;      /* -1: the environment not read yet */
+uint64_t g_shuffle_seed; /* this process's seed */
+uint64_t g_launch_count; /* launches executed, for each one's order */
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+bool shuffle_on() {
+  if (g_shuffle < 0) {
+    const char *e = getenv("WEFT_EMU_SHUFFLE");
+    char *end = nullptr;
+    unsigned long long v = e && *e ? strtoull(e, &end, 10) : 0;
+    if (e && *e && end && *end == '\0' && v > 0) {
+      g_shuffle_seed = v;
+      g_shuffle = 1;
+    } else {
+      g_shuffle = env_on("WEFT_EMU_SHUFFLE") ? 1 : 0;
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      g_shuffle_seed =
+          mix64(((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 16)) |
+          1u;
+    }
+  }
+  return g_shuffle != 0;
+}
+
+uint64_t gcd64(uint64_t a, uint64_t b) {
+  while (b) {
+    uint64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
 }
 
 /* ---------------------------------------------------------------- arena */
@@ -1766,6 +1818,14 @@ extern "C" int weft_emu_set_strict(int on) {
   return prev;
 }
 
+extern "C" unsigned long long weft_emu_set_shuffle(unsigned long long seed) {
+  ExecLock x(g_exec);
+  const unsigned long long prev = shuffle_on() ? g_shuffle_seed : 0;
+  g_shuffle = seed ? 1 : 0;
+  if (seed) g_shuffle_seed = seed;
+  return prev;
+}
+
 extern "C" int weft_emu_set_defer(int on) {
   ExecLock x(g_exec);
   int prev = defer_on() ? 1 : 0;
@@ -1792,12 +1852,21 @@ void execute_launch(Launch &L) {
   s.launch = &L;
   weft_emu::gridDim = L.grid;
   weft_emu::blockDim = L.block;
-  for (unsigned z = 0; z < L.grid.z; z++)
-    for (unsigned y = 0; y < L.grid.y; y++)
-      for (unsigned x = 0; x < L.grid.x; x++) {
-        weft_emu::blockIdx = uint3{x, y, z};
-        run_block(s);
-      }
+  /* block i of the launch's order is block (a i + b) mod n of z, y, x
+   * order: a bijection when gcd(a, n) = 1 (a = 1, b = 0 without shuffling) */
+  const uint64_t gx = L.grid.x, gxy = gx * L.grid.y, n = gxy * L.grid.z;
+  uint64_t a = 1, b = 0;
+  if (shuffle_on() && n > 1) {
+    const uint64_t r = mix64(g_shuffle_seed ^ mix64(++g_launch_count));
+    a = 1 + r % (n - 1);
+    while (gcd64(a, n) != 1) a = a % (n - 1) + 1;
+    b = (r >> 32) % n;
+  }
+  for (uint64_t i = 0; i < n; i++) {
+    const uint64_t j = (uint64_t)(((unsigned __int128)a * i + b) % n);
+    weft_emu::blockIdx = uint3{(unsigned)(j % gx), (unsigned)(j % gxy / gx), (unsigned)(j / gxy)};
+    run_block(s);
+  }
   s.launch = nullptr;
   s.dyn_smem = nullptr;
   free(dyn);
