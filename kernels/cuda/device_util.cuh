@@ -62,8 +62,19 @@ __device__ inline void lse_merge(float &m, float &s, float m2, float s2) {
  * does by default, -fmad=true), so that a*b + c rounds twice as on the CPU:
  * the kernels that promise the CPU's bits write their products with these. */
 #ifdef WEFT_CUDA_EMU
-__device__ inline float mul_rn(float a, float b) { return a * b; }
-__device__ inline double mul_rn(double a, double b) { return a * b; }
+/* the emulated kernels are compiled with FMA contraction where the machine
+ * has FMA (kernels/cuda/meson.build): the empty asm makes the rounded
+ * product a value the compiler cannot fuse into a following add */
+__device__ inline float mul_rn(float a, float b) {
+  float r = a * b;
+  __asm__("" : "+x"(r));
+  return r;
+}
+__device__ inline double mul_rn(double a, double b) {
+  double r = a * b;
+  __asm__("" : "+x"(r));
+  return r;
+}
 #else
 __device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
