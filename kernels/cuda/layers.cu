@@ -214,16 +214,17 @@ weft_status embedding_launch(const char *func, bool backward, float *dst, const 
   if (N == 0 || C == 0) return WEFT_OK;
   const bool vec = C % 4 == 0 && aligned16(dst) && aligned16(src);
   const dim3 block(32, 8);
-  if (backward && (C + EMB_COLS - 1) / EMB_COLS > 65535)
-    return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "C = %lld columns: at most %lld on cuda",
-                         (long long)C, 65535LL * EMB_COLS);
-  if (backward)
-    WEFT_LAUNCH(embedding_bwd_kernel,
-                dim3(grid_for(nv, 8), (unsigned)((C + EMB_COLS - 1) / EMB_COLS)), block, 0,
+  if (backward) {
+    const int64_t tiles = (C + EMB_COLS - 1) / EMB_COLS;
+    if (tiles > 65535)
+      return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "C = %lld columns: at most %lld on cuda",
+                           (long long)C, 65535LL * EMB_COLS);
+    WEFT_LAUNCH(embedding_bwd_kernel, dim3(grid_for(nv, 8), (unsigned)tiles), block, 0,
                 compute_stream(), dst, tokens, src, N, v0, nv, C);
-  else
+  } else {
     WEFT_LAUNCH(embedding_fwd_kernel, grid_for(N, 8), block, 0, compute_stream(), dst, tokens, src,
                 N, v0, nv, C, vec);
+  }
   return launched(func);
 }
 

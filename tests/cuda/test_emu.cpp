@@ -178,8 +178,8 @@ __global__ void order_sum_k(const float *x, float *sum, unsigned *order, unsigne
   order[atomicAdd(next, 1u)] = blockIdx.x;
 }
 
-__global__ void partial_warp_ballot_k(unsigned *o) {
-  o[threadIdx.x] = __ballot_sync(0xffffffffu, threadIdx.x % 3 == 0);
+__global__ void partial_warp_ballot_k(float *o) {
+  o[threadIdx.x] = (float)__ballot_sync(0xffffffffu, threadIdx.x % 3 == 0);
 }
 
 __global__ void syncwarp_k(const float *in, float *out) {
@@ -645,41 +645,27 @@ Test(emu, launch_time_64x256_two_barriers) {
 
 Test(emu, deadlock_aborts, .signal = SIGABRT) { launch_deadlock(); }
 
+/* A function that launches kernel(o) as one block of threads over a fresh
+ * float buffer and synchronizes (for expect_abort). */
+#define ONE_BLOCK(kernel, threads)              \
+  [] {                                          \
+    float *o = nullptr;                         \
+    cudaMalloc(&o, (threads) * sizeof(float));  \
+    WEFT_LAUNCH(kernel, 1, (threads), 0, 0, o); \
+    cudaDeviceSynchronize();                    \
+  }
+
 Test(emu, misuse_messages) {
   expect_abort(launch_deadlock, {"deadlock", "the kernel launch deadlock_k", "launch_deadlock",
                                  "__syncthreads", "__shfl_xor_sync", "shared memory; block ("});
-  expect_abort(
-      [] {
-        float *o = nullptr;
-        cudaMalloc(&o, 48 * sizeof(float));
-        WEFT_LAUNCH(partial_warp_shfl_k, 1, 48, 0, 0, o);
-        cudaDeviceSynchronize();
-      },
-      {"__shfl_down_sync", "has only lanes 0x0000ffff", "block of 48 threads"});
-  expect_abort(
-      [] {
-        unsigned *o = nullptr;
-        cudaMalloc(&o, 48 * sizeof(unsigned));
-        WEFT_LAUNCH(partial_warp_ballot_k, 1, 48, 0, 0, o);
-        cudaDeviceSynchronize();
-      },
-      {"__ballot_sync", "has only lanes 0x0000ffff", "block of 48 threads"});
-  expect_abort(
-      [] {
-        float *o = nullptr;
-        cudaMalloc(&o, 32 * sizeof(float));
-        WEFT_LAUNCH(exit_in_shfl_k, 1, 32, 0, 0, o);
-        cudaDeviceSynchronize();
-      },
-      {"returned while lane", "__shfl_down_sync", "thread (5,0,0)"});
-  expect_abort(
-      [] {
-        float *o = nullptr;
-        cudaMalloc(&o, 32 * sizeof(float));
-        WEFT_LAUNCH(mixed_warp_ops_k, 1, 32, 0, 0, o);
-        cudaDeviceSynchronize();
-      },
-      {"different warp operations", "__syncwarp", "__shfl_xor_sync"});
+  expect_abort(ONE_BLOCK(partial_warp_shfl_k, 48),
+               {"__shfl_down_sync", "has only lanes 0x0000ffff", "block of 48 threads"});
+  expect_abort(ONE_BLOCK(partial_warp_ballot_k, 48),
+               {"__ballot_sync", "has only lanes 0x0000ffff", "block of 48 threads"});
+  expect_abort(ONE_BLOCK(exit_in_shfl_k, 32),
+               {"returned while lane", "__shfl_down_sync", "thread (5,0,0)"});
+  expect_abort(ONE_BLOCK(mixed_warp_ops_k, 32),
+               {"different warp operations", "__syncwarp", "__shfl_xor_sync"});
   expect_abort([] { __syncthreads(); }, {"__syncthreads called outside a kernel"});
 }
 
