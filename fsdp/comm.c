@@ -65,18 +65,33 @@ static const float *src_grad(const fsdp_param *fp) {
   return fp->acc_grad ? weft_dtensor_local(fp->acc_grad)->data : NULL;
 }
 
+/* The offloaded group's pinned host staging buffer of at least `bytes`
+ * (one block): made once and reused every step, so the copies to and from
+ * the device run from page-locked memory (at full speed, no staging by the
+ * driver) and the step allocates nothing on the host. */
+static weft_status offload_stage(weft_fsdp *f, size_t bytes, void **out) {
+  if (f->stage_bytes < bytes) {
+    weft_free_pinned(f->dev, f->stage);
+    f->stage = NULL;
+    f->stage_bytes = 0;
+    WEFT_CHECK(weft_alloc_pinned(f->dev, bytes, &f->stage));
+    f->stage_bytes = bytes;
+  }
+  *out = f->stage;
+  return WEFT_OK;
+}
+
 /* This rank's block of the flat layout from its shards into dst (S
  * elements of dt on the group's device). Offloaded shards are packed on the
- * host and copied over. */
-static weft_status pack_shard(const weft_fsdp *f, void *dst, weft_dtype dt) {
+ * host into the pinned staging buffer and copied over (a blocking copy:
+ * the buffer is free again when it returns). */
+static weft_status pack_shard(weft_fsdp *f, void *dst, weft_dtype dt) {
   if (!f->offload) return pack_block(f, f->dev, f->coord, dst, dt, src_sharded, true);
   size_t bytes = (size_t)f->block * weft_dtype_size(dt);
   void *host;
-  WEFT_CHECK(weft_alloc(WEFT_CPU, bytes, &host));
-  weft_status st = pack_block(f, WEFT_CPU, f->coord, host, dt, src_sharded, true);
-  if (!st) st = weft_memcpy(f->dev, dst, host, bytes, WEFT_COPY_H2D);
-  weft_free(host);
-  return st;
+  WEFT_CHECK(offload_stage(f, bytes, &host));
+  WEFT_CHECK(pack_block(f, WEFT_CPU, f->coord, host, dt, src_sharded, true));
+  return weft_memcpy(f->dev, dst, host, bytes, WEFT_COPY_H2D);
 }
 
 static int64_t dt_bytes(const weft_dtensor *d) {
@@ -318,13 +333,12 @@ weft_status fsdp__reduce_finish(weft_fsdp *f) {
     pc[npc].count = fp->shard_len * fp->rest;
     npc++;
   }
-  if (!st && f->offload) { /* the host grads take the reduced block from a host copy */
+  if (!st && f->offload) { /* the host grads take the reduced block from the staging copy */
     size_t bytes = (size_t)S * weft_dtype_size(dt);
     void *host = NULL;
-    st = weft_alloc(WEFT_CPU, bytes, &host);
+    st = offload_stage(f, bytes, &host);
     if (!st) st = weft_memcpy(f->dev, host, f->rs_buf, bytes, WEFT_COPY_D2H);
     if (!st) st = weft_backend_flat_accumulate(WEFT_CPU, host, dt, pc, npc, scale);
-    weft_free(host);
   } else if (!st) {
     st = weft_backend_flat_accumulate(f->dev, f->rs_buf, dt, pc, npc, scale);
   }

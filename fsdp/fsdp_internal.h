@@ -77,6 +77,8 @@ struct weft_fsdp {
   weft_mesh *spmd_mesh; /* where sharded DTensors live (dp_mesh or the root) */
   weft_device dev;      /* the spmd mesh's device: flat buffers, casts, unsharded data */
   bool offload;         /* offload_params on a device mesh: sharded data and grads on the host */
+  void *stage;          /* offload: pinned host staging of one block (comm.c), or NULL */
+  size_t stage_bytes;
   weft_dtype ag_dtype, rs_dtype;
   /* parameters */
   fsdp_param *params;

@@ -360,6 +360,7 @@ static weft_status layout_param(weft_fsdp *f, bool with_tp, weft_param *p, build
 static void group_free(weft_fsdp *f) {
   if (!f) return;
   if (f->step_comm_ready) MPI_Comm_free(&f->step_comm);
+  weft_free_pinned(f->dev, f->stage);
   free(f->modules);
   free(f->name);
   free(f->params);
