@@ -278,6 +278,12 @@ void weft_event_destroy(weft_device dev, weft_event *ev) {
   const weft_backend *be = weft_backend_get(dev);
   if (ev && be && has_member(be, offsetof(weft_backend, event_destroy))) be->event_destroy(ev);
 }
+const char *weft_stream_name(weft_stream_id s) {
+  static const char *const names[WEFT_STREAM_COUNT] = {"compute", "comm", "fsdp_all_gather",
+                                                       "fsdp_reduce_scatter"};
+  return (unsigned)s < WEFT_STREAM_COUNT ? names[s] : "?";
+}
+
 void *weft_device_stream_handle(weft_device dev, weft_stream_id s) {
   const weft_backend *be = weft_backend_get(dev);
   if (!be || !has_member(be, offsetof(weft_backend, stream_handle))) return NULL;

@@ -65,9 +65,15 @@ extern "C" {
  * its work is done when the call returns. */
 typedef enum weft_stream_id {
   WEFT_STREAM_COMPUTE = 0, /* kernels, copies, the default */
-  WEFT_STREAM_COMM = 1,    /* collectives on device buffers */
+  WEFT_STREAM_COMM = 1,    /* collectives on device buffers (TP, DTensor, the default) */
+  WEFT_STREAM_FSDP_AG = 2, /* FSDP's parameter all-gathers */
+  WEFT_STREAM_FSDP_RS = 3, /* FSDP's gradient reduce-scatters and HSDP all-reduces */
   WEFT_STREAM_COUNT
 } weft_stream_id;
+
+/* "compute", "comm", "fsdp_all_gather", "fsdp_reduce_scatter"; "?" if
+ * out of range. */
+WEFT_API const char *weft_stream_name(weft_stream_id s);
 
 /* Direction of a copy, relative to the device whose table does it ("host"
  * is CPU memory; for the CPU backend every kind is a host copy). */

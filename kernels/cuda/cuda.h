@@ -21,7 +21,9 @@
  * (size classes, free blocks reused in stream order) whose live bytes are
  * weft_mem_get(WEFT_CUDA); memory held in the cache but not in use is
  * weft_cuda_cache_get().reserved_bytes - live. Kernels run on the compute
- * stream (WEFT_STREAM_COMPUTE), collectives on WEFT_STREAM_COMM.
+ * stream (WEFT_STREAM_COMPUTE), collectives on WEFT_STREAM_COMM (or the
+ * stream weft_comm_stream_set chose: FSDP's all-gathers and reduce-scatters
+ * have their own).
  */
 #ifndef WEFT_CUDA_H
 #define WEFT_CUDA_H
@@ -48,7 +50,7 @@ static inline weft_status weft_cuda_init(int local_rank, int *device) {
 static inline void weft_cuda_shutdown(void) { weft_device_shutdown(WEFT_CUDA); }
 /* The device chosen by weft_cuda_init, -1 before. */
 static inline int weft_cuda_current_device(void) { return weft_device_current(WEFT_CUDA); }
-/* Waits for both streams; reports a fault inside a kernel as WEFT_ERR_CUDA. */
+/* Waits for every stream (WEFT_STREAM_COUNT); reports a fault inside a kernel as WEFT_ERR_CUDA. */
 static inline weft_status weft_cuda_synchronize(void) { return weft_device_synchronize(WEFT_CUDA); }
 /* F32 (default), TF32 or BF16 products for every fp32 GEMM on the device
  * (sgemm and what is built on it: linear, attention). */

@@ -29,7 +29,8 @@
 extern "C" {
 #endif
 
-#define WEFT_CUDA_CACHE_STREAMS 2 /* compute, comm */
+#define WEFT_CUDA_CACHE_STREAMS \
+  4 /* WEFT_STREAM_COUNT: compute, comm, fsdp_all_gather, fsdp_reduce_scatter */
 
 /* How the cache gets raw memory and stream markers (cudaMalloc / events on
  * the device; plain malloc and flags in the unit tests). */

@@ -15,6 +15,8 @@
 
 namespace {
 
+static_assert(WEFT_CUDA_CACHE_STREAMS == WEFT_STREAM_COUNT, "one cache stream per weft stream");
+
 struct runtime_state {
   bool initialized = false;
   int device = -1;
@@ -69,8 +71,8 @@ cudaMemcpyKind copy_kind(weft_copy_kind k) {
 }
 
 void release_all_locked() {
-  if (rt.stream[0]) (void)cudaStreamSynchronize(rt.stream[0]);
-  if (rt.stream[1]) (void)cudaStreamSynchronize(rt.stream[1]);
+  for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS; s++)
+    if (rt.stream[s]) (void)cudaStreamSynchronize(rt.stream[s]);
   if (rt.scratch && rt.cache) weft_cuda_cache_free_(rt.cache, rt.scratch);
   rt.scratch = nullptr;
   rt.scratch_bytes = 0;
@@ -184,8 +186,8 @@ int weft_cuda_current_device_(void) { return rt.initialized ? rt.device : -1; }
 weft_status weft_cuda_synchronize_(void) {
   WEFT_CHECK(weft_cuda_require_init_("synchronize"));
   for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS; s++)
-    WEFT_CHECK(weft_cuda_check_(cudaStreamSynchronize(rt.stream[s]),
-                                s == 0 ? "compute stream" : "communication stream"));
+    WEFT_CHECK(
+        weft_cuda_check_(cudaStreamSynchronize(rt.stream[s]), weft_stream_name((weft_stream_id)s)));
   return weft_cuda_check_(cudaGetLastError(), "a kernel launch");
 }
 

@@ -801,6 +801,8 @@ BACKEND_TEST(events_order_streams_or_are_unsupported_by_name) {
     return;
   }
   cr_assert_eq(st, WEFT_OK, "%s", weft_last_error());
+  cr_assert_str_eq(weft_stream_name(WEFT_STREAM_FSDP_RS), "fsdp_reduce_scatter");
+  cr_assert_str_eq(weft_stream_name(WEFT_STREAM_COUNT), "?");
   const size_t n = 4099;
   unsigned char *h = xmalloc(n);
   for (size_t i = 0; i < n; i++) h[i] = (unsigned char)rnd_u64();
@@ -821,6 +823,21 @@ BACKEND_TEST(events_order_streams_or_are_unsupported_by_name) {
   unsigned char *got = down(dev, d2, n);
   expect_same_bytes("copy on the comm stream after waiting for the compute stream", got, h,
                     (int64_t)n, 1);
+  /* every communication stream exists and is ordered the same way */
+  for (int s = WEFT_STREAM_FSDP_AG; s < WEFT_STREAM_COUNT; s++) {
+    weft_event *es = NULL, *ed = NULL;
+    OK(weft_memset(dev, d2, 0, n));
+    OK(weft_event_record(dev, WEFT_STREAM_COMPUTE, &es));
+    OK(weft_stream_wait_event(dev, (weft_stream_id)s, es));
+    OK(weft_memcpy_async(dev, d2, d, n, WEFT_COPY_D2D, (weft_stream_id)s));
+    OK(weft_event_record(dev, (weft_stream_id)s, &ed));
+    OK(weft_event_synchronize(dev, ed));
+    unsigned char *g2 = down(dev, d2, n);
+    expect_same_bytes(weft_stream_name((weft_stream_id)s), g2, h, (int64_t)n, 1);
+    free(g2);
+    weft_event_destroy(dev, es);
+    weft_event_destroy(dev, ed);
+  }
   free(h), free(got);
   weft_event_destroy(dev, e0);
   weft_event_destroy(dev, e1);
