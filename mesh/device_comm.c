@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "weft_config.h"
@@ -34,13 +35,48 @@
 /* Through the WEFT_CUDA table of backend.h (none in a CPU-only build: then
  * no buffer is device memory and no device is selected). */
 static bool real_is_device(const void *p) { return weft_ptr_device(p) == WEFT_CUDA; }
-static weft_status real_copy(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
-  return weft_memcpy(WEFT_CUDA, dst, src, bytes, kind);
+static weft_status real_copy(void *dst, const void *src, size_t bytes, weft_copy_kind kind,
+                             weft_stream_id s) {
+  return weft_memcpy_async(WEFT_CUDA, dst, src, bytes, kind, s);
 }
+static weft_status real_order(weft_stream_id waiter, weft_stream_id signaler) {
+  weft_event *e;
+  WEFT_CHECK(weft_event_record(WEFT_CUDA, signaler, &e));
+  weft_status st = weft_stream_wait_event(WEFT_CUDA, waiter, e);
+  weft_event_destroy(WEFT_CUDA, e); /* released once the wait passed it */
+  return st;
+}
+static weft_status real_sync(weft_stream_id s) {
+  weft_event *e;
+  WEFT_CHECK(weft_event_record(WEFT_CUDA, s, &e));
+  weft_status st = weft_event_synchronize(WEFT_CUDA, e);
+  weft_event_destroy(WEFT_CUDA, e);
+  return st;
+}
+static void *real_mark(weft_stream_id s) {
+  weft_event *e = NULL;
+  if (weft_event_record(WEFT_CUDA, s, &e) != WEFT_OK) {
+    weft_clear_error();
+    return NULL; /* the caller then waits for s instead */
+  }
+  return e;
+}
+static bool real_mark_done(void *m) {
+  bool done = true;
+  if (weft_event_query(WEFT_CUDA, m, &done) != WEFT_OK) {
+    weft_clear_error();
+    return true; /* a failed device: nothing will run the copy any more */
+  }
+  return done;
+}
+static void real_mark_release(void *m) { weft_event_destroy(WEFT_CUDA, m); }
 static int real_device(void) { return weft_device_current(WEFT_CUDA); }
 
-#define REAL_HOOKS \
-  { real_is_device, real_copy, real_device, WEFT_HAVE_NCCL != 0 }
+#define REAL_HOOKS                                                               \
+  {                                                                              \
+    real_is_device, real_copy, real_order, real_sync, real_mark, real_mark_done, \
+        real_mark_release, real_device, WEFT_HAVE_NCCL != 0                      \
+  }
 static weft_device_hooks hooks = REAL_HOOKS;
 
 void weft__device_hooks_set(const weft_device_hooks *h) {
@@ -70,8 +106,10 @@ enum { DW_STAGE = 1, DW_NCCL = 2 };
 
 struct weft_dev_work {
   int kind;
-  /* staged: bounce buffers and the host -> device copies at completion */
-  void *hb[2];
+  weft_stream_id stream; /* the comm stream of the call */
+  /* staged: bounce buffers (pool slots, -1 none) and the host -> device
+   * copies at completion */
+  int hb[2];
   int ncopy;
   stage_copy *copies;
 #if WEFT_HAVE_NCCL
@@ -80,6 +118,162 @@ struct weft_dev_work {
 #endif
   double t0;
 };
+
+/* ------------------------------------------------------ comm stream */
+
+static _Thread_local weft_stream_id comm_stream = WEFT_STREAM_COMM;
+bool weft__device_skip_order;
+
+weft_status weft_comm_stream_set(weft_stream_id s, weft_stream_id *previous) {
+  if (s == WEFT_STREAM_COMPUTE || (unsigned)s >= WEFT_STREAM_COUNT)
+    return weft_error(WEFT_ERR_INVALID,
+                      "comm_stream_set: stream %d is not a communication stream (comm, "
+                      "fsdp_all_gather or fsdp_reduce_scatter)",
+                      (int)s);
+  if (previous) *previous = comm_stream;
+  comm_stream = s;
+  return WEFT_OK;
+}
+
+weft_stream_id weft_comm_stream(void) { return comm_stream; }
+
+/* ------------------------------------------------------------ bounce pool */
+
+/* Pinned host bounce buffers of the staged path, kept for reuse: a slot is
+ * busy from stage_pair until stage_finish queued its host -> device
+ * copies, then free for reuse once its stream passed the mark recorded
+ * after them (so those copies may still be queued when the call returns,
+ * as NCCL's would). A slot an MPI call may still write (after a timeout)
+ * is dropped from the pool, its memory leaked. */
+typedef struct bounce {
+  void *p;
+  size_t cap;
+  void *mark; /* NULL: no copy pending */
+  bool busy;
+  bool pinned; /* else malloc'd: no device to pin for (the test hooks) */
+} bounce;
+
+static void bounce_free(bounce *b) {
+  if (b->pinned)
+    weft_free_pinned(WEFT_CUDA, b->p);
+  else
+    free(b->p);
+  b->p = NULL;
+  b->cap = 0;
+}
+
+static struct {
+  pthread_mutex_t mu;
+  bounce *v;
+  int n, cap;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static bool bounce_idle(bounce *b) {
+  if (b->busy || !b->p) return false;
+  if (b->mark && hooks.mark_done && !hooks.mark_done(b->mark)) return false;
+  if (b->mark && hooks.mark_release) hooks.mark_release(b->mark);
+  b->mark = NULL;
+  return true;
+}
+
+/* A busy slot of at least bytes (> 0): the smallest idle one that fits,
+ * else an idle one regrown, else a new one. -1 with an error set. */
+static int bounce_get(size_t bytes) {
+  pthread_mutex_lock(&pool.mu);
+  int best = -1, spare = -1;
+  for (int i = 0; i < pool.n; i++) {
+    if (!bounce_idle(&pool.v[i])) continue;
+    if (pool.v[i].cap >= bytes && (best < 0 || pool.v[i].cap < pool.v[best].cap)) best = i;
+    if (pool.v[i].cap < bytes) spare = i;
+  }
+  if (best < 0) {
+    if (spare < 0) {
+      for (int i = 0; i < pool.n && spare < 0; i++)
+        if (!pool.v[i].p) spare = i;
+      if (spare < 0 && pool.n == pool.cap) {
+        int c = pool.cap ? 2 * pool.cap : 8;
+        bounce *v = realloc(pool.v, (size_t)c * sizeof *v);
+        if (!v) {
+          pthread_mutex_unlock(&pool.mu);
+          weft_error(WEFT_ERR_OOM, "no memory for the bounce buffer pool");
+          return -1;
+        }
+        pool.v = v;
+        pool.cap = c;
+      }
+      if (spare < 0) {
+        spare = pool.n++;
+        pool.v[spare] = (bounce){0};
+      }
+    }
+    bounce *b = &pool.v[spare];
+    bounce_free(b);
+    void *p = NULL;
+    b->pinned = hooks.copy == real_copy && real_device() >= 0; /* a device to pin for */
+    if (b->pinned ? weft_alloc_pinned(WEFT_CUDA, bytes, &p) != WEFT_OK : !(p = malloc(bytes))) {
+      pthread_mutex_unlock(&pool.mu);
+      weft_error(WEFT_ERR_OOM, "no memory for a %zu-byte %shost bounce buffer", bytes,
+                 b->pinned ? "pinned " : "");
+      return -1;
+    }
+    b->p = p;
+    b->cap = bytes;
+    best = spare;
+  }
+  pool.v[best].busy = true;
+  pthread_mutex_unlock(&pool.mu);
+  return best;
+}
+
+static void *bounce_ptr(int slot) {
+  pthread_mutex_lock(&pool.mu);
+  void *p = pool.v[slot].p;
+  pthread_mutex_unlock(&pool.mu);
+  return p;
+}
+
+/* Back to the pool once stream s passed the work queued on it so far;
+ * lost: an MPI call may still write it (the memory is leaked). */
+static void bounce_put(int slot, weft_stream_id s, bool lost) {
+  if (slot < 0) return;
+  void *m = (!lost && hooks.mark) ? hooks.mark(s) : NULL;
+  if (!lost && hooks.mark && !m && hooks.sync) (void)hooks.sync(s); /* no mark: wait now */
+  pthread_mutex_lock(&pool.mu);
+  bounce *b = &pool.v[slot];
+  if (lost)
+    *b = (bounce){0};
+  else {
+    b->mark = m;
+    b->busy = false;
+  }
+  pthread_mutex_unlock(&pool.mu);
+}
+
+void weft__device_bounce_release(void) {
+  pthread_mutex_lock(&pool.mu);
+  bool pending = false;
+  for (int i = 0; i < pool.n; i++) pending = pending || pool.v[i].mark;
+  /* copies still queued from a bounce buffer: let every comm stream pass them */
+  for (int s = WEFT_STREAM_COMM; pending && hooks.sync && s < WEFT_STREAM_COUNT; s++)
+    if (hooks.sync((weft_stream_id)s) != WEFT_OK) weft_clear_error();
+  int kept = 0;
+  for (int i = 0; i < pool.n; i++) {
+    bounce *b = &pool.v[i];
+    if (b->busy) { /* in a collective still: leave it */
+      pool.v[kept++] = *b;
+      continue;
+    }
+    if (b->mark && hooks.mark_release) hooks.mark_release(b->mark);
+    bounce_free(b);
+  }
+  pool.n = kept;
+  if (!kept) {
+    free(pool.v);
+    pool.v = NULL;
+    pool.cap = 0;
+  }
+  pthread_mutex_unlock(&pool.mu);
+}
 
 /* ------------------------------------------------------------ routing */
 
@@ -333,6 +527,8 @@ static struct weft_dev_work *stage_new(int ncopy) {
   struct weft_dev_work *dw = calloc(1, sizeof *dw);
   if (!dw) return NULL;
   dw->kind = DW_STAGE;
+  dw->stream = comm_stream;
+  dw->hb[0] = dw->hb[1] = -1;
   if (ncopy > 0) {
     dw->copies = calloc((size_t)ncopy, sizeof *dw->copies);
     if (!dw->copies) {
@@ -343,22 +539,29 @@ static struct weft_dev_work *stage_new(int ncopy) {
   return dw;
 }
 
-/* Copies the results back (when st is WEFT_OK) and frees dw. After a
- * timeout MPI may still write the bounce buffers: they are leaked. */
+/* Queues the copies of the results back on the call's stream and makes
+ * the compute stream wait for them (when st is WEFT_OK), gives the bounce
+ * buffers back and frees dw. After a timeout MPI may still write the
+ * bounce buffers: they are leaked. */
 static weft_status stage_finish(struct weft_dev_work *dw, weft_status st) {
   weft_status out = st;
-  if (st == WEFT_OK)
+  weft_stream_id s = dw->stream;
+  if (st == WEFT_OK) {
     for (int i = 0; i < dw->ncopy && out == WEFT_OK; i++) {
       stage_copy *c = &dw->copies[i];
       if (c->bytes) {
-        out = hooks.copy(c->dst, c->src, c->bytes, WEFT_COPY_H2D);
+        out = hooks.copy(c->dst, c->src, c->bytes, WEFT_COPY_H2D, s);
         if (out) weft_error_trace(out, "weft: copying a collective's result to the device");
       }
     }
-  if (st != WEFT_ERR_TIMEOUT) {
-    free(dw->hb[0]);
-    free(dw->hb[1]);
+    if (out == WEFT_OK && hooks.order && !weft__device_skip_order) {
+      out = hooks.order(WEFT_STREAM_COMPUTE, s);
+      if (out) weft_error_trace(out, "weft: ordering the compute stream after a collective");
+    }
   }
+  bool lost = st == WEFT_ERR_TIMEOUT;
+  bounce_put(dw->hb[0], s, lost);
+  bounce_put(dw->hb[1], s, lost);
   free(dw->copies);
   free(dw);
   return out;
@@ -370,8 +573,9 @@ static void stage_add(struct weft_dev_work *dw, void *dst, const void *src, size
 
 /* Host stand-ins for device send (sbytes read) and recv (rspan bytes from
  * recv); overlapping ranges share one bounce buffer at the same relative
- * offsets. Copies send's bytes device -> host. Zero-byte buffers map to
- * NULL. */
+ * offsets. Orders the call's stream after the compute stream's work so
+ * far, copies send's bytes device -> host on it and waits for them.
+ * Zero-byte buffers map to NULL. */
 static weft_status stage_pair(struct weft_dev_work *dw, const void *send, size_t sbytes, void *recv,
                               size_t rspan, const void **hs, void **hr) {
   bool sc = send && sbytes, rc = recv && rspan;
@@ -380,22 +584,25 @@ static weft_status stage_pair(struct weft_dev_work *dw, const void *send, size_t
   *hr = NULL;
   if (sc && rc && s < r + rspan && r < s + sbytes) {
     uintptr_t lo = s < r ? s : r, hi = s + sbytes > r + rspan ? s + sbytes : r + rspan;
-    char *h = malloc(hi - lo);
-    if (!h)
-      return weft_error(WEFT_ERR_OOM, "no memory for a %zu-byte host bounce buffer",
-                        (size_t)(hi - lo));
-    dw->hb[0] = h;
+    if ((dw->hb[0] = bounce_get(hi - lo)) < 0) return weft_last_status();
+    char *h = bounce_ptr(dw->hb[0]);
     *hs = h + (s - lo);
     *hr = h + (r - lo);
   } else {
-    if (sc && !(dw->hb[0] = malloc(sbytes)))
-      return weft_error(WEFT_ERR_OOM, "no memory for a %zu-byte host bounce buffer", sbytes);
-    if (rc && !(dw->hb[1] = malloc(rspan)))
-      return weft_error(WEFT_ERR_OOM, "no memory for a %zu-byte host bounce buffer", rspan);
-    *hs = dw->hb[0];
-    *hr = dw->hb[1];
+    if (sc && (dw->hb[0] = bounce_get(sbytes)) < 0) return weft_last_status();
+    if (rc && (dw->hb[1] = bounce_get(rspan)) < 0) return weft_last_status();
+    *hs = sc ? bounce_ptr(dw->hb[0]) : NULL;
+    *hr = rc ? bounce_ptr(dw->hb[1]) : NULL;
   }
-  if (sc) WEFT_CHECK(hooks.copy((void *)*hs, send, sbytes, WEFT_COPY_D2H));
+  /* after the compute stream's work so far: it may write send, and read
+   * or write recv before the result lands there (a write after the copy
+   * back would clobber it) */
+  if ((sc || rc) && hooks.order && !weft__device_skip_order)
+    WEFT_CHECK(hooks.order(dw->stream, WEFT_STREAM_COMPUTE));
+  if (sc) {
+    WEFT_CHECK(hooks.copy((void *)*hs, send, sbytes, WEFT_COPY_D2H, dw->stream));
+    if (hooks.sync) WEFT_CHECK(hooks.sync(dw->stream));
+  }
   return WEFT_OK;
 }
 
@@ -466,10 +673,10 @@ typedef struct nccl_ctx {
   ncclComm_t nc;
 } nccl_ctx;
 
-/* Orders the comm stream after the compute stream's work so far. */
+/* Orders the call's comm stream after the compute stream's work so far. */
 static weft_status nccl_pre(mesh_dim *g, nccl_ctx *c, const char *func) {
   c->comp = (cudaStream_t)weft_device_stream_handle(WEFT_CUDA, WEFT_STREAM_COMPUTE);
-  c->comm = (cudaStream_t)weft_device_stream_handle(WEFT_CUDA, WEFT_STREAM_COMM);
+  c->comm = (cudaStream_t)weft_device_stream_handle(WEFT_CUDA, comm_stream);
   c->nc = g->dev->nccl;
   if (!c->comm || !c->comp)
     return weft_error_at(WEFT_ERR_NO_DEVICE, func,

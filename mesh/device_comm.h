@@ -15,14 +15,22 @@
  *   compute stream wait; no host block).
  * - MPI with host staging: device -> host bounce buffer, the host
  *   collective of collectives.c (same checks, sequence number, debug
- *   fingerprint and accounting), host -> device. Used when the build has no
+ *   fingerprint and accounting), host -> device. The copies run on the
+ *   call's comm stream, ordered by events as NCCL's call: the device -> host
+ *   copy after the compute stream's work (the host waits for it), the host
+ *   -> device copy queued at completion, the compute stream then waits for
+ *   it on the device. Bounce buffers are pinned host memory from a pool,
+ *   reused once the stream passed the copy that last read them. Used when the build has no
  *   NCCL, when WEFT_NCCL=0, when a rank has no device selected, or when two
  *   ranks of the dim share one GPU (NCCL refuses duplicate devices). The
  *   dim's coordinate 0 prints one line to stderr saying why.
  *
- * Device access goes through a hook table (is_device, copy, device
- * ordinal) so tests can stand in host memory marked as "device" and run
- * the real staging code without a GPU.
+ * Both run on the calling thread's comm stream (weft_comm_stream_set;
+ * WEFT_STREAM_COMM unless changed).
+ *
+ * Device access goes through a hook table (is_device, copies, stream
+ * ordering, device ordinal) so tests can stand in host memory marked as
+ * "device" and run the real staging code without a GPU.
  */
 #ifndef WEFT_DEVICE_COMM_H
 #define WEFT_DEVICE_COMM_H
@@ -39,9 +47,20 @@
 typedef struct weft_device_hooks {
   /* true when p is device memory (weft_ptr_device(p) == WEFT_CUDA) */
   bool (*is_device)(const void *p);
-  /* a blocking copy ordered after the compute stream's work, kinds H2D and
-   * D2H (weft_memcpy(WEFT_CUDA, ...)) */
-  weft_status (*copy)(void *dst, const void *src, size_t bytes, weft_copy_kind kind);
+  /* a copy queued on stream s, kinds H2D and D2H (weft_memcpy_async(
+   * WEFT_CUDA, ...)): it runs when s reaches it */
+  weft_status (*copy)(void *dst, const void *src, size_t bytes, weft_copy_kind kind,
+                      weft_stream_id s);
+  /* Stream ordering (NULL: the "device" has no streams, its copies are done
+   * at the call). order: stream waiter waits, on the device, for the work
+   * queued on signaler so far (an event). sync: the host waits for stream
+   * s. mark: an event recorded on s now (NULL if none is needed);
+   * mark_done: whether s passed it; mark_release frees it. */
+  weft_status (*order)(weft_stream_id waiter, weft_stream_id signaler);
+  weft_status (*sync)(weft_stream_id s);
+  void *(*mark)(weft_stream_id s);
+  bool (*mark_done)(void *m);
+  void (*mark_release)(void *m);
   /* this rank's device ordinal, -1 if none (weft_device_current(WEFT_CUDA)) */
   int (*device)(void);
   /* whether NCCL may be used on such buffers (WEFT_HAVE_NCCL for the real
@@ -54,6 +73,17 @@ typedef struct weft_device_hooks {
  * no device collective in flight. */
 void weft__device_hooks_set(const weft_device_hooks *h);
 const weft_device_hooks *weft__device_hooks(void);
+
+/* For tests only: when true the staged path leaves out its two stream
+ * orderings (comm stream after compute before the device -> host copy,
+ * compute after comm behind the host -> device copy), the dependency bug
+ * the emulator's deferred streams must catch (tests/cuda/test_emu_strict.c). */
+extern bool weft__device_skip_order;
+
+/* Frees the staged path's pinned bounce buffers (after letting the comm
+ * streams pass the copies still queued from them). weft_finalize calls it;
+ * local. */
+void weft__device_bounce_release(void);
 
 /* ------------------------------------------------------------ routing */
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device_comm.h"
 #include "mesh_internal.h"
 #include "watchdog.h"
 
@@ -431,6 +432,7 @@ static void pmi_finalize(double timeout_s) {
 weft_status weft_finalize(void) {
   if (!weft__rt.initialized) return WEFT_OK;
   weft__watch_shutdown(); /* the device collectives' watchdog (watchdog.h) */
+  weft__device_bounce_release();
   int fin = weft__rt.settings.mpi_finalize;
   bool call_finalize = fin < 0 ? weft__rt.node_count == 1 : fin == 1;
   free_ops();

@@ -68,13 +68,16 @@
  *   (weft_cuda_init not called), or two ranks of the dim on one node use
  *   the same device ordinal (NCCL refuses duplicate GPUs). Then the call
  *   goes through the MPI collective above with host staging (device ->
- *   host bounce buffer, MPI, host -> device, with weft_memcpy(WEFT_CUDA) on the
- *   compute stream), and the dim's coordinate 0 prints once to stderr:
+ *   pinned host bounce buffer, MPI, host -> device), and the dim's
+ *   coordinate 0 prints once to stderr:
  *   "weft: mesh dim 'dp': NCCL not used (world ranks 0 and 1 share GPU 0
  *   on node x); collectives on device buffers go through MPI with host
  *   staging".
- * - NCCL ordering: the call runs on the communication stream
- *   (WEFT_STREAM_COMM) after an event recorded on the compute stream
+ * - NCCL ordering: the call runs on the calling thread's communication
+ *   stream (weft_comm_stream_set below; WEFT_STREAM_COMM unless changed:
+ *   FSDP puts its all-gathers and reduce-scatters on streams of their own
+ *   so that neither queues behind the other or behind TP's collectives)
+ *   after an event recorded on the compute stream
  *   (WEFT_STREAM_COMPUTE), so it sees every kernel queued before it there.
  *   Blocking (work == NULL): the compute stream then waits (on the device)
  *   for an event recorded after the NCCL call; the host does not wait, so
@@ -85,10 +88,13 @@
  *   WEFT_ERR_TIMEOUT after WEFT_TIMEOUT seconds (the dim is then unusable)
  *   or WEFT_ERR_NCCL on an NCCL async error (ncclCommGetAsyncError).
  *   Buffers must stay untouched until the compute stream passed the wait.
- * - Staged ordering: the device -> host copy waits for the compute stream
- *   at the call, and the host -> device copy lands on the compute stream
- *   when the call (blocking) or weft_work_wait/test (async) completes; the
- *   MPI part waits with the usual backoff and timeout.
+ * - Staged ordering: the same streams and events. The device -> host copy
+ *   runs on the communication stream after an event of the compute stream
+ *   and the host waits for it at the call; the host -> device copy is
+ *   queued on the communication stream when the call (blocking) or
+ *   weft_work_wait/test (async) completes, and the compute stream waits
+ *   for it on the device (no host block). The MPI part waits with the
+ *   usual backoff and timeout.
  * - Same contracts as for host buffers otherwise: arguments, in-place
  *   forms, WEFT_DEBUG fingerprints, sequence numbers and comm accounting
  *   count a device collective exactly like a host one. NCCL dtypes: f32,
@@ -108,6 +114,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "kernels.h"
 
 #ifdef __cplusplus
@@ -352,6 +359,19 @@ WEFT_API weft_status weft_wait_requests(int n, MPI_Request *reqs, const char *wh
  * and WEFT_ERR_TIMEOUT (messages name `what`; *failed_rank = -1). */
 WEFT_API weft_status weft_agree_status(MPI_Comm comm, weft_status st, const char *msg,
                                        const char *what, int *failed_rank);
+
+/* The communication stream of the calling thread's device collectives from
+ * here on (as torch.cuda.stream(s) around a collective): WEFT_STREAM_COMM
+ * (the default; TP, DTensor), WEFT_STREAM_FSDP_AG or WEFT_STREAM_FSDP_RS
+ * (fsdp/ sets them around its own calls and restores the previous one).
+ * Each call still starts after the compute stream's work so far and the
+ * compute stream still waits for its result (see "NCCL ordering" above);
+ * calls on different streams may run at the same time on the device.
+ * *previous (may be NULL) gets the stream it replaces. Local, per thread;
+ * no effect on host-buffer collectives. WEFT_ERR_INVALID for the compute
+ * stream or an unknown one. */
+WEFT_API weft_status weft_comm_stream_set(weft_stream_id s, weft_stream_id *previous);
+WEFT_API weft_stream_id weft_comm_stream(void);
 
 /* All-gather over `dim`: each rank contributes `count` elements; recv holds
  * group_size * count elements, rank i's at offset i * count. */

@@ -23,6 +23,9 @@
  *                      coordinate 0 only, naming the ranks that share
  *   env_off SHAPE      hooks that allow NCCL, distinct fake GPUs, WEFT_NCCL=0
  *                      in the environment: fallback with that reason
+ *   streams            the real WEFT_CUDA device (the emulator): staged
+ *                      all-reduces on each comm stream are exact; with the
+ *                      stream orderings left out they must come out wrong
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -70,7 +73,10 @@ static bool fake_is_device(const void *p) {
   return false;
 }
 
-static weft_status fake_copy(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
+static weft_status fake_copy(void *dst, const void *src, size_t bytes, weft_copy_kind kind,
+                             weft_stream_id s) {
+  WCHECK(s == weft_comm_stream(), "copy on stream %d, not the comm stream %d", (int)s,
+         (int)weft_comm_stream());
   bool ok = kind == WEFT_COPY_D2H ? fake_is_device(src) && !fake_is_device(dst) &&
                                         fake_is_device((const char *)src + bytes - 1)
             : kind == WEFT_COPY_H2D ? fake_is_device(dst) && !fake_is_device(src) &&
@@ -91,7 +97,9 @@ static int fake_device(void) { return fake_ordinal; }
 
 static void use_fake(bool nccl, int ordinal) {
   fake_ordinal = ordinal;
-  weft_device_hooks h = {fake_is_device, fake_copy, fake_device, nccl};
+  /* no streams: copies are done at the call */
+  weft_device_hooks h = {
+      .is_device = fake_is_device, .copy = fake_copy, .device = fake_device, .nccl = nccl};
   weft__device_hooks_set(&h);
 }
 
@@ -493,8 +501,102 @@ static void case_env_off(void) {
   weft__device_hooks_set(NULL);
 }
 
-static const weft_worker_case cases[] = {
-    {"id_exchange", case_id_exchange}, {"staged", case_staged},   {"mixed", case_mixed},
-    {"log_once", case_log_once},       {"env_off", case_env_off}, {0}};
+/* ------------------------------------------------------------ streams */
+
+/* One staged all-reduce (in place, on the calling thread's comm stream) of
+ * d between a host -> device copy on the compute stream that writes d and
+ * a device -> device copy on the compute stream that reads it; returns how
+ * many of the n results differ from the exact sum. */
+static int64_t stream_round(weft_mesh *m, float *d, float *d2, float *pin, float *host, int64_t n,
+                            bool async, int round) {
+  int w = weft_mesh_dim_size(m, 0);
+  size_t bytes = (size_t)n * sizeof(float);
+  /* pinned source: the emulator reads it when the copy runs */
+  for (int64_t i = 0; i < n; i++) pin[i] = (float)((weft_world_rank() + 1) * (i % 97 + round));
+  WOK(weft_memcpy_async(WEFT_CUDA, d, pin, bytes, WEFT_COPY_H2D, WEFT_STREAM_COMPUTE));
+  weft_work *wk = NULL;
+  WOK(weft_all_reduce(m, 0, d, d, n, WEFT_F32, WEFT_OP_SUM, async ? &wk : NULL));
+  if (async) WOK(weft_work_wait(wk));
+  WOK(weft_memcpy_async(WEFT_CUDA, d2, d, bytes, WEFT_COPY_D2D, WEFT_STREAM_COMPUTE));
+  WOK(weft_memcpy(WEFT_CUDA, host, d2, bytes, WEFT_COPY_D2H)); /* syncs the compute stream */
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++)
+    bad += host[i] != (float)((int64_t)w * (w + 1) / 2 * (i % 97 + round));
+  return bad;
+}
+
+/* The real device (the emulator with deferred streams in CI): a staged
+ * all-reduce on each communication stream, blocking and async, gives the
+ * exact sum; with weft__device_skip_order (the stream orderings left out,
+ * a missing dependency) the deferred streams must give wrong answers. */
+static void case_streams(void) {
+  WOK(weft_device_init(WEFT_CUDA, weft_local_rank(), NULL));
+  weft_mesh *m = NULL;
+  int s = weft_world_size();
+  const char *names[1] = {"dp"};
+  WOK(weft_mesh_create(1, &s, names, &m));
+  WREQUIRE(m, "no mesh");
+  const int64_t n = 4096;
+  size_t bytes = (size_t)n * sizeof(float);
+  float *d = NULL, *d2 = NULL, *pin = NULL, *host = malloc(bytes);
+  WOK(weft_alloc(WEFT_CUDA, bytes, (void **)&d));
+  WOK(weft_alloc(WEFT_CUDA, bytes, (void **)&d2));
+  WOK(weft_alloc_pinned(WEFT_CUDA, bytes, (void **)&pin));
+  const weft_stream_id streams[3] = {WEFT_STREAM_COMM, WEFT_STREAM_FSDP_AG, WEFT_STREAM_FSDP_RS};
+  int round = 0;
+  for (int k = 0; k < 3; k++) {
+    weft_stream_id prev;
+    WOK(weft_comm_stream_set(streams[k], &prev));
+    WCHECK(prev == WEFT_STREAM_COMM, "previous stream %d", (int)prev);
+    WCHECK(weft_comm_stream() == streams[k], "stream not set");
+    for (int async = 0; async < 2; async++) {
+      int64_t bad = stream_round(m, d, d2, pin, host, n, async, ++round);
+      WCHECK(bad == 0, "stream %s, %s: %lld of %lld wrong", weft_stream_name(streams[k]),
+             async ? "async" : "blocking", (long long)bad, (long long)n);
+      weft__device_skip_order = true;
+      bad = stream_round(m, d, d2, pin, host, n, async, ++round);
+      weft__device_skip_order = false;
+      WCHECK(bad > 0, "stream %s, %s: the missing dependency went unnoticed",
+             weft_stream_name(streams[k]), async ? "async" : "blocking");
+      WOK(weft_device_synchronize(WEFT_CUDA)); /* let the stray copies land */
+    }
+    /* a receive-only rank (broadcast from rank 0): the result lands after
+     * the compute stream's earlier write of the buffer, not before it */
+    for (int64_t i = 0; i < n; i++) pin[i] = weft_world_rank() == 0 ? (float)(i % 89 + k) : -1.0f;
+    WOK(weft_memcpy_async(WEFT_CUDA, d, pin, bytes, WEFT_COPY_H2D, WEFT_STREAM_COMPUTE));
+    WOK(weft_broadcast(m, 0, d, n, WEFT_F32, 0, NULL));
+    /* the host waits for the comm stream (as the next collective on it
+     * does): the emulator runs its queue, and the compute stream's write
+     * only if an event orders the copy back after it */
+    weft_event *ev = NULL;
+    WOK(weft_event_record(WEFT_CUDA, streams[k], &ev));
+    WOK(weft_event_synchronize(WEFT_CUDA, ev));
+    weft_event_destroy(WEFT_CUDA, ev);
+    WOK(weft_memcpy_async(WEFT_CUDA, d2, d, bytes, WEFT_COPY_D2D, WEFT_STREAM_COMPUTE));
+    WOK(weft_memcpy(WEFT_CUDA, host, d2, bytes, WEFT_COPY_D2H));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += host[i] != (float)(i % 89 + k);
+    WCHECK(bad == 0, "stream %s, broadcast: %lld of %lld wrong", weft_stream_name(streams[k]),
+           (long long)bad, (long long)n);
+    WOK(weft_comm_stream_set(WEFT_STREAM_COMM, NULL));
+  }
+  WCHECK(weft_comm_stream_set(WEFT_STREAM_COMPUTE, NULL) == WEFT_ERR_INVALID,
+         "the compute stream accepted as a comm stream");
+  WCHECK(strstr(weft_last_error(), "not a communication stream") != NULL, "message: %s",
+         weft_last_error());
+  weft_free_pinned(WEFT_CUDA, pin);
+  weft_free(d);
+  weft_free(d2);
+  free(host);
+  WOK(weft_mesh_destroy(m));
+}
+
+static const weft_worker_case cases[] = {{"id_exchange", case_id_exchange},
+                                         {"staged", case_staged},
+                                         {"mixed", case_mixed},
+                                         {"log_once", case_log_once},
+                                         {"env_off", case_env_off},
+                                         {"streams", case_streams},
+                                         {0}};
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

@@ -89,7 +89,7 @@ static bool in_fake(const void *p) {
 }
 
 Test(device_comm, route_detects_device_and_mixing) {
-  weft_device_hooks h = {in_fake, NULL, NULL, false};
+  weft_device_hooks h = {.is_device = in_fake};
   weft__device_hooks_set(&h);
   char host[64];
   bool dev = true;
@@ -159,6 +159,18 @@ Test(device_comm, staged_collectives_debug_on_2x2, .timeout = 90) {
 Test(device_comm, mixed_buffers_fail_on_every_rank, .timeout = 60) {
   cr_assert_eq(dc(2, "mixed", "2"), 0);
   cr_assert_eq(dc(4, "mixed", "2x2"), 0);
+}
+
+/* Each communication stream (comm, fsdp_all_gather, fsdp_reduce_scatter)
+ * carries staged collectives ordered by events against the compute stream;
+ * on the emulator's deferred streams leaving the ordering out is caught. */
+Test(device_comm, staged_streams_ordered_and_missing_dependency_caught, .timeout = 60) {
+  if (weft_device_count(WEFT_CUDA) == 0)
+    cr_skip_test("needs a WEFT_CUDA device: the emulated build (-Dcuda=emulated) or a GPU");
+#if !WEFT_CUDA_EMULATED
+  cr_skip_test("the missing-dependency check needs the emulator's deferred streams");
+#endif
+  cr_assert_eq(dc(2, "streams", "2"), 0);
 }
 
 /* Shared GPU: one "NCCL not used" line per dim, on its coordinate 0. */
