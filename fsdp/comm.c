@@ -8,6 +8,15 @@
 
 #include "fsdp_internal.h"
 
+/* FSDP's device collectives run on streams of their own (mesh.h,
+ * weft_comm_stream_set): use_stream(s) switches to s and returns the
+ * caller's, which the caller puts back with use_stream(prev). */
+static weft_stream_id use_stream(weft_stream_id s) {
+  weft_stream_id prev = WEFT_STREAM_COMM;
+  (void)weft_comm_stream_set(s, &prev); /* cannot fail for FSDP's streams */
+  return prev;
+}
+
 static char *elem(void *base, int64_t i, weft_dtype dt) {
   return (char *)base + (size_t)i * weft_dtype_size(dt);
 }
@@ -111,6 +120,7 @@ weft_status fsdp__unshard_start(weft_fsdp *f, bool prefetch) {
   fsdp__mem_add_unsharded_params((int64_t)bytes);
   weft_status st;
   weft_work *w = NULL;
+  weft_stream_id prev = use_stream(WEFT_STREAM_FSDP_AG);
   if (f->small_buf) {
     /* the post-forward 1/k: part j = blocks [j n/k, (j+1) n/k), gathered over k ranks */
     int k = weft_mesh_dim_size(f->small_mesh, 1);
@@ -128,6 +138,7 @@ weft_status fsdp__unshard_start(weft_fsdp *f, bool prefetch) {
     if (!st) fsdp__comm_add(&f->comm.all_gather, (int64_t)bytes, (int)n, false);
     f->ag_small = false;
   }
+  use_stream(prev);
   if (st) {
     weft_free(buf);
     fsdp__mem_add_unsharded_params(-(int64_t)bytes);
@@ -278,7 +289,9 @@ weft_status fsdp__post_backward_grads(weft_fsdp *f) {
   for (int64_t r = 0; r < n && !st; r++)
     st = pack_block(f, f->dev, (int)r, elem(buf, r * S, dt), dt, src_grad, false);
   weft_work *w = NULL;
+  weft_stream_id prev = use_stream(WEFT_STREAM_FSDP_RS);
   if (!st) st = weft_reduce_scatter(f->dp_mesh, f->shard_dim, buf, buf, S, dt, WEFT_OP_SUM, &w);
+  use_stream(prev);
   if (st) {
     weft_free(buf);
     fsdp__mem_add_unsharded_grads(-(int64_t)bytes);
@@ -305,7 +318,9 @@ weft_status fsdp__reduce_finish(weft_fsdp *f) {
   int64_t S = f->block;
   weft_dtype dt = f->rs_dtype;
   if (!st && f->nrep > 1) {
+    weft_stream_id prev = use_stream(WEFT_STREAM_FSDP_RS);
     st = weft_all_reduce(f->dp_mesh, f->rep_dim, f->rs_buf, f->rs_buf, S, dt, WEFT_OP_SUM, NULL);
+    use_stream(prev);
     if (!st) fsdp__comm_add(&f->comm.all_reduce, S * (int64_t)weft_dtype_size(dt), f->nrep, true);
   }
   /* average over every data-parallel rank (shard x replicate), as

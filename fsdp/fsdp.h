@@ -400,6 +400,13 @@ typedef struct weft_fsdp_event {
   const weft_fsdp *group;
   bool prefetch; /* UNSHARD_START: posted as a prefetch (not by the group's own hook) */
   bool backward; /* happened during a backward */
+  /* The device stream the event's work was queued on, for a group on a
+   * device: UNSHARD_START WEFT_STREAM_FSDP_AG, REDUCE_START
+   * WEFT_STREAM_FSDP_RS, the others WEFT_STREAM_COMPUTE (for a group on
+   * the CPU always WEFT_STREAM_COMPUTE). Communication overlaps compute
+   * where a group's FORWARD/BACKWARD_BEGIN comes between another group's
+   * START and its DONE (weft_fsdp_trace_overlaps counts them). */
+  weft_stream_id stream;
 } weft_fsdp_event;
 
 /* A process-wide debug trace of FSDP's events in the order they happened
@@ -409,8 +416,14 @@ WEFT_API void weft_fsdp_trace_clear(void);
 WEFT_API int weft_fsdp_trace_count(void);
 /* Event i (0 <= i < count); WEFT_ERR_INVALID otherwise. */
 WEFT_API weft_status weft_fsdp_trace_get(int i, weft_fsdp_event *out);
-/* One line per event ("12 unshard_start layers.1 (prefetch)") to f. */
+/* One line per event ("12 unshard_start layers.1 (prefetch) on
+ * fsdp_all_gather") to f. */
 WEFT_API void weft_fsdp_trace_print(FILE *f);
+/* From the trace so far: how many all-gathers (UNSHARD_START .. DONE) and
+ * reductions (REDUCE_START .. DONE) of a group were in flight on their own
+ * device stream while another group's forward or backward began, i.e. ran
+ * beside compute. Either pointer may be NULL. Local. */
+WEFT_API void weft_fsdp_trace_overlaps(int *all_gathers, int *reductions);
 
 #ifdef __cplusplus
 }

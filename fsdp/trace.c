@@ -51,9 +51,38 @@ void weft_fsdp_trace_print(FILE *f) {
     const char *name = "(destroyed)";
     for (weft_fsdp *g = fsdp__registry; g; g = g->next)
       if (g == e->group) name = g->name;
-    fprintf(f, "%d %s %s%s%s\n", i, weft_fsdp_event_kind_name(e->kind), name,
+    fprintf(f, "%d %s %s%s%s", i, weft_fsdp_event_kind_name(e->kind), name,
             e->prefetch ? " (prefetch)" : "", e->backward ? " [bwd]" : "");
+    if (e->stream != WEFT_STREAM_COMPUTE) fprintf(f, " on %s", weft_stream_name(e->stream));
+    fputc('\n', f);
   }
+}
+
+/* Whether the communication started at event i (on a device stream) was
+ * still in flight when another group's compute began. */
+static bool overlapped(int i, weft_fsdp_event_kind done) {
+  const weft_fsdp_event *s = &trace.v[i];
+  if (s->stream == WEFT_STREAM_COMPUTE) return false;
+  for (int j = i + 1; j < trace.n; j++) {
+    const weft_fsdp_event *e = &trace.v[j];
+    if (e->group == s->group && e->kind == done) return false;
+    if (e->group != s->group &&
+        (e->kind == WEFT_FSDP_EV_FORWARD_BEGIN || e->kind == WEFT_FSDP_EV_BACKWARD_BEGIN))
+      return true;
+  }
+  return false;
+}
+
+void weft_fsdp_trace_overlaps(int *all_gathers, int *reductions) {
+  int ag = 0, rd = 0;
+  for (int i = 0; i < trace.n; i++) {
+    if (trace.v[i].kind == WEFT_FSDP_EV_UNSHARD_START)
+      ag += overlapped(i, WEFT_FSDP_EV_UNSHARD_DONE);
+    else if (trace.v[i].kind == WEFT_FSDP_EV_REDUCE_START)
+      rd += overlapped(i, WEFT_FSDP_EV_REDUCE_DONE);
+  }
+  if (all_gathers) *all_gathers = ag;
+  if (reductions) *reductions = rd;
 }
 
 void fsdp__event(weft_fsdp_event_kind kind, const weft_fsdp *f, bool prefetch, bool backward) {
@@ -71,6 +100,9 @@ void fsdp__event(weft_fsdp_event_kind kind, const weft_fsdp *f, bool prefetch, b
   e->group = f;
   e->prefetch = prefetch;
   e->backward = backward;
+  e->stream = WEFT_STREAM_COMPUTE;
+  if (f->dev != WEFT_CPU && kind == WEFT_FSDP_EV_UNSHARD_START) e->stream = WEFT_STREAM_FSDP_AG;
+  if (f->dev != WEFT_CPU && kind == WEFT_FSDP_EV_REDUCE_START) e->stream = WEFT_STREAM_FSDP_RS;
 }
 
 /* --------------------------------------------------------------- comm */

@@ -1084,6 +1084,31 @@ static void case_overlap(void) {
            "backward: %s's reduce-scatter (%d .. %d) does not span %s's backward (%d .. %d)",
            weft_fsdp_name(bo[k]), rs, done, weft_fsdp_name(bo[k + 1]), next_begin, next_end);
   }
+  /* streams: on a device the all-gathers and reductions are queued on
+   * FSDP's own streams and the trace counts those that ran beside another
+   * group's compute (4 forward prefetches, 4 backward ones, the
+   * reduce-scatters of norm+output, 2 and 1); on the CPU nothing is on a
+   * device stream */
+  bool on_dev = weft_mesh_device(s.dp) != WEFT_CPU;
+  for (int i = 0; i < weft_fsdp_trace_count(); i++) {
+    weft_fsdp_event e;
+    WOK(weft_fsdp_trace_get(i, &e));
+    weft_stream_id want = !on_dev                                ? WEFT_STREAM_COMPUTE
+                          : e.kind == WEFT_FSDP_EV_UNSHARD_START ? WEFT_STREAM_FSDP_AG
+                          : e.kind == WEFT_FSDP_EV_REDUCE_START  ? WEFT_STREAM_FSDP_RS
+                                                                 : WEFT_STREAM_COMPUTE;
+    WCHECK(e.stream == want, "event %d (%s): stream %s, want %s", i,
+           weft_fsdp_event_kind_name(e.kind), weft_stream_name(e.stream), weft_stream_name(want));
+  }
+  int ov_ag = -1, ov_rs = -1;
+  weft_fsdp_trace_overlaps(&ov_ag, &ov_rs);
+  if (rank0() && getenv("FSDP_TEST_PRINT_TRACE"))
+    printf("beside compute: %d of %d all-gathers, %d of %d reductions\n", ov_ag,
+           ev_count(WEFT_FSDP_EV_UNSHARD_START, false), ov_rs,
+           ev_count(WEFT_FSDP_EV_REDUCE_START, false));
+  WCHECK(on_dev ? ov_ag >= 8 && ov_rs >= 3 : ov_ag == 0 && ov_rs == 0,
+         "overlaps on %s: %d all-gathers, %d reductions beside compute",
+         on_dev ? "the device" : "the CPU", ov_ag, ov_rs);
   /* explicit lists: no prefetch at all, then a forward list */
   for (int k = 0; k < 5; k++) {
     WOK(weft_fsdp_set_modules_to_forward_prefetch(g[k], NULL, 0));
