@@ -249,6 +249,20 @@ static void bounce_put(int slot, weft_stream_id s, bool lost) {
   pthread_mutex_unlock(&pool.mu);
 }
 
+int weft__device_bounce_slots(size_t *bytes) {
+  pthread_mutex_lock(&pool.mu);
+  int k = 0;
+  size_t b = 0;
+  for (int i = 0; i < pool.n; i++)
+    if (pool.v[i].p) {
+      k++;
+      b += pool.v[i].cap;
+    }
+  pthread_mutex_unlock(&pool.mu);
+  if (bytes) *bytes = b;
+  return k;
+}
+
 void weft__device_bounce_release(void) {
   pthread_mutex_lock(&pool.mu);
   bool pending = false;

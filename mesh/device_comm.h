@@ -80,6 +80,10 @@ const weft_device_hooks *weft__device_hooks(void);
  * the emulator's deferred streams must catch (tests/cuda/test_emu_strict.c). */
 extern bool weft__device_skip_order;
 
+/* The bounce pool's slots holding memory and their bytes (bytes may be
+ * NULL), for tests. Local. */
+int weft__device_bounce_slots(size_t *bytes);
+
 /* Frees the staged path's pinned bounce buffers (after letting the comm
  * streams pass the copies still queued from them). weft_finalize calls it;
  * local. */

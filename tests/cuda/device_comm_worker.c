@@ -580,6 +580,21 @@ static void case_streams(void) {
            (long long)bad, (long long)n);
     WOK(weft_comm_stream_set(WEFT_STREAM_COMM, NULL));
   }
+  /* the pinned bounce buffers are reused: many calls, a few slots */
+  WOK(weft_device_synchronize(WEFT_CUDA));
+  int slots0 = weft__device_bounce_slots(NULL);
+  for (int i = 0; i < 40; i++) {
+    WOK(weft_comm_stream_set(streams[i % 3], NULL));
+    WCHECK(stream_round(m, d, d2, pin, host, n, i % 2, 100 + i) == 0, "round %d wrong", i);
+  }
+  WOK(weft_comm_stream_set(WEFT_STREAM_COMM, NULL));
+  size_t pool_bytes = 0;
+  int slots = weft__device_bounce_slots(&pool_bytes);
+  WCHECK(slots >= 1 && slots <= 6 && slots <= slots0 + 3,
+         "bounce pool: %d slots (%zu bytes) after 40 more calls, %d before", slots, pool_bytes,
+         slots0);
+  weft__device_bounce_release();
+  WCHECK(weft__device_bounce_slots(NULL) == 0, "bounce pool not released");
   WCHECK(weft_comm_stream_set(WEFT_STREAM_COMPUTE, NULL) == WEFT_ERR_INVALID,
          "the compute stream accepted as a comm stream");
   WCHECK(strstr(weft_last_error(), "not a communication stream") != NULL, "message: %s",
