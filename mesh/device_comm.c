@@ -107,9 +107,9 @@ enum { DW_STAGE = 1, DW_NCCL = 2 };
 struct weft_dev_work {
   int kind;
   weft_stream_id stream; /* the comm stream of the call */
-  /* staged: bounce buffers (pool slots, -1 none) and the host -> device
-   * copies at completion */
-  int hb[2];
+  /* staged: the bounce buffer (a pool slot, -1 none) and the host ->
+   * device copies at completion */
+  int hb;
   int ncopy;
   stage_copy *copies;
 #if WEFT_HAVE_NCCL
@@ -139,7 +139,8 @@ weft_stream_id weft_comm_stream(void) { return comm_stream; }
 
 /* ------------------------------------------------------------ bounce pool */
 
-/* Pinned host bounce buffers of the staged path, kept for reuse: a slot is
+/* Pinned host bounce buffers of the staged path (one per call), kept for
+ * reuse: a slot is
  * busy from stage_pair until stage_finish queued its host -> device
  * copies, then free for reuse once its stream passed the mark recorded
  * after them (so those copies may still be queued when the call returns,
@@ -542,7 +543,7 @@ static struct weft_dev_work *stage_new(int ncopy) {
   if (!dw) return NULL;
   dw->kind = DW_STAGE;
   dw->stream = comm_stream;
-  dw->hb[0] = dw->hb[1] = -1;
+  dw->hb = -1;
   if (ncopy > 0) {
     dw->copies = calloc((size_t)ncopy, sizeof *dw->copies);
     if (!dw->copies) {
@@ -573,9 +574,7 @@ static weft_status stage_finish(struct weft_dev_work *dw, weft_status st) {
       if (out) weft_error_trace(out, "weft: ordering the compute stream after a collective");
     }
   }
-  bool lost = st == WEFT_ERR_TIMEOUT;
-  bounce_put(dw->hb[0], s, lost);
-  bounce_put(dw->hb[1], s, lost);
+  bounce_put(dw->hb, s, st == WEFT_ERR_TIMEOUT);
   free(dw->copies);
   free(dw);
   return out;
@@ -586,27 +585,32 @@ static void stage_add(struct weft_dev_work *dw, void *dst, const void *src, size
 }
 
 /* Host stand-ins for device send (sbytes read) and recv (rspan bytes from
- * recv); overlapping ranges share one bounce buffer at the same relative
- * offsets. Orders the call's stream after the compute stream's work so
- * far, copies send's bytes device -> host on it and waits for them.
- * Zero-byte buffers map to NULL. */
+ * recv), in one bounce buffer: overlapping ranges at the same relative
+ * offsets, else send's bytes then recv's (at a 64-byte boundary). Orders
+ * the call's stream after the compute stream's work so far, copies send's
+ * bytes device -> host on it and waits for them. Zero-byte buffers map to
+ * NULL. */
 static weft_status stage_pair(struct weft_dev_work *dw, const void *send, size_t sbytes, void *recv,
                               size_t rspan, const void **hs, void **hr) {
   bool sc = send && sbytes, rc = recv && rspan;
   uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
   *hs = NULL;
   *hr = NULL;
+  size_t total, soff = 0, roff;
   if (sc && rc && s < r + rspan && r < s + sbytes) {
     uintptr_t lo = s < r ? s : r, hi = s + sbytes > r + rspan ? s + sbytes : r + rspan;
-    if ((dw->hb[0] = bounce_get(hi - lo)) < 0) return weft_last_status();
-    char *h = bounce_ptr(dw->hb[0]);
-    *hs = h + (s - lo);
-    *hr = h + (r - lo);
+    total = hi - lo;
+    soff = s - lo;
+    roff = r - lo;
   } else {
-    if (sc && (dw->hb[0] = bounce_get(sbytes)) < 0) return weft_last_status();
-    if (rc && (dw->hb[1] = bounce_get(rspan)) < 0) return weft_last_status();
-    *hs = sc ? bounce_ptr(dw->hb[0]) : NULL;
-    *hr = rc ? bounce_ptr(dw->hb[1]) : NULL;
+    roff = sc ? (sbytes + 63) & ~(size_t)63 : 0;
+    total = roff + (rc ? rspan : 0);
+  }
+  if (total) {
+    if ((dw->hb = bounce_get(total)) < 0) return weft_last_status();
+    char *h = bounce_ptr(dw->hb);
+    if (sc) *hs = h + soff;
+    if (rc) *hr = h + roff;
   }
   /* after the compute stream's work so far: it may write send, and read
    * or write recv before the result lands there (a write after the copy

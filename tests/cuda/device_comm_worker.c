@@ -23,9 +23,10 @@
  *                      coordinate 0 only, naming the ranks that share
  *   env_off SHAPE      hooks that allow NCCL, distinct fake GPUs, WEFT_NCCL=0
  *                      in the environment: fallback with that reason
- *   streams            the real WEFT_CUDA device (the emulator): staged
- *                      all-reduces on each comm stream are exact; with the
- *                      stream orderings left out they must come out wrong
+ *   streams            the real WEFT_CUDA device (the emulator, or a GPU
+ *                      the ranks share): staged all-reduces on each comm
+ *                      stream are exact; on the emulator, with the stream
+ *                      orderings left out they must come out wrong
  */
 #include <inttypes.h>
 #include <stdio.h>
