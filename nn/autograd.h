@@ -138,8 +138,27 @@ WEFT_API weft_status weft_backward(weft_var *loss);
 WEFT_API weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad);
 
 /* -------------------------------------------------------------------- ops
- * Shapes are global; "(..., C)" means any number of leading dims. All
- * float ops are f32. Each returns the new var in *out (or outs). */
+ * Shapes are global; "(..., C)" means any number of leading dims. Each
+ * returns the new var in *out (or outs).
+ *
+ * dtypes: float inputs are f32, bf16 or f16 (ids and targets int32). A
+ * 16-bit input computes as PyTorch's ops do for it: widened to f32 (exact),
+ * computed with f32 accumulation, the output rounded once to the result
+ * dtype: the 16-bit dtype when every float input has it, f32 when any is
+ * f32 (add, mul, swiglu promote); linear, matmul, sdpa and the norms take
+ * their operands in one dtype (a mix is WEFT_ERR_INVALID, as in PyTorch),
+ * and bf16 with f16 in one op is WEFT_ERR_UNSUPPORTED. What the graph keeps
+ * for backward stays 16-bit (half the activation memory of f32; the f32
+ * copies live only while an op runs); a 16-bit var's grad is 16-bit, and a
+ * 16-bit parameter's grad accumulates in f32 (nn.h) from bf16-rounded
+ * contributions. Row statistics an op keeps (norms' rstd, attention's and
+ * cross-entropy's log-sum-exp) and dropout's uniforms stay f32. The
+ * cross-entropy of bf16 logits is a bf16 loss, as PyTorch's. */
+
+/* x converted to dtype (f32, f64, bf16, f16; rounding to nearest even):
+ * tensor.to(dtype). Keeps placements; the grad is converted back to x's
+ * dtype. x itself (no copy, no node) when it already has that dtype. */
+WEFT_API weft_status weft_op_to(weft_var *x, weft_dtype dtype, weft_var **out);
 
 /* y = x w^T (+ b): torch.nn.functional.linear. x (..., K), w (N, K), b (N)
  * or NULL. Per mesh dim (x, w -> y): R,R -> R; S(r),R -> S(r) for a

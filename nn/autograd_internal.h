@@ -54,6 +54,7 @@ struct nn_node {
    * at backward: nn_node_input). */
   const weft_dtensor *in_used[NN_MAX_IN];
   weft_dtensor *saved[NN_MAX_SAVED]; /* graph buffers the backward needs */
+  bool mixed; /* made from bf16/f16 inputs: the backward runs widened (mixed.c) */
   nn_backward_fn backward;
   double f[4]; /* op arguments */
   int64_t i[8];
@@ -86,6 +87,15 @@ weft_status nn_graph_like(weft_graph *g, const weft_dtensor *x, const weft_place
  * redistributed (allow_partial: Replicate -> Partial targets). */
 weft_status nn_graph_bring(weft_graph *g, const weft_dtensor *x, const weft_placement *to,
                            bool allow_partial, const weft_dtensor **use);
+
+/* Hands a buffer of this step back to the pool (no-op for one the pool
+ * does not hold): the caller guarantees nothing refers to it any more. */
+void nn_graph_release(weft_graph *g, const weft_dtensor *d);
+/* The graph's vars and nodes so far, and each by position. */
+int nn_graph_nvars(const weft_graph *g);
+int nn_graph_nnodes(const weft_graph *g);
+weft_var *nn_graph_var(const weft_graph *g, int i);
+nn_node *nn_graph_node(const weft_graph *g, int i);
 
 /* Argument checks shared by ops: non-NULL vars of one graph on meshes of
  * one shape. `name` is the op. */
@@ -132,6 +142,44 @@ int64_t nn_graph_next_op_index(weft_graph *g);
  * placements `out` (see nn_backward_fn); used to coerce dout. */
 void nn_grad_placements(const weft_placement *out, const weft_placement *grad, int n,
                         weft_placement *want);
+
+/* ------------------------------------------------------------- mixed.c */
+
+/* bf16 / f16 inputs of a built-in op (mixed.c): compute in f32, keep the
+ * low dtype. Every built-in op runs as
+ *     nn_mixed mx;
+ *     WEFT_CHECK(nn_mixed_begin(&mx, name, in, nin, same_dtype));
+ *     weft_status st = <the f32 op on in[]>;
+ *     return nn_mixed_end(&mx, st, outs, nout);
+ * begin replaces the low-precision vars of in[] by f32 proxies (and
+ * rejects two 16-bit dtypes, or, with same_dtype, f32 mixed with 16-bit);
+ * end rounds what the op made to the result dtype (16-bit unless an input
+ * is f32), points its nodes back at the original vars and marks them
+ * mixed. Both do nothing when no input is 16-bit. */
+typedef struct nn_mixed {
+  weft_graph *g;
+  bool active;
+  weft_dtype dtype; /* the op's result dtype */
+  int v0, n0;       /* vars and nodes of the graph before the op */
+  int nin;
+  weft_var *orig[NN_MAX_IN], *proxy[NN_MAX_IN];
+} nn_mixed;
+weft_status nn_mixed_begin(nn_mixed *mx, const char *name, weft_var **in, int nin, bool same_dtype);
+weft_status nn_mixed_end(nn_mixed *mx, weft_status st, weft_var **out, int nout);
+
+/* The backward of a mixed node (graph.c run_node): begin widens its dout,
+ * inputs, outputs and saved buffers to f32 (graph buffers, swapped in for
+ * the call); end swaps the originals back, rounds din[i] to input i's
+ * dtype and returns the f32 buffers. */
+typedef struct nn_mixed_bwd {
+  const weft_dtensor *in_used[NN_MAX_IN];
+  const weft_dtensor *out_value[NN_MAX_OUT];
+  weft_dtensor *saved[NN_MAX_SAVED];
+  weft_dtensor *temp[NN_MAX_IN + 2 * NN_MAX_OUT + NN_MAX_SAVED];
+  int ntemp;
+} nn_mixed_bwd;
+weft_status nn_mixed_backward_begin(nn_node *n, const weft_dtensor **dout, nn_mixed_bwd *b);
+weft_status nn_mixed_backward_end(nn_node *n, weft_status st, weft_dtensor **din, nn_mixed_bwd *b);
 
 /* ---------------------------------------------------------------- ops */
 

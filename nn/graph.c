@@ -179,6 +179,18 @@ weft_status nn_graph_tensor(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, in
   return WEFT_OK;
 }
 
+void nn_graph_release(weft_graph *g, const weft_dtensor *d) {
+  for (int i = 0; i < g->npool; i++)
+    if (g->pool[i].dt == d) {
+      g->pool[i].used = false;
+      return;
+    }
+}
+int nn_graph_nvars(const weft_graph *g) { return g->nvars; }
+int nn_graph_nnodes(const weft_graph *g) { return g->nnodes; }
+weft_var *nn_graph_var(const weft_graph *g, int i) { return g->vars[i]; }
+nn_node *nn_graph_node(const weft_graph *g, int i) { return g->nodes[i]; }
+
 /* Whether d is a buffer this graph handed out in this step. */
 static bool pool_holds(const weft_graph *g, const weft_dtensor *d) {
   for (int i = 0; i < g->npool; i++)
@@ -340,6 +352,12 @@ double weft_var_item(const weft_var *v) {
         break;
       case WEFT_F64:
         r = *(const double *)h->data;
+        break;
+      case WEFT_BF16:
+        r = weft_bf16_to_f32(*(const uint16_t *)h->data);
+        break;
+      case WEFT_F16:
+        r = weft_f16_to_f32(*(const uint16_t *)h->data);
         break;
       default:
         weft_error(WEFT_ERR_UNSUPPORTED, "var_item: dtype %s", weft_dtype_name(h->dtype));
@@ -679,7 +697,10 @@ static weft_status run_node(weft_graph *g, nn_node *n) {
   }
   if (!any) return WEFT_OK;
   weft_dtensor *din[NN_MAX_IN] = {0};
-  weft_status st = n->backward(n, dout, din);
+  nn_mixed_bwd mb;
+  weft_status st = n->mixed ? nn_mixed_backward_begin(n, dout, &mb) : WEFT_OK;
+  if (st == WEFT_OK) st = n->backward(n, dout, din);
+  if (n->mixed) st = nn_mixed_backward_end(n, st, din, &mb);
   if (st != WEFT_OK) return weft_error_trace(st, n->name);
   for (int i = 0; i < n->nin; i++) {
     if (!din[i] || !nn_node_wants(n, i)) continue;

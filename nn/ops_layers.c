@@ -144,7 +144,7 @@ static weft_status embedding_backward(nn_node *n, const weft_dtensor *const *dou
   return WEFT_OK;
 }
 
-weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
+static weft_status embedding_f32(weft_var *ids, weft_var *w, weft_var **out) {
   const char *name = "embedding";
   if (!out) return weft_error(WEFT_ERR_INVALID, "embedding: out is NULL");
   *out = NULL;
@@ -362,12 +362,13 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
   return nn_var_new(g, y, node, out);
 }
 
-weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out) {
+static weft_status rms_norm_f32(weft_var *x, weft_var *w, float eps, weft_var **out) {
   WEFT_CHECK(norm_op("rms_norm", false, x, w, NULL, eps, out));
   return WEFT_OK;
 }
 
-weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps, weft_var **out) {
+static weft_status layer_norm_f32(weft_var *x, weft_var *w, weft_var *b, float eps,
+                                  weft_var **out) {
   WEFT_CHECK(norm_op("layer_norm", true, x, w, b, eps, out));
   return WEFT_OK;
 }
@@ -416,15 +417,15 @@ static weft_status act_op(const char *name, weft_activation act, weft_var *x, we
   return nn_var_new(g, y, node, out);
 }
 
-weft_status weft_op_gelu(weft_var *x, bool tanh_approximate, weft_var **out) {
+static weft_status gelu_f32(weft_var *x, bool tanh_approximate, weft_var **out) {
   WEFT_CHECK(act_op("gelu", tanh_approximate ? WEFT_ACT_GELU_TANH : WEFT_ACT_GELU_ERF, x, out));
   return WEFT_OK;
 }
-weft_status weft_op_silu(weft_var *x, weft_var **out) {
+static weft_status silu_f32(weft_var *x, weft_var **out) {
   WEFT_CHECK(act_op("silu", WEFT_ACT_SILU, x, out));
   return WEFT_OK;
 }
-weft_status weft_op_relu(weft_var *x, weft_var **out) {
+static weft_status relu_f32(weft_var *x, weft_var **out) {
   WEFT_CHECK(act_op("relu", WEFT_ACT_RELU, x, out));
   return WEFT_OK;
 }
@@ -448,7 +449,7 @@ static weft_status swiglu_backward(nn_node *n, const weft_dtensor *const *dout,
   return WEFT_OK;
 }
 
-weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {
+static weft_status swiglu_f32(weft_var *a, weft_var *b, weft_var **out) {
   const char *name = "swiglu";
   if (!out) return weft_error(WEFT_ERR_INVALID, "swiglu: out is NULL");
   *out = NULL;
@@ -501,7 +502,7 @@ static weft_status softmax_backward(nn_node *n, const weft_dtensor *const *dout,
   return WEFT_OK;
 }
 
-weft_status weft_op_softmax(weft_var *x, weft_var **out) {
+static weft_status softmax_f32(weft_var *x, weft_var **out) {
   const char *name = "softmax";
   if (!out) return weft_error(WEFT_ERR_INVALID, "softmax: out is NULL");
   *out = NULL;
@@ -555,7 +556,7 @@ static weft_status rope_backward(nn_node *n, const weft_dtensor *const *dout, we
   return WEFT_OK;
 }
 
-weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out) {
+static weft_status rope_f32(weft_var *x, double theta, int64_t pos0, weft_var **out) {
   const char *name = "rope";
   if (!out) return weft_error(WEFT_ERR_INVALID, "rope: out is NULL");
   *out = NULL;
@@ -639,7 +640,7 @@ static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, we
   return WEFT_OK;
 }
 
-weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out) {
+static weft_status sdpa_f32(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out) {
   const char *name = "sdpa";
   if (!out) return weft_error(WEFT_ERR_INVALID, "sdpa: out is NULL");
   *out = NULL;
@@ -790,8 +791,8 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
   return WEFT_OK;
 }
 
-weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
-                                  int32_t ignore_index, weft_var **out) {
+static weft_status cross_entropy_f32(weft_var *logits, const weft_dtensor *targets,
+                                     int32_t ignore_index, weft_var **out) {
   const char *name = "cross_entropy";
   if (!out) return weft_error(WEFT_ERR_INVALID, "cross_entropy: out is NULL");
   *out = NULL;
@@ -1005,7 +1006,7 @@ static weft_status dropout_backward(nn_node *n, const weft_dtensor *const *dout,
   return WEFT_OK;
 }
 
-weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {
+static weft_status dropout_f32(weft_var *x, float p, weft_var **out) {
   const char *name = "dropout";
   if (!out) return weft_error(WEFT_ERR_INVALID, "dropout: out is NULL");
   *out = NULL;
@@ -1042,4 +1043,93 @@ weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {
   }
   WEFT_CHECK(nn_var_new(g, y, node, out));
   return WEFT_OK;
+}
+
+/* ------------------------------------------- the ops as callers see them
+ * Each runs its f32 body above through nn/mixed.c, so bf16 / f16 inputs
+ * compute in f32 and keep their dtype (autograd.h, "dtypes"). */
+
+weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
+  weft_var *in[2] = {ids, w};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "embedding", in, 2, false));
+  return nn_mixed_end(&mx, embedding_f32(in[0], in[1], out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out) {
+  weft_var *in[2] = {x, w};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "rms_norm", in, 2, true));
+  return nn_mixed_end(&mx, rms_norm_f32(in[0], in[1], eps, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps, weft_var **out) {
+  weft_var *in[3] = {x, w, b};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "layer_norm", in, 3, true));
+  return nn_mixed_end(&mx, layer_norm_f32(in[0], in[1], in[2], eps, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_gelu(weft_var *x, bool tanh_approximate, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "gelu", in, 1, false));
+  return nn_mixed_end(&mx, gelu_f32(in[0], tanh_approximate, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_silu(weft_var *x, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "silu", in, 1, false));
+  return nn_mixed_end(&mx, silu_f32(in[0], out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_relu(weft_var *x, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "relu", in, 1, false));
+  return nn_mixed_end(&mx, relu_f32(in[0], out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {
+  weft_var *in[2] = {a, b};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "swiglu", in, 2, false));
+  return nn_mixed_end(&mx, swiglu_f32(in[0], in[1], out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_softmax(weft_var *x, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "softmax", in, 1, false));
+  return nn_mixed_end(&mx, softmax_f32(in[0], out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "rope", in, 1, false));
+  return nn_mixed_end(&mx, rope_f32(in[0], theta, pos0, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out) {
+  weft_var *in[3] = {q, k, v};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "sdpa", in, 3, true));
+  return nn_mixed_end(&mx, sdpa_f32(in[0], in[1], in[2], causal, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
+                                  int32_t ignore_index, weft_var **out) {
+  weft_var *in[1] = {logits};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "cross_entropy", in, 1, false));
+  return nn_mixed_end(&mx, cross_entropy_f32(in[0], targets, ignore_index, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "dropout", in, 1, false));
+  return nn_mixed_end(&mx, dropout_f32(in[0], p, out), out, out ? 1 : 0);
 }

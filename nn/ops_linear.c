@@ -127,7 +127,7 @@ static weft_status linear_nobias(weft_var *x, weft_var *w, weft_var **out) {
   return nn_var_new(g, y, node, out);
 }
 
-weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
+static weft_status linear_f32(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "linear: out is NULL");
   *out = NULL;
   weft_var *y;
@@ -192,7 +192,7 @@ static weft_status add_backward(nn_node *n, const weft_dtensor *const *dout, wef
   return WEFT_OK;
 }
 
-weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
+static weft_status add_f32(weft_var *a, weft_var *b, weft_var **out) {
   const char *name = "add";
   if (!out) return weft_error(WEFT_ERR_INVALID, "add: out is NULL");
   *out = NULL;
@@ -276,7 +276,7 @@ static weft_status mul_backward(nn_node *n, const weft_dtensor *const *dout, wef
   return WEFT_OK;
 }
 
-weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out) {
+static weft_status mul_f32(weft_var *a, weft_var *b, weft_var **out) {
   const char *name = "mul";
   if (!out) return weft_error(WEFT_ERR_INVALID, "mul: out is NULL");
   *out = NULL;
@@ -331,7 +331,7 @@ static weft_status scale_backward(nn_node *n, const weft_dtensor *const *dout, w
   return WEFT_OK;
 }
 
-weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out) {
+static weft_status scale_f32(weft_var *x, double alpha, weft_var **out) {
   const char *name = "scale";
   if (!out) return weft_error(WEFT_ERR_INVALID, "scale: out is NULL");
   *out = NULL;
@@ -348,4 +348,76 @@ weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out) {
   if (node) node->f[0] = alpha;
   WEFT_CHECK(nn_var_new(g, y, node, out));
   return WEFT_OK;
+}
+
+/* ---------------------------------------------------------------------- to */
+
+static weft_status to_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
+  weft_graph *g = nn_node_graph(n);
+  const weft_dtensor *x = nn_node_input(n, 0);
+  weft_dtensor *dx;
+  WEFT_CHECK(nn_graph_like(g, x, weft_dtensor_placements(dout[0]), &dx));
+  WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(dx), nn_local(dout[0])));
+  din[0] = dx;
+  return WEFT_OK;
+}
+
+weft_status weft_op_to(weft_var *x, weft_dtype dtype, weft_var **out) {
+  const char *name = "to";
+  if (!out) return weft_error(WEFT_ERR_INVALID, "to: out is NULL");
+  *out = NULL;
+  weft_var *in[1] = {x};
+  weft_graph *g;
+  WEFT_CHECK(nn_check_vars(name, in, 1, &g));
+  const weft_dtensor *xv = nn_var_now(x);
+  weft_dtype from = weft_dtensor_dtype(xv);
+  bool float_to = dtype == WEFT_F32 || dtype == WEFT_F64 || dtype == WEFT_BF16 || dtype == WEFT_F16;
+  if (!float_to || !weft_dtype_is_float(from))
+    return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, 1,
+                       "converts between f32, f64, bf16 and f16 (asked: %s to %s)",
+                       weft_dtype_name(from), weft_dtype_name(dtype));
+  if (from == dtype) {
+    *out = x;
+    return WEFT_OK;
+  }
+  const weft_dtensor_spec *s = weft_dtensor_get_spec(xv);
+  weft_dtensor *y;
+  WEFT_CHECK(
+      nn_graph_tensor(g, weft_dtensor_mesh(xv), dtype, s->ndim, s->shape, s->placements, &y));
+  WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(y), weft_dtensor_local(xv)));
+  nn_node *node;
+  WEFT_CHECK(nn_node_new(g, name, in, 1, NULL, to_backward, &node));
+  return nn_var_new(g, y, node, out);
+}
+
+/* ------------------------------------------- the ops as callers see them
+ * Each runs its f32 body above through nn/mixed.c, so bf16 / f16 inputs
+ * compute in f32 and keep their dtype (autograd.h, "dtypes"). */
+
+weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
+  weft_var *in[3] = {x, w, b};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "linear", in, 3, true));
+  return nn_mixed_end(&mx, linear_f32(in[0], in[1], in[2], out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
+  weft_var *in[2] = {a, b};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "add", in, 2, false));
+  return nn_mixed_end(&mx, add_f32(in[0], in[1], out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out) {
+  weft_var *in[2] = {a, b};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "mul", in, 2, false));
+  return nn_mixed_end(&mx, mul_f32(in[0], in[1], out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "scale", in, 1, false));
+  return nn_mixed_end(&mx, scale_f32(in[0], alpha, out), out, out ? 1 : 0);
 }

@@ -111,7 +111,7 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
   return WEFT_OK;
 }
 
-weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
+static weft_status matmul_f32(weft_var *a, weft_var *b, weft_var **out) {
   const char *name = "matmul";
   if (!out) return weft_error(WEFT_ERR_INVALID, "matmul: out is NULL");
   *out = NULL;
@@ -255,7 +255,7 @@ static int rs_shard_target(const int64_t *in, const int64_t *out, const rs_group
   return -1;
 }
 
-weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_var **out) {
+static weft_status reshape_f32(weft_var *x, int ndim, const int64_t *shape, weft_var **out) {
   const char *name = "reshape";
   if (!out) return weft_error(WEFT_ERR_INVALID, "reshape: out is NULL");
   *out = NULL;
@@ -389,7 +389,7 @@ static weft_status transpose_backward(nn_node *n, const weft_dtensor *const *dou
   return WEFT_OK;
 }
 
-weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out) {
+static weft_status transpose_f32(weft_var *x, int d0, int d1, weft_var **out) {
   const char *name = "transpose";
   if (!out) return weft_error(WEFT_ERR_INVALID, "transpose: out is NULL");
   *out = NULL;
@@ -487,7 +487,7 @@ static weft_status split_backward(nn_node *n, const weft_dtensor *const *dout, w
   return WEFT_OK;
 }
 
-weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs) {
+static weft_status split_f32(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs) {
   const char *name = "split";
   if (!outs) return weft_error(WEFT_ERR_INVALID, "split: outs is NULL");
   if (n < 1 || n > NN_MAX_OUT || !sizes)
@@ -586,7 +586,7 @@ static weft_status cat_backward(nn_node *n, const weft_dtensor *const *dout, wef
   return WEFT_OK;
 }
 
-weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
+static weft_status cat_f32(weft_var *const *xs, int n, int dim, weft_var **out) {
   const char *name = "cat";
   if (!out) return weft_error(WEFT_ERR_INVALID, "cat: out is NULL");
   *out = NULL;
@@ -780,12 +780,68 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
   return nn_var_new(g, y, node, out);
 }
 
-weft_status weft_op_sum(weft_var *x, int dim, bool keepdim, weft_var **out) {
+static weft_status sum_f32(weft_var *x, int dim, bool keepdim, weft_var **out) {
   WEFT_CHECK(reduce_op(x, dim, keepdim, false, out));
   return WEFT_OK;
 }
 
-weft_status weft_op_mean(weft_var *x, int dim, bool keepdim, weft_var **out) {
+static weft_status mean_f32(weft_var *x, int dim, bool keepdim, weft_var **out) {
   WEFT_CHECK(reduce_op(x, dim, keepdim, true, out));
   return WEFT_OK;
+}
+
+/* ------------------------------------------- the ops as callers see them
+ * Each runs its f32 body above through nn/mixed.c, so bf16 / f16 inputs
+ * compute in f32 and keep their dtype (autograd.h, "dtypes"). */
+
+weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
+  weft_var *in[2] = {a, b};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "matmul", in, 2, true));
+  return nn_mixed_end(&mx, matmul_f32(in[0], in[1], out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "reshape", in, 1, false));
+  return nn_mixed_end(&mx, reshape_f32(in[0], ndim, shape, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "transpose", in, 1, false));
+  return nn_mixed_end(&mx, transpose_f32(in[0], d0, d1, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "split", in, 1, false));
+  return nn_mixed_end(&mx, split_f32(in[0], dim, n, sizes, outs), outs,
+                      outs && n >= 1 && n <= NN_MAX_OUT ? n : 0);
+}
+
+weft_status weft_op_sum(weft_var *x, int dim, bool keepdim, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "sum", in, 1, false));
+  return nn_mixed_end(&mx, sum_f32(in[0], dim, keepdim, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_mean(weft_var *x, int dim, bool keepdim, weft_var **out) {
+  weft_var *in[1] = {x};
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "mean", in, 1, false));
+  return nn_mixed_end(&mx, mean_f32(in[0], dim, keepdim, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
+  if (!xs || n < 1 || n > NN_MAX_IN) return cat_f32(xs, n, dim, out); /* its error */
+  weft_var *in[NN_MAX_IN];
+  memcpy(in, xs, sizeof *in * (size_t)n);
+  nn_mixed mx;
+  WEFT_CHECK(nn_mixed_begin(&mx, "cat", in, n, false));
+  return nn_mixed_end(&mx, cat_f32(in, n, dim, out), out, out ? 1 : 0);
 }

@@ -75,7 +75,9 @@ static double *fetch(const weft_dtensor *d, int64_t *n) {
   weft_tensor *tmp = NULL;
   const weft_tensor *hf = weft_worker_host_copy(full, &tmp);
   double *h = hf ? calloc((size_t)(*n > 0 ? *n : 1), sizeof(double)) : NULL;
-  for (int64_t i = 0; h && i < *n; i++) h[i] = ((const float *)hf->data)[i];
+  for (int64_t i = 0; h && i < *n; i++)
+    h[i] = hf->dtype == WEFT_BF16 ? weft_bf16_to_f32(((const uint16_t *)hf->data)[i])
+                                  : ((const float *)hf->data)[i];
   weft_tensor_destroy(tmp);
   weft_tensor_destroy(full);
   return h;
@@ -83,7 +85,6 @@ static double *fetch(const weft_dtensor *d, int64_t *n) {
 
 /* ------------------------------------------------------ the case runner */
 
-static bool verbose; /* OPS_VERBOSE=1: print every error measured */
 /* When set, the placement every case's output must have (the sharding rule
  * kept the inputs' sharding instead of replicating them). */
 static const weft_placement *expect_pl;
@@ -104,7 +105,96 @@ typedef struct opcase {
   void (*gen)(int i, double *h, int64_t n); /* optional: values of input i */
   const void *ctx;
   double fwd_tol, bwd_tol;
+  bool chain; /* run() is more than one op (a bf16 rounding in between) */
 } opcase;
+
+static bool verbose; /* OPS_VERBOSE=1: print every error measured */
+
+/* Cases "bf16_1" / "bf16_2": every float input and the output grad R hold
+ * bf16 values, and after the f32 checks the op runs again on the same
+ * values as bf16 DTensors (autograd.h "dtypes"). Its output and input
+ * grads must be bf16. The output of a single op must equal the f32 run's
+ * rounded to bf16 (bitwise on the CPU; within one bf16 step on a device,
+ * whose f32 sums may differ in the last bit between runs). Grads, and
+ * outputs of the cases that scale their input first (a bf16 rounding in
+ * between), use what PyTorch's bf16 backward uses (bf16 saved inputs and
+ * outputs, bf16 intermediate grads), so they must agree with the f32 run
+ * only to bf16 precision: largest error within 1/64 of the largest value. */
+static bool bf16_mode;
+static double bf16r(double x) { return weft_bf16_to_f32(weft_f32_to_bf16((float)x)); }
+
+/* A DTensor with d's spec but dtype dt, holding d's local values converted. */
+static weft_dtensor *as_dtype(const weft_dtensor *d, weft_dtype dt) {
+  const weft_dtensor_spec *s = weft_dtensor_get_spec(d);
+  weft_dtensor *o = NULL;
+  WOK(weft_dtensor_empty(weft_dtensor_mesh(d), dt, s->ndim, s->shape, s->placements, s->mesh_ndim,
+                         &o));
+  if (o) WOK(weft_tensor_copy(weft_dtensor_local(o), weft_dtensor_local(d)));
+  return o;
+}
+
+/* `got` (a bf16 var's value or grad) against `want` (the f32 run's):
+ * bitwise equal to it rounded when `rounded`, else to bf16 precision. */
+static void bf16_compare(const char *what, const char *name, const weft_dtensor *got,
+                         const weft_dtensor *want, bool rounded) {
+  WCHECK(weft_dtensor_dtype(got) == WEFT_BF16, "%s: bf16 %s is %s", name, what,
+         weft_dtype_name(weft_dtensor_dtype(got)));
+  int64_t n1, n2;
+  double *a = fetch(got, &n1), *b = fetch(want, &n2);
+  WCHECK(a && b && n1 == n2, "%s: bf16 %s: %lld elements, f32 %lld", name, what, (long long)n1,
+         (long long)n2);
+  if (a && b && n1 == n2 && rounded) {
+    bool exact = weft_dtensor_local(got)->device == WEFT_CPU;
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n1; i++) {
+      double r = bf16r(b[i]);
+      bool ok = exact ? a[i] == r : fabs(a[i] - r) <= fabs(r) * (1.0 / 128) + 1e-30;
+      if (!ok && first < 0) first = i;
+      bad += !ok;
+    }
+    WCHECK(bad == 0,
+           "%s: bf16 %s is not the rounded f32 one at %lld of %lld (first %lld: %g vs %g)", name,
+           what, (long long)bad, (long long)n1, (long long)first, first >= 0 ? a[first] : 0.0,
+           first >= 0 ? bf16r(b[first]) : 0.0);
+  } else if (a && b && n1 == n2) {
+    double e = weft_test_rel_max_f64(a, b, n1);
+    if (verbose && weft_worker_rank == 0) printf("%-24s bf16 %s rel err %.3g\n", name, what, e);
+    WCHECK(e <= 1.0 / 64, "%s: bf16 %s: rel err %.3g > 1/64", name, what, e);
+  }
+  free(a);
+  free(b);
+}
+
+/* The bf16 run of case c on the inputs dt (as the f32 run had them). */
+static void bf16_twin(const opcase *c, weft_dtensor *const *dt, weft_var *const *v32, weft_var *y32,
+                      const weft_dtensor *R32) {
+  weft_graph *g = NULL;
+  weft_dtensor *lo[MAXIN] = {0}, *R = NULL;
+  weft_var *v[MAXIN] = {0}, *y = NULL;
+  WOK(weft_graph_create(&g));
+  for (int i = 0; i < c->nin; i++) {
+    if (!dt[i]) continue;
+    lo[i] = c->isint[i] ? NULL : as_dtype(dt[i], WEFT_BF16);
+    WOK(weft_graph_input(g, lo[i] ? lo[i] : dt[i], c->grad[i], &v[i]));
+  }
+  weft_status st = c->run(v, &y, c->ctx);
+  WCHECK(st == WEFT_OK && y, "%s (bf16): forward: %s", c->name, weft_last_error());
+  if (st == WEFT_OK && y) {
+    bf16_compare("output", c->name, weft_var_value(y), weft_var_value(y32), !c->chain);
+    R = as_dtype(R32, WEFT_BF16);
+    st = weft_backward_grad(y, R);
+    WCHECK(st == WEFT_OK, "%s (bf16): backward: %s", c->name, weft_last_error());
+    for (int i = 0; st == WEFT_OK && i < c->nin; i++) {
+      if (!c->grad[i] || !dt[i]) continue;
+      const weft_dtensor *g16 = weft_var_grad(v[i]), *g32 = weft_var_grad(v32[i]);
+      WCHECK(g16 && g32, "%s (bf16): input %d has no grad", c->name, i);
+      if (g16 && g32) bf16_compare("grad", c->name, g16, g32, false);
+    }
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(R);
+  for (int i = 0; i < c->nin; i++) weft_dtensor_destroy(lo[i]);
+}
 
 static void run_case(weft_mesh *mesh, const opcase *c) {
   double *h[MAXIN] = {0};
@@ -124,6 +214,8 @@ static void run_case(weft_mesh *mesh, const opcase *c) {
       c->gen(i, h[i], n);
     else
       for (int64_t j = 0; j < n; j++) h[i][j] = srand1();
+    if (bf16_mode && !c->isint[i])
+      for (int64_t j = 0; j < n; j++) h[i][j] = bf16r(h[i][j]);
     dt[i] = mk_dt(mesh, c->isint[i] ? WEFT_I32 : WEFT_F32, c->ndim[i], c->shape[i], h[i], c->pl[i]);
     if (dt[i]) WOK(weft_graph_input(g, dt[i], c->grad[i], &v[i]));
   }
@@ -152,7 +244,7 @@ static void run_case(weft_mesh *mesh, const opcase *c) {
     free(got);
   }
   /* backward of sum(out * R) */
-  for (int64_t j = 0; j < nout; j++) R[j] = srand1();
+  for (int64_t j = 0; j < nout; j++) R[j] = bf16_mode ? bf16r(srand1()) : srand1();
   Rdt = mk_dt(mesh, WEFT_F32, c->out_ndim, c->out_shape, R, weft_replicate());
   st = weft_backward_grad(y, Rdt);
   WCHECK(st == WEFT_OK, "%s: backward: %s", c->name, weft_last_error());
@@ -189,6 +281,7 @@ static void run_case(weft_mesh *mesh, const opcase *c) {
     }
     free(fd);
   }
+  if (bf16_mode) bf16_twin(c, dt, v, y, Rdt);
 done:
   weft_graph_destroy(g);
   weft_dtensor_destroy(Rdt);
@@ -513,6 +606,7 @@ static void cases_pointwise(weft_mesh *mesh, weft_placement px) {
                 .ref = ref_act,
                 .gen = gen_act,
                 .ctx = &ac[k],
+                .chain = true,
                 .fwd_tol = F,
                 .bwd_tol = G};
     run_case(mesh, &c);
@@ -545,6 +639,7 @@ static void cases_softmax(weft_mesh *mesh, weft_placement px) {
               .out_ndim = 3,
               .out_shape = {2, 3, 6},
               .run = run_softmax,
+              .chain = true,
               .ref = ref_softmax,
               .ctx = &nc,
               .fwd_tol = F,
@@ -664,6 +759,7 @@ static void cases_ce(weft_mesh *mesh, weft_placement px, int64_t V) {
               .out_ndim = 1,
               .out_shape = {1},
               .run = run_ce,
+              .chain = true,
               .ref = ref_ce,
               .ctx = &cc,
               .fwd_tol = F,
@@ -935,10 +1031,8 @@ static weft_mesh *make_mesh(int n) {
   return weft_worker_mesh_on_device(m);
 }
 
-static void case_ops1(void) {
-  verbose = getenv("OPS_VERBOSE") != NULL;
-  weft_mesh *mesh = make_mesh(1);
-  if (!mesh) return;
+/* Every run_case case with Replicate inputs (cases ops1 and bf16_1). */
+static void replicated_cases(weft_mesh *mesh) {
   weft_placement r = weft_replicate();
   cases_embedding(mesh, r, r);
   cases_norms(mesh, r);
@@ -946,10 +1040,17 @@ static void case_ops1(void) {
   cases_softmax(mesh, r);
   cases_rope(mesh, r);
   cases_sdpa(mesh, r);
-  case_sdpa_causal_flag(mesh);
   cases_ce(mesh, r, 6);
-  case_ce_all_ignored(mesh);
   cases_dropout(mesh, r);
+}
+
+static void case_ops1(void) {
+  verbose = getenv("OPS_VERBOSE") != NULL;
+  weft_mesh *mesh = make_mesh(1);
+  if (!mesh) return;
+  replicated_cases(mesh);
+  case_sdpa_causal_flag(mesh);
+  case_ce_all_ignored(mesh);
   case_dropout_modes(mesh);
   case_bad(mesh);
   case_two_steps(mesh);
@@ -991,6 +1092,41 @@ static void case_ops2(void) {
   WOK(weft_mesh_destroy(mesh));
 }
 
-static const weft_worker_case cases[] = {{"ops1", case_ops1}, {"ops2", case_ops2}, {0}};
+/* The run_case cases again with bf16 twins (see bf16_mode). */
+static void case_bf16_1(void) {
+  bf16_mode = true;
+  verbose = getenv("OPS_VERBOSE") != NULL;
+  weft_mesh *mesh = make_mesh(1);
+  if (!mesh) return;
+  replicated_cases(mesh);
+  WOK(weft_mesh_destroy(mesh));
+}
+
+static void case_bf16_2(void) {
+  bf16_mode = true;
+  verbose = getenv("OPS_VERBOSE") != NULL;
+  weft_mesh *mesh = make_mesh(2);
+  if (!mesh) return;
+  weft_placement r = weft_replicate(), p = weft_partial(WEFT_OP_SUM), s0 = weft_shard(0),
+                 s1 = weft_shard(1), s2 = weft_shard(2);
+  cases_embedding(mesh, r, s0); /* vocab ranges: a P(sum) output */
+  cases_embedding(mesh, r, s1); /* colwise */
+  cases_norms(mesh, s1);        /* sequence parallel */
+  cases_norms(mesh, p);         /* a P(sum) input, summed as f32 then kept as bf16 */
+  cases_pointwise(mesh, s1);
+  cases_softmax(mesh, s2); /* the softmax dim: moved first */
+  cases_rope(mesh, s2);
+  cases_sdpa(mesh, s2);
+  cases_sdpa(mesh, s1);  /* sequence: moved first */
+  cases_ce(mesh, s2, 7); /* loss parallel, uneven vocab */
+  cases_dropout(mesh, s0);
+  WOK(weft_mesh_destroy(mesh));
+}
+
+static const weft_worker_case cases[] = {{"ops1", case_ops1},
+                                         {"ops2", case_ops2},
+                                         {"bf16_1", case_bf16_1},
+                                         {"bf16_2", case_bf16_2},
+                                         {0}};
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

@@ -22,6 +22,15 @@ Test(nn_ops_layers, two_ranks_sharded_inputs_give_the_unsharded_results, .timeou
   cr_assert_eq(weft_test_mpiexec(2, OPS_WORKER, "ops2", 100), 0);
 }
 
+/* bf16 inputs: the output and grads are the f32 run's rounded to bf16 */
+Test(nn_ops_layers, bf16_inputs_give_the_f32_results_rounded, .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(1, OPS_WORKER, "bf16_1", 100), 0);
+}
+
+Test(nn_ops_layers, bf16_sharded_inputs_give_the_f32_results_rounded, .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(2, OPS_WORKER, "bf16_2", 100), 0);
+}
+
 /* ------------------------------------------- the same on the device */
 
 Test(nn_ops_layers, one_rank_forward_backward_dropout_and_bad_input_on_device, .timeout = 120) {
@@ -32,4 +41,14 @@ Test(nn_ops_layers, one_rank_forward_backward_dropout_and_bad_input_on_device, .
 Test(nn_ops_layers, two_ranks_sharded_inputs_give_the_unsharded_results_on_device, .timeout = 120) {
   WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(weft_test_mpiexec_on_device(2, OPS_WORKER, "ops2", 100, NULL), 0);
+}
+
+Test(nn_ops_layers, bf16_inputs_give_the_f32_results_rounded_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(1, OPS_WORKER, "bf16_1", 100, NULL), 0);
+}
+
+Test(nn_ops_layers, bf16_sharded_inputs_give_the_f32_results_rounded_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(2, OPS_WORKER, "bf16_2", 100, NULL), 0);
 }

@@ -1,0 +1,284 @@
+/* tests/nn/test_ops_bf16.c — bf16 inputs of the shape and linear ops
+ * (autograd.h "dtypes"; nn/mixed.c), in process on a 1-rank mesh.
+ *
+ * Every case of tests/nn/ops_check.c (matmul, reshape, transpose, split,
+ * cat, sum, mean, linear, add, mul, scale) runs twice on the same values
+ * (random, bf16-representable): once as f32 DTensors, once as bf16. The
+ * bf16 outputs must be bf16 and equal the f32 outputs rounded to bf16
+ * (bitwise: the op computes in f32 on the widened inputs and rounds once);
+ * the input grads must be bf16 and agree with the f32 grads to bf16
+ * precision. Then PyTorch's promotion and its errors: f32 + bf16 is f32
+ * with each grad in its input's dtype, a linear of f32 and bf16 operands
+ * and an op mixing bf16 with f16 fail naming the dtypes, weft_op_to
+ * converts both ways, and a bf16 loss is read by weft_var_item.
+ * The *_on_device variants put the mesh on WEFT_CUDA (within one bf16 step
+ * instead of bitwise) and skip, saying why, without a CUDA device. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "harness.h"
+#include "ops_check.h"
+
+static double bf16r(double x) { return weft_bf16_to_f32(weft_f32_to_bf16((float)x)); }
+
+static weft_mesh *one_rank_mesh(bool on_device) {
+  int argc = 0;
+  char **argv = NULL;
+  OK(weft_init(&argc, &argv));
+  int shape[1] = {1};
+  const char *names[1] = {"tp"};
+  weft_mesh *mesh;
+  OK(weft_mesh_create(1, shape, names, &mesh));
+  if (on_device) OK(weft_mesh_set_device(mesh, WEFT_CUDA));
+  return mesh;
+}
+
+/* A Replicate DTensor of dtype dt holding v (bf16-representable). */
+static weft_dtensor *make(weft_mesh *mesh, weft_dtype dt, int nd, const int64_t *shape,
+                          const double *v) {
+  weft_tensor *f32, *t;
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, nd, shape, &f32));
+  int64_t n = weft_tensor_numel(f32);
+  for (int64_t i = 0; i < n; i++) ((float *)f32->data)[i] = (float)v[i];
+  OK(weft_tensor_create(dt, WEFT_CPU, nd, shape, &t));
+  OK(weft_tensor_copy(t, f32));
+  weft_placement r = weft_replicate();
+  weft_dtensor *d;
+  OK(weft_dtensor_distribute(mesh, t, WEFT_DTENSOR_ALL_RANKS, &r, 1, &d));
+  weft_tensor_destroy(f32);
+  weft_tensor_destroy(t);
+  return d;
+}
+
+/* The full value as doubles (any float dtype, any device). */
+static double *values(const weft_dtensor *d, int64_t *n) {
+  weft_tensor *full, *h, *f;
+  OK(weft_dtensor_full_tensor(d, &full));
+  OK(weft_tensor_to(full, WEFT_CPU, &h));
+  OK(weft_tensor_create(WEFT_F64, WEFT_CPU, h->ndim, h->shape, &f));
+  OK(weft_tensor_copy(f, h));
+  *n = weft_tensor_numel(f);
+  double *v = malloc(sizeof(double) * (size_t)(*n ? *n : 1));
+  memcpy(v, f->data, sizeof(double) * (size_t)*n);
+  weft_tensor_destroy(full);
+  weft_tensor_destroy(h);
+  weft_tensor_destroy(f);
+  return v;
+}
+
+static void random_bf16(double *v, int64_t n, uint64_t *s) {
+  for (int64_t i = 0; i < n; i++) {
+    double x = 0.5 + weft_test_rng_unit(s);
+    v[i] = bf16r(weft_test_rng_u64(s) & 1 ? -x : x);
+  }
+}
+
+/* bf16 `got` against the f32 `want`: bitwise the rounded value (rounded,
+ * on the CPU), within one bf16 step (rounded, on a device), or largest
+ * error within 1/64 of the largest value. */
+static void expect_bf16(const char *what, const weft_dtensor *got, const weft_dtensor *want,
+                        bool rounded, bool exact) {
+  cr_assert_eq(weft_dtensor_dtype(got), WEFT_BF16, "%s is %s, not bf16", what,
+               weft_dtype_name(weft_dtensor_dtype(got)));
+  int64_t n1, n2;
+  double *a = values(got, &n1), *b = values(want, &n2);
+  cr_assert_eq(n1, n2, "%s: %lld elements vs %lld", what, (long long)n1, (long long)n2);
+  if (rounded) {
+    for (int64_t i = 0; i < n1; i++) {
+      double r = bf16r(b[i]);
+      bool ok = exact ? a[i] == r : fabs(a[i] - r) <= fabs(r) / 128;
+      cr_assert(ok, "%s[%lld]: bf16 %.9g, f32 %.9g rounded %.9g", what, (long long)i, a[i], b[i],
+                r);
+    }
+  } else {
+    double e = weft_test_rel_max_f64(a, b, n1);
+    cr_assert_leq(e, 1.0 / 64, "%s: bf16 vs f32 rel err %.3g > 1/64", what, e);
+  }
+  free(a);
+  free(b);
+}
+
+/* One case of ops_check.c in f32 and in bf16 on the same values. */
+static void twin(const oc_case *c, weft_mesh *mesh, bool exact) {
+  uint64_t s = weft_test_rng_state(weft_test_seed(77));
+  weft_graph *g[2];
+  weft_dtensor *in[2][OC_MAX_IN] = {{0}}, *R[2] = {0};
+  weft_var *v[2][OC_MAX_IN] = {{0}}, *out[2][OC_MAX_OUT] = {{0}};
+  double *h[OC_MAX_IN];
+  for (int a = 0; a < c->nin; a++) {
+    int64_t n = oc_numel(c->ndim[a], c->shape[a]);
+    h[a] = malloc(sizeof(double) * (size_t)n);
+    random_bf16(h[a], n, &s);
+  }
+  int64_t nr = oc_numel(c->ondim[0], c->oshape[0]);
+  double *hr = malloc(sizeof(double) * (size_t)nr);
+  random_bf16(hr, nr, &s);
+  for (int k = 0; k < 2; k++) {
+    weft_dtype dt = k ? WEFT_BF16 : WEFT_F32;
+    OK(weft_graph_create(&g[k]));
+    for (int a = 0; a < c->nin; a++) {
+      in[k][a] = make(mesh, dt, c->ndim[a], c->shape[a], h[a]);
+      OK(weft_graph_input(g[k], in[k][a], true, &v[k][a]));
+    }
+    OK(c->run(c, v[k], out[k]));
+    R[k] = make(mesh, dt, c->ondim[0], c->oshape[0], hr);
+    OK(weft_backward_grad(out[k][0], R[k]));
+  }
+  char what[96];
+  for (int j = 0; j < c->nout; j++) {
+    snprintf(what, sizeof what, "%s: output %d", c->name, j);
+    expect_bf16(what, weft_var_value(out[1][j]), weft_var_value(out[0][j]), true, exact);
+  }
+  for (int a = 0; a < c->nin; a++) {
+    snprintf(what, sizeof what, "%s: grad of input %d", c->name, a);
+    cr_assert(weft_var_grad(v[1][a]) && weft_var_grad(v[0][a]), "%s missing", what);
+    expect_bf16(what, weft_var_grad(v[1][a]), weft_var_grad(v[0][a]), false, exact);
+  }
+  for (int k = 0; k < 2; k++) {
+    weft_graph_destroy(g[k]);
+    weft_dtensor_destroy(R[k]);
+    for (int a = 0; a < c->nin; a++) weft_dtensor_destroy(in[k][a]);
+  }
+  for (int a = 0; a < c->nin; a++) free(h[a]);
+  free(hr);
+}
+
+static void every_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh = one_rank_mesh(on_device);
+  int n = 0;
+  for (const oc_case *c = oc_cases; c->name; c++, n++) twin(c, mesh, !on_device);
+  cr_assert_geq(n, 20, "only %d cases", n);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+
+Test(ops_bf16, every_shape_and_linear_op_gives_the_f32_result_rounded, .timeout = 60) {
+  every_case(false);
+}
+Test(ops_bf16, every_shape_and_linear_op_gives_the_f32_result_rounded_on_device, .timeout = 60) {
+  every_case(true);
+}
+
+/* f32 + bf16 promotes to f32 (PyTorch); each input's grad keeps its dtype. */
+Test(ops_bf16, f32_plus_bf16_is_f32_and_grads_keep_their_dtypes, .timeout = 60) {
+  weft_mesh *mesh = one_rank_mesh(false);
+  uint64_t s = weft_test_rng_state(5);
+  double ha[12], hb[12], hr[12];
+  random_bf16(ha, 12, &s);
+  random_bf16(hb, 12, &s);
+  random_bf16(hr, 12, &s);
+  int64_t shape[2] = {3, 4};
+  weft_dtensor *a = make(mesh, WEFT_F32, 2, shape, ha), *b = make(mesh, WEFT_BF16, 2, shape, hb);
+  weft_dtensor *r = make(mesh, WEFT_F32, 2, shape, hr);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  weft_var *va, *vb, *y;
+  OK(weft_graph_input(g, a, true, &va));
+  OK(weft_graph_input(g, b, true, &vb));
+  OK(weft_op_mul(va, vb, &y));
+  cr_assert_eq(weft_dtensor_dtype(weft_var_value(y)), WEFT_F32);
+  int64_t n;
+  double *yv = values(weft_var_value(y), &n);
+  for (int i = 0; i < 12; i++) cr_assert_eq(yv[i], (double)(float)(ha[i] * hb[i]), "y[%d]", i);
+  OK(weft_backward_grad(y, r));
+  cr_assert_eq(weft_dtensor_dtype(weft_var_grad(va)), WEFT_F32);
+  cr_assert_eq(weft_dtensor_dtype(weft_var_grad(vb)), WEFT_BF16);
+  double *gb = values(weft_var_grad(vb), &n);
+  for (int i = 0; i < 12; i++) cr_assert_eq(gb[i], bf16r(hr[i] * ha[i]), "grad b[%d]", i);
+  free(yv);
+  free(gb);
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(a);
+  weft_dtensor_destroy(b);
+  weft_dtensor_destroy(r);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+
+/* PyTorch rejects a matmul of f32 and bf16 operands; weft names both. */
+Test(ops_bf16, mixed_operand_dtypes_fail_naming_them, .timeout = 60) {
+  weft_mesh *mesh = one_rank_mesh(false);
+  double h[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  int64_t xs[2] = {3, 4}, ws[2] = {2, 4};
+  weft_dtensor *x = make(mesh, WEFT_F32, 2, xs, h), *w = make(mesh, WEFT_BF16, 2, ws, h);
+  weft_dtensor *x16 = make(mesh, WEFT_F16, 2, xs, h), *xb = make(mesh, WEFT_BF16, 2, xs, h);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  weft_var *vx, *vw, *v16, *vb, *y = NULL;
+  OK(weft_graph_input(g, x, true, &vx));
+  OK(weft_graph_input(g, w, true, &vw));
+  OK(weft_graph_input(g, x16, true, &v16));
+  OK(weft_graph_input(g, xb, true, &vb));
+  cr_assert_eq(weft_op_linear(vx, vw, NULL, &y), WEFT_ERR_INVALID);
+  cr_assert(strstr(weft_last_error(), "f32 and bf16"), "%s", weft_last_error());
+  cr_assert(strstr(weft_last_error(), "linear"), "%s", weft_last_error());
+  cr_assert_eq(weft_op_add(v16, vb, &y), WEFT_ERR_UNSUPPORTED);
+  cr_assert(strstr(weft_last_error(), "f16") && strstr(weft_last_error(), "bf16"), "%s",
+            weft_last_error());
+  /* after a cast the linear runs, in bf16 */
+  weft_var *xc;
+  OK(weft_op_to(vx, WEFT_BF16, &xc));
+  OK(weft_op_linear(xc, vw, NULL, &y));
+  cr_assert_eq(weft_dtensor_dtype(weft_var_value(y)), WEFT_BF16);
+  cr_assert_eq(weft_op_to(vx, WEFT_I32, &y), WEFT_ERR_UNSUPPORTED);
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(w);
+  weft_dtensor_destroy(x16);
+  weft_dtensor_destroy(xb);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+
+/* to(bf16) rounds, its grad comes back in the input's dtype; a bf16 loss
+ * (cross-entropy of bf16 logits) is read by weft_var_item. */
+Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60) {
+  weft_mesh *mesh = one_rank_mesh(false);
+  double h[8] = {1.0 / 3, -2.0 / 3, 0.1, 7.123456, -5.5, 1e-3, 2.0, 3.25};
+  int64_t shape[2] = {2, 4};
+  weft_dtensor *x = make(mesh, WEFT_F32, 2, shape, h);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  weft_var *vx, *y, *same, *loss;
+  OK(weft_graph_input(g, x, true, &vx));
+  OK(weft_op_to(vx, WEFT_F32, &same));
+  cr_assert_eq(same, vx, "to(own dtype) returns the var itself");
+  OK(weft_op_to(vx, WEFT_BF16, &y));
+  int64_t n;
+  double *yv = values(weft_var_value(y), &n);
+  for (int i = 0; i < 8; i++) cr_assert_eq(yv[i], bf16r((float)h[i]), "y[%d]", i);
+  weft_tensor *tt;
+  int64_t ts[1] = {2};
+  OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 1, ts, &tt));
+  ((int32_t *)tt->data)[0] = 1;
+  ((int32_t *)tt->data)[1] = 3;
+  weft_placement r = weft_replicate();
+  weft_dtensor *tgt;
+  OK(weft_dtensor_distribute(mesh, tt, WEFT_DTENSOR_ALL_RANKS, &r, 1, &tgt));
+  OK(weft_op_cross_entropy(y, tgt, -100, &loss));
+  cr_assert_eq(weft_dtensor_dtype(weft_var_value(loss)), WEFT_BF16);
+  /* the f64 reference: mean over rows of lse - logit[target], on the bf16 values */
+  double want = 0;
+  for (int row = 0; row < 2; row++) {
+    double m = -1e300, se = 0;
+    for (int c = 0; c < 4; c++) m = fmax(m, yv[row * 4 + c]);
+    for (int c = 0; c < 4; c++) se += exp(yv[row * 4 + c] - m);
+    want += (m + log(se) - yv[row * 4 + (row ? 3 : 1)]) / 2;
+  }
+  double got = weft_var_item(loss);
+  cr_assert(fabs(got - want) <= fabs(want) / 128, "loss %.6g, f64 %.6g", got, want);
+  cr_assert_eq(got, bf16r(got), "the loss is a bf16 value");
+  OK(weft_backward(loss));
+  cr_assert_eq(weft_dtensor_dtype(weft_var_grad(vx)), WEFT_F32);
+  free(yv);
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(tgt);
+  weft_tensor_destroy(tt);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
