@@ -35,7 +35,7 @@ static weft_flat_piece *pieces_new(const weft_fsdp *f, int64_t per_param) {
  * live (the group's device; the host for an offloaded shard).
  * from_shard: src is this rank's shard (r must be f->coord), whose row 0 is
  * the chunk's first row. */
-typedef const float *(*src_fn)(const fsdp_param *fp);
+typedef const weft_tensor *(*src_fn)(const fsdp_param *fp);
 
 static weft_status pack_block(const weft_fsdp *f, weft_device dev, int r, void *dst, weft_dtype dt,
                               src_fn src, bool from_shard) {
@@ -44,14 +44,16 @@ static weft_status pack_block(const weft_fsdp *f, weft_device dev, int r, void *
   int npc = 0;
   for (int i = 0; i < f->nparams; i++) {
     const fsdp_param *fp = &f->params[i];
-    const float *s = src(fp);
+    const weft_tensor *t = src(fp);
+    const char *s = t ? t->data : NULL;
+    size_t es = t ? weft_dtype_size(t->dtype) : 0;
     int64_t done = 0; /* rows of the chunk so far */
     for (int b = 0; b < fp->nblocks; b++) {
       int64_t start, len;
       fsdp__chunk_run(fp, f->nshard, r, b, &start, &len);
       weft_flat_piece *q = &pc[npc++];
-      q->data = s ? (void *)(s + (from_shard ? done : start) * fp->rest) : NULL;
-      q->dtype = WEFT_F32;
+      q->data = s ? (void *)(s + (size_t)((from_shard ? done : start) * fp->rest) * es) : NULL;
+      q->dtype = t ? t->dtype : WEFT_F32;
       q->offset = fp->offset + done * fp->rest;
       q->count = len * fp->rest;
       done += len;
@@ -63,15 +65,15 @@ static weft_status pack_block(const weft_fsdp *f, weft_device dev, int r, void *
   return st;
 }
 
-static const float *src_sharded(const fsdp_param *fp) {
-  return weft_dtensor_local(fp->sharded)->data;
+static const weft_tensor *src_sharded(const fsdp_param *fp) {
+  return weft_dtensor_local(fp->sharded);
 }
-static const float *src_unsharded(const fsdp_param *fp) {
-  return weft_dtensor_local(fp->unsharded)->data;
+static const weft_tensor *src_unsharded(const fsdp_param *fp) {
+  return weft_dtensor_local(fp->unsharded);
 }
 /* the unsharded grad taken at post-backward (NULL = no grad: zeros) */
-static const float *src_grad(const fsdp_param *fp) {
-  return fp->acc_grad ? weft_dtensor_local(fp->acc_grad)->data : NULL;
+static const weft_tensor *src_grad(const fsdp_param *fp) {
+  return fp->acc_grad ? weft_dtensor_local(fp->acc_grad) : NULL;
 }
 
 /* The offloaded group's pinned host staging buffer of at least `bytes`
@@ -182,19 +184,20 @@ weft_status fsdp__unshard_wait(weft_fsdp *f) {
   for (int i = 0; i < f->nparams && !st; i++) {
     fsdp_param *fp = &f->params[i];
     const weft_dtensor_spec *ps = &fp->p->spec;
-    st = weft_dtensor_empty(fp->p->mesh, WEFT_F32, ps->ndim, ps->shape, ps->placements,
+    st = weft_dtensor_empty(fp->p->mesh, fp->unsharded_dtype, ps->ndim, ps->shape, ps->placements,
                             ps->mesh_ndim, &fp->unsharded);
     if (st) break;
     fsdp__mem_add_unsharded_params(dt_bytes(fp->unsharded));
-    float *u = weft_dtensor_local(fp->unsharded)->data;
+    char *u = weft_dtensor_local(fp->unsharded)->data;
+    size_t es = weft_dtype_size(fp->unsharded_dtype);
     for (int64_t r = 0; r < n; r++) {
       int64_t done = 0;
       for (int b = 0; b < fp->nblocks; b++) {
         int64_t start, len;
         fsdp__chunk_run(fp, n, r, b, &start, &len);
         weft_flat_piece *q = &pc[npc++];
-        q->data = u + start * fp->rest;
-        q->dtype = WEFT_F32;
+        q->data = u + (size_t)(start * fp->rest) * es;
+        q->dtype = fp->unsharded_dtype;
         q->offset = r * S + fp->offset + done * fp->rest;
         q->count = len * fp->rest;
         done += len;

@@ -111,11 +111,18 @@
  * output_dtype casts a module's forward output, cast_forward_inputs casts
  * floating inputs to param_dtype. The sharded master parameters, their
  * grads and optimizer state stay f32.
- * note: nn computes in f32 only, so with param_dtype = bf16 the unsharded
- * parameters are f32 tensors holding bf16-rounded values (and casts round
- * activations to bf16 values in f32 storage): the all-gather moves bf16
- * (half the bytes) and the numbers are those of bf16 parameters, but the
- * arithmetic of matmuls is f32, not bf16.
+ * Where a parameter's module runs on the op graph (weft_module_on_graph:
+ * models written with autograd.h, as models/gpt2) its unsharded data is a
+ * param_dtype tensor, and cast_forward_inputs / output_dtype convert the
+ * module's input / output to that dtype, so activations are bf16 too: the
+ * ops compute in f32 on widened inputs and round their outputs (autograd.h,
+ * "dtypes"); the unsharded grads are f32 (from bf16-rounded contributions),
+ * reduced in reduce_dtype into the f32 sharded grads.
+ * The hand-written layers of the built-in Llama take f32 only: there the
+ * unsharded parameters are f32 tensors holding bf16-rounded values (and
+ * the casts round activations to bf16 values in f32 storage), so the
+ * all-gather moves bf16 and the numbers are those of bf16 parameters, but
+ * storage and arithmetic stay f32.
  *
  * ---------------------------------------------------------- ownership
  * weft_fully_shard returns a weft_fsdp (the group's state; also found with

@@ -41,6 +41,11 @@ typedef struct fsdp_param {
    * Otherwise nblocks 1, block_rows = rows. */
   int nblocks;
   int64_t block_rows;
+  /* dtype of the unsharded data: the all-gather dtype (param_dtype) where
+   * the parameter's module runs on the op graph (weft_module_on_graph),
+   * which computes on 16-bit tensors; f32 holding the all-gathered values
+   * for the hand-written layers (f32 only) */
+  weft_dtype unsharded_dtype;
 } fsdp_param;
 
 /* Run b (0 <= b < fp->nblocks) of chunk r of n of fp's tp-local rows:

@@ -256,24 +256,34 @@ static weft_status group_post_backward(weft_fsdp *f) {
 
 /* -------------------------------------------------------------- casts */
 
-/* A copy of t with every element rounded to dt's precision (f32 storage:
- * nn computes in f32), or NULL when there is nothing to round. The rounding
- * runs where t lives: a cast into a dt temporary and back (weft_tensor_copy
- * rounds to nearest even on every device). */
-static weft_status rounded_copy(const weft_dtensor *t, weft_dtype dt, weft_dtensor **out) {
+/* The cast of module m's forward input (cast_forward_inputs: to
+ * param_dtype) or output (output_dtype) to dt, in *out (NULL: none
+ * needed). On a module of the op graph (weft_module_on_graph) a real
+ * conversion, PyTorch's; for the hand-written layers (f32 only) an f32 copy
+ * holding t's values rounded to a 16-bit dt. Non-float inputs (tokens) and
+ * strided views are left alone. */
+static weft_status cast_copy(const weft_module *m, const weft_dtensor *t, weft_dtype dt,
+                             weft_dtensor **out) {
   *out = NULL;
-  if (!t || dt == WEFT_DTYPE_COUNT || dt == WEFT_F32) return WEFT_OK;
+  if (!t || dt == WEFT_DTYPE_COUNT) return WEFT_OK;
   const weft_dtensor_spec *s = weft_dtensor_get_spec(t);
-  if (s->dtype != WEFT_F32) return WEFT_OK; /* tokens and other non-float inputs */
   const weft_tensor *l = weft_dtensor_local(t);
-  if (!weft_tensor_is_contiguous(l)) return WEFT_OK;
+  if (!weft_dtype_is_float(s->dtype) || s->dtype == dt || !weft_tensor_is_contiguous(l))
+    return WEFT_OK;
+  bool real = weft_module_on_graph(m);
+  if (!real && (dt == WEFT_F32 || s->dtype != WEFT_F32)) return WEFT_OK;
   weft_dtensor *c;
-  WEFT_CHECK(weft_dtensor_empty(weft_dtensor_mesh(t), WEFT_F32, s->ndim, s->shape, s->placements,
-                                s->mesh_ndim, &c));
+  WEFT_CHECK(weft_dtensor_empty(weft_dtensor_mesh(t), real ? dt : WEFT_F32, s->ndim, s->shape,
+                                s->placements, s->mesh_ndim, &c));
   weft_tensor *low = NULL;
-  weft_status st = weft_tensor_create(dt, l->device, l->ndim, l->shape, &low);
-  if (!st) st = weft_tensor_copy(low, l);
-  if (!st) st = weft_tensor_copy(weft_dtensor_local(c), low);
+  weft_status st = WEFT_OK;
+  if (real) {
+    st = weft_tensor_copy(weft_dtensor_local(c), l);
+  } else {
+    st = weft_tensor_create(dt, l->device, l->ndim, l->shape, &low);
+    if (!st) st = weft_tensor_copy(low, l);
+    if (!st) st = weft_tensor_copy(weft_dtensor_local(c), low);
+  }
   weft_tensor_destroy(low);
   if (st) {
     weft_dtensor_destroy(c);
@@ -291,7 +301,7 @@ static weft_status hook_pre_forward(weft_module *m, weft_hook_kind kind, const w
   (void)kind;
   weft_fsdp *f = ctx;
   if (f->fwd_seen == 0 && !f->in_forward) WEFT_CHECK(group_pre_forward(f));
-  if (f->opts.mp.cast_forward_inputs) WEFT_CHECK(rounded_copy(t, f->opts.mp.param_dtype, replace));
+  if (f->opts.mp.cast_forward_inputs) WEFT_CHECK(cast_copy(m, t, f->opts.mp.param_dtype, replace));
   return WEFT_OK;
 }
 
@@ -300,7 +310,7 @@ static weft_status hook_post_forward(weft_module *m, weft_hook_kind kind, const 
   (void)m;
   (void)kind;
   weft_fsdp *f = ctx;
-  WEFT_CHECK(rounded_copy(t, f->opts.mp.output_dtype, replace));
+  WEFT_CHECK(cast_copy(m, t, f->opts.mp.output_dtype, replace));
   if (++f->fwd_seen >= f->nmodules) {
     f->fwd_seen = 0;
     WEFT_CHECK(group_post_forward(f));

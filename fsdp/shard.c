@@ -583,6 +583,8 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
   for (int i = 0; i < np; i++) {
     f->params[i] = bs[i].fp;
     if (bs[i].fp.nblocks > f->max_blocks) f->max_blocks = bs[i].fp.nblocks;
+    f->params[i].unsharded_dtype =
+        weft_module_on_graph(f->params[i].p->module) ? f->ag_dtype : WEFT_F32;
   }
   WEFT_CHECK_GOTO(fsdp__register_hooks(f), st, fail_hooks);
   /* commit: slice eager data into the shards, swap, drop grads */

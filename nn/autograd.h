@@ -86,6 +86,10 @@ typedef struct weft_var weft_var;
 WEFT_API weft_status weft_graph_create(weft_graph **out);
 /* Frees the graph, its vars and pooled buffers. NULL: no-op. Local. */
 WEFT_API void weft_graph_destroy(weft_graph *g);
+/* Bytes of this rank's local tensors in the graph's buffers handed out
+ * since the last reset: after a forward, the activations kept for backward
+ * and the outputs (not the spare buffers of earlier steps). Local. */
+WEFT_API int64_t weft_graph_bytes_in_use(const weft_graph *g);
 /* Drops the vars and nodes of the last forward/backward (their buffers
  * return to the pool) and advances the step counter (dropout masks differ
  * per step). Local. */

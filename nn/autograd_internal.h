@@ -91,6 +91,10 @@ weft_status nn_graph_bring(weft_graph *g, const weft_dtensor *x, const weft_plac
 /* Hands a buffer of this step back to the pool (no-op for one the pool
  * does not hold): the caller guarantees nothing refers to it any more. */
 void nn_graph_release(weft_graph *g, const weft_dtensor *d);
+/* Frees a buffer of this step now (removed from the pool; no-op for one the
+ * pool does not hold): for short-lived copies (mixed.c), which would
+ * otherwise stay in the pool as spare buffers of their spec. */
+void nn_graph_discard(weft_graph *g, const weft_dtensor *d);
 /* The graph's vars and nodes so far, and each by position. */
 int nn_graph_nvars(const weft_graph *g);
 int nn_graph_nnodes(const weft_graph *g);

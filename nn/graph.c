@@ -179,10 +179,26 @@ weft_status nn_graph_tensor(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, in
   return WEFT_OK;
 }
 
+int64_t weft_graph_bytes_in_use(const weft_graph *g) {
+  int64_t b = 0;
+  for (int i = 0; g && i < g->npool; i++)
+    if (g->pool[i].used) b += (int64_t)weft_tensor_nbytes(weft_dtensor_local(g->pool[i].dt));
+  return b;
+}
+
 void nn_graph_release(weft_graph *g, const weft_dtensor *d) {
   for (int i = 0; i < g->npool; i++)
     if (g->pool[i].dt == d) {
       g->pool[i].used = false;
+      return;
+    }
+}
+void nn_graph_discard(weft_graph *g, const weft_dtensor *d) {
+  for (int i = 0; i < g->npool; i++)
+    if (g->pool[i].dt == d) {
+      weft_dtensor_destroy(g->pool[i].dt);
+      memmove(&g->pool[i], &g->pool[i + 1], sizeof *g->pool * (size_t)(g->npool - i - 1));
+      g->npool--;
       return;
     }
 }
@@ -661,7 +677,25 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d)
     WEFT_CHECK(nn_graph_bring(g, d, ds->placements, false, &use));
     weft_dtensor *gr;
     WEFT_CHECK(nn_grad_get(p->module, p, &gr));
+    if (weft_dtensor_dtype(use) != weft_dtensor_dtype(gr)) { /* a 16-bit parameter's grad is f32 */
+      const weft_dtensor_spec *s = weft_dtensor_get_spec(use);
+      weft_dtensor *c;
+      WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(use), weft_dtensor_dtype(gr), s->ndim,
+                                 s->shape, s->placements, &c));
+      WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(c), weft_dtensor_local(use)));
+      use = c;
+    }
     return weft_add(weft_dtensor_local(gr), weft_dtensor_local(gr), weft_dtensor_local(use));
+  }
+  weft_dtype want = weft_dtensor_dtype(nn_var_now(v));
+  if (weft_dtensor_dtype(d) != want && weft_dtype_is_float(want)) {
+    /* a grad from a hook's cast (FSDP's cast_forward_inputs): the var's dtype */
+    const weft_dtensor_spec *s = weft_dtensor_get_spec(d);
+    weft_dtensor *c;
+    WEFT_CHECK(
+        nn_graph_tensor(g, weft_dtensor_mesh(d), want, s->ndim, s->shape, s->placements, &c));
+    WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(c), weft_dtensor_local(d)));
+    d = c;
   }
   if (!v->grad) {
     /* The grad is added into later, so it must be a graph buffer: an op's
@@ -1047,6 +1081,13 @@ static weft_status legacy_backward(nn_node *n, const weft_dtensor *const *dout,
   WEFT_CHECK(weft_module_backward(n->module, dout[0], &dx));
   if (dx && nn_node_wants(n, 0)) din[0] = (weft_dtensor *)dx; /* copied by accumulate */
   return WEFT_OK;
+}
+
+bool weft_module_on_graph(const weft_module *m) {
+  if (!m) return false;
+  for (; m; m = m->parent)
+    if (!m->ops || !m->ops->graph_forward) return false;
+  return true;
 }
 
 weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_var **out,

@@ -9,7 +9,8 @@
  *
  * What the graph keeps for backward stays in the low dtype, so saved
  * activations take half the memory of f32: the f32 copies exist only while
- * the op runs (graph buffers handed back to the pool right after).
+ * the op runs (freed right after, not kept in the graph's pool, where a
+ * spare buffer of every shape would outweigh the saving).
  *
  *   nn_mixed_begin   swaps every low-precision input var for a proxy var
  *                    holding an f32 copy; the op then runs as for f32;
@@ -110,7 +111,7 @@ weft_status nn_mixed_end(nn_mixed *mx, weft_status st, weft_var **out, int nout)
   if (st != WEFT_OK) { /* the op failed: hand the widened copies back */
     for (int i = 0; i < mx->nin; i++)
       if (mx->proxy[i]) {
-        nn_graph_release(g, mx->proxy[i]->value);
+        nn_graph_discard(g, mx->proxy[i]->value);
         mx->proxy[i]->value = nn_var_now(mx->orig[i]);
         mx->proxy[i]->requires_grad = false;
       }
@@ -172,7 +173,7 @@ weft_status nn_mixed_end(nn_mixed *mx, weft_status st, weft_var **out, int nout)
     if (out[j]) out[j] = original(mx, out[j]);
   /* the f32 buffers are free again; the proxies become inert */
   for (int i = 0; i < nsw; i++)
-    if (sw[i].from != sw[i].to) nn_graph_release(g, sw[i].from);
+    if (sw[i].from != sw[i].to) nn_graph_discard(g, sw[i].from);
   for (int i = 0; i < mx->nin; i++)
     if (mx->proxy[i]) {
       mx->proxy[i]->value = nn_var_now(mx->orig[i]);
@@ -243,10 +244,10 @@ weft_status nn_mixed_backward_end(nn_node *n, weft_status st, weft_dtensor **din
     weft_dtensor *low;
     st = converted(g, din[i], want, &low);
     if (st == WEFT_OK) {
-      nn_graph_release(g, din[i]);
+      nn_graph_discard(g, din[i]);
       din[i] = low;
     }
   }
-  for (int t = 0; t < b->ntemp; t++) nn_graph_release(g, b->temp[t]);
+  for (int t = 0; t < b->ntemp; t++) nn_graph_discard(g, b->temp[t]);
   return st;
 }

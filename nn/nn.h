@@ -227,6 +227,15 @@ typedef enum weft_module_kind {
 /* "linear", "embedding", ...; "?" for an invalid kind. */
 WEFT_API const char *weft_module_kind_name(weft_module_kind kind);
 
+/* Whether m and every module above it compute on the op graph (each has a
+ * graph forward: containers, Linear, Embedding, RMSNorm, LayerNorm, a
+ * user's module), so m's parameters may hold 16-bit data: the ops take it
+ * (autograd.h, "dtypes"), where the hand-written layers of the built-in Llama
+ * (attention, feed-forward, block, loss, model) take f32 only. FSDP's
+ * param_dtype stores unsharded parameters in that dtype where this holds.
+ * Local; false for NULL. */
+WEFT_API bool weft_module_on_graph(const weft_module *m);
+
 /* Destroys a root module and everything it owns (children, parameters,
  * buffers, hook records). A module that has a parent returns WEFT_ERR_BUSY
  * (destroy the root). NULL: no-op. Local (no communication). Parameters

@@ -256,12 +256,20 @@ done:
   return st;
 }
 
+/* A grad's spec against its parameter's: equal but for the dtype, f32
+ * (also for 16-bit parameter data: FSDP's unsharded param_dtype). */
+static bool grad_spec_matches(const weft_dtensor_spec *grad, const weft_dtensor_spec *data) {
+  weft_dtensor_spec d = *data;
+  d.dtype = WEFT_F32;
+  return weft_dtensor_spec_equal(grad, &d);
+}
+
 weft_status nn_grad_get(const weft_module *m, weft_param *p, weft_dtensor **out) {
   const weft_dtensor_spec *ds = weft_dtensor_get_spec(p->data);
   if (!p->grad) {
     WEFT_CHECK(weft_dtensor_zeros(weft_dtensor_mesh(p->data), WEFT_F32, ds->ndim, ds->shape,
                                   ds->placements, ds->mesh_ndim, &p->grad));
-  } else if (!weft_dtensor_spec_equal(weft_dtensor_get_spec(p->grad), ds) ||
+  } else if (!grad_spec_matches(weft_dtensor_get_spec(p->grad), ds) ||
              !weft_tensor_is_contiguous(weft_dtensor_local(p->grad))) {
     char a[256], b[256];
     weft_dtensor_spec_describe(weft_dtensor_get_spec(p->grad), a, sizeof a);

@@ -18,6 +18,12 @@ Test(models, gpt2_fsdp_two_ranks_matches_pytorch, .timeout = 120) {
   cr_assert_eq(weft_test_mpiexec(2, GPT2_WORKER, "golden_fsdp", 100), 0);
 }
 
+/* FSDP bf16 mixed precision on the op graph: bf16 unsharded parameters and
+ * activations; 100 steps within 2% of fp32; half the bytes */
+Test(models, gpt2_fsdp_bf16_tracks_fp32_with_half_the_param_and_activation_bytes, .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(2, GPT2_WORKER, "bf16_curve", 100), 0);
+}
+
 Test(models, adamw_parameter_groups_cover_each_parameter_once_and_keep_their_settings,
      .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec(1, GPT2_WORKER, "groups", 50), 0);
@@ -50,6 +56,12 @@ Test(models, gpt2_dropout_loss_curve_on_2x2_equals_one_rank, .timeout = 180) {
 Test(models, gpt2_one_rank_matches_pytorch_on_device, .timeout = 120) {
   WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(weft_test_mpiexec_on_device(1, GPT2_WORKER, "golden", 100, NULL), 0);
+}
+
+Test(models, gpt2_fsdp_bf16_tracks_fp32_with_half_the_param_and_activation_bytes_on_device,
+     .timeout = 180) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(2, GPT2_WORKER, "bf16_curve", 150, NULL), 0);
 }
 
 Test(models, gpt2_fsdp_two_ranks_matches_pytorch_on_device, .timeout = 120) {
