@@ -80,6 +80,7 @@ void train_print_help(const char *prog) {
       "                          master weights, f32 reduce); GPT-2 keeps unsharded\n"
       "                          parameters and activations in bf16 (ops accumulate in\n"
       "                          f32), Llama presets bf16 values in f32; needs a dp dim\n"
+      "                          (dp=1 will do: FSDP over one rank)\n"
       "  --reshard-after-forward[=true|false|K]  FSDP reshard after forward for blocks\n"
       "                          and [norm, output] (default: PyTorch's)\n"
       "  --cpu-offload           FSDP's CPUOffloadPolicy: sharded parameters, grads and\n"

@@ -73,10 +73,10 @@ static int check_fit(const run_state *s) {
   if (o->batch % s->dp_total)
     return train_fail_all("--batch %lld must be divisible by the data-parallel size %d",
                           (long long)o->batch, s->dp_total);
-  if (o->bf16 && s->dp_total < 2)
+  if (o->bf16 && !s->ndp)
     return train_fail_all(
-        "--dtype bf16: bf16 is FSDP's mixed precision (bf16 all-gathers) and needs a dp dim > 1; "
-        "nn computes in fp32 only");
+        "--dtype bf16: bf16 is FSDP's mixed precision and needs a dp dim (dp=1 will do: one "
+        "rank's FSDP group keeps f32 master weights and bf16 unsharded parameters)");
   if (o->cpu_offload && s->dp_total < 2)
     return train_fail_all(
         "--cpu-offload: offloading is FSDP's (its sharded state) and needs a dp dim > 1");
@@ -315,7 +315,9 @@ int train_setup(run_state *s, train_result *res) {
   choose_peak(s);
   st = make_meshes(s);
   if (st == WEFT_OK) st = make_model(s);
-  if (st == WEFT_OK && s->dp_total > 1) st = shard_model(s);
+  /* FSDP over the dp ranks; with --dtype bf16 also over a single one (its
+   * mixed precision: bf16 unsharded parameters, f32 master weights) */
+  if (st == WEFT_OK && (s->dp_total > 1 || (o->bf16 && s->ndp))) st = shard_model(s);
   if (st == WEFT_OK) st = weft_module_init_weights(s->model, o->seed);
   if (st != WEFT_OK) return fail_setup();
   if (o->init_from && (rc = import_weights(s))) return rc;

@@ -234,6 +234,8 @@ Test(examples, train_bad_input_gives_one_line_and_nonzero_exit_on_every_rank, .t
   const char *a11[] = {"--mesh", "tp=2", "--cpu-offload", NULL};
   expect_error(2, a11,
                "--cpu-offload: offloading is FSDP's (its sharded state) and needs a dp dim");
+  const char *a12[] = {"--mesh", "tp=2", "--dtype", "bf16", NULL};
+  expect_error(2, a12, "--dtype bf16: bf16 is FSDP's mixed precision and needs a dp dim");
 }
 
 Test(examples, train_help_documents_every_flag, .timeout = 30) {
@@ -283,6 +285,7 @@ Test(examples, train_help_documents_every_flag, .timeout = 30) {
 Test(examples, train_flag_variants_run_and_learn, .timeout = 120) {
   static const char *const variants[][8] = {
       {"--mesh", "dp=2", "--dtype", "bf16", NULL},
+      {"--model", "gpt2-demo", "--mesh", "dp=2", "--dtype", "bf16", NULL},
       {"--mesh", "tp=2", "--sequence-parallel", NULL},
       {"--mesh", "dp=2", "--reshard-after-forward=false", "--grad-accum", "2", NULL},
       {"--mesh", "dp_replicate=2", NULL},

@@ -23,7 +23,8 @@
 #   c. GPT-2 124M (models/gpt2 through weft-train, llm.c's benchmark config
 #      D=768 L=12 H=12 T=1024 V=50304, batch 4) on one GPU: step time,
 #      tokens/s and MFU against 989 TFLOP/s (H200 dense bf16), with bf16
-#      and with TF32 matrix products (--matmul; the rest is fp32).
+#      and with TF32 matrix products (--matmul; the rest is fp32), and in
+#      bf16 mixed precision (--dtype bf16: bf16 parameters and activations).
 # The full log goes to $WEFT_GPU_LOG (default: $OUT/gpu_run.log when $OUT
 # is set, else build-gpu/gpu_run.log); a summary table and the RESULT lines
 # end it. Exit status: the number of failed steps.
@@ -150,22 +151,23 @@ step backend_conformance 150 "$BUILD/tests/kernels/test_backend" --jobs=1 --verb
 step runtime 60 "$BUILD/tests/cuda/test_cuda_host" --jobs=1
 
 # ---- c. GPT-2 124M on one GPU ------------------------------------------------
-gpt2() { # gpt2 MATMUL [BATCH]: 10 steps (the first is warm-up), RESULT lines from the summary
-  local m=$1 b=${2:-4}
-  local out=$BUILD/gpt2_${m}_b$b.txt
-  "$BUILD/examples/weft-train" --model gpt2 --device cuda --matmul "$m" --batch "$b" \
+gpt2() { # gpt2 MATMUL [BATCH [DTYPE]]: 10 steps (the first is warm-up), RESULT lines from the summary
+  local m=$1 b=${2:-4} d=${3:-fp32}
+  local out=$BUILD/gpt2_${m}_b${b}_$d.txt
+  "$BUILD/examples/weft-train" --model gpt2 --device cuda --matmul "$m" --batch "$b" --dtype "$d" \
     --steps 10 --val-every 0 --warmup 2 --peak-tflops 989 > "$out" 2>&1
   local rc=$?
   cat "$out"
   [ $rc -eq 0 ] || return $rc
-  echo "RESULT gpt2-124M --matmul $m B=$b T=1024 1 GPU: $(grep -E 'step time|tokens/s|MFU|peak memory' "$out" |
+  echo "RESULT gpt2-124M --matmul $m --dtype $d B=$b T=1024 1 GPU: $(grep -E 'step time|tokens/s|MFU|peak memory' "$out" |
     sed 's/  */ /g' | paste -sd';' -)"
 }
 export -f gpt2
 export BUILD
 step gpt2_124M_matmul_bf16 200 gpt2 bf16
 step gpt2_124M_matmul_tf32 150 gpt2 tf32
-step gpt2_124M_matmul_bf16_batch8 150 gpt2 bf16 8
+# bf16 mixed precision (FSDP over the one rank: bf16 parameters and activations)
+step gpt2_124M_dtype_bf16 150 gpt2 bf16 4 bf16
 # where the step's time goes: every kernel's GPU time (ncu, one metric, no
 # clock control) over 2 steps of GPT-2 124M cut to 2 layers, largest first
 kernel_times() {
