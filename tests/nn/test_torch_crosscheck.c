@@ -31,11 +31,15 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "autograd.h"
 #include "nn.h"
 #include "safetensors.h"
 
 #ifndef WEFT_TORCH_CROSSCHECK_PY
 #error "meson passes WEFT_TORCH_CROSSCHECK_PY (the script's path)"
+#endif
+#ifndef WEFT_TORCH_BF16_CHECK_PY
+#error "meson passes WEFT_TORCH_BF16_CHECK_PY (the script's path)"
 #endif
 
 /* Debian's python3-torch is for /usr/bin/python3 (the python3 first on
@@ -236,4 +240,141 @@ Test(torch_crosscheck, a_perturbed_gradient_is_reported_as_a_mismatch, .timeout 
   cr_assert_eq(rc, 1, "a gradient perturbed on weft's side gave exit %d, want 1 (seed %lu, %s)", rc,
                c.seed, c.dir);
   remove_dir(&c);
+}
+
+/* ------------------------------------------------------------------ bf16
+ * weft's bf16 ops (autograd.h "dtypes") against PyTorch's own bf16 CPU
+ * kernels on the same random bf16 values (tests/nn/torch_bf16_check.py:
+ * bitwise where PyTorch computes in f32 and rounds once, within one bf16
+ * step where PyTorch 1.13 rounds intermediates). */
+
+static void fill_bf16(float *v, int64_t n, uint64_t *s, double scale) {
+  for (int64_t i = 0; i < n; i++)
+    v[i] = weft_bf16_to_f32(weft_f32_to_bf16((float)((2 * weft_test_rng_unit(s) - 1) * scale)));
+}
+
+/* A bf16 graph input (1-rank mesh) from f32 values. */
+static weft_var *bf16_input(weft_graph *g, weft_mesh *mesh, weft_dtensor **keep, int nd,
+                            const int64_t *shape, const float *v, bool grad) {
+  weft_tensor *t32, *t16;
+  OK(weft_tensor_wrap((void *)v, WEFT_F32, WEFT_CPU, nd, shape, &t32));
+  OK(weft_tensor_create(WEFT_BF16, WEFT_CPU, nd, shape, &t16));
+  OK(weft_tensor_copy(t16, t32));
+  weft_placement r = weft_replicate();
+  OK(weft_dtensor_distribute(mesh, t16, WEFT_DTENSOR_ALL_RANKS, &r, 1, keep));
+  weft_tensor_destroy(t16);
+  weft_tensor_destroy(t32);
+  weft_var *x;
+  OK(weft_graph_input(g, *keep, grad, &x));
+  return x;
+}
+
+/* The f32 values of a (replicated, host) DTensor, as a safetensors entry. */
+static weft_safetensors_entry f32_entry(const char *name, const weft_dtensor *d, float **buf) {
+  const weft_tensor *l = weft_dtensor_local(d);
+  weft_tensor *t;
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, l->ndim, l->shape, &t));
+  OK(weft_tensor_copy(t, l));
+  int64_t n = weft_tensor_numel(t);
+  *buf = malloc(sizeof(float) * (size_t)n);
+  memcpy(*buf, t->data, sizeof(float) * (size_t)n);
+  weft_tensor_destroy(t);
+  return (weft_safetensors_entry){name, WEFT_F32, l->ndim, l->shape, *buf};
+}
+
+Test(torch_crosscheck, bf16_ops_match_pytorch_bf16_kernels, .timeout = 180) {
+  if (torch_missing("bf16_ops_match_pytorch_bf16_kernels"))
+    cr_skip_test(PYTHON " cannot import torch");
+  int argc = 0;
+  char **argv = NULL;
+  OK(weft_init(&argc, &argv));
+  int one_rank = 1;
+  const char *names[1] = {"tp"};
+  weft_mesh *mesh;
+  OK(weft_mesh_create(1, &one_rank, names, &mesh));
+  enum { B = 4, T = 16, C = 64, N = 96, R = 32, V = 96, NIN = 8, NOUT = 9 };
+  int64_t xs[3] = {B, T, C}, ws[2] = {N, C}, bs[1] = {N}, gs[1] = {C}, ys[3] = {B, T, N},
+          ls[2] = {R, V}, ts[1] = {R};
+  static float x[B * T * C], w[N * C], b[N], g[C], bb[C], dy[B * T * N], logits[R * V];
+  static int32_t tg[R];
+  uint64_t s = weft_test_rng_state(weft_test_seed(4242));
+  fill_bf16(x, B * T * C, &s, 1);
+  fill_bf16(w, N * C, &s, 0.125);
+  fill_bf16(b, N, &s, 0.5);
+  fill_bf16(g, C, &s, 1);
+  fill_bf16(bb, C, &s, 0.5);
+  fill_bf16(dy, B * T * N, &s, 1);
+  fill_bf16(logits, R * V, &s, 1);
+  for (int i = 0; i < R; i++) tg[i] = (int32_t)(weft_test_rng_u64(&s) % V);
+
+  weft_graph *gr;
+  OK(weft_graph_create(&gr));
+  weft_dtensor *in[NIN] = {0};
+  weft_var *vx = bf16_input(gr, mesh, &in[0], 3, xs, x, true);
+  weft_var *vw = bf16_input(gr, mesh, &in[1], 2, ws, w, true);
+  weft_var *vb = bf16_input(gr, mesh, &in[2], 1, bs, b, false);
+  weft_var *vg = bf16_input(gr, mesh, &in[3], 1, gs, g, false);
+  weft_var *vbb = bf16_input(gr, mesh, &in[4], 1, gs, bb, false);
+  weft_var *vdy = bf16_input(gr, mesh, &in[5], 3, ys, dy, false);
+  weft_var *vl = bf16_input(gr, mesh, &in[6], 2, ls, logits, false);
+  weft_tensor *tt;
+  OK(weft_tensor_wrap(tg, WEFT_I32, WEFT_CPU, 1, ts, &tt));
+  weft_placement r = weft_replicate();
+  OK(weft_dtensor_distribute(mesh, tt, WEFT_DTENSOR_ALL_RANKS, &r, 1, &in[7]));
+  weft_tensor_destroy(tt);
+
+  weft_var *y, *x3, *x4, *xh, *l3, *out[NOUT];
+  OK(weft_op_linear(vx, vw, vb, &y));
+  OK(weft_op_scale(vx, 3.0, &x3));
+  OK(weft_op_scale(vx, 4.0, &x4));
+  OK(weft_op_scale(vx, 0.5, &xh));
+  OK(weft_op_scale(vl, 3.0, &l3));
+  out[0] = y;
+  OK(weft_op_gelu(x3, false, &out[1]));
+  OK(weft_op_softmax(x4, &out[2]));
+  OK(weft_op_add(vx, xh, &out[3]));
+  OK(weft_op_cross_entropy(l3, in[7], -100, &out[4]));
+  OK(weft_op_layer_norm(vx, vg, vbb, 1e-5f, &out[5]));
+  OK(weft_op_gelu(x3, true, &out[6]));
+  for (int i = 0; i < 7; i++)
+    cr_assert_eq(weft_dtensor_dtype(weft_var_value(out[i])), WEFT_BF16, "output %d is not bf16", i);
+  OK(weft_backward_grad(y, weft_var_value(vdy)));
+
+  static const char *const onames[] = {"linear",        "gelu",       "softmax",  "add",
+                                       "cross_entropy", "layer_norm", "gelu_tanh"};
+  weft_safetensors_entry e[NIN + NOUT + 2];
+  float *bufs[NOUT + 2] = {0};
+  int ne = 0;
+  e[ne++] = (weft_safetensors_entry){"x", WEFT_F32, 3, xs, x};
+  e[ne++] = (weft_safetensors_entry){"w", WEFT_F32, 2, ws, w};
+  e[ne++] = (weft_safetensors_entry){"b", WEFT_F32, 1, bs, b};
+  e[ne++] = (weft_safetensors_entry){"g", WEFT_F32, 1, gs, g};
+  e[ne++] = (weft_safetensors_entry){"bb", WEFT_F32, 1, gs, bb};
+  e[ne++] = (weft_safetensors_entry){"dy", WEFT_F32, 3, ys, dy};
+  e[ne++] = (weft_safetensors_entry){"logits", WEFT_F32, 2, ls, logits};
+  e[ne++] = (weft_safetensors_entry){"targets", WEFT_I32, 1, ts, tg};
+  int nb = 0;
+  for (int i = 0; i < 7; i++) e[ne++] = f32_entry(onames[i], weft_var_value(out[i]), &bufs[nb++]);
+  e[ne++] = f32_entry("linear.dx", weft_var_grad(vx), &bufs[nb++]);
+  e[ne++] = f32_entry("linear.dw", weft_var_grad(vw), &bufs[nb++]);
+  char dir[] = "/tmp/weft-torch-bf16-XXXXXX", path[256];
+  cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+  snprintf(path, sizeof path, "%s/bf16.safetensors", dir);
+  OK(weft_safetensors_write(path, e, ne, NULL));
+  for (int i = 0; i < nb; i++) free(bufs[i]);
+  weft_graph_destroy(gr);
+  for (int i = 0; i < NIN; i++) weft_dtensor_destroy(in[i]);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s '%s' '%s'", PYTHON, WEFT_TORCH_BF16_CHECK_PY, path);
+  int rc = system(cmd);
+  rc = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  cr_assert_eq(rc, 0,
+               "torch_bf16_check.py exited %d: weft's bf16 ops and PyTorch's disagree "
+               "(see the table above; file kept: %s)",
+               rc, path);
+  unlink(path);
+  rmdir(dir);
 }
