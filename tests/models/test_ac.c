@@ -29,6 +29,10 @@ Test(models_ac, fsdp_per_block_x_ac_two_ranks_bitwise_and_matches_pytorch, .time
   cr_assert_eq(weft_test_mpiexec(2, AC_WORKER, "fsdp", 160), 0);
 }
 
+Test(models_ac, fsdp_bf16_x_ac_two_ranks_bitwise, .timeout = 180) {
+  cr_assert_eq(weft_test_mpiexec(2, AC_WORKER, "fsdp_bf16", 160), 0);
+}
+
 Test(models_ac, fsdp_groups_inside_a_checkpointed_block_two_ranks_bitwise, .timeout = 180) {
   cr_assert_eq(weft_test_mpiexec(2, AC_WORKER, "fsdp_inner", 160), 0);
 }
@@ -62,6 +66,11 @@ Test(models_ac, fsdp_per_block_x_ac_two_ranks_bitwise_and_matches_pytorch_on_dev
      .timeout = 180) {
   WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(weft_test_mpiexec_on_device(2, AC_WORKER, "fsdp", 160, NULL), 0);
+}
+
+Test(models_ac, fsdp_bf16_x_ac_two_ranks_bitwise_on_device, .timeout = 180) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(2, AC_WORKER, "fsdp_bf16", 160, NULL), 0);
 }
 
 Test(models_ac, fsdp_groups_inside_a_checkpointed_block_two_ranks_bitwise_on_device,
