@@ -389,8 +389,10 @@ static void case_bf16_curve(void) {
   double loss[2][STEPS];
   weft_fsdp_memory mem[2];
   int64_t act[2];
+  /* 2 ranks: dp=2; 4 ranks: dp=2 x tp=2 with sequence parallel */
+  int tp = weft_world_size() / 2;
   for (int k = 0; k < 2; k++) {
-    layout L = {.rep = 0, .dp = 2, .tp = 1, .fsdp = true, .bf16 = k == 1};
+    layout L = {.rep = 0, .dp = 2, .tp = tp, .fsdp = true, .sp = tp > 1, .bf16 = k == 1};
     train_curve_mem(&g, 0.0f, &L, false, STEPS, loss[k], &mem[k], &act[k]);
   }
   double worst = 0;
@@ -414,10 +416,11 @@ static void case_bf16_curve(void) {
          (long long)act[1], (long long)act[0], ar, amax);
   if (weft_worker_rank == 0)
     printf(
-        "gpt2 bf16 mixed precision, %d steps dp=2: loss %.4f -> %.4f (fp32 %.4f -> %.4f), worst "
+        "gpt2 bf16 mixed precision, %d steps dp=2 x tp=%d: loss %.4f -> %.4f (fp32 %.4f -> %.4f), "
+        "worst "
         "gap %.3f%%; per rank: unsharded params peak %.3fx fp32, graph after forward %lld vs "
         "%lld B (%.3fx)\n",
-        STEPS, loss[1][0], loss[1][STEPS - 1], loss[0][0], loss[0][STEPS - 1], 100 * worst, up,
+        STEPS, tp, loss[1][0], loss[1][STEPS - 1], loss[0][0], loss[0][STEPS - 1], 100 * worst, up,
         (long long)act[1], (long long)act[0], ar);
   golden_free(&g);
 }
