@@ -122,7 +122,7 @@ weft_status fsdp__unshard_start(weft_fsdp *f, bool prefetch) {
   fsdp__mem_add_unsharded_params((int64_t)bytes);
   weft_status st;
   weft_work *w = NULL;
-  weft_stream_id prev = use_stream(WEFT_STREAM_FSDP_AG);
+  weft_stream_id prev = use_stream(fsdp__collective_stream(false));
   if (f->small_buf) {
     /* the post-forward 1/k: part j = blocks [j n/k, (j+1) n/k), gathered over k ranks */
     int k = weft_mesh_dim_size(f->small_mesh, 1);
@@ -292,7 +292,7 @@ weft_status fsdp__post_backward_grads(weft_fsdp *f) {
   for (int64_t r = 0; r < n && !st; r++)
     st = pack_block(f, f->dev, (int)r, elem(buf, r * S, dt), dt, src_grad, false);
   weft_work *w = NULL;
-  weft_stream_id prev = use_stream(WEFT_STREAM_FSDP_RS);
+  weft_stream_id prev = use_stream(fsdp__collective_stream(true));
   if (!st) st = weft_reduce_scatter(f->dp_mesh, f->shard_dim, buf, buf, S, dt, WEFT_OP_SUM, &w);
   use_stream(prev);
   if (st) {
@@ -321,7 +321,7 @@ weft_status fsdp__reduce_finish(weft_fsdp *f) {
   int64_t S = f->block;
   weft_dtype dt = f->rs_dtype;
   if (!st && f->nrep > 1) {
-    weft_stream_id prev = use_stream(WEFT_STREAM_FSDP_RS);
+    weft_stream_id prev = use_stream(fsdp__collective_stream(true));
     st = weft_all_reduce(f->dp_mesh, f->rep_dim, f->rs_buf, f->rs_buf, S, dt, WEFT_OP_SUM, NULL);
     use_stream(prev);
     if (!st) fsdp__comm_add(&f->comm.all_reduce, S * (int64_t)weft_dtype_size(dt), f->nrep, true);

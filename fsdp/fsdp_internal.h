@@ -48,6 +48,13 @@ typedef struct fsdp_param {
   weft_dtype unsharded_dtype;
 } fsdp_param;
 
+/* The device stream of FSDP's all-gathers (false) and of its reduce-scatters
+ * and HSDP all-reduces (true): comm.c runs them there, trace.c records
+ * their start events with it. */
+static inline weft_stream_id fsdp__collective_stream(bool reduce) {
+  return reduce ? WEFT_STREAM_FSDP_RS : WEFT_STREAM_FSDP_AG;
+}
+
 /* Run b (0 <= b < fp->nblocks) of chunk r of n of fp's tp-local rows:
  * [*start, *start + *len); the chunk holds its runs one after another. */
 static inline void fsdp__chunk_run(const fsdp_param *fp, int64_t n, int64_t r, int b,

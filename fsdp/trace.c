@@ -101,8 +101,9 @@ void fsdp__event(weft_fsdp_event_kind kind, const weft_fsdp *f, bool prefetch, b
   e->prefetch = prefetch;
   e->backward = backward;
   e->stream = WEFT_STREAM_COMPUTE;
-  if (f->dev != WEFT_CPU && kind == WEFT_FSDP_EV_UNSHARD_START) e->stream = WEFT_STREAM_FSDP_AG;
-  if (f->dev != WEFT_CPU && kind == WEFT_FSDP_EV_REDUCE_START) e->stream = WEFT_STREAM_FSDP_RS;
+  bool start = kind == WEFT_FSDP_EV_UNSHARD_START || kind == WEFT_FSDP_EV_REDUCE_START;
+  if (f->dev != WEFT_CPU && start)
+    e->stream = fsdp__collective_stream(kind == WEFT_FSDP_EV_REDUCE_START);
 }
 
 /* --------------------------------------------------------------- comm */
