@@ -265,6 +265,11 @@ typedef struct dcp_tie {
   weft_param *p;
 } dcp_tie;
 weft_status dcp_model_ties(weft_module *model, dcp_tie **out, int *n);
+/* WEFT_ERR_STATE naming the first of ps[0..n) that FSDP holds unsharded
+ * (weft_param.master set): a load would reach its sharded master while
+ * forward keeps reading the stale unsharded copy. `what` names the call.
+ * Alike on every rank (unsharding is collective). */
+weft_status dcp_check_resharded(weft_param *const *ps, int n, const char *what);
 void dcp_ties_free(dcp_tie *t, int n);
 /* Whether two tensors hold the same values once converted to `dtype`
  * (bitwise; same shapes assumed). Local. */

@@ -17,6 +17,17 @@ static weft_status get_opts(const weft_state_dict_opts *o, weft_state_dict_opts 
   return WEFT_OK;
 }
 
+weft_status dcp_check_resharded(weft_param *const *ps, int n, const char *what) {
+  for (int i = 0; i < n; i++)
+    if (ps[i]->master)
+      return weft_error(WEFT_ERR_STATE,
+                        "%s: parameter '%s' is unsharded by FSDP (its group ran a forward with "
+                        "reshard_after_forward off, or weft_fsdp_unshard): reshard it "
+                        "(weft_fsdp_reshard) before loading",
+                        what, ps[i]->fqn);
+  return WEFT_OK;
+}
+
 static weft_status params_of(weft_module *model, weft_param ***ps, int *n) {
   *ps = NULL;
   *n = 0;
@@ -65,13 +76,13 @@ weft_status weft_get_model_state_dict(weft_module *model, const weft_state_dict_
   WEFT_CHECK(params_of(model, &ps, &n));
   weft_status st = WEFT_OK;
   for (int i = 0; i < n && st == WEFT_OK; i++)
-    if (!ps[i]->data)
+    if (!weft_param_state(ps[i]))
       st = weft_error(WEFT_ERR_STATE,
                       "model state dict: parameter '%s' has no storage (initialise "
                       "or materialise the model first)",
                       ps[i]->fqn);
   for (int i = 0; i < n && st == WEFT_OK; i++)
-    st = add_state_tensor(sd, ps[i]->fqn, ps[i]->data, &o);
+    st = add_state_tensor(sd, ps[i]->fqn, weft_param_state(ps[i]), &o);
   free(ps);
   /* tied parameters: saved once under the owner's FQN; their other names
    * become aliases, so a load also accepts a checkpoint that has only the
@@ -746,13 +757,13 @@ weft_status weft_set_model_state_dict(weft_module *model, const weft_state_dict 
   weft_param **ps;
   int n;
   WEFT_CHECK(params_of(model, &ps, &n));
-  weft_status st = WEFT_OK;
+  weft_status st = dcp_check_resharded(ps, n, "set_model_state_dict");
   bool need = false;
-  for (int i = 0; i < n; i++) need |= ps[i]->data == NULL;
-  if (need) st = weft_module_materialize(model);
+  for (int i = 0; i < n; i++) need |= weft_param_state(ps[i]) == NULL;
+  if (need && st == WEFT_OK) st = weft_module_materialize(model);
   tlist tl = {0};
   for (int i = 0; i < n && st == WEFT_OK; i++)
-    st = tl_push(&tl, ps[i]->fqn, ps[i]->data, NULL, NULL, WANT_NUMBER);
+    st = tl_push(&tl, ps[i]->fqn, weft_param_state(ps[i]), NULL, NULL, WANT_NUMBER);
   /* a tied parameter also answers to its aliases ("lm_head.weight") */
   dcp_tie *ties = NULL;
   int nt = 0;

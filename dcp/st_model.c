@@ -39,7 +39,7 @@ weft_status weft_safetensors_export_model(weft_module *model, const char *path, 
   int n;
   WEFT_CHECK(model_params(model, &ps, &n));
   for (int i = 0; i < n; i++)
-    if (!ps[i]->data) {
+    if (!weft_param_state(ps[i])) {
       weft_status st =
           weft_error(WEFT_ERR_STATE, "export: parameter '%s' has no storage", ps[i]->fqn);
       free(ps);
@@ -58,7 +58,7 @@ weft_status weft_safetensors_export_model(weft_module *model, const char *path, 
   /* every rank takes part in every gather, even after a local error */
   for (int i = 0; i < n; i++) {
     weft_tensor *full = NULL;
-    weft_status g = dcp_full_on_host(ps[i]->data, &full);
+    weft_status g = dcp_full_on_host(weft_param_state(ps[i]), &full);
     if (g != WEFT_OK && local == WEFT_OK) local = g;
     if (full && writer && local == WEFT_OK) {
       if (full->dtype == dtype) {
@@ -103,7 +103,7 @@ static weft_status push_key(weft_key_list *l, const char *k) {
 /* Reads this rank's slices of parameter p from f's tensor `name` (the FQN,
  * or a tied parameter's alias). */
 static weft_status import_param(const weft_safetensors *f, weft_param *p, const char *name) {
-  weft_dtensor *dt = p->data;
+  weft_dtensor *dt = weft_param_state(p);
   weft_tensor *dev_local = weft_dtensor_local(dt), *lt; /* lt: on the host */
   size_t esz = weft_dtype_size(dev_local->dtype);
   weft_local_box *lb;
@@ -155,7 +155,7 @@ static weft_status import_param(const weft_safetensors *f, weft_param *p, const 
  * p must be equal in both (read as p's dtype). */
 static weft_status compare_tied(const weft_safetensors *f, const char *path, weft_param *p,
                                 const char *a, const char *b) {
-  const weft_dtensor *dt = p->data;
+  const weft_dtensor *dt = weft_param_state(p);
   weft_dtype dtype = weft_dtensor_dtype(dt);
   size_t esz = weft_dtype_size(dtype);
   int nd = weft_dtensor_ndim(dt);
@@ -197,8 +197,13 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
   weft_param **ps;
   int n;
   WEFT_CHECK(model_params(model, &ps, &n));
+  weft_status st = dcp_check_resharded(ps, n, "safetensors_import_model");
+  if (st != WEFT_OK) {
+    free(ps);
+    return st;
+  }
   dcp_comm c;
-  weft_status st = dcp_comm_open(NULL, &c);
+  st = dcp_comm_open(NULL, &c);
   if (st != WEFT_OK) {
     free(ps);
     return weft_error_trace(st, __func__);
@@ -213,7 +218,7 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
   weft_status local = src ? WEFT_OK : weft_error(WEFT_ERR_OOM, "import");
   if (local == WEFT_OK) local = dcp_model_ties(model, &ties, &nt);
   bool need = false;
-  for (int i = 0; i < n; i++) need |= ps[i]->data == NULL;
+  for (int i = 0; i < n; i++) need |= weft_param_state(ps[i]) == NULL;
   if (local == WEFT_OK && need) local = weft_module_materialize(model);
   if (local == WEFT_OK) local = weft_safetensors_open(path, &f);
   char a[256], b[256];
@@ -244,7 +249,7 @@ weft_status weft_safetensors_import_model(weft_module *model, const char *path,
       if (!nm) continue;
       local = weft_safetensors_find(f, nm, &info);
       if (local != WEFT_OK) break;
-      const weft_dtensor_spec *s = weft_dtensor_get_spec(ps[i]->data);
+      const weft_dtensor_spec *s = weft_dtensor_get_spec(weft_param_state(ps[i]));
       bool same = info.ndim == s->ndim;
       for (int d = 0; same && d < s->ndim; d++) same = info.shape[d] == s->shape[d];
       if (!same) {

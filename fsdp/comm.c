@@ -216,7 +216,10 @@ weft_status fsdp__unshard_wait(weft_fsdp *f) {
     f->state = FSDP_SHARDED;
     return weft_error_trace(st, __func__);
   }
-  for (int i = 0; i < f->nparams; i++) f->params[i].p->data = f->params[i].unsharded;
+  for (int i = 0; i < f->nparams; i++) {
+    f->params[i].p->data = f->params[i].unsharded;
+    f->params[i].p->master = f->params[i].sharded;
+  }
   f->state = FSDP_UNSHARDED;
   fsdp__event(WEFT_FSDP_EV_UNSHARD_DONE, f, false, f->root ? f->root->in_backward : false);
   return WEFT_OK;
@@ -259,6 +262,7 @@ weft_status fsdp__reshard(weft_fsdp *f, bool small) {
   for (int i = 0; i < f->nparams; i++) {
     fsdp_param *fp = &f->params[i];
     fp->p->data = fp->sharded;
+    fp->p->master = NULL;
     fsdp__mem_add_unsharded_params(-dt_bytes(fp->unsharded));
     weft_dtensor_destroy(fp->unsharded);
     fp->unsharded = NULL;

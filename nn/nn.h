@@ -182,6 +182,11 @@ typedef struct weft_param {
    * reaches this parameter; accumulated (+=) across backwards until
    * weft_module_zero_grad. */
   weft_dtensor *grad;
+  /* While FSDP has swapped an unsharded copy into `data` (between its
+   * unshard and reshard; in param_dtype under mixed precision): the
+   * sharded f32 DTensor that copy stands for, which state dicts save and
+   * load (weft_param_state). NULL otherwise. Written by FSDP only. */
+  weft_dtensor *master;
   bool requires_grad;   /* default true; false: no grad, optimizers skip it */
   weft_param_init init; /* read-write: used by weft_module_init_weights */
   /* read-only: the layout the parameter has or will have: mesh shape,
@@ -191,6 +196,16 @@ typedef struct weft_param {
   weft_mesh *mesh;
   weft_dtensor_spec spec;
 } weft_param;
+
+/* The DTensor that holds the parameter's state: what checkpoints save and
+ * load (dcp). Its sharded master while FSDP has an unsharded copy in data,
+ * else data. (dcp refuses to load into a model with unsharded groups: the
+ * copy forward reads would go stale; reshard first. A weft_dcp_load into a
+ * view state dict taken while unsharded cannot tell, so reshard before
+ * taking it for a load.) Local. */
+static inline weft_dtensor *weft_param_state(const weft_param *p) {
+  return p->master ? p->master : p->data;
+}
 
 /* Changes a parameter's placements on its mesh (nplacements = mesh ndim;
  * no Partial; StridedShard for a fused projection, which only graph

@@ -6,6 +6,7 @@
  * each: forward (+ backward when training) on this rank's rows. */
 #include <string.h>
 
+#include "llama.h"
 #include "train_internal.h"
 
 /* A preset's shape: D, L, H, Hkv (0: = H), F, V, T. */
@@ -85,10 +86,11 @@ double train_flops_per_token(const weft_llama_config *c, bool gpt2, int64_t T) {
          12.0 * (double)c->n_layers * (double)c->dim * (double)T;
 }
 
-/* GPT-2: the graph's inputs are Replicate DTensors of this rank's rows on
- * the model mesh, kept until the next reset (the tape refers to them). */
-static weft_status gpt2_step(run_state *s, bool train, int64_t key, double *loss,
-                             const weft_dtensor **logits) {
+/* A model on the op graph (GPT-2, or models/llama under --dtype bf16): the
+ * graph's inputs are Replicate DTensors of this rank's rows on the model
+ * mesh, kept until the next reset (the tape refers to them). */
+static weft_status graph_step(run_state *s, bool train, int64_t key, double *loss,
+                              const weft_dtensor **logits) {
   weft_graph *g = s->graph;
   WEFT_CHECK(weft_graph_reset(g));
   weft_dtensor_destroy(s->ids);
@@ -103,7 +105,10 @@ static weft_status gpt2_step(run_state *s, bool train, int64_t key, double *loss
   WEFT_CHECK(
       weft_dtensor_distribute(s->model_mesh, s->tgt_t, WEFT_DTENSOR_ALL_RANKS, &r, 1, &s->targets));
   weft_var *l = NULL, *z = NULL;
-  WEFT_CHECK(weft_gpt2_loss(s->model, g, s->ids, s->targets, &l, &z));
+  if (s->o->gpt2)
+    WEFT_CHECK(weft_gpt2_loss(s->model, g, s->ids, s->targets, &l, &z));
+  else
+    WEFT_CHECK(weft_llama_ops_loss(s->model, g, s->ids, s->targets, &l, &z));
   *loss = weft_var_item(l);
   if (train) WEFT_CHECK(weft_backward(l));
   if (logits) *logits = weft_var_value(z);
@@ -112,7 +117,7 @@ static weft_status gpt2_step(run_state *s, bool train, int64_t key, double *loss
 
 weft_status train_model_step(run_state *s, bool train, int64_t key, double *loss,
                              const weft_dtensor **logits) {
-  if (s->o->gpt2) return gpt2_step(s, train, key, loss, logits);
+  if (s->on_graph) return graph_step(s, train, key, loss, logits);
   weft_status st = weft_llama_forward(s->model, s->tok_t, s->tgt_t, loss);
   if (st == WEFT_OK && train) st = weft_llama_backward(s->model);
   if (st == WEFT_OK && logits) *logits = weft_llama_logits(s->model);

@@ -363,6 +363,42 @@ Test(examples, train_tp_layout_flags_keep_the_loss_curve, .timeout = 120) {
     }
 }
 
+/* --dtype bf16 on a Llama preset trains models/llama (the same model on the
+ * op graph) under FSDP mixed precision: bf16 parameters and activations.
+ * Its loss curve tracks the fp32 run within 2% and its peak is lower. */
+Test(examples, train_bf16_llama_tracks_fp32_with_a_lower_peak, .timeout = 120) {
+  enum { STEPS = 30 };
+  double loss[2][STEPS], peak[2] = {0, 0};
+  for (int k = 0; k < 2; k++) {
+    const char *j = tmp_file("bf16.jsonl");
+    const char *a[] = {"--mesh",
+                       "dp=2",
+                       "--steps",
+                       "30",
+                       "--val-every",
+                       "0",
+                       "--log-json",
+                       j,
+                       k ? "--dtype" : NULL,
+                       "bf16",
+                       NULL};
+    run_out r = run(2, TRAIN, a, 90);
+    cr_assert_eq(r.rc, 0, "%s: rc %d: %s", k ? "bf16" : "fp32", r.rc, r.err);
+    cr_assert_eq(read_json_losses(j, loss[k], STEPS), STEPS);
+    const char *m = strstr(r.out, "peak memory (max rank)");
+    cr_assert(m && sscanf(m + strlen("peak memory (max rank)"), "%lf", &peak[k]) == 1,
+              "no peak memory in:\n%s", r.out);
+    unlink(j);
+    run_free(&r);
+  }
+  for (int s = 0; s < STEPS; s++)
+    cr_expect(fabs(loss[1][s] - loss[0][s]) <= 0.02 * fabs(loss[0][s]),
+              "step %d: bf16 loss %.6f vs fp32 %.6f", s + 1, loss[1][s], loss[0][s]);
+  cr_expect(loss[0][STEPS - 1] < 0.8 * loss[0][0], "fp32 did not learn: %.4f -> %.4f", loss[0][0],
+            loss[0][STEPS - 1]);
+  cr_expect(peak[1] < peak[0], "bf16 peak %.1f MiB, fp32 %.1f MiB", peak[1], peak[0]);
+}
+
 Test(examples, train_tp_layout_flag_errors, .timeout = 120) {
   const char *a1[] = {"--mesh", "dp=2,tp=2", "--tp-across-nodes", "--tp-inside-node", NULL};
   expect_error(4, a1, "--tp-across-nodes and --tp-inside-node contradict each other");

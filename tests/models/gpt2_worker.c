@@ -425,6 +425,59 @@ static void case_bf16_curve(void) {
   golden_free(&g);
 }
 
+/* A state dict taken while FSDP holds a group unsharded (the root keeps
+ * its parameters after forward; under bf16 they are bf16 copies) holds the
+ * sharded f32 masters (weft_param_state), not the copies, and a load into
+ * such a model is refused naming the parameter (it would leave forward's
+ * copy stale) until the group is resharded. */
+static void case_bf16_state_dict(void) {
+  golden g;
+  WOK(golden_load("gpt2_tiny", &g));
+  weft_gpt2_config cfg = gpt2_golden_config(&g, 0.0f);
+  layout L = {.rep = 0, .dp = 2, .tp = 1, .fsdp = true, .bf16 = true};
+  placed P;
+  place_model(&L, &P);
+  weft_module *model = NULL;
+  WOK(weft_gpt2_create(&cfg, P.model, &model));
+  char path[700];
+  golden_path(&g, "init.safetensors", path, sizeof path);
+  WOK(load_params(model, path));
+  shard_model(&L, &P, model);
+  weft_dtensor *ids = NULL, *tgt = NULL;
+  int64_t nb = g.B / P.dp_total;
+  WOK(golden_rows(P.model, g.tokens, P.dp_index * nb, nb, &ids));
+  WOK(golden_rows(P.model, g.targets, P.dp_index * nb, nb, &tgt));
+  weft_graph *gr = NULL;
+  WOK(weft_graph_create(&gr));
+  weft_var *loss = NULL;
+  WOK(weft_gpt2_loss(model, gr, ids, tgt, &loss, NULL));
+  weft_param *wte = NULL;
+  WOK(weft_module_find_param(model, "transformer.wte.weight", &wte));
+  weft_fsdp *root = weft_fsdp_of(model);
+  WCHECK(weft_fsdp_is_unsharded(root), "the root group is not unsharded after forward");
+  WCHECK(wte && weft_dtensor_dtype(wte->data) == WEFT_BF16, "wte's unsharded copy is not bf16");
+  weft_state_dict *sd = NULL;
+  WOK(weft_state_dict_create(&sd));
+  WOK(weft_get_model_state_dict(model, NULL, sd));
+  weft_sd_entry e;
+  WOK(weft_state_dict_find(sd, "transformer.wte.weight", &e));
+  WCHECK(e.dtensor == wte->master && weft_dtensor_dtype(e.dtensor) == WEFT_F32,
+         "the state dict holds wte's %s copy, not its f32 master",
+         weft_dtype_name(weft_dtensor_dtype(e.dtensor)));
+  weft_status st = weft_set_model_state_dict(model, sd, NULL, NULL, NULL);
+  WCHECK(st == WEFT_ERR_STATE && strstr(weft_last_error(), "is unsharded by FSDP"),
+         "a load while unsharded: %s (%s)", weft_status_str(st), weft_last_error());
+  WOK(weft_fsdp_reshard(root));
+  WCHECK(!wte->master, "master still set after reshard");
+  WOK(weft_set_model_state_dict(model, sd, NULL, NULL, NULL));
+  weft_state_dict_destroy(sd);
+  weft_graph_destroy(gr);
+  weft_dtensor_destroy(ids);
+  weft_dtensor_destroy(tgt);
+  unplace(&L, &P, model);
+  golden_free(&g);
+}
+
 /* AdamW parameter groups: every trainable parameter in exactly one group,
  * per-group hyper-parameters readable and settable (amsgrad fixed). */
 static void case_groups(void) {
@@ -504,6 +557,7 @@ static const weft_worker_case cases[] = {
     {"golden", case_golden},
     {"golden_fsdp", case_golden_fsdp},
     {"bf16_curve", case_bf16_curve},
+    {"bf16_state_dict", case_bf16_state_dict},
     {"golden_tp", case_golden_tp},
     {"golden_tp_sp", case_golden_tp_sp},
     {"golden_2d", case_golden_2d},

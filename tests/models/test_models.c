@@ -24,6 +24,10 @@ Test(models, gpt2_fsdp_bf16_tracks_fp32_with_half_the_param_and_activation_bytes
   cr_assert_eq(weft_test_mpiexec(2, GPT2_WORKER, "bf16_curve", 100), 0);
 }
 
+Test(models, state_dict_of_an_unsharded_bf16_group_holds_the_f32_masters, .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(2, GPT2_WORKER, "bf16_state_dict", 100), 0);
+}
+
 Test(models, gpt2_fsdp_x_tp_bf16_2x2_tracks_fp32_with_half_the_bytes, .timeout = 180) {
   cr_assert_eq(weft_test_mpiexec(4, GPT2_WORKER, "bf16_curve", 160), 0);
 }
