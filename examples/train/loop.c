@@ -106,9 +106,19 @@ static void free_buffers(run_state *s) {
  * with TP the global max and the lowest index attaining it. */
 static int count_hits(run_state *s, const weft_dtensor *lg, double *hits) {
   int64_t V = s->cfg.vocab, N = s->rows * s->cfg.max_seq_len;
-  weft_tensor *loc = NULL;
+  weft_tensor *loc = NULL, *f32 = NULL;
   if (weft_tensor_to(weft_dtensor_local(lg), WEFT_CPU, &loc) != WEFT_OK) /* a host copy */
     return train_fail_all("validation: %s", weft_last_error());
+  if (loc->dtype != WEFT_F32) { /* bf16 logits (--dtype bf16): read as f32 */
+    weft_status st = weft_tensor_create(WEFT_F32, WEFT_CPU, loc->ndim, loc->shape, &f32);
+    if (st == WEFT_OK) st = weft_tensor_copy(f32, loc);
+    weft_tensor_destroy(loc);
+    loc = f32;
+    if (st != WEFT_OK) {
+      weft_tensor_destroy(loc);
+      return train_fail_all("validation: %s", weft_last_error());
+    }
+  }
   int64_t v0 = 0, nv = loc->shape[2];
   bool sharded = weft_dtensor_placements(lg)[0].kind == WEFT_PLACE_SHARD && s->tp_size > 1;
   if (sharded) {
