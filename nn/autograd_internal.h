@@ -88,9 +88,10 @@ weft_status nn_graph_like(weft_graph *g, const weft_dtensor *x, const weft_place
 weft_status nn_graph_bring(weft_graph *g, const weft_dtensor *x, const weft_placement *to,
                            bool allow_partial, const weft_dtensor **use);
 
-/* Hands a buffer of this step back to the pool (no-op for one the pool
- * does not hold): the caller guarantees nothing refers to it any more. */
-void nn_graph_release(weft_graph *g, const weft_dtensor *d);
+/* A graph buffer with d's mesh, shape and placements in `dtype`, holding
+ * d's values converted (weft_tensor_copy: rounding to nearest even). */
+weft_status nn_graph_converted(weft_graph *g, const weft_dtensor *d, weft_dtype dtype,
+                               weft_dtensor **out);
 /* Frees a buffer of this step now (removed from the pool; no-op for one the
  * pool does not hold): for short-lived copies (mixed.c), which would
  * otherwise stay in the pool as spare buffers of their spec. */

@@ -186,13 +186,6 @@ int64_t weft_graph_bytes_in_use(const weft_graph *g) {
   return b;
 }
 
-void nn_graph_release(weft_graph *g, const weft_dtensor *d) {
-  for (int i = 0; i < g->npool; i++)
-    if (g->pool[i].dt == d) {
-      g->pool[i].used = false;
-      return;
-    }
-}
 void nn_graph_discard(weft_graph *g, const weft_dtensor *d) {
   for (int i = 0; i < g->npool; i++)
     if (g->pool[i].dt == d) {
@@ -202,6 +195,14 @@ void nn_graph_discard(weft_graph *g, const weft_dtensor *d) {
       return;
     }
 }
+weft_status nn_graph_converted(weft_graph *g, const weft_dtensor *d, weft_dtype dtype,
+                               weft_dtensor **out) {
+  const weft_dtensor_spec *s = weft_dtensor_get_spec(d);
+  WEFT_CHECK(
+      nn_graph_tensor(g, weft_dtensor_mesh(d), dtype, s->ndim, s->shape, s->placements, out));
+  return weft_tensor_copy(weft_dtensor_local(*out), weft_dtensor_local(d));
+}
+
 int nn_graph_nvars(const weft_graph *g) { return g->nvars; }
 int nn_graph_nnodes(const weft_graph *g) { return g->nnodes; }
 weft_var *nn_graph_var(const weft_graph *g, int i) { return g->vars[i]; }
@@ -678,11 +679,8 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d)
     weft_dtensor *gr;
     WEFT_CHECK(nn_grad_get(p->module, p, &gr));
     if (weft_dtensor_dtype(use) != weft_dtensor_dtype(gr)) { /* a 16-bit parameter's grad is f32 */
-      const weft_dtensor_spec *s = weft_dtensor_get_spec(use);
       weft_dtensor *c;
-      WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(use), weft_dtensor_dtype(gr), s->ndim,
-                                 s->shape, s->placements, &c));
-      WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(c), weft_dtensor_local(use)));
+      WEFT_CHECK(nn_graph_converted(g, use, weft_dtensor_dtype(gr), &c));
       use = c;
     }
     return weft_add(weft_dtensor_local(gr), weft_dtensor_local(gr), weft_dtensor_local(use));
@@ -690,11 +688,8 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d)
   weft_dtype want = weft_dtensor_dtype(nn_var_now(v));
   if (weft_dtensor_dtype(d) != want && weft_dtype_is_float(want)) {
     /* a grad from a hook's cast (FSDP's cast_forward_inputs): the var's dtype */
-    const weft_dtensor_spec *s = weft_dtensor_get_spec(d);
     weft_dtensor *c;
-    WEFT_CHECK(
-        nn_graph_tensor(g, weft_dtensor_mesh(d), want, s->ndim, s->shape, s->placements, &c));
-    WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(c), weft_dtensor_local(d)));
+    WEFT_CHECK(nn_graph_converted(g, d, want, &c));
     d = c;
   }
   if (!v->grad) {

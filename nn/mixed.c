@@ -33,14 +33,6 @@
 
 static bool is_low(weft_dtype d) { return d == WEFT_BF16 || d == WEFT_F16; }
 
-/* An f32 (or `to`) graph buffer with d's spec holding d converted. */
-static weft_status converted(weft_graph *g, const weft_dtensor *d, weft_dtype to,
-                             weft_dtensor **out) {
-  const weft_dtensor_spec *s = weft_dtensor_get_spec(d);
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(d), to, s->ndim, s->shape, s->placements, out));
-  return weft_tensor_copy(weft_dtensor_local(*out), weft_dtensor_local(d));
-}
-
 weft_status nn_mixed_begin(nn_mixed *mx, const char *name, weft_var **in, int nin,
                            bool same_dtype) {
   memset(mx, 0, sizeof *mx);
@@ -76,7 +68,7 @@ weft_status nn_mixed_begin(nn_mixed *mx, const char *name, weft_var **in, int ni
       if (mx->orig[j] == in[i] && mx->proxy[j]) mx->proxy[i] = mx->proxy[j];
     if (!mx->proxy[i]) {
       weft_dtensor *wide;
-      WEFT_CHECK(converted(g, nn_var_now(in[i]), WEFT_F32, &wide));
+      WEFT_CHECK(nn_graph_converted(g, nn_var_now(in[i]), WEFT_F32, &wide));
       WEFT_CHECK(nn_var_new(g, wide, NULL, &mx->proxy[i]));
       mx->proxy[i]->requires_grad = in[i]->requires_grad;
     }
@@ -122,25 +114,22 @@ weft_status nn_mixed_end(nn_mixed *mx, weft_status st, weft_var **out, int nout)
    * op made (rounded to the result dtype) and the proxies' copies (the
    * originals). */
   int nv = nn_graph_nvars(g), nn = nn_graph_nnodes(g);
-  swap *sw = NULL;
   int nsw = 0;
-  {
-    sw = calloc((size_t)(nv - mx->v0) + (size_t)mx->nin + (size_t)(nn - mx->n0) * NN_MAX_IN + 1,
-                sizeof *sw);
-    if (!sw) st = weft_error(WEFT_ERR_OOM, "mixed precision: out of memory");
-  }
+  swap *sw = calloc((size_t)(nv - mx->v0) + (size_t)mx->nin + (size_t)(nn - mx->n0) * NN_MAX_IN + 1,
+                    sizeof *sw);
+  if (!sw) st = weft_error(WEFT_ERR_OOM, "mixed precision: out of memory");
   for (int v = mx->v0; st == WEFT_OK && v < nv; v++) {
     weft_var *var = nn_graph_var(g, v);
     const weft_dtensor *d = var->value;
     if (mx->dtype == WEFT_F32 || weft_dtensor_dtype(d) != WEFT_F32) continue;
     weft_dtensor *low;
-    st = converted(g, d, mx->dtype, &low);
+    st = nn_graph_converted(g, d, mx->dtype, &low);
     if (st == WEFT_OK) {
       sw[nsw++] = (swap){d, low};
       var->value = low;
     }
   }
-  for (int i = 0; i < mx->nin; i++)
+  for (int i = 0; st == WEFT_OK && i < mx->nin; i++)
     if (mx->proxy[i]) sw[nsw++] = (swap){mx->proxy[i]->value, nn_var_now(mx->orig[i])};
   for (int k = mx->n0; st == WEFT_OK && k < nn; k++) {
     nn_node *n = nn_graph_node(g, k);
@@ -159,7 +148,7 @@ weft_status nn_mixed_end(nn_mixed *mx, weft_status st, weft_var **out, int nout)
         /* a redistributed copy of the widened input: kept in the input's
          * dtype (rounding exact but where the move summed a Partial) */
         weft_dtensor *low;
-        st = converted(g, u, weft_dtensor_dtype(nn_var_now(o)), &low);
+        st = nn_graph_converted(g, u, weft_dtensor_dtype(nn_var_now(o)), &low);
         if (st == WEFT_OK) {
           sw[nsw++] = (swap){u, low};
           n->in_used[i] = low;
@@ -194,14 +183,14 @@ weft_status nn_mixed_backward_begin(nn_node *n, const weft_dtensor **dout, nn_mi
   for (int j = 0; j < n->nout; j++) {
     if (dout[j] && is_low(weft_dtensor_dtype(dout[j]))) {
       weft_dtensor *w;
-      WEFT_CHECK(converted(g, dout[j], WEFT_F32, &w));
+      WEFT_CHECK(nn_graph_converted(g, dout[j], WEFT_F32, &w));
       b->temp[b->ntemp++] = w;
       dout[j] = w;
     }
     const weft_dtensor *y = n->out[j]->value;
     if (is_low(weft_dtensor_dtype(y))) {
       weft_dtensor *w;
-      WEFT_CHECK(converted(g, y, WEFT_F32, &w));
+      WEFT_CHECK(nn_graph_converted(g, y, WEFT_F32, &w));
       b->temp[b->ntemp++] = w;
       b->out_value[j] = y;
       n->out[j]->value = w;
@@ -212,7 +201,7 @@ weft_status nn_mixed_backward_begin(nn_node *n, const weft_dtensor **dout, nn_mi
     const weft_dtensor *x = nn_node_input(n, i);
     if (!is_low(weft_dtensor_dtype(x))) continue;
     weft_dtensor *w;
-    WEFT_CHECK(converted(g, x, WEFT_F32, &w));
+    WEFT_CHECK(nn_graph_converted(g, x, WEFT_F32, &w));
     b->temp[b->ntemp++] = w;
     n->in_used[i] = w;
   }
@@ -223,7 +212,7 @@ weft_status nn_mixed_backward_begin(nn_node *n, const weft_dtensor **dout, nn_mi
     for (int j = 0; j < n->nout && !w; j++)
       if (b->out_value[j] == n->saved[s]) w = (weft_dtensor *)n->out[j]->value;
     if (!w) {
-      WEFT_CHECK(converted(g, n->saved[s], WEFT_F32, &w));
+      WEFT_CHECK(nn_graph_converted(g, n->saved[s], WEFT_F32, &w));
       b->temp[b->ntemp++] = w;
     }
     n->saved[s] = w;
@@ -242,7 +231,7 @@ weft_status nn_mixed_backward_end(nn_node *n, weft_status st, weft_dtensor **din
     weft_dtype want = weft_dtensor_dtype(nn_var_now(n->in[i]));
     if (!is_low(want) || weft_dtensor_dtype(din[i]) == want) continue;
     weft_dtensor *low;
-    st = converted(g, din[i], want, &low);
+    st = nn_graph_converted(g, din[i], want, &low);
     if (st == WEFT_OK) {
       nn_graph_discard(g, din[i]);
       din[i] = low;

@@ -380,11 +380,8 @@ weft_status weft_op_to(weft_var *x, weft_dtype dtype, weft_var **out) {
     *out = x;
     return WEFT_OK;
   }
-  const weft_dtensor_spec *s = weft_dtensor_get_spec(xv);
   weft_dtensor *y;
-  WEFT_CHECK(
-      nn_graph_tensor(g, weft_dtensor_mesh(xv), dtype, s->ndim, s->shape, s->placements, &y));
-  WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(y), weft_dtensor_local(xv)));
+  WEFT_CHECK(nn_graph_converted(g, xv, dtype, &y));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, in, 1, NULL, to_backward, &node));
   return nn_var_new(g, y, node, out);
