@@ -30,11 +30,10 @@ static weft_flat_piece *pieces_new(const weft_fsdp *f, int64_t per_param) {
 }
 
 /* Block r of the flat layout (S elements of dt at dst): each parameter's
- * rows chunk r taken from src(fp) (the tp-local tensor, f32, or NULL for
- * zeros), padding zeroed; one flat_pack on dev, where dst and the sources
- * live (the group's device; the host for an offloaded shard).
- * from_shard: src is this rank's shard (r must be f->coord), whose row 0 is
- * the chunk's first row. */
+ * rows chunk r taken from src(fp) (the tp-local tensor: f32, or the
+ * unsharded param_dtype copy; NULL for zeros), padding zeroed; one flat_pack on dev, where dst and
+ * the sources live (the group's device; the host for an offloaded shard). from_shard: src is this
+ * rank's shard (r must be f->coord), whose row 0 is the chunk's first row. */
 typedef const weft_tensor *(*src_fn)(const fsdp_param *fp);
 
 static weft_status pack_block(const weft_fsdp *f, weft_device dev, int r, void *dst, weft_dtype dt,
