@@ -20,17 +20,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR="${1:-${WEFT_BUILD_DIR:-build}}"
 PLAN="$BUILD_DIR/examples/weft-plan"
-[ -x "$PLAN" ] || {
-  echo "topology.sh: $PLAN not found (build first)" >&2
-  exit 1
-}
-export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}" OPENBLAS_NUM_THREADS=1
-export WEFT_NODES_NAME=wtopo
-bash scripts/nodes.sh check >/dev/null || {
-  echo "topology.sh: $(bash scripts/nodes.sh check)" >&2
-  exit 1
-}
-trap 'bash scripts/nodes.sh down >/dev/null 2>&1 || true' EXIT
+source bench/nodes_env.sh topology.sh wtopo "$PLAN"
 mkdir -p bench/results
 summary=""
 for rate in ${TOPO_RATES:-1gbit 200mbit}; do

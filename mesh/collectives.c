@@ -304,10 +304,37 @@ weft_status weft_work_test(weft_work *work, bool *done) {
   return st;
 }
 
-/* Prepares w for the group; returns the debug-check status. */
+/* Before a blocking collective of at least WEFT_PRESYNC_BYTES on a group
+ * that spans nodes, the group meets in a barrier first.
+ *
+ * Why: over TCP (MPICH ch4:ucx) a large message goes by rendezvous: the
+ * sender's request-to-send is answered by the receiver before the data
+ * moves. When the ranks of a pair enter a collective at different moments,
+ * the first to get its answer fills its one TCP connection with data, and
+ * its own answer to the peer's request waits behind that data in the same
+ * stream: the two directions, meant to run at once, run one after the
+ * other. Measured (2 emulated nodes x 1 rank, 200 Mbit/s, weft-train
+ * dp_replicate=2, 803840-byte all-reduces at the end of backward): 49.5 ms
+ * per all-reduce without the barrier, 33.7 ms with it (the same call back
+ * to back: 33.7 ms), step 141 -> 107 ms. The barrier costs one small
+ * round trip; inside a node, and for smaller payloads, it is skipped. */
+static weft_status presync(weft_work *w) {
+  int64_t min = weft__rt.settings.presync_bytes;
+  mesh_dim *g = w->group;
+  if (min <= 0 || g->nodes <= 1 || w->bytes < min) return WEFT_OK;
+  int rc = MPI_Ibarrier(g->comm, &w->reqs[0]);
+  if (rc != MPI_SUCCESS) return mpi_posted(rc, __func__, "MPI_Ibarrier", g);
+  weft_status st = weft__wait_all(1, w->reqs, weft__rt.settings.timeout_s);
+  if (st == WEFT_ERR_TIMEOUT) return work_timeout(w, weft__rt.settings.timeout_s);
+  if (st != WEFT_OK) work_abandon(w);
+  return st;
+}
+
+/* Prepares w for the group; returns the debug-check status. A blocking
+ * call (the caller waits for it) may first meet the group (presync). */
 static weft_status begin(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
                          const weft_fingerprint *fp, const int64_t *pair_send,
-                         const int64_t *pair_recv) {
+                         const int64_t *pair_recv, bool blocking) {
   memset(w, 0, sizeof *w);
   w->t0 = weft__now();
   w->root = mesh->root;
@@ -323,13 +350,14 @@ static weft_status begin(weft_work *w, const weft_mesh *mesh, mesh_dim *g,
                        fp->kind == WEFT_COLL_ALL_TO_ALL);
     w->bytes = blocks ? b * g->size : b;
   }
-  if (weft__rt.settings.debug && g->size > 1) return weft__debug_check(g, fp, pair_send, pair_recv);
-  if (weft__rt.settings.debug && pair_send && pair_send[0] != pair_recv[0])
+  if (weft__rt.settings.debug && g->size > 1)
+    WEFT_CHECK(weft__debug_check(g, fp, pair_send, pair_recv));
+  else if (weft__rt.settings.debug && pair_send && pair_send[0] != pair_recv[0])
     return weft_error(WEFT_ERR_MISMATCH,
                       "all_to_all_v on mesh dim '%s': sends %" PRId64
                       " to itself but expects %" PRId64,
                       g->name, pair_send[0], pair_recv[0]);
-  return WEFT_OK;
+  return blocking ? presync(w) : WEFT_OK;
 }
 
 weft_status weft__coll_start(weft_work *w, const weft_mesh *mesh, mesh_dim *g, weft_coll_kind kind,
@@ -338,7 +366,7 @@ weft_status weft__coll_start(weft_work *w, const weft_mesh *mesh, mesh_dim *g, w
   weft_fingerprint fp = fp_make(g, group_index(mesh->root, g), kind, v, dt, count, op, root);
   fp.extra = extra;
   weft__account(g, kind, payload);
-  weft_status st = begin(w, mesh, g, &fp, pair_send, pair_recv);
+  weft_status st = begin(w, mesh, g, &fp, pair_send, pair_recv, false);
   w->nreq = 0; /* the caller posts its own work */
   return st;
 }
@@ -505,7 +533,7 @@ weft_status weft_all_gather(const weft_mesh *mesh, int dim, const void *send, vo
       fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_GATHER, false, dt, count, -1, -1);
   weft__account(g, WEFT_COLL_ALL_GATHER, n * count * es);
   weft_work w;
-  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
+  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL, !work));
   WEFT_CHECK(post_blocks(&w, BLK_ALL_GATHER, sbuf, recv, count, dt, MPI_OP_NULL, __func__));
   WEFT_CHECK(finish(&w, work));
   return WEFT_OK;
@@ -557,7 +585,7 @@ weft_status weft_all_gather_v(const weft_mesh *mesh, int dim, const void *send, 
   fp.extra = (int64_t)h;
   weft__account(g, WEFT_COLL_ALL_GATHER, total * es);
   weft_work w;
-  weft_status st = begin(&w, mesh, g, &fp, NULL, NULL);
+  weft_status st = begin(&w, mesh, g, &fp, NULL, NULL, !work);
   if (st) {
     free(arr);
     return weft_error_trace(st, __func__);
@@ -598,7 +626,7 @@ weft_status weft_reduce_scatter(const weft_mesh *mesh, int dim, const void *send
       fp_make(g, group_index(mesh->root, g), WEFT_COLL_REDUCE_SCATTER, false, dt, count, op, -1);
   weft__account(g, WEFT_COLL_REDUCE_SCATTER, n * count * es);
   weft_work w;
-  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
+  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL, !work));
   if (op == WEFT_OP_AVG) {
     w.avg_buf = recv;
     w.avg_count = count;
@@ -629,7 +657,7 @@ weft_status weft_all_reduce(const weft_mesh *mesh, int dim, const void *send, vo
       fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_REDUCE, false, dt, count, op, -1);
   weft__account(g, WEFT_COLL_ALL_REDUCE, count * es);
   weft_work w;
-  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
+  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL, !work));
   if (op == WEFT_OP_AVG) {
     w.avg_buf = recv;
     w.avg_count = count;
@@ -658,7 +686,7 @@ weft_status weft_broadcast(const weft_mesh *mesh, int dim, void *buf, int64_t co
       fp_make(g, group_index(mesh->root, g), WEFT_COLL_BROADCAST, false, dt, count, -1, root);
   weft__account(g, WEFT_COLL_BROADCAST, count * es);
   weft_work w;
-  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
+  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL, !work));
   WEFT_CHECK(post_flat(&w, true, NULL, buf, count, dt, MPI_OP_NULL, root, __func__));
   WEFT_CHECK(finish(&w, work));
   return WEFT_OK;
@@ -684,7 +712,7 @@ weft_status weft_all_to_all(const weft_mesh *mesh, int dim, const void *send, vo
       fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_TO_ALL, false, dt, count, -1, -1);
   weft__account(g, WEFT_COLL_ALL_TO_ALL, n * count * es);
   weft_work w;
-  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
+  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL, !work));
   WEFT_CHECK(post_blocks(&w, BLK_ALL_TO_ALL, sbuf, recv, count, dt, MPI_OP_NULL, __func__));
   WEFT_CHECK(finish(&w, work));
   return WEFT_OK;
@@ -731,7 +759,7 @@ weft_status weft_all_to_all_v(const weft_mesh *mesh, int dim, const void *send,
       fp_make(g, group_index(mesh->root, g), WEFT_COLL_ALL_TO_ALL, true, dt, -1, -1, -1);
   weft__account(g, WEFT_COLL_ALL_TO_ALL, stotal * es);
   weft_work w;
-  weft_status st = begin(&w, mesh, g, &fp, send_counts, recv_counts);
+  weft_status st = begin(&w, mesh, g, &fp, send_counts, recv_counts, !work);
   if (st) {
     free(arr);
     return weft_error_trace(st, __func__);
@@ -759,7 +787,7 @@ static weft_status barrier_group(const weft_mesh *mesh, mesh_dim *g, weft_work *
   fp.dtype = -1;
   weft__account(g, WEFT_COLL_BARRIER, 0);
   weft_work w;
-  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL));
+  WEFT_CHECK(begin(&w, mesh, g, &fp, NULL, NULL, !work));
   int rc = MPI_Ibarrier(g->comm, &w.reqs[0]);
   WEFT_CHECK(mpi_posted(rc, "weft_barrier", "MPI_Ibarrier", g));
   return finish(&w, work);

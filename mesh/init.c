@@ -36,6 +36,18 @@ int weft_local_rank(void) { return weft__rt.local_rank; }
 int weft_local_size(void) { return weft__rt.local_size; }
 int weft_node_count(void) { return weft__rt.node_count; }
 int weft_node_index(void) { return weft__rt.node_index; }
+
+int weft__node_span(const int *world_ranks, int n) {
+  const int *of = weft__rt.node_of;
+  if (!of || weft__rt.node_count <= 1) return 1;
+  int span = 0;
+  for (int i = 0; i < n; i++) { /* count each node at its first member */
+    int j = 0;
+    while (j < i && of[world_ranks[j]] != of[world_ranks[i]]) j++;
+    span += j == i;
+  }
+  return span > 0 ? span : 1;
+}
 const weft_settings *weft_get_settings(void) { return &weft__rt.settings; }
 void weft_set_timeout(double seconds) {
   if (seconds > 0 && isfinite(seconds)) weft__rt.settings.timeout_s = seconds;
@@ -68,7 +80,8 @@ static bool word_is(const char *s, const char *const *words) {
 }
 
 /* WEFT_TIMEOUT (seconds, > 0), WEFT_DEBUG (0/1), WEFT_BACKOFF (auto/0/1),
- * WEFT_CHUNK_BYTES (64..2^30, default 2^30), WEFT_MPI_FINALIZE (auto/0/1). */
+ * WEFT_CHUNK_BYTES (64..2^30, default 2^30), WEFT_MPI_FINALIZE (auto/0/1),
+ * WEFT_PRESYNC_BYTES (0..2^40, default 65536). */
 static weft_status read_settings(weft_settings *s) {
   static const char *const yes[] = {"1", "true", "yes", "on", NULL};
   static const char *const no[] = {"0", "false", "no", "off", "", NULL};
@@ -76,6 +89,7 @@ static weft_status read_settings(weft_settings *s) {
   s->debug = false;
   s->backoff = -1;
   s->chunk_bytes = 1 << 30;
+  s->presync_bytes = 65536;
   const char *v = getenv("WEFT_TIMEOUT");
   if (v && *v) {
     char *end;
@@ -120,6 +134,14 @@ static weft_status read_settings(weft_settings *s) {
     if (!parse_int(v, &x) || x < 64 || x > (1l << 30))
       return weft_error(WEFT_ERR_INVALID, "WEFT_CHUNK_BYTES='%s' (expected 64..2^30)", v);
     s->chunk_bytes = x;
+  }
+  v = getenv("WEFT_PRESYNC_BYTES");
+  if (v && *v) {
+    long x;
+    if (!parse_int(v, &x) || x < 0 || x > (1l << 40))
+      return weft_error(WEFT_ERR_INVALID, "WEFT_PRESYNC_BYTES='%s' (expected 0..2^40; 0 = never)",
+                        v);
+    s->presync_bytes = x;
   }
   return WEFT_OK;
 }
@@ -370,14 +392,19 @@ weft_status weft_init(int *argc, char ***argv) {
   }
   /* Nodes: a rank opens a node when no lower rank shares its host name;
    * nodes are numbered in that order. O(n^2) name compares, once. */
-  int nodes = 0, my_node = 0;
-  for (int r = 0; r < n; r++) {
-    bool first = true;
-    for (int q = 0; q < r && first; q++) first = strcmp(recs[q].host, recs[r].host) != 0;
-    if (!first) continue;
-    if (strcmp(recs[r].host, mine.host) == 0) my_node = nodes;
-    nodes++;
+  free(weft__rt.node_of);
+  weft__rt.node_of = malloc((size_t)n * sizeof *weft__rt.node_of);
+  if (!weft__rt.node_of) {
+    st = weft_error(WEFT_ERR_OOM, "no memory for the nodes of %d ranks", n);
+    goto fail;
   }
+  int nodes = 0;
+  for (int r = 0; r < n; r++) {
+    int q = 0;
+    while (q < r && strcmp(recs[q].host, recs[r].host) != 0) q++;
+    weft__rt.node_of[r] = q < r ? weft__rt.node_of[q] : nodes++;
+  }
+  int my_node = weft__rt.node_of[me];
   weft__rt.node_count = nodes;
   weft__rt.node_index = my_node;
   weft__rt.node_procs = nlocal;
@@ -405,6 +432,8 @@ fail:
   weft__rt.world_size = 1;
   weft__rt.node_count = 1;
   weft__rt.node_index = 0;
+  free(weft__rt.node_of);
+  weft__rt.node_of = NULL;
   return st;
 }
 
@@ -472,6 +501,8 @@ weft_status weft_finalize(void) {
   weft__rt.finalize_mpi = false;
   weft__rt.node_count = 1;
   weft__rt.node_index = 0;
+  free(weft__rt.node_of);
+  weft__rt.node_of = NULL;
   weft_error_set_rank(-1);
   return st;
 }

@@ -326,6 +326,7 @@ static weft_status add_group(weft_mesh *root, const char *name, int nsrc, const 
     goto fail;
   }
   for (int i = 0; i < d->size; i++) d->members[i] = root->world_of[mranks[i]];
+  d->nodes = weft__node_span(d->members, d->size);
   WEFT_CHECK_GOTO(make_group_comm(root, d, mranks, d->size, tag), st, fail);
   WEFT_CHECK_GOTO(make_ctl_comms(&d, 1), st, fail);
   WEFT_CHECK_GOTO(root_add_dim(root, d), st, fail);
@@ -421,6 +422,7 @@ weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape
     goto fail;
   }
   memcpy(m->whole.members, m->world_of, (size_t)gsize * sizeof *m->world_of);
+  m->whole.nodes = weft__node_span(m->whole.members, gsize);
   mesh_dim *wp = &m->whole;
   WEFT_CHECK_GOTO(make_ctl_comms(&wp, 1), st, fail);
   *out = m;
@@ -706,6 +708,11 @@ mesh_dim *weft__mesh_whole(const weft_mesh *mesh) {
     if (g->nsrc == k && memcmp(g->src, src, (size_t)k * sizeof *src) == 0) return root->dims[i];
   }
   return NULL;
+}
+
+int weft_mesh_dim_nodes(const weft_mesh *mesh, int dim) {
+  mesh_dim *g = weft__mesh_group(mesh, dim, __func__);
+  return g ? g->nodes : -1;
 }
 
 MPI_Comm weft_mesh_dim_comm(const weft_mesh *mesh, int dim) {

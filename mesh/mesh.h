@@ -242,6 +242,10 @@ WEFT_API int weft_mesh_rank(const weft_mesh *mesh);
 WEFT_API int weft_mesh_world_rank_of(const weft_mesh *mesh, const int *coords);
 /* Writes a readable picture of the mesh ("mesh (dp=2, tp=2): [[0, 1], [2, 3]]"). */
 WEFT_API void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap);
+/* How many nodes the group of `dim` spans (distinct host names among its
+ * members, as weft_node_index numbers them): 1 when the group lies on one
+ * node. Local; -1 (and an error) for a bad dim. */
+WEFT_API int weft_mesh_dim_nodes(const weft_mesh *mesh, int dim);
 /* The MPI communicator of one dim (owned by the mesh). */
 WEFT_API MPI_Comm weft_mesh_dim_comm(const weft_mesh *mesh, int dim);
 /* The communicator spanning the whole mesh, ranks in its row-major order
@@ -464,6 +468,12 @@ typedef struct weft_settings {
   /* WEFT_MPI_FINALIZE: -1 auto (default: call MPI_Finalize on one node
    * only, see weft_finalize), 0 never, 1 always */
   int mpi_finalize;
+  /* WEFT_PRESYNC_BYTES (0 .. 2^40, default 65536; 0 = never): a blocking
+   * collective with at least this payload on a dim whose group spans
+   * nodes meets the group in a barrier before it posts (collectives.c,
+   * "presync": MPI's rendezvous over TCP otherwise can serialise the two
+   * directions when ranks arrive apart). */
+  int64_t presync_bytes;
 } weft_settings;
 WEFT_API const weft_settings *weft_get_settings(void);
 /* Overrides (tests); takes effect for later collectives. */

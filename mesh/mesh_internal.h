@@ -28,6 +28,7 @@ typedef struct mesh_dim {
   int coord;                     /* this rank's rank in the group */
   MPI_Comm comm;                 /* collectives */
   MPI_Comm ctl;                  /* weft control messages (fingerprints) */
+  int nodes;                     /* distinct nodes of the members (weft__node_span) */
   int *members;                  /* world rank of each group rank (size entries) */
   uint64_t seq;                  /* collectives started on this group */
   weft_comm_count stats[WEFT_COLL_KIND_COUNT];
@@ -68,6 +69,7 @@ typedef struct weft_runtime {
   int node_procs;             /* processes of this job on this node (measured) */
   int node_cpus;              /* CPUs those processes may use (union of affinities) */
   bool sleep_waits;           /* resolved backoff policy */
+  int *node_of;               /* world rank -> node index (world_size entries; NULL before init) */
   weft_settings settings;
   MPI_Op ops16[2][3]; /* [bf16, f16][sum, max, min] user ops */
   /* [dtype][sum, max, min] user ops that accept the resized chunk types of
@@ -75,6 +77,9 @@ typedef struct weft_runtime {
   MPI_Op ops_blk[WEFT_DTYPE_COUNT][3];
 } weft_runtime;
 extern weft_runtime weft__rt;
+
+/* How many distinct nodes the n world ranks lie on (1 without node facts). */
+int weft__node_span(const int *world_ranks, int n);
 
 /* WEFT_ERR_STATE unless weft_init has run. */
 weft_status weft__require_init(const char *func);

@@ -167,15 +167,21 @@ static double timed(weft_status (*fn)(block_bufs *, const weft_llama_config *, i
   return r[1] > 0 ? -1 : r[0] / reps;
 }
 
-/* The median of 3 timings of enough calls for ~30 ms each (first: one
- * call's seconds): a shared machine's hiccups do not make the number. */
-static double median3(weft_status (*fn)(block_bufs *, const weft_llama_config *, int64_t, int),
-                      block_bufs *s, const weft_llama_config *m, int64_t Bl, int t, double first) {
-  int reps = (int)fmin(50, fmax(1, 0.03 / fmax(first, 1e-6)));
-  double v[3];
-  for (int i = 0; i < 3; i++)
+/* The median of KERNEL_TRIALS timings of enough calls for ~40 ms each
+ * (first: one call's seconds): a shared machine's hiccups do not make the
+ * number. Three trials of 30 ms moved a block's time by up to 20% from one
+ * probe to the next on 4 ranks over 2 cores (5.2 vs 4.3 ms); seven of
+ * 40 ms keep the probes of one machine within a few percent. */
+enum { KERNEL_TRIALS = 7 };
+static double median_of_trials(weft_status (*fn)(block_bufs *, const weft_llama_config *, int64_t,
+                                                 int),
+                               block_bufs *s, const weft_llama_config *m, int64_t Bl, int t,
+                               double first) {
+  int reps = (int)fmin(50, fmax(1, 0.04 / fmax(first, 1e-6)));
+  double v[KERNEL_TRIALS];
+  for (int i = 0; i < KERNEL_TRIALS; i++)
     if ((v[i] = timed(fn, s, m, Bl, t, reps)) < 0) return -1;
-  return plan_median(v, 3);
+  return plan_median(v, KERNEL_TRIALS);
 }
 
 static int probe_one(const weft_llama_config *m, int64_t Bl, int t, plan_kernel_time *out) {
@@ -216,8 +222,8 @@ static int probe_one(const weft_llama_config *m, int64_t Bl, int t, plan_kernel_
   if (!bad) {
     /* one untimed call each (first-touch of the buffers, BLAS set-up) */
     double w0 = timed(block, &s, m, Bl, t, 1), w1 = timed(head, &s, m, Bl, t, 1);
-    out->block_s = w0 < 0 ? -1 : median3(block, &s, m, Bl, t, w0);
-    out->head_s = w1 < 0 ? -1 : median3(head, &s, m, Bl, t, w1);
+    out->block_s = w0 < 0 ? -1 : median_of_trials(block, &s, m, Bl, t, w0);
+    out->head_s = w1 < 0 ? -1 : median_of_trials(head, &s, m, Bl, t, w1);
     out->batch_local = Bl;
     out->tp = t;
     rc = out->block_s > 0 && out->head_s > 0 ? 0 : -1;
@@ -246,10 +252,11 @@ static double model_step(const weft_llama_config *m, int64_t Bl) {
   if (st == WEFT_OK) st = weft_module_init_weights(model, 1234);
   if (st == WEFT_OK) st = weft_tensor_wrap(tok, WEFT_I32, WEFT_CPU, 2, tshape, &tt);
   if (st == WEFT_OK) st = weft_tensor_wrap(tok + n, WEFT_I32, WEFT_CPU, 2, tshape, &gt);
-  double v[4] = {0, 0, 0, 0}, loss;
+  enum { STEPS = 8 };
+  double v[STEPS] = {0}, loss;
   bool failed = false;
   /* every rank runs the same reductions, whether or not its steps failed */
-  for (int i = 0; i < 4 && !failed; i++) {
+  for (int i = 0; i < STEPS && !failed; i++) {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = plan_now();
     if (st == WEFT_OK) st = weft_llama_forward(model, tt, gt, &loss);
@@ -260,8 +267,8 @@ static double model_step(const weft_llama_config *m, int64_t Bl) {
     v[i] = r[0];
     failed = r[1] > 0;
   }
-  /* the median of the 3 steps after the first */
-  double dt = failed ? -1 : plan_median(v + 1, 3);
+  /* the median of the steps after the first */
+  double dt = failed ? -1 : plan_median(v + 1, STEPS - 1);
   weft_tensor_destroy(tt);
   weft_tensor_destroy(gt);
   weft_module_destroy(model);

@@ -53,7 +53,9 @@
  *             payload and the dim's placement (group size, nodes spanned),
  *             measured on that very placement with every group of the dim
  *             at once, so the algorithm MPICH picks and the link sharing
- *             are in it (plan_coll_time). The probe has two curves: calls
+ *             are in it (plan_coll_time). The probe's calls start together
+ *             (a barrier before each batch), as a step's blocking calls
+ *             across nodes do (mesh's presync). The probe has two curves: calls
  *             back to back, and each call right after ~1 ms of compute. A
  *             link rests between its collectives while the rank computes
  *             or uses the other link kind, and a shaped link (tbf) saves

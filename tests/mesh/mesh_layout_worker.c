@@ -9,13 +9,17 @@
  *             members' random values; bad orders fail on every rank.
  *   nodes     node count / index and local rank / size against $MESH_RPN
  *             ranks per node (default: the world is one node), or against
- *             $MESH_LR / $MESH_LS when LOCAL_RANK / LOCAL_WORLD_SIZE are set.
+ *             $MESH_LR / $MESH_LS when LOCAL_RANK / LOCAL_WORLD_SIZE are set;
+ *             on 4+ ranks, weft_mesh_dim_nodes of an (n/2 x 2) mesh in both
+ *             layouts and a 128 KiB blocking all-reduce along each dim
+ *             (presync across nodes): exact, accounted as one call.
  *   seconds   a collective with one slow rank (0.2 s late): the ranks that
  *             wait for it account >= 0.15 s to that (dim, kind), blocking,
  *             async + weft_work_wait, async + weft_work_test; calls and
  *             bytes as without timing; reset zeroes.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +311,53 @@ static void case_nodes(void) {
   MPI_Get_processor_name(host, &len);
   printf("[rank %d] host %s: node %d of %d, local rank %d of %d\n", me, host, weft_node_index(),
          weft_node_count(), weft_local_rank(), weft_local_size());
+  if (n % 2 == 0 && n >= 4) {
+    /* (n/2 x 2) in both layouts: each dim spans the nodes its group's
+     * world ranks lie on (rank r on node r / rpn) */
+    int shape[2] = {n / 2, 2}, order[2] = {1, 0};
+    const char *names[2] = {"a", "b"};
+    for (int layout = 0; layout < 2; layout++) {
+      weft_mesh *m = NULL;
+      WOK(layout ? weft_mesh_create_ordered(2, shape, names, order, &m)
+                 : weft_mesh_create(2, shape, names, &m));
+      if (!m) continue;
+      for (int d = 0; d < 2; d++) {
+        int coords[2] = {weft_mesh_coord(m, 0), weft_mesh_coord(m, 1)}, want = 0;
+        bool seen[64] = {false};
+        for (int j = 0; j < shape[d]; j++) {
+          coords[d] = j;
+          int node = weft_mesh_world_rank_of(m, coords) / rpn;
+          if (node >= 0 && node < 64 && !seen[node]) want++, seen[node] = true;
+        }
+        WCHECK(weft_mesh_dim_nodes(m, d) == want, "layout %d dim %s spans %d nodes want %d", layout,
+               names[d], weft_mesh_dim_nodes(m, d), want);
+        /* a blocking all-reduce above WEFT_PRESYNC_BYTES (the group meets
+         * first when it spans nodes): exact, and accounted as one call */
+        enum { BIG = 1 << 15 }; /* 128 KiB of f32 */
+        float *buf = malloc(sizeof(float) * BIG);
+        WREQUIRE(buf != NULL, "no memory");
+        for (int i = 0; i < BIG; i++) buf[i] = (float)((me + 1) * (i % 7));
+        weft_comm_stats_reset(m);
+        WOK(weft_all_reduce(m, d, buf, buf, BIG, WEFT_F32, WEFT_OP_SUM, NULL));
+        float ranks_sum = 0;
+        for (int j = 0; j < shape[d]; j++) {
+          coords[d] = j;
+          ranks_sum += (float)(weft_mesh_world_rank_of(m, coords) + 1);
+        }
+        int bad = 0;
+        for (int i = 0; i < BIG; i++) bad += buf[i] != ranks_sum * (float)(i % 7);
+        WCHECK(bad == 0, "layout %d dim %s: %d of %d sums wrong", layout, names[d], bad, BIG);
+        weft_comm_count c = weft_comm_stats(m, d, WEFT_COLL_ALL_REDUCE);
+        WCHECK(c.calls == 1 && c.bytes == (int64_t)sizeof(float) * BIG,
+               "layout %d dim %s: accounted %lld calls %lld bytes", layout, names[d],
+               (long long)c.calls, (long long)c.bytes);
+        free(buf);
+      }
+      WCHECK(weft_mesh_dim_nodes(m, 2) == -1, "dim 2 of a 2-D mesh gave %d",
+             weft_mesh_dim_nodes(m, 2));
+      WOK(weft_mesh_destroy(m));
+    }
+  }
 }
 
 /* ------------------------------------------------------------ seconds */

@@ -98,6 +98,9 @@ Test(mesh, env_bad_setting_fails_init, .timeout = 30) {
   const char *fin[] = {"WEFT_MPI_FINALIZE=maybe",
                        "MESH_NEEDLE=WEFT_MPI_FINALIZE='maybe' (expected auto, 0 or 1)", NULL};
   cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_invalid", 20, fin), 0);
+  const char *pre[] = {"WEFT_PRESYNC_BYTES=-1",
+                       "MESH_NEEDLE=WEFT_PRESYNC_BYTES='-1' (expected 0..2^40; 0 = never)", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_invalid", 20, pre), 0);
 }
 
 /* Matching RANK/WORLD_SIZE pass; LOCAL_RANK/LOCAL_WORLD_SIZE override the
