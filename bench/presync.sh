@@ -10,7 +10,7 @@
 #     sudo bash bench/presync.sh [BUILD_DIR]        (default: build)
 #
 # Environment: PRESYNC_RATE (200mbit), PRESYNC_ROUNDS (3), PRESYNC_MESHES
-# ("2x1:dp_replicate=2 2x2:dp_replicate=2,dp_shard=2": nodes x ranks per
+# ("2x1:dp_replicate=2 2x2:dp_replicate=4 2x2:dp_replicate=2,dp_shard=2": nodes x ranks per
 # node, then weft-train's --mesh). The model is weft-plan's "measure"
 # (D=128 L=2 H=4 F=352 V=256 T=64, batch 8), 16 steps a run.
 set -euo pipefail
@@ -24,7 +24,7 @@ model=(--dim 128 --layers 2 --heads 4 --ffn-dim 352 --vocab 256 --seq-len 64 --b
   --steps 16 --val-every 0)
 median() { sort -g | awk '{v[NR]=$1} END{print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 summary=""
-for spec in ${PRESYNC_MESHES:-2x1:dp_replicate=2 2x2:dp_replicate=2,dp_shard=2}; do
+for spec in ${PRESYNC_MESHES:-2x1:dp_replicate=2 2x2:dp_replicate=4 2x2:dp_replicate=2,dp_shard=2}; do
   shape="${spec%%:*}" mesh="${spec#*:}"
   k="${shape%x*}" r="${shape#*x}"
   bash scripts/nodes.sh up "$k" --ranks-per-node "$r" --link "$rate" >/dev/null

@@ -305,7 +305,8 @@ weft_status weft_work_test(weft_work *work, bool *done) {
 }
 
 /* Before a blocking collective of at least WEFT_PRESYNC_BYTES on a group
- * that spans nodes, the group meets in a barrier first.
+ * that spans nodes and has their links to itself (it holds every rank of
+ * each of its nodes), the group meets in a barrier first.
  *
  * Why: over TCP (MPICH ch4:ucx) a large message goes by rendezvous: the
  * sender's request-to-send is answered by the receiver before the data
@@ -316,12 +317,18 @@ weft_status weft_work_test(weft_work *work, bool *done) {
  * other. Measured (2 emulated nodes x 1 rank, 200 Mbit/s, weft-train
  * dp_replicate=2, 803840-byte all-reduces at the end of backward): 49.5 ms
  * per all-reduce without the barrier, 33.7 ms with it (the same call back
- * to back: 33.7 ms), step 141 -> 107 ms. The barrier costs one small
- * round trip; inside a node, and for smaller payloads, it is skipped. */
+ * to back: 33.7 ms), step 141 -> 107 ms (bench/presync.sh: x1.18-1.31),
+ * and on 2 nodes x 2 ranks dp_replicate=4 steps of 167-192 ms against
+ * 181-191 ms without (6 runs each). When other groups of the dim share the
+ * nodes' links (HSDP's replicate groups {0,2} and {1,3} on 2 x 2), their
+ * data keeps the links busy and the barrier's own messages queue behind
+ * it: HSDP's median step went 148 -> 154 ms (6 runs each; 0.89-0.96x in
+ * three more comparisons), so those groups skip it. Inside a node, for
+ * smaller payloads and for async calls it is skipped too. */
 static weft_status presync(weft_work *w) {
   int64_t min = weft__rt.settings.presync_bytes;
   mesh_dim *g = w->group;
-  if (min <= 0 || g->nodes <= 1 || w->bytes < min) return WEFT_OK;
+  if (min <= 0 || g->nodes <= 1 || !g->whole_nodes || w->bytes < min) return WEFT_OK;
   int rc = MPI_Ibarrier(g->comm, &w->reqs[0]);
   if (rc != MPI_SUCCESS) return mpi_posted(rc, __func__, "MPI_Ibarrier", g);
   weft_status st = weft__wait_all(1, w->reqs, weft__rt.settings.timeout_s);

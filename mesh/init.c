@@ -37,6 +37,20 @@ int weft_local_size(void) { return weft__rt.local_size; }
 int weft_node_count(void) { return weft__rt.node_count; }
 int weft_node_index(void) { return weft__rt.node_index; }
 
+bool weft__node_whole(const int *world_ranks, int n) {
+  const int *of = weft__rt.node_of;
+  if (!of || weft__rt.node_count <= 1) return true;
+  for (int r = 0; r < weft__rt.world_size; r++) { /* r's node in the set needs r in it */
+    bool node_in = false, r_in = false;
+    for (int i = 0; i < n; i++) {
+      node_in |= of[world_ranks[i]] == of[r];
+      r_in |= world_ranks[i] == r;
+    }
+    if (node_in && !r_in) return false;
+  }
+  return true;
+}
+
 int weft__node_span(const int *world_ranks, int n) {
   const int *of = weft__rt.node_of;
   if (!of || weft__rt.node_count <= 1) return 1;

@@ -470,9 +470,9 @@ typedef struct weft_settings {
   int mpi_finalize;
   /* WEFT_PRESYNC_BYTES (0 .. 2^40, default 65536; 0 = never): a blocking
    * collective with at least this payload on a dim whose group spans
-   * nodes meets the group in a barrier before it posts (collectives.c,
-   * "presync": MPI's rendezvous over TCP otherwise can serialise the two
-   * directions when ranks arrive apart). */
+   * nodes, and holds every rank of them, meets the group in a barrier
+   * before it posts (collectives.c, "presync": MPI's rendezvous over TCP
+   * otherwise can serialise the two directions when ranks arrive apart). */
   int64_t presync_bytes;
 } weft_settings;
 WEFT_API const weft_settings *weft_get_settings(void);

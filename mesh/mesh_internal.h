@@ -29,6 +29,7 @@ typedef struct mesh_dim {
   MPI_Comm comm;                 /* collectives */
   MPI_Comm ctl;                  /* weft control messages (fingerprints) */
   int nodes;                     /* distinct nodes of the members (weft__node_span) */
+  bool whole_nodes;              /* it holds every rank of each of its nodes (weft__node_whole) */
   int *members;                  /* world rank of each group rank (size entries) */
   uint64_t seq;                  /* collectives started on this group */
   weft_comm_count stats[WEFT_COLL_KIND_COUNT];
@@ -80,6 +81,10 @@ extern weft_runtime weft__rt;
 
 /* How many distinct nodes the n world ranks lie on (1 without node facts). */
 int weft__node_span(const int *world_ranks, int n);
+/* Whether the n world ranks include every world rank of each node they
+ * lie on (no other rank of those nodes is left out); true without node
+ * facts. */
+bool weft__node_whole(const int *world_ranks, int n);
 
 /* WEFT_ERR_STATE unless weft_init has run. */
 weft_status weft__require_init(const char *func);

@@ -11,8 +11,9 @@
  *             ranks per node (default: the world is one node), or against
  *             $MESH_LR / $MESH_LS when LOCAL_RANK / LOCAL_WORLD_SIZE are set;
  *             on 4+ ranks, weft_mesh_dim_nodes of an (n/2 x 2) mesh in both
- *             layouts and a 128 KiB blocking all-reduce along each dim
- *             (presync across nodes): exact, accounted as one call.
+ *             layouts and of the world as one dim, and a 128 KiB blocking
+ *             all-reduce along each dim (the world's dim presyncs across
+ *             nodes): exact, accounted as one call.
  *   seconds   a collective with one slow rank (0.2 s late): the ranks that
  *             wait for it account >= 0.15 s to that (dim, kind), blocking,
  *             async + weft_work_wait, async + weft_work_test; calls and
@@ -312,17 +313,21 @@ static void case_nodes(void) {
   printf("[rank %d] host %s: node %d of %d, local rank %d of %d\n", me, host, weft_node_index(),
          weft_node_count(), weft_local_rank(), weft_local_size());
   if (n % 2 == 0 && n >= 4) {
-    /* (n/2 x 2) in both layouts: each dim spans the nodes its group's
-     * world ranks lie on (rank r on node r / rpn) */
+    /* (n/2 x 2) in both layouts, and the whole world as one dim: each dim
+     * spans the nodes its group's world ranks lie on (rank r on node
+     * r / rpn); the world's dim holds every rank of its nodes (presync) */
     int shape[2] = {n / 2, 2}, order[2] = {1, 0};
     const char *names[2] = {"a", "b"};
-    for (int layout = 0; layout < 2; layout++) {
+    for (int layout = 0; layout < 3; layout++) {
       weft_mesh *m = NULL;
-      WOK(layout ? weft_mesh_create_ordered(2, shape, names, order, &m)
-                 : weft_mesh_create(2, shape, names, &m));
+      int nd = layout < 2 ? 2 : 1;
+      if (layout == 2) shape[0] = n;
+      WOK(layout == 0   ? weft_mesh_create(2, shape, names, &m)
+          : layout == 1 ? weft_mesh_create_ordered(2, shape, names, order, &m)
+                        : weft_mesh_create(1, shape, names, &m));
       if (!m) continue;
-      for (int d = 0; d < 2; d++) {
-        int coords[2] = {weft_mesh_coord(m, 0), weft_mesh_coord(m, 1)}, want = 0;
+      for (int d = 0; d < nd; d++) {
+        int coords[2] = {weft_mesh_coord(m, 0), nd > 1 ? weft_mesh_coord(m, 1) : 0}, want = 0;
         bool seen[64] = {false};
         for (int j = 0; j < shape[d]; j++) {
           coords[d] = j;
@@ -353,8 +358,8 @@ static void case_nodes(void) {
                (long long)c.calls, (long long)c.bytes);
         free(buf);
       }
-      WCHECK(weft_mesh_dim_nodes(m, 2) == -1, "dim 2 of a 2-D mesh gave %d",
-             weft_mesh_dim_nodes(m, 2));
+      WCHECK(weft_mesh_dim_nodes(m, nd) == -1, "dim %d of a %d-D mesh gave %d", nd, nd,
+             weft_mesh_dim_nodes(m, nd));
       WOK(weft_mesh_destroy(m));
     }
   }
