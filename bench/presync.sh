@@ -10,8 +10,10 @@
 #     sudo bash bench/presync.sh [BUILD_DIR]        (default: build)
 #
 # Environment: PRESYNC_RATE (200mbit), PRESYNC_ROUNDS (3), PRESYNC_MESHES
-# ("2x1:dp_replicate=2 2x2:dp_replicate=4 2x2:dp_replicate=2,dp_shard=2": nodes x ranks per
-# node, then weft-train's --mesh). The model is weft-plan's "measure"
+# ("2x1:dp_replicate=2 2x2:dp_replicate=4 2x2:dp_replicate=2,dp_shard=2":
+# nodes x ranks per node, then weft-train's --mesh; HSDP's replicate groups
+# share their nodes' links and skip presync, so its ratio shows the noise).
+# Presync applies to groups that span nodes and hold every rank of them. The model is weft-plan's "measure"
 # (D=128 L=2 H=4 F=352 V=256 T=64, batch 8), 16 steps a run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

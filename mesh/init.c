@@ -37,31 +37,27 @@ int weft_local_size(void) { return weft__rt.local_size; }
 int weft_node_count(void) { return weft__rt.node_count; }
 int weft_node_index(void) { return weft__rt.node_index; }
 
-bool weft__node_whole(const int *world_ranks, int n) {
+weft_status weft__node_facts(const int *world_ranks, int n, int *span, bool *whole) {
   const int *of = weft__rt.node_of;
-  if (!of || weft__rt.node_count <= 1) return true;
-  for (int r = 0; r < weft__rt.world_size; r++) { /* r's node in the set needs r in it */
-    bool node_in = false, r_in = false;
-    for (int i = 0; i < n; i++) {
-      node_in |= of[world_ranks[i]] == of[r];
-      r_in |= world_ranks[i] == r;
-    }
-    if (node_in && !r_in) return false;
+  int k = weft__rt.node_count;
+  *span = 1;
+  *whole = true;
+  if (!of || k <= 1) return WEFT_OK;
+  /* in[x]: the set's ranks on node x; all[x]: the world's */
+  int *in = calloc(2 * (size_t)k, sizeof *in), *all = in + k;
+  if (!in) return weft_error(WEFT_ERR_OOM, "no memory to count the nodes of %d ranks", n);
+  for (int i = 0; i < n; i++) in[of[world_ranks[i]]]++;
+  for (int r = 0; r < weft__rt.world_size; r++) all[of[r]]++;
+  *span = 0;
+  for (int x = 0; x < k; x++) {
+    *span += in[x] > 0;
+    if (in[x] > 0 && in[x] < all[x]) *whole = false;
   }
-  return true;
+  if (*span == 0) *span = 1;
+  free(in);
+  return WEFT_OK;
 }
 
-int weft__node_span(const int *world_ranks, int n) {
-  const int *of = weft__rt.node_of;
-  if (!of || weft__rt.node_count <= 1) return 1;
-  int span = 0;
-  for (int i = 0; i < n; i++) { /* count each node at its first member */
-    int j = 0;
-    while (j < i && of[world_ranks[j]] != of[world_ranks[i]]) j++;
-    span += j == i;
-  }
-  return span > 0 ? span : 1;
-}
 const weft_settings *weft_get_settings(void) { return &weft__rt.settings; }
 void weft_set_timeout(double seconds) {
   if (seconds > 0 && isfinite(seconds)) weft__rt.settings.timeout_s = seconds;

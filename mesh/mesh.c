@@ -326,8 +326,7 @@ static weft_status add_group(weft_mesh *root, const char *name, int nsrc, const 
     goto fail;
   }
   for (int i = 0; i < d->size; i++) d->members[i] = root->world_of[mranks[i]];
-  d->nodes = weft__node_span(d->members, d->size);
-  d->whole_nodes = weft__node_whole(d->members, d->size);
+  WEFT_CHECK_GOTO(weft__node_facts(d->members, d->size, &d->nodes, &d->whole_nodes), st, fail);
   WEFT_CHECK_GOTO(make_group_comm(root, d, mranks, d->size, tag), st, fail);
   WEFT_CHECK_GOTO(make_ctl_comms(&d, 1), st, fail);
   WEFT_CHECK_GOTO(root_add_dim(root, d), st, fail);
@@ -423,8 +422,8 @@ weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape
     goto fail;
   }
   memcpy(m->whole.members, m->world_of, (size_t)gsize * sizeof *m->world_of);
-  m->whole.nodes = weft__node_span(m->whole.members, gsize);
-  m->whole.whole_nodes = weft__node_whole(m->whole.members, gsize);
+  WEFT_CHECK_GOTO(weft__node_facts(m->whole.members, gsize, &m->whole.nodes, &m->whole.whole_nodes),
+                  st, fail);
   mesh_dim *wp = &m->whole;
   WEFT_CHECK_GOTO(make_ctl_comms(&wp, 1), st, fail);
   *out = m;

@@ -28,8 +28,8 @@ typedef struct mesh_dim {
   int coord;                     /* this rank's rank in the group */
   MPI_Comm comm;                 /* collectives */
   MPI_Comm ctl;                  /* weft control messages (fingerprints) */
-  int nodes;                     /* distinct nodes of the members (weft__node_span) */
-  bool whole_nodes;              /* it holds every rank of each of its nodes (weft__node_whole) */
+  int nodes;                     /* distinct nodes of the members (weft__node_facts) */
+  bool whole_nodes;              /* it holds every rank of each of its nodes */
   int *members;                  /* world rank of each group rank (size entries) */
   uint64_t seq;                  /* collectives started on this group */
   weft_comm_count stats[WEFT_COLL_KIND_COUNT];
@@ -79,12 +79,11 @@ typedef struct weft_runtime {
 } weft_runtime;
 extern weft_runtime weft__rt;
 
-/* How many distinct nodes the n world ranks lie on (1 without node facts). */
-int weft__node_span(const int *world_ranks, int n);
-/* Whether the n world ranks include every world rank of each node they
- * lie on (no other rank of those nodes is left out); true without node
- * facts. */
-bool weft__node_whole(const int *world_ranks, int n);
+/* Node facts of a set of n distinct world ranks: *span, how many nodes
+ * they lie on; *whole, whether they include every world rank of each of
+ * those nodes. Without node facts (one node, before init): 1 and true.
+ * WEFT_ERR_OOM (message set) if the counts cannot be allocated. */
+weft_status weft__node_facts(const int *world_ranks, int n, int *span, bool *whole);
 
 /* WEFT_ERR_STATE unless weft_init has run. */
 weft_status weft__require_init(const char *func);
