@@ -1,6 +1,7 @@
 /* Process setup: MPI init/finalize, node-local rank, settings from the
  * environment (the one place they are read), bf16/f16 reduction ops. */
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -91,7 +92,7 @@ static bool word_is(const char *s, const char *const *words) {
 
 /* WEFT_TIMEOUT (seconds, > 0), WEFT_DEBUG (0/1), WEFT_BACKOFF (auto/0/1),
  * WEFT_CHUNK_BYTES (64..2^30, default 2^30), WEFT_MPI_FINALIZE (auto/0/1),
- * WEFT_PRESYNC_BYTES (0..2^40, default 65536). */
+ * WEFT_PRESYNC_BYTES (0..2^40, default 65536), WEFT_TCP_EAGER (auto/0/1). */
 static weft_status read_settings(weft_settings *s) {
   static const char *const yes[] = {"1", "true", "yes", "on", NULL};
   static const char *const no[] = {"0", "false", "no", "off", "", NULL};
@@ -100,6 +101,8 @@ static weft_status read_settings(weft_settings *s) {
   s->backoff = -1;
   s->chunk_bytes = 1 << 30;
   s->presync_bytes = 65536;
+  s->tcp_eager = -1;
+  s->tcp_eager_applied = false;
   const char *v = getenv("WEFT_TIMEOUT");
   if (v && *v) {
     char *end;
@@ -153,7 +156,28 @@ static weft_status read_settings(weft_settings *s) {
                         v);
     s->presync_bytes = x;
   }
+  v = getenv("WEFT_TCP_EAGER");
+  if (v && *v) {
+    if (word_is(v, no))
+      s->tcp_eager = 0;
+    else if (word_is(v, yes))
+      s->tcp_eager = 1;
+    else if (!word_is(v, aut))
+      return weft_error(WEFT_ERR_INVALID, "WEFT_TCP_EAGER='%s' (expected auto, 0 or 1)", v);
+  }
   return WEFT_OK;
+}
+
+/* Whether this host has an RDMA device (InfiniBand, RoCE, iWARP: anything
+ * under /sys/class/infiniband); without one, UCX's only way to another
+ * node is TCP. */
+static bool host_has_rdma(void) {
+  DIR *d = opendir("/sys/class/infiniband");
+  if (!d) return false;
+  bool any = false;
+  for (struct dirent *e; !any && (e = readdir(d));) any = e->d_name[0] != '.';
+  closedir(d);
+  return any;
 }
 
 /* ------------------------------------------------------- bf16/f16 ops */
@@ -336,6 +360,15 @@ weft_status weft_init(int *argc, char ***argv) {
      * with sched_pairwise 1.00x (0.87-1.19x from 4 KiB to 16 MiB). A value
      * the user set wins; other MPIs ignore the variable. */
     setenv("MPIR_CVAR_IREDUCE_SCATTER_BLOCK_INTRA_ALGORITHM", "sched_pairwise", 0);
+    /* note: over TCP, UCX's rendezvous (above its eager threshold) waits
+     * for a handshake that queues behind bulk data in the same stream, so
+     * when two ranks send to each other the directions run one after the
+     * other (weft_settings.tcp_eager; docs/DESIGN.md "MPICH notes"). */
+    int eager = s.tcp_eager < 0 ? !host_has_rdma() : s.tcp_eager;
+    if (eager && !getenv("UCX_RNDV_THRESH")) {
+      setenv("UCX_RNDV_THRESH", "inf", 1);
+      weft__rt.settings.tcp_eager_applied = true;
+    }
     int provided;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
       return weft_error(WEFT_ERR_MPI, "MPI_Init_thread failed");

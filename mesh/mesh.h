@@ -474,6 +474,16 @@ typedef struct weft_settings {
    * before it posts (collectives.c, "presync": MPI's rendezvous over TCP
    * otherwise can serialise the two directions when ranks arrive apart). */
   int64_t presync_bytes;
+  /* WEFT_TCP_EAGER: -1 auto (default: on where the host has no RDMA
+   * device, i.e. /sys/class/infiniband is empty or absent, so MPI's UCX
+   * runs across nodes over TCP), 0 never, 1 always. When on, and MPI is
+   * not yet initialized, weft_init sets UCX_RNDV_THRESH=inf before
+   * MPI_Init unless the user set it: UCX then sends every message eagerly
+   * instead of by rendezvous, whose handshake over TCP queues behind bulk
+   * data (2 nodes x 2 ranks at 200 Mbit/s: HSDP's step 141 -> 108 ms;
+   * docs/DESIGN.md "MPICH notes"). tcp_eager_applied says whether it did. */
+  int tcp_eager;
+  bool tcp_eager_applied;
 } weft_settings;
 WEFT_API const weft_settings *weft_get_settings(void);
 /* Overrides (tests); takes effect for later collectives. */

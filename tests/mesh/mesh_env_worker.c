@@ -5,9 +5,14 @@
  *                                    and its message contains $MESH_NEEDLE
  *   mesh_env_worker expect_ok        weft_init succeeds with local rank
  *                                    $MESH_LR and local size $MESH_LS
- *                                    (unset: the world rank / size)
+ *                                    (unset: the world rank / size);
+ *                                    with $MESH_UCX set, UCX_RNDV_THRESH
+ *                                    must then read $MESH_UCX ("unset":
+ *                                    absent) and weft must report having
+ *                                    set it exactly when $MESH_UCX_SET=1
  * (expectations come through the environment, as the settings under test do)
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +56,18 @@ int main(int argc, char **argv) {
       fprintf(stderr, "[rank %d] local rank/size %d/%d want %d/%d\n", weft_world_rank(),
               weft_local_rank(), weft_local_size(), lr, ls);
       bad = 1;
+    }
+    const char *want_ucx = getenv("MESH_UCX");
+    if (want_ucx) {
+      const char *ucx = getenv("UCX_RNDV_THRESH");
+      bool want_set = getenv("MESH_UCX_SET") && strcmp(getenv("MESH_UCX_SET"), "1") == 0;
+      bool same = strcmp(want_ucx, "unset") == 0 ? !ucx : ucx && strcmp(ucx, want_ucx) == 0;
+      if (!same || weft_get_settings()->tcp_eager_applied != want_set) {
+        fprintf(stderr, "[rank %d] UCX_RNDV_THRESH=%s applied=%d, want %s applied=%d\n",
+                weft_world_rank(), ucx ? ucx : "(unset)", weft_get_settings()->tcp_eager_applied,
+                want_ucx, want_set);
+        bad = 1;
+      }
     }
     if (weft_init(NULL, NULL) != WEFT_ERR_STATE) {
       fprintf(stderr, "second weft_init did not fail with WEFT_ERR_STATE\n");

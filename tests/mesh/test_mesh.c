@@ -101,6 +101,29 @@ Test(mesh, env_bad_setting_fails_init, .timeout = 30) {
   const char *pre[] = {"WEFT_PRESYNC_BYTES=-1",
                        "MESH_NEEDLE=WEFT_PRESYNC_BYTES='-1' (expected 0..2^40; 0 = never)", NULL};
   cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_invalid", 20, pre), 0);
+  const char *eag[] = {"WEFT_TCP_EAGER=sometimes",
+                       "MESH_NEEDLE=WEFT_TCP_EAGER='sometimes' (expected auto, 0 or 1)", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_invalid", 20, eag), 0);
+}
+
+/* WEFT_TCP_EAGER: 1 sets UCX_RNDV_THRESH=inf before MPI_Init, 0 leaves it
+ * alone, and a value the user set always wins (weft then reports not
+ * having set it). Where this test's own environment already sets
+ * UCX_RNDV_THRESH, that value is what every case expects. */
+Test(mesh, env_tcp_eager_sets_ucx_rendezvous_threshold, .timeout = 30) {
+  const char *outer = getenv("UCX_RNDV_THRESH");
+  char want[160], mine[] = "MESH_UCX=65536";
+  snprintf(want, sizeof want, "MESH_UCX=%s", outer ? outer : "inf");
+  const char *on[] = {"WEFT_TCP_EAGER=1", want, outer ? "MESH_UCX_SET=0" : "MESH_UCX_SET=1", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(2, ENV_WORKER, "expect_ok", 20, on), 0);
+  snprintf(want, sizeof want, "MESH_UCX=%s", outer ? outer : "unset");
+  const char *off[] = {"WEFT_TCP_EAGER=0", want, "MESH_UCX_SET=0", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_ok", 20, off), 0);
+  if (!outer) {
+    const char *user[] = {"WEFT_TCP_EAGER=1", "UCX_RNDV_THRESH=65536", mine, "MESH_UCX_SET=0",
+                          NULL};
+    cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_ok", 20, user), 0);
+  }
 }
 
 /* Matching RANK/WORLD_SIZE pass; LOCAL_RANK/LOCAL_WORLD_SIZE override the
