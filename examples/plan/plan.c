@@ -92,17 +92,25 @@
  *             element-wise rate (0: not counted).
  *   overlap   dp_shard's collectives (prefetched all-gathers, async
  *             reduce-scatters) are in flight while the rank waits in TP's
- *             collectives (MPI progresses every outstanding request in any
- *             wait), so when tp's groups use the other link kind they hide
- *             under tp's comm time: under_tp = min(dp_shard comm, tp comm);
- *             the rest hides under compute up to the cluster's overlap
- *             factor; HSDP's all-reduce over dp_replicate is blocking:
- *             step = compute + tp comm + fsdp comm - under_tp -
- *             overlap * min(dp_shard comm - under_tp, compute). Presets assume 1 (GPUs
- *             with copy engines); the probe measures it (an async
- *             all-gather under GEMMs: on oversubscribed CPU cores little
- *             hides); --overlap overrides it. TP's collectives are on the
- *             critical path.
+ *             (MPI progresses every outstanding request in any wait). Shared
+ *             memory moves data with the CPU inside MPI calls; the network
+ *             moves it on its own. So intra-node dp_shard comm hides under
+ *             inter-node TP comm (under_tp = min(the two); the CPU is free
+ *             while TP waits on the network) and not under compute, and
+ *             inter-node dp_shard comm hides under compute up to the
+ *             cluster's overlap factor (measured on the network) and not
+ *             under intra-node TP waits (the CPU moves TP's data then).
+ *             HSDP's all-reduce over dp_replicate is blocking; FSDP posts
+ *             the next group's reduce-scatter before it, so intra-node
+ *             reduce-scatters hide under inter-node all-reduces:
+ *             under_rep = min(dp_shard reduce-scatter time, dp_rep comm).
+ *             step = compute + tp comm + fsdp comm -
+ *             min(dp_shard comm, under_tp + under_rep) -
+ *             overlap * min(inter-node dp_shard comm, compute). Presets
+ *             assume 1 (GPUs with copy engines); the probe measures it (an
+ *             async all-gather under GEMMs: with MPI's rendezvous nothing
+ *             moves until a wait, with eager TCP most does); --overlap
+ *             overrides it. TP's collectives are on the critical path.
  */
 #include <math.h>
 #include <stdio.h>
@@ -218,18 +226,20 @@ void plan_predict(const plan_opts *o, plan_config *k) {
   plan_dim_layout(k, size, stride);
   const plan_coll_fit *fit[3];
   double t_fit[3] = {0, 0, 0}, t_fit_gap[3] = {0, 0, 0}; /* back to back, after a gap */
+  double t_fit_rs[3] = {0, 0, 0};                        /* reduce-scatters' share */
   for (int d = 0; d < 3; d++)
     fit[d] = size[d] > 1 ? plan_coll_find(&o->c, size[d],
                                           plan_group_nodes(stride[d], size[d], R * S * t, o->c.gpn))
                          : NULL;
-#define ADD(dim, kind, n, b)                                           \
-  do {                                                                 \
-    k->calls[dim][kind] += (n);                                        \
-    k->bytes[dim][kind] += (n) * (b);                                  \
-    if (fit[dim]) {                                                    \
-      t_fit[dim] += (n)*plan_coll_time(fit[dim], kind, (b), false);    \
-      t_fit_gap[dim] += (n)*plan_coll_time(fit[dim], kind, (b), true); \
-    }                                                                  \
+#define ADD(dim, kind, n, b)                                                           \
+  do {                                                                                 \
+    k->calls[dim][kind] += (n);                                                        \
+    k->bytes[dim][kind] += (n) * (b);                                                  \
+    if (fit[dim]) {                                                                    \
+      t_fit[dim] += (n)*plan_coll_time(fit[dim], kind, (b), false);                    \
+      t_fit_gap[dim] += (n)*plan_coll_time(fit[dim], kind, (b), true);                 \
+      if ((kind) == RS) t_fit_rs[dim] += (n)*plan_coll_time(fit[dim], RS, (b), false); \
+    }                                                                                  \
   } while (0)
   if (t > 1) {
     double ND = 4 * N * D;
@@ -299,6 +309,7 @@ void plan_predict(const plan_opts *o, plan_config *k) {
   if (k->probed && o->c.adamw_rate > 0) k->t_elem += shard_numel / o->c.adamw_rate;
   k->t_compute = k->t_gemm + k->t_elem;
   bool probed_dim[3] = {false, false, false};
+  double rs_share[3] = {0, 0, 0}; /* of each dim's comm time */
   for (int d = 0; d < 3; d++) {
     int n = size[d];
     k->t_comm[d] = 0;
@@ -310,6 +321,7 @@ void plan_predict(const plan_opts *o, plan_config *k) {
       if (k->calls[d][kind] > 0 && fit[d]->secs[kind][0] < 0) all_fit = false;
     if (all_fit) { /* probed on this very placement, call by call */
       k->t_comm[d] = t_fit[d];
+      rs_share[d] = t_fit[d] > 0 ? t_fit_rs[d] / t_fit[d] : 0;
       probed_dim[d] = true;
       continue;
     }
@@ -329,8 +341,11 @@ void plan_predict(const plan_opts *o, plan_config *k) {
     double steps = ceil(log2((double)n));
     for (int kind = 0; kind < WEFT_COLL_KIND_COUNT; kind++) {
       double bus = k->bytes[d][kind] * (n - 1) / n * (kind == AR ? 2 : 1);
-      k->t_comm[d] += bus / (kind == AG ? bw : rbw) + k->calls[d][kind] * lat * steps;
+      double t_kind = bus / (kind == AG ? bw : rbw) + k->calls[d][kind] * lat * steps;
+      k->t_comm[d] += t_kind;
+      if (kind == RS) rs_share[d] = t_kind;
     }
+    rs_share[d] = k->t_comm[d] > 0 ? rs_share[d] / k->t_comm[d] : 0;
   }
   /* Probed dims: a link rests between its collectives while the rank
    * computes or uses the other link kind; the call's time moves from the
@@ -349,17 +364,31 @@ void plan_predict(const plan_opts *o, plan_config *k) {
     double w = calls > 0 ? fmin(1, rest / calls / fit[d]->gap) : 0;
     k->t_comm[d] = t_fit[d] + (t_fit_gap[d] - t_fit[d]) * w;
   }
-  /* FSDP's collectives overlap compute (prefetch, async reduce-scatter) as
-   * far as the cluster's overlap factor says; TP's sit on the critical path */
-  /* dp_shard's collectives (prefetched all-gathers, async reduce-scatters)
-   * are in flight while the rank waits in TP's: MPI progresses every
-   * outstanding request in any wait, so those on the other link kind than
-   * tp's move during TP's waits; the rest may hide under compute. HSDP's
-   * all-reduce over dp_replicate is blocking (fsdp/comm.c) */
+  /* What hides FSDP's collectives (prefetched all-gathers, async
+   * reduce-scatters; HSDP's all-reduce over dp_replicate is blocking,
+   * fsdp/comm.c): MPI progresses every outstanding request in any wait,
+   * but shared memory moves data with the CPU inside MPI calls, while the
+   * network moves it on its own. So dp_shard's intra-node collectives hide
+   * under TP's waits on the network (the CPU is free then), and not under
+   * compute; dp_shard's inter-node ones hide under compute as far as the
+   * probed overlap factor (measured on the network) says, and not under
+   * TP's intra-node waits, where the CPU is busy moving TP's own data.
+   * (2 nodes x 2 ranks at 1 Gbit/s with eager TCP: dp_shard=2 x tp=2 tp
+   * inside was 28% faster than measured when its FSDP hid under both.) */
   double fsdp_t = k->t_comm[0] + k->t_comm[1];
-  bool other_link = size[1] > 1 && size[2] > 1 && k->intra[1] != k->intra[2];
-  double under_tp = other_link ? fmin(k->t_comm[1], k->t_comm[2]) : 0;
-  double hidden = under_tp + o->c.overlap * fmin(k->t_comm[1] - under_tp, k->t_compute);
+  bool shard = size[1] > 1;
+  bool shm_under_net = shard && size[2] > 1 && k->intra[1] && !k->intra[2];
+  double under_tp = shm_under_net ? fmin(k->t_comm[1], k->t_comm[2]) : 0;
+  /* HSDP finishes a group's reduction (its blocking all-reduce over
+   * dp_replicate) after posting the next group's reduce-scatter
+   * (fsdp/hooks.c), so intra-node reduce-scatters move during inter-node
+   * all-reduce waits */
+  double under_rep = shard && size[0] > 1 && k->intra[1] && !k->intra[0]
+                         ? fmin(rs_share[1] * k->t_comm[1], k->t_comm[0])
+                         : 0;
+  double under_waits = fmin(k->t_comm[1], under_tp + under_rep);
+  double on_net = shard && !k->intra[1] ? k->t_comm[1] : 0;
+  double hidden = under_waits + o->c.overlap * fmin(on_net, k->t_compute);
   k->t_step = k->t_compute + k->t_comm[2] + fsdp_t - hidden;
 }
 

@@ -1061,6 +1061,71 @@ Test(examples, plan_calibrate_after_gap_curves_move_predictions_their_way, .time
   unlink(half);
 }
 
+/* One row of weft-plan's table: the factorisation and its predicted
+ * seconds (dp_replicate, dp_shard and tp comm, step); false if absent. */
+typedef struct {
+  double rep_s, shard_s, tp_s, step_s;
+} plan_row;
+static bool plan_find_row(const char *out, int rep, int shard, int tp, bool across, plan_row *row) {
+  for (const char *line = out; line && *line;) {
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    char buf[512];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 511 ? len : 511), line);
+    int k, r, s, t;
+    char *bar = strrchr(buf, '|');
+    if (sscanf(buf, "%d %d %d %d", &k, &r, &s, &t) == 4 && bar && r == rep && s == shard &&
+        t == tp && (strstr(buf, "tp across nodes") != NULL) == across &&
+        sscanf(bar + 1, "%lf %lf %lf %lf", &row->rep_s, &row->shard_s, &row->tp_s, &row->step_s) ==
+            4)
+      return true;
+    line = end ? end + 1 : NULL;
+  }
+  return false;
+}
+
+/* What hides FSDP's comm (plan.c, "overlap"): intra-node dp_shard comm hides
+ * under inter-node TP waits and never under compute, so the overlap factor
+ * moves neither HSDP (dp_shard inside nodes) nor dp_shard x tp with tp
+ * across; inter-node dp_shard comm hides under compute by the factor and
+ * not under intra-node TP waits (at overlap 0, tp inside pays both in
+ * full). On the stored 2 x 2 probe at 1 Gbit/s. */
+Test(examples, plan_calibrate_overlap_hides_only_network_fsdp, .timeout = 60) {
+  const char *src = WEFT_TEST_DATA_DIR "/plan/probe-2x2-1gbit.json";
+  run_out r[2];
+  for (int i = 0; i < 2; i++) {
+    const char *a[] = {"--calibrate", src,         "--model",     "measure", "--batch",
+                       "8",           "--overlap", i ? "1" : "0", NULL};
+    r[i] = run(0, PLAN, a, 20);
+    cr_assert_eq(r[i].rc, 0, "%s%s", r[i].out, r[i].err);
+  }
+  struct {
+    int rep, shard, tp;
+    bool across, moves;
+  } cases[] = {{2, 2, 1, false, false},
+               {1, 2, 2, true, false},
+               {1, 4, 1, false, true},
+               {1, 2, 2, false, true}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    plan_row z, o;
+    cr_assert(
+        plan_find_row(r[0].out, cases[c].rep, cases[c].shard, cases[c].tp, cases[c].across, &z) &&
+            plan_find_row(r[1].out, cases[c].rep, cases[c].shard, cases[c].tp, cases[c].across, &o),
+        "no row %d x %d x %d:\n%s", cases[c].rep, cases[c].shard, cases[c].tp, r[0].out);
+    if (cases[c].moves)
+      cr_expect(o.step_s < z.step_s - 1e-4, "%d x %d x %d: overlap 1 %g, 0 %g", cases[c].rep,
+                cases[c].shard, cases[c].tp, o.step_s, z.step_s);
+    else
+      cr_expect(fabs(o.step_s - z.step_s) < 1e-4, "%d x %d x %d: overlap 1 %g, 0 %g", cases[c].rep,
+                cases[c].shard, cases[c].tp, o.step_s, z.step_s);
+    if (cases[c].tp > 1 && !cases[c].across) /* no hiding under TP's intra-node waits */
+      cr_expect(z.step_s > z.shard_s + z.tp_s, "tp inside at overlap 0: step %g, comm %g + %g",
+                z.step_s, z.shard_s, z.tp_s);
+  }
+  run_free(&r[0]);
+  run_free(&r[1]);
+}
+
 Test(examples, plan_calibrate_missing_or_corrupt_file_is_a_clear_error, .timeout = 30) {
   const char *bad = tmp_file("bad-probe.json");
   struct {
