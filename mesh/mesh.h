@@ -474,9 +474,11 @@ typedef struct weft_settings {
    * before it posts (collectives.c, "presync": MPI's rendezvous over TCP
    * otherwise can serialise the two directions when ranks arrive apart). */
   int64_t presync_bytes;
-  /* WEFT_TCP_EAGER: -1 auto (default: on where the host has no RDMA
-   * device, i.e. /sys/class/infiniband is empty or absent, so MPI's UCX
-   * runs across nodes over TCP), 0 never, 1 always. When on, and MPI is
+  /* WEFT_TCP_EAGER: -1 auto (default: on for a job that spans nodes, as
+   * the launcher tells before MPI_Init (hydra's MPI_LOCALNRANKS < PMI_SIZE,
+   * Slurm's SLURM_JOB_NUM_NODES > 1), on hosts without an RDMA device, i.e.
+   * /sys/class/infiniband empty or absent, so MPI's UCX crosses nodes over
+   * TCP), 0 never, 1 always. When on, and MPI is
    * not yet initialized, weft_init sets UCX_RNDV_THRESH=inf before
    * MPI_Init unless the user set it: UCX then sends every message eagerly
    * instead of by rendezvous, whose handshake over TCP queues behind bulk

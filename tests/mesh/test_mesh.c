@@ -107,7 +107,8 @@ Test(mesh, env_bad_setting_fails_init, .timeout = 30) {
 }
 
 /* WEFT_TCP_EAGER: 1 sets UCX_RNDV_THRESH=inf before MPI_Init, 0 leaves it
- * alone, and a value the user set always wins (weft then reports not
+ * alone, auto leaves it alone on one host (tests/nodes checks auto across
+ * nodes), and a value the user set always wins (weft then reports not
  * having set it). Where this test's own environment already sets
  * UCX_RNDV_THRESH, that value is what every case expects. */
 Test(mesh, env_tcp_eager_sets_ucx_rendezvous_threshold, .timeout = 30) {
@@ -119,6 +120,9 @@ Test(mesh, env_tcp_eager_sets_ucx_rendezvous_threshold, .timeout = 30) {
   snprintf(want, sizeof want, "MESH_UCX=%s", outer ? outer : "unset");
   const char *off[] = {"WEFT_TCP_EAGER=0", want, "MESH_UCX_SET=0", NULL};
   cr_assert_eq(weft_test_mpiexec_env(1, ENV_WORKER, "expect_ok", 20, off), 0);
+  /* auto on one host: the launcher says the job does not span nodes */
+  const char *one[] = {"WEFT_TCP_EAGER=auto", want, "MESH_UCX_SET=0", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(2, ENV_WORKER, "expect_ok", 20, one), 0);
   if (!outer) {
     const char *user[] = {"WEFT_TCP_EAGER=1", "UCX_RNDV_THRESH=65536", mine, "MESH_UCX_SET=0",
                           NULL};

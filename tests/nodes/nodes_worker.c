@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "mesh.h"
 #include "worker.h"
@@ -81,6 +82,17 @@ static void case_identity(void) {
            rank, members[i]);
   free(members);
   MPI_Comm_free(&shared);
+  /* a job across nodes on hosts without RDMA sends UCX messages eagerly
+   * (weft_settings.tcp_eager), unless the environment chose otherwise */
+  const char *user = getenv("UCX_RNDV_THRESH");
+  bool auto_eager = !getenv("WEFT_TCP_EAGER") && world > per;
+  bool rdma = access("/sys/class/infiniband", F_OK) == 0;
+  if (auto_eager && !rdma && !user && !weft_get_settings()->tcp_eager_applied)
+    WCHECK(false, "tcp_eager not applied across %d nodes (UCX_RNDV_THRESH=%s)", world / per,
+           user ? user : "(unset)");
+  if (weft_get_settings()->tcp_eager_applied)
+    WCHECK(user && strcmp(user, "inf") == 0, "tcp_eager applied but UCX_RNDV_THRESH=%s",
+           user ? user : "(unset)");
   char host[MPI_MAX_PROCESSOR_NAME];
   int hl = 0;
   MPI_Get_processor_name(host, &hl);
