@@ -90,6 +90,23 @@ static bool word_is(const char *s, const char *const *words) {
   return false;
 }
 
+/* An auto / 0 / 1 setting: *out = -1 (unset, empty or auto), 0 or 1. */
+static weft_status read_auto01(const char *name, int *out) {
+  static const char *const yes[] = {"1", "true", "yes", "on", NULL};
+  static const char *const no[] = {"0", "false", "no", "off", NULL};
+  static const char *const aut[] = {"-1", "auto", NULL};
+  const char *v = getenv(name);
+  *out = -1;
+  if (!v || !*v || word_is(v, aut)) return WEFT_OK;
+  if (word_is(v, no))
+    *out = 0;
+  else if (word_is(v, yes))
+    *out = 1;
+  else
+    return weft_error(WEFT_ERR_INVALID, "%s='%s' (expected auto, 0 or 1)", name, v);
+  return WEFT_OK;
+}
+
 /* WEFT_TIMEOUT (seconds, > 0), WEFT_DEBUG (0/1), WEFT_BACKOFF (auto/0/1),
  * WEFT_CHUNK_BYTES (64..2^30, default 2^30), WEFT_MPI_FINALIZE (auto/0/1),
  * WEFT_PRESYNC_BYTES (0..2^40, default 65536), WEFT_TCP_EAGER (auto/0/1). */
@@ -101,7 +118,6 @@ static weft_status read_settings(weft_settings *s) {
   s->backoff = -1;
   s->chunk_bytes = 1 << 30;
   s->presync_bytes = 65536;
-  s->tcp_eager = -1;
   s->tcp_eager_applied = false;
   const char *v = getenv("WEFT_TIMEOUT");
   if (v && *v) {
@@ -131,16 +147,7 @@ static weft_status read_settings(weft_settings *s) {
     else if (!word_is(v, aut))
       return weft_error(WEFT_ERR_INVALID, "WEFT_BACKOFF='%s' (expected auto, 0 or 1)", v);
   }
-  s->mpi_finalize = -1;
-  v = getenv("WEFT_MPI_FINALIZE");
-  if (v && *v) {
-    if (word_is(v, no))
-      s->mpi_finalize = 0;
-    else if (word_is(v, yes))
-      s->mpi_finalize = 1;
-    else if (!word_is(v, aut))
-      return weft_error(WEFT_ERR_INVALID, "WEFT_MPI_FINALIZE='%s' (expected auto, 0 or 1)", v);
-  }
+  WEFT_CHECK(read_auto01("WEFT_MPI_FINALIZE", &s->mpi_finalize));
   v = getenv("WEFT_CHUNK_BYTES");
   if (v && *v) {
     long x;
@@ -156,15 +163,7 @@ static weft_status read_settings(weft_settings *s) {
                         v);
     s->presync_bytes = x;
   }
-  v = getenv("WEFT_TCP_EAGER");
-  if (v && *v) {
-    if (word_is(v, no))
-      s->tcp_eager = 0;
-    else if (word_is(v, yes))
-      s->tcp_eager = 1;
-    else if (!word_is(v, aut))
-      return weft_error(WEFT_ERR_INVALID, "WEFT_TCP_EAGER='%s' (expected auto, 0 or 1)", v);
-  }
+  WEFT_CHECK(read_auto01("WEFT_TCP_EAGER", &s->tcp_eager));
   return WEFT_OK;
 }
 
