@@ -65,7 +65,10 @@
  *             back-to-back curve moved towards the after-gap one by
  *             (rest per call on its link) / (the probe's gap), at most all
  *             the way; the rest is the compute plus the other link kind's
- *             comm, shared by the link's calls. Else (a
+ *             comm, shared by the link's calls. A blocking call (TP's,
+ *             HSDP's all-reduce) of at least WEFT_PRESYNC_BYTES on groups
+ *             that span nodes and hold every rank of them adds mesh's
+ *             presync barrier: inter-node latency x ceil(log2 n). Else (a
  *             preset cluster, flags) the link model:
  *             per dim and collective kind: bus bytes / bandwidth + calls *
  *             latency * ceil(log2 n). Bus bytes as mesh.h counts them
@@ -151,6 +154,14 @@ static void add_param(group *g, pshape p, int S) {
   g->padded += (double)chunk0(p.rows, S) * (double)p.cols;
 }
 
+int64_t plan_presync_bytes(void) {
+  if (weft_is_initialized()) return weft_get_settings()->presync_bytes;
+  const char *v = getenv("WEFT_PRESYNC_BYTES");
+  char *end = NULL;
+  long long x = v && *v ? strtoll(v, &end, 10) : -1;
+  return x >= 0 && end && !*end ? (int64_t)x : 65536; /* mesh's default */
+}
+
 void plan_predict(const plan_opts *o, plan_config *k) {
   const weft_llama_config *m = &o->m;
   int t = k->tp, S = k->shard, R = k->rep;
@@ -227,6 +238,8 @@ void plan_predict(const plan_opts *o, plan_config *k) {
   const plan_coll_fit *fit[3];
   double t_fit[3] = {0, 0, 0}, t_fit_gap[3] = {0, 0, 0}; /* back to back, after a gap */
   double t_fit_rs[3] = {0, 0, 0};                        /* reduce-scatters' share */
+  double presync_calls[3] = {0, 0, 0};                   /* calls of at least WEFT_PRESYNC_BYTES */
+  double presync_min = (double)plan_presync_bytes();
   for (int d = 0; d < 3; d++)
     fit[d] = size[d] > 1 ? plan_coll_find(&o->c, size[d],
                                           plan_group_nodes(stride[d], size[d], R * S * t, o->c.gpn))
@@ -235,6 +248,7 @@ void plan_predict(const plan_opts *o, plan_config *k) {
   do {                                                                                 \
     k->calls[dim][kind] += (n);                                                        \
     k->bytes[dim][kind] += (n) * (b);                                                  \
+    if (presync_min > 0 && (b) >= presync_min) presync_calls[dim] += (n);              \
     if (fit[dim]) {                                                                    \
       t_fit[dim] += (n)*plan_coll_time(fit[dim], kind, (b), false);                    \
       t_fit_gap[dim] += (n)*plan_coll_time(fit[dim], kind, (b), true);                 \
@@ -363,6 +377,19 @@ void plan_predict(const plan_opts *o, plan_config *k) {
     }
     double w = calls > 0 ? fmin(1, rest / calls / fit[d]->gap) : 0;
     k->t_comm[d] = t_fit[d] + (t_fit_gap[d] - t_fit[d]) * w;
+  }
+  /* mesh's presync: a blocking call of at least WEFT_PRESYNC_BYTES on a
+   * group that spans nodes and holds every rank of them first meets the
+   * group in a barrier (mesh/collectives.c); TP's calls and HSDP's
+   * all-reduce are blocking, FSDP's all-gathers and reduce-scatters are
+   * not. A barrier costs the inter-node latency per message step times
+   * ceil(log2 n) (the probe's latency is the median of many small calls,
+   * steadier than its curves' smallest point). */
+  for (int d = 0; d < 3; d += 2) {
+    int spans = plan_group_nodes(stride[d], size[d], world, o->c.gpn);
+    if (size[d] <= 1 || spans <= 1 || size[d] / spans != o->c.gpn) continue;
+    double barrier = o->c.inter_lat * ceil(log2((double)size[d]));
+    k->t_comm[d] += presync_calls[d] * barrier;
   }
   /* What hides FSDP's collectives (prefetched all-gathers, async
    * reduce-scatters; HSDP's all-reduce over dp_replicate is blocking,

@@ -112,6 +112,9 @@ typedef struct plan_config {
 
 extern const char *const PLAN_DIM_NAMES[3]; /* dp_replicate, dp_shard, tp */
 
+/* The payload from which mesh's presync runs (weft_get_settings() once
+ * weft_init ran, else WEFT_PRESYNC_BYTES, else mesh's default 65536). */
+int64_t plan_presync_bytes(void);
 /* Fills k's predictions from (rep, shard, tp, across) and o. Local, pure. */
 void plan_predict(const plan_opts *o, plan_config *k);
 /* Every (rep, shard, tp) with rep * shard * tp = world (tp within a node

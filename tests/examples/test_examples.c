@@ -1126,6 +1126,46 @@ Test(examples, plan_calibrate_overlap_hides_only_network_fsdp, .timeout = 60) {
   run_free(&r[1]);
 }
 
+/* mesh's presync in the time model: a barrier per blocking call of at
+ * least WEFT_PRESYNC_BYTES on groups that span nodes and hold all their
+ * ranks (dp_replicate=4 on 2 x 2), none for groups that share their nodes
+ * (HSDP's replicate groups, tp across nodes) or for FSDP's async calls
+ * (dp_shard=4). */
+Test(examples, plan_calibrate_counts_presync_barriers_where_mesh_runs_them, .timeout = 60) {
+  const char *src = WEFT_TEST_DATA_DIR "/plan/probe-2x2-1gbit.json";
+  run_out r[2];
+  for (int i = 0; i < 2; i++) {
+    setenv("WEFT_PRESYNC_BYTES", i ? "65536" : "0", 1);
+    const char *a[] = {"--calibrate", src, "--model", "measure", "--batch", "8", NULL};
+    r[i] = run(0, PLAN, a, 20);
+    cr_assert_eq(r[i].rc, 0, "%s%s", r[i].out, r[i].err);
+  }
+  struct {
+    int rep, shard, tp;
+    bool across, moves;
+  } cases[] = {{4, 1, 1, false, true},
+               {2, 2, 1, false, false},
+               {1, 2, 2, true, false},
+               {1, 4, 1, false, false}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    plan_row off, on;
+    cr_assert(
+        plan_find_row(r[0].out, cases[c].rep, cases[c].shard, cases[c].tp, cases[c].across, &off) &&
+            plan_find_row(r[1].out, cases[c].rep, cases[c].shard, cases[c].tp, cases[c].across,
+                          &on),
+        "no row %d x %d x %d:\n%s", cases[c].rep, cases[c].shard, cases[c].tp, r[0].out);
+    if (cases[c].moves)
+      cr_expect(on.step_s > off.step_s + 1e-4 && on.rep_s > off.rep_s, "%d x %d x %d: %g vs %g",
+                cases[c].rep, cases[c].shard, cases[c].tp, on.step_s, off.step_s);
+    else
+      cr_expect(fabs(on.step_s - off.step_s) < 1e-4, "%d x %d x %d: presync %g, none %g",
+                cases[c].rep, cases[c].shard, cases[c].tp, on.step_s, off.step_s);
+  }
+  unsetenv("WEFT_PRESYNC_BYTES");
+  run_free(&r[0]);
+  run_free(&r[1]);
+}
+
 Test(examples, plan_calibrate_missing_or_corrupt_file_is_a_clear_error, .timeout = 30) {
   const char *bad = tmp_file("bad-probe.json");
   struct {
