@@ -1084,46 +1084,71 @@ static bool plan_find_row(const char *out, int rep, int shard, int tp, bool acro
   return false;
 }
 
+/* A factorisation and whether a setting should move its predicted step. */
+typedef struct {
+  int rep, shard, tp;
+  bool across, moves;
+} plan_case;
+
+/* One side of a comparison: up to 2 more arguments (NULL-ended) and
+ * WEFT_PRESYNC_BYTES (NULL: unset). */
+typedef struct {
+  const char *args[3];
+  const char *presync;
+} plan_side;
+
+/* Runs weft-plan --calibrate on the stored 2 x 2 probe at 1 Gbit/s as side
+ * a, then as side b, and checks each case's step: up from a to b where it
+ * moves (down with `down`), unchanged where it does not. Rows of both runs
+ * land in ra / rb. */
+static void calibrate_moves(plan_side a, plan_side b, const plan_case *cs, int n, bool down,
+                            plan_row *ra, plan_row *rb) {
+  const char *src = WEFT_TEST_DATA_DIR "/plan/probe-2x2-1gbit.json";
+  run_out r[2];
+  for (int i = 0; i < 2; i++) {
+    const plan_side *x = i ? &b : &a;
+    if (x->presync)
+      setenv("WEFT_PRESYNC_BYTES", x->presync, 1);
+    else
+      unsetenv("WEFT_PRESYNC_BYTES");
+    const char *args[] = {"--calibrate", src,        "--model",  "measure", "--batch",
+                          "8",           x->args[0], x->args[1], NULL};
+    r[i] = run(0, PLAN, args, 20);
+    cr_assert_eq(r[i].rc, 0, "%s%s", r[i].out, r[i].err);
+  }
+  for (int c = 0; c < n; c++) {
+    cr_assert(plan_find_row(r[0].out, cs[c].rep, cs[c].shard, cs[c].tp, cs[c].across, &ra[c]) &&
+                  plan_find_row(r[1].out, cs[c].rep, cs[c].shard, cs[c].tp, cs[c].across, &rb[c]),
+              "no row %d x %d x %d:\n%s", cs[c].rep, cs[c].shard, cs[c].tp, r[0].out);
+    double d = down ? ra[c].step_s - rb[c].step_s : rb[c].step_s - ra[c].step_s;
+    if (cs[c].moves)
+      cr_expect(d > 1e-4, "%d x %d x %d: %g then %g", cs[c].rep, cs[c].shard, cs[c].tp,
+                ra[c].step_s, rb[c].step_s);
+    else
+      cr_expect(fabs(d) < 1e-4, "%d x %d x %d: %g then %g, want equal", cs[c].rep, cs[c].shard,
+                cs[c].tp, ra[c].step_s, rb[c].step_s);
+  }
+  run_free(&r[0]);
+  run_free(&r[1]);
+}
+
 /* What hides FSDP's comm (plan.c, "overlap"): intra-node dp_shard comm hides
  * under inter-node TP waits and never under compute, so the overlap factor
  * moves neither HSDP (dp_shard inside nodes) nor dp_shard x tp with tp
  * across; inter-node dp_shard comm hides under compute by the factor and
  * not under intra-node TP waits (at overlap 0, tp inside pays both in
- * full). On the stored 2 x 2 probe at 1 Gbit/s. */
+ * full). */
 Test(examples, plan_calibrate_overlap_hides_only_network_fsdp, .timeout = 60) {
-  const char *src = WEFT_TEST_DATA_DIR "/plan/probe-2x2-1gbit.json";
-  run_out r[2];
-  for (int i = 0; i < 2; i++) {
-    const char *a[] = {"--calibrate", src,         "--model",     "measure", "--batch",
-                       "8",           "--overlap", i ? "1" : "0", NULL};
-    r[i] = run(0, PLAN, a, 20);
-    cr_assert_eq(r[i].rc, 0, "%s%s", r[i].out, r[i].err);
-  }
-  struct {
-    int rep, shard, tp;
-    bool across, moves;
-  } cases[] = {{2, 2, 1, false, false},
-               {1, 2, 2, true, false},
-               {1, 4, 1, false, true},
-               {1, 2, 2, false, true}};
-  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-    plan_row z, o;
-    cr_assert(
-        plan_find_row(r[0].out, cases[c].rep, cases[c].shard, cases[c].tp, cases[c].across, &z) &&
-            plan_find_row(r[1].out, cases[c].rep, cases[c].shard, cases[c].tp, cases[c].across, &o),
-        "no row %d x %d x %d:\n%s", cases[c].rep, cases[c].shard, cases[c].tp, r[0].out);
-    if (cases[c].moves)
-      cr_expect(o.step_s < z.step_s - 1e-4, "%d x %d x %d: overlap 1 %g, 0 %g", cases[c].rep,
-                cases[c].shard, cases[c].tp, o.step_s, z.step_s);
-    else
-      cr_expect(fabs(o.step_s - z.step_s) < 1e-4, "%d x %d x %d: overlap 1 %g, 0 %g", cases[c].rep,
-                cases[c].shard, cases[c].tp, o.step_s, z.step_s);
-    if (cases[c].tp > 1 && !cases[c].across) /* no hiding under TP's intra-node waits */
-      cr_expect(z.step_s > z.shard_s + z.tp_s, "tp inside at overlap 0: step %g, comm %g + %g",
-                z.step_s, z.shard_s, z.tp_s);
-  }
-  run_free(&r[0]);
-  run_free(&r[1]);
+  const plan_case cs[] = {{2, 2, 1, false, false},
+                          {1, 2, 2, true, false},
+                          {1, 4, 1, false, true},
+                          {1, 2, 2, false, true}};
+  plan_side zero = {{"--overlap", "0", NULL}, NULL}, one = {{"--overlap", "1", NULL}, NULL};
+  plan_row z[4], o[4];
+  calibrate_moves(zero, one, cs, 4, true, z, o);
+  /* tp inside at overlap 0: no hiding under TP's intra-node waits */
+  cr_expect(z[3].step_s > z[3].shard_s + z[3].tp_s, "step %g, comm %g + %g", z[3].step_s,
+            z[3].shard_s, z[3].tp_s);
 }
 
 /* mesh's presync in the time model: a barrier per blocking call of at
@@ -1132,38 +1157,15 @@ Test(examples, plan_calibrate_overlap_hides_only_network_fsdp, .timeout = 60) {
  * (HSDP's replicate groups, tp across nodes) or for FSDP's async calls
  * (dp_shard=4). */
 Test(examples, plan_calibrate_counts_presync_barriers_where_mesh_runs_them, .timeout = 60) {
-  const char *src = WEFT_TEST_DATA_DIR "/plan/probe-2x2-1gbit.json";
-  run_out r[2];
-  for (int i = 0; i < 2; i++) {
-    setenv("WEFT_PRESYNC_BYTES", i ? "65536" : "0", 1);
-    const char *a[] = {"--calibrate", src, "--model", "measure", "--batch", "8", NULL};
-    r[i] = run(0, PLAN, a, 20);
-    cr_assert_eq(r[i].rc, 0, "%s%s", r[i].out, r[i].err);
-  }
-  struct {
-    int rep, shard, tp;
-    bool across, moves;
-  } cases[] = {{4, 1, 1, false, true},
-               {2, 2, 1, false, false},
-               {1, 2, 2, true, false},
-               {1, 4, 1, false, false}};
-  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-    plan_row off, on;
-    cr_assert(
-        plan_find_row(r[0].out, cases[c].rep, cases[c].shard, cases[c].tp, cases[c].across, &off) &&
-            plan_find_row(r[1].out, cases[c].rep, cases[c].shard, cases[c].tp, cases[c].across,
-                          &on),
-        "no row %d x %d x %d:\n%s", cases[c].rep, cases[c].shard, cases[c].tp, r[0].out);
-    if (cases[c].moves)
-      cr_expect(on.step_s > off.step_s + 1e-4 && on.rep_s > off.rep_s, "%d x %d x %d: %g vs %g",
-                cases[c].rep, cases[c].shard, cases[c].tp, on.step_s, off.step_s);
-    else
-      cr_expect(fabs(on.step_s - off.step_s) < 1e-4, "%d x %d x %d: presync %g, none %g",
-                cases[c].rep, cases[c].shard, cases[c].tp, on.step_s, off.step_s);
-  }
+  const plan_case cs[] = {{4, 1, 1, false, true},
+                          {2, 2, 1, false, false},
+                          {1, 2, 2, true, false},
+                          {1, 4, 1, false, false}};
+  plan_side off = {{NULL}, "0"}, on = {{NULL}, "65536"};
+  plan_row a[4], b[4];
+  calibrate_moves(off, on, cs, 4, false, a, b);
+  cr_expect(b[0].rep_s > a[0].rep_s, "dp_replicate comm %g vs %g", b[0].rep_s, a[0].rep_s);
   unsetenv("WEFT_PRESYNC_BYTES");
-  run_free(&r[0]);
-  run_free(&r[1]);
 }
 
 Test(examples, plan_calibrate_missing_or_corrupt_file_is_a_clear_error, .timeout = 30) {
