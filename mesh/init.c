@@ -110,7 +110,7 @@ static weft_status read_auto01(const char *name, int *out) {
 /* WEFT_TIMEOUT (seconds, > 0), WEFT_DEBUG (0/1), WEFT_BACKOFF (auto/0/1),
  * WEFT_CHUNK_BYTES (64..2^30, default 2^30), WEFT_MPI_FINALIZE (auto/0/1),
  * WEFT_PRESYNC_BYTES (0..2^40, default 65536), WEFT_TCP_EAGER (auto/0/1). */
-static weft_status read_settings(weft_settings *s) {
+weft_status weft_read_settings(weft_settings *s) {
   static const char *const yes[] = {"1", "true", "yes", "on", NULL};
   static const char *const no[] = {"0", "false", "no", "off", "", NULL};
   s->timeout_s = 300.0;
@@ -357,7 +357,7 @@ weft_status weft_init(int *argc, char ***argv) {
   if (weft__rt.initialized)
     return weft_error(WEFT_ERR_STATE, "weft_init called twice (call weft_finalize first)");
   weft_settings s;
-  WEFT_CHECK(read_settings(&s));
+  WEFT_CHECK(weft_read_settings(&s));
   weft__rt.settings = s;
 
   int inited = 0;

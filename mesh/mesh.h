@@ -478,9 +478,9 @@ typedef struct weft_settings {
    * the launcher tells before MPI_Init (hydra's MPI_LOCALNRANKS < PMI_SIZE,
    * Slurm's SLURM_JOB_NUM_NODES > 1), on hosts without an RDMA device, i.e.
    * /sys/class/infiniband empty or absent, so MPI's UCX crosses nodes over
-   * TCP), 0 never, 1 always. When on, and MPI is
-   * not yet initialized, weft_init sets UCX_RNDV_THRESH=inf before
-   * MPI_Init unless the user set it: UCX then sends every message eagerly
+   * TCP), 0 never, 1 always. When on, and MPI is not yet initialized,
+   * weft_init sets UCX_RNDV_THRESH=inf before MPI_Init unless the user set
+   * it: UCX then sends every message eagerly
    * instead of by rendezvous, whose handshake over TCP queues behind bulk
    * data (2 nodes x 2 ranks at 200 Mbit/s: HSDP's step 141 -> 108 ms;
    * docs/DESIGN.md "MPICH notes"). tcp_eager_applied says whether it did. */
@@ -488,6 +488,12 @@ typedef struct weft_settings {
   bool tcp_eager_applied;
 } weft_settings;
 WEFT_API const weft_settings *weft_get_settings(void);
+/* The settings the environment gives now, as weft_init reads them (local,
+ * no MPI; callable before weft_init, e.g. by tools that predict what
+ * weft will do). Every field gets its default first, so *out is usable
+ * even when a variable is bad: then WEFT_ERR_INVALID naming it.
+ * tcp_eager_applied is false (only weft_init applies it). */
+WEFT_API weft_status weft_read_settings(weft_settings *out);
 /* Overrides (tests); takes effect for later collectives. */
 WEFT_API void weft_set_timeout(double seconds);
 WEFT_API void weft_set_debug(bool on);

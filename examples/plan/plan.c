@@ -156,10 +156,9 @@ static void add_param(group *g, pshape p, int S) {
 
 int64_t plan_presync_bytes(void) {
   if (weft_is_initialized()) return weft_get_settings()->presync_bytes;
-  const char *v = getenv("WEFT_PRESYNC_BYTES");
-  char *end = NULL;
-  long long x = v && *v ? strtoll(v, &end, 10) : -1;
-  return x >= 0 && end && !*end ? (int64_t)x : 65536; /* mesh's default */
+  weft_settings s;
+  weft_read_settings(&s); /* a bad value leaves mesh's default */
+  return s.presync_bytes;
 }
 
 void plan_predict(const plan_opts *o, plan_config *k) {
@@ -235,15 +234,15 @@ void plan_predict(const plan_opts *o, plan_config *k) {
   /* the probed collectives of each dim's placement, if every kind is */
   int size[3], stride[3];
   plan_dim_layout(k, size, stride);
+  int spans[3]; /* nodes each dim's groups span */
+  for (int d = 0; d < 3; d++) spans[d] = plan_group_nodes(stride[d], size[d], R * S * t, o->c.gpn);
   const plan_coll_fit *fit[3];
   double t_fit[3] = {0, 0, 0}, t_fit_gap[3] = {0, 0, 0}; /* back to back, after a gap */
   double t_fit_rs[3] = {0, 0, 0};                        /* reduce-scatters' share */
   double presync_calls[3] = {0, 0, 0};                   /* calls of at least WEFT_PRESYNC_BYTES */
   double presync_min = (double)plan_presync_bytes();
   for (int d = 0; d < 3; d++)
-    fit[d] = size[d] > 1 ? plan_coll_find(&o->c, size[d],
-                                          plan_group_nodes(stride[d], size[d], R * S * t, o->c.gpn))
-                         : NULL;
+    fit[d] = size[d] > 1 ? plan_coll_find(&o->c, size[d], spans[d]) : NULL;
 #define ADD(dim, kind, n, b)                                                           \
   do {                                                                                 \
     k->calls[dim][kind] += (n);                                                        \
@@ -327,8 +326,7 @@ void plan_predict(const plan_opts *o, plan_config *k) {
   for (int d = 0; d < 3; d++) {
     int n = size[d];
     k->t_comm[d] = 0;
-    int spans = plan_group_nodes(stride[d], n, world, o->c.gpn);
-    k->intra[d] = spans <= 1;
+    k->intra[d] = spans[d] <= 1;
     if (n <= 1) continue;
     bool all_fit = fit[d] != NULL;
     for (int kind = 0; fit[d] && kind < WEFT_COLL_KIND_COUNT; kind++)
@@ -348,7 +346,7 @@ void plan_predict(const plan_opts *o, plan_config *k) {
      * shared by the gpn / m groups of this dim on it, so each stream gets
      * m x the per-rank rate the probe measured with all gpn ranks sending */
     if (!in) {
-      double m = (double)n / spans;
+      double m = (double)n / spans[d];
       bw *= m;
       rbw *= m;
     }
@@ -386,8 +384,7 @@ void plan_predict(const plan_opts *o, plan_config *k) {
    * ceil(log2 n) (the probe's latency is the median of many small calls,
    * steadier than its curves' smallest point). */
   for (int d = 0; d < 3; d += 2) {
-    int spans = plan_group_nodes(stride[d], size[d], world, o->c.gpn);
-    if (size[d] <= 1 || spans <= 1 || size[d] / spans != o->c.gpn) continue;
+    if (size[d] <= 1 || spans[d] <= 1 || size[d] / spans[d] != o->c.gpn) continue;
     double barrier = o->c.inter_lat * ceil(log2((double)size[d]));
     k->t_comm[d] += presync_calls[d] * barrier;
   }
