@@ -38,6 +38,7 @@ static _Atomic int64_t cur_bytes[WEFT_DEVICE_COUNT];
 static _Atomic int64_t peak_bytes[WEFT_DEVICE_COUNT];
 static _Atomic int64_t n_alloc[WEFT_DEVICE_COUNT];
 static _Atomic int64_t n_free[WEFT_DEVICE_COUNT];
+static _Atomic int64_t n_large_host; /* weft_mem_stats.large_system_allocs */
 
 const char *weft_device_name(weft_device dev) {
   switch (dev) {
@@ -73,6 +74,8 @@ weft_status weft_cpu_alloc_(size_t bytes, void **out) {
   alloc_header *h = aligned_alloc(64, sizeof(alloc_header) + padded);
   if (!h)
     return weft_error_at(WEFT_ERR_OOM, "weft_alloc", "host allocation of %zu bytes failed", bytes);
+  if (bytes >= WEFT_LARGE_ALLOC_BYTES)
+    atomic_fetch_add_explicit(&n_large_host, 1, memory_order_relaxed);
   h->magic = ALLOC_MAGIC;
   h->bytes = bytes;
   h->device = WEFT_CPU;
@@ -125,6 +128,7 @@ weft_mem_stats weft_mem_get(weft_device dev) {
   s.peak_bytes = atomic_load(&peak_bytes[dev]);
   s.alloc_count = atomic_load(&n_alloc[dev]);
   s.free_count = atomic_load(&n_free[dev]);
+  if (dev == WEFT_CPU) s.large_system_allocs = atomic_load(&n_large_host);
   return s;
 }
 

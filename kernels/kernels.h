@@ -93,7 +93,14 @@ typedef struct weft_mem_stats {
   int64_t peak_bytes;    /* high-water mark since start or last reset */
   int64_t alloc_count;   /* number of weft_alloc calls that succeeded */
   int64_t free_count;
+  /* Host (WEFT_CPU) only, 0 elsewhere: allocations of at least
+   * WEFT_LARGE_ALLOC_BYTES that went to the system allocator (malloc) and
+   * so may fault fresh pages in; a steady training step should make none. */
+  int64_t large_system_allocs;
 } weft_mem_stats;
+
+/* The size from which a host allocation counts in large_system_allocs. */
+#define WEFT_LARGE_ALLOC_BYTES ((size_t)64 << 10)
 
 /* Accounting for one device (thread-safe). */
 WEFT_API weft_mem_stats weft_mem_get(weft_device dev);

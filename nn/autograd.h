@@ -113,6 +113,30 @@ WEFT_API weft_status weft_graph_set_batch_slice(weft_graph *g, int64_t row0, int
 /* Grad recording on (default) or off (inference: ops record nothing). */
 WEFT_API void weft_graph_set_grad_enabled(weft_graph *g, bool enabled);
 
+/* What the op layer did, to see where a step's time goes (weft-train
+ * --profile prints the difference over each step). Counts since the
+ * process started, over every graph and thread; read before and after a
+ * step and subtract. */
+typedef struct weft_op_stats {
+  /* op functions run: each forward op call (weft_op_*, the built-in
+   * layers' ops) and each backward of a recorded op node */
+  int64_t ops;
+  /* bf16 / f16 tensors widened into an f32 copy so that an f32 kernel can
+   * run an op on them (forward inputs, and a mixed node's grads, inputs,
+   * outputs and saved buffers in backward) */
+  int64_t widened;
+  /* copies that shape ops make where a view would do: one per reshape,
+   * transpose and each piece that split or cat moves, forward and backward
+   * alike, and one per input of the output's shape to which add's backward
+   * hands a copy of the output grad */
+  int64_t copies;
+  /* host allocations of >= 64 KiB that reached the system allocator
+   * (weft_mem_stats.large_system_allocs of WEFT_CPU) */
+  int64_t mallocs;
+} weft_op_stats;
+/* The counters now. Local, thread-safe, never fails. */
+WEFT_API weft_op_stats weft_op_stats_get(void);
+
 /* A var for a DTensor the caller owns (borrowed until reset). With
  * requires_grad its grad is kept after backward (weft_var_grad). */
 WEFT_API weft_status weft_graph_input(weft_graph *g, const weft_dtensor *t, bool requires_grad,

@@ -148,6 +148,13 @@ int64_t nn_graph_next_op_index(weft_graph *g);
 void nn_grad_placements(const weft_placement *out, const weft_placement *grad, int n,
                         weft_placement *want);
 
+/* ---------------------------------------------------------------- stats.c */
+
+/* weft_op_stats's counters: n more of each (relaxed atomics). */
+void nn_count_ops(int64_t n);
+void nn_count_widened(int64_t n);
+void nn_count_copies(int64_t n);
+
 /* ------------------------------------------------------------- mixed.c */
 
 /* bf16 / f16 inputs of a built-in op (mixed.c): compute in f32, keep the

@@ -725,6 +725,7 @@ static weft_status run_node(weft_graph *g, nn_node *n) {
     any = true;
   }
   if (!any) return WEFT_OK;
+  if (n->kind == NN_NODE_OP) nn_count_ops(1);
   weft_dtensor *din[NN_MAX_IN] = {0};
   nn_mixed_bwd mb;
   weft_status st = n->mixed ? nn_mixed_backward_begin(n, dout, &mb) : WEFT_OK;

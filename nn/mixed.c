@@ -33,9 +33,18 @@
 
 static bool is_low(weft_dtype d) { return d == WEFT_BF16 || d == WEFT_F16; }
 
+/* A graph buffer holding d (16-bit) widened to f32, counted in
+ * weft_op_stats.widened. */
+static weft_status widen(weft_graph *g, const weft_dtensor *d, weft_dtensor **out) {
+  WEFT_CHECK(nn_graph_converted(g, d, WEFT_F32, out));
+  nn_count_widened(1);
+  return WEFT_OK;
+}
+
 weft_status nn_mixed_begin(nn_mixed *mx, const char *name, weft_var **in, int nin,
                            bool same_dtype) {
   memset(mx, 0, sizeof *mx);
+  nn_count_ops(1); /* every built-in op enters here once */
   weft_dtype low = WEFT_DTYPE_COUNT;
   bool any_f32 = false;
   for (int i = 0; i < nin; i++) {
@@ -68,7 +77,7 @@ weft_status nn_mixed_begin(nn_mixed *mx, const char *name, weft_var **in, int ni
       if (mx->orig[j] == in[i] && mx->proxy[j]) mx->proxy[i] = mx->proxy[j];
     if (!mx->proxy[i]) {
       weft_dtensor *wide;
-      WEFT_CHECK(nn_graph_converted(g, nn_var_now(in[i]), WEFT_F32, &wide));
+      WEFT_CHECK(widen(g, nn_var_now(in[i]), &wide));
       WEFT_CHECK(nn_var_new(g, wide, NULL, &mx->proxy[i]));
       mx->proxy[i]->requires_grad = in[i]->requires_grad;
     }
@@ -183,14 +192,14 @@ weft_status nn_mixed_backward_begin(nn_node *n, const weft_dtensor **dout, nn_mi
   for (int j = 0; j < n->nout; j++) {
     if (dout[j] && is_low(weft_dtensor_dtype(dout[j]))) {
       weft_dtensor *w;
-      WEFT_CHECK(nn_graph_converted(g, dout[j], WEFT_F32, &w));
+      WEFT_CHECK(widen(g, dout[j], &w));
       b->temp[b->ntemp++] = w;
       dout[j] = w;
     }
     const weft_dtensor *y = n->out[j]->value;
     if (is_low(weft_dtensor_dtype(y))) {
       weft_dtensor *w;
-      WEFT_CHECK(nn_graph_converted(g, y, WEFT_F32, &w));
+      WEFT_CHECK(widen(g, y, &w));
       b->temp[b->ntemp++] = w;
       b->out_value[j] = y;
       n->out[j]->value = w;
@@ -201,7 +210,7 @@ weft_status nn_mixed_backward_begin(nn_node *n, const weft_dtensor **dout, nn_mi
     const weft_dtensor *x = nn_node_input(n, i);
     if (!is_low(weft_dtensor_dtype(x))) continue;
     weft_dtensor *w;
-    WEFT_CHECK(nn_graph_converted(g, x, WEFT_F32, &w));
+    WEFT_CHECK(widen(g, x, &w));
     b->temp[b->ntemp++] = w;
     n->in_used[i] = w;
   }
@@ -212,7 +221,7 @@ weft_status nn_mixed_backward_begin(nn_node *n, const weft_dtensor **dout, nn_mi
     for (int j = 0; j < n->nout && !w; j++)
       if (b->out_value[j] == n->saved[s]) w = (weft_dtensor *)n->out[j]->value;
     if (!w) {
-      WEFT_CHECK(nn_graph_converted(g, n->saved[s], WEFT_F32, &w));
+      WEFT_CHECK(widen(g, n->saved[s], &w));
       b->temp[b->ntemp++] = w;
     }
     n->saved[s] = w;

@@ -230,6 +230,7 @@ static weft_status custom_backward(nn_node *n, const weft_dtensor *const *dout,
 
 weft_status weft_op_custom(const weft_op_def *def, void *ctx, weft_var *const *in, int nin,
                            weft_var **out) {
+  nn_count_ops(1);
   WEFT_CHECK(check_def(def));
   const char *name = def->name;
   if (!out) return weft_error(WEFT_ERR_INVALID, "%s: out is NULL", name);

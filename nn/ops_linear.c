@@ -164,6 +164,7 @@ static weft_status add_backward(nn_node *n, const weft_dtensor *const *dout, wef
     weft_dtensor *da;
     WEFT_CHECK(nn_graph_like(g, a, weft_dtensor_placements(dy), &da));
     WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(da), nn_local(dy)));
+    nn_count_copies(1);
     din[0] = da;
   }
   if (nn_node_wants(n, 1)) {
@@ -175,6 +176,7 @@ static weft_status add_backward(nn_node *n, const weft_dtensor *const *dout, wef
     weft_tensor *dbl = weft_dtensor_local(db);
     if (off == 0) {
       WEFT_CHECK(weft_tensor_copy(dbl, dyl));
+      nn_count_copies(1);
     } else {
       int64_t lead = 1, inner = weft_tensor_numel(dbl);
       for (int d = 0; d < off; d++) lead *= dyl->shape[d];
@@ -364,6 +366,7 @@ static weft_status to_backward(nn_node *n, const weft_dtensor *const *dout, weft
 
 weft_status weft_op_to(weft_var *x, weft_dtype dtype, weft_var **out) {
   const char *name = "to";
+  nn_count_ops(1); /* the one op that does not enter through nn_mixed_begin */
   if (!out) return weft_error(WEFT_ERR_INVALID, "to: out is NULL");
   *out = NULL;
   weft_var *in[1] = {x};

@@ -40,6 +40,7 @@ static weft_status copy_narrow(weft_tensor *whole, const weft_tensor *part, int 
   weft_tensor v;
   WEFT_CHECK(
       view_at(&v, whole, off * whole->strides[dim], whole->ndim, part->shape, whole->strides));
+  nn_count_copies(1);
   if (into_whole) return weft_tensor_copy(&v, part);
   return weft_tensor_copy((weft_tensor *)part, &v);
 }
@@ -201,6 +202,7 @@ static weft_status reshape_backward(nn_node *n, const weft_dtensor *const *dout,
     weft_tensor v;
     WEFT_CHECK(view_at(&v, dyl, 0, dxl->ndim, dxl->shape, NULL));
     WEFT_CHECK(weft_tensor_copy(dxl, &v));
+    nn_count_copies(1);
   }
   din[0] = dx;
   return WEFT_OK;
@@ -334,6 +336,7 @@ static weft_status reshape_f32(weft_var *x, int ndim, const int64_t *shape, weft
     weft_tensor v;
     WEFT_CHECK(view_at(&v, xl, 0, yl->ndim, yl->shape, NULL));
     WEFT_CHECK(weft_tensor_copy(yl, &v));
+    nn_count_copies(1);
   }
   nn_node *node;
   WEFT_CHECK(
@@ -370,6 +373,7 @@ static weft_status copy_transposed(weft_tensor *dst, const weft_tensor *src, int
   st[d1] = t;
   weft_tensor v;
   WEFT_CHECK(view_at(&v, src, 0, src->ndim, sh, st));
+  nn_count_copies(1);
   return weft_tensor_copy(dst, &v);
 }
 

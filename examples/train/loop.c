@@ -34,6 +34,7 @@ typedef struct step_report {
   int64_t peak[2]; /* max over ranks, -min over ranks */
   int64_t comm_bytes[TRAIN_MAX_DIMS], comm_calls[TRAIN_MAX_DIMS];
   double comm_seconds[TRAIN_MAX_DIMS]; /* rank 0's time held up in each dim's collectives */
+  weft_op_stats ops;                   /* this rank's op layer during the step (--profile) */
   bool do_val;
 } step_report;
 
@@ -351,6 +352,10 @@ static void log_step(run_state *s, const step_report *r, const run_totals *t) {
   if (s->rank != 0) return;
   if (t->tty) printf("\r\033[K");
   if (!o->quiet) print_step(s, r);
+  if (o->profile && r->step > t->start_step) /* the first step fills the graph's pool */
+    printf("  op graph per step: ops %lld, widened %lld, copies %lld, mallocs %lld\n",
+           (long long)r->ops.ops, (long long)r->ops.widened, (long long)r->ops.copies,
+           (long long)r->ops.mallocs);
   if (r->do_val && !o->silent)
     printf("  validation after step %lld: held-out loss %.4f, next-token accuracy %.1f%%\n",
            (long long)r->step + 1, t->vloss, 100 * t->vacc);
@@ -455,10 +460,14 @@ static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res
   if (s->root_fsdp) weft_fsdp_memory_reset_peak();
   r.lr = weft_lr_schedule_at(&t->sched, step);
   weft_optimizer_set_lr(s->opt, r.lr);
+  const weft_op_stats ops0 = weft_op_stats_get();
   double t0 = now_s(), loss_sum = 0;
   int rc = micro_steps(s, step, &loss_sum);
   if (!rc) rc = optimizer_step(s, step, &r.norm);
   r.dt = now_s() - t0;
+  const weft_op_stats ops1 = weft_op_stats_get();
+  r.ops = (weft_op_stats){ops1.ops - ops0.ops, ops1.widened - ops0.widened,
+                          ops1.copies - ops0.copies, ops1.mallocs - ops0.mallocs};
   if (!rc) rc = take_stats(s, &r, res);
   if (!rc) rc = reduce_report(s, &r, loss_sum);
   if (rc) return rc;

@@ -116,6 +116,9 @@ void train_print_help(const char *prog) {
       "  --peak-tflops X         per-rank peak for MFU (0.1; with --device cuda the GPU's\n"
       "                          dense bf16 peak where its model is known: H100/H200 989,\n"
       "                          A100 312)\n"
+      "  --profile               after each step but the first, what the op layer did on\n"
+      "                          rank 0: op graph per step: ops N, widened N, copies N,\n"
+      "                          mallocs N (weft_op_stats in <weft/autograd.h>)\n"
       "  --quiet                 no per-step lines, only validation and the summary\n"
       "  --help                  this text\n",
       prog);
@@ -226,6 +229,10 @@ static int parse_switch(const char *flag, const char *val, train_opts *o, char *
   }
   if (!strcmp(flag, "--cpu-offload") && !val) {
     o->cpu_offload = true;
+    return 1;
+  }
+  if (!strcmp(flag, "--profile") && !val) {
+    o->profile = true;
     return 1;
   }
   if (!strcmp(flag, "--quiet") && !val) {

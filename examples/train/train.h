@@ -70,6 +70,7 @@ typedef struct train_opts {
   double peak_flops; /* per rank, for MFU */
   bool peak_given;   /* --peak-tflops (else the CPU default, or the GPU's from its model) */
   bool quiet;        /* no per-step lines (summary only) */
+  bool profile;      /* rank 0: the op layer's counters per step (weft_op_stats) */
   bool silent;       /* nothing on stdout (weft-plan --validate); errors still print */
 } train_opts;
 

@@ -596,6 +596,51 @@ Test(examples, train_gpt2_with_dropout_follows_the_1_rank_curve_on_2x2_and_2x2x2
   unlink(j8);
 }
 
+/* The "op graph per step" lines of weft-train --profile: how many, and the
+ * counters of the last one (false when there is none). */
+static int profile_lines(const char *out, long long c[4]) {
+  int n = 0;
+  for (const char *p = out; (p = strstr(p, "op graph per step:")) != NULL; p++)
+    if (sscanf(p, "op graph per step: ops %lld, widened %lld, copies %lld, mallocs %lld", &c[0],
+               &c[1], &c[2], &c[3]) == 4)
+      n++;
+  return n;
+}
+
+/* weft-train --profile pins what one gpt2-demo step does in the op layer
+ * today (1 rank, after the first step). A change to the op layer that makes
+ * fewer copies, widens less or allocates less shows up here as a diff: move
+ * the numbers with it, and say so in the commit. fp32: no widening and no
+ * large allocation (the graph's pool serves every buffer); bf16: nn/mixed.c
+ * widens every 16-bit input, output and grad and frees the copies again. */
+Test(examples, train_profile_pins_the_op_graph_counts_of_a_gpt2_demo_step, .timeout = 60) {
+  static const struct {
+    const char *dtype;
+    long long want[4]; /* ops, widened, copies, mallocs */
+  } cases[] = {{"fp32", {88, 0, 45, 0}}, {"bf16", {88, 248, 45, 302}}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const char *args[] = {"--model", "gpt2-demo", "--steps",      "3",         "--val-every",
+                          "0",       "--dtype",   cases[k].dtype, "--profile", NULL};
+    run_out r = run(1, TRAIN, args, 40);
+    cr_assert_eq(r.rc, 0, "%s: %s", cases[k].dtype, r.err);
+    long long c[4] = {-1, -1, -1, -1};
+    cr_expect_eq(profile_lines(r.out, c), 2, "%s: want a counter line after steps 2 and 3:\n%s",
+                 cases[k].dtype, r.out);
+    const char *what[4] = {"ops", "widened", "copies", "mallocs"};
+    for (int i = 0; i < 4; i++)
+      cr_expect_eq(c[i], cases[k].want[i], "%s: %s per step %lld, pinned %lld", cases[k].dtype,
+                   what[i], c[i], cases[k].want[i]);
+    run_free(&r);
+  }
+  /* without --profile, no counter line */
+  const char *quiet[] = {"--model", "gpt2-demo", "--steps", "2", "--val-every", "0", NULL};
+  run_out r = run(1, TRAIN, quiet, 40);
+  long long c[4];
+  cr_expect_eq(r.rc, 0, "%s", r.err);
+  cr_expect_eq(profile_lines(r.out, c), 0, "%s", r.out);
+  run_free(&r);
+}
+
 Test(examples, train_gpt2_checkpoint_resumes_on_another_mesh, .timeout = 150) {
   const char *dir = tmp_file("gpt2-ckpt");
   remove_tree(dir);
