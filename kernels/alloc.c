@@ -1,11 +1,24 @@
 /* Allocation with exact accounting, for every device: the block comes from
  * the device's table (backend.h; the CPU's is the header scheme below), the
- * bytes are counted here. */
+ * bytes are counted here.
+ *
+ * Host blocks of WEFT_LARGE_ALLOC_BYTES or more come from a caching
+ * allocator (cache_alloc.h, stream 0, no markers): glibc hands a large
+ * block out as fresh pages (mmap) and returns them when it is freed, so a
+ * training step that frees and allocates its activations again faults
+ * every page in anew (measured: raising glibc's mmap threshold alone took a
+ * gpt2-tiny step from 457 to 332 ms). A freed large block waits in its size
+ * class for the next request of that class; weft_device_cache_stats(
+ * WEFT_CPU) shows what is held, weft_device_empty_cache(WEFT_CPU) and
+ * weft_finalize give it back. Smaller blocks go to aligned_alloc directly
+ * (glibc reuses them from its arenas). */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend_internal.h"
+#include "cache_alloc.h"
 #include "cpu/cpu_internal.h"
 #include "kernels.h"
 #include "kernels_internal.h"
@@ -22,8 +35,9 @@
 #define WEFT_UNPOISON_(p, n) ((void)(p), (void)(n))
 #endif
 
-/* Every block carries a 64-byte header (keeps the data 64-byte aligned)
- * recording its size and device, so weft_free needs no size argument. */
+/* Every small block carries a 64-byte header (keeps the data 64-byte
+ * aligned) recording its size and device, so weft_free needs no size
+ * argument; the cache's large blocks need none. */
 typedef struct alloc_header {
   uint64_t magic;
   uint64_t bytes;
@@ -64,17 +78,70 @@ void weft_mem_account_free_(weft_device dev, int64_t bytes) {
   atomic_fetch_add(&n_free[dev], 1);
 }
 
-/* The CPU table's alloc member: a 64-byte header, then the data. */
+/* ------------------------------------------------------------ host cache */
+
+static void *host_raw_alloc(size_t bytes, void *ctx) {
+  (void)ctx;
+  void *p = aligned_alloc(64, bytes); /* classes are multiples of 512 */
+  if (p) atomic_fetch_add_explicit(&n_large_host, 1, memory_order_relaxed);
+  return p;
+}
+
+static void host_raw_free(void *p, size_t bytes, void *ctx) {
+  (void)ctx;
+  WEFT_UNPOISON_(p, bytes); /* poisoned while it waited in the cache */
+  free(p);
+}
+
+static weft_cache_ *host_cache; /* NULL: the cache could not be made; blocks go to malloc */
+static pthread_once_t host_cache_once = PTHREAD_ONCE_INIT;
+
+static void host_cache_make(void) {
+  const weft_cache_backend_ be = {
+      .raw_alloc = host_raw_alloc, .raw_free = host_raw_free, .memory = "host"};
+  if (weft_cache_new_(&be, &host_cache) != WEFT_OK) host_cache = NULL;
+}
+
+/* The CPU table's cache_stats member. */
+weft_status weft_cpu_cache_stats_(weft_cache_stats *out) {
+  pthread_once(&host_cache_once, host_cache_make);
+  *out = host_cache ? weft_cache_stats_(host_cache) : (weft_cache_stats){0, 0, 0, 0};
+  return WEFT_OK;
+}
+
+/* The CPU table's empty_cache member: the free blocks go back to malloc. */
+weft_status weft_cpu_empty_cache_(void) {
+  pthread_once(&host_cache_once, host_cache_make);
+  if (host_cache) weft_cache_trim_(host_cache);
+  return WEFT_OK;
+}
+
+/* The CPU table's alloc member. A large block is the cache's, with no
+ * header (the cache knows its size: a header would push a tensor of 2^k
+ * bytes into the next size class, 25% more memory); a small one is a
+ * 64-byte header, then the data. */
 weft_status weft_cpu_alloc_(size_t bytes, void **out) {
   *out = NULL;
   if (bytes > ((size_t)1 << 46))
     return weft_error_at(WEFT_ERR_OOM, "weft_alloc", "refusing a host allocation of %zu bytes",
                          bytes);
+  if (bytes >= WEFT_LARGE_ALLOC_BYTES) {
+    pthread_once(&host_cache_once, host_cache_make);
+    if (host_cache) {
+      void *p;
+      weft_status st = weft_cache_alloc_(host_cache, bytes, 0, &p);
+      if (st != WEFT_OK) return weft_error_trace(st, "weft_alloc");
+      WEFT_UNPOISON_(p, bytes);
+      WEFT_POISON_((char *)p + bytes, weft_cache_round_(bytes) - bytes);
+      *out = p;
+      return WEFT_OK;
+    }
+  }
   const size_t padded = (bytes + 63) & ~(size_t)63;
   alloc_header *h = aligned_alloc(64, sizeof(alloc_header) + padded);
   if (!h)
     return weft_error_at(WEFT_ERR_OOM, "weft_alloc", "host allocation of %zu bytes failed", bytes);
-  if (bytes >= WEFT_LARGE_ALLOC_BYTES)
+  if (bytes >= WEFT_LARGE_ALLOC_BYTES) /* the cache could not be made */
     atomic_fetch_add_explicit(&n_large_host, 1, memory_order_relaxed);
   h->magic = ALLOC_MAGIC;
   h->bytes = bytes;
@@ -85,14 +152,23 @@ weft_status weft_cpu_alloc_(size_t bytes, void **out) {
   return WEFT_OK;
 }
 
-/* The CPU table's free member. */
+/* The CPU table's free member: a block of the cache goes back there,
+ * poisoned whole while it waits (so a use after free is caught under ASan;
+ * poisoned before the cache has it, so no other thread's block is hit). */
 size_t weft_cpu_free_(void *ptr) {
+  pthread_once(&host_cache_once, host_cache_make);
+  void *start;
+  size_t bytes;
+  if (host_cache && weft_cache_lookup_(host_cache, ptr, &start, &bytes) && start == ptr) {
+    WEFT_POISON_(ptr, weft_cache_round_(bytes));
+    return weft_cache_free_(host_cache, ptr);
+  }
   alloc_header *h = (alloc_header *)ptr - 1;
   WEFT_UNPOISON_(h, sizeof *h);
   WEFT_ASSERT(h->magic == ALLOC_MAGIC);
   WEFT_UNPOISON_(ptr, (h->bytes + 63) & ~(uint64_t)63);
   h->magic = 0;
-  size_t bytes = h->bytes;
+  bytes = h->bytes;
   free(h);
   return bytes;
 }

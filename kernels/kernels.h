@@ -95,7 +95,8 @@ typedef struct weft_mem_stats {
   int64_t free_count;
   /* Host (WEFT_CPU) only, 0 elsewhere: allocations of at least
    * WEFT_LARGE_ALLOC_BYTES that went to the system allocator (malloc) and
-   * so may fault fresh pages in; a steady training step should make none. */
+   * so may fault fresh pages in: the host cache's misses (alloc.c); a
+   * steady training step makes none. */
   int64_t large_system_allocs;
 } weft_mem_stats;
 

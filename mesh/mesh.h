@@ -142,7 +142,8 @@ extern "C" {
  * finalise it). A second call without weft_finalize is WEFT_ERR_STATE.
  * argc/argv may be NULL. */
 WEFT_API weft_status weft_init(int *argc, char ***argv);
-/* Releases weft's global state and finalises MPI if weft_init started it
+/* Releases weft's global state (the host blocks kernels' allocator keeps
+ * cached, weft_device_empty_cache(WEFT_CPU), included) and finalises MPI if weft_init started it
  * (after a backoff barrier, so oversubscribed ranks do not spin in
  * MPI_Finalize's own barrier). Collective over MPI_COMM_WORLD. No-op if
  * weft is not initialised. Meshes should be destroyed first.

@@ -10,9 +10,7 @@
 static _Atomic int64_t n_ops, n_widened, n_copies;
 
 void nn_count_ops(int64_t n) { atomic_fetch_add_explicit(&n_ops, n, memory_order_relaxed); }
-void nn_count_widened(int64_t n) {
-  atomic_fetch_add_explicit(&n_widened, n, memory_order_relaxed);
-}
+void nn_count_widened(int64_t n) { atomic_fetch_add_explicit(&n_widened, n, memory_order_relaxed); }
 void nn_count_copies(int64_t n) { atomic_fetch_add_explicit(&n_copies, n, memory_order_relaxed); }
 
 weft_op_stats weft_op_stats_get(void) {

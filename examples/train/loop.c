@@ -416,12 +416,14 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   weft_device dev = weft_mesh_device(s->root);
   printf("  %-26s %s (%s)\n", "peak memory (max rank)", pbuf, weft_device_name(dev));
   weft_cache_stats cs;
-  if (dev != WEFT_CPU && weft_device_cache_stats(dev, &cs) == WEFT_OK) {
+  if (weft_device_cache_stats(dev, &cs) == WEFT_OK) {
+    /* the host's cache holds only blocks of >= 64 KiB (kernels/alloc.c) */
     char cbuf[32], rbuf[32];
     fmt_bytes((double)weft_mem_get(dev).current_bytes, cbuf, sizeof cbuf);
     fmt_bytes((double)cs.reserved_bytes, rbuf, sizeof rbuf);
-    printf("  %-26s %s in use, %s reserved (caching allocator)\n", "device memory (rank 0)", cbuf,
-           rbuf);
+    printf("  %-26s %s in use, %s reserved (caching allocator%s)\n",
+           dev == WEFT_CPU ? "host memory (rank 0)" : "device memory (rank 0)", cbuf, rbuf,
+           dev == WEFT_CPU ? ", large blocks" : "");
   }
   printf("  %-26s %.2f s\n", "training time", t->total_time);
   fflush(stdout);

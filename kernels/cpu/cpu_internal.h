@@ -14,6 +14,9 @@ extern "C" {
 /* kernels/alloc.c */
 weft_status weft_cpu_alloc_(size_t bytes, void **out);
 size_t weft_cpu_free_(void *ptr);
+/* the host cache of large blocks (alloc.c's top says which) */
+weft_status weft_cpu_cache_stats_(weft_cache_stats *out);
+weft_status weft_cpu_empty_cache_(void);
 /* kernels/tensor.c */
 weft_status weft_cpu_copy_(weft_tensor *dst, const weft_tensor *src);
 weft_status weft_cpu_fill_(weft_tensor *t, double v);

@@ -1,20 +1,6 @@
-/* kernels/cuda/cuda_internal.h — private to the CUDA backend: the caching
- * allocator's host-side logic (cache_alloc.c, plain C, unit-tested without
- * a GPU) and what the .cu sources share.
- *
- * The caching allocator keeps freed device blocks in per-size-class free
- * lists instead of returning them to cudaFree (which synchronizes the
- * device). Size classes: requests round up to a multiple of 512 bytes below
- * 1 MiB, and above that to one of 4 steps per power of two (1, 1.25, 1.5,
- * 1.75 x 2^k), so a class wastes at most 25% and a block serves any request
- * of its class. Reuse is stream-ordered: a freed block carries the stream it
- * was used on and is handed again at once only to a request on that stream
- * (the stream runs in order, so the old kernels finish first); a block also
- * used on another stream (weft_cuda_cache_record_stream_) gets a marker
- * (an event, through the backend) on that stream when it is freed, and is
- * reusable by anyone only once the marker has completed. When the raw
- * allocator fails, the cache returns its free blocks and tries once more.
- */
+/* kernels/cuda/cuda_internal.h — private to the CUDA backend: what the .cu
+ * sources share. Its caching allocator is kernels/cache_alloc.h's, over
+ * cudaMalloc and events (runtime.cu). */
 #ifndef WEFT_CUDA_INTERNAL_H
 #define WEFT_CUDA_INTERNAL_H
 
@@ -22,49 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache_alloc.h"
 #include "cuda.h"
 #include "kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define WEFT_CUDA_CACHE_STREAMS \
-  4 /* WEFT_STREAM_COUNT: compute, comm, fsdp_all_gather, fsdp_reduce_scatter */
-
-/* How the cache gets raw memory and stream markers (cudaMalloc / events on
- * the device; plain malloc and flags in the unit tests). */
-typedef struct weft_cuda_cache_backend_ {
-  void *(*raw_alloc)(size_t bytes, void *ctx); /* NULL on failure */
-  void (*raw_free)(void *ptr, size_t bytes, void *ctx);
-  void *(*mark)(int stream, void *ctx);       /* record a marker on stream */
-  bool (*mark_done)(void *marker, void *ctx); /* has the stream passed it? */
-  void (*mark_release)(void *marker, void *ctx);
-  void *ctx;
-} weft_cuda_cache_backend_;
-
-typedef struct weft_cuda_cache_ weft_cuda_cache_;
-
-/* The size class of a request (bytes 0 -> 512). */
-size_t weft_cuda_cache_round_(size_t bytes);
-weft_status weft_cuda_cache_new_(const weft_cuda_cache_backend_ *be, weft_cuda_cache_ **out);
-/* Returns every block (cached or live) to the backend. */
-void weft_cuda_cache_delete_(weft_cuda_cache_ *c);
-/* A block of at least `bytes` for use on `stream` (0..WEFT_CUDA_CACHE_STREAMS-1). */
-weft_status weft_cuda_cache_alloc_(weft_cuda_cache_ *c, size_t bytes, int stream, void **out);
-/* Marks a live block as used on another stream too (torch's record_stream). */
-weft_status weft_cuda_cache_record_stream_(weft_cuda_cache_ *c, void *ptr, int stream);
-/* Puts a live block back in the cache; returns the size that was requested
- * for it (0 if ptr is not a live block of this cache). */
-size_t weft_cuda_cache_free_(weft_cuda_cache_ *c, void *ptr);
-/* true when ptr lies inside a live block (any byte of it). */
-bool weft_cuda_cache_owns_(const weft_cuda_cache_ *c, const void *ptr);
-/* Start of the live block holding ptr and its requested size; false if none. */
-bool weft_cuda_cache_lookup_(const weft_cuda_cache_ *c, const void *ptr, void **start,
-                             size_t *bytes);
-weft_cuda_cache_stats weft_cuda_cache_stats_(const weft_cuda_cache_ *c);
-/* Returns free blocks whose markers completed to the backend. */
-void weft_cuda_cache_trim_(weft_cuda_cache_ *c);
 
 /* ---- the runtime (runtime.cu): the members of the WEFT_CUDA table that
  * are not kernels (backend.cu puts them in the table), and what the .cu

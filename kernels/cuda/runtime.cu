@@ -15,14 +15,14 @@
 
 namespace {
 
-static_assert(WEFT_CUDA_CACHE_STREAMS == WEFT_STREAM_COUNT, "one cache stream per weft stream");
+static_assert(WEFT_CACHE_STREAMS == WEFT_STREAM_COUNT, "one cache stream per weft stream");
 
 struct runtime_state {
   bool initialized = false;
   int device = -1;
-  cudaStream_t stream[WEFT_CUDA_CACHE_STREAMS] = {};
+  cudaStream_t stream[WEFT_CACHE_STREAMS] = {};
   cublasHandle_t cublas = nullptr;
-  weft_cuda_cache_ *cache = nullptr;
+  weft_cache_ *cache = nullptr;
   void *scratch = nullptr;
   size_t scratch_bytes = 0;
 };
@@ -57,7 +57,7 @@ bool mark_done(void *m, void *) { return cudaEventQuery((cudaEvent_t)m) != cudaE
 
 void mark_release(void *m, void *) { (void)cudaEventDestroy((cudaEvent_t)m); }
 
-bool valid_stream(weft_stream_id s) { return (unsigned)s < WEFT_CUDA_CACHE_STREAMS; }
+bool valid_stream(weft_stream_id s) { return (unsigned)s < WEFT_CACHE_STREAMS; }
 
 cudaMemcpyKind copy_kind(weft_copy_kind k) {
   switch (k) {
@@ -71,16 +71,16 @@ cudaMemcpyKind copy_kind(weft_copy_kind k) {
 }
 
 void release_all_locked() {
-  for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS; s++)
+  for (int s = 0; s < WEFT_CACHE_STREAMS; s++)
     if (rt.stream[s]) (void)cudaStreamSynchronize(rt.stream[s]);
-  if (rt.scratch && rt.cache) weft_cuda_cache_free_(rt.cache, rt.scratch);
+  if (rt.scratch && rt.cache) weft_cache_free_(rt.cache, rt.scratch);
   rt.scratch = nullptr;
   rt.scratch_bytes = 0;
-  weft_cuda_cache_delete_(rt.cache);
+  weft_cache_delete_(rt.cache);
   rt.cache = nullptr;
   if (rt.cublas) (void)cublasDestroy(rt.cublas);
   rt.cublas = nullptr;
-  for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS; s++) {
+  for (int s = 0; s < WEFT_CACHE_STREAMS; s++) {
     if (rt.stream[s]) (void)cudaStreamDestroy(rt.stream[s]);
     rt.stream[s] = nullptr;
   }
@@ -152,7 +152,7 @@ weft_status weft_cuda_init_(int local_rank, int *ordinal) {
     return WEFT_OK;
   }
   weft_status st = weft_cuda_check_(cudaSetDevice(want), "cudaSetDevice");
-  for (int s = 0; st == WEFT_OK && s < WEFT_CUDA_CACHE_STREAMS; s++)
+  for (int s = 0; st == WEFT_OK && s < WEFT_CACHE_STREAMS; s++)
     st = weft_cuda_check_(cudaStreamCreateWithFlags(&rt.stream[s], cudaStreamNonBlocking),
                           "cudaStreamCreateWithFlags");
   if (st == WEFT_OK) st = weft_cuda_check_cublas_(cublasCreate(&rt.cublas), "cublasCreate");
@@ -160,8 +160,9 @@ weft_status weft_cuda_init_(int local_rank, int *ordinal) {
     st = weft_cuda_check_cublas_(cublasSetStream(rt.cublas, rt.stream[WEFT_STREAM_COMPUTE]),
                                  "cublasSetStream");
   if (st == WEFT_OK) {
-    weft_cuda_cache_backend_ be = {raw_alloc, raw_free, mark, mark_done, mark_release, nullptr};
-    st = weft_cuda_cache_new_(&be, &rt.cache);
+    weft_cache_backend_ be = {raw_alloc,    raw_free, mark,    mark_done,
+                              mark_release, nullptr,  "device"};
+    st = weft_cache_new_(&be, &rt.cache);
   }
   if (st != WEFT_OK) {
     release_all_locked();
@@ -185,7 +186,7 @@ int weft_cuda_current_device_(void) { return rt.initialized ? rt.device : -1; }
 
 weft_status weft_cuda_synchronize_(void) {
   WEFT_CHECK(weft_cuda_require_init_("synchronize"));
-  for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS; s++)
+  for (int s = 0; s < WEFT_CACHE_STREAMS; s++)
     WEFT_CHECK(
         weft_cuda_check_(cudaStreamSynchronize(rt.stream[s]), weft_stream_name((weft_stream_id)s)));
   return weft_cuda_check_(cudaGetLastError(), "a kernel launch");
@@ -193,7 +194,7 @@ weft_status weft_cuda_synchronize_(void) {
 
 bool weft_cuda_contains_(const void *ptr) {
   if (!ptr) return false;
-  if (rt.cache && weft_cuda_cache_owns_(rt.cache, ptr)) return true;
+  if (rt.cache && weft_cache_owns_(rt.cache, ptr)) return true;
   if (!rt.initialized) return false;
   cudaPointerAttributes attr;
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
@@ -208,26 +209,26 @@ bool weft_cuda_contains_(const void *ptr) {
 weft_status weft_cuda_alloc_(size_t bytes, void **out) {
   *out = nullptr;
   WEFT_CHECK(weft_cuda_require_init_("weft_alloc"));
-  return weft_cuda_cache_alloc_(rt.cache, bytes, WEFT_STREAM_COMPUTE, out);
+  return weft_cache_alloc_(rt.cache, bytes, WEFT_STREAM_COMPUTE, out);
 }
 
 bool weft_cuda_owns_(const void *ptr) {
   void *start = nullptr;
-  return rt.cache && weft_cuda_cache_lookup_(rt.cache, ptr, &start, nullptr) && start == ptr;
+  return rt.cache && weft_cache_lookup_(rt.cache, ptr, &start, nullptr) && start == ptr;
 }
 
-size_t weft_cuda_free_(void *ptr) { return rt.cache ? weft_cuda_cache_free_(rt.cache, ptr) : 0; }
+size_t weft_cuda_free_(void *ptr) { return rt.cache ? weft_cache_free_(rt.cache, ptr) : 0; }
 
 weft_status weft_cuda_get_cache_stats_(weft_cache_stats *out) {
   weft_cache_stats s = {0, 0, 0, 0};
-  if (rt.cache) s = weft_cuda_cache_stats_(rt.cache);
+  if (rt.cache) s = weft_cache_stats_(rt.cache);
   *out = s;
   return WEFT_OK;
 }
 
 weft_status weft_cuda_empty_cache_(void) {
   WEFT_CHECK(weft_cuda_require_init_("empty_cache"));
-  weft_cuda_cache_trim_(rt.cache);
+  weft_cache_trim_(rt.cache);
   return WEFT_OK;
 }
 
@@ -237,10 +238,10 @@ weft_status weft_cuda_record_stream_(void *ptr, weft_stream_id s) {
     return weft_error_at(WEFT_ERR_INVALID, "record_stream", "unknown stream %d", (int)s);
   /* a view into a block marks the block */
   void *start = nullptr;
-  if (!ptr || !weft_cuda_cache_lookup_(rt.cache, ptr, &start, nullptr))
+  if (!ptr || !weft_cache_lookup_(rt.cache, ptr, &start, nullptr))
     return weft_error_at(WEFT_ERR_INVALID, "record_stream", "%p is not in a live device block",
                          ptr);
-  return weft_cuda_cache_record_stream_(rt.cache, start, (int)s);
+  return weft_cache_record_stream_(rt.cache, start, (int)s);
 }
 
 weft_status weft_cuda_scratch_(size_t bytes, void **out) {
@@ -249,11 +250,11 @@ weft_status weft_cuda_scratch_(size_t bytes, void **out) {
   if (bytes > rt.scratch_bytes || !rt.scratch) {
     /* stream-ordered: kernels already queued on the compute stream finish
      * with the old buffer before the cache hands it to anyone on that stream */
-    if (rt.scratch) weft_cuda_cache_free_(rt.cache, rt.scratch);
+    if (rt.scratch) weft_cache_free_(rt.cache, rt.scratch);
     rt.scratch = nullptr;
     rt.scratch_bytes = 0;
     void *p;
-    WEFT_CHECK(weft_cuda_cache_alloc_(rt.cache, bytes, WEFT_STREAM_COMPUTE, &p));
+    WEFT_CHECK(weft_cache_alloc_(rt.cache, bytes, WEFT_STREAM_COMPUTE, &p));
     rt.scratch = p;
     rt.scratch_bytes = bytes;
   }

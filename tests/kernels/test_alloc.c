@@ -2,7 +2,25 @@
  * tensor constructor; views cost nothing; peak and reset; thread safety. */
 #include <pthread.h>
 
+#include "backend.h" /* weft_device_cache_stats */
 #include "kernels_testutil.h"
+
+/* A thread of the cache test: N blocks of 64 KiB .. 1 MiB, each filled
+ * with its id and checked before it is freed (a block handed to two users
+ * at once would fail the check). */
+static void *cache_churn(void *arg) {
+  const int id = (int)(intptr_t)arg;
+  for (int i = 0; i < 200; i++) {
+    size_t n = WEFT_LARGE_ALLOC_BYTES << (i % 5);
+    unsigned char *p;
+    if (weft_alloc(WEFT_CPU, n, (void **)&p) != WEFT_OK) return (void *)1;
+    memset(p, id + 1, n);
+    for (size_t k = 0; k < n; k += 4096)
+      if (p[k] != id + 1) return (void *)1;
+    weft_free(p);
+  }
+  return NULL;
+}
 
 Test(alloc, raw_allocations_count_exact_bytes) {
   weft_mem_stats s0 = weft_mem_get(WEFT_CPU);
@@ -50,6 +68,68 @@ Test(alloc, blocks_are_64_byte_aligned_and_distinct) {
     for (int j = 0; j < i; j++) cr_assert_neq(p[i], p[j]);
   }
   for (int i = 0; i < 200; i++) weft_free(p[i]);
+}
+
+/* Host blocks of >= 64 KiB come from the host cache (kernels/alloc.c): a
+ * freed one serves the next request of its size class without reaching
+ * malloc, the cache's stats show it, and empty_cache gives it back. The
+ * accounting counts the bytes asked for, not the class. */
+Test(alloc, large_host_blocks_are_cached_by_size_class_and_emptied_on_request) {
+  weft_cache_stats c0, c1, c2, c3;
+  OK(weft_device_empty_cache(WEFT_CPU));
+  OK(weft_device_cache_stats(WEFT_CPU, &c0));
+  cr_expect_eq(c0.cached_bytes, 0, "empty_cache left %" PRId64 " bytes", c0.cached_bytes);
+  weft_mem_stats m0 = weft_mem_get(WEFT_CPU);
+  const size_t big = (size_t)3 << 20; /* 3 MiB */
+  void *a, *b, *c;
+  OK(weft_alloc(WEFT_CPU, big, &a));
+  memset(a, 1, big); /* the whole block is usable */
+  weft_mem_stats m1 = weft_mem_get(WEFT_CPU);
+  cr_expect_eq(m1.large_system_allocs - m0.large_system_allocs, 1);
+  cr_expect_eq(m1.current_bytes - m0.current_bytes, (int64_t)big);
+  weft_free(a);
+  OK(weft_device_cache_stats(WEFT_CPU, &c1));
+  cr_expect_geq(c1.cached_bytes, (int64_t)big, "a freed 3 MiB block waits in the cache");
+  cr_expect_eq(weft_mem_get(WEFT_CPU).current_bytes, m0.current_bytes, "cached is not live");
+  /* a request of the same class (3 MiB - 1000 B rounds up to 3 MiB) gets
+   * the block back */
+  OK(weft_alloc(WEFT_CPU, big - 1000, &b));
+  cr_expect_eq(b, a, "the cached block is reused");
+  cr_expect_eq((uintptr_t)b % 64, 0);
+  OK(weft_device_cache_stats(WEFT_CPU, &c2));
+  cr_expect_eq(c2.hits - c1.hits, 1);
+  cr_expect_eq(weft_mem_get(WEFT_CPU).large_system_allocs, m1.large_system_allocs,
+               "a cache hit does not reach malloc");
+  /* below 64 KiB nothing is cached */
+  OK(weft_alloc(WEFT_CPU, WEFT_LARGE_ALLOC_BYTES - 1, &c));
+  weft_free(c);
+  OK(weft_device_cache_stats(WEFT_CPU, &c3));
+  cr_expect_eq(c3.cached_bytes, c2.cached_bytes, "a small block is not cached");
+  cr_expect_eq(weft_mem_get(WEFT_CPU).large_system_allocs, m1.large_system_allocs);
+  weft_free(b);
+  OK(weft_device_empty_cache(WEFT_CPU));
+  OK(weft_device_cache_stats(WEFT_CPU, &c3));
+  cr_expect_eq(c3.cached_bytes, 0);
+  cr_expect_eq(c3.reserved_bytes, c0.reserved_bytes, "empty_cache returns the free blocks");
+  cr_expect_eq(weft_mem_get(WEFT_CPU).current_bytes, m0.current_bytes);
+}
+
+Test(alloc, cached_host_blocks_keep_exact_accounting_across_threads) {
+  /* 4 threads allocate and free blocks of several large classes at once */
+  enum { T = 4, N = 200 };
+  weft_mem_stats m0 = weft_mem_get(WEFT_CPU);
+  pthread_t th[T];
+  for (int t = 0; t < T; t++)
+    cr_assert_eq(pthread_create(&th[t], NULL, cache_churn, (void *)(intptr_t)t), 0);
+  for (int t = 0; t < T; t++) {
+    void *bad = NULL;
+    pthread_join(th[t], &bad);
+    cr_expect_null(bad, "thread %d saw a block overwritten or an allocation fail", t);
+  }
+  weft_mem_stats m1 = weft_mem_get(WEFT_CPU);
+  cr_expect_eq(m1.current_bytes, m0.current_bytes);
+  cr_expect_eq(m1.alloc_count - m0.alloc_count, T * N);
+  cr_expect_eq(m1.free_count - m0.free_count, T * N);
 }
 
 Test(alloc, bad_requests_fail_cleanly_without_counting) {

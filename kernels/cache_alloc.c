@@ -1,6 +1,7 @@
-/* The caching allocator's host-side logic (cuda_internal.h explains the
- * policy). Plain C over a backend of raw allocations and stream markers, so
- * the same code serves cudaMalloc on a GPU and malloc in the unit tests.
+/* The caching allocator (cache_alloc.h explains the policy). Plain C over a
+ * backend of raw allocations and stream markers, so the same code serves
+ * cudaMalloc on a GPU, the CPU backend's large host blocks and malloc in
+ * the unit tests.
  *
  * Data structures: every block the cache obtained is in `all` (sorted by
  * address, for interior-pointer lookups); a free block is also on the free
@@ -11,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_internal.h"
+#include "cache_alloc.h"
 
 typedef struct cblock {
   char *ptr;
@@ -20,24 +21,24 @@ typedef struct cblock {
   int stream;       /* stream it was allocated for */
   unsigned used_on; /* bit s: also used on stream s (record_stream) */
   bool live;
-  void *marker[WEFT_CUDA_CACHE_STREAMS]; /* pending markers (free blocks only) */
-  struct cblock *next;                   /* free or pending list */
+  void *marker[WEFT_CACHE_STREAMS]; /* pending markers (free blocks only) */
+  struct cblock *next;              /* free or pending list */
 } cblock;
 
-struct weft_cuda_cache_ {
-  weft_cuda_cache_backend_ be;
+struct weft_cache_ {
+  weft_cache_backend_ be;
   pthread_mutex_t mu;
   cblock **all; /* sorted by ptr */
   int nall, capall;
-  cblock *free_list[WEFT_CUDA_CACHE_STREAMS];
+  cblock *free_list[WEFT_CACHE_STREAMS];
   cblock *pending;
-  weft_cuda_cache_stats st;
+  weft_cache_stats st;
 };
 
 #define SMALL_LIMIT ((size_t)1 << 20)
 #define SMALL_STEP ((size_t)512)
 
-size_t weft_cuda_cache_round_(size_t bytes) {
+size_t weft_cache_round_(size_t bytes) {
   if (bytes == 0) return SMALL_STEP;
   if (bytes < SMALL_LIMIT) return (bytes + SMALL_STEP - 1) / SMALL_STEP * SMALL_STEP;
   /* 4 steps per power of two: step = 2^floor(log2 bytes) / 4 */
@@ -47,11 +48,11 @@ size_t weft_cuda_cache_round_(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
-weft_status weft_cuda_cache_new_(const weft_cuda_cache_backend_ *be, weft_cuda_cache_ **out) {
+weft_status weft_cache_new_(const weft_cache_backend_ *be, weft_cache_ **out) {
   *out = NULL;
   if (!be || !be->raw_alloc || !be->raw_free)
     return weft_error(WEFT_ERR_INVALID, "caching allocator: backend needs raw_alloc and raw_free");
-  weft_cuda_cache_ *c = calloc(1, sizeof *c);
+  weft_cache_ *c = calloc(1, sizeof *c);
   if (!c) return weft_error(WEFT_ERR_OOM, "caching allocator: out of host memory");
   c->be = *be;
   pthread_mutex_init(&c->mu, NULL);
@@ -59,14 +60,14 @@ weft_status weft_cuda_cache_new_(const weft_cuda_cache_backend_ *be, weft_cuda_c
   return WEFT_OK;
 }
 
-static void release_markers(weft_cuda_cache_ *c, cblock *b) {
-  for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS; s++) {
+static void release_markers(weft_cache_ *c, cblock *b) {
+  for (int s = 0; s < WEFT_CACHE_STREAMS; s++) {
     if (b->marker[s] && c->be.mark_release) c->be.mark_release(b->marker[s], c->be.ctx);
     b->marker[s] = NULL;
   }
 }
 
-void weft_cuda_cache_delete_(weft_cuda_cache_ *c) {
+void weft_cache_delete_(weft_cache_ *c) {
   if (!c) return;
   for (int i = 0; i < c->nall; i++) {
     release_markers(c, c->all[i]);
@@ -79,7 +80,7 @@ void weft_cuda_cache_delete_(weft_cuda_cache_ *c) {
 }
 
 /* Index of the last block whose start is <= p, or -1. */
-static int find_le(const weft_cuda_cache_ *c, const char *p) {
+static int find_le(const weft_cache_ *c, const char *p) {
   int lo = 0, hi = c->nall - 1, ans = -1;
   while (lo <= hi) {
     int mid = lo + (hi - lo) / 2;
@@ -93,7 +94,7 @@ static int find_le(const weft_cuda_cache_ *c, const char *p) {
   return ans;
 }
 
-static bool insert_sorted(weft_cuda_cache_ *c, cblock *b) {
+static bool insert_sorted(weft_cache_ *c, cblock *b) {
   if (c->nall == c->capall) {
     int cap = c->capall ? 2 * c->capall : 64;
     cblock **v = realloc(c->all, (size_t)cap * sizeof *v);
@@ -108,7 +109,7 @@ static bool insert_sorted(weft_cuda_cache_ *c, cblock *b) {
   return true;
 }
 
-static void remove_sorted(weft_cuda_cache_ *c, cblock *b) {
+static void remove_sorted(weft_cache_ *c, cblock *b) {
   int at = find_le(c, b->ptr);
   WEFT_ASSERT(at >= 0 && c->all[at] == b);
   memmove(c->all + at, c->all + at + 1, (size_t)(c->nall - at - 1) * sizeof *c->all);
@@ -116,12 +117,12 @@ static void remove_sorted(weft_cuda_cache_ *c, cblock *b) {
 }
 
 /* Moves pending blocks whose markers all completed to their stream's list. */
-static void settle_pending(weft_cuda_cache_ *c) {
+static void settle_pending(weft_cache_ *c) {
   cblock **pp = &c->pending;
   while (*pp) {
     cblock *b = *pp;
     bool done = true;
-    for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS && done; s++)
+    for (int s = 0; s < WEFT_CACHE_STREAMS && done; s++)
       if (b->marker[s]) done = c->be.mark_done ? c->be.mark_done(b->marker[s], c->be.ctx) : true;
     if (done) {
       release_markers(c, b);
@@ -135,9 +136,9 @@ static void settle_pending(weft_cuda_cache_ *c) {
 }
 
 /* Returns every free (settled) block to the backend. Caller holds mu. */
-static void trim_locked(weft_cuda_cache_ *c) {
+static void trim_locked(weft_cache_ *c) {
   settle_pending(c);
-  for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS; s++) {
+  for (int s = 0; s < WEFT_CACHE_STREAMS; s++) {
     cblock *b = c->free_list[s];
     while (b) {
       cblock *next = b->next;
@@ -152,17 +153,17 @@ static void trim_locked(weft_cuda_cache_ *c) {
   }
 }
 
-void weft_cuda_cache_trim_(weft_cuda_cache_ *c) {
+void weft_cache_trim_(weft_cache_ *c) {
   pthread_mutex_lock(&c->mu);
   trim_locked(c);
   pthread_mutex_unlock(&c->mu);
 }
 
-weft_status weft_cuda_cache_alloc_(weft_cuda_cache_ *c, size_t bytes, int stream, void **out) {
+weft_status weft_cache_alloc_(weft_cache_ *c, size_t bytes, int stream, void **out) {
   *out = NULL;
-  if (stream < 0 || stream >= WEFT_CUDA_CACHE_STREAMS)
+  if (stream < 0 || stream >= WEFT_CACHE_STREAMS)
     return weft_error(WEFT_ERR_INVALID, "caching allocator: stream %d out of range", stream);
-  size_t cls = weft_cuda_cache_round_(bytes);
+  size_t cls = weft_cache_round_(bytes);
   if (cls == 0)
     return weft_error(WEFT_ERR_OOM, "caching allocator: a request of %zu bytes is too large",
                       bytes);
@@ -203,9 +204,9 @@ weft_status weft_cuda_cache_alloc_(weft_cuda_cache_ *c, size_t bytes, int stream
     int64_t reserved = c->st.reserved_bytes;
     pthread_mutex_unlock(&c->mu);
     return weft_error(WEFT_ERR_OOM,
-                      "device allocation of %zu bytes (class %zu) failed with %lld bytes "
+                      "%s allocation of %zu bytes (class %zu) failed with %lld bytes "
                       "reserved by weft",
-                      bytes, cls, (long long)reserved);
+                      c->be.memory ? c->be.memory : "device", bytes, cls, (long long)reserved);
   }
   c->st.reserved_bytes += (int64_t)cls;
   c->st.misses++;
@@ -215,14 +216,14 @@ weft_status weft_cuda_cache_alloc_(weft_cuda_cache_ *c, size_t bytes, int stream
 }
 
 /* The live block starting exactly at ptr (caller holds mu), or NULL. */
-static cblock *live_at(const weft_cuda_cache_ *c, const void *ptr) {
+static cblock *live_at(const weft_cache_ *c, const void *ptr) {
   int at = find_le(c, ptr);
   if (at < 0 || c->all[at]->ptr != ptr || !c->all[at]->live) return NULL;
   return c->all[at];
 }
 
-weft_status weft_cuda_cache_record_stream_(weft_cuda_cache_ *c, void *ptr, int stream) {
-  if (stream < 0 || stream >= WEFT_CUDA_CACHE_STREAMS)
+weft_status weft_cache_record_stream_(weft_cache_ *c, void *ptr, int stream) {
+  if (stream < 0 || stream >= WEFT_CACHE_STREAMS)
     return weft_error(WEFT_ERR_INVALID, "caching allocator: stream %d out of range", stream);
   pthread_mutex_lock(&c->mu);
   cblock *b = live_at(c, ptr);
@@ -232,7 +233,7 @@ weft_status weft_cuda_cache_record_stream_(weft_cuda_cache_ *c, void *ptr, int s
   return WEFT_OK;
 }
 
-size_t weft_cuda_cache_free_(weft_cuda_cache_ *c, void *ptr) {
+size_t weft_cache_free_(weft_cache_ *c, void *ptr) {
   if (!ptr) return 0;
   pthread_mutex_lock(&c->mu);
   cblock *b = live_at(c, ptr);
@@ -244,7 +245,7 @@ size_t weft_cuda_cache_free_(weft_cuda_cache_ *c, void *ptr) {
   b->live = false;
   c->st.cached_bytes += (int64_t)b->size;
   bool waits = false;
-  for (int s = 0; s < WEFT_CUDA_CACHE_STREAMS; s++) {
+  for (int s = 0; s < WEFT_CACHE_STREAMS; s++) {
     if (!(b->used_on & (1u << s))) continue;
     b->marker[s] = c->be.mark ? c->be.mark(s, c->be.ctx) : NULL;
     waits = waits || b->marker[s] != NULL;
@@ -261,10 +262,9 @@ size_t weft_cuda_cache_free_(weft_cuda_cache_ *c, void *ptr) {
   return req;
 }
 
-bool weft_cuda_cache_lookup_(const weft_cuda_cache_ *c, const void *ptr, void **start,
-                             size_t *bytes) {
+bool weft_cache_lookup_(const weft_cache_ *c, const void *ptr, void **start, size_t *bytes) {
   if (!c || !ptr) return false;
-  weft_cuda_cache_ *mc = (weft_cuda_cache_ *)c; /* the lock is not part of the value */
+  weft_cache_ *mc = (weft_cache_ *)c; /* the lock is not part of the value */
   pthread_mutex_lock(&mc->mu);
   int at = find_le(c, ptr);
   bool hit = false;
@@ -281,14 +281,14 @@ bool weft_cuda_cache_lookup_(const weft_cuda_cache_ *c, const void *ptr, void **
   return hit;
 }
 
-bool weft_cuda_cache_owns_(const weft_cuda_cache_ *c, const void *ptr) {
-  return weft_cuda_cache_lookup_(c, ptr, NULL, NULL);
+bool weft_cache_owns_(const weft_cache_ *c, const void *ptr) {
+  return weft_cache_lookup_(c, ptr, NULL, NULL);
 }
 
-weft_cuda_cache_stats weft_cuda_cache_stats_(const weft_cuda_cache_ *c) {
-  weft_cuda_cache_stats s = {0};
+weft_cache_stats weft_cache_stats_(const weft_cache_ *c) {
+  weft_cache_stats s = {0};
   if (!c) return s;
-  weft_cuda_cache_ *mc = (weft_cuda_cache_ *)c;
+  weft_cache_ *mc = (weft_cache_ *)c;
   pthread_mutex_lock(&mc->mu);
   s = c->st;
   pthread_mutex_unlock(&mc->mu);
