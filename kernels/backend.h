@@ -440,6 +440,15 @@ WEFT_API weft_status weft_device_set_matmul_precision(weft_device dev, weft_matm
 WEFT_API weft_matmul_precision weft_device_matmul_precision(weft_device dev);
 WEFT_API weft_status weft_device_cache_stats(weft_device dev, weft_cache_stats *out);
 WEFT_API weft_status weft_device_empty_cache(weft_device dev);
+/* Threads of the CPU backend's kernels (GEMMs through OpenBLAS, attention,
+ * elementwise ops, activations, norms, softmax, cross-entropy), this
+ * process. n >= 1; the results do not depend on it (every kernel splits
+ * its work in fixed chunks). Sets OpenBLAS's count (the pthreads build; the
+ * starting value is OPENBLAS_NUM_THREADS); with another BLAS, or none, the
+ * kernels run on 1 thread and this is WEFT_ERR_UNSUPPORTED for n > 1.
+ * Local; not while another thread runs CPU kernels. */
+WEFT_API weft_status weft_cpu_set_num_threads(int n);
+WEFT_API int weft_cpu_num_threads(void);
 
 /* ------------------------------------------------------------- compute */
 /* weft_backend_<op>(dev, args...) calls member <op> of dev's table with the

@@ -64,8 +64,7 @@ size_t weft_cache_free_(weft_cache_ *c, void *ptr);
 /* true when ptr lies inside a live block (any byte of it). */
 bool weft_cache_owns_(const weft_cache_ *c, const void *ptr);
 /* Start of the live block holding ptr and its requested size; false if none. */
-bool weft_cache_lookup_(const weft_cache_ *c, const void *ptr, void **start,
-                             size_t *bytes);
+bool weft_cache_lookup_(const weft_cache_ *c, const void *ptr, void **start, size_t *bytes);
 weft_cache_stats weft_cache_stats_(const weft_cache_ *c);
 /* Returns free blocks whose markers completed to the backend. */
 void weft_cache_trim_(weft_cache_ *c);

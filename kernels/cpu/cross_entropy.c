@@ -4,12 +4,13 @@
  * over the ranks the caller performs between them (local_max,
  * local_target, local_sumexp, finish, backward_local). Row maxima and
  * exp sums use simd.h's row helpers (sums in double); the mean loss is
- * summed in double in row order. */
+ * summed in double over fixed chunks of rows (below). */
 #include <math.h>
 #include <stdint.h>
 
 #include "arg_checks.h"
 #include "layers.h"
+#include "pool.h"
 #include "simd.h"
 
 /* Errors name the operation, as every backend's do (arg_checks.h):
@@ -29,6 +30,67 @@ static weft_status check_targets(const char *op, const int32_t *targets, int64_t
   return WEFT_OK;
 }
 
+/* The CPU threads take fixed chunks of rows (pool.h), each computed as in
+ * the serial loop; the forward's loss adds one partial per chunk in chunk
+ * order (at most CE_CHUNKS chunks), so the bits do not depend on the thread
+ * count. */
+#define CE_CHUNKS 64
+
+typedef struct ce_args {
+  float *lse, *out;
+  const float *logits, *gmax, *lse_in;
+  const int32_t *targets;
+  int64_t V, v0, grain;
+  float scale;
+  double part[CE_CHUNKS];
+} ce_args;
+
+/* Rows per chunk: about WEFT_CPU_GRAIN logits, and at most CE_CHUNKS chunks. */
+static int64_t ce_grain(int64_t N, int64_t V) {
+  int64_t g = V >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / (V > 0 ? V : 1);
+  const int64_t least = (N + CE_CHUNKS - 1) / CE_CHUNKS;
+  return g > least ? g : least > 0 ? least : 1;
+}
+
+static void ce_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+  ce_args *a = ctx;
+  const int64_t V = a->V;
+  double total = 0.0;
+  for (int64_t n = lo; n < hi; n++) {
+    const float *row = a->logits + n * V;
+    const float mx = row_max_of(row, V);
+    double sum = row_exp_sum(NULL, row, V, mx, 1.0f);
+    double l = (double)mx + log(sum);
+    if (a->lse) a->lse[n] = (float)l;
+    total += l - (double)row[a->targets[n]];
+  }
+  a->part[lo / a->grain] = total;
+}
+
+static void ce_max_rows(void *ctx, int64_t lo, int64_t hi) {
+  const ce_args *a = ctx;
+  for (int64_t n = lo; n < hi; n++)
+    a->out[n] = a->V > 0 ? row_max_of(a->logits + n * a->V, a->V) : -INFINITY;
+}
+
+static void ce_sumexp_rows(void *ctx, int64_t lo, int64_t hi) {
+  const ce_args *a = ctx;
+  for (int64_t n = lo; n < hi; n++)
+    a->out[n] = (float)row_exp_sum(NULL, a->logits + n * a->V, a->V, a->gmax[n], 1.0f);
+}
+
+static void ce_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+  const ce_args *a = ctx;
+  const int64_t nv = a->V;
+  for (int64_t n = lo; n < hi; n++) {
+    const float *row = a->logits + n * nv;
+    float *drow = a->out + n * nv;
+    row_exp(drow, row, nv, a->lse_in[n], a->scale); /* drow = exp(row - lse) * scale */
+    int64_t t = (int64_t)a->targets[n] - a->v0;
+    if (t >= 0 && t < nv) drow[t] -= a->scale;
+  }
+}
+
 weft_status weft_cross_entropy_forward(double *loss, float *lse, const float *logits,
                                        const int32_t *targets, int64_t N, int64_t V) {
   CHECK_SIZES(N, V);
@@ -37,15 +99,12 @@ weft_status weft_cross_entropy_forward(double *loss, float *lse, const float *lo
   CHECK_PTR(targets, N);
   if (V == 0 && N > 0) return weft_error(WEFT_ERR_INVALID, "V = 0: no classes");
   WEFT_CHECK(check_targets(weft_op_name_(__func__), targets, N, V));
+  /* one partial sum per fixed chunk of rows, added in chunk order */
+  ce_args a = {.lse = lse, .logits = logits, .targets = targets, .V = V};
+  a.grain = ce_grain(N, V);
+  weft_cpu_par_range_(N, a.grain, ce_forward_rows, &a);
   double total = 0.0;
-  for (int64_t n = 0; n < N; n++) {
-    const float *row = logits + n * V;
-    const float mx = row_max_of(row, V);
-    double sum = row_exp_sum(NULL, row, V, mx, 1.0f);
-    double l = (double)mx + log(sum);
-    if (lse) lse[n] = (float)l;
-    total += l - (double)row[targets[n]];
-  }
+  for (int64_t c = 0; c * a.grain < N; c++) total += a.part[c];
   *loss = N > 0 ? total / (double)N : 0.0;
   return WEFT_OK;
 }
@@ -66,8 +125,8 @@ weft_status weft_cross_entropy_local_max(float *row_max, const float *logits_loc
   CHECK_SIZES(N, nv);
   CHECK_PTR(row_max, N);
   CHECK_PTR(logits_local, N * nv);
-  for (int64_t n = 0; n < N; n++)
-    row_max[n] = nv > 0 ? row_max_of(logits_local + n * nv, nv) : -INFINITY;
+  ce_args a = {.out = row_max, .logits = logits_local, .V = nv};
+  weft_cpu_par_range_(N, ce_grain(N, nv), ce_max_rows, &a);
   return WEFT_OK;
 }
 
@@ -92,8 +151,8 @@ weft_status weft_cross_entropy_local_sumexp(float *sumexp, const float *logits_l
   CHECK_PTR(sumexp, N);
   CHECK_PTR(logits_local, N * nv);
   CHECK_PTR(gmax, N);
-  for (int64_t n = 0; n < N; n++)
-    sumexp[n] = (float)row_exp_sum(NULL, logits_local + n * nv, nv, gmax[n], 1.0f);
+  ce_args a = {.out = sumexp, .logits = logits_local, .gmax = gmax, .V = nv};
+  weft_cpu_par_range_(N, ce_grain(N, nv), ce_sumexp_rows, &a);
   return WEFT_OK;
 }
 
@@ -127,12 +186,13 @@ weft_status weft_cross_entropy_backward_local(float *dlogits_local, const float 
   CHECK_PTR(lse, N);
   CHECK_PTR(targets, N);
   WEFT_CHECK(check_targets(weft_op_name_(__func__), targets, N, -1));
-  for (int64_t n = 0; n < N; n++) {
-    const float *row = logits_local + n * nv;
-    float *drow = dlogits_local + n * nv;
-    row_exp(drow, row, nv, lse[n], scale); /* drow = exp(row - lse) * scale */
-    int64_t t = (int64_t)targets[n] - v0;
-    if (t >= 0 && t < nv) drow[t] -= scale;
-  }
+  ce_args a = {.out = dlogits_local,
+               .logits = logits_local,
+               .lse_in = lse,
+               .targets = targets,
+               .V = nv,
+               .v0 = v0,
+               .scale = scale};
+  weft_cpu_par_range_(N, ce_grain(N, nv), ce_backward_rows, &a);
   return WEFT_OK;
 }

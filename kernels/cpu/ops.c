@@ -13,6 +13,7 @@
 #include "backend_internal.h"
 #include "cpu_internal.h"
 #include "kernels.h"
+#include "pool.h"
 #include "tensor_internal.h"
 
 /* ----------------------------------------------------------- checks */
@@ -192,6 +193,40 @@ static void f32_axpy(float *y, float al, const float *x, int64_t n) {
   for (; i < n; i++) y[i] += al * x[i];
 }
 
+/* The contiguous f32 loops over fixed chunks on the CPU threads (pool.h):
+ * each element is computed as in the serial loop. */
+typedef struct f32_args {
+  ew_kind kind;
+  float *o;
+  const float *x, *y;
+  float al;
+} f32_args;
+
+static void f32_span(void *ctx, int64_t lo, int64_t hi) {
+  const f32_args *a = ctx;
+  switch (a->kind) {
+    case EW_ADD:
+      f32_add(a->o + lo, a->x + lo, a->y + lo, hi - lo);
+      break;
+    case EW_MUL:
+      f32_mul(a->o + lo, a->x + lo, a->y + lo, hi - lo);
+      break;
+    case EW_SCALE:
+      f32_scale(a->o + lo, a->al, hi - lo);
+      break;
+    case EW_AXPY:
+      f32_axpy(a->o + lo, a->al, a->x + lo, hi - lo);
+      break;
+    default:
+      break;
+  }
+}
+
+static void f32_run(ew_kind kind, float *o, const float *x, const float *y, float al, int64_t n) {
+  f32_args a = {kind, o, x, y, al};
+  weft_cpu_par_range_(n, WEFT_CPU_GRAIN, f32_span, &a);
+}
+
 static bool all_contig_f32(int nops, const weft_tensor *const *ops) {
   for (int i = 0; i < nops; i++)
     if (ops[i]->dtype != WEFT_F32 || !weft_tensor_is_contiguous(ops[i])) return false;
@@ -202,10 +237,7 @@ static weft_status binary_cpu(ew_kind kind, weft_tensor *out, const weft_tensor 
                               const weft_tensor *b) {
   const weft_tensor *ops[3] = {out, a, b};
   if (all_contig_f32(3, ops)) {
-    if (kind == EW_ADD)
-      f32_add(out->data, a->data, b->data, weft_tensor_numel(out));
-    else
-      f32_mul(out->data, a->data, b->data, weft_tensor_numel(out));
+    f32_run(kind, out->data, a->data, b->data, 0.0f, weft_tensor_numel(out));
     return WEFT_OK;
   }
   ew_run(kind, 0.0, 3, ops);
@@ -223,7 +255,7 @@ weft_status weft_cpu_mul_(weft_tensor *out, const weft_tensor *a, const weft_ten
 weft_status weft_cpu_scale_(weft_tensor *t, double alpha) {
   const weft_tensor *ops[1] = {t};
   if (all_contig_f32(1, ops)) {
-    f32_scale(t->data, (float)alpha, weft_tensor_numel(t));
+    f32_run(EW_SCALE, t->data, NULL, NULL, (float)alpha, weft_tensor_numel(t));
     return WEFT_OK;
   }
   ew_run(EW_SCALE, alpha, 1, ops);
@@ -239,7 +271,7 @@ weft_status weft_cpu_div_scalar_(weft_tensor *t, double divisor) {
 weft_status weft_cpu_axpy_(weft_tensor *y, double alpha, const weft_tensor *x) {
   const weft_tensor *ops[2] = {y, x};
   if (all_contig_f32(2, ops)) {
-    f32_axpy(y->data, (float)alpha, x->data, weft_tensor_numel(y));
+    f32_run(EW_AXPY, y->data, x->data, NULL, (float)alpha, weft_tensor_numel(y));
     return WEFT_OK;
   }
   ew_run(EW_AXPY, alpha, 2, ops);

@@ -8,6 +8,7 @@
 
 #include "arg_checks.h"
 #include "layers.h"
+#include "pool.h"
 #include "simd.h"
 
 /* ---------------------------------------------------------------- SwiGLU */
@@ -54,15 +55,12 @@ AVX2_FN static void swiglu_bwd_avx2(float *da, float *db, const float *dout, con
 }
 #endif
 
-weft_status weft_swiglu_forward(float *out, const float *a, const float *b, int64_t n) {
-  CHECK_SIZES(n);
-  CHECK_PTR(out, n);
-  CHECK_PTR(a, n);
-  CHECK_PTR(b, n);
+/* out = silu(a) * b over n elements, on this thread. */
+static void swiglu_fwd(float *out, const float *a, const float *b, int64_t n) {
 #ifdef HAVE_AVX2_PATH
   if (use_avx2()) {
     swiglu_fwd_avx2(out, a, b, n);
-    return WEFT_OK;
+    return;
   }
 #endif
   const vf4 one = vset(1.0f);
@@ -75,16 +73,15 @@ weft_status weft_swiglu_forward(float *out, const float *a, const float *b, int6
     vf4 x = vload_tail(a + i, n - i, 0.0f);
     vstore_tail(out + i, x / (one + vexp(-x)) * vload_tail(b + i, n - i, 0.0f), n - i);
   }
-  return WEFT_OK;
 }
 
-weft_status weft_swiglu_backward(float *da, float *db, const float *dout, const float *a,
-                                 const float *b, int64_t n) {
-  WEFT_RETURN_IF_BAD_(weft_check_swiglu_backward_(weft_op_name_(__func__), da, db, dout, a, b, n));
+/* SwiGLU's backward over n elements, on this thread. */
+static void swiglu_bwd(float *da, float *db, const float *dout, const float *a, const float *b,
+                       int64_t n) {
 #ifdef HAVE_AVX2_PATH
   if (use_avx2()) {
     swiglu_bwd_avx2(da, db, dout, a, b, n);
-    return WEFT_OK;
+    return;
   }
 #endif
   const vf4 one = vset(1.0f);
@@ -105,32 +102,83 @@ weft_status weft_swiglu_backward(float *da, float *db, const float *dout, const 
     vstore_tail(da + i, d * y * s * (one + x * (one - s)), m);
     vstore_tail(db + i, d * silu, m);
   }
+}
+
+/* The SwiGLU and residual kernels split their elements over the CPU
+ * threads in fixed chunks (pool.h), each element computed as on one
+ * thread (the lanes do the same arithmetic as the tails). */
+typedef struct pw_args {
+  float *out, *da, *db;
+  const float *a, *b, *dout;
+} pw_args;
+
+static void swiglu_fwd_span(void *ctx, int64_t lo, int64_t hi) {
+  const pw_args *p = ctx;
+  swiglu_fwd(p->out + lo, p->a + lo, p->b + lo, hi - lo);
+}
+
+static void swiglu_bwd_span(void *ctx, int64_t lo, int64_t hi) {
+  const pw_args *p = ctx;
+  swiglu_bwd(p->da + lo, p->db + lo, p->dout + lo, p->a + lo, p->b + lo, hi - lo);
+}
+
+/* out = f(a, b) elementwise over n (SwiGLU and residual forward): the
+ * checks, named after the caller, then fixed chunks on the CPU threads. */
+static weft_status pw_binary(const char *func, float *out, const float *a, const float *b,
+                             int64_t n, weft_cpu_range_fn span) {
+  const char *op = weft_op_name_(func);
+  CHECK_SIZES_AT(op, n);
+  CHECK_PTR_AT(op, out, n);
+  CHECK_PTR_AT(op, a, n);
+  CHECK_PTR_AT(op, b, n);
+  pw_args p = {.out = out, .a = a, .b = b};
+  weft_cpu_par_range_(n, WEFT_CPU_GRAIN, span, &p);
+  return WEFT_OK;
+}
+
+weft_status weft_swiglu_forward(float *out, const float *a, const float *b, int64_t n) {
+  return pw_binary(__func__, out, a, b, n, swiglu_fwd_span);
+}
+
+weft_status weft_swiglu_backward(float *da, float *db, const float *dout, const float *a,
+                                 const float *b, int64_t n) {
+  WEFT_RETURN_IF_BAD_(weft_check_swiglu_backward_(weft_op_name_(__func__), da, db, dout, a, b, n));
+  pw_args p = {.da = da, .db = db, .dout = dout, .a = a, .b = b};
+  weft_cpu_par_range_(n, WEFT_CPU_GRAIN, swiglu_bwd_span, &p);
   return WEFT_OK;
 }
 
 /* -------------------------------------------------------------- residual */
 
+static void residual_fwd_span(void *ctx, int64_t lo, int64_t hi) {
+  const pw_args *p = ctx;
+  float *out = p->out;
+  const float *a = p->a, *b = p->b;
+  int64_t i = lo;
+  for (; i + VL <= hi; i += VL) vstore(out + i, vload(a + i) + vload(b + i));
+  for (; i < hi; i++) out[i] = a[i] + b[i];
+}
+
+static void residual_bwd_span(void *ctx, int64_t lo, int64_t hi) {
+  const pw_args *p = ctx;
+  float *dst[2] = {p->da, p->db};
+  for (int k = 0; k < 2; k++) {
+    float *x = dst[k];
+    if (!x) continue;
+    int64_t i = lo;
+    for (; i + VL <= hi; i += VL) vstore(x + i, vload(x + i) + vload(p->dout + i));
+    for (; i < hi; i++) x[i] += p->dout[i];
+  }
+}
+
 weft_status weft_residual_forward(float *out, const float *a, const float *b, int64_t n) {
-  CHECK_SIZES(n);
-  CHECK_PTR(out, n);
-  CHECK_PTR(a, n);
-  CHECK_PTR(b, n);
-  int64_t i = 0;
-  for (; i + VL <= n; i += VL) vstore(out + i, vload(a + i) + vload(b + i));
-  for (; i < n; i++) out[i] = a[i] + b[i];
-  return WEFT_OK;
+  return pw_binary(__func__, out, a, b, n, residual_fwd_span);
 }
 
 weft_status weft_residual_backward(float *da, float *db, const float *dout, int64_t n) {
   CHECK_SIZES(n);
   CHECK_PTR(dout, n);
-  float *dst[2] = {da, db};
-  for (int k = 0; k < 2; k++) {
-    float *x = dst[k];
-    if (!x) continue;
-    int64_t i = 0;
-    for (; i + VL <= n; i += VL) vstore(x + i, vload(x + i) + vload(dout + i));
-    for (; i < n; i++) x[i] += dout[i];
-  }
+  pw_args p = {.da = da, .db = db, .dout = dout};
+  weft_cpu_par_range_(n, WEFT_CPU_GRAIN, residual_bwd_span, &p);
   return WEFT_OK;
 }

@@ -1,4 +1,5 @@
-/* kernels/cpu/pool.c — the thread pool of CPU attention (pool.h).
+/* kernels/cpu/pool.c — the thread pool of CPU attention and of the chunked
+ * non-GEMM kernels (pool.h).
  * The (batch, head) pairs of attention are independent and each one's
  * GEMMs are small (64 query rows x at most T keys x hd): OpenBLAS splits
  * such a GEMM over its threads with a synchronisation per call, which
@@ -13,7 +14,9 @@
  * pool (the workers do not survive it). Without BLAS the loop is serial. */
 #include <stdint.h>
 
+#include "backend.h" /* weft_cpu_set_num_threads */
 #include "pool.h"
+#include "status.h"
 #include "weft_config.h"
 
 #if WEFT_HAVE_BLAS
@@ -146,6 +149,47 @@ static void par_run(int64_t n, int nt, weft_cpu_par_fn fn, void *ctx, float *own
   for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
 }
 
+int weft_cpu_threads_(void) { return par_threads(); }
+int weft_cpu_num_threads(void) { return par_threads(); }
+
+weft_status weft_cpu_set_num_threads(int n) {
+  if (n < 1 || n > PAR_MAX)
+    return weft_error(WEFT_ERR_INVALID, "weft_cpu_set_num_threads: %d threads (want 1..%d)", n,
+                      PAR_MAX);
+  if (openblas_get_parallel() != 1 && n > 1)
+    return weft_error(WEFT_ERR_UNSUPPORTED,
+                      "weft_cpu_set_num_threads: this OpenBLAS is not the pthreads build, so the "
+                      "CPU kernels run on 1 thread");
+  openblas_set_num_threads(n);
+  return WEFT_OK;
+}
+
+typedef struct range_job {
+  weft_cpu_range_fn fn;
+  void *ctx;
+  int64_t n, grain;
+} range_job;
+
+static void range_item(void *c, int64_t i, float *scratch) {
+  (void)scratch;
+  const range_job *j = c;
+  const int64_t lo = i * j->grain, hi = j->n - lo < j->grain ? j->n : lo + j->grain;
+  j->fn(j->ctx, lo, hi);
+}
+
+void weft_cpu_par_range_(int64_t n, int64_t grain, weft_cpu_range_fn fn, void *ctx) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  range_job j = {fn, ctx, n, grain};
+  const int64_t chunks = (n - 1) / grain + 1;
+  const int nt = par_threads();
+  if (nt > 1 && chunks > 1) {
+    par_run(chunks, nt, range_item, &j, NULL, 0);
+    return;
+  }
+  for (int64_t i = 0; i < chunks; i++) range_item(&j, i, NULL);
+}
+
 /* Runs fn over the n items on OpenBLAS's thread count with OpenBLAS at 1
  * thread meanwhile (see the top of this file). */
 void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int64_t floats) {
@@ -162,5 +206,21 @@ void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int
 void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int64_t floats) {
   (void)floats;
   for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
+}
+
+int weft_cpu_threads_(void) { return 1; }
+int weft_cpu_num_threads(void) { return 1; }
+
+weft_status weft_cpu_set_num_threads(int n) {
+  if (n == 1) return WEFT_OK;
+  return weft_error(WEFT_ERR_UNSUPPORTED,
+                    "weft_cpu_set_num_threads: %d threads, but this build has no BLAS and its CPU "
+                    "kernels run on 1 thread",
+                    n);
+}
+
+void weft_cpu_par_range_(int64_t n, int64_t grain, weft_cpu_range_fn fn, void *ctx) {
+  if (grain < 1) grain = 1;
+  for (int64_t lo = 0; lo < n; lo += grain) fn(ctx, lo, n - lo < grain ? n : lo + grain);
 }
 #endif /* WEFT_HAVE_BLAS */

@@ -1,7 +1,8 @@
 /* kernels/cpu/pool.h — private to kernels/cpu/: the small thread pool that
  * runs the independent (batch, head) items of CPU attention (attention.c)
- * on OpenBLAS's thread count; pool.c says when it threads and why. Not
- * installed. */
+ * and the fixed chunks of the non-GEMM kernels (elementwise ops,
+ * activations, norms, softmax, cross-entropy) on OpenBLAS's thread count;
+ * pool.c says when it threads and why. Not installed. */
 #ifndef WEFT_CPU_POOL_H
 #define WEFT_CPU_POOL_H
 
@@ -22,5 +23,28 @@ typedef void (*weft_cpu_par_fn)(void *ctx, int64_t item, float *scratch);
  * each other; each then gives the same bits as in a serial loop. Does not
  * fail: a worker or scratch block that cannot be had means fewer threads. */
 void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int64_t floats);
+
+/* One chunk of a parallel range: elements (or rows, columns) [lo, hi). */
+typedef void (*weft_cpu_range_fn)(void *ctx, int64_t lo, int64_t hi);
+
+/* Calls fn(ctx, lo, hi) once for every chunk [i * grain, min(n, (i + 1) *
+ * grain)) of [0, n), in no set order, and returns when all are done; on
+ * weft_cpu_threads_() threads (the caller and pool workers), else here in
+ * order. The chunks do not depend on the thread count, so a kernel whose
+ * chunks write disjoint outputs, each computed from its own inputs, gives
+ * the same bits on any number of threads; a reduction keeps one partial
+ * per chunk and combines them in chunk order. Unlike weft_cpu_par_for_ it
+ * leaves OpenBLAS's thread count alone: fn must not call BLAS. Local, does
+ * not fail (a pool that cannot run it runs it here). */
+void weft_cpu_par_range_(int64_t n, int64_t grain, weft_cpu_range_fn fn, void *ctx);
+
+/* The threads weft's CPU kernels use: OpenBLAS's setting
+ * (OPENBLAS_NUM_THREADS, weft_cpu_set_num_threads) with the pthreads
+ * OpenBLAS, else 1. */
+int weft_cpu_threads_(void);
+
+/* Elements a chunk of elementwise work should hold at least (64 KiB of
+ * f32): below that a thread's wake-up costs more than the work. */
+#define WEFT_CPU_GRAIN 16384
 
 #endif /* WEFT_CPU_POOL_H */

@@ -7,11 +7,13 @@
  * Errors are normalised, ||got - want|| / ||want||, as ggml's backend test. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h" /* weft_cpu_set_num_threads */
 #include "harness.h"
 #include "kernels.h"
 #include "layers.h"
@@ -912,4 +914,113 @@ Test(layers, sumsq_and_clip_coef_follow_clip_grad_norm) {
   cr_expect_eq(weft_clip_coef(0.5, 1.0), 1.0);
   weft_scale_f32(x, 5, 0.5f);
   cr_expect(x[0] == 1.5f && x[1] == -2.0f, "scaled %g %g", (double)x[0], (double)x[1]);
+}
+
+/* ------------------------------------------- 1 thread and N threads alike */
+
+/* The CPU kernels split their work over weft_cpu_num_threads() threads in
+ * fixed chunks (kernels/cpu/pool.h), so their results must be the same
+ * bits on 1, 2 and 3 threads. Shapes give every kernel several chunks
+ * (N x C = 301 x 700 floats: 13 chunks of rows or elements, 11 column
+ * blocks). */
+typedef struct thr_bufs {
+  float *out, *mean, *rstd, *dinp, *dw, *db, *lse, *act_f, *act_b, *sm_f, *sm_b, *drop, *ce_d,
+      *ce_max, *ce_sum, *sw_f, *sw_da, *sw_db, *res_f, *res_da, *res_db, *add, *mul, *scale, *axpy;
+  double ce_loss;
+} thr_bufs;
+
+enum { THR_N = 301, THR_C = 700 };
+
+static void thr_run(thr_bufs *o, const float *x, const float *w, const float *b, const float *dy,
+                    const float *u, const float *y2, const int32_t *tg) {
+  const int64_t N = THR_N, C = THR_C, n = N * C;
+  cr_assert_eq(weft_layernorm_forward(o->out, o->mean, o->rstd, x, w, b, N, C, 1e-5f), WEFT_OK);
+  memset(o->dw, 0, sizeof(float) * C);
+  memset(o->db, 0, sizeof(float) * C);
+  cr_assert_eq(
+      weft_layernorm_backward(o->dinp, o->dw, o->db, dy, x, w, o->mean, o->rstd, N, C, false),
+      WEFT_OK);
+  cr_assert_eq(weft_activation_forward(WEFT_ACT_GELU_TANH, o->act_f, x, n), WEFT_OK);
+  memcpy(o->act_b, y2, sizeof(float) * n);
+  cr_assert_eq(weft_activation_backward(WEFT_ACT_SILU, o->act_b, dy, x, n, true), WEFT_OK);
+  cr_assert_eq(weft_softmax_forward(o->sm_f, x, N, C), WEFT_OK);
+  cr_assert_eq(weft_softmax_backward(o->sm_b, dy, o->sm_f, N, C, false), WEFT_OK);
+  cr_assert_eq(weft_dropout_apply(o->drop, x, u, 0.3f, n), WEFT_OK);
+  cr_assert_eq(weft_cross_entropy_forward(&o->ce_loss, o->lse, x, tg, N, C), WEFT_OK);
+  cr_assert_eq(weft_cross_entropy_backward(o->ce_d, x, o->lse, tg, N, C, 0.5f), WEFT_OK);
+  cr_assert_eq(weft_cross_entropy_local_max(o->ce_max, x, N, C), WEFT_OK);
+  cr_assert_eq(weft_cross_entropy_local_sumexp(o->ce_sum, x, o->ce_max, N, C), WEFT_OK);
+  cr_assert_eq(weft_swiglu_forward(o->sw_f, x, y2, n), WEFT_OK);
+  cr_assert_eq(weft_swiglu_backward(o->sw_da, o->sw_db, dy, x, y2, n), WEFT_OK);
+  cr_assert_eq(weft_residual_forward(o->res_f, x, y2, n), WEFT_OK);
+  memcpy(o->res_da, x, sizeof(float) * n);
+  memcpy(o->res_db, y2, sizeof(float) * n);
+  cr_assert_eq(weft_residual_backward(o->res_da, o->res_db, dy, n), WEFT_OK);
+  /* the tensor ops (kernels.h) on contiguous f32 */
+  weft_tensor *tx, *ty, *ta, *tm, *ts, *tp;
+  cr_assert_eq(weft_tensor_wrap((float *)x, WEFT_F32, WEFT_CPU, 1, &n, &tx), WEFT_OK);
+  cr_assert_eq(weft_tensor_wrap((float *)y2, WEFT_F32, WEFT_CPU, 1, &n, &ty), WEFT_OK);
+  cr_assert_eq(weft_tensor_wrap(o->add, WEFT_F32, WEFT_CPU, 1, &n, &ta), WEFT_OK);
+  cr_assert_eq(weft_tensor_wrap(o->mul, WEFT_F32, WEFT_CPU, 1, &n, &tm), WEFT_OK);
+  cr_assert_eq(weft_tensor_wrap(o->scale, WEFT_F32, WEFT_CPU, 1, &n, &ts), WEFT_OK);
+  cr_assert_eq(weft_tensor_wrap(o->axpy, WEFT_F32, WEFT_CPU, 1, &n, &tp), WEFT_OK);
+  cr_assert_eq(weft_add(ta, tx, ty), WEFT_OK);
+  cr_assert_eq(weft_mul(tm, tx, ty), WEFT_OK);
+  memcpy(o->scale, x, sizeof(float) * n);
+  cr_assert_eq(weft_scale(ts, 0.37), WEFT_OK);
+  memcpy(o->axpy, y2, sizeof(float) * n);
+  cr_assert_eq(weft_axpy(tp, -1.7, tx), WEFT_OK);
+  weft_tensor_destroy(tx), weft_tensor_destroy(ty), weft_tensor_destroy(ta);
+  weft_tensor_destroy(tm), weft_tensor_destroy(ts), weft_tensor_destroy(tp);
+}
+
+Test(layers, kernels_give_the_same_bits_on_1_2_and_3_threads) {
+  const int was = weft_cpu_num_threads();
+  if (weft_cpu_set_num_threads(2) != WEFT_OK)
+    cr_skip_test("this build's CPU kernels run on 1 thread: %s", weft_last_error());
+  rng_seed(4242);
+  const int64_t N = THR_N, C = THR_C, n = N * C;
+  float *x = falloc(n), *w = falloc(C), *b = falloc(C), *dy = falloc(n), *u = falloc(n),
+        *y2 = falloc(n);
+  int32_t *tg = malloc(sizeof(int32_t) * N);
+  fill(x, NULL, n, -4, 4);
+  fill(w, NULL, C, 0.5, 1.5);
+  fill(b, NULL, C, -1, 1);
+  fill(dy, NULL, n, -1, 1);
+  fill(u, NULL, n, 0, 1);
+  fill(y2, NULL, n, -2, 2);
+  for (int64_t i = 0; i < N; i++) tg[i] = irand((int32_t)C);
+  thr_bufs r[3];
+  const int threads[3] = {1, 2, 3};
+  for (int k = 0; k < 3; k++) {
+    float **f = (float **)&r[k];
+    for (size_t j = 0; j < offsetof(thr_bufs, ce_loss) / sizeof(float *); j++) f[j] = falloc(n);
+    cr_assert_eq(weft_cpu_set_num_threads(threads[k]), WEFT_OK);
+    cr_assert_eq(weft_cpu_num_threads(), threads[k]);
+    thr_run(&r[k], x, w, b, dy, u, y2, tg);
+  }
+  static const char *names[] = {
+      "layernorm out", "mean",      "rstd",       "layernorm dinp", "dweight",
+      "dbias",         "lse",       "gelu",       "silu backward",  "softmax",
+      "softmax bwd",   "dropout",   "ce dlogits", "ce local max",   "ce sumexp",
+      "swiglu",        "swiglu da", "swiglu db",  "residual",       "residual da",
+      "residual db",   "add",       "mul",        "scale",          "axpy"};
+  const int64_t len[] = {n, N, N, n, C, C, N, n, n, n, n, n, n, N, N, n, n, n, n, n, n, n, n, n, n};
+  _Static_assert(sizeof names / sizeof names[0] == offsetof(thr_bufs, ce_loss) / sizeof(float *),
+                 "one name per buffer");
+  for (int k = 1; k < 3; k++) {
+    float **a = (float **)&r[0], **c = (float **)&r[k];
+    for (size_t j = 0; j < sizeof names / sizeof names[0]; j++)
+      cr_expect(memcmp(a[j], c[j], sizeof(float) * (size_t)len[j]) == 0,
+                "%s: %d threads differ from 1 (seed %lu)", names[j], threads[k], seed_used);
+    cr_expect(memcmp(&r[0].ce_loss, &r[k].ce_loss, sizeof(double)) == 0,
+              "cross-entropy loss: %d threads %.17g, 1 thread %.17g", threads[k], r[k].ce_loss,
+              r[0].ce_loss);
+  }
+  for (int k = 0; k < 3; k++) {
+    float **f = (float **)&r[k];
+    for (size_t j = 0; j < offsetof(thr_bufs, ce_loss) / sizeof(float *); j++) free(f[j]);
+  }
+  free(x), free(w), free(b), free(dy), free(u), free(y2), free(tg);
+  cr_assert_eq(weft_cpu_set_num_threads(was), WEFT_OK);
 }
