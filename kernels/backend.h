@@ -440,13 +440,15 @@ WEFT_API weft_status weft_device_set_matmul_precision(weft_device dev, weft_matm
 WEFT_API weft_matmul_precision weft_device_matmul_precision(weft_device dev);
 WEFT_API weft_status weft_device_cache_stats(weft_device dev, weft_cache_stats *out);
 WEFT_API weft_status weft_device_empty_cache(weft_device dev);
-/* Threads of the CPU backend's kernels (GEMMs through OpenBLAS, attention,
- * elementwise ops, activations, norms, softmax, cross-entropy), this
- * process. n >= 1; the results do not depend on it (every kernel splits
- * its work in fixed chunks). Sets OpenBLAS's count (the pthreads build; the
- * starting value is OPENBLAS_NUM_THREADS); with another BLAS, or none, the
- * kernels run on 1 thread and this is WEFT_ERR_UNSUPPORTED for n > 1.
- * Local; not while another thread runs CPU kernels. */
+/* Threads of the CPU backend's kernels (GEMMs, attention, elementwise ops,
+ * activations, norms, softmax, cross-entropy), this process; n >= 1. The
+ * starting value is OpenBLAS's (OPENBLAS_NUM_THREADS, the pthreads build),
+ * after which weft keeps OpenBLAS itself at 1 thread and splits its GEMMs
+ * over its own threads (a program's own cblas calls then run on 1 thread
+ * too). Every kernel but the GEMMs gives the same bits on any count; a
+ * GEMM's bits may depend on it, as with OpenBLAS's threading. With another
+ * BLAS, or none, the kernels run on 1 thread and n > 1 is
+ * WEFT_ERR_UNSUPPORTED. Local; not while another thread runs CPU kernels. */
 WEFT_API weft_status weft_cpu_set_num_threads(int n);
 WEFT_API int weft_cpu_num_threads(void);
 

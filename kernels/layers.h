@@ -33,10 +33,12 @@
  * - No function here communicates; any rank may call any of them. The
  *   vocab-sharded pieces (embedding range, loss-parallel cross-entropy) are
  *   the local halves of algorithms whose reductions the caller performs.
- * - Not thread-parallel themselves (OpenBLAS may thread the GEMMs), except
- *   attention: with the pthreads OpenBLAS set to N > 1 threads it runs its
- *   (batch, head) pairs on N threads (OpenBLAS at 1 thread meanwhile) and
- *   returns the same bits as with N = 1 (kernels/cpu/pool.c says how).
+ * - Threads: weft_cpu_num_threads() (backend.h; OPENBLAS_NUM_THREADS at
+ *   start, OpenBLAS itself then runs on 1 thread). Every kernel but the
+ *   GEMMs splits its work in fixed chunks and returns the same bits on any
+ *   number of threads; a large weft_sgemm is split into one block of C per
+ *   thread, whose bits may depend on the count, as OpenBLAS's own threading
+ *   did (kernels/cpu/pool.c says why and how).
  */
 #ifndef WEFT_LAYERS_H
 #define WEFT_LAYERS_H

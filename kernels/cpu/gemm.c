@@ -17,6 +17,7 @@
 #include "cpu_internal.h"
 #include "kernels.h"
 #include "kernels_internal.h"
+#include "pool.h"
 #include "tensor_internal.h"
 #include "weft_config.h"
 
@@ -158,6 +159,54 @@ static bool blas_fits(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
 }
 #endif
 
+#if WEFT_HAVE_BLAS
+/* OpenBLAS runs on 1 thread (pool.c); a GEMM of at least SGEMM_PAR_FLOPS
+ * is split over the CPU threads into `parts` blocks of C's rows (or
+ * columns, when C is wider than tall), each a 1-thread cblas_sgemm, block
+ * edges on multiples of SGEMM_PAR_ALIGN. As with OpenBLAS's own threading,
+ * the bits of C may depend on the split, so on the thread count. */
+#define SGEMM_PAR_FLOPS 8388608.0 /* 2^23: ~0.1 ms on one core, well above a wake-up */
+#define SGEMM_PAR_ALIGN 16
+
+typedef struct sgemm_job {
+  bool ta, tb;
+  int64_t m, n, k;
+  float alpha;
+  const float *a;
+  int64_t lda;
+  const float *b;
+  int64_t ldb;
+  float beta;
+  float *c;
+  int64_t ldc;
+  int parts;
+  bool split_m; /* blocks of rows of C, else of columns */
+} sgemm_job;
+
+static void sgemm_part(void *ctx, int64_t i, float *scratch) {
+  (void)scratch;
+  const sgemm_job *j = ctx;
+  const int64_t along = j->split_m ? j->m : j->n, units = along / SGEMM_PAR_ALIGN;
+  const int64_t lo = i == 0 ? 0 : units * i / j->parts * SGEMM_PAR_ALIGN;
+  const int64_t hi = i + 1 == j->parts ? along : units * (i + 1) / j->parts * SGEMM_PAR_ALIGN;
+  const float *a = j->a, *b = j->b;
+  float *c = j->c;
+  int64_t m = j->m, n = j->n;
+  if (j->split_m) { /* rows lo..hi of op(A) and C */
+    a += j->ta ? lo : lo * j->lda;
+    c += lo * j->ldc;
+    m = hi - lo;
+  } else { /* columns lo..hi of op(B) and C */
+    b += j->tb ? lo * j->ldb : lo;
+    c += lo;
+    n = hi - lo;
+  }
+  cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
+              (int)m, (int)n, (int)j->k, j->alpha, a, (int)j->lda, b, (int)j->ldb, j->beta, c,
+              (int)j->ldc);
+}
+#endif
+
 void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                 const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                 int64_t ldc) {
@@ -169,9 +218,16 @@ void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
   }
 #if WEFT_HAVE_BLAS
   if (blas_fits(m, n, k, lda, ldb, ldc)) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
-                (int)ldb, beta, c, (int)ldc);
+    sgemm_job j = {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1, m >= n};
+    const int nt = weft_cpu_threads_();
+    const int64_t along = j.split_m ? m : n;
+    if (nt > 1 && 2.0 * (double)m * (double)n * (double)k >= SGEMM_PAR_FLOPS &&
+        along >= 2 * SGEMM_PAR_ALIGN) {
+      j.parts = nt < along / SGEMM_PAR_ALIGN ? nt : (int)(along / SGEMM_PAR_ALIGN);
+      weft_cpu_par_for_(j.parts, sgemm_part, &j, NULL, 0);
+      return;
+    }
+    sgemm_part(&j, 0, NULL);
     return;
   }
 #endif

@@ -1,17 +1,22 @@
-/* kernels/cpu/pool.c — the thread pool of CPU attention and of the chunked
- * non-GEMM kernels (pool.h).
- * The (batch, head) pairs of attention are independent and each one's
- * GEMMs are small (64 query rows x at most T keys x hd): OpenBLAS splits
- * such a GEMM over its threads with a synchronisation per call, which
- * measured here makes 2-thread attention slower than 1 thread (4x512x12x64
- * forward 35 -> 45 ms). So when OpenBLAS is the pthreads build and set to
- * N > 1 threads (OPENBLAS_NUM_THREADS), attention sets it to 1 for the
- * duration, runs the pairs on N threads of its own (the caller and N - 1
- * pool workers, started on first use, each with its own scratch block),
- * and restores N. Every pair is computed exactly as in the serial loop,
- * so results do not depend on N. One caller at a time uses the pool; a
- * concurrent caller runs serially. After fork() the child starts a new
- * pool (the workers do not survive it). Without BLAS the loop is serial. */
+/* kernels/cpu/pool.c — the CPU kernels' thread pool (pool.h): attention's
+ * (batch, head) items, the row / element chunks of the non-GEMM kernels and
+ * the blocks of a large GEMM (gemm.c).
+ * OpenBLAS runs on 1 thread: on first use the pool takes OpenBLAS's thread
+ * count (OPENBLAS_NUM_THREADS, the pthreads build) as weft's and sets
+ * OpenBLAS to 1. Why: OpenBLAS's workers spin in sched_yield for a while
+ * after each call, and on 2 cores they took the second core from the
+ * pool's worker running the elementwise work in between (perf of a
+ * gpt2-tiny step: ~20% of the cycles in sched_yield and the scheduler);
+ * OpenBLAS also splits attention's small GEMMs (64 query rows x at most T
+ * keys x hd) with a synchronisation per call, which measured here made
+ * 2-thread attention slower than 1 thread (4x512x12x64 forward 35 -> 45
+ * ms). So the pool runs every parallel loop on N threads of its own (the
+ * caller and N - 1 workers, started on first use, each with its own
+ * scratch block, sleeping on a condition variable between jobs). One
+ * caller at a time uses the pool; a concurrent or nested caller (a GEMM
+ * inside an attention item) runs serially. After fork() the child starts a
+ * new pool (the workers do not survive it). Without BLAS the loops are
+ * serial. */
 #include <stdint.h>
 
 #include "backend.h" /* weft_cpu_set_num_threads */
@@ -93,13 +98,28 @@ static void par_child(void) {
 }
 static void par_init(void) { pthread_atfork(par_prepare, par_parent, par_child); }
 
-/* Threads attention may use: OpenBLAS's setting, when it is the pthreads
+/* weft's thread count (weft_cpu_set_num_threads). On first use it takes
+ * OpenBLAS's setting (OPENBLAS_NUM_THREADS), when OpenBLAS is the pthreads
  * build (with the OpenMP build a setting made here would not reach the
- * pool's threads); else 1. */
+ * pool's threads; then 1), and sets OpenBLAS itself to 1 thread for good:
+ * weft splits its GEMMs over the pool (gemm.c), so OpenBLAS's own workers,
+ * which spin in sched_yield between calls, never compete with the pool's
+ * for the cores. */
+static atomic_int par_nt;
+static pthread_once_t par_nt_once = PTHREAD_ONCE_INIT;
+
+static void par_nt_init(void) {
+  int nt = 1;
+  if (openblas_get_parallel() == 1) {
+    nt = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+  }
+  atomic_store(&par_nt, nt < 1 ? 1 : nt > PAR_MAX ? PAR_MAX : nt);
+}
+
 static int par_threads(void) {
-  if (openblas_get_parallel() != 1) return 1;
-  int nt = openblas_get_num_threads();
-  return nt < 1 ? 1 : nt > PAR_MAX ? PAR_MAX : nt;
+  pthread_once(&par_nt_once, par_nt_init);
+  return atomic_load(&par_nt);
 }
 
 /* fn(ctx, i, scratch) for i in [0, n) on up to nt threads (this one
@@ -160,7 +180,8 @@ weft_status weft_cpu_set_num_threads(int n) {
     return weft_error(WEFT_ERR_UNSUPPORTED,
                       "weft_cpu_set_num_threads: this OpenBLAS is not the pthreads build, so the "
                       "CPU kernels run on 1 thread");
-  openblas_set_num_threads(n);
+  pthread_once(&par_nt_once, par_nt_init);
+  atomic_store(&par_nt, n);
   return WEFT_OK;
 }
 
@@ -190,17 +211,15 @@ void weft_cpu_par_range_(int64_t n, int64_t grain, weft_cpu_range_fn fn, void *c
   for (int64_t i = 0; i < chunks; i++) range_item(&j, i, NULL);
 }
 
-/* Runs fn over the n items on OpenBLAS's thread count with OpenBLAS at 1
- * thread meanwhile (see the top of this file). */
+/* Runs fn over the n items on weft's thread count (OpenBLAS is at 1
+ * thread: par_nt_init). */
 void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int64_t floats) {
   const int nt = par_threads();
   if (nt <= 1 || n <= 1) {
     for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
     return;
   }
-  openblas_set_num_threads(1);
   par_run(n, nt, fn, ctx, own, floats);
-  openblas_set_num_threads(nt);
 }
 #else  /* no BLAS: the items run here, in order */
 void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int64_t floats) {

@@ -1,8 +1,8 @@
 /* kernels/cpu/pool.h — private to kernels/cpu/: the small thread pool that
  * runs the independent (batch, head) items of CPU attention (attention.c)
  * and the fixed chunks of the non-GEMM kernels (elementwise ops,
- * activations, norms, softmax, cross-entropy) on OpenBLAS's thread count;
- * pool.c says when it threads and why. Not installed. */
+ * activations, norms, softmax, cross-entropy) and the blocks of a large
+ * GEMM on weft's thread count; pool.c says when it threads and why. Not installed. */
 #ifndef WEFT_CPU_POOL_H
 #define WEFT_CPU_POOL_H
 
@@ -13,9 +13,9 @@
 typedef void (*weft_cpu_par_fn)(void *ctx, int64_t item, float *scratch);
 
 /* Calls fn(ctx, i, scratch) once for every i in [0, n), in no set order,
- * and returns when all are done. Local (no MPI), called by attention.c.
- * With the pthreads OpenBLAS set to N > 1 threads, OpenBLAS is set to 1
- * thread meanwhile and the items run on N threads: this one, with `own`
+ * and returns when all are done. Local (no MPI), called by attention.c
+ * and gemm.c. With N = weft_cpu_threads_() > 1 the items run on N threads
+ * (OpenBLAS stays at 1 thread, so an item may call BLAS): this one, with `own`
  * as its scratch, and N - 1 pool workers, each with a scratch of `floats`
  * floats that the pool owns (allocated on first use, kept for the next
  * call). Otherwise, or when the pool is busy with another caller or cannot
@@ -34,13 +34,12 @@ typedef void (*weft_cpu_range_fn)(void *ctx, int64_t lo, int64_t hi);
  * chunks write disjoint outputs, each computed from its own inputs, gives
  * the same bits on any number of threads; a reduction keeps one partial
  * per chunk and combines them in chunk order. Unlike weft_cpu_par_for_ it
- * leaves OpenBLAS's thread count alone: fn must not call BLAS. Local, does
- * not fail (a pool that cannot run it runs it here). */
+ * has no scratch blocks. Local, does not fail (a pool that cannot run it
+ * runs it here). */
 void weft_cpu_par_range_(int64_t n, int64_t grain, weft_cpu_range_fn fn, void *ctx);
 
-/* The threads weft's CPU kernels use: OpenBLAS's setting
- * (OPENBLAS_NUM_THREADS, weft_cpu_set_num_threads) with the pthreads
- * OpenBLAS, else 1. */
+/* The threads weft's CPU kernels use (weft_cpu_set_num_threads; at first
+ * use OPENBLAS_NUM_THREADS with the pthreads OpenBLAS, else 1). */
 int weft_cpu_threads_(void);
 
 /* Elements a chunk of elementwise work should hold at least (64 KiB of

@@ -1024,3 +1024,46 @@ Test(layers, kernels_give_the_same_bits_on_1_2_and_3_threads) {
   free(x), free(w), free(b), free(dy), free(u), free(y2), free(tg);
   cr_assert_eq(weft_cpu_set_num_threads(was), WEFT_OK);
 }
+
+/* A GEMM large enough to be split over the threads (gemm.c: one block of
+ * C's rows, or of its columns when C is wider, per thread) gives C =
+ * alpha op(A) op(B) + beta C on 1, 2 and 3 threads, for every transpose
+ * and both split directions, against a double reference. */
+Test(layers, split_sgemm_matches_the_reference_on_1_2_and_3_threads) {
+  const int was = weft_cpu_num_threads();
+  if (weft_cpu_set_num_threads(2) != WEFT_OK)
+    cr_skip_test("this build's CPU kernels run on 1 thread: %s", weft_last_error());
+  rng_seed(777);
+  const int64_t shapes[2][3] = {{301, 173, 211}, {97, 389, 233}}; /* m > n, then m < n */
+  for (int s = 0; s < 2; s++) {
+    const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+    float *a = falloc(m * k), *b = falloc(k * n), *c0 = falloc(m * n), *c = falloc(m * n);
+    fill(a, NULL, m * k, -1, 1);
+    fill(b, NULL, k * n, -1, 1);
+    fill(c0, NULL, m * n, -1, 1);
+    double *want = dalloc(m * n);
+    for (int tr = 0; tr < 4; tr++) {
+      const bool ta = tr & 1, tb = tr & 2;
+      const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+          double acc = 0;
+          for (int64_t p = 0; p < k; p++)
+            acc += (double)(ta ? a[p * lda + i] : a[i * lda + p]) *
+                   (double)(tb ? b[j * ldb + p] : b[p * ldb + j]);
+          want[i * n + j] = 0.5 * acc - 0.25 * (double)c0[i * n + j];
+        }
+      for (int nt = 1; nt <= 3; nt++) {
+        cr_assert_eq(weft_cpu_set_num_threads(nt), WEFT_OK);
+        memcpy(c, c0, sizeof(float) * (size_t)(m * n));
+        weft_sgemm(ta, tb, m, n, k, 0.5f, a, lda, b, ldb, -0.25f, c, n);
+        char what[96];
+        snprintf(what, sizeof what, "sgemm %lldx%lldx%lld ta=%d tb=%d on %d threads", (long long)m,
+                 (long long)n, (long long)k, ta, tb, nt);
+        expect_close_(what, c, want, m * n, 1e-6, __FILE__, __LINE__);
+      }
+    }
+    free(a), free(b), free(c0), free(c), free(want);
+  }
+  cr_assert_eq(weft_cpu_set_num_threads(was), WEFT_OK);
+}
