@@ -463,7 +463,79 @@ static void red_dim_row(char *const *p, const int64_t *st, int64_t n, void *vctx
   }
 }
 
+/* Contiguous f32 in and out, viewed as x (outer, len, inner) -> out
+ * (outer, inner): out[o, i] = reduce over l of x[o, l, i]. Items are
+ * (o, block of RED_COLS columns of inner), or (o) when inner is 1, on the
+ * CPU threads in fixed chunks (pool.h); each output accumulates in double
+ * over l in order, as reduce_span does, so the bits are those of the
+ * strided loop on any thread count, and the rows of a block are read
+ * contiguously (a bias gradient's column sums no longer stride by C). */
+#define RED_COLS 64
+
+typedef struct red_fast {
+  weft_reduce_kind kind;
+  const float *x;
+  float *out;
+  int64_t len, inner, nblocks;
+} red_fast;
+
+static void red_fast_rows(void *ctx, int64_t lo, int64_t hi) { /* inner == 1 */
+  const red_fast *r = ctx;
+  for (int64_t o = lo; o < hi; o++)
+    r->out[o] = (float)reduce_span((const char *)(r->x + o * r->len), r->len, 1, WEFT_F32, r->kind,
+                                   reduce_init(r->kind));
+}
+
+static void red_fast_blocks(void *ctx, int64_t lo, int64_t hi) {
+  const red_fast *r = ctx;
+  for (int64_t it = lo; it < hi; it++) {
+    const int64_t o = it / r->nblocks, c0 = (it % r->nblocks) * RED_COLS;
+    const int64_t nc = r->inner - c0 < RED_COLS ? r->inner - c0 : RED_COLS;
+    double acc[RED_COLS];
+    for (int64_t j = 0; j < nc; j++) acc[j] = reduce_init(r->kind);
+    const float *x = r->x + o * r->len * r->inner + c0;
+    for (int64_t l = 0; l < r->len; l++, x += r->inner) {
+      switch (r->kind) {
+        case WEFT_REDUCE_SUM:
+          for (int64_t j = 0; j < nc; j++) acc[j] += x[j];
+          break;
+        case WEFT_REDUCE_SUMSQ:
+          for (int64_t j = 0; j < nc; j++) {
+            const double v = x[j];
+            acc[j] += v * v;
+          }
+          break;
+        case WEFT_REDUCE_MAX: /* NaN sticks, as in reduce_span */
+          for (int64_t j = 0; j < nc; j++) {
+            const double v = x[j];
+            if (acc[j] != acc[j]) continue;
+            if (v != v || v > acc[j]) acc[j] = v;
+          }
+          break;
+      }
+    }
+    for (int64_t j = 0; j < nc; j++) r->out[o * r->inner + c0 + j] = (float)acc[j];
+  }
+}
+
 weft_status weft_cpu_reduce_(const weft_tensor *t, weft_reduce_kind kind, int d, weft_tensor *out) {
+  if (t->dtype == WEFT_F32 && out->dtype == WEFT_F32 && weft_tensor_is_contiguous(t) &&
+      weft_tensor_is_contiguous(out) && t->ndim > 0) {
+    red_fast r = {kind, t->data, out->data, t->shape[d], 1, 0};
+    int64_t outer = 1;
+    for (int e = 0; e < d; e++) outer *= t->shape[e];
+    for (int e = d + 1; e < t->ndim; e++) r.inner *= t->shape[e];
+    if (r.inner == 1) {
+      const int64_t g = r.len >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / (r.len > 0 ? r.len : 1);
+      weft_cpu_par_range_(outer, g, red_fast_rows, &r);
+    } else {
+      r.nblocks = (r.inner + RED_COLS - 1) / RED_COLS;
+      const int64_t work = r.len * RED_COLS; /* floats one item reads */
+      const int64_t g = work >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / (work > 0 ? work : 1);
+      weft_cpu_par_range_(outer * r.nblocks, g, red_fast_blocks, &r);
+    }
+    return WEFT_OK;
+  }
   weft_tensor in = *t; /* input with the reduced dim narrowed to 1 */
   in.base_ = NULL;
   if (t->ndim == 0) {

@@ -1067,3 +1067,65 @@ Test(layers, split_sgemm_matches_the_reference_on_1_2_and_3_threads) {
   }
   cr_assert_eq(weft_cpu_set_num_threads(was), WEFT_OK);
 }
+
+/* weft_reduce over each dim of a contiguous f32 tensor (the fast path:
+ * blocks of columns on the threads) gives the bits of a sum in double over
+ * the reduced dim in index order, rounded once (as the strided loop does),
+ * for sum, sum of squares and max (a NaN stays NaN), on 1, 2 and 3 threads. */
+Test(layers, reduce_over_any_dim_is_the_in_order_double_sum_on_1_2_and_3_threads) {
+  const int was = weft_cpu_num_threads();
+  if (weft_cpu_set_num_threads(2) != WEFT_OK)
+    cr_skip_test("this build's CPU kernels run on 1 thread: %s", weft_last_error());
+  rng_seed(99);
+  const int64_t shape[3] = {7, 300, 90}, n = 7 * 300 * 90;
+  float *x = falloc(n);
+  fill(x, NULL, n, -2, 2);
+  x[5 * 300 * 90 + 17 * 90 + 33] = NAN;
+  weft_tensor *tx;
+  cr_assert_eq(weft_tensor_wrap(x, WEFT_F32, WEFT_CPU, 3, shape, &tx), WEFT_OK);
+  for (int d = 0; d < 3; d++) {
+    int64_t os[3] = {shape[0], shape[1], shape[2]}; /* keepdim */
+    os[d] = 1;
+    const int64_t outer = d == 0   ? 1
+                          : d == 1 ? 7
+                                   : 7 * 300,
+                  len = shape[d],
+                  inner = d == 0   ? 300 * 90
+                          : d == 1 ? 90
+                                   : 1,
+                  m = outer * inner;
+    float *got = falloc(m), *want = falloc(m);
+    weft_tensor *to;
+    cr_assert_eq(weft_tensor_wrap(got, WEFT_F32, WEFT_CPU, 3, os, &to), WEFT_OK);
+    for (int kind = WEFT_REDUCE_SUM; kind <= WEFT_REDUCE_MAX; kind++) {
+      for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+          double acc = kind == WEFT_REDUCE_MAX ? -INFINITY : 0.0;
+          for (int64_t l = 0; l < len; l++) {
+            const double v = x[(o * len + l) * inner + i];
+            if (kind == WEFT_REDUCE_SUM) acc += v;
+            if (kind == WEFT_REDUCE_SUMSQ) acc += v * v;
+            if (kind == WEFT_REDUCE_MAX && acc == acc && (v != v || v > acc)) acc = v;
+          }
+          want[o * inner + i] = (float)acc;
+        }
+      for (int nt = 1; nt <= 3; nt++) {
+        cr_assert_eq(weft_cpu_set_num_threads(nt), WEFT_OK);
+        memset(got, 0, sizeof(float) * (size_t)m);
+        cr_assert_eq(weft_reduce(tx, (weft_reduce_kind)kind, d, to), WEFT_OK);
+        for (int64_t i = 0; i < m; i++)
+          if (!(got[i] == want[i] || (got[i] != got[i] && want[i] != want[i]))) {
+            cr_expect(false,
+                      "reduce kind %d over dim %d on %d threads: out[%lld] = %.9g, want %.9g", kind,
+                      d, nt, (long long)i, got[i], want[i]);
+            break;
+          }
+      }
+    }
+    weft_tensor_destroy(to);
+    free(got), free(want);
+  }
+  weft_tensor_destroy(tx);
+  free(x);
+  cr_assert_eq(weft_cpu_set_num_threads(was), WEFT_OK);
+}
