@@ -12,6 +12,12 @@ C test drew and weft's bf16 results of the same ops (nn/autograd.h,
   once, as weft does, so every element must be equal; in the matrix
   products (linear and its grads) at least 99.9% must be, the rest one
   bf16 step apart (another f32 summation order can flip a rounding).
+  On some processors PyTorch 1.13's bf16 kernel does not round once (seen
+  on an AMD EPYC: the linear's grads and gelu several bf16 steps from the
+  f32 result rounded; which kernel path it takes there is not known);
+  there the reference is the same op in PyTorch's f32 on the same bf16
+  inputs, rounded once, which is the semantics weft follows, and the table
+  says so ("f32 ref").
   layer_norm and gelu (tanh): PyTorch 1.13's bf16 kernels round
   intermediates to bf16, so they are not the f32 result rounded (weft's
   is: within half a step of float64); weft's must be within 1.5 bf16 steps
@@ -30,6 +36,17 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "kernels"))
+
+
+def agree(got, want, tol):
+    """(ok, share equal, text): every element within `tol` steps of its own
+    bf16 spacing, and all (tol 0) or 99.9% (tol 1) of them equal."""
+    import torch
+    diff = (got - want).abs()
+    spacing = torch.exp2(torch.floor(torch.log2(want.abs().clamp(min=1e-30))) - 7)
+    steps = (diff / spacing).max().item()
+    eq = (diff == 0).double().mean().item()
+    return steps <= tol and eq >= (0.999 if tol else 1.0), eq, "%.0f bf16 steps" % steps
 
 
 def main():
@@ -51,11 +68,22 @@ def main():
             sys.exit(2)
     F = torch.nn.functional
     x, w, b, g, bb, dy = bf["x"], bf["w"], bf["b"], bf["g"], bf["bb"], bf["dy"]
+    x3 = x * 3  # rounded to bf16, as weft_op_scale's output
     xl = x.clone().requires_grad_()
     wl = w.clone().requires_grad_()
     y = F.linear(xl, wl, b)
     y.backward(dy)
-    x3 = x * 3  # rounded to bf16, as weft_op_scale's output
+    f = {k: v.float() for k, v in bf.items()}
+    I, O = x.shape[-1], w.shape[0]
+    # the exact ops in f32 on the same bf16 inputs, rounded once
+    f32_ref = {
+        "linear": F.linear(f["x"], f["w"], f["b"]).bfloat16(),
+        "linear.dx": (f["dy"] @ f["w"]).bfloat16(),
+        "linear.dw": (f["dy"].reshape(-1, O).t() @ f["x"].reshape(-1, I)).bfloat16(),
+        "gelu": F.gelu(x3.float()).bfloat16(),
+        "softmax": torch.softmax((x * 4).float(), -1).bfloat16(),
+        "add": (f["x"] + (x * 0.5).float()).bfloat16(),
+    }
     theirs = {
         "linear": (y.detach(), 1),
         "linear.dx": (xl.grad, 1),
@@ -76,23 +104,24 @@ def main():
             print("torch_bf16_check: weft's %s is missing" % name)
             sys.exit(2)
         got = t[name].reshape(want.shape).double()
-        want = want.double()
-        diff = (got - want).abs()
-        if tol == "max":
-            scale = want.abs().max().item()
+        note = ""
+        if tol != "max":
+            ok, eq, what = agree(got, want.double(), tol)
+            ref = f32_ref[name].reshape(want.shape).double() if name in f32_ref else None
+            kernel = agree(ref, want.double(), tol) if ref is not None else (True, 1, "")
+            if not ok and not kernel[0]:  # PyTorch's bf16 kernel does not round once here
+                ok, eq, what = agree(got, ref, tol)
+                note = "  (f32 ref: PyTorch's bf16 kernel is off by %s)" % kernel[2]
+        else:
+            diff = (got - want.double()).abs()
+            scale = want.double().abs().max().item()
             step = 2.0 ** (math.floor(math.log2(scale)) - 7)
             worst = diff.max().item() / step
             ok = worst <= 1.5
+            eq = (diff == 0).double().mean().item()
             what = "%.2f bf16 steps of max|y|" % worst
-        else:
-            # steps of each element's own bf16 spacing
-            spacing = torch.exp2(torch.floor(torch.log2(want.abs().clamp(min=1e-30))) - 7)
-            steps = (diff / spacing).max().item()
-            ok = steps <= tol and (diff == 0).double().mean().item() >= (0.999 if tol else 1.0)
-            what = "%.0f bf16 steps" % steps
-        eq = (diff == 0).double().mean().item()
-        print("%-14s %10d %11.2f%%  %s%s" % (name, want.numel(), 100 * eq, what,
-                                              "" if ok else "  MISMATCH"))
+        print("%-14s %10d %11.2f%%  %s%s%s" % (name, want.numel(), 100 * eq, what,
+                                                "" if ok else "  MISMATCH", note))
         bad += not ok
     print("cross_entropy: weft %.6g, PyTorch f32 rounded %.6g, PyTorch's bf16 kernel %.6g"
           % (t["cross_entropy"].item(), theirs["cross_entropy"][0].item(), ce16))
