@@ -8,7 +8,8 @@
  * Scalar loops, deterministic: row reductions (LayerNorm's mean and
  * variance, softmax sums) and the column sums of LayerNorm's weight and bias
  * gradients accumulate in double, in index order; the elementwise
- * arithmetic is fp32 with the float functions of <math.h>. The rows (or
+ * arithmetic is fp32 with the float functions of <math.h>, but GELU-tanh's
+ * (gelu_vec.c: AVX2 + FMA in double, rounded once). The rows (or
  * elements, or blocks of COLS columns) are split over the CPU threads in
  * fixed chunks (pool.h's weft_cpu_par_range_), each computed as in the
  * serial loop, so the bits do not depend on the thread count. No
@@ -19,6 +20,7 @@
 #include <stdint.h>
 
 #include "arg_checks.h"
+#include "gelu_vec.h"
 #include "layers.h"
 #include "pool.h"
 
@@ -171,15 +173,12 @@ weft_status weft_layernorm_backward(float *dinp, float *dweight, float *dbias, c
 
 /* ------------------------------------------------------------- activations */
 
-#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_C 0.044715f
 #define INV_SQRT2 0.7071067811865476f
 #define INV_SQRT_2PI 0.3989422804014327f
 
+/* act(x) for the activations but GELU-tanh (gelu_vec.c). */
 static inline float act_value(weft_activation act, float x) {
   switch (act) {
-    case WEFT_ACT_GELU_TANH:
-      return 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_C * x * x * x)));
     case WEFT_ACT_GELU_ERF:
       return 0.5f * x * (1.0f + erff(x * INV_SQRT2));
     case WEFT_ACT_RELU:
@@ -189,16 +188,9 @@ static inline float act_value(weft_activation act, float x) {
   }
 }
 
-/* act'(x) */
+/* act'(x), the same activations */
 static inline float act_grad(weft_activation act, float x) {
   switch (act) {
-    case WEFT_ACT_GELU_TANH: {
-      const float t = tanhf(GELU_K * (x + GELU_C * x * x * x)), sech2 = 1.0f - t * t;
-      /* sech2 is 0 for |x| > ~9: the second term is 0 (x^2 may be inf) */
-      const float d2 =
-          sech2 == 0.0f ? 0.0f : 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-      return 0.5f * (1.0f + t) + d2;
-    }
     case WEFT_ACT_GELU_ERF:
       return 0.5f * (1.0f + erff(x * INV_SQRT2)) + x * expf(-0.5f * x * x) * INV_SQRT_2PI;
     case WEFT_ACT_RELU:
@@ -217,13 +209,23 @@ typedef struct act_args {
   bool accumulate;
 } act_args;
 
+/* GELU-tanh goes to gelu_vec.c's spans (AVX2 + FMA in double, rounded
+ * once; its scalar path elsewhere); the others to act_value / act_grad. */
 static void act_forward_span(void *ctx, int64_t lo, int64_t hi) {
   const act_args *a = ctx;
+  if (a->act == WEFT_ACT_GELU_TANH) {
+    weft_gelu_tanh_forward_span_(a->out + lo, a->inp + lo, hi - lo);
+    return;
+  }
   for (int64_t i = lo; i < hi; i++) a->out[i] = act_value(a->act, a->inp[i]);
 }
 
 static void act_backward_span(void *ctx, int64_t lo, int64_t hi) {
   const act_args *a = ctx;
+  if (a->act == WEFT_ACT_GELU_TANH) {
+    weft_gelu_tanh_backward_span_(a->out + lo, a->dout + lo, a->inp + lo, hi - lo, a->accumulate);
+    return;
+  }
   for (int64_t i = lo; i < hi; i++) {
     const float d = a->dout[i] * act_grad(a->act, a->inp[i]);
     a->out[i] = a->accumulate ? a->out[i] + d : d;
