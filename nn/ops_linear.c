@@ -24,6 +24,19 @@ static bool is_ss(weft_placement p, int dim) {
 
 /* ------------------------------------------------------------------ linear */
 
+/* out (contiguous f32, numel C) = the sum of the `rows` rows of dy's local
+ * data viewed as (rows, C) (weft_reduce: double, rows in order): a
+ * broadcast operand's grad (add's b, linear's bias). */
+static weft_status sum_rows(const weft_tensor *dy, int64_t rows, weft_tensor *out) {
+  const int64_t C = weft_tensor_numel(out);
+  if (rows == 0) return weft_tensor_fill(out, 0.0);
+  weft_tensor v2, o2;
+  int64_t s2[2] = {rows, C}, so[2] = {1, C};
+  WEFT_CHECK(weft_tensor_view_init(&v2, dy->data, WEFT_F32, dy->device, 2, s2, NULL));
+  WEFT_CHECK(weft_tensor_view_init(&o2, out->data, WEFT_F32, out->device, 2, so, NULL));
+  return weft_reduce(&v2, WEFT_REDUCE_SUM, 0, &o2);
+}
+
 static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
                                    weft_dtensor **din) {
   weft_graph *g = nn_node_graph(n);
@@ -74,22 +87,55 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
                                             wl->data, rows, kl, nl, false, false));
     din[1] = dw;
   }
+  if (n->nin == 3 && nn_node_wants(n, 2)) {
+    /* the bias (fused, linear_impl): db = dy summed over its rows, as add's
+     * backward sums a broadcast operand (the same weft_reduce, the same bits) */
+    const weft_dtensor *bu = nn_node_input(n, 2);
+    const weft_placement *B = weft_dtensor_placements(bu);
+    weft_placement p[WEFT_MESH_MAX_DIMS];
+    for (int i = 0; i < k; i++) {
+      if (nn_is_psum(D[i]) || (nn_is_shard_any(D[i]) && D[i].dim < last))
+        p[i] = nn_psum();
+      else if (nn_is_shard_any(D[i]))
+        p[i] = B[i];
+      else
+        p[i] = nn_r();
+    }
+    weft_dtensor *db;
+    WEFT_CHECK(nn_graph_like(g, bu, p, &db));
+    WEFT_CHECK(sum_rows(dyl, rows, weft_dtensor_local(db)));
+    din[2] = db;
+  }
   return WEFT_OK;
 }
 
-static weft_status linear_nobias(weft_var *x, weft_var *w, weft_var **out) {
+/* y = x w^T (+ b). With a bias the op is one node whose kernel adds it
+ * (weft_backend_linear_forward's bias) and whose backward sums db, instead
+ * of a linear and a broadcast add (one op, buffer and dy copy fewer per
+ * call), when the output is not Partial; a Partial output (rowwise: x
+ * sharded on K) must get the bias once, after the reduction, so there it
+ * stays linear + add, whose sharding rule does that. */
+static weft_status linear_impl(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
   const char *name = "linear";
-  weft_var *in[2] = {x, w};
+  weft_var *in[3] = {x, w, b};
+  const int nin = b ? 3 : 2;
   weft_graph *g;
-  WEFT_CHECK(nn_check_vars(name, in, 2, &g));
+  WEFT_CHECK(nn_check_vars(name, in, nin, &g));
   const weft_dtensor *xv = nn_var_now(x), *wv = nn_var_now(w);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv), *ws = weft_dtensor_get_spec(wv);
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, xv, "input"));
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, wv, "weight"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, nin, xv, "input"));
+  WEFT_CHECK(nn_check_f32_contig(name, in, nin, wv, "weight"));
   int na = xs->ndim, last = na - 1;
   if (na < 1 || ws->ndim != 2 || xs->shape[last] != ws->shape[1])
-    return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
+    return nn_op_error(WEFT_ERR_INVALID, name, in, nin,
                        "need x (..., K) and weight (N, K) with the same K");
+  const weft_dtensor *bv = b ? nn_var_now(b) : NULL;
+  if (bv) {
+    WEFT_CHECK(nn_check_f32_contig(name, in, nin, bv, "bias"));
+    const weft_dtensor_spec *bs = weft_dtensor_get_spec(bv);
+    if (bs->ndim != 1 || bs->shape[0] != ws->shape[0])
+      return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "need bias (N,) for weight (N, K)");
+  }
   int k = xs->mesh_ndim;
   weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
@@ -110,33 +156,40 @@ static weft_status linear_nobias(weft_var *x, weft_var *w, weft_var **out) {
   }
   weft_placement tgt[2 * WEFT_MESH_MAX_DIMS], opl[WEFT_MESH_MAX_DIMS];
   WEFT_CHECK(nn_choose(name, in, 2, opts, NN_OPT_CAP, nopt, false, tgt, opl));
-  const weft_dtensor *xu, *wu;
+  /* the bias follows the output's last dim: sharded with it, else whole */
+  weft_placement bpl[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; bv && i < k; i++) {
+    if (opl[i].kind == WEFT_PLACE_PARTIAL) { /* the bias must come after the sum */
+      weft_var *y;
+      WEFT_CHECK(linear_impl(x, w, NULL, &y));
+      return weft_op_add(y, b, out);
+    }
+    bpl[i] = nn_is_shard_any(opl[i]) && opl[i].dim == last ? opl[i] : nn_r();
+    bpl[i].dim = nn_is_shard_any(bpl[i]) ? 0 : bpl[i].dim;
+  }
+  const weft_dtensor *xu, *wu, *bu = NULL;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
   WEFT_CHECK(nn_graph_bring(g, wv, tgt + k, false, &wu));
+  if (bv) WEFT_CHECK(nn_graph_bring(g, bv, bpl, false, &bu));
   int64_t oshape[WEFT_MAX_DIMS];
   memcpy(oshape, xs->shape, sizeof(int64_t) * (size_t)na);
   oshape[last] = ws->shape[0];
   weft_dtensor *y;
   WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, na, oshape, opl, &y));
   const weft_tensor *xl = nn_local(xu), *wl = nn_local(wu);
-  WEFT_CHECK(weft_backend_linear_forward(xl->device, nn_f32(y), xl->data, wl->data, NULL,
-                                         nn_rows(xl), xl->shape[last], wl->shape[0]));
+  WEFT_CHECK(weft_backend_linear_forward(xl->device, nn_f32(y), xl->data, wl->data,
+                                         bu ? nn_f32(bu) : NULL, nn_rows(xl), xl->shape[last],
+                                         wl->shape[0]));
   nn_node *node;
-  WEFT_CHECK(
-      nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){xu, wu}, linear_backward, &node));
+  WEFT_CHECK(nn_node_new(g, name, in, nin, (const weft_dtensor *const[]){xu, wu, bu},
+                         linear_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
 static weft_status linear_f32(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "linear: out is NULL");
   *out = NULL;
-  weft_var *y;
-  WEFT_CHECK(linear_nobias(x, w, &y));
-  if (!b) {
-    *out = y;
-    return WEFT_OK;
-  }
-  return weft_op_add(y, b, out);
+  return linear_impl(x, w, b, out);
 }
 
 /* --------------------------------------------------------------------- add */
@@ -178,16 +231,9 @@ static weft_status add_backward(nn_node *n, const weft_dtensor *const *dout, wef
       WEFT_CHECK(weft_tensor_copy(dbl, dyl));
       nn_count_copies(1);
     } else {
-      int64_t lead = 1, inner = weft_tensor_numel(dbl);
+      int64_t lead = 1;
       for (int d = 0; d < off; d++) lead *= dyl->shape[d];
-      weft_tensor v2, o2;
-      int64_t s2[2] = {lead, inner}, so[2] = {1, inner};
-      WEFT_CHECK(weft_tensor_view_init(&v2, dyl->data, WEFT_F32, dyl->device, 2, s2, NULL));
-      WEFT_CHECK(weft_tensor_view_init(&o2, dbl->data, WEFT_F32, dbl->device, 2, so, NULL));
-      if (lead == 0)
-        WEFT_CHECK(weft_tensor_fill(dbl, 0.0));
-      else
-        WEFT_CHECK(weft_reduce(&v2, WEFT_REDUCE_SUM, 0, &o2));
+      WEFT_CHECK(sum_rows(dyl, lead, dbl));
     }
     din[1] = db;
   }

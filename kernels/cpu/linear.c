@@ -9,6 +9,21 @@
 #include "arg_checks.h"
 #include "kernels.h"
 #include "layers.h"
+#include "pool.h"
+
+/* out[n, :] += bias for rows [lo, hi) (fixed chunks on the CPU threads,
+ * pool.h: each element one float add, the same bits on any count). */
+typedef struct bias_args {
+  float *out;
+  const float *bias;
+  int64_t OC;
+} bias_args;
+
+static void bias_rows(void *ctx, int64_t lo, int64_t hi) {
+  const bias_args *a = ctx;
+  for (int64_t n = lo; n < hi; n++)
+    for (int64_t o = 0; o < a->OC; o++) a->out[n * a->OC + o] += a->bias[o];
+}
 
 weft_status weft_linear_forward(float *out, const float *inp, const float *weight,
                                 const float *bias, int64_t N, int64_t IC, int64_t OC) {
@@ -19,9 +34,10 @@ weft_status weft_linear_forward(float *out, const float *inp, const float *weigh
   if (N == 0 || OC == 0) return WEFT_OK;
   /* out (N, OC) = inp (N, IC) @ weight^T (IC, OC) */
   weft_sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
-  if (bias)
-    for (int64_t n = 0; n < N; n++)
-      for (int64_t o = 0; o < OC; o++) out[n * OC + o] += bias[o];
+  if (bias) {
+    bias_args a = {out, bias, OC};
+    weft_cpu_par_range_(N, OC >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / OC, bias_rows, &a);
+  }
   return WEFT_OK;
 }
 
