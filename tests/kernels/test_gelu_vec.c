@@ -1,7 +1,10 @@
 /* GELU (tanh approximation) span kernels of kernels/cpu/gelu_vec.c: the
  * AVX2 + FMA path against a double-precision reference over the whole
- * float range, its independence of chunking, special values, accumulate,
- * and a rough speed print against the scalar libm path.
+ * float range, its independence of chunking, special values and
+ * accumulate. (Its speed: vector ~2.2 ns/element forward and ~3 backward,
+ * against ~39 and ~45 for the scalar libm path, 2^20 elements on the AMD
+ * EPYC build machine, measured once while the kernel was written; the step
+ * benchmark, bench/step.sh, shows what it does to a training step.)
  *
  * Reference: the formulas of layers.h in double with the exact constants
  * sqrt(2/pi) and 0.044715,
@@ -37,7 +40,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cpu/gelu_vec.h"
 #include "harness.h"
@@ -441,61 +443,4 @@ Test(gelu_vec, accumulate_adds) {
   free(acc0);
   free(d);
   free(z);
-}
-
-/* ----------------------------------------------------------------- speed */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The four timed calls, on (x, dout) into out. */
-typedef void (*span_fn)(float *out, const float *x, const float *dy, int64_t n);
-static void fwd_vec(float *out, const float *x, const float *dy, int64_t n) {
-  weft_gelu_tanh_forward_span_(out, x, n);
-}
-static void fwd_scalar(float *out, const float *x, const float *dy, int64_t n) {
-  weft_gelu_tanh_forward_scalar_(out, x, n);
-}
-static void bwd_vec(float *out, const float *x, const float *dy, int64_t n) {
-  weft_gelu_tanh_backward_span_(out, dy, x, n, false);
-}
-static void bwd_scalar(float *out, const float *x, const float *dy, int64_t n) {
-  weft_gelu_tanh_backward_scalar_(out, dy, x, n, false);
-}
-
-/* Best of 5 runs, ns per element. */
-static double ns_per_elem(span_fn f, float *out, const float *x, const float *dy, int64_t n) {
-  double best = INFINITY;
-  for (int rep = 0; rep < 5; rep++) {
-    const double t0 = now_s();
-    f(out, x, dy, n);
-    best = fmin(best, now_s() - t0);
-  }
-  return 1e9 * best / (double)n;
-}
-
-/* Not an assertion: prints ns/element of both paths on 2^20 inputs. */
-Test(gelu_vec, speed_print, .timeout = 120) {
-  REQUIRE_VEC();
-  const int64_t n = 1 << 20;
-  uint64_t r = weft_test_rng_state(weft_test_seed(5));
-  float *x = malloc((size_t)n * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
-  float *dy = malloc((size_t)n * sizeof(float)), *g = malloc((size_t)n * sizeof(float));
-  for (int64_t i = 0; i < n; i++) {
-    x[i] = (float)(6.0 * weft_test_rng_sym(&r));
-    dy[i] = (float)weft_test_rng_sym(&r);
-  }
-  const double fv = ns_per_elem(fwd_vec, y, x, dy, n), fs = ns_per_elem(fwd_scalar, y, x, dy, n);
-  const double bv = ns_per_elem(bwd_vec, g, x, dy, n), bs = ns_per_elem(bwd_scalar, g, x, dy, n);
-  cr_log_info("gelu forward:  vector %.2f ns/element, scalar libm %.2f ns/element (%.1fx)", fv, fs,
-              fs / fv);
-  cr_log_info("gelu backward: vector %.2f ns/element, scalar libm %.2f ns/element (%.1fx)", bv, bs,
-              bs / bv);
-  free(x);
-  free(y);
-  free(dy);
-  free(g);
 }
