@@ -47,7 +47,7 @@ typedef struct ce_args {
 
 /* Rows per chunk: about WEFT_CPU_GRAIN logits, and at most CE_CHUNKS chunks. */
 static int64_t ce_grain(int64_t N, int64_t V) {
-  int64_t g = V >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / (V > 0 ? V : 1);
+  int64_t g = weft_cpu_row_grain_(V);
   const int64_t least = (N + CE_CHUNKS - 1) / CE_CHUNKS;
   return g > least ? g : least > 0 ? least : 1;
 }

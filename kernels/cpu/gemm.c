@@ -219,7 +219,7 @@ void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
 #if WEFT_HAVE_BLAS
   if (blas_fits(m, n, k, lda, ldb, ldc)) {
     sgemm_job j = {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1, m >= n};
-    const int nt = weft_cpu_threads_();
+    const int nt = weft_cpu_num_threads();
     const int64_t along = j.split_m ? m : n;
     if (nt > 1 && 2.0 * (double)m * (double)n * (double)k >= SGEMM_PAR_FLOPS &&
         along >= 2 * SGEMM_PAR_ALIGN) {

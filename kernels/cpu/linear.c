@@ -36,7 +36,7 @@ weft_status weft_linear_forward(float *out, const float *inp, const float *weigh
   weft_sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
   if (bias) {
     bias_args a = {out, bias, OC};
-    weft_cpu_par_range_(N, OC >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / OC, bias_rows, &a);
+    weft_cpu_par_range_(N, weft_cpu_row_grain_(OC), bias_rows, &a);
   }
   return WEFT_OK;
 }

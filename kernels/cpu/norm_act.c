@@ -48,12 +48,6 @@ const char *weft_activation_name(weft_activation a) {
 
 /* -------------------------------------------------------------- LayerNorm */
 
-/* Rows per chunk of a row-wise kernel with C columns: about WEFT_CPU_GRAIN
- * elements. */
-static int64_t row_grain(int64_t C) {
-  return C >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / (C > 0 ? C : 1);
-}
-
 typedef struct ln_args {
   float *out, *mean, *rstd, *dinp, *dweight, *dbias;
   const float *inp, *weight, *bias, *dout, *mean_in, *rstd_in;
@@ -100,7 +94,7 @@ weft_status weft_layernorm_forward(float *out, float *mean, float *rstd, const f
                .bias = bias,
                .C = C,
                .eps = eps};
-  weft_cpu_par_range_(N, row_grain(C), ln_forward_rows, &a);
+  weft_cpu_par_range_(N, weft_cpu_row_grain_(C), ln_forward_rows, &a);
   return WEFT_OK;
 }
 
@@ -166,7 +160,7 @@ weft_status weft_layernorm_backward(float *dinp, float *dweight, float *dbias, c
                .C = C,
                .rows = N,
                .accumulate = accumulate_dinp};
-  if (dinp) weft_cpu_par_range_(N, row_grain(C), ln_backward_rows, &a);
+  if (dinp) weft_cpu_par_range_(N, weft_cpu_row_grain_(C), ln_backward_rows, &a);
   if (dweight || dbias) weft_cpu_par_range_((C + COLS - 1) / COLS, 1, ln_backward_cols, &a);
   return WEFT_OK;
 }
@@ -278,7 +272,7 @@ static void sm_forward_rows(void *ctx, int64_t lo, int64_t hi) {
 weft_status weft_softmax_forward(float *out, const float *inp, int64_t N, int64_t C) {
   WEFT_CHECK_ARGS_(weft_check_softmax_forward_(OP, out, inp, N, C));
   sm_args a = {.out = out, .inp = inp, .C = C};
-  weft_cpu_par_range_(N, row_grain(C), sm_forward_rows, &a);
+  weft_cpu_par_range_(N, weft_cpu_row_grain_(C), sm_forward_rows, &a);
   return WEFT_OK;
 }
 
@@ -302,7 +296,7 @@ weft_status weft_softmax_backward(float *dinp, const float *dout, const float *o
                                   int64_t C, bool accumulate) {
   WEFT_CHECK_ARGS_(weft_check_softmax_backward_(OP, dinp, dout, out, N, C));
   sm_args a = {.out = dinp, .dout = dout, .y = out, .C = C, .accumulate = accumulate};
-  weft_cpu_par_range_(N, row_grain(C), sm_backward_rows, &a);
+  weft_cpu_par_range_(N, weft_cpu_row_grain_(C), sm_backward_rows, &a);
   return WEFT_OK;
 }
 

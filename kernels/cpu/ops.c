@@ -526,13 +526,12 @@ weft_status weft_cpu_reduce_(const weft_tensor *t, weft_reduce_kind kind, int d,
     for (int e = 0; e < d; e++) outer *= t->shape[e];
     for (int e = d + 1; e < t->ndim; e++) r.inner *= t->shape[e];
     if (r.inner == 1) {
-      const int64_t g = r.len >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / (r.len > 0 ? r.len : 1);
-      weft_cpu_par_range_(outer, g, red_fast_rows, &r);
+      weft_cpu_par_range_(outer, weft_cpu_row_grain_(r.len), red_fast_rows, &r);
     } else {
       r.nblocks = (r.inner + RED_COLS - 1) / RED_COLS;
-      const int64_t work = r.len * RED_COLS; /* floats one item reads */
-      const int64_t g = work >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / (work > 0 ? work : 1);
-      weft_cpu_par_range_(outer * r.nblocks, g, red_fast_blocks, &r);
+      /* an item reads len x RED_COLS floats */
+      weft_cpu_par_range_(outer * r.nblocks, weft_cpu_row_grain_(r.len * RED_COLS), red_fast_blocks,
+                          &r);
     }
     return WEFT_OK;
   }

@@ -169,7 +169,6 @@ static void par_run(int64_t n, int nt, weft_cpu_par_fn fn, void *ctx, float *own
   for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
 }
 
-int weft_cpu_threads_(void) { return par_threads(); }
 int weft_cpu_num_threads(void) { return par_threads(); }
 
 weft_status weft_cpu_set_num_threads(int n) {
@@ -227,10 +226,11 @@ void weft_cpu_par_for_(int64_t n, weft_cpu_par_fn fn, void *ctx, float *own, int
   for (int64_t i = 0; i < n; i++) fn(ctx, i, own);
 }
 
-int weft_cpu_threads_(void) { return 1; }
 int weft_cpu_num_threads(void) { return 1; }
 
 weft_status weft_cpu_set_num_threads(int n) {
+  if (n < 1)
+    return weft_error(WEFT_ERR_INVALID, "weft_cpu_set_num_threads: %d threads (want >= 1)", n);
   if (n == 1) return WEFT_OK;
   return weft_error(WEFT_ERR_UNSUPPORTED,
                     "weft_cpu_set_num_threads: %d threads, but this build has no BLAS and its CPU "
