@@ -92,6 +92,15 @@ weft_status nn_graph_bring(weft_graph *g, const weft_dtensor *x, const weft_plac
  * d's values converted (weft_tensor_copy: rounding to nearest even). */
 weft_status nn_graph_converted(weft_graph *g, const weft_dtensor *d, weft_dtype dtype,
                                weft_dtensor **out);
+/* The RoPE tables (weft_backend_rope_tables: tab_pos * hd/2 cosines, then
+ * as many sines) of `mesh`'s device for head dim hd and theta, covering at
+ * least positions [0, max_pos): built on the first request and kept by the
+ * graph across steps, so each shape's tables are computed once, not in
+ * every layer of every step. *tab (Replicate, f32, 1-D) is borrowed: valid
+ * until weft_graph_destroy, or the reset after a larger request replaced
+ * it. Local; called by the rope op (ops_layers.c). */
+weft_status nn_graph_rope_tables(weft_graph *g, weft_mesh *mesh, int64_t max_pos, int64_t hd,
+                                 double theta, const weft_dtensor **tab, int64_t *tab_pos);
 /* Frees a buffer of this step now (removed from the pool; no-op for one the
  * pool does not hold): for short-lived copies (mixed.c), which would
  * otherwise stay in the pool as spare buffers of their spec. */

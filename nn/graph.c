@@ -26,6 +26,18 @@ typedef struct pool_entry {
   uint64_t handed; /* g->hand_seq when last handed out (activation checkpointing) */
 } pool_entry;
 
+/* RoPE cos/sin tables for positions [0, max_pos) on one mesh (and its
+ * device), head dim and theta. One that a larger request superseded stays
+ * until the next reset: this step's nodes may still read it. */
+typedef struct rope_entry {
+  weft_mesh *mesh;
+  weft_device device;
+  int64_t max_pos, hd;
+  double theta;
+  weft_dtensor *tab;
+  bool stale;
+} rope_entry;
+
 struct weft_graph {
   weft_var **vars;
   int nvars, cap_vars;
@@ -45,6 +57,8 @@ struct weft_graph {
   uint64_t hand_step0;            /* hand_seq at the last reset */
   weft_param **params;            /* the distinct parameters read this step (weft_graph_param) */
   int nparams, cap_params;
+  rope_entry *ropes; /* RoPE tables kept across steps (nn_graph_rope_tables) */
+  int nropes, cap_ropes;
 };
 
 static weft_status grow(void **v, int *cap, int need, size_t elem) {
@@ -83,6 +97,8 @@ void weft_graph_destroy(weft_graph *g) {
   if (!g) return;
   drop_step(g);
   for (int i = 0; i < g->npool; i++) weft_dtensor_destroy(g->pool[i].dt);
+  for (int i = 0; i < g->nropes; i++) weft_dtensor_destroy(g->ropes[i].tab);
+  free(g->ropes);
   free(g->pool);
   free(g->vars);
   free(g->nodes);
@@ -108,6 +124,14 @@ weft_status weft_graph_reset(weft_graph *g) {
     g->pool[k++] = e;
   }
   g->npool = k;
+  k = 0;
+  for (int i = 0; i < g->nropes; i++) {
+    if (g->ropes[i].stale)
+      weft_dtensor_destroy(g->ropes[i].tab);
+    else
+      g->ropes[k++] = g->ropes[i];
+  }
+  g->nropes = k;
   g->hand_step0 = g->hand_seq;
   g->step++;
   return WEFT_OK;
@@ -176,6 +200,46 @@ weft_status nn_graph_tensor(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, in
   WEFT_CHECK(weft_dtensor_empty(mesh, dtype, ndim, shape, pl, weft_mesh_ndim(mesh), &d));
   g->pool[g->npool++] = (pool_entry){d, true, false, g->hand_seq++};
   *out = d;
+  return WEFT_OK;
+}
+
+weft_status nn_graph_rope_tables(weft_graph *g, weft_mesh *mesh, int64_t max_pos, int64_t hd,
+                                 double theta, const weft_dtensor **tab, int64_t *tab_pos) {
+  const weft_device dev = weft_mesh_device(mesh);
+  rope_entry *have = NULL;
+  for (int i = 0; i < g->nropes; i++) {
+    rope_entry *e = &g->ropes[i];
+    if (!e->stale && e->mesh == mesh && e->device == dev && e->hd == hd && e->theta == theta) {
+      have = e;
+      break;
+    }
+  }
+  if (have && have->max_pos >= max_pos) {
+    *tab = have->tab;
+    *tab_pos = have->max_pos;
+    return WEFT_OK;
+  }
+  /* grown at least twofold, so that positions that creep up one at a time
+   * (generation) rebuild the tables only a logarithmic number of times */
+  int64_t n = max_pos > 1 ? max_pos : 1;
+  if (have && n < 2 * have->max_pos) n = 2 * have->max_pos;
+  WEFT_CHECK(grow((void **)&g->ropes, &g->cap_ropes, g->nropes + 1, sizeof *g->ropes));
+  weft_placement p[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < weft_mesh_ndim(mesh); i++)
+    p[i] = (weft_placement){.kind = WEFT_PLACE_REPLICATE};
+  const int64_t floats = n * hd;
+  weft_dtensor *d;
+  WEFT_CHECK(weft_dtensor_empty(mesh, WEFT_F32, 1, &floats, p, weft_mesh_ndim(mesh), &d));
+  float *cosb = weft_dtensor_local(d)->data;
+  weft_status st = weft_backend_rope_tables(dev, cosb, cosb + n * (hd / 2), n, hd, theta);
+  if (st != WEFT_OK) {
+    weft_dtensor_destroy(d);
+    return st;
+  }
+  if (have) have->stale = true;
+  g->ropes[g->nropes++] = (rope_entry){mesh, dev, n, hd, theta, d, false};
+  *tab = d;
+  *tab_pos = n;
   return WEFT_OK;
 }
 

@@ -540,8 +540,9 @@ static weft_status softmax_f32(weft_var *x, weft_var **out) {
 
 /* -------------------------------------------------------------------- rope */
 
-/* saved[0] = the tables (cos then sin, max_pos * hd/2 each); i[0] =
- * max_pos, i[1] = pos0. */
+/* saved[0] = the tables (cos then sin, i[0] * hd/2 each; the graph's,
+ * nn_graph_rope_tables, not a pool buffer); i[0] = the positions they
+ * cover (>= pos0 + T), i[1] = pos0. */
 static weft_status rope_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
   const weft_dtensor *dy = dout[0];
   weft_dtensor *dx;
@@ -586,22 +587,23 @@ static weft_status rope_f32(weft_var *x, double theta, int64_t pos0, weft_var **
   WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
-  weft_dtensor *y, *tab;
+  weft_dtensor *y;
   WEFT_CHECK(nn_graph_like(g, xu, opl, &y));
   int64_t T = xs->shape[1], hd = xs->shape[3], max_pos = pos0 + T;
   const weft_tensor *xl = nn_local(xu);
   weft_device dev = xl->device;
-  WEFT_CHECK(flat_buffer(g, weft_dtensor_mesh(xv), max_pos * hd, &tab));
-  float *cosb = nn_f32(tab), *sinb = cosb + max_pos * (hd / 2);
-  if (max_pos > 0) WEFT_CHECK(weft_backend_rope_tables(dev, cosb, sinb, max_pos, hd, theta));
+  const weft_dtensor *tab;
+  int64_t tab_pos;
+  WEFT_CHECK(nn_graph_rope_tables(g, weft_dtensor_mesh(xv), max_pos, hd, theta, &tab, &tab_pos));
+  const float *cosb = nn_f32(tab), *sinb = cosb + tab_pos * (hd / 2);
   if (weft_tensor_numel(xl) > 0)
-    WEFT_CHECK(weft_backend_rope_forward(dev, nn_f32(y), xl->data, cosb, sinb, max_pos,
+    WEFT_CHECK(weft_backend_rope_forward(dev, nn_f32(y), xl->data, cosb, sinb, tab_pos,
                                          xl->shape[0], T, xl->shape[2], hd, pos0));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, rope_backward, &node));
   if (node) {
-    node->saved[0] = tab;
-    node->i[0] = max_pos;
+    node->saved[0] = (weft_dtensor *)tab;
+    node->i[0] = tab_pos;
     node->i[1] = pos0;
   }
   WEFT_CHECK(nn_var_new(g, y, node, out));

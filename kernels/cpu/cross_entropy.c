@@ -32,9 +32,8 @@ static weft_status check_targets(const char *op, const int32_t *targets, int64_t
 
 /* The CPU threads take fixed chunks of rows (pool.h), each computed as in
  * the serial loop; the forward's loss adds one partial per chunk in chunk
- * order (at most CE_CHUNKS chunks), so the bits do not depend on the thread
- * count. */
-#define CE_CHUNKS 64
+ * order (at most WEFT_CPU_MAX_PARTIALS chunks), so the bits do not depend
+ * on the thread count. */
 
 typedef struct ce_args {
   float *lse, *out;
@@ -42,15 +41,8 @@ typedef struct ce_args {
   const int32_t *targets;
   int64_t V, v0, grain;
   float scale;
-  double part[CE_CHUNKS];
+  double part[WEFT_CPU_MAX_PARTIALS];
 } ce_args;
-
-/* Rows per chunk: about WEFT_CPU_GRAIN logits, and at most CE_CHUNKS chunks. */
-static int64_t ce_grain(int64_t N, int64_t V) {
-  int64_t g = weft_cpu_row_grain_(V);
-  const int64_t least = (N + CE_CHUNKS - 1) / CE_CHUNKS;
-  return g > least ? g : least > 0 ? least : 1;
-}
 
 static void ce_forward_rows(void *ctx, int64_t lo, int64_t hi) {
   ce_args *a = ctx;
@@ -101,7 +93,7 @@ weft_status weft_cross_entropy_forward(double *loss, float *lse, const float *lo
   WEFT_CHECK(check_targets(weft_op_name_(__func__), targets, N, V));
   /* one partial sum per fixed chunk of rows, added in chunk order */
   ce_args a = {.lse = lse, .logits = logits, .targets = targets, .V = V};
-  a.grain = ce_grain(N, V);
+  a.grain = weft_cpu_partial_grain_(N, V);
   weft_cpu_par_range_(N, a.grain, ce_forward_rows, &a);
   double total = 0.0;
   for (int64_t c = 0; c * a.grain < N; c++) total += a.part[c];
@@ -126,7 +118,7 @@ weft_status weft_cross_entropy_local_max(float *row_max, const float *logits_loc
   CHECK_PTR(row_max, N);
   CHECK_PTR(logits_local, N * nv);
   ce_args a = {.out = row_max, .logits = logits_local, .V = nv};
-  weft_cpu_par_range_(N, ce_grain(N, nv), ce_max_rows, &a);
+  weft_cpu_par_range_(N, weft_cpu_partial_grain_(N, nv), ce_max_rows, &a);
   return WEFT_OK;
 }
 
@@ -152,7 +144,7 @@ weft_status weft_cross_entropy_local_sumexp(float *sumexp, const float *logits_l
   CHECK_PTR(logits_local, N * nv);
   CHECK_PTR(gmax, N);
   ce_args a = {.out = sumexp, .logits = logits_local, .gmax = gmax, .V = nv};
-  weft_cpu_par_range_(N, ce_grain(N, nv), ce_sumexp_rows, &a);
+  weft_cpu_par_range_(N, weft_cpu_partial_grain_(N, nv), ce_sumexp_rows, &a);
   return WEFT_OK;
 }
 
@@ -193,6 +185,6 @@ weft_status weft_cross_entropy_backward_local(float *dlogits_local, const float 
                .V = nv,
                .v0 = v0,
                .scale = scale};
-  weft_cpu_par_range_(N, ce_grain(N, nv), ce_backward_rows, &a);
+  weft_cpu_par_range_(N, weft_cpu_partial_grain_(N, nv), ce_backward_rows, &a);
   return WEFT_OK;
 }

@@ -5,15 +5,16 @@
  * (kernels/cuda/norm_act.cu), so both reject the same inputs with the same
  * first line.
  *
- * Scalar loops, deterministic: row reductions (LayerNorm's mean and
- * variance, softmax sums) and the column sums of LayerNorm's weight and bias
- * gradients accumulate in double, in index order; the elementwise
- * arithmetic is fp32 with the float functions of <math.h>, but GELU-tanh's
- * (gelu_vec.c: AVX2 + FMA in double, rounded once). The rows (or
- * elements, or blocks of COLS columns) are split over the CPU threads in
- * fixed chunks (pool.h's weft_cpu_par_range_), each computed as in the
- * serial loop, so the bits do not depend on the thread count. No
- * allocation: the column sums keep their double accumulators on the stack. */
+ * Deterministic: row reductions (LayerNorm's mean and variance, softmax
+ * sums) accumulate in double; LayerNorm runs on 4-float vectors (simd.h)
+ * with its sums on double lanes, the activations and softmax are scalar
+ * fp32 with the float functions of <math.h>, but GELU-tanh's (gelu_vec.c:
+ * AVX2 + FMA in double, rounded once). The rows (or elements) are split
+ * over the CPU threads in fixed chunks (pool.h's weft_cpu_par_range_),
+ * each computed as in the serial loop, so the bits do not depend on the
+ * thread count. LayerNorm's backward reads each row once: dinp, and per
+ * chunk of rows the partial column sums of its weight and bias gradients
+ * (in double, in pool.h's partials block), added in chunk order at the end. */
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,13 +24,10 @@
 #include "gelu_vec.h"
 #include "layers.h"
 #include "pool.h"
+#include "simd.h"
 
 /* Errors name the operation ("layernorm_forward: ..."), not the C function. */
 #define OP weft_op_name_(__func__)
-
-/* Columns whose weight and bias gradients are summed together (a row
- * segment of COLS floats is read at a time). */
-#define COLS 64
 
 const char *weft_activation_name(weft_activation a) {
   switch (a) {
@@ -49,25 +47,39 @@ const char *weft_activation_name(weft_activation a) {
 /* -------------------------------------------------------------- LayerNorm */
 
 typedef struct ln_args {
-  float *out, *mean, *rstd, *dinp, *dweight, *dbias;
+  float *out, *mean, *rstd, *dinp;
+  double
+      *part; /* backward: chunk k's C sums of dout * xhat at k * C, of dout at (nchunks + k) * C */
   const float *inp, *weight, *bias, *dout, *mean_in, *rstd_in;
-  int64_t C, rows;
+  int64_t C, grain, nchunks;
   float eps;
   bool accumulate;
 } ln_args;
 
-/* Forward of rows [lo, hi). */
+/* Forward of rows [lo, hi): one read of the row from memory (it stays in
+ * L1 for the variance and the output), sums in double on vector lanes. */
 static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
   const ln_args *a = ctx;
   const int64_t C = a->C;
   const float *weight = a->weight, *bias = a->bias;
   for (int64_t n = lo; n < hi; n++) {
     const float *x = a->inp + n * C;
-    double s = 0.0;
-    for (int64_t c = 0; c < C; c++) s += x[c];
+    vd2 sl = {0}, sh = {0};
+    int64_t c = 0;
+    for (; c + VL <= C; c += VL) vacc_d(&sl, &sh, vload(x + c));
+    double s = hsum_d(sl, sh);
+    for (; c < C; c++) s += x[c];
     const double m = s / (double)C;
-    double v = 0.0;
-    for (int64_t c = 0; c < C; c++) {
+    const vd2 vm = {m, m};
+    vd2 ql = {0}, qh = {0};
+    for (c = 0; c + VL <= C; c += VL) {
+      const vf4 xv = vload(x + c);
+      const vd2 dl = vlo_d(xv) - vm, dh = vhi_d(xv) - vm;
+      ql += dl * dl;
+      qh += dh * dh;
+    }
+    double v = hsum_d(ql, qh);
+    for (; c < C; c++) {
       const double d = (double)x[c] - m;
       v += d * d;
     }
@@ -75,7 +87,12 @@ static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
     a->mean[n] = mf;
     a->rstd[n] = rf;
     float *y = a->out + n * C; /* may be x: each x[c] is read before y[c] is written */
-    for (int64_t c = 0; c < C; c++) {
+    const vf4 vmf = vset(mf), vrf = vset(rf), one = vset(1.0f), zero = vset(0.0f);
+    for (c = 0; c + VL <= C; c += VL) {
+      const vf4 h = (vload(x + c) - vmf) * vrf;
+      vstore(y + c, h * (weight ? vload(weight + c) : one) + (bias ? vload(bias + c) : zero));
+    }
+    for (; c < C; c++) {
       const float h = (x[c] - mf) * rf;
       y[c] = h * (weight ? weight[c] : 1.0f) + (bias ? bias[c] : 0.0f);
     }
@@ -98,49 +115,65 @@ weft_status weft_layernorm_forward(float *out, float *mean, float *rstd, const f
   return WEFT_OK;
 }
 
-/* dinp of rows [lo, hi). */
+/* Backward of rows [lo, hi), one chunk, in one read of each row of inp and
+ * dout: dinp (when wanted) and the chunk's partial column sums of
+ * dout * xhat and dout (when wanted), in double. */
 static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
   const ln_args *a = ctx;
   const int64_t C = a->C;
   const float *weight = a->weight;
+  double *pw = NULL, *pb = NULL;
+  if (a->part) {
+    const int64_t k = lo / a->grain;
+    pw = a->part + k * C;
+    pb = a->part + (a->nchunks + k) * C;
+    memset(pw, 0, sizeof(double) * (size_t)C);
+    memset(pb, 0, sizeof(double) * (size_t)C);
+  }
+  const vf4 one = vset(1.0f);
   for (int64_t n = lo; n < hi; n++) {
     const float *x = a->inp + n * C, *dy = a->dout + n * C;
     const float m = a->mean_in[n], r = a->rstd_in[n];
-    double sg = 0.0, sgx = 0.0; /* sum_j g_j, sum_j g_j xhat_j */
-    for (int64_t c = 0; c < C; c++) {
+    const vf4 vm = vset(m), vr = vset(r);
+    vd2 gl = {0}, gh = {0}, xl = {0}, xh2 = {0}; /* sum_j g_j, sum_j g_j xhat_j */
+    int64_t c = 0;
+    for (; c + VL <= C; c += VL) {
+      const vf4 dyv = vload(dy + c), xh = (vload(x + c) - vm) * vr;
+      const vf4 g = dyv * (weight ? vload(weight + c) : one);
+      vacc_d(&gl, &gh, g);
+      xl += vlo_d(g) * vlo_d(xh);
+      xh2 += vhi_d(g) * vhi_d(xh);
+      if (pw) {
+        dstore(pw + c, dload(pw + c) + vlo_d(dyv) * vlo_d(xh));
+        dstore(pw + c + 2, dload(pw + c + 2) + vhi_d(dyv) * vhi_d(xh));
+        dstore(pb + c, dload(pb + c) + vlo_d(dyv));
+        dstore(pb + c + 2, dload(pb + c + 2) + vhi_d(dyv));
+      }
+    }
+    double sg = hsum_d(gl, gh), sgx = hsum_d(xl, xh2);
+    for (; c < C; c++) {
       const float xh = (x[c] - m) * r, g = dy[c] * (weight ? weight[c] : 1.0f);
       sg += g;
       sgx += (double)g * xh;
+      if (pw) {
+        pw[c] += (double)dy[c] * xh;
+        pb[c] += dy[c];
+      }
     }
+    if (!a->dinp) continue;
     const float ga = (float)(sg / (double)C), gb = (float)(sgx / (double)C);
+    const vf4 vga = vset(ga), vgb = vset(gb);
     float *dx = a->dinp + n * C;
-    for (int64_t c = 0; c < C; c++) {
+    for (c = 0; c + VL <= C; c += VL) {
+      const vf4 xh = (vload(x + c) - vm) * vr;
+      const vf4 g = vload(dy + c) * (weight ? vload(weight + c) : one);
+      const vf4 d = vr * (g - vga - xh * vgb);
+      vstore(dx + c, a->accumulate ? vload(dx + c) + d : d);
+    }
+    for (; c < C; c++) {
       const float xh = (x[c] - m) * r, g = dy[c] * (weight ? weight[c] : 1.0f);
       const float d = r * (g - ga - xh * gb);
       dx[c] = a->accumulate ? dx[c] + d : d;
-    }
-  }
-}
-
-/* dweight / dbias of the column blocks [lo, hi) (block b: columns
- * [b * COLS, b * COLS + COLS)), each summed over all N rows in order. */
-static void ln_backward_cols(void *ctx, int64_t lo, int64_t hi) {
-  const ln_args *a = ctx;
-  const int64_t C = a->C;
-  for (int64_t b = lo; b < hi; b++) {
-    const int64_t c0 = b * COLS, nc = C - c0 < COLS ? C - c0 : COLS;
-    double sw[COLS] = {0}, sb[COLS] = {0};
-    for (int64_t n = 0; n < a->rows; n++) {
-      const float *x = a->inp + n * C + c0, *dy = a->dout + n * C + c0;
-      const float m = a->mean_in[n], r = a->rstd_in[n];
-      for (int64_t j = 0; j < nc; j++) {
-        sw[j] += (double)dy[j] * ((x[j] - m) * r);
-        sb[j] += dy[j];
-      }
-    }
-    for (int64_t j = 0; j < nc; j++) {
-      if (a->dweight) a->dweight[c0 + j] = (float)((double)a->dweight[c0 + j] + sw[j]);
-      if (a->dbias) a->dbias[c0 + j] = (float)((double)a->dbias[c0 + j] + sb[j]);
     }
   }
 }
@@ -149,19 +182,23 @@ weft_status weft_layernorm_backward(float *dinp, float *dweight, float *dbias, c
                                     const float *inp, const float *weight, const float *mean,
                                     const float *rstd, int64_t N, int64_t C, bool accumulate_dinp) {
   WEFT_CHECK_ARGS_(weft_check_layernorm_backward_(OP, dout, inp, mean, rstd, N, C));
+  if (N == 0 || (!dinp && !dweight && !dbias)) return WEFT_OK;
   ln_args a = {.dinp = dinp,
-               .dweight = dweight,
-               .dbias = dbias,
                .inp = inp,
                .weight = weight,
                .dout = dout,
                .mean_in = mean,
                .rstd_in = rstd,
                .C = C,
-               .rows = N,
                .accumulate = accumulate_dinp};
-  if (dinp) weft_cpu_par_range_(N, weft_cpu_row_grain_(C), ln_backward_rows, &a);
-  if (dweight || dbias) weft_cpu_par_range_((C + COLS - 1) / COLS, 1, ln_backward_cols, &a);
+  const bool sums = dweight || dbias;
+  a.grain = sums ? weft_cpu_partial_grain_(N, C) : weft_cpu_row_grain_(C);
+  a.nchunks = (N + a.grain - 1) / a.grain;
+  if (sums) WEFT_CHECK(weft_cpu_partials_get_(2 * a.nchunks * C, &a.part));
+  weft_cpu_par_range_(N, a.grain, ln_backward_rows, &a);
+  if (dweight) weft_cpu_add_partials_(dweight, a.part, a.nchunks, C);
+  if (dbias) weft_cpu_add_partials_(dbias, a.part + a.nchunks * C, a.nchunks, C);
+  weft_cpu_partials_put_(a.part);
   return WEFT_OK;
 }
 

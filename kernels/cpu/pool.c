@@ -17,18 +17,55 @@
  * inside an attention item) runs serially. After fork() the child starts a
  * new pool (the workers do not survive it). Without BLAS the loops are
  * serial. */
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend.h" /* weft_cpu_set_num_threads */
+#include "kernels.h" /* weft_alloc */
 #include "pool.h"
 #include "status.h"
 #include "weft_config.h"
 
+/* The partial-sums block (weft_cpu_partials_get_): plain malloc like the
+ * pool's scratch blocks, grown on demand and kept, so a steady-state step
+ * allocates nothing; one caller holds it at a time. */
+static atomic_flag partials_held = ATOMIC_FLAG_INIT;
+static double *partials_block;
+static int64_t partials_cap;
+
+weft_status weft_cpu_partials_get_(int64_t n, double **out) {
+  if (n < 1) n = 1;
+  if (!atomic_flag_test_and_set(&partials_held)) {
+    if (partials_cap >= n) {
+      *out = partials_block;
+      return WEFT_OK;
+    }
+    double *p = malloc((size_t)n * sizeof(double));
+    if (p) {
+      free(partials_block);
+      partials_block = p;
+      partials_cap = n;
+      *out = p;
+      return WEFT_OK;
+    }
+    atomic_flag_clear(&partials_held);
+  }
+  return weft_alloc(WEFT_CPU, (size_t)n * sizeof(double), (void **)out);
+}
+
+void weft_cpu_partials_put_(double *p) {
+  if (!p) return;
+  if (p == partials_block) {
+    atomic_flag_clear(&partials_held);
+    return;
+  }
+  weft_free(p);
+}
+
 #if WEFT_HAVE_BLAS
 #include <cblas.h>
 #include <pthread.h>
-#include <stdatomic.h>
-#include <stdlib.h>
 
 #define PAR_MAX 64 /* threads at most, the caller included */
 

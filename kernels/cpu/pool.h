@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include "status.h"
+
 /* One item of a parallel loop: item in [0, n), scratch the calling
  * thread's own block of the `floats` floats given to weft_cpu_par_for_. */
 typedef void (*weft_cpu_par_fn)(void *ctx, int64_t item, float *scratch);
@@ -45,6 +47,40 @@ void weft_cpu_par_range_(int64_t n, int64_t grain, weft_cpu_range_fn fn, void *c
  * about WEFT_CPU_GRAIN floats a chunk, at least one row. */
 static inline int64_t weft_cpu_row_grain_(int64_t per_row) {
   return per_row >= WEFT_CPU_GRAIN ? 1 : WEFT_CPU_GRAIN / (per_row > 0 ? per_row : 1);
+}
+
+/* At most this many chunks for a row kernel that keeps one partial result
+ * per chunk (a loss, or column sums of C doubles): the partials stay small
+ * and their in-order combination cheap, and the chunking still does not
+ * depend on the thread count. */
+#define WEFT_CPU_MAX_PARTIALS 64
+
+/* Rows per chunk of such a kernel over n rows of `per_row` floats: the
+ * larger of weft_cpu_row_grain_(per_row) and ceil(n / WEFT_CPU_MAX_PARTIALS). */
+static inline int64_t weft_cpu_partial_grain_(int64_t n, int64_t per_row) {
+  const int64_t g = weft_cpu_row_grain_(per_row);
+  const int64_t least = (n + WEFT_CPU_MAX_PARTIALS - 1) / WEFT_CPU_MAX_PARTIALS;
+  return g > least ? g : least > 0 ? least : 1;
+}
+
+/* A block of at least n doubles for one kernel call's partial sums: the
+ * process's kept block (grown on demand, never given back, so a steady
+ * state allocates nothing), or, while another call holds that, a fresh
+ * weft_alloc block. Contents undefined. Give it back with
+ * weft_cpu_partials_put_. Local; fails only when out of memory. */
+weft_status weft_cpu_partials_get_(int64_t n, double **out);
+void weft_cpu_partials_put_(double *p);
+
+/* out[c] = (float)((double)out[c] + the sum of part[k * C + c] over the
+ * chunks k < nchunks, added in chunk order), for c < C: the column sums of
+ * a row kernel's chunks (norm backward passes) accumulated into a gradient. */
+static inline void weft_cpu_add_partials_(float *out, const double *part, int64_t nchunks,
+                                          int64_t C) {
+  for (int64_t c = 0; c < C; c++) {
+    double s = 0.0;
+    for (int64_t k = 0; k < nchunks; k++) s += part[k * C + c];
+    out[c] = (float)((double)out[c] + s);
+  }
 }
 
 #endif /* WEFT_CPU_POOL_H */

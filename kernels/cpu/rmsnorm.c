@@ -1,7 +1,10 @@
 /* kernels/cpu/rmsnorm.c — CPU fp32 RMSNorm (layers.h), forward and
  * backward, one row at a time on 4-float vectors (simd.h): the row's sum
  * of squares and backward's sum of g * x accumulate in double, the rest is
- * fp32 with a scalar loop for the last C % 4 columns. (LayerNorm, the
+ * fp32 with a scalar loop for the last C % 4 columns. Rows go to the CPU
+ * threads in fixed chunks (pool.h); backward reads each row once and keeps
+ * per chunk the partial column sums of dweight in double, added in chunk
+ * order, so the bits do not depend on the thread count. (LayerNorm, the
  * other norm, is in norm_act.c.) */
 #include <math.h>
 #include <stdbool.h>
@@ -9,6 +12,7 @@
 
 #include "arg_checks.h"
 #include "layers.h"
+#include "pool.h"
 #include "simd.h"
 
 /* Errors name the operation, as every backend's do (arg_checks.h):
@@ -16,22 +20,83 @@
 #undef weft_error
 #define weft_error(st, ...) weft_error_at((st), weft_op_name_(__func__), __VA_ARGS__)
 
+typedef struct rms_args {
+  float *out, *rstd, *dinp;
+  double *part; /* backward: chunk k's C partial sums of dout * inp * rstd at k * C */
+  const float *inp, *weight, *dout, *rstd_in;
+  int64_t C, grain;
+  float eps;
+  bool accumulate;
+} rms_args;
+
+static void rms_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+  const rms_args *a = ctx;
+  const int64_t C = a->C;
+  for (int64_t n = lo; n < hi; n++) {
+    const float *x = a->inp + n * C;
+    const double ss = row_dot_d(x, x, C); /* the sum of squares, in double */
+    float r = (float)(1.0 / sqrt(ss / (double)C + (double)a->eps));
+    a->rstd[n] = r;
+    float *y = a->out + n * C;
+    const vf4 vr = vset(r);
+    int64_t c = 0;
+    for (; c + VL <= C; c += VL) vstore(y + c, vload(x + c) * vr * vload(a->weight + c));
+    for (; c < C; c++) y[c] = x[c] * r * a->weight[c];
+  }
+}
+
 weft_status weft_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
                                  int64_t N, int64_t C, float eps) {
   WEFT_RETURN_IF_BAD_(
       weft_check_rmsnorm_forward_(weft_op_name_(__func__), out, rstd, inp, weight, N, C, eps));
-  for (int64_t n = 0; n < N; n++) {
-    const float *x = inp + n * C;
-    const double ss = row_dot_d(x, x, C); /* the sum of squares, in double */
-    float r = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
-    rstd[n] = r;
-    float *y = out + n * C;
-    const vf4 vr = vset(r);
-    int64_t c = 0;
-    for (; c + VL <= C; c += VL) vstore(y + c, vload(x + c) * vr * vload(weight + c));
-    for (; c < C; c++) y[c] = x[c] * r * weight[c];
-  }
+  rms_args a = {.out = out, .rstd = rstd, .inp = inp, .weight = weight, .C = C, .eps = eps};
+  weft_cpu_par_range_(N, weft_cpu_row_grain_(C), rms_forward_rows, &a);
   return WEFT_OK;
+}
+
+/* Backward of rows [lo, hi), one chunk: dinp, and the chunk's partial
+ * column sums of dout * inp * rstd (the product in fp32, summed in double). */
+static void rms_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+  const rms_args *a = ctx;
+  const int64_t C = a->C;
+  const float *weight = a->weight;
+  double *pw = a->part + (lo / a->grain) * C;
+  memset(pw, 0, sizeof(double) * (size_t)C);
+  for (int64_t n = lo; n < hi; n++) {
+    const float *x = a->inp + n * C, *dy = a->dout + n * C;
+    float *dx = a->dinp + n * C;
+    float r = a->rstd_in[n];
+    const vf4 vr = vset(r);
+    vd2 lo2 = {0}, hi2 = {0}; /* sum_j g_j x_j with g = dy * w */
+    int64_t c = 0;
+    for (; c + VL <= C; c += VL) {
+      vf4 xv = vload(x + c), dyv = vload(dy + c);
+      vf4 g = dyv * vload(weight + c);
+      lo2 += vlo_d(g) * vlo_d(xv);
+      hi2 += vhi_d(g) * vhi_d(xv);
+      const vf4 p = dyv * xv * vr;
+      dstore(pw + c, dload(pw + c) + vlo_d(p));
+      dstore(pw + c + 2, dload(pw + c + 2) + vhi_d(p));
+    }
+    double gx = hsum_d(lo2, hi2);
+    for (; c < C; c++) {
+      gx += (double)(dy[c] * weight[c]) * x[c];
+      pw[c] += dy[c] * x[c] * r;
+    }
+    float k = (float)(gx / (double)C) * r * r;
+    const vf4 vk = vset(k);
+    c = 0;
+    if (a->accumulate) {
+      for (; c + VL <= C; c += VL)
+        vstore(dx + c,
+               vload(dx + c) + vr * (vload(dy + c) * vload(weight + c) - vload(x + c) * vk));
+      for (; c < C; c++) dx[c] += r * (dy[c] * weight[c] - x[c] * k);
+    } else {
+      for (; c + VL <= C; c += VL)
+        vstore(dx + c, vr * (vload(dy + c) * vload(weight + c) - vload(x + c) * vk));
+      for (; c < C; c++) dx[c] = r * (dy[c] * weight[c] - x[c] * k);
+    }
+  }
 }
 
 weft_status weft_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
@@ -44,38 +109,19 @@ weft_status weft_rmsnorm_backward(float *dinp, float *dweight, const float *dout
   CHECK_PTR(inp, N * C);
   CHECK_PTR(weight, C);
   CHECK_PTR(rstd, N);
-  for (int64_t n = 0; n < N; n++) {
-    const float *x = inp + n * C, *dy = dout + n * C;
-    float *dx = dinp + n * C;
-    float r = rstd[n];
-    const vf4 vr = vset(r);
-    vd2 lo = {0}, hi = {0}; /* sum_j g_j x_j with g = dy * w */
-    int64_t c = 0;
-    for (; c + VL <= C; c += VL) {
-      vf4 xv = vload(x + c), dyv = vload(dy + c);
-      vf4 g = dyv * vload(weight + c);
-      lo += vlo_d(g) * vlo_d(xv);
-      hi += vhi_d(g) * vhi_d(xv);
-      vstore(dweight + c, vload(dweight + c) + dyv * xv * vr);
-    }
-    double gx = hsum_d(lo, hi);
-    for (; c < C; c++) {
-      gx += (double)(dy[c] * weight[c]) * x[c];
-      dweight[c] += dy[c] * x[c] * r;
-    }
-    float k = (float)(gx / (double)C) * r * r;
-    const vf4 vk = vset(k);
-    c = 0;
-    if (accumulate_dinp) {
-      for (; c + VL <= C; c += VL)
-        vstore(dx + c,
-               vload(dx + c) + vr * (vload(dy + c) * vload(weight + c) - vload(x + c) * vk));
-      for (; c < C; c++) dx[c] += r * (dy[c] * weight[c] - x[c] * k);
-    } else {
-      for (; c + VL <= C; c += VL)
-        vstore(dx + c, vr * (vload(dy + c) * vload(weight + c) - vload(x + c) * vk));
-      for (; c < C; c++) dx[c] = r * (dy[c] * weight[c] - x[c] * k);
-    }
-  }
+  if (N == 0) return WEFT_OK;
+  rms_args a = {.dinp = dinp,
+                .inp = inp,
+                .weight = weight,
+                .dout = dout,
+                .rstd_in = rstd,
+                .C = C,
+                .accumulate = accumulate_dinp};
+  a.grain = weft_cpu_partial_grain_(N, C);
+  const int64_t nchunks = (N + a.grain - 1) / a.grain;
+  WEFT_CHECK(weft_cpu_partials_get_(nchunks * C, &a.part));
+  weft_cpu_par_range_(N, a.grain, rms_backward_rows, &a);
+  weft_cpu_add_partials_(dweight, a.part, nchunks, C);
+  weft_cpu_partials_put_(a.part);
   return WEFT_OK;
 }

@@ -63,6 +63,13 @@ static inline vd2 vlo_d(vf4 v) {
 static inline vd2 vhi_d(vf4 v) {
   return __builtin_convertvector(__builtin_shufflevector(v, v, 2, 3), vd2);
 }
+/* Two doubles at p (a column-sum accumulator row), loaded and stored. */
+static inline vd2 dload(const double *p) {
+  vd2 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void dstore(double *p, vd2 v) { memcpy(p, &v, sizeof v); }
 /* Adds the 4 lanes of v, widened to double, into two double accumulators. */
 static inline void vacc_d(vd2 *lo, vd2 *hi, vf4 v) {
   *lo += vlo_d(v);

@@ -925,7 +925,8 @@ Test(layers, sumsq_and_clip_coef_follow_clip_grad_norm) {
  * blocks). */
 typedef struct thr_bufs {
   float *out, *mean, *rstd, *dinp, *dw, *db, *lse, *act_f, *act_b, *sm_f, *sm_b, *drop, *ce_d,
-      *ce_max, *ce_sum, *sw_f, *sw_da, *sw_db, *res_f, *res_da, *res_db, *add, *mul, *scale, *axpy;
+      *ce_max, *ce_sum, *sw_f, *sw_da, *sw_db, *res_f, *res_da, *res_db, *add, *mul, *scale, *axpy,
+      *rms_out, *rms_rstd, *rms_dinp, *rms_dw;
   double ce_loss;
 } thr_bufs;
 
@@ -940,6 +941,17 @@ static void thr_run(thr_bufs *o, const float *x, const float *w, const float *b,
   cr_assert_eq(
       weft_layernorm_backward(o->dinp, o->dw, o->db, dy, x, w, o->mean, o->rstd, N, C, false),
       WEFT_OK);
+  /* the weight gradient alone (no dinp, no dbias) is the same sum */
+  memset(o->rms_dw, 0, sizeof(float) * C);
+  cr_assert_eq(
+      weft_layernorm_backward(NULL, o->rms_dw, NULL, dy, x, w, o->mean, o->rstd, N, C, false),
+      WEFT_OK);
+  cr_expect(memcmp(o->rms_dw, o->dw, sizeof(float) * C) == 0,
+            "layernorm dweight without dinp and dbias differs from dweight with them");
+  cr_assert_eq(weft_rmsnorm_forward(o->rms_out, o->rms_rstd, x, w, N, C, 1e-5f), WEFT_OK);
+  memset(o->rms_dw, 0, sizeof(float) * C);
+  cr_assert_eq(weft_rmsnorm_backward(o->rms_dinp, o->rms_dw, dy, x, w, o->rms_rstd, N, C, false),
+               WEFT_OK);
   cr_assert_eq(weft_activation_forward(WEFT_ACT_GELU_TANH, o->act_f, x, n), WEFT_OK);
   memcpy(o->act_b, y2, sizeof(float) * n);
   cr_assert_eq(weft_activation_backward(WEFT_ACT_SILU, o->act_b, dy, x, n, true), WEFT_OK);
@@ -1000,12 +1012,14 @@ Test(layers, kernels_give_the_same_bits_on_1_2_and_3_threads) {
     thr_run(&r[k], x, w, b, dy, u, y2, tg);
   }
   static const char *names[] = {
-      "layernorm out", "mean",      "rstd",       "layernorm dinp", "dweight",
-      "dbias",         "lse",       "gelu",       "silu backward",  "softmax",
-      "softmax bwd",   "dropout",   "ce dlogits", "ce local max",   "ce sumexp",
-      "swiglu",        "swiglu da", "swiglu db",  "residual",       "residual da",
-      "residual db",   "add",       "mul",        "scale",          "axpy"};
-  const int64_t len[] = {n, N, N, n, C, C, N, n, n, n, n, n, n, N, N, n, n, n, n, n, n, n, n, n, n};
+      "layernorm out", "mean",         "rstd",         "layernorm dinp", "dweight",
+      "dbias",         "lse",          "gelu",         "silu backward",  "softmax",
+      "softmax bwd",   "dropout",      "ce dlogits",   "ce local max",   "ce sumexp",
+      "swiglu",        "swiglu da",    "swiglu db",    "residual",       "residual da",
+      "residual db",   "add",          "mul",          "scale",          "axpy",
+      "rmsnorm out",   "rmsnorm rstd", "rmsnorm dinp", "rmsnorm dweight"};
+  const int64_t len[] = {n, N, N, n, C, C, N, n, n, n, n, n, n, N, N,
+                         n, n, n, n, n, n, n, n, n, n, n, N, n, C};
   _Static_assert(sizeof names / sizeof names[0] == offsetof(thr_bufs, ce_loss) / sizeof(float *),
                  "one name per buffer");
   for (int k = 1; k < 3; k++) {

@@ -1021,6 +1021,70 @@ static void case_two_steps(weft_mesh *mesh) {
   weft_dtensor_destroy(v);
 }
 
+/* RoPE's tables are the graph's, kept across steps and grown when a later
+ * call reaches further (generation): in each step rope at pos0 0, then at
+ * a pos0 past the tables so far (the first call's node still reads the
+ * old tables in backward), on the same input; y = both added. y and dx
+ * match the double reference in every step. */
+static void case_rope_tables_across_steps(weft_mesh *mesh) {
+  int64_t shape[4] = {2, 5, 4, 6};
+  const int64_t n = 2 * 5 * 4 * 6;
+  double hx[240], hr[240], y0[240], y1[240], dx0[240], dx1[240];
+  for (int i = 0; i < n; i++) hx[i] = srand1(), hr[i] = srand1();
+  weft_dtensor *x = mk_dt(mesh, WEFT_F32, 4, shape, hx, weft_replicate()),
+               *R = mk_dt(mesh, WEFT_F32, 4, shape, hr, weft_replicate());
+  weft_graph *g;
+  WOK(weft_graph_create(&g));
+  const int64_t later[3] = {3, 11, 2}; /* tables of 5, 10, 20 positions, then reused */
+  for (int step = 0; step < 3; step++) {
+    rope_ctx c0 = {2, 5, 4, 6, 0, 10000.0}, c1 = c0;
+    c1.pos0 = later[step];
+    double *in[1] = {hx};
+    ref_rope(in, y0, &c0);
+    ref_rope(in, y1, &c1);
+    /* dx = the transposed rotations applied to dy = R: rotate by -angle */
+    for (int k = 0; k < 2; k++) {
+      rope_ctx cn = k ? c1 : c0;
+      double *dx = k ? dx1 : dx0;
+      for (int64_t b = 0; b < 2; b++)
+        for (int64_t t = 0; t < 5; t++)
+          for (int64_t h = 0; h < 4; h++)
+            for (int64_t j = 0; j < 3; j++) {
+              int64_t o = ((b * 5 + t) * 4 + h) * 6 + 2 * j;
+              double f = pow(cn.theta, -2.0 * (double)j / 6.0);
+              double a = (double)(cn.pos0 + t) * f, cs = cos(a), sn = sin(a);
+              dx[o] = hr[o] * cs + hr[o + 1] * sn;
+              dx[o + 1] = -hr[o] * sn + hr[o + 1] * cs;
+            }
+    }
+    weft_var *X, *a = NULL, *b = NULL, *y = NULL;
+    WOK(weft_graph_input(g, x, true, &X));
+    WOK(weft_op_rope(X, 10000.0, 0, &a));
+    WOK(weft_op_rope(X, 10000.0, c1.pos0, &b));
+    WOK(weft_op_add(a, b, &y));
+    int64_t m = 0, mg = 0;
+    double *out = y ? fetch(weft_var_value(y), &m) : NULL;
+    WREQUIRE(out && m == n, "rope across steps: step %d: forward", step);
+    double err = 0.0;
+    for (int64_t i = 0; i < n; i++) err = fmax(err, fabs(out[i] - (y0[i] + y1[i])));
+    WCHECK(err <= 1e-5, "rope across steps: step %d (pos0 %lld): y off by %.3g", step,
+           (long long)c1.pos0, err);
+    WOK(weft_backward_grad(y, R));
+    double *gx = weft_var_grad(X) ? fetch(weft_var_grad(X), &mg) : NULL;
+    WREQUIRE(gx && mg == n, "rope across steps: step %d: no dx", step);
+    err = 0.0;
+    for (int64_t i = 0; i < n; i++) err = fmax(err, fabs(gx[i] - (dx0[i] + dx1[i])));
+    WCHECK(err <= 1e-5, "rope across steps: step %d (pos0 %lld): dx off by %.3g", step,
+           (long long)c1.pos0, err);
+    free(out);
+    free(gx);
+    WOK(weft_graph_reset(g));
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(R);
+}
+
 /* ------------------------------------------------------------- entries */
 
 static weft_mesh *make_mesh(int n) {
@@ -1054,6 +1118,7 @@ static void case_ops1(void) {
   case_dropout_modes(mesh);
   case_bad(mesh);
   case_two_steps(mesh);
+  case_rope_tables_across_steps(mesh);
   WOK(weft_mesh_destroy(mesh));
 }
 
