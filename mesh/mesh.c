@@ -618,6 +618,19 @@ int weft_mesh_world_rank_of(const weft_mesh *mesh, const int *coords) {
   return root->world_of[ravel(root->ndim, root->shape, c)];
 }
 
+bool weft_mesh_same_ranks(const weft_mesh *a, const weft_mesh *b) {
+  if (a == b) return true;
+  if (!a || !b || a->ndim != b->ndim) return false;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return false;
+  int n = weft_mesh_size(a), c[WEFT_MESH_MAX_DIMS];
+  for (int r = 0; r < n; r++) {
+    unravel(r, a->ndim, a->shape, c);
+    if (weft_mesh_world_rank_of(a, c) != weft_mesh_world_rank_of(b, c)) return false;
+  }
+  return true;
+}
+
 void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap) {
   if (!buf || cap == 0) return;
   if (!mesh) {

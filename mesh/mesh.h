@@ -241,6 +241,15 @@ WEFT_API int weft_mesh_rank(const weft_mesh *mesh);
  * for a sub-mesh, the member that shares this rank's other root
  * coordinates); -1 if a coordinate is out of range. */
 WEFT_API int weft_mesh_world_rank_of(const weft_mesh *mesh, const int *coords);
+/* Whether a and b lay out the same world ranks the same way: the same
+ * shape and, at every coordinate, the same world rank (a == b, a mesh made
+ * twice alike, or the same sub-mesh taken twice). A DTensor of one can be
+ * used where the other is expected; the `tp` and `dp` sub-meshes of a 2x2
+ * mesh are not the same even though their shapes are. Local (no MPI); on
+ * every rank of a mesh made the same way on all ranks the answer is the
+ * same. NULL is the same as nothing. Called by the op layer (nn/) to check
+ * that an op's inputs live on one mesh. */
+WEFT_API bool weft_mesh_same_ranks(const weft_mesh *a, const weft_mesh *b);
 /* Writes a readable picture of the mesh ("mesh (dp=2, tp=2): [[0, 1], [2, 3]]"). */
 WEFT_API void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap);
 /* How many nodes the group of `dim` spans (distinct host names among its

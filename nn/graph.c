@@ -676,18 +676,34 @@ weft_status nn_check_f32_contig(const char *name, weft_var *const *in, int nin,
 weft_status nn_check_vars(const char *name, weft_var *const *in, int nin, weft_graph **g) {
   weft_graph *gg = NULL;
   const weft_dtensor_spec *s0 = NULL;
+  const weft_mesh *m0 = NULL;
   for (int i = 0; i < nin; i++) {
     if (!in[i]) return weft_error(WEFT_ERR_INVALID, "%s: input %d is NULL", name, i);
     if (gg && in[i]->g != gg)
       return weft_error(WEFT_ERR_INVALID, "%s: inputs belong to different graphs", name);
     gg = in[i]->g;
-    const weft_dtensor_spec *s = weft_dtensor_get_spec(nn_var_now(in[i]));
+    const weft_dtensor *v = nn_var_now(in[i]);
+    const weft_dtensor_spec *s = weft_dtensor_get_spec(v);
+    const weft_mesh *m = weft_dtensor_mesh(v);
     if (s0) {
       bool same = s->mesh_ndim == s0->mesh_ndim;
       for (int d = 0; same && d < s->mesh_ndim; d++) same = s->mesh_shape[d] == s0->mesh_shape[d];
       if (!same)
         return nn_op_error(WEFT_ERR_INVALID, name, in, nin,
                            "inputs live on meshes of different shapes");
+      /* same shape is not enough: the tp and dp sub-meshes of a 2x2 mesh
+       * have one shape but hold other ranks */
+      if (!weft_mesh_same_ranks(m, m0)) {
+        char a[192], b[192];
+        weft_mesh_describe(m0, a, sizeof a);
+        weft_mesh_describe(m, b, sizeof b);
+        return nn_op_error(WEFT_ERR_INVALID, name, in, nin,
+                           "inputs live on different meshes: input 0 on %s, input %d on %s "
+                           "(redistribute one onto the other's mesh first)",
+                           a, i, b);
+      }
+    } else {
+      m0 = m;
     }
     s0 = s;
   }

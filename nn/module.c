@@ -296,6 +296,15 @@ weft_status nn_param_data(const weft_module *m, const weft_param *p, const weft_
                       "parameter '%s' is on a mesh of another shape than module '%s' (at "
                       "forward, parameters must be on the model mesh)",
                       p->fqn, m->fqn);
+  if (!weft_mesh_same_ranks(weft_dtensor_mesh(p->data), m->mesh)) {
+    char a[192], b[192];
+    weft_mesh_describe(weft_dtensor_mesh(p->data), a, sizeof a);
+    weft_mesh_describe(m->mesh, b, sizeof b);
+    return weft_error(WEFT_ERR_INVALID,
+                      "parameter '%s' is on %s, but module '%s' is on %s (same shape, other "
+                      "ranks; at forward, parameters must be on the model mesh)",
+                      p->fqn, a, m->fqn, b);
+  }
   if (s->ndim != p->spec.ndim)
     return weft_error(WEFT_ERR_INVALID, "parameter '%s' data has %d dims, expected %d", p->fqn,
                       s->ndim, p->spec.ndim);
@@ -519,6 +528,15 @@ weft_status weft_module_forward(weft_module *m, const weft_dtensor *in, const we
   if (!in) return weft_error(WEFT_ERR_INVALID, "module '%s': input is NULL", m->fqn);
   if (m->running)
     return weft_error(WEFT_ERR_STATE, "module '%s' is already running (re-entered)", m->fqn);
+  if (!weft_mesh_same_ranks(weft_dtensor_mesh(in), m->mesh)) {
+    char a[192], b[192];
+    weft_mesh_describe(weft_dtensor_mesh(in), a, sizeof a);
+    weft_mesh_describe(m->mesh, b, sizeof b);
+    return weft_error(WEFT_ERR_INVALID,
+                      "module '%s': the input lives on %s, the module on %s (redistribute the "
+                      "input onto the module's mesh first)",
+                      m->fqn[0] ? m->fqn : m->name, a, b);
+  }
   m->running = true;
   m->fwd_pending = false;
   owned_clear(&m->owned[WEFT_HOOK_PRE_FORWARD]);

@@ -817,6 +817,13 @@ static weft_status cross_entropy_f32(weft_var *logits, const weft_dtensor *targe
                        "targets %s must have the logits' shape without the last (class) dim, on "
                        "a mesh of the same shape",
                        tdesc);
+  if (!weft_mesh_same_ranks(weft_dtensor_mesh(targets), weft_dtensor_mesh(lv))) {
+    char a[192], b[192];
+    weft_mesh_describe(weft_dtensor_mesh(targets), a, sizeof a);
+    weft_mesh_describe(weft_dtensor_mesh(lv), b, sizeof b);
+    return nn_op_error(WEFT_ERR_INVALID, name, &logits, 1,
+                       "targets %s live on %s, the logits on %s: other ranks", tdesc, a, b);
+  }
   int k = ls->mesh_ndim;
   int64_t V = ls->shape[last];
   /* targets: brought to Replicate (they are documented Replicate; then

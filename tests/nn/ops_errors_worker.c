@@ -588,9 +588,86 @@ static void case_debug(void) {
   WOK(weft_mesh_destroy(mesh));
 }
 
+/* ------------------------------------------------------------- meshes */
+
+/* st is WEFT_ERR_INVALID on this rank and every other, and the message
+ * names the two meshes (their pictures differ between ranks: each rank's
+ * own sub-mesh groups). */
+static void expect_other_mesh(weft_status st, const char *what, const char *needle) {
+  int bad = st != WEFT_ERR_INVALID, any = 0;
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  WCHECK(!bad, "%s: %s, expected invalid (%s)", what, weft_status_str(st), weft_last_error());
+  WCHECK(!any || bad, "%s: another rank did not refuse", what);
+  WCHECK(strstr(weft_last_error(), needle) && strstr(weft_last_error(), "mesh (tp=2)") &&
+             strstr(weft_last_error(), "mesh (dp=2)"),
+         "%s: message does not name both meshes: %s", what, weft_last_error());
+  if (weft_worker_rank == 0) printf("%s\n", weft_last_error());
+  weft_clear_error();
+}
+
+/* On a 2x2 (dp, tp) mesh the tp and dp sub-meshes have one shape but other
+ * ranks: a DTensor of one is refused where the other is expected (an op's
+ * inputs, a module's input, cross-entropy's targets), while a sub-mesh
+ * taken twice and a mesh made twice alike are accepted. */
+static void case_meshes(void) {
+  const int shape[2] = {2, 2};
+  const char *names[2] = {"dp", "tp"}, *tpn[1] = {"tp"}, *dpn[1] = {"dp"};
+  weft_mesh *root = NULL, *tp = NULL, *tp2 = NULL, *dp = NULL;
+  WOK(weft_mesh_create(2, shape, names, &root));
+  WREQUIRE(root, "mesh");
+  WOK(weft_mesh_submesh(root, 1, tpn, &tp));
+  WOK(weft_mesh_submesh(root, 1, tpn, &tp2));
+  WOK(weft_mesh_submesh(root, 1, dpn, &dp));
+  WREQUIRE(tp && tp2 && dp, "sub-meshes");
+  WCHECK(weft_mesh_same_ranks(tp, tp2) && weft_mesh_same_ranks(root, root), "same sub-mesh");
+  WCHECK(!weft_mesh_same_ranks(tp, dp) && !weft_mesh_same_ranks(dp, tp), "tp vs dp");
+  WCHECK(!weft_mesh_same_ranks(tp, root) && !weft_mesh_same_ranks(tp, NULL), "tp vs root");
+  int64_t xs[2] = {3, 4}, ws[2] = {5, 4};
+  weft_placement r = weft_replicate();
+  weft_dtensor *x_dp = rand_dt(dp, 2, xs, r, 11), *x_tp = rand_dt(tp2, 2, xs, r, 11),
+               *w_tp = rand_dt(tp, 2, ws, weft_shard(0), 12);
+  weft_graph *g = NULL;
+  WOK(weft_graph_create(&g));
+  weft_var *X = in_var(g, x_dp), *W = in_var(g, w_tp), *y = NULL;
+  expect_other_mesh(weft_op_linear(X, W, NULL, &y), "linear on dp and tp", "different meshes");
+  WCHECK(y == NULL, "linear on two meshes gave an output");
+  /* the same values on the tp mesh taken again: accepted, colwise output */
+  weft_var *X2 = in_var(g, x_tp);
+  WOK(weft_op_linear(X2, W, NULL, &y));
+  WCHECK(y != NULL, "linear on the tp sub-mesh taken twice");
+  /* cross-entropy's targets on the other sub-mesh */
+  int64_t ts[1] = {3};
+  weft_dtensor *t_dp = int_dt(dp, 1, ts, 4, 13);
+  weft_var *L = in_var(g, x_tp), *loss = NULL;
+  expect_other_mesh(weft_op_cross_entropy(L, t_dp, -100, &loss), "cross_entropy targets",
+                    "other ranks");
+  weft_graph_destroy(g);
+  /* a module on the tp sub-mesh given an input on the dp sub-mesh */
+  weft_module *lin = NULL;
+  WOK(weft_linear_create(tp, "proj", 4, 5, &lin));
+  WREQUIRE(lin, "linear module");
+  WOK(weft_module_init_weights(lin, 7));
+  const weft_dtensor *out = NULL;
+  expect_other_mesh(weft_module_forward(lin, x_dp, &out), "module forward", "the module on");
+  WOK(weft_module_forward(lin, x_tp, &out));
+  WCHECK(out != NULL, "module forward on its own mesh");
+  WOK(weft_module_destroy(lin));
+  weft_dtensor *d[] = {x_dp, x_tp, w_tp, t_dp};
+  for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) weft_dtensor_destroy(d[i]);
+  WOK(weft_mesh_destroy(dp));
+  WOK(weft_mesh_destroy(tp2));
+  WOK(weft_mesh_destroy(tp));
+  WOK(weft_mesh_destroy(root));
+}
+
 static const weft_worker_case cases[] = {
-    {"shapes", case_shapes}, {"params", case_params}, {"backward", case_backward},
-    {"tied", case_tied},     {"debug", case_debug},   {NULL, NULL},
+    {"shapes", case_shapes},
+    {"params", case_params},
+    {"backward", case_backward},
+    {"tied", case_tied},
+    {"debug", case_debug},
+    {"meshes", case_meshes},
+    {NULL, NULL},
 };
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

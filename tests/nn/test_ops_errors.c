@@ -30,6 +30,13 @@ Test(nn_ops_errors, tied_weight_has_one_layout_and_sums_both_grads_sharded, .tim
   cr_assert_eq(weft_test_mpiexec(2, ERR_WORKER, "tied", 50), 0);
 }
 
+/* Issue 34 finding 3: a tensor-parallel linear on the tp sub-mesh took a
+ * DTensor of the dp sub-mesh (same shape, other ranks) and returned wrong
+ * numbers with status OK. Needs a 2x2 mesh. */
+Test(nn_ops_errors, inputs_on_sub_meshes_of_one_shape_but_other_ranks_are_refused, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(4, ERR_WORKER, "meshes", 50), 0);
+}
+
 /* WEFT_TIMEOUT bounds a wait if the check itself failed to meet. */
 Test(nn_ops_errors, weft_debug_names_ranks_and_ops_that_diverge_instead_of_hanging, .timeout = 90) {
   const char *env[] = {"WEFT_DEBUG=1", "WEFT_TIMEOUT=30", NULL};
