@@ -803,6 +803,8 @@ static weft_status barrier_group(const weft_mesh *mesh, mesh_dim *g, weft_work *
 weft_status weft_barrier(const weft_mesh *mesh, int dim, weft_work **work) {
   if (work) *work = NULL;
   if (!mesh) return weft_error(WEFT_ERR_INVALID, "mesh is NULL");
+  if (!weft__mesh_live(mesh))
+    return weft_error(WEFT_ERR_INVALID, "the mesh was destroyed (weft_mesh_destroy)");
   if (dim != -1) {
     mesh_dim *g = weft__mesh_group(mesh, dim, __func__);
     if (!g) return weft_last_status();

@@ -519,6 +519,7 @@ weft_status weft_finalize(void) {
   weft__watch_shutdown(); /* the device collectives' watchdog (watchdog.h) */
   weft__device_bounce_release();
   (void)weft_device_empty_cache(WEFT_CPU); /* the host cache's free blocks (kernels/alloc.c) */
+  weft__mesh_free_destroyed();             /* the structs of destroyed meshes (mesh.c) */
   int fin = weft__rt.settings.mpi_finalize;
   bool call_finalize = fin < 0 ? weft__rt.node_count == 1 : fin == 1;
   free_ops();

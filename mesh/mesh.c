@@ -285,6 +285,29 @@ static uint64_t args_hash(int ndim, const int *shape, const char *const *names, 
   return h;
 }
 
+/* Releases the communicators of a root mesh (its dims' MPI and device
+ * communicators and its own), keeping the tables that name and lay out its
+ * ranks: a destroyed mesh still describes itself. */
+static void root_release_comms(weft_mesh *m) {
+  for (int i = 0; i < m->ndims_all; i++) {
+    weft__device_dim_free(m->dims[i]);
+    comm_free(&m->dims[i]->comm);
+    comm_free(&m->dims[i]->ctl);
+  }
+  comm_free(&m->whole.ctl);
+  m->whole.comm = MPI_COMM_NULL; /* == m->comm */
+  comm_free(&m->comm);
+}
+
+/* Destroyed meshes: kept until weft_finalize (weft__mesh_free_destroyed). */
+static weft_mesh *destroyed;
+
+static void bury(weft_mesh *m) {
+  m->magic = WEFT_MESH_DEAD;
+  m->dead = destroyed;
+  destroyed = m;
+}
+
 static void root_free(weft_mesh *m) {
   if (!m) return;
   for (int i = 0; i < m->ndims_all; i++) dim_free(m->dims[i]);
@@ -353,6 +376,7 @@ weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const int *shape
 
   weft_mesh *m = calloc(1, sizeof *m);
   if (!m) return weft_error(WEFT_ERR_OOM, "no memory for a mesh");
+  m->magic = WEFT_MESH_LIVE;
   m->root = m;
   m->comm = MPI_COMM_NULL;
   m->whole.comm = m->whole.ctl = MPI_COMM_NULL;
@@ -511,15 +535,39 @@ weft_status weft_mesh_create_ordered(int ndim, const int *shape, const char *con
   return WEFT_OK;
 }
 
+void weft__mesh_free_destroyed(void) {
+  /* the sub-meshes first: each may point at a destroyed root */
+  weft_mesh **p = &destroyed;
+  while (*p) {
+    weft_mesh *m = *p;
+    if (m->root != m) {
+      *p = m->dead;
+      free(m);
+    } else {
+      p = &m->dead;
+    }
+  }
+  while (destroyed) {
+    weft_mesh *m = destroyed;
+    destroyed = m->dead;
+    root_free(m);
+  }
+}
+
 weft_status weft_mesh_destroy(weft_mesh *mesh) {
   if (!mesh) return WEFT_OK;
+  if (mesh->magic == WEFT_MESH_DEAD)
+    return weft_error(WEFT_ERR_INVALID,
+                      "weft_mesh_destroy: this mesh was already destroyed (destroyed twice?)");
+  if (mesh->magic != WEFT_MESH_LIVE)
+    return weft_error(WEFT_ERR_INVALID, "weft_mesh_destroy: not a mesh (bad pointer)");
   if (mesh->refs > 0)
     return weft_error(WEFT_ERR_BUSY, "mesh is still retained %d time(s) (weft_mesh_release first)",
                       mesh->refs);
   weft_mesh *root = mesh->root;
   if (mesh != root) {
     root->nsubs--;
-    free(mesh);
+    bury(mesh);
     return WEFT_OK;
   }
   if (root->nsubs > 0)
@@ -528,7 +576,8 @@ weft_status weft_mesh_destroy(weft_mesh *mesh) {
   if (root->inflight > 0)
     return weft_error(WEFT_ERR_BUSY, "mesh still has %d async collective(s) in flight",
                       root->inflight);
-  root_free(root);
+  root_release_comms(root);
+  bury(root);
   return WEFT_OK;
 }
 
@@ -660,6 +709,8 @@ void weft_mesh_describe(const weft_mesh *mesh, char *buf, size_t cap) {
 
 weft_status weft_mesh_set_device(weft_mesh *mesh, weft_device dev) {
   if (!mesh) return weft_error(WEFT_ERR_INVALID, "mesh is NULL");
+  if (!weft__mesh_live(mesh))
+    return weft_error(WEFT_ERR_INVALID, "the mesh was destroyed (weft_mesh_destroy)");
   if (mesh->root != mesh)
     return weft_error(WEFT_ERR_INVALID,
                       "the device belongs to the root mesh: set it there (sub-meshes and "
@@ -687,6 +738,10 @@ mesh_dim *weft__mesh_group(const weft_mesh *mesh, int dim, const char *func) {
     weft_error_at(WEFT_ERR_INVALID, func, "mesh is NULL");
     return NULL;
   }
+  if (!weft__mesh_live(mesh)) {
+    weft_error_at(WEFT_ERR_INVALID, func, "the mesh was destroyed (weft_mesh_destroy)");
+    return NULL;
+  }
   if (dim < 0 || dim >= mesh->ndim) {
     char dims[WEFT_MESH_MAX_DIMS * (WEFT_MESH_NAME_MAX + 2)];
     list_dims(mesh, dims, sizeof dims);
@@ -708,7 +763,7 @@ static int expand_src(const weft_mesh *mesh, int *src) {
 }
 
 mesh_dim *weft__mesh_whole(const weft_mesh *mesh) {
-  if (!mesh) return NULL;
+  if (!weft__mesh_live(mesh)) return NULL;
   weft_mesh *root = mesh->root;
   if (mesh == root) return &root->whole;
   if (mesh->ndim == 1) return root->dims[mesh->dim_id[0]];
@@ -767,6 +822,8 @@ static int lookup(const weft_mesh *mesh, const char *name) {
 static weft_status resolve(const weft_mesh *mesh, int n, const char *const *names, int *ids,
                            const char *func) {
   if (!mesh) return weft_error_at(WEFT_ERR_INVALID, func, "mesh is NULL");
+  if (!weft__mesh_live(mesh))
+    return weft_error_at(WEFT_ERR_INVALID, func, "the mesh was destroyed (weft_mesh_destroy)");
   if (n < 1 || n > WEFT_MESH_MAX_DIMS)
     return weft_error_at(WEFT_ERR_INVALID, func, "n = %d outside 1..%d", n, WEFT_MESH_MAX_DIMS);
   if (!names) return weft_error_at(WEFT_ERR_INVALID, func, "names is NULL");
@@ -799,6 +856,7 @@ static weft_status resolve(const weft_mesh *mesh, int n, const char *const *name
 static weft_status sub_new(weft_mesh *root, int n, const int *ids, weft_mesh **out) {
   weft_mesh *s = calloc(1, sizeof *s);
   if (!s) return weft_error(WEFT_ERR_OOM, "no memory for a sub-mesh");
+  s->magic = WEFT_MESH_LIVE;
   s->root = root;
   s->ndim = n;
   s->comm = MPI_COMM_NULL;

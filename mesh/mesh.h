@@ -217,7 +217,10 @@ WEFT_API weft_status weft_mesh_create_from_comm(MPI_Comm comm, int ndim, const i
  * flattened meshes) or async collectives in flight, or any mesh still
  * referenced (weft_mesh_retain, e.g. by DTensors), returns WEFT_ERR_BUSY and
  * stays valid. NULL: no-op. Frees the communicators of a root (no
- * communication). */
+ * communication). The handle then stays readable until weft_finalize, so
+ * that a second destroy, a collective, a sub-mesh or flatten on it return
+ * WEFT_ERR_INVALID ("the mesh was destroyed") instead of touching freed
+ * memory; its shape, names and ranks can still be described. */
 WEFT_API weft_status weft_mesh_destroy(weft_mesh *mesh);
 /* Reference counting for objects that hold a mesh (DTensors, modules):
  * while retained, destroy returns WEFT_ERR_BUSY. release never destroys;

@@ -40,7 +40,16 @@ typedef struct mesh_dim {
   struct weft_dev_dim *dev;
 } mesh_dim;
 
+/* weft_mesh.magic: a live mesh, and one weft_mesh_destroy released (its
+ * communicators freed, the struct kept until weft_finalize so that a
+ * second destroy or a collective on it is an error, not a use of freed
+ * memory). */
+#define WEFT_MESH_LIVE 0x4853454du /* "MESH" */
+#define WEFT_MESH_DEAD 0x44414544u /* "DEAD" */
+
 struct weft_mesh {
+  uint32_t magic;         /* WEFT_MESH_LIVE or WEFT_MESH_DEAD */
+  struct weft_mesh *dead; /* next on the list of destroyed meshes */
   struct weft_mesh *root; /* == this for a root mesh */
   int ndim;
   int shape[WEFT_MESH_MAX_DIMS];
@@ -180,6 +189,12 @@ void weft__account_seconds(mesh_dim *d, int64_t kind, double seconds);
 /* The group behind dim `dim` (0..ndim-1) of mesh; NULL with a message
  * naming the problem if mesh is NULL or dim out of range. */
 mesh_dim *weft__mesh_group(const weft_mesh *mesh, int dim, const char *func);
+/* Whether mesh is live (not destroyed, nor its root). */
+static inline bool weft__mesh_live(const weft_mesh *mesh) {
+  return mesh && mesh->magic == WEFT_MESH_LIVE && mesh->root->magic == WEFT_MESH_LIVE;
+}
+/* Frees the structs of every destroyed mesh (weft_finalize). */
+void weft__mesh_free_destroyed(void);
 /* The group spanning the whole mesh in its row-major order: the root's
  * whole group, the single dim of a 1-D mesh, or a flattened dim over the
  * same root dims in the same order; NULL when none exists. */

@@ -1140,14 +1140,56 @@ static void case_agree_status(void) {
   WCHECK(who == -1, "failed rank %d after invalid", who);
 }
 
+/* Issue 34 finding 4: a second weft_mesh_destroy was a double free and a
+ * collective on a destroyed mesh read freed memory. Now both, and a
+ * sub-mesh, flatten or set_device on a destroyed mesh, are
+ * WEFT_ERR_INVALID naming the destroyed mesh; what describes the mesh
+ * still works. On a 2x2 mesh (4 ranks) or 2 ranks. */
+static void case_destroyed(void) {
+  const int n = weft_world_size(), shape[2] = {2, n / 2};
+  const char *names[2] = {"dp", "tp"}, *tpn[1] = {"tp"};
+  weft_mesh *m = NULL, *sub = NULL, *m2 = NULL;
+  WOK(weft_mesh_create(2, shape, names, &m));
+  WREQUIRE(m, "mesh");
+  WOK(weft_mesh_submesh(m, 1, tpn, &sub));
+  WREQUIRE(sub, "sub-mesh");
+  float x = 1.0f, y = 0.0f;
+  WOK(weft_all_reduce(sub, 0, &x, &y, 1, WEFT_F32, WEFT_OP_SUM, NULL));
+  WOK(weft_mesh_destroy(sub));
+  expect_err(weft_mesh_destroy(sub), WEFT_ERR_INVALID, "already destroyed", "sub destroyed twice");
+  expect_err(weft_all_reduce(sub, 0, &x, &y, 1, WEFT_F32, WEFT_OP_SUM, NULL), WEFT_ERR_INVALID,
+             "destroyed", "all_reduce on a destroyed sub-mesh");
+  /* the root still works, then goes */
+  WOK(weft_all_reduce(m, 1, &x, &y, 1, WEFT_F32, WEFT_OP_SUM, NULL));
+  WCHECK(y == (float)(n / 2), "all_reduce over tp: %g", (double)y);
+  WOK(weft_mesh_destroy(m));
+  expect_err(weft_mesh_destroy(m), WEFT_ERR_INVALID, "already destroyed", "root destroyed twice");
+  expect_err(weft_all_reduce(m, 0, &x, &y, 1, WEFT_F32, WEFT_OP_SUM, NULL), WEFT_ERR_INVALID,
+             "destroyed", "all_reduce on a destroyed mesh");
+  expect_err(weft_barrier(m, -1, NULL), WEFT_ERR_INVALID, "destroyed",
+             "barrier on a destroyed mesh");
+  expect_err(weft_mesh_submesh(m, 1, tpn, &sub), WEFT_ERR_INVALID, "destroyed",
+             "submesh of a destroyed mesh");
+  expect_err(weft_mesh_flatten(m, 1, tpn, "flat", &sub), WEFT_ERR_INVALID, "destroyed",
+             "flatten of a destroyed mesh");
+  expect_err(weft_mesh_set_device(m, WEFT_CPU), WEFT_ERR_INVALID, "destroyed",
+             "set_device of a destroyed mesh");
+  char pic[128];
+  weft_mesh_describe(m, pic, sizeof pic);
+  WCHECK(strstr(pic, "dp=2"), "describe of a destroyed mesh: %s", pic);
+  weft_clear_error();
+  /* a new mesh works as before */
+  WOK(weft_mesh_create(2, shape, names, &m2));
+  WOK(weft_all_reduce(m2, 0, &x, &y, 1, WEFT_F32, WEFT_OP_SUM, NULL));
+  WCHECK(y == 2.0f, "all_reduce over dp on a new mesh: %g", (double)y);
+  WOK(weft_mesh_destroy(m2));
+}
+
 static const weft_worker_case cases[] = {
-    {"collectives", case_collectives},
-    {"errors", case_errors},
-    {"wait_requests", case_wait_requests},
-    {"agree_status", case_agree_status},
-    {"big_count", case_big_count},
-    {"big_count_full", case_big_count_full},
-    {NULL, NULL},
+    {"collectives", case_collectives},     {"errors", case_errors},
+    {"wait_requests", case_wait_requests}, {"agree_status", case_agree_status},
+    {"big_count", case_big_count},         {"big_count_full", case_big_count_full},
+    {"destroyed", case_destroyed},         {NULL, NULL},
 };
 
 int main(int argc, char **argv) {

@@ -49,6 +49,13 @@ Test(mesh, errors_mismatch_and_timeout_on_2x2, .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec_env(4, MESH_WORKER, "errors", 50, env), 0);
 }
 
+/* A destroyed mesh (or sub-mesh) destroyed again, or given to a
+ * collective, is WEFT_ERR_INVALID, not a double free or a read of freed
+ * memory (issue 34). */
+Test(mesh, destroyed_mesh_is_an_error_not_a_double_free_on_2x2, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(4, MESH_WORKER, "destroyed", 50), 0);
+}
+
 /* weft_wait_requests: the shared backoff wait for a caller's own MPI
  * requests completes them with exact results, times out naming the
  * caller's operation, and rejects bad arguments (3 ranks on 2 cores). */
