@@ -619,6 +619,8 @@ weft_status weft_fully_shard_modules(weft_module *const *mods, int n, weft_mesh 
   }
   free(bs);
   free(ps);
+  /* the modules may not be destroyed under the group (weft_fsdp_destroy releases) */
+  for (int i = 0; i < f->nmodules; i++) weft_module_retain(f->modules[i], "fully_shard");
   f->next = fsdp__registry;
   fsdp__registry = f;
   if (out) *out = f;
@@ -672,6 +674,7 @@ weft_status weft_fsdp_destroy(weft_fsdp *f) {
       *pp = f->next;
       break;
     }
+  for (int i = 0; i < f->nmodules; i++) weft_module_release(f->modules[i]);
   group_free(f);
   return st;
 }

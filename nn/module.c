@@ -158,12 +158,39 @@ static weft_status unshare_storage(weft_module *m) {
   return st;
 }
 
+void weft_module_retain(weft_module *m, const char *by) {
+  if (!m) return;
+  m->retains++;
+  m->retained_by = by;
+}
+void weft_module_release(weft_module *m) {
+  if (m && m->retains > 0) m->retains--;
+}
+
+/* The first module of m's subtree (m first, then its children in order)
+ * that is retained, or NULL. */
+static const weft_module *first_retained(const weft_module *m) {
+  if (m->retains > 0) return m;
+  for (int i = 0; i < m->nchildren; i++) {
+    const weft_module *r = first_retained(m->children[i]);
+    if (r) return r;
+  }
+  return NULL;
+}
+
 weft_status weft_module_destroy(weft_module *m) {
   if (!m) return WEFT_OK;
   if (m->parent)
     return weft_error(WEFT_ERR_BUSY, "module '%s' belongs to '%s': destroy the root", m->fqn,
                       m->parent->fqn[0] ? m->parent->fqn : "(root)");
   if (m->running) return weft_error(WEFT_ERR_BUSY, "module '%s' is running", m->fqn);
+  const weft_module *r = first_retained(m);
+  if (r)
+    return weft_error(WEFT_ERR_BUSY,
+                      "module '%s' is still used by %s (retained %d time(s)): destroy that first "
+                      "(for fully_shard: weft_fsdp_destroy_all on the root)",
+                      r->fqn[0] ? r->fqn : r->name,
+                      r->retained_by ? r->retained_by : "another object", r->retains);
   weft_status st = unshare_storage(m);
   module_free(m);
   return st;

@@ -257,6 +257,14 @@ WEFT_API bool weft_module_on_graph(const weft_module *m);
  * whose `data` (or `grad`) was set to another parameter's are freed once
  * and the module is destroyed, returning WEFT_ERR_INVALID naming them. */
 WEFT_API weft_status weft_module_destroy(weft_module *m);
+/* Marks m as used by another library's object that keeps a pointer to it
+ * (`by`, a static string naming it, such as "fully_shard"): while m is
+ * retained, weft_module_destroy of m or of a module containing it returns
+ * WEFT_ERR_BUSY naming m and `by`, instead of leaving that object with a
+ * dangling module. Each retain is undone by one release. Called by fsdp/
+ * for the modules of an FSDP group; not collective. NULL: no-op. */
+WEFT_API void weft_module_retain(weft_module *m, const char *by);
+WEFT_API void weft_module_release(weft_module *m);
 
 WEFT_API weft_module_kind weft_module_get_kind(const weft_module *m);
 WEFT_API const char *weft_module_name(const weft_module *m); /* local name */

@@ -70,6 +70,8 @@ struct weft_module {
   bool fwd_pending;           /* a forward ran and its backward has not */
   bool in_graph_forward;      /* inside weft_module_call's forward (re-entry check) */
   bool checkpoint;            /* weft_module_set_checkpoint: activations recomputed in backward */
+  int retains;                /* weft_module_retain count: destroy is refused while > 0 */
+  const char *retained_by;    /* who retained it last (a static string) */
   weft_dtensor_spec out_spec; /* what the last forward returned (after post-hooks) */
 };
 

@@ -1335,6 +1335,13 @@ static void case_bad(void) {
   expect_err(weft_fully_shard(b1, s.dp, NULL, NULL), WEFT_ERR_INVALID, "bottom-up", "top-down");
   /* twice on one module */
   expect_err(weft_fully_shard(layers, s.dp, NULL, NULL), WEFT_ERR_INVALID, "twice", "twice");
+  /* destroying a module under a group is refused (issue 34: it returned OK
+   * and a later weft_fsdp_memory_get read the freed module); the group
+   * keeps working */
+  expect_err(weft_module_destroy(m), WEFT_ERR_BUSY, "fully_shard", "destroy under fully_shard");
+  weft_fsdp_memory mem;
+  WOK(weft_fsdp_memory_get(&mem));
+  WCHECK(weft_fsdp_of(layers) != NULL, "the group is gone after a refused destroy");
   WOK(weft_fsdp_destroy_all(m));
   WOK(weft_module_destroy(m));
   m = NULL;
