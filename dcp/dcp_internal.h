@@ -121,7 +121,8 @@ typedef struct dcp_meta {
 
 weft_status dcp_meta_parse(const char *text, size_t len, const char *where, dcp_meta *out);
 void dcp_meta_free(dcp_meta *m);
-/* JSON text (malloc'ed) or NULL on OOM. */
+/* JSON text (malloc'ed) ending with its "checksum" member (FORMAT.md), or
+ * NULL on OOM. dcp_meta_parse verifies that checksum where there is one. */
 char *dcp_meta_serialize(const dcp_meta *m);
 const dcp_tmeta *dcp_meta_find_tensor(const dcp_meta *m, const char *name);
 const dcp_vmeta *dcp_meta_find_value(const dcp_meta *m, const char *name);

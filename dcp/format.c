@@ -464,6 +464,46 @@ static weft_status parse_root(const char *where, const cJSON *root, dcp_meta *m)
   return WEFT_OK;
 }
 
+/* The metadata checksum: the last member of the object, exactly as written
+ * here, covering every byte before its comma (FORMAT.md, "Metadata
+ * checksum"). */
+#define META_SUM_KEY "checksum"
+#define META_SUM_FMT ",\"" META_SUM_KEY "\":\"crc32c:%08" PRIx32 "\"}"
+#define META_SUM_LEN 30 /* strlen of META_SUM_FMT printed */
+
+/* A "checksum" member must be the last one, as dcp_meta_serialize writes
+ * it, and match the CRC32C of every byte before its comma. Metadata
+ * without one (written before weft checksummed it) is accepted: a byte
+ * change that only renames the key changes no value, and any other change
+ * breaks the sum. */
+static weft_status check_sum(const char *where, const cJSON *root, const char *text, size_t len) {
+  const cJSON *sum = cJSON_GetObjectItemCaseSensitive(root, META_SUM_KEY);
+  if (!sum) return WEFT_OK;
+  size_t n = len;
+  while (n > 0 &&
+         (text[n - 1] == ' ' || text[n - 1] == '\n' || text[n - 1] == '\t' || text[n - 1] == '\r'))
+    n--;
+  char want[META_SUM_LEN + 1];
+  unsigned stored = 0;
+  bool placed = cJSON_IsString(sum) && strlen(sum->valuestring) == 15 &&
+                sscanf(sum->valuestring, "crc32c:%8x", &stored) == 1 && n > META_SUM_LEN;
+  if (placed) {
+    snprintf(want, sizeof want, META_SUM_FMT, (uint32_t)stored);
+    placed = memcmp(text + n - META_SUM_LEN, want, META_SUM_LEN) == 0;
+  }
+  if (!placed)
+    return CORRUPT(
+        "%s: the metadata checksum is not a \"crc32c:<8 hex digits>\" last member as "
+        "weft writes it",
+        where);
+  const uint32_t got = weft_crc32c(0, text, n - META_SUM_LEN);
+  if (got != (uint32_t)stored)
+    return CORRUPT("%s: metadata checksum mismatch (stored %08x, computed %08" PRIx32
+                   "): the metadata was changed after it was written",
+                   where, stored, got);
+  return WEFT_OK;
+}
+
 weft_status dcp_meta_parse(const char *text, size_t len, const char *where, dcp_meta *out) {
   memset(out, 0, sizeof *out);
   if (!text) return weft_error(WEFT_ERR_INVALID, "%s: no text", where);
@@ -479,7 +519,8 @@ weft_status dcp_meta_parse(const char *text, size_t len, const char *where, dcp_
       cJSON_Delete(root);
       return CORRUPT("%s: trailing bytes after the JSON object (byte %td)", where, p - text);
     }
-  weft_status st = parse_root(where, root, out);
+  weft_status st = check_sum(where, root, text, len);
+  if (st == WEFT_OK) st = parse_root(where, root, out);
   cJSON_Delete(root);
   if (st != WEFT_OK) dcp_meta_free(out);
   return st;
@@ -604,8 +645,14 @@ static bool build(const dcp_meta *m, cJSON *root) {
 char *dcp_meta_serialize(const dcp_meta *m) {
   cJSON *root = cJSON_CreateObject();
   if (!root) return NULL;
-  char *text = NULL;
+  char *text = NULL, *out = NULL;
   if (build(m, root)) text = cJSON_PrintUnformatted(root);
   cJSON_Delete(root);
-  return text;
+  size_t n = text ? strlen(text) : 0;
+  if (n >= 2 && text[n - 1] == '}' && (out = malloc(n - 1 + META_SUM_LEN + 1))) {
+    memcpy(out, text, n - 1);
+    snprintf(out + n - 1, META_SUM_LEN + 1, META_SUM_FMT, weft_crc32c(0, text, n - 1));
+  }
+  cJSON_free(text);
+  return out;
 }

@@ -1362,6 +1362,9 @@ static void edit_meta(const char *dir, void (*fn)(cJSON *)) {
     char *t = weft_test_slurp(p, NULL);
     WCHECK(t != NULL, "cannot read %s", p);
     cJSON *j = cJSON_Parse(t);
+    /* the edit stands for a writer without metadata checksums (FORMAT.md),
+     * so that the rule under test, not the checksum, rejects it */
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "checksum");
     fn(j);
     char *o = cJSON_PrintUnformatted(j);
     write_all(p, o, strlen(o));
@@ -1504,6 +1507,22 @@ static void case_corrupt(void) {
   cp_dir(good, x);
   edit_meta(x, ed_id);
   expect_load_error(m, x, WEFT_ERR_CORRUPT, "another save", ".data", true);
+  /* one changed byte of metadata that no other rule checks (a tensor's
+   * layout string, informational) breaks the metadata checksum */
+  cp_dir(good, x);
+  if (rank0()) {
+    char *p = path2(x, "metadata.json");
+    size_t n = 0;
+    char *t = weft_test_slurp(p, &n);
+    char *at = t ? strstr(t, "\"layout\":\"") : NULL;
+    WCHECK(at != NULL, "no layout in %s", p);
+    if (at) at[10] ^= 0x01;
+    if (t) write_all(p, t, n);
+    free(t);
+    free(p);
+  }
+  barrier();
+  expect_load_error(m, x, WEFT_ERR_CORRUPT, "metadata checksum mismatch", "metadata.json", true);
   /* garbage metadata, no metadata, no directory */
   cp_dir(good, x);
   if (rank0()) {

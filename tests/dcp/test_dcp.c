@@ -197,6 +197,59 @@ Test(dcp, metadata_parser_accepts_the_format_and_rejects_each_broken_rule) {
   free(t);
 }
 
+/* META with the checksum member the writer appends (FORMAT.md). */
+static char *signed_meta(void) {
+  size_t n = strlen(META);
+  char *s = malloc(n + 64);
+  cr_assert_not_null(s);
+  memcpy(s, META, n - 1);
+  snprintf(s + n - 1, 64, ",\"checksum\":\"crc32c:%08x\"}", weft_crc32c(0, META, n - 1));
+  return s;
+}
+
+/* Issue 34: 69 of 200 random single-byte changes of a real metadata.json
+ * passed weft-ckpt verify, digits of lr, betas and the layout among them.
+ * With the checksum every change of every byte (three new values per byte)
+ * is refused but those that only rename the "checksum" key (then no value
+ * changed) or touch trailing whitespace. */
+Test(dcp, metadata_checksum_refuses_every_single_byte_change_of_a_value) {
+  char *s = signed_meta();
+  const size_t n = strlen(s);
+  cr_assert_eq(weft_dcp_metadata_check(s, n, "m"), WEFT_OK, "%s", weft_last_error());
+  const char *key = strstr(s + strlen(META) - 1, "checksum");
+  cr_assert_not_null(key);
+  const size_t k0 = (size_t)(key - s), k1 = k0 + strlen("checksum");
+  int accepted = 0, tried = 0;
+  for (size_t i = 0; i < n; i++) {
+    const unsigned char was = (unsigned char)s[i];
+    const unsigned char to[3] = {was ^ 0x01, was ^ 0x20, (unsigned char)(was + 7)};
+    for (int v = 0; v < 3; v++) {
+      if (to[v] == was || to[v] == 0) continue;
+      s[i] = (char)to[v];
+      tried++;
+      if (weft_dcp_metadata_check(s, n, "m") == WEFT_OK) {
+        accepted++;
+        cr_expect(i >= k0 && i < k1, "byte %zu ('%c' -> '%c') changed and accepted: %.40s", i, was,
+                  to[v], s + (i > 20 ? i - 20 : 0));
+      }
+      s[i] = (char)was;
+    }
+  }
+  cr_expect_gt(tried, 2 * (int)n);
+  /* a stored sum that does not match, or is not the last member */
+  char *t = strdup(s);
+  char *d = strstr(t, "crc32c:") + 7;
+  *d = *d == '0' ? '1' : '0';
+  cr_expect_eq(weft_dcp_metadata_check(t, n, "m"), WEFT_ERR_CORRUPT);
+  cr_expect(strstr(weft_last_error(), "checksum mismatch"), "%s", weft_last_error());
+  free(t);
+  t = mutate("\"format\"", "\"checksum\":\"crc32c:00000000\",\"format\"");
+  cr_expect_eq(weft_dcp_metadata_check(t, strlen(t), "m"), WEFT_ERR_CORRUPT);
+  cr_expect(strstr(weft_last_error(), "last member"), "%s", weft_last_error());
+  free(t);
+  free(s);
+}
+
 /* ------------------------------------------------------------ state dicts */
 
 Test(dcp, state_dict_holds_tensors_and_exact_values_and_reports_misuse) {
