@@ -143,6 +143,7 @@ typedef struct save_ctx {
   weft_event *copied;
   weft_status io_st;
   char io_msg[1600];
+  bool committed; /* rank 0: metadata.json renamed into place */
 } save_ctx;
 
 struct weft_dcp_async {
@@ -940,6 +941,7 @@ static weft_status write_metadata(save_ctx *c, const uint32_t *const *crcs) {
     st = weft_error(WEFT_ERR_IO, "save: rename '%s' -> '%s': %s", tmp, path, strerror(errno));
     goto done;
   }
+  c->committed = true;
   WEFT_CHECK_GOTO(dcp_fsync_dir(c->dir), st, done);
   /* committed: remove data files of earlier saves into this directory */
   DIR *d = opendir(c->dir);
@@ -964,6 +966,28 @@ done:
   free(tmp);
   free(path);
   return st;
+}
+
+/* After a failed save (collective on c->comm, every rank takes this path
+ * alike): unless rank 0 renamed the metadata into place (then the files
+ * belong to the committed checkpoint), each rank removes its data file of
+ * this save and rank 0 metadata.json.tmp, so a failed save leaves the
+ * directory as it was (a full disk stays no fuller; the previous
+ * checkpoint and its files are untouched). Where the ranks cannot agree
+ * on that, the files stay. */
+static void remove_partial(save_ctx *c) {
+  int mine = c->committed, any = 1;
+  MPI_Request r;
+  if (MPI_Iallreduce(&mine, &any, 1, MPI_INT, MPI_MAX, c->comm.comm, &r) != MPI_SUCCESS) return;
+  if (dcp_wait(&r, "save: cleanup after a failed save") != WEFT_OK || any) return;
+  char *f = dcp_path_join(c->dir, c->fname);
+  if (f) unlink(f);
+  free(f);
+  if (c->comm.rank == 0) {
+    f = dcp_path_join(c->dir, DCP_METADATA_TMP);
+    if (f) unlink(f);
+    free(f);
+  }
 }
 
 /* Phase 3 (collective on c->comm). */
@@ -1022,7 +1046,9 @@ static weft_status commit(save_ctx *c) {
   }
   free(all);
   free(displs);
-  return dcp_agree(&c->comm, st, "save");
+  st = dcp_agree(&c->comm, st, "save");
+  if (st != WEFT_OK) remove_partial(c);
+  return st;
 }
 
 /* ------------------------------------------------------------ plan phase */

@@ -24,7 +24,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1445,6 +1448,75 @@ static void expect_load_error(weft_mesh *m, const char *dir, weft_status code, c
   weft_state_dict_destroy(sd);
 }
 
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The names of dir's entries, sorted, joined by spaces (malloc'ed). */
+static char *dir_listing(const char *dir) {
+  char *names[64];
+  int n = 0;
+  DIR *d = opendir(dir);
+  struct dirent *de;
+  while (d && (de = readdir(d)) && n < 64)
+    if (de->d_name[0] != '.') names[n++] = strdup(de->d_name);
+  if (d) closedir(d);
+  qsort(names, (size_t)n, sizeof *names, cmp_str);
+  size_t len = 1;
+  for (int i = 0; i < n; i++) len += strlen(names[i]) + 1;
+  char *out = calloc(1, len);
+  for (int i = 0; i < n; i++) {
+    if (i) strcat(out, " ");
+    strcat(out, names[i]);
+    free(names[i]);
+  }
+  return out;
+}
+
+/* Issue 34 finding 6: a save that fails on one rank (a write refused for
+ * lack of space: here the file size limit, EFBIG) is an error on every
+ * rank naming the file and the reason, leaves no file of its own behind,
+ * and leaves the previous checkpoint loadable; the next save succeeds.
+ * argv: base dir (scratch). */
+static void case_failed_save(void) {
+  weft_mesh *m = world_mesh();
+  char *dir = path2(arg(2), "ck");
+  weft_state_dict *sd = small_sd(m, 1);
+  WOK(weft_dcp_save(sd, dir, NULL));
+  weft_state_dict_destroy(sd);
+  barrier();
+  char *before = rank0() ? dir_listing(dir) : NULL;
+  struct rlimit was;
+  WREQUIRE(getrlimit(RLIMIT_FSIZE, &was) == 0, "getrlimit: %s", strerror(errno));
+  if (weft_world_rank() == 1) {
+    signal(SIGXFSZ, SIG_IGN); /* the write fails with EFBIG instead */
+    struct rlimit lim = {200, was.rlim_max};
+    WCHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit: %s", strerror(errno));
+  }
+  sd = small_sd(m, 2);
+  weft_status st = weft_dcp_save(sd, dir, NULL);
+  if (weft_world_rank() == 1) setrlimit(RLIMIT_FSIZE, &was);
+  WCHECK(st == WEFT_ERR_IO, "the save past the size limit returned %s: %s", weft_status_str(st),
+         weft_last_error());
+  WCHECK(strstr(weft_last_error(), "r00001-") && strstr(weft_last_error(), strerror(EFBIG)),
+         "the error does not name rank 1's data file and the reason: %s", weft_last_error());
+  barrier();
+  if (rank0()) {
+    char *after = dir_listing(dir);
+    WCHECK(strcmp(before, after) == 0, "the failed save left files: before '%s', after '%s'",
+           before, after);
+    free(after);
+  }
+  WCHECK(loads_salt(m, dir, 1), "the previous checkpoint does not load after a failed save");
+  /* with room again, saving goes on */
+  WOK(weft_dcp_save(sd, dir, NULL));
+  WCHECK(loads_salt(m, dir, 2), "the save after the failed one does not load");
+  weft_state_dict_destroy(sd);
+  free(before);
+  free(dir);
+  WOK(weft_mesh_destroy(m));
+}
+
 /* argv: base dir (scratch). */
 static void case_corrupt(void) {
   weft_mesh *m = world_mesh();
@@ -2212,6 +2284,7 @@ static const weft_worker_case cases[] = {
     {"fault_save", case_fault_save},
     {"fault_check", case_fault_check},
     {"corrupt", case_corrupt},
+    {"failed_save", case_failed_save},
     {"async", case_async},
     {"tool_prep", case_tool_prep},
     {"xdev", case_xdev},

@@ -535,6 +535,15 @@ static void t_corrupt(void) {
 }
 TEST_BOTH(corrupt_files_and_metadata_are_clear_errors_on_every_rank, 200, t_corrupt)
 
+static void t_failed_save(void) {
+  char *d = mktmp("failedsave");
+  const char *a[] = {d, NULL};
+  cr_expect_eq(run(2, "failed_save", a, 120), 0);
+  rmrf(d);
+  free(d);
+}
+TEST_BOTH(failed_save_removes_its_files_and_keeps_the_previous_checkpoint, 150, t_failed_save)
+
 static void t_async_save(void) {
   char *d = mktmp("async");
   const char *a[] = {d, NULL};
