@@ -514,6 +514,9 @@ static void pmi_finalize(double timeout_s) {
   }
 }
 
+/* Seconds weft_finalize waits for the other ranks after a wait timed out. */
+#define FINALIZE_GRACE_S 1.0
+
 weft_status weft_finalize(void) {
   if (!weft__rt.initialized) return WEFT_OK;
   weft__watch_shutdown(); /* the device collectives' watchdog (watchdog.h) */
@@ -528,12 +531,20 @@ weft_status weft_finalize(void) {
     /* note: MPI_Finalize synchronises with a busy-polling barrier; meeting
      * first in a backoff barrier keeps oversubscribed ranks from spinning
      * against each other while the slowest one arrives. */
+    /* note: after a wait that timed out, a rank may be gone: waiting the
+     * whole timeout again here made a stopped rank end the others only
+     * after twice WEFT_TIMEOUT, so then the barrier gets a short grace */
+    const double wait_s = weft__rt.timed_out && weft__rt.settings.timeout_s > FINALIZE_GRACE_S
+                              ? FINALIZE_GRACE_S
+                              : weft__rt.settings.timeout_s;
     MPI_Request req;
     MPI_Ibarrier(MPI_COMM_WORLD, &req);
-    if (weft__wait_all(1, &req, weft__rt.settings.timeout_s) != WEFT_OK) {
+    if (weft__wait_all(1, &req, wait_s) != WEFT_OK) {
       st = weft_error(WEFT_ERR_TIMEOUT,
-                      "weft_finalize: not every rank reached weft_finalize within %g s",
-                      weft__rt.settings.timeout_s);
+                      "weft_finalize: not every rank reached weft_finalize within %g s%s", wait_s,
+                      wait_s < weft__rt.settings.timeout_s
+                          ? " (a wait timed out before: another rank may be gone)"
+                          : "");
       weft__rt.initialized = false;
       return st;
     }
@@ -557,6 +568,7 @@ weft_status weft_finalize(void) {
   }
   weft__rt.initialized = false;
   weft__rt.finalize_mpi = false;
+  weft__rt.timed_out = false;
   weft__rt.node_count = 1;
   weft__rt.node_index = 0;
   free(weft__rt.node_of);

@@ -79,7 +79,8 @@ typedef struct weft_runtime {
   int node_procs;             /* processes of this job on this node (measured) */
   int node_cpus;              /* CPUs those processes may use (union of affinities) */
   bool sleep_waits;           /* resolved backoff policy */
-  int *node_of;               /* world rank -> node index (world_size entries; NULL before init) */
+  bool timed_out; /* a wait for other ranks timed out (weft__wait_all): one may be gone */
+  int *node_of;   /* world rank -> node index (world_size entries; NULL before init) */
   weft_settings settings;
   MPI_Op ops16[2][3]; /* [bf16, f16][sum, max, min] user ops */
   /* [dtype][sum, max, min] user ops that accept the resized chunk types of

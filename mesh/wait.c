@@ -121,6 +121,7 @@ weft_status weft__wait_all_sized(int n, MPI_Request *reqs, double timeout_s, int
     }
     if (t - t0 > timeout_s) {
       st = WEFT_ERR_TIMEOUT;
+      weft__rt.timed_out = true; /* weft_finalize then waits only briefly */
       break;
     }
     if (nap && yieldy && t - t0 < YIELD_LIMIT_S) {

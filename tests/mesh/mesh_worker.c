@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "mesh.h"
@@ -1185,11 +1186,47 @@ static void case_destroyed(void) {
   WOK(weft_mesh_destroy(m2));
 }
 
+/* Issue 34 finding 7: a stopped rank ended the others only after twice
+ * WEFT_TIMEOUT (the collective's wait, then weft_finalize's). Rank 1
+ * stops (sleeps past both) while rank 0 all-reduces: rank 0's collective
+ * times out after WEFT_TIMEOUT (4 s, from the test) and its weft_finalize
+ * then returns within a short grace, not another 4 s. */
+static void case_stalled(void) {
+  weft_mesh *m = NULL;
+  int n = weft_world_size();
+  const char *names[1] = {"dp"};
+  WOK(weft_mesh_create(1, &n, names, &m));
+  if (weft_world_rank() == 1) {
+    sleep(12); /* stopped: no collective, no finalize */
+    _exit(0);
+  }
+  float x = 1.0f, y = 0.0f;
+  const double t0 = now();
+  weft_status st = weft_all_reduce(m, 0, &x, &y, 1, WEFT_F32, WEFT_OP_SUM, NULL);
+  const double t1 = now();
+  WCHECK(st == WEFT_ERR_TIMEOUT, "all_reduce without rank 1: %s", weft_status_str(st));
+  weft_status fin = weft_finalize();
+  const double t2 = now();
+  WCHECK(fin == WEFT_ERR_TIMEOUT, "finalize without rank 1: %s", weft_status_str(fin));
+  WCHECK(t2 - t1 < 2.5, "weft_finalize waited %.1f s after the collective timed out (%.1f s)",
+         t2 - t1, t1 - t0);
+  printf("stalled rank: collective timed out after %.1f s, finalize returned %.1f s later\n",
+         t1 - t0, t2 - t1);
+  fflush(stdout);
+  /* the mesh's communicators outlive MPI here: nothing more to free */
+  _exit(weft_worker_failures ? 1 : 0);
+}
+
 static const weft_worker_case cases[] = {
-    {"collectives", case_collectives},     {"errors", case_errors},
-    {"wait_requests", case_wait_requests}, {"agree_status", case_agree_status},
-    {"big_count", case_big_count},         {"big_count_full", case_big_count_full},
-    {"destroyed", case_destroyed},         {NULL, NULL},
+    {"collectives", case_collectives},
+    {"errors", case_errors},
+    {"wait_requests", case_wait_requests},
+    {"agree_status", case_agree_status},
+    {"big_count", case_big_count},
+    {"big_count_full", case_big_count_full},
+    {"destroyed", case_destroyed},
+    {"stalled", case_stalled},
+    {NULL, NULL},
 };
 
 int main(int argc, char **argv) {

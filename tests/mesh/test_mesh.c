@@ -56,6 +56,14 @@ Test(mesh, destroyed_mesh_is_an_error_not_a_double_free_on_2x2, .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec(4, MESH_WORKER, "destroyed", 50), 0);
 }
 
+/* A stopped rank: the others' collective times out after WEFT_TIMEOUT and
+ * their weft_finalize returns within a short grace, not a second
+ * WEFT_TIMEOUT (issue 34). The stopped rank exits on its own after 12 s. */
+Test(mesh, stopped_rank_ends_the_others_after_one_timeout_not_two, .timeout = 60) {
+  const char *env[] = {"WEFT_TIMEOUT=4", "UCX_LOG_LEVEL=error", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(2, MESH_WORKER, "stalled", 40, env), 0);
+}
+
 /* weft_wait_requests: the shared backoff wait for a caller's own MPI
  * requests completes them with exact results, times out naming the
  * caller's operation, and rejects bad arguments (3 ranks on 2 cores). */
