@@ -2,6 +2,7 @@
  *
  *   weft-ckpt inspect DIR                    tensors, dtypes, shapes, chunks, who wrote what
  *   weft-ckpt verify DIR                     every block checksum, file headers and sizes
+ *   weft-ckpt verify --finite DIR            also: every tensor holding NaN or Inf (name, count)
  *   weft-ckpt to-safetensors DIR FILE [--dtype f32|bf16|f16|f64] [--model-only]
  *                                            one safetensors file of the whole tensors
  *   weft-ckpt from-safetensors FILE DIR      a one-rank checkpoint of a safetensors file
@@ -10,6 +11,7 @@
  * inspect, verify and to-safetensors need no MPI; from-safetensors saves
  * through weft_dcp_save as a one-process (singleton) MPI job. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,9 +20,10 @@
 #include "safetensors.h"
 
 static int usage(void) {
-  fprintf(stderr,
-          "weft-ckpt: usage: weft-ckpt inspect DIR | verify DIR | to-safetensors DIR FILE "
-          "[--dtype f32|bf16|f16|f64] [--model-only] | from-safetensors FILE DIR\n");
+  fprintf(
+      stderr,
+      "weft-ckpt: usage: weft-ckpt inspect DIR | verify [--finite] DIR | to-safetensors DIR FILE "
+      "[--dtype f32|bf16|f16|f64] [--model-only] | from-safetensors FILE DIR\n");
   return 2;
 }
 
@@ -117,11 +120,73 @@ static void report(const char *msg, void *ctx) {
   print_msg(msg);
 }
 
-static int cmd_verify(const char *dir) {
+/* Non-finite elements of n values of dtype dt at p (float dtypes only). */
+static int64_t count_nonfinite(const void *p, int64_t n, weft_dtype dt) {
+  int64_t k = 0;
+  if (dt == WEFT_F32) {
+    const float *x = p;
+    for (int64_t i = 0; i < n; i++) k += !isfinite(x[i]);
+  } else if (dt == WEFT_F64) {
+    const double *x = p;
+    for (int64_t i = 0; i < n; i++) k += !isfinite(x[i]);
+  } else if (dt == WEFT_BF16) { /* exponent all ones: Inf or NaN */
+    const uint16_t *x = p;
+    for (int64_t i = 0; i < n; i++) k += (x[i] & 0x7F80u) == 0x7F80u;
+  } else if (dt == WEFT_F16) {
+    const uint16_t *x = p;
+    for (int64_t i = 0; i < n; i++) k += (x[i] & 0x7C00u) == 0x7C00u;
+  }
+  return k;
+}
+
+/* --finite: every float tensor read chunk by chunk (checksums verified as
+ * they are read); each one holding NaN or Inf is printed to stderr with
+ * its count. Returns the number of such tensors, or -1 on a read error. */
+static int64_t check_finite(weft_dcp_checkpoint *ck, const char *dir) {
+  weft_dcp_info info;
+  weft_dcp_get_info(ck, &info);
+  int64_t tensors = 0;
+  for (int64_t i = 0; i < info.num_tensors; i++) {
+    weft_dcp_tensor_info t;
+    weft_dcp_tensor_get(ck, i, &t);
+    if (t.dtype != WEFT_F32 && t.dtype != WEFT_F64 && t.dtype != WEFT_BF16 && t.dtype != WEFT_F16)
+      continue;
+    int64_t count = 0, numel = 1;
+    for (int d = 0; d < t.ndim; d++) numel *= t.shape[d];
+    for (int64_t c = 0; c < t.num_chunks; c++) {
+      weft_dcp_chunk_info ci;
+      weft_dcp_chunk_get(ck, i, c, &ci);
+      void *buf = malloc(ci.length ? ci.length : 1);
+      if (!buf) {
+        fprintf(stderr, "weft-ckpt: %s: out of memory for a chunk of %" PRIu64 " bytes of %s\n",
+                dir, ci.length, t.name);
+        return -1;
+      }
+      if (weft_dcp_read(ck, t.name, ci.offsets, ci.sizes, buf, ci.length) != WEFT_OK) {
+        free(buf);
+        fail();
+        return -1;
+      }
+      count += count_nonfinite(buf, (int64_t)(ci.length / weft_dtype_size(t.dtype)), t.dtype);
+      free(buf);
+    }
+    if (count) {
+      fprintf(stderr,
+              "weft-ckpt: %s: tensor %s holds %" PRId64
+              " non-finite value%s (NaN or Inf) of %" PRId64 "\n",
+              dir, t.name, count, count == 1 ? "" : "s", numel);
+      tensors++;
+    }
+  }
+  return tensors;
+}
+
+static int cmd_verify(const char *dir, bool finite) {
   weft_dcp_checkpoint *ck;
   if (weft_dcp_open(dir, &ck) != WEFT_OK) return fail();
   int64_t bad = 0;
   weft_status st = weft_dcp_verify(ck, &bad, report, NULL);
+  int64_t nonfinite = st == WEFT_OK && finite ? check_finite(ck, dir) : 0;
   weft_dcp_info info;
   weft_dcp_get_info(ck, &info);
   int64_t nchunks = 0, nblocks = 0;
@@ -142,8 +207,15 @@ static int cmd_verify(const char *dir) {
     fprintf(stderr, "weft-ckpt: %s: %" PRId64 " problem%s found\n", dir, bad, bad == 1 ? "" : "s");
     return 1;
   }
-  printf("%s: %" PRId64 " tensors, %" PRId64 " chunks, %" PRId64 " blocks, %" PRIu64 " bytes: OK\n",
-         dir, info.num_tensors, nchunks, nblocks, nbytes);
+  if (nonfinite < 0) return 1;
+  if (nonfinite > 0) {
+    fprintf(stderr, "weft-ckpt: %s: %" PRId64 " tensor%s with non-finite values\n", dir, nonfinite,
+            nonfinite == 1 ? "" : "s");
+    return 1;
+  }
+  printf("%s: %" PRId64 " tensors, %" PRId64 " chunks, %" PRId64 " blocks, %" PRIu64
+         " bytes: OK%s\n",
+         dir, info.num_tensors, nchunks, nblocks, nbytes, finite ? ", all finite" : "");
   return 0;
 }
 
@@ -263,7 +335,12 @@ int main(int argc, char **argv) {
   if (argc < 2) return usage();
   const char *cmd = argv[1];
   if (!strcmp(cmd, "inspect") && argc == 3) return cmd_inspect(argv[2]);
-  if (!strcmp(cmd, "verify") && argc == 3) return cmd_verify(argv[2]);
+  if (!strcmp(cmd, "verify") && argc == 3 && strcmp(argv[2], "--finite") != 0)
+    return cmd_verify(argv[2], false);
+  if (!strcmp(cmd, "verify") && argc == 4 && !strcmp(argv[2], "--finite"))
+    return cmd_verify(argv[3], true);
+  if (!strcmp(cmd, "verify") && argc == 4 && !strcmp(argv[3], "--finite"))
+    return cmd_verify(argv[2], true);
   if (!strcmp(cmd, "to-safetensors") && argc >= 4)
     return cmd_to_st(argv[2], argv[3], argc - 4, argv + 4);
   if (!strcmp(cmd, "from-safetensors") && argc == 4) return cmd_from_st(argv[2], argv[3]);

@@ -18,6 +18,7 @@
 /* What the run has measured so far, and what every step needs. */
 typedef struct run_totals {
   int64_t start_step, steps_run, timed_steps, peak_max;
+  int64_t skipped, skip_run; /* --on-nonfinite skip: steps skipped, in all and in a row */
   double total_time, timed_time, first_loss, last_loss, vloss, vacc, first_vloss;
   weft_lr_schedule sched;
   double *step_s; /* the slowest rank's time of each timed step (timed_steps of them) */
@@ -36,6 +37,9 @@ typedef struct step_report {
   double comm_seconds[TRAIN_MAX_DIMS]; /* rank 0's time held up in each dim's collectives */
   weft_op_stats ops;                   /* this rank's op layer during the step (--profile) */
   bool do_val;
+  const char *skipped; /* NULL, or what was non-finite ("loss", "gradient norm") */
+  /* the guard's loss all-reduce, left out of the step's communication */
+  weft_comm_count guard[TRAIN_MAX_DIMS][WEFT_COLL_KIND_COUNT];
 } step_report;
 
 static double now_s(void) {
@@ -211,8 +215,10 @@ static int micro_steps(run_state *s, int64_t step, double *loss_sum) {
   return 0;
 }
 
-/* The mean gradient over the micro-steps, clipping, the update. */
-static int optimizer_step(run_state *s, int64_t step, double *norm) {
+/* The mean gradient over the micro-steps and its norm over the world,
+ * clipped to --clip (with --clip 0 the norm is still computed: the guard
+ * reads it). */
+static int clip_grads(run_state *s, int64_t step, double *norm) {
   const train_opts *o = s->o;
   weft_status st = WEFT_OK;
   if (o->grad_accum > 1)
@@ -220,11 +226,82 @@ static int optimizer_step(run_state *s, int64_t step, double *norm) {
       if (s->params[i]->grad)
         st = weft_scale(weft_dtensor_local(s->params[i]->grad), 1.0 / (double)o->grad_accum);
   if (st == WEFT_OK) st = weft_clip_grad_norm(s->model, o->clip > 0 ? o->clip : 1e30, norm);
-  if (st == WEFT_OK) st = weft_optimizer_step(s->opt);
+  if (st == WEFT_OK) return 0;
+  char what[64];
+  snprintf(what, sizeof what, "step %lld", (long long)step + 1);
+  return train_fail_here(what);
+}
+
+/* Every dim's communication counts by kind, so far in this step. */
+static void comm_counts(const run_state *s, weft_comm_count c[][WEFT_COLL_KIND_COUNT]) {
+  for (int d = 0; d < s->ndim; d++)
+    for (int k = 0; k < WEFT_COLL_KIND_COUNT; k++) c[d][k] = weft_comm_stats(s->root, d, k);
+}
+
+/* The loss: the mean over micro-batches and ranks (tp ranks agree), before
+ * the update, for the guard. Its all-reduce is recorded in r->guard and
+ * taken out of the step's communication (which stays what the model and
+ * FSDP move, as weft-plan predicts). Collective. */
+static int reduce_loss(run_state *s, step_report *r, double loss_sum) {
+  weft_comm_count c0[TRAIN_MAX_DIMS][WEFT_COLL_KIND_COUNT];
+  comm_counts(s, c0);
+  double loss = loss_sum / (double)s->o->grad_accum;
+  if (world_reduce(s, &loss, 1, WEFT_F64, WEFT_OP_SUM) != WEFT_OK)
+    return train_fail_here("the step's loss");
+  r->loss = loss / s->world;
+  comm_counts(s, r->guard);
+  for (int d = 0; d < s->ndim; d++)
+    for (int k = 0; k < WEFT_COLL_KIND_COUNT; k++) {
+      r->guard[d][k].calls -= c0[d][k].calls;
+      r->guard[d][k].bytes -= c0[d][k].bytes;
+      r->guard[d][k].bus_bytes -= c0[d][k].bus_bytes;
+      r->guard[d][k].seconds -= c0[d][k].seconds;
+    }
+  return 0;
+}
+
+static const char *nonfinite_str(double v) { return isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"; }
+
+/* The non-finite guard, before the update: the loss and the gradient norm
+ * are reduced over the world, so every rank takes the same decision. 0:
+ * update; 1: skip the update (--on-nonfinite skip); 2: stop (every rank
+ * returns it, rank 0 prints the error; nothing is saved after it). */
+static int guard(run_state *s, run_totals *t, step_report *r) {
+  const train_opts *o = s->o;
+  bool bad_loss = !isfinite(r->loss), bad_norm = !isfinite(r->norm);
+  if (!bad_loss && !bad_norm) {
+    t->skip_run = 0;
+    return 0;
+  }
+  const char *what = bad_loss ? "loss" : "gradient norm";
+  double v = bad_loss ? r->loss : r->norm;
+  long long n = (long long)r->step + 1;
+  if (!o->skip_nonfinite) {
+    s->stopped = true;
+    return train_fail_all(
+        "step %lld: the %s is %s%s; stopped before the step's optimizer update, "
+        "with no further checkpoint (lower --lr, or --on-nonfinite skip)",
+        n, what, nonfinite_str(v), bad_loss && bad_norm ? " (and the gradient norm)" : "");
+  }
+  r->skipped = what;
+  t->skipped++;
+  if (++t->skip_run < o->max_skipped) return 1;
+  s->stopped = true;
+  return train_fail_all(
+      "step %lld: the %s is %s: %lld steps in a row skipped "
+      "(--max-skipped-steps %lld); stopped, with no further checkpoint",
+      n, what, nonfinite_str(v), (long long)t->skip_run, (long long)o->max_skipped);
+}
+
+/* The update (unless the guard skips it: then parameters and optimizer
+ * state stay as they were), then the gradients are cleared. */
+static int optimizer_step(run_state *s, int64_t step, bool skip) {
+  weft_status st = WEFT_OK;
+  if (!skip) st = weft_optimizer_step(s->opt);
   if (st == WEFT_OK) st = weft_module_zero_grad(s->model, false);
   if (st == WEFT_OK) return 0;
   char what[64];
-  snprintf(what, sizeof what, "step %lld", (long long)step);
+  snprintf(what, sizeof what, "step %lld", (long long)step + 1);
   return train_fail_here(what);
 }
 
@@ -236,11 +313,16 @@ static int take_stats(run_state *s, step_report *r, train_result *res) {
     r->comm_bytes[d] = k.bytes;
     r->comm_calls[d] = k.calls;
     r->comm_seconds[d] = k.seconds;
-    for (int kk = 0; res && kk < WEFT_COLL_KIND_COUNT; kk++) {
+    for (int kk = 0; kk < WEFT_COLL_KIND_COUNT; kk++) { /* less the guard's all-reduce */
+      const weft_comm_count *g = &r->guard[d][kk];
+      r->comm_bytes[d] -= g->bytes;
+      r->comm_calls[d] -= g->calls;
+      r->comm_seconds[d] -= g->seconds;
+      if (!res) continue;
       weft_comm_count kc = weft_comm_stats(s->root, d, (weft_coll_kind)kk);
-      res->comm_kind_bytes[d][kk] = kc.bytes;
-      res->comm_kind_calls[d][kk] = kc.calls;
-      res->comm_kind_seconds[d][kk] = kc.seconds;
+      res->comm_kind_bytes[d][kk] = kc.bytes - g->bytes;
+      res->comm_kind_calls[d][kk] = kc.calls - g->calls;
+      res->comm_kind_seconds[d][kk] = kc.seconds - g->seconds;
     }
   }
   int64_t peak = weft_mem_get(weft_mesh_device(s->root)).peak_bytes; /* where the model lives */
@@ -262,22 +344,21 @@ static int take_stats(run_state *s, step_report *r, train_result *res) {
   return 0;
 }
 
-/* loss: mean over micro-batches and ranks (tp ranks agree); the slowest
- * rank's time; the peak memory's max and min over ranks. */
-static int reduce_report(run_state *s, step_report *r, double loss_sum) {
-  double loss = loss_sum / (double)s->o->grad_accum;
+/* The slowest rank's time; the peak memory's max and min over ranks (the
+ * loss was reduced before the update: reduce_loss). */
+static int reduce_report(run_state *s, step_report *r) {
   r->dtmax = r->dt;
-  weft_status st = world_reduce(s, &loss, 1, WEFT_F64, WEFT_OP_SUM);
-  if (st == WEFT_OK) st = world_reduce(s, &r->dtmax, 1, WEFT_F64, WEFT_OP_MAX);
+  weft_status st = world_reduce(s, &r->dtmax, 1, WEFT_F64, WEFT_OP_MAX);
   if (st == WEFT_OK) st = world_reduce(s, r->peak, 2, WEFT_I64, WEFT_OP_MAX);
-  if (st != WEFT_OK) return train_fail_here("the step's loss and timing");
-  r->loss = loss / s->world;
+  if (st != WEFT_OK) return train_fail_here("the step's timing");
   return 0;
 }
 
 static void add_to_totals(run_state *s, run_totals *t, step_report *r) {
-  if (t->steps_run == 0) t->first_loss = r->loss;
-  t->last_loss = r->loss;
+  if (!r->skipped) { /* a skipped step's loss is not the model's */
+    if (isnan(t->first_loss)) t->first_loss = r->loss;
+    t->last_loss = r->loss;
+  }
   t->steps_run++;
   t->total_time += r->dtmax;
   if (r->step > t->start_step || s->o->steps - t->start_step == 1) {
@@ -326,6 +407,7 @@ static void write_json(run_state *s, const step_report *r, const run_totals *t) 
   ok = ok && cJSON_AddNumberToObject(j, "loss", r->loss);
   ok = ok && cJSON_AddNumberToObject(j, "lr", r->lr);
   ok = ok && cJSON_AddNumberToObject(j, "grad_norm", r->norm);
+  if (r->skipped) ok = ok && cJSON_AddBoolToObject(j, "skipped", true);
   ok = ok && cJSON_AddNumberToObject(j, "tokens_per_s", r->tps);
   ok = ok && cJSON_AddNumberToObject(j, "mfu", r->mfu);
   ok = ok && cJSON_AddNumberToObject(j, "step_time_s", r->dtmax);
@@ -352,6 +434,12 @@ static void log_step(run_state *s, const step_report *r, const run_totals *t) {
   if (s->rank != 0) return;
   if (t->tty) printf("\r\033[K");
   if (!o->quiet) print_step(s, r);
+  if (r->skipped)
+    printf(
+        "  step %lld skipped: the %s is %s (--on-nonfinite skip: the update is dropped; %lld "
+        "in a row, %lld in all)\n",
+        (long long)r->step + 1, r->skipped, nonfinite_str(r->skipped[0] == 'l' ? r->loss : r->norm),
+        (long long)t->skip_run, (long long)t->skipped);
   if (o->profile && r->step > t->start_step) /* the first step fills the graph's pool */
     printf("  op graph per step: ops %lld, widened %lld, copies %lld, mallocs %lld\n",
            (long long)r->ops.ops, (long long)r->ops.widened, (long long)r->ops.copies,
@@ -403,6 +491,9 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   printf("  %-26s %s (%d ranks%s)\n", "mesh", mbuf, s->world,
          o->mesh.tp_across_nodes ? ", tp outermost: --tp-across-nodes" : "");
   printf("  %-26s %lld (of %lld)\n", "steps run", (long long)t->steps_run, (long long)o->steps);
+  if (o->skip_nonfinite)
+    printf("  %-26s %lld (non-finite loss or gradient norm: update dropped)\n", "steps skipped",
+           (long long)t->skipped);
   printf("  %-26s %.4f -> %.4f (ln V = %.4f)\n", "train loss", t->first_loss, t->last_loss,
          log((double)s->cfg.vocab));
   printf("  %-26s %.4f\n", "held-out loss", t->vloss);
@@ -465,13 +556,17 @@ static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res
   const weft_op_stats ops0 = weft_op_stats_get();
   double t0 = now_s(), loss_sum = 0;
   int rc = micro_steps(s, step, &loss_sum);
-  if (!rc) rc = optimizer_step(s, step, &r.norm);
+  if (!rc) rc = clip_grads(s, step, &r.norm);
+  if (!rc) rc = reduce_loss(s, &r, loss_sum);
+  int skip = rc ? 0 : guard(s, t, &r);
+  if (skip > 1) return skip;
+  if (!rc) rc = optimizer_step(s, step, skip == 1);
   r.dt = now_s() - t0;
   const weft_op_stats ops1 = weft_op_stats_get();
   r.ops = (weft_op_stats){ops1.ops - ops0.ops, ops1.widened - ops0.widened,
                           ops1.copies - ops0.copies, ops1.mallocs - ops0.mallocs};
   if (!rc) rc = take_stats(s, &r, res);
-  if (!rc) rc = reduce_report(s, &r, loss_sum);
+  if (!rc) rc = reduce_report(s, &r);
   if (rc) return rc;
   add_to_totals(s, t, &r);
   r.do_val = (o->val_every > 0 && (step + 1) % o->val_every == 0) || step + 1 == o->steps;
@@ -521,6 +616,7 @@ static int finish_run(run_state *s, run_totals *t, train_result *res) {
     res->step_s_median = med;
     res->step_s_min = min;
     res->steps_run = t->steps_run;
+    res->skipped_steps = t->skipped;
     res->first_loss = t->first_loss;
     res->final_loss = t->last_loss;
     res->val_loss = t->vloss;
@@ -546,6 +642,9 @@ int train_run(const train_opts *o, train_result *res) {
   int rc = train_setup(s, res);
   if (!rc) rc = start_run(s, &t, res);
   for (int64_t step = t.start_step; !rc && step < o->steps; step++) rc = run_step(s, &t, step, res);
+  /* stopped by the guard (alike on every rank): an async save of an
+   * earlier, finite state still commits, with its rotation */
+  if (rc && s->stopped) train_save_wait(s);
   if (!rc) rc = finish_run(s, &t, res);
   free_buffers(s);
   free(t.step_s);

@@ -32,6 +32,8 @@ void train_opts_default(train_opts *o) {
   o->loss_parallel = true;
   o->val_every = 10;
   o->val_batches = 2;
+  o->keep_checkpoints = 2;
+  o->max_skipped = 5;
   o->peak_flops = 100e9; /* ~ one core's SGEMM (docs/DESIGN.md: 95 GF/s) */
 }
 
@@ -76,6 +78,13 @@ void train_print_help(const char *prog) {
       "  --weight-decay X        AdamW decoupled weight decay (0)\n"
       "  --clip X                gradient clipping max norm (1.0; 0 = no clipping)\n"
       "  --seed N                init seed (1234): same weights on every mesh\n"
+      "  --on-nonfinite stop|skip  a step whose loss or gradient norm is NaN or Inf: stop\n"
+      "                          (default) ends the run with an error naming the step, before\n"
+      "                          its optimizer update and with no further checkpoint; skip\n"
+      "                          drops that step's update (parameters and optimizer state stay\n"
+      "                          as they were), counts it, and goes on\n"
+      "  --max-skipped-steps K   with skip: stop with an error after K skipped steps in a\n"
+      "                          row (5)\n"
       "  --dtype fp32|bf16       bf16: FSDP mixed precision (bf16 all-gathers, f32\n"
       "                          master weights, f32 reduce): unsharded parameters and\n"
       "                          activations in bf16 (ops accumulate in f32); the Llama\n"
@@ -108,7 +117,12 @@ void train_print_help(const char *prog) {
       "checkpoints\n"
       "  --save DIR              DCP checkpoint (model + optimizer + step) at the end, and\n"
       "  --save-every N          every N steps (async: training continues while it writes)\n"
-      "  --resume DIR            continue from a checkpoint (any mesh)\n"
+      "  --keep-checkpoints K    keep the last K checkpoints (2): DIR is always the newest;\n"
+      "                          before a save replaces it, it moves to DIR.step-N (N: its\n"
+      "                          step; hard links, no copy); the oldest DIR.step-N is removed\n"
+      "                          only after the new save has committed (1: DIR only)\n"
+      "  --resume DIR            continue from a checkpoint (any mesh): DIR is the newest;\n"
+      "                          DIR.step-N an earlier one\n"
       "  --export-safetensors F  write the model as one safetensors file at the end\n"
       "  --init-from F           initial weights from a safetensors file\n"
       "output\n"
@@ -275,11 +289,16 @@ typedef struct field_flag {
 } field_flag;
 #define FIELD(name, field, lo) \
   { name, offsetof(train_opts, field), lo }
-static const field_flag int_flags[] = {
-    FIELD("--steps", steps, 0),           FIELD("--batch", batch, 1),
-    FIELD("--grad-accum", grad_accum, 1), FIELD("--warmup", warmup, 0),
-    FIELD("--val-every", val_every, 0),   FIELD("--val-batches", val_batches, 0),
-    FIELD("--save-every", save_every, 0), {NULL, 0, 0}};
+static const field_flag int_flags[] = {FIELD("--steps", steps, 0),
+                                       FIELD("--batch", batch, 1),
+                                       FIELD("--grad-accum", grad_accum, 1),
+                                       FIELD("--warmup", warmup, 0),
+                                       FIELD("--val-every", val_every, 0),
+                                       FIELD("--val-batches", val_batches, 0),
+                                       FIELD("--save-every", save_every, 0),
+                                       FIELD("--keep-checkpoints", keep_checkpoints, 1),
+                                       FIELD("--max-skipped-steps", max_skipped, 1),
+                                       {NULL, 0, 0}};
 static const field_flag dbl_flags[] = {FIELD("--lr", lr, 0),
                                        FIELD("--min-lr", min_lr, 0),
                                        FIELD("--weight-decay", weight_decay, 0),
@@ -296,8 +315,9 @@ static const field_flag str_flags[] = {FIELD("--data", data, 0),
                                        FIELD("--log-json", log_json, 0),
                                        {NULL, 0, 0}};
 #undef FIELD
-static const char *const other_flags[] = {"--peak-tflops", "--seed",   "--mesh",   "--model",
-                                          "--dtype",       "--device", "--matmul", NULL};
+static const char *const other_flags[] = {"--peak-tflops", "--seed",         "--mesh",
+                                          "--model",       "--dtype",        "--device",
+                                          "--matmul",      "--on-nonfinite", NULL};
 
 static const field_flag *find_field(const field_flag *t, const char *flag) {
   for (; t->name; t++)
@@ -395,6 +415,13 @@ static int parse_other(parse_ctx *c, const char *flag, const char *val, train_op
       o->matmul = WEFT_MATMUL_BF16;
     else
       return perr(err, cap, "--matmul: want fp32, tf32 or bf16 (got '%s')", val);
+  } else if (!strcmp(flag, "--on-nonfinite")) {
+    if (!strcmp(val, "stop"))
+      o->skip_nonfinite = false;
+    else if (!strcmp(val, "skip"))
+      o->skip_nonfinite = true;
+    else
+      return perr(err, cap, "--on-nonfinite: want stop or skip (got '%s')", val);
   } else if (!strcmp(flag, "--device")) {
     if (!strcmp(val, "cpu"))
       o->cuda = false;
@@ -449,6 +476,9 @@ static int check_options(train_opts *o, char *err, size_t cap) {
   if (o->data && o->text) return perr(err, cap, "give --data or --text, not both");
   if (o->val_data && !o->data) return perr(err, cap, "--val-data needs --data");
   if (o->save_every > 0 && !o->save_dir) return perr(err, cap, "--save-every needs --save DIR");
+  if (o->keep_checkpoints > 1000)
+    return perr(err, cap, "--keep-checkpoints %lld: want 1 to 1000",
+                (long long)o->keep_checkpoints);
   if (o->min_lr < 0) o->min_lr = o->lr / 10;
   if (o->warmup > o->steps) o->warmup = o->steps;
   weft_llama_config c = o->model;

@@ -67,11 +67,20 @@ typedef struct train_opts {
   int64_t val_every, val_batches;
   const char *save_dir, *resume_dir, *export_path, *init_from, *log_json;
   int64_t save_every;
-  double peak_flops; /* per rank, for MFU */
-  bool peak_given;   /* --peak-tflops (else the CPU default, or the GPU's from its model) */
-  bool quiet;        /* no per-step lines (summary only) */
-  bool profile;      /* rank 0: the op layer's counters per step (weft_op_stats) */
-  bool silent;       /* nothing on stdout (weft-plan --validate); errors still print */
+  /* --keep-checkpoints K: DIR holds the newest checkpoint, DIR.step-N the
+   * K - 1 before it (highest N kept); an older one is removed only after a
+   * newer save has committed */
+  int64_t keep_checkpoints;
+  /* --on-nonfinite stop|skip: a non-finite loss or gradient norm stops the
+   * run before the optimizer step (stop), or drops that step's update
+   * (skip) and stops after max_skipped of them in a row */
+  bool skip_nonfinite;
+  int64_t max_skipped; /* --max-skipped-steps */
+  double peak_flops;   /* per rank, for MFU */
+  bool peak_given;     /* --peak-tflops (else the CPU default, or the GPU's from its model) */
+  bool quiet;          /* no per-step lines (summary only) */
+  bool profile;        /* rank 0: the op layer's counters per step (weft_op_stats) */
+  bool silent;         /* nothing on stdout (weft-plan --validate); errors still print */
 } train_opts;
 
 /* Defaults (the "demo" preset, 20 steps). */
@@ -94,6 +103,7 @@ weft_gpt2_config train_gpt2_config(const train_opts *o);
 /* What one run measured (filled on every rank; memory is this rank's). */
 typedef struct train_result {
   int64_t steps_run;
+  int64_t skipped_steps; /* --on-nonfinite skip: steps whose update was dropped */
   double first_loss, final_loss, val_loss, val_acc, first_val_loss;
   double tokens_per_s, mfu;
   int64_t num_params;

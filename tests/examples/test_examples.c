@@ -54,10 +54,11 @@ static const char *tmp_file(const char *name) {
   return b;
 }
 
-/* rm -rf of a tmp_file directory. */
+/* rm -rf of a tmp_file directory, and of the earlier checkpoints weft-train
+ * keeps beside a --save directory (DIR.step-N). */
 static void remove_tree(const char *dir) {
-  char cmd[320];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  char cmd[640];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'.step-*", dir, dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
@@ -236,6 +237,12 @@ Test(examples, train_bad_input_gives_one_line_and_nonzero_exit_on_every_rank, .t
                "--cpu-offload: offloading is FSDP's (its sharded state) and needs a dp dim");
   const char *a12[] = {"--mesh", "tp=2", "--dtype", "bf16", NULL};
   expect_error(2, a12, "--dtype bf16: bf16 is FSDP's mixed precision and needs a dp dim");
+  const char *a13[] = {"--on-nonfinite", "ignore", NULL};
+  expect_error(2, a13, "--on-nonfinite: want stop or skip (got 'ignore')");
+  const char *a14[] = {"--keep-checkpoints", "0", NULL};
+  expect_error(2, a14, "--keep-checkpoints: want an integer >= 1");
+  const char *a15[] = {"--max-skipped-steps", "-1", NULL};
+  expect_error(2, a15, "--max-skipped-steps: want an integer >= 1");
 }
 
 Test(examples, train_help_documents_every_flag, .timeout = 30) {
@@ -271,6 +278,9 @@ Test(examples, train_help_documents_every_flag, .timeout = 30) {
                                       "--save",
                                       "--save-every",
                                       "--resume",
+                                      "--keep-checkpoints",
+                                      "--on-nonfinite",
+                                      "--max-skipped-steps",
                                       "--export-safetensors",
                                       "--init-from",
                                       "--log-json",
@@ -539,6 +549,249 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
   remove_tree(dir);
   unlink(st);
 }
+
+/* ------------------------------------------------- non-finite training */
+
+static bool is_dir(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* "<dir>.step-<n>", valid until the next call. */
+static const char *sibling(const char *dir, int n) {
+  static char b[300];
+  snprintf(b, sizeof b, "%s.step-%d", dir, n);
+  return b;
+}
+
+#ifdef WEFT_CKPT
+/* weft-ckpt verify --finite DIR: its exit status (and output in *r). */
+static int verify_finite(const char *dir, run_out *r) {
+  const char *a[] = {"verify", "--finite", dir, NULL};
+  *r = run(0, WEFT_CKPT, a, 30);
+  return r->rc;
+}
+#endif
+
+/* A diverging run (a huge --lr, no clipping) stops with an error on every
+ * rank naming the step and what was non-finite, before the update and
+ * before any further save: the good checkpoint already in --save DIR
+ * survives, is finite and resumes (today the run saved NaN over it and
+ * exited 0). */
+Test(examples, train_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint, .timeout = 150) {
+  static const struct {
+    int nranks;
+    const char *mesh, *model, *lr, *needle;
+  } cases[] = {
+      {1, "dp=1", "demo", "1e6", "step 2: the gradient norm is NaN"},
+      {2, "dp=2", "demo", "1e10", "step 2: the loss is NaN"},
+      {2, "dp=2", "gpt2-demo", "1e10", "step 2: the loss is NaN"},
+  };
+  const char *dir = tmp_file("diverge-ck");
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    remove_tree(dir);
+    const char *good[] = {"--mesh", cases[c].mesh, "--model", cases[c].model, "--steps",
+                          "2",      "--save",      dir,       "--quiet",      NULL};
+    run_out r = run(cases[c].nranks, TRAIN, good, 60);
+    cr_assert_eq(r.rc, 0, "[%zu] the good run failed: %s", c, r.err);
+    run_free(&r);
+    const char *bad[] = {"--mesh",   cases[c].mesh, "--model",      cases[c].model,
+                         "--lr",     cases[c].lr,   "--clip",       "0",
+                         "--warmup", "0",           "--steps",      "6",
+                         "--save",   dir,           "--save-every", "2",
+                         NULL};
+    expect_error(cases[c].nranks, bad, cases[c].needle);
+    cr_expect(!is_dir(sibling(dir, 2)), "[%zu] a save ran after the stop", c);
+#ifdef WEFT_CKPT
+    cr_expect_eq(verify_finite(dir, &r), 0, "[%zu] the kept checkpoint: %s%s", c, r.out, r.err);
+    cr_expect(strstr(r.out, "all finite") != NULL, "[%zu] %s", c, r.out);
+    run_free(&r);
+#endif
+    const char *res[] = {"--mesh",   cases[c].mesh, "--model", cases[c].model, "--steps", "3",
+                         "--resume", dir,           NULL};
+    r = run(cases[c].nranks, TRAIN, res, 60);
+    cr_expect_eq(r.rc, 0, "[%zu] resume failed: %s", c, r.err);
+    cr_expect(strstr(r.out, "at step 2") != NULL, "[%zu] did not resume the good checkpoint:\n%s",
+              c, r.out);
+    run_free(&r);
+  }
+  remove_tree(dir);
+}
+
+/* The tensors of a checkpoint (metadata.json: dtypes, shapes, chunks and
+ * every block's CRC32C) and one of its values, as text (the caller frees). */
+static char *ckpt_tensors(const char *dir, const char *value, char *val, size_t cap) {
+  char path[320];
+  snprintf(path, sizeof path, "%s/metadata.json", dir);
+  char *t = slurp(path);
+  cJSON *j = cJSON_Parse(t);
+  free(t);
+  char *out = j ? cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "tensors")) : NULL;
+  const cJSON *v =
+      cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "values"), value), "value");
+  snprintf(val, cap, "%s", cJSON_IsString(v) ? v->valuestring : "?");
+  cJSON_Delete(j);
+  return out ? out : strdup("");
+}
+
+/* --on-nonfinite skip: each non-finite step's update is dropped (the
+ * checkpoints saved after steps 1, 2 and 3, with steps 2 and 3 skipped,
+ * hold the same parameters and optimizer state, byte for byte by their
+ * checksums, and the optimizer has taken one step); after
+ * --max-skipped-steps 3 skipped in a row the run stops with an error. */
+Test(examples, train_nonfinite_skip_keeps_the_state_and_stops_after_k_in_a_row, .timeout = 60) {
+  const char *dir = tmp_file("skip-ck");
+  remove_tree(dir);
+  const char *a[] = {"--lr",
+                     "1e6",
+                     "--clip",
+                     "0",
+                     "--warmup",
+                     "0",
+                     "--steps",
+                     "8",
+                     "--save",
+                     dir,
+                     "--save-every",
+                     "1",
+                     "--keep-checkpoints",
+                     "10",
+                     "--on-nonfinite",
+                     "skip",
+                     "--max-skipped-steps",
+                     "3",
+                     NULL};
+  run_out r = run(1, TRAIN, a, 40);
+  cr_expect_neq(r.rc, 0, "want a non-zero exit after 3 skipped steps:\n%s", r.out);
+  cr_expect(r.rc < 128, "killed (rc %d)", r.rc);
+  cr_expect(strstr(r.err, "step 4: the gradient norm is NaN: 3 steps in a row skipped") != NULL,
+            "%s", r.err);
+  cr_expect(strstr(r.out, "step 2 skipped") && strstr(r.out, "step 3 skipped"), "%s", r.out);
+  cr_expect(strstr(r.out, "step 1 skipped") == NULL, "%s", r.out);
+  run_free(&r);
+  const char *dirs[3] = {NULL, NULL, dir};
+  char d1[300], d2[300];
+  snprintf(d1, sizeof d1, "%s", sibling(dir, 1));
+  snprintf(d2, sizeof d2, "%s", sibling(dir, 2));
+  dirs[0] = d1;
+  dirs[1] = d2;
+  char *tens[3];
+  for (int k = 0; k < 3; k++) {
+    char steps[32], step[32];
+    tens[k] = ckpt_tensors(dirs[k], "state.num_steps", steps, sizeof steps);
+    free(ckpt_tensors(dirs[k], "train.step", step, sizeof step));
+    cr_expect(strlen(tens[k]) > 100, "no checkpoint in %s", dirs[k]);
+    cr_expect_str_eq(steps, "1", "%s: the optimizer took %s steps, want 1", dirs[k], steps);
+    cr_expect_eq(atoi(step), k + 1, "%s holds step %s", dirs[k], step);
+  }
+  cr_expect_str_eq(tens[0], tens[1], "a skipped step (2) changed the state");
+  cr_expect_str_eq(tens[1], tens[2], "a skipped step (3) changed the state");
+  for (int k = 0; k < 3; k++) free(tens[k]);
+  cr_expect(!is_dir(sibling(dir, 3)), "a save ran after the stop");
+  remove_tree(dir);
+}
+
+/* --keep-checkpoints K after 4 saves (steps 2, 4, 6, 8): DIR holds step 8
+ * and DIR.step-N the K - 1 before it; --resume DIR takes the newest, and
+ * DIR.step-6 resumes too. */
+Test(examples, train_keep_checkpoints_keeps_the_last_k_and_resume_takes_the_newest,
+     .timeout = 120) {
+  static const struct {
+    const char *keep;
+    bool kept[3]; /* DIR.step-2, -4, -6 */
+  } cases[] = {
+      {"1", {false, false, false}},
+      {"2", {false, false, true}},
+      {"3", {false, true, true}},
+  };
+  const char *dir = tmp_file("keep-ck");
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    remove_tree(dir);
+    const char *a[] = {"--steps",
+                       "8",
+                       "--save",
+                       dir,
+                       "--save-every",
+                       "2",
+                       "--keep-checkpoints",
+                       cases[c].keep,
+                       "--on-nonfinite",
+                       "skip",
+                       "--quiet",
+                       NULL};
+    run_out r = run(1, TRAIN, a, 40);
+    cr_assert_eq(r.rc, 0, "[keep %s] failed: %s", cases[c].keep, r.err);
+    cr_expect(strstr(r.out, "steps skipped") != NULL, "no skipped count:\n%s", r.out);
+    run_free(&r);
+    cr_expect(is_dir(dir), "[keep %s] no %s", cases[c].keep, dir);
+    for (int k = 0; k < 3; k++)
+      cr_expect_eq(is_dir(sibling(dir, 2 * k + 2)), cases[c].kept[k], "[keep %s] %s: %s",
+                   cases[c].keep, sibling(dir, 2 * k + 2), cases[c].kept[k] ? "missing" : "kept");
+    cr_expect(!is_dir(sibling(dir, 8)), "[keep %s] the newest is DIR, not DIR.step-8",
+              cases[c].keep);
+  }
+  /* the last case (keep 3): resume the newest, and an earlier one */
+  const char *from[2] = {dir, sibling(dir, 6)};
+  char f1[300];
+  snprintf(f1, sizeof f1, "%s", from[1]);
+  from[1] = f1;
+  const char *want[2] = {"at step 8", "at step 6"};
+  for (int k = 0; k < 2; k++) {
+    const char *a[] = {"--steps", "9", "--resume", from[k], "--quiet", NULL};
+    run_out r = run(1, TRAIN, a, 40);
+    cr_expect_eq(r.rc, 0, "resume %s: %s", from[k], r.err);
+    cr_expect(strstr(r.out, want[k]) != NULL, "resume %s:\n%s", from[k], r.out);
+    run_free(&r);
+#ifdef WEFT_CKPT
+    cr_expect_eq(verify_finite(from[k], &r), 0, "%s: %s", from[k], r.err);
+    run_free(&r);
+#endif
+  }
+  remove_tree(dir);
+}
+
+#ifdef WEFT_CKPT
+/* weft-ckpt verify --finite names every tensor holding NaN or Inf with its
+ * count and exits non-zero; plain verify (checksums only) still says OK.
+ * The checkpoint: a safetensors file with a NaN and an Inf written in,
+ * turned into one by weft-ckpt from-safetensors. */
+Test(examples, ckpt_verify_finite_reports_nonfinite_tensors, .timeout = 60) {
+  const char *st = tmp_file("nan.safetensors"), *dir = tmp_file("nan-ck");
+  remove_tree(dir);
+  const char hdr[] =
+      "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[24,32]}}";
+  uint64_t hl = (sizeof hdr - 1 + 7) / 8 * 8;
+  char pad[8] = "       ";
+  float data[8] = {1, NAN, 3, INFINITY, 5, NAN, 1, 2};
+  FILE *f = fopen(st, "wb");
+  cr_assert(f != NULL);
+  cr_assert_eq(fwrite(&hl, 8, 1, f), 1); /* little-endian hosts */
+  cr_assert_eq(fwrite(hdr, 1, sizeof hdr - 1, f), sizeof hdr - 1);
+  cr_assert_eq(fwrite(pad, 1, hl - (sizeof hdr - 1), f), hl - (sizeof hdr - 1));
+  cr_assert_eq(fwrite(data, sizeof data, 1, f), 1);
+  cr_assert_eq(fclose(f), 0);
+  const char *conv[] = {"from-safetensors", st, dir, NULL};
+  run_out r = run(0, WEFT_CKPT, conv, 30);
+  cr_assert_eq(r.rc, 0, "from-safetensors: %s", r.err);
+  run_free(&r);
+  const char *plain[] = {"verify", dir, NULL};
+  r = run(0, WEFT_CKPT, plain, 30);
+  cr_expect_eq(r.rc, 0, "plain verify checks checksums only: %s", r.err);
+  run_free(&r);
+  cr_expect_eq(verify_finite(dir, &r), 1, "verify --finite: %s%s", r.out, r.err);
+  cr_expect(strstr(r.err, "tensor w holds 3 non-finite values") != NULL, "%s", r.err);
+  cr_expect(strstr(r.err, "tensor b ") == NULL, "b is finite:\n%s", r.err);
+  cr_expect(strstr(r.err, "1 tensor with non-finite values") != NULL, "%s", r.err);
+  run_free(&r);
+  const char *usage[] = {"verify", "--finite", NULL};
+  r = run(0, WEFT_CKPT, usage, 30);
+  cr_expect_eq(r.rc, 2, "verify --finite without DIR: rc %d", r.rc);
+  run_free(&r);
+  remove_tree(dir);
+  unlink(st);
+}
+#endif
 
 /* GPT-2 (models/gpt2, on the op layer) through weft-train: with dropout,
  * the loss curve on dp=2 x tp=2 (FSDP, fused q|k|v TP, sequence parallel)
