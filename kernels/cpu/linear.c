@@ -1,7 +1,8 @@
 /* kernels/cpu/linear.c — CPU fp32 linear layer (layers.h): forward
  * out = inp @ weight^T (+ bias) and backward (dinp, dweight, dbias), each
- * GEMM one weft_sgemm call (OpenBLAS or the blocked fallback of gemm.c),
- * the bias added and summed row by row in index order. */
+ * GEMM one weft_sgemm call (OpenBLAS or the blocked fallback of gemm.c);
+ * forward's bias is the GEMM's C (beta = 1), backward's dbias summed row by
+ * row in index order. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -11,8 +12,9 @@
 #include "layers.h"
 #include "pool.h"
 
-/* out[n, :] += bias for rows [lo, hi) (fixed chunks on the CPU threads,
- * pool.h: each element one float add, the same bits on any count). */
+/* out[n, :] = bias for rows [lo, hi) (fixed chunks on the CPU threads,
+ * pool.h): the GEMM then adds inp @ weight^T to it (beta = 1), so the bias
+ * costs one write pass instead of a zeroing pass and an add pass. */
 typedef struct bias_args {
   float *out;
   const float *bias;
@@ -22,7 +24,7 @@ typedef struct bias_args {
 static void bias_rows(void *ctx, int64_t lo, int64_t hi) {
   const bias_args *a = ctx;
   for (int64_t n = lo; n < hi; n++)
-    for (int64_t o = 0; o < a->OC; o++) a->out[n * a->OC + o] += a->bias[o];
+    memcpy(a->out + n * a->OC, a->bias, (size_t)a->OC * sizeof(float));
 }
 
 weft_status weft_linear_forward(float *out, const float *inp, const float *weight,
@@ -32,12 +34,12 @@ weft_status weft_linear_forward(float *out, const float *inp, const float *weigh
   CHECK_PTR(inp, N * IC);
   CHECK_PTR(weight, OC * IC);
   if (N == 0 || OC == 0) return WEFT_OK;
-  /* out (N, OC) = inp (N, IC) @ weight^T (IC, OC) */
-  weft_sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
   if (bias) {
     bias_args a = {out, bias, OC};
     weft_cpu_par_range_(N, weft_cpu_row_grain_(OC), bias_rows, &a);
   }
+  /* out (N, OC) = inp (N, IC) @ weight^T (IC, OC) (+ the bias already in out) */
+  weft_sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, bias ? 1.0f : 0.0f, out, OC);
   return WEFT_OK;
 }
 
