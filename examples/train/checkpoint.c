@@ -79,6 +79,13 @@ static weft_status read_header(const char *dir, ckpt_header *h) {
 static int check_header(const run_state *s, const ckpt_header *h) {
   const char *dir = s->o->resume_dir;
   const weft_llama_config *c = &s->cfg, *k = &h->cfg;
+  /* a value read from a file has a range like a flag: a train.step of -7
+   * resumed "at step -7" and corrupted the heap */
+  if (h->step < 0 || h->step > 1000000000LL)
+    return train_fail_all(
+        "--resume %s: metadata.json value 'train.step' = %lld is outside [0, "
+        "10^9] (a corrupt or foreign checkpoint)",
+        dir, (long long)h->step);
   if (strcmp(h->family, family_of(s)) != 0)
     return train_fail_all("--resume %s: a checkpoint of a %s model; this run trains a %s model",
                           dir, h->family, family_of(s));

@@ -15,13 +15,17 @@
 
 #include "train_internal.h"
 
+/* Step times kept for the summary's median and minimum: the last this
+ * many (a ring), so the record is bounded whatever --steps is. */
+#define STEP_TIMES 65536
+
 /* What the run has measured so far, and what every step needs. */
 typedef struct run_totals {
   int64_t start_step, steps_run, timed_steps, peak_max;
   int64_t skipped, skip_run; /* --on-nonfinite skip: steps skipped, in all and in a row */
   double total_time, timed_time, first_loss, last_loss, vloss, vacc, first_vloss;
   weft_lr_schedule sched;
-  double *step_s; /* the slowest rank's time of each timed step (timed_steps of them) */
+  double *step_s; /* the slowest rank's time of the last STEP_TIMES timed steps (a ring) */
   int64_t tokens_per_step;
   double fpt; /* training FLOPs per token */
   bool tty;   /* rank 0 draws a progress bar */
@@ -195,7 +199,7 @@ static int micro_steps(run_state *s, int64_t step, double *loss_sum) {
   const train_opts *o = s->o;
   char err[1024] = "";
   char what[64];
-  snprintf(what, sizeof what, "step %lld", (long long)step);
+  snprintf(what, sizeof what, "step %lld", (long long)step + 1); /* as the progress lines */
   *loss_sum = 0;
   for (int64_t micro = 0; micro < o->grad_accum; micro++) {
     int64_t key = step * o->grad_accum + micro;
@@ -363,7 +367,7 @@ static void add_to_totals(run_state *s, run_totals *t, step_report *r) {
   t->total_time += r->dtmax;
   if (r->step > t->start_step || s->o->steps - t->start_step == 1) {
     t->timed_time += r->dtmax;
-    t->step_s[t->timed_steps++] = r->dtmax;
+    t->step_s[t->timed_steps++ % STEP_TIMES] = r->dtmax;
   }
   if (r->peak[0] > t->peak_max) t->peak_max = r->peak[0];
   r->tps = (double)t->tokens_per_step / r->dtmax;
@@ -527,7 +531,7 @@ static int start_run(run_state *s, run_totals *t, train_result *res) {
   const train_opts *o = s->o;
   int rc = alloc_buffers(s);
   if (rc) return rc;
-  t->step_s = malloc(sizeof(double) * (size_t)(o->steps + 1)); /* at most one per step */
+  t->step_s = malloc(sizeof(double) * STEP_TIMES);
   if (train_agree_fail(!t->step_s, "out of memory for the step times")) return 2;
   if (o->log_json && s->rank == 0) s->json = fopen(o->log_json, "w");
   if (train_agree_fail(o->log_json && s->rank == 0 && !s->json, "cannot open the --log-json file"))
@@ -585,7 +589,7 @@ static int cmp_double(const void *a, const void *b) {
 
 /* Median and minimum of the timed steps' times (0 when none ran). */
 static void step_times(run_totals *t, double *median, double *min) {
-  int64_t n = t->timed_steps;
+  int64_t n = t->timed_steps < STEP_TIMES ? t->timed_steps : STEP_TIMES;
   *median = *min = 0;
   if (n == 0) return;
   qsort(t->step_s, (size_t)n, sizeof *t->step_s, cmp_double);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "train_internal.h"
 
@@ -230,35 +231,32 @@ static int split_flag(const char *a, char flag[64], const char **val, char *err,
   return 0;
 }
 
+/* The flags without a value, each setting a bool to `on` ("--quiet");
+ * "--quiet=true" / "=1" is the same, "=false" / "=0" leaves the default. */
+typedef struct switch_flag {
+  const char *name;
+  size_t off; /* of the bool in train_opts */
+  bool on;
+} switch_flag;
+static const switch_flag switches[] = {
+    {"--sequence-parallel", offsetof(train_opts, sequence_parallel), true},
+    {"--no-loss-parallel", offsetof(train_opts, loss_parallel), false},
+    {"--cpu-offload", offsetof(train_opts, cpu_offload), true},
+    {"--profile", offsetof(train_opts, profile), true},
+    {"--quiet", offsetof(train_opts, quiet), true},
+    {"--tp-across-nodes", offsetof(train_opts, mesh.tp_across_nodes), true},
+    {"--tp-inside-node", offsetof(train_opts, mesh.tp_inside_node), true},
+    {NULL, 0, false}};
+
 /* The flags without a value (and --reshard-after-forward, whose value is
  * optional): 1 when flag is one of them, 0 when not, -1 on a bad value. */
 static int parse_switch(const char *flag, const char *val, train_opts *o, char *err, size_t cap) {
-  if (!strcmp(flag, "--sequence-parallel") && !val) {
-    o->sequence_parallel = true;
-    return 1;
-  }
-  if (!strcmp(flag, "--no-loss-parallel") && !val) {
-    o->loss_parallel = false;
-    return 1;
-  }
-  if (!strcmp(flag, "--cpu-offload") && !val) {
-    o->cpu_offload = true;
-    return 1;
-  }
-  if (!strcmp(flag, "--profile") && !val) {
-    o->profile = true;
-    return 1;
-  }
-  if (!strcmp(flag, "--quiet") && !val) {
-    o->quiet = true;
-    return 1;
-  }
-  if (!strcmp(flag, "--tp-across-nodes") && !val) {
-    o->mesh.tp_across_nodes = true;
-    return 1;
-  }
-  if (!strcmp(flag, "--tp-inside-node") && !val) {
-    o->mesh.tp_inside_node = true;
+  for (const switch_flag *w = switches; w->name; w++) {
+    if (strcmp(flag, w->name) != 0) continue;
+    if (!val || !strcmp(val, "true") || !strcmp(val, "1"))
+      *(bool *)((char *)o + w->off) = w->on;
+    else if (strcmp(val, "false") != 0 && strcmp(val, "0") != 0)
+      return perr(err, cap, "%s takes no value, or true / false (got '%s')", flag, val);
     return 1;
   }
   if (strcmp(flag, "--reshard-after-forward") != 0) return 0;
@@ -276,44 +274,54 @@ static int parse_switch(const char *flag, const char *val, train_opts *o, char *
   return 1;
 }
 
-/* The model-shape flags, applied after the preset. */
+/* The model-shape flags, applied after the preset, and their largest
+ * values. */
 #define N_SHAPE_FLAGS 7
 static const char *const shape_flags[N_SHAPE_FLAGS] = {
     "--dim", "--layers", "--heads", "--kv-heads", "--ffn-dim", "--vocab", "--seq-len"};
+static const int64_t shape_max[N_SHAPE_FLAGS] = {1 << 16, 1 << 12, 1 << 12, 1 << 12,
+                                                 1 << 20, 1 << 24, 1 << 20};
 
 /* Flags with a number or a path, by their field in train_opts. */
+/* Every number has a range [lo, hi]: far past what a run can use, but
+ * small enough that the products the run forms (steps x batch x seq-len
+ * tokens, the model's parameter count and memory) stay in 64 bits, and
+ * floats stay finite as floats (a learning rate of 1e39 became inf). */
+#define MAX_STEPS 1000000000LL /* 10^9 */
+#define MAX_ROWS (1LL << 20)   /* batch, grad-accum, val-batches */
+#define MAX_FLOAT_OPT 1e30     /* --lr and the other float settings */
 typedef struct field_flag {
   const char *name;
   size_t off;
-  int64_t lo;
+  double lo, hi;
 } field_flag;
-#define FIELD(name, field, lo) \
-  { name, offsetof(train_opts, field), lo }
-static const field_flag int_flags[] = {FIELD("--steps", steps, 0),
-                                       FIELD("--batch", batch, 1),
-                                       FIELD("--grad-accum", grad_accum, 1),
-                                       FIELD("--warmup", warmup, 0),
-                                       FIELD("--val-every", val_every, 0),
-                                       FIELD("--val-batches", val_batches, 0),
-                                       FIELD("--save-every", save_every, 0),
-                                       FIELD("--keep-checkpoints", keep_checkpoints, 1),
-                                       FIELD("--max-skipped-steps", max_skipped, 1),
-                                       {NULL, 0, 0}};
-static const field_flag dbl_flags[] = {FIELD("--lr", lr, 0),
-                                       FIELD("--min-lr", min_lr, 0),
-                                       FIELD("--weight-decay", weight_decay, 0),
-                                       FIELD("--clip", clip, 0),
-                                       FIELD("--dropout", dropout, 0),
-                                       {NULL, 0, 0}};
-static const field_flag str_flags[] = {FIELD("--data", data, 0),
-                                       FIELD("--val-data", val_data, 0),
-                                       FIELD("--text", text, 0),
-                                       FIELD("--save", save_dir, 0),
-                                       FIELD("--resume", resume_dir, 0),
-                                       FIELD("--export-safetensors", export_path, 0),
-                                       FIELD("--init-from", init_from, 0),
-                                       FIELD("--log-json", log_json, 0),
-                                       {NULL, 0, 0}};
+#define FIELD(name, field, lo, hi) \
+  { name, offsetof(train_opts, field), lo, hi }
+static const field_flag int_flags[] = {FIELD("--steps", steps, 0, MAX_STEPS),
+                                       FIELD("--batch", batch, 1, MAX_ROWS),
+                                       FIELD("--grad-accum", grad_accum, 1, MAX_ROWS),
+                                       FIELD("--warmup", warmup, 0, MAX_STEPS),
+                                       FIELD("--val-every", val_every, 0, MAX_STEPS),
+                                       FIELD("--val-batches", val_batches, 0, MAX_ROWS),
+                                       FIELD("--save-every", save_every, 0, MAX_STEPS),
+                                       FIELD("--keep-checkpoints", keep_checkpoints, 1, 1000),
+                                       FIELD("--max-skipped-steps", max_skipped, 1, MAX_STEPS),
+                                       {NULL, 0, 0, 0}};
+static const field_flag dbl_flags[] = {FIELD("--lr", lr, 0, MAX_FLOAT_OPT),
+                                       FIELD("--min-lr", min_lr, 0, MAX_FLOAT_OPT),
+                                       FIELD("--weight-decay", weight_decay, 0, MAX_FLOAT_OPT),
+                                       FIELD("--clip", clip, 0, MAX_FLOAT_OPT),
+                                       FIELD("--dropout", dropout, 0, 1),
+                                       {NULL, 0, 0, 0}};
+static const field_flag str_flags[] = {FIELD("--data", data, 0, 0),
+                                       FIELD("--val-data", val_data, 0, 0),
+                                       FIELD("--text", text, 0, 0),
+                                       FIELD("--save", save_dir, 0, 0),
+                                       FIELD("--resume", resume_dir, 0, 0),
+                                       FIELD("--export-safetensors", export_path, 0, 0),
+                                       FIELD("--init-from", init_from, 0, 0),
+                                       FIELD("--log-json", log_json, 0, 0),
+                                       {NULL, 0, 0, 0}};
 #undef FIELD
 static const char *const other_flags[] = {"--peak-tflops", "--seed",         "--mesh",
                                           "--model",       "--dtype",        "--device",
@@ -350,21 +358,23 @@ static int parse_field(parse_ctx *c, const char *flag, const char *val, train_op
   double dv;
   int k = find_name(shape_flags, N_SHAPE_FLAGS, flag);
   if (k >= 0) {
-    if (!parse_i64(val, 1, &iv))
-      return perr(err, cap, "%s: want an integer >= 1 (got '%s')", flag, val);
+    if (!parse_i64(val, 1, &iv) || iv > shape_max[k])
+      return perr(err, cap, "%s: want an integer in [1, %lld] (got '%s')", flag,
+                  (long long)shape_max[k], val);
     c->shape[k] = iv;
     return 1;
   }
   const field_flag *f = find_field(int_flags, flag);
   if (f) {
-    if (!parse_i64(val, f->lo, &iv))
-      return perr(err, cap, "%s: want an integer >= %d (got '%s')", flag, (int)f->lo, val);
+    if (!parse_i64(val, (int64_t)f->lo, &iv) || iv > (int64_t)f->hi)
+      return perr(err, cap, "%s: want an integer in [%lld, %lld] (got '%s')", flag,
+                  (long long)f->lo, (long long)f->hi, val);
     *(int64_t *)((char *)o + f->off) = iv;
     return 1;
   }
   if ((f = find_field(dbl_flags, flag))) {
-    if (!parse_f64(val, &dv) || dv < (double)f->lo)
-      return perr(err, cap, "%s: want a number >= %g (got '%s')", flag, (double)f->lo, val);
+    if (!parse_f64(val, &dv) || dv < f->lo || dv > f->hi)
+      return perr(err, cap, "%s: want a number in [%g, %g] (got '%s')", flag, f->lo, f->hi, val);
     *(double *)((char *)o + f->off) = dv;
     return 1;
   }
@@ -379,17 +389,19 @@ static int parse_field(parse_ctx *c, const char *flag, const char *val, train_op
 /* --peak-tflops, --seed, --mesh, --model, --dtype, --device, --matmul: 0 or -1. */
 static int parse_other(parse_ctx *c, const char *flag, const char *val, train_opts *o, char *err,
                        size_t cap) {
-  int64_t iv;
   double dv;
   if (!strcmp(flag, "--peak-tflops")) {
-    if (!parse_f64(val, &dv) || dv <= 0)
-      return perr(err, cap, "--peak-tflops: want a number > 0 (got '%s')", val);
+    if (!parse_f64(val, &dv) || dv <= 0 || dv > 1e9)
+      return perr(err, cap, "--peak-tflops: want a number in (0, 1e9] (got '%s')", val);
     o->peak_flops = dv * 1e12;
     o->peak_given = true;
   } else if (!strcmp(flag, "--seed")) {
-    if (!parse_i64(val, 0, &iv))
-      return perr(err, cap, "--seed: want an integer >= 0 (got '%s')", val);
-    o->seed = (uint64_t)iv;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long u = strtoull(val, &end, 10);
+    if (!*val || *val == '-' || *val == '+' || errno || *end)
+      return perr(err, cap, "--seed: want an integer in [0, 2^64 - 1] (got '%s')", val);
+    o->seed = (uint64_t)u;
   } else if (!strcmp(flag, "--mesh")) {
     return parse_mesh(val, &o->mesh, err, cap);
   } else if (!strcmp(flag, "--model")) {
@@ -459,6 +471,44 @@ static void apply_model(const parse_ctx *c, train_opts *o) {
   }
 }
 
+/* What the numbers imply, checked before anything is allocated: the rows
+ * of a step (batch x seq-len x grad-accum x the mesh) fit in 64 bits, and
+ * on the CPU the parameters with their gradients and AdamW moments (16
+ * bytes each, over the dp_shard x tp ranks that split them), the logits
+ * and the layers' activations of one micro-batch fit in this machine's
+ * memory. A lower bound of the need: --layers 100000000 grew memory with
+ * no output until the process was killed. */
+static int check_size(const train_opts *o, char *err, size_t cap) {
+  const train_mesh_spec *m = &o->mesh;
+  const int64_t ranks = (int64_t)(m->dp_replicate ? m->dp_replicate : 1) *
+                        (m->dp_shard ? m->dp_shard : 1) * (m->tp ? m->tp : 1);
+  int64_t tokens;
+  if (__builtin_mul_overflow(o->batch, o->model.max_seq_len, &tokens) ||
+      __builtin_mul_overflow(tokens, o->grad_accum, &tokens) ||
+      __builtin_mul_overflow(tokens, ranks, &tokens) || tokens > (1LL << 62))
+    return perr(err, cap,
+                "--batch %lld x --seq-len %lld x --grad-accum %lld over %lld ranks: more tokens "
+                "per step than weft counts (2^62)",
+                (long long)o->batch, (long long)o->model.max_seq_len, (long long)o->grad_accum,
+                (long long)ranks);
+  if (o->cuda) return 0; /* the device's memory is checked where it is allocated */
+  const double split = (double)(m->dp_shard ? m->dp_shard : 1) * (m->tp ? m->tp : 1);
+  const weft_llama_config *c = &o->model;
+  const double rows = (double)o->batch * (double)c->max_seq_len;
+  const double need = 16.0 * (double)train_count_params(c, o->gpt2, true) / split +
+                      4.0 * rows * ((double)c->vocab + 4.0 * (double)c->dim * (double)c->n_layers);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const double have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+  if (have > 0 && need > have)
+    return perr(err, cap,
+                "model and batch need at least %.1f GiB per rank (parameters, gradients and "
+                "AdamW moments of %lld parameters, and one micro-batch's activations), more "
+                "than this machine's %.1f GiB: use a smaller model or --batch",
+                need / 1073741824.0, (long long)train_count_params(c, o->gpt2, true),
+                have / 1073741824.0);
+  return 0;
+}
+
 /* Checks across flags, then the model's shape. */
 static int check_options(train_opts *o, char *err, size_t cap) {
   const train_mesh_spec *m = &o->mesh;
@@ -476,11 +526,9 @@ static int check_options(train_opts *o, char *err, size_t cap) {
   if (o->data && o->text) return perr(err, cap, "give --data or --text, not both");
   if (o->val_data && !o->data) return perr(err, cap, "--val-data needs --data");
   if (o->save_every > 0 && !o->save_dir) return perr(err, cap, "--save-every needs --save DIR");
-  if (o->keep_checkpoints > 1000)
-    return perr(err, cap, "--keep-checkpoints %lld: want 1 to 1000",
-                (long long)o->keep_checkpoints);
   if (o->min_lr < 0) o->min_lr = o->lr / 10;
   if (o->warmup > o->steps) o->warmup = o->steps;
+  if (check_size(o, err, cap)) return -1;
   weft_llama_config c = o->model;
   if (o->gpt2) {
     weft_gpt2_config g = train_gpt2_config(o);

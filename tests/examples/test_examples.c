@@ -240,9 +240,65 @@ Test(examples, train_bad_input_gives_one_line_and_nonzero_exit_on_every_rank, .t
   const char *a13[] = {"--on-nonfinite", "ignore", NULL};
   expect_error(2, a13, "--on-nonfinite: want stop or skip (got 'ignore')");
   const char *a14[] = {"--keep-checkpoints", "0", NULL};
-  expect_error(2, a14, "--keep-checkpoints: want an integer >= 1");
+  expect_error(2, a14, "--keep-checkpoints: want an integer in [1, 1000]");
   const char *a15[] = {"--max-skipped-steps", "-1", NULL};
-  expect_error(2, a15, "--max-skipped-steps: want an integer >= 1");
+  expect_error(2, a15, "--max-skipped-steps: want an integer in [1, 1000000000]");
+}
+
+/* Issue 34 findings 2 and 8: numbers past any use segfaulted, corrupted the
+ * heap (the step-time record was indexed without bounds), grew memory
+ * without output, ran until killed, overflowed in their own message or
+ * became inf. Each is now one error line before any work, on every rank. */
+Test(examples, train_numbers_past_their_range_are_errors_before_any_work, .timeout = 200) {
+  struct {
+    const char *args[5], *needle;
+  } cases[] = {
+      {{"--steps", "2305843009213693952"}, "--steps: want an integer in [0, 1000000000]"},
+      {{"--steps", "9223372036854775807"}, "--steps: want an integer in [0, 1000000000]"},
+      {{"--steps", "99999999999999999999"}, "--steps: want an integer"},
+      {{"--layers", "100000000"}, "--layers: want an integer in [1, 4096]"},
+      {{"--grad-accum", "4611686018427387904"}, "--grad-accum: want an integer in [1, 1048576]"},
+      {{"--val-batches", "9223372036854775807"}, "--val-batches: want an integer in [0, 1048576]"},
+      {{"--seq-len", "9223372036854775807"}, "--seq-len: want an integer in [1, 1048576]"},
+      {{"--lr", "1e39"}, "--lr: want a number in [0, 1e+30]"},
+      {{"--lr", "nan"}, "--lr: want a number"},
+      {{"--seed", "-1"}, "--seed: want an integer in [0, 2^64 - 1]"},
+      {{"--quiet=maybe"}, "--quiet takes no value, or true / false (got 'maybe')"},
+      {{"--layers", "4096", "--dim", "65536"}, "more than this machine's"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    expect_error(2, cases[i].args, cases[i].needle);
+  /* a value read from a checkpoint has a range too: train.step -7 resumed
+   * "at step -7" and corrupted the heap (the metadata checksum is dropped:
+   * this stands for a checkpoint written without one) */
+  const char *dir = tmp_file("ckpt-range");
+  remove_tree(dir);
+  const char *save[] = {"--steps", "2", "--save", dir, NULL};
+  run_out w = run(1, TRAIN, save, 60);
+  cr_assert_eq(w.rc, 0, "save: %s", w.err);
+  run_free(&w);
+  char meta[512];
+  snprintf(meta, sizeof meta, "%s/metadata.json", dir);
+  char *text = slurp(meta);
+  cr_assert_not_null(text);
+  char *v = strstr(text, "\"train.step\":{\"type\":\"int\",\"value\":\"2\"}");
+  char *sum = strstr(text, ",\"checksum\":");
+  cr_assert(v && sum, "no train.step or checksum in %s", meta);
+  FILE *f = fopen(meta, "w");
+  cr_assert_not_null(f);
+  fprintf(f, "%.*s\"train.step\":{\"type\":\"int\",\"value\":\"-7\"}%.*s}", (int)(v - text), text,
+          (int)(sum - v - 39), v + 39);
+  fclose(f);
+  free(text);
+  const char *res[] = {"--steps", "4", "--resume", dir, NULL};
+  expect_error(2, res, "value 'train.step' = -7 is outside [0, 10^9]");
+  remove_tree(dir);
+  /* at the bounds: a uint64 seed and --quiet=1 are taken */
+  const char *ok[] = {"--steps", "1", "--seed", "18446744073709551615", "--quiet=1", NULL};
+  run_out r = run(1, TRAIN, ok, 60);
+  cr_expect_eq(r.rc, 0, "--seed 2^64-1 --quiet=1: rc %d:\n%s%s", r.rc, r.out, r.err);
+  cr_expect(strstr(r.out, "step    1/1") == NULL, "--quiet=1 printed step lines:\n%s", r.out);
+  run_free(&r);
 }
 
 Test(examples, train_help_documents_every_flag, .timeout = 30) {
