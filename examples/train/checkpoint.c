@@ -113,6 +113,38 @@ static weft_status load_state(run_state *s) {
   return st;
 }
 
+/* Rank 0 makes the --save directory (when absent) and writes, syncs and
+ * removes a small file in it; any rank's failure is every rank's. Issue
+ * 34: an unwritable or non-directory --save failed only at the end of the
+ * run, after all its steps. */
+int train_save_check(run_state *s) {
+  const char *dir = s->o->save_dir;
+  char err[1024] = "";
+  bool bad = false;
+  if (s->rank == 0) {
+    struct stat sb;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+      bad = true;
+      snprintf(err, sizeof err, "--save %s: cannot create the directory: %s", dir, strerror(errno));
+    } else if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+      bad = true;
+      snprintf(err, sizeof err, "--save %s: not a directory", dir);
+    } else {
+      char probe[4096];
+      snprintf(probe, sizeof probe, "%s/.weft-train-write-test-%ld", dir, (long)getpid());
+      int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      static const char block[4096];
+      if (fd < 0 || write(fd, block, sizeof block) != (ssize_t)sizeof block || fsync(fd) != 0) {
+        bad = true;
+        snprintf(err, sizeof err, "--save %s: cannot write there: %s", dir, strerror(errno));
+      }
+      if (fd >= 0) close(fd);
+      unlink(probe);
+    }
+  }
+  return train_agree_fail(bad, err) ? 2 : 0;
+}
+
 int train_resume(run_state *s, int64_t *start_step) {
   const char *dir = s->o->resume_dir;
   ckpt_header h;

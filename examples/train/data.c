@@ -98,6 +98,35 @@ static int open_bin(const char *path, weft_token_file **f, token_src *s, char *e
   return 0;
 }
 
+/* Every token of a bin file below V, checked once when the run opens it
+ * (issue 34: an out-of-vocab token was found only when a step sampled its
+ * window, and one in --val-data at the first validation, after which the
+ * final save was skipped). Reads the file in pieces of 2^20 tokens. */
+static int scan_bin(const token_src *s, int64_t V, char *err, size_t cap) {
+  if (V >= 65536) return 0; /* uint16 tokens are all < 65536 */
+  enum { PIECE = 1 << 20 };
+  int32_t *buf = malloc(sizeof(int32_t) * PIECE);
+  if (!buf) return train_perr(err, cap, "out of memory to scan '%s'", s->name);
+  int rc = 0;
+  for (int64_t at = s->lo; !rc && at < s->hi; at += PIECE) {
+    const int64_t n = s->hi - at < PIECE ? s->hi - at : PIECE;
+    if (weft_token_file_read(s->bin, at, n, buf) != WEFT_OK) {
+      rc = train_perr(err, cap, "%s", weft_last_error());
+      break;
+    }
+    for (int64_t i = 0; i < n; i++)
+      if (buf[i] >= V) {
+        rc = train_perr(err, cap,
+                        "'%s': token %d at %lld is >= the model's vocab %lld (use --vocab; the "
+                        "whole file is checked before step 1)",
+                        s->name, buf[i], (long long)(at + i), (long long)V);
+        break;
+      }
+  }
+  free(buf);
+  return rc;
+}
+
 static int open_text(const char *path, train_data *d, char *err, size_t cap) {
   d->text_fd = open(path, O_RDONLY | O_CLOEXEC);
   if (d->text_fd < 0)
@@ -133,10 +162,13 @@ int train_data_open(const train_opts *o, int64_t V, int64_t T, train_data *d, ch
   int bad = 0;
   if (o->data) {
     bad = open_bin(o->data, &d->bin[0], &d->train, err, cap);
-    if (!bad && o->val_data)
+    if (!bad) bad = scan_bin(&d->train, V, err, cap);
+    if (!bad && o->val_data) {
       bad = open_bin(o->val_data, &d->bin[1], &d->val, err, cap);
-    else if (!bad)
+      if (!bad) bad = scan_bin(&d->val, V, err, cap);
+    } else if (!bad) {
       split_tail(d);
+    }
   } else if (o->text) {
     if (V < 256)
       bad = train_perr(err, cap, "--text: byte-level tokens need --vocab >= 256 (model has %lld)",

@@ -537,6 +537,7 @@ static int start_run(run_state *s, run_totals *t, train_result *res) {
   if (train_agree_fail(o->log_json && s->rank == 0 && !s->json, "cannot open the --log-json file"))
     return 2;
   if (o->resume_dir && (rc = train_resume(s, &t->start_step))) return rc;
+  if (o->save_dir && (rc = train_save_check(s))) return rc;
   t->sched = (weft_lr_schedule){(float)o->lr, (float)o->min_lr, o->warmup, o->steps};
   t->tokens_per_step = o->batch * s->cfg.max_seq_len * o->grad_accum;
   t->fpt = train_flops_per_token(&s->cfg, o->gpt2, s->cfg.max_seq_len);

@@ -130,6 +130,10 @@ weft_status train_teardown(run_state *s);
  * then loads the model and optimizer (resharded onto this mesh) and sets
  * *start_step. Collective. 0, or 2 with the error printed. */
 int train_resume(run_state *s, int64_t *start_step);
+/* --save: the directory made when absent and a file written and removed
+ * in it, before step 1, so an unusable target fails at once. Collective.
+ * 0, or 2 with the error printed. */
+int train_save_check(run_state *s);
 /* --save after optimizer step `done` (1-based) when it is due: async
  * between saves, synchronous at the last step. Collective. 0 or 2. */
 int train_save_if_due(run_state *s, int64_t done);

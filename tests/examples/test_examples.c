@@ -548,6 +548,46 @@ Test(examples, train_reads_llm_c_bin_and_text_files, .timeout = 120) {
   unlink(txt);
 }
 
+/* tokens[at] of a bin file written by write_bin set to `token`. */
+static void poke_token(const char *path, int at, uint16_t token) {
+  FILE *f = fopen(path, "r+b");
+  cr_assert_not_null(f, "%s", path);
+  fseek(f, 1024 + 2L * at, SEEK_SET);
+  fwrite(&token, 2, 1, f);
+  fclose(f);
+}
+
+/* Issue 34 finding 5: what can be checked before step 1 is. One
+ * out-of-vocab token in --data was found only if a step sampled its window,
+ * one in --val-data only at the first validation (and the final save was
+ * skipped); an unusable --save failed after all the steps. Each is now an
+ * error before any step line. */
+Test(examples, train_checks_data_and_save_target_before_step_1, .timeout = 120) {
+  const char *bin = tmp_file("scan.bin"), *val = tmp_file("scan-val.bin");
+  write_bin(bin, 40000, 20240520, 64);
+  write_bin(val, 4000, 20240520, 64);
+  poke_token(bin, 39000, 64); /* near the end: 2 steps of 8 rows would not read it */
+  poke_token(val, 100, 999);
+  struct {
+    const char *args[9], *needle;
+  } cases[] = {
+      {{"--data", bin, "--steps", "2"}, "token 64 at 39000 is >= the model's vocab 64"},
+      {{"--data", val, "--val-data", val, "--steps", "2"}, "token 999 at 100"},
+      {{"--steps", "2", "--save", "/etc/hostname"}, "--save /etc/hostname: not a directory"},
+      {{"--steps", "2", "--save", "/etc/hostname/ck"}, "cannot create the directory"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    run_out r = run(2, TRAIN, cases[i].args, 60);
+    cr_expect_neq(r.rc, 0, "[%s] want a non-zero exit", cases[i].needle);
+    cr_expect(strstr(r.err, cases[i].needle), "[%s] not in stderr:\n%s", cases[i].needle, r.err);
+    cr_expect(strstr(r.out, "step    1/") == NULL, "[%s] a step ran first:\n%s", cases[i].needle,
+              r.out);
+    run_free(&r);
+  }
+  unlink(bin);
+  unlink(val);
+}
+
 Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_model, .timeout = 150) {
   const char *dir = tmp_file("ckpt"), *st = tmp_file("model.safetensors");
   remove_tree(dir);
