@@ -1173,6 +1173,9 @@ weft_status weft_module_call(weft_module *m, weft_var *const *in, int nin, weft_
                       "module_call: module, inputs (1..%d) or outputs (1..%d) bad", NN_MAX_IN,
                       NN_MAX_OUT);
   for (int j = 0; j < nout; j++) out[j] = NULL;
+  if (m->magic != NN_MODULE_LIVE)
+    return weft_error(WEFT_ERR_INVALID,
+                      "module_call: the module was destroyed (weft_module_destroy)");
   weft_graph *g;
   WEFT_CHECK(nn_check_vars(m->fqn[0] ? m->fqn : m->name, in, nin, &g));
   if (m->running || m->in_graph_forward)

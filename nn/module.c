@@ -68,6 +68,7 @@ weft_status nn_module_new(weft_mesh *mesh, weft_module_kind kind, const char *na
     st = weft_error(WEFT_ERR_OOM, "module header");
     goto fail;
   }
+  m->magic = NN_MODULE_LIVE;
   m->kind = kind;
   m->ops = ops;
   m->impl = impl;
@@ -108,8 +109,21 @@ static void param_free(weft_param *p) {
   free(p);
 }
 
+/* Destroyed roots: emptied structs, kept (a handle kept by mistake then
+ * still finds NN_MODULE_DEAD). */
+static weft_module *destroyed_modules;
+
+static void module_release(weft_module *m);
+
+/* Frees m and its subtree. */
 static void module_free(weft_module *m) {
   if (!m) return;
+  module_release(m);
+  free(m);
+}
+
+/* Frees what m holds (its subtree included), not m itself. */
+static void module_release(weft_module *m) {
   for (int i = 0; i < m->nchildren; i++) module_free(m->children[i]);
   free(m->children);
   if (m->ops && m->ops->destroy) m->ops->destroy(m);
@@ -126,7 +140,6 @@ static void module_free(weft_module *m) {
   weft_mesh_release(m->mesh);
   free(m->name);
   free(m->fqn);
-  free(m);
 }
 
 /* Parameters of m's tree whose data (or grad) pointer was set to another
@@ -180,6 +193,9 @@ static const weft_module *first_retained(const weft_module *m) {
 
 weft_status weft_module_destroy(weft_module *m) {
   if (!m) return WEFT_OK;
+  if (m->magic == NN_MODULE_DEAD)
+    return weft_error(WEFT_ERR_INVALID,
+                      "weft_module_destroy: this module was already destroyed (twice?)");
   if (m->parent)
     return weft_error(WEFT_ERR_BUSY, "module '%s' belongs to '%s': destroy the root", m->fqn,
                       m->parent->fqn[0] ? m->parent->fqn : "(root)");
@@ -192,7 +208,11 @@ weft_status weft_module_destroy(weft_module *m) {
                       r->fqn[0] ? r->fqn : r->name,
                       r->retained_by ? r->retained_by : "another object", r->retains);
   weft_status st = unshare_storage(m);
-  module_free(m);
+  module_release(m);
+  *m = (weft_module){
+      .magic = NN_MODULE_DEAD, .name = (char *)"(destroyed module)", .fqn = (char *)""};
+  m->impl = destroyed_modules; /* the list of destroyed roots */
+  destroyed_modules = m;
   return st;
 }
 
@@ -552,6 +572,8 @@ weft_status nn_module_hooks(weft_module *m, weft_hook_kind kind, const weft_dten
 weft_status weft_module_forward(weft_module *m, const weft_dtensor *in, const weft_dtensor **out) {
   if (!m || !out) return weft_error(WEFT_ERR_INVALID, "module or out is NULL");
   *out = NULL;
+  if (m->magic != NN_MODULE_LIVE)
+    return weft_error(WEFT_ERR_INVALID, "the module was destroyed (weft_module_destroy)");
   if (!in) return weft_error(WEFT_ERR_INVALID, "module '%s': input is NULL", m->fqn);
   if (m->running)
     return weft_error(WEFT_ERR_STATE, "module '%s' is already running (re-entered)", m->fqn);

@@ -547,7 +547,10 @@ WEFT_API weft_status weft_optimizer_group_get(const weft_optimizer *opt, int gro
 WEFT_API weft_status weft_optimizer_group_set(weft_optimizer *opt, int group,
                                               const weft_adamw_params *hp);
 
-WEFT_API void weft_optimizer_destroy(weft_optimizer *opt); /* NULL: no-op */
+/* Frees the optimizer's state. NULL: no-op. The handle stays readable (its
+ * struct is kept, emptied): a second destroy, or a step on it, returns
+ * WEFT_ERR_INVALID instead of touching freed memory. */
+WEFT_API weft_status weft_optimizer_destroy(weft_optimizer *opt);
 
 /* One step over every parameter whose grad is set (torch skips grad None;
  * a skipped parameter's step count does not advance). Sets the learning

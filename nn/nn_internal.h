@@ -45,7 +45,14 @@ typedef struct nn_owned {
   int cap;
 } nn_owned;
 
+/* weft_module.magic: a live module, or a root that weft_module_destroy
+ * freed (its struct kept, emptied, so a second destroy or a run of it is
+ * an error rather than a use of freed memory). */
+#define NN_MODULE_LIVE 0x4d4f4431u /* "MOD1" */
+#define NN_MODULE_DEAD 0x44454144u /* "DEAD" */
+
 struct weft_module {
+  uint32_t magic;
   weft_module_kind kind;
   char *name;
   char *fqn;

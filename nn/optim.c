@@ -18,7 +18,15 @@ typedef struct opt_entry {
   int group; /* index into the optimizer's groups (0 without groups) */
 } opt_entry;
 
+/* weft_optimizer.magic: live, or destroyed (weft_optimizer_destroy frees
+ * the state and keeps the emptied struct, so a second destroy or a step on
+ * it is an error, not a use of freed memory). */
+#define OPT_LIVE 0x4f505431u /* "OPT1" */
+#define OPT_DEAD 0x44454144u /* "DEAD" */
+
 struct weft_optimizer {
+  uint32_t magic;
+  struct weft_optimizer *dead; /* next destroyed optimizer (kept reachable) */
   opt_kind kind;
   weft_adamw_params adam;
   weft_sgd_params sgd;
@@ -35,8 +43,15 @@ struct weft_optimizer {
   weft_lr_schedule sched;
 };
 
-void weft_optimizer_destroy(weft_optimizer *o) {
-  if (!o) return;
+/* Destroyed optimizers: emptied structs, never reused (a handle kept by
+ * mistake then still finds OPT_DEAD). */
+static weft_optimizer *destroyed_opts;
+
+weft_status weft_optimizer_destroy(weft_optimizer *o) {
+  if (!o) return WEFT_OK;
+  if (o->magic == OPT_DEAD)
+    return weft_error(WEFT_ERR_INVALID,
+                      "weft_optimizer_destroy: this optimizer was already destroyed (twice?)");
   for (int i = 0; i < o->n; i++)
     for (int k = 0; k < 3; k++) weft_dtensor_destroy(o->e[i].s[k]);
   for (int i = 0; i < o->nstates; i++) free(o->names[i]);
@@ -44,7 +59,9 @@ void weft_optimizer_destroy(weft_optimizer *o) {
   free(o->states);
   free(o->e);
   free(o->groups);
-  free(o);
+  *o = (weft_optimizer){.magic = OPT_DEAD, .dead = destroyed_opts};
+  destroyed_opts = o;
+  return WEFT_OK;
 }
 
 static weft_status add_state(weft_optimizer *o, opt_entry *e, int k, const char *what) {
@@ -67,6 +84,7 @@ static weft_status opt_create(weft_module *root, opt_kind kind, weft_optimizer *
   int count;
   WEFT_CHECK(weft_module_parameters(root, NULL, 0, &count));
   weft_optimizer *o = calloc(1, sizeof *o);
+  if (o) o->magic = OPT_LIVE;
   weft_param **ps = calloc((size_t)(count ? count : 1), sizeof *ps);
   weft_status st = WEFT_OK;
   if (!o || !ps) {
@@ -267,6 +285,8 @@ weft_status weft_sgd_create(weft_module *root, const weft_sgd_params *hp, weft_o
 
 weft_status weft_optimizer_step(weft_optimizer *o) {
   if (!o) return weft_error(WEFT_ERR_INVALID, "optimizer is NULL");
+  if (o->magic != OPT_LIVE)
+    return weft_error(WEFT_ERR_INVALID, "the optimizer was destroyed (weft_optimizer_destroy)");
   /* validate everything before touching anything */
   for (int i = 0; i < o->n; i++) {
     opt_entry *e = &o->e[i];

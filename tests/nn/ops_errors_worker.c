@@ -651,7 +651,27 @@ static void case_meshes(void) {
   expect_other_mesh(weft_module_forward(lin, x_dp, &out), "module forward", "the module on");
   WOK(weft_module_forward(lin, x_tp, &out));
   WCHECK(out != NULL, "module forward on its own mesh");
+  /* handles used after destroy (issue 34 finding 4): a second destroy of a
+   * module or an optimizer, a forward of a destroyed module and a step of a
+   * destroyed optimizer are errors, not double frees */
+  weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
+  weft_optimizer *opt = NULL;
+  WOK(weft_adamw_create(lin, &hp, &opt));
+  WOK(weft_optimizer_destroy(opt));
+  WCHECK(weft_optimizer_destroy(opt) == WEFT_ERR_INVALID &&
+             strstr(weft_last_error(), "already destroyed"),
+         "optimizer destroyed twice: %s", weft_last_error());
+  WCHECK(weft_optimizer_step(opt) == WEFT_ERR_INVALID && strstr(weft_last_error(), "destroyed"),
+         "step of a destroyed optimizer: %s", weft_last_error());
   WOK(weft_module_destroy(lin));
+  WCHECK(weft_module_destroy(lin) == WEFT_ERR_INVALID &&
+             strstr(weft_last_error(), "already destroyed"),
+         "module destroyed twice: %s", weft_last_error());
+  WCHECK(weft_module_forward(lin, x_tp, &out) == WEFT_ERR_INVALID &&
+             strstr(weft_last_error(), "destroyed"),
+         "forward of a destroyed module: %s", weft_last_error());
+  weft_clear_error();
+  lin = NULL;
   weft_dtensor *d[] = {x_dp, x_tp, w_tp, t_dp};
   for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) weft_dtensor_destroy(d[i]);
   WOK(weft_mesh_destroy(dp));
