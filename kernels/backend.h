@@ -452,6 +452,37 @@ WEFT_API weft_status weft_device_empty_cache(weft_device dev);
 WEFT_API weft_status weft_cpu_set_num_threads(int n);
 WEFT_API int weft_cpu_num_threads(void);
 
+/* ------------------------------------------------------------- counters */
+
+/* What the device backend (WEFT_CUDA, real or emulated: the same counting
+ * code) asked of the device, to judge a change to the device path without
+ * a GPU (weft-train --profile prints the difference over each step as
+ * "device calls per step: ..."; tests on the emulated device pin it).
+ * Counted where the backend's own code makes the call, in every thread;
+ * what other code asks of CUDA directly (the NCCL path of
+ * mesh/device_comm.c: its events and cudaMallocAsync) is not counted.
+ * Counts since the process started; read before and after and subtract. */
+typedef struct weft_device_stats {
+  int64_t launches;   /* kernel launches (every WEFT_LAUNCH of kernels/cuda;
+                       * a cudaMemsetAsync is not one) */
+  int64_t blas;       /* cuBLAS GEMM calls (handle set-up is not counted) */
+  int64_t host_syncs; /* backend calls that made the host wait for the device:
+                       * weft_device_synchronize (one, however many streams),
+                       * a blocking weft_memcpy (its copy and wait are one),
+                       * weft_event_synchronize, cudaFree and cudaFreeHost of
+                       * the allocators (CUDA waits for the device there) and
+                       * shutdown; not an async copy to or from pageable host
+                       * memory, which a GPU may also make wait */
+  int64_t mallocs;    /* cudaMalloc (the caching allocator's misses) and
+                       * cudaMallocHost (weft_alloc_pinned) calls */
+  int64_t bytes_h2d;  /* bytes of host-to-device copies issued, blocking or */
+  int64_t bytes_d2h;  /* async, and device-to-host (device-to-device: none) */
+} weft_device_stats;
+/* The counters now: this process's, local, thread-safe (relaxed atomics),
+ * never fails; all zero in a build without the CUDA backend. Read by
+ * weft-train --profile (examples/train/loop.c) and tests. */
+WEFT_API weft_device_stats weft_device_stats_get(void);
+
 /* ------------------------------------------------------------- compute */
 /* weft_backend_<op>(dev, args...) calls member <op> of dev's table with the
  * same arguments; the semantics are layers.h's function of that name. */

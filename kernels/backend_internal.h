@@ -5,6 +5,7 @@
 #define WEFT_BACKEND_INTERNAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend.h"
 
@@ -46,6 +47,23 @@ const weft_backend *weft_backend_for_tensors_(const char *op, size_t offset, int
  * supports <what>" — a backend's refusal of a dtype. */
 weft_status weft_backend_dtype_unsupported_(const char *op, const char *name, const weft_tensor *t,
                                             const char *what);
+
+/* The device backend's counters (weft_device_stats, backend.h;
+ * device_stats.c): kernels/cuda adds n to counter c where it makes the call
+ * (relaxed atomics, any thread). WEFT_LAUNCH (cuda_compat.h, which declares
+ * it again for code that includes only that header) counts each launch
+ * through weft_device_count_launch_. */
+typedef enum weft_device_counter_ {
+  WEFT_DEV_LAUNCHES_,
+  WEFT_DEV_BLAS_,
+  WEFT_DEV_HOST_SYNCS_,
+  WEFT_DEV_MALLOCS_,
+  WEFT_DEV_BYTES_H2D_,
+  WEFT_DEV_BYTES_D2H_,
+  WEFT_DEV_COUNTERS_
+} weft_device_counter_;
+void weft_device_count_(weft_device_counter_ c, int64_t n);
+void weft_device_count_launch_(void);
 
 #ifdef __cplusplus
 }

@@ -40,6 +40,7 @@ typedef struct step_report {
   int64_t comm_bytes[TRAIN_MAX_DIMS], comm_calls[TRAIN_MAX_DIMS];
   double comm_seconds[TRAIN_MAX_DIMS]; /* rank 0's time held up in each dim's collectives */
   weft_op_stats ops;                   /* this rank's op layer during the step (--profile) */
+  weft_device_stats dev;               /* this rank's device backend during it (--profile) */
   bool do_val;
   const char *skipped; /* NULL, or what was non-finite ("loss", "gradient norm") */
   /* the guard's loss all-reduce, left out of the step's communication */
@@ -444,10 +445,17 @@ static void log_step(run_state *s, const step_report *r, const run_totals *t) {
         "in a row, %lld in all)\n",
         (long long)r->step + 1, r->skipped, nonfinite_str(r->skipped[0] == 'l' ? r->loss : r->norm),
         (long long)t->skip_run, (long long)t->skipped);
-  if (o->profile && r->step > t->start_step) /* the first step fills the graph's pool */
+  if (o->profile && r->step > t->start_step) { /* the first step fills the graph's pool */
     printf("  op graph per step: ops %lld, widened %lld, copies %lld, mallocs %lld\n",
            (long long)r->ops.ops, (long long)r->ops.widened, (long long)r->ops.copies,
            (long long)r->ops.mallocs);
+    if (o->cuda) /* weft_device_stats (backend.h): host<->device bytes in one sum */
+      printf(
+          "  device calls per step: launches %lld, blas %lld, host syncs %lld, mallocs %lld, "
+          "bytes copied %lld\n",
+          (long long)r->dev.launches, (long long)r->dev.blas, (long long)r->dev.host_syncs,
+          (long long)r->dev.mallocs, (long long)(r->dev.bytes_h2d + r->dev.bytes_d2h));
+  }
   if (r->do_val && !o->silent)
     printf("  validation after step %lld: held-out loss %.4f, next-token accuracy %.1f%%\n",
            (long long)r->step + 1, t->vloss, 100 * t->vacc);
@@ -559,6 +567,7 @@ static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res
   r.lr = weft_lr_schedule_at(&t->sched, step);
   weft_optimizer_set_lr(s->opt, r.lr);
   const weft_op_stats ops0 = weft_op_stats_get();
+  const weft_device_stats dev0 = weft_device_stats_get();
   double t0 = now_s(), loss_sum = 0;
   int rc = micro_steps(s, step, &loss_sum);
   if (!rc) rc = clip_grads(s, step, &r.norm);
@@ -570,6 +579,10 @@ static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res
   const weft_op_stats ops1 = weft_op_stats_get();
   r.ops = (weft_op_stats){ops1.ops - ops0.ops, ops1.widened - ops0.widened,
                           ops1.copies - ops0.copies, ops1.mallocs - ops0.mallocs};
+  const weft_device_stats dev1 = weft_device_stats_get();
+  r.dev = (weft_device_stats){dev1.launches - dev0.launches,     dev1.blas - dev0.blas,
+                              dev1.host_syncs - dev0.host_syncs, dev1.mallocs - dev0.mallocs,
+                              dev1.bytes_h2d - dev0.bytes_h2d,   dev1.bytes_d2h - dev0.bytes_d2h};
   if (!rc) rc = take_stats(s, &r, res);
   if (!rc) rc = reduce_report(s, &r);
   if (rc) return rc;

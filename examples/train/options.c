@@ -133,7 +133,10 @@ void train_print_help(const char *prog) {
       "                          A100 312)\n"
       "  --profile               after each step but the first, what the op layer did on\n"
       "                          rank 0: op graph per step: ops N, widened N, copies N,\n"
-      "                          mallocs N (weft_op_stats in <weft/autograd.h>)\n"
+      "                          mallocs N (weft_op_stats in <weft/autograd.h>); with\n"
+      "                          --device cuda also device calls per step: launches N,\n"
+      "                          blas N, host syncs N, mallocs N, bytes copied N\n"
+      "                          (weft_device_stats in <weft/backend.h>)\n"
       "  --quiet                 no per-step lines, only validation and the summary\n"
       "  --help                  this text\n",
       prog);

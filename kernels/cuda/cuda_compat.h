@@ -59,6 +59,11 @@
 #include <cuda_runtime.h>
 #endif
 
+/* Every WEFT_LAUNCH counts one launch in weft_device_stats (backend.h;
+ * kernels/device_stats.c, also declared in backend_internal.h), in both
+ * builds alike, before it launches. */
+extern "C" void weft_device_count_launch_(void);
+
 #ifdef WEFT_CUDA_EMU
 /* weft_emu_launch_ queues the body on the stream, to run for every block
  * and thread (emu/emu.cpp). The arguments are evaluated once, at the
@@ -66,15 +71,16 @@
  * the launch ran), as a CUDA launch does; #kernel names it in messages.
  * Pointer arguments must be device or pinned memory (checked at the
  * launch: weft_emu_check_launch_args_). */
-#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)                                  \
-  weft_emu_launch_(#kernel, (grid), (block), (size_t)(smem), (stream), [](auto... weft_a_) { \
-    weft_emu_check_launch_args_(#kernel, weft_a_...);                                        \
-    return [=]() { kernel(weft_a_...); };                                                    \
-  }(__VA_ARGS__))
+#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)                                   \
+  (weft_device_count_launch_(),                                                               \
+   weft_emu_launch_(#kernel, (grid), (block), (size_t)(smem), (stream), [](auto... weft_a_) { \
+     weft_emu_check_launch_args_(#kernel, weft_a_...);                                        \
+     return [=]() { kernel(weft_a_...); };                                                    \
+   }(__VA_ARGS__)))
 #define WEFT_DYN_SMEM(T, name) T *name = (T *)weft_emu_dyn_smem_()
 #else
 #define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  kernel<<<(grid), (block), (size_t)(smem), (stream)>>>(__VA_ARGS__)
+  (weft_device_count_launch_(), kernel<<<(grid), (block), (size_t)(smem), (stream)>>>(__VA_ARGS__))
 #define WEFT_DYN_SMEM(T, name) extern __shared__ __align__(16) T name[]
 #endif
 

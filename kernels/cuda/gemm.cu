@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "arg_checks.h"
+#include "backend_internal.h"
 #include "cuda_compat.h"
 #include "cuda_internal.h"
 #include "cuda_kernels.h"
@@ -228,6 +229,7 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasStatus_t st;
+  weft_device_count_(WEFT_DEV_BLAS_, 1);
   /* C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m), column-major */
   if (batched)
     st = cublasGemmStridedBatchedEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, in_type,

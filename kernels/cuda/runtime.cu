@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "arg_checks.h"
+#include "backend_internal.h"
 #include "cuda_compat.h"
 #include "cuda_internal.h"
 
@@ -34,6 +35,7 @@ pthread_mutex_t rt_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void *raw_alloc(size_t bytes, void *) {
   void *p = nullptr;
+  weft_device_count_(WEFT_DEV_MALLOCS_, 1);
   if (cudaMalloc(&p, bytes) != cudaSuccess) {
     (void)cudaGetLastError(); /* an OOM is reported by the cache, not left sticky */
     return nullptr;
@@ -41,7 +43,11 @@ void *raw_alloc(size_t bytes, void *) {
   return p;
 }
 
-void raw_free(void *p, size_t, void *) { (void)cudaFree(p); }
+/* cudaFree waits for the device (an implicit synchronization) */
+void raw_free(void *p, size_t, void *) {
+  weft_device_count_(WEFT_DEV_HOST_SYNCS_, 1);
+  (void)cudaFree(p);
+}
 
 void *mark(int stream, void *) {
   cudaEvent_t ev;
@@ -71,6 +77,7 @@ cudaMemcpyKind copy_kind(weft_copy_kind k) {
 }
 
 void release_all_locked() {
+  weft_device_count_(WEFT_DEV_HOST_SYNCS_, 1); /* one wait for every stream */
   for (int s = 0; s < WEFT_CACHE_STREAMS; s++)
     if (rt.stream[s]) (void)cudaStreamSynchronize(rt.stream[s]);
   if (rt.scratch && rt.cache) weft_cache_free_(rt.cache, rt.scratch);
@@ -186,6 +193,7 @@ int weft_cuda_current_device_(void) { return rt.initialized ? rt.device : -1; }
 
 weft_status weft_cuda_synchronize_(void) {
   WEFT_CHECK(weft_cuda_require_init_("synchronize"));
+  weft_device_count_(WEFT_DEV_HOST_SYNCS_, 1); /* one wait for every stream */
   for (int s = 0; s < WEFT_CACHE_STREAMS; s++)
     WEFT_CHECK(
         weft_cuda_check_(cudaStreamSynchronize(rt.stream[s]), weft_stream_name((weft_stream_id)s)));
@@ -294,6 +302,7 @@ weft_status weft_cuda_stream_wait_event_(weft_stream_id s, weft_event *ev) {
 
 weft_status weft_cuda_event_synchronize_(weft_event *ev) {
   if (!ev) return weft_error_at(WEFT_ERR_INVALID, "event_synchronize", "NULL event");
+  weft_device_count_(WEFT_DEV_HOST_SYNCS_, 1);
   return weft_cuda_check_(cudaEventSynchronize(ev->ev), "cudaEventSynchronize");
 }
 
@@ -343,6 +352,9 @@ weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes, we
   if (kind == WEFT_COPY_D2D && d < sp + bytes && sp < d + bytes)
     return weft_error_at(WEFT_ERR_INVALID, "memcpy", "the %zu bytes at %p and %p overlap", bytes,
                          dst, src);
+  if (kind != WEFT_COPY_D2D)
+    weft_device_count_(kind == WEFT_COPY_H2D ? WEFT_DEV_BYTES_H2D_ : WEFT_DEV_BYTES_D2H_,
+                       (int64_t)bytes);
   return weft_cuda_check_(cudaMemcpyAsync(dst, src, bytes, copy_kind(kind), rt.stream[s]),
                           "cudaMemcpyAsync");
 }
@@ -350,11 +362,16 @@ weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes, we
 weft_status weft_cuda_host_alloc_pinned_(size_t bytes, void **out) {
   WEFT_CHECK(weft_cuda_require_init_("alloc_pinned"));
   *out = NULL;
+  weft_device_count_(WEFT_DEV_MALLOCS_, 1);
   WEFT_CHECK(weft_cuda_check_(cudaMallocHost(out, bytes ? bytes : 1), "cudaMallocHost"));
   return WEFT_OK;
 }
 
-void weft_cuda_host_free_pinned_(void *ptr) { cudaFreeHost(ptr); }
+/* cudaFreeHost waits for the device (an implicit synchronization) */
+void weft_cuda_host_free_pinned_(void *ptr) {
+  weft_device_count_(WEFT_DEV_HOST_SYNCS_, 1);
+  cudaFreeHost(ptr);
+}
 
 weft_status weft_cuda_device_model_(char *buf, size_t cap) {
   WEFT_CHECK(weft_cuda_require_init_("device_model"));
@@ -371,6 +388,7 @@ weft_status weft_cuda_device_model_(char *buf, size_t cap) {
 weft_status weft_cuda_memcpy_(void *dst, const void *src, size_t bytes, weft_copy_kind kind) {
   WEFT_CHECK(weft_cuda_memcpy_async_(dst, src, bytes, kind, WEFT_STREAM_COMPUTE));
   if (bytes == 0) return WEFT_OK;
+  weft_device_count_(WEFT_DEV_HOST_SYNCS_, 1); /* the copy and its wait: one */
   return weft_cuda_check_(cudaStreamSynchronize(rt.stream[WEFT_STREAM_COMPUTE]),
                           "memcpy (waiting for the compute stream)");
 }

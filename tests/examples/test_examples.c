@@ -992,6 +992,77 @@ Test(examples, train_profile_pins_the_op_graph_counts_of_a_gpt2_demo_step, .time
   run_free(&r);
 }
 
+/* The "device calls per step" lines of weft-train --profile --device cuda:
+ * how many, and the counters of the first `cap` (launches, blas, host
+ * syncs, mallocs, bytes copied). */
+static int device_lines(const char *out, long long c[][5], int cap) {
+  int n = 0;
+  for (const char *p = out; (p = strstr(p, "device calls per step:")) != NULL; p++) {
+    long long v[5];
+    if (sscanf(p,
+               "device calls per step: launches %lld, blas %lld, host syncs %lld, mallocs %lld, "
+               "bytes copied %lld",
+               &v[0], &v[1], &v[2], &v[3], &v[4]) != 5)
+      continue;
+    if (n < cap) memcpy(c[n], v, sizeof v);
+    n++;
+  }
+  return n;
+}
+
+/* weft-train --profile --device cuda pins what one gpt2-demo step asks of
+ * the device backend today (weft_device_stats, backend.h; 1 rank): kernel
+ * launches, cuBLAS calls, host waits, driver allocations and host<->device
+ * bytes. The counting code is the same on the emulated device and a GPU, so
+ * these are a GPU's numbers too. A change to the device path shows up here
+ * as a diff: move the numbers with it, and say so in the commit.
+ * Launches, BLAS calls and bytes are the same from step 2 on; host syncs and
+ * mallocs are pinned from step 3 on: step 2 still warms up (fp32: one more
+ * cudaMalloc, the device cache's first block of a small size class; bf16:
+ * 27 cudaMallocs, and the one-rank FSDP collectives' pinned staging buffer
+ * grows once more, its cudaFreeHost one more host sync).
+ * Where the host syncs of an fp32 step come from today: blocking copies of
+ * the fused AdamW's tensor tables, cross-entropy's and the embedding's
+ * host round trips, the gradient norm. bf16 runs FSDP on one rank, whose
+ * collectives stage through the host (the bytes). */
+Test(examples, train_profile_pins_the_device_calls_of_a_gpt2_demo_step, .timeout = 120) {
+  if (weft_device_count(WEFT_CUDA) == 0)
+    cr_skip(
+        "no WEFT_CUDA device here (%s): runs on the emulated device (-Dcuda=emulated) and on "
+        "GPUs",
+        weft_backend_get(WEFT_CUDA) ? "the CUDA backend is built but sees no GPU"
+                                    : "this build has no CUDA backend");
+  static const struct {
+    const char *dtype;
+    long long want[5]; /* launches, blas, host syncs, mallocs, bytes copied */
+  } cases[] = {{"fp32", {167, 41, 42, 0, 16020}}, {"bf16", {548, 41, 66, 0, 1698450}}};
+  const char *what[5] = {"launches", "blas", "host syncs", "mallocs", "bytes copied"};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const char *args[] = {"--model", "gpt2-demo",    "--steps",   "4",        "--val-every", "0",
+                          "--dtype", cases[k].dtype, "--profile", "--device", "cuda",        NULL};
+    run_out r = run(1, TRAIN, args, 90);
+    cr_assert_eq(r.rc, 0, "%s: %s", cases[k].dtype, r.err);
+    long long c[3][5];
+    cr_assert_eq(device_lines(r.out, c, 3), 3, "%s: want a device line after steps 2 to 4:\n%s",
+                 cases[k].dtype, r.out);
+    for (int step = 0; step < 3; step++)
+      for (int i = 0; i < 5; i++)
+        if (step > 0 || (i != 2 && i != 3)) /* step 2: syncs, mallocs still warm up */
+          cr_expect_eq(c[step][i], cases[k].want[i], "%s: step %d: %s per step %lld, pinned %lld",
+                       cases[k].dtype, step + 2, what[i], c[step][i], cases[k].want[i]);
+    run_free(&r);
+  }
+  /* a CPU run prints no device line */
+  const char *cpu[] = {"--model",     "gpt2-demo", "--steps",   "2",
+                       "--val-every", "0",         "--profile", NULL};
+  run_out r = run(1, TRAIN, cpu, 40);
+  long long c[1][5];
+  cr_expect_eq(r.rc, 0, "%s", r.err);
+  cr_expect_eq(device_lines(r.out, c, 1), 0, "%s", r.out);
+  cr_expect(strstr(r.out, "op graph per step:") != NULL, "%s", r.out);
+  run_free(&r);
+}
+
 Test(examples, train_gpt2_checkpoint_resumes_on_another_mesh, .timeout = 150) {
   const char *dir = tmp_file("gpt2-ckpt");
   remove_tree(dir);
