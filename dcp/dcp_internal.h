@@ -196,6 +196,9 @@ bool dcp_thread_multiple(void);
 /* Fault injection: _exit(DCP_FAULT_EXIT) when WEFT_DCP_FAULT is
  * "<rank>:<stage>" for this rank and stage. */
 void dcp_fault_point(int rank, const char *stage);
+/* The errno that WEFT_DCP_FAULT=<rank>:<stage>:enospc asks the I/O at
+ * `stage` to fail with on `rank` (0: none). A test hook, like the above. */
+int dcp_fault_errno(int rank, const char *stage);
 
 /* Status blobs: encode status + message, decode the first failure. */
 typedef struct dcp_buf {

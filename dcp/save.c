@@ -815,6 +815,11 @@ static weft_status write_file(save_ctx *c) {
     }
     WEFT_CHECK_GOTO(write_bytes(fd, path, src, J->length, J->off, B, J->crc), st, done);
     if (j == 0) dcp_fault_point(c->comm.rank, "write");
+    if (j == 0 && dcp_fault_errno(c->comm.rank, "write")) {
+      st = weft_error(WEFT_ERR_IO, "save: cannot write data file '%s': %s", path,
+                      strerror(dcp_fault_errno(c->comm.rank, "write")));
+      goto done;
+    }
   }
   if (c->njobs == 0) dcp_fault_point(c->comm.rank, "write");
   if (ftruncate(fd, (off_t)c->plan.file_bytes[c->comm.rank]) != 0) {

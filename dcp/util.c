@@ -393,24 +393,39 @@ const char *dcp_last_msg(void) {
 
 /* ------------------------------------------------------------ faults */
 
-void dcp_fault_point(int rank, const char *stage) {
-  static int parsed = 0, frank = -1;
-  static char fstage[32];
-  if (!parsed) {
-    parsed = 1;
-    const char *e = getenv("WEFT_DCP_FAULT");
-    if (e && *e) {
-      char *end;
-      long r = strtol(e, &end, 10);
-      if (end != e && *end == ':' && r >= 0) {
-        frank = (int)r;
-        snprintf(fstage, sizeof fstage, "%s", end + 1);
-      }
-    }
+/* WEFT_DCP_FAULT=<rank>:<stage> (the process exits there) or
+ * <rank>:<stage>:enospc (the I/O there fails with ENOSPC, every save). */
+static int fault_rank = -1, fault_errno = 0;
+static char fault_stage[32];
+
+static void fault_parse(void) {
+  static int parsed = 0;
+  if (parsed) return;
+  parsed = 1;
+  const char *e = getenv("WEFT_DCP_FAULT");
+  if (!e || !*e) return;
+  char *end;
+  long r = strtol(e, &end, 10);
+  if (end == e || *end != ':' || r < 0) return;
+  fault_rank = (int)r;
+  snprintf(fault_stage, sizeof fault_stage, "%s", end + 1);
+  char *mode = strchr(fault_stage, ':');
+  if (mode) {
+    *mode = '\0';
+    if (!strcmp(mode + 1, "enospc")) fault_errno = ENOSPC;
   }
-  if (frank == rank && strcmp(fstage, stage) == 0) {
+}
+
+void dcp_fault_point(int rank, const char *stage) {
+  fault_parse();
+  if (fault_rank == rank && !fault_errno && strcmp(fault_stage, stage) == 0) {
     fprintf(stderr, "[rank %d] WEFT_DCP_FAULT: exiting at stage '%s'\n", rank, stage);
     fflush(stderr);
     _exit(DCP_FAULT_EXIT);
   }
+}
+
+int dcp_fault_errno(int rank, const char *stage) {
+  fault_parse();
+  return fault_rank == rank && strcmp(fault_stage, stage) == 0 ? fault_errno : 0;
 }

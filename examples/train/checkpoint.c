@@ -437,11 +437,32 @@ static int check_finite(run_state *s, const weft_state_dict *sd, int64_t step) {
   return train_agree_fail(bad, msg) ? 2 : 0;
 }
 
+/* A failed save (its status agreed by DCP on every rank; the save removed
+ * its own files and left the previous checkpoint as it was): an error, or
+ * with --save-errors continue a warning on rank 0 and 0, so the run goes
+ * on (not for the last save: the run would end without its checkpoint). */
+static int save_failed(run_state *s, bool last) {
+  if (!s->o->save_errors_continue || last)
+    return train_fail_all("--save %s: %s", s->o->save_dir, weft_last_error());
+  s->failed_saves++;
+  if (s->rank == 0) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", weft_last_error());
+    msg[strcspn(msg, "\n")] = '\0';
+    fprintf(stderr,
+            "weft-train: warning: --save %s failed, the previous checkpoint stays; training goes "
+            "on (--save-errors continue): %s\n",
+            s->o->save_dir, msg);
+    fflush(stderr);
+  }
+  return 0;
+}
+
 int train_save_wait(run_state *s) {
   if (!s->pending_save) return 0;
   weft_status st = weft_dcp_async_wait(s->pending_save);
   s->pending_save = NULL;
-  if (st != WEFT_OK) return train_fail_all("--save %s: %s", s->o->save_dir, weft_last_error());
+  if (st != WEFT_OK) return save_failed(s, false);
   return on_rank0(s, false); /* committed: the older ones can go */
 }
 
@@ -466,7 +487,7 @@ int train_save_if_due(run_state *s, int64_t done) {
       st = weft_dcp_async_save(sd, o->save_dir, NULL, &s->pending_save);
   }
   weft_state_dict_destroy(sd);
-  if (st != WEFT_OK) return train_fail_all("--save %s: %s", o->save_dir, weft_last_error());
+  if (st != WEFT_OK) return save_failed(s, last);
   return last ? on_rank0(s, false) : 0;
 }
 

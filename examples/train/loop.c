@@ -503,6 +503,9 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   printf("  %-26s %s (%d ranks%s)\n", "mesh", mbuf, s->world,
          o->mesh.tp_across_nodes ? ", tp outermost: --tp-across-nodes" : "");
   printf("  %-26s %lld (of %lld)\n", "steps run", (long long)t->steps_run, (long long)o->steps);
+  if (s->failed_saves)
+    printf("  %-26s %lld (--save-errors continue: the previous checkpoint kept)\n", "saves failed",
+           (long long)s->failed_saves);
   if (o->skip_nonfinite)
     printf("  %-26s %lld (non-finite loss or gradient norm: update dropped)\n", "steps skipped",
            (long long)t->skipped);

@@ -122,6 +122,9 @@ void train_print_help(const char *prog) {
       "                          before a save replaces it, it moves to DIR.step-N (N: its\n"
       "                          step; hard links, no copy); the oldest DIR.step-N is removed\n"
       "                          only after the new save has committed (1: DIR only)\n"
+      "  --save-errors stop|continue  a save that fails (a full disk, an I/O error) stops\n"
+      "                          the run (stop), or (continue) warns, keeps the previous\n"
+      "                          checkpoint and trains on; the last save's failure stops\n"
       "  --resume DIR            continue from a checkpoint (any mesh): DIR is the newest;\n"
       "                          DIR.step-N an earlier one\n"
       "  --export-safetensors F  write the model as one safetensors file at the end\n"
@@ -326,9 +329,9 @@ static const field_flag str_flags[] = {FIELD("--data", data, 0, 0),
                                        FIELD("--log-json", log_json, 0, 0),
                                        {NULL, 0, 0, 0}};
 #undef FIELD
-static const char *const other_flags[] = {"--peak-tflops", "--seed",         "--mesh",
-                                          "--model",       "--dtype",        "--device",
-                                          "--matmul",      "--on-nonfinite", NULL};
+static const char *const other_flags[] = {"--peak-tflops", "--seed",   "--mesh",   "--model",
+                                          "--dtype",       "--device", "--matmul", "--on-nonfinite",
+                                          "--save-errors", NULL};
 
 static const field_flag *find_field(const field_flag *t, const char *flag) {
   for (; t->name; t++)
@@ -430,6 +433,13 @@ static int parse_other(parse_ctx *c, const char *flag, const char *val, train_op
       o->matmul = WEFT_MATMUL_BF16;
     else
       return perr(err, cap, "--matmul: want fp32, tf32 or bf16 (got '%s')", val);
+  } else if (!strcmp(flag, "--save-errors")) {
+    if (!strcmp(val, "stop"))
+      o->save_errors_continue = false;
+    else if (!strcmp(val, "continue"))
+      o->save_errors_continue = true;
+    else
+      return perr(err, cap, "--save-errors: want stop or continue (got '%s')", val);
   } else if (!strcmp(flag, "--on-nonfinite")) {
     if (!strcmp(val, "stop"))
       o->skip_nonfinite = false;

@@ -75,12 +75,13 @@ typedef struct train_opts {
    * run before the optimizer step (stop), or drops that step's update
    * (skip) and stops after max_skipped of them in a row */
   bool skip_nonfinite;
-  int64_t max_skipped; /* --max-skipped-steps */
-  double peak_flops;   /* per rank, for MFU */
-  bool peak_given;     /* --peak-tflops (else the CPU default, or the GPU's from its model) */
-  bool quiet;          /* no per-step lines (summary only) */
-  bool profile;        /* rank 0: the op layer's counters per step (weft_op_stats) */
-  bool silent;         /* nothing on stdout (weft-plan --validate); errors still print */
+  int64_t max_skipped;       /* --max-skipped-steps */
+  bool save_errors_continue; /* --save-errors continue: a failed save warns, the run goes on */
+  double peak_flops;         /* per rank, for MFU */
+  bool peak_given;           /* --peak-tflops (else the CPU default, or the GPU's from its model) */
+  bool quiet;                /* no per-step lines (summary only) */
+  bool profile;              /* rank 0: the op layer's counters per step (weft_op_stats) */
+  bool silent;               /* nothing on stdout (weft-plan --validate); errors still print */
 } train_opts;
 
 /* Defaults (the "demo" preset, 20 steps). */

@@ -95,7 +95,8 @@ typedef struct run_state {
   FILE *json;       /* --log-json (rank 0) */
   bool json_failed; /* a write to it failed (agreed at the end) */
   weft_dcp_async *pending_save;
-  bool stopped; /* the non-finite guard stopped the run: nothing is saved after it */
+  bool stopped;         /* the non-finite guard stopped the run: nothing is saved after it */
+  int64_t failed_saves; /* --save-errors continue: saves that failed */
   /* The model runs on the op graph: GPT-2, and the Llama under --dtype bf16
    * (models/llama: the built-in Llama's parameters and names, written with
    * ops, so FSDP keeps its parameters and activations in bf16). */

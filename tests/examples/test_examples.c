@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <math.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -546,6 +547,61 @@ Test(examples, train_reads_llm_c_bin_and_text_files, .timeout = 120) {
   unlink(bin);
   unlink(badb);
   unlink(txt);
+}
+
+/* Issue 34 finding 6: --save-errors continue. Every data-file write of
+ * rank 1 fails with ENOSPC (WEFT_DCP_FAULT=1:write:enospc, dcp's test
+ * hook): with continue the run warns at each failed save and trains on to
+ * the last step, whose save failing still ends it with an error; by
+ * default the first failed save stops the run. No failed save leaves a
+ * file behind. */
+Test(examples, train_save_errors_continue_trains_on_after_a_failed_save, .timeout = 120) {
+  const char *dir = tmp_file("ckpt-enospc");
+  remove_tree(dir);
+  const char *cont[] = {"WEFT_DCP_FAULT=1:write:enospc",
+                        TRAIN,
+                        "--mesh",
+                        "dp=2",
+                        "--steps",
+                        "4",
+                        "--save",
+                        dir,
+                        "--save-every",
+                        "1",
+                        "--save-errors",
+                        "continue",
+                        NULL};
+  run_out r = run(2, "/usr/bin/env", cont, 60);
+  cr_expect_neq(r.rc, 0, "the last save failed, yet exit 0");
+  cr_expect(strstr(r.out, "step    4/4") != NULL, "did not train on to step 4:\n%s", r.out);
+  int warnings = 0;
+  for (const char *p = r.err; (p = strstr(p, "weft-train: warning: --save")); p++) warnings++;
+  cr_expect_eq(warnings, 3, "want a warning for each of the 3 async saves:\n%s", r.err);
+  cr_expect(strstr(r.err, "No space left on device") != NULL, "%s", r.err);
+  run_free(&r);
+  DIR *d = opendir(dir);
+  int files = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d)))
+    if (e->d_name[0] != '.') files++;
+  if (d) closedir(d);
+  cr_expect_eq(files, 0, "failed saves left %d file(s) in %s", files, dir);
+  const char *stop[] = {"WEFT_DCP_FAULT=1:write:enospc",
+                        TRAIN,
+                        "--mesh",
+                        "dp=2",
+                        "--steps",
+                        "4",
+                        "--save",
+                        dir,
+                        "--save-every",
+                        "1",
+                        NULL};
+  r = run(2, "/usr/bin/env", stop, 60);
+  cr_expect_neq(r.rc, 0, "a failed save did not stop the run");
+  cr_expect(strstr(r.out, "step    4/4") == NULL, "trained on after a failed save:\n%s", r.out);
+  run_free(&r);
+  remove_tree(dir);
 }
 
 /* tokens[at] of a bin file written by write_bin set to `token`. */
