@@ -344,10 +344,12 @@ typedef struct weft_dcp_opts {
  * ranks disagreeing on a tensor's dtype or global shape or on a value's
  * contents, shards that overlap without being equal or leave elements
  * uncovered, I/O errors — WEFT_ERR_INVALID / WEFT_ERR_MISMATCH /
- * WEFT_ERR_IO on every rank. A pending async save is completed first. The
- * environment variable WEFT_DCP_FAULT="rank:stage" (stage: plan, write,
- * synced, commit) makes that rank _exit(70) at that point (fault-injection
- * tests). */
+ * WEFT_ERR_IO on every rank; a failed save removes the files it wrote
+ * and leaves the previous checkpoint in dir as it was. A pending async
+ * save is completed first. The environment variable
+ * WEFT_DCP_FAULT="rank:stage" (stage: plan, write, synced, commit) makes
+ * that rank _exit(70) at that point, and "rank:write:enospc" makes its
+ * data-file writes fail with ENOSPC (fault-injection tests). */
 WEFT_API weft_status weft_dcp_save(const weft_state_dict *sd, const char *dir,
                                    const weft_dcp_opts *opts);
 
