@@ -604,6 +604,63 @@ Test(examples, train_save_errors_continue_trains_on_after_a_failed_save, .timeou
   remove_tree(dir);
 }
 
+/* Issue 34's fault suite, CLI part: every numeric flag just past each end
+ * of its range, and a non-number, is one error line naming the flag and
+ * the range (the ranges as examples/train/options.c states them), on 1
+ * rank, before any work. */
+Test(examples, train_every_numeric_flag_is_refused_past_both_ends_of_its_range, .timeout = 300) {
+  static const struct {
+    const char *flag;
+    long long lo, hi;
+  } ints[] = {
+      {"--steps", 0, 1000000000},
+      {"--batch", 1, 1 << 20},
+      {"--grad-accum", 1, 1 << 20},
+      {"--warmup", 0, 1000000000},
+      {"--val-every", 0, 1000000000},
+      {"--val-batches", 0, 1 << 20},
+      {"--save-every", 0, 1000000000},
+      {"--keep-checkpoints", 1, 1000},
+      {"--max-skipped-steps", 1, 1000000000},
+      {"--dim", 1, 1 << 16},
+      {"--layers", 1, 1 << 12},
+      {"--heads", 1, 1 << 12},
+      {"--kv-heads", 1, 1 << 12},
+      {"--ffn-dim", 1, 1 << 20},
+      {"--vocab", 1, 1 << 24},
+      {"--seq-len", 1, 1 << 20},
+  };
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+    char range[128], past[32], below[32];
+    snprintf(range, sizeof range, "%s: want an integer in [%lld, %lld]", ints[i].flag, ints[i].lo,
+             ints[i].hi);
+    snprintf(past, sizeof past, "%lld", ints[i].hi + 1);
+    snprintf(below, sizeof below, "%lld", ints[i].lo - 1);
+    const char *a[] = {ints[i].flag, past, NULL}, *b[] = {ints[i].flag, below, NULL},
+               *c[] = {ints[i].flag, "12x", NULL};
+    expect_error(1, a, range);
+    expect_error(1, b, range);
+    expect_error(1, c, range);
+  }
+  static const struct {
+    const char *flag, *range;
+  } dbls[] = {{"--lr", "[0, 1e+30]"},
+              {"--min-lr", "[0, 1e+30]"},
+              {"--weight-decay", "[0, 1e+30]"},
+              {"--clip", "[0, 1e+30]"},
+              {"--dropout", "[0, 1]"}};
+  for (size_t i = 0; i < sizeof dbls / sizeof dbls[0]; i++) {
+    char need[96];
+    snprintf(need, sizeof need, "%s: want a number in %s", dbls[i].flag, dbls[i].range);
+    const char *past = strcmp(dbls[i].flag, "--dropout") ? "1e31" : "1.5";
+    const char *a[] = {dbls[i].flag, past, NULL}, *b[] = {dbls[i].flag, "-1", NULL},
+               *c[] = {dbls[i].flag, "inf", NULL};
+    expect_error(1, a, need);
+    expect_error(1, b, need);
+    expect_error(1, c, need);
+  }
+}
+
 /* tokens[at] of a bin file written by write_bin set to `token`. */
 static void poke_token(const char *path, int at, uint16_t token) {
   FILE *f = fopen(path, "r+b");
