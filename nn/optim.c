@@ -15,7 +15,8 @@ typedef struct opt_entry {
   weft_dtensor_spec spec; /* the data's spec at creation */
   weft_dtensor *s[3];     /* AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq; SGD: momentum_buffer */
   int64_t step;
-  int group; /* index into the optimizer's groups (0 without groups) */
+  int group;  /* index into the optimizer's groups (0 without groups) */
+  bool taken; /* weft_optimizer_step: already in a multi-tensor call this step */
 } opt_entry;
 
 /* weft_optimizer.magic: live, or destroyed (weft_optimizer_destroy frees
@@ -314,44 +315,53 @@ weft_status weft_optimizer_step(weft_optimizer *o) {
       return weft_error(WEFT_ERR_UNSUPPORTED, "optimizer: '%s' has a non-contiguous shard", p->fqn);
   }
   if (o->has_sched) weft_optimizer_set_lr(o, weft_lr_schedule_at(&o->sched, o->steps));
-  /* One multi-tensor call per run of parameters that share a device and a
-   * step count (usually all of them), at most OPT_BATCH tensors each. */
+  /* One multi-tensor call per set of parameters that share a device, a
+   * step count and a group (usually one or two sets), at most OPT_BATCH
+   * tensors each, gathered over the whole list: weight-decay groups
+   * alternate along a model's parameters, and runs of neighbours made 18
+   * calls (18 table uploads, each a host wait on a GPU) for a GPT-2 step.
+   * Each tensor's update is its own, so the grouping changes no value. */
   enum { OPT_BATCH = 128 };
   float *pa[OPT_BATCH], *s0[OPT_BATCH], *s1[OPT_BATCH], *s2[OPT_BATCH];
   const float *ga[OPT_BATCH];
   int64_t na[OPT_BATCH];
-  int nb = 0;
-  weft_device dev = WEFT_CPU;
-  int64_t step = 0;
-  int group = 0;
-  for (int i = 0; i <= o->n; i++) {
-    opt_entry *e = i < o->n ? &o->e[i] : NULL;
-    if (e && !e->p->grad) continue;
-    if (e) e->step++;
-    bool flush = nb > 0 && (!e || nb == OPT_BATCH || nn_dev(e->p->data) != dev || e->step != step ||
-                            e->group != group);
-    if (flush) {
-      const weft_adamw_params *hp = group_hp(o, group);
-      if (o->kind == OPT_ADAMW)
-        WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, hp->amsgrad ? s2 : NULL, na, nb,
-                                            step, hp));
-      else
-        WEFT_CHECK(weft_backend_sgd_multi(dev, pa, ga, o->sgd.momentum != 0.0f ? s0 : NULL, na, nb,
-                                          step, &o->sgd));
-      nb = 0;
+  for (int i = 0; i < o->n; i++) {
+    opt_entry *e = &o->e[i];
+    e->taken = !e->p->grad;
+    if (e->p->grad) e->step++;
+  }
+  for (int first = 0; first < o->n; first++) {
+    const opt_entry *k = &o->e[first];
+    if (k->taken) continue;
+    const weft_device dev = nn_dev(k->p->data);
+    const int64_t step = k->step;
+    const int group = k->group;
+    const weft_adamw_params *hp = group_hp(o, group);
+    int nb = 0;
+    for (int i = first; i <= o->n; i++) {
+      opt_entry *e = i < o->n ? &o->e[i] : NULL;
+      if (e && (e->taken || nn_dev(e->p->data) != dev || e->step != step || e->group != group))
+        continue;
+      if (nb > 0 && (!e || nb == OPT_BATCH)) {
+        if (o->kind == OPT_ADAMW)
+          WEFT_CHECK(weft_backend_adamw_multi(dev, pa, ga, s0, s1, hp->amsgrad ? s2 : NULL, na, nb,
+                                              step, hp));
+        else
+          WEFT_CHECK(weft_backend_sgd_multi(dev, pa, ga, o->sgd.momentum != 0.0f ? s0 : NULL, na,
+                                            nb, step, &o->sgd));
+        nb = 0;
+      }
+      if (!e) break;
+      weft_param *p = e->p;
+      e->taken = true;
+      pa[nb] = nn_f32(p->data);
+      ga[nb] = nn_f32(p->grad);
+      s0[nb] = e->s[0] ? nn_f32(e->s[0]) : NULL;
+      s1[nb] = e->s[1] ? nn_f32(e->s[1]) : NULL;
+      s2[nb] = e->s[2] ? nn_f32(e->s[2]) : NULL;
+      na[nb] = nn_numel(p->data);
+      nb++;
     }
-    if (!e) break;
-    weft_param *p = e->p;
-    dev = nn_dev(p->data);
-    step = e->step;
-    group = e->group;
-    pa[nb] = nn_f32(p->data);
-    ga[nb] = nn_f32(p->grad);
-    s0[nb] = e->s[0] ? nn_f32(e->s[0]) : NULL;
-    s1[nb] = e->s[1] ? nn_f32(e->s[1]) : NULL;
-    s2[nb] = e->s[2] ? nn_f32(e->s[2]) : NULL;
-    na[nb] = nn_numel(p->data);
-    nb++;
   }
   o->steps++;
   return WEFT_OK;
