@@ -225,8 +225,7 @@ weft_status nn_graph_rope_tables(weft_graph *g, weft_mesh *mesh, int64_t max_pos
   if (have && n < 2 * have->max_pos) n = 2 * have->max_pos;
   WEFT_CHECK(grow((void **)&g->ropes, &g->cap_ropes, g->nropes + 1, sizeof *g->ropes));
   weft_placement p[WEFT_MESH_MAX_DIMS];
-  for (int i = 0; i < weft_mesh_ndim(mesh); i++)
-    p[i] = (weft_placement){.kind = WEFT_PLACE_REPLICATE};
+  for (int i = 0; i < weft_mesh_ndim(mesh); i++) p[i] = nn_r();
   const int64_t floats = n * hd;
   weft_dtensor *d;
   WEFT_CHECK(weft_dtensor_empty(mesh, WEFT_F32, 1, &floats, p, weft_mesh_ndim(mesh), &d));

@@ -101,15 +101,20 @@ static int open_bin(const char *path, weft_token_file **f, token_src *s, char *e
 /* Every token of a bin file below V, checked once when the run opens it
  * (issue 34: an out-of-vocab token was found only when a step sampled its
  * window, and one in --val-data at the first validation, after which the
- * final save was skipped). Reads the file in pieces of 2^20 tokens. */
-static int scan_bin(const token_src *s, int64_t V, char *err, size_t cap) {
+ * final save was skipped). Rank `part` of `parts` reads its share, in
+ * pieces of 2^20 tokens; the shares are in rank order, so the lowest
+ * failing rank (whose message the caller's agreement prints) holds the
+ * file's first bad token. */
+static int scan_bin(const token_src *s, int64_t V, int part, int parts, char *err, size_t cap) {
   if (V >= 65536) return 0; /* uint16 tokens are all < 65536 */
   enum { PIECE = 1 << 20 };
+  const int64_t n_all = s->hi - s->lo;
+  const int64_t lo = s->lo + n_all * part / parts, hi = s->lo + n_all * (part + 1) / parts;
   int32_t *buf = malloc(sizeof(int32_t) * PIECE);
   if (!buf) return train_perr(err, cap, "out of memory to scan '%s'", s->name);
   int rc = 0;
-  for (int64_t at = s->lo; !rc && at < s->hi; at += PIECE) {
-    const int64_t n = s->hi - at < PIECE ? s->hi - at : PIECE;
+  for (int64_t at = lo; !rc && at < hi; at += PIECE) {
+    const int64_t n = hi - at < PIECE ? hi - at : PIECE;
     if (weft_token_file_read(s->bin, at, n, buf) != WEFT_OK) {
       rc = train_perr(err, cap, "%s", weft_last_error());
       break;
@@ -155,17 +160,17 @@ static int open_synth(int64_t V, train_data *d, char *err, size_t cap) {
   return 0;
 }
 
-int train_data_open(const train_opts *o, int64_t V, int64_t T, train_data *d, char *err,
-                    size_t cap) {
+int train_data_open(const train_opts *o, int64_t V, int64_t T, int rank, int world, train_data *d,
+                    char *err, size_t cap) {
   memset(d, 0, sizeof *d);
   d->text_fd = -1;
   int bad = 0;
   if (o->data) {
     bad = open_bin(o->data, &d->bin[0], &d->train, err, cap);
-    if (!bad) bad = scan_bin(&d->train, V, err, cap);
+    if (!bad) bad = scan_bin(&d->train, V, rank, world, err, cap);
     if (!bad && o->val_data) {
       bad = open_bin(o->val_data, &d->bin[1], &d->val, err, cap);
-      if (!bad) bad = scan_bin(&d->val, V, err, cap);
+      if (!bad) bad = scan_bin(&d->val, V, rank, world, err, cap);
     } else if (!bad) {
       split_tail(d);
     }

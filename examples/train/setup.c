@@ -303,7 +303,8 @@ int train_setup(run_state *s, train_result *res) {
   if (!rc && o->mesh.tp_inside_node) rc = check_tp_inside_node(s);
   if (rc) return rc;
   /* every rank opens the files; failures agreed */
-  int bad = train_data_open(o, s->cfg.vocab, s->cfg.max_seq_len, &s->data, err, sizeof err);
+  int bad = train_data_open(o, s->cfg.vocab, s->cfg.max_seq_len, s->rank, s->world, &s->data, err,
+                            sizeof err);
   if (train_agree_fail(bad != 0, err)) return 2;
   /* agreed: a failure may be one rank's */
   weft_status st = make_root(s);

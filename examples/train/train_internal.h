@@ -59,10 +59,12 @@ typedef struct train_data {
 
 /* Opens the run's data (o->data, o->text or the embedded language) for a
  * model of vocab V and sequence length T, and splits it. Local: every rank
- * opens the files itself (the caller agrees on the outcome). On failure
- * returns -1 with a one-line message in err; d is left closable. */
-int train_data_open(const train_opts *o, int64_t V, int64_t T, train_data *d, char *err,
-                    size_t cap);
+ * opens the files itself (the caller agrees on the outcome); of a bin
+ * file's tokens, checked < V before step 1, rank `rank` of `world` checks
+ * its share. On failure returns -1 with a one-line message in err; d is
+ * left closable. */
+int train_data_open(const train_opts *o, int64_t V, int64_t T, int rank, int world, train_data *d,
+                    char *err, size_t cap);
 /* Closes what d owns (every rank; idempotent). */
 void train_data_close(train_data *d);
 
