@@ -115,12 +115,18 @@ extern "C" {
 
 /* CRC32C (Castagnoli, reflected polynomial 0x82F63B78), zlib-style
  * chaining: crc = weft_crc32c(crc, data, len), starting from 0;
- * weft_crc32c(0, "123456789", 9) == 0xE3069283. Uses the SSE4.2 crc32
- * instruction (three interleaved streams) when the CPU has it, else
- * slicing-by-8 tables; both give the same values. Thread-safe. */
+ * weft_crc32c(0, "123456789", 9) == 0xE3069283. Uses the fastest of:
+ * carry-less multiply folding (AVX2 + VPCLMULQDQ), the SSE4.2 crc32
+ * instruction (three interleaved streams), slicing-by-8 tables, that the
+ * CPU has; all give the same values. Thread-safe. */
 WEFT_API uint32_t weft_crc32c(uint32_t crc, const void *data, size_t len);
 /* The table-driven version alone (tests compare the two). */
 WEFT_API uint32_t weft_crc32c_sw(uint32_t crc, const void *data, size_t len);
+/* One named implementation, for tests and benchmarks: impl is "sw",
+ * "sse4.2" or "vpclmulqdq". Sets *out and returns true, or returns false
+ * when this CPU lacks it (or impl is unknown). */
+WEFT_API bool weft_crc32c_impl(const char *impl, uint32_t crc, const void *data, size_t len,
+                               uint32_t *out);
 
 /* --------------------------------------------------------- state dicts */
 

@@ -324,7 +324,8 @@ static weft_status read_blocks(const creader *r, int64_t b0, int64_t b1, char *b
   return WEFT_OK;
 }
 
-/* Bytes [src, src + n) of the chunk into contiguous dst, n >= 2 blocks. */
+/* Bytes [src, src + n) of the chunk into contiguous dst: n >= 2 blocks, or
+ * whole blocks (whole_blocks()). */
 static weft_status read_large(const creader *r, uint64_t src, uint64_t n, char *dst) {
   const uint64_t B = r->B, e = src + n;
   int64_t b = (int64_t)(src / B);
@@ -374,9 +375,17 @@ static weft_status flush(const creader *r, window *w) {
   return WEFT_OK;
 }
 
+/* Whether bytes [src, src + n) of the chunk are whole blocks (the last may
+ * be the chunk's short one): those are read straight into dst. */
+static bool whole_blocks(const creader *r, uint64_t src, uint64_t n) {
+  if (!n || src % r->B) return false;
+  int64_t last = (int64_t)((src + n - 1) / r->B);
+  return (uint64_t)last * r->B + blen(r, last) == src + n;
+}
+
 static weft_status add_run(const creader *r, window *w, uint64_t src, uint64_t n, char *dst) {
   const uint64_t B = r->B;
-  if (n >= 2 * B) {
+  if (n >= 2 * B || whole_blocks(r, src, n)) {
     WEFT_CHECK(flush(r, w));
     return read_large(r, src, n, dst);
   }

@@ -100,6 +100,33 @@ Test(dcp, crc32c_matches_standard_vectors_and_software_on_random_buffers) {
     uint32_t ch = weft_crc32c(weft_crc32c(0, buf + off, cut), buf + off + cut, n - cut);
     cr_expect_eq(ch, hw, "chained at %zu of %zu (seed %lu)", cut, n, seed);
   }
+  /* every implementation this CPU has, at lengths around the folding
+   * path's edges (256-byte folds, 512 bytes at least) and chained from a
+   * nonzero state */
+  const char *impls[] = {"sw", "sse4.2", "vpclmulqdq"};
+  int have = 0;
+  for (int i = 0; i < 3; i++) {
+    uint32_t v9;
+    if (!weft_crc32c_impl(impls[i], 0, v, 9, &v9)) continue;
+    have++;
+    cr_expect_eq(v9, 0xE3069283u, "%s: crc32c(\"123456789\") = %08x", impls[i], v9);
+    for (int k = 0; k < 80; k++) {
+      static const size_t edge[] = {0,   1,   255, 256, 257,   511,  512,
+                                    513, 767, 768, 769, 12288, 12289};
+      size_t off = (size_t)rand() % 33;
+      size_t n = k < 13   ? edge[k]
+                 : k < 40 ? 512 + (size_t)rand() % 2048
+                          : (size_t)rand() % (cap - 40);
+      uint32_t st = (uint32_t)rand() * 2654435761u, got;
+      cr_assert(weft_crc32c_impl(impls[i], st, buf + off, n, &got));
+      uint32_t want = weft_crc32c_sw(st, buf + off, n);
+      cr_expect_eq(got, want, "%s: len %zu off %zu from %08x: %08x, tables %08x (seed %lu)",
+                   impls[i], n, off, st, got, want, seed);
+    }
+  }
+  cr_expect_geq(have, 1);
+  uint32_t unused;
+  cr_expect_not(weft_crc32c_impl("crc64", 0, v, 9, &unused));
   free(buf);
 }
 
