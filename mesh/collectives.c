@@ -213,6 +213,13 @@ static weft_status work_timeout(weft_work *w, double waited) {
   mesh_dim *g = w->group;
   g->broken = true;
   snprintf(g->broken_msg, sizeof g->broken_msg, "%.160s timed out", desc);
+  if (weft__rt.settings.debug) {
+    /* everyone arrived, so no one to name: still tell the others that
+     * this rank is stuck (debug.c, notices) */
+    char what[200];
+    snprintf(what, sizeof what, "%.120s on mesh dim '%.31s' (after all arrived)", desc, g->name);
+    (void)weft__notice_resolve(NULL, 0, what, NULL, 0, NULL, 0);
+  }
   work_abandon(w);
   return weft_error(WEFT_ERR_TIMEOUT,
                     "%s on mesh dim '%s' did not complete within %g s (group: world ranks %s)%s",

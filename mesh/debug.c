@@ -12,6 +12,13 @@
  * not overtake each other (MPI-4.0 §3.5), so the k-th fingerprint from a
  * peer always pairs with this rank's k-th collective on the group.
  *
+ * Notices: a rank that never arrives may be healthy but stuck waiting in
+ * another group for a rank that stopped (dp peer of a tp peer). So a rank
+ * whose wait times out sends every world rank a notice (on
+ * weft__rt.notice) naming whom it waited for, and before it reports, it
+ * looks for the notices of the ranks it found missing: the blame follows
+ * the chain to the rank that stopped (weft__notice_resolve).
+ *
  * all_to_all_v adds the pairwise counts (what I send you, what I expect
  * from you) to each message; since only the two ranks of a pair can see a
  * disagreement, a second exchange shares each rank's verdict.
@@ -20,10 +27,118 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mesh_internal.h"
 
-enum { TAG_FP = 17, TAG_VERDICT = 18 };
+enum { TAG_FP = 17, TAG_VERDICT = 18, TAG_NOTICE = 19 };
+
+#define NOTICE_MAGIC 0x4543544eu /* "NTCE" */
+#define NOTICE_ROOTS 8
+
+/* A timed-out rank's report: the ranks at the ends of its chains (at most
+ * NOTICE_ROOTS; none when it cannot tell who is missing) and what it was
+ * waiting in. */
+typedef struct notice_msg {
+  uint32_t magic;
+  int32_t nroots;
+  int32_t roots[NOTICE_ROOTS];
+  char what[200];
+} notice_msg;
+
+/* Sends may be in flight after the call returns: their buffers live here
+ * (a ring; one timeout per group, so reuse comes long after delivery). */
+static notice_msg notice_out[4];
+static int notice_next;
+
+/* Seconds to look for the notices of missing ranks at a timeout: a stuck
+ * peer began waiting at about the same time as we did. */
+static double notice_grace(void) {
+  double t = weft__rt.settings.timeout_s / 2;
+  return t < 2.0 ? t : 2.0;
+}
+
+static int add_rank(int *set, int n, int cap, int r) {
+  for (int i = 0; i < n; i++)
+    if (set[i] == r) return n;
+  if (n < cap) set[n++] = r;
+  return n;
+}
+
+int weft__notice_resolve(const int *missing, int nmissing, const char *what, int *roots, int cap,
+                         char *why, size_t why_cap) {
+  const int me = weft__rt.world_rank, world = weft__rt.world_size;
+  if (why_cap) why[0] = '\0';
+  int nroots = 0;
+  bool *seen = calloc((size_t)(nmissing > 0 ? nmissing : 1), sizeof *seen);
+  notice_msg *got = calloc((size_t)(nmissing > 0 ? nmissing : 1), sizeof *got);
+  if (seen && got && nmissing > 0) {
+    const double end = weft__now() + notice_grace();
+    int left = nmissing;
+    for (;;) {
+      for (int i = 0; i < nmissing; i++) {
+        int flag = 0;
+        MPI_Status stt;
+        /* the latest notice from that rank counts */
+        while (MPI_Iprobe(missing[i], TAG_NOTICE, weft__rt.notice, &flag, &stt) == MPI_SUCCESS &&
+               flag) {
+          notice_msg m;
+          MPI_Recv(&m, (int)sizeof m, MPI_BYTE, missing[i], TAG_NOTICE, weft__rt.notice,
+                   MPI_STATUS_IGNORE);
+          if (m.magic != NOTICE_MAGIC || m.nroots < 0 || m.nroots > NOTICE_ROOTS) continue;
+          m.what[sizeof m.what - 1] = '\0';
+          if (!seen[i]) left--;
+          seen[i] = true;
+          got[i] = m;
+        }
+      }
+      if (!left || weft__now() >= end) break;
+      struct timespec ts = {0, 2000000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  size_t len = 0;
+  for (int i = 0; i < nmissing; i++) {
+    if (!seen || !got || !seen[i]) {
+      nroots = add_rank(roots, nroots, cap, missing[i]);
+      continue;
+    }
+    const notice_msg *m = &got[i];
+    char list[128] = "";
+    if (m->nroots) {
+      int rs[NOTICE_ROOTS];
+      for (int k = 0; k < m->nroots; k++) {
+        rs[k] = m->roots[k];
+        if (rs[k] >= 0 && rs[k] < world && rs[k] != me)
+          nroots = add_rank(roots, nroots, cap, rs[k]);
+      }
+      weft__format_ranks(rs, m->nroots, list, sizeof list);
+    } else {
+      nroots = add_rank(roots, nroots, cap, missing[i]); /* it cannot tell either */
+    }
+    if (len < why_cap)
+      len += (size_t)snprintf(why + len, why_cap - len, "%sworld rank %d is itself stuck: %s%s%s",
+                              len ? "; " : "", missing[i], m->what,
+                              m->nroots ? ", waiting for world ranks " : "", list);
+  }
+  free(seen);
+  free(got);
+  /* our own notice, to everyone else */
+  notice_msg *out = &notice_out[notice_next++ % 4];
+  memset(out, 0, sizeof *out);
+  out->magic = NOTICE_MAGIC;
+  out->nroots = nroots < NOTICE_ROOTS ? nroots : NOTICE_ROOTS;
+  for (int k = 0; k < out->nroots; k++) out->roots[k] = roots[k];
+  snprintf(out->what, sizeof out->what, "%s", what);
+  for (int r = 0; r < world; r++) {
+    if (r == me) continue;
+    MPI_Request q;
+    if (MPI_Isend(out, (int)sizeof *out, MPI_BYTE, r, TAG_NOTICE, weft__rt.notice, &q) ==
+        MPI_SUCCESS)
+      MPI_Request_free(&q);
+  }
+  return nroots;
+}
 
 typedef struct fp_msg {
   weft_fingerprint fp;
@@ -84,20 +199,29 @@ static weft_status exchange_timeout(mesh_dim *d, const weft_fingerprint *fp, MPI
                                     const char *phase) {
   int n = d->size;
   int *missing = malloc((size_t)n * sizeof *missing);
-  char desc[256], ranks[512] = "?";
+  int *roots = malloc((size_t)n * sizeof *roots);
+  char desc[256], ranks[512] = "?", stopped[1024] = "", why[768] = "", what[200];
   weft__fingerprint_describe(fp, desc, sizeof desc);
-  if (missing) {
+  snprintf(what, sizeof what, "%.150s on mesh dim '%s'", desc, d->name);
+  if (missing && roots) {
     int nmiss = abandon(d, reqs, reqs + n, missing);
     weft__format_ranks(missing, nmiss, ranks, sizeof ranks);
-    free(missing);
+    int nroots = weft__notice_resolve(missing, nmiss, what, roots, n, why, sizeof why);
+    if (why[0]) {
+      char rs[400];
+      weft__format_ranks(roots, nroots, rs, sizeof rs);
+      snprintf(stopped, sizeof stopped, " (%.500s); so the ranks that stopped are: %s", why, rs);
+    }
   }
+  free(missing);
+  free(roots);
   d->broken = true;
   snprintf(d->broken_msg, sizeof d->broken_msg, "%.120s timed out in the %.40s exchange", desc,
            phase);
   return weft_error(WEFT_ERR_TIMEOUT,
                     "%s on mesh dim '%s' not started within %g s: world ranks never arrived "
-                    "(%s exchange): %s",
-                    desc, d->name, weft__rt.settings.timeout_s, phase, ranks);
+                    "(%s exchange): %s%s",
+                    desc, d->name, weft__rt.settings.timeout_s, phase, ranks, stopped);
 }
 
 /* Second round for all_to_all_v: every rank shares its pairwise verdict. */

@@ -477,6 +477,11 @@ weft_status weft_init(int *argc, char ***argv) {
   recs = NULL;
 
   WEFT_CHECK_GOTO(create_ops(), st, fail);
+  MPI_Comm_idup(MPI_COMM_WORLD, &weft__rt.notice, &req);
+  if (weft__wait_all(1, &req, s.timeout_s) != WEFT_OK) {
+    st = weft_error(WEFT_ERR_TIMEOUT, "weft_init: duplicating the world communicator timed out");
+    goto fail;
+  }
   weft__rt.initialized = true;
   return WEFT_OK;
 
@@ -527,6 +532,9 @@ weft_status weft_finalize(void) {
   bool call_finalize = fin < 0 ? weft__rt.node_count == 1 : fin == 1;
   free_ops();
   weft_status st = WEFT_OK;
+  /* note: MPI_Comm_free is local in MPICH; notices nobody received are
+   * dropped with the communicator */
+  MPI_Comm_free(&weft__rt.notice);
   if (weft__rt.finalize_mpi) {
     /* note: MPI_Finalize synchronises with a busy-polling barrier; meeting
      * first in a backoff barrier keeps oversubscribed ranks from spinning

@@ -35,7 +35,10 @@
  * - under WEFT_DEBUG=1 the ranks first exchange a fingerprint (op, dim,
  *   dtype, count, sequence number); a mismatch fails with WEFT_ERR_MISMATCH
  *   on every rank of the group and names the ranks that differ; a rank that
- *   never arrives is named in the timeout message.
+ *   never arrives is named in the timeout message, and when it is itself
+ *   stuck waiting for another rank (a timed-out rank tells every rank whom
+ *   it waited for), the message follows the chain to the rank that stopped
+ *   (this costs up to min(2 s, WEFT_TIMEOUT / 2) more at a timeout).
  * - in place: all_reduce and all_to_all with send == recv; all_gather with
  *   send == recv + coord * count (this rank's block); reduce_scatter with
  *   send == recv (the result lands in its first count elements, as

@@ -80,7 +80,10 @@ typedef struct weft_runtime {
   int node_cpus;              /* CPUs those processes may use (union of affinities) */
   bool sleep_waits;           /* resolved backoff policy */
   bool timed_out; /* a wait for other ranks timed out (weft__wait_all): one may be gone */
-  int *node_of;   /* world rank -> node index (world_size entries; NULL before init) */
+  /* WEFT_DEBUG notices (debug.c): a duplicate of MPI_COMM_WORLD on which a
+   * rank whose wait timed out tells the others whom it waited for */
+  MPI_Comm notice;
+  int *node_of; /* world rank -> node index (world_size entries; NULL before init) */
   weft_settings settings;
   MPI_Op ops16[2][3]; /* [bf16, f16][sum, max, min] user ops */
   /* [dtype][sum, max, min] user ops that accept the resized chunk types of
@@ -200,6 +203,17 @@ void weft__mesh_free_destroyed(void);
  * whole group, the single dim of a 1-D mesh, or a flattened dim over the
  * same root dims in the same order; NULL when none exists. */
 mesh_dim *weft__mesh_whole(const weft_mesh *mesh);
+/* WEFT_DEBUG, at a timeout (debug.c). The ranks of `missing` never
+ * arrived here; each of them may itself be stuck waiting for another rank
+ * (a chain ending at the rank that stopped). Looks, for up to a short
+ * grace, for the notices those ranks sent when their own wait timed out,
+ * and writes into `roots` (capacity cap) the ranks at the ends of the
+ * chains and into `why` (may be "") what the intermediate ranks reported;
+ * returns how many roots. Then sends this rank's own notice (the roots,
+ * and `what` it waited in) to every other world rank. Local apart from
+ * nonblocking sends that nobody has to receive. */
+int weft__notice_resolve(const int *missing, int nmissing, const char *what, int *roots, int cap,
+                         char *why, size_t why_cap);
 /* Formats world ranks "0, 2, 5" into buf. */
 void weft__format_ranks(const int *ranks, int n, char *buf, size_t cap);
 

@@ -1217,6 +1217,44 @@ static void case_stalled(void) {
   _exit(weft_worker_failures ? 1 : 0);
 }
 
+/* Issue 34 finding 7, second half: with WEFT_DEBUG=1 the blame goes to
+ * the rank that stopped, not to a healthy rank stuck waiting for it. On a
+ * 2x2 mesh (dp, tp) rank 3 stops. Rank 2 waits for it in a tp all-reduce
+ * (group {2, 3}); rank 0 waits in a dp all-reduce (group {0, 2}) for rank
+ * 2, which never comes since it is stuck: rank 0 must name 3, and say
+ * that 2 is stuck. Rank 1 waits for 3 in dp directly. */
+static void case_blame(void) {
+  weft_mesh *m = NULL;
+  int shape[2] = {2, 2};
+  const char *names[2] = {"dp", "tp"};
+  WOK(weft_mesh_create(2, shape, names, &m));
+  weft_set_debug(true);
+  const int me = weft_world_rank();
+  if (me == 3) {
+    sleep(14); /* stopped: no collective, no finalize */
+    _exit(0);
+  }
+  float x = 1.0f, y = 0.0f;
+  if (me == 0) usleep(200000); /* rank 2 is already stuck when rank 0 arrives */
+  weft_status st = weft_all_reduce(m, me == 2 ? 1 : 0, &x, &y, 1, WEFT_F32, WEFT_OP_SUM, NULL);
+  WCHECK(st == WEFT_ERR_TIMEOUT, "all_reduce: %s", weft_status_str(st));
+  const char *e = weft_last_error();
+  printf("[rank %d] %s\n", me, e);
+  fflush(stdout);
+  if (me == 0) {
+    WCHECK(strstr(e, "never arrived (fingerprint exchange): 2 ("), "rank 0 sees 2 missing: %s", e);
+    WCHECK(strstr(e, "world rank 2 is itself stuck: all_reduce(f32, count 1, sum") &&
+               strstr(e, "on mesh dim 'tp', waiting for world ranks 3"),
+           "rank 0 learns that 2 waits for 3 in tp: %s", e);
+    WCHECK(strstr(e, "the ranks that stopped are: 3"), "rank 0 blames 3: %s", e);
+  } else {
+    WCHECK(strstr(e, "never arrived (fingerprint exchange): 3") && !strstr(e, "stopped are"),
+           "rank %d names 3 directly: %s", me, e);
+  }
+  (void)weft_finalize();
+  _exit(weft_worker_failures ? 1 : 0);
+}
+
 static const weft_worker_case cases[] = {
     {"collectives", case_collectives},
     {"errors", case_errors},
@@ -1226,6 +1264,7 @@ static const weft_worker_case cases[] = {
     {"big_count_full", case_big_count_full},
     {"destroyed", case_destroyed},
     {"stalled", case_stalled},
+    {"blame", case_blame},
     {NULL, NULL},
 };
 

@@ -64,6 +64,13 @@ Test(mesh, stopped_rank_ends_the_others_after_one_timeout_not_two, .timeout = 60
   cr_assert_eq(weft_test_mpiexec_env(2, MESH_WORKER, "stalled", 40, env), 0);
 }
 
+/* WEFT_DEBUG blames the rank that stopped, not the healthy rank stuck
+ * waiting for it in another group (2x2; rank 3 stops for 14 s). */
+Test(mesh, debug_blames_the_stopped_rank_not_a_stuck_one, .timeout = 60) {
+  const char *env[] = {"WEFT_TIMEOUT=3", "UCX_LOG_LEVEL=error", NULL};
+  cr_assert_eq(weft_test_mpiexec_env(4, MESH_WORKER, "blame", 40, env), 0);
+}
+
 /* weft_wait_requests: the shared backoff wait for a caller's own MPI
  * requests completes them with exact results, times out naming the
  * caller's operation, and rejects bad arguments (3 ranks on 2 cores). */
