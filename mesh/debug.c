@@ -58,77 +58,13 @@ static double notice_grace(void) {
   return t < 2.0 ? t : 2.0;
 }
 
-static int add_rank(int *set, int n, int cap, int r) {
-  for (int i = 0; i < n; i++)
-    if (set[i] == r) return n;
-  if (n < cap) set[n++] = r;
-  return n;
-}
-
-int weft__notice_resolve(const int *missing, int nmissing, const char *what, int *roots, int cap,
-                         char *why, size_t why_cap) {
+static void notice_send(const int *ranks, int n, const char *what) {
   const int me = weft__rt.world_rank, world = weft__rt.world_size;
-  if (why_cap) why[0] = '\0';
-  int nroots = 0;
-  bool *seen = calloc((size_t)(nmissing > 0 ? nmissing : 1), sizeof *seen);
-  notice_msg *got = calloc((size_t)(nmissing > 0 ? nmissing : 1), sizeof *got);
-  if (seen && got && nmissing > 0) {
-    const double end = weft__now() + notice_grace();
-    int left = nmissing;
-    for (;;) {
-      for (int i = 0; i < nmissing; i++) {
-        int flag = 0;
-        MPI_Status stt;
-        /* the latest notice from that rank counts */
-        while (MPI_Iprobe(missing[i], TAG_NOTICE, weft__rt.notice, &flag, &stt) == MPI_SUCCESS &&
-               flag) {
-          notice_msg m;
-          MPI_Recv(&m, (int)sizeof m, MPI_BYTE, missing[i], TAG_NOTICE, weft__rt.notice,
-                   MPI_STATUS_IGNORE);
-          if (m.magic != NOTICE_MAGIC || m.nroots < 0 || m.nroots > NOTICE_ROOTS) continue;
-          m.what[sizeof m.what - 1] = '\0';
-          if (!seen[i]) left--;
-          seen[i] = true;
-          got[i] = m;
-        }
-      }
-      if (!left || weft__now() >= end) break;
-      struct timespec ts = {0, 2000000};
-      nanosleep(&ts, NULL);
-    }
-  }
-  size_t len = 0;
-  for (int i = 0; i < nmissing; i++) {
-    if (!seen || !got || !seen[i]) {
-      nroots = add_rank(roots, nroots, cap, missing[i]);
-      continue;
-    }
-    const notice_msg *m = &got[i];
-    char list[128] = "";
-    if (m->nroots) {
-      int rs[NOTICE_ROOTS];
-      for (int k = 0; k < m->nroots; k++) {
-        rs[k] = m->roots[k];
-        if (rs[k] >= 0 && rs[k] < world && rs[k] != me)
-          nroots = add_rank(roots, nroots, cap, rs[k]);
-      }
-      weft__format_ranks(rs, m->nroots, list, sizeof list);
-    } else {
-      nroots = add_rank(roots, nroots, cap, missing[i]); /* it cannot tell either */
-    }
-    if (len < why_cap)
-      len += (size_t)snprintf(why + len, why_cap - len, "%sworld rank %d is itself stuck: %s%s%s",
-                              len ? "; " : "", missing[i], m->what,
-                              m->nroots ? ", waiting for world ranks " : "", list);
-  }
-  free(seen);
-  free(got);
-  /* our own notice, to everyone else */
   notice_msg *out = &notice_out[notice_next++ % 4];
   memset(out, 0, sizeof *out);
   out->magic = NOTICE_MAGIC;
-  out->nroots = nroots < NOTICE_ROOTS ? nroots : NOTICE_ROOTS;
-  for (int k = 0; k < out->nroots; k++) out->roots[k] = roots[k];
+  out->nroots = n < NOTICE_ROOTS ? n : NOTICE_ROOTS;
+  for (int k = 0; k < out->nroots; k++) out->roots[k] = ranks[k];
   snprintf(out->what, sizeof out->what, "%s", what);
   for (int r = 0; r < world; r++) {
     if (r == me) continue;
@@ -137,7 +73,85 @@ int weft__notice_resolve(const int *missing, int nmissing, const char *what, int
         MPI_SUCCESS)
       MPI_Request_free(&q);
   }
-  return nroots;
+}
+
+/* The latest notice from world rank r, if any came: true and *m. */
+static bool notice_take(int r, notice_msg *m) {
+  bool got = false;
+  int flag = 0;
+  MPI_Status stt;
+  while (MPI_Iprobe(r, TAG_NOTICE, weft__rt.notice, &flag, &stt) == MPI_SUCCESS && flag) {
+    notice_msg in;
+    MPI_Recv(&in, (int)sizeof in, MPI_BYTE, r, TAG_NOTICE, weft__rt.notice, MPI_STATUS_IGNORE);
+    if (in.magic != NOTICE_MAGIC || in.nroots < 0 || in.nroots > NOTICE_ROOTS) continue;
+    in.what[sizeof in.what - 1] = '\0';
+    *m = in;
+    got = true;
+  }
+  return got;
+}
+
+int weft__notice_resolve(const int *missing, int nmissing, const char *what, int *roots, int cap,
+                         char *why, size_t why_cap) {
+  const int me = weft__rt.world_rank, world = weft__rt.world_size;
+  if (why_cap) why[0] = '\0';
+  /* first tell everyone whom this rank waits for, so that a rank waiting
+   * for us finds it without waiting for our own look-up */
+  notice_send(missing, nmissing, what);
+  if (nmissing <= 0) return 0;
+  /* then follow the chains: a missing rank that sent a notice is stuck,
+   * and whom it waits for is looked up in turn; one that sent none by the
+   * end of the grace is where a chain ends */
+  enum { UNSEEN, PENDING, STUCK, END };
+  unsigned char *state = calloc((size_t)world, 1);
+  if (!state) { /* no memory: the plain list */
+    int n = 0;
+    for (int i = 0; i < nmissing && n < cap; i++) roots[n++] = missing[i];
+    return n;
+  }
+  for (int i = 0; i < nmissing; i++)
+    if (missing[i] >= 0 && missing[i] < world && missing[i] != me) state[missing[i]] = PENDING;
+  const double end = weft__now() + notice_grace();
+  size_t len = 0;
+  for (;;) {
+    int pending = 0;
+    for (int r = 0; r < world; r++) {
+      if (state[r] != PENDING) continue;
+      notice_msg m;
+      if (!notice_take(r, &m)) {
+        pending++;
+        continue;
+      }
+      if (!m.nroots) { /* stuck where it cannot tell who is missing: a chain end */
+        state[r] = END;
+      } else {
+        state[r] = STUCK;
+        for (int k = 0; k < m.nroots; k++) {
+          const int q = m.roots[k];
+          if (q >= 0 && q < world && q != me && state[q] == UNSEEN) {
+            state[q] = PENDING;
+            pending++;
+          }
+        }
+      }
+      char list[128] = "";
+      int rs[NOTICE_ROOTS];
+      for (int k = 0; k < m.nroots; k++) rs[k] = m.roots[k];
+      weft__format_ranks(rs, m.nroots, list, sizeof list);
+      if (len < why_cap)
+        len += (size_t)snprintf(why + len, why_cap - len, "%sworld rank %d is itself stuck: %s%s%s",
+                                len ? "; " : "", r, m.what,
+                                m.nroots ? ", waiting for world ranks " : "", list);
+    }
+    if (!pending || weft__now() >= end) break;
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+  }
+  int n = 0;
+  for (int r = 0; r < world && n < cap; r++)
+    if (state[r] == PENDING || state[r] == END) roots[n++] = r;
+  free(state);
+  return n;
 }
 
 typedef struct fp_msg {
