@@ -483,6 +483,65 @@ typedef struct weft_device_stats {
  * weft-train --profile (examples/train/loop.c) and tests. */
 WEFT_API weft_device_stats weft_device_stats_get(void);
 
+/* ------------------------------------------------------------ cost model */
+
+/* A roofline model of the device path, to judge a change without a GPU
+ * (weft-train --profile --predict h100|h200). Every WEFT_LAUNCH of
+ * kernels/cuda and every cuBLAS GEMM records, under the kernel's name, the
+ * floating-point operations and the device-memory bytes it reads and writes
+ * (formulas at each launch site: what the kernel must move at least, not
+ * what a cache would save), and the engine whose peak bounds it; memsets
+ * and copies record their bytes too ("cudaMemsetAsync", "memcpy d2d",
+ * "memcpy h2d", "memcpy d2h"; the last two over the host link). With a
+ * spec set, each call adds
+ *   max(flops / (peak[engine] share), bytes / (mem_bytes_s share)) + launch_s
+ * to its kernel's modeled time, where share = min(1, thread blocks / sms)
+ * for a kernel (1 for BLAS, memsets and copies). Host synchronisations are in
+ * weft_device_stats; a caller adds sync_s for each (weft-train does).
+ * Collectives are not modeled. Counted in the real and the emulated build
+ * alike; process-wide, thread-safe. */
+typedef enum weft_engine {
+  WEFT_ENGINE_FP32 = 0, /* CUDA cores, f32 arithmetic (every weft kernel) */
+  WEFT_ENGINE_TF32,     /* tensor cores, tf32 inputs */
+  WEFT_ENGINE_BF16,     /* tensor cores, bf16 or f16 inputs */
+  WEFT_ENGINE_COUNT
+} weft_engine;
+
+typedef struct weft_gpu_spec {
+  const char *name;                     /* "H100 SXM" */
+  double peak_flops[WEFT_ENGINE_COUNT]; /* dense FLOP/s of each engine */
+  double mem_bytes_s;                   /* device-memory bandwidth */
+  double link_bytes_s;                  /* host<->device copies, each way */
+  double sms;      /* streaming multiprocessors: a kernel launched on fewer thread blocks gets
+                    * that share of the peaks */
+  double launch_s; /* fixed time of every kernel, BLAS call, memset or copy */
+  double sync_s; /* device idle per host synchronisation (the host waits, then refills the queue) */
+} weft_gpu_spec;
+
+/* The datasheet spec of a known GPU by short name, "h100" or "h200" (the
+ * SXM parts), case-insensitive; NULL for any other name. Static storage. */
+WEFT_API const weft_gpu_spec *weft_gpu_spec_find(const char *name);
+
+typedef struct weft_kernel_cost {
+  const char *name; /* the kernel as launched ("act_fwd_kernel<WEFT_ACT_GELU_TANH>"), or
+                     * "cublas gemm <engine>[ batched]"; static storage */
+  int engine;       /* weft_engine */
+  int64_t calls;
+  int64_t uncosted; /* calls whose launch site gave no cost (counted at launch_s only) */
+  double flops, bytes;
+  double model_s; /* modeled seconds under the spec set at the time of each call */
+} weft_kernel_cost;
+
+/* Sets the spec that the per-call model uses from now on (NULL: none, and
+ * model_s stays 0). Local, thread-safe; keep it set for a whole step. */
+WEFT_API void weft_device_cost_model_set(const weft_gpu_spec *spec);
+/* Forgets every record (weft-train resets before each step). */
+WEFT_API void weft_device_costs_reset(void);
+/* Copies the records, by modeled time then bytes (largest first), into
+ * out[0 .. min(n, cap)) and returns n, how many kernels have records
+ * (out may be NULL with cap 0). */
+WEFT_API int weft_device_costs_get(weft_kernel_cost *out, int cap);
+
 /* ------------------------------------------------------------- compute */
 /* weft_backend_<op>(dev, args...) calls member <op> of dev's table with the
  * same arguments; the semantics are layers.h's function of that name. */

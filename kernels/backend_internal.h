@@ -63,7 +63,21 @@ typedef enum weft_device_counter_ {
   WEFT_DEV_COUNTERS_
 } weft_device_counter_;
 void weft_device_count_(weft_device_counter_ c, int64_t n);
-void weft_device_count_launch_(void);
+/* One launch of `kernel` (a name with static storage, WEFT_LAUNCH's
+ * #kernel) on a grid of `blocks` thread blocks: counts it and records its
+ * cost (weft_kernel_cost, backend.h) from the hint that
+ * weft_device_cost_next_ left on this thread (then cleared); without one,
+ * the call is recorded as uncosted. */
+void weft_device_count_launch_(const char *kernel, double blocks);
+/* The cost of the next launch on this thread (WEFT_COST in cuda_compat.h):
+ * f32 FLOPs on the CUDA cores and device bytes read plus written. */
+void weft_device_cost_next_(double flops, double bytes);
+/* A cuBLAS call's cost (gemm.cu): recorded as "cublas gemm <engine>" or
+ * "... batched", and counted in weft_device_stats.blas. */
+void weft_device_cost_blas_(int engine, bool batched, double flops, double bytes);
+/* A memset's or copy's bytes (runtime.cu), under `what` (static storage);
+ * host_link: they cross the host link rather than device memory. */
+void weft_device_cost_copy_(const char *what, double bytes, bool host_link);
 
 #ifdef __cplusplus
 }

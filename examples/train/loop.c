@@ -29,6 +29,10 @@ typedef struct run_totals {
   int64_t tokens_per_step;
   double fpt; /* training FLOPs per token */
   bool tty;   /* rank 0 draws a progress bar */
+  /* --predict: the last step's ten costliest kernels, and how many kernels
+   * had records */
+  weft_kernel_cost top[10];
+  int ntop, nkernels;
 } run_totals;
 
 /* One step's numbers (the same on every rank after the reductions). */
@@ -41,6 +45,8 @@ typedef struct step_report {
   double comm_seconds[TRAIN_MAX_DIMS]; /* rank 0's time held up in each dim's collectives */
   weft_op_stats ops;                   /* this rank's op layer during the step (--profile) */
   weft_device_stats dev;               /* this rank's device backend during it (--profile) */
+  double pred_s, pred_kernels_s;       /* --predict: the modeled step, and its kernels' part */
+  int64_t pred_uncosted;               /* calls without a cost formula */
   bool do_val;
   const char *skipped; /* NULL, or what was non-finite ("loss", "gradient norm") */
   /* the guard's loss all-reduce, left out of the step's communication */
@@ -455,6 +461,16 @@ static void log_step(run_state *s, const step_report *r, const run_totals *t) {
           "bytes copied %lld\n",
           (long long)r->dev.launches, (long long)r->dev.blas, (long long)r->dev.host_syncs,
           (long long)r->dev.mallocs, (long long)(r->dev.bytes_h2d + r->dev.bytes_d2h));
+    if (o->predict) {
+      const double mfu = (double)t->tokens_per_step * t->fpt /
+                         (s->world * o->predict->peak_flops[WEFT_ENGINE_BF16] * r->pred_s);
+      printf(
+          "  predicted on %s: step %.2f ms (kernels %.2f, host syncs %.2f), %.0f tok/s, "
+          "MFU %.1f%%%s\n",
+          o->predict->name, 1e3 * r->pred_s, 1e3 * r->pred_kernels_s,
+          1e3 * (r->pred_s - r->pred_kernels_s), (double)t->tokens_per_step / r->pred_s, 100 * mfu,
+          r->pred_uncosted ? " (some calls have no cost formula: see the end)" : "");
+    }
   }
   if (r->do_val && !o->silent)
     printf("  validation after step %lld: held-out loss %.4f, next-token accuracy %.1f%%\n",
@@ -559,6 +575,43 @@ static int start_run(run_state *s, run_totals *t, train_result *res) {
   return 0;
 }
 
+/* --predict: this rank's modeled step from the kernels' records (each
+ * call's roofline time, backend.h) plus the host synchronisations; keeps
+ * the ten costliest kernels for the summary. */
+static void predict_step(const run_state *s, run_totals *t, step_report *r) {
+  weft_kernel_cost all[256];
+  const int n = weft_device_costs_get(all, 256);
+  r->pred_kernels_s = 0;
+  r->pred_uncosted = 0;
+  for (int i = 0; i < n && i < 256; i++) {
+    r->pred_kernels_s += all[i].model_s;
+    r->pred_uncosted += all[i].uncosted;
+  }
+  r->pred_s = r->pred_kernels_s + (double)r->dev.host_syncs * s->o->predict->sync_s;
+  t->nkernels = n;
+  t->ntop = n < 10 ? n : 10;
+  memcpy(t->top, all, (size_t)t->ntop * sizeof *all);
+}
+
+/* The ten costliest kernels of the last step on the modeled GPU. */
+static void print_prediction(const run_state *s, const run_totals *t) {
+  const weft_gpu_spec *g = s->o->predict;
+  printf(
+      "  modeled on %s (per call: max(FLOPs / peak, bytes / %.2f TB/s) on its share of %.0f "
+      "SMs, + %.0f us; %.0f us per host sync; peaks fp32 %.0f, tf32 %.0f, bf16 %.0f TFLOP/s)\n",
+      g->name, g->mem_bytes_s / 1e12, g->sms, 1e6 * g->launch_s, 1e6 * g->sync_s,
+      g->peak_flops[WEFT_ENGINE_FP32] / 1e12, g->peak_flops[WEFT_ENGINE_TF32] / 1e12,
+      g->peak_flops[WEFT_ENGINE_BF16] / 1e12);
+  printf("  the last step's ten costliest of %d kernels:\n", t->nkernels);
+  printf("    %-44s %7s %10s %10s %10s\n", "kernel", "calls", "ms", "GFLOP", "GB");
+  for (int i = 0; i < t->ntop; i++) {
+    const weft_kernel_cost *k = &t->top[i];
+    printf("    %-44.44s %7lld %10.3f %10.2f %10.3f%s\n", k->name, (long long)k->calls,
+           1e3 * k->model_s, k->flops / 1e9, k->bytes / 1e9,
+           k->uncosted ? "  (no cost formula: launch cost only)" : "");
+  }
+}
+
 /* One optimizer step, its report, validation when due, the log line and
  * the checkpoint when due. */
 static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res) {
@@ -571,6 +624,7 @@ static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res
   weft_optimizer_set_lr(s->opt, r.lr);
   const weft_op_stats ops0 = weft_op_stats_get();
   const weft_device_stats dev0 = weft_device_stats_get();
+  if (o->predict) weft_device_costs_reset();
   double t0 = now_s(), loss_sum = 0;
   int rc = micro_steps(s, step, &loss_sum);
   if (!rc) rc = clip_grads(s, step, &r.norm);
@@ -586,6 +640,7 @@ static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res
   r.dev = (weft_device_stats){dev1.launches - dev0.launches,     dev1.blas - dev0.blas,
                               dev1.host_syncs - dev0.host_syncs, dev1.mallocs - dev0.mallocs,
                               dev1.bytes_h2d - dev0.bytes_h2d,   dev1.bytes_d2h - dev0.bytes_d2h};
+  if (o->predict) predict_step(s, t, &r);
   if (!rc) rc = take_stats(s, &r, res);
   if (!rc) rc = reduce_report(s, &r);
   if (rc) return rc;
@@ -647,6 +702,7 @@ static int finish_run(run_state *s, run_totals *t, train_result *res) {
     res->mfu = mfu_avg;
   }
   if (s->rank == 0 && !o->silent) print_summary(s, t, tps_avg, mfu_avg, med, min);
+  if (s->rank == 0 && !o->silent && o->predict && t->ntop) print_prediction(s, t);
   return 0;
 }
 

@@ -140,6 +140,10 @@ void train_print_help(const char *prog) {
       "                          --device cuda also device calls per step: launches N,\n"
       "                          blas N, host syncs N, mallocs N, bytes copied N\n"
       "                          (weft_device_stats in <weft/backend.h>)\n"
+      "  --predict h100|h200     with --device cuda: --profile, and each step's time and\n"
+      "                          MFU on that GPU from a roofline per kernel\n"
+      "                          (weft_kernel_cost in <weft/backend.h>); the ten\n"
+      "                          costliest kernels at the end\n"
       "  --quiet                 no per-step lines, only validation and the summary\n"
       "  --help                  this text\n",
       prog);
@@ -329,9 +333,9 @@ static const field_flag str_flags[] = {FIELD("--data", data, 0, 0),
                                        FIELD("--log-json", log_json, 0, 0),
                                        {NULL, 0, 0, 0}};
 #undef FIELD
-static const char *const other_flags[] = {"--peak-tflops", "--seed",   "--mesh",   "--model",
-                                          "--dtype",       "--device", "--matmul", "--on-nonfinite",
-                                          "--save-errors", NULL};
+static const char *const other_flags[] = {
+    "--peak-tflops", "--seed",         "--mesh",        "--model",   "--dtype", "--device",
+    "--matmul",      "--on-nonfinite", "--save-errors", "--predict", NULL};
 
 static const field_flag *find_field(const field_flag *t, const char *flag) {
   for (; t->name; t++)
@@ -447,6 +451,10 @@ static int parse_other(parse_ctx *c, const char *flag, const char *val, train_op
       o->skip_nonfinite = true;
     else
       return perr(err, cap, "--on-nonfinite: want stop or skip (got '%s')", val);
+  } else if (!strcmp(flag, "--predict")) {
+    o->predict = weft_gpu_spec_find(val);
+    if (!o->predict) return perr(err, cap, "--predict: want h100 or h200 (got '%s')", val);
+    o->profile = true;
   } else if (!strcmp(flag, "--device")) {
     if (!strcmp(val, "cpu"))
       o->cuda = false;

@@ -322,6 +322,9 @@ int train_setup(run_state *s, train_result *res) {
                           o->matmul == WEFT_MATMUL_TF32 ? "tf32" : "bf16");
   if (o->cuda && weft_device_set_matmul_precision(WEFT_CUDA, (weft_matmul_precision)o->matmul))
     return train_fail_all("--matmul: %s", weft_last_error());
+  if (o->predict && !o->cuda)
+    return train_fail_all("--predict: needs --device cuda (it models the device path)");
+  weft_device_cost_model_set(o->predict);
   choose_peak(s);
   st = make_meshes(s);
   if (st == WEFT_OK) st = make_model(s);

@@ -81,7 +81,8 @@ typedef struct train_opts {
   bool peak_given;           /* --peak-tflops (else the CPU default, or the GPU's from its model) */
   bool quiet;                /* no per-step lines (summary only) */
   bool profile;              /* rank 0: the op layer's counters per step (weft_op_stats) */
-  bool silent;               /* nothing on stdout (weft-plan --validate); errors still print */
+  const weft_gpu_spec *predict; /* --predict h100|h200: the modeled step (implies profile) */
+  bool silent;                  /* nothing on stdout (weft-plan --validate); errors still print */
 } train_opts;
 
 /* Defaults (the "demo" preset, 20 steps). */

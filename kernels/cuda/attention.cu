@@ -112,6 +112,7 @@ __global__ void permute_kernel(float *dst, const float *src, int64_t A0, int64_t
 weft_status permute(const char *func, float *dst, const float *src, int64_t A0, int64_t A1,
                     int64_t A2, int64_t inner) {
   const bool vec = inner % 4 == 0 && aligned16(dst) && aligned16(src);
+  WEFT_COST(0, 8.0 * (double)(A0 * A1 * A2 * inner));
   WEFT_LAUNCH(permute_kernel, grid_for(A0 * A1 * A2, 8), dim3(32, 8), 0, compute_stream(), dst, src,
               A0, A1, A2, inner, vec);
   return launched(func);
@@ -238,6 +239,7 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
   if (B * T * H == 0) return WEFT_OK;
   cudaStream_t s = compute_stream();
   if (hd == 0) {
+    WEFT_COST(B * H * T, 4.0 * (double)(B * H * T));
     WEFT_LAUNCH(lse_empty_kernel, grid_for(B * H * T, 256), 256, 0, s, lse, B * H, T, causal);
     return launched(__func__);
   }
@@ -255,6 +257,8 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, scale, Qp + t0 * G * hd, hd,
                                                T * G * hd, Kp, hd, T * hd, 0.0f, S, end, M * end,
                                                count));
+    /* each row read twice (max/sum, then the write), lse written */
+    WEFT_COST(5.0 * (double)(count * M * end), 12.0 * (double)(count * M * end) + 4.0 * count * M);
     WEFT_LAUNCH(softmax_fwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, S, lse, count * M,
                 end, M, G, Hkv, H, T, t0, causal);
     WEFT_CHECK(launched(__func__));
@@ -299,6 +303,7 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
   WEFT_CHECK(permute(__func__, Kp, k, B, T, Hkv, hd));
   WEFT_CHECK(permute(__func__, Vp, v, B, T, Hkv, hd));
   WEFT_CHECK(permute(__func__, dOp, dout, B, T, Hkv, G * hd));
+  WEFT_COST(2.0 * (double)nq, 8.0 * (double)nq + 4.0 * (double)(B * T * H));
   WEFT_LAUNCH(rowdot_kernel, grid_for(B * T * H, 8), dim3(32, 8), 0, s, D, dout, out, B, T, H, hd);
   WEFT_CHECK(launched(__func__));
   WEFT_CHECK(weft_cuda_memset_(dKp, 0, (size_t)nkv * sizeof(float)));
@@ -311,6 +316,8 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
                                                Kp, hd, T * hd, 0.0f, P, end, M * end, count));
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, true, M, end, hd, 1.0f, dOb, hd, T * G * hd,
                                                Vp, hd, T * hd, 0.0f, dS, end, M * end, count));
+    /* S and dP read, both written; lse and D per row */
+    WEFT_COST(6.0 * (double)(count * M * end), 16.0 * (double)(count * M * end) + 8.0 * count * M);
     WEFT_LAUNCH(softmax_bwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, P, dS, lse, D,
                 count * M, end, M, G, Hkv, H, T, t0, scale, causal);
     WEFT_CHECK(launched(__func__));

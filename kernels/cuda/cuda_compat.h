@@ -60,9 +60,17 @@
 #endif
 
 /* Every WEFT_LAUNCH counts one launch in weft_device_stats (backend.h;
- * kernels/device_stats.c, also declared in backend_internal.h), in both
- * builds alike, before it launches. */
-extern "C" void weft_device_count_launch_(void);
+ * kernels/device_stats.c, also declared in backend_internal.h) and records
+ * its cost for the roofline model (weft_kernel_cost), in both builds
+ * alike, before it launches. The cost is what WEFT_COST(flops, bytes) said
+ * just before on the same thread: f32 FLOPs and the device bytes the
+ * kernel reads plus writes at least. */
+extern "C" void weft_device_count_launch_(const char *kernel, double blocks);
+extern "C" void weft_device_cost_next_(double flops, double bytes);
+#define WEFT_COST(flops, bytes) weft_device_cost_next_((double)(flops), (double)(bytes))
+/* Thread blocks of a launch's grid (the model scales a kernel with fewer
+ * blocks than the GPU has SMs to that share of the GPU). */
+static inline double weft_grid_blocks_(dim3 g) { return (double)g.x * g.y * g.z; }
 
 #ifdef WEFT_CUDA_EMU
 /* weft_emu_launch_ queues the body on the stream, to run for every block
@@ -72,15 +80,16 @@ extern "C" void weft_device_count_launch_(void);
  * Pointer arguments must be device or pinned memory (checked at the
  * launch: weft_emu_check_launch_args_). */
 #define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)                                   \
-  (weft_device_count_launch_(),                                                               \
+  (weft_device_count_launch_(#kernel, weft_grid_blocks_(grid)),                               \
    weft_emu_launch_(#kernel, (grid), (block), (size_t)(smem), (stream), [](auto... weft_a_) { \
      weft_emu_check_launch_args_(#kernel, weft_a_...);                                        \
      return [=]() { kernel(weft_a_...); };                                                    \
    }(__VA_ARGS__)))
 #define WEFT_DYN_SMEM(T, name) T *name = (T *)weft_emu_dyn_smem_()
 #else
-#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  (weft_device_count_launch_(), kernel<<<(grid), (block), (size_t)(smem), (stream)>>>(__VA_ARGS__))
+#define WEFT_LAUNCH(kernel, grid, block, smem, stream, ...)     \
+  (weft_device_count_launch_(#kernel, weft_grid_blocks_(grid)), \
+   kernel<<<(grid), (block), (size_t)(smem), (stream)>>>(__VA_ARGS__))
 #define WEFT_DYN_SMEM(T, name) extern __shared__ __align__(16) T name[]
 #endif
 

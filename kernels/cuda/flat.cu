@@ -105,10 +105,19 @@ weft_status flat_run(const char *op, flat_op kind, void *flat, weft_dtype flat_d
   if (!host) return weft_error_at(WEFT_ERR_OOM, op, "no host memory for %d pieces", npieces);
   int np = 0;
   int64_t nchunks = 0;
+  double bytes_moved = 0, flops = 0; /* the cost model's (backend.h) */
+  const double fsz = flat_dtype == WEFT_F32 ? 4.0 : 2.0;
   for (int i = 0; i < npieces; i++) {
     const weft_flat_piece &p = pieces[i];
     const int64_t total = p.count + (kind == FLAT_PACK ? p.pad : 0);
     if (total == 0) continue;
+    const double psz = p.dtype == WEFT_F32 ? 4.0 : 2.0;
+    if (kind == FLAT_PACK)
+      bytes_moved += fsz * (double)total + psz * (double)p.count;
+    else if (kind == FLAT_SPLIT)
+      bytes_moved += (fsz + psz) * (double)total;
+    else /* accumulate into an f32 piece: read the flat and the piece, write the piece */
+      bytes_moved += (fsz + 8.0) * (double)total, flops += 2.0 * (double)total;
     piece_desc &d = host[np++];
     d.data = p.data;
     d.dtype = (int)p.dtype;
@@ -130,6 +139,7 @@ weft_status flat_run(const char *op, flat_op kind, void *flat, weft_dtype flat_d
       const piece_desc *descs = (const piece_desc *)scratch;
       cudaStream_t s = compute_stream();
       const int ikind = (int)kind;
+      WEFT_COST(flops, bytes_moved);
       switch (flat_dtype) {
         case WEFT_F32:
           WEFT_LAUNCH(flat_kernel<float>, grid_of(nchunks), FLAT_THREADS, 0, s, (float *)flat,

@@ -153,6 +153,7 @@ weft_status pack_operand(const char *func, uint16_t *dst, const float *src, int6
                          int64_t cols, int64_t ld, int64_t stride, int64_t nbatch) {
   const bool vec = cols % 4 == 0 && ld % 4 == 0 && stride % 4 == 0 && aligned16(src);
   const dim3 block(32, 8);
+  WEFT_COST(0, 6.0 * (double)(rows * cols * nbatch));
   WEFT_LAUNCH(pack_bf16_kernel, grid_for(rows * nbatch, 8), block, 0, compute_stream(), dst, src,
               rows, cols, ld, stride, nbatch, vec);
   return weft_cuda_check_((int)cudaGetLastError(), func);
@@ -192,6 +193,7 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
   WEFT_CHECK(check_cublas_dims(op, m, n, k, lda, ldb, ldc, count));
   cudaStream_t s = compute_stream();
   if (!reads_ab) {
+    WEFT_COST((double)(m * n * count), (beta != 0.0f ? 8.0 : 4.0) * (double)(m * n * count));
     WEFT_LAUNCH(scale_c_kernel, grid_for(m * count, 8), dim3(32, 8), 0, s, c, m, n, ldc, sc, count,
                 beta);
     return weft_cuda_check_((int)cudaGetLastError(), op);
@@ -229,7 +231,20 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasStatus_t st;
-  weft_device_count_(WEFT_DEV_BLAS_, 1);
+  {
+    /* the model's cost: 2mnk per product; A and B read once, C written
+     * (and read when beta != 0), C in f32 */
+    const int engine = in_type == CUDA_R_16BF                    ? WEFT_ENGINE_BF16
+                       : compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? WEFT_ENGINE_TF32
+                                                                 : WEFT_ENGINE_FP32;
+    const double in_size = in_type == CUDA_R_16BF ? 2.0 : 4.0;
+    const double na = batched && sa != 0 ? (double)count : 1.0;
+    const double nb = batched && sb != 0 ? (double)count : 1.0;
+    const double bytes = in_size * ((double)m * (double)k * na + (double)k * (double)n * nb) +
+                         (beta != 0.0f ? 8.0 : 4.0) * (double)m * (double)n * (double)count;
+    weft_device_cost_blas_(engine, batched, 2.0 * (double)m * (double)n * (double)k * (double)count,
+                           bytes);
+  }
   /* C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m), column-major */
   if (batched)
     st = cublasGemmStridedBatchedEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, in_type,
@@ -296,6 +311,7 @@ weft_status weft_cuda_cast_f32_to_bf16(uint16_t *out, const float *in, int64_t n
   WEFT_CHECK(check_cast(__func__, out, in, n));
   if (n == 0) return WEFT_OK;
   const bool vec = aligned16(in) && ((uintptr_t)out & 7u) == 0;
+  WEFT_COST(0, 6.0 * (double)n);
   WEFT_LAUNCH(cast_to_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(),
               out, in, n, vec);
   return weft_cuda_check_((int)cudaGetLastError(), weft_op_name_(__func__));
@@ -305,6 +321,7 @@ weft_status weft_cuda_cast_bf16_to_f32(float *out, const uint16_t *in, int64_t n
   WEFT_CHECK(check_cast(__func__, out, in, n));
   if (n == 0) return WEFT_OK;
   const bool vec = aligned16(out) && ((uintptr_t)in & 7u) == 0;
+  WEFT_COST(0, 6.0 * (double)n);
   WEFT_LAUNCH(cast_from_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(),
               out, in, n, vec);
   return weft_cuda_check_((int)cudaGetLastError(), weft_op_name_(__func__));

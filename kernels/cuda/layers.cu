@@ -128,6 +128,7 @@ weft_status check_ids(const char *func, const char *name, const int32_t *ids, in
   WEFT_CHECK(weft_cuda_scratch_(sizeof(unsigned), &scratch));
   unsigned *flag = (unsigned *)scratch;
   WEFT_CHECK(weft_cuda_memset_(flag, 0, sizeof *flag));
+  WEFT_COST(0, 4.0 * (double)N);
   WEFT_LAUNCH(check_ids_kernel, grid_for(N, 256, 4096), 256, 0, compute_stream(), flag, ids, N, hi);
   WEFT_CHECK(launched(func));
   unsigned got = 0;
@@ -219,9 +220,15 @@ weft_status embedding_launch(const char *func, bool backward, float *dst, const 
     if (tiles > 65535)
       return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "C = %lld columns: at most %lld on cuda",
                            (long long)C, 65535LL * EMB_COLS);
+    /* as the kernel does it: every warp (a vocab row's column tile) scans
+     * all N ids; dout rows read, the hit rows of dw read and written */
+    WEFT_COST((double)N * (double)C, 4.0 * (double)N * (double)nv * (double)tiles +
+                                         4.0 * (double)N * (double)C +
+                                         8.0 * (double)(nv < N ? nv : N) * (double)C);
     WEFT_LAUNCH(embedding_bwd_kernel, dim3(grid_for(nv, 8), (unsigned)tiles), block, 0,
                 compute_stream(), dst, tokens, src, N, v0, nv, C);
   } else {
+    WEFT_COST(0, 8.0 * (double)N * (double)C + 4.0 * (double)N);
     WEFT_LAUNCH(embedding_fwd_kernel, grid_for(N, 8), block, 0, compute_stream(), dst, tokens, src,
                 N, v0, nv, C, vec);
   }
@@ -624,6 +631,7 @@ weft_status ce_backward_launch(const char *func, float *dlogits, const float *lo
                                int64_t nv, float scale) {
   if (N == 0 || nv == 0) return WEFT_OK;
   const bool vec = nv % 4 == 0 && aligned16(dlogits) && aligned16(logits);
+  WEFT_COST(4.0 * (double)N * (double)nv, 8.0 * (double)N * (double)nv + 12.0 * (double)N);
   WEFT_LAUNCH(ce_bwd_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), dlogits, logits, lse,
               targets, N, v0, nv, scale, vec);
   return launched(func);
@@ -700,6 +708,7 @@ weft_status weft_cuda_linear_forward(float *out, const float *inp, const float *
   WEFT_CHECK(weft_cuda_sgemm(false, true, N, OC, IC, 1.0f, inp, IC > 0 ? IC : 1, weight,
                              IC > 0 ? IC : 1, 0.0f, out, OC));
   if (!bias) return WEFT_OK;
+  WEFT_COST((double)N * (double)OC, 8.0 * (double)N * (double)OC + 4.0 * (double)OC);
   WEFT_LAUNCH(bias_add_kernel, grid_for(N, 8), dim3(32, 8), 0, compute_stream(), out, bias, N, OC);
   return launched(__func__);
 }
@@ -732,10 +741,13 @@ weft_status weft_cuda_linear_backward(float *dinp, float *dweight, float *dbias,
       void *scratch;
       WEFT_CHECK(weft_cuda_scratch_((size_t)(nchunks * OC) * sizeof(float), &scratch));
       partial = (float *)scratch;
+      WEFT_COST((double)N * (double)OC,
+                4.0 * (double)N * (double)OC + 4.0 * (double)(nchunks * OC));
       WEFT_LAUNCH(colsum_partial_kernel, dim3((unsigned)((OC + 31) / 32), (unsigned)nchunks),
                   dim3(32, 8), 0, compute_stream(), partial, dout, N, OC, rows_per_chunk);
       WEFT_CHECK(launched(__func__));
     }
+    WEFT_COST((double)(nchunks * OC), 4.0 * (double)(nchunks * OC) + 8.0 * (double)OC);
     WEFT_LAUNCH(colsum_finish_kernel, grid_for(OC, 256), 256, 0, compute_stream(), dbias, partial,
                 nchunks, OC, accumulate_dweight);
     WEFT_CHECK(launched(__func__));
@@ -752,6 +764,7 @@ weft_status weft_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
       weft_check_rmsnorm_forward_(weft_op_name_(__func__), out, rstd, inp, weight, N, C, eps));
   if (N == 0) return WEFT_OK;
   const bool vec = C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight);
+  WEFT_COST(4.0 * (double)N * (double)C, 8.0 * (double)N * (double)C + 4.0 * (double)(C + N));
   WEFT_LAUNCH(rmsnorm_fwd_kernel, grid_for(N, 4), dim3(32, 4), 0, compute_stream(), out, rstd, inp,
               weight, N, C, eps, vec);
   return launched(__func__);
@@ -775,6 +788,11 @@ weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float 
   float *partial = (float *)scratch;
   cudaStream_t s = compute_stream();
   const int64_t K = (C + RMS_THREADS - 1) / RMS_THREADS;
+  /* dout and inp read, dinp written (and read when accumulating), a
+   * partial row of dweight per block */
+  const double rms_bwd_bytes =
+      (accumulate_dinp ? 16.0 : 12.0) * (double)N * (double)C + 4.0 * (double)(blocks * C + C + N);
+  WEFT_COST(8.0 * (double)N * (double)C, rms_bwd_bytes);
 #define RMS_BWD(KK)                                                                             \
   WEFT_LAUNCH(rmsnorm_bwd_kernel<KK>, (unsigned)blocks, RMS_THREADS, 0, s, dinp, partial, dout, \
               inp, weight, rstd, N, C, accumulate_dinp)
@@ -792,11 +810,13 @@ weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float 
     RMS_BWD(32);
   else {
     WEFT_CHECK(weft_cuda_memset_(partial, 0, (size_t)(blocks * C) * sizeof(float)));
+    WEFT_COST(8.0 * (double)N * (double)C, rms_bwd_bytes);
     WEFT_LAUNCH(rmsnorm_bwd_long_kernel, (unsigned)blocks, 1024, 0, s, dinp, partial, dout, inp,
                 weight, rstd, N, C, accumulate_dinp);
   }
 #undef RMS_BWD
   WEFT_CHECK(launched(__func__));
+  WEFT_COST((double)(blocks * C), 4.0 * (double)(blocks * C) + 8.0 * (double)C);
   WEFT_LAUNCH(colsum_finish_kernel, grid_for(C, 256), 256, 0, s, dweight, partial, blocks, C, true);
   return launched(__func__);
 }
@@ -850,6 +870,7 @@ static weft_status rope_apply(const char *func, float *out, const float *inp, co
     if (!ptrs[i] && counts[i] > 0)
       return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", names[i]);
   if (n == 0) return WEFT_OK;
+  WEFT_COST(3.0 * (double)n, 8.0 * (double)n + 4.0 * (double)(T * hd));
   WEFT_LAUNCH(rope_kernel, grid_for(B * T, 1), 128, 0, compute_stream(), out, inp, cosb, sinb,
               B * T, T, NH, hd / 2, pos0, sign,
               ((uintptr_t)out & 7u) == 0 && ((uintptr_t)inp & 7u) == 0);
@@ -878,6 +899,7 @@ weft_status weft_cuda_swiglu_forward(float *out, const float *a, const float *b,
   CHECK_PTR(b, n);
   if (n == 0) return WEFT_OK;
   const bool vec = aligned16(out) && aligned16(a) && aligned16(b);
+  WEFT_COST(8.0 * (double)n, 12.0 * (double)n);
   WEFT_LAUNCH(swiglu_fwd_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(),
               out, a, b, n, vec);
   return launched(__func__);
@@ -890,6 +912,7 @@ weft_status weft_cuda_swiglu_backward(float *da, float *db, const float *dout, c
   if (n == 0) return WEFT_OK;
   const bool vec =
       aligned16(da) && aligned16(db) && aligned16(dout) && aligned16(a) && aligned16(b);
+  WEFT_COST(12.0 * (double)n, 20.0 * (double)n);
   WEFT_LAUNCH(swiglu_bwd_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(), da,
               db, dout, a, b, n, vec);
   return launched(__func__);
@@ -903,6 +926,7 @@ weft_status weft_cuda_residual_forward(float *out, const float *a, const float *
   CHECK_PTR(b, n);
   if (n == 0) return WEFT_OK;
   const bool vec = aligned16(out) && aligned16(a) && aligned16(b);
+  WEFT_COST((double)n, 12.0 * (double)n);
   WEFT_LAUNCH(add_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(), out, a, b,
               n, vec);
   return launched(__func__);
@@ -918,6 +942,7 @@ weft_status weft_cuda_residual_backward(float *da, float *db, const float *dout,
     float *x = dst[k];
     if (!x) continue;
     const bool vec = aligned16(x) && aligned16(dout);
+    WEFT_COST((double)n, 12.0 * (double)n);
     WEFT_LAUNCH(add_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(), x, x,
                 dout, n, vec);
     WEFT_CHECK(launched(__func__));
@@ -950,9 +975,11 @@ weft_status weft_cuda_cross_entropy_forward(double *loss, float *lse, const floa
   float *row_lse = (float *)((char *)scratch + off_lse);
   cudaStream_t s = compute_stream();
   WEFT_CHECK(weft_cuda_memset_(dres, 0, sizeof *dres));
+  WEFT_COST(4.0 * (double)N * (double)V, 4.0 * (double)N * (double)V + 16.0 * (double)N);
   WEFT_LAUNCH(ce_fwd_kernel, grid_for(N, 1), ROW_THREADS, 0, s, row_lse, row_loss, dres, logits,
               targets, N, V);
   WEFT_CHECK(launched(__func__));
+  WEFT_COST((double)N, 8.0 * (double)N);
   WEFT_LAUNCH(sum_d_kernel, 1, 1024, 0, s, dres, row_loss, N);
   WEFT_CHECK(launched(__func__));
   loss_result res;
@@ -991,6 +1018,7 @@ weft_status weft_cuda_cross_entropy_local_max(float *row_max, const float *logit
   CHECK_PTR(row_max, N);
   CHECK_PTR(logits_local, N * nv);
   if (N == 0) return WEFT_OK;
+  WEFT_COST((double)N * (double)nv, 4.0 * (double)N * (double)nv + 4.0 * (double)N);
   WEFT_LAUNCH(row_max_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), row_max,
               logits_local, N, nv);
   return launched(__func__);
@@ -1006,6 +1034,7 @@ weft_status weft_cuda_cross_entropy_local_target(float *target_logit, const floa
   CHECK_PTR(targets, N);
   WEFT_CHECK(check_ids(__func__, "targets", targets, N, -1));
   if (N == 0) return WEFT_OK;
+  WEFT_COST(0, 12.0 * (double)N);
   WEFT_LAUNCH(local_target_kernel, grid_for(N, 256), 256, 0, compute_stream(), target_logit,
               logits_local, targets, N, v0, nv);
   return launched(__func__);
@@ -1019,6 +1048,7 @@ weft_status weft_cuda_cross_entropy_local_sumexp(float *sumexp, const float *log
   CHECK_PTR(logits_local, N * nv);
   CHECK_PTR(gmax, N);
   if (N == 0) return WEFT_OK;
+  WEFT_COST(3.0 * (double)N * (double)nv, 4.0 * (double)N * (double)nv + 8.0 * (double)N);
   WEFT_LAUNCH(sumexp_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), sumexp, logits_local,
               gmax, N, nv);
   return launched(__func__);
@@ -1044,9 +1074,11 @@ weft_status weft_cuda_cross_entropy_finish(double *loss, float *lse, const float
   double *row_loss = (double *)((char *)scratch + 256);
   cudaStream_t s = compute_stream();
   WEFT_CHECK(weft_cuda_memset_(dres, 0, sizeof *dres));
+  WEFT_COST(4.0 * (double)N, 20.0 * (double)N);
   WEFT_LAUNCH(finish_rows_kernel, grid_for(N, 256), 256, 0, s, row_loss, dres, gmax, gsum, gtarget,
               N);
   WEFT_CHECK(launched(__func__));
+  WEFT_COST((double)N, 8.0 * (double)N);
   WEFT_LAUNCH(sum_d_kernel, 1, 1024, 0, s, dres, row_loss, N);
   WEFT_CHECK(launched(__func__));
   loss_result res;
@@ -1060,6 +1092,7 @@ weft_status weft_cuda_cross_entropy_finish(double *loss, float *lse, const float
   }
   *loss = res.sum / (double)N;
   if (lse) {
+    WEFT_COST(2.0 * (double)N, 12.0 * (double)N);
     WEFT_LAUNCH(finish_lse_kernel, grid_for(N, 256), 256, 0, s, lse, gmax, gsum, N);
     WEFT_CHECK(launched(__func__));
   }

@@ -260,6 +260,7 @@ weft_status weft_cuda_layernorm_forward(float *out, float *mean, float *rstd, co
   NA_REQUIRE_INIT();
   WEFT_CHECK_ARGS_(weft_check_layernorm_forward_(OP, out, mean, rstd, inp, N, C, eps));
   if (N == 0) return WEFT_OK;
+  WEFT_COST(8.0 * (double)N * (double)C, 8.0 * (double)N * (double)C + 8.0 * (double)(C + N));
   WEFT_LAUNCH(ln_fwd_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(), out, mean,
               rstd, inp, weight, bias, N, C, eps);
   return na_launched(__func__);
@@ -274,6 +275,8 @@ weft_status weft_cuda_layernorm_backward(float *dinp, float *dweight, float *dbi
   if (N == 0) return WEFT_OK;
   cudaStream_t s = compute_stream();
   if (dinp) {
+    WEFT_COST(8.0 * (double)N * (double)C,
+              (accumulate_dinp ? 16.0 : 12.0) * (double)N * (double)C + 8.0 * (double)(C + N));
     WEFT_LAUNCH(ln_bwd_dinp_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, s, dinp, dout, inp,
                 weight, mean, rstd, N, C, accumulate_dinp);
     WEFT_CHECK(na_launched(__func__));
@@ -287,9 +290,12 @@ weft_status weft_cuda_layernorm_backward(float *dinp, float *dweight, float *dbi
     void *scratch;
     WEFT_CHECK(weft_cuda_scratch_((size_t)(2 * nchunks * C) * sizeof(double), &scratch));
     double *pw = (double *)scratch, *pb = pw + nchunks * C;
+    WEFT_COST(4.0 * (double)N * (double)C,
+              8.0 * (double)N * (double)C + 8.0 * (double)N + 16.0 * (double)(nchunks * C));
     WEFT_LAUNCH(ln_colsum_partial_kernel, dim3((unsigned)((C + 31) / 32), (unsigned)nchunks),
                 dim3(32, 8), 0, s, pw, pb, dout, inp, mean, rstd, N, C, rows_per_chunk);
     WEFT_CHECK(na_launched(__func__));
+    WEFT_COST(2.0 * (double)(nchunks * C), 16.0 * (double)(nchunks * C) + 16.0 * (double)C);
     WEFT_LAUNCH(ln_colsum_finish_kernel, grid_for(C, 256), 256, 0, s, dweight, dbias, pw, pb,
                 nchunks, C);
     WEFT_CHECK(na_launched(__func__));
@@ -306,6 +312,7 @@ weft_status weft_cuda_activation_forward(weft_activation act, float *out, const 
   if (n == 0) return WEFT_OK;
   const unsigned grid = grid_for(n, 256);
   cudaStream_t s = compute_stream();
+  WEFT_COST(8.0 * (double)n, 8.0 * (double)n);
   switch (act) {
     case WEFT_ACT_GELU_TANH:
       WEFT_LAUNCH(act_fwd_kernel<WEFT_ACT_GELU_TANH>, grid, 256, 0, s, out, inp, n);
@@ -330,6 +337,7 @@ weft_status weft_cuda_activation_backward(weft_activation act, float *dinp, cons
   if (n == 0) return WEFT_OK;
   const unsigned grid = grid_for(n, 256);
   cudaStream_t s = compute_stream();
+  WEFT_COST(12.0 * (double)n, (accumulate ? 16.0 : 12.0) * (double)n);
   switch (act) {
     case WEFT_ACT_GELU_TANH:
       WEFT_LAUNCH(act_bwd_kernel<WEFT_ACT_GELU_TANH>, grid, 256, 0, s, dinp, dout, inp, n,
@@ -355,6 +363,7 @@ weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, i
   NA_REQUIRE_INIT();
   WEFT_CHECK_ARGS_(weft_check_softmax_forward_(OP, out, inp, N, C));
   if (N == 0) return WEFT_OK;
+  WEFT_COST(4.0 * (double)N * (double)C, 12.0 * (double)N * (double)C);
   WEFT_LAUNCH(softmax_fwd_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(), out, inp,
               N, C);
   return na_launched(__func__);
@@ -365,6 +374,7 @@ weft_status weft_cuda_softmax_backward(float *dinp, const float *dout, const flo
   NA_REQUIRE_INIT();
   WEFT_CHECK_ARGS_(weft_check_softmax_backward_(OP, dinp, dout, out, N, C));
   if (N == 0) return WEFT_OK;
+  WEFT_COST(4.0 * (double)N * (double)C, (accumulate ? 16.0 : 12.0) * (double)N * (double)C);
   WEFT_LAUNCH(softmax_bwd_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(), dinp,
               dout, out, N, C, accumulate);
   return na_launched(__func__);
@@ -378,6 +388,7 @@ weft_status weft_cuda_dropout_apply(float *out, const float *inp, const float *u
   WEFT_CHECK_ARGS_(weft_check_dropout_(OP, out, inp, uniform, p, n));
   if (n == 0) return WEFT_OK;
   const float s = (float)(1.0 / (1.0 - (double)p)); /* the CPU's scale */
+  WEFT_COST(2.0 * (double)n, 12.0 * (double)n);
   WEFT_LAUNCH(dropout_kernel, grid_for(n, 256), 256, 0, compute_stream(), out, inp, uniform, p, s,
               n);
   return na_launched(__func__);

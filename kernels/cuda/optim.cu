@@ -247,6 +247,13 @@ weft_status build_table(const char *func, table &t, int ntensors, float *const *
 
 extern "C" {
 
+/* Elements over all tensors (the cost model's, backend.h). */
+static double total_elems(const int64_t *n, int ntensors) {
+  double t = 0;
+  for (int i = 0; i < ntensors; i++) t += (double)n[i];
+  return t;
+}
+
 weft_status weft_cuda_adamw_multi(float *const *param, const float *const *grad, float *const *m,
                                   float *const *v, float *const *vmax, const int64_t *n,
                                   int ntensors, int64_t step, const weft_adamw_params *hp) {
@@ -281,6 +288,9 @@ weft_status weft_cuda_adamw_multi(float *const *param, const float *const *grad,
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
   const int64_t nchunks = t.nchunks;
+  /* param, m, v (and vmax) read and written, grad read */
+  WEFT_COST(16.0 * total_elems(n, ntensors),
+            (hp->amsgrad ? 36.0 : 28.0) * total_elems(n, ntensors));
   WEFT_LAUNCH(adamw_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt, nchunks,
               s);
   return weft_cuda_check_((int)cudaGetLastError(), op);
@@ -316,6 +326,7 @@ weft_status weft_cuda_sgd_multi(float *const *param, const float *const *grad, f
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
   const int64_t nchunks = t.nchunks;
+  WEFT_COST(4.0 * total_elems(n, ntensors), (momentum ? 20.0 : 12.0) * total_elems(n, ntensors));
   WEFT_LAUNCH(sgd_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt, nchunks,
               s);
   return weft_cuda_check_((int)cudaGetLastError(), op);
@@ -350,8 +361,10 @@ weft_status weft_cuda_sumsq_multi(const float *const *x, const int64_t *n, int n
   cudaStream_t s = compute_stream();
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
+  WEFT_COST(2.0 * total_elems(n, ntensors), 4.0 * total_elems(n, ntensors) + 8.0 * (double)nchunks);
   WEFT_LAUNCH(sumsq_kernel, grid_of(nchunks), OPT_THREADS, 0, s, partial, descs, nt, nchunks);
   WEFT_CHECK(weft_cuda_check_((int)cudaGetLastError(), op));
+  WEFT_COST((double)nchunks, 8.0 * (double)(nchunks + nt));
   WEFT_LAUNCH(sum_partials_kernel, (unsigned)nt, 256, 0, s, result, partial, descs);
   WEFT_CHECK(weft_cuda_check_((int)cudaGetLastError(), op));
   double *host = (double *)malloc((size_t)nt * sizeof(double));
@@ -380,6 +393,7 @@ weft_status weft_cuda_scale_multi(float *const *x, const int64_t *n, int ntensor
   const tensor_desc *descs = t.dev;
   const int nt = t.nt;
   const int64_t nchunks = t.nchunks;
+  WEFT_COST(total_elems(n, ntensors), 8.0 * total_elems(n, ntensors));
   WEFT_LAUNCH(scale_kernel, grid_of(nchunks), OPT_THREADS, 0, compute_stream(), descs, nt, nchunks,
               alpha);
   return weft_cuda_check_((int)cudaGetLastError(), op);

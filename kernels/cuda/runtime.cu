@@ -355,6 +355,12 @@ weft_status weft_cuda_memcpy_async_(void *dst, const void *src, size_t bytes, we
   if (kind != WEFT_COPY_D2D)
     weft_device_count_(kind == WEFT_COPY_H2D ? WEFT_DEV_BYTES_H2D_ : WEFT_DEV_BYTES_D2H_,
                        (int64_t)bytes);
+  static const char *const names[] = {"memcpy h2d", "memcpy d2h", "memcpy d2d"};
+  weft_device_cost_copy_(names[kind == WEFT_COPY_H2D   ? 0
+                               : kind == WEFT_COPY_D2H ? 1
+                                                       : 2],
+                         kind == WEFT_COPY_D2D ? 2.0 * (double)bytes : (double)bytes,
+                         kind != WEFT_COPY_D2D);
   return weft_cuda_check_(cudaMemcpyAsync(dst, src, bytes, copy_kind(kind), rt.stream[s]),
                           "cudaMemcpyAsync");
 }
@@ -397,6 +403,7 @@ weft_status weft_cuda_memset_(void *dst, int value, size_t bytes) {
   WEFT_CHECK(weft_cuda_require_init_("memset"));
   if (bytes == 0) return WEFT_OK;
   if (!dst) return weft_error_at(WEFT_ERR_INVALID, "memset", "dst is NULL");
+  weft_device_cost_copy_("cudaMemsetAsync", (double)bytes, false);
   return weft_cuda_check_(cudaMemsetAsync(dst, value, bytes, rt.stream[WEFT_STREAM_COMPUTE]),
                           "cudaMemsetAsync");
 }

@@ -124,6 +124,7 @@ __global__ void copy_kernel(geom g, int64_t n, typename P::dst *dst, const typen
 template <class D, class S>
 weft_status launch_copy(const geom &g, int64_t n, void *dst, const void *src) {
   typedef conv_pair<D, S> P;
+  WEFT_COST(0, (double)(sizeof(D) + sizeof(S)) * (double)n);
   WEFT_LAUNCH(copy_kernel<P>, blocks_for(n), EW_THREADS, 0, compute_stream(), g, n, (D *)dst,
               (const S *)src);
   return launched("weft_tensor_copy");
@@ -159,6 +160,7 @@ template <class T>
 weft_status launch_fill(const geom &g, int64_t n, void *p, const unsigned char *bytes) {
   T v;
   memcpy(&v, bytes, sizeof v);
+  WEFT_COST(0, (double)sizeof(T) * (double)n);
   WEFT_LAUNCH(fill_kernel<T>, blocks_for(n), EW_THREADS, 0, compute_stream(), g, n, (T *)p, v);
   return launched("weft_tensor_fill");
 }
@@ -235,6 +237,7 @@ weft_status launch_fill_random(const rng_geom &g, int64_t n, void *p, const rng_
                                const unsigned char *below_bytes) {
   T below;
   memcpy(&below, below_bytes, sizeof below);
+  WEFT_COST(20.0 * (double)n, (double)sizeof(T) * (double)n);
   WEFT_LAUNCH(fill_random_kernel<T>, blocks_for(n), EW_THREADS, 0, compute_stream(), g, n, (T *)p,
               r, below);
   return launched("fill_random");
@@ -293,6 +296,7 @@ __global__ void ew_kernel(geom g, int64_t n, int kind, T *o, const T *a, const T
 template <class T>
 weft_status launch_ew(const geom &g, int64_t n, ew_kind kind, void *o, const void *a, const void *b,
                       typename compute_type<T>::type alpha, const char *op) {
+  WEFT_COST((double)n, (b ? 3.0 : 2.0) * (double)sizeof(T) * (double)n);
   WEFT_LAUNCH(ew_kernel<T>, blocks_for(n), EW_THREADS, 0, compute_stream(), g, n, (int)kind, (T *)o,
               (const T *)a, (const T *)b, alpha);
   return launched(op);
@@ -444,6 +448,7 @@ __global__ void reduce_long_kernel(geom g, int64_t nout, int kind, T *out, const
 template <class T>
 weft_status launch_reduce(const geom &g, int64_t nout, int kind, void *out, const void *in,
                           int64_t len, int64_t stride) {
+  WEFT_COST((double)(nout * len), (double)sizeof(T) * (double)(nout * len + nout));
   if (len >= REDUCE_LONG_ROW && nout <= REDUCE_FEW_ROWS)
     WEFT_LAUNCH(reduce_long_kernel<T>, (unsigned)nout, 256, 0, compute_stream(), g, nout, kind,
                 (T *)out, (const T *)in, len, stride);
@@ -496,14 +501,17 @@ template <class T>
 weft_status launch_reduce_all(const geom &g, int64_t n, int kind, const void *in, double *scratch) {
   cudaStream_t s = compute_stream();
   if (n <= REDUCE_SERIAL_MAX) {
+    WEFT_COST((double)n, (double)sizeof(T) * (double)n);
     WEFT_LAUNCH(reduce_all_serial_kernel<T>, 1, 1, 0, s, g, n, kind, (const T *)in, scratch);
     return launched("weft_reduce_all");
   }
   const int64_t nchunks = (n + REDUCE_CHUNK - 1) / REDUCE_CHUNK;
   double *partial = scratch + 32; /* 256 bytes after the result */
+  WEFT_COST((double)n, (double)sizeof(T) * (double)n + 8.0 * (double)nchunks);
   WEFT_LAUNCH(reduce_chunks_kernel<T>, grid_for(nchunks, 1, 1 << 20), 256, 0, s, g, n, kind,
               (const T *)in, partial, nchunks);
   WEFT_CHECK(launched("weft_reduce_all"));
+  WEFT_COST((double)nchunks, 8.0 * (double)nchunks);
   WEFT_LAUNCH(reduce_partials_kernel, 1, 1024, 0, s, kind, (const double *)partial, nchunks,
               scratch);
   return launched("weft_reduce_all");

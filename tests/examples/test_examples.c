@@ -1167,6 +1167,56 @@ Test(examples, train_profile_pins_the_device_calls_of_a_gpt2_demo_step, .timeout
   run_free(&r);
 }
 
+/* weft-train --predict h100|h200 (issue 41 step 2): on the device, each
+ * step after the first prints its modeled time and MFU, and the summary
+ * the ten costliest kernels; every kernel a gpt2-demo step launches has a
+ * cost formula; the faster HBM of the H200 never models a slower step;
+ * without --device cuda, or with an unknown GPU, it is an error. */
+Test(examples, train_predict_models_the_step_on_a_gpu, .timeout = 120) {
+  const char *bad[] = {"--model", "gpt2-demo", "--steps", "2", "--predict", "a100", NULL};
+  run_out r = run(1, TRAIN, bad, 40);
+  cr_expect_neq(r.rc, 0);
+  cr_expect(strstr(r.err, "--predict: want h100 or h200 (got 'a100')"), "%s", r.err);
+  run_free(&r);
+  const char *cpu[] = {"--model", "gpt2-demo", "--steps", "2", "--predict", "h100", NULL};
+  r = run(1, TRAIN, cpu, 40);
+  cr_expect_neq(r.rc, 0);
+  cr_expect(strstr(r.err, "--predict: needs --device cuda"), "%s", r.err);
+  run_free(&r);
+  if (weft_device_count(WEFT_CUDA) == 0)
+    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  double ms[2] = {0, 0};
+  const char *gpus[2] = {"h100", "h200"};
+  for (int k = 0; k < 2; k++) {
+    const char *args[] = {"--model",  "gpt2-demo", "--steps",   "3",     "--val-every", "0",
+                          "--device", "cuda",      "--predict", gpus[k], NULL};
+    r = run(1, TRAIN, args, 90);
+    cr_assert_eq(r.rc, 0, "%s", r.err);
+    int lines = 0;
+    for (const char *p = r.out; (p = strstr(p, "  predicted on ")) != NULL; p++) {
+      char name[32];
+      double step_ms, kern_ms, sync_ms, tps, mfu;
+      cr_assert_eq(sscanf(p,
+                          "  predicted on %31[^:]: step %lf ms (kernels %lf, host syncs %lf), "
+                          "%lf tok/s, MFU %lf%%",
+                          name, &step_ms, &kern_ms, &sync_ms, &tps, &mfu),
+                   6, "%.200s", p);
+      cr_expect_str_eq(name, k ? "H200 SXM" : "H100 SXM");
+      cr_expect(step_ms > 0 && kern_ms > 0 && fabs(kern_ms + sync_ms - step_ms) < 0.02, "%.200s",
+                p);
+      ms[k] = step_ms;
+      lines++;
+    }
+    cr_expect_eq(lines, 2, "a prediction after steps 2 and 3:\n%s", r.out);
+    cr_expect(strstr(r.out, "device calls per step:"), "--predict implies --profile");
+    cr_expect(strstr(r.out, "the last step's ten costliest of "), "%s", r.out);
+    cr_expect(!strstr(r.out, "no cost formula"), "a kernel without a cost formula:\n%s", r.out);
+    cr_expect(strstr(r.out, "cublas gemm fp32"), "%s", r.out);
+    run_free(&r);
+  }
+  cr_expect(ms[1] <= ms[0], "H200 %.3f ms vs H100 %.3f ms", ms[1], ms[0]);
+}
+
 Test(examples, train_gpt2_checkpoint_resumes_on_another_mesh, .timeout = 150) {
   const char *dir = tmp_file("gpt2-ckpt");
   remove_tree(dir);

@@ -125,3 +125,95 @@ Test(device_stats, each_device_call_moves_its_counter_by_one, .timeout = 60) {
     }
   weft_free(a), weft_free(b), weft_free(c);
 }
+
+/* The record of `name` among the cost records (NULL when none). */
+static const weft_kernel_cost *find_cost(const weft_kernel_cost *all, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(all[i].name, name)) return &all[i];
+  return NULL;
+}
+
+/* The roofline model (weft_kernel_cost, backend.h): a GEMM, an elementwise
+ * kernel, a memset and a copy record the FLOPs and bytes of their formulas,
+ * and each call's modeled time is max(FLOPs / peak, bytes / bandwidth) on
+ * its share of the SMs plus the launch cost, under the spec set; reset
+ * forgets, and no spec leaves the time at 0. */
+Test(device_stats, cost_model_records_flops_bytes_and_roofline_time, .timeout = 60) {
+  cr_expect_null(weft_gpu_spec_find("a100"));
+  cr_expect_null(weft_gpu_spec_find(NULL));
+  const weft_gpu_spec *h100 = weft_gpu_spec_find("H100"), *h200 = weft_gpu_spec_find("h200");
+  cr_assert(h100 && h200);
+  cr_expect(h200->mem_bytes_s > h100->mem_bytes_s, "H200's HBM is faster");
+  if (!weft_backend_get(WEFT_CUDA)) cr_skip_test("this build has no CUDA backend");
+  if (weft_device_count(WEFT_CUDA) <= 0)
+    cr_skip_test("no WEFT_CUDA device visible (backend '%s'): runs on the emulated device",
+                 weft_backend_name(WEFT_CUDA));
+  OK(weft_device_init(WEFT_CUDA, 0, NULL));
+  enum { M = 96, K = 64, NN = 80, E = 1 << 20 };
+  float *a, *b, *c, *x;
+  OK(weft_alloc(WEFT_CUDA, (size_t)M * K * 4, (void **)&a));
+  OK(weft_alloc(WEFT_CUDA, (size_t)K * NN * 4, (void **)&b));
+  OK(weft_alloc(WEFT_CUDA, (size_t)M * NN * 4, (void **)&c));
+  OK(weft_alloc(WEFT_CUDA, (size_t)E * 4, (void **)&x));
+  OK(weft_memset(WEFT_CUDA, a, 0, (size_t)M * K * 4));
+  OK(weft_memset(WEFT_CUDA, b, 0, (size_t)K * NN * 4));
+  OK(weft_memset(WEFT_CUDA, x, 0, (size_t)E * 4));
+  OK(weft_device_synchronize(WEFT_CUDA));
+
+  weft_device_cost_model_set(h100);
+  weft_device_costs_reset();
+  cr_expect_eq(weft_device_costs_get(NULL, 0), 0, "reset forgets every record");
+  OK(weft_backend_sgemm(WEFT_CUDA, false, false, M, NN, K, 1.0f, a, K, b, NN, 0.0f, c, NN));
+  OK(weft_backend_sgemm(WEFT_CUDA, false, false, M, NN, K, 1.0f, a, K, b, NN, 1.0f, c, NN));
+  OK(weft_backend_residual_forward(WEFT_CUDA, x, x, x, E));
+  OK(weft_memset(WEFT_CUDA, c, 0, 4096));
+  OK(weft_device_synchronize(WEFT_CUDA));
+  weft_kernel_cost all[64];
+  const int n = weft_device_costs_get(all, 64);
+  cr_assert_geq(n, 3);
+  for (int i = 1; i < n && i < 64; i++)
+    cr_expect_geq(all[i - 1].model_s, all[i].model_s, "sorted by modeled time");
+
+  /* the GEMMs: 2mnk each; A, B read, C written (and read when beta != 0) */
+  const weft_kernel_cost *g = find_cost(all, n, "cublas gemm fp32");
+  cr_assert(g, "no record of the two GEMMs");
+  const double fl = 2.0 * M * NN * K, by0 = 4.0 * (M * K + K * NN) + 4.0 * M * NN,
+               by1 = by0 + 4.0 * M * NN;
+  cr_expect_eq(g->calls, 2);
+  cr_expect_eq(g->uncosted, 0);
+  cr_expect_eq(g->engine, WEFT_ENGINE_FP32, "default matmul precision: CUDA cores");
+  cr_expect_float_eq(g->flops, 2 * fl, 1e-9);
+  cr_expect_float_eq(g->bytes, by0 + by1, 1e-9);
+  const double t0 = fmax(fl / h100->peak_flops[WEFT_ENGINE_FP32], by0 / h100->mem_bytes_s),
+               t1 = fmax(fl / h100->peak_flops[WEFT_ENGINE_FP32], by1 / h100->mem_bytes_s);
+  cr_expect_float_eq(g->model_s, t0 + t1 + 2 * h100->launch_s, 1e-15, "GEMM time %g, want %g",
+                     g->model_s, t0 + t1 + 2 * h100->launch_s);
+
+  /* the residual add: one kernel, 3 x 4 bytes per element; a grid of at
+   * least as many blocks as SMs gets the whole bandwidth */
+  const weft_kernel_cost *r = NULL;
+  for (int i = 0; i < n; i++)
+    if (strstr(all[i].name, "add_kernel")) r = &all[i];
+  cr_assert(r, "no record of the residual add");
+  cr_expect_eq(r->calls, 1);
+  cr_expect_eq(r->uncosted, 0);
+  cr_expect_float_eq(r->bytes, 12.0 * E, 1e-9);
+  cr_expect_float_eq(r->model_s, 12.0 * E / h100->mem_bytes_s + h100->launch_s, 1e-15);
+
+  const weft_kernel_cost *ms = find_cost(all, n, "cudaMemsetAsync");
+  cr_assert(ms);
+  cr_expect_eq(ms->calls, 1);
+  cr_expect_float_eq(ms->bytes, 4096.0, 1e-9);
+
+  /* no spec: counted, not timed */
+  weft_device_cost_model_set(NULL);
+  weft_device_costs_reset();
+  OK(weft_backend_residual_forward(WEFT_CUDA, x, x, x, E));
+  cr_assert_eq(weft_device_costs_get(all, 64), 1);
+  cr_expect_eq(all[0].calls, 1);
+  cr_expect_eq(all[0].model_s, 0.0);
+  weft_free(a);
+  weft_free(b);
+  weft_free(c);
+  weft_free(x);
+}
