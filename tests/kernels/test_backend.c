@@ -1610,6 +1610,8 @@ BACKEND_TEST(sgemm_strided_batched_and_gemm_bf16_match_double_references) {
   for (int t = 0; t < 4; t++) {
     sgemm_case(dev, t & 1, t & 2, 33, 17, 70, 0.75f, -0.5f);
     sgemm_case(dev, t & 1, t & 2, 7, 130, 9, 1.0f, 0.0f);
+    /* over 2^22 multiply-adds: the emulator's dgemm path (EMU_DGEMM_MIN) */
+    sgemm_case(dev, t & 1, t & 2, 130, 257, 129, 0.75f, t & 1 ? 0.0f : -0.5f);
   }
   /* K = 0: C = beta C (A and B not read); M = 0: nothing, NULL pointers */
   {

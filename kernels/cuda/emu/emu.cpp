@@ -79,6 +79,10 @@
 
 /* after the system headers: it defines __noinline__ and friends */
 #include "cuda_emu.h"
+#include "weft_config.h"
+#if WEFT_HAVE_BLAS
+#include <cblas.h>
+#endif
 #include "kernels.h" /* weft_f16_to_f32 / weft_f32_to_f16 */
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -2082,6 +2086,9 @@ cublasStatus_t gemm_check(const GemmArgs &g, bool ab) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
+/* Products of at least this many multiply-adds go to dgemm (see below). */
+#define EMU_DGEMM_MIN (double)(1 << 22)
+
 /* The GEMM itself, when its stream runs it. */
 void gemm_compute(const GemmArgs &g) {
   const int m = g.m, n = g.n, k = g.k;
@@ -2106,6 +2113,26 @@ void gemm_compute(const GemmArgs &g) {
               load(B, g.Bt, bn ? (int64_t)l + (int64_t)j * g.ldb : (int64_t)j + (int64_t)l * g.ldb),
               g.round);
     }
+#if WEFT_HAVE_BLAS
+    /* note: large products (a model at full size, weft-train --predict)
+     * take OpenBLAS's dgemm, 20-40x the loop below: the same operands and
+     * double accumulation, in another order, so the f32 results can differ
+     * from the loop's only where a double sum lands within 1e-16 of an f32
+     * rounding boundary. Tests' shapes stay under the threshold. */
+    if (ab && (double)m * n * k >= EMU_DGEMM_MIN) {
+      std::vector<double> all((size_t)m * n);
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, Ad.data(), k, Bd.data(),
+                  n, 0.0, all.data(), n);
+      for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+          int64_t ci = (int64_t)i + (int64_t)j * g.ldc;
+          double v = (double)g.alpha * all[(size_t)i * n + j];
+          if (g.beta != 0.0f) v += (double)g.beta * (double)load(C, g.Ct, ci);
+          store(C, g.Ct, ci, (float)v);
+        }
+      continue;
+    }
+#endif
     for (int i = 0; i < m; i++) {
       for (int j = 0; j < n; j++) acc[j] = 0.0;
       if (ab) {
