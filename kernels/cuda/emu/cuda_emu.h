@@ -90,7 +90,10 @@
  *   0xFF bytes (NaN), freed pages go back to the system.
  * - Environment: WEFT_EMU_STRICT, WEFT_EMU_DEFER, WEFT_EMU_SHUFFLE (above;
  *   read at first use), WEFT_EMU_DEVICES=n (default 1; 0 tests the no-GPU paths),
- *   WEFT_EMU_STACK_KB (fiber stack size, default 64, 256 under ASan).
+ *   WEFT_EMU_STACK_KB (fiber stack size, default 64, 256 under ASan),
+ *   WEFT_EMU_COST_ONLY=1 (launches and GEMMs queued but not run, new
+ *   allocations zeroed: a real run's host path and cost records, for
+ *   weft-train --predict at full size; device results meaningless).
  * - cuBLAS GEMMs are column-major as the real library, accumulate in double
  *   and round once; TF32 / BF16 compute modes round the operands first.
  *

@@ -799,6 +799,8 @@ cudaError_t need_device() {
 }
 
 constexpr size_t kTotalMem = (size_t)16 << 30;
+/* cost-only runs model GPUs with up to 141 GiB (an H200) */
+constexpr size_t kTotalMemCostOnly = (size_t)141 << 30;
 constexpr size_t kMaxQueued = 65536;        /* a stream this full runs */
 constexpr unsigned kPollsToCatchUp = 65536; /* cudaEventQuery NotReady answers */
 
@@ -885,6 +887,22 @@ bool defer_on() {
   return g_defer != 0;
 }
 
+/* WEFT_EMU_COST_ONLY=1 (off by default): launches and GEMMs are checked
+ * and queued as always but not run, and new allocations are zeros, not
+ * NaN. The host path, every launch and its cost record (weft_kernel_cost,
+ * backend.h) are a real run's, so weft-train --predict can model a model
+ * at full size that the emulator would take hours to run; everything
+ * computed on the device is meaningless (losses 0, norms 0: a run never
+ * clips, where a real one may launch the scaling kernel). */
+int g_cost_only = -1;
+bool cost_only_on() {
+  if (g_cost_only < 0) {
+    const char *e = getenv("WEFT_EMU_COST_ONLY");
+    g_cost_only = e && *e && env_on("WEFT_EMU_COST_ONLY") ? 1 : 0;
+  }
+  return g_cost_only != 0;
+}
+
 /* Block order (WEFT_EMU_SHUFFLE): a GPU runs a launch's blocks in no set
  * order, so results that depend on it (float atomics adding in block
  * order) differ from run to run there. Here each launch's blocks run in
@@ -960,7 +978,7 @@ bool arena_init() {
   if (g_arena.base) return true;
   g_arena.page = (size_t)sysconf(_SC_PAGESIZE);
   int prot = strict_on() ? PROT_NONE : PROT_READ | PROT_WRITE;
-  for (size_t gib : {64, 32, 17}) {
+  for (size_t gib : {160, 64, 32, 17}) {
     size_t sz = gib << 30;
     void *m = mmap(nullptr, sz, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m != MAP_FAILED) {
@@ -1036,7 +1054,9 @@ char *arena_alloc(size_t n) {
   g_arena.blocks[off] = Block{len, false};
   bool closed = strict_on(); /* (no window: allocations happen between runs) */
   if (closed) set_prot(p, len, PROT_READ | PROT_WRITE);
-  memset(p, 0xff, n); /* NaN in every float / bf16 */
+  /* cost-only: left as the system gives pages (zeros), and untouched, so
+   * a model at full size costs no host memory for its device buffers */
+  if (!cost_only_on()) memset(p, 0xff, n); /* NaN in every float / bf16 */
   if (closed) set_prot(p, len, PROT_NONE);
   return p;
 }
@@ -1521,8 +1541,9 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
   if (!free_bytes || !total) return rec(cudaErrorInvalidValue);
   if (cudaError_t e = need_device()) return rec(e);
   std::lock_guard<std::mutex> g(g_mu);
-  *total = kTotalMem;
-  *free_bytes = kTotalMem - g_device_live;
+  const size_t cap = cost_only_on() ? kTotalMemCostOnly : kTotalMem;
+  *total = cap;
+  *free_bytes = cap - g_device_live;
   return cudaSuccess;
 }
 
@@ -1535,7 +1556,8 @@ cudaError_t alloc_common(void **out, size_t size, AllocKind kind) {
   ExecLock x(g_exec);
   {
     std::lock_guard<std::mutex> g(g_mu);
-    if (kind == A_DEVICE && size > kTotalMem - g_device_live) return rec(cudaErrorMemoryAllocation);
+    const size_t cap = cost_only_on() ? kTotalMemCostOnly : kTotalMem;
+    if (kind == A_DEVICE && size > cap - g_device_live) return rec(cudaErrorMemoryAllocation);
   }
   void *p = nullptr;
   if (kind == A_DEVICE) {
@@ -1879,7 +1901,9 @@ void execute_launch(Launch &L) {
 struct LaunchOp : Op {
   Launch L;
   void (*destroy)(void *);
-  void exec() override { execute_launch(L); }
+  void exec() override {
+    if (!cost_only_on()) execute_launch(L);
+  }
   ~LaunchOp() override { destroy(const_cast<void *>(L.ctx)); }
 };
 
@@ -2159,7 +2183,7 @@ struct GemmOp : weft_emu::Op {
   void exec() override {
     if (dalpha) g.alpha = *dalpha;
     if (dbeta) g.beta = *dbeta;
-    gemm_compute(g);
+    if (!cost_only_on()) gemm_compute(g);
   }
 };
 
