@@ -14,7 +14,8 @@
 # gpt2-small), STEP_WARMUP (2: torch's first steps are slow).
 # Prints the per-round times, a table (ms/step, tokens/s, MFU against the
 # OpenBLAS SGEMM rate measured in the same run, ratios) and last
-# `step time ratio weft/torch (<last config>): R`. About 3 minutes for the
+# `step time ratio weft/torch (<last config>): R`, after a table of the peak
+# memory (max RSS) of each side and their ratio. About 3 minutes for the
 # Llama configs on 2 idle cores, 7 for the GPT-2 ones at load 5 (mostly the
 # small config's steps); load from other processes stretches it.
 set -euo pipefail

@@ -24,7 +24,10 @@ the median step time and by the best SGEMM rate seen in the run: load
 from other processes only ever lowers a rate, so the best one is the
 machine's), and the step time ratio weft/torch = median(weft) /
 median(torch); the median of the per-round ratios and the ratio of the
-fastest rounds are printed beside it. Both sides use
+fastest rounds are printed beside it. A second table gives each side's
+peak resident memory (VmHWM) over the config and their ratio: weft's whole
+process, and this process's from the config's start (reset through
+/proc/self/clear_refs, so its floor is the RSS then, torch loaded). Both sides use
 N threads: torch.set_num_threads(N), OMP_NUM_THREADS=N and
 OPENBLAS_NUM_THREADS=N for both processes (torch's matmuls go to the same
 OpenBLAS here), and OMP_WAIT_POLICY=PASSIVE unless set (torch's fastest
@@ -51,6 +54,28 @@ CONFIGS = {
     "gpt2-small": dict(gpt2=True, dim=768, layers=12, heads=12, ffn=3072, vocab=8192, seq=512,
                        batch=4),
 }
+
+
+def peak_rss(pid):
+    """The process's peak resident memory in bytes (VmHWM), or None."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss(pid):
+    """Restarts VmHWM from the current RSS (Linux: clear_refs 5); False if refused."""
+    try:
+        with open("/proc/%d/clear_refs" % pid, "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 class Weft:
@@ -149,6 +174,9 @@ def run_config(name, args, torch, ref):
                OMP_NUM_THREADS=str(args.threads))
     fd, dump = tempfile.mkstemp(prefix="weft-step-", suffix=".safetensors")
     os.close(fd)
+    # torch's peak: this process's, from here (its RSS now, with torch
+    # loaded, is the floor, as weft's process counts its own libraries)
+    torch_reset = reset_peak_rss(os.getpid())
     try:
         weft = Weft(args.weft, name, dump, env)
         tq = (TorchGPT2 if c.get("gpt2") else Torch)(torch, ref, dump, cfg)
@@ -178,13 +206,16 @@ def run_config(name, args, torch, ref):
                 tt.append(t[0])
                 sg.append(g)
                 ratios.append(w[0] / t[0])
+        weft_peak = peak_rss(weft.p.pid)
+        torch_peak = peak_rss(os.getpid())
     finally:
         weft.close()
     flops, tokens = weft.flops, c["batch"] * c["seq"]
     res = dict(name=name, weft=statistics.median(wt), torch=statistics.median(tt),
                sgemm=max(sg), ratio=statistics.median(wt) / statistics.median(tt),
                round_ratio=statistics.median(ratios), best_ratio=min(wt) / min(tt), flops=flops,
-               tokens=tokens)
+               tokens=tokens, weft_peak=weft_peak, torch_peak=torch_peak,
+               torch_peak_reset=torch_reset)
     del tq
     return res
 
@@ -232,6 +263,18 @@ def main():
     print("(model FLOPs/step: %s; ratio = median weft / median torch step time; rounds = median "
           "of the per-round ratios; best = fastest weft round / fastest torch round)" % ", ".join(
               "%s %.1f GFLOP" % (r["name"], r["flops"] * 1e-9) for r in results))
+    print()
+    print("%-10s %14s %14s %7s" % ("config", "weft peak GB", "torch peak GB", "ratio"))
+    for r in results:
+        if r["weft_peak"] and r["torch_peak"]:
+            print("%-10s %14.2f %14.2f %7.2f%s" % (
+                r["name"], r["weft_peak"] / 1e9, r["torch_peak"] / 1e9,
+                r["weft_peak"] / r["torch_peak"],
+                "" if r["torch_peak_reset"] else "  (torch's peak not reset: the whole run's)"))
+        else:
+            print("%-10s peak memory unknown (no /proc/PID/status VmHWM)" % r["name"])
+    print("(process peak resident memory, max RSS: weft-bench-step's whole process; torch's "
+          "process from the start of the config, its RSS then included)")
     for r in results:
         print("step time ratio weft/torch (%s): %.3f" % (r["name"], r["ratio"]))
 
