@@ -24,7 +24,7 @@ weft_status weft_gemm_layout_(const char *func, const weft_tensor *t, const char
 /* weft_gemm of bf16 / f16 tensors on any device, as every backend's gemm
  * member does it: operands converted (any strides) to f32 temporaries on
  * C's device, one f32 GEMM there (weft_backend_sgemm), C rounded back once.
- * Arguments checked by weft_gemm (kernels/cpu/gemm.c). */
+ * Arguments checked by weft_gemm (kernels/ops.c). */
 weft_status weft_gemm_via_f32_(bool trans_a, bool trans_b, float alpha, const weft_tensor *a,
                                const weft_tensor *b, float beta, weft_tensor *c);
 

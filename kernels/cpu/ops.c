@@ -1,5 +1,7 @@
 /* CPU elementwise kernels (add, mul, scale, div_scalar, axpy) and reductions (sum, sum of
- * squares, max; over a dim or over everything, accumulated in double).
+ * squares, max; over a dim or over everything, accumulated in double): the
+ * CPU table's members (weft_cpu_*_), called by kernels/ops.c's entry
+ * points after their argument checks.
  *
  * Elementwise ops compute in the dtype's own precision for f32/f64 and in
  * f32 for bf16/f16 (round once to the dtype at the end), as torch does on
@@ -15,40 +17,6 @@
 #include "kernels.h"
 #include "pool.h"
 #include "tensor_internal.h"
-
-/* ----------------------------------------------------------- checks */
-/* The public entry points (weft_add, ..., weft_reduce) check their
- * arguments here, for every device, then call the member of the tensors'
- * device's table (backend.h); the CPU members are the weft_cpu_*_
- * functions below. */
-
-static weft_status check_float(const char *func, const weft_tensor *t, const char *name) {
-  if (!t) return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", name);
-  char desc[256];
-  weft_tensor_describe(t, desc, sizeof desc);
-  if (t->ndim < 0 || t->ndim > WEFT_MAX_DIMS)
-    return weft_error_at(WEFT_ERR_INVALID, func, "%s has invalid ndim %d", name, t->ndim);
-  if ((unsigned)t->device >= WEFT_DEVICE_COUNT)
-    return weft_error_at(WEFT_ERR_INVALID, func, "%s is on unknown device %d", name,
-                         (int)t->device);
-  if (!weft_dtype_is_float(t->dtype))
-    return weft_error_at(WEFT_ERR_INVALID, func,
-                         "%s %s: elementwise ops need a float dtype (f32, f64, bf16, f16)", name,
-                         desc);
-  return WEFT_OK;
-}
-
-static weft_status check_pair(const char *func, const weft_tensor *t, const char *tn,
-                              const weft_tensor *r, const char *rn) {
-  char dt[256], dr[256];
-  weft_tensor_describe(t, dt, sizeof dt);
-  weft_tensor_describe(r, dr, sizeof dr);
-  if (t->dtype != r->dtype)
-    return weft_error_at(WEFT_ERR_INVALID, func, "dtype mismatch: %s %s, %s %s", rn, dr, tn, dt);
-  if (!weft_tensor_same_shape(t, r))
-    return weft_error_at(WEFT_ERR_INVALID, func, "shape mismatch: %s %s, %s %s", rn, dr, tn, dt);
-  return WEFT_OK;
-}
 
 /* --------------------------------------------------------- elementwise */
 
@@ -278,68 +246,6 @@ weft_status weft_cpu_axpy_(weft_tensor *y, double alpha, const weft_tensor *x) {
   return WEFT_OK;
 }
 
-static weft_status binary(const char *func, size_t member, weft_tensor *out, const weft_tensor *a,
-                          const weft_tensor *b) {
-  weft_status st;
-  if ((st = check_float(func, out, "out")) != WEFT_OK) return st;
-  if ((st = check_float(func, a, "a")) != WEFT_OK) return st;
-  if ((st = check_float(func, b, "b")) != WEFT_OK) return st;
-  if ((st = check_pair(func, a, "a", out, "out")) != WEFT_OK) return st;
-  if ((st = check_pair(func, b, "b", out, "out")) != WEFT_OK) return st;
-  const weft_tensor *ts[3] = {out, a, b};
-  const char *names[3] = {"out", "a", "b"};
-  const weft_backend *be = weft_backend_for_tensors_(func, member, 3, ts, names, &st);
-  if (!be) return st;
-  weft_status (*fn)(weft_tensor *, const weft_tensor *, const weft_tensor *);
-  memcpy(&fn, (const char *)be + member, sizeof fn);
-  return weft_backend_trace_(fn(out, a, b), be, func);
-}
-
-weft_status weft_add(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
-  WEFT_CHECK(binary(__func__, offsetof(weft_backend, add), out, a, b));
-  return WEFT_OK;
-}
-
-weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *b) {
-  WEFT_CHECK(binary(__func__, offsetof(weft_backend, mul), out, a, b));
-  return WEFT_OK;
-}
-
-/* t op= v through member (scale or div_scalar) of t's device table. */
-static weft_status scalar_op(const char *func, size_t member, weft_tensor *t, double v) {
-  WEFT_CHECK(check_float(func, t, "t"));
-  weft_status st;
-  const weft_tensor *ts[1] = {t};
-  const char *names[1] = {"t"};
-  const weft_backend *be = weft_backend_for_tensors_(func, member, 1, ts, names, &st);
-  if (!be) return st;
-  weft_status (*fn)(weft_tensor *, double);
-  memcpy(&fn, (const char *)be + member, sizeof fn);
-  return weft_backend_trace_(fn(t, v), be, func);
-}
-
-weft_status weft_scale(weft_tensor *t, double alpha) {
-  WEFT_CHECK(scalar_op(__func__, offsetof(weft_backend, scale), t, alpha));
-  return WEFT_OK;
-}
-
-weft_status weft_div_scalar(weft_tensor *t, double divisor) {
-  return scalar_op(__func__, offsetof(weft_backend, div_scalar), t, divisor);
-}
-
-weft_status weft_axpy(weft_tensor *y, double alpha, const weft_tensor *x) {
-  WEFT_CHECK(check_float(__func__, y, "y"));
-  WEFT_CHECK(check_float(__func__, x, "x"));
-  WEFT_CHECK(check_pair(__func__, x, "x", y, "y"));
-  weft_status st;
-  const weft_tensor *ts[2] = {y, x};
-  const char *names[2] = {"y", "x"};
-  const weft_backend *be =
-      weft_backend_for_tensors_(__func__, offsetof(weft_backend, axpy), 2, ts, names, &st);
-  if (!be) return st;
-  return weft_backend_trace_(be->axpy(y, alpha, x), be, __func__);
-}
-
 /* ---------------------------------------------------------- reductions */
 
 /* acc over n elements at p, step s (elements). max propagates NaN as torch. */
@@ -402,19 +308,6 @@ static void red_all_row(char *const *p, const int64_t *st, int64_t n, void *vctx
   c->acc = reduce_span(p[0], n, st[0], c->dt, c->kind, c->acc);
 }
 
-static weft_status check_reduce_input(const char *func, const weft_tensor *t,
-                                      weft_reduce_kind kind) {
-  if (!t) return weft_error_at(WEFT_ERR_INVALID, func, "tensor is NULL");
-  if (t->ndim < 0 || t->ndim > WEFT_MAX_DIMS || (unsigned)t->dtype >= WEFT_DTYPE_COUNT)
-    return weft_error_at(WEFT_ERR_INVALID, func, "not a valid tensor (ndim %d, dtype %d)", t->ndim,
-                         (int)t->dtype);
-  if ((unsigned)t->device >= WEFT_DEVICE_COUNT)
-    return weft_error_at(WEFT_ERR_INVALID, func, "tensor is on unknown device %d", (int)t->device);
-  if ((unsigned)kind > WEFT_REDUCE_MAX)
-    return weft_error_at(WEFT_ERR_INVALID, func, "unknown reduction kind %d", (int)kind);
-  return WEFT_OK;
-}
-
 weft_status weft_cpu_reduce_all_(const weft_tensor *t, weft_reduce_kind kind, double *out) {
   if (t->dtype == WEFT_F32 && weft_tensor_is_contiguous(t)) {
     *out = reduce_span(t->data, weft_tensor_numel(t), 1, WEFT_F32, kind, reduce_init(kind));
@@ -427,23 +320,6 @@ weft_status weft_cpu_reduce_all_(const weft_tensor *t, weft_reduce_kind kind, do
   weft_iter_run_(&it, red_all_row, &c);
   *out = c.acc;
   return WEFT_OK;
-}
-
-weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind, double *out) {
-  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
-  WEFT_CHECK(check_reduce_input(__func__, t, kind));
-  if (weft_tensor_numel(t) == 0 && kind == WEFT_REDUCE_MAX) {
-    char desc[256];
-    weft_tensor_describe(t, desc, sizeof desc);
-    return weft_error(WEFT_ERR_INVALID, "max of the empty tensor %s is undefined", desc);
-  }
-  weft_status st;
-  const weft_tensor *ts[1] = {t};
-  const char *names[1] = {"t"};
-  const weft_backend *be =
-      weft_backend_for_tensors_(__func__, offsetof(weft_backend, reduce_all), 1, ts, names, &st);
-  if (!be) return st;
-  return weft_backend_trace_(be->reduce_all(t, kind, out), be, __func__);
 }
 
 typedef struct red_dim_ctx {
@@ -557,36 +433,4 @@ weft_status weft_cpu_reduce_(const weft_tensor *t, weft_reduce_kind kind, int d,
   red_dim_ctx c = {kind, t->dtype, len, stride};
   weft_iter_run_(&it, red_dim_row, &c);
   return WEFT_OK;
-}
-
-weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, weft_tensor *out) {
-  WEFT_CHECK(check_reduce_input(__func__, t, kind));
-  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
-  char dt[256], dout[256];
-  weft_tensor_describe(t, dt, sizeof dt);
-  weft_tensor_describe(out, dout, sizeof dout);
-  /* a 0-d tensor reduces like one of shape [1] (torch accepts dim 0 / -1) */
-  const int nd = t->ndim > 0 ? t->ndim : 1;
-  if (dim < -nd || dim >= nd)
-    return weft_error(WEFT_ERR_INVALID, "dim %d out of range for %s (expected %d..%d)", dim, dt,
-                      -nd, nd - 1);
-  const int d = dim < 0 ? dim + nd : dim;
-  if (out->dtype != t->dtype)
-    return weft_error(WEFT_ERR_INVALID, "out %s must have the input's dtype (input %s)", dout, dt);
-  bool shape_ok = out->ndim == t->ndim;
-  for (int k = 0; shape_ok && k < t->ndim; k++)
-    if (out->shape[k] != (k == d ? 1 : t->shape[k])) shape_ok = false;
-  if (!shape_ok)
-    return weft_error(WEFT_ERR_INVALID,
-                      "out %s must be the input %s with dim %d of size 1 (keepdim)", dout, dt, d);
-  weft_status st;
-  const weft_tensor *ts[2] = {out, t};
-  const char *names[2] = {"out", "t"};
-  const weft_backend *be =
-      weft_backend_for_tensors_(__func__, offsetof(weft_backend, reduce), 2, ts, names, &st);
-  if (!be) return st;
-  if (weft_tensor_numel(out) == 0) return WEFT_OK;
-  if ((t->ndim > 0 ? t->shape[d] : 1) == 0 && kind == WEFT_REDUCE_MAX)
-    return weft_error(WEFT_ERR_INVALID, "max over dim %d of size 0 in %s is undefined", d, dt);
-  return weft_backend_trace_(be->reduce(t, kind, d, out), be, __func__);
 }
