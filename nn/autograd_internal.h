@@ -24,6 +24,10 @@ struct weft_var {
   bool requires_grad;
   bool keep_grad;     /* input vars with requires_grad: grad stays readable */
   weft_dtensor *grad; /* pooled */
+  /* grad is shared with another var (an op's backward handed one buffer to
+   * several inputs, add's): never added into in place; the first
+   * accumulation makes the var its own buffer (graph.c accumulate) */
+  bool grad_shared;
 };
 
 typedef struct nn_node nn_node;

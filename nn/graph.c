@@ -747,8 +747,10 @@ void nn_grad_placements(const weft_placement *out, const weft_placement *grad, i
 
 /* -------------------------------------------------------------- backward */
 
-/* Adds `d` (a grad of v's global shape) into what v has accumulated. */
-static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d) {
+/* Adds `d` (a grad of v's global shape) into what v has accumulated.
+ * shared: d is also handed to another var or kept as an output's grad, so
+ * it may be adopted as v's grad but never added into in place. */
+static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d, bool shared) {
   if (v->param) {
     weft_param *p = v->param;
     if (!p->requires_grad) return WEFT_OK;
@@ -777,18 +779,39 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d)
      * built-in layer's grad or the caller's tensor is copied into one. */
     if (pool_holds(g, d)) {
       v->grad = (weft_dtensor *)d;
+      v->grad_shared = shared;
       return WEFT_OK;
     }
     weft_dtensor *own;
     WEFT_CHECK(nn_graph_like(g, d, NULL, &own));
     WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(own), weft_dtensor_local(d)));
     v->grad = own;
+    v->grad_shared = false;
     return WEFT_OK;
   }
   const weft_dtensor *use;
   WEFT_CHECK(nn_graph_bring(g, d, weft_dtensor_placements(v->grad), true, &use));
+  if (v->grad_shared) { /* out of place: the sum in a buffer of v's own */
+    weft_dtensor *own;
+    WEFT_CHECK(nn_graph_like(g, v->grad, NULL, &own));
+    WEFT_CHECK(
+        weft_add(weft_dtensor_local(own), weft_dtensor_local(v->grad), weft_dtensor_local(use)));
+    v->grad = own;
+    v->grad_shared = false;
+    return WEFT_OK;
+  }
   return weft_add(weft_dtensor_local(v->grad), weft_dtensor_local(v->grad),
                   weft_dtensor_local(use));
+}
+
+/* Whether din[i] must stay unwritten after node n: handed to another input
+ * too, or the grad an output keeps (keep_grad). */
+static bool din_shared(const nn_node *n, weft_dtensor *const *din, int i) {
+  for (int k = 0; k < n->nin; k++)
+    if (k != i && din[k] == din[i] && nn_node_wants(n, k)) return true;
+  for (int j = 0; j < n->nout; j++)
+    if (n->out[j]->keep_grad && n->out[j]->grad == din[i]) return true;
+  return false;
 }
 
 static weft_status run_node(weft_graph *g, nn_node *n) {
@@ -813,7 +836,7 @@ static weft_status run_node(weft_graph *g, nn_node *n) {
   if (st != WEFT_OK) return weft_error_trace(st, n->name);
   for (int i = 0; i < n->nin; i++) {
     if (!din[i] || !nn_node_wants(n, i)) continue;
-    st = accumulate(g, n->in[i], din[i]);
+    st = accumulate(g, n->in[i], din[i], din_shared(n, din, i));
     if (st != WEFT_OK) return weft_error_trace(st, n->name);
   }
   /* outputs' grads are consumed (kept only where the user asked) */
@@ -856,7 +879,7 @@ weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad) {
                       "requires_grad reaches it)");
   if (weft_get_settings()->debug) WEFT_CHECK(debug_check(g, "backward", &out, 1));
   g->backward_done = true;
-  WEFT_CHECK(accumulate(g, out, grad));
+  WEFT_CHECK(accumulate(g, out, grad, false));
   WEFT_CHECK(run_range(g, 0, g->nnodes));
   return WEFT_OK;
 }
@@ -1123,8 +1146,10 @@ static weft_status ac_backward(weft_graph *g, nn_node *end) {
     }
     if (old == nw || !old->grad) continue;
     weft_dtensor *gr = old->grad;
+    const bool shared = old->grad_shared;
     old->grad = NULL;
-    if (nw->requires_grad) st = accumulate(g, nw, gr);
+    old->grad_shared = false;
+    if (nw->requires_grad) st = accumulate(g, nw, gr, shared);
   }
   if (st == WEFT_OK) st = run_range(g, n0, g->nnodes);
   ac_drop(g, v0, g->nvars, NULL, 0, n0, g->nnodes);

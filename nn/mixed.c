@@ -235,17 +235,37 @@ weft_status nn_mixed_backward_end(nn_node *n, weft_status st, weft_dtensor **din
     if (b->out_value[j]) n->out[j]->value = b->out_value[j];
   memcpy(n->in_used, b->in_used, sizeof b->in_used);
   memcpy(n->saved, b->saved, sizeof b->saved);
+  /* one f32 grad may be handed to several inputs (add's backward): it is
+   * rounded once per dtype, and discarded only when no other input has it */
+  weft_dtensor *orig[NN_MAX_IN];
+  for (int i = 0; i < n->nin; i++) orig[i] = din[i];
   for (int i = 0; st == WEFT_OK && i < n->nin; i++) {
     if (!din[i] || !n->in[i]) continue;
     weft_dtype want = weft_dtensor_dtype(nn_var_now(n->in[i]));
     if (!is_low(want) || weft_dtensor_dtype(din[i]) == want) continue;
+    int done = -1, shared = 0;
+    for (int k = 0; k < n->nin; k++) {
+      if (k == i || orig[k] != orig[i]) continue;
+      shared = 1;
+      if (k < i && din[k] != orig[k] && weft_dtensor_dtype(din[k]) == want) done = k;
+    }
+    if (done >= 0) {
+      din[i] = din[done];
+      continue;
+    }
     weft_dtensor *low;
     st = nn_graph_converted(g, din[i], want, &low);
     if (st == WEFT_OK) {
-      nn_graph_discard(g, din[i]);
+      if (!shared) nn_graph_discard(g, din[i]);
       din[i] = low;
     }
   }
-  for (int t = 0; t < b->ntemp; t++) nn_graph_discard(g, b->temp[t]);
+  /* the widened temporaries, but not one handed on as an input's grad (add's
+   * backward hands the output grad itself to its inputs) */
+  for (int t = 0; t < b->ntemp; t++) {
+    bool handed = false;
+    for (int i = 0; i < n->nin && !handed; i++) handed = din[i] == b->temp[t];
+    if (!handed) nn_graph_discard(g, b->temp[t]);
+  }
   return st;
 }

@@ -213,16 +213,29 @@ static weft_status add_backward(nn_node *n, const weft_dtensor *const *dout, wef
   const weft_dtensor *a = nn_node_input(n, 0), *b = nn_node_input(n, 1);
   int off = weft_dtensor_ndim(a) - weft_dtensor_ndim(b);
   int k = weft_mesh_ndim(weft_dtensor_mesh(a));
+  /* d(a + b) = dy for both: each input is handed dy itself, no copy (the
+   * graph adds into a grad handed to two inputs out of place: graph.c
+   * accumulate); a dy of another dtype than the input's (a 16-bit var
+   * under a mixed op) or a broadcast b still gets a buffer of its own */
   if (nn_node_wants(n, 0)) {
-    weft_dtensor *da;
-    WEFT_CHECK(nn_graph_like(g, a, weft_dtensor_placements(dy), &da));
-    WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(da), nn_local(dy)));
-    nn_count_copies(1);
-    din[0] = da;
+    if (weft_dtensor_dtype(dy) == weft_dtensor_dtype(a)) {
+      din[0] = (weft_dtensor *)dy;
+    } else {
+      weft_dtensor *da;
+      WEFT_CHECK(nn_graph_like(g, a, weft_dtensor_placements(dy), &da));
+      WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(da), nn_local(dy)));
+      nn_count_copies(1);
+      din[0] = da;
+    }
   }
   if (nn_node_wants(n, 1)) {
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) p[i] = bcast_grad_pl(weft_dtensor_placements(dy)[i], off);
+    if (off == 0 && weft_dtensor_dtype(dy) == weft_dtensor_dtype(b) &&
+        nn_pl_equal(p, weft_dtensor_placements(dy), k)) {
+      din[1] = (weft_dtensor *)dy;
+      return WEFT_OK;
+    }
     weft_dtensor *db;
     WEFT_CHECK(nn_graph_like(g, b, p, &db));
     const weft_tensor *dyl = nn_local(dy);

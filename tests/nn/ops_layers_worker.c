@@ -1085,6 +1085,56 @@ static void case_rope_tables_across_steps(weft_mesh *mesh) {
   weft_dtensor_destroy(R);
 }
 
+/* add's backward hands the output grad itself to both inputs (issue 42
+ * step 5): no copy, and no grad is added into in place while another var
+ * holds the same buffer. S = X + X (one var twice), T = S + W (S and W
+ * share dT), y = T * X (X gets more grad after its shared one), against
+ * the hand-derived dX = R T + 2 R X and dW = R X, in two steps; the op
+ * layer's copies counter does not move. */
+static void case_add_shares_its_grad(weft_mesh *mesh) {
+  int64_t shape[2] = {3, 7};
+  const int64_t n = 21;
+  double hx[21], hw[21], hr[21];
+  for (int i = 0; i < n; i++) hx[i] = srand1(), hw[i] = srand1(), hr[i] = srand1();
+  weft_dtensor *x = mk_dt(mesh, WEFT_F32, 2, shape, hx, weft_replicate()),
+               *w = mk_dt(mesh, WEFT_F32, 2, shape, hw, weft_replicate()),
+               *R = mk_dt(mesh, WEFT_F32, 2, shape, hr, weft_replicate());
+  weft_graph *g;
+  WOK(weft_graph_create(&g));
+  const int64_t copies0 = weft_op_stats_get().copies;
+  for (int step = 0; step < 2; step++) {
+    weft_var *X, *W, *S = NULL, *T = NULL, *y = NULL;
+    WOK(weft_graph_input(g, x, true, &X));
+    WOK(weft_graph_input(g, w, true, &W));
+    WOK(weft_op_add(X, X, &S));
+    WOK(weft_op_add(S, W, &T));
+    WOK(weft_op_mul(T, X, &y));
+    WOK(weft_backward_grad(y, R));
+    int64_t m1 = 0, m2 = 0;
+    double *gx = weft_var_grad(X) ? fetch(weft_var_grad(X), &m1) : NULL;
+    double *gw = weft_var_grad(W) ? fetch(weft_var_grad(W), &m2) : NULL;
+    WREQUIRE(gx && gw && m1 == n && m2 == n, "add shares its grad: step %d: no grads", step);
+    double ex = 0, ew = 0;
+    for (int64_t i = 0; i < n; i++) {
+      const double T_ = 2 * hx[i] + hw[i];
+      ex = fmax(ex, fabs(gx[i] - (hr[i] * T_ + 2 * hr[i] * hx[i])));
+      ew = fmax(ew, fabs(gw[i] - hr[i] * hx[i]));
+    }
+    WCHECK(ex <= 1e-5 && ew <= 1e-5, "add shares its grad: step %d: dX off by %.3g, dW by %.3g",
+           step, ex, ew);
+    free(gx);
+    free(gw);
+    WOK(weft_graph_reset(g));
+  }
+  WCHECK(weft_op_stats_get().copies == copies0,
+         "add's backward made %lld copies (want none: same shapes, same dtype)",
+         (long long)(weft_op_stats_get().copies - copies0));
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(w);
+  weft_dtensor_destroy(R);
+}
+
 /* ------------------------------------------------------------- entries */
 
 static weft_mesh *make_mesh(int n) {
@@ -1119,6 +1169,7 @@ static void case_ops1(void) {
   case_bad(mesh);
   case_two_steps(mesh);
   case_rope_tables_across_steps(mesh);
+  case_add_shares_its_grad(mesh);
   WOK(weft_mesh_destroy(mesh));
 }
 
