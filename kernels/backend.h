@@ -537,9 +537,12 @@ typedef struct weft_kernel_cost {
 WEFT_API void weft_device_cost_model_set(const weft_gpu_spec *spec);
 /* Forgets every record (weft-train resets before each step). */
 WEFT_API void weft_device_costs_reset(void);
+/* Kernels with records at most: past WEFT_KERNEL_COSTS_MAX - 1 names the
+ * last record, "(other kernels)", takes the rest (~70 launch sites today). */
+#define WEFT_KERNEL_COSTS_MAX 256
 /* Copies the records, by modeled time then bytes (largest first), into
- * out[0 .. min(n, cap)) and returns n, how many kernels have records
- * (out may be NULL with cap 0). */
+ * out[0 .. min(n, cap)) and returns n (<= WEFT_KERNEL_COSTS_MAX), how many
+ * kernels have records (out may be NULL with cap 0). */
 WEFT_API int weft_device_costs_get(weft_kernel_cost *out, int cap);
 
 /* ------------------------------------------------------------- compute */

@@ -37,10 +37,8 @@ const weft_gpu_spec *weft_gpu_spec_find(const char *name) {
   return NULL;
 }
 
-#define MAX_KERNELS 256
-
 static pthread_mutex_t cost_mu = PTHREAD_MUTEX_INITIALIZER;
-static weft_kernel_cost costs[MAX_KERNELS];
+static weft_kernel_cost costs[WEFT_KERNEL_COSTS_MAX];
 static int ncosts;
 static const weft_gpu_spec *model;
 static _Thread_local struct {
@@ -59,9 +57,9 @@ static weft_kernel_cost *entry(const char *name, int engine) {
     if (costs[i].name == name) return &costs[i];
   for (int i = 0; i < ncosts; i++)
     if (!strcmp(costs[i].name, name)) return &costs[i];
-  /* the last slot takes every name past the others (never seen: ~70 sites) */
-  if (ncosts == MAX_KERNELS - 1) name = "(other kernels)";
-  if (ncosts == MAX_KERNELS) return &costs[MAX_KERNELS - 1];
+  /* the last slot takes every name past the others (backend.h) */
+  if (ncosts == WEFT_KERNEL_COSTS_MAX - 1) name = "(other kernels)";
+  if (ncosts == WEFT_KERNEL_COSTS_MAX) return &costs[WEFT_KERNEL_COSTS_MAX - 1];
   weft_kernel_cost *e = &costs[ncosts++];
   memset(e, 0, sizeof *e);
   e->name = name;
@@ -132,7 +130,7 @@ static int by_model_time(const void *pa, const void *pb) {
 
 int weft_device_costs_get(weft_kernel_cost *out, int cap) {
   pthread_mutex_lock(&cost_mu);
-  weft_kernel_cost all[MAX_KERNELS];
+  weft_kernel_cost all[WEFT_KERNEL_COSTS_MAX];
   int n = ncosts;
   memcpy(all, costs, (size_t)n * sizeof *all);
   pthread_mutex_unlock(&cost_mu);

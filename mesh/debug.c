@@ -42,7 +42,7 @@ enum { TAG_FP = 17, TAG_VERDICT = 18, TAG_NOTICE = 19 };
 typedef struct notice_msg {
   uint32_t magic;
   int32_t nroots;
-  int32_t roots[NOTICE_ROOTS];
+  int roots[NOTICE_ROOTS]; /* world ranks (every rank runs the same binary) */
   char what[200];
 } notice_msg;
 
@@ -135,9 +135,7 @@ int weft__notice_resolve(const int *missing, int nmissing, const char *what, int
         }
       }
       char list[128] = "";
-      int rs[NOTICE_ROOTS];
-      for (int k = 0; k < m.nroots; k++) rs[k] = m.roots[k];
-      weft__format_ranks(rs, m.nroots, list, sizeof list);
+      weft__format_ranks(m.roots, m.nroots, list, sizeof list);
       if (len < why_cap)
         len += (size_t)snprintf(why + len, why_cap - len, "%sworld rank %d is itself stuck: %s%s%s",
                                 len ? "; " : "", r, m.what,

@@ -579,11 +579,11 @@ static int start_run(run_state *s, run_totals *t, train_result *res) {
  * call's roofline time, backend.h) plus the host synchronisations; keeps
  * the ten costliest kernels for the summary. */
 static void predict_step(const run_state *s, run_totals *t, step_report *r) {
-  weft_kernel_cost all[256];
-  const int n = weft_device_costs_get(all, 256);
+  weft_kernel_cost all[WEFT_KERNEL_COSTS_MAX];
+  const int n = weft_device_costs_get(all, WEFT_KERNEL_COSTS_MAX);
   r->pred_kernels_s = 0;
   r->pred_uncosted = 0;
-  for (int i = 0; i < n && i < 256; i++) {
+  for (int i = 0; i < n; i++) {
     r->pred_kernels_s += all[i].model_s;
     r->pred_uncosted += all[i].uncosted;
   }

@@ -63,6 +63,18 @@ static void remove_tree(const char *dir) {
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* Skips the test, saying why, where this process sees no WEFT_CUDA device
+ * (the device tests run on the emulated device and on GPUs). */
+#define SKIP_WITHOUT_DEVICE()                                                             \
+  do {                                                                                    \
+    if (weft_device_count(WEFT_CUDA) == 0)                                                \
+      cr_skip(                                                                            \
+          "no WEFT_CUDA device here (%s): runs on the emulated device (-Dcuda=emulated) " \
+          "and on GPUs",                                                                  \
+          weft_backend_get(WEFT_CUDA) ? "the CUDA backend is built but sees no GPU"       \
+                                      : "this build has no CUDA backend");                \
+  } while (0)
+
 /* Runs `mpiexec -n nranks prog args...` (nranks 0: prog args... directly). */
 static run_out run(int nranks, const char *prog, const char *const *args, int timeout_s) {
   run_out r = {-1, 0, NULL, NULL};
@@ -1130,12 +1142,7 @@ static int device_lines(const char *out, long long c[][5], int cap) {
  * host round trips, the gradient norm. bf16 runs FSDP on one rank, whose
  * collectives stage through the host (the bytes). */
 Test(examples, train_profile_pins_the_device_calls_of_a_gpt2_demo_step, .timeout = 120) {
-  if (weft_device_count(WEFT_CUDA) == 0)
-    cr_skip(
-        "no WEFT_CUDA device here (%s): runs on the emulated device (-Dcuda=emulated) and on "
-        "GPUs",
-        weft_backend_get(WEFT_CUDA) ? "the CUDA backend is built but sees no GPU"
-                                    : "this build has no CUDA backend");
+  SKIP_WITHOUT_DEVICE();
   static const struct {
     const char *dtype;
     long long want[5]; /* launches, blas, host syncs, mallocs, bytes copied */
@@ -1183,8 +1190,7 @@ Test(examples, train_predict_models_the_step_on_a_gpu, .timeout = 120) {
   cr_expect_neq(r.rc, 0);
   cr_expect(strstr(r.err, "--predict: needs --device cuda"), "%s", r.err);
   run_free(&r);
-  if (weft_device_count(WEFT_CUDA) == 0)
-    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  SKIP_WITHOUT_DEVICE();
   double ms[2] = {0, 0};
   const char *gpus[2] = {"h100", "h200"};
   for (int k = 0; k < 2; k++) {
@@ -1848,12 +1854,7 @@ Test(examples, plan_calibrate_missing_or_corrupt_file_is_a_clear_error, .timeout
  * accumulation; the held-out loss too. Skips where this process sees no
  * device. */
 Test(examples, train_on_the_device_gives_the_cpu_losses_on_every_mesh_kind, .timeout = 600) {
-  if (weft_device_count(WEFT_CUDA) == 0)
-    cr_skip(
-        "no WEFT_CUDA device here (%s): runs on the emulated device (-Dcuda=emulated) and on "
-        "GPUs",
-        weft_backend_get(WEFT_CUDA) ? "the CUDA backend is built but sees no GPU"
-                                    : "this build has no CUDA backend");
+  SKIP_WITHOUT_DEVICE();
   enum { STEPS = 3 };
   struct {
     int n;
@@ -1907,8 +1908,7 @@ Test(examples, train_on_the_device_gives_the_cpu_losses_on_every_mesh_kind, .tim
  * straight device run's within 1e-6, and the export initialises a CPU run
  * as it does a device run. Skips where this process sees no device. */
 Test(examples, train_checkpoint_moves_between_the_device_and_the_cpu, .timeout = 600) {
-  if (weft_device_count(WEFT_CUDA) == 0)
-    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  SKIP_WITHOUT_DEVICE();
   enum { STEPS = 5 };
   const char *dir = tmp_file("ckdev"), *dir2 = tmp_file("ckcpu"), *st = tmp_file("ckdev.st");
   const char *js = tmp_file("straight.jsonl");
@@ -1998,8 +1998,7 @@ Test(examples, train_checkpoint_moves_between_the_device_and_the_cpu, .timeout =
  * peak_bytes_max: weft_alloc's accounting for the device) of the tiny
  * config is at most 0.6x the 1-rank peak, as on the CPU. */
 Test(examples, train_fsdp_halves_the_device_peak_memory, .timeout = 300) {
-  if (weft_device_count(WEFT_CUDA) == 0)
-    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  SKIP_WITHOUT_DEVICE();
   double peak[2][1];
   for (int k = 0; k < 2; k++) {
     const char *j = tmp_file("mem.jsonl");
@@ -2024,8 +2023,7 @@ Test(examples, train_fsdp_halves_the_device_peak_memory, .timeout = 300) {
  * run without it, and a lower device peak (the sharded parameters, grads
  * and AdamW state live in host memory; the optimizer steps on the CPU). */
 Test(examples, train_cpu_offload_keeps_the_losses_and_lowers_the_device_peak, .timeout = 300) {
-  if (weft_device_count(WEFT_CUDA) == 0)
-    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  SKIP_WITHOUT_DEVICE();
   enum { STEPS = 3 };
   double loss[2][STEPS], peak[2][1];
   for (int k = 0; k < 2; k++) {
@@ -2057,8 +2055,7 @@ Test(examples, train_cpu_offload_keeps_the_losses_and_lowers_the_device_peak, .t
  * bitwise as the straight offloaded run, and on a CPU tp=2 mesh within
  * 1e-6. */
 Test(examples, train_cpu_offload_checkpoint_resumes_on_the_device_and_on_the_cpu, .timeout = 300) {
-  if (weft_device_count(WEFT_CUDA) == 0)
-    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  SKIP_WITHOUT_DEVICE();
   enum { STEPS = 4 };
   const char *dir = tmp_file("offload-ckpt"), *js = tmp_file("offload-straight.jsonl");
   remove_tree(dir);
@@ -2104,8 +2101,7 @@ Test(examples, train_cpu_offload_checkpoint_resumes_on_the_device_and_on_the_cpu
  * on the device, 2-D FSDP x TP, HSDP and GPT-2 (tied weights) on 2x2 give
  * bitwise the losses of the run without it. */
 Test(examples, train_cpu_offload_is_bitwise_on_2d_hsdp_and_gpt2, .timeout = 300) {
-  if (weft_device_count(WEFT_CUDA) == 0)
-    cr_skip("no WEFT_CUDA device here: runs on the emulated device (-Dcuda=emulated) and on GPUs");
+  SKIP_WITHOUT_DEVICE();
   enum { STEPS = 3 };
   const char *meshes[][4] = {{"--mesh", "dp=2,tp=2", NULL, NULL},
                              {"--mesh", "dp_replicate=2,dp_shard=2", NULL, NULL},

@@ -13,20 +13,6 @@
 #include "backend.h"
 #include "harness.h"
 
-/* The whole file at path (NUL-terminated; NULL when unreadable). */
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-  if (buf) buf[n] = '\0';
-  fclose(f);
-  return buf;
-}
-
 static int count(const char *hay, const char *needle) {
   int n = 0;
   for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++) n++;
@@ -49,7 +35,7 @@ Test(gpu_check, dry_run_passes_every_step_on_the_emulated_device, .timeout = 300
            "--dry-run > /dev/null 2>&1",
            WEFT_BUILD_ROOT, log, WEFT_SOURCE_ROOT);
   int rc = system(cmd);
-  char *out = slurp(log);
+  char *out = weft_test_slurp(log, NULL);
   cr_assert(out, "check.sh wrote no log at %s (status %d)", log, rc);
   cr_expect_eq(rc, 0, "check.sh --dry-run failed (status %d):\n%s", rc, out);
   cr_expect(strstr(out, "backend_cuda cases passed: "), "%s", out);
