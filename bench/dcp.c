@@ -135,7 +135,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
       reps = atoi(argv[++i]);
     else {
-      if (rank == 0) fprintf(stderr, "usage: weft-bench-dcp [--dir DIR] [--layers L] [--reps R] [--load-reps K]\n");
+      if (rank == 0)
+        fprintf(stderr,
+                "usage: weft-bench-dcp [--dir DIR] [--layers L] [--reps R] [--load-reps K]\n");
       weft_finalize();
       return 2;
     }

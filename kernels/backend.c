@@ -28,6 +28,7 @@ static void install(const weft_backend *be) {
     c->attention_forward = NULL;
     c->attention_backward = NULL;
   }
+  if (be->version < 5) c->takes_dtype = NULL; /* not a member before version 5 */
   tables[be->device] = c;
 }
 
@@ -100,6 +101,13 @@ const weft_backend *weft_backend_get(weft_device dev) {
 const char *weft_backend_name(weft_device dev) {
   const weft_backend *be = weft_backend_get(dev);
   return be ? be->name : "none";
+}
+
+bool weft_backend_takes_dtype(weft_device dev, weft_kernel_op op, weft_dtype dt) {
+  const weft_backend *be = weft_backend_get(dev);
+  if (!be || (unsigned)op >= WEFT_KERNEL_OP_COUNT || (unsigned)dt >= WEFT_DTYPE_COUNT) return false;
+  if (dt == WEFT_F32) return true;
+  return be->takes_dtype && be->takes_dtype(op, dt);
 }
 
 static bool has_member(const weft_backend *be, size_t offset) {

@@ -137,8 +137,21 @@ typedef struct weft_flat_piece {
  *      version 1 or 2 have the causal-only argument list and are dropped at
  *      registration, so attention on such a table is WEFT_ERR_UNSUPPORTED)
  *   4  host_alloc_pinned / host_free_pinned (page-locked host memory),
- *      device_model */
-#define WEFT_BACKEND_VERSION 4
+ *      device_model
+ *   5  takes_dtype (which operations compute in a 16-bit storage dtype) */
+#define WEFT_BACKEND_VERSION 5
+
+/* The operations whose dtypes a backend declares through takes_dtype: the
+ * op families that compute in the storage dtype of their tensors (bf16 or
+ * f16 loaded, f32 arithmetic in registers, one rounding on store) instead
+ * of on f32 copies that the op layer widens first (nn/mixed.c). Grows at
+ * the end as families move to storage-dtype kernels. */
+typedef enum weft_kernel_op {
+  WEFT_KERNEL_ADD = 0,   /* the add member (weft_add): out = a + b */
+  WEFT_KERNEL_MUL = 1,   /* mul (weft_mul): out = a * b */
+  WEFT_KERNEL_SCALE = 2, /* scale (weft_scale): t *= alpha */
+  WEFT_KERNEL_OP_COUNT
+} weft_kernel_op;
 
 typedef struct weft_backend {
   /* ---- identity (required) */
@@ -364,6 +377,15 @@ typedef struct weft_backend {
   void (*host_free_pinned)(void *ptr);
   /* (optional) the selected device's model name ("NVIDIA H100 80GB HBM3") */
   weft_status (*device_model)(char *buf, size_t cap);
+
+  /* ---- version 5 (optional): storage dtypes. Whether operation op
+   * computes directly on tensors of dtype dt, as the member's contract
+   * says for that dtype (for bf16 / f16: f32 arithmetic, the result
+   * rounded once, the bits of "widen, compute in f32, round"). Asked by the
+   * op layer before it widens an op's 16-bit inputs. Pure: no device
+   * work, never fails; op may be any value (false for unknown ones).
+   * Absent: only f32. */
+  bool (*takes_dtype)(weft_kernel_op op, weft_dtype dt);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -382,6 +404,13 @@ WEFT_API void weft_backend_reset(weft_device dev);
 WEFT_API const weft_backend *weft_backend_get(weft_device dev);
 /* "cpu", "cuda", "cuda (emulated)"; "none" when dev has no table. */
 WEFT_API const char *weft_backend_name(weft_device dev);
+/* Whether dev's backend computes operation op in dtype dt without the
+ * caller widening to f32: true for f32 when dev has a table; for other
+ * dtypes the table's takes_dtype answers (false without one, for an
+ * unknown op or device). The op layer (nn/) calls it per op to choose
+ * between the storage-dtype kernel and nn/mixed.c's widening. Local,
+ * never fails. */
+WEFT_API bool weft_backend_takes_dtype(weft_device dev, weft_kernel_op op, weft_dtype dt);
 
 /* ------------------------------------------------------------ device set-up */
 

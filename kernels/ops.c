@@ -135,6 +135,11 @@ weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *
   return WEFT_OK;
 }
 
+bool weft_elementwise_takes_dtype_(weft_kernel_op op, weft_dtype dt) {
+  bool elementwise = op == WEFT_KERNEL_ADD || op == WEFT_KERNEL_MUL || op == WEFT_KERNEL_SCALE;
+  return elementwise && (unsigned)dt < WEFT_DTYPE_COUNT && weft_dtype_is_float(dt);
+}
+
 /* t op= v through member (scale or div_scalar) of t's device table. */
 static weft_status scalar_op(const char *func, size_t member, weft_tensor *t, double v) {
   WEFT_CHECK(check_float(func, t, "t"));

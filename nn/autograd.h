@@ -123,7 +123,8 @@ typedef struct weft_op_stats {
   int64_t ops;
   /* bf16 / f16 tensors widened into an f32 copy so that an f32 kernel can
    * run an op on them (forward inputs, and a mixed node's grads, inputs,
-   * outputs and saved buffers in backward) */
+   * outputs and saved buffers in backward); ops with a storage-dtype
+   * kernel on the device widen nothing */
   int64_t widened;
   /* copies that shape ops make where a view would do: one per reshape,
    * transpose and each piece that split or cat moves, forward and backward
@@ -177,7 +178,10 @@ WEFT_API weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad)
  * their operands in one dtype (a mix is WEFT_ERR_INVALID, as in PyTorch),
  * and bf16 with f16 in one op is WEFT_ERR_UNSUPPORTED. What the graph keeps
  * for backward stays 16-bit (half the activation memory of f32; the f32
- * copies live only while an op runs); a 16-bit var's grad is 16-bit, and a
+ * copies live only while an op runs). Where the device's kernel computes
+ * in the 16-bit dtype itself (backend.h weft_kernel_op: add, mul and scale
+ * today), an op whose float inputs all have that dtype makes no f32 copy
+ * at all, with the same result. A 16-bit var's grad is 16-bit, and a
  * 16-bit parameter's grad accumulates in f32 (nn.h) from bf16-rounded
  * contributions. Row statistics an op keeps (norms' rstd, attention's and
  * cross-entropy's log-sum-exp) and dropout's uniforms stay f32. The

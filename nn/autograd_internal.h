@@ -190,6 +190,15 @@ typedef struct nn_mixed {
   weft_var *orig[NN_MAX_IN], *proxy[NN_MAX_IN];
 } nn_mixed;
 weft_status nn_mixed_begin(nn_mixed *mx, const char *name, weft_var **in, int nin, bool same_dtype);
+/* The same for an op with a storage-dtype kernel (backend.h
+ * weft_kernel_op): where every input has one 16-bit dtype and the inputs'
+ * device computes kop in it (weft_backend_takes_dtype), nothing is widened
+ * and the op runs in that dtype, its node not mixed (the kernel computes
+ * in f32 and rounds once: the widened path's bits, except that a sum over
+ * rows, as a broadcast add's backward, rounds its double once instead of
+ * through f32). Otherwise as nn_mixed_begin. */
+weft_status nn_mixed_begin_kernel(nn_mixed *mx, const char *name, weft_var **in, int nin,
+                                  bool same_dtype, weft_kernel_op kop);
 weft_status nn_mixed_end(nn_mixed *mx, weft_status st, weft_var **out, int nout);
 
 /* The backward of a mixed node (graph.c run_node): begin widens its dout,
@@ -216,6 +225,10 @@ weft_status nn_mixed_backward_end(nn_node *n, weft_status st, weft_dtensor **din
  * WEFT_ERR_INVALID naming the op and its inputs otherwise. */
 weft_status nn_check_f32_contig(const char *name, weft_var *const *in, int nin,
                                 const weft_dtensor *d, const char *what);
+/* The same, but d may also have a 16-bit dtype in which its device
+ * computes kop (an op that nn_mixed_begin_kernel left unwidened). */
+weft_status nn_check_kernel_contig(const char *name, weft_var *const *in, int nin,
+                                   const weft_dtensor *d, const char *what, weft_kernel_op kop);
 
 /* Per mesh dim placement helpers. */
 static inline bool nn_is_shard_any(weft_placement p) {

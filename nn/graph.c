@@ -664,9 +664,16 @@ weft_status nn_op_error_at(const char *func, weft_status code, const char *name,
 
 weft_status nn_check_f32_contig(const char *name, weft_var *const *in, int nin,
                                 const weft_dtensor *d, const char *what) {
-  if (weft_dtensor_dtype(d) != WEFT_F32)
+  return nn_check_kernel_contig(name, in, nin, d, what, WEFT_KERNEL_OP_COUNT);
+}
+
+weft_status nn_check_kernel_contig(const char *name, weft_var *const *in, int nin,
+                                   const weft_dtensor *d, const char *what, weft_kernel_op kop) {
+  weft_dtype dt = weft_dtensor_dtype(d);
+  if (dt != WEFT_F32 && !(dt != WEFT_F64 && kop < WEFT_KERNEL_OP_COUNT &&
+                          weft_backend_takes_dtype(weft_dtensor_local(d)->device, kop, dt)))
     return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, nin, "%s is %s (f32 only)", what,
-                       weft_dtype_name(weft_dtensor_dtype(d)));
+                       weft_dtype_name(dt));
   if (!weft_tensor_is_contiguous(weft_dtensor_local(d)))
     return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "%s: local tensor not contiguous", what);
   return WEFT_OK;

@@ -41,8 +41,26 @@ static weft_status widen(weft_graph *g, const weft_dtensor *d, weft_dtensor **ou
   return WEFT_OK;
 }
 
+/* Whether every input is of dtype dt (no f64, no integers) and the
+ * inputs' device computes kop in it. */
+static bool kernel_takes(weft_var *const *in, int nin, weft_kernel_op kop, weft_dtype dt) {
+  weft_device dev = WEFT_DEVICE_COUNT;
+  for (int i = 0; i < nin; i++) {
+    if (!in[i]) continue;
+    const weft_dtensor *d = nn_var_now(in[i]);
+    if (weft_dtensor_dtype(d) != dt) return false;
+    dev = weft_dtensor_local(d)->device;
+  }
+  return dev != WEFT_DEVICE_COUNT && weft_backend_takes_dtype(dev, kop, dt);
+}
+
 weft_status nn_mixed_begin(nn_mixed *mx, const char *name, weft_var **in, int nin,
                            bool same_dtype) {
+  return nn_mixed_begin_kernel(mx, name, in, nin, same_dtype, WEFT_KERNEL_OP_COUNT);
+}
+
+weft_status nn_mixed_begin_kernel(nn_mixed *mx, const char *name, weft_var **in, int nin,
+                                  bool same_dtype, weft_kernel_op kop) {
   memset(mx, 0, sizeof *mx);
   nn_count_ops(1); /* every built-in op enters here once */
   weft_dtype low = WEFT_DTYPE_COUNT;
@@ -65,6 +83,8 @@ weft_status nn_mixed_begin(nn_mixed *mx, const char *name, weft_var **in, int ni
                        "operands of different dtypes (f32 and %s; PyTorch rejects this too): "
                        "cast one first (weft_op_to)",
                        weft_dtype_name(low));
+  if (!any_f32 && kop < WEFT_KERNEL_OP_COUNT && kernel_takes(in, nin, kop, low))
+    return WEFT_OK; /* the storage-dtype kernel: nothing to widen */
   weft_graph *g = in[0] ? in[0]->g : NULL;
   for (int i = 0; !g && i < nin; i++) g = in[i] ? in[i]->g : NULL;
   mx->g = g;

@@ -32,8 +32,10 @@ static weft_status sum_rows(const weft_tensor *dy, int64_t rows, weft_tensor *ou
   if (rows == 0) return weft_tensor_fill(out, 0.0);
   weft_tensor v2, o2;
   int64_t s2[2] = {rows, C}, so[2] = {1, C};
-  WEFT_CHECK(weft_tensor_view_init(&v2, dy->data, WEFT_F32, dy->device, 2, s2, NULL));
-  WEFT_CHECK(weft_tensor_view_init(&o2, out->data, WEFT_F32, out->device, 2, so, NULL));
+  /* in dy's dtype: a 16-bit grad (add in bf16 / f16) gets the double sums
+   * rounded once (widening dy first rounded them to f32, then again) */
+  WEFT_CHECK(weft_tensor_view_init(&v2, dy->data, dy->dtype, dy->device, 2, s2, NULL));
+  WEFT_CHECK(weft_tensor_view_init(&o2, out->data, out->dtype, out->device, 2, so, NULL));
   return weft_reduce(&v2, WEFT_REDUCE_SUM, 0, &o2);
 }
 
@@ -253,7 +255,17 @@ static weft_status add_backward(nn_node *n, const weft_dtensor *const *dout, wef
   return WEFT_OK;
 }
 
-static weft_status add_f32(weft_var *a, weft_var *b, weft_var **out) {
+/* add, mul, scale: f32, or the inputs' 16-bit dtype where the device
+ * computes the op in it (nn_mixed_begin_kernel left them unwidened). */
+static weft_status same_dtype(const char *name, weft_var **in, const weft_dtensor *av,
+                              const weft_dtensor *bv) {
+  if (weft_dtensor_dtype(av) == weft_dtensor_dtype(bv)) return WEFT_OK;
+  return nn_op_error(WEFT_ERR_INVALID, name, in, 2, "a is %s but b is %s",
+                     weft_dtype_name(weft_dtensor_dtype(av)),
+                     weft_dtype_name(weft_dtensor_dtype(bv)));
+}
+
+static weft_status add_body(weft_var *a, weft_var *b, weft_var **out) {
   const char *name = "add";
   if (!out) return weft_error(WEFT_ERR_INVALID, "add: out is NULL");
   *out = NULL;
@@ -262,8 +274,10 @@ static weft_status add_f32(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, in, 2, &g));
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, av, "a"));
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, bv, "b"));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, av, "a", WEFT_KERNEL_ADD));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, bv, "b", WEFT_KERNEL_ADD));
+  WEFT_CHECK(same_dtype(name, in, av, bv));
+  const weft_dtype dt = weft_dtensor_dtype(av);
   int na = as->ndim, nb = bs->ndim, off = na - nb;
   bool ok = nb >= 1 && off >= 0;
   for (int d = 0; ok && d < nb; d++) ok = as->shape[off + d] == bs->shape[d];
@@ -294,12 +308,12 @@ static weft_status add_f32(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_graph_bring(g, av, tgt, true, &au));
   WEFT_CHECK(nn_graph_bring(g, bv, tgt + k, true, &bu));
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), WEFT_F32, na, as->shape, opl, &y));
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), dt, na, as->shape, opl, &y));
   const weft_tensor *al = nn_local(au), *bl = nn_local(bu);
   weft_tensor bb;
   int64_t st[WEFT_MAX_DIMS];
   for (int d = 0; d < na; d++) st[d] = d < off ? 0 : bl->strides[d - off];
-  WEFT_CHECK(weft_tensor_view_init(&bb, bl->data, WEFT_F32, bl->device, na, al->shape, st));
+  WEFT_CHECK(weft_tensor_view_init(&bb, bl->data, dt, bl->device, na, al->shape, st));
   WEFT_CHECK(weft_add(weft_dtensor_local(y), al, &bb));
   nn_node *node;
   WEFT_CHECK(
@@ -337,7 +351,7 @@ static weft_status mul_backward(nn_node *n, const weft_dtensor *const *dout, wef
   return WEFT_OK;
 }
 
-static weft_status mul_f32(weft_var *a, weft_var *b, weft_var **out) {
+static weft_status mul_body(weft_var *a, weft_var *b, weft_var **out) {
   const char *name = "mul";
   if (!out) return weft_error(WEFT_ERR_INVALID, "mul: out is NULL");
   *out = NULL;
@@ -346,8 +360,9 @@ static weft_status mul_f32(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, in, 2, &g));
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, av, "a"));
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, bv, "b"));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, av, "a", WEFT_KERNEL_MUL));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, bv, "b", WEFT_KERNEL_MUL));
+  WEFT_CHECK(same_dtype(name, in, av, bv));
   bool ok = as->ndim == bs->ndim;
   for (int d = 0; ok && d < as->ndim; d++) ok = as->shape[d] == bs->shape[d];
   if (!ok) return nn_op_error(WEFT_ERR_INVALID, name, in, 2, "shapes differ");
@@ -372,7 +387,8 @@ static weft_status mul_f32(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_graph_bring(g, av, tgt, false, &au));
   WEFT_CHECK(nn_graph_bring(g, bv, tgt + k, false, &bu));
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), WEFT_F32, na, as->shape, opl, &y));
+  WEFT_CHECK(
+      nn_graph_tensor(g, weft_dtensor_mesh(av), weft_dtensor_dtype(av), na, as->shape, opl, &y));
   WEFT_CHECK(weft_mul(weft_dtensor_local(y), nn_local(au), nn_local(bu)));
   nn_node *node;
   WEFT_CHECK(
@@ -392,14 +408,14 @@ static weft_status scale_backward(nn_node *n, const weft_dtensor *const *dout, w
   return WEFT_OK;
 }
 
-static weft_status scale_f32(weft_var *x, double alpha, weft_var **out) {
+static weft_status scale_body(weft_var *x, double alpha, weft_var **out) {
   const char *name = "scale";
   if (!out) return weft_error(WEFT_ERR_INVALID, "scale: out is NULL");
   *out = NULL;
   weft_graph *g;
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
-  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_SCALE));
   weft_dtensor *y;
   WEFT_CHECK(nn_graph_like(g, xv, NULL, &y));
   WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(y), nn_local(xv)));
@@ -451,7 +467,9 @@ weft_status weft_op_to(weft_var *x, weft_dtype dtype, weft_var **out) {
 
 /* ------------------------------------------- the ops as callers see them
  * Each runs its f32 body above through nn/mixed.c, so bf16 / f16 inputs
- * compute in f32 and keep their dtype (autograd.h, "dtypes"). */
+ * compute in f32 and keep their dtype (autograd.h, "dtypes"); add, mul and
+ * scale run their body in the 16-bit dtype itself where the device's
+ * kernel takes it (backend.h weft_kernel_op): the same bits, no copies. */
 
 weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
   weft_var *in[3] = {x, w, b};
@@ -463,20 +481,20 @@ weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out
 weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {
   weft_var *in[2] = {a, b};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "add", in, 2, false));
-  return nn_mixed_end(&mx, add_f32(in[0], in[1], out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "add", in, 2, false, WEFT_KERNEL_ADD));
+  return nn_mixed_end(&mx, add_body(in[0], in[1], out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_mul(weft_var *a, weft_var *b, weft_var **out) {
   weft_var *in[2] = {a, b};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "mul", in, 2, false));
-  return nn_mixed_end(&mx, mul_f32(in[0], in[1], out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "mul", in, 2, false, WEFT_KERNEL_MUL));
+  return nn_mixed_end(&mx, mul_body(in[0], in[1], out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "scale", in, 1, false));
-  return nn_mixed_end(&mx, scale_f32(in[0], alpha, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "scale", in, 1, false, WEFT_KERNEL_SCALE));
+  return nn_mixed_end(&mx, scale_body(in[0], alpha, out), out, out ? 1 : 0);
 }

@@ -273,6 +273,7 @@ static const weft_backend cpu_backend = {
     .version = WEFT_BACKEND_VERSION,
     .device = WEFT_CPU,
     .name = "cpu",
+    .takes_dtype = weft_elementwise_takes_dtype_,
     .device_count = cpu_device_count,
     .synchronize = cpu_synchronize,
     .alloc = weft_cpu_alloc_,

@@ -1298,6 +1298,24 @@ BACKEND_TEST(add_mul_scale_axpy_div_round_once_in_every_float_dtype_on_strided_v
 /* weft_tensor_copy_region: a box of a strided view into a box of another
  * (padded / transposed layouts, dtype conversion as weft_tensor_copy); the
  * rest of dst and every byte outside the views stay as they were. */
+/* The op layer runs add, mul and scale in a 16-bit dtype only where the
+ * backend says its kernel takes it (backend.h takes_dtype); what the
+ * kernels compute for each dtype is the test above. Both built-in backends
+ * take every float dtype for these three, no integer dtype, no unknown op. */
+BACKEND_TEST(add_mul_scale_say_they_take_every_float_dtype_and_nothing_else) {
+  const weft_kernel_op ops[3] = {WEFT_KERNEL_ADD, WEFT_KERNEL_MUL, WEFT_KERNEL_SCALE};
+  for (int o = 0; o < 3; o++)
+    for (int d = 0; d < WEFT_DTYPE_COUNT; d++) {
+      bool want = weft_dtype_is_float((weft_dtype)d);
+      cr_expect_eq(weft_backend_takes_dtype(dev, ops[o], (weft_dtype)d), want,
+                   "op %d in %s on %s: takes_dtype should say %d", (int)ops[o],
+                   weft_dtype_name((weft_dtype)d), weft_backend_name(dev), want);
+    }
+  cr_expect_not(weft_backend_takes_dtype(dev, WEFT_KERNEL_OP_COUNT, WEFT_BF16));
+  cr_expect_not(weft_backend_takes_dtype(dev, (weft_kernel_op)-1, WEFT_BF16));
+  cr_expect_not(weft_backend_takes_dtype(dev, WEFT_KERNEL_ADD, WEFT_DTYPE_COUNT));
+}
+
 BACKEND_TEST(copy_region_copies_one_box_between_strided_views_converting_dtypes) {
   seed_tests(733);
   static const weft_dtype pairs[][2] = {{WEFT_F32, WEFT_F32},
@@ -3881,6 +3899,25 @@ Test(registry, a_version_1_table_has_no_version_2_members_and_says_so_by_name) {
   OK(weft_backend_layernorm_forward(WEFT_CPU, y, m, r, x, NULL, NULL, 1, 4, 1e-5f));
   cr_assert_eq(m[0], 2.5f, "mean %g", (double)m[0]);
   cr_assert(WEFT_BACKEND_VERSION >= 2);
+}
+
+/* Version 5 added takes_dtype: a table built for version 4 reads it as
+ * absent, so its device takes f32 only and the op layer widens 16-bit
+ * inputs there; a device without a table takes nothing. */
+Test(registry, a_version_4_table_takes_only_f32) {
+  weft_backend t = *weft_backend_get(WEFT_CPU);
+  t.name = "cpu-version-4";
+  t.version = 4;
+  OK(weft_backend_register(&t));
+  cr_assert_null(weft_backend_get(WEFT_CPU)->takes_dtype);
+  cr_assert(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_ADD, WEFT_F32));
+  cr_assert_not(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_ADD, WEFT_BF16));
+  cr_assert_not(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_SCALE, WEFT_F16));
+  weft_backend_reset(WEFT_CPU);
+  cr_assert(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_ADD, WEFT_BF16));
+  cr_assert_not(weft_backend_takes_dtype(WEFT_DEVICE_COUNT, WEFT_KERNEL_ADD, WEFT_F32));
+  if (!weft_backend_get(WEFT_CUDA))
+    cr_assert_not(weft_backend_takes_dtype(WEFT_CUDA, WEFT_KERNEL_ADD, WEFT_F32));
 }
 
 /* Version 3 added `causal` to the attention members' argument lists: a

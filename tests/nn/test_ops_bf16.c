@@ -282,3 +282,109 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
   weft_mesh_destroy(mesh);
   weft_finalize();
 }
+
+/* ----------------------------------------------- storage-dtype kernels
+ * add, mul and scale run in bf16 / f16 themselves where the device's
+ * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
+ * forward or backward, and outputs and grads have the bits of the
+ * widened path (a registered copy of the device's table without
+ * takes_dtype, which the op layer must widen for). */
+
+enum { SD_IN = 4, SD_ROWS = 6, SD_COLS = 5 };
+
+typedef struct sd_run {
+  double *y, *grad[SD_IN];
+  int64_t widened;
+} sd_run;
+
+/* z = scale(mul(add(add(a, b), bias), c), 0.37) + a on the values h (a, b,
+ * c: ROWS x COLS; bias: COLS, broadcast), backward from r. */
+static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const double *hr) {
+  int64_t full[2] = {SD_ROWS, SD_COLS}, row[1] = {SD_COLS};
+  weft_dtensor *in[SD_IN], *r = make(mesh, dt, 2, full, hr);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  weft_var *v[SD_IN], *t, *z;
+  for (int i = 0; i < SD_IN; i++) {
+    in[i] = i == 2 ? make(mesh, dt, 1, row, h[i]) : make(mesh, dt, 2, full, h[i]);
+    OK(weft_graph_input(g, in[i], true, &v[i]));
+  }
+  weft_op_stats s0 = weft_op_stats_get();
+  OK(weft_op_add(v[0], v[1], &t));
+  OK(weft_op_add(t, v[2], &t));
+  OK(weft_op_mul(t, v[3], &t));
+  OK(weft_op_scale(t, 0.37, &t));
+  OK(weft_op_add(t, v[0], &z));
+  cr_assert_eq(weft_dtensor_dtype(weft_var_value(z)), dt, "z is %s",
+               weft_dtype_name(weft_dtensor_dtype(weft_var_value(z))));
+  OK(weft_backward_grad(z, r));
+  sd_run out;
+  out.widened = weft_op_stats_get().widened - s0.widened;
+  int64_t n;
+  out.y = values(weft_var_value(z), &n);
+  for (int i = 0; i < SD_IN; i++) {
+    cr_assert_eq(weft_dtensor_dtype(weft_var_grad(v[i])), dt, "grad %d dtype", i);
+    out.grad[i] = values(weft_var_grad(v[i]), &n);
+  }
+  weft_graph_destroy(g);
+  for (int i = 0; i < SD_IN; i++) weft_dtensor_destroy(in[i]);
+  weft_dtensor_destroy(r);
+  return out;
+}
+
+static void sd_free(sd_run *r) {
+  free(r->y);
+  for (int i = 0; i < SD_IN; i++) free(r->grad[i]);
+}
+
+static void sd_expect_same(const char *what, const double *got, const double *want, int64_t n,
+                           weft_dtype dt) {
+  for (int64_t i = 0; i < n; i++)
+    cr_assert(got[i] == want[i], "%s %s[%lld]: storage-dtype kernel %.9g, widened %.9g",
+              weft_dtype_name(dt), what, (long long)i, got[i], want[i]);
+}
+
+static void storage_dtype_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh = one_rank_mesh(on_device);
+  weft_device dev = on_device ? WEFT_CUDA : WEFT_CPU;
+  uint64_t s = weft_test_rng_state(weft_test_seed(43));
+  const int64_t n = SD_ROWS * SD_COLS;
+  double *h[SD_IN], hr[SD_ROWS * SD_COLS];
+  for (int i = 0; i < SD_IN; i++) {
+    h[i] = malloc(sizeof(double) * (size_t)n);
+    random_bf16(h[i], n, &s); /* bf16 values: f16 holds them too */
+  }
+  random_bf16(hr, n, &s);
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  for (int k = 0; k < 2; k++) {
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_ADD, dts[k]));
+    sd_run native = sd_chain(mesh, dts[k], h, hr);
+    cr_expect_eq(native.widened, 0, "%s on %s: %lld tensors widened, want 0",
+                 weft_dtype_name(dts[k]), weft_device_name(dev), (long long)native.widened);
+    weft_backend t = *weft_backend_get(dev);
+    t.takes_dtype = NULL;
+    OK(weft_backend_register(&t));
+    sd_run widened = sd_chain(mesh, dts[k], h, hr);
+    weft_backend_reset(dev);
+    cr_expect_gt(widened.widened, 0, "the table without takes_dtype widens");
+    sd_expect_same("z", native.y, widened.y, n, dts[k]);
+    const char *names[SD_IN] = {"grad a", "grad b", "grad bias", "grad c"};
+    for (int i = 0; i < SD_IN; i++)
+      sd_expect_same(names[i], native.grad[i], widened.grad[i], i == 2 ? SD_COLS : n, dts[k]);
+    sd_free(&native);
+    sd_free(&widened);
+  }
+  for (int i = 0; i < SD_IN; i++) free(h[i]);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+
+Test(ops_bf16, add_mul_scale_in_bf16_and_f16_widen_nothing_and_give_the_widened_bits,
+     .timeout = 60) {
+  storage_dtype_case(false);
+}
+Test(ops_bf16, add_mul_scale_in_bf16_and_f16_widen_nothing_and_give_the_widened_bits_on_device,
+     .timeout = 60) {
+  storage_dtype_case(true);
+}
