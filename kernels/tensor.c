@@ -8,6 +8,7 @@
 
 #include "backend_internal.h"
 #include "cpu/cpu_internal.h"
+#include "cpu/pool.h"
 #include "kernels.h"
 #include "tensor_internal.h"
 
@@ -478,8 +479,13 @@ static void copy_row(char *const *p, const int64_t *st, int64_t n, void *vctx) {
         return;
     }
   }
-  /* the conversions mixed precision uses, without a per-element switch */
-  if (c->dst == WEFT_BF16 && c->src == WEFT_F32)
+  /* the conversions mixed precision uses, without a per-element switch
+   * (f32 <-> bf16 on unit strides vectorised) */
+  if (st[0] == 1 && st[1] == 1 && c->dst == WEFT_BF16 && c->src == WEFT_F32)
+    weft_cpu_f32_to_bf16_((uint16_t *)p[0], (const float *)p[1], n);
+  else if (st[0] == 1 && st[1] == 1 && c->dst == WEFT_F32 && c->src == WEFT_BF16)
+    weft_cpu_bf16_to_f32_((float *)p[0], (const uint16_t *)p[1], n);
+  else if (c->dst == WEFT_BF16 && c->src == WEFT_F32)
     COPY_LOOP(uint16_t, float, weft_f32_to_bf16_i_(x));
   else if (c->dst == WEFT_F32 && c->src == WEFT_BF16)
     COPY_LOOP(float, uint16_t, weft_bf16_to_f32_i_(x));
@@ -532,6 +538,20 @@ static void copy_rows_same(const weft_iter_ *it, size_t es) {
   }
 }
 
+typedef struct dense_copy {
+  const copy_ctx *c;
+  char *dst;
+  const char *src;
+  int64_t dsize, ssize;
+} dense_copy;
+
+static void dense_span(void *ctx, int64_t lo, int64_t hi) {
+  const dense_copy *d = ctx;
+  char *p[2] = {d->dst + lo * d->dsize, (char *)d->src + lo * d->ssize};
+  const int64_t st[2] = {1, 1};
+  copy_row(p, st, hi - lo, (void *)d->c);
+}
+
 weft_status weft_cpu_copy_(weft_tensor *dst, const weft_tensor *src) {
   if (weft_tensor_numel(dst) == 0) return WEFT_OK;
   const weft_tensor *ops[2] = {dst, src};
@@ -543,6 +563,14 @@ weft_status weft_cpu_copy_(weft_tensor *dst, const weft_tensor *src) {
     return WEFT_OK;
   }
   copy_ctx c = {dst->dtype, src->dtype};
+  if (it.ndim == 1 && it.strides[0][0] == 1 && it.strides[1][0] == 1) {
+    /* one dense run: split over the CPU threads (each chunk converts as
+     * the whole would) */
+    dense_copy d = {&c, it.data[0], it.data[1], (int64_t)weft_dtype_size(dst->dtype),
+                    (int64_t)weft_dtype_size(src->dtype)};
+    weft_cpu_par_range_(it.shape[0], WEFT_CPU_GRAIN, dense_span, &d);
+    return WEFT_OK;
+  }
   weft_iter_run_(&it, copy_row, &c);
   return WEFT_OK;
 }

@@ -29,6 +29,10 @@ weft_status weft_cpu_gemm_(bool trans_a, bool trans_b, float alpha, const weft_t
 weft_status weft_cpu_sgemm_(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                             float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                             float beta, float *c, int64_t ldc);
+/* kernels/cpu/convert.c: contiguous conversions, element for element the
+ * bits of weft_bf16_to_f32_i_ / weft_f32_to_bf16_i_ (vectorised) */
+void weft_cpu_bf16_to_f32_(float *dst, const uint16_t *src, int64_t n);
+void weft_cpu_f32_to_bf16_(uint16_t *dst, const float *src, int64_t n);
 /* kernels/cpu/ops.c */
 weft_status weft_cpu_add_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
 weft_status weft_cpu_mul_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);

@@ -195,17 +195,54 @@ static void f32_run(ew_kind kind, float *o, const float *x, const float *y, floa
   weft_cpu_par_range_(n, WEFT_CPU_GRAIN, f32_span, &a);
 }
 
-static bool all_contig_f32(int nops, const weft_tensor *const *ops) {
+/* Contiguous bf16: tiles widened into f32 on the stack (exact), the f32
+ * loops above, each result rounded once: the bits of the scalar bf16 loop
+ * (ew_row), vectorised and split over the CPU threads. */
+#define BF16_TILE 512
+
+typedef struct bf16_args {
+  ew_kind kind;
+  uint16_t *o;
+  const uint16_t *x, *y;
+  float al;
+} bf16_args;
+
+static void bf16_span(void *ctx, int64_t lo, int64_t hi) {
+  const bf16_args *a = ctx;
+  float fx[BF16_TILE], fy[BF16_TILE];
+  for (int64_t t = lo; t < hi; t += BF16_TILE) {
+    const int64_t m = hi - t < BF16_TILE ? hi - t : BF16_TILE;
+    if (a->kind == EW_SCALE) {
+      weft_cpu_bf16_to_f32_(fx, a->o + t, m);
+      f32_scale(fx, a->al, m);
+    } else {
+      weft_cpu_bf16_to_f32_(fx, a->x + t, m);
+      weft_cpu_bf16_to_f32_(fy, a->y + t, m);
+      if (a->kind == EW_ADD)
+        f32_add(fx, fx, fy, m);
+      else
+        f32_mul(fx, fx, fy, m);
+    }
+    weft_cpu_f32_to_bf16_(a->o + t, fx, m);
+  }
+}
+
+static bool all_contig(weft_dtype dt, int nops, const weft_tensor *const *ops) {
   for (int i = 0; i < nops; i++)
-    if (ops[i]->dtype != WEFT_F32 || !weft_tensor_is_contiguous(ops[i])) return false;
+    if (ops[i]->dtype != dt || !weft_tensor_is_contiguous(ops[i])) return false;
   return true;
 }
 
 static weft_status binary_cpu(ew_kind kind, weft_tensor *out, const weft_tensor *a,
                               const weft_tensor *b) {
   const weft_tensor *ops[3] = {out, a, b};
-  if (all_contig_f32(3, ops)) {
+  if (all_contig(WEFT_F32, 3, ops)) {
     f32_run(kind, out->data, a->data, b->data, 0.0f, weft_tensor_numel(out));
+    return WEFT_OK;
+  }
+  if (all_contig(WEFT_BF16, 3, ops)) {
+    bf16_args g = {kind, out->data, a->data, b->data, 0.0f};
+    weft_cpu_par_range_(weft_tensor_numel(out), WEFT_CPU_GRAIN, bf16_span, &g);
     return WEFT_OK;
   }
   ew_run(kind, 0.0, 3, ops);
@@ -222,8 +259,13 @@ weft_status weft_cpu_mul_(weft_tensor *out, const weft_tensor *a, const weft_ten
 
 weft_status weft_cpu_scale_(weft_tensor *t, double alpha) {
   const weft_tensor *ops[1] = {t};
-  if (all_contig_f32(1, ops)) {
+  if (all_contig(WEFT_F32, 1, ops)) {
     f32_run(EW_SCALE, t->data, NULL, NULL, (float)alpha, weft_tensor_numel(t));
+    return WEFT_OK;
+  }
+  if (all_contig(WEFT_BF16, 1, ops)) {
+    bf16_args g = {EW_SCALE, t->data, NULL, NULL, (float)alpha};
+    weft_cpu_par_range_(weft_tensor_numel(t), WEFT_CPU_GRAIN, bf16_span, &g);
     return WEFT_OK;
   }
   ew_run(EW_SCALE, alpha, 1, ops);
@@ -238,7 +280,7 @@ weft_status weft_cpu_div_scalar_(weft_tensor *t, double divisor) {
 
 weft_status weft_cpu_axpy_(weft_tensor *y, double alpha, const weft_tensor *x) {
   const weft_tensor *ops[2] = {y, x};
-  if (all_contig_f32(2, ops)) {
+  if (all_contig(WEFT_F32, 2, ops)) {
     f32_run(EW_AXPY, y->data, x->data, NULL, (float)alpha, weft_tensor_numel(y));
     return WEFT_OK;
   }

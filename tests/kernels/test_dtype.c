@@ -171,3 +171,74 @@ Test(dtype, f16_rounds_to_nearest_even_including_subnormals_and_overflow) {
   cr_expect_eq(weft_f32_to_f16(-INFINITY), 0xfc00);
   cr_expect(isnan(weft_f16_to_f32(weft_f32_to_f16(NAN))));
 }
+
+/* The CPU's vectorised, threaded paths (kernels/cpu/convert.c and the
+ * contiguous bf16 loops of cpu/ops.c) give, element for element, the
+ * scalar conversion's bits: every f32 <-> bf16 copy of a dense tensor, and
+ * add, mul and scale of dense bf16 tensors as f32 arithmetic rounded once.
+ * Lengths around the 8-wide step and across thread chunks (16384), starts
+ * at odd offsets, and special values: NaNs with payloads (quiet and
+ * signalling), infinities, ties, subnormals, values that round to inf. */
+static float special_f32(uint64_t *s, int64_t i) {
+  static const uint32_t bits[] = {0x7fc00001u, 0xffa00000u, 0x7f800001u, 0x7f800000u, 0xff800000u,
+                                  0x3f808000u, 0x3f818000u, 0x00000001u, 0x80400000u, 0x7f7fffffu,
+                                  0x7f7f8000u, 0x00000000u, 0x80000000u, 0x3f807fffu};
+  if (i % 7 == 3) return bitsf(bits[(i / 7) % (sizeof bits / sizeof bits[0])]);
+  return (float)(weft_test_rng_unit(s) * 6.0 - 3.0) * (i % 5 == 1 ? 1e-39f : 1.0f);
+}
+
+Test(dtype, dense_bf16_copies_and_elementwise_ops_give_the_scalar_bits) {
+  uint64_t s = weft_test_rng_state(weft_test_seed(31));
+  const int64_t lens[] = {1, 7, 8, 9, 15, 16, 17, 1000, 16384 * 2 + 13};
+  for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+    const int64_t n = lens[k], off = (int64_t)(k % 3); /* views at odd element offsets */
+    int64_t sh[1] = {n + off};
+    weft_tensor *f, *h, *g, *hb, *o;
+    OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 1, sh, &f));
+    OK(weft_tensor_create(WEFT_BF16, WEFT_CPU, 1, sh, &h));
+    OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 1, sh, &g));
+    OK(weft_tensor_create(WEFT_BF16, WEFT_CPU, 1, sh, &hb));
+    OK(weft_tensor_create(WEFT_BF16, WEFT_CPU, 1, sh, &o));
+    float *fv = f->data;
+    for (int64_t i = 0; i < n + off; i++) fv[i] = special_f32(&s, i);
+    int64_t vs[1] = {n};
+    weft_tensor fv1, hv1, gv1, bv1, ov1;
+    OK(weft_tensor_view_init(&fv1, fv + off, WEFT_F32, WEFT_CPU, 1, vs, NULL));
+    OK(weft_tensor_view_init(&hv1, (uint16_t *)h->data + off, WEFT_BF16, WEFT_CPU, 1, vs, NULL));
+    OK(weft_tensor_view_init(&gv1, (float *)g->data + off, WEFT_F32, WEFT_CPU, 1, vs, NULL));
+    OK(weft_tensor_view_init(&bv1, (uint16_t *)hb->data + off, WEFT_BF16, WEFT_CPU, 1, vs, NULL));
+    OK(weft_tensor_view_init(&ov1, (uint16_t *)o->data + off, WEFT_BF16, WEFT_CPU, 1, vs, NULL));
+    OK(weft_tensor_copy(&hv1, &fv1)); /* f32 -> bf16 */
+    const uint16_t *hv = hv1.data;
+    for (int64_t i = 0; i < n; i++)
+      cr_assert_eq(hv[i], weft_f32_to_bf16(fv[off + i]), "n %lld: bf16 of %08x is %04x, want %04x",
+                   (long long)n, fbits(fv[off + i]), hv[i], weft_f32_to_bf16(fv[off + i]));
+    OK(weft_tensor_copy(&gv1, &hv1)); /* bf16 -> f32 */
+    const float *gvv = gv1.data;
+    for (int64_t i = 0; i < n; i++)
+      cr_assert_eq(fbits(gvv[i]), fbits(weft_bf16_to_f32(hv[i])), "n %lld: f32 of %04x",
+                   (long long)n, hv[i]);
+    uint16_t *bv = bv1.data;
+    for (int64_t i = 0; i < n; i++) bv[i] = weft_f32_to_bf16(special_f32(&s, i + 5));
+    for (int op = 0; op < 3; op++) {
+      if (op == 0) OK(weft_add(&ov1, &hv1, &bv1));
+      if (op == 1) OK(weft_mul(&ov1, &hv1, &bv1));
+      if (op == 2) {
+        OK(weft_tensor_copy(&ov1, &hv1));
+        OK(weft_scale(&ov1, -0.3));
+      }
+      const uint16_t *ov = ov1.data;
+      for (int64_t i = 0; i < n; i++) {
+        float x = weft_bf16_to_f32(hv[i]), y = weft_bf16_to_f32(bv[i]);
+        float r = op == 0 ? x + y : op == 1 ? x * y : x * (float)-0.3;
+        cr_assert_eq(ov[i], weft_f32_to_bf16(r), "n %lld, op %d, [%lld]: %04x, want %04x",
+                     (long long)n, op, (long long)i, ov[i], weft_f32_to_bf16(r));
+      }
+    }
+    weft_tensor_destroy(f);
+    weft_tensor_destroy(h);
+    weft_tensor_destroy(g);
+    weft_tensor_destroy(hb);
+    weft_tensor_destroy(o);
+  }
+}
