@@ -280,6 +280,14 @@ static inline weft_status weft_check_activation_forward_(const char *op, weft_ac
   return WEFT_OK;
 }
 
+/* The storage dtype of the _dt kernels: f32, bf16 or f16. */
+#define WEFT_CHECK_STORAGE_DT_(op, dt)                                                   \
+  do {                                                                                   \
+    if ((dt) != WEFT_F32 && (dt) != WEFT_BF16 && (dt) != WEFT_F16)                       \
+      return weft_error_at(WEFT_ERR_UNSUPPORTED, op, "dtype %s: takes f32, bf16 or f16", \
+                           weft_dtype_name(dt));                                         \
+  } while (0)
+
 static inline weft_status weft_check_activation_backward_(const char *op, weft_activation act,
                                                           const float *dinp, const float *dout,
                                                           const float *inp, int64_t n) {

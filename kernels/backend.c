@@ -28,7 +28,11 @@ static void install(const weft_backend *be) {
     c->attention_forward = NULL;
     c->attention_backward = NULL;
   }
-  if (be->version < 5) c->takes_dtype = NULL; /* not a member before version 5 */
+  if (be->version < 5) { /* not members before version 5 */
+    c->takes_dtype = NULL;
+    c->activation_forward_dt = NULL;
+    c->activation_backward_dt = NULL;
+  }
   tables[be->device] = c;
 }
 
@@ -523,6 +527,21 @@ weft_status weft_backend_activation_backward(weft_device dev, weft_activation ac
                                              const float *dout, const float *inp, int64_t n,
                                              bool accumulate) {
   DISPATCH(dev, activation_backward, act, dinp, dout, inp, n, accumulate);
+}
+
+weft_status weft_backend_activation_forward_dt(weft_device dev, weft_activation act, weft_dtype dt,
+                                               void *out, const void *inp, int64_t n) {
+  if (dt == WEFT_F32) DISPATCH(dev, activation_forward, act, (float *)out, (const float *)inp, n);
+  DISPATCH(dev, activation_forward_dt, act, dt, out, inp, n);
+}
+
+weft_status weft_backend_activation_backward_dt(weft_device dev, weft_activation act, weft_dtype dt,
+                                                void *dinp, const void *dout, const void *inp,
+                                                int64_t n, bool accumulate) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, activation_backward, act, (float *)dinp, (const float *)dout, (const float *)inp,
+             n, accumulate);
+  DISPATCH(dev, activation_backward_dt, act, dt, dinp, dout, inp, n, accumulate);
 }
 weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp, int64_t N,
                                          int64_t C) {

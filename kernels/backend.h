@@ -138,7 +138,8 @@ typedef struct weft_flat_piece {
  *      registration, so attention on such a table is WEFT_ERR_UNSUPPORTED)
  *   4  host_alloc_pinned / host_free_pinned (page-locked host memory),
  *      device_model
- *   5  takes_dtype (which operations compute in a 16-bit storage dtype) */
+ *   5  takes_dtype (which operations compute in a 16-bit storage dtype),
+ *      activation_forward_dt / activation_backward_dt */
 #define WEFT_BACKEND_VERSION 5
 
 /* The operations whose dtypes a backend declares through takes_dtype: the
@@ -150,6 +151,8 @@ typedef enum weft_kernel_op {
   WEFT_KERNEL_ADD = 0,   /* the add member (weft_add): out = a + b */
   WEFT_KERNEL_MUL = 1,   /* mul (weft_mul): out = a * b */
   WEFT_KERNEL_SCALE = 2, /* scale (weft_scale): t *= alpha */
+  /* activation_forward_dt / activation_backward_dt (GELU, ReLU, SiLU) */
+  WEFT_KERNEL_ACTIVATION = 3,
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 
@@ -386,6 +389,16 @@ typedef struct weft_backend {
    * work, never fails; op may be any value (false for unknown ones).
    * Absent: only f32. */
   bool (*takes_dtype)(weft_kernel_op op, weft_dtype dt);
+  /* activation_forward / _backward on tensors of dtype dt (f32, bf16 or
+   * f16: out, inp, dout and dinp alike): every element widened to f32,
+   * computed as the f32 member computes it, rounded once (with accumulate,
+   * dinp is widened and the sum rounded once). For bf16 / f16 these are
+   * the f32 member's bits on the widened values, rounded. */
+  weft_status (*activation_forward_dt)(weft_activation act, weft_dtype dt, void *out,
+                                       const void *inp, int64_t n);
+  weft_status (*activation_backward_dt)(weft_activation act, weft_dtype dt, void *dinp,
+                                        const void *dout, const void *inp, int64_t n,
+                                        bool accumulate);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -717,6 +730,16 @@ WEFT_API weft_status weft_backend_activation_forward(weft_device dev, weft_activ
 WEFT_API weft_status weft_backend_activation_backward(weft_device dev, weft_activation act,
                                                       float *dinp, const float *dout,
                                                       const float *inp, int64_t n, bool accumulate);
+/* The same on f32, bf16 or f16 tensors (the _dt members, version 5); f32
+ * goes to the f32 members, so it works on every table. A 16-bit dtype on
+ * a table without the member is WEFT_ERR_UNSUPPORTED naming it. */
+WEFT_API weft_status weft_backend_activation_forward_dt(weft_device dev, weft_activation act,
+                                                        weft_dtype dt, void *out, const void *inp,
+                                                        int64_t n);
+WEFT_API weft_status weft_backend_activation_backward_dt(weft_device dev, weft_activation act,
+                                                         weft_dtype dt, void *dinp,
+                                                         const void *dout, const void *inp,
+                                                         int64_t n, bool accumulate);
 WEFT_API weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp,
                                                   int64_t N, int64_t C);
 WEFT_API weft_status weft_backend_softmax_backward(weft_device dev, float *dinp, const float *dout,

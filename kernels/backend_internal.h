@@ -48,11 +48,11 @@ const weft_backend *weft_backend_for_tensors_(const char *op, size_t offset, int
 weft_status weft_backend_dtype_unsupported_(const char *op, const char *name, const weft_tensor *t,
                                             const char *what);
 
-/* takes_dtype of a backend whose add, mul and scale members implement
- * kernels.h's contract for every float dtype (f32, f64 in their precision;
- * bf16, f16 in f32 rounded once) and which has no other storage-dtype
- * kernel yet: the CPU's and the CUDA backend's (kernels/ops.c). */
-bool weft_elementwise_takes_dtype_(weft_kernel_op op, weft_dtype dt);
+/* takes_dtype of the built-in backends, the CPU's and the CUDA backend's
+ * (kernels/ops.c): add, mul and scale implement kernels.h's contract for
+ * every float dtype (f32, f64 in their precision; bf16, f16 in f32 rounded
+ * once), the _dt layer members take f32, bf16 and f16. */
+bool weft_builtin_takes_dtype_(weft_kernel_op op, weft_dtype dt);
 
 /* The device backend's counters (weft_device_stats, backend.h;
  * device_stats.c): kernels/cuda adds n to counter c where it makes the call

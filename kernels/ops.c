@@ -135,9 +135,18 @@ weft_status weft_mul(weft_tensor *out, const weft_tensor *a, const weft_tensor *
   return WEFT_OK;
 }
 
-bool weft_elementwise_takes_dtype_(weft_kernel_op op, weft_dtype dt) {
-  bool elementwise = op == WEFT_KERNEL_ADD || op == WEFT_KERNEL_MUL || op == WEFT_KERNEL_SCALE;
-  return elementwise && (unsigned)dt < WEFT_DTYPE_COUNT && weft_dtype_is_float(dt);
+bool weft_builtin_takes_dtype_(weft_kernel_op op, weft_dtype dt) {
+  if ((unsigned)dt >= WEFT_DTYPE_COUNT) return false;
+  switch (op) {
+    case WEFT_KERNEL_ADD:
+    case WEFT_KERNEL_MUL:
+    case WEFT_KERNEL_SCALE:
+      return weft_dtype_is_float(dt);
+    case WEFT_KERNEL_ACTIVATION:
+      return dt == WEFT_F32 || dt == WEFT_BF16 || dt == WEFT_F16;
+    default:
+      return false;
+  }
 }
 
 /* t op= v through member (scale or div_scalar) of t's device table. */

@@ -381,8 +381,9 @@ static weft_status act_backward(nn_node *n, const weft_dtensor *const *dout, wef
   WEFT_CHECK(nn_graph_like(nn_node_graph(n), x, weft_dtensor_placements(dy), &dx));
   int64_t cnt = nn_numel(x);
   if (cnt > 0)
-    WEFT_CHECK(weft_backend_activation_backward(nn_dev(x), (weft_activation)n->i[0], nn_f32(dx),
-                                                nn_f32(dy), nn_f32(x), cnt, false));
+    WEFT_CHECK(weft_backend_activation_backward_dt(
+        nn_dev(x), (weft_activation)n->i[0], weft_dtensor_dtype(x), nn_local(dx)->data,
+        nn_local(dy)->data, nn_local(x)->data, cnt, false));
   din[0] = dx;
   return WEFT_OK;
 }
@@ -394,7 +395,7 @@ static weft_status act_op(const char *name, weft_activation act, weft_var *x, we
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_ACTIVATION));
   int k = xs->mesh_ndim;
   weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
@@ -408,7 +409,8 @@ static weft_status act_op(const char *name, weft_activation act, weft_var *x, we
   WEFT_CHECK(nn_graph_like(g, xu, opl, &y));
   int64_t cnt = nn_numel(xu);
   if (cnt > 0)
-    WEFT_CHECK(weft_backend_activation_forward(nn_dev(xu), act, nn_f32(y), nn_f32(xu), cnt));
+    WEFT_CHECK(weft_backend_activation_forward_dt(nn_dev(xu), act, weft_dtensor_dtype(xu),
+                                                  nn_local(y)->data, nn_local(xu)->data, cnt));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, act_backward, &node));
   if (node) {
@@ -417,15 +419,15 @@ static weft_status act_op(const char *name, weft_activation act, weft_var *x, we
   return nn_var_new(g, y, node, out);
 }
 
-static weft_status gelu_f32(weft_var *x, bool tanh_approximate, weft_var **out) {
+static weft_status gelu_body(weft_var *x, bool tanh_approximate, weft_var **out) {
   WEFT_CHECK(act_op("gelu", tanh_approximate ? WEFT_ACT_GELU_TANH : WEFT_ACT_GELU_ERF, x, out));
   return WEFT_OK;
 }
-static weft_status silu_f32(weft_var *x, weft_var **out) {
+static weft_status silu_body(weft_var *x, weft_var **out) {
   WEFT_CHECK(act_op("silu", WEFT_ACT_SILU, x, out));
   return WEFT_OK;
 }
-static weft_status relu_f32(weft_var *x, weft_var **out) {
+static weft_status relu_body(weft_var *x, weft_var **out) {
   WEFT_CHECK(act_op("relu", WEFT_ACT_RELU, x, out));
   return WEFT_OK;
 }
@@ -1082,22 +1084,22 @@ weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps,
 weft_status weft_op_gelu(weft_var *x, bool tanh_approximate, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "gelu", in, 1, false));
-  return nn_mixed_end(&mx, gelu_f32(in[0], tanh_approximate, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "gelu", in, 1, false, WEFT_KERNEL_ACTIVATION));
+  return nn_mixed_end(&mx, gelu_body(in[0], tanh_approximate, out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_silu(weft_var *x, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "silu", in, 1, false));
-  return nn_mixed_end(&mx, silu_f32(in[0], out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "silu", in, 1, false, WEFT_KERNEL_ACTIVATION));
+  return nn_mixed_end(&mx, silu_body(in[0], out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_relu(weft_var *x, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "relu", in, 1, false));
-  return nn_mixed_end(&mx, relu_f32(in[0], out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "relu", in, 1, false, WEFT_KERNEL_ACTIVATION));
+  return nn_mixed_end(&mx, relu_body(in[0], out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {

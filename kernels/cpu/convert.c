@@ -45,3 +45,25 @@ void weft_cpu_f32_to_bf16_(uint16_t *dst, const float *src, int64_t n) {
   }
   for (; i < n; i++) dst[i] = weft_f32_to_bf16_i_(src[i]);
 }
+
+void weft_cpu_to_f32_(float *dst, const void *src, weft_dtype dt, int64_t n) {
+  if (dt == WEFT_BF16) {
+    weft_cpu_bf16_to_f32_(dst, src, n);
+  } else if (dt == WEFT_F16) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = weft_f16_to_f32_i_(s[i]);
+  } else {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+  }
+}
+
+void weft_cpu_from_f32_(void *dst, weft_dtype dt, const float *src, int64_t n) {
+  if (dt == WEFT_BF16) {
+    weft_cpu_f32_to_bf16_(dst, src, n);
+  } else if (dt == WEFT_F16) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = weft_f32_to_f16_i_(src[i]);
+  } else {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+  }
+}

@@ -33,6 +33,17 @@ weft_status weft_cpu_sgemm_(bool trans_a, bool trans_b, int64_t m, int64_t n, in
  * bits of weft_bf16_to_f32_i_ / weft_f32_to_bf16_i_ (vectorised) */
 void weft_cpu_bf16_to_f32_(float *dst, const uint16_t *src, int64_t n);
 void weft_cpu_f32_to_bf16_(uint16_t *dst, const float *src, int64_t n);
+/* n elements of dtype dt (f32, bf16 or f16) to f32 and back (rounding to
+ * nearest even as weft_tensor_copy): the tiles of the storage-dtype
+ * kernels, which widen a tile, run the f32 kernel on it and round */
+void weft_cpu_to_f32_(float *dst, const void *src, weft_dtype dt, int64_t n);
+void weft_cpu_from_f32_(void *dst, weft_dtype dt, const float *src, int64_t n);
+/* kernels/cpu/norm_act.c: the _dt members (backend.h) */
+weft_status weft_cpu_activation_forward_dt_(weft_activation act, weft_dtype dt, void *out,
+                                            const void *inp, int64_t n);
+weft_status weft_cpu_activation_backward_dt_(weft_activation act, weft_dtype dt, void *dinp,
+                                             const void *dout, const void *inp, int64_t n,
+                                             bool accumulate);
 /* kernels/cpu/ops.c */
 weft_status weft_cpu_add_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
 weft_status weft_cpu_mul_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "arg_checks.h"
+#include "cpu_internal.h"
 #include "gelu_vec.h"
 #include "layers.h"
 #include "pool.h"
@@ -275,6 +276,73 @@ weft_status weft_activation_backward(weft_activation act, float *dinp, const flo
   WEFT_CHECK_ARGS_(weft_check_activation_backward_(OP, act, dinp, dout, inp, n));
   act_args a = {.act = act, .out = dinp, .inp = inp, .dout = dout, .accumulate = accumulate};
   weft_cpu_par_range_(n, WEFT_CPU_GRAIN, act_backward_span, &a);
+  return WEFT_OK;
+}
+
+/* bf16 / f16: tiles widened into f32 on the stack, the f32 spans above on
+ * them, each result rounded once (backend.h, activation_forward_dt). */
+#define ACT_TILE 1024
+
+typedef struct act_dt_args {
+  weft_activation act;
+  weft_dtype dt;
+  size_t es;
+  void *out;
+  const void *inp, *dout;
+  bool accumulate;
+} act_dt_args;
+
+static void act_dt_span(void *ctx, int64_t lo, int64_t hi, bool backward) {
+  const act_dt_args *a = ctx;
+  float x[ACT_TILE], y[ACT_TILE], d[ACT_TILE];
+  for (int64_t t = lo; t < hi; t += ACT_TILE) {
+    const int64_t m = hi - t < ACT_TILE ? hi - t : ACT_TILE;
+    weft_cpu_to_f32_(x, (const char *)a->inp + (size_t)t * a->es, a->dt, m);
+    act_args f = {.act = a->act, .out = y, .inp = x, .dout = d, .accumulate = a->accumulate};
+    if (backward) {
+      weft_cpu_to_f32_(d, (const char *)a->dout + (size_t)t * a->es, a->dt, m);
+      if (a->accumulate) weft_cpu_to_f32_(y, (const char *)a->out + (size_t)t * a->es, a->dt, m);
+      act_backward_span(&f, 0, m);
+    } else {
+      act_forward_span(&f, 0, m);
+    }
+    weft_cpu_from_f32_((char *)a->out + (size_t)t * a->es, a->dt, y, m);
+  }
+}
+
+static void act_dt_forward_span(void *ctx, int64_t lo, int64_t hi) {
+  act_dt_span(ctx, lo, hi, false);
+}
+static void act_dt_backward_span(void *ctx, int64_t lo, int64_t hi) {
+  act_dt_span(ctx, lo, hi, true);
+}
+
+weft_status weft_cpu_activation_forward_dt_(weft_activation act, weft_dtype dt, void *out,
+                                            const void *inp, int64_t n) {
+  const char *op = "activation_forward_dt"; /* the CUDA member's name too */
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32) return weft_activation_forward(act, out, inp, n);
+  WEFT_CHECK_ARGS_(weft_check_activation_forward_(op, act, out, inp, n));
+  act_dt_args a = {.act = act, .dt = dt, .es = weft_dtype_size(dt), .out = out, .inp = inp};
+  weft_cpu_par_range_(n, WEFT_CPU_GRAIN, act_dt_forward_span, &a);
+  return WEFT_OK;
+}
+
+weft_status weft_cpu_activation_backward_dt_(weft_activation act, weft_dtype dt, void *dinp,
+                                             const void *dout, const void *inp, int64_t n,
+                                             bool accumulate) {
+  const char *op = "activation_backward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32) return weft_activation_backward(act, dinp, dout, inp, n, accumulate);
+  WEFT_CHECK_ARGS_(weft_check_activation_backward_(op, act, dinp, dout, inp, n));
+  act_dt_args a = {.act = act,
+                   .dt = dt,
+                   .es = weft_dtype_size(dt),
+                   .out = dinp,
+                   .inp = inp,
+                   .dout = dout,
+                   .accumulate = accumulate};
+  weft_cpu_par_range_(n, WEFT_CPU_GRAIN, act_dt_backward_span, &a);
   return WEFT_OK;
 }
 

@@ -42,7 +42,9 @@ weft_backend make_table() {
   b.host_alloc_pinned = weft_cuda_host_alloc_pinned_;
   b.host_free_pinned = weft_cuda_host_free_pinned_;
   b.device_model = weft_cuda_device_model_;
-  b.takes_dtype = weft_elementwise_takes_dtype_; /* tensor.cu's add, mul, scale */
+  b.takes_dtype = weft_builtin_takes_dtype_; /* tensor.cu's add, mul, scale; the _dt members */
+  b.activation_forward_dt = weft_cuda_activation_forward_dt;
+  b.activation_backward_dt = weft_cuda_activation_backward_dt;
   b.copy = weft_cuda_copy;
   b.fill = weft_cuda_fill;
   b.fill_random = weft_cuda_fill_random;

@@ -122,6 +122,11 @@ weft_status weft_cuda_activation_forward(weft_activation act, float *out, const 
                                          int64_t n);
 weft_status weft_cuda_activation_backward(weft_activation act, float *dinp, const float *dout,
                                           const float *inp, int64_t n, bool accumulate);
+weft_status weft_cuda_activation_forward_dt(weft_activation act, weft_dtype dt, void *out,
+                                            const void *inp, int64_t n);
+weft_status weft_cuda_activation_backward_dt(weft_activation act, weft_dtype dt, void *dinp,
+                                             const void *dout, const void *inp, int64_t n,
+                                             bool accumulate);
 weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);
 weft_status weft_cuda_softmax_backward(float *dinp, const float *dout, const float *out, int64_t N,
                                        int64_t C, bool accumulate);

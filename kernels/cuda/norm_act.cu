@@ -191,20 +191,21 @@ __device__ inline float act_grad(float x) {
   return s * (1.0f + x * (1.0f - s));
 }
 
-template <int A>
-__global__ void act_fwd_kernel(float *out, const float *inp, int64_t n) {
+/* T: float, or bf16_t / f16_t (the _dt members): loaded as f32, computed
+ * in f32, rounded once on store. */
+template <int A, class T>
+__global__ void act_fwd_kernel(T *out, const T *inp, int64_t n) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = act_value<A>(inp[i]);
+    out[i] = from_f32<T>(act_value<A>(as_f32(inp[i])));
 }
 
-template <int A>
-__global__ void act_bwd_kernel(float *dinp, const float *dout, const float *inp, int64_t n,
-                               bool acc) {
+template <int A, class T>
+__global__ void act_bwd_kernel(T *dinp, const T *dout, const T *inp, int64_t n, bool acc) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float d = dout[i] * act_grad<A>(inp[i]);
-    dinp[i] = acc ? dinp[i] + d : d;
+    const float d = as_f32(dout[i]) * act_grad<A>(as_f32(inp[i]));
+    dinp[i] = from_f32<T>(acc ? as_f32(dinp[i]) + d : d);
   }
 }
 
@@ -305,28 +306,53 @@ weft_status weft_cuda_layernorm_backward(float *dinp, float *dweight, float *dbi
 
 /* ---------------------------------------------------------- activations */
 
+/* One launch of the activation kernels for storage type T. */
+template <class T>
+static void act_forward_launch(weft_activation act, unsigned grid, cudaStream_t s, T *out,
+                               const T *inp, int64_t n) {
+  switch (act) {
+    case WEFT_ACT_GELU_TANH:
+      WEFT_LAUNCH((act_fwd_kernel<WEFT_ACT_GELU_TANH, T>), grid, 256, 0, s, out, inp, n);
+      break;
+    case WEFT_ACT_GELU_ERF:
+      WEFT_LAUNCH((act_fwd_kernel<WEFT_ACT_GELU_ERF, T>), grid, 256, 0, s, out, inp, n);
+      break;
+    case WEFT_ACT_RELU:
+      WEFT_LAUNCH((act_fwd_kernel<WEFT_ACT_RELU, T>), grid, 256, 0, s, out, inp, n);
+      break;
+    default:
+      WEFT_LAUNCH((act_fwd_kernel<WEFT_ACT_SILU, T>), grid, 256, 0, s, out, inp, n);
+      break;
+  }
+}
+
+template <class T>
+static void act_backward_launch(weft_activation act, unsigned grid, cudaStream_t s, T *dinp,
+                                const T *dout, const T *inp, int64_t n, bool acc) {
+  switch (act) {
+    case WEFT_ACT_GELU_TANH:
+      WEFT_LAUNCH((act_bwd_kernel<WEFT_ACT_GELU_TANH, T>), grid, 256, 0, s, dinp, dout, inp, n,
+                  acc);
+      break;
+    case WEFT_ACT_GELU_ERF:
+      WEFT_LAUNCH((act_bwd_kernel<WEFT_ACT_GELU_ERF, T>), grid, 256, 0, s, dinp, dout, inp, n, acc);
+      break;
+    case WEFT_ACT_RELU:
+      WEFT_LAUNCH((act_bwd_kernel<WEFT_ACT_RELU, T>), grid, 256, 0, s, dinp, dout, inp, n, acc);
+      break;
+    default:
+      WEFT_LAUNCH((act_bwd_kernel<WEFT_ACT_SILU, T>), grid, 256, 0, s, dinp, dout, inp, n, acc);
+      break;
+  }
+}
+
 weft_status weft_cuda_activation_forward(weft_activation act, float *out, const float *inp,
                                          int64_t n) {
   NA_REQUIRE_INIT();
   WEFT_CHECK_ARGS_(weft_check_activation_forward_(OP, act, out, inp, n));
   if (n == 0) return WEFT_OK;
-  const unsigned grid = grid_for(n, 256);
-  cudaStream_t s = compute_stream();
   WEFT_COST(8.0 * (double)n, 8.0 * (double)n);
-  switch (act) {
-    case WEFT_ACT_GELU_TANH:
-      WEFT_LAUNCH(act_fwd_kernel<WEFT_ACT_GELU_TANH>, grid, 256, 0, s, out, inp, n);
-      break;
-    case WEFT_ACT_GELU_ERF:
-      WEFT_LAUNCH(act_fwd_kernel<WEFT_ACT_GELU_ERF>, grid, 256, 0, s, out, inp, n);
-      break;
-    case WEFT_ACT_RELU:
-      WEFT_LAUNCH(act_fwd_kernel<WEFT_ACT_RELU>, grid, 256, 0, s, out, inp, n);
-      break;
-    default:
-      WEFT_LAUNCH(act_fwd_kernel<WEFT_ACT_SILU>, grid, 256, 0, s, out, inp, n);
-      break;
-  }
+  act_forward_launch(act, grid_for(n, 256), compute_stream(), out, inp, n);
   return na_launched(__func__);
 }
 
@@ -335,25 +361,47 @@ weft_status weft_cuda_activation_backward(weft_activation act, float *dinp, cons
   NA_REQUIRE_INIT();
   WEFT_CHECK_ARGS_(weft_check_activation_backward_(OP, act, dinp, dout, inp, n));
   if (n == 0) return WEFT_OK;
-  const unsigned grid = grid_for(n, 256);
-  cudaStream_t s = compute_stream();
   WEFT_COST(12.0 * (double)n, (accumulate ? 16.0 : 12.0) * (double)n);
-  switch (act) {
-    case WEFT_ACT_GELU_TANH:
-      WEFT_LAUNCH(act_bwd_kernel<WEFT_ACT_GELU_TANH>, grid, 256, 0, s, dinp, dout, inp, n,
-                  accumulate);
-      break;
-    case WEFT_ACT_GELU_ERF:
-      WEFT_LAUNCH(act_bwd_kernel<WEFT_ACT_GELU_ERF>, grid, 256, 0, s, dinp, dout, inp, n,
-                  accumulate);
-      break;
-    case WEFT_ACT_RELU:
-      WEFT_LAUNCH(act_bwd_kernel<WEFT_ACT_RELU>, grid, 256, 0, s, dinp, dout, inp, n, accumulate);
-      break;
-    default:
-      WEFT_LAUNCH(act_bwd_kernel<WEFT_ACT_SILU>, grid, 256, 0, s, dinp, dout, inp, n, accumulate);
-      break;
-  }
+  act_backward_launch(act, grid_for(n, 256), compute_stream(), dinp, dout, inp, n, accumulate);
+  return na_launched(__func__);
+}
+
+weft_status weft_cuda_activation_forward_dt(weft_activation act, weft_dtype dt, void *out,
+                                            const void *inp, int64_t n) {
+  NA_REQUIRE_INIT();
+  WEFT_CHECK_STORAGE_DT_(OP, dt);
+  if (dt == WEFT_F32) return weft_cuda_activation_forward(act, (float *)out, (const float *)inp, n);
+  WEFT_CHECK_ARGS_(
+      weft_check_activation_forward_(OP, act, (const float *)out, (const float *)inp, n));
+  if (n == 0) return WEFT_OK;
+  WEFT_COST(8.0 * (double)n, 4.0 * (double)n);
+  const unsigned grid = grid_for(n, 256);
+  if (dt == WEFT_BF16)
+    act_forward_launch(act, grid, compute_stream(), (bf16_t *)out, (const bf16_t *)inp, n);
+  else
+    act_forward_launch(act, grid, compute_stream(), (f16_t *)out, (const f16_t *)inp, n);
+  return na_launched(__func__);
+}
+
+weft_status weft_cuda_activation_backward_dt(weft_activation act, weft_dtype dt, void *dinp,
+                                             const void *dout, const void *inp, int64_t n,
+                                             bool accumulate) {
+  NA_REQUIRE_INIT();
+  WEFT_CHECK_STORAGE_DT_(OP, dt);
+  if (dt == WEFT_F32)
+    return weft_cuda_activation_backward(act, (float *)dinp, (const float *)dout,
+                                         (const float *)inp, n, accumulate);
+  WEFT_CHECK_ARGS_(weft_check_activation_backward_(OP, act, (const float *)dinp,
+                                                   (const float *)dout, (const float *)inp, n));
+  if (n == 0) return WEFT_OK;
+  WEFT_COST(12.0 * (double)n, (accumulate ? 8.0 : 6.0) * (double)n);
+  const unsigned grid = grid_for(n, 256);
+  if (dt == WEFT_BF16)
+    act_backward_launch(act, grid, compute_stream(), (bf16_t *)dinp, (const bf16_t *)dout,
+                        (const bf16_t *)inp, n, accumulate);
+  else
+    act_backward_launch(act, grid, compute_stream(), (f16_t *)dinp, (const f16_t *)dout,
+                        (const f16_t *)inp, n, accumulate);
   return na_launched(__func__);
 }
 

@@ -2708,6 +2708,86 @@ BACKEND_TEST(activation_forward_backward_every_kind_match_references_in_place_to
   weft_free(dx), weft_free(ddout);
 }
 
+/* The storage-dtype activations (activation_forward_dt / _backward_dt):
+ * in bf16 and f16, the bits of this device's f32 member on the widened
+ * values, rounded once (the op layer runs them instead of widening; a
+ * device whose takes_dtype says so must keep to it). Sizes across the
+ * CPU's 1024-element tiles and 16384-element thread chunks; f32 through
+ * the _dt entry is the f32 member itself. */
+static void *h_round(const float *x, weft_dtype dt, int64_t n) {
+  uint16_t *h = xmalloc((size_t)n * 2);
+  for (int64_t i = 0; i < n; i++)
+    h[i] = dt == WEFT_BF16 ? weft_f32_to_bf16(x[i]) : weft_f32_to_f16(x[i]);
+  return h;
+}
+static float *h_widen(const uint16_t *h, weft_dtype dt, int64_t n) {
+  float *x = xmalloc((size_t)n * 4);
+  for (int64_t i = 0; i < n; i++)
+    x[i] = dt == WEFT_BF16 ? weft_bf16_to_f32(h[i]) : weft_f16_to_f32(h[i]);
+  return x;
+}
+
+BACKEND_TEST(activation_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values_rounded_once) {
+  seed_tests(431);
+  cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_ACTIVATION, WEFT_BF16));
+  cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_ACTIVATION, WEFT_F16));
+  cr_assert_not(weft_backend_takes_dtype(dev, WEFT_KERNEL_ACTIVATION, WEFT_F64));
+  const int64_t n = 16384 + 1030;
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  char what[160];
+  for (int k = 0; k < 2; k++) {
+    const weft_dtype dt = dts[k];
+    float *x0 = h_normal(n, 3.0), *g0 = h_normal(n, 1.0), *a0 = h_normal(n, 1.0);
+    uint16_t *hx = h_round(x0, dt, n), *hg = h_round(g0, dt, n), *ha = h_round(a0, dt, n);
+    float *x = h_widen(hx, dt, n), *g = h_widen(hg, dt, n), *a = h_widen(ha, dt, n);
+    void *dx = dup_h(dev, hx, (size_t)n * 2), *dg = dup_h(dev, hg, (size_t)n * 2);
+    float *fx = dupf(dev, x, n), *fg = dupf(dev, g, n);
+    for (int act = 0; act < WEFT_ACT_COUNT; act++) {
+      const char *name = weft_activation_name((weft_activation)act);
+      /* forward */
+      void *o = dnan(dev, (size_t)n * 2);
+      float *fo = dnan(dev, (size_t)n * 4);
+      OK(weft_backend_activation_forward_dt(dev, (weft_activation)act, dt, o, dx, n));
+      OK(weft_backend_activation_forward(dev, (weft_activation)act, fo, fx, n));
+      uint16_t *got = down(dev, o, (size_t)n * 2);
+      float *ref = downf(dev, fo, n);
+      void *want = h_round(ref, dt, n);
+      snprintf(what, sizeof what, "activation_forward_dt %s %s", name, weft_dtype_name(dt));
+      expect_same_floats(what, got, want, n, dt);
+      free(got), free(ref), free(want);
+      weft_free(o), weft_free(fo);
+      /* backward, = and += */
+      for (int acc = 0; acc < 2; acc++) {
+        void *d = acc ? dup_h(dev, ha, (size_t)n * 2) : dnan(dev, (size_t)n * 2);
+        float *fd = acc ? dupf(dev, a, n) : dnan(dev, (size_t)n * 4);
+        OK(weft_backend_activation_backward_dt(dev, (weft_activation)act, dt, d, dg, dx, n, acc));
+        OK(weft_backend_activation_backward(dev, (weft_activation)act, fd, fg, fx, n, acc));
+        got = down(dev, d, (size_t)n * 2);
+        ref = downf(dev, fd, n);
+        want = h_round(ref, dt, n);
+        snprintf(what, sizeof what, "activation_backward_dt %s %s (%s)", name, weft_dtype_name(dt),
+                 acc ? "+=" : "=");
+        expect_same_floats(what, got, want, n, dt);
+        free(got), free(ref), free(want);
+        weft_free(d), weft_free(fd);
+      }
+    }
+    free(x0), free(g0), free(a0), free(hx), free(hg), free(ha), free(x), free(g), free(a);
+    weft_free(dx), weft_free(dg), weft_free(fx), weft_free(fg);
+  }
+  /* f32 through the _dt entry; dtypes it does not take */
+  float one = 1.0f, out = 0.0f;
+  if (dev == WEFT_CPU) {
+    OK(weft_backend_activation_forward_dt(dev, WEFT_ACT_RELU, WEFT_F32, &out, &one, 1));
+    cr_assert_eq(out, 1.0f);
+  }
+  weft_clear_error();
+  cr_assert_eq(weft_backend_activation_forward_dt(dev, WEFT_ACT_RELU, WEFT_F64, &out, &one, 1),
+               WEFT_ERR_UNSUPPORTED);
+  cr_assert(strstr(weft_last_error(), "activation_forward_dt: dtype f64: takes f32, bf16 or f16"),
+            "message: %s", weft_last_error());
+}
+
 BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
   seed_tests(187);
   /* sd 40: logits far past exp's range, so the max must be subtracted */
@@ -3904,12 +3984,20 @@ Test(registry, a_version_1_table_has_no_version_2_members_and_says_so_by_name) {
 /* Version 5 added takes_dtype: a table built for version 4 reads it as
  * absent, so its device takes f32 only and the op layer widens 16-bit
  * inputs there; a device without a table takes nothing. */
-Test(registry, a_version_4_table_takes_only_f32) {
+Test(registry, a_version_4_table_takes_only_f32_and_has_no_dt_members) {
   weft_backend t = *weft_backend_get(WEFT_CPU);
   t.name = "cpu-version-4";
   t.version = 4;
   OK(weft_backend_register(&t));
   cr_assert_null(weft_backend_get(WEFT_CPU)->takes_dtype);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->activation_forward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->activation_backward_dt);
+  uint16_t h = 0x3f80, o = 0;
+  weft_clear_error();
+  cr_assert_eq(weft_backend_activation_forward_dt(WEFT_CPU, WEFT_ACT_RELU, WEFT_BF16, &o, &h, 1),
+               WEFT_ERR_UNSUPPORTED);
+  cr_assert(strstr(weft_last_error(), "activation_forward_dt is not supported on cpu"),
+            "message: %s", weft_last_error());
   cr_assert(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_ADD, WEFT_F32));
   cr_assert_not(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_ADD, WEFT_BF16));
   cr_assert_not(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_SCALE, WEFT_F16));

@@ -284,7 +284,7 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
 }
 
 /* ----------------------------------------------- storage-dtype kernels
- * add, mul and scale run in bf16 / f16 themselves where the device's
+ * add, mul, scale and the activations run in bf16 / f16 themselves where the device's
  * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
  * forward or backward, and outputs and grads have the bits of the
  * widened path (a registered copy of the device's table without
@@ -297,8 +297,9 @@ typedef struct sd_run {
   int64_t widened;
 } sd_run;
 
-/* z = scale(mul(add(add(a, b), bias), c), 0.37) + a on the values h (a, b,
- * c: ROWS x COLS; bias: COLS, broadcast), backward from r. */
+/* z = relu(gelu(scale(silu(mul(gelu_tanh(add(add(a, b), bias)), c)), 0.37)))
+ * + a on the values h (a, b, c: ROWS x COLS; bias: COLS, broadcast),
+ * backward from r. */
 static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const double *hr) {
   int64_t full[2] = {SD_ROWS, SD_COLS}, row[1] = {SD_COLS};
   weft_dtensor *in[SD_IN], *r = make(mesh, dt, 2, full, hr);
@@ -312,8 +313,12 @@ static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const d
   weft_op_stats s0 = weft_op_stats_get();
   OK(weft_op_add(v[0], v[1], &t));
   OK(weft_op_add(t, v[2], &t));
+  OK(weft_op_gelu(t, true, &t));
   OK(weft_op_mul(t, v[3], &t));
+  OK(weft_op_silu(t, &t));
   OK(weft_op_scale(t, 0.37, &t));
+  OK(weft_op_gelu(t, false, &t));
+  OK(weft_op_relu(t, &t));
   OK(weft_op_add(t, v[0], &z));
   cr_assert_eq(weft_dtensor_dtype(weft_var_value(z)), dt, "z is %s",
                weft_dtype_name(weft_dtensor_dtype(weft_var_value(z))));
@@ -380,11 +385,12 @@ static void storage_dtype_case(bool on_device) {
   weft_finalize();
 }
 
-Test(ops_bf16, add_mul_scale_in_bf16_and_f16_widen_nothing_and_give_the_widened_bits,
+Test(ops_bf16, elementwise_and_activations_in_bf16_and_f16_widen_nothing_and_give_the_widened_bits,
      .timeout = 60) {
   storage_dtype_case(false);
 }
-Test(ops_bf16, add_mul_scale_in_bf16_and_f16_widen_nothing_and_give_the_widened_bits_on_device,
+Test(ops_bf16,
+     elementwise_and_activations_in_bf16_and_f16_widen_nothing_and_give_the_widened_bits_on_device,
      .timeout = 60) {
   storage_dtype_case(true);
 }
