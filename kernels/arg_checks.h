@@ -222,6 +222,16 @@ static inline weft_status weft_check_rmsnorm_forward_(const char *op, const floa
   return WEFT_OK;
 }
 
+/* SwiGLU forward: three arrays of n elements. */
+static inline weft_status weft_check_swiglu_forward_(const char *op, const float *out,
+                                                     const float *a, const float *b, int64_t n) {
+  CHECK_SIZES_AT(op, n);
+  CHECK_PTR_AT(op, out, n);
+  CHECK_PTR_AT(op, a, n);
+  CHECK_PTR_AT(op, b, n);
+  return WEFT_OK;
+}
+
 /* SwiGLU backward: five arrays of n elements. */
 static inline weft_status weft_check_swiglu_backward_(const char *op, const float *da,
                                                       const float *db, const float *dout,

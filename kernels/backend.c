@@ -32,6 +32,9 @@ static void install(const weft_backend *be) {
     c->takes_dtype = NULL;
     c->activation_forward_dt = NULL;
     c->activation_backward_dt = NULL;
+    c->swiglu_forward_dt = NULL;
+    c->swiglu_backward_dt = NULL;
+    c->dropout_apply_dt = NULL;
   }
   tables[be->device] = c;
 }
@@ -542,6 +545,29 @@ weft_status weft_backend_activation_backward_dt(weft_device dev, weft_activation
     DISPATCH(dev, activation_backward, act, (float *)dinp, (const float *)dout, (const float *)inp,
              n, accumulate);
   DISPATCH(dev, activation_backward_dt, act, dt, dinp, dout, inp, n, accumulate);
+}
+
+weft_status weft_backend_swiglu_forward_dt(weft_device dev, weft_dtype dt, void *out, const void *a,
+                                           const void *b, int64_t n) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, swiglu_forward, (float *)out, (const float *)a, (const float *)b, n);
+  DISPATCH(dev, swiglu_forward_dt, dt, out, a, b, n);
+}
+
+weft_status weft_backend_swiglu_backward_dt(weft_device dev, weft_dtype dt, void *da, void *db,
+                                            const void *dout, const void *a, const void *b,
+                                            int64_t n) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, swiglu_backward, (float *)da, (float *)db, (const float *)dout, (const float *)a,
+             (const float *)b, n);
+  DISPATCH(dev, swiglu_backward_dt, dt, da, db, dout, a, b, n);
+}
+
+weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
+                                          const void *inp, const float *uniform, float p,
+                                          int64_t n) {
+  if (dt == WEFT_F32) DISPATCH(dev, dropout_apply, (float *)out, (const float *)inp, uniform, p, n);
+  DISPATCH(dev, dropout_apply_dt, dt, out, inp, uniform, p, n);
 }
 weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp, int64_t N,
                                          int64_t C) {

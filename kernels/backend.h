@@ -139,7 +139,8 @@ typedef struct weft_flat_piece {
  *   4  host_alloc_pinned / host_free_pinned (page-locked host memory),
  *      device_model
  *   5  takes_dtype (which operations compute in a 16-bit storage dtype),
- *      activation_forward_dt / activation_backward_dt */
+ *      activation_forward_dt / activation_backward_dt, swiglu_forward_dt /
+ *      swiglu_backward_dt, dropout_apply_dt */
 #define WEFT_BACKEND_VERSION 5
 
 /* The operations whose dtypes a backend declares through takes_dtype: the
@@ -153,6 +154,8 @@ typedef enum weft_kernel_op {
   WEFT_KERNEL_SCALE = 2, /* scale (weft_scale): t *= alpha */
   /* activation_forward_dt / activation_backward_dt (GELU, ReLU, SiLU) */
   WEFT_KERNEL_ACTIVATION = 3,
+  WEFT_KERNEL_SWIGLU = 4,  /* swiglu_forward_dt / swiglu_backward_dt */
+  WEFT_KERNEL_DROPOUT = 5, /* dropout_apply_dt */
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 
@@ -399,6 +402,14 @@ typedef struct weft_backend {
   weft_status (*activation_backward_dt)(weft_activation act, weft_dtype dt, void *dinp,
                                         const void *dout, const void *inp, int64_t n,
                                         bool accumulate);
+  /* swiglu_forward / _backward and dropout_apply the same way (every array
+   * of dtype dt but dropout's uniforms, which stay f32) */
+  weft_status (*swiglu_forward_dt)(weft_dtype dt, void *out, const void *a, const void *b,
+                                   int64_t n);
+  weft_status (*swiglu_backward_dt)(weft_dtype dt, void *da, void *db, const void *dout,
+                                    const void *a, const void *b, int64_t n);
+  weft_status (*dropout_apply_dt)(weft_dtype dt, void *out, const void *inp, const float *uniform,
+                                  float p, int64_t n);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -740,6 +751,14 @@ WEFT_API weft_status weft_backend_activation_backward_dt(weft_device dev, weft_a
                                                          weft_dtype dt, void *dinp,
                                                          const void *dout, const void *inp,
                                                          int64_t n, bool accumulate);
+WEFT_API weft_status weft_backend_swiglu_forward_dt(weft_device dev, weft_dtype dt, void *out,
+                                                    const void *a, const void *b, int64_t n);
+WEFT_API weft_status weft_backend_swiglu_backward_dt(weft_device dev, weft_dtype dt, void *da,
+                                                     void *db, const void *dout, const void *a,
+                                                     const void *b, int64_t n);
+WEFT_API weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
+                                                   const void *inp, const float *uniform, float p,
+                                                   int64_t n);
 WEFT_API weft_status weft_backend_softmax_forward(weft_device dev, float *out, const float *inp,
                                                   int64_t N, int64_t C);
 WEFT_API weft_status weft_backend_softmax_backward(weft_device dev, float *dinp, const float *dout,

@@ -444,14 +444,15 @@ static weft_status swiglu_backward(nn_node *n, const weft_dtensor *const *dout,
   WEFT_CHECK(nn_graph_like(g, b, D, &db));
   int64_t cnt = nn_numel(a);
   if (cnt > 0)
-    WEFT_CHECK(weft_backend_swiglu_backward(nn_dev(a), nn_f32(da), nn_f32(db), nn_f32(dy),
-                                            nn_f32(a), nn_f32(b), cnt));
+    WEFT_CHECK(weft_backend_swiglu_backward_dt(nn_dev(a), weft_dtensor_dtype(a), nn_local(da)->data,
+                                               nn_local(db)->data, nn_local(dy)->data,
+                                               nn_local(a)->data, nn_local(b)->data, cnt));
   if (nn_node_wants(n, 0)) din[0] = da;
   if (nn_node_wants(n, 1)) din[1] = db;
   return WEFT_OK;
 }
 
-static weft_status swiglu_f32(weft_var *a, weft_var *b, weft_var **out) {
+static weft_status swiglu_body(weft_var *a, weft_var *b, weft_var **out) {
   const char *name = "swiglu";
   if (!out) return weft_error(WEFT_ERR_INVALID, "swiglu: out is NULL");
   *out = NULL;
@@ -460,8 +461,11 @@ static weft_status swiglu_f32(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, in, 2, &g));
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, av, "a"));
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, bv, "b"));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, av, "a", WEFT_KERNEL_SWIGLU));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, bv, "b", WEFT_KERNEL_SWIGLU));
+  if (as->dtype != bs->dtype)
+    return nn_op_error(WEFT_ERR_INVALID, name, in, 2, "a is %s but b is %s",
+                       weft_dtype_name(as->dtype), weft_dtype_name(bs->dtype));
   bool ok = as->ndim == bs->ndim;
   for (int d = 0; ok && d < as->ndim; d++) ok = as->shape[d] == bs->shape[d];
   if (!ok) return nn_op_error(WEFT_ERR_INVALID, name, in, 2, "a and b must have the same shape");
@@ -479,7 +483,8 @@ static weft_status swiglu_f32(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_graph_like(g, au, opl, &y));
   int64_t cnt = nn_numel(au);
   if (cnt > 0)
-    WEFT_CHECK(weft_backend_swiglu_forward(nn_dev(au), nn_f32(y), nn_f32(au), nn_f32(bu), cnt));
+    WEFT_CHECK(weft_backend_swiglu_forward_dt(nn_dev(au), weft_dtensor_dtype(au), nn_local(y)->data,
+                                              nn_local(au)->data, nn_local(bu)->data, cnt));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, swiglu_backward, &node));
@@ -1003,28 +1008,37 @@ static uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-/* saved[0] = the uniforms (x's spec); f[0] = p. */
+/* A graph buffer of d's mesh, shape and placements pl, in dtype dt. */
+static weft_status shaped_like(weft_graph *g, const weft_dtensor *d, weft_dtype dt,
+                               const weft_placement *pl, weft_dtensor **out) {
+  const weft_dtensor_spec *s = weft_dtensor_get_spec(d);
+  return nn_graph_tensor(g, weft_dtensor_mesh(d), dt, s->ndim, s->shape, pl ? pl : s->placements,
+                         out);
+}
+
+/* saved[0] = the uniforms (x's spec, f32); f[0] = p. */
 static weft_status dropout_backward(nn_node *n, const weft_dtensor *const *dout,
                                     weft_dtensor **din) {
   const weft_dtensor *dy = dout[0], *u = n->saved[0];
   weft_dtensor *dx;
-  WEFT_CHECK(nn_graph_like(nn_node_graph(n), u, weft_dtensor_placements(dy), &dx));
+  WEFT_CHECK(
+      shaped_like(nn_node_graph(n), u, weft_dtensor_dtype(dy), weft_dtensor_placements(dy), &dx));
   int64_t cnt = nn_numel(u);
   if (cnt > 0)
-    WEFT_CHECK(weft_backend_dropout_apply(nn_dev(u), nn_f32(dx), nn_f32(dy), nn_f32(u),
-                                          (float)n->f[0], cnt));
+    WEFT_CHECK(weft_backend_dropout_apply_dt(nn_dev(u), weft_dtensor_dtype(dy), nn_local(dx)->data,
+                                             nn_local(dy)->data, nn_f32(u), (float)n->f[0], cnt));
   din[0] = dx;
   return WEFT_OK;
 }
 
-static weft_status dropout_f32(weft_var *x, float p, weft_var **out) {
+static weft_status dropout_body(weft_var *x, float p, weft_var **out) {
   const char *name = "dropout";
   if (!out) return weft_error(WEFT_ERR_INVALID, "dropout: out is NULL");
   *out = NULL;
   weft_graph *g;
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
-  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_DROPOUT));
   if (!(p >= 0.0f && p < 1.0f))
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "p = %g must be in [0, 1)", (double)p);
   /* identity: no mask drawn (as torch, which draws no random numbers then) */
@@ -1035,7 +1049,7 @@ static weft_status dropout_f32(weft_var *x, float p, weft_var **out) {
   uint64_t key =
       splitmix64((uint64_t)nn_graph_step(g) * 1000003ULL + (uint64_t)nn_graph_next_op_index(g));
   weft_dtensor *u, *y;
-  WEFT_CHECK(nn_graph_like(g, xv, NULL, &u));
+  WEFT_CHECK(shaped_like(g, xv, WEFT_F32, NULL, &u));
   int64_t row0, rows;
   nn_graph_batch_slice(g, &row0, &rows);
   if (rows > 0)
@@ -1045,7 +1059,8 @@ static weft_status dropout_f32(weft_var *x, float p, weft_var **out) {
   WEFT_CHECK(nn_graph_like(g, xv, NULL, &y));
   int64_t cnt = nn_numel(xv);
   if (cnt > 0)
-    WEFT_CHECK(weft_backend_dropout_apply(nn_dev(xv), nn_f32(y), nn_f32(xv), nn_f32(u), p, cnt));
+    WEFT_CHECK(weft_backend_dropout_apply_dt(nn_dev(xv), weft_dtensor_dtype(xv), nn_local(y)->data,
+                                             nn_local(xv)->data, nn_f32(u), p, cnt));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, &x, 1, NULL, dropout_backward, &node));
   if (node) {
@@ -1105,8 +1120,8 @@ weft_status weft_op_relu(weft_var *x, weft_var **out) {
 weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {
   weft_var *in[2] = {a, b};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "swiglu", in, 2, false));
-  return nn_mixed_end(&mx, swiglu_f32(in[0], in[1], out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "swiglu", in, 2, false, WEFT_KERNEL_SWIGLU));
+  return nn_mixed_end(&mx, swiglu_body(in[0], in[1], out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_softmax(weft_var *x, weft_var **out) {
@@ -1141,6 +1156,6 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
 weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "dropout", in, 1, false));
-  return nn_mixed_end(&mx, dropout_f32(in[0], p, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "dropout", in, 1, false, WEFT_KERNEL_DROPOUT));
+  return nn_mixed_end(&mx, dropout_body(in[0], p, out), out, out ? 1 : 0);
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "pool.h"
 #include "tensor_internal.h"
 
 typedef uint16_t v8h __attribute__((vector_size(16)));
@@ -66,4 +67,44 @@ void weft_cpu_from_f32_(void *dst, weft_dtype dt, const float *src, int64_t n) {
   } else {
     memcpy(dst, src, (size_t)n * sizeof(float));
   }
+}
+
+/* ------------------------------------------------ storage-dtype tiles */
+
+#define TILE 1024
+#define TILE_MAX_IO 3
+
+typedef struct tiled_args {
+  weft_dtype dt;
+  size_t es;
+  int nout, nin;
+  bool read_out;
+  void *const *out;
+  const void *const *in;
+  weft_cpu_tile_fn fn;
+  void *ctx;
+} tiled_args;
+
+static void tiled_span(void *vctx, int64_t lo, int64_t hi) {
+  const tiled_args *a = vctx;
+  float buf[2 * TILE_MAX_IO][TILE];
+  float *o[TILE_MAX_IO], *x[TILE_MAX_IO];
+  for (int k = 0; k < a->nout; k++) o[k] = buf[k];
+  for (int k = 0; k < a->nin; k++) x[k] = buf[TILE_MAX_IO + k];
+  for (int64_t t = lo; t < hi; t += TILE) {
+    const int64_t m = hi - t < TILE ? hi - t : TILE;
+    const size_t at = (size_t)t * a->es;
+    for (int k = 0; k < a->nin; k++) weft_cpu_to_f32_(x[k], (const char *)a->in[k] + at, a->dt, m);
+    if (a->read_out)
+      for (int k = 0; k < a->nout; k++)
+        weft_cpu_to_f32_(o[k], (const char *)a->out[k] + at, a->dt, m);
+    a->fn(a->ctx, t, m, o, (const float *const *)x);
+    for (int k = 0; k < a->nout; k++) weft_cpu_from_f32_((char *)a->out[k] + at, a->dt, o[k], m);
+  }
+}
+
+void weft_cpu_tiled_(weft_dtype dt, int64_t n, int nout, void *const *out, bool read_out, int nin,
+                     const void *const *in, weft_cpu_tile_fn fn, void *ctx) {
+  tiled_args a = {dt, weft_dtype_size(dt), nout, nin, read_out, out, in, fn, ctx};
+  weft_cpu_par_range_(n, WEFT_CPU_GRAIN, tiled_span, &a);
 }

@@ -38,12 +38,30 @@ void weft_cpu_f32_to_bf16_(uint16_t *dst, const float *src, int64_t n);
  * kernels, which widen a tile, run the f32 kernel on it and round */
 void weft_cpu_to_f32_(float *dst, const void *src, weft_dtype dt, int64_t n);
 void weft_cpu_from_f32_(void *dst, weft_dtype dt, const float *src, int64_t n);
-/* kernels/cpu/norm_act.c: the _dt members (backend.h) */
+/* The storage-dtype layer kernels' driver: n elements of dtype dt (bf16
+ * or f16) in tiles of at most 1024, split over the CPU threads; per tile
+ * the nin inputs (and with read_out the nout outputs) are widened into f32
+ * on the stack, fn computes the tile in f32 (at: the tile's first index,
+ * for arrays of other dtypes in ctx; o[k]: output k, holding its widened
+ * values with read_out), and the outputs are rounded once. nin, nout <= 3.
+ * The result is fn's f32 bits on the widened values, rounded: fn must
+ * compute each element independently of the tile bounds. */
+typedef void (*weft_cpu_tile_fn)(void *ctx, int64_t at, int64_t m, float *const *o,
+                                 const float *const *in);
+void weft_cpu_tiled_(weft_dtype dt, int64_t n, int nout, void *const *out, bool read_out, int nin,
+                     const void *const *in, weft_cpu_tile_fn fn, void *ctx);
+/* kernels/cpu/norm_act.c, pointwise.c: the _dt members (backend.h) */
 weft_status weft_cpu_activation_forward_dt_(weft_activation act, weft_dtype dt, void *out,
                                             const void *inp, int64_t n);
 weft_status weft_cpu_activation_backward_dt_(weft_activation act, weft_dtype dt, void *dinp,
                                              const void *dout, const void *inp, int64_t n,
                                              bool accumulate);
+weft_status weft_cpu_swiglu_forward_dt_(weft_dtype dt, void *out, const void *a, const void *b,
+                                        int64_t n);
+weft_status weft_cpu_swiglu_backward_dt_(weft_dtype dt, void *da, void *db, const void *dout,
+                                         const void *a, const void *b, int64_t n);
+weft_status weft_cpu_dropout_apply_dt_(weft_dtype dt, void *out, const void *inp,
+                                       const float *uniform, float p, int64_t n);
 /* kernels/cpu/ops.c */
 weft_status weft_cpu_add_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);
 weft_status weft_cpu_mul_(weft_tensor *out, const weft_tensor *a, const weft_tensor *b);

@@ -279,42 +279,27 @@ weft_status weft_activation_backward(weft_activation act, float *dinp, const flo
   return WEFT_OK;
 }
 
-/* bf16 / f16: tiles widened into f32 on the stack, the f32 spans above on
- * them, each result rounded once (backend.h, activation_forward_dt). */
-#define ACT_TILE 1024
+/* bf16 / f16 (backend.h, activation_forward_dt): the f32 spans above on
+ * tiles widened by weft_cpu_tiled_. */
+static void act_dt_forward_tile(void *ctx, int64_t at, int64_t m, float *const *o,
+                                const float *const *in) {
+  (void)at;
+  act_args f = {.act = *(const weft_activation *)ctx, .out = o[0], .inp = in[0]};
+  act_forward_span(&f, 0, m);
+}
 
-typedef struct act_dt_args {
+typedef struct act_dt_bwd {
   weft_activation act;
-  weft_dtype dt;
-  size_t es;
-  void *out;
-  const void *inp, *dout;
   bool accumulate;
-} act_dt_args;
+} act_dt_bwd;
 
-static void act_dt_span(void *ctx, int64_t lo, int64_t hi, bool backward) {
-  const act_dt_args *a = ctx;
-  float x[ACT_TILE], y[ACT_TILE], d[ACT_TILE];
-  for (int64_t t = lo; t < hi; t += ACT_TILE) {
-    const int64_t m = hi - t < ACT_TILE ? hi - t : ACT_TILE;
-    weft_cpu_to_f32_(x, (const char *)a->inp + (size_t)t * a->es, a->dt, m);
-    act_args f = {.act = a->act, .out = y, .inp = x, .dout = d, .accumulate = a->accumulate};
-    if (backward) {
-      weft_cpu_to_f32_(d, (const char *)a->dout + (size_t)t * a->es, a->dt, m);
-      if (a->accumulate) weft_cpu_to_f32_(y, (const char *)a->out + (size_t)t * a->es, a->dt, m);
-      act_backward_span(&f, 0, m);
-    } else {
-      act_forward_span(&f, 0, m);
-    }
-    weft_cpu_from_f32_((char *)a->out + (size_t)t * a->es, a->dt, y, m);
-  }
-}
-
-static void act_dt_forward_span(void *ctx, int64_t lo, int64_t hi) {
-  act_dt_span(ctx, lo, hi, false);
-}
-static void act_dt_backward_span(void *ctx, int64_t lo, int64_t hi) {
-  act_dt_span(ctx, lo, hi, true);
+static void act_dt_backward_tile(void *ctx, int64_t at, int64_t m, float *const *o,
+                                 const float *const *in) {
+  (void)at;
+  const act_dt_bwd *b = ctx;
+  act_args f = {
+      .act = b->act, .out = o[0], .dout = in[0], .inp = in[1], .accumulate = b->accumulate};
+  act_backward_span(&f, 0, m);
 }
 
 weft_status weft_cpu_activation_forward_dt_(weft_activation act, weft_dtype dt, void *out,
@@ -323,8 +308,7 @@ weft_status weft_cpu_activation_forward_dt_(weft_activation act, weft_dtype dt, 
   WEFT_CHECK_STORAGE_DT_(op, dt);
   if (dt == WEFT_F32) return weft_activation_forward(act, out, inp, n);
   WEFT_CHECK_ARGS_(weft_check_activation_forward_(op, act, out, inp, n));
-  act_dt_args a = {.act = act, .dt = dt, .es = weft_dtype_size(dt), .out = out, .inp = inp};
-  weft_cpu_par_range_(n, WEFT_CPU_GRAIN, act_dt_forward_span, &a);
+  weft_cpu_tiled_(dt, n, 1, &out, false, 1, &inp, act_dt_forward_tile, &act);
   return WEFT_OK;
 }
 
@@ -335,14 +319,9 @@ weft_status weft_cpu_activation_backward_dt_(weft_activation act, weft_dtype dt,
   WEFT_CHECK_STORAGE_DT_(op, dt);
   if (dt == WEFT_F32) return weft_activation_backward(act, dinp, dout, inp, n, accumulate);
   WEFT_CHECK_ARGS_(weft_check_activation_backward_(op, act, dinp, dout, inp, n));
-  act_dt_args a = {.act = act,
-                   .dt = dt,
-                   .es = weft_dtype_size(dt),
-                   .out = dinp,
-                   .inp = inp,
-                   .dout = dout,
-                   .accumulate = accumulate};
-  weft_cpu_par_range_(n, WEFT_CPU_GRAIN, act_dt_backward_span, &a);
+  act_dt_bwd b = {act, accumulate};
+  const void *in[2] = {dout, inp};
+  weft_cpu_tiled_(dt, n, 1, &dinp, accumulate, 2, in, act_dt_backward_tile, &b);
   return WEFT_OK;
 }
 
@@ -423,5 +402,25 @@ weft_status weft_dropout_apply(float *out, const float *inp, const float *unifor
   WEFT_CHECK_ARGS_(weft_check_dropout_(OP, out, inp, uniform, p, n));
   dropout_args a = {out, inp, uniform, p, (float)(1.0 / (1.0 - (double)p))};
   weft_cpu_par_range_(n, WEFT_CPU_GRAIN, dropout_span, &a);
+  return WEFT_OK;
+}
+
+/* bf16 / f16 (backend.h dropout_apply_dt): the f32 loop on tiles widened
+ * by weft_cpu_tiled_; the uniforms stay f32. */
+static void dropout_tile(void *ctx, int64_t at, int64_t m, float *const *o,
+                         const float *const *in) {
+  const dropout_args *a = ctx;
+  dropout_args t = {o[0], in[0], a->uniform + at, a->p, a->s};
+  dropout_span(&t, 0, m);
+}
+
+weft_status weft_cpu_dropout_apply_dt_(weft_dtype dt, void *out, const void *inp,
+                                       const float *uniform, float p, int64_t n) {
+  const char *op = "dropout_apply_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32) return weft_dropout_apply(out, inp, uniform, p, n);
+  WEFT_CHECK_ARGS_(weft_check_dropout_(op, out, inp, uniform, p, n));
+  dropout_args a = {NULL, NULL, uniform, p, (float)(1.0 / (1.0 - (double)p))};
+  weft_cpu_tiled_(dt, n, 1, &out, false, 1, &inp, dropout_tile, &a);
   return WEFT_OK;
 }

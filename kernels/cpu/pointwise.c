@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "arg_checks.h"
+#include "cpu_internal.h"
 #include "layers.h"
 #include "pool.h"
 #include "simd.h"
@@ -133,6 +134,43 @@ static weft_status pw_binary(const char *func, float *out, const float *a, const
   CHECK_PTR_AT(op, b, n);
   pw_args p = {.out = out, .a = a, .b = b};
   weft_cpu_par_range_(n, WEFT_CPU_GRAIN, span, &p);
+  return WEFT_OK;
+}
+
+/* bf16 / f16 (backend.h swiglu_forward_dt): the f32 loops on tiles
+ * widened by weft_cpu_tiled_ (each element as on one thread). */
+static void swiglu_fwd_tile(void *ctx, int64_t at, int64_t m, float *const *o,
+                            const float *const *in) {
+  (void)ctx, (void)at;
+  swiglu_fwd(o[0], in[0], in[1], m);
+}
+
+static void swiglu_bwd_tile(void *ctx, int64_t at, int64_t m, float *const *o,
+                            const float *const *in) {
+  (void)ctx, (void)at;
+  swiglu_bwd(o[0], o[1], in[0], in[1], in[2], m);
+}
+
+weft_status weft_cpu_swiglu_forward_dt_(weft_dtype dt, void *out, const void *a, const void *b,
+                                        int64_t n) {
+  const char *op = "swiglu_forward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32) return weft_swiglu_forward(out, a, b, n);
+  WEFT_CHECK_ARGS_(weft_check_swiglu_forward_(op, out, a, b, n));
+  const void *in[2] = {a, b};
+  weft_cpu_tiled_(dt, n, 1, &out, false, 2, in, swiglu_fwd_tile, NULL);
+  return WEFT_OK;
+}
+
+weft_status weft_cpu_swiglu_backward_dt_(weft_dtype dt, void *da, void *db, const void *dout,
+                                         const void *a, const void *b, int64_t n) {
+  const char *op = "swiglu_backward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32) return weft_swiglu_backward(da, db, dout, a, b, n);
+  WEFT_CHECK_ARGS_(weft_check_swiglu_backward_(op, da, db, dout, a, b, n));
+  void *out[2] = {da, db};
+  const void *in[3] = {dout, a, b};
+  weft_cpu_tiled_(dt, n, 2, out, false, 3, in, swiglu_bwd_tile, NULL);
   return WEFT_OK;
 }
 

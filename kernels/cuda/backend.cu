@@ -45,6 +45,9 @@ weft_backend make_table() {
   b.takes_dtype = weft_builtin_takes_dtype_; /* tensor.cu's add, mul, scale; the _dt members */
   b.activation_forward_dt = weft_cuda_activation_forward_dt;
   b.activation_backward_dt = weft_cuda_activation_backward_dt;
+  b.swiglu_forward_dt = weft_cuda_swiglu_forward_dt;
+  b.swiglu_backward_dt = weft_cuda_swiglu_backward_dt;
+  b.dropout_apply_dt = weft_cuda_dropout_apply_dt;
   b.copy = weft_cuda_copy;
   b.fill = weft_cuda_fill;
   b.fill_random = weft_cuda_fill_random;

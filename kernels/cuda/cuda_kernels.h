@@ -127,6 +127,12 @@ weft_status weft_cuda_activation_forward_dt(weft_activation act, weft_dtype dt, 
 weft_status weft_cuda_activation_backward_dt(weft_activation act, weft_dtype dt, void *dinp,
                                              const void *dout, const void *inp, int64_t n,
                                              bool accumulate);
+weft_status weft_cuda_swiglu_forward_dt(weft_dtype dt, void *out, const void *a, const void *b,
+                                        int64_t n);
+weft_status weft_cuda_swiglu_backward_dt(weft_dtype dt, void *da, void *db, const void *dout,
+                                         const void *a, const void *b, int64_t n);
+weft_status weft_cuda_dropout_apply_dt(weft_dtype dt, void *out, const void *inp,
+                                       const float *uniform, float p, int64_t n);
 weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);
 weft_status weft_cuda_softmax_backward(float *dinp, const float *dout, const float *out, int64_t N,
                                        int64_t C, bool accumulate);

@@ -437,6 +437,27 @@ __device__ inline void swiglu_grad(float d, float x, float y, float *da, float *
   *db = d * (x * s);
 }
 
+/* bf16_t / f16_t storage (swiglu_*_dt): one element a thread, loaded as
+ * f32, the f32 kernels' arithmetic, rounded once on store. */
+template <class T>
+__global__ void swiglu_fwd_dt_kernel(T *out, const T *a, const T *b, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = from_f32<T>(silu_of(as_f32(a[i])) * as_f32(b[i]));
+}
+
+template <class T>
+__global__ void swiglu_bwd_dt_kernel(T *da, T *db, const T *dout, const T *a, const T *b,
+                                     int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float ga, gb;
+    swiglu_grad(as_f32(dout[i]), as_f32(a[i]), as_f32(b[i]), &ga, &gb);
+    da[i] = from_f32<T>(ga);
+    db[i] = from_f32<T>(gb);
+  }
+}
+
 __global__ void swiglu_bwd_kernel(float *da, float *db, const float *dout, const float *a,
                                   const float *b, int64_t n, bool vec) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -915,6 +936,50 @@ weft_status weft_cuda_swiglu_backward(float *da, float *db, const float *dout, c
   WEFT_COST(12.0 * (double)n, 20.0 * (double)n);
   WEFT_LAUNCH(swiglu_bwd_kernel, grid_for(vec ? (n + 3) / 4 : n, 256), 256, 0, compute_stream(), da,
               db, dout, a, b, n, vec);
+  return launched(__func__);
+}
+
+weft_status weft_cuda_swiglu_forward_dt(weft_dtype dt, void *out, const void *a, const void *b,
+                                        int64_t n) {
+  REQUIRE_INIT();
+  const char *op = weft_op_name_(__func__);
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32)
+    return weft_cuda_swiglu_forward((float *)out, (const float *)a, (const float *)b, n);
+  WEFT_RETURN_IF_BAD_(
+      weft_check_swiglu_forward_(op, (const float *)out, (const float *)a, (const float *)b, n));
+  if (n == 0) return WEFT_OK;
+  WEFT_COST(8.0 * (double)n, 6.0 * (double)n);
+  if (dt == WEFT_BF16)
+    WEFT_LAUNCH(swiglu_fwd_dt_kernel<bf16_t>, grid_for(n, 256), 256, 0, compute_stream(),
+                (bf16_t *)out, (const bf16_t *)a, (const bf16_t *)b, n);
+  else
+    WEFT_LAUNCH(swiglu_fwd_dt_kernel<f16_t>, grid_for(n, 256), 256, 0, compute_stream(),
+                (f16_t *)out, (const f16_t *)a, (const f16_t *)b, n);
+  return launched(__func__);
+}
+
+weft_status weft_cuda_swiglu_backward_dt(weft_dtype dt, void *da, void *db, const void *dout,
+                                         const void *a, const void *b, int64_t n) {
+  REQUIRE_INIT();
+  const char *op = weft_op_name_(__func__);
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32)
+    return weft_cuda_swiglu_backward((float *)da, (float *)db, (const float *)dout,
+                                     (const float *)a, (const float *)b, n);
+  WEFT_RETURN_IF_BAD_(weft_check_swiglu_backward_(op, (const float *)da, (const float *)db,
+                                                  (const float *)dout, (const float *)a,
+                                                  (const float *)b, n));
+  if (n == 0) return WEFT_OK;
+  WEFT_COST(12.0 * (double)n, 10.0 * (double)n);
+  if (dt == WEFT_BF16)
+    WEFT_LAUNCH(swiglu_bwd_dt_kernel<bf16_t>, grid_for(n, 256), 256, 0, compute_stream(),
+                (bf16_t *)da, (bf16_t *)db, (const bf16_t *)dout, (const bf16_t *)a,
+                (const bf16_t *)b, n);
+  else
+    WEFT_LAUNCH(swiglu_bwd_dt_kernel<f16_t>, grid_for(n, 256), 256, 0, compute_stream(),
+                (f16_t *)da, (f16_t *)db, (const f16_t *)dout, (const f16_t *)a, (const f16_t *)b,
+                n);
   return launched(__func__);
 }
 

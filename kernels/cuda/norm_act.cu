@@ -244,11 +244,12 @@ __global__ void softmax_bwd_kernel(float *dinp, const float *dout, const float *
 
 /* -------------------------------------------------------------- dropout */
 
-__global__ void dropout_kernel(float *out, const float *inp, const float *u, float p, float s,
-                               int64_t n) {
+/* T: float, or bf16_t / f16_t (dropout_apply_dt), the uniforms f32 */
+template <class T>
+__global__ void dropout_kernel(T *out, const T *inp, const float *u, float p, float s, int64_t n) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = u[i] >= p ? inp[i] * s : 0.0f;
+    out[i] = from_f32<T>(u[i] >= p ? as_f32(inp[i]) * s : 0.0f);
 }
 
 }  // namespace
@@ -437,7 +438,26 @@ weft_status weft_cuda_dropout_apply(float *out, const float *inp, const float *u
   if (n == 0) return WEFT_OK;
   const float s = (float)(1.0 / (1.0 - (double)p)); /* the CPU's scale */
   WEFT_COST(2.0 * (double)n, 12.0 * (double)n);
-  WEFT_LAUNCH(dropout_kernel, grid_for(n, 256), 256, 0, compute_stream(), out, inp, uniform, p, s,
-              n);
+  WEFT_LAUNCH(dropout_kernel<float>, grid_for(n, 256), 256, 0, compute_stream(), out, inp, uniform,
+              p, s, n);
+  return na_launched(__func__);
+}
+
+weft_status weft_cuda_dropout_apply_dt(weft_dtype dt, void *out, const void *inp,
+                                       const float *uniform, float p, int64_t n) {
+  NA_REQUIRE_INIT();
+  WEFT_CHECK_STORAGE_DT_(OP, dt);
+  if (dt == WEFT_F32)
+    return weft_cuda_dropout_apply((float *)out, (const float *)inp, uniform, p, n);
+  WEFT_CHECK_ARGS_(weft_check_dropout_(OP, (const float *)out, (const float *)inp, uniform, p, n));
+  if (n == 0) return WEFT_OK;
+  const float s = (float)(1.0 / (1.0 - (double)p));
+  WEFT_COST(2.0 * (double)n, 8.0 * (double)n);
+  if (dt == WEFT_BF16)
+    WEFT_LAUNCH(dropout_kernel<bf16_t>, grid_for(n, 256), 256, 0, compute_stream(), (bf16_t *)out,
+                (const bf16_t *)inp, uniform, p, s, n);
+  else
+    WEFT_LAUNCH(dropout_kernel<f16_t>, grid_for(n, 256), 256, 0, compute_stream(), (f16_t *)out,
+                (const f16_t *)inp, uniform, p, s, n);
   return na_launched(__func__);
 }

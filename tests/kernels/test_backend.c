@@ -2788,6 +2788,66 @@ BACKEND_TEST(activation_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values_r
             "message: %s", weft_last_error());
 }
 
+/* SwiGLU and dropout the same way as the activations above. */
+BACKEND_TEST(swiglu_and_dropout_dt_in_bf16_and_f16_are_the_f32_members_on_widened_values) {
+  seed_tests(433);
+  const int64_t n = 16384 + 1030;
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  char what[160];
+  for (int k = 0; k < 2; k++) {
+    const weft_dtype dt = dts[k];
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_SWIGLU, dt));
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_DROPOUT, dt));
+    float *a0 = h_normal(n, 3.0), *b0 = h_normal(n, 1.0), *g0 = h_normal(n, 1.0);
+    float *u = xmalloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) u[i] = (float)(0.5 + 0.5 * tanh(rnd_normal()));
+    uint16_t *ha = h_round(a0, dt, n), *hb = h_round(b0, dt, n), *hg = h_round(g0, dt, n);
+    float *a = h_widen(ha, dt, n), *b = h_widen(hb, dt, n), *g = h_widen(hg, dt, n);
+    void *da = dup_h(dev, ha, (size_t)n * 2), *db = dup_h(dev, hb, (size_t)n * 2),
+         *dg = dup_h(dev, hg, (size_t)n * 2);
+    float *fa = dupf(dev, a, n), *fb = dupf(dev, b, n), *fg = dupf(dev, g, n),
+          *du = dupf(dev, u, n);
+    void *o = dnan(dev, (size_t)n * 2), *o2 = dnan(dev, (size_t)n * 2);
+    float *fo = dnan(dev, (size_t)n * 4), *fo2 = dnan(dev, (size_t)n * 4);
+    /* swiglu forward */
+    OK(weft_backend_swiglu_forward_dt(dev, dt, o, da, db, n));
+    OK(weft_backend_swiglu_forward(dev, fo, fa, fb, n));
+    snprintf(what, sizeof what, "swiglu_forward_dt %s", weft_dtype_name(dt));
+    uint16_t *got = down(dev, o, (size_t)n * 2);
+    float *ref = downf(dev, fo, n);
+    void *want = h_round(ref, dt, n);
+    expect_same_floats(what, got, want, n, dt);
+    free(got), free(ref), free(want);
+    /* swiglu backward: both grads */
+    OK(weft_backend_swiglu_backward_dt(dev, dt, o, o2, dg, da, db, n));
+    OK(weft_backend_swiglu_backward(dev, fo, fo2, fg, fa, fb, n));
+    for (int j = 0; j < 2; j++) {
+      snprintf(what, sizeof what, "swiglu_backward_dt %s: d%c", weft_dtype_name(dt), j ? 'b' : 'a');
+      got = down(dev, j ? o2 : o, (size_t)n * 2);
+      ref = downf(dev, j ? fo2 : fo, n);
+      want = h_round(ref, dt, n);
+      expect_same_floats(what, got, want, n, dt);
+      free(got), free(ref), free(want);
+    }
+    /* dropout, p = 0.3, the uniforms f32 */
+    OK(weft_backend_dropout_apply_dt(dev, dt, o, da, du, 0.3f, n));
+    OK(weft_backend_dropout_apply(dev, fo, fa, du, 0.3f, n));
+    snprintf(what, sizeof what, "dropout_apply_dt %s", weft_dtype_name(dt));
+    got = down(dev, o, (size_t)n * 2);
+    ref = downf(dev, fo, n);
+    want = h_round(ref, dt, n);
+    expect_same_floats(what, got, want, n, dt);
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < n; i++) zeros += got[i] == 0 || got[i] == 0x8000;
+    cr_expect(zeros > n / 5 && zeros < n / 2, "dropout zeroed %lld of %lld", (long long)zeros,
+              (long long)n);
+    free(got), free(ref), free(want);
+    free(a0), free(b0), free(g0), free(u), free(ha), free(hb), free(hg), free(a), free(b), free(g);
+    weft_free(da), weft_free(db), weft_free(dg), weft_free(fa), weft_free(fb), weft_free(fg);
+    weft_free(du), weft_free(o), weft_free(o2), weft_free(fo), weft_free(fo2);
+  }
+}
+
 BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
   seed_tests(187);
   /* sd 40: logits far past exp's range, so the max must be subtracted */
@@ -3992,6 +4052,8 @@ Test(registry, a_version_4_table_takes_only_f32_and_has_no_dt_members) {
   cr_assert_null(weft_backend_get(WEFT_CPU)->takes_dtype);
   cr_assert_null(weft_backend_get(WEFT_CPU)->activation_forward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->activation_backward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->swiglu_forward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->dropout_apply_dt);
   uint16_t h = 0x3f80, o = 0;
   weft_clear_error();
   cr_assert_eq(weft_backend_activation_forward_dt(WEFT_CPU, WEFT_ACT_RELU, WEFT_BF16, &o, &h, 1),
