@@ -35,6 +35,8 @@ static void install(const weft_backend *be) {
     c->swiglu_forward_dt = NULL;
     c->swiglu_backward_dt = NULL;
     c->dropout_apply_dt = NULL;
+    c->layernorm_forward_dt = NULL;
+    c->layernorm_backward_dt = NULL;
   }
   tables[be->device] = c;
 }
@@ -561,6 +563,28 @@ weft_status weft_backend_swiglu_backward_dt(weft_device dev, weft_dtype dt, void
     DISPATCH(dev, swiglu_backward, (float *)da, (float *)db, (const float *)dout, (const float *)a,
              (const float *)b, n);
   DISPATCH(dev, swiglu_backward_dt, dt, da, db, dout, a, b, n);
+}
+
+weft_status weft_backend_layernorm_forward_dt(weft_device dev, weft_dtype dt, void *out,
+                                              float *mean, float *rstd, const void *inp,
+                                              const void *weight, const void *bias, int64_t N,
+                                              int64_t C, float eps) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, layernorm_forward, (float *)out, mean, rstd, (const float *)inp,
+             (const float *)weight, (const float *)bias, N, C, eps);
+  DISPATCH(dev, layernorm_forward_dt, dt, out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+
+weft_status weft_backend_layernorm_backward_dt(weft_device dev, weft_dtype dt, void *dinp,
+                                               float *dweight, float *dbias, const void *dout,
+                                               const void *inp, const void *weight,
+                                               const float *mean, const float *rstd, int64_t N,
+                                               int64_t C, bool accumulate_dinp) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, layernorm_backward, (float *)dinp, dweight, dbias, (const float *)dout,
+             (const float *)inp, (const float *)weight, mean, rstd, N, C, accumulate_dinp);
+  DISPATCH(dev, layernorm_backward_dt, dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N,
+           C, accumulate_dinp);
 }
 
 weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,

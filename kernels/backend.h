@@ -140,7 +140,8 @@ typedef struct weft_flat_piece {
  *      device_model
  *   5  takes_dtype (which operations compute in a 16-bit storage dtype),
  *      activation_forward_dt / activation_backward_dt, swiglu_forward_dt /
- *      swiglu_backward_dt, dropout_apply_dt */
+ *      swiglu_backward_dt, dropout_apply_dt, layernorm_forward_dt /
+ *      layernorm_backward_dt */
 #define WEFT_BACKEND_VERSION 5
 
 /* The operations whose dtypes a backend declares through takes_dtype: the
@@ -154,8 +155,9 @@ typedef enum weft_kernel_op {
   WEFT_KERNEL_SCALE = 2, /* scale (weft_scale): t *= alpha */
   /* activation_forward_dt / activation_backward_dt (GELU, ReLU, SiLU) */
   WEFT_KERNEL_ACTIVATION = 3,
-  WEFT_KERNEL_SWIGLU = 4,  /* swiglu_forward_dt / swiglu_backward_dt */
-  WEFT_KERNEL_DROPOUT = 5, /* dropout_apply_dt */
+  WEFT_KERNEL_SWIGLU = 4,    /* swiglu_forward_dt / swiglu_backward_dt */
+  WEFT_KERNEL_DROPOUT = 5,   /* dropout_apply_dt */
+  WEFT_KERNEL_LAYERNORM = 6, /* layernorm_forward_dt / layernorm_backward_dt */
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 
@@ -410,6 +412,17 @@ typedef struct weft_backend {
                                     const void *a, const void *b, int64_t n);
   weft_status (*dropout_apply_dt)(weft_dtype dt, void *out, const void *inp, const float *uniform,
                                   float p, int64_t n);
+  /* layernorm_forward / _backward with inp, out, weight, bias, dout and
+   * dinp of dtype dt; mean, rstd, dweight and dbias stay f32 (the grads
+   * accumulate in double as the f32 member's). For bf16 / f16 the f32
+   * member's bits on the widened values, the outputs rounded once. */
+  weft_status (*layernorm_forward_dt)(weft_dtype dt, void *out, float *mean, float *rstd,
+                                      const void *inp, const void *weight, const void *bias,
+                                      int64_t N, int64_t C, float eps);
+  weft_status (*layernorm_backward_dt)(weft_dtype dt, void *dinp, float *dweight, float *dbias,
+                                       const void *dout, const void *inp, const void *weight,
+                                       const float *mean, const float *rstd, int64_t N, int64_t C,
+                                       bool accumulate_dinp);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -756,6 +769,16 @@ WEFT_API weft_status weft_backend_swiglu_forward_dt(weft_device dev, weft_dtype 
 WEFT_API weft_status weft_backend_swiglu_backward_dt(weft_device dev, weft_dtype dt, void *da,
                                                      void *db, const void *dout, const void *a,
                                                      const void *b, int64_t n);
+WEFT_API weft_status weft_backend_layernorm_forward_dt(weft_device dev, weft_dtype dt, void *out,
+                                                       float *mean, float *rstd, const void *inp,
+                                                       const void *weight, const void *bias,
+                                                       int64_t N, int64_t C, float eps);
+WEFT_API weft_status weft_backend_layernorm_backward_dt(weft_device dev, weft_dtype dt, void *dinp,
+                                                        float *dweight, float *dbias,
+                                                        const void *dout, const void *inp,
+                                                        const void *weight, const float *mean,
+                                                        const float *rstd, int64_t N, int64_t C,
+                                                        bool accumulate_dinp);
 WEFT_API weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                                    const void *inp, const float *uniform, float p,
                                                    int64_t n);

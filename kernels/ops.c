@@ -145,6 +145,7 @@ bool weft_builtin_takes_dtype_(weft_kernel_op op, weft_dtype dt) {
     case WEFT_KERNEL_ACTIVATION:
     case WEFT_KERNEL_SWIGLU:
     case WEFT_KERNEL_DROPOUT:
+    case WEFT_KERNEL_LAYERNORM:
       return dt == WEFT_F32 || dt == WEFT_BF16 || dt == WEFT_F16;
     default:
       return false;

@@ -249,9 +249,10 @@ static weft_status norm_backward(nn_node *n, const weft_dtensor *const *dout, we
   if (N > 0 && C > 0) {
     if (layer) {
       if (dx || dw || db)
-        WEFT_CHECK(weft_backend_layernorm_backward(
-            dev, dx ? nn_f32(dx) : NULL, dw ? nn_f32(dw) : NULL, db ? nn_f32(db) : NULL, nn_f32(dy),
-            xl->data, w ? nn_f32(w) : NULL, nn_f32(n->saved[1]), nn_f32(n->saved[0]), N, C, false));
+        WEFT_CHECK(weft_backend_layernorm_backward_dt(
+            dev, xl->dtype, dx ? nn_local(dx)->data : NULL, dw ? nn_f32(dw) : NULL,
+            db ? nn_f32(db) : NULL, nn_local(dy)->data, xl->data, w ? nn_local(w)->data : NULL,
+            nn_f32(n->saved[1]), nn_f32(n->saved[0]), N, C, false));
     } else {
       /* the RMSNorm kernel writes both dinp and dweight: scratch for the
        * one not wanted, ones for a NULL weight */
@@ -277,6 +278,16 @@ static weft_status norm_backward(nn_node *n, const weft_dtensor *const *dout, we
   } else if (dx && nn_numel(dx) > 0) {
     WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dx), 0.0));
   }
+  /* the weight and bias grads are summed in f32; a 16-bit weight's grad
+   * is that sum rounded once, as where the op ran widened */
+  weft_dtensor **grads[2] = {&dw, &db};
+  for (int j = 0; j < 2 && xl->dtype != WEFT_F32; j++) {
+    if (!*grads[j]) continue;
+    weft_dtensor *low;
+    WEFT_CHECK(nn_graph_converted(g, *grads[j], xl->dtype, &low));
+    nn_graph_discard(g, *grads[j]);
+    *grads[j] = low;
+  }
   din[0] = dx;
   din[1] = dw;
   din[2] = db;
@@ -296,7 +307,9 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
   WEFT_CHECK(nn_check_vars(name, nonnull, nn, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_f32_contig(name, in, 3, xv, "input"));
+  /* LayerNorm has a storage-dtype kernel (x, weight, bias of one dtype) */
+  const weft_kernel_op kop = layer ? WEFT_KERNEL_LAYERNORM : WEFT_KERNEL_OP_COUNT;
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 3, xv, "input", kop));
   if (xs->ndim < 1)
     return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "need x (..., C) with at least one dim");
   int last = xs->ndim - 1;
@@ -305,7 +318,10 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
   for (int j = 1; j < 3; j++) {
     if (!in[j]) continue;
     const weft_dtensor *v = nn_var_now(in[j]);
-    WEFT_CHECK(nn_check_f32_contig(name, in, 3, v, what[j]));
+    WEFT_CHECK(nn_check_kernel_contig(name, in, 3, v, what[j], kop));
+    if (weft_dtensor_dtype(v) != xs->dtype)
+      return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "%s is %s but the input is %s", what[j],
+                         weft_dtype_name(weft_dtensor_dtype(v)), weft_dtype_name(xs->dtype));
     const weft_dtensor_spec *s = weft_dtensor_get_spec(v);
     if (s->ndim != 1 || s->shape[0] != C)
       return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "%s must be (%lld), x's last dim", what[j],
@@ -330,13 +346,13 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
     if (in[j]) WEFT_CHECK(nn_graph_bring(g, nn_var_now(in[j]), tgt + j * k, false, &u[j]));
   weft_mesh *mesh = weft_dtensor_mesh(xv);
   weft_dtensor *y, *rstd, *mean = NULL, *ones = NULL;
-  WEFT_CHECK(nn_graph_tensor(g, mesh, WEFT_F32, xs->ndim, xs->shape, opl, &y));
+  WEFT_CHECK(nn_graph_tensor(g, mesh, xs->dtype, xs->ndim, xs->shape, opl, &y));
   WEFT_CHECK(row_buffer(g, u[0], WEFT_F32, &rstd));
   if (layer) WEFT_CHECK(row_buffer(g, u[0], WEFT_F32, &mean));
   const weft_tensor *xl = nn_local(u[0]);
   int64_t N = nn_rows(xl);
   weft_device dev = xl->device;
-  const float *wp = u[1] ? nn_f32(u[1]) : NULL;
+  const void *wp = u[1] ? nn_local(u[1])->data : NULL;
   if (!layer && !wp) {
     WEFT_CHECK(flat_buffer(g, mesh, C, &ones));
     WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(ones), 1.0));
@@ -344,9 +360,9 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
   }
   if (N > 0 && C > 0) {
     if (layer)
-      WEFT_CHECK(weft_backend_layernorm_forward(dev, nn_f32(y), nn_f32(mean), nn_f32(rstd),
-                                                xl->data, wp, u[2] ? nn_f32(u[2]) : NULL, N, C,
-                                                eps));
+      WEFT_CHECK(weft_backend_layernorm_forward_dt(dev, xs->dtype, nn_local(y)->data, nn_f32(mean),
+                                                   nn_f32(rstd), xl->data, wp,
+                                                   u[2] ? nn_local(u[2])->data : NULL, N, C, eps));
     else
       WEFT_CHECK(
           weft_backend_rmsnorm_forward(dev, nn_f32(y), nn_f32(rstd), xl->data, wp, N, C, eps));
@@ -1092,7 +1108,7 @@ weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out
 weft_status weft_op_layer_norm(weft_var *x, weft_var *w, weft_var *b, float eps, weft_var **out) {
   weft_var *in[3] = {x, w, b};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "layer_norm", in, 3, true));
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "layer_norm", in, 3, true, WEFT_KERNEL_LAYERNORM));
   return nn_mixed_end(&mx, layer_norm_f32(in[0], in[1], in[2], eps, out), out, out ? 1 : 0);
 }
 

@@ -60,6 +60,13 @@ weft_status weft_cpu_swiglu_forward_dt_(weft_dtype dt, void *out, const void *a,
                                         int64_t n);
 weft_status weft_cpu_swiglu_backward_dt_(weft_dtype dt, void *da, void *db, const void *dout,
                                          const void *a, const void *b, int64_t n);
+weft_status weft_cpu_layernorm_forward_dt_(weft_dtype dt, void *out, float *mean, float *rstd,
+                                           const void *inp, const void *weight, const void *bias,
+                                           int64_t N, int64_t C, float eps);
+weft_status weft_cpu_layernorm_backward_dt_(weft_dtype dt, void *dinp, float *dweight, float *dbias,
+                                            const void *dout, const void *inp, const void *weight,
+                                            const float *mean, const float *rstd, int64_t N,
+                                            int64_t C, bool accumulate_dinp);
 weft_status weft_cpu_dropout_apply_dt_(weft_dtype dt, void *out, const void *inp,
                                        const float *uniform, float p, int64_t n);
 /* kernels/cpu/ops.c */

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "arg_checks.h"
 #include "cpu_internal.h"
@@ -57,14 +58,16 @@ typedef struct ln_args {
   bool accumulate;
 } ln_args;
 
-/* Forward of rows [lo, hi): one read of the row from memory (it stays in
- * L1 for the variance and the output), sums in double on vector lanes. */
-static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
-  const ln_args *a = ctx;
+/* Forward of rows [lo, hi), xr and yr pointing at row lo (a->inp and
+ * a->out, or a 16-bit chunk's widened rows): one read of the row from
+ * memory (it stays in L1 for the variance and the output), sums in double
+ * on vector lanes. */
+static void ln_forward_rows_at(const ln_args *a, int64_t lo, int64_t hi, const float *xr,
+                               float *yr) {
   const int64_t C = a->C;
   const float *weight = a->weight, *bias = a->bias;
   for (int64_t n = lo; n < hi; n++) {
-    const float *x = a->inp + n * C;
+    const float *x = xr + (n - lo) * C;
     vd2 sl = {0}, sh = {0};
     int64_t c = 0;
     for (; c + VL <= C; c += VL) vacc_d(&sl, &sh, vload(x + c));
@@ -87,7 +90,7 @@ static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
     const float mf = (float)m, rf = (float)(1.0 / sqrt(v / (double)C + (double)a->eps));
     a->mean[n] = mf;
     a->rstd[n] = rf;
-    float *y = a->out + n * C; /* may be x: each x[c] is read before y[c] is written */
+    float *y = yr + (n - lo) * C; /* may be x: each x[c] is read before y[c] is written */
     const vf4 vmf = vset(mf), vrf = vset(rf), one = vset(1.0f), zero = vset(0.0f);
     for (c = 0; c + VL <= C; c += VL) {
       const vf4 h = (vload(x + c) - vmf) * vrf;
@@ -98,6 +101,11 @@ static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
       y[c] = h * (weight ? weight[c] : 1.0f) + (bias ? bias[c] : 0.0f);
     }
   }
+}
+
+static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+  const ln_args *a = ctx;
+  ln_forward_rows_at(a, lo, hi, a->inp + lo * a->C, a->out + lo * a->C);
 }
 
 weft_status weft_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -118,9 +126,10 @@ weft_status weft_layernorm_forward(float *out, float *mean, float *rstd, const f
 
 /* Backward of rows [lo, hi), one chunk, in one read of each row of inp and
  * dout: dinp (when wanted) and the chunk's partial column sums of
- * dout * xhat and dout (when wanted), in double. */
-static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
-  const ln_args *a = ctx;
+ * dout * xhat and dout (when wanted), in double. xr, dyr, dxr point at row
+ * lo (a->inp, a->dout, a->dinp, or a 16-bit chunk's widened rows). */
+static void ln_backward_rows_at(const ln_args *a, int64_t lo, int64_t hi, const float *xr,
+                                const float *dyr, float *dxr) {
   const int64_t C = a->C;
   const float *weight = a->weight;
   double *pw = NULL, *pb = NULL;
@@ -133,7 +142,7 @@ static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
   }
   const vf4 one = vset(1.0f);
   for (int64_t n = lo; n < hi; n++) {
-    const float *x = a->inp + n * C, *dy = a->dout + n * C;
+    const float *x = xr + (n - lo) * C, *dy = dyr + (n - lo) * C;
     const float m = a->mean_in[n], r = a->rstd_in[n];
     const vf4 vm = vset(m), vr = vset(r);
     vd2 gl = {0}, gh = {0}, xl = {0}, xh2 = {0}; /* sum_j g_j, sum_j g_j xhat_j */
@@ -161,10 +170,10 @@ static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
         pb[c] += dy[c];
       }
     }
-    if (!a->dinp) continue;
+    if (!dxr) continue;
     const float ga = (float)(sg / (double)C), gb = (float)(sgx / (double)C);
     const vf4 vga = vset(ga), vgb = vset(gb);
-    float *dx = a->dinp + n * C;
+    float *dx = dxr + (n - lo) * C;
     for (c = 0; c + VL <= C; c += VL) {
       const vf4 xh = (vload(x + c) - vm) * vr;
       const vf4 g = vload(dy + c) * (weight ? vload(weight + c) : one);
@@ -177,6 +186,12 @@ static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
       dx[c] = a->accumulate ? dx[c] + d : d;
     }
   }
+}
+
+static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+  const ln_args *a = ctx;
+  ln_backward_rows_at(a, lo, hi, a->inp + lo * a->C, a->dout + lo * a->C,
+                      a->dinp ? a->dinp + lo * a->C : NULL);
 }
 
 weft_status weft_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -201,6 +216,126 @@ weft_status weft_layernorm_backward(float *dinp, float *dweight, float *dbias, c
   if (dbias) weft_cpu_add_partials_(dbias, a.part + a.nchunks * C, a.nchunks, C);
   weft_cpu_partials_put_(a.part);
   return WEFT_OK;
+}
+
+/* bf16 / f16 (backend.h layernorm_forward_dt): each chunk of rows is
+ * widened into an f32 block, the f32 row code above runs on it (the same
+ * chunks, so the same partial sums), and its outputs are rounded once;
+ * weight and bias are widened once per call. */
+typedef struct ln_dt_args {
+  ln_args f;
+  weft_dtype dt;
+  void *out, *dinp;
+  const void *inp, *dout;
+  int failed; /* a chunk could not get its block (set atomically) */
+} ln_dt_args;
+
+static void ln_dt_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+  ln_dt_args *a = ctx;
+  const int64_t C = a->f.C, m = (hi - lo) * C;
+  const size_t es = weft_dtype_size(a->dt);
+  float *x = malloc(sizeof(float) * (size_t)m);
+  if (!x) {
+    __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  weft_cpu_to_f32_(x, (const char *)a->inp + (size_t)(lo * C) * es, a->dt, m);
+  ln_forward_rows_at(&a->f, lo, hi, x, x);
+  weft_cpu_from_f32_((char *)a->out + (size_t)(lo * C) * es, a->dt, x, m);
+  free(x);
+}
+
+static void ln_dt_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+  ln_dt_args *a = ctx;
+  const int64_t C = a->f.C, m = (hi - lo) * C;
+  const size_t es = weft_dtype_size(a->dt), at = (size_t)(lo * C) * es;
+  float *x = malloc(sizeof(float) * (size_t)m * (a->dinp ? 3 : 2));
+  if (!x) {
+    __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  float *dy = x + m, *dx = a->dinp ? dy + m : NULL;
+  weft_cpu_to_f32_(x, (const char *)a->inp + at, a->dt, m);
+  weft_cpu_to_f32_(dy, (const char *)a->dout + at, a->dt, m);
+  if (dx && a->f.accumulate) weft_cpu_to_f32_(dx, (const char *)a->dinp + at, a->dt, m);
+  ln_backward_rows_at(&a->f, lo, hi, x, dy, dx);
+  if (dx) weft_cpu_from_f32_((char *)a->dinp + at, a->dt, dx, m);
+  free(x);
+}
+
+/* weight and bias (C each, either NULL) widened into one block *wb. */
+static weft_status ln_dt_params(const char *op, weft_dtype dt, const void *weight, const void *bias,
+                                int64_t C, float **wb, const float **w, const float **b) {
+  *wb = NULL;
+  *w = *b = NULL;
+  if (!weight && !bias) return WEFT_OK;
+  *wb = malloc(sizeof(float) * (size_t)(2 * C));
+  if (!*wb)
+    return weft_error_at(WEFT_ERR_OOM, op, "no memory for %lld floats of widened weights",
+                         (long long)(2 * C));
+  if (weight) {
+    weft_cpu_to_f32_(*wb, weight, dt, C);
+    *w = *wb;
+  }
+  if (bias) {
+    weft_cpu_to_f32_(*wb + C, bias, dt, C);
+    *b = *wb + C;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_cpu_layernorm_forward_dt_(weft_dtype dt, void *out, float *mean, float *rstd,
+                                           const void *inp, const void *weight, const void *bias,
+                                           int64_t N, int64_t C, float eps) {
+  const char *op = "layernorm_forward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32) return weft_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+  WEFT_CHECK_ARGS_(weft_check_layernorm_forward_(op, out, mean, rstd, inp, N, C, eps));
+  ln_dt_args a = {
+      .f = {.mean = mean, .rstd = rstd, .C = C, .eps = eps}, .dt = dt, .out = out, .inp = inp};
+  float *wb;
+  WEFT_CHECK(ln_dt_params(op, dt, weight, bias, C, &wb, &a.f.weight, &a.f.bias));
+  weft_cpu_par_range_(N, weft_cpu_row_grain_(C), ln_dt_forward_rows, &a);
+  free(wb);
+  if (a.failed) return weft_error_at(WEFT_ERR_OOM, op, "no memory for a chunk's f32 rows");
+  return WEFT_OK;
+}
+
+weft_status weft_cpu_layernorm_backward_dt_(weft_dtype dt, void *dinp, float *dweight, float *dbias,
+                                            const void *dout, const void *inp, const void *weight,
+                                            const float *mean, const float *rstd, int64_t N,
+                                            int64_t C, bool accumulate_dinp) {
+  const char *op = "layernorm_backward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32)
+    return weft_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+                                   accumulate_dinp);
+  WEFT_CHECK_ARGS_(weft_check_layernorm_backward_(op, dout, inp, mean, rstd, N, C));
+  if (N == 0 || (!dinp && !dweight && !dbias)) return WEFT_OK;
+  ln_dt_args a = {.f = {.mean_in = mean, .rstd_in = rstd, .C = C, .accumulate = accumulate_dinp},
+                  .dt = dt,
+                  .dinp = dinp,
+                  .inp = inp,
+                  .dout = dout};
+  float *wb;
+  const float *unused;
+  WEFT_CHECK(ln_dt_params(op, dt, weight, NULL, C, &wb, &a.f.weight, &unused));
+  const bool sums = dweight || dbias;
+  a.f.grain = sums ? weft_cpu_partial_grain_(N, C) : weft_cpu_row_grain_(C);
+  a.f.nchunks = (N + a.f.grain - 1) / a.f.grain;
+  weft_status st = sums ? weft_cpu_partials_get_(2 * a.f.nchunks * C, &a.f.part) : WEFT_OK;
+  if (st == WEFT_OK) {
+    weft_cpu_par_range_(N, a.f.grain, ln_dt_backward_rows, &a);
+    if (a.failed) {
+      st = weft_error_at(WEFT_ERR_OOM, op, "no memory for a chunk's f32 rows");
+    } else {
+      if (dweight) weft_cpu_add_partials_(dweight, a.f.part, a.f.nchunks, C);
+      if (dbias) weft_cpu_add_partials_(dbias, a.f.part + a.f.nchunks * C, a.f.nchunks, C);
+    }
+    if (sums) weft_cpu_partials_put_(a.f.part);
+  }
+  free(wb);
+  return st;
 }
 
 /* ------------------------------------------------------------- activations */

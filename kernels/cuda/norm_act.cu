@@ -59,18 +59,22 @@ __device__ inline float na_warp_max(float v) {
 
 /* ------------------------------------------------------------ LayerNorm */
 
-__global__ void ln_fwd_kernel(float *out, float *mean, float *rstd, const float *inp,
-                              const float *w, const float *b, int64_t N, int64_t C, float eps) {
+/* T: float, or bf16_t / f16_t (layernorm_*_dt: inp, out, weight, bias,
+ * dout and dinp of that type, loaded as f32, rounded once on store; the
+ * statistics and the weight / bias grads stay f32). */
+template <class T>
+__global__ void ln_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w,
+                              const T *b, int64_t N, int64_t C, float eps) {
   for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
        n += (int64_t)gridDim.x * blockDim.y) {
-    const float *x = inp + n * C;
-    float *y = out + n * C;
+    const T *x = inp + n * C;
+    T *y = out + n * C;
     double s = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += 32) s += (double)x[c];
+    for (int64_t c = threadIdx.x; c < C; c += 32) s += (double)as_f32(x[c]);
     const double m = na_warp_sum_d(s) / (double)C;
     double v = 0.0;
     for (int64_t c = threadIdx.x; c < C; c += 32) {
-      const double d = (double)x[c] - m;
+      const double d = (double)as_f32(x[c]) - m;
       v += d * d;
     }
     v = na_warp_sum_d(v);
@@ -80,24 +84,26 @@ __global__ void ln_fwd_kernel(float *out, float *mean, float *rstd, const float 
       rstd[n] = rf;
     }
     for (int64_t c = threadIdx.x; c < C; c += 32) {
-      const float h = (x[c] - mf) * rf;
-      y[c] = h * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
+      const float h = (as_f32(x[c]) - mf) * rf;
+      y[c] = from_f32<T>(h * (w ? as_f32(w[c]) : 1.0f) + (b ? as_f32(b[c]) : 0.0f));
     }
   }
 }
 
 /* dinp, one warp per row. */
-__global__ void ln_bwd_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,
+template <class T>
+__global__ void ln_bwd_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *w,
                                    const float *mean, const float *rstd, int64_t N, int64_t C,
                                    bool acc) {
   for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
        n += (int64_t)gridDim.x * blockDim.y) {
-    const float *x = inp + n * C, *dy = dout + n * C;
-    float *dx = dinp + n * C;
+    const T *x = inp + n * C, *dy = dout + n * C;
+    T *dx = dinp + n * C;
     const float m = mean[n], r = rstd[n];
     double sg = 0.0, sgx = 0.0;
     for (int64_t c = threadIdx.x; c < C; c += 32) {
-      const float xh = mul_rn(x[c] - m, r), g = mul_rn(dy[c], w ? w[c] : 1.0f);
+      const float xh = mul_rn(as_f32(x[c]) - m, r),
+                  g = mul_rn(as_f32(dy[c]), w ? as_f32(w[c]) : 1.0f);
       sg += (double)g;
       sgx += (double)g * (double)xh;
     }
@@ -106,9 +112,10 @@ __global__ void ln_bwd_dinp_kernel(float *dinp, const float *dout, const float *
     /* products with mul_rn: g - a fused into fma(dy, w, -a) would leave
      * dy * w's rounding error where the CPU has exactly 0 (C = 1) */
     for (int64_t c = threadIdx.x; c < C; c += 32) {
-      const float xh = mul_rn(x[c] - m, r), g = mul_rn(dy[c], w ? w[c] : 1.0f);
+      const float xh = mul_rn(as_f32(x[c]) - m, r),
+                  g = mul_rn(as_f32(dy[c]), w ? as_f32(w[c]) : 1.0f);
       const float d = mul_rn(r, g - a - mul_rn(xh, bb));
-      dx[c] = acc ? dx[c] + d : d;
+      dx[c] = from_f32<T>(acc ? as_f32(dx[c]) + d : d);
     }
   }
 }
@@ -116,9 +123,10 @@ __global__ void ln_bwd_dinp_kernel(float *dinp, const float *dout, const float *
 /* Pass 1 of dweight / dbias, block (32, 8), grid (column tiles of 32, row
  * chunks): pw[chunk][o] = sum over the chunk's rows of dout * xhat, pb the
  * same of dout (8 row lanes, then their 8 sums in order). */
-__global__ void ln_colsum_partial_kernel(double *pw, double *pb, const float *dout,
-                                         const float *inp, const float *mean, const float *rstd,
-                                         int64_t N, int64_t C, int64_t rows_per_chunk) {
+template <class T>
+__global__ void ln_colsum_partial_kernel(double *pw, double *pb, const T *dout, const T *inp,
+                                         const float *mean, const float *rstd, int64_t N, int64_t C,
+                                         int64_t rows_per_chunk) {
   __shared__ double shw[8][33], shb[8][33];
   const int64_t o = (int64_t)blockIdx.x * 32 + threadIdx.x;
   const int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk;
@@ -127,7 +135,7 @@ __global__ void ln_colsum_partial_kernel(double *pw, double *pb, const float *do
   double sw = 0.0, sb = 0.0;
   if (o < C)
     for (int64_t n = r0 + threadIdx.y; n < r1; n += 8) {
-      const float dy = dout[n * C + o], xh = (inp[n * C + o] - mean[n]) * rstd[n];
+      const float dy = as_f32(dout[n * C + o]), xh = (as_f32(inp[n * C + o]) - mean[n]) * rstd[n];
       sw += (double)dy * (double)xh;
       sb += (double)dy;
     }
@@ -256,32 +264,31 @@ __global__ void dropout_kernel(T *out, const T *inp, const float *u, float p, fl
 
 /* ------------------------------------------------------------ LayerNorm */
 
-weft_status weft_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                        const float *weight, const float *bias, int64_t N,
-                                        int64_t C, float eps) {
-  NA_REQUIRE_INIT();
-  WEFT_CHECK_ARGS_(weft_check_layernorm_forward_(OP, out, mean, rstd, inp, N, C, eps));
-  if (N == 0) return WEFT_OK;
-  WEFT_COST(8.0 * (double)N * (double)C, 8.0 * (double)N * (double)C + 8.0 * (double)(C + N));
-  WEFT_LAUNCH(ln_fwd_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(), out, mean,
+template <class T>
+static weft_status ln_forward_impl(const char *func, T *out, float *mean, float *rstd, const T *inp,
+                                   const T *weight, const T *bias, int64_t N, int64_t C,
+                                   float eps) {
+  const double es = (double)sizeof(T);
+  WEFT_COST(8.0 * (double)N * (double)C,
+            2.0 * es * (double)N * (double)C + 2.0 * es * (double)C + 8.0 * (double)N);
+  WEFT_LAUNCH(ln_fwd_kernel<T>, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(), out, mean,
               rstd, inp, weight, bias, N, C, eps);
-  return na_launched(__func__);
+  return na_launched(func);
 }
 
-weft_status weft_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
-                                         const float *dout, const float *inp, const float *weight,
-                                         const float *mean, const float *rstd, int64_t N, int64_t C,
-                                         bool accumulate_dinp) {
-  NA_REQUIRE_INIT();
-  WEFT_CHECK_ARGS_(weft_check_layernorm_backward_(OP, dout, inp, mean, rstd, N, C));
-  if (N == 0) return WEFT_OK;
+template <class T>
+static weft_status ln_backward_impl(const char *func, T *dinp, float *dweight, float *dbias,
+                                    const T *dout, const T *inp, const T *weight, const float *mean,
+                                    const float *rstd, int64_t N, int64_t C, bool accumulate_dinp) {
+  const double es = (double)sizeof(T);
   cudaStream_t s = compute_stream();
   if (dinp) {
     WEFT_COST(8.0 * (double)N * (double)C,
-              (accumulate_dinp ? 16.0 : 12.0) * (double)N * (double)C + 8.0 * (double)(C + N));
-    WEFT_LAUNCH(ln_bwd_dinp_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, s, dinp, dout, inp,
+              (accumulate_dinp ? 4.0 : 3.0) * es * (double)N * (double)C + 2.0 * es * (double)C +
+                  8.0 * (double)N);
+    WEFT_LAUNCH(ln_bwd_dinp_kernel<T>, grid_for(N, ROWS), dim3(32, ROWS), 0, s, dinp, dout, inp,
                 weight, mean, rstd, N, C, accumulate_dinp);
-    WEFT_CHECK(na_launched(__func__));
+    WEFT_CHECK(na_launched(func));
   }
   if (dweight || dbias) {
     /* at least 256 rows per chunk and at most 256 chunks, so the partials
@@ -293,16 +300,76 @@ weft_status weft_cuda_layernorm_backward(float *dinp, float *dweight, float *dbi
     WEFT_CHECK(weft_cuda_scratch_((size_t)(2 * nchunks * C) * sizeof(double), &scratch));
     double *pw = (double *)scratch, *pb = pw + nchunks * C;
     WEFT_COST(4.0 * (double)N * (double)C,
-              8.0 * (double)N * (double)C + 8.0 * (double)N + 16.0 * (double)(nchunks * C));
-    WEFT_LAUNCH(ln_colsum_partial_kernel, dim3((unsigned)((C + 31) / 32), (unsigned)nchunks),
+              2.0 * es * (double)N * (double)C + 8.0 * (double)N + 16.0 * (double)(nchunks * C));
+    WEFT_LAUNCH(ln_colsum_partial_kernel<T>, dim3((unsigned)((C + 31) / 32), (unsigned)nchunks),
                 dim3(32, 8), 0, s, pw, pb, dout, inp, mean, rstd, N, C, rows_per_chunk);
-    WEFT_CHECK(na_launched(__func__));
+    WEFT_CHECK(na_launched(func));
     WEFT_COST(2.0 * (double)(nchunks * C), 16.0 * (double)(nchunks * C) + 16.0 * (double)C);
     WEFT_LAUNCH(ln_colsum_finish_kernel, grid_for(C, 256), 256, 0, s, dweight, dbias, pw, pb,
                 nchunks, C);
-    WEFT_CHECK(na_launched(__func__));
+    WEFT_CHECK(na_launched(func));
   }
   return WEFT_OK;
+}
+
+weft_status weft_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                        const float *weight, const float *bias, int64_t N,
+                                        int64_t C, float eps) {
+  NA_REQUIRE_INIT();
+  WEFT_CHECK_ARGS_(weft_check_layernorm_forward_(OP, out, mean, rstd, inp, N, C, eps));
+  if (N == 0) return WEFT_OK;
+  return ln_forward_impl(__func__, out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+
+weft_status weft_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
+                                         const float *dout, const float *inp, const float *weight,
+                                         const float *mean, const float *rstd, int64_t N, int64_t C,
+                                         bool accumulate_dinp) {
+  NA_REQUIRE_INIT();
+  WEFT_CHECK_ARGS_(weft_check_layernorm_backward_(OP, dout, inp, mean, rstd, N, C));
+  if (N == 0) return WEFT_OK;
+  return ln_backward_impl(__func__, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+                          accumulate_dinp);
+}
+
+weft_status weft_cuda_layernorm_forward_dt(weft_dtype dt, void *out, float *mean, float *rstd,
+                                           const void *inp, const void *weight, const void *bias,
+                                           int64_t N, int64_t C, float eps) {
+  NA_REQUIRE_INIT();
+  WEFT_CHECK_STORAGE_DT_(OP, dt);
+  WEFT_CHECK_ARGS_(weft_check_layernorm_forward_(OP, (const float *)out, mean, rstd,
+                                                 (const float *)inp, N, C, eps));
+  if (N == 0) return WEFT_OK;
+  if (dt == WEFT_F32)
+    return ln_forward_impl(__func__, (float *)out, mean, rstd, (const float *)inp,
+                           (const float *)weight, (const float *)bias, N, C, eps);
+  if (dt == WEFT_BF16)
+    return ln_forward_impl(__func__, (bf16_t *)out, mean, rstd, (const bf16_t *)inp,
+                           (const bf16_t *)weight, (const bf16_t *)bias, N, C, eps);
+  return ln_forward_impl(__func__, (f16_t *)out, mean, rstd, (const f16_t *)inp,
+                         (const f16_t *)weight, (const f16_t *)bias, N, C, eps);
+}
+
+weft_status weft_cuda_layernorm_backward_dt(weft_dtype dt, void *dinp, float *dweight, float *dbias,
+                                            const void *dout, const void *inp, const void *weight,
+                                            const float *mean, const float *rstd, int64_t N,
+                                            int64_t C, bool accumulate_dinp) {
+  NA_REQUIRE_INIT();
+  WEFT_CHECK_STORAGE_DT_(OP, dt);
+  WEFT_CHECK_ARGS_(weft_check_layernorm_backward_(OP, (const float *)dout, (const float *)inp, mean,
+                                                  rstd, N, C));
+  if (N == 0) return WEFT_OK;
+  if (dt == WEFT_F32)
+    return ln_backward_impl(__func__, (float *)dinp, dweight, dbias, (const float *)dout,
+                            (const float *)inp, (const float *)weight, mean, rstd, N, C,
+                            accumulate_dinp);
+  if (dt == WEFT_BF16)
+    return ln_backward_impl(__func__, (bf16_t *)dinp, dweight, dbias, (const bf16_t *)dout,
+                            (const bf16_t *)inp, (const bf16_t *)weight, mean, rstd, N, C,
+                            accumulate_dinp);
+  return ln_backward_impl(__func__, (f16_t *)dinp, dweight, dbias, (const f16_t *)dout,
+                          (const f16_t *)inp, (const f16_t *)weight, mean, rstd, N, C,
+                          accumulate_dinp);
 }
 
 /* ---------------------------------------------------------- activations */

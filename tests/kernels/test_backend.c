@@ -2848,6 +2848,77 @@ BACKEND_TEST(swiglu_and_dropout_dt_in_bf16_and_f16_are_the_f32_members_on_widene
   }
 }
 
+/* LayerNorm the same way: outputs and dinp bitwise the f32 member's on
+ * the widened values, rounded once; mean, rstd, dweight and dbias (f32)
+ * bitwise the f32 member's. */
+BACKEND_TEST(layernorm_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
+  seed_tests(437);
+  const int64_t N = 300, C = 77; /* several CPU chunks, a ragged last one */
+  const int64_t NC = N * C;
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  char what[160];
+  for (int k = 0; k < 2; k++) {
+    const weft_dtype dt = dts[k];
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_LAYERNORM, dt));
+    float *x0 = h_normal(NC, 2.0), *g0 = h_normal(NC, 1.0), *w0 = h_normal(C, 1.0),
+          *b0 = h_normal(C, 1.0), *a0 = h_normal(NC, 1.0);
+    uint16_t *hx = h_round(x0, dt, NC), *hg = h_round(g0, dt, NC), *hw = h_round(w0, dt, C),
+             *hb = h_round(b0, dt, C), *ha = h_round(a0, dt, NC);
+    float *x = h_widen(hx, dt, NC), *g = h_widen(hg, dt, NC), *w = h_widen(hw, dt, C),
+          *b = h_widen(hb, dt, C), *a = h_widen(ha, dt, NC);
+    void *dx = dup_h(dev, hx, (size_t)NC * 2), *dg = dup_h(dev, hg, (size_t)NC * 2),
+         *dw = dup_h(dev, hw, (size_t)C * 2), *db = dup_h(dev, hb, (size_t)C * 2);
+    float *fx = dupf(dev, x, NC), *fg = dupf(dev, g, NC), *fw = dupf(dev, w, C),
+          *fb = dupf(dev, b, C);
+    void *o = dnan(dev, (size_t)NC * 2);
+    float *fo = dnan(dev, (size_t)NC * 4), *m1 = dnan(dev, (size_t)N * 4),
+          *r1 = dnan(dev, (size_t)N * 4), *m2 = dnan(dev, (size_t)N * 4),
+          *r2 = dnan(dev, (size_t)N * 4);
+    OK(weft_backend_layernorm_forward_dt(dev, dt, o, m1, r1, dx, dw, db, N, C, 1e-5f));
+    OK(weft_backend_layernorm_forward(dev, fo, m2, r2, fx, fw, fb, N, C, 1e-5f));
+    snprintf(what, sizeof what, "layernorm_forward_dt %s", weft_dtype_name(dt));
+    uint16_t *got = down(dev, o, (size_t)NC * 2);
+    float *ref = downf(dev, fo, NC);
+    void *want = h_round(ref, dt, NC);
+    expect_same_floats(what, got, want, NC, dt);
+    free(got), free(ref), free(want);
+    float *s1 = downf(dev, m1, N), *s2 = downf(dev, m2, N);
+    expect_same_floats("layernorm_forward_dt mean", s1, s2, N, WEFT_F32);
+    free(s1), free(s2);
+    s1 = downf(dev, r1, N), s2 = downf(dev, r2, N);
+    expect_same_floats("layernorm_forward_dt rstd", s1, s2, N, WEFT_F32);
+    free(s1), free(s2);
+    for (int acc = 0; acc < 2; acc++) {
+      void *di = acc ? dup_h(dev, ha, (size_t)NC * 2) : dnan(dev, (size_t)NC * 2);
+      float *fdi = acc ? dupf(dev, a, NC) : dnan(dev, (size_t)NC * 4);
+      float zeros[77] = {0};
+      float *gw1 = dupf(dev, zeros, C), *gb1 = dupf(dev, zeros, C), *gw2 = dupf(dev, zeros, C),
+            *gb2 = dupf(dev, zeros, C);
+      OK(weft_backend_layernorm_backward_dt(dev, dt, di, gw1, gb1, dg, dx, dw, m2, r2, N, C, acc));
+      OK(weft_backend_layernorm_backward(dev, fdi, gw2, gb2, fg, fx, fw, m2, r2, N, C, acc));
+      snprintf(what, sizeof what, "layernorm_backward_dt %s dinp (%s)", weft_dtype_name(dt),
+               acc ? "+=" : "=");
+      got = down(dev, di, (size_t)NC * 2);
+      ref = downf(dev, fdi, NC);
+      want = h_round(ref, dt, NC);
+      expect_same_floats(what, got, want, NC, dt);
+      free(got), free(ref), free(want);
+      s1 = downf(dev, gw1, C), s2 = downf(dev, gw2, C);
+      expect_same_floats("layernorm_backward_dt dweight", s1, s2, C, WEFT_F32);
+      free(s1), free(s2);
+      s1 = downf(dev, gb1, C), s2 = downf(dev, gb2, C);
+      expect_same_floats("layernorm_backward_dt dbias", s1, s2, C, WEFT_F32);
+      free(s1), free(s2);
+      weft_free(di), weft_free(fdi), weft_free(gw1), weft_free(gb1), weft_free(gw2), weft_free(gb2);
+    }
+    free(x0), free(g0), free(w0), free(b0), free(a0), free(hx), free(hg), free(hw), free(hb);
+    free(ha), free(x), free(g), free(w), free(b), free(a);
+    weft_free(dx), weft_free(dg), weft_free(dw), weft_free(db), weft_free(fx), weft_free(fg);
+    weft_free(fw), weft_free(fb), weft_free(o), weft_free(fo), weft_free(m1), weft_free(r1);
+    weft_free(m2), weft_free(r2);
+  }
+}
+
 BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
   seed_tests(187);
   /* sd 40: logits far past exp's range, so the max must be subtracted */
@@ -4054,6 +4125,7 @@ Test(registry, a_version_4_table_takes_only_f32_and_has_no_dt_members) {
   cr_assert_null(weft_backend_get(WEFT_CPU)->activation_backward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->swiglu_forward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->dropout_apply_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->layernorm_backward_dt);
   uint16_t h = 0x3f80, o = 0;
   weft_clear_error();
   cr_assert_eq(weft_backend_activation_forward_dt(WEFT_CPU, WEFT_ACT_RELU, WEFT_BF16, &o, &h, 1),

@@ -284,8 +284,8 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
 }
 
 /* ----------------------------------------------- storage-dtype kernels
- * add, mul, scale, the activations, SwiGLU and dropout run in bf16 / f16
- * themselves where the device's
+ * add, mul, scale, the activations, SwiGLU, dropout and LayerNorm run in
+ * bf16 / f16 themselves where the device's
  * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
  * forward or backward, and outputs and grads have the bits of the
  * widened path (a registered copy of the device's table without
@@ -298,9 +298,10 @@ typedef struct sd_run {
   int64_t widened;
 } sd_run;
 
-/* z = relu(gelu(scale(silu(dropout(swiglu(mul(gelu_tanh(add(add(a, b),
- * bias)), c), b), 0.3)), 0.37))) + a on the values h (a, b, c: ROWS x
- * COLS; bias: COLS, broadcast), backward from r. */
+/* z = relu(gelu(scale(silu(dropout(swiglu(mul(layer_norm(gelu_tanh(add(
+ * add(a, b), bias)), bias, bias), c), b), 0.3)), 0.37))) + a on the values
+ * h (a, b, c: ROWS x COLS; bias: COLS, broadcast, and LayerNorm's weight
+ * and bias), backward from r. */
 static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const double *hr) {
   int64_t full[2] = {SD_ROWS, SD_COLS}, row[1] = {SD_COLS};
   weft_dtensor *in[SD_IN], *r = make(mesh, dt, 2, full, hr);
@@ -315,6 +316,7 @@ static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const d
   OK(weft_op_add(v[0], v[1], &t));
   OK(weft_op_add(t, v[2], &t));
   OK(weft_op_gelu(t, true, &t));
+  OK(weft_op_layer_norm(t, v[2], v[2], 1e-5f, &t));
   OK(weft_op_mul(t, v[3], &t));
   OK(weft_op_swiglu(t, v[1], &t));
   OK(weft_op_dropout(t, 0.3f, &t));
