@@ -37,6 +37,8 @@ static void install(const weft_backend *be) {
     c->dropout_apply_dt = NULL;
     c->layernorm_forward_dt = NULL;
     c->layernorm_backward_dt = NULL;
+    c->softmax_forward_dt = NULL;
+    c->softmax_backward_dt = NULL;
   }
   tables[be->device] = c;
 }
@@ -585,6 +587,21 @@ weft_status weft_backend_layernorm_backward_dt(weft_device dev, weft_dtype dt, v
              (const float *)inp, (const float *)weight, mean, rstd, N, C, accumulate_dinp);
   DISPATCH(dev, layernorm_backward_dt, dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N,
            C, accumulate_dinp);
+}
+
+weft_status weft_backend_softmax_forward_dt(weft_device dev, weft_dtype dt, void *out,
+                                            const void *inp, int64_t N, int64_t C) {
+  if (dt == WEFT_F32) DISPATCH(dev, softmax_forward, (float *)out, (const float *)inp, N, C);
+  DISPATCH(dev, softmax_forward_dt, dt, out, inp, N, C);
+}
+
+weft_status weft_backend_softmax_backward_dt(weft_device dev, weft_dtype dt, void *dinp,
+                                             const void *dout, const void *out, int64_t N,
+                                             int64_t C, bool accumulate) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, softmax_backward, (float *)dinp, (const float *)dout, (const float *)out, N, C,
+             accumulate);
+  DISPATCH(dev, softmax_backward_dt, dt, dinp, dout, out, N, C, accumulate);
 }
 
 weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,

@@ -141,7 +141,7 @@ typedef struct weft_flat_piece {
  *   5  takes_dtype (which operations compute in a 16-bit storage dtype),
  *      activation_forward_dt / activation_backward_dt, swiglu_forward_dt /
  *      swiglu_backward_dt, dropout_apply_dt, layernorm_forward_dt /
- *      layernorm_backward_dt */
+ *      layernorm_backward_dt, softmax_forward_dt / softmax_backward_dt */
 #define WEFT_BACKEND_VERSION 5
 
 /* The operations whose dtypes a backend declares through takes_dtype: the
@@ -158,6 +158,7 @@ typedef enum weft_kernel_op {
   WEFT_KERNEL_SWIGLU = 4,    /* swiglu_forward_dt / swiglu_backward_dt */
   WEFT_KERNEL_DROPOUT = 5,   /* dropout_apply_dt */
   WEFT_KERNEL_LAYERNORM = 6, /* layernorm_forward_dt / layernorm_backward_dt */
+  WEFT_KERNEL_SOFTMAX = 7,   /* softmax_forward_dt / softmax_backward_dt */
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 
@@ -423,6 +424,13 @@ typedef struct weft_backend {
                                        const void *dout, const void *inp, const void *weight,
                                        const float *mean, const float *rstd, int64_t N, int64_t C,
                                        bool accumulate_dinp);
+  /* softmax_forward / _backward with every array of dtype dt, the row sums
+   * as the f32 member's (bf16 / f16: its bits on the widened values,
+   * rounded once) */
+  weft_status (*softmax_forward_dt)(weft_dtype dt, void *out, const void *inp, int64_t N,
+                                    int64_t C);
+  weft_status (*softmax_backward_dt)(weft_dtype dt, void *dinp, const void *dout, const void *out,
+                                     int64_t N, int64_t C, bool accumulate);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -779,6 +787,11 @@ WEFT_API weft_status weft_backend_layernorm_backward_dt(weft_device dev, weft_dt
                                                         const void *weight, const float *mean,
                                                         const float *rstd, int64_t N, int64_t C,
                                                         bool accumulate_dinp);
+WEFT_API weft_status weft_backend_softmax_forward_dt(weft_device dev, weft_dtype dt, void *out,
+                                                     const void *inp, int64_t N, int64_t C);
+WEFT_API weft_status weft_backend_softmax_backward_dt(weft_device dev, weft_dtype dt, void *dinp,
+                                                      const void *dout, const void *out, int64_t N,
+                                                      int64_t C, bool accumulate);
 WEFT_API weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                                    const void *inp, const float *uniform, float p,
                                                    int64_t n);

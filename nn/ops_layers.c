@@ -519,13 +519,13 @@ static weft_status softmax_backward(nn_node *n, const weft_dtensor *const *dout,
   const weft_tensor *yl = nn_local(y);
   int64_t C = yl->shape[yl->ndim - 1], N = nn_rows(yl);
   if (N > 0 && C > 0)
-    WEFT_CHECK(
-        weft_backend_softmax_backward(yl->device, nn_f32(dx), nn_f32(dy), yl->data, N, C, false));
+    WEFT_CHECK(weft_backend_softmax_backward_dt(yl->device, yl->dtype, nn_local(dx)->data,
+                                                nn_local(dy)->data, yl->data, N, C, false));
   din[0] = dx;
   return WEFT_OK;
 }
 
-static weft_status softmax_f32(weft_var *x, weft_var **out) {
+static weft_status softmax_body(weft_var *x, weft_var **out) {
   const char *name = "softmax";
   if (!out) return weft_error(WEFT_ERR_INVALID, "softmax: out is NULL");
   *out = NULL;
@@ -533,7 +533,7 @@ static weft_status softmax_f32(weft_var *x, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_SOFTMAX));
   if (xs->ndim < 1)
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "need x (..., C) with at least one dim");
   int k = xs->mesh_ndim, last = xs->ndim - 1;
@@ -550,7 +550,8 @@ static weft_status softmax_f32(weft_var *x, weft_var **out) {
   const weft_tensor *xl = nn_local(xu);
   int64_t C = xl->shape[last], N = nn_rows(xl);
   if (N > 0 && C > 0)
-    WEFT_CHECK(weft_backend_softmax_forward(xl->device, nn_f32(y), xl->data, N, C));
+    WEFT_CHECK(
+        weft_backend_softmax_forward_dt(xl->device, xl->dtype, nn_local(y)->data, xl->data, N, C));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, softmax_backward, &node));
@@ -1143,8 +1144,8 @@ weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out) {
 weft_status weft_op_softmax(weft_var *x, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "softmax", in, 1, false));
-  return nn_mixed_end(&mx, softmax_f32(in[0], out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "softmax", in, 1, false, WEFT_KERNEL_SOFTMAX));
+  return nn_mixed_end(&mx, softmax_body(in[0], out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out) {

@@ -8,6 +8,7 @@
  * (the op layer's widening and rounding of 16-bit tensors) and by the
  * bf16 elementwise kernels (cpu/ops.c). Local, no allocation. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -107,4 +108,55 @@ void weft_cpu_tiled_(weft_dtype dt, int64_t n, int nout, void *const *out, bool 
                      const void *const *in, weft_cpu_tile_fn fn, void *ctx) {
   tiled_args a = {dt, weft_dtype_size(dt), nout, nin, read_out, out, in, fn, ctx};
   weft_cpu_par_range_(n, WEFT_CPU_GRAIN, tiled_span, &a);
+}
+
+/* ------------------------------------------------ storage-dtype row blocks */
+
+typedef struct rows_args {
+  weft_dtype dt;
+  size_t es;
+  int64_t C;
+  int nout, nin;
+  bool read_out;
+  void *const *out;
+  const void *const *in;
+  weft_cpu_rows_fn fn;
+  void *ctx;
+  int failed; /* a chunk could not get its block (set atomically) */
+} rows_args;
+
+static void rows_span(void *vctx, int64_t lo, int64_t hi) {
+  rows_args *a = vctx;
+  const int64_t m = (hi - lo) * a->C;
+  const size_t at = (size_t)(lo * a->C) * a->es;
+  float *block = malloc(sizeof(float) * (size_t)m * (size_t)(a->nin + a->nout));
+  if (!block) {
+    __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  const float *x[TILE_MAX_IO];
+  float *o[TILE_MAX_IO];
+  for (int k = 0; k < a->nin; k++) {
+    float *b = block + (size_t)k * (size_t)m;
+    weft_cpu_to_f32_(b, (const char *)a->in[k] + at, a->dt, m);
+    x[k] = b;
+  }
+  for (int k = 0; k < a->nout; k++) {
+    o[k] = a->out[k] ? block + (size_t)(a->nin + k) * (size_t)m : NULL;
+    if (o[k] && a->read_out) weft_cpu_to_f32_(o[k], (const char *)a->out[k] + at, a->dt, m);
+  }
+  a->fn(a->ctx, lo, hi, o, x);
+  for (int k = 0; k < a->nout; k++)
+    if (o[k]) weft_cpu_from_f32_((char *)a->out[k] + at, a->dt, o[k], m);
+  free(block);
+}
+
+weft_status weft_cpu_rows_dt_(const char *op, weft_dtype dt, int64_t N, int64_t C, int64_t grain,
+                              int nout, void *const *out, bool read_out, int nin,
+                              const void *const *in, weft_cpu_rows_fn fn, void *ctx) {
+  rows_args a = {dt, weft_dtype_size(dt), C, nout, nin, read_out, out, in, fn, ctx, 0};
+  weft_cpu_par_range_(N, grain, rows_span, &a);
+  if (a.failed)
+    return weft_error_at(WEFT_ERR_OOM, op, "no memory for a chunk's rows widened to f32");
+  return WEFT_OK;
 }

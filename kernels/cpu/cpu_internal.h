@@ -50,6 +50,18 @@ typedef void (*weft_cpu_tile_fn)(void *ctx, int64_t at, int64_t m, float *const 
                                  const float *const *in);
 void weft_cpu_tiled_(weft_dtype dt, int64_t n, int nout, void *const *out, bool read_out, int nin,
                      const void *const *in, weft_cpu_tile_fn fn, void *ctx);
+/* The same for row kernels: rows [0, N) of C elements in chunks of grain
+ * rows (the f32 kernel's own chunks, so chunk-indexed partial sums come
+ * out the same), split over the CPU threads; per chunk the nin inputs
+ * (and with read_out the outputs) are widened into one f32 block (heap),
+ * fn computes rows [lo, hi) with in[k] and o[k] pointing at row lo (o[k]
+ * NULL where out[k] is NULL), and the outputs are rounded once. nin, nout
+ * <= 3. WEFT_ERR_OOM naming op when a chunk's block cannot be had. */
+typedef void (*weft_cpu_rows_fn)(void *ctx, int64_t lo, int64_t hi, float *const *o,
+                                 const float *const *in);
+weft_status weft_cpu_rows_dt_(const char *op, weft_dtype dt, int64_t N, int64_t C, int64_t grain,
+                              int nout, void *const *out, bool read_out, int nin,
+                              const void *const *in, weft_cpu_rows_fn fn, void *ctx);
 /* kernels/cpu/norm_act.c, pointwise.c: the _dt members (backend.h) */
 weft_status weft_cpu_activation_forward_dt_(weft_activation act, weft_dtype dt, void *out,
                                             const void *inp, int64_t n);
@@ -67,6 +79,10 @@ weft_status weft_cpu_layernorm_backward_dt_(weft_dtype dt, void *dinp, float *dw
                                             const void *dout, const void *inp, const void *weight,
                                             const float *mean, const float *rstd, int64_t N,
                                             int64_t C, bool accumulate_dinp);
+weft_status weft_cpu_softmax_forward_dt_(weft_dtype dt, void *out, const void *inp, int64_t N,
+                                         int64_t C);
+weft_status weft_cpu_softmax_backward_dt_(weft_dtype dt, void *dinp, const void *dout,
+                                          const void *out, int64_t N, int64_t C, bool accumulate);
 weft_status weft_cpu_dropout_apply_dt_(weft_dtype dt, void *out, const void *inp,
                                        const float *uniform, float p, int64_t n);
 /* kernels/cpu/ops.c */

@@ -218,49 +218,18 @@ weft_status weft_layernorm_backward(float *dinp, float *dweight, float *dbias, c
   return WEFT_OK;
 }
 
-/* bf16 / f16 (backend.h layernorm_forward_dt): each chunk of rows is
- * widened into an f32 block, the f32 row code above runs on it (the same
- * chunks, so the same partial sums), and its outputs are rounded once;
- * weight and bias are widened once per call. */
-typedef struct ln_dt_args {
-  ln_args f;
-  weft_dtype dt;
-  void *out, *dinp;
-  const void *inp, *dout;
-  int failed; /* a chunk could not get its block (set atomically) */
-} ln_dt_args;
-
-static void ln_dt_forward_rows(void *ctx, int64_t lo, int64_t hi) {
-  ln_dt_args *a = ctx;
-  const int64_t C = a->f.C, m = (hi - lo) * C;
-  const size_t es = weft_dtype_size(a->dt);
-  float *x = malloc(sizeof(float) * (size_t)m);
-  if (!x) {
-    __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
-    return;
-  }
-  weft_cpu_to_f32_(x, (const char *)a->inp + (size_t)(lo * C) * es, a->dt, m);
-  ln_forward_rows_at(&a->f, lo, hi, x, x);
-  weft_cpu_from_f32_((char *)a->out + (size_t)(lo * C) * es, a->dt, x, m);
-  free(x);
+/* bf16 / f16 (backend.h layernorm_forward_dt): weft_cpu_rows_dt_ widens
+ * each chunk of rows and the f32 row code above runs on it (the same
+ * chunks, so the same partial sums); weight and bias are widened once per
+ * call. */
+static void ln_dt_forward_rows(void *ctx, int64_t lo, int64_t hi, float *const *o,
+                               const float *const *in) {
+  ln_forward_rows_at(ctx, lo, hi, in[0], o[0]);
 }
 
-static void ln_dt_backward_rows(void *ctx, int64_t lo, int64_t hi) {
-  ln_dt_args *a = ctx;
-  const int64_t C = a->f.C, m = (hi - lo) * C;
-  const size_t es = weft_dtype_size(a->dt), at = (size_t)(lo * C) * es;
-  float *x = malloc(sizeof(float) * (size_t)m * (a->dinp ? 3 : 2));
-  if (!x) {
-    __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
-    return;
-  }
-  float *dy = x + m, *dx = a->dinp ? dy + m : NULL;
-  weft_cpu_to_f32_(x, (const char *)a->inp + at, a->dt, m);
-  weft_cpu_to_f32_(dy, (const char *)a->dout + at, a->dt, m);
-  if (dx && a->f.accumulate) weft_cpu_to_f32_(dx, (const char *)a->dinp + at, a->dt, m);
-  ln_backward_rows_at(&a->f, lo, hi, x, dy, dx);
-  if (dx) weft_cpu_from_f32_((char *)a->dinp + at, a->dt, dx, m);
-  free(x);
+static void ln_dt_backward_rows(void *ctx, int64_t lo, int64_t hi, float *const *o,
+                                const float *const *in) {
+  ln_backward_rows_at(ctx, lo, hi, in[0], in[1], o[0]);
 }
 
 /* weight and bias (C each, either NULL) widened into one block *wb. */
@@ -291,14 +260,13 @@ weft_status weft_cpu_layernorm_forward_dt_(weft_dtype dt, void *out, float *mean
   WEFT_CHECK_STORAGE_DT_(op, dt);
   if (dt == WEFT_F32) return weft_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
   WEFT_CHECK_ARGS_(weft_check_layernorm_forward_(op, out, mean, rstd, inp, N, C, eps));
-  ln_dt_args a = {
-      .f = {.mean = mean, .rstd = rstd, .C = C, .eps = eps}, .dt = dt, .out = out, .inp = inp};
+  ln_args a = {.mean = mean, .rstd = rstd, .C = C, .eps = eps};
   float *wb;
-  WEFT_CHECK(ln_dt_params(op, dt, weight, bias, C, &wb, &a.f.weight, &a.f.bias));
-  weft_cpu_par_range_(N, weft_cpu_row_grain_(C), ln_dt_forward_rows, &a);
+  WEFT_CHECK(ln_dt_params(op, dt, weight, bias, C, &wb, &a.weight, &a.bias));
+  weft_status st = weft_cpu_rows_dt_(op, dt, N, C, weft_cpu_row_grain_(C), 1, &out, false, 1, &inp,
+                                     ln_dt_forward_rows, &a);
   free(wb);
-  if (a.failed) return weft_error_at(WEFT_ERR_OOM, op, "no memory for a chunk's f32 rows");
-  return WEFT_OK;
+  return st;
 }
 
 weft_status weft_cpu_layernorm_backward_dt_(weft_dtype dt, void *dinp, float *dweight, float *dbias,
@@ -312,27 +280,21 @@ weft_status weft_cpu_layernorm_backward_dt_(weft_dtype dt, void *dinp, float *dw
                                    accumulate_dinp);
   WEFT_CHECK_ARGS_(weft_check_layernorm_backward_(op, dout, inp, mean, rstd, N, C));
   if (N == 0 || (!dinp && !dweight && !dbias)) return WEFT_OK;
-  ln_dt_args a = {.f = {.mean_in = mean, .rstd_in = rstd, .C = C, .accumulate = accumulate_dinp},
-                  .dt = dt,
-                  .dinp = dinp,
-                  .inp = inp,
-                  .dout = dout};
+  ln_args a = {.mean_in = mean, .rstd_in = rstd, .C = C, .accumulate = accumulate_dinp};
   float *wb;
   const float *unused;
-  WEFT_CHECK(ln_dt_params(op, dt, weight, NULL, C, &wb, &a.f.weight, &unused));
+  WEFT_CHECK(ln_dt_params(op, dt, weight, NULL, C, &wb, &a.weight, &unused));
   const bool sums = dweight || dbias;
-  a.f.grain = sums ? weft_cpu_partial_grain_(N, C) : weft_cpu_row_grain_(C);
-  a.f.nchunks = (N + a.f.grain - 1) / a.f.grain;
-  weft_status st = sums ? weft_cpu_partials_get_(2 * a.f.nchunks * C, &a.f.part) : WEFT_OK;
+  a.grain = sums ? weft_cpu_partial_grain_(N, C) : weft_cpu_row_grain_(C);
+  a.nchunks = (N + a.grain - 1) / a.grain;
+  weft_status st = sums ? weft_cpu_partials_get_(2 * a.nchunks * C, &a.part) : WEFT_OK;
   if (st == WEFT_OK) {
-    weft_cpu_par_range_(N, a.f.grain, ln_dt_backward_rows, &a);
-    if (a.failed) {
-      st = weft_error_at(WEFT_ERR_OOM, op, "no memory for a chunk's f32 rows");
-    } else {
-      if (dweight) weft_cpu_add_partials_(dweight, a.f.part, a.f.nchunks, C);
-      if (dbias) weft_cpu_add_partials_(dbias, a.f.part + a.f.nchunks * C, a.f.nchunks, C);
-    }
-    if (sums) weft_cpu_partials_put_(a.f.part);
+    const void *in[2] = {inp, dout};
+    st = weft_cpu_rows_dt_(op, dt, N, C, a.grain, 1, &dinp, accumulate_dinp, 2, in,
+                           ln_dt_backward_rows, &a);
+    if (st == WEFT_OK && dweight) weft_cpu_add_partials_(dweight, a.part, a.nchunks, C);
+    if (st == WEFT_OK && dbias) weft_cpu_add_partials_(dbias, a.part + a.nchunks * C, a.nchunks, C);
+    if (sums) weft_cpu_partials_put_(a.part);
   }
   free(wb);
   return st;
@@ -469,12 +431,13 @@ typedef struct sm_args {
   bool accumulate;
 } sm_args;
 
-static void sm_forward_rows(void *ctx, int64_t lo, int64_t hi) {
-  const sm_args *a = ctx;
+/* Rows [lo, hi), xr and yr pointing at row lo. */
+static void sm_forward_rows_at(const sm_args *a, int64_t lo, int64_t hi, const float *xr,
+                               float *yr) {
   const int64_t C = a->C;
   for (int64_t n = lo; n < hi; n++) {
-    const float *x = a->inp + n * C;
-    float *y = a->out + n * C; /* may be x: x[c] is not read after y[c] is written */
+    const float *x = xr + (n - lo) * C;
+    float *y = yr + (n - lo) * C; /* may be x: x[c] is not read after y[c] is written */
     float mx = -INFINITY;
     for (int64_t c = 0; c < C; c++) mx = fmaxf(mx, x[c]);
     double s = 0.0;
@@ -488,6 +451,11 @@ static void sm_forward_rows(void *ctx, int64_t lo, int64_t hi) {
   }
 }
 
+static void sm_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+  const sm_args *a = ctx;
+  sm_forward_rows_at(a, lo, hi, a->inp + lo * a->C, a->out + lo * a->C);
+}
+
 weft_status weft_softmax_forward(float *out, const float *inp, int64_t N, int64_t C) {
   WEFT_CHECK_ARGS_(weft_check_softmax_forward_(OP, out, inp, N, C));
   sm_args a = {.out = out, .inp = inp, .C = C};
@@ -495,12 +463,13 @@ weft_status weft_softmax_forward(float *out, const float *inp, int64_t N, int64_
   return WEFT_OK;
 }
 
-static void sm_backward_rows(void *ctx, int64_t lo, int64_t hi) {
-  const sm_args *a = ctx;
+/* Rows [lo, hi), dyr, yr and dxr pointing at row lo. */
+static void sm_backward_rows_at(const sm_args *a, int64_t lo, int64_t hi, const float *dyr,
+                                const float *yr, float *dxr) {
   const int64_t C = a->C;
   for (int64_t n = lo; n < hi; n++) {
-    const float *dy = a->dout + n * C, *y = a->y + n * C;
-    float *dx = a->out + n * C;
+    const float *dy = dyr + (n - lo) * C, *y = yr + (n - lo) * C;
+    float *dx = dxr + (n - lo) * C;
     double s = 0.0;
     for (int64_t c = 0; c < C; c++) s += (double)dy[c] * y[c];
     const float sf = (float)s;
@@ -511,12 +480,52 @@ static void sm_backward_rows(void *ctx, int64_t lo, int64_t hi) {
   }
 }
 
+static void sm_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+  const sm_args *a = ctx;
+  sm_backward_rows_at(a, lo, hi, a->dout + lo * a->C, a->y + lo * a->C, a->out + lo * a->C);
+}
+
 weft_status weft_softmax_backward(float *dinp, const float *dout, const float *out, int64_t N,
                                   int64_t C, bool accumulate) {
   WEFT_CHECK_ARGS_(weft_check_softmax_backward_(OP, dinp, dout, out, N, C));
   sm_args a = {.out = dinp, .dout = dout, .y = out, .C = C, .accumulate = accumulate};
   weft_cpu_par_range_(N, weft_cpu_row_grain_(C), sm_backward_rows, &a);
   return WEFT_OK;
+}
+
+/* bf16 / f16 (backend.h softmax_forward_dt): the f32 rows above on the
+ * chunks weft_cpu_rows_dt_ widens. */
+static void sm_dt_forward_rows(void *ctx, int64_t lo, int64_t hi, float *const *o,
+                               const float *const *in) {
+  sm_forward_rows_at(ctx, lo, hi, in[0], o[0]);
+}
+
+static void sm_dt_backward_rows(void *ctx, int64_t lo, int64_t hi, float *const *o,
+                                const float *const *in) {
+  sm_backward_rows_at(ctx, lo, hi, in[0], in[1], o[0]);
+}
+
+weft_status weft_cpu_softmax_forward_dt_(weft_dtype dt, void *out, const void *inp, int64_t N,
+                                         int64_t C) {
+  const char *op = "softmax_forward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32) return weft_softmax_forward(out, inp, N, C);
+  WEFT_CHECK_ARGS_(weft_check_softmax_forward_(op, out, inp, N, C));
+  sm_args a = {.C = C};
+  return weft_cpu_rows_dt_(op, dt, N, C, weft_cpu_row_grain_(C), 1, &out, false, 1, &inp,
+                           sm_dt_forward_rows, &a);
+}
+
+weft_status weft_cpu_softmax_backward_dt_(weft_dtype dt, void *dinp, const void *dout,
+                                          const void *out, int64_t N, int64_t C, bool accumulate) {
+  const char *op = "softmax_backward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32) return weft_softmax_backward(dinp, dout, out, N, C, accumulate);
+  WEFT_CHECK_ARGS_(weft_check_softmax_backward_(op, dinp, dout, out, N, C));
+  sm_args a = {.C = C, .accumulate = accumulate};
+  const void *in[2] = {dout, out};
+  return weft_cpu_rows_dt_(op, dt, N, C, weft_cpu_row_grain_(C), 1, &dinp, accumulate, 2, in,
+                           sm_dt_backward_rows, &a);
 }
 
 /* ----------------------------------------------------------------- dropout */

@@ -219,33 +219,37 @@ __global__ void act_bwd_kernel(T *dinp, const T *dout, const T *inp, int64_t n, 
 
 /* -------------------------------------------------------------- softmax */
 
-__global__ void softmax_fwd_kernel(float *out, const float *inp, int64_t N, int64_t C) {
+/* T: float, or bf16_t / f16_t (softmax_*_dt): loaded as f32, rounded
+ * once on store. */
+template <class T>
+__global__ void softmax_fwd_kernel(T *out, const T *inp, int64_t N, int64_t C) {
   for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
        n += (int64_t)gridDim.x * blockDim.y) {
-    const float *x = inp + n * C;
-    float *y = out + n * C;
+    const T *x = inp + n * C;
+    T *y = out + n * C;
     float mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < C; c += 32) mx = fmaxf(mx, x[c]);
+    for (int64_t c = threadIdx.x; c < C; c += 32) mx = fmaxf(mx, as_f32(x[c]));
     mx = na_warp_max(mx);
     double s = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += 32) s += (double)expf(x[c] - mx);
+    for (int64_t c = threadIdx.x; c < C; c += 32) s += (double)expf(as_f32(x[c]) - mx);
     const float inv = (float)(1.0 / na_warp_sum_d(s));
-    for (int64_t c = threadIdx.x; c < C; c += 32) y[c] = expf(x[c] - mx) * inv;
+    for (int64_t c = threadIdx.x; c < C; c += 32) y[c] = from_f32<T>(expf(as_f32(x[c]) - mx) * inv);
   }
 }
 
-__global__ void softmax_bwd_kernel(float *dinp, const float *dout, const float *out, int64_t N,
-                                   int64_t C, bool acc) {
+template <class T>
+__global__ void softmax_bwd_kernel(T *dinp, const T *dout, const T *out, int64_t N, int64_t C,
+                                   bool acc) {
   for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
        n += (int64_t)gridDim.x * blockDim.y) {
-    const float *dy = dout + n * C, *y = out + n * C;
-    float *dx = dinp + n * C;
+    const T *dy = dout + n * C, *y = out + n * C;
+    T *dx = dinp + n * C;
     double s = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += 32) s += (double)dy[c] * (double)y[c];
+    for (int64_t c = threadIdx.x; c < C; c += 32) s += (double)as_f32(dy[c]) * (double)as_f32(y[c]);
     const float sf = (float)na_warp_sum_d(s);
     for (int64_t c = threadIdx.x; c < C; c += 32) {
-      const float d = y[c] * (dy[c] - sf);
-      dx[c] = acc ? dx[c] + d : d;
+      const float d = as_f32(y[c]) * (as_f32(dy[c]) - sf);
+      dx[c] = from_f32<T>(acc ? as_f32(dx[c]) + d : d);
     }
   }
 }
@@ -480,8 +484,8 @@ weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, i
   WEFT_CHECK_ARGS_(weft_check_softmax_forward_(OP, out, inp, N, C));
   if (N == 0) return WEFT_OK;
   WEFT_COST(4.0 * (double)N * (double)C, 12.0 * (double)N * (double)C);
-  WEFT_LAUNCH(softmax_fwd_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(), out, inp,
-              N, C);
+  WEFT_LAUNCH(softmax_fwd_kernel<float>, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(),
+              out, inp, N, C);
   return na_launched(__func__);
 }
 
@@ -491,8 +495,45 @@ weft_status weft_cuda_softmax_backward(float *dinp, const float *dout, const flo
   WEFT_CHECK_ARGS_(weft_check_softmax_backward_(OP, dinp, dout, out, N, C));
   if (N == 0) return WEFT_OK;
   WEFT_COST(4.0 * (double)N * (double)C, (accumulate ? 16.0 : 12.0) * (double)N * (double)C);
-  WEFT_LAUNCH(softmax_bwd_kernel, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(), dinp,
-              dout, out, N, C, accumulate);
+  WEFT_LAUNCH(softmax_bwd_kernel<float>, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(),
+              dinp, dout, out, N, C, accumulate);
+  return na_launched(__func__);
+}
+
+weft_status weft_cuda_softmax_forward_dt(weft_dtype dt, void *out, const void *inp, int64_t N,
+                                         int64_t C) {
+  NA_REQUIRE_INIT();
+  WEFT_CHECK_STORAGE_DT_(OP, dt);
+  if (dt == WEFT_F32) return weft_cuda_softmax_forward((float *)out, (const float *)inp, N, C);
+  WEFT_CHECK_ARGS_(weft_check_softmax_forward_(OP, (const float *)out, (const float *)inp, N, C));
+  if (N == 0) return WEFT_OK;
+  WEFT_COST(4.0 * (double)N * (double)C, 6.0 * (double)N * (double)C);
+  if (dt == WEFT_BF16)
+    WEFT_LAUNCH(softmax_fwd_kernel<bf16_t>, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(),
+                (bf16_t *)out, (const bf16_t *)inp, N, C);
+  else
+    WEFT_LAUNCH(softmax_fwd_kernel<f16_t>, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(),
+                (f16_t *)out, (const f16_t *)inp, N, C);
+  return na_launched(__func__);
+}
+
+weft_status weft_cuda_softmax_backward_dt(weft_dtype dt, void *dinp, const void *dout,
+                                          const void *out, int64_t N, int64_t C, bool accumulate) {
+  NA_REQUIRE_INIT();
+  WEFT_CHECK_STORAGE_DT_(OP, dt);
+  if (dt == WEFT_F32)
+    return weft_cuda_softmax_backward((float *)dinp, (const float *)dout, (const float *)out, N, C,
+                                      accumulate);
+  WEFT_CHECK_ARGS_(weft_check_softmax_backward_(OP, (const float *)dinp, (const float *)dout,
+                                                (const float *)out, N, C));
+  if (N == 0) return WEFT_OK;
+  WEFT_COST(4.0 * (double)N * (double)C, (accumulate ? 8.0 : 6.0) * (double)N * (double)C);
+  if (dt == WEFT_BF16)
+    WEFT_LAUNCH(softmax_bwd_kernel<bf16_t>, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(),
+                (bf16_t *)dinp, (const bf16_t *)dout, (const bf16_t *)out, N, C, accumulate);
+  else
+    WEFT_LAUNCH(softmax_bwd_kernel<f16_t>, grid_for(N, ROWS), dim3(32, ROWS), 0, compute_stream(),
+                (f16_t *)dinp, (const f16_t *)dout, (const f16_t *)out, N, C, accumulate);
   return na_launched(__func__);
 }
 

@@ -2919,6 +2919,53 @@ BACKEND_TEST(layernorm_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
   }
 }
 
+/* Softmax the same way. */
+BACKEND_TEST(softmax_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
+  seed_tests(439);
+  const int64_t N = 300, C = 77, NC = N * C;
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  char what[160];
+  for (int k = 0; k < 2; k++) {
+    const weft_dtype dt = dts[k];
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_SOFTMAX, dt));
+    float *x0 = h_normal(NC, 3.0), *g0 = h_normal(NC, 1.0), *a0 = h_normal(NC, 1.0);
+    uint16_t *hx = h_round(x0, dt, NC), *hg = h_round(g0, dt, NC), *ha = h_round(a0, dt, NC);
+    float *x = h_widen(hx, dt, NC), *g = h_widen(hg, dt, NC), *a = h_widen(ha, dt, NC);
+    void *dx = dup_h(dev, hx, (size_t)NC * 2), *dg = dup_h(dev, hg, (size_t)NC * 2);
+    float *fx = dupf(dev, x, NC), *fg = dupf(dev, g, NC);
+    void *o = dnan(dev, (size_t)NC * 2);
+    float *fo = dnan(dev, (size_t)NC * 4);
+    OK(weft_backend_softmax_forward_dt(dev, dt, o, dx, N, C));
+    OK(weft_backend_softmax_forward(dev, fo, fx, N, C));
+    snprintf(what, sizeof what, "softmax_forward_dt %s", weft_dtype_name(dt));
+    uint16_t *got = down(dev, o, (size_t)NC * 2);
+    float *ref = downf(dev, fo, NC);
+    void *want = h_round(ref, dt, NC);
+    expect_same_floats(what, got, want, NC, dt);
+    free(ref), free(want);
+    /* backward from the 16-bit output (the op keeps it), widened for f32 */
+    float *yw = h_widen(got, dt, NC), *fy = dupf(dev, yw, NC);
+    for (int acc = 0; acc < 2; acc++) {
+      void *di = acc ? dup_h(dev, ha, (size_t)NC * 2) : dnan(dev, (size_t)NC * 2);
+      float *fdi = acc ? dupf(dev, a, NC) : dnan(dev, (size_t)NC * 4);
+      OK(weft_backend_softmax_backward_dt(dev, dt, di, dg, o, N, C, acc));
+      OK(weft_backend_softmax_backward(dev, fdi, fg, fy, N, C, acc));
+      snprintf(what, sizeof what, "softmax_backward_dt %s (%s)", weft_dtype_name(dt),
+               acc ? "+=" : "=");
+      uint16_t *gd = down(dev, di, (size_t)NC * 2);
+      ref = downf(dev, fdi, NC);
+      want = h_round(ref, dt, NC);
+      expect_same_floats(what, gd, want, NC, dt);
+      free(gd), free(ref), free(want);
+      weft_free(di), weft_free(fdi);
+    }
+    free(got), free(yw), free(x0), free(g0), free(a0), free(hx), free(hg), free(ha);
+    free(x), free(g), free(a);
+    weft_free(dx), weft_free(dg), weft_free(fx), weft_free(fg), weft_free(o), weft_free(fo);
+    weft_free(fy);
+  }
+}
+
 BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
   seed_tests(187);
   /* sd 40: logits far past exp's range, so the max must be subtracted */
@@ -4126,6 +4173,7 @@ Test(registry, a_version_4_table_takes_only_f32_and_has_no_dt_members) {
   cr_assert_null(weft_backend_get(WEFT_CPU)->swiglu_forward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->dropout_apply_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->layernorm_backward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->softmax_backward_dt);
   uint16_t h = 0x3f80, o = 0;
   weft_clear_error();
   cr_assert_eq(weft_backend_activation_forward_dt(WEFT_CPU, WEFT_ACT_RELU, WEFT_BF16, &o, &h, 1),

@@ -284,8 +284,8 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
 }
 
 /* ----------------------------------------------- storage-dtype kernels
- * add, mul, scale, the activations, SwiGLU, dropout and LayerNorm run in
- * bf16 / f16 themselves where the device's
+ * add, mul, scale, the activations, SwiGLU, dropout, LayerNorm and softmax
+ * run in bf16 / f16 themselves where the device's
  * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
  * forward or backward, and outputs and grads have the bits of the
  * widened path (a registered copy of the device's table without
@@ -298,8 +298,8 @@ typedef struct sd_run {
   int64_t widened;
 } sd_run;
 
-/* z = relu(gelu(scale(silu(dropout(swiglu(mul(layer_norm(gelu_tanh(add(
- * add(a, b), bias)), bias, bias), c), b), 0.3)), 0.37))) + a on the values
+/* z = softmax(relu(gelu(scale(silu(dropout(swiglu(mul(layer_norm(gelu_tanh(
+ * add(add(a, b), bias)), bias, bias), c), b), 0.3)), 0.37)))) + a on the values
  * h (a, b, c: ROWS x COLS; bias: COLS, broadcast, and LayerNorm's weight
  * and bias), backward from r. */
 static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const double *hr) {
@@ -324,6 +324,7 @@ static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const d
   OK(weft_op_scale(t, 0.37, &t));
   OK(weft_op_gelu(t, false, &t));
   OK(weft_op_relu(t, &t));
+  OK(weft_op_softmax(t, &t));
   OK(weft_op_add(t, v[0], &z));
   cr_assert_eq(weft_dtensor_dtype(weft_var_value(z)), dt, "z is %s",
                weft_dtype_name(weft_dtensor_dtype(weft_var_value(z))));
