@@ -222,6 +222,22 @@ static inline weft_status weft_check_rmsnorm_forward_(const char *op, const floa
   return WEFT_OK;
 }
 
+/* RMSNorm backward: dinp, dout, inp (N, C), dweight and weight (C), rstd
+ * (N), all required. */
+static inline weft_status weft_check_rmsnorm_backward_(const char *op, const void *dinp,
+                                                       const float *dweight, const void *dout,
+                                                       const void *inp, const void *weight,
+                                                       const float *rstd, int64_t N, int64_t C) {
+  CHECK_SIZES_AT(op, N, C);
+  CHECK_PTR_AT(op, dinp, N * C);
+  CHECK_PTR_AT(op, dweight, C);
+  CHECK_PTR_AT(op, dout, N * C);
+  CHECK_PTR_AT(op, inp, N * C);
+  CHECK_PTR_AT(op, weight, C);
+  CHECK_PTR_AT(op, rstd, N);
+  return WEFT_OK;
+}
+
 /* SwiGLU forward: three arrays of n elements. */
 static inline weft_status weft_check_swiglu_forward_(const char *op, const float *out,
                                                      const float *a, const float *b, int64_t n) {

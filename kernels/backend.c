@@ -39,6 +39,8 @@ static void install(const weft_backend *be) {
     c->layernorm_backward_dt = NULL;
     c->softmax_forward_dt = NULL;
     c->softmax_backward_dt = NULL;
+    c->rmsnorm_forward_dt = NULL;
+    c->rmsnorm_backward_dt = NULL;
   }
   tables[be->device] = c;
 }
@@ -602,6 +604,26 @@ weft_status weft_backend_softmax_backward_dt(weft_device dev, weft_dtype dt, voi
     DISPATCH(dev, softmax_backward, (float *)dinp, (const float *)dout, (const float *)out, N, C,
              accumulate);
   DISPATCH(dev, softmax_backward_dt, dt, dinp, dout, out, N, C, accumulate);
+}
+
+weft_status weft_backend_rmsnorm_forward_dt(weft_device dev, weft_dtype dt, void *out, float *rstd,
+                                            const void *inp, const void *weight, int64_t N,
+                                            int64_t C, float eps) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, rmsnorm_forward, (float *)out, rstd, (const float *)inp, (const float *)weight, N,
+             C, eps);
+  DISPATCH(dev, rmsnorm_forward_dt, dt, out, rstd, inp, weight, N, C, eps);
+}
+
+weft_status weft_backend_rmsnorm_backward_dt(weft_device dev, weft_dtype dt, void *dinp,
+                                             float *dweight, const void *dout, const void *inp,
+                                             const void *weight, const float *rstd, int64_t N,
+                                             int64_t C, bool accumulate_dinp) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, rmsnorm_backward, (float *)dinp, dweight, (const float *)dout, (const float *)inp,
+             (const float *)weight, rstd, N, C, accumulate_dinp);
+  DISPATCH(dev, rmsnorm_backward_dt, dt, dinp, dweight, dout, inp, weight, rstd, N, C,
+           accumulate_dinp);
 }
 
 weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,

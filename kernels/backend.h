@@ -141,7 +141,8 @@ typedef struct weft_flat_piece {
  *   5  takes_dtype (which operations compute in a 16-bit storage dtype),
  *      activation_forward_dt / activation_backward_dt, swiglu_forward_dt /
  *      swiglu_backward_dt, dropout_apply_dt, layernorm_forward_dt /
- *      layernorm_backward_dt, softmax_forward_dt / softmax_backward_dt */
+ *      layernorm_backward_dt, softmax_forward_dt / softmax_backward_dt,
+ *      rmsnorm_forward_dt / rmsnorm_backward_dt */
 #define WEFT_BACKEND_VERSION 5
 
 /* The operations whose dtypes a backend declares through takes_dtype: the
@@ -159,6 +160,7 @@ typedef enum weft_kernel_op {
   WEFT_KERNEL_DROPOUT = 5,   /* dropout_apply_dt */
   WEFT_KERNEL_LAYERNORM = 6, /* layernorm_forward_dt / layernorm_backward_dt */
   WEFT_KERNEL_SOFTMAX = 7,   /* softmax_forward_dt / softmax_backward_dt */
+  WEFT_KERNEL_RMSNORM = 8,   /* rmsnorm_forward_dt / rmsnorm_backward_dt */
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 
@@ -431,6 +433,14 @@ typedef struct weft_backend {
                                     int64_t C);
   weft_status (*softmax_backward_dt)(weft_dtype dt, void *dinp, const void *dout, const void *out,
                                      int64_t N, int64_t C, bool accumulate);
+  /* rmsnorm_forward / _backward with inp, out, weight, dout and dinp of
+   * dtype dt; rstd and dweight stay f32 (bf16 / f16: the f32 member's bits
+   * on the widened values, rounded once) */
+  weft_status (*rmsnorm_forward_dt)(weft_dtype dt, void *out, float *rstd, const void *inp,
+                                    const void *weight, int64_t N, int64_t C, float eps);
+  weft_status (*rmsnorm_backward_dt)(weft_dtype dt, void *dinp, float *dweight, const void *dout,
+                                     const void *inp, const void *weight, const float *rstd,
+                                     int64_t N, int64_t C, bool accumulate_dinp);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -792,6 +802,15 @@ WEFT_API weft_status weft_backend_softmax_forward_dt(weft_device dev, weft_dtype
 WEFT_API weft_status weft_backend_softmax_backward_dt(weft_device dev, weft_dtype dt, void *dinp,
                                                       const void *dout, const void *out, int64_t N,
                                                       int64_t C, bool accumulate);
+WEFT_API weft_status weft_backend_rmsnorm_forward_dt(weft_device dev, weft_dtype dt, void *out,
+                                                     float *rstd, const void *inp,
+                                                     const void *weight, int64_t N, int64_t C,
+                                                     float eps);
+WEFT_API weft_status weft_backend_rmsnorm_backward_dt(weft_device dev, weft_dtype dt, void *dinp,
+                                                      float *dweight, const void *dout,
+                                                      const void *inp, const void *weight,
+                                                      const float *rstd, int64_t N, int64_t C,
+                                                      bool accumulate_dinp);
 WEFT_API weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                                    const void *inp, const float *uniform, float p,
                                                    int64_t n);

@@ -80,11 +80,16 @@ static weft_status row_buffer(weft_graph *g, const weft_dtensor *x, weft_dtype d
 }
 
 /* A 1-D f32 Replicate graph buffer of at least `floats` floats (>= 1). */
-static weft_status flat_buffer(weft_graph *g, weft_mesh *mesh, int64_t floats, weft_dtensor **out) {
+static weft_status flat_buffer_of(weft_graph *g, weft_mesh *mesh, weft_dtype dt, int64_t count,
+                                  weft_dtensor **out) {
   weft_placement p[WEFT_MESH_MAX_DIMS];
   all_r(weft_mesh_ndim(mesh), p);
-  int64_t n = floats > 0 ? floats : 1;
-  return nn_graph_tensor(g, mesh, WEFT_F32, 1, &n, p, out);
+  int64_t n = count > 0 ? count : 1;
+  return nn_graph_tensor(g, mesh, dt, 1, &n, p, out);
+}
+
+static weft_status flat_buffer(weft_graph *g, weft_mesh *mesh, int64_t floats, weft_dtensor **out) {
+  return flat_buffer_of(g, mesh, WEFT_F32, floats, out);
 }
 
 /* Options for an op that keeps one input's placements (pointwise or
@@ -256,13 +261,14 @@ static weft_status norm_backward(nn_node *n, const weft_dtensor *const *dout, we
     } else {
       /* the RMSNorm kernel writes both dinp and dweight: scratch for the
        * one not wanted, ones for a NULL weight */
-      float *pdx, *pdw;
+      void *pdx;
+      float *pdw;
       weft_dtensor *t;
       if (dx)
-        pdx = nn_f32(dx);
+        pdx = nn_local(dx)->data;
       else {
         WEFT_CHECK(nn_graph_like(g, x, NULL, &t));
-        pdx = nn_f32(t);
+        pdx = nn_local(t)->data;
       }
       if (dw)
         pdw = nn_f32(dw);
@@ -271,9 +277,9 @@ static weft_status norm_backward(nn_node *n, const weft_dtensor *const *dout, we
         WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(t), 0.0));
         pdw = nn_f32(t);
       }
-      const float *wp = w ? nn_f32(w) : nn_f32(n->saved[2]);
-      WEFT_CHECK(weft_backend_rmsnorm_backward(dev, pdx, pdw, nn_f32(dy), xl->data, wp,
-                                               nn_f32(n->saved[0]), N, C, false));
+      const void *wp = w ? nn_local(w)->data : nn_local(n->saved[2])->data;
+      WEFT_CHECK(weft_backend_rmsnorm_backward_dt(dev, xl->dtype, pdx, pdw, nn_local(dy)->data,
+                                                  xl->data, wp, nn_f32(n->saved[0]), N, C, false));
     }
   } else if (dx && nn_numel(dx) > 0) {
     WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dx), 0.0));
@@ -307,8 +313,8 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
   WEFT_CHECK(nn_check_vars(name, nonnull, nn, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  /* LayerNorm has a storage-dtype kernel (x, weight, bias of one dtype) */
-  const weft_kernel_op kop = layer ? WEFT_KERNEL_LAYERNORM : WEFT_KERNEL_OP_COUNT;
+  /* both have storage-dtype kernels (x, weight, bias of one dtype) */
+  const weft_kernel_op kop = layer ? WEFT_KERNEL_LAYERNORM : WEFT_KERNEL_RMSNORM;
   WEFT_CHECK(nn_check_kernel_contig(name, in, 3, xv, "input", kop));
   if (xs->ndim < 1)
     return nn_op_error(WEFT_ERR_INVALID, name, in, 3, "need x (..., C) with at least one dim");
@@ -354,9 +360,9 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
   weft_device dev = xl->device;
   const void *wp = u[1] ? nn_local(u[1])->data : NULL;
   if (!layer && !wp) {
-    WEFT_CHECK(flat_buffer(g, mesh, C, &ones));
+    WEFT_CHECK(flat_buffer_of(g, mesh, xs->dtype, C, &ones));
     WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(ones), 1.0));
-    wp = nn_f32(ones);
+    wp = nn_local(ones)->data;
   }
   if (N > 0 && C > 0) {
     if (layer)
@@ -364,8 +370,8 @@ static weft_status norm_op(const char *name, bool layer, weft_var *x, weft_var *
                                                    nn_f32(rstd), xl->data, wp,
                                                    u[2] ? nn_local(u[2])->data : NULL, N, C, eps));
     else
-      WEFT_CHECK(
-          weft_backend_rmsnorm_forward(dev, nn_f32(y), nn_f32(rstd), xl->data, wp, N, C, eps));
+      WEFT_CHECK(weft_backend_rmsnorm_forward_dt(dev, xs->dtype, nn_local(y)->data, nn_f32(rstd),
+                                                 xl->data, wp, N, C, eps));
   }
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, in, 3, u, norm_backward, &node));
@@ -1102,7 +1108,7 @@ weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
 weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out) {
   weft_var *in[2] = {x, w};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "rms_norm", in, 2, true));
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "rms_norm", in, 2, true, WEFT_KERNEL_RMSNORM));
   return nn_mixed_end(&mx, rms_norm_f32(in[0], in[1], eps, out), out, out ? 1 : 0);
 }
 

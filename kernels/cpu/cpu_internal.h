@@ -83,6 +83,12 @@ weft_status weft_cpu_softmax_forward_dt_(weft_dtype dt, void *out, const void *i
                                          int64_t C);
 weft_status weft_cpu_softmax_backward_dt_(weft_dtype dt, void *dinp, const void *dout,
                                           const void *out, int64_t N, int64_t C, bool accumulate);
+weft_status weft_cpu_rmsnorm_forward_dt_(weft_dtype dt, void *out, float *rstd, const void *inp,
+                                         const void *weight, int64_t N, int64_t C, float eps);
+weft_status weft_cpu_rmsnorm_backward_dt_(weft_dtype dt, void *dinp, float *dweight,
+                                          const void *dout, const void *inp, const void *weight,
+                                          const float *rstd, int64_t N, int64_t C,
+                                          bool accumulate_dinp);
 weft_status weft_cpu_dropout_apply_dt_(weft_dtype dt, void *out, const void *inp,
                                        const float *uniform, float p, int64_t n);
 /* kernels/cpu/ops.c */

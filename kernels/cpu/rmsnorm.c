@@ -9,8 +9,10 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "arg_checks.h"
+#include "cpu_internal.h"
 #include "layers.h"
 #include "pool.h"
 #include "simd.h"
@@ -29,20 +31,26 @@ typedef struct rms_args {
   bool accumulate;
 } rms_args;
 
-static void rms_forward_rows(void *ctx, int64_t lo, int64_t hi) {
-  const rms_args *a = ctx;
+/* Rows [lo, hi), xr and yr pointing at row lo. */
+static void rms_forward_rows_at(const rms_args *a, int64_t lo, int64_t hi, const float *xr,
+                                float *yr) {
   const int64_t C = a->C;
   for (int64_t n = lo; n < hi; n++) {
-    const float *x = a->inp + n * C;
+    const float *x = xr + (n - lo) * C;
     const double ss = row_dot_d(x, x, C); /* the sum of squares, in double */
     float r = (float)(1.0 / sqrt(ss / (double)C + (double)a->eps));
     a->rstd[n] = r;
-    float *y = a->out + n * C;
+    float *y = yr + (n - lo) * C;
     const vf4 vr = vset(r);
     int64_t c = 0;
     for (; c + VL <= C; c += VL) vstore(y + c, vload(x + c) * vr * vload(a->weight + c));
     for (; c < C; c++) y[c] = x[c] * r * a->weight[c];
   }
+}
+
+static void rms_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+  const rms_args *a = ctx;
+  rms_forward_rows_at(a, lo, hi, a->inp + lo * a->C, a->out + lo * a->C);
 }
 
 weft_status weft_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
@@ -56,15 +64,15 @@ weft_status weft_rmsnorm_forward(float *out, float *rstd, const float *inp, cons
 
 /* Backward of rows [lo, hi), one chunk: dinp, and the chunk's partial
  * column sums of dout * inp * rstd (the product in fp32, summed in double). */
-static void rms_backward_rows(void *ctx, int64_t lo, int64_t hi) {
-  const rms_args *a = ctx;
+static void rms_backward_rows_at(const rms_args *a, int64_t lo, int64_t hi, const float *xr,
+                                 const float *dyr, float *dxr) {
   const int64_t C = a->C;
   const float *weight = a->weight;
   double *pw = a->part + (lo / a->grain) * C;
   memset(pw, 0, sizeof(double) * (size_t)C);
   for (int64_t n = lo; n < hi; n++) {
-    const float *x = a->inp + n * C, *dy = a->dout + n * C;
-    float *dx = a->dinp + n * C;
+    const float *x = xr + (n - lo) * C, *dy = dyr + (n - lo) * C;
+    float *dx = dxr + (n - lo) * C;
     float r = a->rstd_in[n];
     const vf4 vr = vset(r);
     vd2 lo2 = {0}, hi2 = {0}; /* sum_j g_j x_j with g = dy * w */
@@ -99,16 +107,16 @@ static void rms_backward_rows(void *ctx, int64_t lo, int64_t hi) {
   }
 }
 
+static void rms_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+  const rms_args *a = ctx;
+  rms_backward_rows_at(a, lo, hi, a->inp + lo * a->C, a->dout + lo * a->C, a->dinp + lo * a->C);
+}
+
 weft_status weft_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                   const float *weight, const float *rstd, int64_t N, int64_t C,
                                   bool accumulate_dinp) {
-  CHECK_SIZES(N, C);
-  CHECK_PTR(dinp, N * C);
-  CHECK_PTR(dweight, C);
-  CHECK_PTR(dout, N * C);
-  CHECK_PTR(inp, N * C);
-  CHECK_PTR(weight, C);
-  CHECK_PTR(rstd, N);
+  WEFT_RETURN_IF_BAD_(weft_check_rmsnorm_backward_(weft_op_name_(__func__), dinp, dweight, dout,
+                                                   inp, weight, rstd, N, C));
   if (N == 0) return WEFT_OK;
   rms_args a = {.dinp = dinp,
                 .inp = inp,
@@ -124,4 +132,70 @@ weft_status weft_rmsnorm_backward(float *dinp, float *dweight, const float *dout
   weft_cpu_add_partials_(dweight, a.part, nchunks, C);
   weft_cpu_partials_put_(a.part);
   return WEFT_OK;
+}
+
+/* bf16 / f16 (backend.h rmsnorm_forward_dt): the f32 rows above on the
+ * chunks weft_cpu_rows_dt_ widens (the same chunks: the same partials);
+ * the weight widened once per call. */
+static void rms_dt_forward_rows(void *ctx, int64_t lo, int64_t hi, float *const *o,
+                                const float *const *in) {
+  rms_forward_rows_at(ctx, lo, hi, in[0], o[0]);
+}
+
+static void rms_dt_backward_rows(void *ctx, int64_t lo, int64_t hi, float *const *o,
+                                 const float *const *in) {
+  rms_backward_rows_at(ctx, lo, hi, in[0], in[1], o[0]);
+}
+
+static weft_status rms_dt_weight(const char *op, weft_dtype dt, const void *weight, int64_t C,
+                                 float **w) {
+  *w = malloc(sizeof(float) * (size_t)(C > 0 ? C : 1));
+  if (!*w)
+    return weft_error_at(WEFT_ERR_OOM, op, "no memory for %lld floats of widened weight",
+                         (long long)C);
+  weft_cpu_to_f32_(*w, weight, dt, C);
+  return WEFT_OK;
+}
+
+weft_status weft_cpu_rmsnorm_forward_dt_(weft_dtype dt, void *out, float *rstd, const void *inp,
+                                         const void *weight, int64_t N, int64_t C, float eps) {
+  const char *op = "rmsnorm_forward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32) return weft_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+  WEFT_RETURN_IF_BAD_(weft_check_rmsnorm_forward_(op, out, rstd, inp, weight, N, C, eps));
+  float *w;
+  WEFT_CHECK(rms_dt_weight(op, dt, weight, C, &w));
+  rms_args a = {.rstd = rstd, .weight = w, .C = C, .eps = eps};
+  weft_status st = weft_cpu_rows_dt_(op, dt, N, C, weft_cpu_row_grain_(C), 1, &out, false, 1, &inp,
+                                     rms_dt_forward_rows, &a);
+  free(w);
+  return st;
+}
+
+weft_status weft_cpu_rmsnorm_backward_dt_(weft_dtype dt, void *dinp, float *dweight,
+                                          const void *dout, const void *inp, const void *weight,
+                                          const float *rstd, int64_t N, int64_t C,
+                                          bool accumulate_dinp) {
+  const char *op = "rmsnorm_backward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32)
+    return weft_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, accumulate_dinp);
+  WEFT_RETURN_IF_BAD_(
+      weft_check_rmsnorm_backward_(op, dinp, dweight, dout, inp, weight, rstd, N, C));
+  if (N == 0) return WEFT_OK;
+  float *w;
+  WEFT_CHECK(rms_dt_weight(op, dt, weight, C, &w));
+  rms_args a = {.weight = w, .rstd_in = rstd, .C = C, .accumulate = accumulate_dinp};
+  a.grain = weft_cpu_partial_grain_(N, C);
+  const int64_t nchunks = (N + a.grain - 1) / a.grain;
+  weft_status st = weft_cpu_partials_get_(nchunks * C, &a.part);
+  if (st == WEFT_OK) {
+    const void *in[2] = {inp, dout};
+    st = weft_cpu_rows_dt_(op, dt, N, C, a.grain, 1, &dinp, accumulate_dinp, 2, in,
+                           rms_dt_backward_rows, &a);
+    if (st == WEFT_OK) weft_cpu_add_partials_(dweight, a.part, nchunks, C);
+    weft_cpu_partials_put_(a.part);
+  }
+  free(w);
+  return st;
 }

@@ -52,6 +52,8 @@ weft_backend make_table() {
   b.layernorm_backward_dt = weft_cuda_layernorm_backward_dt;
   b.softmax_forward_dt = weft_cuda_softmax_forward_dt;
   b.softmax_backward_dt = weft_cuda_softmax_backward_dt;
+  b.rmsnorm_forward_dt = weft_cuda_rmsnorm_forward_dt;
+  b.rmsnorm_backward_dt = weft_cuda_rmsnorm_backward_dt;
   b.copy = weft_cuda_copy;
   b.fill = weft_cuda_fill;
   b.fill_random = weft_cuda_fill_random;

@@ -281,32 +281,58 @@ __global__ void colsum_finish_kernel(float *out, const float *partial, int64_t n
 
 /* -------------------------------------------------------------- RMSNorm */
 
-/* One warp per row: rstd from the tree-summed squares, then the scaled row. */
-__global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *inp, const float *w,
-                                   int64_t N, int64_t C, float eps, bool vec) {
+/* Four elements c4 * 4 .. + 3 as f32: one 16-byte load for float, four
+ * widened loads for bf16_t / f16_t (the same values and grouping, so the
+ * same sums); store4 rounds each once. */
+template <class T>
+__device__ inline f4 load4(const T *p, int64_t c4) {
+  return f4{as_f32(p[4 * c4]), as_f32(p[4 * c4 + 1]), as_f32(p[4 * c4 + 2]), as_f32(p[4 * c4 + 3])};
+}
+template <>
+__device__ inline f4 load4<float>(const float *p, int64_t c4) {
+  return ((const f4 *)p)[c4];
+}
+template <class T>
+__device__ inline void store4(T *p, int64_t c4, f4 v) {
+  p[4 * c4] = from_f32<T>(v.x);
+  p[4 * c4 + 1] = from_f32<T>(v.y);
+  p[4 * c4 + 2] = from_f32<T>(v.z);
+  p[4 * c4 + 3] = from_f32<T>(v.w);
+}
+template <>
+__device__ inline void store4<float>(float *p, int64_t c4, f4 v) {
+  ((f4 *)p)[c4] = v;
+}
+
+/* One warp per row: rstd from the tree-summed squares, then the scaled row.
+ * T: float, or bf16_t / f16_t (rmsnorm_*_dt; rstd stays f32). */
+template <class T>
+__global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *inp, const T *w, int64_t N,
+                                   int64_t C, float eps, bool vec) {
   for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
        n += (int64_t)gridDim.x * blockDim.y) {
-    const float *x = inp + n * C;
-    float *y = out + n * C;
+    const T *x = inp + n * C;
+    T *y = out + n * C;
     float ss = 0.0f;
     if (vec) {
       for (int64_t c = threadIdx.x; c < C / 4; c += 32) {
-        f4 v = ((const f4 *)x)[c];
+        f4 v = load4(x, c);
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
       }
     } else {
-      for (int64_t c = threadIdx.x; c < C; c += 32) ss += x[c] * x[c];
+      for (int64_t c = threadIdx.x; c < C; c += 32) ss += as_f32(x[c]) * as_f32(x[c]);
     }
     ss = warp_sum(ss);
     const float r = (float)(1.0 / sqrt((double)ss / (double)C + (double)eps));
     if (threadIdx.x == 0) rstd[n] = r;
     if (vec) {
       for (int64_t c = threadIdx.x; c < C / 4; c += 32) {
-        f4 v = ((const f4 *)x)[c], g = ((const f4 *)w)[c];
-        ((f4 *)y)[c] = {v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w};
+        f4 v = load4(x, c), g = load4(w, c);
+        store4(y, c, f4{v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w});
       }
     } else {
-      for (int64_t c = threadIdx.x; c < C; c += 32) y[c] = x[c] * r * w[c];
+      for (int64_t c = threadIdx.x; c < C; c += 32)
+        y[c] = from_f32<T>(as_f32(x[c]) * r * as_f32(w[c]));
     }
   }
 }
@@ -316,35 +342,35 @@ __global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *inp, co
  * of dweight stays in registers; partial[blockIdx.x][:] gets the block's
  * dweight sums (summed in order by colsum_finish_kernel). */
 #define RMS_THREADS 256
-template <int K>
-__global__ void rmsnorm_bwd_kernel(float *dinp, float *partial, const float *dout, const float *inp,
-                                   const float *weight, const float *rstd, int64_t N, int64_t C,
+template <int K, class T>
+__global__ void rmsnorm_bwd_kernel(T *dinp, float *partial, const T *dout, const T *inp,
+                                   const T *weight, const float *rstd, int64_t N, int64_t C,
                                    bool acc) {
   __shared__ float sh[32];
   float w[K], dw[K];
   for (int k = 0; k < K; k++) {
     const int64_t j = threadIdx.x + (int64_t)k * RMS_THREADS;
-    w[k] = j < C ? weight[j] : 0.0f;
+    w[k] = j < C ? as_f32(weight[j]) : 0.0f;
     dw[k] = 0.0f;
   }
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float r = rstd[n];
-    const float *x = inp + n * C, *dy = dout + n * C;
+    const T *x = inp + n * C, *dy = dout + n * C;
     float xs[K], ds[K], gx = 0.0f;
     for (int k = 0; k < K; k++) {
       const int64_t j = threadIdx.x + (int64_t)k * RMS_THREADS;
-      xs[k] = j < C ? x[j] : 0.0f;
-      ds[k] = j < C ? dy[j] : 0.0f;
+      xs[k] = j < C ? as_f32(x[j]) : 0.0f;
+      ds[k] = j < C ? as_f32(dy[j]) : 0.0f;
       gx += (ds[k] * w[k]) * xs[k];
     }
     gx = block_sum(gx, sh);
     const float kk = gx / (float)C * r * r;
-    float *dx = dinp + n * C;
+    T *dx = dinp + n * C;
     for (int k = 0; k < K; k++) {
       const int64_t j = threadIdx.x + (int64_t)k * RMS_THREADS;
       if (j >= C) continue;
       const float d = r * (ds[k] * w[k] - xs[k] * kk);
-      dx[j] = acc ? dx[j] + d : d;
+      dx[j] = from_f32<T>(acc ? as_f32(dx[j]) + d : d);
       dw[k] += ds[k] * xs[k] * r;
     }
   }
@@ -357,23 +383,26 @@ __global__ void rmsnorm_bwd_kernel(float *dinp, float *partial, const float *dou
 /* The same for rows too long for registers (C > 32 * RMS_THREADS): two
  * passes over the row, dweight partials accumulated in place in partial
  * (zeroed first; each thread owns its columns). */
-__global__ void rmsnorm_bwd_long_kernel(float *dinp, float *partial, const float *dout,
-                                        const float *inp, const float *weight, const float *rstd,
-                                        int64_t N, int64_t C, bool acc) {
+template <class T>
+__global__ void rmsnorm_bwd_long_kernel(T *dinp, float *partial, const T *dout, const T *inp,
+                                        const T *weight, const float *rstd, int64_t N, int64_t C,
+                                        bool acc) {
   __shared__ float sh[32];
   float *pw = partial + (int64_t)blockIdx.x * C;
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float r = rstd[n];
-    const float *x = inp + n * C, *dy = dout + n * C;
+    const T *x = inp + n * C, *dy = dout + n * C;
     float gx = 0.0f;
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) gx += (dy[j] * weight[j]) * x[j];
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
+      gx += (as_f32(dy[j]) * as_f32(weight[j])) * as_f32(x[j]);
     gx = block_sum(gx, sh);
     const float kk = gx / (float)C * r * r;
-    float *dx = dinp + n * C;
+    T *dx = dinp + n * C;
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-      const float d = r * (dy[j] * weight[j] - x[j] * kk);
-      dx[j] = acc ? dx[j] + d : d;
-      pw[j] += dy[j] * x[j] * r;
+      const float xj = as_f32(x[j]), dj = as_f32(dy[j]);
+      const float d = r * (dj * as_f32(weight[j]) - xj * kk);
+      dx[j] = from_f32<T>(acc ? as_f32(dx[j]) + d : d);
+      pw[j] += dj * xj * r;
     }
   }
 }
@@ -778,31 +807,23 @@ weft_status weft_cuda_linear_backward(float *dinp, float *dweight, float *dbias,
 
 /* -------------------------------------------------------------- RMSNorm */
 
-weft_status weft_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
-                                      const float *weight, int64_t N, int64_t C, float eps) {
-  REQUIRE_INIT();
-  WEFT_RETURN_IF_BAD_(
-      weft_check_rmsnorm_forward_(weft_op_name_(__func__), out, rstd, inp, weight, N, C, eps));
-  if (N == 0) return WEFT_OK;
-  const bool vec = C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight);
-  WEFT_COST(4.0 * (double)N * (double)C, 8.0 * (double)N * (double)C + 4.0 * (double)(C + N));
-  WEFT_LAUNCH(rmsnorm_fwd_kernel, grid_for(N, 4), dim3(32, 4), 0, compute_stream(), out, rstd, inp,
-              weight, N, C, eps, vec);
-  return launched(__func__);
+extern "C++" { /* the templates inside this file's extern "C" block */
+template <class T>
+static weft_status rms_forward_impl(const char *func, T *out, float *rstd, const T *inp,
+                                    const T *weight, int64_t N, int64_t C, float eps, bool vec) {
+  const double es = (double)sizeof(T);
+  WEFT_COST(4.0 * (double)N * (double)C,
+            2.0 * es * (double)N * (double)C + es * (double)C + 4.0 * (double)N);
+  WEFT_LAUNCH(rmsnorm_fwd_kernel<T>, grid_for(N, 4), dim3(32, 4), 0, compute_stream(), out, rstd,
+              inp, weight, N, C, eps, vec);
+  return launched(func);
 }
 
-weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
-                                       const float *inp, const float *weight, const float *rstd,
-                                       int64_t N, int64_t C, bool accumulate_dinp) {
-  REQUIRE_INIT();
-  CHECK_SIZES(N, C);
-  CHECK_PTR(dinp, N * C);
-  CHECK_PTR(dweight, C);
-  CHECK_PTR(dout, N * C);
-  CHECK_PTR(inp, N * C);
-  CHECK_PTR(weight, C);
-  CHECK_PTR(rstd, N);
-  if (N == 0 || C == 0) return WEFT_OK;
+template <class T>
+static weft_status rms_backward_impl(const char *func, T *dinp, float *dweight, const T *dout,
+                                     const T *inp, const T *weight, const float *rstd, int64_t N,
+                                     int64_t C, bool accumulate_dinp) {
+  const double es = (double)sizeof(T);
   const int64_t blocks = N < 1024 ? N : 1024;
   void *scratch;
   WEFT_CHECK(weft_cuda_scratch_((size_t)(blocks * C) * sizeof(float), &scratch));
@@ -811,12 +832,12 @@ weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float 
   const int64_t K = (C + RMS_THREADS - 1) / RMS_THREADS;
   /* dout and inp read, dinp written (and read when accumulating), a
    * partial row of dweight per block */
-  const double rms_bwd_bytes =
-      (accumulate_dinp ? 16.0 : 12.0) * (double)N * (double)C + 4.0 * (double)(blocks * C + C + N);
+  const double rms_bwd_bytes = (accumulate_dinp ? 4.0 : 3.0) * es * (double)N * (double)C +
+                               es * (double)C + 4.0 * (double)(blocks * C + N);
   WEFT_COST(8.0 * (double)N * (double)C, rms_bwd_bytes);
-#define RMS_BWD(KK)                                                                             \
-  WEFT_LAUNCH(rmsnorm_bwd_kernel<KK>, (unsigned)blocks, RMS_THREADS, 0, s, dinp, partial, dout, \
-              inp, weight, rstd, N, C, accumulate_dinp)
+#define RMS_BWD(KK)                                                                            \
+  WEFT_LAUNCH((rmsnorm_bwd_kernel<KK, T>), (unsigned)blocks, RMS_THREADS, 0, s, dinp, partial, \
+              dout, inp, weight, rstd, N, C, accumulate_dinp)
   if (K <= 1)
     RMS_BWD(1);
   else if (K <= 2)
@@ -832,14 +853,78 @@ weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float 
   else {
     WEFT_CHECK(weft_cuda_memset_(partial, 0, (size_t)(blocks * C) * sizeof(float)));
     WEFT_COST(8.0 * (double)N * (double)C, rms_bwd_bytes);
-    WEFT_LAUNCH(rmsnorm_bwd_long_kernel, (unsigned)blocks, 1024, 0, s, dinp, partial, dout, inp,
+    WEFT_LAUNCH(rmsnorm_bwd_long_kernel<T>, (unsigned)blocks, 1024, 0, s, dinp, partial, dout, inp,
                 weight, rstd, N, C, accumulate_dinp);
   }
 #undef RMS_BWD
-  WEFT_CHECK(launched(__func__));
+  WEFT_CHECK(launched(func));
   WEFT_COST((double)(blocks * C), 4.0 * (double)(blocks * C) + 8.0 * (double)C);
   WEFT_LAUNCH(colsum_finish_kernel, grid_for(C, 256), 256, 0, s, dweight, partial, blocks, C, true);
-  return launched(__func__);
+  return launched(func);
+}
+
+}  // extern "C++"
+
+weft_status weft_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
+                                      const float *weight, int64_t N, int64_t C, float eps) {
+  REQUIRE_INIT();
+  WEFT_RETURN_IF_BAD_(
+      weft_check_rmsnorm_forward_(weft_op_name_(__func__), out, rstd, inp, weight, N, C, eps));
+  if (N == 0) return WEFT_OK;
+  const bool vec = C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight);
+  return rms_forward_impl(__func__, out, rstd, inp, weight, N, C, eps, vec);
+}
+
+weft_status weft_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
+                                       const float *inp, const float *weight, const float *rstd,
+                                       int64_t N, int64_t C, bool accumulate_dinp) {
+  REQUIRE_INIT();
+  WEFT_RETURN_IF_BAD_(weft_check_rmsnorm_backward_(weft_op_name_(__func__), dinp, dweight, dout,
+                                                   inp, weight, rstd, N, C));
+  if (N == 0 || C == 0) return WEFT_OK;
+  return rms_backward_impl(__func__, dinp, dweight, dout, inp, weight, rstd, N, C, accumulate_dinp);
+}
+
+/* bf16 / f16: the vectorised grouping whenever C % 4 == 0 (the f32
+ * member's on aligned buffers), each element loaded and stored alone. */
+weft_status weft_cuda_rmsnorm_forward_dt(weft_dtype dt, void *out, float *rstd, const void *inp,
+                                         const void *weight, int64_t N, int64_t C, float eps) {
+  REQUIRE_INIT();
+  const char *op = weft_op_name_(__func__);
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32)
+    return weft_cuda_rmsnorm_forward((float *)out, rstd, (const float *)inp, (const float *)weight,
+                                     N, C, eps);
+  WEFT_RETURN_IF_BAD_(weft_check_rmsnorm_forward_(op, (const float *)out, rstd, (const float *)inp,
+                                                  (const float *)weight, N, C, eps));
+  if (N == 0) return WEFT_OK;
+  if (dt == WEFT_BF16)
+    return rms_forward_impl(__func__, (bf16_t *)out, rstd, (const bf16_t *)inp,
+                            (const bf16_t *)weight, N, C, eps, C % 4 == 0);
+  return rms_forward_impl(__func__, (f16_t *)out, rstd, (const f16_t *)inp, (const f16_t *)weight,
+                          N, C, eps, C % 4 == 0);
+}
+
+weft_status weft_cuda_rmsnorm_backward_dt(weft_dtype dt, void *dinp, float *dweight,
+                                          const void *dout, const void *inp, const void *weight,
+                                          const float *rstd, int64_t N, int64_t C,
+                                          bool accumulate_dinp) {
+  REQUIRE_INIT();
+  const char *op = weft_op_name_(__func__);
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32)
+    return weft_cuda_rmsnorm_backward((float *)dinp, dweight, (const float *)dout,
+                                      (const float *)inp, (const float *)weight, rstd, N, C,
+                                      accumulate_dinp);
+  WEFT_RETURN_IF_BAD_(
+      weft_check_rmsnorm_backward_(op, dinp, dweight, dout, inp, weight, rstd, N, C));
+  if (N == 0 || C == 0) return WEFT_OK;
+  if (dt == WEFT_BF16)
+    return rms_backward_impl(__func__, (bf16_t *)dinp, dweight, (const bf16_t *)dout,
+                             (const bf16_t *)inp, (const bf16_t *)weight, rstd, N, C,
+                             accumulate_dinp);
+  return rms_backward_impl(__func__, (f16_t *)dinp, dweight, (const f16_t *)dout,
+                           (const f16_t *)inp, (const f16_t *)weight, rstd, N, C, accumulate_dinp);
 }
 
 /* ----------------------------------------------------------------- RoPE */

@@ -2966,6 +2966,66 @@ BACKEND_TEST(softmax_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
   }
 }
 
+/* RMSNorm the same way; C = 64 takes a device's vectorised grouping, 77
+ * its scalar one. */
+BACKEND_TEST(rmsnorm_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
+  seed_tests(441);
+  const int64_t N = 300, Cs[2] = {77, 64};
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  char what[160];
+  for (int k = 0; k < 4; k++) {
+    const weft_dtype dt = dts[k % 2];
+    const int64_t C = Cs[k / 2], NC = N * C;
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_RMSNORM, dt));
+    float *x0 = h_normal(NC, 2.0), *g0 = h_normal(NC, 1.0), *w0 = h_normal(C, 1.0),
+          *a0 = h_normal(NC, 1.0);
+    uint16_t *hx = h_round(x0, dt, NC), *hg = h_round(g0, dt, NC), *hw = h_round(w0, dt, C),
+             *ha = h_round(a0, dt, NC);
+    float *x = h_widen(hx, dt, NC), *g = h_widen(hg, dt, NC), *w = h_widen(hw, dt, C),
+          *a = h_widen(ha, dt, NC);
+    void *dx = dup_h(dev, hx, (size_t)NC * 2), *dg = dup_h(dev, hg, (size_t)NC * 2),
+         *dw = dup_h(dev, hw, (size_t)C * 2);
+    float *fx = dupf(dev, x, NC), *fg = dupf(dev, g, NC), *fw = dupf(dev, w, C);
+    void *o = dnan(dev, (size_t)NC * 2);
+    float *fo = dnan(dev, (size_t)NC * 4), *r1 = dnan(dev, (size_t)N * 4),
+          *r2 = dnan(dev, (size_t)N * 4);
+    OK(weft_backend_rmsnorm_forward_dt(dev, dt, o, r1, dx, dw, N, C, 1e-6f));
+    OK(weft_backend_rmsnorm_forward(dev, fo, r2, fx, fw, N, C, 1e-6f));
+    snprintf(what, sizeof what, "rmsnorm_forward_dt %s C %lld", weft_dtype_name(dt), (long long)C);
+    uint16_t *got = down(dev, o, (size_t)NC * 2);
+    float *ref = downf(dev, fo, NC);
+    void *want = h_round(ref, dt, NC);
+    expect_same_floats(what, got, want, NC, dt);
+    free(got), free(ref), free(want);
+    float *s1 = downf(dev, r1, N), *s2 = downf(dev, r2, N);
+    expect_same_floats("rmsnorm_forward_dt rstd", s1, s2, N, WEFT_F32);
+    free(s1), free(s2);
+    for (int acc = 0; acc < 2; acc++) {
+      void *di = acc ? dup_h(dev, ha, (size_t)NC * 2) : dnan(dev, (size_t)NC * 2);
+      float *fdi = acc ? dupf(dev, a, NC) : dnan(dev, (size_t)NC * 4);
+      float zeros[77] = {0};
+      float *gw1 = dupf(dev, zeros, C), *gw2 = dupf(dev, zeros, C);
+      OK(weft_backend_rmsnorm_backward_dt(dev, dt, di, gw1, dg, dx, dw, r2, N, C, acc));
+      OK(weft_backend_rmsnorm_backward(dev, fdi, gw2, fg, fx, fw, r2, N, C, acc));
+      snprintf(what, sizeof what, "rmsnorm_backward_dt %s C %lld dinp (%s)", weft_dtype_name(dt),
+               (long long)C, acc ? "+=" : "=");
+      got = down(dev, di, (size_t)NC * 2);
+      ref = downf(dev, fdi, NC);
+      want = h_round(ref, dt, NC);
+      expect_same_floats(what, got, want, NC, dt);
+      free(got), free(ref), free(want);
+      s1 = downf(dev, gw1, C), s2 = downf(dev, gw2, C);
+      expect_same_floats("rmsnorm_backward_dt dweight", s1, s2, C, WEFT_F32);
+      free(s1), free(s2);
+      weft_free(di), weft_free(fdi), weft_free(gw1), weft_free(gw2);
+    }
+    free(x0), free(g0), free(w0), free(a0), free(hx), free(hg), free(hw), free(ha);
+    free(x), free(g), free(w), free(a);
+    weft_free(dx), weft_free(dg), weft_free(dw), weft_free(fx), weft_free(fg), weft_free(fw);
+    weft_free(o), weft_free(fo), weft_free(r1), weft_free(r2);
+  }
+}
+
 BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
   seed_tests(187);
   /* sd 40: logits far past exp's range, so the max must be subtracted */
@@ -4174,6 +4234,7 @@ Test(registry, a_version_4_table_takes_only_f32_and_has_no_dt_members) {
   cr_assert_null(weft_backend_get(WEFT_CPU)->dropout_apply_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->layernorm_backward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->softmax_backward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->rmsnorm_backward_dt);
   uint16_t h = 0x3f80, o = 0;
   weft_clear_error();
   cr_assert_eq(weft_backend_activation_forward_dt(WEFT_CPU, WEFT_ACT_RELU, WEFT_BF16, &o, &h, 1),

@@ -284,8 +284,8 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
 }
 
 /* ----------------------------------------------- storage-dtype kernels
- * add, mul, scale, the activations, SwiGLU, dropout, LayerNorm and softmax
- * run in bf16 / f16 themselves where the device's
+ * add, mul, scale, the activations, SwiGLU, dropout, LayerNorm, RMSNorm and
+ * softmax run in bf16 / f16 themselves where the device's
  * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
  * forward or backward, and outputs and grads have the bits of the
  * widened path (a registered copy of the device's table without
@@ -298,8 +298,9 @@ typedef struct sd_run {
   int64_t widened;
 } sd_run;
 
-/* z = softmax(relu(gelu(scale(silu(dropout(swiglu(mul(layer_norm(gelu_tanh(
- * add(add(a, b), bias)), bias, bias), c), b), 0.3)), 0.37)))) + a on the values
+/* z = softmax(relu(gelu(scale(silu(dropout(swiglu(mul(rms_norm(rms_norm(
+ * layer_norm(gelu_tanh(add(add(a, b), bias)), bias, bias), bias)), c), b),
+ * 0.3)), 0.37)))) + a on the values
  * h (a, b, c: ROWS x COLS; bias: COLS, broadcast, and LayerNorm's weight
  * and bias), backward from r. */
 static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const double *hr) {
@@ -317,6 +318,8 @@ static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const d
   OK(weft_op_add(t, v[2], &t));
   OK(weft_op_gelu(t, true, &t));
   OK(weft_op_layer_norm(t, v[2], v[2], 1e-5f, &t));
+  OK(weft_op_rms_norm(t, v[2], 1e-6f, &t));
+  OK(weft_op_rms_norm(t, NULL, 1e-6f, &t));
   OK(weft_op_mul(t, v[3], &t));
   OK(weft_op_swiglu(t, v[1], &t));
   OK(weft_op_dropout(t, 0.3f, &t));
