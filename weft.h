@@ -4,7 +4,6 @@
 #include "weft_config.h"
 #include "status.h"
 #include "kernels.h"
-#include "layers.h"
 #include "cuda.h"
 #include "mesh.h"
 #include "dtensor.h"

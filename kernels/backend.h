@@ -52,7 +52,6 @@
 #include <stdint.h>
 
 #include "kernels.h"
-#include "layers.h"
 #include "status.h"
 
 #ifdef __cplusplus

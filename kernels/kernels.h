@@ -324,6 +324,50 @@ WEFT_API weft_status weft_reduce_all(const weft_tensor *t, weft_reduce_kind kind
 /* Cast into a new owning tensor of dtype dt (see weft_tensor_copy). */
 WEFT_API weft_status weft_cast(const weft_tensor *t, weft_dtype dt, weft_tensor **out);
 
+/* ---------------------------------------- parameters of the layer kernels
+ * Types that the backend table (backend.h) and the op layer (nn/) pass to
+ * the layer kernels, so that neither includes the raw-pointer CPU kernels
+ * (layers.h). */
+
+/* Pointwise activations, as torch.nn.functional: */
+typedef enum weft_activation {
+  /* gelu(approximate='tanh'): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+  WEFT_ACT_GELU_TANH = 0,
+  WEFT_ACT_GELU_ERF, /* gelu(): 0.5 x (1 + erf(x / sqrt(2))) */
+  WEFT_ACT_RELU,     /* relu(): max(x, 0) (NaN stays NaN) */
+  WEFT_ACT_SILU,     /* silu(): x * sigmoid(x) */
+  WEFT_ACT_COUNT
+} weft_activation;
+/* "gelu_tanh", "gelu_erf", "relu", "silu"; "?" for anything else. */
+WEFT_API const char *weft_activation_name(weft_activation a);
+
+/* torch.optim.AdamW hyper-parameters. Defaults as torch: WEFT_ADAMW_DEFAULT. */
+typedef struct weft_adamw_params {
+  float lr;           /* 1e-3 */
+  float beta1;        /* 0.9 */
+  float beta2;        /* 0.999 */
+  float eps;          /* 1e-8, added outside the square root */
+  float weight_decay; /* 1e-2, decoupled */
+  bool amsgrad;       /* false; true needs the vmax buffer */
+  bool maximize;      /* false */
+} weft_adamw_params;
+#define WEFT_ADAMW_DEFAULT ((weft_adamw_params){1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, false, false})
+
+/* torch.optim.SGD hyper-parameters (lr has no default there; 0 here). */
+typedef struct weft_sgd_params {
+  float lr;
+  float momentum;     /* 0 */
+  float dampening;    /* 0 */
+  float weight_decay; /* 0 */
+  bool nesterov;      /* false; needs momentum > 0 and dampening == 0 */
+  bool maximize;      /* false */
+} weft_sgd_params;
+
+/* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (total_norm +
+ * 1e-6)); multiply every gradient by it (torch skips the multiply when it
+ * is 1, which is the same). */
+WEFT_API double weft_clip_coef(double total_norm, double max_norm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -46,6 +46,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -229,17 +230,8 @@ WEFT_API weft_status weft_layernorm_backward(float *dinp, float *dweight, float 
 
 /* ------------------------------------------------------------- activations */
 
-/* Pointwise activations, as torch.nn.functional: */
-typedef enum weft_activation {
-  /* gelu(approximate='tanh'): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-  WEFT_ACT_GELU_TANH = 0,
-  WEFT_ACT_GELU_ERF, /* gelu(): 0.5 x (1 + erf(x / sqrt(2))) */
-  WEFT_ACT_RELU,     /* relu(): max(x, 0) (NaN stays NaN) */
-  WEFT_ACT_SILU,     /* silu(): x * sigmoid(x) */
-  WEFT_ACT_COUNT
-} weft_activation;
-/* "gelu_tanh", "gelu_erf", "relu", "silu"; "?" for anything else. */
-WEFT_API const char *weft_activation_name(weft_activation a);
+/* The activations (weft_activation, weft_activation_name) are in
+ * kernels.h. */
 /* out = act(inp) elementwise; out and inp are (n); out may alias inp.
  * An act outside [0, WEFT_ACT_COUNT) is WEFT_ERR_INVALID. Saves nothing
  * (backward needs inp). */
@@ -338,17 +330,7 @@ WEFT_API weft_status weft_cross_entropy_backward_local(float *dlogits_local,
 
 /* ------------------------------------------------------------- optimizers */
 
-/* torch.optim.AdamW hyper-parameters. Defaults as torch: WEFT_ADAMW_DEFAULT. */
-typedef struct weft_adamw_params {
-  float lr;           /* 1e-3 */
-  float beta1;        /* 0.9 */
-  float beta2;        /* 0.999 */
-  float eps;          /* 1e-8, added outside the square root */
-  float weight_decay; /* 1e-2, decoupled */
-  bool amsgrad;       /* false; true needs the vmax buffer */
-  bool maximize;      /* false */
-} weft_adamw_params;
-#define WEFT_ADAMW_DEFAULT ((weft_adamw_params){1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, false, false})
+/* weft_adamw_params and WEFT_ADAMW_DEFAULT are in kernels.h. */
 
 /* One AdamW step over a flat array, torch.optim.AdamW (single-tensor path,
  * https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html):
@@ -364,15 +346,7 @@ WEFT_API weft_status weft_adamw_step(float *param, const float *grad, float *m, 
                                      float *vmax, int64_t n, int64_t step,
                                      const weft_adamw_params *hp);
 
-/* torch.optim.SGD hyper-parameters (lr has no default there; 0 here). */
-typedef struct weft_sgd_params {
-  float lr;
-  float momentum;     /* 0 */
-  float dampening;    /* 0 */
-  float weight_decay; /* 0 */
-  bool nesterov;      /* false; needs momentum > 0 and dampening == 0 */
-  bool maximize;      /* false */
-} weft_sgd_params;
+/* weft_sgd_params is in kernels.h. */
 
 /* One SGD step over a flat array, torch.optim.SGD
  * (https://pytorch.org/docs/stable/generated/torch.optim.SGD.html):
@@ -391,10 +365,7 @@ WEFT_API weft_status weft_sgd_step(float *param, const float *grad, float *buf, 
  * norm: total_norm = sqrt(sum over all params and ranks)). x is (n). */
 WEFT_API double weft_sumsq(const float *x, int64_t n);
 
-/* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (total_norm +
- * 1e-6)); multiply every gradient by it (torch skips the multiply when it
- * is 1, which is the same). */
-WEFT_API double weft_clip_coef(double total_norm, double max_norm);
+/* weft_clip_coef is in kernels.h. */
 
 /* x *= alpha elementwise, x is (n). */
 WEFT_API void weft_scale_f32(float *x, int64_t n, float alpha);

@@ -69,7 +69,6 @@
 #include <stdint.h>
 
 #include "dtensor.h"
-#include "layers.h"
 #include "nn.h"
 #include "status.h"
 
@@ -248,7 +247,8 @@ WEFT_API weft_status weft_op_swiglu(weft_var *a, weft_var *b, weft_var **out);
 /* softmax over the last dim (must be whole). */
 WEFT_API weft_status weft_op_softmax(weft_var *x, weft_var **out);
 /* Rotary embedding of x (B, T, NH, hd) at positions pos0 + t, theta: the
- * interleaved-pair form of layers.h. T whole, heads may be sharded. */
+ * interleaved-pair form of the backend's rope members. T whole, heads may
+ * be sharded. */
 WEFT_API weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out);
 /* Scaled dot-product attention (fused, flash style: saves the row
  * log-sum-exp, recomputes probabilities in backward): torch's

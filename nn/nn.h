@@ -122,8 +122,8 @@
  * errors detected from shapes and placements are found on every rank
  * alike, before any communication, so bad input never hangs.
  *
- * Arithmetic is fp32 (layers.h kernels); parameters and activations are
- * WEFT_F32 DTensors.
+ * Arithmetic is fp32 (the device's layer kernels, through backend.h);
+ * parameters and activations are WEFT_F32 DTensors.
  */
 #ifndef WEFT_NN_H
 #define WEFT_NN_H
@@ -133,7 +133,6 @@
 
 #include "dtensor.h"
 #include "kernels.h"
-#include "layers.h"
 #include "mesh.h"
 #include "status.h"
 
@@ -511,7 +510,7 @@ WEFT_API const weft_dtensor *weft_llama_logits(const weft_module *model);
 typedef struct weft_optimizer weft_optimizer;
 
 /* torch.optim.AdamW / torch.optim.SGD over every parameter of `root` with
- * requires_grad (layers.h's weft_adamw_step / weft_sgd_step on each local
+ * requires_grad (the backend's adamw_multi / sgd_multi, torch's formulas, on each local
  * shard). State per parameter: exp_avg and exp_avg_sq (AdamW, zeros) or
  * momentum_buffer (SGD with momentum) as DTensors with the parameter's
  * current spec, and a step count. Named like torch's optimizer state_dict
