@@ -182,30 +182,16 @@ static weft_status cpu_scale_multi(float *const *x, const int64_t *n, int ntenso
 
 /* -------------------------------------------------------- flat buffers */
 
-/* dst[0..n) = src[0..n) between float dtypes (f32, bf16, f16): the same
- * loops weft_tensor_copy runs for contiguous tensors. */
+/* dst[0..n) = src[0..n) between float dtypes (f32, bf16, f16): the
+ * conversions weft_tensor_copy runs for contiguous tensors (convert.c). */
 static void convert(void *dst, weft_dtype ddt, const void *src, weft_dtype sdt, int64_t n) {
   if (n <= 0) return;
   if (ddt == sdt) {
     memcpy(dst, src, (size_t)n * weft_dtype_size(ddt));
-    return;
-  }
-  if (sdt == WEFT_F32 && ddt == WEFT_BF16) {
-    const float *s = src;
-    uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = weft_f32_to_bf16_i_(s[i]);
-  } else if (sdt == WEFT_BF16 && ddt == WEFT_F32) {
-    const uint16_t *s = src;
-    float *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = weft_bf16_to_f32_i_(s[i]);
-  } else if (sdt == WEFT_F32 && ddt == WEFT_F16) {
-    const float *s = src;
-    uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = weft_f32_to_f16_i_(s[i]);
-  } else if (sdt == WEFT_F16 && ddt == WEFT_F32) {
-    const uint16_t *s = src;
-    float *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = weft_f16_to_f32_i_(s[i]);
+  } else if (sdt == WEFT_F32) {
+    weft_cpu_from_f32_(dst, ddt, src, n);
+  } else if (ddt == WEFT_F32) {
+    weft_cpu_to_f32_(dst, src, sdt, n);
   } else { /* bf16 <-> f16: through f32, as weft_tensor_copy */
     const size_t ds = weft_dtype_size(ddt), ss = weft_dtype_size(sdt);
     for (int64_t i = 0; i < n; i++)
