@@ -28,20 +28,10 @@ static void install(const weft_backend *be) {
     c->attention_forward = NULL;
     c->attention_backward = NULL;
   }
-  if (be->version < 5) { /* not members before version 5 */
-    c->takes_dtype = NULL;
-    c->activation_forward_dt = NULL;
-    c->activation_backward_dt = NULL;
-    c->swiglu_forward_dt = NULL;
-    c->swiglu_backward_dt = NULL;
-    c->dropout_apply_dt = NULL;
-    c->layernorm_forward_dt = NULL;
-    c->layernorm_backward_dt = NULL;
-    c->softmax_forward_dt = NULL;
-    c->softmax_backward_dt = NULL;
-    c->rmsnorm_forward_dt = NULL;
-    c->rmsnorm_backward_dt = NULL;
-  }
+  /* takes_dtype and everything after it came with version 5 */
+  if (be->version < 5)
+    memset((char *)c + offsetof(weft_backend, takes_dtype), 0,
+           sizeof *c - offsetof(weft_backend, takes_dtype));
   tables[be->device] = c;
 }
 

@@ -160,3 +160,15 @@ weft_status weft_cpu_rows_dt_(const char *op, weft_dtype dt, int64_t N, int64_t 
     return weft_error_at(WEFT_ERR_OOM, op, "no memory for a chunk's rows widened to f32");
   return WEFT_OK;
 }
+
+weft_status weft_cpu_widened_copy_(const char *op, weft_dtype dt, const void *src, int64_t n,
+                                   float **out) {
+  *out = NULL;
+  if (!src) return WEFT_OK;
+  *out = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  if (!*out)
+    return weft_error_at(WEFT_ERR_OOM, op, "no memory for %lld floats of a widened copy",
+                         (long long)n);
+  weft_cpu_to_f32_(*out, src, dt, n);
+  return WEFT_OK;
+}

@@ -38,6 +38,11 @@ void weft_cpu_f32_to_bf16_(uint16_t *dst, const float *src, int64_t n);
  * kernels, which widen a tile, run the f32 kernel on it and round */
 void weft_cpu_to_f32_(float *dst, const void *src, weft_dtype dt, int64_t n);
 void weft_cpu_from_f32_(void *dst, weft_dtype dt, const float *src, int64_t n);
+/* A heap copy of src's n elements (dtype dt) widened to f32, for free();
+ * *out is NULL when src is NULL (the norms' weights and biases).
+ * WEFT_ERR_OOM naming op. */
+weft_status weft_cpu_widened_copy_(const char *op, weft_dtype dt, const void *src, int64_t n,
+                                   float **out);
 /* The storage-dtype layer kernels' driver: n elements of dtype dt (bf16
  * or f16) in tiles of at most 1024, split over the CPU threads; per tile
  * the nin inputs (and with read_out the nout outputs) are widened into f32

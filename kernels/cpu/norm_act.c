@@ -232,27 +232,6 @@ static void ln_dt_backward_rows(void *ctx, int64_t lo, int64_t hi, float *const 
   ln_backward_rows_at(ctx, lo, hi, in[0], in[1], o[0]);
 }
 
-/* weight and bias (C each, either NULL) widened into one block *wb. */
-static weft_status ln_dt_params(const char *op, weft_dtype dt, const void *weight, const void *bias,
-                                int64_t C, float **wb, const float **w, const float **b) {
-  *wb = NULL;
-  *w = *b = NULL;
-  if (!weight && !bias) return WEFT_OK;
-  *wb = malloc(sizeof(float) * (size_t)(2 * C));
-  if (!*wb)
-    return weft_error_at(WEFT_ERR_OOM, op, "no memory for %lld floats of widened weights",
-                         (long long)(2 * C));
-  if (weight) {
-    weft_cpu_to_f32_(*wb, weight, dt, C);
-    *w = *wb;
-  }
-  if (bias) {
-    weft_cpu_to_f32_(*wb + C, bias, dt, C);
-    *b = *wb + C;
-  }
-  return WEFT_OK;
-}
-
 weft_status weft_cpu_layernorm_forward_dt_(weft_dtype dt, void *out, float *mean, float *rstd,
                                            const void *inp, const void *weight, const void *bias,
                                            int64_t N, int64_t C, float eps) {
@@ -260,12 +239,15 @@ weft_status weft_cpu_layernorm_forward_dt_(weft_dtype dt, void *out, float *mean
   WEFT_CHECK_STORAGE_DT_(op, dt);
   if (dt == WEFT_F32) return weft_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
   WEFT_CHECK_ARGS_(weft_check_layernorm_forward_(op, out, mean, rstd, inp, N, C, eps));
-  ln_args a = {.mean = mean, .rstd = rstd, .C = C, .eps = eps};
-  float *wb;
-  WEFT_CHECK(ln_dt_params(op, dt, weight, bias, C, &wb, &a.weight, &a.bias));
-  weft_status st = weft_cpu_rows_dt_(op, dt, N, C, weft_cpu_row_grain_(C), 1, &out, false, 1, &inp,
-                                     ln_dt_forward_rows, &a);
-  free(wb);
+  float *w, *b = NULL;
+  WEFT_CHECK(weft_cpu_widened_copy_(op, dt, weight, C, &w));
+  weft_status st = weft_cpu_widened_copy_(op, dt, bias, C, &b);
+  ln_args a = {.mean = mean, .rstd = rstd, .weight = w, .bias = b, .C = C, .eps = eps};
+  if (st == WEFT_OK)
+    st = weft_cpu_rows_dt_(op, dt, N, C, weft_cpu_row_grain_(C), 1, &out, false, 1, &inp,
+                           ln_dt_forward_rows, &a);
+  free(w);
+  free(b);
   return st;
 }
 
@@ -280,10 +262,10 @@ weft_status weft_cpu_layernorm_backward_dt_(weft_dtype dt, void *dinp, float *dw
                                    accumulate_dinp);
   WEFT_CHECK_ARGS_(weft_check_layernorm_backward_(op, dout, inp, mean, rstd, N, C));
   if (N == 0 || (!dinp && !dweight && !dbias)) return WEFT_OK;
-  ln_args a = {.mean_in = mean, .rstd_in = rstd, .C = C, .accumulate = accumulate_dinp};
-  float *wb;
-  const float *unused;
-  WEFT_CHECK(ln_dt_params(op, dt, weight, NULL, C, &wb, &a.weight, &unused));
+  float *w;
+  WEFT_CHECK(weft_cpu_widened_copy_(op, dt, weight, C, &w));
+  ln_args a = {
+      .mean_in = mean, .rstd_in = rstd, .weight = w, .C = C, .accumulate = accumulate_dinp};
   const bool sums = dweight || dbias;
   a.grain = sums ? weft_cpu_partial_grain_(N, C) : weft_cpu_row_grain_(C);
   a.nchunks = (N + a.grain - 1) / a.grain;
@@ -296,7 +278,7 @@ weft_status weft_cpu_layernorm_backward_dt_(weft_dtype dt, void *dinp, float *dw
     if (st == WEFT_OK && dbias) weft_cpu_add_partials_(dbias, a.part + a.nchunks * C, a.nchunks, C);
     if (sums) weft_cpu_partials_put_(a.part);
   }
-  free(wb);
+  free(w);
   return st;
 }
 

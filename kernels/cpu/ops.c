@@ -195,36 +195,23 @@ static void f32_run(ew_kind kind, float *o, const float *x, const float *y, floa
   weft_cpu_par_range_(n, WEFT_CPU_GRAIN, f32_span, &a);
 }
 
-/* Contiguous bf16: tiles widened into f32 on the stack (exact), the f32
- * loops above, each result rounded once: the bits of the scalar bf16 loop
+/* Contiguous bf16: the f32 loops above on tiles that weft_cpu_tiled_
+ * widens (exact) and rounds once: the bits of the scalar bf16 loop
  * (ew_row), vectorised and split over the CPU threads. */
-#define BF16_TILE 512
-
 typedef struct bf16_args {
   ew_kind kind;
-  uint16_t *o;
-  const uint16_t *x, *y;
   float al;
 } bf16_args;
 
-static void bf16_span(void *ctx, int64_t lo, int64_t hi) {
+static void bf16_tile(void *ctx, int64_t at, int64_t m, float *const *o, const float *const *in) {
+  (void)at;
   const bf16_args *a = ctx;
-  float fx[BF16_TILE], fy[BF16_TILE];
-  for (int64_t t = lo; t < hi; t += BF16_TILE) {
-    const int64_t m = hi - t < BF16_TILE ? hi - t : BF16_TILE;
-    if (a->kind == EW_SCALE) {
-      weft_cpu_bf16_to_f32_(fx, a->o + t, m);
-      f32_scale(fx, a->al, m);
-    } else {
-      weft_cpu_bf16_to_f32_(fx, a->x + t, m);
-      weft_cpu_bf16_to_f32_(fy, a->y + t, m);
-      if (a->kind == EW_ADD)
-        f32_add(fx, fx, fy, m);
-      else
-        f32_mul(fx, fx, fy, m);
-    }
-    weft_cpu_f32_to_bf16_(a->o + t, fx, m);
-  }
+  if (a->kind == EW_SCALE)
+    f32_scale(o[0], a->al, m); /* o[0] holds t's widened values (read_out) */
+  else if (a->kind == EW_ADD)
+    f32_add(o[0], in[0], in[1], m);
+  else
+    f32_mul(o[0], in[0], in[1], m);
 }
 
 static bool all_contig(weft_dtype dt, int nops, const weft_tensor *const *ops) {
@@ -241,8 +228,10 @@ static weft_status binary_cpu(ew_kind kind, weft_tensor *out, const weft_tensor 
     return WEFT_OK;
   }
   if (all_contig(WEFT_BF16, 3, ops)) {
-    bf16_args g = {kind, out->data, a->data, b->data, 0.0f};
-    weft_cpu_par_range_(weft_tensor_numel(out), WEFT_CPU_GRAIN, bf16_span, &g);
+    bf16_args g = {kind, 0.0f};
+    void *o = out->data;
+    const void *in[2] = {a->data, b->data};
+    weft_cpu_tiled_(WEFT_BF16, weft_tensor_numel(out), 1, &o, false, 2, in, bf16_tile, &g);
     return WEFT_OK;
   }
   ew_run(kind, 0.0, 3, ops);
@@ -264,8 +253,9 @@ weft_status weft_cpu_scale_(weft_tensor *t, double alpha) {
     return WEFT_OK;
   }
   if (all_contig(WEFT_BF16, 1, ops)) {
-    bf16_args g = {EW_SCALE, t->data, NULL, NULL, (float)alpha};
-    weft_cpu_par_range_(weft_tensor_numel(t), WEFT_CPU_GRAIN, bf16_span, &g);
+    bf16_args g = {EW_SCALE, (float)alpha};
+    void *o = t->data;
+    weft_cpu_tiled_(WEFT_BF16, weft_tensor_numel(t), 1, &o, true, 0, NULL, bf16_tile, &g);
     return WEFT_OK;
   }
   ew_run(EW_SCALE, alpha, 1, ops);

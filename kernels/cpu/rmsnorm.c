@@ -147,16 +147,6 @@ static void rms_dt_backward_rows(void *ctx, int64_t lo, int64_t hi, float *const
   rms_backward_rows_at(ctx, lo, hi, in[0], in[1], o[0]);
 }
 
-static weft_status rms_dt_weight(const char *op, weft_dtype dt, const void *weight, int64_t C,
-                                 float **w) {
-  *w = malloc(sizeof(float) * (size_t)(C > 0 ? C : 1));
-  if (!*w)
-    return weft_error_at(WEFT_ERR_OOM, op, "no memory for %lld floats of widened weight",
-                         (long long)C);
-  weft_cpu_to_f32_(*w, weight, dt, C);
-  return WEFT_OK;
-}
-
 weft_status weft_cpu_rmsnorm_forward_dt_(weft_dtype dt, void *out, float *rstd, const void *inp,
                                          const void *weight, int64_t N, int64_t C, float eps) {
   const char *op = "rmsnorm_forward_dt";
@@ -164,7 +154,7 @@ weft_status weft_cpu_rmsnorm_forward_dt_(weft_dtype dt, void *out, float *rstd, 
   if (dt == WEFT_F32) return weft_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
   WEFT_RETURN_IF_BAD_(weft_check_rmsnorm_forward_(op, out, rstd, inp, weight, N, C, eps));
   float *w;
-  WEFT_CHECK(rms_dt_weight(op, dt, weight, C, &w));
+  WEFT_CHECK(weft_cpu_widened_copy_(op, dt, weight, C, &w));
   rms_args a = {.rstd = rstd, .weight = w, .C = C, .eps = eps};
   weft_status st = weft_cpu_rows_dt_(op, dt, N, C, weft_cpu_row_grain_(C), 1, &out, false, 1, &inp,
                                      rms_dt_forward_rows, &a);
@@ -184,7 +174,7 @@ weft_status weft_cpu_rmsnorm_backward_dt_(weft_dtype dt, void *dinp, float *dwei
       weft_check_rmsnorm_backward_(op, dinp, dweight, dout, inp, weight, rstd, N, C));
   if (N == 0) return WEFT_OK;
   float *w;
-  WEFT_CHECK(rms_dt_weight(op, dt, weight, C, &w));
+  WEFT_CHECK(weft_cpu_widened_copy_(op, dt, weight, C, &w));
   rms_args a = {.weight = w, .rstd_in = rstd, .C = C, .accumulate = accumulate_dinp};
   a.grain = weft_cpu_partial_grain_(N, C);
   const int64_t nchunks = (N + a.grain - 1) / a.grain;
