@@ -616,6 +616,63 @@ weft_status weft_backend_rmsnorm_backward_dt(weft_device dev, weft_dtype dt, voi
            accumulate_dinp);
 }
 
+weft_status weft_backend_cross_entropy_forward_dt(weft_device dev, weft_dtype dt, double *loss,
+                                                  float *lse, const void *logits,
+                                                  const int32_t *targets, int64_t N, int64_t V) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, cross_entropy_forward, loss, lse, (const float *)logits, targets, N, V);
+  DISPATCH(dev, cross_entropy_forward_dt, dt, loss, lse, logits, targets, N, V);
+}
+
+weft_status weft_backend_cross_entropy_backward_dt(weft_device dev, weft_dtype dt, void *dlogits,
+                                                   const void *logits, const float *lse,
+                                                   const int32_t *targets, int64_t N, int64_t V,
+                                                   float scale) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, cross_entropy_backward, (float *)dlogits, (const float *)logits, lse, targets, N,
+             V, scale);
+  DISPATCH(dev, cross_entropy_backward_dt, dt, dlogits, logits, lse, targets, N, V, scale);
+}
+
+weft_status weft_backend_cross_entropy_local_max_dt(weft_device dev, weft_dtype dt, float *row_max,
+                                                    const void *logits_local, int64_t N,
+                                                    int64_t nv) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, cross_entropy_local_max, row_max, (const float *)logits_local, N, nv);
+  DISPATCH(dev, cross_entropy_local_max_dt, dt, row_max, logits_local, N, nv);
+}
+
+weft_status weft_backend_cross_entropy_local_target_dt(weft_device dev, weft_dtype dt,
+                                                       float *target_logit,
+                                                       const void *logits_local,
+                                                       const int32_t *targets, int64_t N,
+                                                       int64_t v0, int64_t nv) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, cross_entropy_local_target, target_logit, (const float *)logits_local, targets, N,
+             v0, nv);
+  DISPATCH(dev, cross_entropy_local_target_dt, dt, target_logit, logits_local, targets, N, v0, nv);
+}
+
+weft_status weft_backend_cross_entropy_local_sumexp_dt(weft_device dev, weft_dtype dt,
+                                                       float *sumexp, const void *logits_local,
+                                                       const float *gmax, int64_t N, int64_t nv) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, cross_entropy_local_sumexp, sumexp, (const float *)logits_local, gmax, N, nv);
+  DISPATCH(dev, cross_entropy_local_sumexp_dt, dt, sumexp, logits_local, gmax, N, nv);
+}
+
+weft_status weft_backend_cross_entropy_backward_local_dt(weft_device dev, weft_dtype dt,
+                                                         void *dlogits_local,
+                                                         const void *logits_local, const float *lse,
+                                                         const int32_t *targets, int64_t N,
+                                                         int64_t v0, int64_t nv, float scale) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, cross_entropy_backward_local, (float *)dlogits_local, (const float *)logits_local,
+             lse, targets, N, v0, nv, scale);
+  DISPATCH(dev, cross_entropy_backward_local_dt, dt, dlogits_local, logits_local, lse, targets, N,
+           v0, nv, scale);
+}
+
 weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                           const void *inp, const float *uniform, float p,
                                           int64_t n) {

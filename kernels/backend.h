@@ -141,7 +141,9 @@ typedef struct weft_flat_piece {
  *      activation_forward_dt / activation_backward_dt, swiglu_forward_dt /
  *      swiglu_backward_dt, dropout_apply_dt, layernorm_forward_dt /
  *      layernorm_backward_dt, softmax_forward_dt / softmax_backward_dt,
- *      rmsnorm_forward_dt / rmsnorm_backward_dt */
+ *      rmsnorm_forward_dt / rmsnorm_backward_dt, cross_entropy_forward_dt ..
+ *      cross_entropy_backward_local_dt (a table built against an earlier
+ *      version-5 header has a smaller size: these read as absent) */
 #define WEFT_BACKEND_VERSION 5
 
 /* The operations whose dtypes a backend declares through takes_dtype: the
@@ -160,6 +162,9 @@ typedef enum weft_kernel_op {
   WEFT_KERNEL_LAYERNORM = 6, /* layernorm_forward_dt / layernorm_backward_dt */
   WEFT_KERNEL_SOFTMAX = 7,   /* softmax_forward_dt / softmax_backward_dt */
   WEFT_KERNEL_RMSNORM = 8,   /* rmsnorm_forward_dt / rmsnorm_backward_dt */
+  /* cross_entropy_forward_dt, _backward_dt, _local_max_dt,
+   * _local_target_dt, _local_sumexp_dt, _backward_local_dt */
+  WEFT_KERNEL_CROSS_ENTROPY = 9,
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 
@@ -440,6 +445,29 @@ typedef struct weft_backend {
   weft_status (*rmsnorm_backward_dt)(weft_dtype dt, void *dinp, float *dweight, const void *dout,
                                      const void *inp, const void *weight, const float *rstd,
                                      int64_t N, int64_t C, bool accumulate_dinp);
+  /* cross_entropy_forward .. cross_entropy_backward_local (but finish,
+   * which reads no logits) with the logits and dlogits of dtype dt; the
+   * loss, lse and the row statistics (row_max, target_logit, sumexp) stay
+   * f32 (the loss double). For bf16 / f16 the f32 member's bits on the
+   * widened logits, each dlogits element rounded once. */
+  weft_status (*cross_entropy_forward_dt)(weft_dtype dt, double *loss, float *lse,
+                                          const void *logits, const int32_t *targets, int64_t N,
+                                          int64_t V);
+  weft_status (*cross_entropy_backward_dt)(weft_dtype dt, void *dlogits, const void *logits,
+                                           const float *lse, const int32_t *targets, int64_t N,
+                                           int64_t V, float scale);
+  weft_status (*cross_entropy_local_max_dt)(weft_dtype dt, float *row_max, const void *logits_local,
+                                            int64_t N, int64_t nv);
+  weft_status (*cross_entropy_local_target_dt)(weft_dtype dt, float *target_logit,
+                                               const void *logits_local, const int32_t *targets,
+                                               int64_t N, int64_t v0, int64_t nv);
+  weft_status (*cross_entropy_local_sumexp_dt)(weft_dtype dt, float *sumexp,
+                                               const void *logits_local, const float *gmax,
+                                               int64_t N, int64_t nv);
+  weft_status (*cross_entropy_backward_local_dt)(weft_dtype dt, void *dlogits_local,
+                                                 const void *logits_local, const float *lse,
+                                                 const int32_t *targets, int64_t N, int64_t v0,
+                                                 int64_t nv, float scale);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -810,6 +838,33 @@ WEFT_API weft_status weft_backend_rmsnorm_backward_dt(weft_device dev, weft_dtyp
                                                       const void *inp, const void *weight,
                                                       const float *rstd, int64_t N, int64_t C,
                                                       bool accumulate_dinp);
+WEFT_API weft_status weft_backend_cross_entropy_forward_dt(weft_device dev, weft_dtype dt,
+                                                           double *loss, float *lse,
+                                                           const void *logits,
+                                                           const int32_t *targets, int64_t N,
+                                                           int64_t V);
+WEFT_API weft_status weft_backend_cross_entropy_backward_dt(weft_device dev, weft_dtype dt,
+                                                            void *dlogits, const void *logits,
+                                                            const float *lse,
+                                                            const int32_t *targets, int64_t N,
+                                                            int64_t V, float scale);
+WEFT_API weft_status weft_backend_cross_entropy_local_max_dt(weft_device dev, weft_dtype dt,
+                                                             float *row_max,
+                                                             const void *logits_local, int64_t N,
+                                                             int64_t nv);
+WEFT_API weft_status weft_backend_cross_entropy_local_target_dt(weft_device dev, weft_dtype dt,
+                                                                float *target_logit,
+                                                                const void *logits_local,
+                                                                const int32_t *targets, int64_t N,
+                                                                int64_t v0, int64_t nv);
+WEFT_API weft_status weft_backend_cross_entropy_local_sumexp_dt(weft_device dev, weft_dtype dt,
+                                                                float *sumexp,
+                                                                const void *logits_local,
+                                                                const float *gmax, int64_t N,
+                                                                int64_t nv);
+WEFT_API weft_status weft_backend_cross_entropy_backward_local_dt(
+    weft_device dev, weft_dtype dt, void *dlogits_local, const void *logits_local, const float *lse,
+    const int32_t *targets, int64_t N, int64_t v0, int64_t nv, float scale);
 WEFT_API weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                                    const void *inp, const float *uniform, float p,
                                                    int64_t n);

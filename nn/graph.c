@@ -425,24 +425,8 @@ double weft_var_item(const weft_var *v) {
   if (weft_dtensor_full_tensor(d, &full) != WEFT_OK) return NAN;
   weft_tensor *h = NULL;
   double r = NAN;
-  if (weft_tensor_to(full, WEFT_CPU, &h) == WEFT_OK) {
-    switch (h->dtype) {
-      case WEFT_F32:
-        r = *(const float *)h->data;
-        break;
-      case WEFT_F64:
-        r = *(const double *)h->data;
-        break;
-      case WEFT_BF16:
-        r = weft_bf16_to_f32(*(const uint16_t *)h->data);
-        break;
-      case WEFT_F16:
-        r = weft_f16_to_f32(*(const uint16_t *)h->data);
-        break;
-      default:
-        weft_error(WEFT_ERR_UNSUPPORTED, "var_item: dtype %s", weft_dtype_name(h->dtype));
-    }
-  }
+  if (weft_tensor_to(full, WEFT_CPU, &h) == WEFT_OK && !nn_scalar_load(h->dtype, h->data, &r))
+    weft_error(WEFT_ERR_UNSUPPORTED, "var_item: dtype %s", weft_dtype_name(h->dtype));
   weft_tensor_destroy(h);
   weft_tensor_destroy(full);
   return r;

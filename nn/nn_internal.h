@@ -132,6 +132,11 @@ weft_status nn_scratch_reserve(nn_scratch *s, weft_device dev, int64_t floats);
  * device). nn_host_put copies `bytes` host bytes to dst on dev. */
 weft_status nn_host_get(weft_device dev, const void *src, size_t bytes, const void **h, void **tmp);
 weft_status nn_host_put(weft_device dev, void *dst, const void *src, size_t bytes);
+/* One host element of a float dtype (f32, f64, bf16, f16): nn_scalar_load
+ * reads it as a double, nn_scalar_store writes v rounded once to dt (as
+ * nn/mixed.c rounds an f32 result). Both false for any other dtype. */
+bool nn_scalar_load(weft_dtype dt, const void *p, double *out);
+bool nn_scalar_store(weft_dtype dt, void *p, float v);
 void nn_scratch_free(nn_scratch *s);
 
 /* The device of a DTensor's local tensor: the kernels run through its

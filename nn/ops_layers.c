@@ -759,10 +759,12 @@ static weft_status sdpa_f32(weft_var *q, weft_var *k, weft_var *v, bool causal, 
 
 /* ----------------------------------------------------------- cross_entropy */
 
-/* saved[0] = lse (rows), saved[1] = the local rows' targets with ignored
- * ones as 0 (int32), saved[2] = 1 where the row counts, 0 where ignored
- * (int32); f[0] = the count of kept positions; i[0] = 1 when loss
- * parallel (vocab-sharded logits). */
+/* saved[0] = lse (rows, f32), saved[1] = the local rows' targets with
+ * ignored ones as 0 (int32), saved[2] = 1 where the row counts, 0 where
+ * ignored (int32); f[0] = the count of kept positions; i[0] = 1 when loss
+ * parallel (vocab-sharded logits). The logits and their gradient are of
+ * one dtype (f32, or bf16 / f16 when the device computes cross-entropy in
+ * it: backend.h cross_entropy_*_dt), the statistics f32. */
 static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
   weft_graph *g = nn_node_graph(n);
   const weft_dtensor *dl = dout[0], *logits = nn_node_input(n, 0);
@@ -772,16 +774,20 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
     all_r(k, r);
     WEFT_CHECK(nn_graph_bring(g, dl, r, false, &dl));
   }
-  float dloss;
+  double dloss = 0.0;
   {
+    const weft_tensor *t = nn_local(dl);
     const void *h;
     void *tmp;
-    WEFT_CHECK(nn_host_get(nn_dev(dl), nn_f32(dl), sizeof(float), &h, &tmp));
-    dloss = *(const float *)h;
+    WEFT_CHECK(nn_host_get(t->device, t->data, weft_dtype_size(t->dtype), &h, &tmp));
+    bool ok = nn_scalar_load(t->dtype, h, &dloss);
     weft_free(tmp);
+    if (!ok)
+      return weft_error(WEFT_ERR_UNSUPPORTED, "cross_entropy backward: the loss gradient is %s",
+                        weft_dtype_name(t->dtype));
   }
   double count = n->f[0];
-  float scale = count > 0 ? (float)((double)dloss / count) : 0.0f;
+  float scale = count > 0 ? (float)((double)(float)dloss / count) : 0.0f;
   weft_dtensor *dlog;
   WEFT_CHECK(nn_graph_like(g, logits, NULL, &dlog));
   const weft_tensor *ll = nn_local(logits);
@@ -791,15 +797,17 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
   if (N > 0 && nv > 0) {
     const int32_t *tl = (const int32_t *)nn_local(n->saved[1])->data;
     const float *lse = nn_f32(n->saved[0]);
+    void *dl_data = nn_local(dlog)->data;
     if (n->i[0]) {
       int64_t off[WEFT_MAX_DIMS] = {0};
       weft_dtensor_local_offset(logits, off);
-      WEFT_CHECK(weft_backend_cross_entropy_backward_local(dev, nn_f32(dlog), ll->data, lse, tl, N,
-                                                           off[last], nv, scale));
+      WEFT_CHECK(weft_backend_cross_entropy_backward_local_dt(dev, ll->dtype, dl_data, ll->data,
+                                                              lse, tl, N, off[last], nv, scale));
     } else {
-      WEFT_CHECK(
-          weft_backend_cross_entropy_backward(dev, nn_f32(dlog), ll->data, lse, tl, N, nv, scale));
+      WEFT_CHECK(weft_backend_cross_entropy_backward_dt(dev, ll->dtype, dl_data, ll->data, lse, tl,
+                                                        N, nv, scale));
     }
+    const size_t es = weft_dtype_size(ll->dtype);
     /* ignored rows get no gradient */
     const void *h;
     void *tmp;
@@ -811,7 +819,8 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
       if (keep[r]) continue;
       int64_t r1 = r;
       while (r1 + 1 < N && !keep[r1 + 1]) r1++;
-      st = weft_memset(dev, nn_f32(dlog) + r * nv, 0, (size_t)((r1 - r + 1) * nv) * sizeof(float));
+      st = weft_memset(dev, (char *)dl_data + (size_t)(r * nv) * es, 0,
+                       (size_t)((r1 - r + 1) * nv) * es);
       r = r1;
     }
     weft_free(tmp);
@@ -823,8 +832,8 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
   return WEFT_OK;
 }
 
-static weft_status cross_entropy_f32(weft_var *logits, const weft_dtensor *targets,
-                                     int32_t ignore_index, weft_var **out) {
+static weft_status cross_entropy_body(weft_var *logits, const weft_dtensor *targets,
+                                      int32_t ignore_index, weft_var **out) {
   const char *name = "cross_entropy";
   if (!out) return weft_error(WEFT_ERR_INVALID, "cross_entropy: out is NULL");
   *out = NULL;
@@ -833,7 +842,7 @@ static weft_status cross_entropy_f32(weft_var *logits, const weft_dtensor *targe
   if (!targets) return weft_error(WEFT_ERR_INVALID, "cross_entropy: targets are NULL");
   const weft_dtensor *lv = nn_var_now(logits);
   const weft_dtensor_spec *ls = weft_dtensor_get_spec(lv), *ts = weft_dtensor_get_spec(targets);
-  WEFT_CHECK(nn_check_f32_contig(name, &logits, 1, lv, "logits"));
+  WEFT_CHECK(nn_check_kernel_contig(name, &logits, 1, lv, "logits", WEFT_KERNEL_CROSS_ENTROPY));
   char tdesc[384];
   weft_dtensor_spec_describe(ts, tdesc, sizeof tdesc);
   if (ts->dtype != WEFT_I32)
@@ -953,25 +962,28 @@ static weft_status cross_entropy_f32(weft_var *logits, const weft_dtensor *targe
   WEFT_CHECK(row_buffer(g, lu, WEFT_F32, &lse));
   WEFT_CHECK(row_buffer(g, lu, WEFT_F32, &gtgt));
   const int32_t *dts = (const int32_t *)nn_local(tsafe)->data;
+  const weft_dtype ldt = ll->dtype; /* the logits' and the loss's: f32, or bf16 / f16 */
   if (!vocab) {
     if (N > 0 && nv > 0) {
       double mean;
-      WEFT_CHECK(weft_backend_cross_entropy_forward(dev, &mean, nn_f32(lse), ll->data, dts, N, nv));
-      WEFT_CHECK(
-          weft_backend_cross_entropy_local_target(dev, nn_f32(gtgt), ll->data, dts, N, 0, nv));
+      WEFT_CHECK(weft_backend_cross_entropy_forward_dt(dev, ldt, &mean, nn_f32(lse), ll->data, dts,
+                                                       N, nv));
+      WEFT_CHECK(weft_backend_cross_entropy_local_target_dt(dev, ldt, nn_f32(gtgt), ll->data, dts,
+                                                            N, 0, nv));
     }
   } else {
     WEFT_CHECK(row_buffer(g, lu, WEFT_F32, &gmax));
     WEFT_CHECK(row_buffer(g, lu, WEFT_F32, &gsum));
     float *pmax = nn_f32(gmax), *ptgt = nn_f32(gtgt), *psum = nn_f32(gsum);
-    WEFT_CHECK(weft_backend_cross_entropy_local_max(dev, pmax, ll->data, N, nv));
-    WEFT_CHECK(weft_backend_cross_entropy_local_target(dev, ptgt, ll->data, dts, N, v0, nv));
+    WEFT_CHECK(weft_backend_cross_entropy_local_max_dt(dev, ldt, pmax, ll->data, N, nv));
+    WEFT_CHECK(
+        weft_backend_cross_entropy_local_target_dt(dev, ldt, ptgt, ll->data, dts, N, v0, nv));
     for (int i = 0; i < k; i++)
       if (vocab_dim[i]) {
         WEFT_CHECK(weft_all_reduce(mesh, i, pmax, pmax, N, WEFT_F32, WEFT_OP_MAX, NULL));
         WEFT_CHECK(weft_all_reduce(mesh, i, ptgt, ptgt, N, WEFT_F32, WEFT_OP_SUM, NULL));
       }
-    WEFT_CHECK(weft_backend_cross_entropy_local_sumexp(dev, psum, ll->data, pmax, N, nv));
+    WEFT_CHECK(weft_backend_cross_entropy_local_sumexp_dt(dev, ldt, psum, ll->data, pmax, N, nv));
     for (int i = 0; i < k; i++)
       if (vocab_dim[i])
         WEFT_CHECK(weft_all_reduce(mesh, i, psum, psum, N, WEFT_F32, WEFT_OP_SUM, NULL));
@@ -1004,10 +1016,13 @@ static weft_status cross_entropy_f32(weft_var *logits, const weft_dtensor *targe
     if (row_dim[i])
       WEFT_CHECK(weft_all_reduce(mesh, i, &sum, &sum, 1, WEFT_F64, WEFT_OP_SUM, NULL));
   /* torch: the mean over no position is 0/0 = nan */
+  /* the loss in the logits' dtype, as PyTorch's: the f32 mean rounded once */
   float loss = (float)(sum / (double)count);
   int64_t one = 1;
-  WEFT_CHECK(nn_graph_tensor(g, mesh, WEFT_F32, 1, &one, rep, &y));
-  WEFT_CHECK(nn_host_put(nn_dev(y), nn_f32(y), &loss, sizeof loss));
+  uint64_t cell = 0;
+  nn_scalar_store(ldt, &cell, loss);
+  WEFT_CHECK(nn_graph_tensor(g, mesh, ldt, 1, &one, rep, &y));
+  WEFT_CHECK(nn_host_put(nn_dev(y), nn_local(y)->data, &cell, weft_dtype_size(ldt)));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, &logits, 1, (const weft_dtensor *const[]){lu}, ce_backward, &node));
@@ -1172,8 +1187,8 @@ weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
                                   int32_t ignore_index, weft_var **out) {
   weft_var *in[1] = {logits};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "cross_entropy", in, 1, false));
-  return nn_mixed_end(&mx, cross_entropy_f32(in[0], targets, ignore_index, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "cross_entropy", in, 1, false, WEFT_KERNEL_CROSS_ENTROPY));
+  return nn_mixed_end(&mx, cross_entropy_body(in[0], targets, ignore_index, out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {

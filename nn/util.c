@@ -105,6 +105,44 @@ weft_status nn_host_put(weft_device dev, void *dst, const void *src, size_t byte
   return weft_memcpy(dev, dst, src, bytes, WEFT_COPY_H2D);
 }
 
+bool nn_scalar_load(weft_dtype dt, const void *p, double *out) {
+  switch (dt) {
+    case WEFT_F32:
+      *out = *(const float *)p;
+      return true;
+    case WEFT_F64:
+      *out = *(const double *)p;
+      return true;
+    case WEFT_BF16:
+      *out = weft_bf16_to_f32(*(const uint16_t *)p);
+      return true;
+    case WEFT_F16:
+      *out = weft_f16_to_f32(*(const uint16_t *)p);
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool nn_scalar_store(weft_dtype dt, void *p, float v) {
+  switch (dt) {
+    case WEFT_F32:
+      *(float *)p = v;
+      return true;
+    case WEFT_F64:
+      *(double *)p = v;
+      return true;
+    case WEFT_BF16:
+      *(uint16_t *)p = weft_f32_to_bf16(v);
+      return true;
+    case WEFT_F16:
+      *(uint16_t *)p = weft_f32_to_f16(v);
+      return true;
+    default:
+      return false;
+  }
+}
+
 weft_status nn_scratch_reserve(nn_scratch *s, weft_device dev, int64_t floats) {
   if (floats <= s->cap && dev == s->dev) return WEFT_OK;
   void *p;

@@ -94,6 +94,26 @@ weft_status weft_cpu_rmsnorm_backward_dt_(weft_dtype dt, void *dinp, float *dwei
                                           const void *dout, const void *inp, const void *weight,
                                           const float *rstd, int64_t N, int64_t C,
                                           bool accumulate_dinp);
+/* kernels/cpu/cross_entropy.c: the cross_entropy_*_dt members (backend.h) */
+weft_status weft_cpu_cross_entropy_forward_dt_(weft_dtype dt, double *loss, float *lse,
+                                               const void *logits, const int32_t *targets,
+                                               int64_t N, int64_t V);
+weft_status weft_cpu_cross_entropy_backward_dt_(weft_dtype dt, void *dlogits, const void *logits,
+                                                const float *lse, const int32_t *targets, int64_t N,
+                                                int64_t V, float scale);
+weft_status weft_cpu_cross_entropy_local_max_dt_(weft_dtype dt, float *row_max,
+                                                 const void *logits_local, int64_t N, int64_t nv);
+weft_status weft_cpu_cross_entropy_local_target_dt_(weft_dtype dt, float *target_logit,
+                                                    const void *logits_local,
+                                                    const int32_t *targets, int64_t N, int64_t v0,
+                                                    int64_t nv);
+weft_status weft_cpu_cross_entropy_local_sumexp_dt_(weft_dtype dt, float *sumexp,
+                                                    const void *logits_local, const float *gmax,
+                                                    int64_t N, int64_t nv);
+weft_status weft_cpu_cross_entropy_backward_local_dt_(weft_dtype dt, void *dlogits_local,
+                                                      const void *logits_local, const float *lse,
+                                                      const int32_t *targets, int64_t N, int64_t v0,
+                                                      int64_t nv, float scale);
 weft_status weft_cpu_dropout_apply_dt_(weft_dtype dt, void *out, const void *inp,
                                        const float *uniform, float p, int64_t n);
 /* kernels/cpu/ops.c */

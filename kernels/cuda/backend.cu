@@ -54,6 +54,12 @@ weft_backend make_table() {
   b.softmax_backward_dt = weft_cuda_softmax_backward_dt;
   b.rmsnorm_forward_dt = weft_cuda_rmsnorm_forward_dt;
   b.rmsnorm_backward_dt = weft_cuda_rmsnorm_backward_dt;
+  b.cross_entropy_forward_dt = weft_cuda_cross_entropy_forward_dt;
+  b.cross_entropy_backward_dt = weft_cuda_cross_entropy_backward_dt;
+  b.cross_entropy_local_max_dt = weft_cuda_cross_entropy_local_max_dt;
+  b.cross_entropy_local_target_dt = weft_cuda_cross_entropy_local_target_dt;
+  b.cross_entropy_local_sumexp_dt = weft_cuda_cross_entropy_local_sumexp_dt;
+  b.cross_entropy_backward_local_dt = weft_cuda_cross_entropy_backward_local_dt;
   b.copy = weft_cuda_copy;
   b.fill = weft_cuda_fill;
   b.fill_random = weft_cuda_fill_random;

@@ -148,6 +148,25 @@ weft_status weft_cuda_rmsnorm_backward_dt(weft_dtype dt, void *dinp, float *dwei
                                           const void *dout, const void *inp, const void *weight,
                                           const float *rstd, int64_t N, int64_t C,
                                           bool accumulate_dinp);
+weft_status weft_cuda_cross_entropy_forward_dt(weft_dtype dt, double *loss, float *lse,
+                                               const void *logits, const int32_t *targets,
+                                               int64_t N, int64_t V);
+weft_status weft_cuda_cross_entropy_backward_dt(weft_dtype dt, void *dlogits, const void *logits,
+                                                const float *lse, const int32_t *targets, int64_t N,
+                                                int64_t V, float scale);
+weft_status weft_cuda_cross_entropy_local_max_dt(weft_dtype dt, float *row_max,
+                                                 const void *logits_local, int64_t N, int64_t nv);
+weft_status weft_cuda_cross_entropy_local_target_dt(weft_dtype dt, float *target_logit,
+                                                    const void *logits_local,
+                                                    const int32_t *targets, int64_t N, int64_t v0,
+                                                    int64_t nv);
+weft_status weft_cuda_cross_entropy_local_sumexp_dt(weft_dtype dt, float *sumexp,
+                                                    const void *logits_local, const float *gmax,
+                                                    int64_t N, int64_t nv);
+weft_status weft_cuda_cross_entropy_backward_local_dt(weft_dtype dt, void *dlogits_local,
+                                                      const void *logits_local, const float *lse,
+                                                      const int32_t *targets, int64_t N, int64_t v0,
+                                                      int64_t nv, float scale);
 weft_status weft_cuda_dropout_apply_dt(weft_dtype dt, void *out, const void *inp,
                                        const float *uniform, float p, int64_t n);
 weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);

@@ -541,15 +541,16 @@ struct loss_result {
  * by warp shuffles and then across warps in order; row_lse[n] and
  * row_loss[n] = lse - logits[n, target] (double) into scratch. A target
  * outside [0, V) marks the row in res->flag (the loss is then not used). */
-__global__ void ce_fwd_kernel(float *row_lse, double *row_loss, loss_result *res,
-                              const float *logits, const int32_t *targets, int64_t N, int64_t V) {
+template <class T>
+__global__ void ce_fwd_kernel(float *row_lse, double *row_loss, loss_result *res, const T *logits,
+                              const int32_t *targets, int64_t N, int64_t V) {
   __shared__ float shm[32], shs[32];
   const unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    const float *row = logits + n * V;
+    const T *row = logits + n * V;
     float m = -INFINITY, s = 0.0f;
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-      const float x = row[v];
+      const float x = as_f32(row[v]);
       lse_push(m, s, x);
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -572,7 +573,7 @@ __global__ void ce_fwd_kernel(float *row_lse, double *row_loss, loss_result *res
         atomicMax(&res->flag, (unsigned)(N - n));
         row_loss[n] = 0.0;
       } else {
-        row_loss[n] = (double)l - (double)row[t];
+        row_loss[n] = (double)l - (double)as_f32(row[t]);
       }
     }
     __syncthreads();
@@ -589,19 +590,20 @@ __global__ void sum_d_kernel(loss_result *res, const double *x, int64_t n) {
 }
 
 /* dlogits[n, j] = scale * (exp(logits[n, j] - lse[n]) - [v0 + j == t]),
- * one block per row (dlogits may alias logits). */
-__global__ void ce_bwd_kernel(float *dlogits, const float *logits, const float *lse,
-                              const int32_t *targets, int64_t N, int64_t v0, int64_t nv,
-                              float scale, bool vec) {
+ * one block per row (dlogits may alias logits). T: float, or bf16_t /
+ * f16_t (each element widened, its gradient rounded once). */
+template <class T>
+__global__ void ce_bwd_kernel(T *dlogits, const T *logits, const float *lse, const int32_t *targets,
+                              int64_t N, int64_t v0, int64_t nv, float scale, bool vec) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float l = lse[n];
     const int64_t t = (int64_t)targets[n] - v0;
-    const float *x = logits + n * nv;
-    float *d = dlogits + n * nv;
+    const T *x = logits + n * nv;
+    T *d = dlogits + n * nv;
     int64_t done = 0;
     if (vec) {
       for (int64_t j = threadIdx.x; j < nv / 4; j += blockDim.x) {
-        const f4 v = ((const f4 *)x)[j];
+        const f4 v = load4(x, j);
         f4 g = {expf(v.x - l) * scale, expf(v.y - l) * scale, expf(v.z - l) * scale,
                 expf(v.w - l) * scale};
         const int64_t j4 = 4 * j;
@@ -609,45 +611,48 @@ __global__ void ce_bwd_kernel(float *dlogits, const float *logits, const float *
         if (t == j4 + 1) g.y -= scale;
         if (t == j4 + 2) g.z -= scale;
         if (t == j4 + 3) g.w -= scale;
-        ((f4 *)d)[j] = g;
+        store4(d, j, g);
       }
       done = nv / 4 * 4;
     }
     for (int64_t j = done + threadIdx.x; j < nv; j += blockDim.x) {
-      float g = expf(x[j] - l) * scale;
+      float g = expf(as_f32(x[j]) - l) * scale;
       if (j == t) g -= scale;
-      d[j] = g;
+      d[j] = from_f32<T>(g);
     }
   }
 }
 
-__global__ void row_max_kernel(float *row_max, const float *x, int64_t N, int64_t nv) {
+template <class T>
+__global__ void row_max_kernel(float *row_max, const T *x, int64_t N, int64_t nv) {
   __shared__ float sh[32];
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) m = fmaxf(m, x[n * nv + j]);
+    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) m = fmaxf(m, as_f32(x[n * nv + j]));
     m = block_max(m, sh);
     if (threadIdx.x == 0) row_max[n] = m;
   }
 }
 
-__global__ void local_target_kernel(float *out, const float *x, const int32_t *targets, int64_t N,
+template <class T>
+__global__ void local_target_kernel(float *out, const T *x, const int32_t *targets, int64_t N,
                                     int64_t v0, int64_t nv) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; n < N; n += stride) {
     const int64_t j = (int64_t)targets[n] - v0;
-    out[n] = (j >= 0 && j < nv) ? x[n * nv + j] : 0.0f;
+    out[n] = (j >= 0 && j < nv) ? as_f32(x[n * nv + j]) : 0.0f;
   }
 }
 
 /* sumexp[n] = sum_j exp(x[n, j] - gmax[n]), accumulated in double. */
-__global__ void sumexp_kernel(float *sumexp, const float *x, const float *gmax, int64_t N,
-                              int64_t nv) {
+template <class T>
+__global__ void sumexp_kernel(float *sumexp, const T *x, const float *gmax, int64_t N, int64_t nv) {
   __shared__ double sh[32];
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float m = gmax[n];
     double s = 0.0;
-    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) s += (double)expf(x[n * nv + j] - m);
+    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x)
+      s += (double)expf(as_f32(x[n * nv + j]) - m);
     s = block_sum_d(s, sh);
     if (threadIdx.x == 0) sumexp[n] = (float)s;
   }
@@ -676,12 +681,17 @@ __global__ void finish_lse_kernel(float *lse, const float *gmax, const float *gs
 
 #define ROW_THREADS 256
 
-weft_status ce_backward_launch(const char *func, float *dlogits, const float *logits,
-                               const float *lse, const int32_t *targets, int64_t N, int64_t v0,
-                               int64_t nv, float scale) {
+/* T: float, bf16_t or f16_t; the four-wide path for 16-bit storage
+ * whenever nv % 4 == 0 (elementwise: the same values either way) */
+template <class T>
+weft_status ce_backward_launch(const char *func, T *dlogits, const T *logits, const float *lse,
+                               const int32_t *targets, int64_t N, int64_t v0, int64_t nv,
+                               float scale) {
   if (N == 0 || nv == 0) return WEFT_OK;
-  const bool vec = nv % 4 == 0 && aligned16(dlogits) && aligned16(logits);
-  WEFT_COST(4.0 * (double)N * (double)nv, 8.0 * (double)N * (double)nv + 12.0 * (double)N);
+  const bool vec =
+      nv % 4 == 0 && (sizeof(T) != sizeof(float) || (aligned16(dlogits) && aligned16(logits)));
+  WEFT_COST(4.0 * (double)N * (double)nv,
+            2.0 * (double)sizeof(T) * (double)N * (double)nv + 12.0 * (double)N);
   WEFT_LAUNCH(ce_bwd_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), dlogits, logits, lse,
               targets, N, v0, nv, scale, vec);
   return launched(func);
@@ -690,6 +700,125 @@ weft_status ce_backward_launch(const char *func, float *dlogits, const float *lo
 /* Copies *res back (waits for the compute stream). */
 weft_status fetch_result(const loss_result *dres, loss_result *res) {
   return weft_cuda_memcpy_(res, dres, sizeof *res, WEFT_COPY_D2H);
+}
+
+/* The cross-entropy members for logits of element type T (float, bf16_t,
+ * f16_t); func names the operation in errors. */
+template <class T>
+weft_status ce_forward_impl(const char *func, double *loss, float *lse, const T *logits,
+                            const int32_t *targets, int64_t N, int64_t V) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  const char *op = weft_op_name_(func);
+  CHECK_SIZES_AT(op, N, V);
+  CHECK_PTR_AT(op, loss, 1);
+  CHECK_PTR_AT(op, logits, N * V);
+  CHECK_PTR_AT(op, targets, N);
+  if (V == 0 && N > 0) return weft_error_at(WEFT_ERR_INVALID, op, "V = 0: no classes");
+  if (N == 0) {
+    *loss = 0.0;
+    return WEFT_OK;
+  }
+  if (N > (int64_t)UINT32_MAX)
+    return weft_error_at(WEFT_ERR_INVALID, op, "N = %lld rows: at most 2^32 - 1 supported",
+                         (long long)N);
+  /* scratch: result | row_loss (N doubles) | row_lse (N floats) */
+  const size_t off_loss = 256, off_lse = off_loss + round_up_256((size_t)N * sizeof(double));
+  void *scratch;
+  WEFT_CHECK(weft_cuda_scratch_(off_lse + (size_t)N * sizeof(float), &scratch));
+  loss_result *dres = (loss_result *)scratch;
+  double *row_loss = (double *)((char *)scratch + off_loss);
+  float *row_lse = (float *)((char *)scratch + off_lse);
+  cudaStream_t s = compute_stream();
+  WEFT_CHECK(weft_cuda_memset_(dres, 0, sizeof *dres));
+  WEFT_COST(4.0 * (double)N * (double)V,
+            (double)sizeof(T) * (double)N * (double)V + 16.0 * (double)N);
+  WEFT_LAUNCH(ce_fwd_kernel<T>, grid_for(N, 1), ROW_THREADS, 0, s, row_lse, row_loss, dres, logits,
+              targets, N, V);
+  WEFT_CHECK(launched(func));
+  WEFT_COST((double)N, 8.0 * (double)N);
+  WEFT_LAUNCH(sum_d_kernel, 1, 1024, 0, s, dres, row_loss, N);
+  WEFT_CHECK(launched(func));
+  loss_result res;
+  WEFT_CHECK(fetch_result(dres, &res));
+  if (res.flag != 0) { /* nothing was written: report the first bad target as the CPU does */
+    const int64_t n = N - (int64_t)res.flag;
+    int32_t bad = 0;
+    WEFT_CHECK(weft_cuda_memcpy_(&bad, targets + n, sizeof bad, WEFT_COPY_D2H));
+    return weft_error_at(WEFT_ERR_INVALID, op,
+                         "targets[%lld] = %d is outside the vocabulary [0, %lld)", (long long)n,
+                         bad, (long long)V);
+  }
+  *loss = res.sum / (double)N;
+  if (lse)
+    WEFT_CHECK(weft_cuda_memcpy_async_(lse, row_lse, (size_t)N * sizeof(float), WEFT_COPY_D2D,
+                                       WEFT_STREAM_COMPUTE));
+  return WEFT_OK;
+}
+
+/* whole: the whole vocabulary (cross_entropy_backward: targets in [0, nv),
+ * v0 = 0) */
+template <class T>
+weft_status ce_backward_impl(const char *func, bool whole, T *dlogits, const T *logits,
+                             const float *lse, const int32_t *targets, int64_t N, int64_t v0,
+                             int64_t nv, float scale) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  const char *op = weft_op_name_(func);
+  CHECK_SIZES_AT(op, N, v0, nv);
+  CHECK_PTR_AT(op, dlogits, N * nv);
+  CHECK_PTR_AT(op, logits, N * nv);
+  CHECK_PTR_AT(op, lse, N);
+  CHECK_PTR_AT(op, targets, N);
+  WEFT_CHECK(check_ids(func, "targets", targets, N, whole ? nv : -1));
+  return ce_backward_launch(func, dlogits, logits, lse, targets, N, v0, nv, scale);
+}
+
+template <class T>
+weft_status ce_local_max_impl(const char *func, float *row_max, const T *logits_local, int64_t N,
+                              int64_t nv) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  const char *op = weft_op_name_(func);
+  CHECK_SIZES_AT(op, N, nv);
+  CHECK_PTR_AT(op, row_max, N);
+  CHECK_PTR_AT(op, logits_local, N * nv);
+  if (N == 0) return WEFT_OK;
+  WEFT_COST((double)N * (double)nv, (double)sizeof(T) * (double)N * (double)nv + 4.0 * (double)N);
+  WEFT_LAUNCH(row_max_kernel<T>, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), row_max,
+              logits_local, N, nv);
+  return launched(func);
+}
+
+template <class T>
+weft_status ce_local_target_impl(const char *func, float *target_logit, const T *logits_local,
+                                 const int32_t *targets, int64_t N, int64_t v0, int64_t nv) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  const char *op = weft_op_name_(func);
+  CHECK_SIZES_AT(op, N, v0, nv);
+  CHECK_PTR_AT(op, target_logit, N);
+  CHECK_PTR_AT(op, logits_local, N * nv);
+  CHECK_PTR_AT(op, targets, N);
+  WEFT_CHECK(check_ids(func, "targets", targets, N, -1));
+  if (N == 0) return WEFT_OK;
+  WEFT_COST(0, (8.0 + (double)sizeof(T)) * (double)N);
+  WEFT_LAUNCH(local_target_kernel<T>, grid_for(N, 256), 256, 0, compute_stream(), target_logit,
+              logits_local, targets, N, v0, nv);
+  return launched(func);
+}
+
+template <class T>
+weft_status ce_local_sumexp_impl(const char *func, float *sumexp, const T *logits_local,
+                                 const float *gmax, int64_t N, int64_t nv) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  const char *op = weft_op_name_(func);
+  CHECK_SIZES_AT(op, N, nv);
+  CHECK_PTR_AT(op, sumexp, N);
+  CHECK_PTR_AT(op, logits_local, N * nv);
+  CHECK_PTR_AT(op, gmax, N);
+  if (N == 0) return WEFT_OK;
+  WEFT_COST(3.0 * (double)N * (double)nv,
+            (double)sizeof(T) * (double)N * (double)nv + 8.0 * (double)N);
+  WEFT_LAUNCH(sumexp_kernel<T>, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), sumexp,
+              logits_local, gmax, N, nv);
+  return launched(func);
 }
 
 }  // namespace
@@ -1104,104 +1233,29 @@ weft_status weft_cuda_residual_backward(float *da, float *db, const float *dout,
 
 weft_status weft_cuda_cross_entropy_forward(double *loss, float *lse, const float *logits,
                                             const int32_t *targets, int64_t N, int64_t V) {
-  REQUIRE_INIT();
-  CHECK_SIZES(N, V);
-  CHECK_PTR(loss, 1);
-  CHECK_PTR(logits, N * V);
-  CHECK_PTR(targets, N);
-  if (V == 0 && N > 0) return weft_error(WEFT_ERR_INVALID, "V = 0: no classes");
-  if (N == 0) {
-    *loss = 0.0;
-    return WEFT_OK;
-  }
-  if (N > (int64_t)UINT32_MAX)
-    return weft_error(WEFT_ERR_INVALID, "N = %lld rows: at most 2^32 - 1 supported", (long long)N);
-  /* scratch: result | row_loss (N doubles) | row_lse (N floats) */
-  const size_t off_loss = 256, off_lse = off_loss + round_up_256((size_t)N * sizeof(double));
-  void *scratch;
-  WEFT_CHECK(weft_cuda_scratch_(off_lse + (size_t)N * sizeof(float), &scratch));
-  loss_result *dres = (loss_result *)scratch;
-  double *row_loss = (double *)((char *)scratch + off_loss);
-  float *row_lse = (float *)((char *)scratch + off_lse);
-  cudaStream_t s = compute_stream();
-  WEFT_CHECK(weft_cuda_memset_(dres, 0, sizeof *dres));
-  WEFT_COST(4.0 * (double)N * (double)V, 4.0 * (double)N * (double)V + 16.0 * (double)N);
-  WEFT_LAUNCH(ce_fwd_kernel, grid_for(N, 1), ROW_THREADS, 0, s, row_lse, row_loss, dres, logits,
-              targets, N, V);
-  WEFT_CHECK(launched(__func__));
-  WEFT_COST((double)N, 8.0 * (double)N);
-  WEFT_LAUNCH(sum_d_kernel, 1, 1024, 0, s, dres, row_loss, N);
-  WEFT_CHECK(launched(__func__));
-  loss_result res;
-  WEFT_CHECK(fetch_result(dres, &res));
-  if (res.flag != 0) { /* nothing was written: report the first bad target as the CPU does */
-    const int64_t n = N - (int64_t)res.flag;
-    int32_t bad = 0;
-    WEFT_CHECK(weft_cuda_memcpy_(&bad, targets + n, sizeof bad, WEFT_COPY_D2H));
-    return weft_error(WEFT_ERR_INVALID, "targets[%lld] = %d is outside the vocabulary [0, %lld)",
-                      (long long)n, bad, (long long)V);
-  }
-  *loss = res.sum / (double)N;
-  if (lse)
-    WEFT_CHECK(weft_cuda_memcpy_async_(lse, row_lse, (size_t)N * sizeof(float), WEFT_COPY_D2D,
-                                       WEFT_STREAM_COMPUTE));
-  return WEFT_OK;
+  return ce_forward_impl(__func__, loss, lse, logits, targets, N, V);
 }
 
 weft_status weft_cuda_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
                                              const int32_t *targets, int64_t N, int64_t V,
                                              float scale) {
-  REQUIRE_INIT();
-  CHECK_SIZES(N, V);
-  CHECK_PTR(dlogits, N * V);
-  CHECK_PTR(logits, N * V);
-  CHECK_PTR(lse, N);
-  CHECK_PTR(targets, N);
-  WEFT_CHECK(check_ids(__func__, "targets", targets, N, V));
-  return ce_backward_launch(__func__, dlogits, logits, lse, targets, N, 0, V, scale);
+  return ce_backward_impl(__func__, true, dlogits, logits, lse, targets, N, 0, V, scale);
 }
 
 weft_status weft_cuda_cross_entropy_local_max(float *row_max, const float *logits_local, int64_t N,
                                               int64_t nv) {
-  REQUIRE_INIT();
-  CHECK_SIZES(N, nv);
-  CHECK_PTR(row_max, N);
-  CHECK_PTR(logits_local, N * nv);
-  if (N == 0) return WEFT_OK;
-  WEFT_COST((double)N * (double)nv, 4.0 * (double)N * (double)nv + 4.0 * (double)N);
-  WEFT_LAUNCH(row_max_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), row_max,
-              logits_local, N, nv);
-  return launched(__func__);
+  return ce_local_max_impl(__func__, row_max, logits_local, N, nv);
 }
 
 weft_status weft_cuda_cross_entropy_local_target(float *target_logit, const float *logits_local,
                                                  const int32_t *targets, int64_t N, int64_t v0,
                                                  int64_t nv) {
-  REQUIRE_INIT();
-  CHECK_SIZES(N, v0, nv);
-  CHECK_PTR(target_logit, N);
-  CHECK_PTR(logits_local, N * nv);
-  CHECK_PTR(targets, N);
-  WEFT_CHECK(check_ids(__func__, "targets", targets, N, -1));
-  if (N == 0) return WEFT_OK;
-  WEFT_COST(0, 12.0 * (double)N);
-  WEFT_LAUNCH(local_target_kernel, grid_for(N, 256), 256, 0, compute_stream(), target_logit,
-              logits_local, targets, N, v0, nv);
-  return launched(__func__);
+  return ce_local_target_impl(__func__, target_logit, logits_local, targets, N, v0, nv);
 }
 
 weft_status weft_cuda_cross_entropy_local_sumexp(float *sumexp, const float *logits_local,
                                                  const float *gmax, int64_t N, int64_t nv) {
-  REQUIRE_INIT();
-  CHECK_SIZES(N, nv);
-  CHECK_PTR(sumexp, N);
-  CHECK_PTR(logits_local, N * nv);
-  CHECK_PTR(gmax, N);
-  if (N == 0) return WEFT_OK;
-  WEFT_COST(3.0 * (double)N * (double)nv, 4.0 * (double)N * (double)nv + 8.0 * (double)N);
-  WEFT_LAUNCH(sumexp_kernel, grid_for(N, 1), ROW_THREADS, 0, compute_stream(), sumexp, logits_local,
-              gmax, N, nv);
-  return launched(__func__);
+  return ce_local_sumexp_impl(__func__, sumexp, logits_local, gmax, N, nv);
 }
 
 weft_status weft_cuda_cross_entropy_finish(double *loss, float *lse, const float *gmax,
@@ -1252,14 +1306,77 @@ weft_status weft_cuda_cross_entropy_finish(double *loss, float *lse, const float
 weft_status weft_cuda_cross_entropy_backward_local(float *dlogits_local, const float *logits_local,
                                                    const float *lse, const int32_t *targets,
                                                    int64_t N, int64_t v0, int64_t nv, float scale) {
-  REQUIRE_INIT();
-  CHECK_SIZES(N, v0, nv);
-  CHECK_PTR(dlogits_local, N * nv);
-  CHECK_PTR(logits_local, N * nv);
-  CHECK_PTR(lse, N);
-  CHECK_PTR(targets, N);
-  WEFT_CHECK(check_ids(__func__, "targets", targets, N, -1));
-  return ce_backward_launch(__func__, dlogits_local, logits_local, lse, targets, N, v0, nv, scale);
+  return ce_backward_impl(__func__, false, dlogits_local, logits_local, lse, targets, N, v0, nv,
+                          scale);
+}
+
+/* bf16 / f16 logits (backend.h cross_entropy_*_dt): the kernels above on
+ * the widened elements; f32 is the members above. */
+#define CE_DT(call_f32, call_bf16, call_f16)             \
+  do {                                                   \
+    REQUIRE_INIT();                                      \
+    WEFT_CHECK_STORAGE_DT_(weft_op_name_(__func__), dt); \
+    if (dt == WEFT_F32) return call_f32;                 \
+    if (dt == WEFT_BF16) return call_bf16;               \
+    return call_f16;                                     \
+  } while (0)
+
+weft_status weft_cuda_cross_entropy_forward_dt(weft_dtype dt, double *loss, float *lse,
+                                               const void *logits, const int32_t *targets,
+                                               int64_t N, int64_t V) {
+  CE_DT(ce_forward_impl(__func__, loss, lse, (const float *)logits, targets, N, V),
+        ce_forward_impl(__func__, loss, lse, (const bf16_t *)logits, targets, N, V),
+        ce_forward_impl(__func__, loss, lse, (const f16_t *)logits, targets, N, V));
+}
+
+weft_status weft_cuda_cross_entropy_backward_dt(weft_dtype dt, void *dlogits, const void *logits,
+                                                const float *lse, const int32_t *targets, int64_t N,
+                                                int64_t V, float scale) {
+  CE_DT(ce_backward_impl(__func__, true, (float *)dlogits, (const float *)logits, lse, targets, N,
+                         0, V, scale),
+        ce_backward_impl(__func__, true, (bf16_t *)dlogits, (const bf16_t *)logits, lse, targets, N,
+                         0, V, scale),
+        ce_backward_impl(__func__, true, (f16_t *)dlogits, (const f16_t *)logits, lse, targets, N,
+                         0, V, scale));
+}
+
+weft_status weft_cuda_cross_entropy_local_max_dt(weft_dtype dt, float *row_max,
+                                                 const void *logits_local, int64_t N, int64_t nv) {
+  CE_DT(ce_local_max_impl(__func__, row_max, (const float *)logits_local, N, nv),
+        ce_local_max_impl(__func__, row_max, (const bf16_t *)logits_local, N, nv),
+        ce_local_max_impl(__func__, row_max, (const f16_t *)logits_local, N, nv));
+}
+
+weft_status weft_cuda_cross_entropy_local_target_dt(weft_dtype dt, float *target_logit,
+                                                    const void *logits_local,
+                                                    const int32_t *targets, int64_t N, int64_t v0,
+                                                    int64_t nv) {
+  CE_DT(
+      ce_local_target_impl(__func__, target_logit, (const float *)logits_local, targets, N, v0, nv),
+      ce_local_target_impl(__func__, target_logit, (const bf16_t *)logits_local, targets, N, v0,
+                           nv),
+      ce_local_target_impl(__func__, target_logit, (const f16_t *)logits_local, targets, N, v0,
+                           nv));
+}
+
+weft_status weft_cuda_cross_entropy_local_sumexp_dt(weft_dtype dt, float *sumexp,
+                                                    const void *logits_local, const float *gmax,
+                                                    int64_t N, int64_t nv) {
+  CE_DT(ce_local_sumexp_impl(__func__, sumexp, (const float *)logits_local, gmax, N, nv),
+        ce_local_sumexp_impl(__func__, sumexp, (const bf16_t *)logits_local, gmax, N, nv),
+        ce_local_sumexp_impl(__func__, sumexp, (const f16_t *)logits_local, gmax, N, nv));
+}
+
+weft_status weft_cuda_cross_entropy_backward_local_dt(weft_dtype dt, void *dlogits_local,
+                                                      const void *logits_local, const float *lse,
+                                                      const int32_t *targets, int64_t N, int64_t v0,
+                                                      int64_t nv, float scale) {
+  CE_DT(ce_backward_impl(__func__, false, (float *)dlogits_local, (const float *)logits_local, lse,
+                         targets, N, v0, nv, scale),
+        ce_backward_impl(__func__, false, (bf16_t *)dlogits_local, (const bf16_t *)logits_local,
+                         lse, targets, N, v0, nv, scale),
+        ce_backward_impl(__func__, false, (f16_t *)dlogits_local, (const f16_t *)logits_local, lse,
+                         targets, N, v0, nv, scale));
 }
 
 }  // extern "C"

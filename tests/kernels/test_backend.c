@@ -3026,6 +3026,95 @@ BACKEND_TEST(rmsnorm_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
   }
 }
 
+/* Cross-entropy the same way: the whole-vocabulary forward and backward
+ * and the vocab-sharded pieces (v0 13: some targets fall outside the
+ * shard) read bf16 / f16 logits as this device's f32 members read the
+ * widened ones; the loss, lse and row statistics are those bits, each
+ * dlogits element that f32 gradient rounded once. V = 64 takes a device's
+ * four-wide path, 77 its scalar one; 300 rows span several CPU chunks. */
+BACKEND_TEST(cross_entropy_dt_in_bf16_and_f16_is_the_f32_member_on_widened_logits) {
+  seed_tests(447);
+  const int64_t N = 300, Vs[2] = {77, 64}, v0 = 13;
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  char what[160];
+  for (int k = 0; k < 4; k++) {
+    const weft_dtype dt = dts[k % 2];
+    const int64_t V = Vs[k / 2], NV = N * V;
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_CROSS_ENTROPY, dt));
+    float *x0 = h_normal(NV, 3.0);
+    uint16_t *hx = h_round(x0, dt, NV);
+    float *x = h_widen(hx, dt, NV);
+    int32_t *tg = xmalloc((size_t)N * sizeof(int32_t));
+    for (int64_t n = 0; n < N; n++) tg[n] = (int32_t)((n * 37 + 5) % V);
+    void *dx = dup_h(dev, hx, (size_t)NV * 2);
+    float *fx = dupf(dev, x, NV);
+    int32_t *dt_tg = dup_h(dev, tg, (size_t)N * sizeof(int32_t));
+    /* whole vocabulary: loss and lse */
+    double l1 = NAN, l2 = NAN;
+    float *lse1 = dnan(dev, (size_t)N * 4), *lse2 = dnan(dev, (size_t)N * 4);
+    OK(weft_backend_cross_entropy_forward_dt(dev, dt, &l1, lse1, dx, dt_tg, N, V));
+    OK(weft_backend_cross_entropy_forward(dev, &l2, lse2, fx, dt_tg, N, V));
+    cr_assert(l1 == l2 && isfinite(l1),
+              "cross_entropy_forward_dt %s V %lld: loss %.17g, want %.17g", weft_dtype_name(dt),
+              (long long)V, l1, l2);
+    float *s1 = downf(dev, lse1, N), *s2 = downf(dev, lse2, N);
+    expect_same_floats("cross_entropy_forward_dt lse", s1, s2, N, WEFT_F32);
+    free(s1), free(s2);
+    /* the vocab-sharded pieces */
+    float *m1 = dnan(dev, (size_t)N * 4), *m2 = dnan(dev, (size_t)N * 4);
+    OK(weft_backend_cross_entropy_local_max_dt(dev, dt, m1, dx, N, V));
+    OK(weft_backend_cross_entropy_local_max(dev, m2, fx, N, V));
+    s1 = downf(dev, m1, N), s2 = downf(dev, m2, N);
+    expect_same_floats("cross_entropy_local_max_dt", s1, s2, N, WEFT_F32);
+    free(s1), free(s2);
+    float *t1 = dnan(dev, (size_t)N * 4), *t2 = dnan(dev, (size_t)N * 4);
+    OK(weft_backend_cross_entropy_local_target_dt(dev, dt, t1, dx, dt_tg, N, v0, V));
+    OK(weft_backend_cross_entropy_local_target(dev, t2, fx, dt_tg, N, v0, V));
+    s1 = downf(dev, t1, N), s2 = downf(dev, t2, N);
+    expect_same_floats("cross_entropy_local_target_dt", s1, s2, N, WEFT_F32);
+    free(s1), free(s2);
+    float *e1 = dnan(dev, (size_t)N * 4), *e2 = dnan(dev, (size_t)N * 4);
+    OK(weft_backend_cross_entropy_local_sumexp_dt(dev, dt, e1, dx, m2, N, V));
+    OK(weft_backend_cross_entropy_local_sumexp(dev, e2, fx, m2, N, V));
+    s1 = downf(dev, e1, N), s2 = downf(dev, e2, N);
+    expect_same_floats("cross_entropy_local_sumexp_dt", s1, s2, N, WEFT_F32);
+    free(s1), free(s2);
+    /* backward, whole and local */
+    for (int local = 0; local < 2; local++) {
+      void *d1 = dnan(dev, (size_t)NV * 2);
+      float *d2 = dnan(dev, (size_t)NV * 4);
+      if (local) {
+        OK(weft_backend_cross_entropy_backward_local_dt(dev, dt, d1, dx, lse2, dt_tg, N, v0, V,
+                                                        0.37f));
+        OK(weft_backend_cross_entropy_backward_local(dev, d2, fx, lse2, dt_tg, N, v0, V, 0.37f));
+      } else {
+        OK(weft_backend_cross_entropy_backward_dt(dev, dt, d1, dx, lse2, dt_tg, N, V, 0.37f));
+        OK(weft_backend_cross_entropy_backward(dev, d2, fx, lse2, dt_tg, N, V, 0.37f));
+      }
+      snprintf(what, sizeof what, "cross_entropy_backward%s_dt %s V %lld", local ? "_local" : "",
+               weft_dtype_name(dt), (long long)V);
+      uint16_t *got = down(dev, d1, (size_t)NV * 2);
+      float *ref = downf(dev, d2, NV);
+      void *want = h_round(ref, dt, NV);
+      expect_same_floats(what, got, want, NV, dt);
+      free(got), free(ref), free(want);
+      weft_free(d1), weft_free(d2);
+    }
+    /* a target outside the vocabulary is refused as by the f32 member */
+    int32_t bad[1] = {(int32_t)V};
+    int32_t *dbad = dup_h(dev, bad, sizeof bad);
+    weft_clear_error();
+    cr_assert_eq(weft_backend_cross_entropy_forward_dt(dev, dt, &l1, NULL, dx, dbad, 1, V),
+                 WEFT_ERR_INVALID);
+    cr_assert(strstr(weft_last_error(), "outside the vocabulary"), "message: %s",
+              weft_last_error());
+    weft_free(dbad);
+    free(x0), free(hx), free(x), free(tg);
+    weft_free(dx), weft_free(fx), weft_free(dt_tg), weft_free(lse1), weft_free(lse2);
+    weft_free(m1), weft_free(m2), weft_free(t1), weft_free(t2), weft_free(e1), weft_free(e2);
+  }
+}
+
 BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
   seed_tests(187);
   /* sd 40: logits far past exp's range, so the max must be subtracted */
@@ -4235,6 +4324,8 @@ Test(registry, a_version_4_table_takes_only_f32_and_has_no_dt_members) {
   cr_assert_null(weft_backend_get(WEFT_CPU)->layernorm_backward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->softmax_backward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->rmsnorm_backward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->cross_entropy_forward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->cross_entropy_backward_local_dt);
   uint16_t h = 0x3f80, o = 0;
   weft_clear_error();
   cr_assert_eq(weft_backend_activation_forward_dt(WEFT_CPU, WEFT_ACT_RELU, WEFT_BF16, &o, &h, 1),

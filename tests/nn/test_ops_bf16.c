@@ -284,8 +284,8 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
 }
 
 /* ----------------------------------------------- storage-dtype kernels
- * add, mul, scale, the activations, SwiGLU, dropout, LayerNorm, RMSNorm and
- * softmax run in bf16 / f16 themselves where the device's
+ * add, mul, scale, the activations, SwiGLU, dropout, LayerNorm, RMSNorm,
+ * softmax and cross-entropy run in bf16 / f16 themselves where the device's
  * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
  * forward or backward, and outputs and grads have the bits of the
  * widened path (a registered copy of the device's table without
@@ -294,7 +294,7 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
 enum { SD_IN = 4, SD_ROWS = 6, SD_COLS = 5 };
 
 typedef struct sd_run {
-  double *y, *grad[SD_IN];
+  double *y, *loss, *grad[SD_IN];
   int64_t widened;
 } sd_run;
 
@@ -302,13 +302,23 @@ typedef struct sd_run {
  * layer_norm(gelu_tanh(add(add(a, b), bias)), bias, bias), bias)), c), b),
  * 0.3)), 0.37)))) + a on the values
  * h (a, b, c: ROWS x COLS; bias: COLS, broadcast, and LayerNorm's weight
- * and bias), backward from r. */
+ * and bias); loss = cross_entropy(z * r, targets) with one row ignored
+ * (its loss in the storage dtype, as PyTorch's), backward from it. */
 static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const double *hr) {
   int64_t full[2] = {SD_ROWS, SD_COLS}, row[1] = {SD_COLS};
-  weft_dtensor *in[SD_IN], *r = make(mesh, dt, 2, full, hr);
+  weft_dtensor *in[SD_IN], *r = make(mesh, dt, 2, full, hr), *tg;
+  {
+    weft_tensor *t;
+    OK(weft_tensor_create(WEFT_I32, WEFT_CPU, 1, full, &t));
+    for (int64_t i = 0; i < SD_ROWS; i++)
+      ((int32_t *)t->data)[i] = (int32_t)((i * 3 + 1) % SD_COLS);
+    weft_placement rp = weft_replicate();
+    OK(weft_dtensor_distribute(mesh, t, WEFT_DTENSOR_ALL_RANKS, &rp, 1, &tg));
+    weft_tensor_destroy(t);
+  }
   weft_graph *g;
   OK(weft_graph_create(&g));
-  weft_var *v[SD_IN], *t, *z;
+  weft_var *v[SD_IN], *t, *z, *rv, *loss;
   for (int i = 0; i < SD_IN; i++) {
     in[i] = i == 2 ? make(mesh, dt, 1, row, h[i]) : make(mesh, dt, 2, full, h[i]);
     OK(weft_graph_input(g, in[i], true, &v[i]));
@@ -331,11 +341,18 @@ static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const d
   OK(weft_op_add(t, v[0], &z));
   cr_assert_eq(weft_dtensor_dtype(weft_var_value(z)), dt, "z is %s",
                weft_dtype_name(weft_dtensor_dtype(weft_var_value(z))));
-  OK(weft_backward_grad(z, r));
+  OK(weft_graph_input(g, r, false, &rv));
+  OK(weft_op_mul(z, rv, &t));
+  OK(weft_op_cross_entropy(t, tg, 2, &loss)); /* row 2's target is 2: ignored */
+  cr_assert_eq(weft_dtensor_dtype(weft_var_value(loss)), dt, "the loss is %s",
+               weft_dtype_name(weft_dtensor_dtype(weft_var_value(loss))));
+  OK(weft_backward(loss));
   sd_run out;
   out.widened = weft_op_stats_get().widened - s0.widened;
   int64_t n;
   out.y = values(weft_var_value(z), &n);
+  out.loss = values(weft_var_value(loss), &n);
+  cr_assert(isfinite(out.loss[0]) && out.loss[0] > 0, "loss %g", out.loss[0]);
   for (int i = 0; i < SD_IN; i++) {
     cr_assert_eq(weft_dtensor_dtype(weft_var_grad(v[i])), dt, "grad %d dtype", i);
     out.grad[i] = values(weft_var_grad(v[i]), &n);
@@ -343,11 +360,13 @@ static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const d
   weft_graph_destroy(g);
   for (int i = 0; i < SD_IN; i++) weft_dtensor_destroy(in[i]);
   weft_dtensor_destroy(r);
+  weft_dtensor_destroy(tg);
   return out;
 }
 
 static void sd_free(sd_run *r) {
   free(r->y);
+  free(r->loss);
   for (int i = 0; i < SD_IN; i++) free(r->grad[i]);
 }
 
@@ -383,6 +402,7 @@ static void storage_dtype_case(bool on_device) {
     weft_backend_reset(dev);
     cr_expect_gt(widened.widened, 0, "the table without takes_dtype widens");
     sd_expect_same("z", native.y, widened.y, n, dts[k]);
+    sd_expect_same("loss", native.loss, widened.loss, 1, dts[k]);
     const char *names[SD_IN] = {"grad a", "grad b", "grad bias", "grad c"};
     for (int i = 0; i < SD_IN; i++)
       sd_expect_same(names[i], native.grad[i], widened.grad[i], i == 2 ? SD_COLS : n, dts[k]);
