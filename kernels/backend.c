@@ -673,6 +673,45 @@ weft_status weft_backend_cross_entropy_backward_local_dt(weft_device dev, weft_d
            v0, nv, scale);
 }
 
+weft_status weft_backend_embedding_range_forward_dt(weft_device dev, weft_dtype dt, void *out,
+                                                    const int32_t *tokens, const void *weight_local,
+                                                    int64_t N, int64_t v0, int64_t nv, int64_t C) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, embedding_range_forward, (float *)out, tokens, (const float *)weight_local, N, v0,
+             nv, C);
+  DISPATCH(dev, embedding_range_forward_dt, dt, out, tokens, weight_local, N, v0, nv, C);
+}
+
+weft_status weft_backend_embedding_range_backward_dt(weft_device dev, weft_dtype dt,
+                                                     float *dweight_local, const int32_t *tokens,
+                                                     const void *dout, int64_t N, int64_t v0,
+                                                     int64_t nv, int64_t C) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, embedding_range_backward, dweight_local, tokens, (const float *)dout, N, v0, nv,
+             C);
+  DISPATCH(dev, embedding_range_backward_dt, dt, dweight_local, tokens, dout, N, v0, nv, C);
+}
+
+weft_status weft_backend_rope_forward_dt(weft_device dev, weft_dtype dt, void *out, const void *inp,
+                                         const float *cosb, const float *sinb, int64_t max_pos,
+                                         int64_t B, int64_t T, int64_t NH, int64_t hd,
+                                         int64_t pos0) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, rope_forward, (float *)out, (const float *)inp, cosb, sinb, max_pos, B, T, NH, hd,
+             pos0);
+  DISPATCH(dev, rope_forward_dt, dt, out, inp, cosb, sinb, max_pos, B, T, NH, hd, pos0);
+}
+
+weft_status weft_backend_rope_backward_dt(weft_device dev, weft_dtype dt, void *dinp,
+                                          const void *dout, const float *cosb, const float *sinb,
+                                          int64_t max_pos, int64_t B, int64_t T, int64_t NH,
+                                          int64_t hd, int64_t pos0) {
+  if (dt == WEFT_F32)
+    DISPATCH(dev, rope_backward, (float *)dinp, (const float *)dout, cosb, sinb, max_pos, B, T, NH,
+             hd, pos0);
+  DISPATCH(dev, rope_backward_dt, dt, dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0);
+}
+
 weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                           const void *inp, const float *uniform, float p,
                                           int64_t n) {

@@ -142,8 +142,9 @@ typedef struct weft_flat_piece {
  *      swiglu_backward_dt, dropout_apply_dt, layernorm_forward_dt /
  *      layernorm_backward_dt, softmax_forward_dt / softmax_backward_dt,
  *      rmsnorm_forward_dt / rmsnorm_backward_dt, cross_entropy_forward_dt ..
- *      cross_entropy_backward_local_dt (a table built against an earlier
- *      version-5 header has a smaller size: these read as absent) */
+ *      cross_entropy_backward_local_dt, embedding_range_forward_dt /
+ *      embedding_range_backward_dt, rope_forward_dt / rope_backward_dt (a table built against an
+ * earlier version-5 header has a smaller size: these read as absent) */
 #define WEFT_BACKEND_VERSION 5
 
 /* The operations whose dtypes a backend declares through takes_dtype: the
@@ -165,6 +166,8 @@ typedef enum weft_kernel_op {
   /* cross_entropy_forward_dt, _backward_dt, _local_max_dt,
    * _local_target_dt, _local_sumexp_dt, _backward_local_dt */
   WEFT_KERNEL_CROSS_ENTROPY = 9,
+  WEFT_KERNEL_EMBEDDING = 10, /* embedding_range_forward_dt / embedding_range_backward_dt */
+  WEFT_KERNEL_ROPE = 11,      /* rope_forward_dt / rope_backward_dt */
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 
@@ -468,6 +471,25 @@ typedef struct weft_backend {
                                                  const void *logits_local, const float *lse,
                                                  const int32_t *targets, int64_t N, int64_t v0,
                                                  int64_t nv, float scale);
+  /* embedding_range_forward with out and weight_local of dtype dt (rows
+   * copied as they are); embedding_range_backward with dout of dtype dt
+   * and dweight_local f32 (each dout row widened and added as the f32
+   * member adds it) */
+  weft_status (*embedding_range_forward_dt)(weft_dtype dt, void *out, const int32_t *tokens,
+                                            const void *weight_local, int64_t N, int64_t v0,
+                                            int64_t nv, int64_t C);
+  weft_status (*embedding_range_backward_dt)(weft_dtype dt, float *dweight_local,
+                                             const int32_t *tokens, const void *dout, int64_t N,
+                                             int64_t v0, int64_t nv, int64_t C);
+  /* rope_forward / rope_backward with out / inp (dinp / dout) of dtype dt,
+   * the tables f32 (bf16 / f16: the f32 member's bits on the widened
+   * values, rounded once) */
+  weft_status (*rope_forward_dt)(weft_dtype dt, void *out, const void *inp, const float *cosb,
+                                 const float *sinb, int64_t max_pos, int64_t B, int64_t T,
+                                 int64_t NH, int64_t hd, int64_t pos0);
+  weft_status (*rope_backward_dt)(weft_dtype dt, void *dinp, const void *dout, const float *cosb,
+                                  const float *sinb, int64_t max_pos, int64_t B, int64_t T,
+                                  int64_t NH, int64_t hd, int64_t pos0);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -865,6 +887,23 @@ WEFT_API weft_status weft_backend_cross_entropy_local_sumexp_dt(weft_device dev,
 WEFT_API weft_status weft_backend_cross_entropy_backward_local_dt(
     weft_device dev, weft_dtype dt, void *dlogits_local, const void *logits_local, const float *lse,
     const int32_t *targets, int64_t N, int64_t v0, int64_t nv, float scale);
+WEFT_API weft_status weft_backend_embedding_range_forward_dt(weft_device dev, weft_dtype dt,
+                                                             void *out, const int32_t *tokens,
+                                                             const void *weight_local, int64_t N,
+                                                             int64_t v0, int64_t nv, int64_t C);
+WEFT_API weft_status weft_backend_embedding_range_backward_dt(weft_device dev, weft_dtype dt,
+                                                              float *dweight_local,
+                                                              const int32_t *tokens,
+                                                              const void *dout, int64_t N,
+                                                              int64_t v0, int64_t nv, int64_t C);
+WEFT_API weft_status weft_backend_rope_forward_dt(weft_device dev, weft_dtype dt, void *out,
+                                                  const void *inp, const float *cosb,
+                                                  const float *sinb, int64_t max_pos, int64_t B,
+                                                  int64_t T, int64_t NH, int64_t hd, int64_t pos0);
+WEFT_API weft_status weft_backend_rope_backward_dt(weft_device dev, weft_dtype dt, void *dinp,
+                                                   const void *dout, const float *cosb,
+                                                   const float *sinb, int64_t max_pos, int64_t B,
+                                                   int64_t T, int64_t NH, int64_t hd, int64_t pos0);
 WEFT_API weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                                    const void *inp, const float *uniform, float p,
                                                    int64_t n);

@@ -149,6 +149,8 @@ bool weft_builtin_takes_dtype_(weft_kernel_op op, weft_dtype dt) {
     case WEFT_KERNEL_SOFTMAX:
     case WEFT_KERNEL_RMSNORM:
     case WEFT_KERNEL_CROSS_ENTROPY:
+    case WEFT_KERNEL_EMBEDDING:
+    case WEFT_KERNEL_ROPE:
       return dt == WEFT_F32 || dt == WEFT_BF16 || dt == WEFT_F16;
     default:
       return false;

@@ -41,13 +41,15 @@ static weft_status widen(weft_graph *g, const weft_dtensor *d, weft_dtensor **ou
   return WEFT_OK;
 }
 
-/* Whether every input is of dtype dt (no f64, no integers) and the
- * inputs' device computes kop in it. */
+/* Whether every float input is of dtype dt (no f64; integer inputs such
+ * as token ids are never widened and do not count) and the inputs' device
+ * computes kop in it. */
 static bool kernel_takes(weft_var *const *in, int nin, weft_kernel_op kop, weft_dtype dt) {
   weft_device dev = WEFT_DEVICE_COUNT;
   for (int i = 0; i < nin; i++) {
     if (!in[i]) continue;
     const weft_dtensor *d = nn_var_now(in[i]);
+    if (!weft_dtype_is_float(weft_dtensor_dtype(d))) continue;
     if (weft_dtensor_dtype(d) != dt) return false;
     dev = weft_dtensor_local(d)->device;
   }

@@ -138,18 +138,26 @@ static weft_status embedding_backward(nn_node *n, const weft_dtensor *const *dou
   }
   weft_dtensor *dw;
   WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(w), WEFT_F32, 2, weft_dtensor_shape(w), p, &dw));
-  const weft_tensor *wl = nn_local(w), *il = nn_local(ids);
+  const weft_tensor *wl = nn_local(w), *il = nn_local(ids), *dl = nn_local(dy);
   int64_t off[WEFT_MAX_DIMS] = {0};
   weft_dtensor_local_offset(w, off);
   int64_t nv = wl->shape[0], c = wl->shape[1], ntok = weft_tensor_numel(il);
   if (ntok > 0 && nv > 0 && c > 0)
-    WEFT_CHECK(weft_backend_embedding_range_backward(nn_dev(dy), nn_f32(dw), il->data, nn_f32(dy),
-                                                     ntok, off[0], nv, c));
+    WEFT_CHECK(weft_backend_embedding_range_backward_dt(dl->device, dl->dtype, nn_f32(dw), il->data,
+                                                        dl->data, ntok, off[0], nv, c));
+  /* summed in f32; a 16-bit weight's grad is that sum rounded once, as
+   * where the op ran widened */
+  if (wl->dtype != WEFT_F32) {
+    weft_dtensor *low;
+    WEFT_CHECK(nn_graph_converted(g, dw, wl->dtype, &low));
+    nn_graph_discard(g, dw);
+    dw = low;
+  }
   din[1] = dw;
   return WEFT_OK;
 }
 
-static weft_status embedding_f32(weft_var *ids, weft_var *w, weft_var **out) {
+static weft_status embedding_body(weft_var *ids, weft_var *w, weft_var **out) {
   const char *name = "embedding";
   if (!out) return weft_error(WEFT_ERR_INVALID, "embedding: out is NULL");
   *out = NULL;
@@ -163,7 +171,7 @@ static weft_status embedding_f32(weft_var *ids, weft_var *w, weft_var **out) {
                        weft_dtype_name(is->dtype));
   if (!weft_tensor_is_contiguous(nn_local(iv)))
     return nn_op_error(WEFT_ERR_INVALID, name, in, 2, "ids: local tensor not contiguous");
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, wv, "weight"));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, wv, "weight", WEFT_KERNEL_EMBEDDING));
   if (ws->ndim != 2 || is->ndim < 1 || is->ndim + 1 > WEFT_MAX_DIMS)
     return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
                        "need ids (...) with at least one dim and weight (V, D)");
@@ -208,15 +216,16 @@ static weft_status embedding_f32(weft_var *ids, weft_var *w, weft_var **out) {
   memcpy(oshape, is->shape, sizeof(int64_t) * (size_t)nd);
   oshape[nd] = ws->shape[1];
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(wv), WEFT_F32, nd + 1, oshape, opl, &y));
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(wv), ws->dtype, nd + 1, oshape, opl, &y));
   const weft_tensor *il = nn_local(iu), *wl = nn_local(wu);
   int64_t off[WEFT_MAX_DIMS] = {0};
   if (!weft_dtensor_local_offset(wu, off))
     return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, 2, "weight shard is not one box");
   int64_t nv = wl->shape[0], c = wl->shape[1], ntok = weft_tensor_numel(il);
   if (ntok > 0 && c > 0)
-    WEFT_CHECK(weft_backend_embedding_range_forward(wl->device, nn_f32(y), il->data, wl->data, ntok,
-                                                    nv ? off[0] : 0, nv, c));
+    WEFT_CHECK(weft_backend_embedding_range_forward_dt(wl->device, wl->dtype, nn_local(y)->data,
+                                                       il->data, wl->data, ntok, nv ? off[0] : 0,
+                                                       nv, c));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){iu, wu}, embedding_backward,
                          &node));
@@ -581,13 +590,14 @@ static weft_status rope_backward(nn_node *n, const weft_dtensor *const *dout, we
   int64_t max_pos = n->i[0], pos0 = n->i[1], hd = l->shape[3];
   const float *cosb = nn_f32(n->saved[0]), *sinb = cosb + max_pos * (hd / 2);
   if (weft_tensor_numel(l) > 0)
-    WEFT_CHECK(weft_backend_rope_backward(l->device, nn_f32(dx), l->data, cosb, sinb, max_pos,
-                                          l->shape[0], l->shape[1], l->shape[2], hd, pos0));
+    WEFT_CHECK(weft_backend_rope_backward_dt(l->device, l->dtype, nn_local(dx)->data, l->data, cosb,
+                                             sinb, max_pos, l->shape[0], l->shape[1], l->shape[2],
+                                             hd, pos0));
   din[0] = dx;
   return WEFT_OK;
 }
 
-static weft_status rope_f32(weft_var *x, double theta, int64_t pos0, weft_var **out) {
+static weft_status rope_body(weft_var *x, double theta, int64_t pos0, weft_var **out) {
   const char *name = "rope";
   if (!out) return weft_error(WEFT_ERR_INVALID, "rope: out is NULL");
   *out = NULL;
@@ -595,7 +605,7 @@ static weft_status rope_f32(weft_var *x, double theta, int64_t pos0, weft_var **
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_ROPE));
   if (xs->ndim != 4 || xs->shape[3] % 2 != 0 || xs->shape[3] < 2)
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1,
                        "need x (B, T, NH, hd) with an even head dim hd >= 2");
@@ -627,8 +637,8 @@ static weft_status rope_f32(weft_var *x, double theta, int64_t pos0, weft_var **
   WEFT_CHECK(nn_graph_rope_tables(g, weft_dtensor_mesh(xv), max_pos, hd, theta, &tab, &tab_pos));
   const float *cosb = nn_f32(tab), *sinb = cosb + tab_pos * (hd / 2);
   if (weft_tensor_numel(xl) > 0)
-    WEFT_CHECK(weft_backend_rope_forward(dev, nn_f32(y), xl->data, cosb, sinb, tab_pos,
-                                         xl->shape[0], T, xl->shape[2], hd, pos0));
+    WEFT_CHECK(weft_backend_rope_forward_dt(dev, xl->dtype, nn_local(y)->data, xl->data, cosb, sinb,
+                                            tab_pos, xl->shape[0], T, xl->shape[2], hd, pos0));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, rope_backward, &node));
   if (node) {
@@ -1116,8 +1126,8 @@ static weft_status dropout_body(weft_var *x, float p, weft_var **out) {
 weft_status weft_op_embedding(weft_var *ids, weft_var *w, weft_var **out) {
   weft_var *in[2] = {ids, w};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "embedding", in, 2, false));
-  return nn_mixed_end(&mx, embedding_f32(in[0], in[1], out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "embedding", in, 2, false, WEFT_KERNEL_EMBEDDING));
+  return nn_mixed_end(&mx, embedding_body(in[0], in[1], out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_rms_norm(weft_var *x, weft_var *w, float eps, weft_var **out) {
@@ -1172,8 +1182,8 @@ weft_status weft_op_softmax(weft_var *x, weft_var **out) {
 weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "rope", in, 1, false));
-  return nn_mixed_end(&mx, rope_f32(in[0], theta, pos0, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "rope", in, 1, false, WEFT_KERNEL_ROPE));
+  return nn_mixed_end(&mx, rope_body(in[0], theta, pos0, out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out) {

@@ -60,6 +60,10 @@ weft_backend make_table() {
   b.cross_entropy_local_target_dt = weft_cuda_cross_entropy_local_target_dt;
   b.cross_entropy_local_sumexp_dt = weft_cuda_cross_entropy_local_sumexp_dt;
   b.cross_entropy_backward_local_dt = weft_cuda_cross_entropy_backward_local_dt;
+  b.embedding_range_forward_dt = weft_cuda_embedding_range_forward_dt;
+  b.embedding_range_backward_dt = weft_cuda_embedding_range_backward_dt;
+  b.rope_forward_dt = weft_cuda_rope_forward_dt;
+  b.rope_backward_dt = weft_cuda_rope_backward_dt;
   b.copy = weft_cuda_copy;
   b.fill = weft_cuda_fill;
   b.fill_random = weft_cuda_fill_random;

@@ -167,6 +167,18 @@ weft_status weft_cuda_cross_entropy_backward_local_dt(weft_dtype dt, void *dlogi
                                                       const void *logits_local, const float *lse,
                                                       const int32_t *targets, int64_t N, int64_t v0,
                                                       int64_t nv, float scale);
+weft_status weft_cuda_embedding_range_forward_dt(weft_dtype dt, void *out, const int32_t *tokens,
+                                                 const void *weight_local, int64_t N, int64_t v0,
+                                                 int64_t nv, int64_t C);
+weft_status weft_cuda_embedding_range_backward_dt(weft_dtype dt, float *dweight_local,
+                                                  const int32_t *tokens, const void *dout,
+                                                  int64_t N, int64_t v0, int64_t nv, int64_t C);
+weft_status weft_cuda_rope_forward_dt(weft_dtype dt, void *out, const void *inp, const float *cosb,
+                                      const float *sinb, int64_t max_pos, int64_t B, int64_t T,
+                                      int64_t NH, int64_t hd, int64_t pos0);
+weft_status weft_cuda_rope_backward_dt(weft_dtype dt, void *dinp, const void *dout,
+                                       const float *cosb, const float *sinb, int64_t max_pos,
+                                       int64_t B, int64_t T, int64_t NH, int64_t hd, int64_t pos0);
 weft_status weft_cuda_dropout_apply_dt(weft_dtype dt, void *out, const void *inp,
                                        const float *uniform, float p, int64_t n);
 weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);

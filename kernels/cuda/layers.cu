@@ -148,16 +148,18 @@ weft_status check_ids(const char *func, const char *name, const int32_t *ids, in
 /* ------------------------------------------------------------ embedding */
 
 /* out[n] = weight_local[tokens[n] - v0] if that row is in [0, nv), else 0.
- * One warp (threadIdx.y) per row, lanes along C; vec: C % 4 == 0 and
- * 16-byte aligned rows. */
-__global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const float *w, int64_t N,
+ * One warp (threadIdx.y) per row, lanes along C; vec (float only): C % 4
+ * == 0 and 16-byte aligned rows. T: float, bf16_t or f16_t (copied as
+ * they are). */
+template <class T>
+__global__ void embedding_fwd_kernel(T *out, const int32_t *tokens, const T *w, int64_t N,
                                      int64_t v0, int64_t nv, int64_t C, bool vec) {
   for (int64_t n = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; n < N;
        n += (int64_t)gridDim.x * blockDim.y) {
     const int64_t r = (int64_t)tokens[n] - v0;
     const bool in = r >= 0 && r < nv;
-    float *o = out + n * C;
-    const float *src = w + (in ? r : 0) * C;
+    T *o = out + n * C;
+    const T *src = w + (in ? r : 0) * C;
     if (vec) {
       for (int64_t c = threadIdx.x; c < C / 4; c += blockDim.x) {
         f4 v = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -165,7 +167,7 @@ __global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const fl
         ((f4 *)o)[c] = v;
       }
     } else {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = in ? src[c] : 0.0f;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = in ? src[c] : from_f32<T>(0.0f);
     }
   }
 }
@@ -177,9 +179,11 @@ __global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const fl
  * that start from the weight row and are stored once. No atomics: every
  * element gets the CPU's adds in the CPU's order (kernels/cpu/embedding.c),
  * so the result is the CPU's bits on every run. Cost: nv * ceil(C /
- * EMB_COLS) * N / 32 ballots besides the N * C loads. */
+ * EMB_COLS) * N / 32 ballots besides the N * C loads. dout of T (float,
+ * bf16_t, f16_t; each element widened), dw f32. */
 #define EMB_COLS 256 /* 8 columns per lane */
-__global__ void embedding_bwd_kernel(float *dw, const int32_t *tokens, const float *dout, int64_t N,
+template <class T>
+__global__ void embedding_bwd_kernel(float *dw, const int32_t *tokens, const T *dout, int64_t N,
                                      int64_t v0, int64_t nv, int64_t C) {
   const int lane = (int)threadIdx.x;
   const int64_t c0 = (int64_t)blockIdx.y * EMB_COLS + lane;
@@ -199,9 +203,9 @@ __global__ void embedding_bwd_kernel(float *dw, const int32_t *tokens, const flo
       while (hit) { /* the same for every lane */
         const int j = __ffs((int)hit) - 1;
         hit &= hit - 1;
-        const float *g = dout + (n0 + j) * C;
+        const T *g = dout + (n0 + j) * C;
         for (int k = 0; k < EMB_COLS / 32; k++)
-          if (c0 + 32 * k < C) acc[k] += g[c0 + 32 * k];
+          if (c0 + 32 * k < C) acc[k] += as_f32(g[c0 + 32 * k]);
       }
     }
     if (any)
@@ -210,28 +214,34 @@ __global__ void embedding_bwd_kernel(float *dw, const int32_t *tokens, const flo
   }
 }
 
-weft_status embedding_launch(const char *func, bool backward, float *dst, const int32_t *tokens,
-                             const float *src, int64_t N, int64_t v0, int64_t nv, int64_t C) {
+/* dst (+)= the rows of src the tokens pick (forward: dst, src of T) or
+ * their scatter-add (backward: dst f32, src = dout of T). */
+template <class T>
+weft_status embedding_fwd_launch(const char *func, T *dst, const int32_t *tokens, const T *src,
+                                 int64_t N, int64_t v0, int64_t nv, int64_t C) {
   if (N == 0 || C == 0) return WEFT_OK;
-  const bool vec = C % 4 == 0 && aligned16(dst) && aligned16(src);
-  const dim3 block(32, 8);
-  if (backward) {
-    const int64_t tiles = (C + EMB_COLS - 1) / EMB_COLS;
-    if (tiles > 65535)
-      return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "C = %lld columns: at most %lld on cuda",
-                           (long long)C, 65535LL * EMB_COLS);
-    /* as the kernel does it: every warp (a vocab row's column tile) scans
-     * all N ids; dout rows read, the hit rows of dw read and written */
-    WEFT_COST((double)N * (double)C, 4.0 * (double)N * (double)nv * (double)tiles +
-                                         4.0 * (double)N * (double)C +
-                                         8.0 * (double)(nv < N ? nv : N) * (double)C);
-    WEFT_LAUNCH(embedding_bwd_kernel, dim3(grid_for(nv, 8), (unsigned)tiles), block, 0,
-                compute_stream(), dst, tokens, src, N, v0, nv, C);
-  } else {
-    WEFT_COST(0, 8.0 * (double)N * (double)C + 4.0 * (double)N);
-    WEFT_LAUNCH(embedding_fwd_kernel, grid_for(N, 8), block, 0, compute_stream(), dst, tokens, src,
-                N, v0, nv, C, vec);
-  }
+  const bool vec = sizeof(T) == sizeof(float) && C % 4 == 0 && aligned16(dst) && aligned16(src);
+  WEFT_COST(0, 2.0 * (double)sizeof(T) * (double)N * (double)C + 4.0 * (double)N);
+  WEFT_LAUNCH(embedding_fwd_kernel<T>, grid_for(N, 8), dim3(32, 8), 0, compute_stream(), dst,
+              tokens, src, N, v0, nv, C, vec);
+  return launched(func);
+}
+
+template <class T>
+weft_status embedding_bwd_launch(const char *func, float *dst, const int32_t *tokens, const T *src,
+                                 int64_t N, int64_t v0, int64_t nv, int64_t C) {
+  if (N == 0 || C == 0) return WEFT_OK;
+  const int64_t tiles = (C + EMB_COLS - 1) / EMB_COLS;
+  if (tiles > 65535)
+    return weft_error_at(WEFT_ERR_UNSUPPORTED, func, "C = %lld columns: at most %lld on cuda",
+                         (long long)C, 65535LL * EMB_COLS);
+  /* as the kernel does it: every warp (a vocab row's column tile) scans
+   * all N ids; dout rows read, the hit rows of dw read and written */
+  WEFT_COST((double)N * (double)C, 4.0 * (double)N * (double)nv * (double)tiles +
+                                       (double)sizeof(T) * (double)N * (double)C +
+                                       8.0 * (double)(nv < N ? nv : N) * (double)C);
+  WEFT_LAUNCH(embedding_bwd_kernel<T>, dim3(grid_for(nv, 8), (unsigned)tiles), dim3(32, 8), 0,
+              compute_stream(), dst, tokens, src, N, v0, nv, C);
   return launched(func);
 }
 
@@ -411,15 +421,16 @@ __global__ void rmsnorm_bwd_long_kernel(T *dinp, float *partial, const T *dout, 
 
 /* One block per (b, t) row in turn, threads over the NH * hd/2 pairs of
  * the row; sign +1 forward, -1 backward (the transpose rotation). */
-__global__ void rope_kernel(float *out, const float *inp, const float *cosb, const float *sinb,
-                            int64_t BT, int64_t T, int64_t NH, int64_t half, int64_t pos0,
-                            float sign, bool vec) {
+template <class E>
+__global__ void rope_kernel(E *out, const E *inp, const float *cosb, const float *sinb, int64_t BT,
+                            int64_t T, int64_t NH, int64_t half, int64_t pos0, float sign,
+                            bool vec) {
   const int64_t pairs = NH * half;
   for (int64_t row = blockIdx.x; row < BT; row += gridDim.x) {
     const int64_t t = row % T;
     const float *cp = cosb + (pos0 + t) * half, *sp = sinb + (pos0 + t) * half;
-    const float *x = inp + row * pairs * 2;
-    float *y = out + row * pairs * 2;
+    const E *x = inp + row * pairs * 2;
+    E *y = out + row * pairs * 2;
     for (int64_t q = threadIdx.x; q < pairs; q += blockDim.x) {
       const int64_t j = q % half;
       const float c = cp[j], s = sign * sp[j];
@@ -427,15 +438,15 @@ __global__ void rope_kernel(float *out, const float *inp, const float *cosb, con
       if (vec) {
         v = ((const f2 *)x)[q];
       } else {
-        v.x = x[2 * q];
-        v.y = x[2 * q + 1];
+        v.x = as_f32(x[2 * q]);
+        v.y = as_f32(x[2 * q + 1]);
       }
       const f2 r = {v.x * c - v.y * s, v.x * s + v.y * c};
       if (vec) {
         ((f2 *)y)[q] = r;
       } else {
-        y[2 * q] = r.x;
-        y[2 * q + 1] = r.y;
+        y[2 * q] = from_f32<E>(r.x);
+        y[2 * q + 1] = from_f32<E>(r.y);
       }
     }
   }
@@ -835,7 +846,7 @@ weft_status weft_cuda_embedding_forward(float *out, const int32_t *tokens, const
   CHECK_PTR(tokens, N);
   CHECK_PTR(weight, V * C);
   WEFT_CHECK(check_ids(__func__, "tokens", tokens, N, V));
-  return embedding_launch(__func__, false, out, tokens, weight, N, 0, V, C);
+  return embedding_fwd_launch(__func__, out, tokens, weight, N, 0, V, C);
 }
 
 weft_status weft_cuda_embedding_backward(float *dweight, const int32_t *tokens, const float *dout,
@@ -846,7 +857,7 @@ weft_status weft_cuda_embedding_backward(float *dweight, const int32_t *tokens, 
   CHECK_PTR(tokens, N);
   CHECK_PTR(dout, N * C);
   WEFT_CHECK(check_ids(__func__, "tokens", tokens, N, V));
-  return embedding_launch(__func__, true, dweight, tokens, dout, N, 0, V, C);
+  return embedding_bwd_launch(__func__, dweight, tokens, dout, N, 0, V, C);
 }
 
 weft_status weft_cuda_embedding_range_forward(float *out, const int32_t *tokens,
@@ -858,7 +869,7 @@ weft_status weft_cuda_embedding_range_forward(float *out, const int32_t *tokens,
   CHECK_PTR(tokens, N);
   CHECK_PTR(weight_local, nv * C);
   WEFT_CHECK(check_ids(__func__, "tokens", tokens, N, -1));
-  return embedding_launch(__func__, false, out, tokens, weight_local, N, v0, nv, C);
+  return embedding_fwd_launch(__func__, out, tokens, weight_local, N, v0, nv, C);
 }
 
 weft_status weft_cuda_embedding_range_backward(float *dweight_local, const int32_t *tokens,
@@ -870,7 +881,48 @@ weft_status weft_cuda_embedding_range_backward(float *dweight_local, const int32
   CHECK_PTR(tokens, N);
   CHECK_PTR(dout, N * C);
   WEFT_CHECK(check_ids(__func__, "tokens", tokens, N, -1));
-  return embedding_launch(__func__, true, dweight_local, tokens, dout, N, v0, nv, C);
+  return embedding_bwd_launch(__func__, dweight_local, tokens, dout, N, v0, nv, C);
+}
+
+/* bf16 / f16 (backend.h embedding_range_*_dt); f32 is the members above */
+weft_status weft_cuda_embedding_range_forward_dt(weft_dtype dt, void *out, const int32_t *tokens,
+                                                 const void *weight_local, int64_t N, int64_t v0,
+                                                 int64_t nv, int64_t C) {
+  REQUIRE_INIT();
+  const char *op = weft_op_name_(__func__);
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  CHECK_SIZES(N, v0, nv, C);
+  CHECK_PTR(out, N * C);
+  CHECK_PTR(tokens, N);
+  CHECK_PTR(weight_local, nv * C);
+  WEFT_CHECK(check_ids(__func__, "tokens", tokens, N, -1));
+  if (dt == WEFT_F32)
+    return embedding_fwd_launch(__func__, (float *)out, tokens, (const float *)weight_local, N, v0,
+                                nv, C);
+  if (dt == WEFT_BF16)
+    return embedding_fwd_launch(__func__, (bf16_t *)out, tokens, (const bf16_t *)weight_local, N,
+                                v0, nv, C);
+  return embedding_fwd_launch(__func__, (f16_t *)out, tokens, (const f16_t *)weight_local, N, v0,
+                              nv, C);
+}
+
+weft_status weft_cuda_embedding_range_backward_dt(weft_dtype dt, float *dweight_local,
+                                                  const int32_t *tokens, const void *dout,
+                                                  int64_t N, int64_t v0, int64_t nv, int64_t C) {
+  REQUIRE_INIT();
+  const char *op = weft_op_name_(__func__);
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  CHECK_SIZES(N, v0, nv, C);
+  CHECK_PTR(dweight_local, nv * C);
+  CHECK_PTR(tokens, N);
+  CHECK_PTR(dout, N * C);
+  WEFT_CHECK(check_ids(__func__, "tokens", tokens, N, -1));
+  if (dt == WEFT_F32)
+    return embedding_bwd_launch(__func__, dweight_local, tokens, (const float *)dout, N, v0, nv, C);
+  if (dt == WEFT_BF16)
+    return embedding_bwd_launch(__func__, dweight_local, tokens, (const bf16_t *)dout, N, v0, nv,
+                                C);
+  return embedding_bwd_launch(__func__, dweight_local, tokens, (const f16_t *)dout, N, v0, nv, C);
 }
 
 /* --------------------------------------------------------------- linear */
@@ -1084,7 +1136,11 @@ weft_status weft_cuda_rope_tables(float *cosb, float *sinb, int64_t max_pos, int
   return st;
 }
 
-static weft_status rope_apply(const char *func, float *out, const float *inp, const float *cosb,
+extern "C++" { /* a template inside this file's extern "C" block */
+/* E: float, or bf16_t / f16_t (rope_*_dt: each element widened, rotated
+ * as in f32, rounded once); vec for 8-byte aligned float rows only */
+template <class E>
+static weft_status rope_apply(const char *func, E *out, const E *inp, const float *cosb,
                               const float *sinb, int64_t max_pos, int64_t B, int64_t T, int64_t NH,
                               int64_t hd, int64_t pos0, float sign) {
   WEFT_CHECK(weft_cuda_require_init_(func));
@@ -1105,12 +1161,14 @@ static weft_status rope_apply(const char *func, float *out, const float *inp, co
     if (!ptrs[i] && counts[i] > 0)
       return weft_error_at(WEFT_ERR_INVALID, func, "%s is NULL", names[i]);
   if (n == 0) return WEFT_OK;
-  WEFT_COST(3.0 * (double)n, 8.0 * (double)n + 4.0 * (double)(T * hd));
-  WEFT_LAUNCH(rope_kernel, grid_for(B * T, 1), 128, 0, compute_stream(), out, inp, cosb, sinb,
-              B * T, T, NH, hd / 2, pos0, sign,
-              ((uintptr_t)out & 7u) == 0 && ((uintptr_t)inp & 7u) == 0);
+  WEFT_COST(3.0 * (double)n, 2.0 * (double)sizeof(E) * (double)n + 4.0 * (double)(T * hd));
+  const bool vec =
+      sizeof(E) == sizeof(float) && ((uintptr_t)out & 7u) == 0 && ((uintptr_t)inp & 7u) == 0;
+  WEFT_LAUNCH(rope_kernel<E>, grid_for(B * T, 1), 128, 0, compute_stream(), out, inp, cosb, sinb,
+              B * T, T, NH, hd / 2, pos0, sign, vec);
   return launched(func);
 }
+}  // extern "C++"
 
 weft_status weft_cuda_rope_forward(float *out, const float *inp, const float *cosb,
                                    const float *sinb, int64_t max_pos, int64_t B, int64_t T,
@@ -1122,6 +1180,34 @@ weft_status weft_cuda_rope_backward(float *dinp, const float *dout, const float 
                                     const float *sinb, int64_t max_pos, int64_t B, int64_t T,
                                     int64_t NH, int64_t hd, int64_t pos0) {
   return rope_apply(__func__, dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0, -1.0f);
+}
+
+/* bf16 / f16 (backend.h rope_forward_dt / rope_backward_dt) */
+static weft_status rope_apply_dt(const char *func, weft_dtype dt, void *out, const void *inp,
+                                 const float *cosb, const float *sinb, int64_t max_pos, int64_t B,
+                                 int64_t T, int64_t NH, int64_t hd, int64_t pos0, float sign) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  WEFT_CHECK_STORAGE_DT_(weft_op_name_(func), dt);
+  if (dt == WEFT_F32)
+    return rope_apply(func, (float *)out, (const float *)inp, cosb, sinb, max_pos, B, T, NH, hd,
+                      pos0, sign);
+  if (dt == WEFT_BF16)
+    return rope_apply(func, (bf16_t *)out, (const bf16_t *)inp, cosb, sinb, max_pos, B, T, NH, hd,
+                      pos0, sign);
+  return rope_apply(func, (f16_t *)out, (const f16_t *)inp, cosb, sinb, max_pos, B, T, NH, hd, pos0,
+                    sign);
+}
+
+weft_status weft_cuda_rope_forward_dt(weft_dtype dt, void *out, const void *inp, const float *cosb,
+                                      const float *sinb, int64_t max_pos, int64_t B, int64_t T,
+                                      int64_t NH, int64_t hd, int64_t pos0) {
+  return rope_apply_dt(__func__, dt, out, inp, cosb, sinb, max_pos, B, T, NH, hd, pos0, 1.0f);
+}
+
+weft_status weft_cuda_rope_backward_dt(weft_dtype dt, void *dinp, const void *dout,
+                                       const float *cosb, const float *sinb, int64_t max_pos,
+                                       int64_t B, int64_t T, int64_t NH, int64_t hd, int64_t pos0) {
+  return rope_apply_dt(__func__, dt, dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0, -1.0f);
 }
 
 /* ------------------------------------------------------ SwiGLU, residual */

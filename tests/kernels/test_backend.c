@@ -3115,6 +3115,92 @@ BACKEND_TEST(cross_entropy_dt_in_bf16_and_f16_is_the_f32_member_on_widened_logit
   }
 }
 
+/* The lookups the same way: embedding_range_forward_dt copies bf16 / f16
+ * rows as they are (ids of other shards give +0), embedding_range_
+ * backward_dt adds the widened dout rows into the f32 grad as the f32
+ * member adds them (repeated ids in id order); rope_*_dt are the f32
+ * members' bits on the widened values, rounded once, also in place.
+ * C = 64 takes a device's four-wide path, 77 its scalar one; hd 6 a RoPE
+ * row with an odd number of pairs. */
+BACKEND_TEST(embedding_and_rope_dt_in_bf16_and_f16_are_the_f32_members_on_widened_values) {
+  seed_tests(449);
+  const int64_t N = 150, nv = 40, v0 = 10, Cs[2] = {77, 64};
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  char what[160];
+  int32_t tg[150];
+  for (int64_t n = 0; n < N; n++) tg[n] = (int32_t)((n * 7 + 3) % 60); /* some outside */
+  int32_t *dtg = dup_h(dev, tg, sizeof tg);
+  for (int k = 0; k < 4; k++) {
+    const weft_dtype dt = dts[k % 2];
+    const int64_t C = Cs[k / 2];
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_EMBEDDING, dt));
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_ROPE, dt));
+    float *w0 = h_normal(nv * C, 1.0), *g0 = h_normal(N * C, 1.0), *a0 = h_normal(nv * C, 1.0);
+    uint16_t *hw = h_round(w0, dt, nv * C), *hg = h_round(g0, dt, N * C);
+    float *g = h_widen(hg, dt, N * C);
+    void *dw = dup_h(dev, hw, (size_t)(nv * C) * 2), *dg = dup_h(dev, hg, (size_t)(N * C) * 2);
+    float *fg = dupf(dev, g, N * C);
+    /* forward: the rows as they are */
+    void *o = dnan(dev, (size_t)(N * C) * 2);
+    OK(weft_backend_embedding_range_forward_dt(dev, dt, o, dtg, dw, N, v0, nv, C));
+    uint16_t *got = down(dev, o, (size_t)(N * C) * 2);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++) {
+        const int64_t r = tg[n] - v0;
+        const uint16_t want = r >= 0 && r < nv ? hw[r * C + c] : 0;
+        cr_assert_eq(got[n * C + c], want, "embedding_range_forward_dt %s C %lld [%lld, %lld]",
+                     weft_dtype_name(dt), (long long)C, (long long)n, (long long)c);
+      }
+    free(got);
+    /* backward into a grad that already holds values (it accumulates) */
+    float *gw1 = dupf(dev, a0, nv * C), *gw2 = dupf(dev, a0, nv * C);
+    OK(weft_backend_embedding_range_backward_dt(dev, dt, gw1, dtg, dg, N, v0, nv, C));
+    OK(weft_backend_embedding_range_backward(dev, gw2, dtg, fg, N, v0, nv, C));
+    float *s1 = downf(dev, gw1, nv * C), *s2 = downf(dev, gw2, nv * C);
+    snprintf(what, sizeof what, "embedding_range_backward_dt %s C %lld", weft_dtype_name(dt),
+             (long long)C);
+    expect_same_floats(what, s1, s2, nv * C, WEFT_F32);
+    free(s1), free(s2);
+    weft_free(gw1), weft_free(gw2), weft_free(o);
+    /* RoPE: (B 2, T 5, NH 3, hd 6) from position 4 of 12 */
+    const int64_t B = 2, T = 5, NH = 3, hd = 6, pos0 = 4, maxp = 12, nr = B * T * NH * hd;
+    float *cb = dnan(dev, (size_t)(maxp * hd / 2) * 4),
+          *sb = dnan(dev, (size_t)(maxp * hd / 2) * 4);
+    OK(weft_backend_rope_tables(dev, cb, sb, maxp, hd, 10000.0));
+    float *x0 = h_normal(nr, 2.0);
+    uint16_t *hx = h_round(x0, dt, nr);
+    float *x = h_widen(hx, dt, nr);
+    void *dx = dup_h(dev, hx, (size_t)nr * 2);
+    float *fx = dupf(dev, x, nr);
+    for (int bwd = 0; bwd < 2; bwd++) {
+      void *ro = dnan(dev, (size_t)nr * 2), *io = dup_h(dev, hx, (size_t)nr * 2);
+      float *fo = dnan(dev, (size_t)nr * 4);
+      if (bwd) {
+        OK(weft_backend_rope_backward_dt(dev, dt, ro, dx, cb, sb, maxp, B, T, NH, hd, pos0));
+        OK(weft_backend_rope_backward_dt(dev, dt, io, io, cb, sb, maxp, B, T, NH, hd, pos0));
+        OK(weft_backend_rope_backward(dev, fo, fx, cb, sb, maxp, B, T, NH, hd, pos0));
+      } else {
+        OK(weft_backend_rope_forward_dt(dev, dt, ro, dx, cb, sb, maxp, B, T, NH, hd, pos0));
+        OK(weft_backend_rope_forward_dt(dev, dt, io, io, cb, sb, maxp, B, T, NH, hd, pos0));
+        OK(weft_backend_rope_forward(dev, fo, fx, cb, sb, maxp, B, T, NH, hd, pos0));
+      }
+      float *ref = downf(dev, fo, nr);
+      void *want = h_round(ref, dt, nr);
+      uint16_t *r1 = down(dev, ro, (size_t)nr * 2), *r2 = down(dev, io, (size_t)nr * 2);
+      snprintf(what, sizeof what, "rope_%s_dt %s", bwd ? "backward" : "forward",
+               weft_dtype_name(dt));
+      expect_same_floats(what, r1, want, nr, dt);
+      expect_same_floats(what, r2, want, nr, dt);
+      free(ref), free(want), free(r1), free(r2);
+      weft_free(ro), weft_free(io), weft_free(fo);
+    }
+    free(x0), free(hx), free(x), free(w0), free(g0), free(a0), free(hw), free(hg), free(g);
+    weft_free(cb), weft_free(sb), weft_free(dx), weft_free(fx), weft_free(dw), weft_free(dg);
+    weft_free(fg);
+  }
+  weft_free(dtg);
+}
+
 BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
   seed_tests(187);
   /* sd 40: logits far past exp's range, so the max must be subtracted */
@@ -4326,6 +4412,8 @@ Test(registry, a_version_4_table_takes_only_f32_and_has_no_dt_members) {
   cr_assert_null(weft_backend_get(WEFT_CPU)->rmsnorm_backward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->cross_entropy_forward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->cross_entropy_backward_local_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->embedding_range_backward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->rope_backward_dt);
   uint16_t h = 0x3f80, o = 0;
   weft_clear_error();
   cr_assert_eq(weft_backend_activation_forward_dt(WEFT_CPU, WEFT_ACT_RELU, WEFT_BF16, &o, &h, 1),

@@ -285,7 +285,8 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
 
 /* ----------------------------------------------- storage-dtype kernels
  * add, mul, scale, the activations, SwiGLU, dropout, LayerNorm, RMSNorm,
- * softmax and cross-entropy run in bf16 / f16 themselves where the device's
+ * softmax, cross-entropy, embedding and RoPE run in bf16 / f16 themselves
+ * where the device's
  * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
  * forward or backward, and outputs and grads have the bits of the
  * widened path (a registered copy of the device's table without
@@ -377,6 +378,49 @@ static void sd_expect_same(const char *what, const double *got, const double *wa
               weft_dtype_name(dt), what, (long long)i, got[i], want[i]);
 }
 
+/* An int32 DTensor of shape (nd dims) with the values v, replicated. */
+static weft_dtensor *make_ids(weft_mesh *mesh, int nd, const int64_t *shape, const int32_t *v) {
+  weft_tensor *t;
+  OK(weft_tensor_create(WEFT_I32, WEFT_CPU, nd, shape, &t));
+  memcpy(t->data, v, sizeof(int32_t) * (size_t)weft_tensor_numel(t));
+  weft_placement rp = weft_replicate();
+  weft_dtensor *d;
+  OK(weft_dtensor_distribute(mesh, t, WEFT_DTENSOR_ALL_RANKS, &rp, 1, &d));
+  weft_tensor_destroy(t);
+  return d;
+}
+
+/* The lookups: y = rope(embedding(ids, w), 10000, pos0 3) with ids (1, 3,
+ * 2) into w (7, 4) (id 5 twice: its grad row sums two rows), backward
+ * from r; y and w's grad. */
+enum { EMB_V = 7, EMB_D = 4, EMB_N = 6 };
+static void sd_lookups(weft_mesh *mesh, weft_dtype dt, const double *hw, const double *hr,
+                       double **y, double **gw, int64_t *widened) {
+  const int64_t ishape[3] = {1, 3, 2}, wshape[2] = {EMB_V, EMB_D}, yshape[4] = {1, 3, 2, EMB_D};
+  const int32_t ids[EMB_N] = {5, 0, 3, 5, 6, 1};
+  weft_dtensor *id = make_ids(mesh, 3, ishape, ids), *w = make(mesh, dt, 2, wshape, hw),
+               *r = make(mesh, dt, 4, yshape, hr);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  weft_var *vi, *vw, *t;
+  OK(weft_graph_input(g, id, false, &vi));
+  OK(weft_graph_input(g, w, true, &vw));
+  weft_op_stats s0 = weft_op_stats_get();
+  OK(weft_op_embedding(vi, vw, &t));
+  OK(weft_op_rope(t, 10000.0, 3, &t));
+  cr_assert_eq(weft_dtensor_dtype(weft_var_value(t)), dt);
+  OK(weft_backward_grad(t, r));
+  *widened = weft_op_stats_get().widened - s0.widened;
+  int64_t n;
+  *y = values(weft_var_value(t), &n);
+  cr_assert_eq(weft_dtensor_dtype(weft_var_grad(vw)), dt, "grad w dtype");
+  *gw = values(weft_var_grad(vw), &n);
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(id);
+  weft_dtensor_destroy(w);
+  weft_dtensor_destroy(r);
+}
+
 static void storage_dtype_case(bool on_device) {
   if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
   weft_mesh *mesh = one_rank_mesh(on_device);
@@ -408,6 +452,26 @@ static void storage_dtype_case(bool on_device) {
       sd_expect_same(names[i], native.grad[i], widened.grad[i], i == 2 ? SD_COLS : n, dts[k]);
     sd_free(&native);
     sd_free(&widened);
+  }
+  /* embedding and RoPE the same way */
+  double hw[EMB_V * EMB_D], hy[EMB_N * EMB_D];
+  random_bf16(hw, EMB_V * EMB_D, &s);
+  random_bf16(hy, EMB_N * EMB_D, &s);
+  for (int k = 0; k < 2; k++) {
+    double *y1, *g1, *y2, *g2;
+    int64_t w1, w2;
+    sd_lookups(mesh, dts[k], hw, hy, &y1, &g1, &w1);
+    weft_backend t = *weft_backend_get(dev);
+    t.takes_dtype = NULL;
+    OK(weft_backend_register(&t));
+    sd_lookups(mesh, dts[k], hw, hy, &y2, &g2, &w2);
+    weft_backend_reset(dev);
+    cr_expect_eq(w1, 0, "%s embedding, rope: %lld tensors widened", weft_dtype_name(dts[k]),
+                 (long long)w1);
+    cr_expect_gt(w2, 0);
+    sd_expect_same("rope(embedding)", y1, y2, EMB_N * EMB_D, dts[k]);
+    sd_expect_same("grad w", g1, g2, EMB_V * EMB_D, dts[k]);
+    free(y1), free(g1), free(y2), free(g2);
   }
   for (int i = 0; i < SD_IN; i++) free(h[i]);
   weft_mesh_destroy(mesh);
