@@ -176,7 +176,8 @@ Test(dtype, f16_rounds_to_nearest_even_including_subnormals_and_overflow) {
  * contiguous bf16 loops of cpu/ops.c) give, element for element, the
  * scalar conversion's bits: every f32 <-> bf16 copy of a dense tensor, and
  * add, mul and scale of dense bf16 tensors as f32 arithmetic rounded once.
- * Lengths around the 8-wide step and across thread chunks (16384), starts
+ * Lengths around the 8- and 16-wide steps (the portable and the AVX2
+ * loops) and across thread chunks (16384), starts
  * at odd offsets, and special values: NaNs with payloads (quiet and
  * signalling), infinities, ties, subnormals, values that round to inf. */
 static float special_f32(uint64_t *s, int64_t i) {
@@ -189,7 +190,7 @@ static float special_f32(uint64_t *s, int64_t i) {
 
 Test(dtype, dense_bf16_copies_and_elementwise_ops_give_the_scalar_bits) {
   uint64_t s = weft_test_rng_state(weft_test_seed(31));
-  const int64_t lens[] = {1, 7, 8, 9, 15, 16, 17, 1000, 16384 * 2 + 13};
+  const int64_t lens[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 1000, 16384 * 2 + 13};
   for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
     const int64_t n = lens[k], off = (int64_t)(k % 3); /* views at odd element offsets */
     int64_t sh[1] = {n + off};
