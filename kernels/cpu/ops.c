@@ -371,27 +371,30 @@ static void red_dim_row(char *const *p, const int64_t *st, int64_t n, void *vctx
   }
 }
 
-/* Contiguous f32 in and out, viewed as x (outer, len, inner) -> out
- * (outer, inner): out[o, i] = reduce over l of x[o, l, i]. Items are
- * (o, block of RED_COLS columns of inner), or (o) when inner is 1, on the
- * CPU threads in fixed chunks (pool.h); each output accumulates in double
- * over l in order, as reduce_span does, so the bits are those of the
- * strided loop on any thread count, and the rows of a block are read
- * contiguously (a bias gradient's column sums no longer stride by C). */
+/* Contiguous f32, bf16 or f16 in and out (of one dtype), viewed as x (outer, len, inner) -> out
+ * (outer, inner): out[o, i] = reduce over l of x[o, l, i] (16-bit elements widened as they are
+ * read, the result stored as weft_store_f_ stores it). Items are (o, block of RED_COLS columns of
+ * inner), or (o) when inner is 1, on the CPU threads in fixed chunks (pool.h); each output
+ * accumulates in double over l in order, as reduce_span does, so the bits are those of the strided
+ * loop on any thread count, and the rows of a block are read contiguously (a bias gradient's column
+ * sums no longer stride by C). */
 #define RED_COLS 64
 
 typedef struct red_fast {
   weft_reduce_kind kind;
-  const float *x;
-  float *out;
+  weft_dtype dt, odt; /* the input's and the output's */
+  const char *x;
+  char *out;
   int64_t len, inner, nblocks;
 } red_fast;
 
 static void red_fast_rows(void *ctx, int64_t lo, int64_t hi) { /* inner == 1 */
   const red_fast *r = ctx;
+  const size_t es = weft_dtype_size(r->dt), oes = weft_dtype_size(r->odt);
   for (int64_t o = lo; o < hi; o++)
-    r->out[o] = (float)reduce_span((const char *)(r->x + o * r->len), r->len, 1, WEFT_F32, r->kind,
-                                   reduce_init(r->kind));
+    weft_store_f_(r->out + (size_t)o * oes, r->odt,
+                  reduce_span(r->x + (size_t)(o * r->len) * es, r->len, 1, r->dt, r->kind,
+                              reduce_init(r->kind)));
 }
 
 static void red_fast_blocks(void *ctx, int64_t lo, int64_t hi) {
@@ -400,9 +403,16 @@ static void red_fast_blocks(void *ctx, int64_t lo, int64_t hi) {
     const int64_t o = it / r->nblocks, c0 = (it % r->nblocks) * RED_COLS;
     const int64_t nc = r->inner - c0 < RED_COLS ? r->inner - c0 : RED_COLS;
     double acc[RED_COLS];
+    float wide[RED_COLS];
     for (int64_t j = 0; j < nc; j++) acc[j] = reduce_init(r->kind);
-    const float *x = r->x + o * r->len * r->inner + c0;
-    for (int64_t l = 0; l < r->len; l++, x += r->inner) {
+    const size_t es = weft_dtype_size(r->dt);
+    const char *xl = r->x + (size_t)(o * r->len * r->inner + c0) * es;
+    for (int64_t l = 0; l < r->len; l++, xl += (size_t)r->inner * es) {
+      const float *x = (const float *)xl;
+      if (r->dt != WEFT_F32) {
+        weft_cpu_to_f32_(wide, xl, r->dt, nc);
+        x = wide;
+      }
       switch (r->kind) {
         case WEFT_REDUCE_SUM:
           for (int64_t j = 0; j < nc; j++) acc[j] += x[j];
@@ -422,14 +432,17 @@ static void red_fast_blocks(void *ctx, int64_t lo, int64_t hi) {
           break;
       }
     }
-    for (int64_t j = 0; j < nc; j++) r->out[o * r->inner + c0 + j] = (float)acc[j];
+    const size_t oes = weft_dtype_size(r->odt);
+    for (int64_t j = 0; j < nc; j++)
+      weft_store_f_(r->out + (size_t)(o * r->inner + c0 + j) * oes, r->odt, acc[j]);
   }
 }
 
 weft_status weft_cpu_reduce_(const weft_tensor *t, weft_reduce_kind kind, int d, weft_tensor *out) {
-  if (t->dtype == WEFT_F32 && out->dtype == WEFT_F32 && weft_tensor_is_contiguous(t) &&
+  const bool storage = t->dtype == WEFT_F32 || t->dtype == WEFT_BF16 || t->dtype == WEFT_F16;
+  if (storage && out->dtype == t->dtype && weft_tensor_is_contiguous(t) &&
       weft_tensor_is_contiguous(out) && t->ndim > 0) {
-    red_fast r = {kind, t->data, out->data, t->shape[d], 1, 0};
+    red_fast r = {kind, t->dtype, out->dtype, t->data, out->data, t->shape[d], 1, 0};
     int64_t outer = 1;
     for (int e = 0; e < d; e++) outer *= t->shape[e];
     for (int e = d + 1; e < t->ndim; e++) r.inner *= t->shape[e];
