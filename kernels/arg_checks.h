@@ -314,6 +314,23 @@ static inline weft_status weft_check_activation_forward_(const char *op, weft_ac
                            weft_dtype_name(dt));                                         \
   } while (0)
 
+/* gemm_dt (backend.h): the GEMM's dims as weft_check_gemm_dims_, operands
+ * f32, bf16 or f16, C f32 or the operands' dtype, and a bias only with
+ * beta == 0. */
+static inline weft_status weft_check_gemm_dt_(const char *op, bool ta, bool tb, int64_t m,
+                                              int64_t n, int64_t k, weft_dtype ab_dt, int64_t lda,
+                                              int64_t ldb, float beta, weft_dtype c_dt, int64_t ldc,
+                                              const void *bias) {
+  WEFT_CHECK_STORAGE_DT_(op, ab_dt);
+  if (c_dt != WEFT_F32 && c_dt != ab_dt)
+    return weft_error_at(WEFT_ERR_UNSUPPORTED, op, "C of dtype %s with %s operands: f32 or %s",
+                         weft_dtype_name(c_dt), weft_dtype_name(ab_dt), weft_dtype_name(ab_dt));
+  if (bias && beta != 0.0f)
+    return weft_error_at(WEFT_ERR_INVALID, op, "a bias with beta = %g (a bias needs beta = 0)",
+                         (double)beta);
+  return weft_check_gemm_dims_(op, ta, tb, m, n, k, lda, ldb, ldc);
+}
+
 static inline weft_status weft_check_activation_backward_(const char *op, weft_activation act,
                                                           const float *dinp, const float *dout,
                                                           const float *inp, int64_t n) {

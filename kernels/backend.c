@@ -712,6 +712,17 @@ weft_status weft_backend_rope_backward_dt(weft_device dev, weft_dtype dt, void *
   DISPATCH(dev, rope_backward_dt, dt, dinp, dout, cosb, sinb, max_pos, B, T, NH, hd, pos0);
 }
 
+weft_status weft_backend_gemm_dt(weft_device dev, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                                 int64_t k, float alpha, weft_dtype ab_dt, const void *a,
+                                 int64_t lda, const void *b, int64_t ldb, float beta,
+                                 weft_dtype c_dt, void *c, int64_t ldc, const void *bias) {
+  if (ab_dt == WEFT_F32 && c_dt == WEFT_F32 && !bias)
+    DISPATCH(dev, sgemm, trans_a, trans_b, m, n, k, alpha, (const float *)a, lda, (const float *)b,
+             ldb, beta, (float *)c, ldc);
+  DISPATCH(dev, gemm_dt, trans_a, trans_b, m, n, k, alpha, ab_dt, a, lda, b, ldb, beta, c_dt, c,
+           ldc, bias);
+}
+
 weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                           const void *inp, const float *uniform, float p,
                                           int64_t n) {

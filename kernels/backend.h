@@ -143,7 +143,8 @@ typedef struct weft_flat_piece {
  *      layernorm_backward_dt, softmax_forward_dt / softmax_backward_dt,
  *      rmsnorm_forward_dt / rmsnorm_backward_dt, cross_entropy_forward_dt ..
  *      cross_entropy_backward_local_dt, embedding_range_forward_dt /
- *      embedding_range_backward_dt, rope_forward_dt / rope_backward_dt (a table built against an
+ *      embedding_range_backward_dt, rope_forward_dt / rope_backward_dt, gemm_dt
+ *      (a table built against an
  * earlier version-5 header has a smaller size: these read as absent) */
 #define WEFT_BACKEND_VERSION 5
 
@@ -168,6 +169,7 @@ typedef enum weft_kernel_op {
   WEFT_KERNEL_CROSS_ENTROPY = 9,
   WEFT_KERNEL_EMBEDDING = 10, /* embedding_range_forward_dt / embedding_range_backward_dt */
   WEFT_KERNEL_ROPE = 11,      /* rope_forward_dt / rope_backward_dt */
+  WEFT_KERNEL_GEMM = 12,      /* gemm_dt with 16-bit operands (linear, matmul) */
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 
@@ -490,6 +492,18 @@ typedef struct weft_backend {
   weft_status (*rope_backward_dt)(weft_dtype dt, void *dinp, const void *dout, const float *cosb,
                                   const float *sinb, int64_t max_pos, int64_t B, int64_t T,
                                   int64_t NH, int64_t hd, int64_t pos0);
+  /* C = alpha op(A) op(B) + beta C (sgemm's contract: row-major, leading
+   * dims in elements, k == 0 or alpha == 0 reads neither A nor B) with A
+   * and B of dtype ab_dt (f32, bf16 or f16) and C of dtype c_dt (f32 or
+   * ab_dt). Products and sums in at least f32 (16-bit operands are exact
+   * in f32); a 16-bit C is the result rounded once (beta != 0 reads it
+   * widened). bias: NULL, or n values of dtype c_dt added to every row
+   * (then beta must be 0), before C is rounded. f32 operands and C without
+   * a bias: the sgemm member (the matmul precision applies); 16-bit
+   * operands are used as they are. */
+  weft_status (*gemm_dt)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         weft_dtype ab_dt, const void *a, int64_t lda, const void *b, int64_t ldb,
+                         float beta, weft_dtype c_dt, void *c, int64_t ldc, const void *bias);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -904,6 +918,11 @@ WEFT_API weft_status weft_backend_rope_backward_dt(weft_device dev, weft_dtype d
                                                    const void *dout, const float *cosb,
                                                    const float *sinb, int64_t max_pos, int64_t B,
                                                    int64_t T, int64_t NH, int64_t hd, int64_t pos0);
+WEFT_API weft_status weft_backend_gemm_dt(weft_device dev, bool trans_a, bool trans_b, int64_t m,
+                                          int64_t n, int64_t k, float alpha, weft_dtype ab_dt,
+                                          const void *a, int64_t lda, const void *b, int64_t ldb,
+                                          float beta, weft_dtype c_dt, void *c, int64_t ldc,
+                                          const void *bias);
 WEFT_API weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                                    const void *inp, const float *uniform, float p,
                                                    int64_t n);

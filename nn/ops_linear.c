@@ -49,6 +49,10 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
   const weft_tensor *xl = nn_local(x), *wl = nn_local(w), *dyl = nn_local(dy);
   int64_t rows = nn_rows(xl), kl = xl->shape[last], nl = wl->shape[0];
   weft_device dev = xl->device;
+  /* f32: the linear member; bf16 / f16: gemm_dt in that dtype, grads
+   * rounded once */
+  const weft_dtype dt = xl->dtype;
+  const int64_t ldk = kl > 0 ? kl : 1, ldn = nl > 0 ? nl : 1;
   if (nn_node_wants(n, 0)) {
     weft_placement p[WEFT_MESH_MAX_DIMS];
     for (int i = 0; i < k; i++) {
@@ -65,8 +69,12 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
     }
     weft_dtensor *dx;
     WEFT_CHECK(nn_graph_like(g, x, p, &dx));
-    WEFT_CHECK(weft_backend_linear_backward(dev, nn_f32(dx), NULL, NULL, dyl->data, xl->data,
-                                            wl->data, rows, kl, nl, false, false));
+    if (dt == WEFT_F32)
+      WEFT_CHECK(weft_backend_linear_backward(dev, nn_f32(dx), NULL, NULL, dyl->data, xl->data,
+                                              wl->data, rows, kl, nl, false, false));
+    else if (rows * kl > 0) /* dx (rows, K) = dy (rows, N) @ w (N, K) */
+      WEFT_CHECK(weft_backend_gemm_dt(dev, false, false, rows, kl, nl, 1.0f, dt, dyl->data, ldn,
+                                      wl->data, ldk, 0.0f, dt, nn_local(dx)->data, ldk, NULL));
     din[0] = dx;
   }
   if (nn_node_wants(n, 1)) {
@@ -85,8 +93,12 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
     }
     weft_dtensor *dw;
     WEFT_CHECK(nn_graph_like(g, w, p, &dw));
-    WEFT_CHECK(weft_backend_linear_backward(dev, NULL, nn_f32(dw), NULL, dyl->data, xl->data,
-                                            wl->data, rows, kl, nl, false, false));
+    if (dt == WEFT_F32)
+      WEFT_CHECK(weft_backend_linear_backward(dev, NULL, nn_f32(dw), NULL, dyl->data, xl->data,
+                                              wl->data, rows, kl, nl, false, false));
+    else if (nl * kl > 0) /* dw (N, K) = dy^T (N, rows) @ x (rows, K) */
+      WEFT_CHECK(weft_backend_gemm_dt(dev, true, false, nl, kl, rows, 1.0f, dt, dyl->data, ldn,
+                                      xl->data, ldk, 0.0f, dt, nn_local(dw)->data, ldk, NULL));
     din[1] = dw;
   }
   if (n->nin == 3 && nn_node_wants(n, 2)) {
@@ -125,15 +137,15 @@ static weft_status linear_impl(weft_var *x, weft_var *w, weft_var *b, weft_var *
   WEFT_CHECK(nn_check_vars(name, in, nin, &g));
   const weft_dtensor *xv = nn_var_now(x), *wv = nn_var_now(w);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv), *ws = weft_dtensor_get_spec(wv);
-  WEFT_CHECK(nn_check_f32_contig(name, in, nin, xv, "input"));
-  WEFT_CHECK(nn_check_f32_contig(name, in, nin, wv, "weight"));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, nin, xv, "input", WEFT_KERNEL_GEMM));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, nin, wv, "weight", WEFT_KERNEL_GEMM));
   int na = xs->ndim, last = na - 1;
   if (na < 1 || ws->ndim != 2 || xs->shape[last] != ws->shape[1])
     return nn_op_error(WEFT_ERR_INVALID, name, in, nin,
                        "need x (..., K) and weight (N, K) with the same K");
   const weft_dtensor *bv = b ? nn_var_now(b) : NULL;
   if (bv) {
-    WEFT_CHECK(nn_check_f32_contig(name, in, nin, bv, "bias"));
+    WEFT_CHECK(nn_check_kernel_contig(name, in, nin, bv, "bias", WEFT_KERNEL_GEMM));
     const weft_dtensor_spec *bs = weft_dtensor_get_spec(bv);
     if (bs->ndim != 1 || bs->shape[0] != ws->shape[0])
       return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "need bias (N,) for weight (N, K)");
@@ -177,18 +189,24 @@ static weft_status linear_impl(weft_var *x, weft_var *w, weft_var *b, weft_var *
   memcpy(oshape, xs->shape, sizeof(int64_t) * (size_t)na);
   oshape[last] = ws->shape[0];
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, na, oshape, opl, &y));
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, na, oshape, opl, &y));
   const weft_tensor *xl = nn_local(xu), *wl = nn_local(wu);
-  WEFT_CHECK(weft_backend_linear_forward(xl->device, nn_f32(y), xl->data, wl->data,
-                                         bu ? nn_f32(bu) : NULL, nn_rows(xl), xl->shape[last],
-                                         wl->shape[0]));
+  const int64_t rows = nn_rows(xl), K = xl->shape[last], N = wl->shape[0];
+  if (xs->dtype == WEFT_F32)
+    WEFT_CHECK(weft_backend_linear_forward(xl->device, nn_f32(y), xl->data, wl->data,
+                                           bu ? nn_f32(bu) : NULL, rows, K, N));
+  else /* bf16 / f16: one GEMM in that dtype, the bias added before it rounds */
+    WEFT_CHECK(weft_backend_gemm_dt(xl->device, false, true, rows, N, K, 1.0f, xs->dtype, xl->data,
+                                    K > 0 ? K : 1, wl->data, K > 0 ? K : 1, 0.0f, xs->dtype,
+                                    nn_local(y)->data, N > 0 ? N : 1,
+                                    bu ? nn_local(bu)->data : NULL));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, in, nin, (const weft_dtensor *const[]){xu, wu, bu},
                          linear_backward, &node));
   return nn_var_new(g, y, node, out);
 }
 
-static weft_status linear_f32(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
+static weft_status linear_body(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "linear: out is NULL");
   *out = NULL;
   return linear_impl(x, w, b, out);
@@ -474,8 +492,8 @@ weft_status weft_op_to(weft_var *x, weft_dtype dtype, weft_var **out) {
 weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out) {
   weft_var *in[3] = {x, w, b};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "linear", in, 3, true));
-  return nn_mixed_end(&mx, linear_f32(in[0], in[1], in[2], out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "linear", in, 3, true, WEFT_KERNEL_GEMM));
+  return nn_mixed_end(&mx, linear_body(in[0], in[1], in[2], out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_add(weft_var *a, weft_var *b, weft_var **out) {

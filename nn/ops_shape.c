@@ -84,8 +84,9 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
     }
     weft_dtensor *da;
     WEFT_CHECK(nn_graph_like(g, a, p, &da));
-    WEFT_CHECK(weft_backend_sgemm(dev, false, true, rows, kl, nl, 1.0f, dyl->data, ld(nl), bl->data,
-                                  ld(nl), 0.0f, nn_f32(da), ld(kl)));
+    WEFT_CHECK(weft_backend_gemm_dt(dev, false, true, rows, kl, nl, 1.0f, al->dtype, dyl->data,
+                                    ld(nl), bl->data, ld(nl), 0.0f, al->dtype, nn_local(da)->data,
+                                    ld(kl), NULL));
     din[0] = da;
   }
   if (nn_node_wants(n, 1)) {
@@ -105,14 +106,15 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
     }
     weft_dtensor *db;
     WEFT_CHECK(nn_graph_like(g, b, p, &db));
-    WEFT_CHECK(weft_backend_sgemm(dev, true, false, kl, nl, rows, 1.0f, al->data, ld(kl), dyl->data,
-                                  ld(nl), 0.0f, nn_f32(db), ld(nl)));
+    WEFT_CHECK(weft_backend_gemm_dt(dev, true, false, kl, nl, rows, 1.0f, al->dtype, al->data,
+                                    ld(kl), dyl->data, ld(nl), 0.0f, al->dtype, nn_local(db)->data,
+                                    ld(nl), NULL));
     din[1] = db;
   }
   return WEFT_OK;
 }
 
-static weft_status matmul_f32(weft_var *a, weft_var *b, weft_var **out) {
+static weft_status matmul_body(weft_var *a, weft_var *b, weft_var **out) {
   const char *name = "matmul";
   if (!out) return weft_error(WEFT_ERR_INVALID, "matmul: out is NULL");
   *out = NULL;
@@ -121,8 +123,8 @@ static weft_status matmul_f32(weft_var *a, weft_var *b, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, in, 2, &g));
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, av, "a"));
-  WEFT_CHECK(nn_check_f32_contig(name, in, 2, bv, "b"));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, av, "a", WEFT_KERNEL_GEMM));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, bv, "b", WEFT_KERNEL_GEMM));
   int na = as->ndim, last = na - 1;
   if (na < 2 || bs->ndim != 2 || as->shape[last] != bs->shape[0])
     return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
@@ -159,13 +161,14 @@ static weft_status matmul_f32(weft_var *a, weft_var *b, weft_var **out) {
   memcpy(oshape, as->shape, sizeof(int64_t) * (size_t)na);
   oshape[last] = bs->shape[1];
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), WEFT_F32, na, oshape, opl, &y));
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), as->dtype, na, oshape, opl, &y));
   const weft_tensor *al = nn_local(au), *bl = nn_local(bu);
   int64_t rows = prod(al->shape, 0, last), kl = al->shape[last], nl = bl->shape[1];
   if (rows * nl != nn_numel(y) || bl->shape[0] != kl)
     return nn_op_error(WEFT_ERR_INTERNAL, name, in, 2, "local shapes disagree");
-  WEFT_CHECK(weft_backend_sgemm(al->device, false, false, rows, nl, kl, 1.0f, al->data, ld(kl),
-                                bl->data, ld(nl), 0.0f, nn_f32(y), ld(nl)));
+  WEFT_CHECK(weft_backend_gemm_dt(al->device, false, false, rows, nl, kl, 1.0f, al->dtype, al->data,
+                                  ld(kl), bl->data, ld(nl), 0.0f, al->dtype, nn_local(y)->data,
+                                  ld(nl), NULL));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, matmul_backward, &node));
@@ -801,8 +804,8 @@ static weft_status mean_f32(weft_var *x, int dim, bool keepdim, weft_var **out) 
 weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
   weft_var *in[2] = {a, b};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "matmul", in, 2, true));
-  return nn_mixed_end(&mx, matmul_f32(in[0], in[1], out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "matmul", in, 2, true, WEFT_KERNEL_GEMM));
+  return nn_mixed_end(&mx, matmul_body(in[0], in[1], out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_var **out) {

@@ -281,6 +281,7 @@ static const weft_backend cpu_backend = {
     .embedding_range_backward_dt = weft_cpu_embedding_range_backward_dt_,
     .rope_forward_dt = weft_cpu_rope_forward_dt_,
     .rope_backward_dt = weft_cpu_rope_backward_dt_,
+    .gemm_dt = weft_cpu_gemm_dt_,
     .device_count = cpu_device_count,
     .synchronize = cpu_synchronize,
     .alloc = weft_cpu_alloc_,

@@ -29,6 +29,11 @@ weft_status weft_cpu_gemm_(bool trans_a, bool trans_b, float alpha, const weft_t
 weft_status weft_cpu_sgemm_(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                             float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                             float beta, float *c, int64_t ldc);
+/* kernels/cpu/gemm_dt.c: the gemm_dt member (backend.h) */
+weft_status weft_cpu_gemm_dt_(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                              weft_dtype ab_dt, const void *a, int64_t lda, const void *b,
+                              int64_t ldb, float beta, weft_dtype c_dt, void *c, int64_t ldc,
+                              const void *bias);
 /* kernels/cpu/convert.c: contiguous conversions, element for element the
  * bits of weft_bf16_to_f32_i_ / weft_f32_to_bf16_i_ (vectorised) */
 void weft_cpu_bf16_to_f32_(float *dst, const uint16_t *src, int64_t n);

@@ -64,6 +64,7 @@ weft_backend make_table() {
   b.embedding_range_backward_dt = weft_cuda_embedding_range_backward_dt;
   b.rope_forward_dt = weft_cuda_rope_forward_dt;
   b.rope_backward_dt = weft_cuda_rope_backward_dt;
+  b.gemm_dt = weft_cuda_gemm_dt;
   b.copy = weft_cuda_copy;
   b.fill = weft_cuda_fill;
   b.fill_random = weft_cuda_fill_random;

@@ -179,6 +179,10 @@ weft_status weft_cuda_rope_forward_dt(weft_dtype dt, void *out, const void *inp,
 weft_status weft_cuda_rope_backward_dt(weft_dtype dt, void *dinp, const void *dout,
                                        const float *cosb, const float *sinb, int64_t max_pos,
                                        int64_t B, int64_t T, int64_t NH, int64_t hd, int64_t pos0);
+weft_status weft_cuda_gemm_dt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                              float alpha, weft_dtype ab_dt, const void *a, int64_t lda,
+                              const void *b, int64_t ldb, float beta, weft_dtype c_dt, void *c,
+                              int64_t ldc, const void *bias);
 weft_status weft_cuda_dropout_apply_dt(weft_dtype dt, void *out, const void *inp,
                                        const float *uniform, float p, int64_t n);
 weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);

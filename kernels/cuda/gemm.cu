@@ -111,21 +111,42 @@ __global__ void pack_bf16_kernel(uint16_t *dst, const float *src, int64_t rows, 
   }
 }
 
-/* C = beta * C (beta == 0: zeros) over nbatch (m x n) matrices, ldc, stride. */
-__global__ void scale_c_kernel(float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride,
+/* C = beta * C (beta == 0: zeros) over nbatch (m x n) matrices, ldc,
+ * stride; T float, bf16_t or f16_t (rounded once). */
+template <class T>
+__global__ void scale_c_kernel(T *c, int64_t m, int64_t n, int64_t ldc, int64_t stride,
                                int64_t nbatch, float beta) {
   const int64_t total = m * nbatch;
   for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < total;
        R += (int64_t)gridDim.x * blockDim.y) {
     const int64_t b = R / m, r = R - b * m;
-    float *row = c + b * stride + r * ldc;
+    T *row = c + b * stride + r * ldc;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-      row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+      row[j] = from_f32<T>(beta == 0.0f ? 0.0f : beta * as_f32(row[j]));
   }
 }
 
-/* Operand kinds of one GEMM call. */
-enum operand_kind { OPERANDS_F32, OPERANDS_BF16 };
+/* Every row of C (m x n, ldc) set to bias (n values of T). */
+template <class T>
+__global__ void bias_rows_kernel(T *c, const T *bias, int64_t m, int64_t n, int64_t ldc) {
+  for (int64_t r = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; r < m;
+       r += (int64_t)gridDim.x * blockDim.y)
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) c[r * ldc + j] = bias[j];
+}
+
+/* Operand kinds of one GEMM call: f32 (the matmul precision applies) or
+ * 16-bit operands used as they are. */
+enum operand_kind { OPERANDS_F32, OPERANDS_BF16, OPERANDS_F16 };
+
+template <class T>
+weft_status scale_c(const char *op, T *c, int64_t m, int64_t n, int64_t ldc, int64_t sc,
+                    int64_t count, float beta) {
+  const double es = (double)sizeof(T);
+  WEFT_COST((double)(m * n * count), (beta != 0.0f ? 2.0 * es : es) * (double)(m * n * count));
+  WEFT_LAUNCH(scale_c_kernel<T>, grid_for(m * count, 8), dim3(32, 8), 0, compute_stream(), c, m, n,
+              ldc, sc, count, beta);
+  return weft_cuda_check_((int)cudaGetLastError(), op);
+}
 
 /* cuBLAS takes 32-bit sizes and leading dims (an extra limit of this
  * backend, after the checks every backend makes). */
@@ -161,12 +182,13 @@ weft_status pack_operand(const char *func, uint16_t *dst, const float *src, int6
 
 /* The one GEMM path: count row-major GEMMs C_i = alpha op(A_i) op(B_i) +
  * beta C_i. kind OPERANDS_F32: a and b are float and the matmul precision
- * applies; OPERANDS_BF16: a and b are bf16 bit patterns. batched selects
+ * applies; OPERANDS_BF16 / _F16: a and b are 16-bit. C is f32, or (c16,
+ * 16-bit operands only) of the operands' dtype. batched selects
  * cublasGemmStridedBatchedEx (strides ignored otherwise). */
 weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta, bool tb, int64_t m,
                      int64_t n, int64_t k, float alpha, const void *a, int64_t lda, int64_t sa,
-                     const void *b, int64_t ldb, int64_t sb, float beta, float *c, int64_t ldc,
-                     int64_t sc, int64_t count) {
+                     const void *b, int64_t ldb, int64_t sb, float beta, void *c, int64_t ldc,
+                     int64_t sc, int64_t count, bool c16 = false) {
   /* the checks and their order are the CPU backend's (kernels/cpu/backend.c) */
   const char *op = weft_op_name_(func);
   WEFT_CHECK(weft_cuda_require_init_(func));
@@ -191,18 +213,16 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
   if (!c || (reads_ab && (!a || !b)))
     return weft_error_at(WEFT_ERR_INVALID, batched ? "sgemm" : op, "NULL matrix pointer");
   WEFT_CHECK(check_cublas_dims(op, m, n, k, lda, ldb, ldc, count));
-  cudaStream_t s = compute_stream();
   if (!reads_ab) {
-    WEFT_COST((double)(m * n * count), (beta != 0.0f ? 8.0 : 4.0) * (double)(m * n * count));
-    WEFT_LAUNCH(scale_c_kernel, grid_for(m * count, 8), dim3(32, 8), 0, s, c, m, n, ldc, sc, count,
-                beta);
-    return weft_cuda_check_((int)cudaGetLastError(), op);
+    if (!c16) return scale_c(op, (float *)c, m, n, ldc, sc, count, beta);
+    if (kind == OPERANDS_BF16) return scale_c(op, (bf16_t *)c, m, n, ldc, sc, count, beta);
+    return scale_c(op, (f16_t *)c, m, n, ldc, sc, count, beta);
   }
 
   cudaDataType_t in_type = CUDA_R_32F;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F_PEDANTIC;
-  if (kind == OPERANDS_BF16) {
-    in_type = CUDA_R_16BF;
+  if (kind != OPERANDS_F32) {
+    in_type = kind == OPERANDS_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     compute = CUBLAS_COMPUTE_32F;
   } else if (g_precision == WEFT_MATMUL_TF32) {
     compute = CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -234,26 +254,28 @@ weft_status gemm_any(const char *func, operand_kind kind, bool batched, bool ta,
   {
     /* the model's cost: 2mnk per product; A and B read once, C written
      * (and read when beta != 0), C in f32 */
-    const int engine = in_type == CUDA_R_16BF                    ? WEFT_ENGINE_BF16
+    const int engine = in_type != CUDA_R_32F                     ? WEFT_ENGINE_BF16
                        : compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? WEFT_ENGINE_TF32
                                                                  : WEFT_ENGINE_FP32;
-    const double in_size = in_type == CUDA_R_16BF ? 2.0 : 4.0;
+    const double in_size = in_type != CUDA_R_32F ? 2.0 : 4.0, c_size = c16 ? 2.0 : 4.0;
     const double na = batched && sa != 0 ? (double)count : 1.0;
     const double nb = batched && sb != 0 ? (double)count : 1.0;
-    const double bytes = in_size * ((double)m * (double)k * na + (double)k * (double)n * nb) +
-                         (beta != 0.0f ? 8.0 : 4.0) * (double)m * (double)n * (double)count;
+    const double bytes =
+        in_size * ((double)m * (double)k * na + (double)k * (double)n * nb) +
+        (beta != 0.0f ? 2.0 : 1.0) * c_size * (double)m * (double)n * (double)count;
     weft_device_cost_blas_(engine, batched, 2.0 * (double)m * (double)n * (double)k * (double)count,
                            bytes);
   }
+  const cudaDataType_t c_type = c16 ? in_type : CUDA_R_32F;
   /* C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m), column-major */
   if (batched)
     st = cublasGemmStridedBatchedEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, in_type,
                                     (int)ldb, (long long)sb, a, in_type, (int)lda, (long long)sa,
-                                    &beta, c, CUDA_R_32F, (int)ldc, (long long)sc, (int)count,
-                                    compute, CUBLAS_GEMM_DEFAULT);
+                                    &beta, c, c_type, (int)ldc, (long long)sc, (int)count, compute,
+                                    CUBLAS_GEMM_DEFAULT);
   else
     st = cublasGemmEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, in_type, (int)ldb, a, in_type,
-                      (int)lda, &beta, c, CUDA_R_32F, (int)ldc, compute, CUBLAS_GEMM_DEFAULT);
+                      (int)lda, &beta, c, c_type, (int)ldc, compute, CUBLAS_GEMM_DEFAULT);
   return weft_cuda_check_cublas_((int)st, op);
 }
 
@@ -305,6 +327,43 @@ weft_status weft_cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n
                                 int64_t ldb, float beta, float *c, int64_t ldc) {
   return gemm_any(__func__, OPERANDS_BF16, false, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b,
                   ldb, 0, beta, c, ldc, 0, 1);
+}
+
+/* backend.h gemm_dt: 16-bit operands as they are (cublasGemmEx, f32
+ * compute), C f32 or 16-bit; a bias is first written into C's rows and the
+ * GEMM adds to it (beta 1), so C is rounded once. */
+weft_status weft_cuda_gemm_dt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                              float alpha, weft_dtype ab_dt, const void *a, int64_t lda,
+                              const void *b, int64_t ldb, float beta, weft_dtype c_dt, void *c,
+                              int64_t ldc, const void *bias) {
+  const char *op = weft_op_name_(__func__);
+  WEFT_CHECK(weft_cuda_require_init_(__func__));
+  WEFT_RETURN_IF_BAD_(
+      weft_check_gemm_dt_(op, trans_a, trans_b, m, n, k, ab_dt, lda, ldb, beta, c_dt, ldc, bias));
+  if (m == 0 || n == 0) return WEFT_OK;
+  if (!c || (k > 0 && alpha != 0.0f && (!a || !b)))
+    return weft_error_at(WEFT_ERR_INVALID, op, "NULL matrix pointer");
+  if (bias) {
+    WEFT_CHECK(check_cublas_dims(op, m, n, k, lda, ldb, ldc, 1));
+    const double es = (double)weft_dtype_size(c_dt);
+    WEFT_COST(0, es * (double)m * (double)n + es * (double)n);
+    if (c_dt == WEFT_F32)
+      WEFT_LAUNCH(bias_rows_kernel<float>, grid_for(m, 8), dim3(32, 8), 0, compute_stream(),
+                  (float *)c, (const float *)bias, m, n, ldc);
+    else if (c_dt == WEFT_BF16)
+      WEFT_LAUNCH(bias_rows_kernel<bf16_t>, grid_for(m, 8), dim3(32, 8), 0, compute_stream(),
+                  (bf16_t *)c, (const bf16_t *)bias, m, n, ldc);
+    else
+      WEFT_LAUNCH(bias_rows_kernel<f16_t>, grid_for(m, 8), dim3(32, 8), 0, compute_stream(),
+                  (f16_t *)c, (const f16_t *)bias, m, n, ldc);
+    WEFT_CHECK(weft_cuda_check_((int)cudaGetLastError(), op));
+    beta = 1.0f;
+  }
+  const operand_kind kind = ab_dt == WEFT_F32    ? OPERANDS_F32
+                            : ab_dt == WEFT_BF16 ? OPERANDS_BF16
+                                                 : OPERANDS_F16;
+  return gemm_any(__func__, kind, false, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0,
+                  beta, c, ldc, 0, 1, c_dt != WEFT_F32);
 }
 
 weft_status weft_cuda_cast_f32_to_bf16(uint16_t *out, const float *in, int64_t n) {

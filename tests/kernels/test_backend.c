@@ -3201,6 +3201,106 @@ BACKEND_TEST(embedding_and_rope_dt_in_bf16_and_f16_are_the_f32_members_on_widene
   weft_free(dtg);
 }
 
+/* gemm_dt: bf16 / f16 operands, C f32 or 16-bit, a bias or beta. Each
+ * case is bitwise this device's sgemm on the widened operands (with the
+ * bias as C's rows and beta 1; a 16-bit C widened), rounded once to C's
+ * dtype: both sum each element in f32 (CPU: one OpenBLAS sgemm over the
+ * whole k) or once from double (the emulator). On the CPU a product of
+ * several row and column blocks (kernels/cpu/gemm_dt.c) is checked against
+ * a double reference only (not bitwise: OpenBLAS sums an element of a
+ * 64-row block in another order than of the whole 130 rows). */
+static void gemm_dt_case(weft_device dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                         weft_dtype dt, weft_dtype c_dt, bool bias, float beta, bool bitwise) {
+  const int64_t lda = (ta ? m : k) + (ta ? 1 : 0), ldb = tb ? k : n + 2, ldc = n + 1;
+  const int64_t na = (ta ? k : m) * lda, nb = (tb ? n : k) * ldb, nc = m * ldc;
+  float *a0 = h_normal(na, 1.0), *b0 = h_normal(nb, 1.0), *c0 = h_normal(nc, 1.0),
+        *bias0 = h_normal(n, 1.0);
+  uint16_t *ha = h_round(a0, dt, na), *hb = h_round(b0, dt, nb), *hbias = h_round(bias0, dt, n);
+  float *a = h_widen(ha, dt, na), *b = h_widen(hb, dt, nb), *bw = h_widen(hbias, dt, n);
+  /* C's start: f32, or 16-bit (and its widened values for the reference) */
+  void *hc = c_dt == WEFT_F32 ? (void *)c0 : h_round(c0, c_dt, nc);
+  float *cw = c_dt == WEFT_F32 ? c0 : h_widen(hc, c_dt, nc);
+  const size_t ces = weft_dtype_size(c_dt);
+  void *da = dup_h(dev, ha, (size_t)na * 2), *db = dup_h(dev, hb, (size_t)nb * 2),
+       *dc = dup_h(dev, hc, (size_t)nc * ces);
+  void *dbias = NULL;
+  if (bias) dbias = c_dt == WEFT_F32 ? (void *)dupf(dev, bw, n) : dup_h(dev, hbias, (size_t)n * 2);
+  OK(weft_backend_gemm_dt(dev, ta, tb, m, n, k, 0.75f, dt, da, lda, db, ldb, beta, c_dt, dc, ldc,
+                          dbias));
+  /* the reference: widened f32 sgemm on this device, rounded once */
+  float *rc = xmalloc((size_t)nc * sizeof(float));
+  memcpy(rc, cw, (size_t)nc * sizeof(float));
+  if (bias)
+    for (int64_t i = 0; i < m; i++) memcpy(rc + i * ldc, bw, (size_t)n * sizeof(float));
+  float *fa = dupf(dev, a, na), *fb = dupf(dev, b, nb), *fc = dupf(dev, rc, nc);
+  OK(weft_backend_sgemm(dev, ta, tb, m, n, k, 0.75f, fa, lda, fb, ldb, bias ? 1.0f : beta, fc,
+                        ldc));
+  float *ref = downf(dev, fc, nc);
+  void *want = c_dt == WEFT_F32 ? (void *)ref : h_round(ref, c_dt, nc);
+  void *got = down(dev, dc, (size_t)nc * ces);
+  char what[160];
+  snprintf(what, sizeof what, "gemm_dt %s -> %s ta %d tb %d %lldx%lldx%lld%s beta %g",
+           weft_dtype_name(dt), weft_dtype_name(c_dt), ta, tb, (long long)m, (long long)n,
+           (long long)k, bias ? " bias" : "", (double)beta);
+  if (bitwise) expect_same_floats(what, got, want, nc, c_dt); /* the gaps (ldc > n): untouched */
+  /* and close to the double sum */
+  double *dref = h_dbl(m * n);
+  float *bf = xmalloc((size_t)(m * n) * sizeof(float)), *gf = xmalloc((size_t)(m * n) * 4);
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      bf[i * n + j] = bias ? bw[j] : cw[i * ldc + j];
+      const void *gp = (const char *)got + (size_t)(i * ldc + j) * ces;
+      const uint16_t h16 = c_dt == WEFT_F32 ? 0 : *(const uint16_t *)gp;
+      gf[i * n + j] = c_dt == WEFT_F32    ? *(const float *)gp
+                      : c_dt == WEFT_BF16 ? weft_bf16_to_f32(h16)
+                                          : weft_f16_to_f32(h16);
+    }
+  gemm_ref(ta, tb, m, n, k, 0.75, a, lda, b, ldb, bias ? 1.0 : beta, bf, n, dref);
+  expect_close(what, gf, dref, m * n, c_dt == WEFT_F32 ? (k > 4096 ? 1e-3 : 1e-4) : 1.0 / 128);
+  free(a0), free(b0), free(c0), free(bias0), free(ha), free(hb), free(hbias), free(a), free(b);
+  free(bw), free(rc), free(ref), free(got), free(dref), free(bf), free(gf);
+  if (c_dt != WEFT_F32) free(hc), free(cw), free(want);
+  weft_free(da), weft_free(db), weft_free(dc), weft_free(dbias), weft_free(fa), weft_free(fb);
+  weft_free(fc);
+}
+
+BACKEND_TEST(gemm_dt_in_bf16_and_f16_is_the_widened_sgemm_rounded_once) {
+  seed_tests(451);
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  for (int d = 0; d < 2; d++) {
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_GEMM, dts[d]));
+    for (int t = 0; t < 4; t++) {
+      const bool ta = t & 1, tb = t & 2;
+      gemm_dt_case(dev, ta, tb, 37, 29, 41, dts[d], dts[d], false, 0.0f, true);
+      gemm_dt_case(dev, ta, tb, 37, 29, 41, dts[d], WEFT_F32, false, -0.5f, true);
+      gemm_dt_case(dev, ta, tb, 19, 23, 17, dts[d], dts[d], true, 0.0f, true);
+      gemm_dt_case(dev, ta, tb, 19, 23, 17, dts[d], dts[d], false, 0.5f, true);
+    }
+    gemm_dt_case(dev, false, true, 11, 13, 0, dts[d], dts[d], true, 0.0f, true); /* k 0: the bias */
+  }
+  /* several row and column blocks of the CPU's blocked widening (k 65536:
+   * 64-row blocks of A, 256-column blocks of B) */
+  if (dev == WEFT_CPU) {
+    gemm_dt_case(dev, false, true, 130, 300, 65536, WEFT_BF16, WEFT_BF16, true, 0.0f, false);
+    gemm_dt_case(dev, true, false, 130, 300, 65536, WEFT_BF16, WEFT_F32, false, 0.5f, false);
+  }
+  /* refused: C of another 16-bit dtype, f64 operands, a bias with beta */
+  uint16_t x[4] = {0};
+  weft_clear_error();
+  cr_assert_eq(weft_backend_gemm_dt(dev, false, false, 2, 2, 2, 1.0f, WEFT_BF16, x, 2, x, 2, 0.0f,
+                                    WEFT_F16, x, 2, NULL),
+               WEFT_ERR_UNSUPPORTED);
+  cr_assert(strstr(weft_last_error(), "gemm_dt: C of dtype f16 with bf16 operands"), "%s",
+            weft_last_error());
+  cr_assert_eq(weft_backend_gemm_dt(dev, false, false, 2, 2, 2, 1.0f, WEFT_F64, x, 2, x, 2, 0.0f,
+                                    WEFT_F64, x, 2, NULL),
+               WEFT_ERR_UNSUPPORTED);
+  cr_assert_eq(weft_backend_gemm_dt(dev, false, false, 2, 2, 2, 1.0f, WEFT_BF16, x, 2, x, 2, 1.0f,
+                                    WEFT_BF16, x, 2, x),
+               WEFT_ERR_INVALID);
+  cr_assert(strstr(weft_last_error(), "a bias needs beta = 0"), "%s", weft_last_error());
+}
+
 BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
   seed_tests(187);
   /* sd 40: logits far past exp's range, so the max must be subtracted */
@@ -4414,6 +4514,7 @@ Test(registry, a_version_4_table_takes_only_f32_and_has_no_dt_members) {
   cr_assert_null(weft_backend_get(WEFT_CPU)->cross_entropy_backward_local_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->embedding_range_backward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->rope_backward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->gemm_dt);
   uint16_t h = 0x3f80, o = 0;
   weft_clear_error();
   cr_assert_eq(weft_backend_activation_forward_dt(WEFT_CPU, WEFT_ACT_RELU, WEFT_BF16, &o, &h, 1),

@@ -284,7 +284,9 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
 }
 
 /* ----------------------------------------------- storage-dtype kernels
- * add, mul, scale, the activations, SwiGLU, dropout, LayerNorm, RMSNorm,
+ * add, mul, scale, linear (without a bias: with one, a device adds it
+ * before rounding the GEMM's f32 sum, where the f32 path adds it after),
+ * matmul, the activations, SwiGLU, dropout, LayerNorm, RMSNorm,
  * softmax, cross-entropy, embedding and RoPE run in bf16 / f16 themselves
  * where the device's
  * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
@@ -303,8 +305,9 @@ typedef struct sd_run {
  * layer_norm(gelu_tanh(add(add(a, b), bias)), bias, bias), bias)), c), b),
  * 0.3)), 0.37)))) + a on the values
  * h (a, b, c: ROWS x COLS; bias: COLS, broadcast, and LayerNorm's weight
- * and bias); loss = cross_entropy(z * r, targets) with one row ignored
- * (its loss in the storage dtype, as PyTorch's), backward from it. */
+ * and bias); loss = cross_entropy(matmul(linear(z, c), c) * r, targets)
+ * with one row ignored (its loss in the storage dtype, as PyTorch's),
+ * backward from it. */
 static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const double *hr) {
   int64_t full[2] = {SD_ROWS, SD_COLS}, row[1] = {SD_COLS};
   weft_dtensor *in[SD_IN], *r = make(mesh, dt, 2, full, hr), *tg;
@@ -343,7 +346,9 @@ static sd_run sd_chain(weft_mesh *mesh, weft_dtype dt, double *const *h, const d
   cr_assert_eq(weft_dtensor_dtype(weft_var_value(z)), dt, "z is %s",
                weft_dtype_name(weft_dtensor_dtype(weft_var_value(z))));
   OK(weft_graph_input(g, r, false, &rv));
-  OK(weft_op_mul(z, rv, &t));
+  OK(weft_op_linear(z, v[3], NULL, &t)); /* (ROWS, ROWS) */
+  OK(weft_op_matmul(t, v[3], &t));       /* (ROWS, COLS) */
+  OK(weft_op_mul(t, rv, &t));
   OK(weft_op_cross_entropy(t, tg, 2, &loss)); /* row 2's target is 2: ignored */
   cr_assert_eq(weft_dtensor_dtype(weft_var_value(loss)), dt, "the loss is %s",
                weft_dtype_name(weft_dtensor_dtype(weft_var_value(loss))));
