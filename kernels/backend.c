@@ -723,6 +723,32 @@ weft_status weft_backend_gemm_dt(weft_device dev, bool trans_a, bool trans_b, in
            ldc, bias);
 }
 
+weft_status weft_backend_attention_forward_dt(weft_device dev, weft_dtype dt, void *out, float *lse,
+                                              const void *q, const void *k, const void *v,
+                                              int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                              int64_t hd, bool causal, void *scratch) {
+  if (dt == WEFT_F32)
+    return weft_backend_attention_forward(dev, (float *)out, lse, (const float *)q,
+                                          (const float *)k, (const float *)v, B, T, H, Hkv, hd,
+                                          causal, scratch);
+  DISPATCH(dev, attention_forward_dt, dt, out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
+}
+
+weft_status weft_backend_attention_backward_dt(weft_device dev, weft_dtype dt, void *dq, void *dk,
+                                               void *dv, const void *dout, const void *q,
+                                               const void *k, const void *v, const float *lse,
+                                               const void *out, int64_t B, int64_t T, int64_t H,
+                                               int64_t Hkv, int64_t hd, bool causal,
+                                               void *scratch) {
+  if (dt == WEFT_F32)
+    return weft_backend_attention_backward(dev, (float *)dq, (float *)dk, (float *)dv,
+                                           (const float *)dout, (const float *)q, (const float *)k,
+                                           (const float *)v, lse, (const float *)out, B, T, H, Hkv,
+                                           hd, causal, scratch);
+  DISPATCH(dev, attention_backward_dt, dt, dq, dk, dv, dout, q, k, v, lse, out, B, T, H, Hkv, hd,
+           causal, scratch);
+}
+
 weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                           const void *inp, const float *uniform, float p,
                                           int64_t n) {

@@ -143,8 +143,8 @@ typedef struct weft_flat_piece {
  *      layernorm_backward_dt, softmax_forward_dt / softmax_backward_dt,
  *      rmsnorm_forward_dt / rmsnorm_backward_dt, cross_entropy_forward_dt ..
  *      cross_entropy_backward_local_dt, embedding_range_forward_dt /
- *      embedding_range_backward_dt, rope_forward_dt / rope_backward_dt, gemm_dt
- *      (a table built against an
+ *      embedding_range_backward_dt, rope_forward_dt / rope_backward_dt, gemm_dt,
+ *      attention_forward_dt / attention_backward_dt (a table built against an
  * earlier version-5 header has a smaller size: these read as absent) */
 #define WEFT_BACKEND_VERSION 5
 
@@ -170,6 +170,7 @@ typedef enum weft_kernel_op {
   WEFT_KERNEL_EMBEDDING = 10, /* embedding_range_forward_dt / embedding_range_backward_dt */
   WEFT_KERNEL_ROPE = 11,      /* rope_forward_dt / rope_backward_dt */
   WEFT_KERNEL_GEMM = 12,      /* gemm_dt with 16-bit operands (linear, matmul) */
+  WEFT_KERNEL_ATTENTION = 13, /* attention_forward_dt / attention_backward_dt */
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 
@@ -504,6 +505,19 @@ typedef struct weft_backend {
   weft_status (*gemm_dt)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                          weft_dtype ab_dt, const void *a, int64_t lda, const void *b, int64_t ldb,
                          float beta, weft_dtype c_dt, void *c, int64_t ldc, const void *bias);
+  /* attention_forward / _backward with q, k, v, out, dout, dq, dk, dv of
+   * dtype dt; lse and the scratch (attention_scratch_bytes) as the f32
+   * members'. bf16 / f16: the f32 member's bits on the widened values,
+   * the outputs rounded once (dk, dv summed over a kv head's query heads
+   * in f32 first). */
+  weft_status (*attention_forward_dt)(weft_dtype dt, void *out, float *lse, const void *q,
+                                      const void *k, const void *v, int64_t B, int64_t T, int64_t H,
+                                      int64_t Hkv, int64_t hd, bool causal, void *scratch);
+  weft_status (*attention_backward_dt)(weft_dtype dt, void *dq, void *dk, void *dv,
+                                       const void *dout, const void *q, const void *k,
+                                       const void *v, const float *lse, const void *out, int64_t B,
+                                       int64_t T, int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                       void *scratch);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -923,6 +937,15 @@ WEFT_API weft_status weft_backend_gemm_dt(weft_device dev, bool trans_a, bool tr
                                           const void *a, int64_t lda, const void *b, int64_t ldb,
                                           float beta, weft_dtype c_dt, void *c, int64_t ldc,
                                           const void *bias);
+WEFT_API weft_status weft_backend_attention_forward_dt(weft_device dev, weft_dtype dt, void *out,
+                                                       float *lse, const void *q, const void *k,
+                                                       const void *v, int64_t B, int64_t T,
+                                                       int64_t H, int64_t Hkv, int64_t hd,
+                                                       bool causal, void *scratch);
+WEFT_API weft_status weft_backend_attention_backward_dt(
+    weft_device dev, weft_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
+    const void *k, const void *v, const float *lse, const void *out, int64_t B, int64_t T,
+    int64_t H, int64_t Hkv, int64_t hd, bool causal, void *scratch);
 WEFT_API weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                                    const void *inp, const float *uniform, float p,
                                                    int64_t n);

@@ -667,10 +667,10 @@ static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, we
   int64_t B = ql->shape[0], T = ql->shape[1], H = ql->shape[2], Hkv = kl->shape[2],
           hd = ql->shape[3];
   if (B > 0 && T > 0 && H > 0 && hd > 0)
-    WEFT_CHECK(weft_backend_attention_backward(ql->device, nn_f32(dq), nn_f32(dk), nn_f32(dv),
-                                               nn_f32(dy), ql->data, kl->data, nn_f32(v),
-                                               nn_f32(n->saved[0]), nn_f32(n->saved[2]), B, T, H,
-                                               Hkv, hd, n->i[0] != 0, nn_f32(n->saved[1])));
+    WEFT_CHECK(weft_backend_attention_backward_dt(
+        ql->device, ql->dtype, nn_local(dq)->data, nn_local(dk)->data, nn_local(dv)->data,
+        nn_local(dy)->data, ql->data, kl->data, nn_local(v)->data, nn_f32(n->saved[0]),
+        nn_local(n->saved[2])->data, B, T, H, Hkv, hd, n->i[0] != 0, nn_f32(n->saved[1])));
   else {
     if (nn_numel(dq) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dq), 0.0));
     if (nn_numel(dk) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dk), 0.0));
@@ -682,7 +682,7 @@ static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, we
   return WEFT_OK;
 }
 
-static weft_status sdpa_f32(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out) {
+static weft_status sdpa_body(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out) {
   const char *name = "sdpa";
   if (!out) return weft_error(WEFT_ERR_INVALID, "sdpa: out is NULL");
   *out = NULL;
@@ -690,9 +690,9 @@ static weft_status sdpa_f32(weft_var *q, weft_var *k, weft_var *v, bool causal, 
   weft_graph *g;
   WEFT_CHECK(nn_check_vars(name, in, 3, &g));
   const weft_dtensor *qv = nn_var_now(q), *kv = nn_var_now(k), *vv = nn_var_now(v);
-  WEFT_CHECK(nn_check_f32_contig(name, in, 3, qv, "q"));
-  WEFT_CHECK(nn_check_f32_contig(name, in, 3, kv, "k"));
-  WEFT_CHECK(nn_check_f32_contig(name, in, 3, vv, "v"));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 3, qv, "q", WEFT_KERNEL_ATTENTION));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 3, kv, "k", WEFT_KERNEL_ATTENTION));
+  WEFT_CHECK(nn_check_kernel_contig(name, in, 3, vv, "v", WEFT_KERNEL_ATTENTION));
   const weft_dtensor_spec *qs = weft_dtensor_get_spec(qv), *ks = weft_dtensor_get_spec(kv),
                           *vs = weft_dtensor_get_spec(vv);
   bool ok = qs->ndim == 4 && ks->ndim == 4 && vs->ndim == 4;
@@ -751,9 +751,9 @@ static weft_status sdpa_f32(weft_var *q, weft_var *k, weft_var *v, bool causal, 
   WEFT_CHECK(
       flat_buffer(g, mesh, (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float)), &scratch));
   if (Bl > 0 && T > 0 && Hl > 0 && hd > 0)
-    WEFT_CHECK(weft_backend_attention_forward(dev, nn_f32(y), nn_f32(lse), ql->data, kl->data,
-                                              nn_f32(vu), Bl, T, Hl, Hkvl, hd, causal,
-                                              nn_f32(scratch)));
+    WEFT_CHECK(weft_backend_attention_forward_dt(dev, ql->dtype, nn_local(y)->data, nn_f32(lse),
+                                                 ql->data, kl->data, nn_local(vu)->data, Bl, T, Hl,
+                                                 Hkvl, hd, causal, nn_f32(scratch)));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 3, (const weft_dtensor *const[]){qu, ku, vu}, sdpa_backward, &node));
@@ -1189,8 +1189,8 @@ weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_var **out
 weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, weft_var **out) {
   weft_var *in[3] = {q, k, v};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "sdpa", in, 3, true));
-  return nn_mixed_end(&mx, sdpa_f32(in[0], in[1], in[2], causal, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "sdpa", in, 3, true, WEFT_KERNEL_ATTENTION));
+  return nn_mixed_end(&mx, sdpa_body(in[0], in[1], in[2], causal, out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,

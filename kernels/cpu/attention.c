@@ -8,9 +8,11 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "arg_checks.h"
+#include "cpu_internal.h"
 #include "kernels.h"
 #include "layers.h"
 #include "pool.h"
@@ -24,6 +26,38 @@
 int64_t weft_attention_scratch_floats(int64_t T) {
   if (T <= 0) return 0;
   return 2 * (T < ATT_BLOCK ? T : ATT_BLOCK) * T;
+}
+
+/* The arguments of forward and backward (any element type), errors
+ * naming op. */
+static weft_status check_forward(const char *op, const void *out, const float *lse, const void *q,
+                                 const void *k, const void *v, int64_t B, int64_t T, int64_t H,
+                                 int64_t Hkv, int64_t hd, const void *scratch) {
+  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(op, B, T, H, Hkv, hd));
+  CHECK_PTR_AT(op, out, B * T * H * hd);
+  CHECK_PTR_AT(op, lse, B * H * T);
+  CHECK_PTR_AT(op, q, B * T * H * hd);
+  CHECK_PTR_AT(op, k, B * T * Hkv * hd);
+  CHECK_PTR_AT(op, v, B * T * Hkv * hd);
+  CHECK_PTR_AT(op, scratch, B * H * hd > 0 ? weft_attention_scratch_floats(T) : 0);
+  return WEFT_OK;
+}
+
+static weft_status check_backward(const char *op, const void *dq, const void *dk, const void *dv,
+                                  const void *dout, const void *q, const void *k, const void *v,
+                                  const float *lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                  int64_t hd, const void *scratch) {
+  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(op, B, T, H, Hkv, hd));
+  CHECK_PTR_AT(op, dq, B * T * H * hd);
+  CHECK_PTR_AT(op, dk, B * T * Hkv * hd);
+  CHECK_PTR_AT(op, dv, B * T * Hkv * hd);
+  CHECK_PTR_AT(op, dout, B * T * H * hd);
+  CHECK_PTR_AT(op, q, B * T * H * hd);
+  CHECK_PTR_AT(op, k, B * T * Hkv * hd);
+  CHECK_PTR_AT(op, v, B * T * Hkv * hd);
+  CHECK_PTR_AT(op, lse, B * H * T);
+  CHECK_PTR_AT(op, scratch, B * H * hd > 0 ? weft_attention_scratch_floats(T) : 0);
+  return WEFT_OK;
 }
 
 /* What one (batch, head) item of forward or backward reads and writes. */
@@ -71,13 +105,8 @@ static void att_forward_item(void *ctx, int64_t item, float *scratch) {
 weft_status weft_attention_forward(float *out, float *lse, const float *q, const float *k,
                                    const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                    int64_t hd, bool causal, float *scratch) {
-  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(__func__), B, T, H, Hkv, hd));
-  CHECK_PTR(out, B * T * H * hd);
-  CHECK_PTR(lse, B * H * T);
-  CHECK_PTR(q, B * T * H * hd);
-  CHECK_PTR(k, B * T * Hkv * hd);
-  CHECK_PTR(v, B * T * Hkv * hd);
-  CHECK_PTR(scratch, B * H * hd > 0 ? weft_attention_scratch_floats(T) : 0);
+  WEFT_RETURN_IF_BAD_(
+      check_forward(weft_op_name_(__func__), out, lse, q, k, v, B, T, H, Hkv, hd, scratch));
   if (B * T * H == 0) return WEFT_OK;
   if (hd == 0) { /* no features: softmax over zeros, empty outputs */
     for (int64_t i = 0; i < B * H; i++)
@@ -154,16 +183,8 @@ weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float
                                     const float *q, const float *k, const float *v,
                                     const float *lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                     int64_t hd, bool causal, float *scratch) {
-  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(__func__), B, T, H, Hkv, hd));
-  CHECK_PTR(dq, B * T * H * hd);
-  CHECK_PTR(dk, B * T * Hkv * hd);
-  CHECK_PTR(dv, B * T * Hkv * hd);
-  CHECK_PTR(dout, B * T * H * hd);
-  CHECK_PTR(q, B * T * H * hd);
-  CHECK_PTR(k, B * T * Hkv * hd);
-  CHECK_PTR(v, B * T * Hkv * hd);
-  CHECK_PTR(lse, B * H * T);
-  CHECK_PTR(scratch, B * H * hd > 0 ? weft_attention_scratch_floats(T) : 0);
+  WEFT_RETURN_IF_BAD_(check_backward(weft_op_name_(__func__), dq, dk, dv, dout, q, k, v, lse, B, T,
+                                     H, Hkv, hd, scratch));
   if (B * T * Hkv * hd > 0) {
     memset(dk, 0, (size_t)(B * T * Hkv * hd) * sizeof(float));
     memset(dv, 0, (size_t)(B * T * Hkv * hd) * sizeof(float));
@@ -185,4 +206,178 @@ weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float
                 .causal = causal};
   weft_cpu_par_for_(B * Hkv, att_backward_item, &a, scratch, weft_attention_scratch_floats(T));
   return WEFT_OK;
+}
+
+/* ---- bf16 / f16 (backend.h attention_forward_dt / _backward_dt): per
+ * item the head's slices are widened into f32 blocks (T x hd each, heap),
+ * the f32 item above runs on them as a problem of one batch and one head,
+ * and the results are rounded once into the 16-bit outputs: the f32
+ * kernel's bits on the widened values (sgemm's sums do not depend on the
+ * leading dims). dK and dV of a kv head sum over its query heads in f32
+ * before they are rounded. */
+typedef struct att_dt_args {
+  att_args a; /* the 16-bit tensors' pointers (as float *, never read so) */
+  weft_dtype dt;
+  int failed; /* an item had no memory for its blocks (set atomically) */
+} att_dt_args;
+
+/* The (T x hd) slice of head h of a (B, T, heads, hd) tensor of dtype dt,
+ * batch b, widened into dst (dense) or rounded from it. */
+static void head_slice(float *f32, const void *t, weft_dtype dt, bool widen, int64_t b, int64_t T,
+                       int64_t heads, int64_t h, int64_t hd) {
+  const size_t es = weft_dtype_size(dt);
+  for (int64_t r = 0; r < T; r++) {
+    char *row = (char *)t + (size_t)(((b * T + r) * heads + h) * hd) * es;
+    if (widen)
+      weft_cpu_to_f32_(f32 + r * hd, row, dt, hd);
+    else
+      weft_cpu_from_f32_(row, dt, f32 + r * hd, hd);
+  }
+}
+
+static void att_forward_dt_item(void *ctx, int64_t item, float *scratch) {
+  att_dt_args *d = ctx;
+  const att_args *a = &d->a;
+  const int64_t T = a->T, H = a->H, hd = a->hd, b = item / H, h = item % H;
+  const int64_t g = h / (H / a->Hkv), n = T * hd;
+  float *blk = malloc(sizeof(float) * 4 * (size_t)n);
+  if (!blk) {
+    __atomic_store_n(&d->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  float *q = blk, *k = q + n, *v = k + n, *o = v + n;
+  head_slice(q, a->q, d->dt, true, b, T, H, h, hd);
+  head_slice(k, a->k, d->dt, true, b, T, a->Hkv, g, hd);
+  head_slice(v, a->v, d->dt, true, b, T, a->Hkv, g, hd);
+  att_args one = {.out = o,
+                  .lse = a->lse + (b * H + h) * T,
+                  .q = q,
+                  .k = k,
+                  .v = v,
+                  .B = 1,
+                  .T = T,
+                  .H = 1,
+                  .Hkv = 1,
+                  .hd = hd,
+                  .causal = a->causal};
+  att_forward_item(&one, 0, scratch);
+  head_slice(o, a->out, d->dt, false, b, T, H, h, hd);
+  free(blk);
+}
+
+static void att_backward_dt_item(void *ctx, int64_t item, float *scratch) {
+  att_dt_args *d = ctx;
+  const att_args *a = &d->a;
+  const int64_t T = a->T, H = a->H, Hkv = a->Hkv, hd = a->hd, b = item / Hkv, g = item % Hkv;
+  const int64_t group = H / Hkv, n = T * hd;
+  float *blk = malloc(sizeof(float) * 7 * (size_t)n);
+  if (!blk) {
+    __atomic_store_n(&d->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  float *k = blk, *v = k + n, *dk = v + n, *dv = dk + n, *q = dv + n, *dout = q + n, *dq = dout + n;
+  head_slice(k, a->k, d->dt, true, b, T, Hkv, g, hd);
+  head_slice(v, a->v, d->dt, true, b, T, Hkv, g, hd);
+  memset(dk, 0, sizeof(float) * 2 * (size_t)n); /* dk and dv */
+  for (int64_t h = g * group; h < (g + 1) * group; h++) {
+    head_slice(q, a->q, d->dt, true, b, T, H, h, hd);
+    head_slice(dout, a->dout, d->dt, true, b, T, H, h, hd);
+    att_args one = {.dq = dq,
+                    .dk = dk,
+                    .dv = dv,
+                    .q = q,
+                    .k = k,
+                    .v = v,
+                    .dout = dout,
+                    .lse_in = a->lse_in + (b * H + h) * T,
+                    .B = 1,
+                    .T = T,
+                    .H = 1,
+                    .Hkv = 1,
+                    .hd = hd,
+                    .causal = a->causal};
+    att_backward_item(&one, 0, scratch);
+    head_slice(dq, a->dq, d->dt, false, b, T, H, h, hd);
+  }
+  head_slice(dk, a->dk, d->dt, false, b, T, Hkv, g, hd);
+  head_slice(dv, a->dv, d->dt, false, b, T, Hkv, g, hd);
+  free(blk);
+}
+
+static weft_status att_dt_done(const char *op, const att_dt_args *d) {
+  if (d->failed)
+    return weft_error_at(WEFT_ERR_OOM, op, "no memory for a head's widened blocks (%lld x %lld)",
+                         (long long)d->a.T, (long long)d->a.hd);
+  return WEFT_OK;
+}
+
+weft_status weft_cpu_attention_forward_dt_(weft_dtype dt, void *out, float *lse, const void *q,
+                                           const void *k, const void *v, int64_t B, int64_t T,
+                                           int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                           void *scratch) {
+  const char *op = "attention_forward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32)
+    return weft_attention_forward(out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
+  WEFT_RETURN_IF_BAD_(check_forward(op, out, lse, q, k, v, B, T, H, Hkv, hd, scratch));
+  if (B * T * H == 0) return WEFT_OK;
+  if (hd == 0) { /* the f32 kernel's lse; no output elements */
+    for (int64_t i = 0; i < B * H; i++)
+      for (int64_t t = 0; t < T; t++) lse[i * T + t] = logf((float)(causal ? t + 1 : T));
+    return WEFT_OK;
+  }
+  att_dt_args d = {.a = {.out = out,
+                         .lse = lse,
+                         .q = q,
+                         .k = k,
+                         .v = v,
+                         .B = B,
+                         .T = T,
+                         .H = H,
+                         .Hkv = Hkv,
+                         .hd = hd,
+                         .causal = causal},
+                   .dt = dt};
+  weft_cpu_par_for_(B * H, att_forward_dt_item, &d, scratch, weft_attention_scratch_floats(T));
+  return att_dt_done(op, &d);
+}
+
+weft_status weft_cpu_attention_backward_dt_(weft_dtype dt, void *dq, void *dk, void *dv,
+                                            const void *dout, const void *q, const void *k,
+                                            const void *v, const float *lse, const void *out,
+                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                            int64_t hd, bool causal, void *scratch) {
+  const char *op = "attention_backward_dt";
+  (void)out; /* rowsum(dO * O) is recomputed from P, as the f32 member does */
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  if (dt == WEFT_F32)
+    return weft_attention_backward(dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, causal,
+                                   scratch);
+  WEFT_RETURN_IF_BAD_(
+      check_backward(op, dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, scratch));
+  if (B * T * H * hd == 0) {
+    const size_t es = weft_dtype_size(dt);
+    if (B * T * Hkv * hd > 0) {
+      memset(dk, 0, (size_t)(B * T * Hkv * hd) * es);
+      memset(dv, 0, (size_t)(B * T * Hkv * hd) * es);
+    }
+    return WEFT_OK;
+  }
+  att_dt_args d = {.a = {.dq = dq,
+                         .dk = dk,
+                         .dv = dv,
+                         .q = q,
+                         .k = k,
+                         .v = v,
+                         .dout = dout,
+                         .lse_in = lse,
+                         .B = B,
+                         .T = T,
+                         .H = H,
+                         .Hkv = Hkv,
+                         .hd = hd,
+                         .causal = causal},
+                   .dt = dt};
+  weft_cpu_par_for_(B * Hkv, att_backward_dt_item, &d, scratch, weft_attention_scratch_floats(T));
+  return att_dt_done(op, &d);
 }

@@ -34,6 +34,16 @@ weft_status weft_cpu_gemm_dt_(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                               weft_dtype ab_dt, const void *a, int64_t lda, const void *b,
                               int64_t ldb, float beta, weft_dtype c_dt, void *c, int64_t ldc,
                               const void *bias);
+/* kernels/cpu/attention.c: the attention_*_dt members (backend.h) */
+weft_status weft_cpu_attention_forward_dt_(weft_dtype dt, void *out, float *lse, const void *q,
+                                           const void *k, const void *v, int64_t B, int64_t T,
+                                           int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                           void *scratch);
+weft_status weft_cpu_attention_backward_dt_(weft_dtype dt, void *dq, void *dk, void *dv,
+                                            const void *dout, const void *q, const void *k,
+                                            const void *v, const float *lse, const void *out,
+                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                            int64_t hd, bool causal, void *scratch);
 /* kernels/cpu/convert.c: contiguous conversions, element for element the
  * bits of weft_bf16_to_f32_i_ / weft_f32_to_bf16_i_ (vectorised) */
 void weft_cpu_bf16_to_f32_(float *dst, const uint16_t *src, int64_t n);

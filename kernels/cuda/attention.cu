@@ -93,28 +93,33 @@ __device__ inline float warp_sum(float v) {
 /* dst (A0, A2, A1, inner) = src (A0, A1, A2, inner) with axes 1 and 2
  * swapped; one warp (threadIdx.y) per row of `inner` floats, in dst
  * order. vec: inner % 4 == 0 and both 16-byte aligned. */
-__global__ void permute_kernel(float *dst, const float *src, int64_t A0, int64_t A1, int64_t A2,
+template <class D, class S>
+__global__ void permute_kernel(D *dst, const S *src, int64_t A0, int64_t A1, int64_t A2,
                                int64_t inner, bool vec) {
   const int64_t rows = A0 * A1 * A2;
   for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < rows;
        R += (int64_t)gridDim.x * blockDim.y) {
     const int64_t a1 = R % A1, rest = R / A1, a2 = rest % A2, a0 = rest / A2;
-    const float *s = src + ((a0 * A1 + a1) * A2 + a2) * inner;
-    float *d = dst + R * inner;
+    const S *s = src + ((a0 * A1 + a1) * A2 + a2) * inner;
+    D *d = dst + R * inner;
     if (vec) {
       for (int64_t c = threadIdx.x; c < inner / 4; c += 32) ((f4 *)d)[c] = ((const f4 *)s)[c];
     } else {
-      for (int64_t c = threadIdx.x; c < inner; c += 32) d[c] = s[c];
+      for (int64_t c = threadIdx.x; c < inner; c += 32) d[c] = from_f32<D>(as_f32(s[c]));
     }
   }
 }
 
-weft_status permute(const char *func, float *dst, const float *src, int64_t A0, int64_t A1,
-                    int64_t A2, int64_t inner) {
-  const bool vec = inner % 4 == 0 && aligned16(dst) && aligned16(src);
-  WEFT_COST(0, 8.0 * (double)(A0 * A1 * A2 * inner));
-  WEFT_LAUNCH(permute_kernel, grid_for(A0 * A1 * A2, 8), dim3(32, 8), 0, compute_stream(), dst, src,
-              A0, A1, A2, inner, vec);
+/* dst = the permuted src; D and S float, or one of them bf16_t / f16_t
+ * (the 16-bit side widened or rounded on the way: attention_*_dt) */
+template <class D, class S>
+weft_status permute(const char *func, D *dst, const S *src, int64_t A0, int64_t A1, int64_t A2,
+                    int64_t inner) {
+  const bool vec = sizeof(D) == sizeof(float) && sizeof(S) == sizeof(float) && inner % 4 == 0 &&
+                   aligned16(dst) && aligned16(src);
+  WEFT_COST(0, (double)(sizeof(D) + sizeof(S)) * (double)(A0 * A1 * A2 * inner));
+  WEFT_LAUNCH((permute_kernel<D, S>), grid_for(A0 * A1 * A2, 8), dim3(32, 8), 0, compute_stream(),
+              dst, src, A0, A1, A2, inner, vec);
   return launched(func);
 }
 
@@ -182,15 +187,16 @@ __global__ void softmax_bwd_kernel(float *S, float *dP, const float *lse, const 
 }
 
 /* D[(b*H + h)*T + t] = dout[b, t, h, :] . out[b, t, h, :]; warp per row. */
-__global__ void rowdot_kernel(float *D, const float *dout, const float *out, int64_t B, int64_t T,
+template <class E>
+__global__ void rowdot_kernel(float *D, const E *dout, const E *out, int64_t B, int64_t T,
                               int64_t H, int64_t hd) {
   const int64_t rows = B * T * H;
   for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < rows;
        R += (int64_t)gridDim.x * blockDim.y) {
     const int64_t h = R % H, bt = R / H, t = bt % T, b = bt / T;
-    const float *x = dout + R * hd, *y = out + R * hd;
+    const E *x = dout + R * hd, *y = out + R * hd;
     float s = 0.0f;
-    for (int64_t c = threadIdx.x; c < hd; c += 32) s += x[c] * y[c];
+    for (int64_t c = threadIdx.x; c < hd; c += 32) s += as_f32(x[c]) * as_f32(y[c]);
     s = warp_sum(s);
     if (threadIdx.x == 0) D[(b * H + h) * T + t] = s;
   }
@@ -223,34 +229,44 @@ size_t weft_cuda_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_
   return (size_t)layout_for(B, T, H, Hkv, hd).total * sizeof(float);
 }
 
-weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
-                                        const float *v, int64_t B, int64_t T, int64_t H,
-                                        int64_t Hkv, int64_t hd, bool causal, void *scratch) {
-  WEFT_CHECK(weft_cuda_require_init_(__func__));
-  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(__func__), B, T, H, Hkv, hd));
+}  // extern "C"
+
+namespace {
+
+/* The members for q, k, v, out (dq, dk, dv, dout) of element type E:
+ * float, or bf16_t / f16_t (attention_*_dt), widened where they are
+ * permuted into the f32 scratch and rounded where the results are
+ * permuted back, so everything between is the f32 member's. func: the
+ * entry point's name, for messages. */
+template <class E>
+weft_status att_forward_impl(const char *func, E *out, float *lse, const E *q, const E *k,
+                             const E *v, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd,
+                             bool causal, void *scratch) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(func), B, T, H, Hkv, hd));
   {
     const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
     const char *names[6] = {"out", "lse", "q", "k", "v", "scratch"};
     const void *ptrs[6] = {out, lse, q, k, v, scratch};
     const int64_t counts[6] = {
         nq, B * H * T, nq, nkv, nkv, (int64_t)weft_cuda_attention_scratch_bytes(B, T, H, Hkv, hd)};
-    WEFT_CHECK(check_ptrs(__func__, 6, names, ptrs, counts));
+    WEFT_CHECK(check_ptrs(func, 6, names, ptrs, counts));
   }
   if (B * T * H == 0) return WEFT_OK;
   cudaStream_t s = compute_stream();
   if (hd == 0) {
     WEFT_COST(B * H * T, 4.0 * (double)(B * H * T));
     WEFT_LAUNCH(lse_empty_kernel, grid_for(B * H * T, 256), 256, 0, s, lse, B * H, T, causal);
-    return launched(__func__);
+    return launched(func);
   }
   const int64_t G = H / Hkv, count = B * Hkv;
   const att_layout L = layout_for(B, T, H, Hkv, hd);
   float *base = (float *)scratch;
   float *Qp = base + L.qp, *Kp = base + L.kp, *Vp = base + L.vp, *Op = base + L.op, *S = base + L.s;
   const float scale = (float)(1.0 / sqrt((double)hd));
-  WEFT_CHECK(permute(__func__, Qp, q, B, T, Hkv, G * hd));
-  WEFT_CHECK(permute(__func__, Kp, k, B, T, Hkv, hd));
-  WEFT_CHECK(permute(__func__, Vp, v, B, T, Hkv, hd));
+  WEFT_CHECK(permute(func, Qp, q, B, T, Hkv, G * hd));
+  WEFT_CHECK(permute(func, Kp, k, B, T, Hkv, hd));
+  WEFT_CHECK(permute(func, Vp, v, B, T, Hkv, hd));
   for (int64_t t0 = 0; t0 < T; t0 += L.bq) {
     const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = causal ? t0 + nb : T, M = nb * G;
     /* S = scale * Qblk Kp[0:end]^T, per (b, g) */
@@ -261,22 +277,22 @@ weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, 
     WEFT_COST(5.0 * (double)(count * M * end), 12.0 * (double)(count * M * end) + 4.0 * count * M);
     WEFT_LAUNCH(softmax_fwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, S, lse, count * M,
                 end, M, G, Hkv, H, T, t0, causal);
-    WEFT_CHECK(launched(__func__));
+    WEFT_CHECK(launched(func));
     /* Oblk = P Vp[0:end] */
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(false, false, M, hd, end, 1.0f, S, end, M * end, Vp,
                                                hd, T * hd, 0.0f, Op + t0 * G * hd, hd, T * G * hd,
                                                count));
   }
-  return permute(__func__, out, Op, B, Hkv, T, G * hd);
+  return permute(func, out, Op, B, Hkv, T, G * hd);
 }
 
-weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
-                                         const float *q, const float *k, const float *v,
-                                         const float *lse, const float *out, int64_t B, int64_t T,
-                                         int64_t H, int64_t Hkv, int64_t hd, bool causal,
-                                         void *scratch) {
-  WEFT_CHECK(weft_cuda_require_init_(__func__));
-  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(__func__), B, T, H, Hkv, hd));
+template <class E>
+weft_status att_backward_impl(const char *func, E *dq, E *dk, E *dv, const E *dout, const E *q,
+                              const E *k, const E *v, const float *lse, const E *out, int64_t B,
+                              int64_t T, int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                              void *scratch) {
+  WEFT_CHECK(weft_cuda_require_init_(func));
+  WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(func), B, T, H, Hkv, hd));
   const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
   {
     const char *names[10] = {"dq", "dk", "dv", "dout", "q", "k", "v", "lse", "out", "scratch"};
@@ -284,11 +300,11 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
     const int64_t counts[10] = {
         nq,  nkv, nkv,       nq, nq,
         nkv, nkv, B * H * T, nq, (int64_t)weft_cuda_attention_scratch_bytes(B, T, H, Hkv, hd)};
-    WEFT_CHECK(check_ptrs(__func__, 10, names, ptrs, counts));
+    WEFT_CHECK(check_ptrs(func, 10, names, ptrs, counts));
   }
   if (nkv > 0 && H == 0) { /* no query heads read these kv heads */
-    WEFT_CHECK(weft_cuda_memset_(dk, 0, (size_t)nkv * sizeof(float)));
-    WEFT_CHECK(weft_cuda_memset_(dv, 0, (size_t)nkv * sizeof(float)));
+    WEFT_CHECK(weft_cuda_memset_(dk, 0, (size_t)nkv * sizeof(E)));
+    WEFT_CHECK(weft_cuda_memset_(dv, 0, (size_t)nkv * sizeof(E)));
   }
   if (nq == 0) return WEFT_OK;
   cudaStream_t s = compute_stream();
@@ -299,13 +315,14 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
   float *P = base + L.s, *dS = base + L.ds, *dQp = base + L.dqp, *dKp = base + L.dkp,
         *dVp = base + L.dvp, *D = base + L.d;
   const float scale = (float)(1.0 / sqrt((double)hd));
-  WEFT_CHECK(permute(__func__, Qp, q, B, T, Hkv, G * hd));
-  WEFT_CHECK(permute(__func__, Kp, k, B, T, Hkv, hd));
-  WEFT_CHECK(permute(__func__, Vp, v, B, T, Hkv, hd));
-  WEFT_CHECK(permute(__func__, dOp, dout, B, T, Hkv, G * hd));
+  WEFT_CHECK(permute(func, Qp, q, B, T, Hkv, G * hd));
+  WEFT_CHECK(permute(func, Kp, k, B, T, Hkv, hd));
+  WEFT_CHECK(permute(func, Vp, v, B, T, Hkv, hd));
+  WEFT_CHECK(permute(func, dOp, dout, B, T, Hkv, G * hd));
   WEFT_COST(2.0 * (double)nq, 8.0 * (double)nq + 4.0 * (double)(B * T * H));
-  WEFT_LAUNCH(rowdot_kernel, grid_for(B * T * H, 8), dim3(32, 8), 0, s, D, dout, out, B, T, H, hd);
-  WEFT_CHECK(launched(__func__));
+  WEFT_LAUNCH(rowdot_kernel<E>, grid_for(B * T * H, 8), dim3(32, 8), 0, s, D, dout, out, B, T, H,
+              hd);
+  WEFT_CHECK(launched(func));
   WEFT_CHECK(weft_cuda_memset_(dKp, 0, (size_t)nkv * sizeof(float)));
   WEFT_CHECK(weft_cuda_memset_(dVp, 0, (size_t)nkv * sizeof(float)));
   for (int64_t t0 = 0; t0 < T; t0 += L.bq) {
@@ -320,7 +337,7 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
     WEFT_COST(6.0 * (double)(count * M * end), 16.0 * (double)(count * M * end) + 8.0 * count * M);
     WEFT_LAUNCH(softmax_bwd_kernel, grid_for(count * M, 8), dim3(32, 8), 0, s, P, dS, lse, D,
                 count * M, end, M, G, Hkv, H, T, t0, scale, causal);
-    WEFT_CHECK(launched(__func__));
+    WEFT_CHECK(launched(func));
     /* dV[0:end] += P^T dOblk, dK[0:end] += dS^T Qblk, dQblk = dS Kp[0:end] */
     WEFT_CHECK(weft_cuda_sgemm_strided_batched(true, false, end, hd, M, 1.0f, P, end, M * end, dOb,
                                                hd, T * G * hd, 1.0f, dVp, hd, T * hd, count));
@@ -330,9 +347,66 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
                                                hd, T * hd, 0.0f, dQp + t0 * G * hd, hd, T * G * hd,
                                                count));
   }
-  WEFT_CHECK(permute(__func__, dq, dQp, B, Hkv, T, G * hd));
-  WEFT_CHECK(permute(__func__, dk, dKp, B, Hkv, T, hd));
-  return permute(__func__, dv, dVp, B, Hkv, T, hd);
+  WEFT_CHECK(permute(func, dq, dQp, B, Hkv, T, G * hd));
+  WEFT_CHECK(permute(func, dk, dKp, B, Hkv, T, hd));
+  return permute(func, dv, dVp, B, Hkv, T, hd);
+}
+
+}  // namespace
+
+extern "C" {
+
+weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
+                                        const float *v, int64_t B, int64_t T, int64_t H,
+                                        int64_t Hkv, int64_t hd, bool causal, void *scratch) {
+  return att_forward_impl(__func__, out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
+}
+
+weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                         const float *q, const float *k, const float *v,
+                                         const float *lse, const float *out, int64_t B, int64_t T,
+                                         int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                         void *scratch) {
+  return att_backward_impl(__func__, dq, dk, dv, dout, q, k, v, lse, out, B, T, H, Hkv, hd, causal,
+                           scratch);
+}
+
+/* bf16 / f16 (backend.h attention_forward_dt / _backward_dt) */
+weft_status weft_cuda_attention_forward_dt(weft_dtype dt, void *out, float *lse, const void *q,
+                                           const void *k, const void *v, int64_t B, int64_t T,
+                                           int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                           void *scratch) {
+  WEFT_CHECK(weft_cuda_require_init_(__func__));
+  WEFT_CHECK_STORAGE_DT_(weft_op_name_(__func__), dt);
+  if (dt == WEFT_F32)
+    return att_forward_impl(__func__, (float *)out, lse, (const float *)q, (const float *)k,
+                            (const float *)v, B, T, H, Hkv, hd, causal, scratch);
+  if (dt == WEFT_BF16)
+    return att_forward_impl(__func__, (bf16_t *)out, lse, (const bf16_t *)q, (const bf16_t *)k,
+                            (const bf16_t *)v, B, T, H, Hkv, hd, causal, scratch);
+  return att_forward_impl(__func__, (f16_t *)out, lse, (const f16_t *)q, (const f16_t *)k,
+                          (const f16_t *)v, B, T, H, Hkv, hd, causal, scratch);
+}
+
+weft_status weft_cuda_attention_backward_dt(weft_dtype dt, void *dq, void *dk, void *dv,
+                                            const void *dout, const void *q, const void *k,
+                                            const void *v, const float *lse, const void *out,
+                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                            int64_t hd, bool causal, void *scratch) {
+  WEFT_CHECK(weft_cuda_require_init_(__func__));
+  WEFT_CHECK_STORAGE_DT_(weft_op_name_(__func__), dt);
+  if (dt == WEFT_F32)
+    return att_backward_impl(__func__, (float *)dq, (float *)dk, (float *)dv, (const float *)dout,
+                             (const float *)q, (const float *)k, (const float *)v, lse,
+                             (const float *)out, B, T, H, Hkv, hd, causal, scratch);
+  if (dt == WEFT_BF16)
+    return att_backward_impl(__func__, (bf16_t *)dq, (bf16_t *)dk, (bf16_t *)dv,
+                             (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k,
+                             (const bf16_t *)v, lse, (const bf16_t *)out, B, T, H, Hkv, hd, causal,
+                             scratch);
+  return att_backward_impl(__func__, (f16_t *)dq, (f16_t *)dk, (f16_t *)dv, (const f16_t *)dout,
+                           (const f16_t *)q, (const f16_t *)k, (const f16_t *)v, lse,
+                           (const f16_t *)out, B, T, H, Hkv, hd, causal, scratch);
 }
 
 }  // extern "C"

@@ -65,6 +65,8 @@ weft_backend make_table() {
   b.rope_forward_dt = weft_cuda_rope_forward_dt;
   b.rope_backward_dt = weft_cuda_rope_backward_dt;
   b.gemm_dt = weft_cuda_gemm_dt;
+  b.attention_forward_dt = weft_cuda_attention_forward_dt;
+  b.attention_backward_dt = weft_cuda_attention_backward_dt;
   b.copy = weft_cuda_copy;
   b.fill = weft_cuda_fill;
   b.fill_random = weft_cuda_fill_random;

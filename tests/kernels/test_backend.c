@@ -3301,6 +3301,81 @@ BACKEND_TEST(gemm_dt_in_bf16_and_f16_is_the_widened_sgemm_rounded_once) {
   cr_assert(strstr(weft_last_error(), "a bias needs beta = 0"), "%s", weft_last_error());
 }
 
+/* Attention the same way: forward (out; lse as the f32 member's) and
+ * backward (dq, dk, dv) on bf16 / f16 q, k, v, dout are this device's f32
+ * members on the widened values, rounded once; grouped-query (4 heads on
+ * 2 kv heads), causal and not, T 70 across the CPU's 64-row blocks. */
+BACKEND_TEST(attention_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
+  seed_tests(453);
+  const int64_t B = 2, T = 70, H = 4, Hkv = 2, hd = 8;
+  const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
+  const weft_dtype dts[2] = {WEFT_BF16, WEFT_F16};
+  const size_t sb = weft_backend_attention_scratch_bytes(dev, B, T, H, Hkv, hd);
+  void *scratch = dnan(dev, sb);
+  char what[160];
+  for (int k = 0; k < 4; k++) {
+    const weft_dtype dt = dts[k % 2];
+    const bool causal = k / 2 == 0;
+    cr_assert(weft_backend_takes_dtype(dev, WEFT_KERNEL_ATTENTION, dt));
+    float *q0 = h_normal(nq, 1.0), *k0 = h_normal(nkv, 1.0), *v0 = h_normal(nkv, 1.0),
+          *g0 = h_normal(nq, 1.0);
+    uint16_t *hq = h_round(q0, dt, nq), *hk = h_round(k0, dt, nkv), *hv = h_round(v0, dt, nkv),
+             *hg = h_round(g0, dt, nq);
+    float *q = h_widen(hq, dt, nq), *kk = h_widen(hk, dt, nkv), *v = h_widen(hv, dt, nkv),
+          *g = h_widen(hg, dt, nq);
+    void *dq16 = dup_h(dev, hq, (size_t)nq * 2), *dk16 = dup_h(dev, hk, (size_t)nkv * 2),
+         *dv16 = dup_h(dev, hv, (size_t)nkv * 2), *dg16 = dup_h(dev, hg, (size_t)nq * 2);
+    float *fq = dupf(dev, q, nq), *fk = dupf(dev, kk, nkv), *fv = dupf(dev, v, nkv),
+          *fg = dupf(dev, g, nq);
+    /* forward */
+    void *o16 = dnan(dev, (size_t)nq * 2);
+    float *fo = dnan(dev, (size_t)nq * 4), *l1 = dnan(dev, (size_t)(B * H * T) * 4),
+          *l2 = dnan(dev, (size_t)(B * H * T) * 4);
+    OK(weft_backend_attention_forward_dt(dev, dt, o16, l1, dq16, dk16, dv16, B, T, H, Hkv, hd,
+                                         causal, scratch));
+    OK(weft_backend_attention_forward(dev, fo, l2, fq, fk, fv, B, T, H, Hkv, hd, causal, scratch));
+    snprintf(what, sizeof what, "attention_forward_dt %s%s", weft_dtype_name(dt),
+             causal ? " causal" : "");
+    uint16_t *got = down(dev, o16, (size_t)nq * 2);
+    float *ref = downf(dev, fo, nq);
+    void *want = h_round(ref, dt, nq);
+    expect_same_floats(what, got, want, nq, dt);
+    float *s1 = downf(dev, l1, B * H * T), *s2 = downf(dev, l2, B * H * T);
+    expect_same_floats("attention_forward_dt lse", s1, s2, B * H * T, WEFT_F32);
+    free(s1), free(s2), free(ref), free(want);
+    /* backward: from the 16-bit output (the op keeps it), widened for f32 */
+    float *ow = h_widen(got, dt, nq), *fow = dupf(dev, ow, nq);
+    void *gq = dnan(dev, (size_t)nq * 2), *gk = dnan(dev, (size_t)nkv * 2),
+         *gv = dnan(dev, (size_t)nkv * 2);
+    float *fgq = dnan(dev, (size_t)nq * 4), *fgk = dnan(dev, (size_t)nkv * 4),
+          *fgv = dnan(dev, (size_t)nkv * 4);
+    OK(weft_backend_attention_backward_dt(dev, dt, gq, gk, gv, dg16, dq16, dk16, dv16, l2, o16, B,
+                                          T, H, Hkv, hd, causal, scratch));
+    OK(weft_backend_attention_backward(dev, fgq, fgk, fgv, fg, fq, fk, fv, l2, fow, B, T, H, Hkv,
+                                       hd, causal, scratch));
+    void *const outs[3] = {gq, gk, gv};
+    float *const refs[3] = {fgq, fgk, fgv};
+    const int64_t ns[3] = {nq, nkv, nkv};
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int j = 0; j < 3; j++) {
+      snprintf(what, sizeof what, "attention_backward_dt %s %s%s", names[j], weft_dtype_name(dt),
+               causal ? " causal" : "");
+      uint16_t *gj = down(dev, outs[j], (size_t)ns[j] * 2);
+      float *rj = downf(dev, refs[j], ns[j]);
+      void *wj = h_round(rj, dt, ns[j]);
+      expect_same_floats(what, gj, wj, ns[j], dt);
+      free(gj), free(rj), free(wj);
+    }
+    free(q0), free(k0), free(v0), free(g0), free(hq), free(hk), free(hv), free(hg), free(q);
+    free(kk), free(v), free(g), free(got), free(ow);
+    weft_free(dq16), weft_free(dk16), weft_free(dv16), weft_free(dg16), weft_free(fq);
+    weft_free(fk), weft_free(fv), weft_free(fg), weft_free(o16), weft_free(fo), weft_free(l1);
+    weft_free(l2), weft_free(fow), weft_free(gq), weft_free(gk), weft_free(gv), weft_free(fgq);
+    weft_free(fgk), weft_free(fgv);
+  }
+  weft_free(scratch);
+}
+
 BACKEND_TEST(softmax_forward_backward_match_references_in_place_too) {
   seed_tests(187);
   /* sd 40: logits far past exp's range, so the max must be subtracted */
@@ -4515,6 +4590,7 @@ Test(registry, a_version_4_table_takes_only_f32_and_has_no_dt_members) {
   cr_assert_null(weft_backend_get(WEFT_CPU)->embedding_range_backward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->rope_backward_dt);
   cr_assert_null(weft_backend_get(WEFT_CPU)->gemm_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->attention_backward_dt);
   uint16_t h = 0x3f80, o = 0;
   weft_clear_error();
   cr_assert_eq(weft_backend_activation_forward_dt(WEFT_CPU, WEFT_ACT_RELU, WEFT_BF16, &o, &h, 1),

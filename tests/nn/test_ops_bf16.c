@@ -287,7 +287,8 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
  * add, mul, scale, linear (without a bias: with one, a device adds it
  * before rounding the GEMM's f32 sum, where the f32 path adds it after),
  * matmul, the activations, SwiGLU, dropout, LayerNorm, RMSNorm,
- * softmax, cross-entropy, embedding and RoPE run in bf16 / f16 themselves
+ * softmax, cross-entropy, embedding, RoPE and attention run in bf16 / f16
+ * themselves
  * where the device's
  * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
  * forward or backward, and outputs and grads have the bits of the
@@ -395,8 +396,9 @@ static weft_dtensor *make_ids(weft_mesh *mesh, int nd, const int64_t *shape, con
   return d;
 }
 
-/* The lookups: y = rope(embedding(ids, w), 10000, pos0 3) with ids (1, 3,
- * 2) into w (7, 4) (id 5 twice: its grad row sums two rows), backward
+/* The lookups and attention: e = rope(embedding(ids, w), 10000, pos0 3)
+ * with ids (1, 3, 2) into w (7, 4) (id 5 twice: its grad row sums two
+ * rows), y = sdpa(e, e, e, causal) (B 1, T 3, 2 heads of 4), backward
  * from r; y and w's grad. */
 enum { EMB_V = 7, EMB_D = 4, EMB_N = 6 };
 static void sd_lookups(weft_mesh *mesh, weft_dtype dt, const double *hw, const double *hr,
@@ -413,6 +415,7 @@ static void sd_lookups(weft_mesh *mesh, weft_dtype dt, const double *hw, const d
   weft_op_stats s0 = weft_op_stats_get();
   OK(weft_op_embedding(vi, vw, &t));
   OK(weft_op_rope(t, 10000.0, 3, &t));
+  OK(weft_op_sdpa(t, t, t, true, &t));
   cr_assert_eq(weft_dtensor_dtype(weft_var_value(t)), dt);
   OK(weft_backward_grad(t, r));
   *widened = weft_op_stats_get().widened - s0.widened;
@@ -471,10 +474,10 @@ static void storage_dtype_case(bool on_device) {
     OK(weft_backend_register(&t));
     sd_lookups(mesh, dts[k], hw, hy, &y2, &g2, &w2);
     weft_backend_reset(dev);
-    cr_expect_eq(w1, 0, "%s embedding, rope: %lld tensors widened", weft_dtype_name(dts[k]),
+    cr_expect_eq(w1, 0, "%s embedding, rope, sdpa: %lld tensors widened", weft_dtype_name(dts[k]),
                  (long long)w1);
     cr_expect_gt(w2, 0);
-    sd_expect_same("rope(embedding)", y1, y2, EMB_N * EMB_D, dts[k]);
+    sd_expect_same("sdpa(rope(embedding))", y1, y2, EMB_N * EMB_D, dts[k]);
     sd_expect_same("grad w", g1, g2, EMB_V * EMB_D, dts[k]);
     free(y1), free(g1), free(y2), free(g2);
   }
