@@ -171,6 +171,8 @@ typedef enum weft_kernel_op {
   WEFT_KERNEL_ROPE = 11,      /* rope_forward_dt / rope_backward_dt */
   WEFT_KERNEL_GEMM = 12,      /* gemm_dt with 16-bit operands (linear, matmul) */
   WEFT_KERNEL_ATTENTION = 13, /* attention_forward_dt / attention_backward_dt */
+  WEFT_KERNEL_COPY = 14,      /* copy (weft_tensor_copy) within dt: moving data */
+  WEFT_KERNEL_REDUCE = 15,    /* reduce (weft_reduce) in and out of dt, double sums */
   WEFT_KERNEL_OP_COUNT
 } weft_kernel_op;
 

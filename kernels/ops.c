@@ -153,6 +153,8 @@ bool weft_builtin_takes_dtype_(weft_kernel_op op, weft_dtype dt) {
     case WEFT_KERNEL_ROPE:
     case WEFT_KERNEL_GEMM:
     case WEFT_KERNEL_ATTENTION:
+    case WEFT_KERNEL_COPY:
+    case WEFT_KERNEL_REDUCE:
       return dt == WEFT_F32 || dt == WEFT_BF16 || dt == WEFT_F16;
     default:
       return false;

@@ -178,9 +178,12 @@ WEFT_API weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad)
  * and bf16 with f16 in one op is WEFT_ERR_UNSUPPORTED. What the graph keeps
  * for backward stays 16-bit (half the activation memory of f32; the f32
  * copies live only while an op runs). Where the device's kernel computes
- * in the 16-bit dtype itself (backend.h weft_kernel_op: add, mul and scale
- * today), an op whose float inputs all have that dtype makes no f32 copy
- * at all, with the same result. A 16-bit var's grad is 16-bit, and a
+ * in the 16-bit dtype itself (backend.h weft_kernel_op: every op here but
+ * mean on the CPU and CUDA backends), an op whose float inputs all have
+ * that dtype makes no f32 copy at all, with the result of the widened path
+ * (bitwise, but for a GEMM whose products a backend blocks or orders
+ * differently, and a biased linear on CUDA, which adds the bias before it
+ * rounds the product instead of after). A 16-bit var's grad is 16-bit, and a
  * 16-bit parameter's grad accumulates in f32 (nn.h) from bf16-rounded
  * contributions. Row statistics an op keeps (norms' rstd, attention's and
  * cross-entropy's log-sum-exp) and dropout's uniforms stay f32. The

@@ -1,6 +1,10 @@
-/* nn/mixed.c — bf16 / f16 inputs of the built-in ops.
+/* nn/mixed.c — bf16 / f16 inputs of the built-in ops whose kernel takes
+ * only f32 on the device.
  *
- * The kernels compute in f32. An op given a bf16 (or f16) input works as
+ * Most ops have storage-dtype kernels (backend.h takes_dtype; then
+ * nn_mixed_begin_kernel does nothing below); mean, a mix of f32 and 16-bit
+ * inputs, and a backend whose table declares fewer dtypes go through here.
+ * For them the kernels compute in f32. An op given a bf16 (or f16) input works as
  * PyTorch's CPU and CUDA ops do for such dtypes: the inputs are widened to
  * f32 (exact), the op computes in f32 (f32 accumulation), and its outputs
  * are rounded once to the result dtype, which follows PyTorch's promotion:

@@ -22,13 +22,14 @@ static int64_t prod(const int64_t *s, int a, int b) {
   return r;
 }
 
-/* A view of t's storage (f32) starting `off` elements in, with the given
- * shape and strides (NULL: contiguous). An empty view points at t's data. */
+/* A view of t's storage (t's dtype) starting `off` elements in, with the
+ * given shape and strides (NULL: contiguous). An empty view points at t's
+ * data. */
 static weft_status view_at(weft_tensor *v, const weft_tensor *t, int64_t off, int ndim,
                            const int64_t *shape, const int64_t *strides) {
-  float *p = (float *)t->data;
-  if (p && prod(shape, 0, ndim) > 0) p += off;
-  return weft_tensor_view_init(v, p, WEFT_F32, t->device, ndim, shape, strides);
+  char *p = (char *)t->data;
+  if (p && prod(shape, 0, ndim) > 0) p += (size_t)off * weft_dtype_size(t->dtype);
+  return weft_tensor_view_init(v, p, t->dtype, t->device, ndim, shape, strides);
 }
 
 /* dst = src over the narrow [off, off + dst's size) of src's dim `dim`
@@ -260,7 +261,7 @@ static int rs_shard_target(const int64_t *in, const int64_t *out, const rs_group
   return -1;
 }
 
-static weft_status reshape_f32(weft_var *x, int ndim, const int64_t *shape, weft_var **out) {
+static weft_status reshape_body(weft_var *x, int ndim, const int64_t *shape, weft_var **out) {
   const char *name = "reshape";
   if (!out) return weft_error(WEFT_ERR_INVALID, "reshape: out is NULL");
   *out = NULL;
@@ -268,7 +269,7 @@ static weft_status reshape_f32(weft_var *x, int ndim, const int64_t *shape, weft
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
   if (ndim < 0 || ndim > WEFT_MAX_DIMS || (ndim > 0 && !shape))
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "bad new shape (%d dims)", ndim);
   int64_t numel = prod(xs->shape, 0, xs->ndim), known = 1;
@@ -329,7 +330,7 @@ static weft_status reshape_f32(weft_var *x, int ndim, const int64_t *shape, weft
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, ndim, oshape, opl, &y));
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, ndim, oshape, opl, &y));
   weft_tensor *yl = weft_dtensor_local(y);
   const weft_tensor *xl = nn_local(xu);
   if (weft_tensor_numel(yl) != weft_tensor_numel(xl))
@@ -396,7 +397,7 @@ static weft_status transpose_backward(nn_node *n, const weft_dtensor *const *dou
   return WEFT_OK;
 }
 
-static weft_status transpose_f32(weft_var *x, int d0, int d1, weft_var **out) {
+static weft_status transpose_body(weft_var *x, int d0, int d1, weft_var **out) {
   const char *name = "transpose";
   if (!out) return weft_error(WEFT_ERR_INVALID, "transpose: out is NULL");
   *out = NULL;
@@ -404,7 +405,7 @@ static weft_status transpose_f32(weft_var *x, int d0, int d1, weft_var **out) {
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
   int nd = xs->ndim, k = xs->mesh_ndim;
   WEFT_CHECK(normalize_dim(name, &x, 1, d0, nd, &d0));
   WEFT_CHECK(normalize_dim(name, &x, 1, d1, nd, &d1));
@@ -417,7 +418,7 @@ static weft_status transpose_f32(weft_var *x, int d0, int d1, weft_var **out) {
   oshape[d0] = xs->shape[d1];
   oshape[d1] = xs->shape[d0];
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, nd, oshape, opl, &y));
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, nd, oshape, opl, &y));
   WEFT_CHECK(copy_transposed(weft_dtensor_local(y), nn_local(xv), d0, d1));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, &x, 1, NULL, transpose_backward, &node));
@@ -477,8 +478,8 @@ static weft_status split_backward(nn_node *n, const weft_dtensor *const *dout, w
     } else {
       /* no grad reached piece j: zeros of its local shape under G */
       weft_dtensor *z;
-      WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(o), WEFT_F32, weft_dtensor_ndim(o),
-                                weft_dtensor_shape(o), G, &z));
+      WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(o), weft_dtensor_dtype(o),
+                                weft_dtensor_ndim(o), weft_dtensor_shape(o), G, &z));
       const weft_tensor *l = nn_local(z);
       len = l->shape[dim];
       if (off + len > dxl->shape[dim])
@@ -494,7 +495,7 @@ static weft_status split_backward(nn_node *n, const weft_dtensor *const *dout, w
   return WEFT_OK;
 }
 
-static weft_status split_f32(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs) {
+static weft_status split_body(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs) {
   const char *name = "split";
   if (!outs) return weft_error(WEFT_ERR_INVALID, "split: outs is NULL");
   if (n < 1 || n > NN_MAX_OUT || !sizes)
@@ -504,7 +505,7 @@ static weft_status split_f32(weft_var *x, int dim, int n, const int64_t *sizes, 
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
+  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
   int nd = xs->ndim, k = xs->mesh_ndim;
   WEFT_CHECK(normalize_dim(name, &x, 1, dim, nd, &dim));
   int64_t total = 0;
@@ -549,7 +550,7 @@ static weft_status split_f32(weft_var *x, int dim, int n, const int64_t *sizes, 
     int64_t s[WEFT_MAX_DIMS];
     memcpy(s, xs->shape, sizeof(int64_t) * (size_t)nd);
     s[dim] = sizes[j];
-    WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, nd, s, opl, &ys[j]));
+    WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, nd, s, opl, &ys[j]));
     weft_tensor *yl = weft_dtensor_local(ys[j]);
     if (off + yl->shape[dim] > xl->shape[dim])
       return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local pieces exceed the input");
@@ -593,7 +594,7 @@ static weft_status cat_backward(nn_node *n, const weft_dtensor *const *dout, wef
   return WEFT_OK;
 }
 
-static weft_status cat_f32(weft_var *const *xs, int n, int dim, weft_var **out) {
+static weft_status cat_body(weft_var *const *xs, int n, int dim, weft_var **out) {
   const char *name = "cat";
   if (!out) return weft_error(WEFT_ERR_INVALID, "cat: out is NULL");
   *out = NULL;
@@ -606,7 +607,7 @@ static weft_status cat_f32(weft_var *const *xs, int n, int dim, weft_var **out) 
   for (int j = 0; j < n; j++) {
     v[j] = nn_var_now(xs[j]);
     s[j] = weft_dtensor_get_spec(v[j]);
-    WEFT_CHECK(nn_check_f32_contig(name, xs, n, v[j], "input"));
+    WEFT_CHECK(nn_check_kernel_contig(name, xs, n, v[j], "input", WEFT_KERNEL_COPY));
   }
   int nd = s[0]->ndim, k = s[0]->mesh_ndim;
   WEFT_CHECK(normalize_dim(name, xs, n, dim, nd, &dim));
@@ -655,7 +656,7 @@ static weft_status cat_f32(weft_var *const *xs, int n, int dim, weft_var **out) 
   const weft_dtensor *u[NN_MAX_IN];
   for (int j = 0; j < n; j++) WEFT_CHECK(nn_graph_bring(g, v[j], tgt + j * k, true, &u[j]));
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(v[0]), WEFT_F32, nd, oshape, opl, &y));
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(v[0]), s[0]->dtype, nd, oshape, opl, &y));
   weft_tensor *yl = weft_dtensor_local(y);
   int64_t off = 0;
   for (int j = 0; j < n; j++) {
@@ -729,7 +730,11 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
   WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_f32_contig(name, &x, 1, xv, "input"));
+  /* sum: in the storage dtype (weft_reduce's double sums, rounded once as
+   * the widened f32 sum then rounded is); mean widens (its scale after
+   * the sum would round twice) */
+  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input",
+                                    mean ? WEFT_KERNEL_OP_COUNT : WEFT_KERNEL_REDUCE));
   int nd = xs->ndim, k = xs->mesh_ndim, d = 0;
   if (nd < 1) return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "a 0-d input");
   WEFT_CHECK(normalize_dim(name, &x, 1, dim, nd, &d));
@@ -764,7 +769,7 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
       oshape[ond++] = 1;
   }
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), WEFT_F32, ond, oshape, opl, &y));
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, ond, oshape, opl, &y));
   weft_tensor *yl = weft_dtensor_local(y);
   const weft_tensor *xl = nn_local(xu);
   int64_t ks[WEFT_MAX_DIMS];
@@ -787,7 +792,7 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
   return nn_var_new(g, y, node, out);
 }
 
-static weft_status sum_f32(weft_var *x, int dim, bool keepdim, weft_var **out) {
+static weft_status sum_body(weft_var *x, int dim, bool keepdim, weft_var **out) {
   WEFT_CHECK(reduce_op(x, dim, keepdim, false, out));
   return WEFT_OK;
 }
@@ -811,30 +816,30 @@ weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out) {
 weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "reshape", in, 1, false));
-  return nn_mixed_end(&mx, reshape_f32(in[0], ndim, shape, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "reshape", in, 1, false, WEFT_KERNEL_COPY));
+  return nn_mixed_end(&mx, reshape_body(in[0], ndim, shape, out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "transpose", in, 1, false));
-  return nn_mixed_end(&mx, transpose_f32(in[0], d0, d1, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "transpose", in, 1, false, WEFT_KERNEL_COPY));
+  return nn_mixed_end(&mx, transpose_body(in[0], d0, d1, out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes, weft_var **outs) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "split", in, 1, false));
-  return nn_mixed_end(&mx, split_f32(in[0], dim, n, sizes, outs), outs,
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "split", in, 1, false, WEFT_KERNEL_COPY));
+  return nn_mixed_end(&mx, split_body(in[0], dim, n, sizes, outs), outs,
                       outs && n >= 1 && n <= NN_MAX_OUT ? n : 0);
 }
 
 weft_status weft_op_sum(weft_var *x, int dim, bool keepdim, weft_var **out) {
   weft_var *in[1] = {x};
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "sum", in, 1, false));
-  return nn_mixed_end(&mx, sum_f32(in[0], dim, keepdim, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "sum", in, 1, false, WEFT_KERNEL_REDUCE));
+  return nn_mixed_end(&mx, sum_body(in[0], dim, keepdim, out), out, out ? 1 : 0);
 }
 
 weft_status weft_op_mean(weft_var *x, int dim, bool keepdim, weft_var **out) {
@@ -845,10 +850,10 @@ weft_status weft_op_mean(weft_var *x, int dim, bool keepdim, weft_var **out) {
 }
 
 weft_status weft_op_cat(weft_var *const *xs, int n, int dim, weft_var **out) {
-  if (!xs || n < 1 || n > NN_MAX_IN) return cat_f32(xs, n, dim, out); /* its error */
+  if (!xs || n < 1 || n > NN_MAX_IN) return cat_body(xs, n, dim, out); /* its error */
   weft_var *in[NN_MAX_IN];
   memcpy(in, xs, sizeof *in * (size_t)n);
   nn_mixed mx;
-  WEFT_CHECK(nn_mixed_begin(&mx, "cat", in, n, false));
-  return nn_mixed_end(&mx, cat_f32(in, n, dim, out), out, out ? 1 : 0);
+  WEFT_CHECK(nn_mixed_begin_kernel(&mx, "cat", in, n, false, WEFT_KERNEL_COPY));
+  return nn_mixed_end(&mx, cat_body(in, n, dim, out), out, out ? 1 : 0);
 }

@@ -287,8 +287,8 @@ Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60)
  * add, mul, scale, linear (without a bias: with one, a device adds it
  * before rounding the GEMM's f32 sum, where the f32 path adds it after),
  * matmul, the activations, SwiGLU, dropout, LayerNorm, RMSNorm,
- * softmax, cross-entropy, embedding, RoPE and attention run in bf16 / f16
- * themselves
+ * softmax, cross-entropy, embedding, RoPE, attention, the shape ops and sum
+ * run in bf16 / f16 themselves
  * where the device's
  * kernel takes the dtype (backend.h takes_dtype): nothing is widened, in
  * forward or backward, and outputs and grads have the bits of the
@@ -396,31 +396,37 @@ static weft_dtensor *make_ids(weft_mesh *mesh, int nd, const int64_t *shape, con
   return d;
 }
 
-/* The lookups and attention: e = rope(embedding(ids, w), 10000, pos0 3)
- * with ids (1, 3, 2) into w (7, 4) (id 5 twice: its grad row sums two
- * rows), y = sdpa(e, e, e, causal) (B 1, T 3, 2 heads of 4), backward
- * from r; y and w's grad. */
+/* The lookups, attention and the shape ops: e = rope(embedding(ids, w),
+ * 10000, pos0 3) with ids (1, 3, 2) into w (7, 4) (id 5 twice: its grad
+ * row sums two rows), y = sdpa(e, e, e, causal) (B 1, T 3, 2 heads of 4),
+ * then s = sum(cat(split(transpose(reshape(y, (3, 8)), 0, 1), 0, [5, 3])
+ * swapped, 0), 1), backward from r (8 values); y and w's grad. */
 enum { EMB_V = 7, EMB_D = 4, EMB_N = 6 };
 static void sd_lookups(weft_mesh *mesh, weft_dtype dt, const double *hw, const double *hr,
-                       double **y, double **gw, int64_t *widened) {
-  const int64_t ishape[3] = {1, 3, 2}, wshape[2] = {EMB_V, EMB_D}, yshape[4] = {1, 3, 2, EMB_D};
+                       double **yo, double **gw, int64_t *widened) {
+  const int64_t ishape[3] = {1, 3, 2}, wshape[2] = {EMB_V, EMB_D}, rshape[1] = {8};
   const int32_t ids[EMB_N] = {5, 0, 3, 5, 6, 1};
   weft_dtensor *id = make_ids(mesh, 3, ishape, ids), *w = make(mesh, dt, 2, wshape, hw),
-               *r = make(mesh, dt, 4, yshape, hr);
+               *r = make(mesh, dt, 1, rshape, hr);
   weft_graph *g;
   OK(weft_graph_create(&g));
-  weft_var *vi, *vw, *t;
+  weft_var *vi, *vw, *t, *y, *parts[2];
   OK(weft_graph_input(g, id, false, &vi));
   OK(weft_graph_input(g, w, true, &vw));
   weft_op_stats s0 = weft_op_stats_get();
   OK(weft_op_embedding(vi, vw, &t));
   OK(weft_op_rope(t, 10000.0, 3, &t));
-  OK(weft_op_sdpa(t, t, t, true, &t));
+  OK(weft_op_sdpa(t, t, t, true, &y));
+  OK(weft_op_reshape(y, 2, (const int64_t[]){3, 8}, &t));
+  OK(weft_op_transpose(t, 0, 1, &t)); /* (8, 3) */
+  OK(weft_op_split(t, 0, 2, (const int64_t[]){5, 3}, parts));
+  OK(weft_op_cat((weft_var *const[]){parts[1], parts[0]}, 2, 0, &t));
+  OK(weft_op_sum(t, 1, false, &t)); /* (8) */
   cr_assert_eq(weft_dtensor_dtype(weft_var_value(t)), dt);
   OK(weft_backward_grad(t, r));
   *widened = weft_op_stats_get().widened - s0.widened;
   int64_t n;
-  *y = values(weft_var_value(t), &n);
+  *yo = values(weft_var_value(y), &n);
   cr_assert_eq(weft_dtensor_dtype(weft_var_grad(vw)), dt, "grad w dtype");
   *gw = values(weft_var_grad(vw), &n);
   weft_graph_destroy(g);
@@ -474,7 +480,7 @@ static void storage_dtype_case(bool on_device) {
     OK(weft_backend_register(&t));
     sd_lookups(mesh, dts[k], hw, hy, &y2, &g2, &w2);
     weft_backend_reset(dev);
-    cr_expect_eq(w1, 0, "%s embedding, rope, sdpa: %lld tensors widened", weft_dtype_name(dts[k]),
+    cr_expect_eq(w1, 0, "%s embedding ... sum: %lld tensors widened", weft_dtype_name(dts[k]),
                  (long long)w1);
     cr_expect_gt(w2, 0);
     sd_expect_same("sdpa(rope(embedding))", y1, y2, EMB_N * EMB_D, dts[k]);
