@@ -102,32 +102,6 @@ static void att_forward_item(void *ctx, int64_t item, float *scratch) {
   }
 }
 
-weft_status weft_attention_forward(float *out, float *lse, const float *q, const float *k,
-                                   const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                   int64_t hd, bool causal, float *scratch) {
-  WEFT_RETURN_IF_BAD_(
-      check_forward(weft_op_name_(__func__), out, lse, q, k, v, B, T, H, Hkv, hd, scratch));
-  if (B * T * H == 0) return WEFT_OK;
-  if (hd == 0) { /* no features: softmax over zeros, empty outputs */
-    for (int64_t i = 0; i < B * H; i++)
-      for (int64_t t = 0; t < T; t++) lse[i * T + t] = logf((float)(causal ? t + 1 : T));
-    return WEFT_OK;
-  }
-  att_args a = {.out = out,
-                .lse = lse,
-                .q = q,
-                .k = k,
-                .v = v,
-                .B = B,
-                .T = T,
-                .H = H,
-                .Hkv = Hkv,
-                .hd = hd,
-                .causal = causal};
-  weft_cpu_par_for_(B * H, att_forward_item, &a, scratch, weft_attention_scratch_floats(T));
-  return WEFT_OK;
-}
-
 /* Backward of item (b, g), g a kv head: its query heads in order (they
  * all accumulate into the same dK, dV rows). */
 static void att_backward_item(void *ctx, int64_t item, float *scratch) {
@@ -177,35 +151,6 @@ static void att_backward_item(void *ctx, int64_t item, float *scratch) {
       weft_sgemm(true, false, nk, hd, nb, 1.0f, dP, nk, qb + t0 * ldq, ldq, 1.0f, dkb, ldk);
     }
   }
-}
-
-weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float *dout,
-                                    const float *q, const float *k, const float *v,
-                                    const float *lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                    int64_t hd, bool causal, float *scratch) {
-  WEFT_RETURN_IF_BAD_(check_backward(weft_op_name_(__func__), dq, dk, dv, dout, q, k, v, lse, B, T,
-                                     H, Hkv, hd, scratch));
-  if (B * T * Hkv * hd > 0) {
-    memset(dk, 0, (size_t)(B * T * Hkv * hd) * sizeof(float));
-    memset(dv, 0, (size_t)(B * T * Hkv * hd) * sizeof(float));
-  }
-  if (B * T * H * hd == 0) return WEFT_OK;
-  att_args a = {.dq = dq,
-                .dk = dk,
-                .dv = dv,
-                .q = q,
-                .k = k,
-                .v = v,
-                .dout = dout,
-                .lse_in = lse,
-                .B = B,
-                .T = T,
-                .H = H,
-                .Hkv = Hkv,
-                .hd = hd,
-                .causal = causal};
-  weft_cpu_par_for_(B * Hkv, att_backward_item, &a, scratch, weft_attention_scratch_floats(T));
-  return WEFT_OK;
 }
 
 /* ---- bf16 / f16 (backend.h attention_forward_dt / _backward_dt): per
@@ -311,17 +256,15 @@ static weft_status att_dt_done(const char *op, const att_dt_args *d) {
   return WEFT_OK;
 }
 
-weft_status weft_cpu_attention_forward_dt_(weft_dtype dt, void *out, float *lse, const void *q,
-                                           const void *k, const void *v, int64_t B, int64_t T,
-                                           int64_t H, int64_t Hkv, int64_t hd, bool causal,
-                                           void *scratch) {
-  const char *op = "attention_forward_dt";
-  WEFT_CHECK_STORAGE_DT_(op, dt);
-  if (dt == WEFT_F32)
-    return weft_attention_forward(out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
+/* Forward and backward for tensors of dtype dt: f32 runs the items above
+ * on the tensors themselves, bf16 / f16 the widening items (the same
+ * arguments: att_dt_args starts with att_args). Errors name op. */
+static weft_status forward(const char *op, weft_dtype dt, void *out, float *lse, const void *q,
+                           const void *k, const void *v, int64_t B, int64_t T, int64_t H,
+                           int64_t Hkv, int64_t hd, bool causal, void *scratch) {
   WEFT_RETURN_IF_BAD_(check_forward(op, out, lse, q, k, v, B, T, H, Hkv, hd, scratch));
   if (B * T * H == 0) return WEFT_OK;
-  if (hd == 0) { /* the f32 kernel's lse; no output elements */
+  if (hd == 0) { /* no features: softmax over zeros, empty outputs */
     for (int64_t i = 0; i < B * H; i++)
       for (int64_t t = 0; t < T; t++) lse[i * T + t] = logf((float)(causal ? t + 1 : T));
     return WEFT_OK;
@@ -338,31 +281,25 @@ weft_status weft_cpu_attention_forward_dt_(weft_dtype dt, void *out, float *lse,
                          .hd = hd,
                          .causal = causal},
                    .dt = dt};
-  weft_cpu_par_for_(B * H, att_forward_dt_item, &d, scratch, weft_attention_scratch_floats(T));
+  weft_cpu_par_for_(B * H, dt == WEFT_F32 ? att_forward_item : att_forward_dt_item, &d, scratch,
+                    weft_attention_scratch_floats(T));
   return att_dt_done(op, &d);
 }
 
-weft_status weft_cpu_attention_backward_dt_(weft_dtype dt, void *dq, void *dk, void *dv,
-                                            const void *dout, const void *q, const void *k,
-                                            const void *v, const float *lse, const void *out,
-                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                            int64_t hd, bool causal, void *scratch) {
-  const char *op = "attention_backward_dt";
-  (void)out; /* rowsum(dO * O) is recomputed from P, as the f32 member does */
-  WEFT_CHECK_STORAGE_DT_(op, dt);
-  if (dt == WEFT_F32)
-    return weft_attention_backward(dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, causal,
-                                   scratch);
+static weft_status backward(const char *op, weft_dtype dt, void *dq, void *dk, void *dv,
+                            const void *dout, const void *q, const void *k, const void *v,
+                            const float *lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                            int64_t hd, bool causal, void *scratch) {
   WEFT_RETURN_IF_BAD_(
       check_backward(op, dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, scratch));
-  if (B * T * H * hd == 0) {
-    const size_t es = weft_dtype_size(dt);
-    if (B * T * Hkv * hd > 0) {
-      memset(dk, 0, (size_t)(B * T * Hkv * hd) * es);
-      memset(dv, 0, (size_t)(B * T * Hkv * hd) * es);
-    }
-    return WEFT_OK;
+  /* zeros first where the f32 items add into dK and dV, or where no item
+   * runs (the 16-bit items write theirs whole) */
+  if (B * T * Hkv * hd > 0 && (dt == WEFT_F32 || B * T * H * hd == 0)) {
+    const size_t bytes = (size_t)(B * T * Hkv * hd) * weft_dtype_size(dt);
+    memset(dk, 0, bytes);
+    memset(dv, 0, bytes);
   }
+  if (B * T * H * hd == 0) return WEFT_OK;
   att_dt_args d = {.a = {.dq = dq,
                          .dk = dk,
                          .dv = dv,
@@ -378,6 +315,42 @@ weft_status weft_cpu_attention_backward_dt_(weft_dtype dt, void *dq, void *dk, v
                          .hd = hd,
                          .causal = causal},
                    .dt = dt};
-  weft_cpu_par_for_(B * Hkv, att_backward_dt_item, &d, scratch, weft_attention_scratch_floats(T));
+  weft_cpu_par_for_(B * Hkv, dt == WEFT_F32 ? att_backward_item : att_backward_dt_item, &d, scratch,
+                    weft_attention_scratch_floats(T));
   return att_dt_done(op, &d);
+}
+
+weft_status weft_attention_forward(float *out, float *lse, const float *q, const float *k,
+                                   const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                   int64_t hd, bool causal, float *scratch) {
+  return forward(weft_op_name_(__func__), WEFT_F32, out, lse, q, k, v, B, T, H, Hkv, hd, causal,
+                 scratch);
+}
+
+weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                    const float *q, const float *k, const float *v,
+                                    const float *lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                    int64_t hd, bool causal, float *scratch) {
+  return backward(weft_op_name_(__func__), WEFT_F32, dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv,
+                  hd, causal, scratch);
+}
+
+weft_status weft_cpu_attention_forward_dt_(weft_dtype dt, void *out, float *lse, const void *q,
+                                           const void *k, const void *v, int64_t B, int64_t T,
+                                           int64_t H, int64_t Hkv, int64_t hd, bool causal,
+                                           void *scratch) {
+  const char *op = "attention_forward_dt";
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  return forward(op, dt, out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
+}
+
+weft_status weft_cpu_attention_backward_dt_(weft_dtype dt, void *dq, void *dk, void *dv,
+                                            const void *dout, const void *q, const void *k,
+                                            const void *v, const float *lse, const void *out,
+                                            int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                            int64_t hd, bool causal, void *scratch) {
+  const char *op = "attention_backward_dt";
+  (void)out; /* rowsum(dO * O) is recomputed from P, as the f32 member does */
+  WEFT_CHECK_STORAGE_DT_(op, dt);
+  return backward(op, dt, dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, causal, scratch);
 }
