@@ -216,6 +216,14 @@ static weft_status open_file(weft_dcp_checkpoint *ck, int f) {
     if (memcmp(h, want, 8 + 4) != 0) {
       st = WEFT_ERR_UNSUPPORTED;
       snprintf(msg, sizeof msg, "data file '%s': unknown data file version", path);
+    } else if ((uint64_t)sb.st_size != fm->bytes) {
+      /* every byte is accounted for: bytes appended to a file are
+       * corruption too, not only bytes missing from it */
+      st = WEFT_ERR_CORRUPT;
+      snprintf(msg, sizeof msg,
+               "data file '%s' is %lld bytes but the metadata says %" PRIu64 " (%s)", path,
+               (long long)sb.st_size, fm->bytes,
+               (uint64_t)sb.st_size < fm->bytes ? "truncated" : "bytes appended after the save");
     }
   }
   if (st != WEFT_OK) goto done;

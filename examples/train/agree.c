@@ -8,8 +8,19 @@
  * train_fail_here). In every case each rank returns non-zero. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "train_internal.h"
+
+void train_print_error(const char *what, const char *msg) {
+  const char *nl = strchr(msg, '\n');
+  const char *debug = getenv("WEFT_DEBUG");
+  const bool trail = nl && debug && *debug && strcmp(debug, "0") != 0;
+  int n = nl && !trail ? (int)(nl - msg) : (int)strlen(msg);
+  fprintf(stderr, "weft-train: error: %s%s%.*s\n", what ? what : "", what ? ": " : "", n, msg);
+  fflush(stderr);
+}
 
 int train_perr(char *err, size_t cap, const char *fmt, ...) {
   va_list ap;
@@ -25,9 +36,7 @@ bool train_agree_fail(bool failed, const char *msg) {
                                      msg ? msg : "(unknown)", "weft-train", &who);
   if (st == WEFT_OK) return false;
   if (who < 0 || who == weft_world_rank()) {
-    const char *m = who < 0 ? weft_last_error() : msg ? msg : "(unknown)";
-    fprintf(stderr, "weft-train: error: %s\n", m);
-    fflush(stderr);
+    train_print_error(NULL, who < 0 ? weft_last_error() : msg ? msg : "(unknown)");
   }
   return true;
 }
@@ -39,14 +48,12 @@ int train_fail_all(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "weft-train: error: %s\n", buf);
-    fflush(stderr);
+    train_print_error(NULL, buf);
   }
   return 2;
 }
 
 int train_fail_here(const char *what) {
-  fprintf(stderr, "weft-train: error: %s: %s\n", what, weft_last_error());
-  fflush(stderr);
+  train_print_error(what, weft_last_error());
   return 3;
 }

@@ -24,6 +24,10 @@
 
 /* ---------------------------------------------------------------- agree.c */
 
+/* Prints "weft-train: error: [<what>: ]<msg>" on this rank as one line: the
+ * first line of msg; the library's breadcrumb lines after it ("  in f")
+ * only with WEFT_DEBUG set (not "0"). Local. */
+void train_print_error(const char *what, const char *msg);
 /* Formats into err (cap bytes) and returns -1 (for parse-style errors). */
 int train_perr(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Agrees on a failure over the world (weft_agree_status): true on every

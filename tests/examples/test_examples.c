@@ -1002,6 +1002,193 @@ Test(examples, ckpt_verify_finite_reports_nonfinite_tensors, .timeout = 60) {
   remove_tree(dir);
   unlink(st);
 }
+
+/* ------------------------------------------- damaged checkpoints (fault suite) */
+
+/* "<dir>/<name of the data file of rank>", or of metadata.json (rank < 0). */
+static const char *ckpt_file(const char *dir, int rank) {
+  static char b[2][600];
+  static int next = 0;
+  char *out = b[next++ % 2];
+  if (rank < 0) {
+    snprintf(out, sizeof b[0], "%s/metadata.json", dir);
+    return out;
+  }
+  char prefix[16];
+  snprintf(prefix, sizeof prefix, "r%05d-", rank);
+  out[0] = 0;
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d, "%s", dir);
+  for (struct dirent *e; (e = readdir(d));)
+    if (!strncmp(e->d_name, prefix, strlen(prefix)))
+      snprintf(out, sizeof b[0], "%s/%s", dir, e->d_name);
+  closedir(d);
+  cr_assert(out[0], "no data file of rank %d in %s", rank, dir);
+  return out;
+}
+
+static long file_size(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+static void flip_bit(const char *path, long at, int bit) {
+  int fd = open(path, O_RDWR);
+  cr_assert(fd >= 0, "%s", path);
+  unsigned char c;
+  cr_assert_eq(pread(fd, &c, 1, at), 1, "%s at %ld", path, at);
+  c ^= (unsigned char)(1u << bit);
+  cr_assert_eq(pwrite(fd, &c, 1, at), 1);
+  close(fd);
+}
+
+/* What the directory holds, file by file (names and SHA-256 of contents):
+ * equal before and after a run that was refused means nothing was lost. */
+static char *tree_digest(const char *dir) {
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "cd '%s' 2>/dev/null && sha256sum -- * 2>/dev/null | sort", dir);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t cap = 1 << 14, n = 0;
+  char *b = malloc(cap);
+  for (size_t got; (got = fread(b + n, 1, cap - n - 1, p)) > 0;) {
+    n += got;
+    if (n + 1 == cap) b = realloc(b, cap *= 2);
+  }
+  b[n] = 0;
+  pclose(p);
+  return b;
+}
+
+static void copy_tree(const char *from, const char *to) {
+  char cmd[1300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+/* Issue 34 (fault suite, checkpoint files): a checkpoint damaged in any
+ * way a disk, a copy or a person can damage it is refused by --resume on
+ * every rank with one line naming the file and what is wrong, before any
+ * step; the run leaves the damaged checkpoint exactly as it was (it is
+ * still the user's to repair), and the undamaged one resumes. Then seeded
+ * single-bit flips anywhere in the checkpoint's bytes: weft-ckpt verify
+ * refuses every one (bytes appended to a data file were accepted before
+ * the file size was checked against the metadata). */
+Test(examples, train_resume_refuses_every_damaged_checkpoint_and_keeps_its_files, .timeout = 240) {
+  const char *good = tmp_file("fault-good"), *other = tmp_file("fault-other"),
+             *dir = tmp_file("fault-ck");
+  remove_tree(good);
+  remove_tree(other);
+  const char *save[] = {"--mesh", "dp=2", "--steps", "2", "--save", good, NULL};
+  run_out w = run(2, TRAIN, save, 60);
+  cr_assert_eq(w.rc, 0, "save: %s", w.err);
+  run_free(&w);
+  const char *save2[] = {"--mesh", "dp=2", "--steps", "1", "--seed", "5", "--save", other, NULL};
+  w = run(2, TRAIN, save2, 60);
+  cr_assert_eq(w.rc, 0, "second save: %s", w.err);
+  run_free(&w);
+  enum { FLIP, TRUNCATE, APPEND, REMOVE, EMPTY, SWAP, FOREIGN };
+  static const struct {
+    int kind, rank; /* rank -1: metadata.json */
+    double where;   /* FLIP: the byte at this fraction of the file; TRUNCATE: keep this much */
+    const char *needle;
+  } cases[] = {
+      {FLIP, 1, 0.5, "checksum mismatch in chunk"},
+      {FLIP, 0, 0.99, "checksum mismatch in chunk"},
+      {FLIP, 0, 0.0, "is not a weft checkpoint data file (bad magic)"},
+      {FLIP, 1, 0.05, "checksum mismatch"}, /* in the 64-byte header or the first block */
+      {TRUNCATE, 1, 0.5, "(truncated)"},
+      {TRUNCATE, 0, 0.0, "is truncated: 0 bytes, not even its 64-byte header"},
+      {APPEND, 0, 0, "(bytes appended after the save)"},
+      {REMOVE, 1, 0, "(written by rank 1) is missing"},
+      {REMOVE, -1, 0, "it has no metadata.json"},
+      {EMPTY, -1, 0, "metadata.json: not valid JSON"},
+      {FLIP, -1, 0.5, "metadata.json"},
+      {SWAP, 0, 0, "belongs to another save"},
+      {FOREIGN, 1, 0, "belongs to another save"},
+  };
+  const char *res[] = {"--mesh", "dp=2", "--steps",      "3", "--resume", dir,
+                       "--save", dir,    "--save-every", "1", NULL};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    copy_tree(good, dir);
+    char path[600];
+    snprintf(path, sizeof path, "%s", ckpt_file(dir, cases[i].rank));
+    long size = file_size(path);
+    char cmd[1400];
+    switch (cases[i].kind) {
+      case FLIP:
+        flip_bit(path, (long)(cases[i].where * (double)(size - 1)), 3);
+        break;
+      case TRUNCATE:
+        cr_assert_eq(truncate(path, (off_t)(cases[i].where * (double)size)), 0);
+        break;
+      case APPEND: {
+        FILE *f = fopen(path, "ab");
+        cr_assert_not_null(f);
+        fputs("appended", f);
+        fclose(f);
+        break;
+      }
+      case REMOVE:
+        cr_assert_eq(unlink(path), 0);
+        break;
+      case EMPTY:
+        cr_assert_eq(truncate(path, 0), 0);
+        break;
+      case SWAP: /* rank 0's data file holds rank 1's bytes */
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s'", ckpt_file(dir, 1), path);
+        cr_assert_eq(system(cmd), 0);
+        break;
+      case FOREIGN: /* the same rank's file of another save, under this name */
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s'", ckpt_file(other, cases[i].rank), path);
+        cr_assert_eq(system(cmd), 0);
+        break;
+    }
+    char *before = tree_digest(dir);
+    expect_error(2, res, cases[i].needle);
+    char *after = tree_digest(dir);
+    cr_expect_str_eq(after, before, "[%s] the refused run changed the checkpoint", cases[i].needle);
+    free(before);
+    free(after);
+  }
+  /* the undamaged checkpoint resumes */
+  copy_tree(good, dir);
+  run_out r = run(2, TRAIN, res, 60);
+  cr_expect_eq(r.rc, 0, "resume of the undamaged copy: %s", r.err);
+  cr_expect(strstr(r.out, "at step 2") != NULL, "%s", r.out);
+  run_free(&r);
+  /* seeded single-bit flips anywhere: every one refused by verify */
+  const char *files[3];
+  char names[3][600];
+  long sizes[3], total = 0;
+  copy_tree(good, dir);
+  for (int k = 0; k < 3; k++) {
+    snprintf(names[k], sizeof names[k], "%s", ckpt_file(dir, k - 1));
+    files[k] = names[k];
+    total += sizes[k] = file_size(files[k]);
+  }
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  int accepted = 0;
+  for (int n = 0; n < 60; n++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    long at = (long)((rng >> 20) % (uint64_t)total);
+    int k = 0;
+    while (at >= sizes[k]) at -= sizes[k++];
+    int bit = (int)(rng >> 10) & 7;
+    flip_bit(files[k], at, bit);
+    const char *v[] = {"verify", dir, NULL};
+    r = run(0, WEFT_CKPT, v, 30);
+    if (r.rc == 0) accepted++;
+    cr_expect(r.rc != 0 && r.rc < 128, "flip of bit %d at byte %ld of %s: verify rc %d\n%s%s", bit,
+              at, files[k], r.rc, r.out, r.err);
+    run_free(&r);
+    flip_bit(files[k], at, bit);
+  }
+  cr_expect_eq(accepted, 0, "%d of 60 single-bit flips passed verify", accepted);
+  remove_tree(dir);
+  remove_tree(good);
+  remove_tree(other);
+}
 #endif
 
 /* GPT-2 (models/gpt2, on the op layer) through weft-train: with dropout,
