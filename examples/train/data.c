@@ -139,6 +139,9 @@ static int open_text(const char *path, train_data *d, char *err, size_t cap) {
   struct stat st;
   if (fstat(d->text_fd, &st) != 0)
     return train_perr(err, cap, "cannot read text file '%s': %s", path, strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return train_perr(err, cap, "text file '%s' is not a regular file (%s)", path,
+                      S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket");
   d->train = (token_src){.text_fd = d->text_fd, .lo = 0, .hi = (int64_t)st.st_size, .name = path};
   split_tail(d);
   return 0;
@@ -210,8 +213,9 @@ static int read_text(const token_src *s, int64_t at, int64_t n, int32_t *out, ch
     int64_t k = n - done < (int64_t)sizeof buf ? n - done : (int64_t)sizeof buf;
     ssize_t got = pread(s->text_fd, buf, (size_t)k, (off_t)(at + done));
     if (got != (ssize_t)k)
-      return train_perr(err, cap, "reading '%s' failed at token %lld", s->name,
-                        (long long)(at + done));
+      return train_perr(err, cap, "reading '%s' failed at token %lld: %s", s->name,
+                        (long long)(at + done),
+                        got < 0 ? strerror(errno) : "the file is shorter than when it was opened");
     for (int64_t i = 0; i < k; i++) out[done + i] = (int32_t)buf[i];
     done += k;
   }

@@ -703,6 +703,72 @@ Test(examples, train_checks_data_and_save_target_before_step_1, .timeout = 120) 
   unlink(val);
 }
 
+/* Writes an llm.c-style file: a 256-int header (magic, version, count)
+ * followed by `held` tokens, whatever the header says. */
+static void write_bin_raw(const char *path, int magic, int version, int count, int held) {
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f, "%s", path);
+  int32_t h[256] = {magic, version, count};
+  fwrite(h, sizeof h, 1, f);
+  for (int i = 0; i < held; i++) {
+    uint16_t t = (uint16_t)(i % 60);
+    fwrite(&t, 2, 1, f);
+  }
+  fclose(f);
+}
+
+/* Issue 34 (fault suite, data files): every way a data or text file can be
+ * unusable is one error line on every rank naming the file, before any
+ * step: a header cut short, another magic or version, fewer or more tokens
+ * than the header says, too few tokens for one sequence, a directory. */
+Test(examples, train_refuses_every_unusable_data_file_before_step_1, .timeout = 120) {
+  char p[8][128];
+  for (int i = 0; i < 8; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "bad-data-%d.bin", i);
+    snprintf(p[i], sizeof p[i], "%s", tmp_file(name));
+  }
+  FILE *f = fopen(p[0], "wb");
+  cr_assert_not_null(f);
+  fwrite("llm.c", 1, 5, f); /* shorter than the header */
+  fclose(f);
+  write_bin_raw(p[1], 12345, 1, 4000, 4000);
+  write_bin_raw(p[2], 20240520, 2, 4000, 4000);
+  write_bin_raw(p[3], 20240520, 1, 4000, 3000);
+  write_bin_raw(p[4], 20240520, 1, 4000, 4001);
+  write_bin_raw(p[5], 20240520, 1, 20, 20);
+  write_bin_raw(p[6], 20240520, 1, 0, 0);
+  write_bin_raw(p[7], 20240520, 1, 4000, 4000);
+  struct {
+    const char *args[7], *needle;
+  } cases[] = {
+      {{"--data", p[0]}, "shorter than the 1024-byte llm.c header"},
+      {{"--data", p[1]}, "bad magic 12345"},
+      {{"--data", p[2]}, "version 2 (want 1"},
+      {{"--data", p[3]}, "truncated: the header says 4000 tokens but the file holds 3000"},
+      {{"--data", p[4]}, "2 bytes after the 4000 tokens of its header"},
+      {{"--data", p[5]}, "need at least seq-len + 1 = 33 tokens each"},
+      {{"--data", p[6]}, "header says 0 tokens"},
+      {{"--data", p[7], "--val-data", p[3]}, "truncated"},
+      {{"--data", "/tmp"}, "'/tmp': Is a directory"},
+      {{"--text", "/tmp", "--vocab", "256"},
+       "text file '/tmp' is not a regular file (a directory)"},
+      {{"--text", "/dev/null", "--vocab", "256"}, "is not a regular file"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *args[10] = {"--steps", "2"};
+    for (int k = 0; cases[i].args[k]; k++) args[2 + k] = cases[i].args[k];
+    run_out r = run(2, TRAIN, args, 60);
+    cr_expect(r.rc != 0 && r.rc < 128, "[%s] rc %d, want an error exit", cases[i].needle, r.rc);
+    cr_expect(strstr(r.err, cases[i].needle), "[%s] not in stderr:\n%s", cases[i].needle, r.err);
+    cr_expect_eq(count_lines(r.err), 1, "[%s] want one line:\n%s", cases[i].needle, r.err);
+    cr_expect(strstr(r.out, "step    1/") == NULL, "[%s] a step ran first:\n%s", cases[i].needle,
+              r.out);
+    run_free(&r);
+  }
+  for (int i = 0; i < 8; i++) unlink(p[i]);
+}
+
 Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_model, .timeout = 150) {
   const char *dir = tmp_file("ckpt"), *st = tmp_file("model.safetensors");
   remove_tree(dir);
