@@ -152,6 +152,9 @@ struct weft_fsdp {
 
 /* The registry of live groups (singly linked). */
 extern weft_fsdp *fsdp__registry;
+/* true if f is in the registry (created and not yet destroyed); false for
+ * NULL. Reads no field of f, so a stale handle is safe to pass. */
+bool fsdp__live(const weft_fsdp *f);
 /* true if `m` is `anc` or lies in its subtree. */
 bool fsdp__module_within(const weft_module *m, const weft_module *anc);
 /* true if every module of g lies in the subtree of one of f's modules. */

@@ -647,7 +647,8 @@ weft_status weft_fully_shard(weft_module *module, weft_mesh *mesh, const weft_fs
 
 /* ------------------------------------------------------------- destroy */
 
-static bool registered(const weft_fsdp *f) {
+bool fsdp__live(const weft_fsdp *f) {
+  if (!f) return false;
   for (weft_fsdp *g = fsdp__registry; g; g = g->next)
     if (g == f) return true;
   return false;
@@ -655,7 +656,7 @@ static bool registered(const weft_fsdp *f) {
 
 weft_status weft_fsdp_destroy(weft_fsdp *f) {
   if (!f) return WEFT_OK;
-  if (!registered(f)) return weft_error(WEFT_ERR_INVALID, "fsdp_destroy: not a live FSDP group");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "fsdp_destroy: not a live FSDP group");
   if (f->in_forward || f->in_backward)
     return weft_error(WEFT_ERR_BUSY, "fsdp group '%s' is inside a forward or backward", f->name);
   weft_status st = WEFT_OK, s2;
@@ -697,22 +698,28 @@ weft_status weft_fsdp_destroy_all(weft_module *root) {
 
 /* ------------------------------------------------------------- queries */
 
-int weft_fsdp_num_modules(const weft_fsdp *f) { return f ? f->nmodules : 0; }
+/* A destroyed (or never created) group reads as empty: no modules, no
+ * parameters, name "", not unsharded, not a root, reshard_after_forward -1
+ * (issue 34: a handle used after weft_fsdp_destroy read freed memory). */
+int weft_fsdp_num_modules(const weft_fsdp *f) { return fsdp__live(f) ? f->nmodules : 0; }
 weft_module *weft_fsdp_module(const weft_fsdp *f, int i) {
-  return (f && i >= 0 && i < f->nmodules) ? f->modules[i] : NULL;
+  return (fsdp__live(f) && i >= 0 && i < f->nmodules) ? f->modules[i] : NULL;
 }
-const char *weft_fsdp_name(const weft_fsdp *f) { return f ? f->name : ""; }
-int weft_fsdp_num_params(const weft_fsdp *f) { return f ? f->nparams : 0; }
+const char *weft_fsdp_name(const weft_fsdp *f) { return fsdp__live(f) ? f->name : ""; }
+int weft_fsdp_num_params(const weft_fsdp *f) { return fsdp__live(f) ? f->nparams : 0; }
 weft_param *weft_fsdp_param(const weft_fsdp *f, int i) {
-  return (f && i >= 0 && i < f->nparams) ? f->params[i].p : NULL;
+  return (fsdp__live(f) && i >= 0 && i < f->nparams) ? f->params[i].p : NULL;
 }
-weft_mesh *weft_fsdp_dp_mesh(const weft_fsdp *f) { return f ? f->dp_mesh : NULL; }
-bool weft_fsdp_is_unsharded(const weft_fsdp *f) { return f && f->state == FSDP_UNSHARDED; }
-bool weft_fsdp_is_root(const weft_fsdp *f) { return f && f->is_root; }
-int weft_fsdp_reshard_after_forward(const weft_fsdp *f) { return f ? f->raf : -1; }
+weft_mesh *weft_fsdp_dp_mesh(const weft_fsdp *f) { return fsdp__live(f) ? f->dp_mesh : NULL; }
+bool weft_fsdp_is_unsharded(const weft_fsdp *f) {
+  return fsdp__live(f) && f->state == FSDP_UNSHARDED;
+}
+bool weft_fsdp_is_root(const weft_fsdp *f) { return fsdp__live(f) && f->is_root; }
+int weft_fsdp_reshard_after_forward(const weft_fsdp *f) { return fsdp__live(f) ? f->raf : -1; }
 
 weft_status weft_fsdp_get_info(const weft_fsdp *f, weft_fsdp_group_info *out) {
   if (!f || !out) return weft_error(WEFT_ERR_INVALID, "fsdp_get_info: NULL argument");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "fsdp_get_info: not a live FSDP group");
   memset(out, 0, sizeof *out);
   out->nparams = f->nparams;
   out->shard_size = f->nshard;
@@ -734,7 +741,7 @@ typedef weft_status (*group_fn)(weft_fsdp *g, void *ctx);
 /* f, and with recurse every group inside f's modules. */
 static weft_status for_groups(weft_fsdp *f, bool recurse, group_fn fn, void *ctx) {
   if (!f) return weft_error(WEFT_ERR_INVALID, "fsdp group is NULL");
-  if (!registered(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
   WEFT_CHECK(fn(f, ctx));
   if (recurse)
     for (weft_fsdp *g = fsdp__registry; g; g = g->next)
@@ -785,10 +792,10 @@ weft_status weft_fsdp_set_reshard_after_forward(weft_fsdp *f, int value, bool re
 
 static weft_status set_prefetch(weft_fsdp *f, weft_fsdp *const *gs, int n, bool fwd) {
   if (!f) return weft_error(WEFT_ERR_INVALID, "fsdp group is NULL");
-  if (!registered(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
   if (n > 0 && !gs) return weft_error(WEFT_ERR_INVALID, "prefetch list is NULL with n = %d", n);
   for (int i = 0; i < n; i++) {
-    if (!gs[i] || !registered(gs[i]))
+    if (!gs[i] || !fsdp__live(gs[i]))
       return weft_error(WEFT_ERR_INVALID, "prefetch list entry %d is not a live FSDP group", i);
     if (gs[i]->dp_mesh != f->dp_mesh)
       return weft_error(WEFT_ERR_INVALID,
@@ -822,7 +829,7 @@ weft_status weft_fsdp_set_modules_to_backward_prefetch(weft_fsdp *f, weft_fsdp *
 
 weft_status weft_fsdp_set_is_last_backward(weft_fsdp *f, bool last) {
   if (!f) return weft_error(WEFT_ERR_INVALID, "fsdp group is NULL");
-  if (!registered(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
   weft_fsdp *r = f->root ? f->root : f;
   r->is_last_backward = last;
   f->is_last_backward = last;
@@ -831,7 +838,7 @@ weft_status weft_fsdp_set_is_last_backward(weft_fsdp *f, bool last) {
 
 weft_status weft_fsdp_wait_reductions(weft_fsdp *f) {
   if (!f) return weft_error(WEFT_ERR_INVALID, "fsdp group is NULL");
-  if (!registered(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
   WEFT_CHECK(fsdp__finish_pending(f->root ? f->root : f, NULL));
   WEFT_CHECK(fsdp__reduce_finish(f));
   return WEFT_OK;
@@ -842,7 +849,7 @@ weft_status weft_fsdp_wait_reductions(weft_fsdp *f) {
 weft_status weft_fsdp_unshard(weft_fsdp *f, bool async_op, weft_fsdp_handle **handle) {
   if (handle) *handle = NULL;
   if (!f) return weft_error(WEFT_ERR_INVALID, "fsdp group is NULL");
-  if (!registered(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
   if (async_op && !handle)
     return weft_error(WEFT_ERR_INVALID, "fsdp_unshard(async_op): handle is NULL");
   if (!async_op) return fsdp__unshard_wait(f);
@@ -861,7 +868,7 @@ weft_status weft_fsdp_unshard(weft_fsdp *f, bool async_op, weft_fsdp_handle **ha
 weft_status weft_fsdp_handle_wait(weft_fsdp_handle *h) {
   if (!h) return WEFT_OK;
   weft_status st = WEFT_OK;
-  if (registered(h->f) && h->f->state == FSDP_UNSHARDING && h->f->unshard_epoch == h->epoch)
+  if (fsdp__live(h->f) && h->f->state == FSDP_UNSHARDING && h->f->unshard_epoch == h->epoch)
     st = fsdp__unshard_wait(h->f);
   free(h);
   return st;
@@ -869,7 +876,7 @@ weft_status weft_fsdp_handle_wait(weft_fsdp_handle *h) {
 
 weft_status weft_fsdp_reshard(weft_fsdp *f) {
   if (!f) return weft_error(WEFT_ERR_INVALID, "fsdp group is NULL");
-  if (!registered(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "not a live FSDP group");
   if (f->in_forward || f->in_backward)
     return weft_error(WEFT_ERR_STATE, "fsdp_reshard('%s') inside its forward or backward", f->name);
   WEFT_CHECK(fsdp__reshard(f, false));

@@ -121,15 +121,9 @@ static void comm_sum(weft_comm_count *a, const weft_comm_count *b) {
   a->bus_bytes += b->bus_bytes;
 }
 
-static bool live(const weft_fsdp *f) {
-  for (weft_fsdp *g = fsdp__registry; g; g = g->next)
-    if (g == f) return true;
-  return false;
-}
-
 weft_status weft_fsdp_comm_get(const weft_fsdp *f, bool recurse, weft_fsdp_comm *out) {
   if (!f || !out) return weft_error(WEFT_ERR_INVALID, "fsdp_comm_get: NULL argument");
-  if (!live(f)) return weft_error(WEFT_ERR_INVALID, "fsdp_comm_get: not a live FSDP group");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "fsdp_comm_get: not a live FSDP group");
   *out = f->comm;
   if (recurse)
     for (weft_fsdp *g = fsdp__registry; g; g = g->next)
@@ -144,7 +138,7 @@ weft_status weft_fsdp_comm_get(const weft_fsdp *f, bool recurse, weft_fsdp_comm 
 
 weft_status weft_fsdp_comm_reset(weft_fsdp *f, bool recurse) {
   if (!f) return weft_error(WEFT_ERR_INVALID, "fsdp_comm_reset: NULL argument");
-  if (!live(f)) return weft_error(WEFT_ERR_INVALID, "fsdp_comm_reset: not a live FSDP group");
+  if (!fsdp__live(f)) return weft_error(WEFT_ERR_INVALID, "fsdp_comm_reset: not a live FSDP group");
   memset(&f->comm, 0, sizeof f->comm);
   if (recurse)
     for (weft_fsdp *g = fsdp__registry; g; g = g->next)

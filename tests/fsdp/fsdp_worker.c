@@ -1380,6 +1380,26 @@ static void case_bad(void) {
   expect_err(weft_fsdp_set_reshard_after_forward(g1, 3 * weft_world_size(), false),
              WEFT_ERR_INVALID, "reshard_after_forward", "raf setter");
   WOK(weft_fsdp_destroy_all(m));
+  /* a destroyed group's handle (issue 34: handles that cannot be misused):
+   * destroying it again and every call on it are errors or read as empty,
+   * never a read of freed memory (ASan runs this suite) */
+  expect_err(weft_fsdp_destroy(g1), WEFT_ERR_INVALID, "not a live FSDP group", "destroy twice");
+  weft_fsdp_group_info gi;
+  expect_err(weft_fsdp_get_info(g1, &gi), WEFT_ERR_INVALID, "not a live", "info after destroy");
+  expect_err(weft_fsdp_reshard(g1), WEFT_ERR_INVALID, "not a live", "reshard after destroy");
+  expect_err(weft_fsdp_unshard(g1, false, NULL), WEFT_ERR_INVALID, "not a live",
+             "unshard after destroy");
+  expect_err(weft_fsdp_set_requires_gradient_sync(g1, false, true), WEFT_ERR_INVALID, "not a live",
+             "setter after destroy");
+  weft_fsdp_comm gc;
+  expect_err(weft_fsdp_comm_get(g1, false, &gc), WEFT_ERR_INVALID, "not a live",
+             "comm after destroy");
+  WCHECK(weft_fsdp_num_params(g1) == 0 && weft_fsdp_param(g1, 0) == NULL &&
+             weft_fsdp_num_modules(g1) == 0 && weft_fsdp_module(g1, 0) == NULL &&
+             weft_fsdp_dp_mesh(g1) == NULL && !weft_fsdp_is_root(g1) &&
+             !weft_fsdp_is_unsharded(g1) && weft_fsdp_reshard_after_forward(g1) == -1 &&
+             !strcmp(weft_fsdp_name(g1), ""),
+         "a destroyed group does not read as empty");
   WOK(weft_module_destroy(m));
   weft_tensor_destroy(tok);
   weft_tensor_destroy(tgt);
