@@ -59,6 +59,7 @@ struct weft_graph {
   int nparams, cap_params;
   rope_entry *ropes; /* RoPE tables kept across steps (nn_graph_rope_tables) */
   int nropes, cap_ropes;
+  weft_tensor *widen_scratch; /* add_widened's f32 chunk, kept (on one device) */
 };
 
 static weft_status grow(void **v, int *cap, int need, size_t elem) {
@@ -100,6 +101,7 @@ void weft_graph_destroy(weft_graph *g) {
   for (int i = 0; i < g->nropes; i++) weft_dtensor_destroy(g->ropes[i].tab);
   free(g->ropes);
   free(g->pool);
+  weft_tensor_destroy(g->widen_scratch);
   free(g->vars);
   free(g->nodes);
   free(g->params);
@@ -738,6 +740,49 @@ void nn_grad_placements(const weft_placement *out, const weft_placement *grad, i
 
 /* -------------------------------------------------------------- backward */
 
+/* Elements per chunk of add_widened: 256 KiB of f32, cache-resident. */
+#define WIDEN_CHUNK ((int64_t)1 << 16)
+
+/* acc (f32) += src (bf16 / f16, as many elements), both contiguous: src is
+ * widened a chunk at a time into the graph's kept scratch and added. The
+ * sums are those of a whole widened copy (each element is widened exactly
+ * and added once), without that copy: a pool buffer of the parameter's
+ * size in f32 per 16-bit parameter per step, as much memory as the f32
+ * model. Device work is in stream order, so reusing the scratch per chunk
+ * is safe there too. */
+static weft_status add_widened(weft_graph *g, weft_tensor *acc, const weft_tensor *src) {
+  const int64_t n = weft_tensor_numel(acc);
+  if (weft_tensor_numel(src) != n || !weft_tensor_is_contiguous(acc) ||
+      !weft_tensor_is_contiguous(src) || acc->dtype != WEFT_F32)
+    return weft_error(WEFT_ERR_INTERNAL, "add_widened: %lld f32 elements += %lld %s (contiguous)",
+                      (long long)n, (long long)weft_tensor_numel(src), weft_dtype_name(src->dtype));
+  if (n == 0) return WEFT_OK;
+  const int64_t chunk = n < WIDEN_CHUNK ? n : WIDEN_CHUNK;
+  weft_tensor *s = g->widen_scratch;
+  if (s && (s->device != acc->device || weft_tensor_numel(s) < chunk)) {
+    weft_tensor_destroy(s);
+    s = g->widen_scratch = NULL;
+  }
+  if (!s) {
+    const int64_t shape[1] = {WIDEN_CHUNK};
+    WEFT_CHECK(weft_tensor_create(WEFT_F32, acc->device, 1, shape, &g->widen_scratch));
+    s = g->widen_scratch;
+  }
+  const size_t es = weft_dtype_size(src->dtype);
+  for (int64_t at = 0; at < n; at += chunk) {
+    const int64_t m[1] = {n - at < chunk ? n - at : chunk};
+    weft_tensor a, b, w;
+    WEFT_CHECK(
+        weft_tensor_view_init(&a, (float *)acc->data + at, WEFT_F32, acc->device, 1, m, NULL));
+    WEFT_CHECK(weft_tensor_view_init(&b, (char *)src->data + (size_t)at * es, src->dtype,
+                                     src->device, 1, m, NULL));
+    WEFT_CHECK(weft_tensor_view_init(&w, s->data, WEFT_F32, s->device, 1, m, NULL));
+    WEFT_CHECK(weft_tensor_copy(&w, &b));
+    WEFT_CHECK(weft_add(&a, &a, &w));
+  }
+  return WEFT_OK;
+}
+
 /* Adds `d` (a grad of v's global shape) into what v has accumulated.
  * shared: d is also handed to another var or kept as an output's grad, so
  * it may be adopted as v's grad but never added into in place. */
@@ -750,9 +795,12 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d,
     WEFT_CHECK(nn_graph_bring(g, d, ds->placements, false, &use));
     weft_dtensor *gr;
     WEFT_CHECK(nn_grad_get(p->module, p, &gr));
-    if (weft_dtensor_dtype(use) != weft_dtensor_dtype(gr)) { /* a 16-bit parameter's grad is f32 */
+    const weft_dtype gdt = weft_dtensor_dtype(gr), udt = weft_dtensor_dtype(use);
+    if (gdt == WEFT_F32 && (udt == WEFT_BF16 || udt == WEFT_F16)) /* a 16-bit parameter's grad */
+      return add_widened(g, weft_dtensor_local(gr), weft_dtensor_local(use));
+    if (udt != gdt) {
       weft_dtensor *c;
-      WEFT_CHECK(nn_graph_converted(g, use, weft_dtensor_dtype(gr), &c));
+      WEFT_CHECK(nn_graph_converted(g, use, gdt, &c));
       use = c;
     }
     return weft_add(weft_dtensor_local(gr), weft_dtensor_local(gr), weft_dtensor_local(use));

@@ -234,6 +234,78 @@ Test(ops_bf16, mixed_operand_dtypes_fail_naming_them, .timeout = 60) {
   weft_finalize();
 }
 
+/* A bf16 parameter (as FSDP's mixed precision swaps one into `data`) keeps
+ * an f32 grad: each backward's bf16 grad is widened into it a chunk at a
+ * time (nn/graph.c add_widened), with no f32 copy of the whole grad. A
+ * weight of 300 x 301 spans chunks and ends in a partial one; its grad is
+ * dy^T x rounded once to bf16, widened, and a second backward doubles it
+ * exactly. */
+static void bf16_param_grad_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh = one_rank_mesh(on_device);
+  enum { R = 4, K = 301, N = 300 };
+  weft_module *lin;
+  OK(weft_linear_create_ex(mesh, "lin", K, N, false, &lin));
+  OK(weft_module_init_weights(lin, 3));
+  weft_param *p = weft_module_get_param(lin, "weight");
+  cr_assert_not_null(p);
+  uint64_t s = weft_test_rng_state(11);
+  double *hw = malloc(sizeof(double) * N * K), hx[R * K], hd[R * N];
+  random_bf16(hw, N * K, &s);
+  random_bf16(hx, R * K, &s);
+  random_bf16(hd, R * N, &s);
+  int64_t ws[2] = {N, K}, xs[2] = {R, K}, ds[2] = {R, N};
+  weft_dtensor *f32_data = p->data, *w = make(mesh, WEFT_BF16, 2, ws, hw);
+  weft_dtensor *x = make(mesh, WEFT_BF16, 2, xs, hx), *dy = make(mesh, WEFT_BF16, 2, ds, hd);
+  p->data = w;
+  double *g1 = NULL;
+  for (int pass = 0; pass < 2; pass++) {
+    weft_graph *g;
+    OK(weft_graph_create(&g));
+    weft_var *vx, *y;
+    OK(weft_graph_input(g, x, false, &vx));
+    OK(weft_op_linear(vx, weft_graph_param(g, p), NULL, &y));
+    OK(weft_backward_grad(y, dy));
+    cr_assert_eq(weft_dtensor_dtype(p->grad), WEFT_F32);
+    int64_t n;
+    double *gv = values(p->grad, &n);
+    cr_assert_eq(n, (int64_t)N * K);
+    if (pass == 0) {
+      for (int i = 0; i < N; i++)
+        for (int j = 0; j < K; j++) {
+          double ref = 0;
+          for (int r = 0; r < R; r++) ref += hd[r * N + i] * hx[r * K + j];
+          const double got = gv[(int64_t)i * K + j], tol = fabs(ref) / 128 + 1e-6;
+          cr_assert(fabs(got - ref) <= tol && got == bf16r(got),
+                    "grad[%d][%d] = %.9g, want %.9g rounded once to bf16", i, j, got, ref);
+        }
+      g1 = gv;
+    } else {
+      for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(gv[i], 2 * g1[i], "grad[%lld] after two backwards: %.9g, want 2 x %.9g",
+                     (long long)i, gv[i], g1[i]);
+      free(gv);
+    }
+    weft_graph_destroy(g);
+  }
+  free(g1);
+  p->data = f32_data;
+  weft_module_destroy(lin);
+  weft_dtensor_destroy(w);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(dy);
+  free(hw);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+Test(ops_bf16, bf16_parameter_grad_is_widened_into_its_f32_grad_chunk_by_chunk, .timeout = 60) {
+  bf16_param_grad_case(false);
+}
+Test(ops_bf16, bf16_parameter_grad_is_widened_into_its_f32_grad_chunk_by_chunk_on_device,
+     .timeout = 60) {
+  bf16_param_grad_case(true);
+}
+
 /* to(bf16) rounds, its grad comes back in the input's dtype; a bf16 loss
  * (cross-entropy of bf16 logits) is read by weft_var_item. */
 Test(ops_bf16, to_rounds_and_its_grad_returns_in_the_input_dtype, .timeout = 60) {
