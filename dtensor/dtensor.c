@@ -786,6 +786,40 @@ weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_lo
   return st;
 }
 
+weft_status weft_dtensor_view(const weft_dtensor *x, int ndim, const int64_t *shape,
+                              const weft_placement *placements, weft_dtensor **out) {
+  WEFT_CHECK(check_out(out));
+  if (!x || (ndim > 0 && !shape) || !placements)
+    return weft_error(WEFT_ERR_INVALID, "dtensor_view: NULL argument");
+  const weft_tensor *xl = x->local;
+  if (!weft_tensor_is_contiguous(xl))
+    return weft_error(WEFT_ERR_INVALID, "dtensor_view: the local tensor is not contiguous");
+  weft_dtensor_spec spec;
+  WEFT_CHECK(weft_dtensor_spec_init_mesh(&spec, x->mesh, placements, x->spec.mesh_ndim, xl->dtype,
+                                         ndim, shape));
+  int me[WEFT_MESH_MAX_DIMS];
+  int64_t ls[WEFT_MAX_DIMS];
+  bool contig = true;
+  dt_my_coords(x->mesh, me);
+  WEFT_CHECK(weft_dtensor_spec_local_shape(&spec, me, ls, NULL, &contig));
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= ls[d];
+  if (!contig || n != weft_tensor_numel(xl)) {
+    char a[256], b[256];
+    weft_dtensor_spec_describe(&x->spec, a, sizeof a);
+    weft_dtensor_spec_describe(&spec, b, sizeof b);
+    return weft_error(WEFT_ERR_INVALID,
+                      "dtensor_view: %s holds %lld local elements on mesh rank %d; %s needs %lld%s",
+                      a, (long long)weft_tensor_numel(xl), weft_mesh_rank(x->mesh), b, (long long)n,
+                      contig ? "" : " (not one contiguous piece)");
+  }
+  weft_tensor *t = NULL;
+  WEFT_CHECK(weft_tensor_wrap(xl->data, xl->dtype, xl->device, ndim, ls, &t));
+  weft_status st = dt_wrap(x->mesh, &spec, t, false, out);
+  if (st != WEFT_OK) weft_tensor_destroy(t);
+  return st;
+}
+
 /* ------------------------------------------------------------ exits */
 
 weft_status weft_dtensor_to_local(const weft_dtensor *dt, weft_tensor **out) {

@@ -291,6 +291,17 @@ WEFT_API weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local
                                              const weft_placement *placements, int nplacements,
                                              const int64_t *global_shape, weft_dtensor **out);
 
+/* torch's view on a DTensor: a DTensor of global `shape` (ndim dims) and
+ * `placements` (one per mesh dim) over x's local storage, which must be
+ * contiguous and hold exactly the elements this rank's shard of the new
+ * spec has, in one contiguous piece (WEFT_ERR_INVALID naming both specs
+ * otherwise). The result does not own the storage: x (or whoever owns
+ * x's storage) must outlive it; destroying it leaves x as it was. Local,
+ * no communication, also under WEFT_DEBUG (the caller applies the same
+ * view on every rank). nn's reshape uses it for graph buffers. */
+WEFT_API weft_status weft_dtensor_view(const weft_dtensor *x, int ndim, const int64_t *shape,
+                                       const weft_placement *placements, weft_dtensor **out);
+
 /* Collective. Checks that every rank of the mesh has the same spec and a
  * local tensor of the shape the geometry gives it. WEFT_ERR_MISMATCH on
  * every rank (naming the first rank that differs and how) otherwise. */

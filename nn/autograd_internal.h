@@ -87,6 +87,14 @@ weft_status nn_graph_zeros(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, int
 /* A buffer with x's mesh, dtype and shape and placements pl (NULL: x's). */
 weft_status nn_graph_like(weft_graph *g, const weft_dtensor *x, const weft_placement *pl,
                           weft_dtensor **out);
+/* A view: a DTensor of global `shape` and placements `pl` over the storage
+ * of x (weft_dtensor_view), when x is a buffer of this step or a view of
+ * one; *out NULL otherwise (the caller copies). The view lives until reset,
+ * and its base buffer stays in use as long: activation checkpointing keeps
+ * the base of every view it keeps, and nn_graph_discard leaves a base in
+ * the pool. Local; reshape's forward (ops_shape.c) is the caller. */
+weft_status nn_graph_view(weft_graph *g, const weft_dtensor *x, int ndim, const int64_t *shape,
+                          const weft_placement *pl, weft_dtensor **out);
 /* x itself when it has placements `to`, else a graph buffer holding x
  * redistributed (allow_partial: Replicate -> Partial targets). */
 weft_status nn_graph_bring(weft_graph *g, const weft_dtensor *x, const weft_placement *to,

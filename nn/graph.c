@@ -26,6 +26,12 @@ typedef struct pool_entry {
   uint64_t handed; /* g->hand_seq when last handed out (activation checkpointing) */
 } pool_entry;
 
+/* A view of a pool buffer's storage (nn_graph_view), destroyed at reset. */
+typedef struct view_entry {
+  weft_dtensor *view;
+  const weft_dtensor *base; /* the pool buffer that owns the storage */
+} view_entry;
+
 /* RoPE cos/sin tables for positions [0, max_pos) on one mesh (and its
  * device), head dim and theta. One that a larger request superseded stays
  * until the next reset: this step's nodes may still read it. */
@@ -60,7 +66,11 @@ struct weft_graph {
   rope_entry *ropes; /* RoPE tables kept across steps (nn_graph_rope_tables) */
   int nropes, cap_ropes;
   weft_tensor *widen_scratch; /* add_widened's f32 chunk, kept (on one device) */
+  view_entry *views;          /* this step's views (nn_graph_view) */
+  int nviews, cap_views;
 };
+
+static bool is_view_base(const weft_graph *g, const weft_dtensor *d);
 
 static weft_status grow(void **v, int *cap, int need, size_t elem) {
   if (need <= *cap) return WEFT_OK;
@@ -86,6 +96,8 @@ weft_status weft_graph_create(weft_graph **out) {
 }
 
 static void drop_step(weft_graph *g) {
+  for (int i = 0; i < g->nviews; i++) weft_dtensor_destroy(g->views[i].view);
+  g->nviews = 0;
   for (int i = 0; i < g->nvars; i++) free(g->vars[i]);
   for (int i = 0; i < g->nnodes; i++) free(g->nodes[i]);
   g->nvars = g->nnodes = g->nparams = 0;
@@ -101,6 +113,7 @@ void weft_graph_destroy(weft_graph *g) {
   for (int i = 0; i < g->nropes; i++) weft_dtensor_destroy(g->ropes[i].tab);
   free(g->ropes);
   free(g->pool);
+  free(g->views);
   weft_tensor_destroy(g->widen_scratch);
   free(g->vars);
   free(g->nodes);
@@ -252,6 +265,7 @@ int64_t weft_graph_bytes_in_use(const weft_graph *g) {
 }
 
 void nn_graph_discard(weft_graph *g, const weft_dtensor *d) {
+  if (is_view_base(g, d)) return; /* a view reads it until reset */
   for (int i = 0; i < g->npool; i++)
     if (g->pool[i].dt == d) {
       weft_dtensor_destroy(g->pool[i].dt);
@@ -278,6 +292,34 @@ static bool pool_holds(const weft_graph *g, const weft_dtensor *d) {
   for (int i = 0; i < g->npool; i++)
     if (g->pool[i].dt == d) return g->pool[i].used;
   return false;
+}
+
+/* The pool buffer whose storage d shares when d is a view of this step,
+ * else NULL. */
+static const weft_dtensor *view_base(const weft_graph *g, const weft_dtensor *d) {
+  for (int i = g->nviews - 1; i >= 0; i--)
+    if (g->views[i].view == d) return g->views[i].base;
+  return NULL;
+}
+
+/* Whether a view of this step shares d's storage. */
+static bool is_view_base(const weft_graph *g, const weft_dtensor *d) {
+  for (int i = 0; i < g->nviews; i++)
+    if (g->views[i].base == d) return true;
+  return false;
+}
+
+weft_status nn_graph_view(weft_graph *g, const weft_dtensor *x, int ndim, const int64_t *shape,
+                          const weft_placement *pl, weft_dtensor **out) {
+  *out = NULL;
+  const weft_dtensor *base = pool_holds(g, x) ? x : view_base(g, x);
+  if (!base) return WEFT_OK;
+  WEFT_CHECK(grow((void **)&g->views, &g->cap_views, g->nviews + 1, sizeof *g->views));
+  weft_dtensor *v;
+  WEFT_CHECK(weft_dtensor_view(x, ndim, shape, pl, &v));
+  g->views[g->nviews++] = (view_entry){v, base};
+  *out = v;
+  return WEFT_OK;
 }
 
 weft_status nn_graph_zeros(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, int ndim,
@@ -1076,8 +1118,11 @@ static int ac_cand_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static void ac_keep(ac_cand *c, int n, const weft_dtensor *d) {
+/* Keeps d, and the buffer under d when d is a view. */
+static void ac_keep(const weft_graph *g, ac_cand *c, int n, const weft_dtensor *d) {
   if (!d) return;
+  const weft_dtensor *base = view_base(g, d);
+  if (base) d = base;
   ac_cand key = {d, 0, false};
   ac_cand *hit = bsearch(&key, c, (size_t)n, sizeof *c, ac_cand_cmp);
   if (hit) hit->keep = true;
@@ -1096,13 +1141,13 @@ static weft_status ac_release(weft_graph *g, uint64_t since) {
     if (g->pool[i].used && g->pool[i].handed >= since) c[n++] = (ac_cand){g->pool[i].dt, i, false};
   qsort(c, (size_t)n, sizeof *c, ac_cand_cmp);
   for (int i = 0; i < g->nvars; i++) {
-    ac_keep(c, n, g->vars[i]->value);
-    ac_keep(c, n, g->vars[i]->grad);
+    ac_keep(g, c, n, g->vars[i]->value);
+    ac_keep(g, c, n, g->vars[i]->grad);
   }
   for (int i = 0; i < g->nnodes; i++) {
     const nn_node *nd = g->nodes[i];
-    for (int k = 0; k < NN_MAX_SAVED; k++) ac_keep(c, n, nd->saved[k]);
-    for (int k = 0; k < NN_MAX_IN; k++) ac_keep(c, n, nd->in_used[k]);
+    for (int k = 0; k < NN_MAX_SAVED; k++) ac_keep(g, c, n, nd->saved[k]);
+    for (int k = 0; k < NN_MAX_IN; k++) ac_keep(g, c, n, nd->in_used[k]);
   }
   for (int i = 0; i < n; i++)
     if (!c[i].keep) g->pool[c[i].idx].used = false;

@@ -329,18 +329,24 @@ static weft_status reshape_body(weft_var *x, int ndim, const int64_t *shape, wef
   WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
+  /* a view of a graph buffer (torch's view of contiguous data): no copy;
+   * a parameter, an input of the caller's or an FSDP-gathered weight,
+   * whose storage may go before backward, is copied */
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, ndim, oshape, opl, &y));
-  weft_tensor *yl = weft_dtensor_local(y);
-  const weft_tensor *xl = nn_local(xu);
-  if (weft_tensor_numel(yl) != weft_tensor_numel(xl))
-    return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local sizes %lld vs %lld",
-                       (long long)weft_tensor_numel(yl), (long long)weft_tensor_numel(xl));
-  if (weft_tensor_numel(yl) > 0) {
-    weft_tensor v;
-    WEFT_CHECK(view_at(&v, xl, 0, yl->ndim, yl->shape, NULL));
-    WEFT_CHECK(weft_tensor_copy(yl, &v));
-    nn_count_copies(1);
+  WEFT_CHECK(nn_graph_view(g, xu, ndim, oshape, opl, &y));
+  if (!y) {
+    WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, ndim, oshape, opl, &y));
+    weft_tensor *yl = weft_dtensor_local(y);
+    const weft_tensor *xl = nn_local(xu);
+    if (weft_tensor_numel(yl) != weft_tensor_numel(xl))
+      return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local sizes %lld vs %lld",
+                         (long long)weft_tensor_numel(yl), (long long)weft_tensor_numel(xl));
+    if (weft_tensor_numel(yl) > 0) {
+      weft_tensor v;
+      WEFT_CHECK(view_at(&v, xl, 0, yl->ndim, yl->shape, NULL));
+      WEFT_CHECK(weft_tensor_copy(yl, &v));
+      nn_count_copies(1);
+    }
   }
   nn_node *node;
   WEFT_CHECK(

@@ -14,6 +14,7 @@
  * CUDA device.
  */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
@@ -176,4 +177,93 @@ Test(ops_shape, two_ranks_directed_shardings_survive_and_match_on_device, .timeo
 Test(ops_shape, four_ranks_directed_shardings_survive_and_match_on_device, .timeout = 120) {
   WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(weft_test_mpiexec_on_device(4, OPS_WORKER, "directed", 100, NULL), 0);
+}
+
+/* ------------------------------------------------ reshape as a view (issue 42) */
+
+/* The full value of d as doubles (f32, any device; the caller frees). */
+static double *full_values(const weft_dtensor *d, int64_t *n) {
+  weft_tensor *full, *host;
+  OK(weft_dtensor_full_tensor(d, &full));
+  OK(weft_tensor_to(full, WEFT_CPU, &host));
+  *n = weft_tensor_numel(host);
+  double *v = malloc(sizeof(double) * (size_t)(*n > 0 ? *n : 1));
+  for (int64_t i = 0; i < *n; i++) v[i] = ((const float *)host->data)[i];
+  weft_tensor_destroy(full);
+  weft_tensor_destroy(host);
+  return v;
+}
+
+/* torch's reshape of contiguous data is a view: reshape of an op's output
+ * (a graph buffer) shares its storage, and so does a reshape of that view;
+ * a reshape of the caller's own input copies (its storage is the caller's
+ * and may change before backward). Values and grads are those of the
+ * copies: y = (2x reshaped twice)^2, dy/dx = 8 x R, and a second step on
+ * the same graph (after reset, buffers reused) gives the same. */
+static void reshape_view_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  int argc = 0;
+  char **argv = NULL;
+  OK(weft_init(&argc, &argv));
+  int mshape[1] = {1};
+  const char *names[1] = {"tp"};
+  weft_mesh *mesh;
+  OK(weft_mesh_create(1, mshape, names, &mesh));
+  if (on_device) OK(weft_mesh_set_device(mesh, WEFT_CUDA));
+  enum { N = 72 };
+  uint64_t s = weft_test_rng_state(42);
+  weft_tensor *hx, *hr;
+  int64_t xs[3] = {3, 4, 6}, ys[2] = {6, 12};
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 3, xs, &hx));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, ys, &hr));
+  for (int i = 0; i < N; i++) {
+    ((float *)hx->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
+    ((float *)hr->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
+  }
+  weft_placement r = weft_replicate();
+  weft_dtensor *x, *dr;
+  OK(weft_dtensor_distribute(mesh, hx, WEFT_DTENSOR_ALL_RANKS, &r, 1, &x));
+  OK(weft_dtensor_distribute(mesh, hr, WEFT_DTENSOR_ALL_RANKS, &r, 1, &dr));
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  for (int step = 0; step < 2; step++) {
+    weft_var *vx, *a, *b, *c, *y, *xr;
+    OK(weft_graph_input(g, x, true, &vx));
+    OK(weft_op_scale(vx, 2.0, &a));
+    int64_t bs[2] = {12, 6};
+    OK(weft_op_reshape(a, 2, bs, &b));
+    OK(weft_op_reshape(b, 2, ys, &c));
+    OK(weft_op_reshape(vx, 2, ys, &xr));
+    const void *pa = weft_dtensor_local(weft_var_value(a))->data;
+    cr_assert_eq(weft_dtensor_local(weft_var_value(b))->data, pa, "reshape of a buffer copied");
+    cr_assert_eq(weft_dtensor_local(weft_var_value(c))->data, pa, "reshape of a view copied");
+    cr_assert_neq(weft_dtensor_local(weft_var_value(xr))->data, weft_dtensor_local(x)->data,
+                  "reshape of the caller's input is a view");
+    OK(weft_op_mul(c, c, &y));
+    OK(weft_backward_grad(y, dr));
+    int64_t n;
+    double *yv = full_values(weft_var_value(y), &n), *gx = full_values(weft_var_grad(vx), &n);
+    cr_assert_eq(n, N);
+    for (int i = 0; i < N; i++) {
+      const double xi = ((float *)hx->data)[i], ri = ((float *)hr->data)[i];
+      cr_assert_float_eq(yv[i], 4 * xi * xi, 1e-6, "step %d: y[%d]", step, i);
+      cr_assert_float_eq(gx[i], 8 * xi * ri, 1e-6, "step %d: grad x[%d]", step, i);
+    }
+    free(yv);
+    free(gx);
+    OK(weft_graph_reset(g));
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(dr);
+  weft_tensor_destroy(hx);
+  weft_tensor_destroy(hr);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+Test(ops_shape, reshape_of_a_graph_buffer_is_a_view_and_of_an_input_a_copy) {
+  reshape_view_case(false);
+}
+Test(ops_shape, reshape_of_a_graph_buffer_is_a_view_and_of_an_input_a_copy_on_device) {
+  reshape_view_case(true);
 }
