@@ -187,6 +187,20 @@ static void back_placements(const weft_placement *X, const weft_placement *D, in
   for (int i = 0; i < k; i++) p[i] = nn_is_shard_any(D[i]) ? X[i] : D[i];
 }
 
+/* dst = src's elements in order, in dst's shape (a reshape's copy); the
+ * local sizes must agree. */
+static weft_status relayout_copy(const char *what, weft_tensor *dst, const weft_tensor *src) {
+  if (weft_tensor_numel(dst) != weft_tensor_numel(src))
+    return weft_error(WEFT_ERR_INTERNAL, "%s: local sizes %lld vs %lld", what,
+                      (long long)weft_tensor_numel(dst), (long long)weft_tensor_numel(src));
+  if (weft_tensor_numel(dst) == 0) return WEFT_OK;
+  weft_tensor v;
+  WEFT_CHECK(view_at(&v, src, 0, dst->ndim, dst->shape, NULL));
+  WEFT_CHECK(weft_tensor_copy(dst, &v));
+  nn_count_copies(1);
+  return WEFT_OK;
+}
+
 static weft_status reshape_backward(nn_node *n, const weft_dtensor *const *dout,
                                     weft_dtensor **din) {
   const weft_dtensor *dy = dout[0];
@@ -197,17 +211,7 @@ static weft_status reshape_backward(nn_node *n, const weft_dtensor *const *dout,
   back_placements(weft_dtensor_placements(x), weft_dtensor_placements(dy), k, p);
   weft_dtensor *dx;
   WEFT_CHECK(nn_graph_like(nn_node_graph(n), x, p, &dx));
-  weft_tensor *dxl = weft_dtensor_local(dx);
-  const weft_tensor *dyl = nn_local(dy);
-  if (weft_tensor_numel(dxl) != weft_tensor_numel(dyl))
-    return weft_error(WEFT_ERR_INTERNAL, "reshape backward: local sizes %lld vs %lld",
-                      (long long)weft_tensor_numel(dxl), (long long)weft_tensor_numel(dyl));
-  if (weft_tensor_numel(dxl) > 0) {
-    weft_tensor v;
-    WEFT_CHECK(view_at(&v, dyl, 0, dxl->ndim, dxl->shape, NULL));
-    WEFT_CHECK(weft_tensor_copy(dxl, &v));
-    nn_count_copies(1);
-  }
+  WEFT_CHECK(relayout_copy("reshape backward", weft_dtensor_local(dx), nn_local(dy)));
   din[0] = dx;
   return WEFT_OK;
 }
@@ -336,17 +340,7 @@ static weft_status reshape_body(weft_var *x, int ndim, const int64_t *shape, wef
   WEFT_CHECK(nn_graph_view(g, xu, ndim, oshape, opl, &y));
   if (!y) {
     WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, ndim, oshape, opl, &y));
-    weft_tensor *yl = weft_dtensor_local(y);
-    const weft_tensor *xl = nn_local(xu);
-    if (weft_tensor_numel(yl) != weft_tensor_numel(xl))
-      return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local sizes %lld vs %lld",
-                         (long long)weft_tensor_numel(yl), (long long)weft_tensor_numel(xl));
-    if (weft_tensor_numel(yl) > 0) {
-      weft_tensor v;
-      WEFT_CHECK(view_at(&v, xl, 0, yl->ndim, yl->shape, NULL));
-      WEFT_CHECK(weft_tensor_copy(yl, &v));
-      nn_count_copies(1);
-    }
+    WEFT_CHECK(relayout_copy(name, weft_dtensor_local(y), nn_local(xu)));
   }
   nn_node *node;
   WEFT_CHECK(
