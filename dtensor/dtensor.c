@@ -799,19 +799,18 @@ weft_status weft_dtensor_view(const weft_dtensor *x, int ndim, const int64_t *sh
                                          ndim, shape));
   int me[WEFT_MESH_MAX_DIMS];
   int64_t ls[WEFT_MAX_DIMS];
-  bool contig = true;
   dt_my_coords(x->mesh, me);
-  WEFT_CHECK(weft_dtensor_spec_local_shape(&spec, me, ls, NULL, &contig));
+  WEFT_CHECK(weft_dtensor_spec_local_shape(&spec, me, ls, NULL, NULL));
   int64_t n = 1;
   for (int d = 0; d < ndim; d++) n *= ls[d];
-  if (!contig || n != weft_tensor_numel(xl)) {
+  if (n != weft_tensor_numel(xl)) {
     char a[256], b[256];
     weft_dtensor_spec_describe(&x->spec, a, sizeof a);
     weft_dtensor_spec_describe(&spec, b, sizeof b);
     return weft_error(WEFT_ERR_INVALID,
-                      "dtensor_view: %s holds %lld local elements on mesh rank %d; %s needs %lld%s",
-                      a, (long long)weft_tensor_numel(xl), weft_mesh_rank(x->mesh), b, (long long)n,
-                      contig ? "" : " (not one contiguous piece)");
+                      "dtensor_view: %s holds %lld local elements on mesh rank %d; %s needs %lld",
+                      a, (long long)weft_tensor_numel(xl), weft_mesh_rank(x->mesh), b,
+                      (long long)n);
   }
   weft_tensor *t = NULL;
   WEFT_CHECK(weft_tensor_wrap(xl->data, xl->dtype, xl->device, ndim, ls, &t));

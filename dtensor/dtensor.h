@@ -293,9 +293,11 @@ WEFT_API weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local
 
 /* torch's view on a DTensor: a DTensor of global `shape` (ndim dims) and
  * `placements` (one per mesh dim) over x's local storage, which must be
- * contiguous and hold exactly the elements this rank's shard of the new
- * spec has, in one contiguous piece (WEFT_ERR_INVALID naming both specs
- * otherwise). The result does not own the storage: x (or whoever owns
+ * contiguous and hold exactly as many elements as this rank's shard of
+ * the new spec has (WEFT_ERR_INVALID naming both specs otherwise); they are
+ * read in order, so the new placements must be ones under which the local
+ * elements keep their order (as reshape's sharding rules choose). The
+ * result does not own the storage: x (or whoever owns
  * x's storage) must outlive it; destroying it leaves x as it was. Local,
  * no communication, also under WEFT_DEBUG (the caller applies the same
  * view on every rank). nn's reshape uses it for graph buffers. */

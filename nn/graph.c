@@ -71,6 +71,7 @@ struct weft_graph {
 };
 
 static bool is_view_base(const weft_graph *g, const weft_dtensor *d);
+static const weft_dtensor *view_base(const weft_graph *g, const weft_dtensor *d);
 
 static weft_status grow(void **v, int *cap, int need, size_t elem) {
   if (need <= *cap) return WEFT_OK;
@@ -857,10 +858,14 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d,
   if (!v->grad) {
     /* The grad is added into later, so it must be a graph buffer: an op's
      * backward hands one over (adopted as is); a hook's replacement, a
-     * built-in layer's grad or the caller's tensor is copied into one. */
-    if (pool_holds(g, d)) {
+     * built-in layer's grad or the caller's tensor is copied into one. A
+     * view of a buffer (reshape's backward) is adopted as shared: its
+     * storage may also be another var's grad, so a second contribution
+     * goes out of place. */
+    const bool view = view_base(g, d) != NULL;
+    if (view || pool_holds(g, d)) {
       v->grad = (weft_dtensor *)d;
-      v->grad_shared = shared;
+      v->grad_shared = shared || view;
       return WEFT_OK;
     }
     weft_dtensor *own;

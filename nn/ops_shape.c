@@ -209,9 +209,16 @@ static weft_status reshape_backward(nn_node *n, const weft_dtensor *const *dout,
   int k = weft_mesh_ndim(weft_dtensor_mesh(x));
   weft_placement p[WEFT_MESH_MAX_DIMS];
   back_placements(weft_dtensor_placements(x), weft_dtensor_placements(dy), k, p);
+  /* a view of dy when dy is a graph buffer (the graph adopts it as x's
+   * grad but never adds into it in place: graph.c accumulate) */
+  weft_graph *g = nn_node_graph(n);
+  const weft_dtensor_spec *xs = weft_dtensor_get_spec(x);
   weft_dtensor *dx;
-  WEFT_CHECK(nn_graph_like(nn_node_graph(n), x, p, &dx));
-  WEFT_CHECK(relayout_copy("reshape backward", weft_dtensor_local(dx), nn_local(dy)));
+  WEFT_CHECK(nn_graph_view(g, dy, xs->ndim, xs->shape, p, &dx));
+  if (!dx) {
+    WEFT_CHECK(nn_graph_like(g, x, p, &dx));
+    WEFT_CHECK(relayout_copy("reshape backward", weft_dtensor_local(dx), nn_local(dy)));
+  }
   din[0] = dx;
   return WEFT_OK;
 }

@@ -198,8 +198,9 @@ static double *full_values(const weft_dtensor *d, int64_t *n) {
  * (a graph buffer) shares its storage, and so does a reshape of that view;
  * a reshape of the caller's own input copies (its storage is the caller's
  * and may change before backward). Values and grads are those of the
- * copies: y = (2x reshaped twice)^2, dy/dx = 8 x R, and a second step on
- * the same graph (after reset, buffers reused) gives the same. */
+ * copies, and a second step on the same graph (after reset, buffers
+ * reused) gives the same. Backward: each reshape's grad is a view of its
+ * output's grad (see the graph below). */
 static void reshape_view_case(bool on_device) {
   if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
   int argc = 0;
@@ -227,9 +228,19 @@ static void reshape_view_case(bool on_device) {
   weft_graph *g;
   OK(weft_graph_create(&g));
   for (int step = 0; step < 2; step++) {
-    weft_var *vx, *a, *b, *c, *y, *xr;
+    /* in creation order (backward runs it in reverse):
+     *   a = 2x, t = reshape(3x), q = 5a, c = reshape(reshape(a)),
+     *   u = c + t, w = u + reshape(q), y = w^2 = (15x)^2.
+     * add hands its dy to both inputs and reshape's backward returns a
+     * view, so a's first grad shares the storage of t's grad; q's
+     * contribution must then be added out of place, or t's grad (read
+     * later) changes: dy/dx = 2 * 6 dw + 3 dw = 450 x R, with dw = 2wR */
+    weft_var *vx, *a, *t0, *t, *q, *b, *c, *u, *qr, *w, *y, *xr;
     OK(weft_graph_input(g, x, true, &vx));
     OK(weft_op_scale(vx, 2.0, &a));
+    OK(weft_op_scale(vx, 3.0, &t0));
+    OK(weft_op_reshape(t0, 2, ys, &t));
+    OK(weft_op_scale(a, 5.0, &q));
     int64_t bs[2] = {12, 6};
     OK(weft_op_reshape(a, 2, bs, &b));
     OK(weft_op_reshape(b, 2, ys, &c));
@@ -239,15 +250,18 @@ static void reshape_view_case(bool on_device) {
     cr_assert_eq(weft_dtensor_local(weft_var_value(c))->data, pa, "reshape of a view copied");
     cr_assert_neq(weft_dtensor_local(weft_var_value(xr))->data, weft_dtensor_local(x)->data,
                   "reshape of the caller's input is a view");
-    OK(weft_op_mul(c, c, &y));
+    OK(weft_op_add(c, t, &u));
+    OK(weft_op_reshape(q, 2, ys, &qr));
+    OK(weft_op_add(u, qr, &w));
+    OK(weft_op_mul(w, w, &y));
     OK(weft_backward_grad(y, dr));
     int64_t n;
     double *yv = full_values(weft_var_value(y), &n), *gx = full_values(weft_var_grad(vx), &n);
     cr_assert_eq(n, N);
     for (int i = 0; i < N; i++) {
       const double xi = ((float *)hx->data)[i], ri = ((float *)hr->data)[i];
-      cr_assert_float_eq(yv[i], 4 * xi * xi, 1e-6, "step %d: y[%d]", step, i);
-      cr_assert_float_eq(gx[i], 8 * xi * ri, 1e-6, "step %d: grad x[%d]", step, i);
+      cr_assert_float_eq(yv[i], 225 * xi * xi, 1e-4, "step %d: y[%d]", step, i);
+      cr_assert_float_eq(gx[i], 450 * xi * ri, 1e-4, "step %d: grad x[%d]", step, i);
     }
     free(yv);
     free(gx);
