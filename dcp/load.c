@@ -284,5 +284,7 @@ done:
     *missing = miss;
   else
     weft_key_list_clear(&miss);
-  return st;
+  /* the message's head names the function the caller called, not the
+   * helper deep inside that found the fault */
+  return st == WEFT_OK ? st : weft_error_trace(st, __func__);
 }
