@@ -1217,6 +1217,19 @@ static void case_stalled(void) {
   printf("stalled rank: collective timed out after %.1f s, finalize returned %.1f s later\n",
          t1 - t0, t2 - t1);
   fflush(stdout);
+  /* The verdict goes to a file, as case_blame's: rank 0 exits unfinalised
+   * by MPI's count (rank 1 never comes), and hydra may then kill rank 1
+   * with a hangup and report that, so mpiexec's status cannot carry it. */
+  const char *dir = getenv("STALL_DIR");
+  if (dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/rank0", dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+      fprintf(f, "%s\n", weft_worker_failures ? "fail" : "ok");
+      fclose(f);
+    }
+  }
   /* the mesh's communicators outlive MPI here: nothing more to free */
   _exit(weft_worker_failures ? 1 : 0);
 }
