@@ -801,8 +801,8 @@ static weft_status add_widened(weft_graph *g, weft_tensor *acc, const weft_tenso
                       (long long)n, (long long)weft_tensor_numel(src), weft_dtype_name(src->dtype));
   if (n == 0) return WEFT_OK;
   const int64_t chunk = n < WIDEN_CHUNK ? n : WIDEN_CHUNK;
-  weft_tensor *s = g->widen_scratch;
-  if (s && (s->device != acc->device || weft_tensor_numel(s) < chunk)) {
+  weft_tensor *s = g->widen_scratch; /* always WIDEN_CHUNK elements */
+  if (s && s->device != acc->device) {
     weft_tensor_destroy(s);
     s = g->widen_scratch = NULL;
   }

@@ -717,3 +717,34 @@ void oc_result_free(const oc_case *c, oc_result *r) {
   for (int a = 0; a < c->nin; a++) free(r->grad[a]);
   memset(r, 0, sizeof *r);
 }
+
+weft_status oc_one_rank_mesh(bool on_device, weft_mesh **out) {
+  int argc = 0;
+  char **argv = NULL;
+  WEFT_CHECK(weft_init(&argc, &argv));
+  int shape[1] = {1};
+  const char *names[1] = {"tp"};
+  WEFT_CHECK(weft_mesh_create(1, shape, names, out));
+  if (on_device) WEFT_CHECK(weft_mesh_set_device(*out, WEFT_CUDA));
+  return WEFT_OK;
+}
+
+weft_status oc_full_values(const weft_dtensor *d, double **out, int64_t *n) {
+  weft_tensor *full = NULL, *host = NULL, *f64 = NULL;
+  weft_status st = weft_dtensor_full_tensor(d, &full);
+  if (st == WEFT_OK) st = weft_tensor_to(full, WEFT_CPU, &host);
+  if (st == WEFT_OK) st = weft_tensor_create(WEFT_F64, WEFT_CPU, host->ndim, host->shape, &f64);
+  if (st == WEFT_OK) st = weft_tensor_copy(f64, host);
+  if (st == WEFT_OK) {
+    *n = weft_tensor_numel(f64);
+    *out = malloc(sizeof(double) * (size_t)(*n > 0 ? *n : 1));
+    if (*out)
+      memcpy(*out, f64->data, sizeof(double) * (size_t)*n);
+    else
+      st = weft_error(WEFT_ERR_OOM, "oc_full_values: %lld doubles", (long long)*n);
+  }
+  weft_tensor_destroy(full);
+  weft_tensor_destroy(host);
+  weft_tensor_destroy(f64);
+  return st;
+}

@@ -69,6 +69,13 @@ void oc_result_free(const oc_case *c, oc_result *r);
 void oc_random_placements(const oc_case *c, int k, uint64_t *state, weft_placement *pl);
 /* Random output grad placements (Replicate, Partial(sum) or a Shard). */
 void oc_random_grad_placements(int ndim, int k, uint64_t *state, weft_placement *pl);
+/* The in-process suites' mesh (test_ops_shape, test_ops_bf16): weft_init
+ * (MPI as a singleton), then a 1-rank mesh "tp", on WEFT_CUDA when
+ * on_device. */
+weft_status oc_one_rank_mesh(bool on_device, weft_mesh **out);
+/* The full value of d as doubles (any float dtype, any device); *out is
+ * malloc'ed (the caller frees), *n its length. Collective over d's mesh. */
+weft_status oc_full_values(const weft_dtensor *d, double **out, int64_t *n);
 /* Max of |a - b| / (1 + |b|) over n elements. */
 double oc_maxrel(const float *a, const float *b, int64_t n);
 int64_t oc_numel(int ndim, const int64_t *shape);

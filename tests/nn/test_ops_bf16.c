@@ -25,14 +25,8 @@
 static double bf16r(double x) { return weft_bf16_to_f32(weft_f32_to_bf16((float)x)); }
 
 static weft_mesh *one_rank_mesh(bool on_device) {
-  int argc = 0;
-  char **argv = NULL;
-  OK(weft_init(&argc, &argv));
-  int shape[1] = {1};
-  const char *names[1] = {"tp"};
   weft_mesh *mesh;
-  OK(weft_mesh_create(1, shape, names, &mesh));
-  if (on_device) OK(weft_mesh_set_device(mesh, WEFT_CUDA));
+  OK(oc_one_rank_mesh(on_device, &mesh));
   return mesh;
 }
 
@@ -55,17 +49,8 @@ static weft_dtensor *make(weft_mesh *mesh, weft_dtype dt, int nd, const int64_t 
 
 /* The full value as doubles (any float dtype, any device). */
 static double *values(const weft_dtensor *d, int64_t *n) {
-  weft_tensor *full, *h, *f;
-  OK(weft_dtensor_full_tensor(d, &full));
-  OK(weft_tensor_to(full, WEFT_CPU, &h));
-  OK(weft_tensor_create(WEFT_F64, WEFT_CPU, h->ndim, h->shape, &f));
-  OK(weft_tensor_copy(f, h));
-  *n = weft_tensor_numel(f);
-  double *v = malloc(sizeof(double) * (size_t)(*n ? *n : 1));
-  memcpy(v, f->data, sizeof(double) * (size_t)*n);
-  weft_tensor_destroy(full);
-  weft_tensor_destroy(h);
-  weft_tensor_destroy(f);
+  double *v;
+  OK(oc_full_values(d, &v, n));
   return v;
 }
 

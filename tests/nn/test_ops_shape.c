@@ -29,14 +29,8 @@ static void one_rank(const char *name, bool on_device) {
   const oc_case *c = oc_find(name);
   cr_assert_not_null(c, "no case %s", name);
   unsigned long seed = weft_test_seed(1234);
-  int argc = 0;
-  char **argv = NULL;
-  OK(weft_init(&argc, &argv));
-  int shape[1] = {1};
-  const char *names[1] = {"tp"};
   weft_mesh *mesh;
-  OK(weft_mesh_create(1, shape, names, &mesh));
-  if (on_device) OK(weft_mesh_set_device(mesh, WEFT_CUDA));
+  OK(oc_one_rank_mesh(on_device, &mesh));
   int fails = 0;
   /* all Replicate; multi-output ops also from each output alone */
   fails += oc_run(c, mesh, NULL, NULL, -1, seed, 1e-5, NULL);
@@ -181,19 +175,6 @@ Test(ops_shape, four_ranks_directed_shardings_survive_and_match_on_device, .time
 
 /* ------------------------------------------------ reshape as a view (issue 42) */
 
-/* The full value of d as doubles (f32, any device; the caller frees). */
-static double *full_values(const weft_dtensor *d, int64_t *n) {
-  weft_tensor *full, *host;
-  OK(weft_dtensor_full_tensor(d, &full));
-  OK(weft_tensor_to(full, WEFT_CPU, &host));
-  *n = weft_tensor_numel(host);
-  double *v = malloc(sizeof(double) * (size_t)(*n > 0 ? *n : 1));
-  for (int64_t i = 0; i < *n; i++) v[i] = ((const float *)host->data)[i];
-  weft_tensor_destroy(full);
-  weft_tensor_destroy(host);
-  return v;
-}
-
 /* torch's reshape of contiguous data is a view: reshape of an op's output
  * (a graph buffer) shares its storage, and so does a reshape of that view;
  * a reshape of the caller's own input copies (its storage is the caller's
@@ -203,14 +184,8 @@ static double *full_values(const weft_dtensor *d, int64_t *n) {
  * output's grad (see the graph below). */
 static void reshape_view_case(bool on_device) {
   if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
-  int argc = 0;
-  char **argv = NULL;
-  OK(weft_init(&argc, &argv));
-  int mshape[1] = {1};
-  const char *names[1] = {"tp"};
   weft_mesh *mesh;
-  OK(weft_mesh_create(1, mshape, names, &mesh));
-  if (on_device) OK(weft_mesh_set_device(mesh, WEFT_CUDA));
+  OK(oc_one_rank_mesh(on_device, &mesh));
   enum { N = 72 };
   uint64_t s = weft_test_rng_state(42);
   weft_tensor *hx, *hr;
@@ -256,7 +231,9 @@ static void reshape_view_case(bool on_device) {
     OK(weft_op_mul(w, w, &y));
     OK(weft_backward_grad(y, dr));
     int64_t n;
-    double *yv = full_values(weft_var_value(y), &n), *gx = full_values(weft_var_grad(vx), &n);
+    double *yv, *gx;
+    OK(oc_full_values(weft_var_value(y), &yv, &n));
+    OK(oc_full_values(weft_var_grad(vx), &gx, &n));
     cr_assert_eq(n, N);
     for (int i = 0; i < N; i++) {
       const double xi = ((float *)hx->data)[i], ri = ((float *)hr->data)[i];
