@@ -28,6 +28,11 @@ static void install(const weft_backend *be) {
     c->attention_forward = NULL;
     c->attention_backward = NULL;
   }
+  /* before version 6 the _dt attention members had no row strides */
+  if (be->version < 6) {
+    c->attention_forward_dt = NULL;
+    c->attention_backward_dt = NULL;
+  }
   /* takes_dtype and everything after it came with version 5 */
   if (be->version < 5)
     memset((char *)c + offsetof(weft_backend, takes_dtype), 0,
@@ -110,6 +115,8 @@ bool weft_backend_takes_dtype(weft_device dev, weft_kernel_op op, weft_dtype dt)
   const weft_backend *be = weft_backend_get(dev);
   if (!be || (unsigned)op >= WEFT_KERNEL_OP_COUNT || (unsigned)dt >= WEFT_DTYPE_COUNT) return false;
   if (dt == WEFT_F32) return true;
+  /* a version-5 table's attention _dt members were dropped (install) */
+  if (op == WEFT_KERNEL_ATTENTION && !be->attention_forward_dt) return false;
   return be->takes_dtype && be->takes_dtype(op, dt);
 }
 
@@ -723,15 +730,44 @@ weft_status weft_backend_gemm_dt(weft_device dev, bool trans_a, bool trans_b, in
            ldc, bias);
 }
 
+/* rows checked against the operands' widths (0: packed); *packed says
+ * whether all six are packed. */
+static weft_status check_attention_rows(const weft_attention_rows *rows, int64_t H, int64_t Hkv,
+                                        int64_t hd, bool *packed) {
+  *packed = true;
+  if (!rows) return WEFT_OK;
+  const int64_t ld[6] = {rows->q, rows->k, rows->v, rows->dq, rows->dk, rows->dv};
+  const char *names[6] = {"q", "k", "v", "dq", "dk", "dv"};
+  for (int i = 0; i < 6; i++) {
+    const int64_t w = (i % 3 == 0 ? H : Hkv) * hd;
+    if (ld[i] != 0 && ld[i] < w)
+      return weft_error(WEFT_ERR_INVALID,
+                        "attention: row stride of %s is %lld, below its %lld packed elements",
+                        names[i], (long long)ld[i], (long long)w);
+    if (ld[i] != 0 && ld[i] != w) *packed = false;
+  }
+  return WEFT_OK;
+}
+
+bool weft_backend_attention_takes_rows(weft_device dev) {
+  const weft_backend *be = weft_backend_get(dev);
+  return be && has_member(be, offsetof(weft_backend, attention_forward_dt)) &&
+         has_member(be, offsetof(weft_backend, attention_backward_dt));
+}
+
 weft_status weft_backend_attention_forward_dt(weft_device dev, weft_dtype dt, void *out, float *lse,
                                               const void *q, const void *k, const void *v,
                                               int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                              int64_t hd, bool causal, void *scratch) {
-  if (dt == WEFT_F32)
+                                              int64_t hd, bool causal,
+                                              const weft_attention_rows *rows, void *scratch) {
+  bool packed;
+  WEFT_CHECK(check_attention_rows(rows, H, Hkv, hd, &packed));
+  if (dt == WEFT_F32 && packed)
     return weft_backend_attention_forward(dev, (float *)out, lse, (const float *)q,
                                           (const float *)k, (const float *)v, B, T, H, Hkv, hd,
                                           causal, scratch);
-  DISPATCH(dev, attention_forward_dt, dt, out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
+  DISPATCH(dev, attention_forward_dt, dt, out, lse, q, k, v, B, T, H, Hkv, hd, causal,
+           packed ? NULL : rows, scratch);
 }
 
 weft_status weft_backend_attention_backward_dt(weft_device dev, weft_dtype dt, void *dq, void *dk,
@@ -739,14 +775,16 @@ weft_status weft_backend_attention_backward_dt(weft_device dev, weft_dtype dt, v
                                                const void *k, const void *v, const float *lse,
                                                const void *out, int64_t B, int64_t T, int64_t H,
                                                int64_t Hkv, int64_t hd, bool causal,
-                                               void *scratch) {
-  if (dt == WEFT_F32)
+                                               const weft_attention_rows *rows, void *scratch) {
+  bool packed;
+  WEFT_CHECK(check_attention_rows(rows, H, Hkv, hd, &packed));
+  if (dt == WEFT_F32 && packed)
     return weft_backend_attention_backward(dev, (float *)dq, (float *)dk, (float *)dv,
                                            (const float *)dout, (const float *)q, (const float *)k,
                                            (const float *)v, lse, (const float *)out, B, T, H, Hkv,
                                            hd, causal, scratch);
   DISPATCH(dev, attention_backward_dt, dt, dq, dk, dv, dout, q, k, v, lse, out, B, T, H, Hkv, hd,
-           causal, scratch);
+           causal, packed ? NULL : rows, scratch);
 }
 
 weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,

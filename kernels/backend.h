@@ -123,6 +123,18 @@ typedef struct weft_flat_piece {
   int64_t pad;
 } weft_flat_piece;
 
+/* Row strides of attention's (B, T, heads, hd) operands, in elements: the
+ * distance from row (b, t) to row (b, t + 1), batch b's rows starting at
+ * b * T * stride; one row's heads * hd elements are packed. 0 means packed
+ * (heads * hd). They let q, k, v and their gradients be column slices of a
+ * fused projection's (B, T, width) output; out and dout are always packed.
+ * attention_forward_dt reads q, k, v; attention_backward_dt also writes dq,
+ * dk, dv with them. */
+typedef struct weft_attention_rows {
+  int64_t q, k, v;
+  int64_t dq, dk, dv;
+} weft_attention_rows;
+
 /* ----------------------------------------------------------------- table */
 
 /* Grows only at the end; a table says its size and the version it was
@@ -145,8 +157,11 @@ typedef struct weft_flat_piece {
  *      cross_entropy_backward_local_dt, embedding_range_forward_dt /
  *      embedding_range_backward_dt, rope_forward_dt / rope_backward_dt, gemm_dt,
  *      attention_forward_dt / attention_backward_dt (a table built against an
- * earlier version-5 header has a smaller size: these read as absent) */
-#define WEFT_BACKEND_VERSION 5
+ * earlier version-5 header has a smaller size: these read as absent)
+ *   6  attention_forward_dt / attention_backward_dt take row strides (a
+ *      weft_attention_rows; their argument lists changed in place: in a
+ *      table built for version 5 they are dropped at registration) */
+#define WEFT_BACKEND_VERSION 6
 
 /* The operations whose dtypes a backend declares through takes_dtype: the
  * op families that compute in the storage dtype of their tensors (bf16 or
@@ -511,15 +526,17 @@ typedef struct weft_backend {
    * dtype dt; lse and the scratch (attention_scratch_bytes) as the f32
    * members'. bf16 / f16: the f32 member's bits on the widened values,
    * the outputs rounded once (dk, dv summed over a kv head's query heads
-   * in f32 first). */
+   * in f32 first). rows: the row strides of q, k, v (dq, dk, dv), NULL
+   * when all are packed; the results do not depend on them (version 6). */
   weft_status (*attention_forward_dt)(weft_dtype dt, void *out, float *lse, const void *q,
                                       const void *k, const void *v, int64_t B, int64_t T, int64_t H,
-                                      int64_t Hkv, int64_t hd, bool causal, void *scratch);
+                                      int64_t Hkv, int64_t hd, bool causal,
+                                      const weft_attention_rows *rows, void *scratch);
   weft_status (*attention_backward_dt)(weft_dtype dt, void *dq, void *dk, void *dv,
                                        const void *dout, const void *q, const void *k,
                                        const void *v, const float *lse, const void *out, int64_t B,
                                        int64_t T, int64_t H, int64_t Hkv, int64_t hd, bool causal,
-                                       void *scratch);
+                                       const weft_attention_rows *rows, void *scratch);
 } weft_backend;
 
 /* -------------------------------------------------------------- registry */
@@ -939,15 +956,25 @@ WEFT_API weft_status weft_backend_gemm_dt(weft_device dev, bool trans_a, bool tr
                                           const void *a, int64_t lda, const void *b, int64_t ldb,
                                           float beta, weft_dtype c_dt, void *c, int64_t ldc,
                                           const void *bias);
+/* rows: NULL or row strides (weft_attention_rows); f32 with packed rows
+ * goes to the f32 members, anything else to the _dt members (a table
+ * without them: WEFT_ERR_UNSUPPORTED; see weft_backend_attention_takes_rows).
+ * A stride below its operand's heads * hd is WEFT_ERR_INVALID. */
 WEFT_API weft_status weft_backend_attention_forward_dt(weft_device dev, weft_dtype dt, void *out,
                                                        float *lse, const void *q, const void *k,
                                                        const void *v, int64_t B, int64_t T,
                                                        int64_t H, int64_t Hkv, int64_t hd,
-                                                       bool causal, void *scratch);
+                                                       bool causal, const weft_attention_rows *rows,
+                                                       void *scratch);
 WEFT_API weft_status weft_backend_attention_backward_dt(
     weft_device dev, weft_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
     const void *k, const void *v, const float *lse, const void *out, int64_t B, int64_t T,
-    int64_t H, int64_t Hkv, int64_t hd, bool causal, void *scratch);
+    int64_t H, int64_t Hkv, int64_t hd, bool causal, const weft_attention_rows *rows,
+    void *scratch);
+/* Whether dev's attention takes strided rows (its table has both _dt
+ * members): the op layer then hands it slices of a fused projection
+ * without copying them. Local, no error. */
+WEFT_API bool weft_backend_attention_takes_rows(weft_device dev);
 WEFT_API weft_status weft_backend_dropout_apply_dt(weft_device dev, weft_dtype dt, void *out,
                                                    const void *inp, const float *uniform, float p,
                                                    int64_t n);

@@ -670,7 +670,7 @@ static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, we
     WEFT_CHECK(weft_backend_attention_backward_dt(
         ql->device, ql->dtype, nn_local(dq)->data, nn_local(dk)->data, nn_local(dv)->data,
         nn_local(dy)->data, ql->data, kl->data, nn_local(v)->data, nn_f32(n->saved[0]),
-        nn_local(n->saved[2])->data, B, T, H, Hkv, hd, n->i[0] != 0, nn_f32(n->saved[1])));
+        nn_local(n->saved[2])->data, B, T, H, Hkv, hd, n->i[0] != 0, NULL, nn_f32(n->saved[1])));
   else {
     if (nn_numel(dq) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dq), 0.0));
     if (nn_numel(dk) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dk), 0.0));
@@ -753,7 +753,7 @@ static weft_status sdpa_body(weft_var *q, weft_var *k, weft_var *v, bool causal,
   if (Bl > 0 && T > 0 && Hl > 0 && hd > 0)
     WEFT_CHECK(weft_backend_attention_forward_dt(dev, ql->dtype, nn_local(y)->data, nn_f32(lse),
                                                  ql->data, kl->data, nn_local(vu)->data, Bl, T, Hl,
-                                                 Hkvl, hd, causal, nn_f32(scratch)));
+                                                 Hkvl, hd, causal, NULL, nn_f32(scratch)));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 3, (const weft_dtensor *const[]){qu, ku, vu}, sdpa_backward, &node));

@@ -65,26 +65,40 @@ typedef struct att_args {
   float *out, *lse, *dq, *dk, *dv;
   const float *q, *k, *v, *dout, *lse_in;
   int64_t B, T, H, Hkv, hd;
+  /* row strides (backend.h weft_attention_rows, resolved: never 0) of q,
+   * k, v and of dq, dk, dv; out and dout rows are packed (H * hd) */
+  int64_t lq, lk, lv, ldq, ldk, ldv;
   bool causal; /* keys 0..t for query t; else all T */
 } att_args;
+
+/* a's row strides from rows (NULL or 0: packed) */
+static void set_rows(att_args *a, const weft_attention_rows *rows) {
+  const int64_t wq = a->H * a->hd, wk = a->Hkv * a->hd;
+  a->lq = rows && rows->q ? rows->q : wq;
+  a->lk = rows && rows->k ? rows->k : wk;
+  a->lv = rows && rows->v ? rows->v : wk;
+  a->ldq = rows && rows->dq ? rows->dq : wq;
+  a->ldk = rows && rows->dk ? rows->dk : wk;
+  a->ldv = rows && rows->dv ? rows->dv : wk;
+}
 
 /* Forward of item (b, h), h a query head. */
 static void att_forward_item(void *ctx, int64_t item, float *scratch) {
   const att_args *a = ctx;
   const int64_t T = a->T, H = a->H, hd = a->hd, b = item / H, h = item % H;
   const float scale = (float)(1.0 / sqrt((double)hd));
-  const int64_t ldq = H * hd, ldk = a->Hkv * hd, group = H / a->Hkv;
+  const int64_t ldo = H * hd, lq = a->lq, lk = a->lk, lv = a->lv, group = H / a->Hkv;
   const int64_t g = h / group;
-  const float *qb = a->q + b * T * ldq + h * hd;
-  const float *kb = a->k + b * T * ldk + g * hd;
-  const float *vb = a->v + b * T * ldk + g * hd;
-  float *ob = a->out + b * T * ldq + h * hd;
+  const float *qb = a->q + b * T * lq + h * hd;
+  const float *kb = a->k + b * T * lk + g * hd;
+  const float *vb = a->v + b * T * lv + g * hd;
+  float *ob = a->out + b * T * ldo + h * hd;
   float *lb = a->lse + (b * H + h) * T;
   for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
     const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = a->causal ? t0 + nb : T;
     float *S = scratch; /* (nb, nk) */
     /* S = scale * Q[t0:t0+nb] K[0:nk]^T */
-    weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, S, nk);
+    weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * lq, lq, kb, lk, 0.0f, S, nk);
     for (int64_t r = 0; r < nb; r++) {
       float *row = S + r * nk;
       const int64_t valid = a->causal ? t0 + r + 1 : T; /* keys 0..t, or all */
@@ -98,7 +112,7 @@ static void att_forward_item(void *ctx, int64_t item, float *scratch) {
       lb[t0 + r] = mx + (float)log(sum);
     }
     /* O[t0:t0+nb] = P V[0:nk] */
-    weft_sgemm(false, false, nb, hd, nk, 1.0f, S, nk, vb, ldk, 0.0f, ob + t0 * ldq, ldq);
+    weft_sgemm(false, false, nb, hd, nk, 1.0f, S, nk, vb, lv, 0.0f, ob + t0 * ldo, ldo);
   }
 }
 
@@ -108,22 +122,23 @@ static void att_backward_item(void *ctx, int64_t item, float *scratch) {
   const att_args *a = ctx;
   const int64_t T = a->T, H = a->H, Hkv = a->Hkv, hd = a->hd, b = item / Hkv, g = item % Hkv;
   const float scale = (float)(1.0 / sqrt((double)hd));
-  const int64_t ldq = H * hd, ldk = Hkv * hd, group = H / Hkv;
+  const int64_t ldo = H * hd, lq = a->lq, lk = a->lk, lv = a->lv, group = H / Hkv;
+  const int64_t ldq = a->ldq, ldk = a->ldk, ldv = a->ldv;
   const int64_t bs = T < ATT_BLOCK ? T : ATT_BLOCK;
   for (int64_t h = g * group; h < (g + 1) * group; h++) {
-    const float *qb = a->q + b * T * ldq + h * hd, *dob = a->dout + b * T * ldq + h * hd;
-    const float *kb = a->k + b * T * ldk + g * hd, *vb = a->v + b * T * ldk + g * hd;
+    const float *qb = a->q + b * T * lq + h * hd, *dob = a->dout + b * T * ldo + h * hd;
+    const float *kb = a->k + b * T * lk + g * hd, *vb = a->v + b * T * lv + g * hd;
     float *dqb = a->dq + b * T * ldq + h * hd;
-    float *dkb = a->dk + b * T * ldk + g * hd, *dvb = a->dv + b * T * ldk + g * hd;
+    float *dkb = a->dk + b * T * ldk + g * hd, *dvb = a->dv + b * T * ldv + g * hd;
     const float *lb = a->lse_in + (b * H + h) * T;
     for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
       const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = a->causal ? t0 + nb : T;
       float *P = scratch, *dP = scratch + bs * T; /* each (nb, nk) */
       /* recompute P = exp(scale * Q K^T - lse), zero above the diagonal
        * (causal) */
-      weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * ldq, ldq, kb, ldk, 0.0f, P, nk);
+      weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * lq, lq, kb, lk, 0.0f, P, nk);
       /* dP = dO V^T */
-      weft_sgemm(false, true, nb, nk, hd, 1.0f, dob + t0 * ldq, ldq, vb, ldk, 0.0f, dP, nk);
+      weft_sgemm(false, true, nb, nk, hd, 1.0f, dob + t0 * ldo, ldo, vb, lv, 0.0f, dP, nk);
       for (int64_t r = 0; r < nb; r++) {
         float *prow = P + r * nk, *drow = dP + r * nk;
         const int64_t valid = a->causal ? t0 + r + 1 : T;
@@ -144,11 +159,11 @@ static void att_backward_item(void *ctx, int64_t item, float *scratch) {
         memset(drow + valid, 0, (size_t)(nk - valid) * sizeof(float));
       }
       /* dV[0:nk] += P^T dO[t0:t0+nb] */
-      weft_sgemm(true, false, nk, hd, nb, 1.0f, P, nk, dob + t0 * ldq, ldq, 1.0f, dvb, ldk);
+      weft_sgemm(true, false, nk, hd, nb, 1.0f, P, nk, dob + t0 * ldo, ldo, 1.0f, dvb, ldv);
       /* dQ[t0:t0+nb] = dS K[0:nk] */
-      weft_sgemm(false, false, nb, hd, nk, 1.0f, dP, nk, kb, ldk, 0.0f, dqb + t0 * ldq, ldq);
+      weft_sgemm(false, false, nb, hd, nk, 1.0f, dP, nk, kb, lk, 0.0f, dqb + t0 * ldq, ldq);
       /* dK[0:nk] += dS^T Q[t0:t0+nb] */
-      weft_sgemm(true, false, nk, hd, nb, 1.0f, dP, nk, qb + t0 * ldq, ldq, 1.0f, dkb, ldk);
+      weft_sgemm(true, false, nk, hd, nb, 1.0f, dP, nk, qb + t0 * lq, lq, 1.0f, dkb, ldk);
     }
   }
 }
@@ -166,13 +181,14 @@ typedef struct att_dt_args {
   int failed; /* an item had no memory for its blocks (set atomically) */
 } att_dt_args;
 
-/* The (T x hd) slice of head h of a (B, T, heads, hd) tensor of dtype dt,
- * batch b, widened into dst (dense) or rounded from it. */
+/* The (T x hd) slice of head h of a (B, T, heads, hd) tensor of dtype dt
+ * with row stride ld, batch b, widened into dst (dense) or rounded from
+ * it. */
 static void head_slice(float *f32, const void *t, weft_dtype dt, bool widen, int64_t b, int64_t T,
-                       int64_t heads, int64_t h, int64_t hd) {
+                       int64_t ld, int64_t h, int64_t hd) {
   const size_t es = weft_dtype_size(dt);
   for (int64_t r = 0; r < T; r++) {
-    char *row = (char *)t + (size_t)(((b * T + r) * heads + h) * hd) * es;
+    char *row = (char *)t + (size_t)((b * T + r) * ld + h * hd) * es;
     if (widen)
       weft_cpu_to_f32_(f32 + r * hd, row, dt, hd);
     else
@@ -191,9 +207,9 @@ static void att_forward_dt_item(void *ctx, int64_t item, float *scratch) {
     return;
   }
   float *q = blk, *k = q + n, *v = k + n, *o = v + n;
-  head_slice(q, a->q, d->dt, true, b, T, H, h, hd);
-  head_slice(k, a->k, d->dt, true, b, T, a->Hkv, g, hd);
-  head_slice(v, a->v, d->dt, true, b, T, a->Hkv, g, hd);
+  head_slice(q, a->q, d->dt, true, b, T, a->lq, h, hd);
+  head_slice(k, a->k, d->dt, true, b, T, a->lk, g, hd);
+  head_slice(v, a->v, d->dt, true, b, T, a->lv, g, hd);
   att_args one = {.out = o,
                   .lse = a->lse + (b * H + h) * T,
                   .q = q,
@@ -205,8 +221,9 @@ static void att_forward_dt_item(void *ctx, int64_t item, float *scratch) {
                   .Hkv = 1,
                   .hd = hd,
                   .causal = a->causal};
+  set_rows(&one, NULL);
   att_forward_item(&one, 0, scratch);
-  head_slice(o, a->out, d->dt, false, b, T, H, h, hd);
+  head_slice(o, a->out, d->dt, false, b, T, H * hd, h, hd);
   free(blk);
 }
 
@@ -221,12 +238,12 @@ static void att_backward_dt_item(void *ctx, int64_t item, float *scratch) {
     return;
   }
   float *k = blk, *v = k + n, *dk = v + n, *dv = dk + n, *q = dv + n, *dout = q + n, *dq = dout + n;
-  head_slice(k, a->k, d->dt, true, b, T, Hkv, g, hd);
-  head_slice(v, a->v, d->dt, true, b, T, Hkv, g, hd);
+  head_slice(k, a->k, d->dt, true, b, T, a->lk, g, hd);
+  head_slice(v, a->v, d->dt, true, b, T, a->lv, g, hd);
   memset(dk, 0, sizeof(float) * 2 * (size_t)n); /* dk and dv */
   for (int64_t h = g * group; h < (g + 1) * group; h++) {
-    head_slice(q, a->q, d->dt, true, b, T, H, h, hd);
-    head_slice(dout, a->dout, d->dt, true, b, T, H, h, hd);
+    head_slice(q, a->q, d->dt, true, b, T, a->lq, h, hd);
+    head_slice(dout, a->dout, d->dt, true, b, T, H * hd, h, hd);
     att_args one = {.dq = dq,
                     .dk = dk,
                     .dv = dv,
@@ -241,11 +258,12 @@ static void att_backward_dt_item(void *ctx, int64_t item, float *scratch) {
                     .Hkv = 1,
                     .hd = hd,
                     .causal = a->causal};
+    set_rows(&one, NULL);
     att_backward_item(&one, 0, scratch);
-    head_slice(dq, a->dq, d->dt, false, b, T, H, h, hd);
+    head_slice(dq, a->dq, d->dt, false, b, T, a->ldq, h, hd);
   }
-  head_slice(dk, a->dk, d->dt, false, b, T, Hkv, g, hd);
-  head_slice(dv, a->dv, d->dt, false, b, T, Hkv, g, hd);
+  head_slice(dk, a->dk, d->dt, false, b, T, a->ldk, g, hd);
+  head_slice(dv, a->dv, d->dt, false, b, T, a->ldv, g, hd);
   free(blk);
 }
 
@@ -261,7 +279,8 @@ static weft_status att_dt_done(const char *op, const att_dt_args *d) {
  * arguments: att_dt_args starts with att_args). Errors name op. */
 static weft_status forward(const char *op, weft_dtype dt, void *out, float *lse, const void *q,
                            const void *k, const void *v, int64_t B, int64_t T, int64_t H,
-                           int64_t Hkv, int64_t hd, bool causal, void *scratch) {
+                           int64_t Hkv, int64_t hd, bool causal, const weft_attention_rows *rows,
+                           void *scratch) {
   WEFT_RETURN_IF_BAD_(check_forward(op, out, lse, q, k, v, B, T, H, Hkv, hd, scratch));
   if (B * T * H == 0) return WEFT_OK;
   if (hd == 0) { /* no features: softmax over zeros, empty outputs */
@@ -281,6 +300,7 @@ static weft_status forward(const char *op, weft_dtype dt, void *out, float *lse,
                          .hd = hd,
                          .causal = causal},
                    .dt = dt};
+  set_rows(&d.a, rows);
   weft_cpu_par_for_(B * H, dt == WEFT_F32 ? att_forward_item : att_forward_dt_item, &d, scratch,
                     weft_attention_scratch_floats(T));
   return att_dt_done(op, &d);
@@ -289,15 +309,21 @@ static weft_status forward(const char *op, weft_dtype dt, void *out, float *lse,
 static weft_status backward(const char *op, weft_dtype dt, void *dq, void *dk, void *dv,
                             const void *dout, const void *q, const void *k, const void *v,
                             const float *lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                            int64_t hd, bool causal, void *scratch) {
+                            int64_t hd, bool causal, const weft_attention_rows *rows,
+                            void *scratch) {
   WEFT_RETURN_IF_BAD_(
       check_backward(op, dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, scratch));
+  att_args r = {.H = H, .Hkv = Hkv, .hd = hd};
+  set_rows(&r, rows);
   /* zeros first where the f32 items add into dK and dV, or where no item
-   * runs (the 16-bit items write theirs whole) */
+   * runs (the 16-bit items write theirs whole); row by row, as the rows
+   * may be slices of wider ones */
   if (B * T * Hkv * hd > 0 && (dt == WEFT_F32 || B * T * H * hd == 0)) {
-    const size_t bytes = (size_t)(B * T * Hkv * hd) * weft_dtype_size(dt);
-    memset(dk, 0, bytes);
-    memset(dv, 0, bytes);
+    const size_t es = weft_dtype_size(dt), bytes = (size_t)(Hkv * hd) * es;
+    for (int64_t i = 0; i < B * T; i++) {
+      memset((char *)dk + (size_t)(i * r.ldk) * es, 0, bytes);
+      memset((char *)dv + (size_t)(i * r.ldv) * es, 0, bytes);
+    }
   }
   if (B * T * H * hd == 0) return WEFT_OK;
   att_dt_args d = {.a = {.dq = dq,
@@ -315,6 +341,7 @@ static weft_status backward(const char *op, weft_dtype dt, void *dq, void *dk, v
                          .hd = hd,
                          .causal = causal},
                    .dt = dt};
+  set_rows(&d.a, rows);
   weft_cpu_par_for_(B * Hkv, dt == WEFT_F32 ? att_backward_item : att_backward_dt_item, &d, scratch,
                     weft_attention_scratch_floats(T));
   return att_dt_done(op, &d);
@@ -324,7 +351,7 @@ weft_status weft_attention_forward(float *out, float *lse, const float *q, const
                                    const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                    int64_t hd, bool causal, float *scratch) {
   return forward(weft_op_name_(__func__), WEFT_F32, out, lse, q, k, v, B, T, H, Hkv, hd, causal,
-                 scratch);
+                 NULL, scratch);
 }
 
 weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float *dout,
@@ -332,25 +359,26 @@ weft_status weft_attention_backward(float *dq, float *dk, float *dv, const float
                                     const float *lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                     int64_t hd, bool causal, float *scratch) {
   return backward(weft_op_name_(__func__), WEFT_F32, dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv,
-                  hd, causal, scratch);
+                  hd, causal, NULL, scratch);
 }
 
 weft_status weft_cpu_attention_forward_dt_(weft_dtype dt, void *out, float *lse, const void *q,
                                            const void *k, const void *v, int64_t B, int64_t T,
                                            int64_t H, int64_t Hkv, int64_t hd, bool causal,
-                                           void *scratch) {
+                                           const weft_attention_rows *rows, void *scratch) {
   const char *op = "attention_forward_dt";
   WEFT_CHECK_STORAGE_DT_(op, dt);
-  return forward(op, dt, out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
+  return forward(op, dt, out, lse, q, k, v, B, T, H, Hkv, hd, causal, rows, scratch);
 }
 
 weft_status weft_cpu_attention_backward_dt_(weft_dtype dt, void *dq, void *dk, void *dv,
                                             const void *dout, const void *q, const void *k,
                                             const void *v, const float *lse, const void *out,
                                             int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                            int64_t hd, bool causal, void *scratch) {
+                                            int64_t hd, bool causal,
+                                            const weft_attention_rows *rows, void *scratch) {
   const char *op = "attention_backward_dt";
   (void)out; /* rowsum(dO * O) is recomputed from P, as the f32 member does */
   WEFT_CHECK_STORAGE_DT_(op, dt);
-  return backward(op, dt, dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, causal, scratch);
+  return backward(op, dt, dq, dk, dv, dout, q, k, v, lse, B, T, H, Hkv, hd, causal, rows, scratch);
 }

@@ -38,12 +38,13 @@ weft_status weft_cpu_gemm_dt_(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
 weft_status weft_cpu_attention_forward_dt_(weft_dtype dt, void *out, float *lse, const void *q,
                                            const void *k, const void *v, int64_t B, int64_t T,
                                            int64_t H, int64_t Hkv, int64_t hd, bool causal,
-                                           void *scratch);
+                                           const weft_attention_rows *rows, void *scratch);
 weft_status weft_cpu_attention_backward_dt_(weft_dtype dt, void *dq, void *dk, void *dv,
                                             const void *dout, const void *q, const void *k,
                                             const void *v, const float *lse, const void *out,
                                             int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                            int64_t hd, bool causal, void *scratch);
+                                            int64_t hd, bool causal,
+                                            const weft_attention_rows *rows, void *scratch);
 /* kernels/cpu/convert.c: contiguous conversions, element for element the
  * bits of weft_bf16_to_f32_i_ / weft_f32_to_bf16_i_ (vectorised) */
 void weft_cpu_bf16_to_f32_(float *dst, const uint16_t *src, int64_t n);

@@ -92,16 +92,19 @@ __device__ inline float warp_sum(float v) {
 
 /* dst (A0, A2, A1, inner) = src (A0, A1, A2, inner) with axes 1 and 2
  * swapped; one warp (threadIdx.y) per row of `inner` floats, in dst
- * order. vec: inner % 4 == 0 and both 16-byte aligned. */
+ * order. sld: elements from src's (a0, a1) to (a0, a1 + 1) (A2 * inner
+ * when packed), dld: from dst's (a0, a2) to (a0, a2 + 1) (A1 * inner), so
+ * either side may be column slices of wider rows (weft_attention_rows).
+ * vec: inner, sld, dld % 4 == 0 and both 16-byte aligned. */
 template <class D, class S>
 __global__ void permute_kernel(D *dst, const S *src, int64_t A0, int64_t A1, int64_t A2,
-                               int64_t inner, bool vec) {
+                               int64_t inner, int64_t sld, int64_t dld, bool vec) {
   const int64_t rows = A0 * A1 * A2;
   for (int64_t R = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; R < rows;
        R += (int64_t)gridDim.x * blockDim.y) {
     const int64_t a1 = R % A1, rest = R / A1, a2 = rest % A2, a0 = rest / A2;
-    const S *s = src + ((a0 * A1 + a1) * A2 + a2) * inner;
-    D *d = dst + R * inner;
+    const S *s = src + (a0 * A1 + a1) * sld + a2 * inner;
+    D *d = dst + (a0 * A2 + a2) * dld + a1 * inner;
     if (vec) {
       for (int64_t c = threadIdx.x; c < inner / 4; c += 32) ((f4 *)d)[c] = ((const f4 *)s)[c];
     } else {
@@ -111,16 +114,29 @@ __global__ void permute_kernel(D *dst, const S *src, int64_t A0, int64_t A1, int
 }
 
 /* dst = the permuted src; D and S float, or one of them bf16_t / f16_t
- * (the 16-bit side widened or rounded on the way: attention_*_dt) */
+ * (the 16-bit side widened or rounded on the way: attention_*_dt). sld,
+ * dld: permute_kernel's, 0 for packed. */
 template <class D, class S>
 weft_status permute(const char *func, D *dst, const S *src, int64_t A0, int64_t A1, int64_t A2,
-                    int64_t inner) {
+                    int64_t inner, int64_t sld = 0, int64_t dld = 0) {
+  if (sld == 0) sld = A2 * inner;
+  if (dld == 0) dld = A1 * inner;
   const bool vec = sizeof(D) == sizeof(float) && sizeof(S) == sizeof(float) && inner % 4 == 0 &&
-                   aligned16(dst) && aligned16(src);
+                   sld % 4 == 0 && dld % 4 == 0 && aligned16(dst) && aligned16(src);
   WEFT_COST(0, (double)(sizeof(D) + sizeof(S)) * (double)(A0 * A1 * A2 * inner));
   WEFT_LAUNCH((permute_kernel<D, S>), grid_for(A0 * A1 * A2, 8), dim3(32, 8), 0, compute_stream(),
-              dst, src, A0, A1, A2, inner, vec);
+              dst, src, A0, A1, A2, inner, sld, dld, vec);
   return launched(func);
+}
+
+/* The six row strides of rows, 0 where rows is NULL (packed). */
+struct row_strides {
+  int64_t q, k, v, dq, dk, dv;
+};
+row_strides strides_of(const weft_attention_rows *rows) {
+  row_strides r = {0, 0, 0, 0, 0, 0};
+  if (rows) r = {rows->q, rows->k, rows->v, rows->dq, rows->dk, rows->dv};
+  return r;
 }
 
 /* Where row R of a score block lives: batch i = (b, g), row r = tl * G + j
@@ -241,7 +257,8 @@ namespace {
 template <class E>
 weft_status att_forward_impl(const char *func, E *out, float *lse, const E *q, const E *k,
                              const E *v, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd,
-                             bool causal, void *scratch) {
+                             bool causal, const weft_attention_rows *rows, void *scratch) {
+  const row_strides ld = strides_of(rows);
   WEFT_CHECK(weft_cuda_require_init_(func));
   WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(func), B, T, H, Hkv, hd));
   {
@@ -264,9 +281,9 @@ weft_status att_forward_impl(const char *func, E *out, float *lse, const E *q, c
   float *base = (float *)scratch;
   float *Qp = base + L.qp, *Kp = base + L.kp, *Vp = base + L.vp, *Op = base + L.op, *S = base + L.s;
   const float scale = (float)(1.0 / sqrt((double)hd));
-  WEFT_CHECK(permute(func, Qp, q, B, T, Hkv, G * hd));
-  WEFT_CHECK(permute(func, Kp, k, B, T, Hkv, hd));
-  WEFT_CHECK(permute(func, Vp, v, B, T, Hkv, hd));
+  WEFT_CHECK(permute(func, Qp, q, B, T, Hkv, G * hd, ld.q));
+  WEFT_CHECK(permute(func, Kp, k, B, T, Hkv, hd, ld.k));
+  WEFT_CHECK(permute(func, Vp, v, B, T, Hkv, hd, ld.v));
   for (int64_t t0 = 0; t0 < T; t0 += L.bq) {
     const int64_t nb = T - t0 < L.bq ? T - t0 : L.bq, end = causal ? t0 + nb : T, M = nb * G;
     /* S = scale * Qblk Kp[0:end]^T, per (b, g) */
@@ -290,7 +307,8 @@ template <class E>
 weft_status att_backward_impl(const char *func, E *dq, E *dk, E *dv, const E *dout, const E *q,
                               const E *k, const E *v, const float *lse, const E *out, int64_t B,
                               int64_t T, int64_t H, int64_t Hkv, int64_t hd, bool causal,
-                              void *scratch) {
+                              const weft_attention_rows *rows, void *scratch) {
+  const row_strides ld = strides_of(rows);
   WEFT_CHECK(weft_cuda_require_init_(func));
   WEFT_RETURN_IF_BAD_(weft_check_attention_shape_(weft_op_name_(func), B, T, H, Hkv, hd));
   const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
@@ -302,9 +320,12 @@ weft_status att_backward_impl(const char *func, E *dq, E *dk, E *dv, const E *do
         nkv, nkv, B * H * T, nq, (int64_t)weft_cuda_attention_scratch_bytes(B, T, H, Hkv, hd)};
     WEFT_CHECK(check_ptrs(func, 10, names, ptrs, counts));
   }
-  if (nkv > 0 && H == 0) { /* no query heads read these kv heads */
-    WEFT_CHECK(weft_cuda_memset_(dk, 0, (size_t)nkv * sizeof(E)));
-    WEFT_CHECK(weft_cuda_memset_(dv, 0, (size_t)nkv * sizeof(E)));
+  if (nkv > 0 && H == 0) { /* no query heads read these kv heads: zeros, row by row */
+    const size_t bytes = (size_t)(Hkv * hd) * sizeof(E);
+    for (int64_t i = 0; i < B * T; i++) {
+      WEFT_CHECK(weft_cuda_memset_(dk + i * (ld.dk ? ld.dk : Hkv * hd), 0, bytes));
+      WEFT_CHECK(weft_cuda_memset_(dv + i * (ld.dv ? ld.dv : Hkv * hd), 0, bytes));
+    }
   }
   if (nq == 0) return WEFT_OK;
   cudaStream_t s = compute_stream();
@@ -315,9 +336,9 @@ weft_status att_backward_impl(const char *func, E *dq, E *dk, E *dv, const E *do
   float *P = base + L.s, *dS = base + L.ds, *dQp = base + L.dqp, *dKp = base + L.dkp,
         *dVp = base + L.dvp, *D = base + L.d;
   const float scale = (float)(1.0 / sqrt((double)hd));
-  WEFT_CHECK(permute(func, Qp, q, B, T, Hkv, G * hd));
-  WEFT_CHECK(permute(func, Kp, k, B, T, Hkv, hd));
-  WEFT_CHECK(permute(func, Vp, v, B, T, Hkv, hd));
+  WEFT_CHECK(permute(func, Qp, q, B, T, Hkv, G * hd, ld.q));
+  WEFT_CHECK(permute(func, Kp, k, B, T, Hkv, hd, ld.k));
+  WEFT_CHECK(permute(func, Vp, v, B, T, Hkv, hd, ld.v));
   WEFT_CHECK(permute(func, dOp, dout, B, T, Hkv, G * hd));
   WEFT_COST(2.0 * (double)nq, 8.0 * (double)nq + 4.0 * (double)(B * T * H));
   WEFT_LAUNCH(rowdot_kernel<E>, grid_for(B * T * H, 8), dim3(32, 8), 0, s, D, dout, out, B, T, H,
@@ -347,9 +368,9 @@ weft_status att_backward_impl(const char *func, E *dq, E *dk, E *dv, const E *do
                                                hd, T * hd, 0.0f, dQp + t0 * G * hd, hd, T * G * hd,
                                                count));
   }
-  WEFT_CHECK(permute(func, dq, dQp, B, Hkv, T, G * hd));
-  WEFT_CHECK(permute(func, dk, dKp, B, Hkv, T, hd));
-  return permute(func, dv, dVp, B, Hkv, T, hd);
+  WEFT_CHECK(permute(func, dq, dQp, B, Hkv, T, G * hd, 0, ld.dq));
+  WEFT_CHECK(permute(func, dk, dKp, B, Hkv, T, hd, 0, ld.dk));
+  return permute(func, dv, dVp, B, Hkv, T, hd, 0, ld.dv);
 }
 
 }  // namespace
@@ -359,7 +380,7 @@ extern "C" {
 weft_status weft_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
                                         const float *v, int64_t B, int64_t T, int64_t H,
                                         int64_t Hkv, int64_t hd, bool causal, void *scratch) {
-  return att_forward_impl(__func__, out, lse, q, k, v, B, T, H, Hkv, hd, causal, scratch);
+  return att_forward_impl(__func__, out, lse, q, k, v, B, T, H, Hkv, hd, causal, NULL, scratch);
 }
 
 weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
@@ -368,45 +389,46 @@ weft_status weft_cuda_attention_backward(float *dq, float *dk, float *dv, const 
                                          int64_t H, int64_t Hkv, int64_t hd, bool causal,
                                          void *scratch) {
   return att_backward_impl(__func__, dq, dk, dv, dout, q, k, v, lse, out, B, T, H, Hkv, hd, causal,
-                           scratch);
+                           NULL, scratch);
 }
 
 /* bf16 / f16 (backend.h attention_forward_dt / _backward_dt) */
 weft_status weft_cuda_attention_forward_dt(weft_dtype dt, void *out, float *lse, const void *q,
                                            const void *k, const void *v, int64_t B, int64_t T,
                                            int64_t H, int64_t Hkv, int64_t hd, bool causal,
-                                           void *scratch) {
+                                           const weft_attention_rows *rows, void *scratch) {
   WEFT_CHECK(weft_cuda_require_init_(__func__));
   WEFT_CHECK_STORAGE_DT_(weft_op_name_(__func__), dt);
   if (dt == WEFT_F32)
     return att_forward_impl(__func__, (float *)out, lse, (const float *)q, (const float *)k,
-                            (const float *)v, B, T, H, Hkv, hd, causal, scratch);
+                            (const float *)v, B, T, H, Hkv, hd, causal, rows, scratch);
   if (dt == WEFT_BF16)
     return att_forward_impl(__func__, (bf16_t *)out, lse, (const bf16_t *)q, (const bf16_t *)k,
-                            (const bf16_t *)v, B, T, H, Hkv, hd, causal, scratch);
+                            (const bf16_t *)v, B, T, H, Hkv, hd, causal, rows, scratch);
   return att_forward_impl(__func__, (f16_t *)out, lse, (const f16_t *)q, (const f16_t *)k,
-                          (const f16_t *)v, B, T, H, Hkv, hd, causal, scratch);
+                          (const f16_t *)v, B, T, H, Hkv, hd, causal, rows, scratch);
 }
 
 weft_status weft_cuda_attention_backward_dt(weft_dtype dt, void *dq, void *dk, void *dv,
                                             const void *dout, const void *q, const void *k,
                                             const void *v, const float *lse, const void *out,
                                             int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                            int64_t hd, bool causal, void *scratch) {
+                                            int64_t hd, bool causal,
+                                            const weft_attention_rows *rows, void *scratch) {
   WEFT_CHECK(weft_cuda_require_init_(__func__));
   WEFT_CHECK_STORAGE_DT_(weft_op_name_(__func__), dt);
   if (dt == WEFT_F32)
     return att_backward_impl(__func__, (float *)dq, (float *)dk, (float *)dv, (const float *)dout,
                              (const float *)q, (const float *)k, (const float *)v, lse,
-                             (const float *)out, B, T, H, Hkv, hd, causal, scratch);
+                             (const float *)out, B, T, H, Hkv, hd, causal, rows, scratch);
   if (dt == WEFT_BF16)
     return att_backward_impl(__func__, (bf16_t *)dq, (bf16_t *)dk, (bf16_t *)dv,
                              (const bf16_t *)dout, (const bf16_t *)q, (const bf16_t *)k,
                              (const bf16_t *)v, lse, (const bf16_t *)out, B, T, H, Hkv, hd, causal,
-                             scratch);
+                             rows, scratch);
   return att_backward_impl(__func__, (f16_t *)dq, (f16_t *)dk, (f16_t *)dv, (const f16_t *)dout,
                            (const f16_t *)q, (const f16_t *)k, (const f16_t *)v, lse,
-                           (const f16_t *)out, B, T, H, Hkv, hd, causal, scratch);
+                           (const f16_t *)out, B, T, H, Hkv, hd, causal, rows, scratch);
 }
 
 }  // extern "C"

@@ -186,12 +186,13 @@ weft_status weft_cuda_gemm_dt(bool trans_a, bool trans_b, int64_t m, int64_t n, 
 weft_status weft_cuda_attention_forward_dt(weft_dtype dt, void *out, float *lse, const void *q,
                                            const void *k, const void *v, int64_t B, int64_t T,
                                            int64_t H, int64_t Hkv, int64_t hd, bool causal,
-                                           void *scratch);
+                                           const weft_attention_rows *rows, void *scratch);
 weft_status weft_cuda_attention_backward_dt(weft_dtype dt, void *dq, void *dk, void *dv,
                                             const void *dout, const void *q, const void *k,
                                             const void *v, const float *lse, const void *out,
                                             int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                            int64_t hd, bool causal, void *scratch);
+                                            int64_t hd, bool causal,
+                                            const weft_attention_rows *rows, void *scratch);
 weft_status weft_cuda_dropout_apply_dt(weft_dtype dt, void *out, const void *inp,
                                        const float *uniform, float p, int64_t n);
 weft_status weft_cuda_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);

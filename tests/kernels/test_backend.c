@@ -3332,7 +3332,7 @@ BACKEND_TEST(attention_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
     float *fo = dnan(dev, (size_t)nq * 4), *l1 = dnan(dev, (size_t)(B * H * T) * 4),
           *l2 = dnan(dev, (size_t)(B * H * T) * 4);
     OK(weft_backend_attention_forward_dt(dev, dt, o16, l1, dq16, dk16, dv16, B, T, H, Hkv, hd,
-                                         causal, scratch));
+                                         causal, NULL, scratch));
     OK(weft_backend_attention_forward(dev, fo, l2, fq, fk, fv, B, T, H, Hkv, hd, causal, scratch));
     snprintf(what, sizeof what, "attention_forward_dt %s%s", weft_dtype_name(dt),
              causal ? " causal" : "");
@@ -3350,7 +3350,7 @@ BACKEND_TEST(attention_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
     float *fgq = dnan(dev, (size_t)nq * 4), *fgk = dnan(dev, (size_t)nkv * 4),
           *fgv = dnan(dev, (size_t)nkv * 4);
     OK(weft_backend_attention_backward_dt(dev, dt, gq, gk, gv, dg16, dq16, dk16, dv16, l2, o16, B,
-                                          T, H, Hkv, hd, causal, scratch));
+                                          T, H, Hkv, hd, causal, NULL, scratch));
     OK(weft_backend_attention_backward(dev, fgq, fgk, fgv, fg, fq, fk, fv, l2, fow, B, T, H, Hkv,
                                        hd, causal, scratch));
     void *const outs[3] = {gq, gk, gv};
@@ -3373,6 +3373,97 @@ BACKEND_TEST(attention_dt_in_bf16_and_f16_is_the_f32_member_on_widened_values) {
     weft_free(l2), weft_free(fow), weft_free(gq), weft_free(gk), weft_free(gv), weft_free(fgq);
     weft_free(fgk), weft_free(fgv);
   }
+  weft_free(scratch);
+}
+
+/* q, k, v as column slices of one fused (B, T, W) projection output
+ * (weft_attention_rows), and dq, dk, dv written into the same columns of
+ * a fused gradient: the packed call's bits, f32 and bf16, GQA, causal and
+ * not, with W padded so rows are and are not 16-byte multiples; the
+ * padding columns keep their poison (nothing written outside the slices),
+ * and a stride below an operand's width is refused. */
+BACKEND_TEST(attention_reads_and_writes_column_slices_of_fused_rows) {
+  seed_tests(454);
+  const int64_t B = 2, T = 70, H = 4, Hkv = 2, hd = 8;
+  const int64_t nq = B * T * H * hd, nkv = B * T * Hkv * hd, wq = H * hd, wk = Hkv * hd;
+  const size_t sb = weft_backend_attention_scratch_bytes(dev, B, T, H, Hkv, hd);
+  void *scratch = dnan(dev, sb);
+  cr_assert(weft_backend_attention_takes_rows(dev));
+  char what[160];
+  for (int c = 0; c < 8; c++) {
+    const weft_dtype dt = c % 2 ? WEFT_BF16 : WEFT_F32;
+    const bool causal = (c / 2) % 2 == 0;
+    const int64_t W = wq + 2 * wk + (c / 4 ? 5 : 4);
+    const size_t es = weft_dtype_size(dt);
+    float *src[4] = {h_normal(nq, 1.0), h_normal(nkv, 1.0), h_normal(nkv, 1.0), h_normal(nq, 1.0)};
+    const int64_t n[4] = {nq, nkv, nkv, nq}, width[4] = {wq, wk, wk, wq};
+    const int64_t col[3] = {0, wq, wq + wk}; /* q | k | v | padding */
+    void *packed[4];
+    unsigned char *fused = xmalloc((size_t)(B * T * W) * es);
+    memset(fused, 0xff, (size_t)(B * T * W) * es); /* NaN in both dtypes */
+    for (int j = 0; j < 4; j++) {
+      void *h = dt == WEFT_F32 ? (void *)src[j] : h_round(src[j], dt, n[j]);
+      packed[j] = dup_h(dev, h, (size_t)n[j] * es);
+      if (j < 3)
+        for (int64_t r = 0; r < B * T; r++)
+          memcpy(fused + (size_t)(r * W + col[j]) * es,
+                 (const unsigned char *)h + (size_t)(r * width[j]) * es, (size_t)width[j] * es);
+      if (h != src[j]) free(h);
+    }
+    unsigned char *df = dup_h(dev, fused, (size_t)(B * T * W) * es);
+    unsigned char *fq = df, *fk = df + (size_t)col[1] * es, *fv = df + (size_t)col[2] * es;
+    const weft_attention_rows rows = {W, W, W, W, W, W};
+    void *o1 = dnan(dev, (size_t)nq * es), *o2 = dnan(dev, (size_t)nq * es);
+    float *l1 = dnan(dev, (size_t)(B * H * T) * 4), *l2 = dnan(dev, (size_t)(B * H * T) * 4);
+    OK(weft_backend_attention_forward_dt(dev, dt, o1, l1, packed[0], packed[1], packed[2], B, T, H,
+                                         Hkv, hd, causal, NULL, scratch));
+    OK(weft_backend_attention_forward_dt(dev, dt, o2, l2, fq, fk, fv, B, T, H, Hkv, hd, causal,
+                                         &rows, scratch));
+    snprintf(what, sizeof what, "strided attention forward %s%s W=%lld", weft_dtype_name(dt),
+             causal ? " causal" : "", (long long)W);
+    void *a = down(dev, o1, (size_t)nq * es), *b = down(dev, o2, (size_t)nq * es);
+    expect_same_floats(what, b, a, nq, dt);
+    free(a), free(b);
+    a = downf(dev, l1, B * H * T), b = downf(dev, l2, B * H * T);
+    expect_same_floats(what, b, a, B * H * T, WEFT_F32);
+    free(a), free(b);
+    /* backward: packed grads vs the columns of a poisoned fused grad */
+    void *g1[3] = {dnan(dev, (size_t)nq * es), dnan(dev, (size_t)nkv * es),
+                   dnan(dev, (size_t)nkv * es)};
+    unsigned char *gf = dup_h(dev, fused, (size_t)(B * T * W) * es);
+    OK(weft_backend_attention_backward_dt(dev, dt, g1[0], g1[1], g1[2], packed[3], packed[0],
+                                          packed[1], packed[2], l1, o1, B, T, H, Hkv, hd, causal,
+                                          NULL, scratch));
+    OK(weft_backend_attention_backward_dt(dev, dt, gf, gf + (size_t)col[1] * es,
+                                          gf + (size_t)col[2] * es, packed[3], fq, fk, fv, l1, o1,
+                                          B, T, H, Hkv, hd, causal, &rows, scratch));
+    unsigned char *hg = down(dev, gf, (size_t)(B * T * W) * es);
+    for (int j = 0; j < 3; j++) {
+      unsigned char *want = down(dev, g1[j], (size_t)n[j] * es), *got = xmalloc((size_t)n[j] * es);
+      for (int64_t r = 0; r < B * T; r++)
+        memcpy(got + (size_t)(r * width[j]) * es, hg + (size_t)(r * W + col[j]) * es,
+               (size_t)width[j] * es);
+      snprintf(what, sizeof what, "strided attention backward d%c %s%s W=%lld", "qkv"[j],
+               weft_dtype_name(dt), causal ? " causal" : "", (long long)W);
+      expect_same_floats(what, got, want, n[j], dt);
+      free(want), free(got);
+    }
+    for (int64_t r = 0; r < B * T; r++)
+      for (int64_t x = wq + 2 * wk; x < W; x++)
+        for (size_t e = 0; e < es; e++)
+          cr_assert_eq(hg[(size_t)(r * W + x) * es + e], 0xff,
+                       "padding column %lld of row %lld was written", (long long)x, (long long)r);
+    free(hg);
+    for (int j = 0; j < 4; j++) free(src[j]), weft_free(packed[j]);
+    for (int j = 0; j < 3; j++) weft_free(g1[j]);
+    free(fused), weft_free(df), weft_free(gf), weft_free(o1), weft_free(o2), weft_free(l1);
+    weft_free(l2);
+  }
+  const weft_attention_rows narrow = {wq - 1, 0, 0, 0, 0, 0};
+  cr_assert_eq(weft_backend_attention_forward_dt(dev, WEFT_F32, scratch, scratch, scratch, scratch,
+                                                 scratch, B, T, H, Hkv, hd, true, &narrow, scratch),
+               WEFT_ERR_INVALID);
+  cr_assert(strstr(weft_last_error(), "row stride of q is 31"), "%s", weft_last_error());
   weft_free(scratch);
 }
 
@@ -4567,6 +4658,25 @@ Test(registry, a_version_1_table_has_no_version_2_members_and_says_so_by_name) {
   OK(weft_backend_layernorm_forward(WEFT_CPU, y, m, r, x, NULL, NULL, 1, 4, 1e-5f));
   cr_assert_eq(m[0], 2.5f, "mean %g", (double)m[0]);
   cr_assert(WEFT_BACKEND_VERSION >= 2);
+}
+
+/* Version 6 gave the _dt attention members row strides: a table built
+ * for version 5 has them dropped, so its bf16 attention is widened by the
+ * op layer (takes_dtype says no) and strided rows are not offered. */
+Test(registry, a_version_5_table_has_no_strided_attention) {
+  weft_backend t = *weft_backend_get(WEFT_CPU);
+  t.name = "cpu-version-5";
+  t.version = 5;
+  OK(weft_backend_register(&t));
+  cr_assert_null(weft_backend_get(WEFT_CPU)->attention_forward_dt);
+  cr_assert_null(weft_backend_get(WEFT_CPU)->attention_backward_dt);
+  cr_assert_not_null(weft_backend_get(WEFT_CPU)->gemm_dt);
+  cr_assert_not(weft_backend_attention_takes_rows(WEFT_CPU));
+  cr_assert_not(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_ATTENTION, WEFT_BF16));
+  cr_assert(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_GEMM, WEFT_BF16));
+  weft_backend_reset(WEFT_CPU);
+  cr_assert(weft_backend_attention_takes_rows(WEFT_CPU));
+  cr_assert(weft_backend_takes_dtype(WEFT_CPU, WEFT_KERNEL_ATTENTION, WEFT_BF16));
 }
 
 /* Version 5 added takes_dtype: a table built for version 4 reads it as
