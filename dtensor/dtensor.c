@@ -786,21 +786,43 @@ weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local, weft_lo
   return st;
 }
 
+/* The spec of global `shape` and `placements` on x's mesh and this rank's
+ * local shape under it (ls), for the view functions below (errors name
+ * who). */
+static weft_status view_spec(const char *who, const weft_dtensor *x, int ndim, const int64_t *shape,
+                             const weft_placement *placements, weft_dtensor_spec *spec,
+                             int64_t *ls) {
+  if (!x || (ndim > 0 && !shape) || !placements)
+    return weft_error(WEFT_ERR_INVALID, "%s: NULL argument", who);
+  WEFT_CHECK(weft_dtensor_spec_init_mesh(spec, x->mesh, placements, x->spec.mesh_ndim,
+                                         x->local->dtype, ndim, shape));
+  int me[WEFT_MESH_MAX_DIMS];
+  dt_my_coords(x->mesh, me);
+  return weft_dtensor_spec_local_shape(spec, me, ls, NULL, NULL);
+}
+
+/* A non-owning DTensor of spec over x's local storage from element
+ * `offset` with local shape ls and `strides`. */
+static weft_status wrap_view(const weft_dtensor *x, const weft_dtensor_spec *spec,
+                             const int64_t *ls, int64_t offset, const int64_t *strides,
+                             weft_dtensor **out) {
+  const weft_tensor *xl = x->local;
+  char *data = (char *)xl->data + (size_t)offset * weft_dtype_size(xl->dtype);
+  weft_tensor *t = NULL;
+  WEFT_CHECK(weft_tensor_wrap(data, xl->dtype, xl->device, spec->ndim, ls, &t));
+  for (int d = 0; d < spec->ndim; d++) t->strides[d] = strides[d];
+  weft_status st = dt_wrap(x->mesh, spec, t, false, out);
+  if (st != WEFT_OK) weft_tensor_destroy(t);
+  return st;
+}
+
 weft_status weft_dtensor_view(const weft_dtensor *x, int ndim, const int64_t *shape,
                               const weft_placement *placements, weft_dtensor **out) {
   WEFT_CHECK(check_out(out));
-  if (!x || (ndim > 0 && !shape) || !placements)
-    return weft_error(WEFT_ERR_INVALID, "dtensor_view: NULL argument");
-  const weft_tensor *xl = x->local;
-  if (!weft_tensor_is_contiguous(xl))
-    return weft_error(WEFT_ERR_INVALID, "dtensor_view: the local tensor is not contiguous");
   weft_dtensor_spec spec;
-  WEFT_CHECK(weft_dtensor_spec_init_mesh(&spec, x->mesh, placements, x->spec.mesh_ndim, xl->dtype,
-                                         ndim, shape));
-  int me[WEFT_MESH_MAX_DIMS];
   int64_t ls[WEFT_MAX_DIMS];
-  dt_my_coords(x->mesh, me);
-  WEFT_CHECK(weft_dtensor_spec_local_shape(&spec, me, ls, NULL, NULL));
+  WEFT_CHECK(view_spec("dtensor_view", x, ndim, shape, placements, &spec, ls));
+  const weft_tensor *xl = x->local;
   int64_t n = 1;
   for (int d = 0; d < ndim; d++) n *= ls[d];
   if (n != weft_tensor_numel(xl)) {
@@ -812,11 +834,47 @@ weft_status weft_dtensor_view(const weft_dtensor *x, int ndim, const int64_t *sh
                       a, (long long)weft_tensor_numel(xl), weft_mesh_rank(x->mesh), b,
                       (long long)n);
   }
-  weft_tensor *t = NULL;
-  WEFT_CHECK(weft_tensor_wrap(xl->data, xl->dtype, xl->device, ndim, ls, &t));
-  weft_status st = dt_wrap(x->mesh, &spec, t, false, out);
-  if (st != WEFT_OK) weft_tensor_destroy(t);
-  return st;
+  int64_t strides[WEFT_MAX_DIMS];
+  if (!weft_tensor_view_strides(xl, ndim, ls, strides)) {
+    char a[128], b[WEFT_MAX_DIMS * 22 + 4];
+    weft_tensor_describe(xl, a, sizeof a);
+    int k = snprintf(b, sizeof b, "[");
+    for (int d = 0; d < ndim && k < (int)sizeof b; d++)
+      k += snprintf(b + k, sizeof b - (size_t)k, "%s%lld", d ? ", " : "", (long long)ls[d]);
+    if (k < (int)sizeof b) snprintf(b + k, sizeof b - (size_t)k, "]");
+    return weft_error(WEFT_ERR_INVALID,
+                      "dtensor_view: the local tensor %s is strided so that no view has the "
+                      "local shape %s",
+                      a, b);
+  }
+  return wrap_view(x, &spec, ls, 0, strides, out);
+}
+
+weft_status weft_dtensor_as_strided(const weft_dtensor *x, int ndim, const int64_t *shape,
+                                    const weft_placement *placements, int64_t offset,
+                                    const int64_t *strides, weft_dtensor **out) {
+  WEFT_CHECK(check_out(out));
+  if (ndim > 0 && !strides) return weft_error(WEFT_ERR_INVALID, "dtensor_as_strided: NULL strides");
+  weft_dtensor_spec spec;
+  int64_t ls[WEFT_MAX_DIMS];
+  WEFT_CHECK(view_spec("dtensor_as_strided", x, ndim, shape, placements, &spec, ls));
+  /* the span of x's local elements, and of the view's */
+  const weft_tensor *xl = x->local;
+  int64_t xlast = weft_tensor_numel(xl) > 0 ? 0 : -1, last = offset, n = 1;
+  for (int d = 0; xlast >= 0 && d < xl->ndim; d++) xlast += (xl->shape[d] - 1) * xl->strides[d];
+  bool ok = offset >= 0;
+  for (int d = 0; d < ndim; d++) {
+    ok = ok && strides[d] >= 0;
+    n *= ls[d];
+    if (ls[d] > 0) last += (ls[d] - 1) * strides[d];
+  }
+  if (!ok || (n > 0 ? last > xlast : offset > xlast + 1))
+    return weft_error(WEFT_ERR_INVALID,
+                      "dtensor_as_strided: elements %lld..%lld of the local storage (offset "
+                      "%lld) are outside the %lld the local tensor spans",
+                      (long long)offset, (long long)last, (long long)offset,
+                      (long long)(xlast + 1));
+  return wrap_view(x, &spec, ls, offset, strides, out);
 }
 
 /* ------------------------------------------------------------ exits */

@@ -292,17 +292,29 @@ WEFT_API weft_status weft_dtensor_from_local(weft_mesh *mesh, weft_tensor *local
                                              const int64_t *global_shape, weft_dtensor **out);
 
 /* torch's view on a DTensor: a DTensor of global `shape` (ndim dims) and
- * `placements` (one per mesh dim) over x's local storage, which must be
- * contiguous and hold exactly as many elements as this rank's shard of
- * the new spec has (WEFT_ERR_INVALID naming both specs otherwise); they are
- * read in order, so the new placements must be ones under which the local
- * elements keep their order (as reshape's sharding rules choose). The
- * result does not own the storage: x (or whoever owns
- * x's storage) must outlive it; destroying it leaves x as it was. Local,
- * no communication, also under WEFT_DEBUG (the caller applies the same
- * view on every rank). nn's reshape uses it for graph buffers. */
+ * `placements` (one per mesh dim) over x's local storage, which must hold
+ * exactly as many elements as this rank's shard of the new spec has
+ * (WEFT_ERR_INVALID naming both specs otherwise); they are read in order,
+ * so the new placements must be ones under which the local elements keep
+ * their order (as reshape's sharding rules choose). A strided local works
+ * where torch's view would (weft_tensor_view_strides), else
+ * WEFT_ERR_INVALID. The result does not own the storage: x (or whoever
+ * owns x's storage) must outlive it; destroying it leaves x as it was.
+ * Local, no communication, also under WEFT_DEBUG (the caller applies the
+ * same view on every rank). nn's reshape uses it for graph buffers. */
 WEFT_API weft_status weft_dtensor_view(const weft_dtensor *x, int ndim, const int64_t *shape,
                                        const weft_placement *placements, weft_dtensor **out);
+/* torch's as_strided on the local shard: a DTensor of global `shape` and
+ * `placements` whose local tensor (this rank's shard shape of that spec)
+ * starts `offset` elements into x's local storage with `strides` (in
+ * elements, >= 0). Every element it addresses must lie within the span of
+ * x's local elements (WEFT_ERR_INVALID naming the span otherwise); which
+ * elements and placements make sense is the caller's to choose (nn's
+ * split hands out column slices of its input so). Ownership as
+ * weft_dtensor_view; local, no communication. */
+WEFT_API weft_status weft_dtensor_as_strided(const weft_dtensor *x, int ndim, const int64_t *shape,
+                                             const weft_placement *placements, int64_t offset,
+                                             const int64_t *strides, weft_dtensor **out);
 
 /* Collective. Checks that every rank of the mesh has the same spec and a
  * local tensor of the shape the geometry gives it. WEFT_ERR_MISMATCH on

@@ -157,10 +157,18 @@ WEFT_API void weft_tensor_describe(const weft_tensor *t, char *buf, size_t cap);
 /* elements [start, start+len) along dim. */
 WEFT_API weft_status weft_tensor_narrow(const weft_tensor *t, int dim, int64_t start, int64_t len,
                                         weft_tensor **out);
-/* Reshape a contiguous tensor (numel must match; one -1 allowed). A strided
- * tensor is refused (WEFT_ERR_INVALID): clone it first. */
+/* torch's view: the same elements in `shape` (numel must match; one -1
+ * allowed) without copying. A contiguous tensor always can; a strided one
+ * when each run of its dims that is laid out as one strided block maps to
+ * whole new dims (splitting or merging such dims; weft_tensor_view_strides),
+ * else WEFT_ERR_INVALID: clone it first. */
 WEFT_API weft_status weft_tensor_view(const weft_tensor *t, int ndim, const int64_t *shape,
                                       weft_tensor **out);
+/* The strides (ndim of them, into `strides`) under which t's elements in
+ * order have `shape`, as torch's view computes them; false when no strides
+ * can (or numel differs). Contiguous t: the contiguous strides. */
+WEFT_API bool weft_tensor_view_strides(const weft_tensor *t, int ndim, const int64_t *shape,
+                                       int64_t *strides);
 /* Swap two dims (a strided view). */
 WEFT_API weft_status weft_tensor_transpose(const weft_tensor *t, int d0, int d1, weft_tensor **out);
 

@@ -345,9 +345,6 @@ weft_status weft_tensor_view(const weft_tensor *t, int ndim, const int64_t *shap
     return weft_error(WEFT_ERR_INVALID, "ndim %d out of range (0..%d, WEFT_MAX_DIMS)", ndim,
                       WEFT_MAX_DIMS);
   if (ndim > 0 && !shape) return weft_error(WEFT_ERR_INVALID, "shape is NULL with ndim %d", ndim);
-  if (!weft_tensor_is_contiguous(t))
-    return weft_error(WEFT_ERR_INVALID,
-                      "view needs a contiguous tensor, %s is strided (clone it first)", desc);
   int64_t fixed[WEFT_MAX_DIMS];
   int infer = -1;
   int64_t prod = 1;
@@ -378,9 +375,52 @@ weft_status weft_tensor_view(const weft_tensor *t, int ndim, const int64_t *shap
   if (prod != numel)
     return weft_error(WEFT_ERR_INVALID, "view shape %s has %" PRId64 " elements, %s has %" PRId64,
                       fmt_shape(sh, sizeof sh, ndim, shape), prod, desc, numel);
+  int64_t strides[WEFT_MAX_DIMS];
+  if (!weft_tensor_view_strides(t, ndim, fixed, strides))
+    return weft_error(WEFT_ERR_INVALID,
+                      "view shape %s: %s is strided so that no view has that shape (clone it "
+                      "first)",
+                      fmt_shape(sh, sizeof sh, ndim, fixed), desc);
   WEFT_CHECK(new_header(__func__, out));
-  header_init(*out, t->data, t->dtype, t->device, ndim, fixed, NULL);
+  header_init(*out, t->data, t->dtype, t->device, ndim, fixed, strides);
   return WEFT_OK;
+}
+
+/* torch's computeStride: walks t's dims from the last in chunks whose
+ * elements are laid out as one contiguous run of some base stride, and
+ * gives each chunk's elements to the new dims that hold exactly as many. */
+bool weft_tensor_view_strides(const weft_tensor *t, int ndim, const int64_t *shape,
+                              int64_t *strides) {
+  if (!t || ndim < 0 || ndim > WEFT_MAX_DIMS || (ndim > 0 && (!shape || !strides))) return false;
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  if (n != weft_tensor_numel(t)) return false;
+  if (n == 0 || t->ndim == 0 || weft_tensor_is_contiguous(t)) {
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+      strides[d] = s;
+      s *= shape[d] > 1 ? shape[d] : 1;
+    }
+    return true;
+  }
+  int view_d = ndim - 1;
+  int64_t base = t->strides[t->ndim - 1], tensor_n = 1, view_n = 1;
+  for (int td = t->ndim - 1; td >= 0; td--) {
+    tensor_n *= t->shape[td];
+    if (td == 0 || (t->shape[td - 1] != 1 && t->strides[td - 1] != tensor_n * base)) {
+      while (view_d >= 0 && (view_n < tensor_n || shape[view_d] == 1)) {
+        strides[view_d] = view_n * base;
+        view_n *= shape[view_d];
+        view_d--;
+      }
+      if (view_n != tensor_n) return false;
+      if (td > 0) {
+        base = t->strides[td - 1];
+        tensor_n = view_n = 1;
+      }
+    }
+  }
+  return view_d == -1;
 }
 
 weft_status weft_tensor_transpose(const weft_tensor *t, int d0, int d1, weft_tensor **out) {

@@ -960,6 +960,75 @@ static void case_fill(void) {
   WOK(weft_mesh_destroy(mesh));
 }
 
+/* Views over a shard's storage: as_strided hands out a column slice of a
+ * (S(0), R) tensor (rows strided by the full width), weft_dtensor_view
+ * splits that slice's last dim without copying, and both behave as
+ * DTensors (their shards, full_tensor, redistribute); an element outside
+ * the shard's span is refused. */
+static void case_views(void) {
+  int s[2] = {2, 2};
+  weft_mesh *mesh = make_mesh(2, s);
+  if (!mesh) return;
+  int64_t shape[2] = {6, 8}, cshape[2] = {6, 4}, hshape[3] = {6, 2, 2};
+  weft_tensor *full, *cols, *colsc, *heads;
+  weft_tensor_create(WEFT_F32, WEFT_CPU, 2, shape, &full);
+  weft_tensor_fill_normal(full, 5, 0, NULL, 0, 1);
+  weft_tensor_narrow(full, 1, 2, 4, &cols);
+  weft_tensor_clone(cols, &colsc);
+  weft_tensor_view(colsc, 3, hshape, &heads);
+  weft_placement pl[2] = {weft_shard(0), weft_replicate()},
+                 rr[2] = {weft_replicate(), weft_replicate()};
+  weft_dtensor *x = NULL, *c = NULL, *h = NULL, *hr = NULL;
+  WOK(weft_dtensor_distribute(mesh, full, WEFT_DTENSOR_ALL_RANKS, pl, 2, &x));
+  if (x) {
+    const int64_t st[2] = {8, 1};
+    WOK(weft_dtensor_as_strided(x, 2, cshape, pl, 2, st, &c));
+  }
+  if (c) {
+    WCHECK(!weft_tensor_is_contiguous(weft_dtensor_local(c)), "the slice is strided");
+    WCHECK((char *)weft_dtensor_local(c)->data ==
+               (char *)weft_dtensor_local(x)->data + 2 * sizeof(float),
+           "the slice shares x's storage");
+    check_local(c, colsc, "as_strided column slice", "views");
+    WOK(weft_dtensor_view(c, 3, hshape, pl, &h));
+  }
+  if (h) {
+    const weft_tensor *hl = weft_dtensor_local(h);
+    WCHECK(hl->strides[0] == 8 && hl->strides[1] == 2 && hl->strides[2] == 1,
+           "view strides %lld %lld %lld", (long long)hl->strides[0], (long long)hl->strides[1],
+           (long long)hl->strides[2]);
+    check_local(h, heads, "view of the slice", "views");
+    weft_tensor *got = NULL;
+    WOK(weft_dtensor_full_tensor(h, &got));
+    if (got) WCHECK(weft_tensor_equal(got, heads), "full_tensor of a strided view");
+    weft_tensor_destroy(got);
+    WOK(weft_dtensor_redistribute(h, rr, 2, &hr));
+    if (hr) check_local(hr, heads, "redistribute of a strided view", "views");
+    /* merging the slice's rows and columns is no view */
+    int64_t flat[1] = {24};
+    weft_dtensor *bad = NULL;
+    expect_err(weft_dtensor_view(c, 1, flat, pl, &bad), WEFT_ERR_INVALID,
+               "view of a strided slice as one dim", "no view has the local shape");
+    weft_dtensor_destroy(bad);
+  }
+  if (x) {
+    const int64_t st[2] = {8, 1};
+    weft_dtensor *bad = NULL;
+    expect_err(weft_dtensor_as_strided(x, 2, cshape, pl, 5, st, &bad), WEFT_ERR_INVALID,
+               "a slice past the shard's last element", "outside the 24 the local tensor spans");
+    WCHECK(bad == NULL, "no DTensor on error");
+  }
+  weft_dtensor_destroy(hr);
+  weft_dtensor_destroy(h);
+  weft_dtensor_destroy(c);
+  weft_dtensor_destroy(x);
+  weft_tensor_destroy(heads);
+  weft_tensor_destroy(colsc);
+  weft_tensor_destroy(cols);
+  weft_tensor_destroy(full);
+  WOK(weft_mesh_destroy(mesh));
+}
+
 /* redistribute_into (preallocated and VIEW outputs) equals redistribute;
  * the buffer cache reuses blocks and gives them back when turned off. */
 static void case_into_cache(void) {
@@ -1193,6 +1262,7 @@ static const weft_worker_case cases[] = {{"property", case_property},
                                          {"errors", case_errors},
                                          {"debug_from_local", case_debug_from_local},
                                          {"fill", case_fill},
+                                         {"views", case_views},
                                          {0}};
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

@@ -93,6 +93,12 @@ Test(dtensor, fill_by_global_index_matches_full_fill, .timeout = 60) {
   cr_assert_eq(weft_test_mpiexec(4, WORKER("dtensor_worker"), "fill", 50), 0);
 }
 
+/* weft_dtensor_as_strided and weft_dtensor_view over strided shards
+ * (column slices of a fused projection, nn's split and reshape). */
+Test(dtensor, strided_views_of_shards_behave_as_dtensors, .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(4, WORKER("dtensor_worker"), "views", 50), 0);
+}
+
 /* redistribute_into a preallocated / VIEW DTensor equals redistribute; the
  * opt-in buffer cache reuses blocks and frees them when turned off. */
 /* R/S -> Partial(sum) divides (x / 3 bitwise on each rank of a 1x3 mesh,

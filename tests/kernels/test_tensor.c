@@ -192,7 +192,7 @@ Test(tensor, narrow_selects_the_right_elements) {
   weft_tensor_destroy(t);
 }
 
-Test(tensor, view_reshapes_contiguous_tensors_only) {
+Test(tensor, view_reshapes_contiguous_tensors_and_strided_ones_where_torch_can) {
   int64_t shape[2] = {4, 6};
   weft_tensor *t = iota(2, shape), *v;
   int64_t s[3] = {2, -1, 3};
@@ -210,7 +210,43 @@ Test(tensor, view_reshapes_contiguous_tensors_only) {
   weft_tensor *tr;
   OK(weft_tensor_transpose(t, 0, 1, &tr));
   EXPECT_ERR(weft_tensor_view(tr, 1, flat, &v), WEFT_ERR_INVALID, "f64[6, 4] is strided");
+  /* the transpose's last dim (stride 6) splits: [6, 2, 2] with strides
+   * [1, 12, 6], element (i, j, k) = t[2j + k][i] */
+  int64_t split_last[3] = {6, 2, 2};
+  OK(weft_tensor_view(tr, 3, split_last, &v));
+  cr_expect(v->strides[0] == 1 && v->strides[1] == 12 && v->strides[2] == 6);
+  for (int64_t i = 0; i < 6; i++)
+    for (int64_t j = 0; j < 2; j++)
+      for (int64_t k = 0; k < 2; k++) {
+        int64_t a[3] = {i, j, k}, b[2] = {2 * j + k, i};
+        cr_expect_eq(weft_tensor_get(v, a), weft_tensor_get(t, b));
+      }
+  weft_tensor_destroy(v);
   weft_tensor_destroy(tr);
+  /* a column slice (rows of stride 6): its rows split and its columns
+   * split, but rows and columns do not merge */
+  weft_tensor *cols;
+  OK(weft_tensor_narrow(t, 1, 1, 4, &cols)); /* [4, 4], strides [6, 1] */
+  int64_t heads[3] = {4, 2, 2}, rows2[3] = {2, 2, 4}, ones[4] = {4, 1, 4, 1};
+  OK(weft_tensor_view(cols, 3, heads, &v));
+  cr_expect(v->strides[0] == 6 && v->strides[1] == 2 && v->strides[2] == 1);
+  int64_t a[3] = {3, 1, 0}, b[2] = {3, 1 + 2};
+  cr_expect_eq(weft_tensor_get(v, a), weft_tensor_get(t, b));
+  weft_tensor_destroy(v);
+  OK(weft_tensor_view(cols, 3, rows2, &v));
+  cr_expect(v->strides[0] == 12 && v->strides[1] == 6 && v->strides[2] == 1);
+  weft_tensor_destroy(v);
+  OK(weft_tensor_view(cols, 4, ones, &v));
+  cr_expect(v->strides[0] == 6 && v->strides[2] == 1);
+  weft_tensor_destroy(v);
+  EXPECT_ERR(weft_tensor_view(cols, 1, flat, &v), WEFT_ERR_INVALID,
+             "view shape [16]: f64[4, 4] is strided");
+  int64_t straddle[2] = {2, 8};
+  EXPECT_ERR(weft_tensor_view(cols, 2, straddle, &v), WEFT_ERR_INVALID, "is strided");
+  int64_t st[3];
+  cr_expect_not(weft_tensor_view_strides(cols, 2, straddle, st));
+  cr_expect(weft_tensor_view_strides(cols, 3, heads, st));
+  weft_tensor_destroy(cols);
   int64_t bad[2] = {5, 5};
   EXPECT_ERR(weft_tensor_view(t, 2, bad, &v), WEFT_ERR_INVALID,
              "view shape [5, 5] has 25 elements, f64[4, 6] has 24");
