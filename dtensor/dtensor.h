@@ -308,7 +308,9 @@ WEFT_API weft_status weft_dtensor_view(const weft_dtensor *x, int ndim, const in
  * `placements` whose local tensor (this rank's shard shape of that spec)
  * starts `offset` elements into x's local storage with `strides` (in
  * elements, >= 0). Every element it addresses must lie within the span of
- * x's local elements (WEFT_ERR_INVALID naming the span otherwise); which
+ * x's local elements (WEFT_ERR_INVALID naming the span otherwise; a
+ * local shape of no elements takes any offset and starts where x's
+ * local does); which
  * elements and placements make sense is the caller's to choose (nn's
  * split hands out column slices of its input so). Ownership as
  * weft_dtensor_view; local, no communication. */

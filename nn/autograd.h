@@ -125,10 +125,12 @@ typedef struct weft_op_stats {
    * outputs and saved buffers in backward); ops with a storage-dtype
    * kernel on the device widen nothing */
   int64_t widened;
-  /* copies that shape ops make where a view would do: one per reshape,
-   * transpose and each piece that split or cat moves, forward and backward
-   * alike, and one per input of the output's shape to which add's backward
-   * hands a copy of the output grad */
+  /* copies that shape ops make where a view would do: one per reshape
+   * that no view can express, transpose, and each piece that split or cat
+   * moves, forward and backward alike; one per input of the output's shape
+   * to which add's backward hands a copy of the output grad; and one per
+   * strided value (a split piece) first handed to an op whose kernels read
+   * contiguous tensors only */
   int64_t copies;
   /* host allocations of >= 64 KiB that reached the system allocator
    * (weft_mem_stats.large_system_allocs of WEFT_CPU) */
@@ -148,7 +150,9 @@ WEFT_API weft_status weft_graph_input(weft_graph *g, const weft_dtensor *t, bool
 WEFT_API weft_var *weft_graph_param(weft_graph *g, weft_param *p);
 
 /* The var's value and (after backward) grad; the grad is NULL when none
- * reached it. Owned by the graph. */
+ * reached it. Owned by the graph. The local tensor of either may be a
+ * strided view (split's pieces, reshapes of them): read it through its
+ * strides, or take a contiguous copy (weft_dtensor_to_local). */
 WEFT_API const weft_dtensor *weft_var_value(const weft_var *v);
 WEFT_API const weft_dtensor *weft_var_grad(const weft_var *v);
 WEFT_API weft_graph *weft_var_graph(const weft_var *v);
@@ -222,7 +226,11 @@ WEFT_API weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape
 WEFT_API weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out);
 /* Splits dim into n pieces of sizes[i] (sum = the dim's size). A dim
  * StridedShard(dim, n) with equal sizes splits locally (each piece comes
- * out Shard(dim)); other shards of `dim` are replicated first. */
+ * out Shard(dim)); other shards of `dim` are replicated first. The pieces
+ * of an op's output are views (torch's split): slices of its storage with
+ * its strides, which sdpa reads in place (the fused q|k|v projection) and
+ * other ops copy once; pieces of the caller's input or a parameter are
+ * copies. */
 WEFT_API weft_status weft_op_split(weft_var *x, int dim, int n, const int64_t *sizes,
                                    weft_var **outs);
 /* Concatenates along dim (inputs equal elsewhere; `dim` replicated). */
@@ -262,7 +270,10 @@ WEFT_API weft_status weft_op_rope(weft_var *x, double theta, int64_t pos0, weft_
  * a bidirectional block). Per mesh dim q, k, v all R, all S(0) (batch) or
  * all S(2) (heads, when the mesh dim's size divides Hkv: each rank holds
  * whole kv groups) -> the output alike; other placements (a sequence
- * shard, P(sum)) are redistributed first. */
+ * shard, P(sum)) are redistributed first. q, k, v may be split's pieces
+ * of one projection, reshaped to heads: read in place where the device
+ * takes strided rows (weft_backend_attention_takes_rows), and their grads
+ * written into one buffer that split's backward hands on whole. */
 WEFT_API weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal,
                                   weft_var **out);
 /* Mean cross-entropy of logits (..., V) against targets (...) int32 (a

@@ -28,6 +28,10 @@ struct weft_var {
    * several inputs, add's): never added into in place; the first
    * accumulation makes the var its own buffer (graph.c accumulate) */
   bool grad_shared;
+  /* value is a strided view (split's pieces): the contiguous copy that ops
+   * without strided kernels read, made by the first of them
+   * (nn_check_vars), NULL until then */
+  const weft_dtensor *contig;
 };
 
 typedef struct nn_node nn_node;
@@ -95,6 +99,14 @@ weft_status nn_graph_like(weft_graph *g, const weft_dtensor *x, const weft_place
  * the pool. Local; reshape's forward (ops_shape.c) is the caller. */
 weft_status nn_graph_view(weft_graph *g, const weft_dtensor *x, int ndim, const int64_t *shape,
                           const weft_placement *pl, weft_dtensor **out);
+/* The same for weft_dtensor_as_strided (offset and strides into x's local
+ * storage): split's pieces. */
+weft_status nn_graph_as_strided(weft_graph *g, const weft_dtensor *x, int ndim,
+                                const int64_t *shape, const weft_placement *pl, int64_t offset,
+                                const int64_t *strides, weft_dtensor **out);
+/* The buffer whose storage d shares when d is a view of this step, else
+ * NULL. */
+const weft_dtensor *nn_graph_view_base(const weft_graph *g, const weft_dtensor *d);
 /* x itself when it has placements `to`, else a graph buffer holding x
  * redistributed (allow_partial: Replicate -> Partial targets). */
 weft_status nn_graph_bring(weft_graph *g, const weft_dtensor *x, const weft_placement *to,
@@ -124,8 +136,17 @@ weft_var *nn_graph_var(const weft_graph *g, int i);
 nn_node *nn_graph_node(const weft_graph *g, int i);
 
 /* Argument checks shared by ops: non-NULL vars of one graph on meshes of
- * one shape. `name` is the op. */
+ * one shape. `name` is the op. An input whose value is a strided view
+ * gets its contiguous copy here (weft_var.contig, counted in copies), so
+ * the op's kernels see contiguous tensors through nn_var_now. */
 weft_status nn_check_vars(const char *name, weft_var *const *in, int nin, weft_graph **g);
+/* The same checks without the copies: for ops that read strided values
+ * (reshape, sdpa), which call nn_var_contig themselves where they
+ * cannot. */
+weft_status nn_check_vars_views(const char *name, weft_var *const *in, int nin, weft_graph **g);
+/* Makes v's contiguous copy (weft_var.contig) when its value is strided
+ * and it has none yet; counted in copies. */
+weft_status nn_var_contig(weft_var *v);
 /* An error naming the op and its inputs' shapes and placements, with a
  * reason, raised as from `func` (nn_op_error: the calling function, so an
  * op's own checks head the message with weft_op_<name>). Returns `code`. */
@@ -153,7 +174,9 @@ weft_status nn_var_new(weft_graph *g, const weft_dtensor *value, nn_node *node, 
 bool nn_node_wants(const nn_node *n, int i);
 /* Input i as the forward used it (a parameter's data as it is now). */
 const weft_dtensor *nn_node_input(const nn_node *n, int i);
-/* The var's current value: a parameter's data now, else value. */
+/* The var's current value: a parameter's data now, else its contiguous
+ * copy when one was made, else value (which may be a strided view: only
+ * ops that read strided operands see it, through nn_check_vars_views). */
 const weft_dtensor *nn_var_now(const weft_var *v);
 weft_graph *nn_node_graph(const nn_node *n);
 /* Training flag, seed, step of the graph; a fresh op index per call. */
@@ -237,6 +260,10 @@ weft_status nn_check_f32_contig(const char *name, weft_var *const *in, int nin,
  * computes kop (an op that nn_mixed_begin_kernel left unwidened). */
 weft_status nn_check_kernel_contig(const char *name, weft_var *const *in, int nin,
                                    const weft_dtensor *d, const char *what, weft_kernel_op kop);
+/* Only the dtype half of nn_check_kernel_contig (ops that read strided
+ * values). */
+weft_status nn_check_kernel_dtype(const char *name, weft_var *const *in, int nin,
+                                  const weft_dtensor *d, const char *what, weft_kernel_op kop);
 
 /* Per mesh dim placement helpers. */
 static inline bool nn_is_shard_any(weft_placement p) {

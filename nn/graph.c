@@ -310,17 +310,54 @@ static bool is_view_base(const weft_graph *g, const weft_dtensor *d) {
   return false;
 }
 
+/* The buffer under x when x is a buffer of this step or a view of one
+ * (NULL otherwise), with room for one more view entry. */
+static weft_status view_room(weft_graph *g, const weft_dtensor *x, const weft_dtensor **base) {
+  *base = pool_holds(g, x) ? x : view_base(g, x);
+  if (*base) WEFT_CHECK(grow((void **)&g->views, &g->cap_views, g->nviews + 1, sizeof *g->views));
+  return WEFT_OK;
+}
+
 weft_status nn_graph_view(weft_graph *g, const weft_dtensor *x, int ndim, const int64_t *shape,
                           const weft_placement *pl, weft_dtensor **out) {
   *out = NULL;
-  const weft_dtensor *base = pool_holds(g, x) ? x : view_base(g, x);
+  const weft_dtensor *base;
+  WEFT_CHECK(view_room(g, x, &base));
   if (!base) return WEFT_OK;
-  WEFT_CHECK(grow((void **)&g->views, &g->cap_views, g->nviews + 1, sizeof *g->views));
+  /* a strided x whose elements no view can give in this shape: the
+   * caller copies */
+  weft_dtensor_spec spec;
+  const weft_mesh *mesh = weft_dtensor_mesh(x);
+  WEFT_CHECK(weft_dtensor_spec_init_mesh(&spec, mesh, pl, weft_mesh_ndim(mesh),
+                                         weft_dtensor_dtype(x), ndim, shape));
+  int me[WEFT_MESH_MAX_DIMS];
+  for (int i = 0; i < weft_mesh_ndim(mesh); i++) me[i] = weft_mesh_coord(mesh, i);
+  int64_t ls[WEFT_MAX_DIMS], st[WEFT_MAX_DIMS];
+  WEFT_CHECK(weft_dtensor_spec_local_shape(&spec, me, ls, NULL, NULL));
+  if (!weft_tensor_view_strides(weft_dtensor_local(x), ndim, ls, st)) return WEFT_OK;
   weft_dtensor *v;
   WEFT_CHECK(weft_dtensor_view(x, ndim, shape, pl, &v));
   g->views[g->nviews++] = (view_entry){v, base};
   *out = v;
   return WEFT_OK;
+}
+
+weft_status nn_graph_as_strided(weft_graph *g, const weft_dtensor *x, int ndim,
+                                const int64_t *shape, const weft_placement *pl, int64_t offset,
+                                const int64_t *strides, weft_dtensor **out) {
+  *out = NULL;
+  const weft_dtensor *base;
+  WEFT_CHECK(view_room(g, x, &base));
+  if (!base) return WEFT_OK;
+  weft_dtensor *v;
+  WEFT_CHECK(weft_dtensor_as_strided(x, ndim, shape, pl, offset, strides, &v));
+  g->views[g->nviews++] = (view_entry){v, base};
+  *out = v;
+  return WEFT_OK;
+}
+
+const weft_dtensor *nn_graph_view_base(const weft_graph *g, const weft_dtensor *d) {
+  return view_base(g, d);
 }
 
 weft_status nn_graph_zeros(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, int ndim,
@@ -441,7 +478,20 @@ const weft_dtensor *weft_var_grad(const weft_var *v) { return v ? v->grad : NULL
 weft_graph *weft_var_graph(const weft_var *v) { return v ? v->g : NULL; }
 bool weft_var_requires_grad(const weft_var *v) { return v && v->requires_grad; }
 const weft_dtensor *nn_var_now(const weft_var *v) {
-  return v->param && v->param->data ? v->param->data : v->value;
+  if (v->param && v->param->data) return v->param->data;
+  return v->contig ? v->contig : v->value;
+}
+
+weft_status nn_var_contig(weft_var *v) {
+  if (v->contig || (v->param && v->param->data) || !v->value ||
+      weft_tensor_is_contiguous(weft_dtensor_local(v->value)))
+    return WEFT_OK;
+  weft_dtensor *c;
+  WEFT_CHECK(nn_graph_like(v->g, v->value, NULL, &c));
+  WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(c), weft_dtensor_local(v->value)));
+  nn_count_copies(1);
+  v->contig = c;
+  return WEFT_OK;
 }
 
 double weft_var_item(const weft_var *v) {
@@ -696,19 +746,31 @@ weft_status nn_check_f32_contig(const char *name, weft_var *const *in, int nin,
   return nn_check_kernel_contig(name, in, nin, d, what, WEFT_KERNEL_OP_COUNT);
 }
 
-weft_status nn_check_kernel_contig(const char *name, weft_var *const *in, int nin,
-                                   const weft_dtensor *d, const char *what, weft_kernel_op kop) {
+weft_status nn_check_kernel_dtype(const char *name, weft_var *const *in, int nin,
+                                  const weft_dtensor *d, const char *what, weft_kernel_op kop) {
   weft_dtype dt = weft_dtensor_dtype(d);
   if (dt != WEFT_F32 && !(dt != WEFT_F64 && kop < WEFT_KERNEL_OP_COUNT &&
                           weft_backend_takes_dtype(weft_dtensor_local(d)->device, kop, dt)))
     return nn_op_error(WEFT_ERR_UNSUPPORTED, name, in, nin, "%s is %s (f32 only)", what,
                        weft_dtype_name(dt));
+  return WEFT_OK;
+}
+
+weft_status nn_check_kernel_contig(const char *name, weft_var *const *in, int nin,
+                                   const weft_dtensor *d, const char *what, weft_kernel_op kop) {
+  WEFT_CHECK(nn_check_kernel_dtype(name, in, nin, d, what, kop));
   if (!weft_tensor_is_contiguous(weft_dtensor_local(d)))
     return nn_op_error(WEFT_ERR_INVALID, name, in, nin, "%s: local tensor not contiguous", what);
   return WEFT_OK;
 }
 
 weft_status nn_check_vars(const char *name, weft_var *const *in, int nin, weft_graph **g) {
+  WEFT_CHECK(nn_check_vars_views(name, in, nin, g));
+  for (int i = 0; i < nin; i++) WEFT_CHECK(nn_var_contig(in[i]));
+  return WEFT_OK;
+}
+
+weft_status nn_check_vars_views(const char *name, weft_var *const *in, int nin, weft_graph **g) {
   weft_graph *gg = NULL;
   const weft_dtensor_spec *s0 = NULL;
   const weft_mesh *m0 = NULL;
@@ -865,7 +927,9 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d,
     const bool view = view_base(g, d) != NULL;
     if (view || pool_holds(g, d)) {
       v->grad = (weft_dtensor *)d;
-      v->grad_shared = shared || view;
+      /* a base of views (split's backward returns the buffer its pieces'
+       * grads are column slices of) is read through them too */
+      v->grad_shared = shared || view || is_view_base(g, d);
       return WEFT_OK;
     }
     weft_dtensor *own;
@@ -1147,6 +1211,7 @@ static weft_status ac_release(weft_graph *g, uint64_t since) {
   qsort(c, (size_t)n, sizeof *c, ac_cand_cmp);
   for (int i = 0; i < g->nvars; i++) {
     ac_keep(g, c, n, g->vars[i]->value);
+    ac_keep(g, c, n, g->vars[i]->contig);
     ac_keep(g, c, n, g->vars[i]->grad);
   }
   for (int i = 0; i < g->nnodes; i++) {

@@ -652,17 +652,73 @@ static weft_status rope_body(weft_var *x, double theta, int64_t pos0, weft_var *
 
 /* -------------------------------------------------------------------- sdpa */
 
+/* The row stride of a local (B, T, heads, hd) operand as attention reads
+ * it (backend.h weft_attention_rows): 0 when packed, -1 when its strides
+ * are not rows of one stride (each row's heads * hd elements packed). */
+static int64_t attention_row_stride(const weft_tensor *t) {
+  if (weft_tensor_is_contiguous(t)) return 0;
+  const int64_t B = t->shape[0], T = t->shape[1], heads = t->shape[2], hd = t->shape[3];
+  const int64_t ld = T > 1 ? t->strides[1] : t->strides[0];
+  bool ok = ld >= heads * hd && (hd <= 1 || t->strides[3] == 1) &&
+            (heads <= 1 || t->strides[2] == hd) && (B <= 1 || t->strides[0] == T * ld) &&
+            (T <= 1 || t->strides[1] == ld);
+  return ok ? ld : -1;
+}
+
+/* Where dq, dk, dv go: when q, k, v are slices of one buffer (split's
+ * pieces of the fused projection) read in place, the same slices of one
+ * new buffer like it, so that split's backward takes that buffer whole as
+ * the projection's grad (ops_shape.c sliced_grad); else three packed
+ * buffers. D: the grads' placements. rows gets their strides. */
+static weft_status sdpa_grads(weft_graph *g, const weft_dtensor *const *qkv,
+                              const weft_placement *D, weft_dtensor **dqkv,
+                              weft_attention_rows *rows) {
+  const weft_dtensor *base = nn_graph_view_base(g, qkv[0]);
+  for (int i = 1; base && i < 3; i++)
+    if (nn_graph_view_base(g, qkv[i]) != base) base = NULL;
+  if (base) {
+    const weft_dtensor_spec *bs = weft_dtensor_get_spec(base);
+    weft_placement bpl[WEFT_MESH_MAX_DIMS];
+    for (int i = 0; i < bs->mesh_ndim; i++)
+      bpl[i] = nn_is_r(bs->placements[i]) && nn_is_psum(D[i]) ? D[i] : bs->placements[i];
+    weft_dtensor *gb;
+    WEFT_CHECK(nn_graph_like(g, base, bpl, &gb));
+    const char *b0 = nn_local(base)->data;
+    const size_t es = weft_dtype_size(bs->dtype);
+    for (int i = 0; i < 3; i++) {
+      const weft_tensor *l = nn_local(qkv[i]);
+      const int64_t off = (int64_t)(((const char *)l->data - b0) / (ptrdiff_t)es);
+      WEFT_CHECK(nn_graph_as_strided(g, gb, weft_dtensor_ndim(qkv[i]), weft_dtensor_shape(qkv[i]),
+                                     D, off, l->strides, &dqkv[i]));
+      if (!dqkv[i]) return weft_error(WEFT_ERR_INTERNAL, "sdpa backward: no view of the grad");
+    }
+    rows->dq = rows->q, rows->dk = rows->k, rows->dv = rows->v;
+    return WEFT_OK;
+  }
+  for (int i = 0; i < 3; i++) WEFT_CHECK(nn_graph_like(g, qkv[i], D, &dqkv[i]));
+  rows->dq = rows->dk = rows->dv = 0;
+  return WEFT_OK;
+}
+
 /* saved[0] = lse (B, H, T), saved[1] = scratch, saved[2] = the output;
- * i[0] = causal. */
+ * i[0] = causal. q, k, v may be row-strided slices (attention_row_stride). */
 static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
   weft_graph *g = nn_node_graph(n);
-  const weft_dtensor *dy = dout[0], *q = nn_node_input(n, 0), *k = nn_node_input(n, 1),
-                     *v = nn_node_input(n, 2);
+  const weft_dtensor *dy = dout[0];
+  const weft_dtensor *qkv[3] = {nn_node_input(n, 0), nn_node_input(n, 1), nn_node_input(n, 2)};
+  const weft_dtensor *q = qkv[0], *k = qkv[1], *v = qkv[2];
   const weft_placement *D = weft_dtensor_placements(dy);
-  weft_dtensor *dq, *dk, *dv; /* the kernel writes all three */
-  WEFT_CHECK(nn_graph_like(g, q, D, &dq));
-  WEFT_CHECK(nn_graph_like(g, k, D, &dk));
-  WEFT_CHECK(nn_graph_like(g, v, D, &dv));
+  weft_attention_rows rows = {attention_row_stride(nn_local(q)),
+                              attention_row_stride(nn_local(k)),
+                              attention_row_stride(nn_local(v)),
+                              0,
+                              0,
+                              0};
+  if (rows.q < 0 || rows.k < 0 || rows.v < 0)
+    return weft_error(WEFT_ERR_INTERNAL, "sdpa backward: q, k or v is not in rows");
+  weft_dtensor *dqkv[3]; /* the kernel writes all three */
+  WEFT_CHECK(sdpa_grads(g, qkv, D, dqkv, &rows));
+  weft_dtensor *dq = dqkv[0], *dk = dqkv[1], *dv = dqkv[2];
   const weft_tensor *ql = nn_local(q), *kl = nn_local(k);
   int64_t B = ql->shape[0], T = ql->shape[1], H = ql->shape[2], Hkv = kl->shape[2],
           hd = ql->shape[3];
@@ -670,7 +726,7 @@ static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, we
     WEFT_CHECK(weft_backend_attention_backward_dt(
         ql->device, ql->dtype, nn_local(dq)->data, nn_local(dk)->data, nn_local(dv)->data,
         nn_local(dy)->data, ql->data, kl->data, nn_local(v)->data, nn_f32(n->saved[0]),
-        nn_local(n->saved[2])->data, B, T, H, Hkv, hd, n->i[0] != 0, NULL, nn_f32(n->saved[1])));
+        nn_local(n->saved[2])->data, B, T, H, Hkv, hd, n->i[0] != 0, &rows, nn_f32(n->saved[1])));
   else {
     if (nn_numel(dq) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dq), 0.0));
     if (nn_numel(dk) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dk), 0.0));
@@ -688,11 +744,11 @@ static weft_status sdpa_body(weft_var *q, weft_var *k, weft_var *v, bool causal,
   *out = NULL;
   weft_var *in[3] = {q, k, v};
   weft_graph *g;
-  WEFT_CHECK(nn_check_vars(name, in, 3, &g));
+  WEFT_CHECK(nn_check_vars_views(name, in, 3, &g));
   const weft_dtensor *qv = nn_var_now(q), *kv = nn_var_now(k), *vv = nn_var_now(v);
-  WEFT_CHECK(nn_check_kernel_contig(name, in, 3, qv, "q", WEFT_KERNEL_ATTENTION));
-  WEFT_CHECK(nn_check_kernel_contig(name, in, 3, kv, "k", WEFT_KERNEL_ATTENTION));
-  WEFT_CHECK(nn_check_kernel_contig(name, in, 3, vv, "v", WEFT_KERNEL_ATTENTION));
+  WEFT_CHECK(nn_check_kernel_dtype(name, in, 3, qv, "q", WEFT_KERNEL_ATTENTION));
+  WEFT_CHECK(nn_check_kernel_dtype(name, in, 3, kv, "k", WEFT_KERNEL_ATTENTION));
+  WEFT_CHECK(nn_check_kernel_dtype(name, in, 3, vv, "v", WEFT_KERNEL_ATTENTION));
   const weft_dtensor_spec *qs = weft_dtensor_get_spec(qv), *ks = weft_dtensor_get_spec(kv),
                           *vs = weft_dtensor_get_spec(vv);
   bool ok = qs->ndim == 4 && ks->ndim == 4 && vs->ndim == 4;
@@ -730,10 +786,23 @@ static weft_status sdpa_body(weft_var *q, weft_var *k, weft_var *v, bool causal,
     }
     if (Hkv % ph == 0) break;
   }
-  const weft_dtensor *qu, *ku, *vu;
-  WEFT_CHECK(nn_graph_bring(g, qv, tgt, false, &qu));
-  WEFT_CHECK(nn_graph_bring(g, kv, tgt + nk, false, &ku));
-  WEFT_CHECK(nn_graph_bring(g, vv, tgt + 2 * nk, false, &vu));
+  const weft_dtensor *use[3];
+  weft_attention_rows rows = {0, 0, 0, 0, 0, 0};
+  int64_t *ld[3] = {&rows.q, &rows.k, &rows.v};
+  for (int i = 0; i < 3; i++) {
+    WEFT_CHECK(nn_graph_bring(g, nn_var_now(in[i]), tgt + i * nk, false, &use[i]));
+    /* rows of a fused projection are read in place where the device
+     * takes row strides; any other strided value is copied first (a
+     * strided value was not moved: moves give packed buffers) */
+    *ld[i] = attention_row_stride(nn_local(use[i]));
+    if (*ld[i] > 0 && !weft_backend_attention_takes_rows(nn_local(use[i])->device)) *ld[i] = -1;
+    if (*ld[i] < 0) {
+      WEFT_CHECK(nn_var_contig(in[i]));
+      use[i] = nn_var_now(in[i]);
+      *ld[i] = 0;
+    }
+  }
+  const weft_dtensor *qu = use[0], *ku = use[1], *vu = use[2];
   weft_mesh *mesh = weft_dtensor_mesh(qv);
   weft_dtensor *y, *lse, *scratch;
   WEFT_CHECK(nn_graph_like(g, qu, opl, &y));
@@ -753,7 +822,7 @@ static weft_status sdpa_body(weft_var *q, weft_var *k, weft_var *v, bool causal,
   if (Bl > 0 && T > 0 && Hl > 0 && hd > 0)
     WEFT_CHECK(weft_backend_attention_forward_dt(dev, ql->dtype, nn_local(y)->data, nn_f32(lse),
                                                  ql->data, kl->data, nn_local(vu)->data, Bl, T, Hl,
-                                                 Hkvl, hd, causal, NULL, nn_f32(scratch)));
+                                                 Hkvl, hd, causal, &rows, nn_f32(scratch)));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 3, (const weft_dtensor *const[]){qu, ku, vu}, sdpa_backward, &node));

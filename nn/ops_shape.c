@@ -277,10 +277,10 @@ static weft_status reshape_body(weft_var *x, int ndim, const int64_t *shape, wef
   if (!out) return weft_error(WEFT_ERR_INVALID, "reshape: out is NULL");
   *out = NULL;
   weft_graph *g;
-  WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
+  WEFT_CHECK(nn_check_vars_views(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
+  WEFT_CHECK(nn_check_kernel_dtype(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
   if (ndim < 0 || ndim > WEFT_MAX_DIMS || (ndim > 0 && !shape))
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "bad new shape (%d dims)", ndim);
   int64_t numel = prod(xs->shape, 0, xs->ndim), known = 1;
@@ -340,11 +340,17 @@ static weft_status reshape_body(weft_var *x, int ndim, const int64_t *shape, wef
   WEFT_CHECK(nn_choose(name, &x, 1, opts, NN_OPT_CAP, nopt, false, tgt, opl));
   const weft_dtensor *xu;
   WEFT_CHECK(nn_graph_bring(g, xv, tgt, false, &xu));
-  /* a view of a graph buffer (torch's view of contiguous data): no copy;
-   * a parameter, an input of the caller's or an FSDP-gathered weight,
-   * whose storage may go before backward, is copied */
+  /* a view of a graph buffer or of a view of one (torch's view, also of
+   * strided data where the new shape allows one): no copy; a parameter, an
+   * input of the caller's or an FSDP-gathered weight, whose storage may go
+   * before backward, is copied, and so is a strided value that no view
+   * can reshape (through its contiguous copy) */
   weft_dtensor *y;
   WEFT_CHECK(nn_graph_view(g, xu, ndim, oshape, opl, &y));
+  if (!y && !weft_tensor_is_contiguous(nn_local(xu))) {
+    WEFT_CHECK(nn_var_contig(x));
+    xu = nn_var_now(x);
+  }
   if (!y) {
     WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, ndim, oshape, opl, &y));
     WEFT_CHECK(relayout_copy(name, weft_dtensor_local(y), nn_local(xu)));
@@ -458,6 +464,38 @@ static void common_grad_pl(const weft_placement *out, const weft_dtensor *const 
   }
 }
 
+/* The graph buffer whose slices along dim the pieces' grads use[0..np)
+ * are, in order and covering it, when it has dx's spec (x's shape and
+ * dtype, placements p): sdpa's backward writes dq, dk, dv so into one
+ * buffer, which then is dx without a copy. NULL otherwise. */
+static const weft_dtensor *sliced_grad(weft_graph *g, const weft_dtensor *x,
+                                       const weft_placement *p, const weft_dtensor *const *use,
+                                       int np, int dim) {
+  const weft_dtensor *base = nn_graph_view_base(g, use[0]);
+  if (!base) return NULL;
+  const weft_dtensor_spec *bs = weft_dtensor_get_spec(base), *xs = weft_dtensor_get_spec(x);
+  if (bs->dtype != xs->dtype || bs->ndim != xs->ndim ||
+      !nn_pl_equal(bs->placements, p, bs->mesh_ndim))
+    return NULL;
+  for (int d = 0; d < bs->ndim; d++)
+    if (bs->shape[d] != xs->shape[d]) return NULL;
+  const weft_tensor *bl = nn_local(base);
+  if (!weft_tensor_is_contiguous(bl)) return NULL;
+  const size_t es = weft_dtype_size(bl->dtype);
+  int64_t off = 0;
+  for (int j = 0; j < np; j++) {
+    if (nn_graph_view_base(g, use[j]) != base) return NULL;
+    const weft_tensor *ul = nn_local(use[j]);
+    if ((const char *)ul->data != (const char *)bl->data + (size_t)(off * bl->strides[dim]) * es)
+      return NULL;
+    for (int d = 0; d < bl->ndim; d++)
+      if (ul->strides[d] != bl->strides[d] || (d != dim && ul->shape[d] != bl->shape[d]))
+        return NULL;
+    off += ul->shape[dim];
+  }
+  return off == bl->shape[dim] ? base : NULL;
+}
+
 static weft_status split_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
   if (!nn_node_wants(n, 0)) return WEFT_OK;
   weft_graph *g = nn_node_graph(n);
@@ -467,32 +505,37 @@ static weft_status split_backward(nn_node *n, const weft_dtensor *const *dout, w
   weft_placement G[WEFT_MESH_MAX_DIMS], p[WEFT_MESH_MAX_DIMS];
   common_grad_pl(weft_dtensor_placements(n->out[0]->value), dout, np, k, G);
   for (int i = 0; i < k; i++) p[i] = nn_is_shard_any(G[i]) ? X[i] : G[i];
+  const weft_dtensor *use[NN_MAX_OUT];
+  bool all = true;
+  for (int j = 0; j < np; j++) {
+    use[j] = NULL;
+    if (dout[j]) WEFT_CHECK(nn_graph_bring(g, dout[j], G, true, &use[j]));
+    all = all && use[j];
+  }
+  const weft_dtensor *whole = all ? sliced_grad(g, x, p, use, np, dim) : NULL;
+  if (whole) {
+    din[0] = (weft_dtensor *)whole;
+    return WEFT_OK;
+  }
   weft_dtensor *dx;
   WEFT_CHECK(nn_graph_like(g, x, p, &dx));
   weft_tensor *dxl = weft_dtensor_local(dx);
   int64_t off = 0;
   for (int j = 0; j < np; j++) {
     const weft_dtensor *o = n->out[j]->value;
-    int64_t len;
-    if (dout[j]) {
-      const weft_dtensor *use;
-      WEFT_CHECK(nn_graph_bring(g, dout[j], G, true, &use));
-      const weft_tensor *l = nn_local(use);
-      len = l->shape[dim];
-      if (off + len > dxl->shape[dim])
-        return weft_error(WEFT_ERR_INTERNAL, "split backward: pieces exceed the input");
-      WEFT_CHECK(copy_narrow(dxl, l, dim, off, true));
-    } else {
+    const weft_dtensor *piece = use[j];
+    if (!piece) {
       /* no grad reached piece j: zeros of its local shape under G */
       weft_dtensor *z;
       WEFT_CHECK(nn_graph_zeros(g, weft_dtensor_mesh(o), weft_dtensor_dtype(o),
                                 weft_dtensor_ndim(o), weft_dtensor_shape(o), G, &z));
-      const weft_tensor *l = nn_local(z);
-      len = l->shape[dim];
-      if (off + len > dxl->shape[dim])
-        return weft_error(WEFT_ERR_INTERNAL, "split backward: pieces exceed the input");
-      WEFT_CHECK(copy_narrow(dxl, l, dim, off, true));
+      piece = z;
     }
+    const weft_tensor *l = nn_local(piece);
+    const int64_t len = l->shape[dim];
+    if (off + len > dxl->shape[dim])
+      return weft_error(WEFT_ERR_INTERNAL, "split backward: pieces exceed the input");
+    WEFT_CHECK(copy_narrow(dxl, l, dim, off, true));
     off += len;
   }
   if (off != dxl->shape[dim])
@@ -509,10 +552,10 @@ static weft_status split_body(weft_var *x, int dim, int n, const int64_t *sizes,
     return weft_error(WEFT_ERR_INVALID, "split: %d pieces (1..%d) or sizes NULL", n, NN_MAX_OUT);
   for (int j = 0; j < n; j++) outs[j] = NULL;
   weft_graph *g;
-  WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
+  WEFT_CHECK(nn_check_vars_views(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
+  WEFT_CHECK(nn_check_kernel_dtype(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
   int nd = xs->ndim, k = xs->mesh_ndim;
   WEFT_CHECK(normalize_dim(name, &x, 1, dim, nd, &dim));
   int64_t total = 0;
@@ -553,15 +596,20 @@ static weft_status split_body(weft_var *x, int dim, int n, const int64_t *sizes,
   const weft_tensor *xl = nn_local(xu);
   weft_dtensor *ys[NN_MAX_OUT];
   int64_t off = 0;
+  /* each piece is the local slice [off, off + len) of dim: a view of a
+   * graph buffer (or of a view of one) with the input's strides, else
+   * (the caller's input, a parameter) a copy */
   for (int j = 0; j < n; j++) {
     int64_t s[WEFT_MAX_DIMS];
     memcpy(s, xs->shape, sizeof(int64_t) * (size_t)nd);
     s[dim] = sizes[j];
-    WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, nd, s, opl, &ys[j]));
+    WEFT_CHECK(nn_graph_as_strided(g, xu, nd, s, opl, off * xl->strides[dim], xl->strides, &ys[j]));
+    const bool view = ys[j] != NULL;
+    if (!view) WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, nd, s, opl, &ys[j]));
     weft_tensor *yl = weft_dtensor_local(ys[j]);
     if (off + yl->shape[dim] > xl->shape[dim])
       return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local pieces exceed the input");
-    WEFT_CHECK(copy_narrow((weft_tensor *)xl, yl, dim, off, false));
+    if (!view) WEFT_CHECK(copy_narrow((weft_tensor *)xl, yl, dim, off, false));
     off += yl->shape[dim];
   }
   if (off != xl->shape[dim])

@@ -409,9 +409,12 @@ static void case_bf16_curve(void) {
   WCHECK(up <= 0.55, "unsharded parameters: bf16 peak %lld B vs fp32 %lld B (%.3f)",
          (long long)mem[1].unsharded_params.peak, (long long)mem[0].unsharded_params.peak, up);
   /* bf16 activations; the f32 row statistics (norms, attention, loss) stay,
-   * and on a device the attention kernel's f32 scratch (0.600 measured on
-   * the emulator, 0.509 on the CPU) */
-  double amax = weft_worker_device_mode() ? 0.65 : 0.55;
+   * and on a device the attention kernel's f32 scratch, the same bytes in
+   * both runs: 0.654 measured on the emulator and 0.516 on the CPU since
+   * split's q|k|v pieces became views (0.600 and 0.509 when they were
+   * copies, which halved with the dtype; bytes 160642 vs 245636 on the
+   * emulator: if every other byte halves, 75648 are f32 in both) */
+  double amax = weft_worker_device_mode() ? 0.67 : 0.55;
   WCHECK(ar <= amax, "the graph after forward: bf16 %lld B vs fp32 %lld B (%.3f > %.2f)",
          (long long)act[1], (long long)act[0], ar, amax);
   if (weft_worker_rank == 0)

@@ -258,3 +258,92 @@ Test(ops_shape, reshape_of_a_graph_buffer_is_a_view_and_of_an_input_a_copy) {
 Test(ops_shape, reshape_of_a_graph_buffer_is_a_view_and_of_an_input_a_copy_on_device) {
   reshape_view_case(true);
 }
+
+/* ------------------------------------- split pieces as views (issue 42) */
+
+/* The fused q|k|v projection of GPT-2: p = 1.5 x (an op's output, B=2,
+ * T=5, 3 x 8), q, k, v = split(p), each reshaped to (B, T, 2 heads, 4),
+ * y = sdpa(q, k, v), backward with a random dy. Mode 0 reads them in
+ * place: the pieces and their head views share p's storage, attention
+ * takes them strided and writes dq, dk, dv into one buffer that split's
+ * backward hands on whole: no copy forward or backward. Mode 1 first
+ * scales each head view by 1 (an op without strided kernels: one copy
+ * each), mode 2 only v (q and k are still read in place, but their grads
+ * no longer share one buffer, so split's backward copies). Every mode
+ * gives mode 0's output and input grad bit for bit, on a second step of
+ * the same graph too. */
+static void split_view_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh;
+  OK(oc_one_rank_mesh(on_device, &mesh));
+  enum { B = 2, T = 5, H = 2, HD = 4, C = H * HD, N = B * T * 3 * C, NY = B * T * C };
+  uint64_t s = weft_test_rng_state(43);
+  weft_tensor *hx, *hr;
+  int64_t xs[3] = {B, T, 3 * C}, ys[4] = {B, T, H, HD};
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 3, xs, &hx));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 4, ys, &hr));
+  for (int i = 0; i < N; i++) ((float *)hx->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
+  for (int i = 0; i < NY; i++) ((float *)hr->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
+  weft_placement r = weft_replicate();
+  weft_dtensor *x, *dr;
+  OK(weft_dtensor_distribute(mesh, hx, WEFT_DTENSOR_ALL_RANKS, &r, 1, &x));
+  OK(weft_dtensor_distribute(mesh, hr, WEFT_DTENSOR_ALL_RANKS, &r, 1, &dr));
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  double *want_y = NULL, *want_g = NULL;
+  const int64_t want_copies[3] = {0, 3 + 3, 1 + 3};
+  for (int run = 0; run < 6; run++) {
+    const int mode = run % 3;
+    const weft_op_stats before = weft_op_stats_get();
+    weft_var *vx, *p, *pieces[3], *heads[3], *y;
+    OK(weft_graph_input(g, x, true, &vx));
+    OK(weft_op_scale(vx, 1.5, &p));
+    const int64_t sizes[3] = {C, C, C};
+    OK(weft_op_split(p, 2, 3, sizes, pieces));
+    const char *p0 = weft_dtensor_local(weft_var_value(p))->data;
+    for (int j = 0; j < 3; j++) {
+      OK(weft_op_reshape(pieces[j], 4, ys, &heads[j]));
+      const weft_tensor *l = weft_dtensor_local(weft_var_value(heads[j]));
+      cr_assert_eq((const char *)l->data, p0 + (size_t)j * C * sizeof(float),
+                   "piece %d is not a view of the projection", j);
+      cr_assert(l->strides[1] == 3 * C && l->strides[2] == HD && l->strides[3] == 1);
+      if (mode == 1 || (mode == 2 && j == 2)) OK(weft_op_scale(heads[j], 1.0, &heads[j]));
+    }
+    OK(weft_op_sdpa(heads[0], heads[1], heads[2], true, &y));
+    OK(weft_backward_grad(y, dr));
+    const weft_op_stats after = weft_op_stats_get();
+    cr_expect_eq(after.copies - before.copies, want_copies[mode], "mode %d: %lld copies, want %lld",
+                 mode, (long long)(after.copies - before.copies), (long long)want_copies[mode]);
+    int64_t n;
+    double *yv, *gx;
+    OK(oc_full_values(weft_var_value(y), &yv, &n));
+    cr_assert_eq(n, NY);
+    OK(oc_full_values(weft_var_grad(vx), &gx, &n));
+    cr_assert_eq(n, N);
+    if (!want_y) {
+      want_y = yv, want_g = gx;
+      double norm = 0;
+      for (int i = 0; i < N; i++) norm += gx[i] * gx[i];
+      cr_assert(norm > 0, "the input grad is all zeros");
+    } else {
+      cr_assert_eq(memcmp(yv, want_y, sizeof(double) * NY), 0, "run %d: output differs", run);
+      cr_assert_eq(memcmp(gx, want_g, sizeof(double) * N), 0, "run %d: input grad differs", run);
+      free(yv);
+      free(gx);
+    }
+    OK(weft_graph_reset(g));
+  }
+  free(want_y);
+  free(want_g);
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(dr);
+  weft_tensor_destroy(hx);
+  weft_tensor_destroy(hr);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+Test(ops_shape, split_pieces_are_views_that_attention_reads_in_place) { split_view_case(false); }
+Test(ops_shape, split_pieces_are_views_that_attention_reads_in_place_on_device) {
+  split_view_case(true);
+}
