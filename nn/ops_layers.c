@@ -665,6 +665,29 @@ static int64_t attention_row_stride(const weft_tensor *t) {
   return ok ? ld : -1;
 }
 
+/* Whether q, k, v (views of base) are disjoint column ranges of the same
+ * rows: the same strides, and each one's heads * hd elements of a row
+ * apart from the others' (the pieces of split, not one view thrice). */
+static bool disjoint_columns(const weft_dtensor *const *qkv, const weft_dtensor *base) {
+  const char *b0 = nn_local(base)->data;
+  const size_t es = weft_dtype_size(nn_local(base)->dtype);
+  int64_t lo[3], hi[3];
+  for (int i = 0; i < 3; i++) {
+    const weft_tensor *l = nn_local(qkv[i]), *l0 = nn_local(qkv[0]);
+    if (l->ndim != 4 || l->strides[0] != l0->strides[0] || l->strides[1] != l0->strides[1])
+      return false;
+    lo[i] = (int64_t)(((const char *)l->data - b0) / (ptrdiff_t)es);
+    hi[i] = lo[i] + l->shape[2] * l->shape[3];
+  }
+  const int64_t row = nn_local(qkv[0])->strides[1];
+  for (int i = 0; i < 3; i++) {
+    if (lo[i] < 0 || hi[i] > row) return false; /* not within the first row's columns */
+    for (int j = 0; j < i; j++)
+      if (lo[i] < hi[j] && lo[j] < hi[i]) return false;
+  }
+  return true;
+}
+
 /* Where dq, dk, dv go: when q, k, v are slices of one buffer (split's
  * pieces of the fused projection) read in place, the same slices of one
  * new buffer like it, so that split's backward takes that buffer whole as
@@ -676,6 +699,7 @@ static weft_status sdpa_grads(weft_graph *g, const weft_dtensor *const *qkv,
   const weft_dtensor *base = nn_graph_view_base(g, qkv[0]);
   for (int i = 1; base && i < 3; i++)
     if (nn_graph_view_base(g, qkv[i]) != base) base = NULL;
+  if (base && !disjoint_columns(qkv, base)) base = NULL; /* sdpa(q, q, q): one storage */
   if (base) {
     const weft_dtensor_spec *bs = weft_dtensor_get_spec(base);
     weft_placement bpl[WEFT_MESH_MAX_DIMS];

@@ -343,6 +343,60 @@ static void split_view_case(bool on_device) {
   weft_mesh_destroy(mesh);
   weft_finalize();
 }
+/* Self-attention on one view: y = sdpa(q, q, q) with q a reshape (a view)
+ * of an op's output. Its three grads must not share storage (they are
+ * summed into q's): the output and input grad equal those of the same
+ * graph with q first scaled by 1 (an ordinary buffer), bit for bit. */
+static void self_attention_view_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh;
+  OK(oc_one_rank_mesh(on_device, &mesh));
+  enum { B = 2, T = 6, H = 2, HD = 4, N = B * T * H * HD };
+  uint64_t s = weft_test_rng_state(44);
+  weft_tensor *hx, *hr;
+  int64_t xs[3] = {B, T, H * HD}, ys[4] = {B, T, H, HD};
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 3, xs, &hx));
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 4, ys, &hr));
+  for (int i = 0; i < N; i++) ((float *)hx->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
+  for (int i = 0; i < N; i++) ((float *)hr->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
+  weft_placement r = weft_replicate();
+  weft_dtensor *x, *dr;
+  OK(weft_dtensor_distribute(mesh, hx, WEFT_DTENSOR_ALL_RANKS, &r, 1, &x));
+  OK(weft_dtensor_distribute(mesh, hr, WEFT_DTENSOR_ALL_RANKS, &r, 1, &dr));
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  double *vals[2][2];
+  for (int mode = 0; mode < 2; mode++) {
+    weft_var *vx, *p, *q, *y;
+    OK(weft_graph_input(g, x, true, &vx));
+    OK(weft_op_scale(vx, 1.5, &p));
+    OK(weft_op_reshape(p, 4, ys, &q));
+    if (mode == 1) OK(weft_op_scale(q, 1.0, &q));
+    OK(weft_op_sdpa(q, q, q, false, &y));
+    OK(weft_backward_grad(y, dr));
+    int64_t n;
+    OK(oc_full_values(weft_var_value(y), &vals[mode][0], &n));
+    OK(oc_full_values(weft_var_grad(vx), &vals[mode][1], &n));
+    cr_assert_eq(n, N);
+    OK(weft_graph_reset(g));
+  }
+  cr_assert_eq(memcmp(vals[0][0], vals[1][0], sizeof(double) * N), 0, "output differs");
+  cr_assert_eq(memcmp(vals[0][1], vals[1][1], sizeof(double) * N), 0, "input grad differs");
+  for (int m = 0; m < 2; m++) free(vals[m][0]), free(vals[m][1]);
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(dr);
+  weft_tensor_destroy(hx);
+  weft_tensor_destroy(hr);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+Test(ops_shape, self_attention_on_one_view_sums_three_separate_grads) {
+  self_attention_view_case(false);
+}
+Test(ops_shape, self_attention_on_one_view_sums_three_separate_grads_on_device) {
+  self_attention_view_case(true);
+}
 Test(ops_shape, split_pieces_are_views_that_attention_reads_in_place) { split_view_case(false); }
 Test(ops_shape, split_pieces_are_views_that_attention_reads_in_place_on_device) {
   split_view_case(true);
