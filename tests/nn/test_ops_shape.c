@@ -261,6 +261,21 @@ Test(ops_shape, reshape_of_a_graph_buffer_is_a_view_and_of_an_input_a_copy_on_de
 
 /* ------------------------------------- split pieces as views (issue 42) */
 
+/* A Replicate f32 DTensor on mesh of `shape` with values uniform in
+ * [-0.5, 0.5) from the rng state s. */
+static weft_dtensor *replicated_uniform(weft_mesh *mesh, int ndim, const int64_t *shape,
+                                        uint64_t *s) {
+  weft_tensor *h;
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, ndim, shape, &h));
+  const int64_t n = weft_tensor_numel(h);
+  for (int64_t i = 0; i < n; i++) ((float *)h->data)[i] = (float)(weft_test_rng_unit(s) - 0.5);
+  weft_placement r = weft_replicate();
+  weft_dtensor *d;
+  OK(weft_dtensor_distribute(mesh, h, WEFT_DTENSOR_ALL_RANKS, &r, 1, &d));
+  weft_tensor_destroy(h);
+  return d;
+}
+
 /* The fused q|k|v projection of GPT-2: p = 1.5 x (an op's output, B=2,
  * T=5, 3 x 8), q, k, v = split(p), each reshaped to (B, T, 2 heads, 4),
  * y = sdpa(q, k, v), backward with a random dy. Mode 0 reads them in
@@ -278,16 +293,8 @@ static void split_view_case(bool on_device) {
   OK(oc_one_rank_mesh(on_device, &mesh));
   enum { B = 2, T = 5, H = 2, HD = 4, C = H * HD, N = B * T * 3 * C, NY = B * T * C };
   uint64_t s = weft_test_rng_state(43);
-  weft_tensor *hx, *hr;
   int64_t xs[3] = {B, T, 3 * C}, ys[4] = {B, T, H, HD};
-  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 3, xs, &hx));
-  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 4, ys, &hr));
-  for (int i = 0; i < N; i++) ((float *)hx->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
-  for (int i = 0; i < NY; i++) ((float *)hr->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
-  weft_placement r = weft_replicate();
-  weft_dtensor *x, *dr;
-  OK(weft_dtensor_distribute(mesh, hx, WEFT_DTENSOR_ALL_RANKS, &r, 1, &x));
-  OK(weft_dtensor_distribute(mesh, hr, WEFT_DTENSOR_ALL_RANKS, &r, 1, &dr));
+  weft_dtensor *x = replicated_uniform(mesh, 3, xs, &s), *dr = replicated_uniform(mesh, 4, ys, &s);
   weft_graph *g;
   OK(weft_graph_create(&g));
   double *want_y = NULL, *want_g = NULL;
@@ -338,8 +345,6 @@ static void split_view_case(bool on_device) {
   weft_graph_destroy(g);
   weft_dtensor_destroy(x);
   weft_dtensor_destroy(dr);
-  weft_tensor_destroy(hx);
-  weft_tensor_destroy(hr);
   weft_mesh_destroy(mesh);
   weft_finalize();
 }
@@ -353,16 +358,8 @@ static void self_attention_view_case(bool on_device) {
   OK(oc_one_rank_mesh(on_device, &mesh));
   enum { B = 2, T = 6, H = 2, HD = 4, N = B * T * H * HD };
   uint64_t s = weft_test_rng_state(44);
-  weft_tensor *hx, *hr;
   int64_t xs[3] = {B, T, H * HD}, ys[4] = {B, T, H, HD};
-  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 3, xs, &hx));
-  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 4, ys, &hr));
-  for (int i = 0; i < N; i++) ((float *)hx->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
-  for (int i = 0; i < N; i++) ((float *)hr->data)[i] = (float)(weft_test_rng_unit(&s) - 0.5);
-  weft_placement r = weft_replicate();
-  weft_dtensor *x, *dr;
-  OK(weft_dtensor_distribute(mesh, hx, WEFT_DTENSOR_ALL_RANKS, &r, 1, &x));
-  OK(weft_dtensor_distribute(mesh, hr, WEFT_DTENSOR_ALL_RANKS, &r, 1, &dr));
+  weft_dtensor *x = replicated_uniform(mesh, 3, xs, &s), *dr = replicated_uniform(mesh, 4, ys, &s);
   weft_graph *g;
   OK(weft_graph_create(&g));
   double *vals[2][2];
@@ -386,8 +383,6 @@ static void self_attention_view_case(bool on_device) {
   weft_graph_destroy(g);
   weft_dtensor_destroy(x);
   weft_dtensor_destroy(dr);
-  weft_tensor_destroy(hx);
-  weft_tensor_destroy(hr);
   weft_mesh_destroy(mesh);
   weft_finalize();
 }
