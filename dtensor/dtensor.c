@@ -836,16 +836,13 @@ weft_status weft_dtensor_view(const weft_dtensor *x, int ndim, const int64_t *sh
   }
   int64_t strides[WEFT_MAX_DIMS];
   if (!weft_tensor_view_strides(xl, ndim, ls, strides)) {
-    char a[128], b[WEFT_MAX_DIMS * 22 + 4];
+    char a[128], b[256];
     weft_tensor_describe(xl, a, sizeof a);
-    int k = snprintf(b, sizeof b, "[");
-    for (int d = 0; d < ndim && k < (int)sizeof b; d++)
-      k += snprintf(b + k, sizeof b - (size_t)k, "%s%lld", d ? ", " : "", (long long)ls[d]);
-    if (k < (int)sizeof b) snprintf(b + k, sizeof b - (size_t)k, "]");
+    weft_dtensor_spec_describe(&spec, b, sizeof b);
     return weft_error(WEFT_ERR_INVALID,
                       "dtensor_view: the local tensor %s is strided so that no view has the "
-                      "local shape %s",
-                      a, b);
+                      "local shape of %s on mesh rank %d",
+                      a, b, weft_mesh_rank(x->mesh));
   }
   return wrap_view(x, &spec, ls, 0, strides, out);
 }

@@ -667,11 +667,13 @@ static int64_t attention_row_stride(const weft_tensor *t) {
 
 /* Whether q, k, v (views of base) are disjoint column ranges of the same
  * rows: the same strides, and each one's heads * hd elements of a row
- * apart from the others' (the pieces of split, not one view thrice). */
-static bool disjoint_columns(const weft_dtensor *const *qkv, const weft_dtensor *base) {
+ * apart from the others' (the pieces of split, not one view thrice).
+ * lo: where each starts in base's storage, in elements. */
+static bool disjoint_columns(const weft_dtensor *const *qkv, const weft_dtensor *base,
+                             int64_t *lo) {
   const char *b0 = nn_local(base)->data;
   const size_t es = weft_dtype_size(nn_local(base)->dtype);
-  int64_t lo[3], hi[3];
+  int64_t hi[3];
   for (int i = 0; i < 3; i++) {
     const weft_tensor *l = nn_local(qkv[i]), *l0 = nn_local(qkv[0]);
     if (l->ndim != 4 || l->strides[0] != l0->strides[0] || l->strides[1] != l0->strides[1])
@@ -699,7 +701,8 @@ static weft_status sdpa_grads(weft_graph *g, const weft_dtensor *const *qkv,
   const weft_dtensor *base = nn_graph_view_base(g, qkv[0]);
   for (int i = 1; base && i < 3; i++)
     if (nn_graph_view_base(g, qkv[i]) != base) base = NULL;
-  if (base && !disjoint_columns(qkv, base)) base = NULL; /* sdpa(q, q, q): one storage */
+  int64_t off[3];
+  if (base && !disjoint_columns(qkv, base, off)) base = NULL; /* sdpa(q, q, q): one storage */
   if (base) {
     const weft_dtensor_spec *bs = weft_dtensor_get_spec(base);
     weft_placement bpl[WEFT_MESH_MAX_DIMS];
@@ -707,13 +710,9 @@ static weft_status sdpa_grads(weft_graph *g, const weft_dtensor *const *qkv,
       bpl[i] = nn_is_r(bs->placements[i]) && nn_is_psum(D[i]) ? D[i] : bs->placements[i];
     weft_dtensor *gb;
     WEFT_CHECK(nn_graph_like(g, base, bpl, &gb));
-    const char *b0 = nn_local(base)->data;
-    const size_t es = weft_dtype_size(bs->dtype);
     for (int i = 0; i < 3; i++) {
-      const weft_tensor *l = nn_local(qkv[i]);
-      const int64_t off = (int64_t)(((const char *)l->data - b0) / (ptrdiff_t)es);
       WEFT_CHECK(nn_graph_as_strided(g, gb, weft_dtensor_ndim(qkv[i]), weft_dtensor_shape(qkv[i]),
-                                     D, off, l->strides, &dqkv[i]));
+                                     D, off[i], nn_local(qkv[i])->strides, &dqkv[i]));
       if (!dqkv[i]) return weft_error(WEFT_ERR_INTERNAL, "sdpa backward: no view of the grad");
     }
     rows->dq = rows->q, rows->dk = rows->k, rows->dv = rows->v;
