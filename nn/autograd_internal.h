@@ -144,6 +144,9 @@ weft_status nn_check_vars(const char *name, weft_var *const *in, int nin, weft_g
  * (reshape, sdpa), which call nn_var_contig themselves where they
  * cannot. */
 weft_status nn_check_vars_views(const char *name, weft_var *const *in, int nin, weft_graph **g);
+/* d itself when its local tensor is contiguous, else a graph buffer
+ * holding a contiguous copy of it (counted in copies). */
+weft_status nn_graph_packed(weft_graph *g, const weft_dtensor *d, const weft_dtensor **out);
 /* Makes v's contiguous copy (weft_var.contig) when its value is strided
  * and it has none yet; counted in copies. */
 weft_status nn_var_contig(weft_var *v);

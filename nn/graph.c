@@ -482,16 +482,22 @@ const weft_dtensor *nn_var_now(const weft_var *v) {
   return v->contig ? v->contig : v->value;
 }
 
+weft_status nn_graph_packed(weft_graph *g, const weft_dtensor *d, const weft_dtensor **out) {
+  *out = d;
+  if (weft_tensor_is_contiguous(weft_dtensor_local(d))) return WEFT_OK;
+  weft_dtensor *c;
+  WEFT_CHECK(nn_graph_like(g, d, NULL, &c));
+  WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(c), weft_dtensor_local(d)));
+  nn_count_copies(1);
+  *out = c;
+  return WEFT_OK;
+}
+
 weft_status nn_var_contig(weft_var *v) {
   if (v->contig || (v->param && v->param->data) || !v->value ||
       weft_tensor_is_contiguous(weft_dtensor_local(v->value)))
     return WEFT_OK;
-  weft_dtensor *c;
-  WEFT_CHECK(nn_graph_like(v->g, v->value, NULL, &c));
-  WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(c), weft_dtensor_local(v->value)));
-  nn_count_copies(1);
-  v->contig = c;
-  return WEFT_OK;
+  return nn_graph_packed(v->g, v->value, &v->contig);
 }
 
 double weft_var_item(const weft_var *v) {

@@ -216,13 +216,7 @@ static weft_status reshape_backward(nn_node *n, const weft_dtensor *const *dout,
   weft_dtensor *dx;
   WEFT_CHECK(nn_graph_view(g, dy, xs->ndim, xs->shape, p, &dx));
   if (!dx) {
-    if (!weft_tensor_is_contiguous(nn_local(dy))) { /* a strided grad (sdpa's dq) no view takes */
-      weft_dtensor *c;
-      WEFT_CHECK(nn_graph_like(g, dy, NULL, &c));
-      WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(c), nn_local(dy)));
-      nn_count_copies(1);
-      dy = c;
-    }
+    WEFT_CHECK(nn_graph_packed(g, dy, &dy)); /* a strided grad (sdpa's dq) no view takes */
     WEFT_CHECK(nn_graph_like(g, x, p, &dx));
     WEFT_CHECK(relayout_copy("reshape backward", weft_dtensor_local(dx), nn_local(dy)));
   }
