@@ -85,10 +85,16 @@ typedef struct weft_var weft_var;
 WEFT_API weft_status weft_graph_create(weft_graph **out);
 /* Frees the graph, its vars and pooled buffers. NULL: no-op. Local. */
 WEFT_API void weft_graph_destroy(weft_graph *g);
-/* Bytes of this rank's local tensors in the graph's buffers handed out
- * since the last reset: after a forward, the activations kept for backward
- * and the outputs (not the spare buffers of earlier steps). Local. */
+/* Bytes of this rank's local tensors in the graph's buffers in use now:
+ * after a forward, the activations kept for backward and the outputs (not
+ * the spare buffers of earlier steps); after backward, what is still read
+ * (values, kept grads), since backward returns each grad, redistributed
+ * copy and temporary to the pool once nothing refers to it. Local. */
 WEFT_API int64_t weft_graph_bytes_in_use(const weft_graph *g);
+/* The most bytes weft_graph_bytes_in_use reached since the last reset (the
+ * graph's share of a step's peak memory: read it before the reset). 0 for
+ * NULL. Local. */
+WEFT_API int64_t weft_graph_bytes_peak(const weft_graph *g);
 /* Drops the vars and nodes of the last forward/backward (their buffers
  * return to the pool) and advances the step counter (dropout masks differ
  * per step). Local. */
@@ -162,7 +168,10 @@ WEFT_API bool weft_var_requires_grad(const weft_var *v);
 WEFT_API double weft_var_item(const weft_var *v);
 
 /* Backward from a one-element var (loss): d loss = 1. Runs every node of
- * the graph in reverse and accumulates parameter grads. Once per forward:
+ * the graph in reverse and accumulates parameter grads. An intermediate
+ * var's grad lives only until the node that made the var has run
+ * backward: its buffer then goes back to the graph's pool for the grads of
+ * the nodes still to run (values stay readable until reset). Once per forward:
  * a second call before reset is WEFT_ERR_STATE. Collective. */
 WEFT_API weft_status weft_backward(weft_var *loss);
 /* Backward from `out` with an explicit grad (same global shape, any

@@ -61,6 +61,8 @@ struct weft_graph {
   int64_t batch_row0, batch_rows; /* weft_graph_set_batch_slice; rows 0: unset */
   uint64_t hand_seq;              /* pool hand-outs so far (activation checkpointing) */
   uint64_t hand_step0;            /* hand_seq at the last reset */
+  uint64_t hand_backward0;        /* hand_seq when backward began (buffers it may return) */
+  int64_t bytes_now, bytes_peak;  /* local bytes of the buffers handed out now, and the most */
   weft_param **params;            /* the distinct parameters read this step (weft_graph_param) */
   int nparams, cap_params;
   rope_entry *ropes; /* RoPE tables kept across steps (nn_graph_rope_tables) */
@@ -149,6 +151,7 @@ weft_status weft_graph_reset(weft_graph *g) {
   }
   g->nropes = k;
   g->hand_step0 = g->hand_seq;
+  g->bytes_now = g->bytes_peak = 0;
   g->step++;
   return WEFT_OK;
 }
@@ -200,13 +203,29 @@ static bool same_key(const weft_dtensor *d, weft_mesh *mesh, weft_dtype dtype, i
   return nn_pl_equal(s->placements, pl, s->mesh_ndim);
 }
 
+static int64_t local_bytes(const weft_dtensor *d) {
+  return (int64_t)weft_tensor_nbytes(weft_dtensor_local(d));
+}
+
+/* e is handed out now, or goes back to the pool (bytes_now, bytes_peak). */
+static void pool_hand(weft_graph *g, pool_entry *e) {
+  e->used = true;
+  e->handed = g->hand_seq++;
+  g->bytes_now += local_bytes(e->dt);
+  if (g->bytes_now > g->bytes_peak) g->bytes_peak = g->bytes_now;
+}
+static void pool_return(weft_graph *g, pool_entry *e) {
+  if (!e->used) return;
+  e->used = false;
+  g->bytes_now -= local_bytes(e->dt);
+}
+
 weft_status nn_graph_tensor(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, int ndim,
                             const int64_t *shape, const weft_placement *pl, weft_dtensor **out) {
   for (int i = 0; i < g->npool; i++) {
     pool_entry *e = &g->pool[i];
     if (!e->used && same_key(e->dt, mesh, dtype, ndim, shape, pl)) {
-      e->used = true;
-      e->handed = g->hand_seq++;
+      pool_hand(g, e);
       *out = e->dt;
       return WEFT_OK;
     }
@@ -214,7 +233,9 @@ weft_status nn_graph_tensor(weft_graph *g, weft_mesh *mesh, weft_dtype dtype, in
   WEFT_CHECK(grow((void **)&g->pool, &g->cap_pool, g->npool + 1, sizeof *g->pool));
   weft_dtensor *d;
   WEFT_CHECK(weft_dtensor_empty(mesh, dtype, ndim, shape, pl, weft_mesh_ndim(mesh), &d));
-  g->pool[g->npool++] = (pool_entry){d, true, false, g->hand_seq++};
+  pool_entry *e = &g->pool[g->npool++];
+  *e = (pool_entry){d, false, false, 0};
+  pool_hand(g, e);
   *out = d;
   return WEFT_OK;
 }
@@ -258,17 +279,14 @@ weft_status nn_graph_rope_tables(weft_graph *g, weft_mesh *mesh, int64_t max_pos
   return WEFT_OK;
 }
 
-int64_t weft_graph_bytes_in_use(const weft_graph *g) {
-  int64_t b = 0;
-  for (int i = 0; g && i < g->npool; i++)
-    if (g->pool[i].used) b += (int64_t)weft_tensor_nbytes(weft_dtensor_local(g->pool[i].dt));
-  return b;
-}
+int64_t weft_graph_bytes_in_use(const weft_graph *g) { return g ? g->bytes_now : 0; }
+int64_t weft_graph_bytes_peak(const weft_graph *g) { return g ? g->bytes_peak : 0; }
 
 void nn_graph_discard(weft_graph *g, const weft_dtensor *d) {
   if (is_view_base(g, d)) return; /* a view reads it until reset */
   for (int i = 0; i < g->npool; i++)
     if (g->pool[i].dt == d) {
+      pool_return(g, &g->pool[i]);
       weft_dtensor_destroy(g->pool[i].dt);
       memmove(&g->pool[i], &g->pool[i + 1], sizeof *g->pool * (size_t)(g->npool - i - 1));
       g->npool--;
@@ -960,6 +978,67 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d,
                   weft_dtensor_local(use));
 }
 
+typedef struct release_cand {
+  const weft_dtensor *dt;
+  int idx;
+  bool keep;
+} release_cand;
+
+static int release_cand_cmp(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const release_cand *)a)->dt,
+            y = (uintptr_t)((const release_cand *)b)->dt;
+  return x < y ? -1 : x > y;
+}
+
+/* Keeps d, and the buffer under d when d is a view. */
+static void release_keep(const weft_graph *g, release_cand *c, int n, const weft_dtensor *d) {
+  if (!d) return;
+  const weft_dtensor *base = view_base(g, d);
+  if (base) d = base;
+  release_cand key = {d, 0, false};
+  release_cand *hit = bsearch(&key, c, (size_t)n, sizeof *c, release_cand_cmp);
+  if (hit) hit->keep = true;
+}
+
+/* Returns to the pool every buffer handed out since `since` that no var
+ * (value, contiguous copy, grad) or node (saved, redistributed input) of g
+ * refers to, directly or through a view; the views of a returned buffer
+ * are dead and forgotten as views (they stay allocated until reset).
+ * Activation checkpointing calls it after a forward it dropped, backward
+ * after each node (a consumed grad, a redistributed copy or a temporary of
+ * the node's backward goes back at once, so the grads of the next nodes
+ * reuse it). */
+static weft_status release_unreferenced(weft_graph *g, uint64_t since) {
+  int n = 0;
+  for (int i = 0; i < g->npool; i++) n += g->pool[i].used && g->pool[i].handed >= since;
+  if (n == 0) return WEFT_OK;
+  release_cand *c = malloc((size_t)n * sizeof *c);
+  if (!c) return weft_error(WEFT_ERR_OOM, "backward: out of memory");
+  n = 0;
+  for (int i = 0; i < g->npool; i++)
+    if (g->pool[i].used && g->pool[i].handed >= since)
+      c[n++] = (release_cand){g->pool[i].dt, i, false};
+  qsort(c, (size_t)n, sizeof *c, release_cand_cmp);
+  for (int i = 0; i < g->nvars; i++) {
+    release_keep(g, c, n, g->vars[i]->value);
+    release_keep(g, c, n, g->vars[i]->contig);
+    release_keep(g, c, n, g->vars[i]->grad);
+  }
+  for (int i = 0; i < g->nnodes; i++) {
+    const nn_node *nd = g->nodes[i];
+    for (int k = 0; k < NN_MAX_SAVED; k++) release_keep(g, c, n, nd->saved[k]);
+    for (int k = 0; k < NN_MAX_IN; k++) release_keep(g, c, n, nd->in_used[k]);
+  }
+  for (int i = 0; i < n; i++) {
+    if (c[i].keep) continue;
+    pool_return(g, &g->pool[c[i].idx]);
+    for (int v = 0; v < g->nviews; v++)
+      if (g->views[v].base == c[i].dt) g->views[v].base = NULL;
+  }
+  free(c);
+  return WEFT_OK;
+}
+
 /* Whether din[i] must stay unwritten after node n: handed to another input
  * too, or the grad an output keeps (keep_grad). */
 static bool din_shared(const nn_node *n, weft_dtensor *const *din, int i) {
@@ -995,10 +1074,12 @@ static weft_status run_node(weft_graph *g, nn_node *n) {
     st = accumulate(g, n->in[i], din[i], din_shared(n, din, i));
     if (st != WEFT_OK) return weft_error_trace(st, n->name);
   }
-  /* outputs' grads are consumed (kept only where the user asked) */
+  /* outputs' grads are consumed (kept only where the user asked), and
+   * every buffer of this backward that nothing refers to any more goes
+   * back to the pool for the nodes still to run */
   for (int j = 0; j < n->nout; j++)
     if (!n->out[j]->keep_grad) n->out[j]->grad = NULL;
-  return WEFT_OK;
+  return release_unreferenced(g, g->hand_backward0);
 }
 
 static weft_status ac_backward(weft_graph *g, nn_node *end);
@@ -1035,6 +1116,7 @@ weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad) {
                       "requires_grad reaches it)");
   if (weft_get_settings()->debug) WEFT_CHECK(debug_check(g, "backward", &out, 1));
   g->backward_done = true;
+  g->hand_backward0 = g->hand_seq;
   WEFT_CHECK(accumulate(g, out, grad, false));
   WEFT_CHECK(run_range(g, 0, g->nnodes));
   return WEFT_OK;
@@ -1182,55 +1264,6 @@ static void ac_drop(weft_graph *g, int v0, int v1, weft_var *const *keep, int nk
   g->nnodes = k;
 }
 
-typedef struct ac_cand {
-  const weft_dtensor *dt;
-  int idx;
-  bool keep;
-} ac_cand;
-
-static int ac_cand_cmp(const void *a, const void *b) {
-  uintptr_t x = (uintptr_t)((const ac_cand *)a)->dt, y = (uintptr_t)((const ac_cand *)b)->dt;
-  return x < y ? -1 : x > y;
-}
-
-/* Keeps d, and the buffer under d when d is a view. */
-static void ac_keep(const weft_graph *g, ac_cand *c, int n, const weft_dtensor *d) {
-  if (!d) return;
-  const weft_dtensor *base = view_base(g, d);
-  if (base) d = base;
-  ac_cand key = {d, 0, false};
-  ac_cand *hit = bsearch(&key, c, (size_t)n, sizeof *c, ac_cand_cmp);
-  if (hit) hit->keep = true;
-}
-
-/* Returns to the pool every buffer handed out since `since` that no var
- * (value, grad) or node (saved, redistributed input) of g refers to. */
-static weft_status ac_release(weft_graph *g, uint64_t since) {
-  int n = 0;
-  for (int i = 0; i < g->npool; i++) n += g->pool[i].used && g->pool[i].handed >= since;
-  if (n == 0) return WEFT_OK;
-  ac_cand *c = malloc((size_t)n * sizeof *c);
-  if (!c) return weft_error(WEFT_ERR_OOM, "activation checkpointing: out of memory");
-  n = 0;
-  for (int i = 0; i < g->npool; i++)
-    if (g->pool[i].used && g->pool[i].handed >= since) c[n++] = (ac_cand){g->pool[i].dt, i, false};
-  qsort(c, (size_t)n, sizeof *c, ac_cand_cmp);
-  for (int i = 0; i < g->nvars; i++) {
-    ac_keep(g, c, n, g->vars[i]->value);
-    ac_keep(g, c, n, g->vars[i]->contig);
-    ac_keep(g, c, n, g->vars[i]->grad);
-  }
-  for (int i = 0; i < g->nnodes; i++) {
-    const nn_node *nd = g->nodes[i];
-    for (int k = 0; k < NN_MAX_SAVED; k++) ac_keep(g, c, n, nd->saved[k]);
-    for (int k = 0; k < NN_MAX_IN; k++) ac_keep(g, c, n, nd->in_used[k]);
-  }
-  for (int i = 0; i < n; i++)
-    if (!c[i].keep) g->pool[c[i].idx].used = false;
-  free(c);
-  return WEFT_OK;
-}
-
 /* Called after m's END node was recorded (the last node; its outputs the
  * last nout vars): drops the forward's vars and nodes but the outputs
  * inner_out (the END node's inputs) and marks the END node. */
@@ -1258,7 +1291,7 @@ static weft_status ac_forward_done(weft_graph *g, const ac_mark *k, weft_var *co
   end->ac_step = g->step;
   end->ac_training = g->training;
   ac_drop(g, k->v0, g->nvars - nout, inner_out, nout, k->n0, g->nnodes - 1);
-  return ac_release(g, k->since);
+  return release_unreferenced(g, k->since);
 }
 
 /* Backward of a checkpointed module's END node (see above). */
@@ -1313,7 +1346,7 @@ static weft_status ac_backward(weft_graph *g, nn_node *end) {
   }
   if (st == WEFT_OK) st = run_range(g, n0, g->nnodes);
   ac_drop(g, v0, g->nvars, NULL, 0, n0, g->nnodes);
-  if (st == WEFT_OK) st = ac_release(g, since);
+  if (st == WEFT_OK) st = release_unreferenced(g, since);
   if (st != WEFT_OK) return weft_error_trace(st, who);
   return WEFT_OK;
 }

@@ -44,9 +44,10 @@ typedef struct step_report {
   int64_t comm_bytes[TRAIN_MAX_DIMS], comm_calls[TRAIN_MAX_DIMS];
   double comm_seconds[TRAIN_MAX_DIMS]; /* rank 0's time held up in each dim's collectives */
   weft_op_stats ops;                   /* this rank's op layer during the step (--profile) */
-  weft_device_stats dev;               /* this rank's device backend during it (--profile) */
-  double pred_s, pred_kernels_s;       /* --predict: the modeled step, and its kernels' part */
-  int64_t pred_uncosted;               /* calls without a cost formula */
+  int64_t graph_peak;    /* the op graph's peak bytes in the step's last micro-step; -1: none */
+  weft_device_stats dev; /* this rank's device backend during it (--profile) */
+  double pred_s, pred_kernels_s; /* --predict: the modeled step, and its kernels' part */
+  int64_t pred_uncosted;         /* calls without a cost formula */
   bool do_val;
   const char *skipped; /* NULL, or what was non-finite ("loss", "gradient norm") */
   /* the guard's loss all-reduce, left out of the step's communication */
@@ -452,9 +453,11 @@ static void log_step(run_state *s, const step_report *r, const run_totals *t) {
         (long long)r->step + 1, r->skipped, nonfinite_str(r->skipped[0] == 'l' ? r->loss : r->norm),
         (long long)t->skip_run, (long long)t->skipped);
   if (o->profile && r->step > t->start_step) { /* the first step fills the graph's pool */
-    printf("  op graph per step: ops %lld, widened %lld, copies %lld, mallocs %lld\n",
+    printf("  op graph per step: ops %lld, widened %lld, copies %lld, mallocs %lld",
            (long long)r->ops.ops, (long long)r->ops.widened, (long long)r->ops.copies,
            (long long)r->ops.mallocs);
+    if (r->graph_peak >= 0) printf(", peak %.1f MiB", (double)r->graph_peak / (1 << 20));
+    printf("\n");
     if (o->cuda) /* weft_device_stats (backend.h): host<->device bytes in one sum */
       printf(
           "  device calls per step: launches %lld, blas %lld, host syncs %lld, mallocs %lld, "
@@ -636,6 +639,7 @@ static int run_step(run_state *s, run_totals *t, int64_t step, train_result *res
   const weft_op_stats ops1 = weft_op_stats_get();
   r.ops = (weft_op_stats){ops1.ops - ops0.ops, ops1.widened - ops0.widened,
                           ops1.copies - ops0.copies, ops1.mallocs - ops0.mallocs};
+  r.graph_peak = s->graph ? weft_graph_bytes_peak(s->graph) : -1;
   const weft_device_stats dev1 = weft_device_stats_get();
   r.dev = (weft_device_stats){dev1.launches - dev0.launches,     dev1.blas - dev0.blas,
                               dev1.host_syncs - dev0.host_syncs, dev1.mallocs - dev0.mallocs,

@@ -1,0 +1,150 @@
+/* tests/nn/test_graph_memory.c — the graph's buffers during backward
+ * (autograd.h weft_graph_bytes_in_use / weft_graph_bytes_peak), in process
+ * on a 1-rank mesh.
+ *
+ * A chain of elementwise ops, h_i = h_{i-1} * w_i, plus h_{i-1} on every
+ * third link (add's backward hands its output grad to both inputs, so that
+ * grad is shared and then summed with mul's), runs forward and backward:
+ *   - x's grad equals the float64 product of (w_i + [i % 3 == 0]) times the
+ *     output grad;
+ *   - backward returns each grad to the pool once the node that consumed
+ *     it has run, so the step's peak is the forward's activations plus a
+ *     few grads, not twice the activations;
+ *   - the values stay readable after backward (only grads go back), and a
+ *     second step reuses the pool without a new large allocation.
+ * The _on_device variant puts the mesh on WEFT_CUDA and skips, saying why,
+ * without a CUDA device. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "ops_check.h"
+
+enum { LINKS = 12, ROWS = 64, COLS = 300 };
+
+static weft_dtensor *replicated(weft_mesh *mesh, const double *v) {
+  const int64_t shape[2] = {ROWS, COLS};
+  weft_tensor *t;
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 2, shape, &t));
+  for (int64_t i = 0; i < ROWS * COLS; i++) ((float *)t->data)[i] = (float)v[i];
+  weft_placement r = weft_replicate();
+  weft_dtensor *d;
+  OK(weft_dtensor_distribute(mesh, t, WEFT_DTENSOR_ALL_RANKS, &r, 1, &d));
+  weft_tensor_destroy(t);
+  return d;
+}
+
+static double *values(const weft_dtensor *d) {
+  double *v;
+  int64_t n;
+  OK(oc_full_values(d, &v, &n));
+  cr_assert_eq(n, (int64_t)ROWS * COLS);
+  return v;
+}
+
+/* One step of the chain on graph g; returns h at link LINKS / 2 and the
+ * output, and fills the forward's and the step's bytes. */
+static void chain_step(weft_graph *g, weft_var *x, weft_var *const *w, const weft_dtensor *r,
+                       weft_var **mid, int64_t *fwd_bytes, int64_t *peak_bytes) {
+  weft_var *h = x;
+  for (int i = 1; i <= LINKS; i++) {
+    weft_var *t;
+    OK(weft_op_mul(h, w[i - 1], &t));
+    if (i % 3 == 0) OK(weft_op_add(t, h, &t));
+    h = t;
+    if (i == LINKS / 2) *mid = h;
+  }
+  *fwd_bytes = weft_graph_bytes_in_use(g);
+  cr_assert_eq(weft_graph_bytes_peak(g), *fwd_bytes, "the forward only adds buffers");
+  OK(weft_backward_grad(h, r));
+  *peak_bytes = weft_graph_bytes_peak(g);
+}
+
+static void chain_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh;
+  OK(oc_one_rank_mesh(on_device, &mesh));
+  const int64_t n = (int64_t)ROWS * COLS;
+  uint64_t s = weft_test_rng_state(42);
+  double *hx = malloc(sizeof(double) * (size_t)n), *hr = malloc(sizeof(double) * (size_t)n);
+  double *hw[LINKS];
+  for (int64_t e = 0; e < n; e++) {
+    hx[e] = 2 * weft_test_rng_unit(&s) - 1;
+    hr[e] = 2 * weft_test_rng_unit(&s) - 1;
+  }
+  for (int i = 0; i < LINKS; i++) {
+    hw[i] = malloc(sizeof(double) * (size_t)n);
+    for (int64_t e = 0; e < n; e++) hw[i][e] = 0.5 + weft_test_rng_unit(&s); /* [0.5, 1.5) */
+  }
+  weft_dtensor *dx = replicated(mesh, hx), *dr = replicated(mesh, hr), *dw[LINKS];
+  for (int i = 0; i < LINKS; i++) dw[i] = replicated(mesh, hw[i]);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  const int64_t buf = n * (int64_t)sizeof(float);
+  for (int step = 0; step < 2; step++) {
+    weft_var *x, *w[LINKS], *mid = NULL;
+    OK(weft_graph_input(g, dx, true, &x));
+    for (int i = 0; i < LINKS; i++) OK(weft_graph_input(g, dw[i], false, &w[i]));
+    const weft_op_stats before = weft_op_stats_get();
+    int64_t fwd, peak;
+    chain_step(g, x, w, dr, &mid, &fwd, &peak);
+    const weft_op_stats after = weft_op_stats_get();
+    /* LINKS mul outputs and LINKS / 3 add outputs */
+    cr_assert_geq(fwd, (LINKS + LINKS / 3) * buf, "forward holds %lld bytes", (long long)fwd);
+    /* the grads in flight: the output's, one link's and a shared one being
+     * summed (without returning consumed grads this is about fwd more) */
+    cr_assert_leq(peak - fwd, 4 * buf,
+                  "backward added %lld bytes to the forward's %lld (%lld per buffer)",
+                  (long long)(peak - fwd), (long long)fwd, (long long)buf);
+    if (step == 1 && !on_device)
+      cr_assert_eq(after.mallocs - before.mallocs, 0,
+                   "the second step allocated %lld large buffers",
+                   (long long)(after.mallocs - before.mallocs));
+    /* dx = r * prod(w_i + [i % 3 == 0]) */
+    double *got = values(weft_var_grad(x)), worst = 0;
+    for (int64_t e = 0; e < n; e++) {
+      double want = hr[e];
+      for (int i = 1; i <= LINKS; i++) want *= hw[i - 1][e] + (i % 3 == 0);
+      double err = fabs(got[e] - want) / (fabs(want) + 1e-3);
+      if (err > worst) worst = err;
+    }
+    cr_assert_leq(worst, 1e-5, "step %d: dx rel err %.3g", step, worst);
+    free(got);
+    /* the values stay readable after backward: h at the middle link */
+    double *m = values(weft_var_value(mid)), worst_m = 0;
+    for (int64_t e = 0; e < n; e++) {
+      double want = hx[e];
+      for (int i = 1; i <= LINKS / 2; i++) want *= hw[i - 1][e] + (i % 3 == 0);
+      double err = fabs(m[e] - want) / (fabs(want) + 1e-3);
+      if (err > worst_m) worst_m = err;
+    }
+    cr_assert_leq(worst_m, 1e-5, "step %d: h[%d] after backward rel err %.3g", step, LINKS / 2,
+                  worst_m);
+    free(m);
+    OK(weft_graph_reset(g));
+    cr_assert_eq(weft_graph_bytes_in_use(g), 0);
+    cr_assert_eq(weft_graph_bytes_peak(g), 0);
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(dx);
+  weft_dtensor_destroy(dr);
+  for (int i = 0; i < LINKS; i++) {
+    weft_dtensor_destroy(dw[i]);
+    free(hw[i]);
+  }
+  free(hx);
+  free(hr);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+
+Test(graph_memory, backward_returns_consumed_grads_so_the_peak_is_the_forward_plus_a_few,
+     .timeout = 60) {
+  chain_case(false);
+}
+Test(graph_memory, backward_returns_consumed_grads_so_the_peak_is_the_forward_plus_a_few_on_device,
+     .timeout = 60) {
+  chain_case(true);
+}
