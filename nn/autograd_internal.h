@@ -63,6 +63,11 @@ struct nn_node {
   const weft_dtensor *in_used[NN_MAX_IN];
   weft_dtensor *saved[NN_MAX_SAVED]; /* graph buffers the backward needs */
   bool mixed; /* made from bf16/f16 inputs: the backward runs widened (mixed.c) */
+  /* The backward reads strided output grads (a view from transpose's or
+   * reshape's backward, sdpa's column slices) through their strides.
+   * false (the default): graph.c run_node hands it packed copies
+   * (nn_graph_packed) of any that are strided. */
+  bool reads_strided_grads;
   nn_backward_fn backward;
   double f[4]; /* op arguments */
   int64_t i[8];

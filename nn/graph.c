@@ -925,8 +925,10 @@ static weft_status accumulate(weft_graph *g, weft_var *v, const weft_dtensor *d,
     weft_dtensor *gr;
     WEFT_CHECK(nn_grad_get(p->module, p, &gr));
     const weft_dtype gdt = weft_dtensor_dtype(gr), udt = weft_dtensor_dtype(use);
-    if (gdt == WEFT_F32 && (udt == WEFT_BF16 || udt == WEFT_F16)) /* a 16-bit parameter's grad */
+    if (gdt == WEFT_F32 && (udt == WEFT_BF16 || udt == WEFT_F16)) { /* a 16-bit parameter's grad */
+      WEFT_CHECK(nn_graph_packed(g, use, &use)); /* a view (transpose's backward) */
       return add_widened(g, weft_dtensor_local(gr), weft_dtensor_local(use));
+    }
     if (udt != gdt) {
       weft_dtensor *c;
       WEFT_CHECK(nn_graph_converted(g, use, gdt, &c));
@@ -1059,6 +1061,12 @@ static weft_status run_node(weft_graph *g, nn_node *n) {
     weft_placement want[WEFT_MESH_MAX_DIMS];
     nn_grad_placements(os->placements, weft_dtensor_placements(o->grad), os->mesh_ndim, want);
     WEFT_CHECK(nn_graph_bring(g, o->grad, want, false, &dout[j]));
+    /* most backwards read dout packed; a mixed node's widening (mixed.c)
+     * packs its 16-bit grads itself, module boundaries pass them on */
+    const weft_dtype gdt = weft_dtensor_dtype(dout[j]);
+    if (n->kind == NN_NODE_OP && !n->reads_strided_grads &&
+        !(n->mixed && (gdt == WEFT_BF16 || gdt == WEFT_F16)))
+      WEFT_CHECK(nn_graph_packed(g, dout[j], &dout[j]));
     any = true;
   }
   if (!any) return WEFT_OK;

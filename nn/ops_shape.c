@@ -359,6 +359,7 @@ static weft_status reshape_body(weft_var *x, int ndim, const int64_t *shape, wef
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, reshape_backward, &node));
+  if (node) node->reads_strided_grads = true; /* a view of dy, or its packed copy */
   WEFT_CHECK(nn_var_new(g, y, node, out));
   return WEFT_OK;
 }
@@ -620,6 +621,7 @@ static weft_status split_body(weft_var *x, int dim, int n, const int64_t *sizes,
   WEFT_CHECK(nn_node_new(g, name, &x, 1, (const weft_dtensor *const[]){xu}, split_backward, &node));
   if (node) {
     node->i[0] = dim;
+    node->reads_strided_grads = true; /* sliced_grad, or strided copies into dx */
   }
   for (int j = 0; j < n; j++) WEFT_CHECK(nn_var_new(g, ys[j], node, &outs[j]));
   return WEFT_OK;
