@@ -132,11 +132,13 @@ typedef struct weft_op_stats {
    * kernel on the device widen nothing */
   int64_t widened;
   /* copies that shape ops make where a view would do: one per reshape
-   * that no view can express, transpose, and each piece that split or cat
-   * moves, forward and backward alike; one per input of the output's shape
-   * to which add's backward hands a copy of the output grad; and one per
-   * strided value (a split piece) first handed to an op whose kernels read
-   * contiguous tensors only */
+   * that no view can express, transpose of a parameter or the caller's
+   * input, and each piece that split or cat moves, forward and backward
+   * alike; one per input of the output's shape to which add's backward
+   * hands a copy of the output grad; and one per strided value (a split
+   * piece, a transpose) first handed to an op whose kernels read
+   * contiguous tensors only, or reaching such an op's backward as its
+   * output grad */
   int64_t copies;
   /* host allocations of >= 64 KiB that reached the system allocator
    * (weft_mem_stats.large_system_allocs of WEFT_CPU) */
@@ -157,8 +159,8 @@ WEFT_API weft_var *weft_graph_param(weft_graph *g, weft_param *p);
 
 /* The var's value and (after backward) grad; the grad is NULL when none
  * reached it. Owned by the graph. The local tensor of either may be a
- * strided view (split's pieces, reshapes of them): read it through its
- * strides, or take a contiguous copy (weft_dtensor_to_local). */
+ * strided view (split's pieces, transposes, reshapes of them): read it
+ * through its strides, or take a contiguous copy (weft_dtensor_to_local). */
 WEFT_API const weft_dtensor *weft_var_value(const weft_var *v);
 WEFT_API const weft_dtensor *weft_var_grad(const weft_var *v);
 WEFT_API weft_graph *weft_var_graph(const weft_var *v);
@@ -231,7 +233,9 @@ WEFT_API weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out);
  * merge from a group whose first dim is sharded, evenly): (B,T,D) S(2)
  * -> (B,T,H,hd) S(2). Otherwise the input is replicated first. */
 WEFT_API weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_var **out);
-/* Swaps dims d0 and d1 (shards follow their dims). */
+/* Swaps dims d0 and d1 (shards follow their dims). torch's transpose: a
+ * view of an op's output (its storage with the two strides swapped), a
+ * copy of the caller's input or a parameter. The grad is a view too. */
 WEFT_API weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out);
 /* Splits dim into n pieces of sizes[i] (sum = the dim's size). A dim
  * StridedShard(dim, n) with equal sizes splits locally (each piece comes

@@ -3,11 +3,17 @@
  * ops_linear.c).
  *
  * The shape ops move no data between ranks when the input's shards survive
- * them; their vars own contiguous graph buffers, so a reshape or transpose
- * copies the local shard (a strided copy for transpose). Partial values
- * pass through them (they are linear). Backward maps each output grad's
- * placements back to the input's: a shard goes back to the placement the
- * forward used, Partial and Replicate stay.
+ * them. reshape, transpose and split's pieces are views (torch's) of an
+ * op's output (a graph buffer) or of a view of one: the local shard's
+ * storage with a new shape and strides, no copy. Of a parameter, the
+ * caller's input or an FSDP-gathered weight, whose storage may go before
+ * backward, they copy the local shard, and so does a reshape that no view
+ * can express. Their backwards return views of the output grad the same
+ * way (graph.c's run_node packs a strided grad for a backward that reads
+ * it packed). Partial values pass through them (they are linear).
+ * Backward maps each output grad's placements back to the input's: a
+ * shard goes back to the placement the forward used, Partial and
+ * Replicate stay.
  */
 #include <string.h>
 
@@ -351,6 +357,7 @@ static weft_status reshape_body(weft_var *x, int ndim, const int64_t *shape, wef
   if (!y && !weft_tensor_is_contiguous(nn_local(xu))) {
     WEFT_CHECK(nn_var_contig(x));
     xu = nn_var_now(x);
+    WEFT_CHECK(nn_graph_view(g, xu, ndim, oshape, opl, &y)); /* of that copy (a graph buffer) */
   }
   if (!y) {
     WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, ndim, oshape, opl, &y));
@@ -376,26 +383,50 @@ static void swap_pl(weft_placement *p, int k, int d0, int d1) {
     }
 }
 
-/* dst (contiguous) = src with dims d0 and d1 swapped. */
+/* t's shape and strides with dims d0 and d1 swapped. */
+static void swapped(const weft_tensor *t, int d0, int d1, int64_t *sh, int64_t *st) {
+  for (int d = 0; d < t->ndim; d++) {
+    sh[d] = t->shape[d];
+    st[d] = t->strides[d];
+  }
+  int64_t u = sh[d0];
+  sh[d0] = sh[d1];
+  sh[d1] = u;
+  u = st[d0];
+  st[d0] = st[d1];
+  st[d1] = u;
+}
+
+/* dst (contiguous) = src (any strides) with dims d0 and d1 swapped. */
 static weft_status copy_transposed(weft_tensor *dst, const weft_tensor *src, int d0, int d1) {
   if (weft_tensor_numel(dst) == 0) return WEFT_OK;
   int64_t sh[WEFT_MAX_DIMS], st[WEFT_MAX_DIMS];
-  for (int d = 0; d < src->ndim; d++) {
-    sh[d] = src->shape[d];
-    st[d] = src->strides[d];
-  }
-  int64_t t = sh[d0];
-  sh[d0] = sh[d1];
-  sh[d1] = t;
-  t = st[d0];
-  st[d0] = st[d1];
-  st[d1] = t;
+  swapped(src, d0, d1, sh, st);
   weft_tensor v;
   WEFT_CHECK(view_at(&v, src, 0, src->ndim, sh, st));
   nn_count_copies(1);
   return weft_tensor_copy(dst, &v);
 }
 
+/* x with dims d0 and d1 swapped, global `shape` and placements pl: a view
+ * (the swapped strides over x's storage) when x is a graph buffer or a
+ * view of one, else a new buffer holding the copy. */
+static weft_status transposed(weft_graph *g, const weft_dtensor *x, int d0, int d1,
+                              const int64_t *shape, const weft_placement *pl, weft_dtensor **out) {
+  const weft_tensor *xl = nn_local(x);
+  int64_t sh[WEFT_MAX_DIMS], st[WEFT_MAX_DIMS];
+  swapped(xl, d0, d1, sh, st);
+  const int nd = xl->ndim;
+  WEFT_CHECK(nn_graph_as_strided(g, x, nd, shape, pl, 0, st, out));
+  if (*out) return WEFT_OK;
+  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(x), weft_dtensor_dtype(x), nd, shape, pl, out));
+  return copy_transposed(weft_dtensor_local(*out), xl, d0, d1);
+}
+
+/* dy (maybe strided: the backward reads it through its strides) goes back
+ * swapped: a view of it when it is a graph buffer or a view of one (the
+ * graph adopts a view as x's grad without adding into it in place:
+ * graph.c accumulate). */
 static weft_status transpose_backward(nn_node *n, const weft_dtensor *const *dout,
                                       weft_dtensor **din) {
   const weft_dtensor *dy = dout[0];
@@ -405,9 +436,9 @@ static weft_status transpose_backward(nn_node *n, const weft_dtensor *const *dou
   weft_placement p[WEFT_MESH_MAX_DIMS];
   memcpy(p, weft_dtensor_placements(dy), sizeof(weft_placement) * (size_t)k);
   swap_pl(p, k, d0, d1);
+  const weft_dtensor_spec *xs = weft_dtensor_get_spec(x);
   weft_dtensor *dx;
-  WEFT_CHECK(nn_graph_like(nn_node_graph(n), x, p, &dx));
-  WEFT_CHECK(copy_transposed(weft_dtensor_local(dx), nn_local(dy), d0, d1));
+  WEFT_CHECK(transposed(nn_node_graph(n), dy, d0, d1, xs->shape, p, &dx));
   din[0] = dx;
   return WEFT_OK;
 }
@@ -417,10 +448,10 @@ static weft_status transpose_body(weft_var *x, int d0, int d1, weft_var **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "transpose: out is NULL");
   *out = NULL;
   weft_graph *g;
-  WEFT_CHECK(nn_check_vars(name, &x, 1, &g));
+  WEFT_CHECK(nn_check_vars_views(name, &x, 1, &g));
   const weft_dtensor *xv = nn_var_now(x);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv);
-  WEFT_CHECK(nn_check_kernel_contig(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
+  WEFT_CHECK(nn_check_kernel_dtype(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
   int nd = xs->ndim, k = xs->mesh_ndim;
   WEFT_CHECK(normalize_dim(name, &x, 1, d0, nd, &d0));
   WEFT_CHECK(normalize_dim(name, &x, 1, d1, nd, &d1));
@@ -432,14 +463,18 @@ static weft_status transpose_body(weft_var *x, int d0, int d1, weft_var **out) {
   memcpy(oshape, xs->shape, sizeof(int64_t) * (size_t)nd);
   oshape[d0] = xs->shape[d1];
   oshape[d1] = xs->shape[d0];
+  /* torch's transpose: a view of a graph buffer or of a view of one (a
+   * strided value too); a parameter, the caller's input or an
+   * FSDP-gathered weight, whose storage may go before backward, is
+   * copied (a strided copy) */
   weft_dtensor *y;
-  WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, nd, oshape, opl, &y));
-  WEFT_CHECK(copy_transposed(weft_dtensor_local(y), nn_local(xv), d0, d1));
+  WEFT_CHECK(transposed(g, xv, d0, d1, oshape, opl, &y));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, &x, 1, NULL, transpose_backward, &node));
   if (node) {
     node->i[0] = d0;
     node->i[1] = d1;
+    node->reads_strided_grads = true; /* dy's view or strided copy */
   }
   WEFT_CHECK(nn_var_new(g, y, node, out));
   return WEFT_OK;

@@ -14,6 +14,7 @@
  * CUDA device.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -395,4 +396,173 @@ Test(ops_shape, self_attention_on_one_view_sums_three_separate_grads_on_device) 
 Test(ops_shape, split_pieces_are_views_that_attention_reads_in_place) { split_view_case(false); }
 Test(ops_shape, split_pieces_are_views_that_attention_reads_in_place_on_device) {
   split_view_case(true);
+}
+
+/* ------------------------------------------- transpose as a view (issue 42) */
+
+/* A Replicate f32 DTensor on mesh with non-zero values in +-[0.5, 1.5)
+ * from the rng state s; *host (when non-NULL) gets them as doubles. */
+static weft_dtensor *replicated_nonzero(weft_mesh *mesh, int ndim, const int64_t *shape,
+                                        uint64_t *s, double **host) {
+  weft_tensor *h;
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, ndim, shape, &h));
+  const int64_t n = weft_tensor_numel(h);
+  if (host) *host = malloc(sizeof(double) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) {
+    double v = 0.5 + weft_test_rng_unit(s);
+    if (weft_test_rng_u64(s) & 1) v = -v;
+    ((float *)h->data)[i] = (float)v;
+    if (host) (*host)[i] = (double)(float)v;
+  }
+  weft_placement r = weft_replicate();
+  weft_dtensor *d;
+  OK(weft_dtensor_distribute(mesh, h, WEFT_DTENSOR_ALL_RANKS, &r, 1, &d));
+  weft_tensor_destroy(h);
+  return d;
+}
+
+static double gelu_ref(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+static double gelu_grad_ref(double x) {
+  return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
+static const void *data_of(const weft_var *v) {
+  return weft_dtensor_local(weft_var_value(v))->data;
+}
+static int64_t copies_now(void) { return weft_op_stats_get().copies; }
+
+/* torch's transpose is a view: of an op's output (a graph buffer) and of a
+ * view of one it shares the storage with swapped strides, no copy; of the
+ * caller's input it copies. A reshape of a transposed view is a view where
+ * the strides allow one and one copy where not. Values and the input's
+ * grad against float64, on two steps of one graph:
+ *   h = gelu(x) (4, 6), t = h^T, tt = t^T, xt = x^T,
+ *   y = reshape(reshape(t, (3, 2, 4))) + reshape(reshape(t, (24)))
+ *       + xt * tt^T = (2h + x h)^T,
+ * backward from R (6, 4): with S = R^T, dx = S h + gelu'(x) S (2 + x).
+ * h's only consumer is t, so h's grad is a transposed view of t's: gelu's
+ * backward, which reads its grad packed, gets it through run_node's
+ * packed copy. */
+static void transpose_view_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh;
+  OK(oc_one_rank_mesh(on_device, &mesh));
+  enum { M = 4, N = 6 };
+  uint64_t s = weft_test_rng_state(45);
+  int64_t xs[2] = {M, N}, ts[2] = {N, M};
+  double *hx, *hr;
+  weft_dtensor *x = replicated_nonzero(mesh, 2, xs, &s, &hx);
+  weft_dtensor *dr = replicated_nonzero(mesh, 2, ts, &s, &hr);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  for (int step = 0; step < 2; step++) {
+    weft_var *vx, *h, *t, *tt, *xt, *r1, *r2, *a1, *b2, *sum, *ttt, *m, *y;
+    OK(weft_graph_input(g, x, true, &vx));
+    OK(weft_op_gelu(vx, false, &h));
+    int64_t c0 = copies_now();
+    OK(weft_op_transpose(h, 0, 1, &t));
+    cr_assert_eq(data_of(t), data_of(h), "transpose of a buffer copied");
+    cr_assert_eq(copies_now(), c0, "transpose of a buffer counted a copy");
+    const weft_tensor *tl = weft_dtensor_local(weft_var_value(t));
+    cr_assert(tl->shape[0] == N && tl->shape[1] == M && tl->strides[0] == 1 && tl->strides[1] == N);
+    OK(weft_op_transpose(t, 1, 0, &tt));
+    cr_assert_eq(data_of(tt), data_of(h), "transpose of a view copied");
+    cr_assert(weft_tensor_is_contiguous(weft_dtensor_local(weft_var_value(tt))));
+    cr_assert_eq(copies_now(), c0);
+    OK(weft_op_transpose(vx, -1, 0, &xt));
+    cr_assert_neq(data_of(xt), weft_dtensor_local(x)->data, "transpose of the input is a view");
+    cr_assert_eq(copies_now(), c0 + 1, "transpose of the input: one copy");
+    c0 = copies_now();
+    OK(weft_op_reshape(t, 3, (const int64_t[]){3, 2, M}, &r1));
+    cr_assert_eq(data_of(r1), data_of(h), "a reshape a view can give copied");
+    cr_assert_eq(copies_now(), c0);
+    OK(weft_op_reshape(t, 1, (const int64_t[]){N * M}, &r2));
+    cr_assert_eq(copies_now(), c0 + 1, "a reshape no view can give: one copy");
+    OK(weft_op_reshape(r1, 2, ts, &a1));
+    OK(weft_op_reshape(r2, 2, ts, &b2));
+    cr_assert_eq(copies_now(), c0 + 1);
+    OK(weft_op_add(a1, b2, &sum));
+    OK(weft_op_transpose(tt, 0, 1, &ttt));
+    OK(weft_op_mul(xt, ttt, &m));
+    OK(weft_op_add(sum, m, &y));
+    OK(weft_backward_grad(y, dr));
+    int64_t n;
+    double *yv, *gx;
+    OK(oc_full_values(weft_var_value(y), &yv, &n));
+    cr_assert_eq(n, M * N);
+    OK(oc_full_values(weft_var_grad(vx), &gx, &n));
+    cr_assert_eq(n, M * N);
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        const double xv = hx[i * N + j], hv = gelu_ref(xv), sv = hr[j * M + i];
+        cr_assert_float_eq(yv[j * M + i], 2 * hv + xv * hv, 1e-5, "step %d: y[%d][%d]", step, j, i);
+        const double want = sv * hv + gelu_grad_ref(xv) * sv * (2 + xv);
+        cr_assert_float_eq(gx[i * N + j], want, 1e-5 * (1 + fabs(want)),
+                           "step %d: grad x[%d][%d]: %.9g, want %.9g", step, i, j, gx[i * N + j],
+                           want);
+      }
+    free(yv);
+    free(gx);
+    OK(weft_graph_reset(g));
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(dr);
+  free(hx);
+  free(hr);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+Test(ops_shape, transpose_of_a_graph_buffer_is_a_view_and_of_an_input_a_copy) {
+  transpose_view_case(false);
+}
+Test(ops_shape, transpose_of_a_graph_buffer_is_a_view_and_of_an_input_a_copy_on_device) {
+  transpose_view_case(true);
+}
+
+/* The smallest graph where a strided grad meets a backward that reads its
+ * grad packed: y = gelu(x)^T, backward from R. transpose's backward hands
+ * gelu a transposed view of R's buffer; run_node packs it, so
+ * dx = gelu'(x) R^T (read as packed, the view would give R's elements in
+ * the wrong order). */
+static void transposed_grad_packed_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh;
+  OK(oc_one_rank_mesh(on_device, &mesh));
+  enum { M = 3, N = 5 };
+  uint64_t s = weft_test_rng_state(46);
+  int64_t xs[2] = {M, N}, ts[2] = {N, M};
+  double *hx, *hr;
+  weft_dtensor *x = replicated_nonzero(mesh, 2, xs, &s, &hx);
+  weft_dtensor *dr = replicated_nonzero(mesh, 2, ts, &s, &hr);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  weft_var *vx, *h, *y;
+  OK(weft_graph_input(g, x, true, &vx));
+  OK(weft_op_gelu(vx, false, &h));
+  OK(weft_op_transpose(h, 0, 1, &y));
+  OK(weft_backward_grad(y, dr));
+  int64_t n;
+  double *gx;
+  OK(oc_full_values(weft_var_grad(vx), &gx, &n));
+  cr_assert_eq(n, M * N);
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      const double want = gelu_grad_ref(hx[i * N + j]) * hr[j * M + i];
+      cr_assert_float_eq(gx[i * N + j], want, 1e-5 * (1 + fabs(want)), "grad x[%d][%d]", i, j);
+    }
+  free(gx);
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(x);
+  weft_dtensor_destroy(dr);
+  free(hx);
+  free(hr);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+Test(ops_shape, a_transposed_grad_reaches_a_packed_backward_packed) {
+  transposed_grad_packed_case(false);
+}
+Test(ops_shape, a_transposed_grad_reaches_a_packed_backward_packed_on_device) {
+  transposed_grad_packed_case(true);
 }
