@@ -217,7 +217,11 @@ WEFT_API weft_status weft_op_to(weft_var *x, weft_dtype dtype, weft_var **out);
  * a P(sum) output it is added once (Replicate -> Partial puts it on one
  * rank). */
 WEFT_API weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out);
-/* a @ b: a (..., M, K), b (K, N); the rules of weft_dtensor_matmul. */
+/* a @ b: a (..., M, K), b (K, N); the rules of weft_dtensor_matmul. A
+ * transposed view (weft_op_transpose of an op's output, as b = w^T) is
+ * read in place through the GEMM's transpose flag, forward and backward;
+ * another strided operand whose rows no single stride steps through is
+ * copied once. */
 WEFT_API weft_status weft_op_matmul(weft_var *a, weft_var *b, weft_var **out);
 /* a + b where b's shape equals a's or a suffix of it (broadcast over a's
  * leading dims: a bias, a position embedding). Shards must agree on the
@@ -235,7 +239,9 @@ WEFT_API weft_status weft_op_scale(weft_var *x, double alpha, weft_var **out);
 WEFT_API weft_status weft_op_reshape(weft_var *x, int ndim, const int64_t *shape, weft_var **out);
 /* Swaps dims d0 and d1 (shards follow their dims). torch's transpose: a
  * view of an op's output (its storage with the two strides swapped), a
- * copy of the caller's input or a parameter. The grad is a view too. */
+ * copy of the caller's input or a parameter. The grad is a view too.
+ * matmul reads a transposed 2-D view without a copy; ops without strided
+ * kernels copy it once. */
 WEFT_API weft_status weft_op_transpose(weft_var *x, int d0, int d1, weft_var **out);
 /* Splits dim into n pieces of sizes[i] (sum = the dim's size). A dim
  * StridedShard(dim, n) with equal sizes splits locally (each piece comes

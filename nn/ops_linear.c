@@ -440,7 +440,10 @@ static weft_status scale_body(weft_var *x, double alpha, weft_var **out) {
   WEFT_CHECK(weft_scale(weft_dtensor_local(y), alpha));
   nn_node *node;
   WEFT_CHECK(nn_node_new(g, name, &x, 1, NULL, scale_backward, &node));
-  if (node) node->f[0] = alpha;
+  if (node) {
+    node->f[0] = alpha;
+    node->reads_strided_grads = true; /* weft_tensor_copy reads dy's strides */
+  }
   WEFT_CHECK(nn_var_new(g, y, node, out));
   return WEFT_OK;
 }

@@ -13,7 +13,8 @@
  * it packed). Partial values pass through them (they are linear).
  * Backward maps each output grad's placements back to the input's: a
  * shard goes back to the placement the forward used, Partial and
- * Replicate stay.
+ * Replicate stay. matmul reads a transposed operand (or output grad) in
+ * place through its GEMM's transpose flags (gemm_operand).
  */
 #include <string.h>
 
@@ -62,6 +63,72 @@ static weft_status normalize_dim(const char *name, weft_var *const *in, int nin,
 
 /* ------------------------------------------------------------------ matmul */
 
+/* A local tensor as a GEMM operand: the rows x cols matrix of its dims
+ * [0, split) and [split, ndim), each group collapsed into one dim, at
+ * data with BLAS's leading dim ld: not trans, stride 1 along cols and ld
+ * between rows (row-major); trans, stored as its transpose, stride 1
+ * along rows and ld between cols (a transposed view: the GEMM's transpose
+ * flag reads it in place). */
+typedef struct gemm_operand {
+  const void *data;
+  int64_t rows, cols, ld;
+  bool trans;
+} gemm_operand;
+
+/* The stride of dims [a, b) of t collapsed into one (size-1 dims do not
+ * count; 0 when no dim has more than one element), or -1 when no single
+ * stride steps through them. t has no empty dim. */
+static int64_t collapsed_stride(const weft_tensor *t, int a, int b) {
+  int64_t st = 0, next = -1; /* next: the stride the next outer dim must have */
+  for (int d = b - 1; d >= a; d--) {
+    if (t->shape[d] == 1) continue;
+    if (next >= 0 && t->strides[d] != next) return -1;
+    if (next < 0) st = t->strides[d];
+    next = t->strides[d] * t->shape[d];
+  }
+  return st;
+}
+
+/* *o for t split at dim `split` when a GEMM can read t in place: the
+ * cols (or rows) packed and the other group one stride apart, no less
+ * than a packed matrix's. false otherwise (the caller packs t). */
+static bool gemm_operand_of(const weft_tensor *t, int split, gemm_operand *o) {
+  o->data = t->data;
+  o->rows = prod(t->shape, 0, split);
+  o->cols = prod(t->shape, split, t->ndim);
+  o->trans = false;
+  o->ld = ld(o->cols);
+  if (o->rows == 0 || o->cols == 0) return true;
+  const int64_t rs = collapsed_stride(t, 0, split), cs = collapsed_stride(t, split, t->ndim);
+  if (rs < 0 || cs < 0) return false;
+  if (o->cols == 1 || cs == 1) { /* row-major, rows rs apart */
+    if (o->rows == 1) return true;
+    o->ld = rs;
+    return rs >= o->cols;
+  }
+  if (o->rows == 1 || rs == 1) { /* column-major: its transpose row-major */
+    o->trans = true;
+    o->ld = o->cols == 1 ? ld(o->rows) : cs;
+    return o->ld >= o->rows;
+  }
+  return false;
+}
+
+/* The operand of d's local tensor, split before its last dim; d is packed
+ * first (a graph buffer, counted in copies) when no GEMM reads it in
+ * place. */
+static weft_status gemm_operand_packed(weft_graph *g, const weft_dtensor **d, gemm_operand *o) {
+  const weft_tensor *l = nn_local(*d);
+  if (gemm_operand_of(l, l->ndim - 1, o)) return WEFT_OK;
+  WEFT_CHECK(nn_graph_packed(g, *d, d));
+  l = nn_local(*d);
+  if (!gemm_operand_of(l, l->ndim - 1, o))
+    return weft_error(WEFT_ERR_INTERNAL, "matmul: a packed operand is no GEMM operand");
+  return WEFT_OK;
+}
+
+/* The backward reads a, b and dy through gemm_operand (transposed views
+ * by the GEMM's transpose flags): da = dy b^T, db = a^T dy. */
 static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
                                    weft_dtensor **din) {
   weft_graph *g = nn_node_graph(n);
@@ -71,8 +138,14 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
   const weft_placement *A = weft_dtensor_placements(a), *B = weft_dtensor_placements(b),
                        *D = weft_dtensor_placements(dy);
   int k = weft_mesh_ndim(weft_dtensor_mesh(a)), last = weft_dtensor_ndim(a) - 1;
-  const weft_tensor *al = nn_local(a), *bl = nn_local(b), *dyl = nn_local(dy);
-  int64_t rows = prod(al->shape, 0, last), kl = al->shape[last], nl = bl->shape[1];
+  gemm_operand oa, ob, od;
+  WEFT_CHECK(gemm_operand_packed(g, &a, &oa));
+  WEFT_CHECK(gemm_operand_packed(g, &b, &ob));
+  WEFT_CHECK(gemm_operand_packed(g, &dy, &od));
+  const weft_tensor *al = nn_local(a);
+  int64_t rows = oa.rows, kl = oa.cols, nl = ob.cols;
+  if (od.rows != rows || od.cols != nl || ob.rows != kl)
+    return weft_error(WEFT_ERR_INTERNAL, "matmul backward: local shapes disagree");
   weft_device dev = al->device;
   if (nn_node_wants(n, 0)) {
     /* da = dy b^T */
@@ -91,9 +164,9 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
     }
     weft_dtensor *da;
     WEFT_CHECK(nn_graph_like(g, a, p, &da));
-    WEFT_CHECK(weft_backend_gemm_dt(dev, false, true, rows, kl, nl, 1.0f, al->dtype, dyl->data,
-                                    ld(nl), bl->data, ld(nl), 0.0f, al->dtype, nn_local(da)->data,
-                                    ld(kl), NULL));
+    WEFT_CHECK(weft_backend_gemm_dt(dev, od.trans, !ob.trans, rows, kl, nl, 1.0f, al->dtype,
+                                    od.data, od.ld, ob.data, ob.ld, 0.0f, al->dtype,
+                                    nn_local(da)->data, ld(kl), NULL));
     din[0] = da;
   }
   if (nn_node_wants(n, 1)) {
@@ -113,9 +186,9 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
     }
     weft_dtensor *db;
     WEFT_CHECK(nn_graph_like(g, b, p, &db));
-    WEFT_CHECK(weft_backend_gemm_dt(dev, true, false, kl, nl, rows, 1.0f, al->dtype, al->data,
-                                    ld(kl), dyl->data, ld(nl), 0.0f, al->dtype, nn_local(db)->data,
-                                    ld(nl), NULL));
+    WEFT_CHECK(weft_backend_gemm_dt(dev, !oa.trans, od.trans, kl, nl, rows, 1.0f, al->dtype,
+                                    oa.data, oa.ld, od.data, od.ld, 0.0f, al->dtype,
+                                    nn_local(db)->data, ld(nl), NULL));
     din[1] = db;
   }
   return WEFT_OK;
@@ -127,11 +200,18 @@ static weft_status matmul_body(weft_var *a, weft_var *b, weft_var **out) {
   *out = NULL;
   weft_var *in[2] = {a, b};
   weft_graph *g;
-  WEFT_CHECK(nn_check_vars(name, in, 2, &g));
+  /* a strided operand (a transpose, a split piece) is read in place where
+   * a GEMM can (gemm_operand_of), else through its contiguous copy */
+  WEFT_CHECK(nn_check_vars_views(name, in, 2, &g));
+  for (int i = 0; i < 2; i++) {
+    const weft_tensor *l = nn_local(nn_var_now(in[i]));
+    gemm_operand o;
+    if (l->ndim < 1 || !gemm_operand_of(l, l->ndim - 1, &o)) WEFT_CHECK(nn_var_contig(in[i]));
+  }
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
-  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, av, "a", WEFT_KERNEL_GEMM));
-  WEFT_CHECK(nn_check_kernel_contig(name, in, 2, bv, "b", WEFT_KERNEL_GEMM));
+  WEFT_CHECK(nn_check_kernel_dtype(name, in, 2, av, "a", WEFT_KERNEL_GEMM));
+  WEFT_CHECK(nn_check_kernel_dtype(name, in, 2, bv, "b", WEFT_KERNEL_GEMM));
   int na = as->ndim, last = na - 1;
   if (na < 2 || bs->ndim != 2 || as->shape[last] != bs->shape[0])
     return nn_op_error(WEFT_ERR_INVALID, name, in, 2,
@@ -169,16 +249,20 @@ static weft_status matmul_body(weft_var *a, weft_var *b, weft_var **out) {
   oshape[last] = bs->shape[1];
   weft_dtensor *y;
   WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), as->dtype, na, oshape, opl, &y));
-  const weft_tensor *al = nn_local(au), *bl = nn_local(bu);
-  int64_t rows = prod(al->shape, 0, last), kl = al->shape[last], nl = bl->shape[1];
-  if (rows * nl != nn_numel(y) || bl->shape[0] != kl)
+  gemm_operand oa, ob;
+  WEFT_CHECK(gemm_operand_packed(g, &au, &oa)); /* in place: contig copies made above */
+  WEFT_CHECK(gemm_operand_packed(g, &bu, &ob));
+  const weft_tensor *al = nn_local(au);
+  int64_t rows = oa.rows, kl = oa.cols, nl = ob.cols;
+  if (rows * nl != nn_numel(y) || ob.rows != kl)
     return nn_op_error(WEFT_ERR_INTERNAL, name, in, 2, "local shapes disagree");
-  WEFT_CHECK(weft_backend_gemm_dt(al->device, false, false, rows, nl, kl, 1.0f, al->dtype, al->data,
-                                  ld(kl), bl->data, ld(nl), 0.0f, al->dtype, nn_local(y)->data,
-                                  ld(nl), NULL));
+  WEFT_CHECK(weft_backend_gemm_dt(al->device, oa.trans, ob.trans, rows, nl, kl, 1.0f, al->dtype,
+                                  oa.data, oa.ld, ob.data, ob.ld, 0.0f, al->dtype,
+                                  nn_local(y)->data, ld(nl), NULL));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, matmul_backward, &node));
+  if (node) node->reads_strided_grads = true; /* dy as a GEMM operand, or packed */
   WEFT_CHECK(nn_var_new(g, y, node, out));
   return WEFT_OK;
 }

@@ -566,3 +566,141 @@ Test(ops_shape, a_transposed_grad_reaches_a_packed_backward_packed) {
 Test(ops_shape, a_transposed_grad_reaches_a_packed_backward_packed_on_device) {
   transposed_grad_packed_case(true);
 }
+
+/* ---------------------------- matmul reads transposed views (issue 42) */
+
+static void expect_close(const double *got, const double *want, int64_t n, const char *what,
+                         int mode) {
+  for (int64_t i = 0; i < n; i++)
+    cr_assert_float_eq(got[i], want[i], 1e-5 * (1 + fabs(want[i])),
+                       "mode %d: %s[%lld]: %.9g, want %.9g", mode, what, (long long)i, got[i],
+                       want[i]);
+}
+
+/* matmul on transposed views of graph buffers, against float64, counting
+ * the copies from the views' making through backward:
+ *   mode 0: y = matmul(1.5 x, (0.5 w)^T), x (2, 3, 4), w (5, 4) (linear's
+ *           layout): b is read with the GEMM's transpose flag, no copy;
+ *   mode 1: y = matmul((1.5 a)^T, 0.5 b)^T, a (4, 3), b (4, 5): a is read
+ *           transposed, and so is y's grad (a transposed view) in
+ *           matmul's backward, no copy;
+ *   mode 2: y = matmul((1.5 x)^T(1, 2), 0.5 b), x (2, 4, 3): the view's
+ *           rows (2 x 3) are no single stride apart, so it is copied
+ *           once.
+ * Backward from R; each input's grad flows back through transpose's view
+ * and scale's backward (which reads it strided). */
+static void matmul_transposed_case(bool on_device, int mode) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh;
+  OK(oc_one_rank_mesh(on_device, &mesh));
+  uint64_t s = weft_test_rng_state(47 + (uint64_t)mode);
+  enum { BT = 2, T = 3, K = 4, N = 5, M = 3 };
+  /* shapes: input 0, input 1, R */
+  static const int64_t shp[3][3][3] = {
+      {{BT, T, K}, {N, K}, {BT, T, N}}, {{K, M}, {K, N}, {N, M}}, {{BT, K, T}, {K, N}, {BT, T, N}}};
+  static const int nds[3][3] = {{3, 2, 3}, {2, 2, 2}, {3, 2, 3}};
+  const int64_t want_copies[3] = {0, 0, 1};
+  double *h0, *h1, *hr;
+  weft_dtensor *d0 = replicated_nonzero(mesh, nds[mode][0], shp[mode][0], &s, &h0);
+  weft_dtensor *d1 = replicated_nonzero(mesh, nds[mode][1], shp[mode][1], &s, &h1);
+  weft_dtensor *dr = replicated_nonzero(mesh, nds[mode][2], shp[mode][2], &s, &hr);
+  const int64_t n0 = oc_numel(nds[mode][0], shp[mode][0]),
+                n1 = oc_numel(nds[mode][1], shp[mode][1]),
+                ny = oc_numel(nds[mode][2], shp[mode][2]);
+  double *wy = calloc((size_t)ny, sizeof(double)), *w0 = calloc((size_t)n0, sizeof(double)),
+         *w1 = calloc((size_t)n1, sizeof(double));
+  /* the float64 reference: p = 1.5 * input 0, q = 0.5 * input 1 */
+  if (mode == 0) {
+    for (int r = 0; r < BT * T; r++)
+      for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+          const double p = 1.5 * h0[r * K + k], q = 0.5 * h1[n * K + k], R = hr[r * N + n];
+          wy[r * N + n] += p * q;
+          w0[r * K + k] += 1.5 * R * q;
+          w1[n * K + k] += 0.5 * R * p;
+        }
+  } else if (mode == 1) {
+    for (int i = 0; i < M; i++)
+      for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+          const double p = 1.5 * h0[k * M + i], q = 0.5 * h1[k * N + n], R = hr[n * M + i];
+          wy[n * M + i] += p * q;
+          w0[k * M + i] += 1.5 * R * q;
+          w1[k * N + n] += 0.5 * R * p;
+        }
+  } else {
+    for (int b = 0; b < BT; b++)
+      for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++)
+          for (int k = 0; k < K; k++) {
+            const int64_t xi = (b * K + k) * T + t, ri = (b * T + t) * N + n;
+            const double p = 1.5 * h0[xi], q = 0.5 * h1[k * N + n], R = hr[ri];
+            wy[ri] += p * q;
+            w0[xi] += 1.5 * R * q;
+            w1[k * N + n] += 0.5 * R * p;
+          }
+  }
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  for (int step = 0; step < 2; step++) {
+    weft_var *v0, *v1, *p, *q, *y;
+    OK(weft_graph_input(g, d0, true, &v0));
+    OK(weft_graph_input(g, d1, true, &v1));
+    OK(weft_op_scale(v0, 1.5, &p));
+    OK(weft_op_scale(v1, 0.5, &q));
+    const int64_t c0 = copies_now();
+    if (mode == 0) {
+      OK(weft_op_transpose(q, 0, 1, &q));
+      OK(weft_op_matmul(p, q, &y));
+    } else if (mode == 1) {
+      OK(weft_op_transpose(p, 0, 1, &p));
+      OK(weft_op_matmul(p, q, &y));
+      OK(weft_op_transpose(y, 0, 1, &y));
+    } else {
+      OK(weft_op_transpose(p, 1, 2, &p));
+      OK(weft_op_matmul(p, q, &y));
+    }
+    OK(weft_backward_grad(y, dr));
+    cr_assert_eq(copies_now() - c0, want_copies[mode], "mode %d: %lld copies, want %lld", mode,
+                 (long long)(copies_now() - c0), (long long)want_copies[mode]);
+    int64_t n;
+    double *got;
+    OK(oc_full_values(weft_var_value(y), &got, &n));
+    cr_assert_eq(n, ny);
+    expect_close(got, wy, ny, "y", mode);
+    free(got);
+    OK(oc_full_values(weft_var_grad(v0), &got, &n));
+    cr_assert_eq(n, n0);
+    expect_close(got, w0, n0, "grad 0", mode);
+    free(got);
+    OK(oc_full_values(weft_var_grad(v1), &got, &n));
+    cr_assert_eq(n, n1);
+    expect_close(got, w1, n1, "grad 1", mode);
+    free(got);
+    OK(weft_graph_reset(g));
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(d0);
+  weft_dtensor_destroy(d1);
+  weft_dtensor_destroy(dr);
+  free(h0), free(h1), free(hr), free(wy), free(w0), free(w1);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+Test(ops_shape, matmul_of_a_transposed_weight_uses_the_gemm_flag_without_a_copy) {
+  matmul_transposed_case(false, 0);
+}
+Test(ops_shape, matmul_of_a_transposed_weight_uses_the_gemm_flag_without_a_copy_on_device) {
+  matmul_transposed_case(true, 0);
+}
+Test(ops_shape, matmul_of_a_transposed_input_and_grad_uses_the_gemm_flags_without_a_copy) {
+  matmul_transposed_case(false, 1);
+}
+Test(ops_shape,
+     matmul_of_a_transposed_input_and_grad_uses_the_gemm_flags_without_a_copy_on_device) {
+  matmul_transposed_case(true, 1);
+}
+Test(ops_shape, matmul_of_a_view_no_gemm_reads_copies_it_once) { matmul_transposed_case(false, 2); }
+Test(ops_shape, matmul_of_a_view_no_gemm_reads_copies_it_once_on_device) {
+  matmul_transposed_case(true, 2);
+}
