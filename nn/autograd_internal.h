@@ -134,6 +134,11 @@ weft_status nn_graph_rope_tables(weft_graph *g, weft_mesh *mesh, int64_t max_pos
  * pool does not hold): for short-lived copies (mixed.c), which would
  * otherwise stay in the pool as spare buffers of their spec. */
 void nn_graph_discard(weft_graph *g, const weft_dtensor *d);
+/* Returns a buffer of this step to the pool now, for the ops that follow
+ * (same stream order on a device): an op's temporary that no node keeps,
+ * such as sdpa's scratch. The caller drops d. No-op for a buffer a view
+ * reads or one the pool does not hold. */
+void nn_graph_release(weft_graph *g, const weft_dtensor *d);
 /* The graph's vars and nodes so far, and each by position. */
 int nn_graph_nvars(const weft_graph *g);
 int nn_graph_nnodes(const weft_graph *g);

@@ -293,6 +293,15 @@ void nn_graph_discard(weft_graph *g, const weft_dtensor *d) {
       return;
     }
 }
+void nn_graph_release(weft_graph *g, const weft_dtensor *d) {
+  if (is_view_base(g, d)) return;
+  for (int i = 0; i < g->npool; i++)
+    if (g->pool[i].dt == d) {
+      pool_return(g, &g->pool[i]);
+      return;
+    }
+}
+
 weft_status nn_graph_converted(weft_graph *g, const weft_dtensor *d, weft_dtype dtype,
                                weft_dtensor **out) {
   const weft_dtensor_spec *s = weft_dtensor_get_spec(d);

@@ -34,8 +34,9 @@
  *               are a graph buffer made at each call.
  *   sdpa        q, k, v all R, all S(0), or all S(2) when the mesh dim's
  *               size divides Hkv (each rank holds whole kv groups). dq,
- *               dk, dv like dy. lse (B, H, T) and the kernel's scratch are
- *               graph buffers.
+ *               dk, dv like dy. lse (B, H, T) is a graph buffer kept for
+ *               backward; the kernel's scratch one that forward and
+ *               backward each take from the pool and give back.
  *   cross_      logits R (plain), S(r) for r not last (rows split: the
  *   entropy     local loss sum is all-reduced), S(last) (loss parallel:
  *               the row max, target logit and sum of exponentials are
@@ -723,8 +724,10 @@ static weft_status sdpa_grads(weft_graph *g, const weft_dtensor *const *qkv,
   return WEFT_OK;
 }
 
-/* saved[0] = lse (B, H, T), saved[1] = scratch, saved[2] = the output;
- * i[0] = causal. q, k, v may be row-strided slices (attention_row_stride). */
+/* saved[0] = lse (B, H, T), saved[1] = the output; i[0] = causal, i[1] =
+ * the kernel's scratch in floats (a pool buffer taken here and returned
+ * after the node, not kept from forward: the kernel only works in it). q,
+ * k, v may be row-strided slices (attention_row_stride). */
 static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, weft_dtensor **din) {
   weft_graph *g = nn_node_graph(n);
   const weft_dtensor *dy = dout[0];
@@ -745,12 +748,14 @@ static weft_status sdpa_backward(nn_node *n, const weft_dtensor *const *dout, we
   const weft_tensor *ql = nn_local(q), *kl = nn_local(k);
   int64_t B = ql->shape[0], T = ql->shape[1], H = ql->shape[2], Hkv = kl->shape[2],
           hd = ql->shape[3];
-  if (B > 0 && T > 0 && H > 0 && hd > 0)
+  if (B > 0 && T > 0 && H > 0 && hd > 0) {
+    weft_dtensor *scratch;
+    WEFT_CHECK(flat_buffer(g, weft_dtensor_mesh(q), n->i[1], &scratch));
     WEFT_CHECK(weft_backend_attention_backward_dt(
         ql->device, ql->dtype, nn_local(dq)->data, nn_local(dk)->data, nn_local(dv)->data,
         nn_local(dy)->data, ql->data, kl->data, nn_local(v)->data, nn_f32(n->saved[0]),
-        nn_local(n->saved[2])->data, B, T, H, Hkv, hd, n->i[0] != 0, &rows, nn_f32(n->saved[1])));
-  else {
+        nn_local(n->saved[1])->data, B, T, H, Hkv, hd, n->i[0] != 0, &rows, nn_f32(scratch)));
+  } else {
     if (nn_numel(dq) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dq), 0.0));
     if (nn_numel(dk) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dk), 0.0));
     if (nn_numel(dv) > 0) WEFT_CHECK(weft_tensor_fill(weft_dtensor_local(dv), 0.0));
@@ -840,20 +845,23 @@ static weft_status sdpa_body(weft_var *q, weft_var *k, weft_var *v, bool causal,
    * asks the pool for the same spec */
   size_t sbytes =
       weft_backend_attention_scratch_bytes(dev, (B + pb - 1) / pb, T, H / ph, Hkv / ph, hd);
-  WEFT_CHECK(
-      flat_buffer(g, mesh, (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float)), &scratch));
+  const int64_t sfloats = (int64_t)((sbytes + sizeof(float) - 1) / sizeof(float));
+  WEFT_CHECK(flat_buffer(g, mesh, sfloats, &scratch));
   if (Bl > 0 && T > 0 && Hl > 0 && hd > 0)
     WEFT_CHECK(weft_backend_attention_forward_dt(dev, ql->dtype, nn_local(y)->data, nn_f32(lse),
                                                  ql->data, kl->data, nn_local(vu)->data, Bl, T, Hl,
                                                  Hkvl, hd, causal, &rows, nn_f32(scratch)));
+  /* the next layer's attention works in the same scratch (on a device
+   * after this kernel: one stream) */
+  nn_graph_release(g, scratch);
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 3, (const weft_dtensor *const[]){qu, ku, vu}, sdpa_backward, &node));
   if (node) {
     node->saved[0] = lse;
-    node->saved[1] = scratch;
-    node->saved[2] = y;
+    node->saved[1] = y;
     node->i[0] = causal;
+    node->i[1] = sfloats;
   }
   WEFT_CHECK(nn_var_new(g, y, node, out));
   return WEFT_OK;

@@ -12,6 +12,9 @@
  *     few grads, not twice the activations;
  *   - the values stay readable after backward (only grads go back), and a
  *     second step reuses the pool without a new large allocation.
+ * A stack of attention layers keeps each layer's output and log-sum-exp
+ * for backward, but not the kernel's scratch: every layer, forward and
+ * backward, works in the one scratch buffer the pool hands out again.
  * The _on_device variant puts the mesh on WEFT_CUDA and skips, saying why,
  * without a CUDA device. */
 #include <criterion/criterion.h>
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "harness.h"
 #include "ops_check.h"
 
@@ -147,4 +151,63 @@ Test(graph_memory, backward_returns_consumed_grads_so_the_peak_is_the_forward_pl
 Test(graph_memory, backward_returns_consumed_grads_so_the_peak_is_the_forward_plus_a_few_on_device,
      .timeout = 60) {
   chain_case(true);
+}
+
+/* h = sdpa(h, h, h) LAYERS times on a (B, T, H, hd) input. */
+static void attention_stack_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  enum { LAYERS = 6, B = 2, T = 48, H = 4, HD = 16 };
+  weft_mesh *mesh;
+  OK(oc_one_rank_mesh(on_device, &mesh));
+  const int64_t shape[4] = {B, T, H, HD}, n = (int64_t)B * T * H * HD;
+  weft_tensor *t;
+  OK(weft_tensor_create(WEFT_F32, WEFT_CPU, 4, shape, &t));
+  uint64_t s = weft_test_rng_state(7);
+  for (int64_t e = 0; e < n; e++) ((float *)t->data)[e] = (float)(2 * weft_test_rng_unit(&s) - 1);
+  weft_placement r = weft_replicate();
+  weft_dtensor *dx, *dr;
+  OK(weft_dtensor_distribute(mesh, t, WEFT_DTENSOR_ALL_RANKS, &r, 1, &dx));
+  OK(weft_dtensor_distribute(mesh, t, WEFT_DTENSOR_ALL_RANKS, &r, 1, &dr));
+  weft_tensor_destroy(t);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  weft_var *x, *h;
+  OK(weft_graph_input(g, dx, true, &x));
+  h = x;
+  for (int l = 0; l < LAYERS; l++) OK(weft_op_sdpa(h, h, h, true, &h));
+  const int64_t out = n * (int64_t)sizeof(float), lse = (int64_t)B * H * T * (int64_t)sizeof(float);
+  const int64_t scratch =
+      (int64_t)weft_backend_attention_scratch_bytes(weft_mesh_device(mesh), B, T, H, H, HD);
+  cr_assert_gt(scratch, 0);
+  const int64_t fwd = weft_graph_bytes_in_use(g);
+  cr_assert_eq(fwd, LAYERS * (out + lse),
+               "after forward %lld bytes in use: %d x (output %lld + lse %lld) expected, "
+               "scratch %lld each",
+               (long long)fwd, LAYERS, (long long)out, (long long)lse, (long long)scratch);
+  OK(weft_backward_grad(h, dr));
+  const int64_t peak = weft_graph_bytes_peak(g);
+  /* one scratch, the output grad, one layer's dq|dk|dv and their sum */
+  cr_assert_leq(peak - fwd, scratch + 6 * out, "backward added %lld bytes (scratch %lld)",
+                (long long)(peak - fwd), (long long)scratch);
+  double *gx;
+  int64_t ng;
+  OK(oc_full_values(weft_var_grad(x), &gx, &ng));
+  cr_assert_eq(ng, n);
+  double sq = 0;
+  for (int64_t e = 0; e < n; e++) sq += gx[e] * gx[e];
+  cr_assert(isfinite(sq) && sq > 0, "the input's grad: sum of squares %g", sq);
+  free(gx);
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(dx);
+  weft_dtensor_destroy(dr);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+
+Test(graph_memory, attention_layers_share_one_scratch_forward_and_backward, .timeout = 60) {
+  attention_stack_case(false);
+}
+Test(graph_memory, attention_layers_share_one_scratch_forward_and_backward_on_device,
+     .timeout = 60) {
+  attention_stack_case(true);
 }
