@@ -68,6 +68,9 @@ struct nn_node {
    * false (the default): graph.c run_node hands it packed copies
    * (nn_graph_packed) of any that are strided. */
   bool reads_strided_grads;
+  /* Its backward has run (graph.c run_node): what it saved or redistributed
+   * is no longer kept for it. */
+  bool ran_backward;
   nn_backward_fn backward;
   double f[4]; /* op arguments */
   int64_t i[8];

@@ -61,7 +61,6 @@ struct weft_graph {
   int64_t batch_row0, batch_rows; /* weft_graph_set_batch_slice; rows 0: unset */
   uint64_t hand_seq;              /* pool hand-outs so far (activation checkpointing) */
   uint64_t hand_step0;            /* hand_seq at the last reset */
-  uint64_t hand_backward0;        /* hand_seq when backward began (buffers it may return) */
   int64_t bytes_now, bytes_peak;  /* local bytes of the buffers handed out now, and the most */
   weft_param **params;            /* the distinct parameters read this step (weft_graph_param) */
   int nparams, cap_params;
@@ -1012,13 +1011,14 @@ static void release_keep(const weft_graph *g, release_cand *c, int n, const weft
 }
 
 /* Returns to the pool every buffer handed out since `since` that no var
- * (value, contiguous copy, grad) or node (saved, redistributed input) of g
- * refers to, directly or through a view; the views of a returned buffer
- * are dead and forgotten as views (they stay allocated until reset).
- * Activation checkpointing calls it after a forward it dropped, backward
- * after each node (a consumed grad, a redistributed copy or a temporary of
- * the node's backward goes back at once, so the grads of the next nodes
- * reuse it). */
+ * (value, contiguous copy, grad) or node whose backward is still to run
+ * (saved, redistributed input) of g refers to, directly or through a view;
+ * the views of a returned buffer are dead and forgotten as views (they
+ * stay allocated until reset). Activation checkpointing calls it after a
+ * forward it dropped, backward after each node: a consumed grad, a
+ * redistributed copy, a temporary, and what the node saved (statistics,
+ * masks, moved inputs: not a var's value) go back at once, so the grads of
+ * the next nodes reuse them. */
 static weft_status release_unreferenced(weft_graph *g, uint64_t since) {
   int n = 0;
   for (int i = 0; i < g->npool; i++) n += g->pool[i].used && g->pool[i].handed >= since;
@@ -1037,6 +1037,7 @@ static weft_status release_unreferenced(weft_graph *g, uint64_t since) {
   }
   for (int i = 0; i < g->nnodes; i++) {
     const nn_node *nd = g->nodes[i];
+    if (nd->ran_backward) continue;
     for (int k = 0; k < NN_MAX_SAVED; k++) release_keep(g, c, n, nd->saved[k]);
     for (int k = 0; k < NN_MAX_IN; k++) release_keep(g, c, n, nd->in_used[k]);
   }
@@ -1092,11 +1093,14 @@ static weft_status run_node(weft_graph *g, nn_node *n) {
     if (st != WEFT_OK) return weft_error_trace(st, n->name);
   }
   /* outputs' grads are consumed (kept only where the user asked), and
-   * every buffer of this backward that nothing refers to any more goes
-   * back to the pool for the nodes still to run */
+   * every buffer of this step that nothing refers to any more (this
+   * node's saved and redistributed inputs now among them, unless a var's
+   * value or a node still to run reads them) goes back to the pool for
+   * the nodes still to run */
   for (int j = 0; j < n->nout; j++)
     if (!n->out[j]->keep_grad) n->out[j]->grad = NULL;
-  return release_unreferenced(g, g->hand_backward0);
+  n->ran_backward = true;
+  return release_unreferenced(g, g->hand_step0);
 }
 
 static weft_status ac_backward(weft_graph *g, nn_node *end);
@@ -1133,7 +1137,6 @@ weft_status weft_backward_grad(weft_var *out, const weft_dtensor *grad) {
                       "requires_grad reaches it)");
   if (weft_get_settings()->debug) WEFT_CHECK(debug_check(g, "backward", &out, 1));
   g->backward_done = true;
-  g->hand_backward0 = g->hand_seq;
   WEFT_CHECK(accumulate(g, out, grad, false));
   WEFT_CHECK(run_range(g, 0, g->nnodes));
   return WEFT_OK;

@@ -14,7 +14,8 @@
  *     second step reuses the pool without a new large allocation.
  * A stack of attention layers keeps each layer's output and log-sum-exp
  * for backward, but not the kernel's scratch: every layer, forward and
- * backward, works in the one scratch buffer the pool hands out again.
+ * backward, works in the one scratch buffer the pool hands out again; and
+ * each log-sum-exp goes back to the pool once its layer's backward ran.
  * The _on_device variant puts the mesh on WEFT_CUDA and skips, saying why,
  * without a CUDA device. */
 #include <criterion/criterion.h>
@@ -189,6 +190,12 @@ static void attention_stack_case(bool on_device) {
   /* one scratch, the output grad, one layer's dq|dk|dv and their sum */
   cr_assert_leq(peak - fwd, scratch + 6 * out, "backward added %lld bytes (scratch %lld)",
                 (long long)(peak - fwd), (long long)scratch);
+  /* after backward: the outputs (values stay) and the input's grad; each
+   * layer's lse went back once its backward had run */
+  const int64_t after = weft_graph_bytes_in_use(g);
+  cr_assert_leq(after, (LAYERS + 1) * out,
+                "after backward %lld bytes in use: %d outputs and one grad of %lld expected",
+                (long long)after, LAYERS, (long long)out);
   double *gx;
   int64_t ng;
   OK(oc_full_values(weft_var_grad(x), &gx, &ng));
