@@ -215,7 +215,9 @@ WEFT_API weft_status weft_op_to(weft_var *x, weft_dtype dtype, weft_var **out);
  * (rowwise); P,R -> P; R,StridedShard(0,k) -> StridedShard(last,k)
  * (fused q|k|v split per rank). The bias is added as weft_op_add does: on
  * a P(sum) output it is added once (Replicate -> Partial puts it on one
- * rank). */
+ * rank). A strided x whose rows one stride steps through (a split piece)
+ * or a transposed 2-D view is read in place by the GEMM, forward and
+ * backward; another strided x is copied once. */
 WEFT_API weft_status weft_op_linear(weft_var *x, weft_var *w, weft_var *b, weft_var **out);
 /* a @ b: a (..., M, K), b (K, N); the rules of weft_dtensor_matmul. A
  * transposed view (weft_op_transpose of an op's output, as b = w^T) is

@@ -163,6 +163,26 @@ weft_status nn_graph_packed(weft_graph *g, const weft_dtensor *d, const weft_dte
 /* Makes v's contiguous copy (weft_var.contig) when its value is strided
  * and it has none yet; counted in copies. */
 weft_status nn_var_contig(weft_var *v);
+/* A local tensor as a GEMM operand: the rows x cols matrix of its dims
+ * [0, split) and [split, ndim), each group collapsed into one dim, at
+ * data with BLAS's leading dim ld: not trans, stride 1 along cols and ld
+ * between rows (row-major, a row-strided slice among them); trans, stored
+ * as its transpose, stride 1 along rows and ld between cols (a transposed
+ * view: the GEMM's transpose flag reads it in place). matmul and linear
+ * (ops_shape.c, ops_linear.c) read strided operands through it. */
+typedef struct nn_gemm_operand {
+  const void *data;
+  int64_t rows, cols, ld;
+  bool trans;
+} nn_gemm_operand;
+/* *o for t split at dim `split` when a GEMM can read t in place: the cols
+ * (or rows) packed and the other group one stride apart, no less than a
+ * packed matrix's. false otherwise (the caller packs t). */
+bool nn_gemm_operand_of(const weft_tensor *t, int split, nn_gemm_operand *o);
+/* The operand of d's local tensor, split before its last dim; *d is
+ * replaced by its packed copy first (a graph buffer, counted in copies)
+ * when no GEMM reads it in place. */
+weft_status nn_gemm_operand_packed(weft_graph *g, const weft_dtensor **d, nn_gemm_operand *o);
 /* An error naming the op and its inputs' shapes and placements, with a
  * reason, raised as from `func` (nn_op_error: the calling function, so an
  * op's own checks head the message with weft_op_<name>). Returns `code`. */

@@ -526,6 +526,60 @@ weft_status nn_var_contig(weft_var *v) {
   return nn_graph_packed(v->g, v->value, &v->contig);
 }
 
+static int64_t span(const int64_t *s, int a, int b) {
+  int64_t r = 1;
+  for (int d = a; d < b; d++) r *= s[d];
+  return r;
+}
+
+/* ------------------------------------------------------ GEMM operands */
+
+/* The stride of dims [a, b) of t collapsed into one (size-1 dims do not
+ * count; 0 when no dim has more than one element), or -1 when no single
+ * stride steps through them. t has no empty dim. */
+static int64_t collapsed_stride(const weft_tensor *t, int a, int b) {
+  int64_t st = 0, next = -1; /* next: the stride the next outer dim must have */
+  for (int d = b - 1; d >= a; d--) {
+    if (t->shape[d] == 1) continue;
+    if (next >= 0 && t->strides[d] != next) return -1;
+    if (next < 0) st = t->strides[d];
+    next = t->strides[d] * t->shape[d];
+  }
+  return st;
+}
+
+bool nn_gemm_operand_of(const weft_tensor *t, int split, nn_gemm_operand *o) {
+  o->data = t->data;
+  o->rows = span(t->shape, 0, split);
+  o->cols = span(t->shape, split, t->ndim);
+  o->trans = false;
+  o->ld = (o->cols > 1 ? o->cols : 1);
+  if (o->rows == 0 || o->cols == 0) return true;
+  const int64_t rs = collapsed_stride(t, 0, split), cs = collapsed_stride(t, split, t->ndim);
+  if (rs < 0 || cs < 0) return false;
+  if (o->cols == 1 || cs == 1) { /* row-major, rows rs apart */
+    if (o->rows == 1) return true;
+    o->ld = rs;
+    return rs >= o->cols;
+  }
+  if (o->rows == 1 || rs == 1) { /* column-major: its transpose row-major */
+    o->trans = true;
+    o->ld = o->cols == 1 ? (o->rows > 1 ? o->rows : 1) : cs;
+    return o->ld >= o->rows;
+  }
+  return false;
+}
+
+weft_status nn_gemm_operand_packed(weft_graph *g, const weft_dtensor **d, nn_gemm_operand *o) {
+  const weft_tensor *l = nn_local(*d);
+  if (nn_gemm_operand_of(l, l->ndim - 1, o)) return WEFT_OK;
+  WEFT_CHECK(nn_graph_packed(g, *d, d));
+  l = nn_local(*d);
+  if (!nn_gemm_operand_of(l, l->ndim - 1, o))
+    return weft_error(WEFT_ERR_INTERNAL, "a packed operand is no GEMM operand");
+  return WEFT_OK;
+}
+
 double weft_var_item(const weft_var *v) {
   if (!v) {
     weft_error(WEFT_ERR_INVALID, "var_item: var is NULL");

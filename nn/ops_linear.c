@@ -46,12 +46,15 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
   const weft_placement *X = weft_dtensor_placements(x), *W = weft_dtensor_placements(w),
                        *D = weft_dtensor_placements(dy);
   int k = weft_mesh_ndim(weft_dtensor_mesh(x)), last = weft_dtensor_ndim(x) - 1;
+  nn_gemm_operand ox; /* x as the forward read it: maybe strided */
+  WEFT_CHECK(nn_gemm_operand_packed(g, &x, &ox));
   const weft_tensor *xl = nn_local(x), *wl = nn_local(w), *dyl = nn_local(dy);
-  int64_t rows = nn_rows(xl), kl = xl->shape[last], nl = wl->shape[0];
+  int64_t rows = ox.rows, kl = ox.cols, nl = wl->shape[0];
   weft_device dev = xl->device;
-  /* f32: the linear member; bf16 / f16: gemm_dt in that dtype, grads
-   * rounded once */
+  /* f32: the linear member; bf16 / f16 (and dw of a strided x): gemm_dt in
+   * that dtype, grads rounded once */
   const weft_dtype dt = xl->dtype;
+  const bool packed_x = weft_tensor_is_contiguous(xl);
   const int64_t ldk = kl > 0 ? kl : 1, ldn = nl > 0 ? nl : 1;
   if (nn_node_wants(n, 0)) {
     weft_placement p[WEFT_MESH_MAX_DIMS];
@@ -93,12 +96,12 @@ static weft_status linear_backward(nn_node *n, const weft_dtensor *const *dout,
     }
     weft_dtensor *dw;
     WEFT_CHECK(nn_graph_like(g, w, p, &dw));
-    if (dt == WEFT_F32)
+    if (dt == WEFT_F32 && packed_x)
       WEFT_CHECK(weft_backend_linear_backward(dev, NULL, nn_f32(dw), NULL, dyl->data, xl->data,
                                               wl->data, rows, kl, nl, false, false));
     else if (nl * kl > 0) /* dw (N, K) = dy^T (N, rows) @ x (rows, K) */
-      WEFT_CHECK(weft_backend_gemm_dt(dev, true, false, nl, kl, rows, 1.0f, dt, dyl->data, ldn,
-                                      xl->data, ldk, 0.0f, dt, nn_local(dw)->data, ldk, NULL));
+      WEFT_CHECK(weft_backend_gemm_dt(dev, true, ox.trans, nl, kl, rows, 1.0f, dt, dyl->data, ldn,
+                                      ox.data, ox.ld, 0.0f, dt, nn_local(dw)->data, ldk, NULL));
     din[1] = dw;
   }
   if (n->nin == 3 && nn_node_wants(n, 2)) {
@@ -134,10 +137,19 @@ static weft_status linear_impl(weft_var *x, weft_var *w, weft_var *b, weft_var *
   weft_var *in[3] = {x, w, b};
   const int nin = b ? 3 : 2;
   weft_graph *g;
-  WEFT_CHECK(nn_check_vars(name, in, nin, &g));
+  /* x may be strided where a GEMM reads it in place (a split piece's rows,
+   * a transpose: nn_gemm_operand_of); the weight, the bias and any other x
+   * through their contiguous copies */
+  WEFT_CHECK(nn_check_vars_views(name, in, nin, &g));
+  for (int i = 1; i < nin; i++) WEFT_CHECK(nn_var_contig(in[i]));
+  {
+    const weft_tensor *l = nn_local(nn_var_now(x));
+    nn_gemm_operand o;
+    if (l->ndim < 1 || !nn_gemm_operand_of(l, l->ndim - 1, &o)) WEFT_CHECK(nn_var_contig(x));
+  }
   const weft_dtensor *xv = nn_var_now(x), *wv = nn_var_now(w);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv), *ws = weft_dtensor_get_spec(wv);
-  WEFT_CHECK(nn_check_kernel_contig(name, in, nin, xv, "input", WEFT_KERNEL_GEMM));
+  WEFT_CHECK(nn_check_kernel_dtype(name, in, nin, xv, "input", WEFT_KERNEL_GEMM));
   WEFT_CHECK(nn_check_kernel_contig(name, in, nin, wv, "weight", WEFT_KERNEL_GEMM));
   int na = xs->ndim, last = na - 1;
   if (na < 1 || ws->ndim != 2 || xs->shape[last] != ws->shape[1])
@@ -190,14 +202,17 @@ static weft_status linear_impl(weft_var *x, weft_var *w, weft_var *b, weft_var *
   oshape[last] = ws->shape[0];
   weft_dtensor *y;
   WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(xv), xs->dtype, na, oshape, opl, &y));
+  nn_gemm_operand ox;
+  WEFT_CHECK(nn_gemm_operand_packed(g, &xu, &ox)); /* in place: copies made above */
   const weft_tensor *xl = nn_local(xu), *wl = nn_local(wu);
-  const int64_t rows = nn_rows(xl), K = xl->shape[last], N = wl->shape[0];
-  if (xs->dtype == WEFT_F32)
+  const int64_t rows = ox.rows, K = ox.cols, N = wl->shape[0];
+  if (xs->dtype == WEFT_F32 && weft_tensor_is_contiguous(xl))
     WEFT_CHECK(weft_backend_linear_forward(xl->device, nn_f32(y), xl->data, wl->data,
                                            bu ? nn_f32(bu) : NULL, rows, K, N));
-  else /* bf16 / f16: one GEMM in that dtype, the bias added before it rounds */
-    WEFT_CHECK(weft_backend_gemm_dt(xl->device, false, true, rows, N, K, 1.0f, xs->dtype, xl->data,
-                                    K > 0 ? K : 1, wl->data, K > 0 ? K : 1, 0.0f, xs->dtype,
+  else /* bf16 / f16 or a strided x: one GEMM in that dtype, the bias added
+        * before it rounds */
+    WEFT_CHECK(weft_backend_gemm_dt(xl->device, ox.trans, true, rows, N, K, 1.0f, xs->dtype,
+                                    ox.data, ox.ld, wl->data, K > 0 ? K : 1, 0.0f, xs->dtype,
                                     nn_local(y)->data, N > 0 ? N : 1,
                                     bu ? nn_local(bu)->data : NULL));
   nn_node *node;

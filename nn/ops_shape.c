@@ -14,7 +14,7 @@
  * Backward maps each output grad's placements back to the input's: a
  * shard goes back to the placement the forward used, Partial and
  * Replicate stay. matmul reads a transposed operand (or output grad) in
- * place through its GEMM's transpose flags (gemm_operand).
+ * place through its GEMM's transpose flags (nn_gemm_operand).
  */
 #include <string.h>
 
@@ -63,71 +63,7 @@ static weft_status normalize_dim(const char *name, weft_var *const *in, int nin,
 
 /* ------------------------------------------------------------------ matmul */
 
-/* A local tensor as a GEMM operand: the rows x cols matrix of its dims
- * [0, split) and [split, ndim), each group collapsed into one dim, at
- * data with BLAS's leading dim ld: not trans, stride 1 along cols and ld
- * between rows (row-major); trans, stored as its transpose, stride 1
- * along rows and ld between cols (a transposed view: the GEMM's transpose
- * flag reads it in place). */
-typedef struct gemm_operand {
-  const void *data;
-  int64_t rows, cols, ld;
-  bool trans;
-} gemm_operand;
-
-/* The stride of dims [a, b) of t collapsed into one (size-1 dims do not
- * count; 0 when no dim has more than one element), or -1 when no single
- * stride steps through them. t has no empty dim. */
-static int64_t collapsed_stride(const weft_tensor *t, int a, int b) {
-  int64_t st = 0, next = -1; /* next: the stride the next outer dim must have */
-  for (int d = b - 1; d >= a; d--) {
-    if (t->shape[d] == 1) continue;
-    if (next >= 0 && t->strides[d] != next) return -1;
-    if (next < 0) st = t->strides[d];
-    next = t->strides[d] * t->shape[d];
-  }
-  return st;
-}
-
-/* *o for t split at dim `split` when a GEMM can read t in place: the
- * cols (or rows) packed and the other group one stride apart, no less
- * than a packed matrix's. false otherwise (the caller packs t). */
-static bool gemm_operand_of(const weft_tensor *t, int split, gemm_operand *o) {
-  o->data = t->data;
-  o->rows = prod(t->shape, 0, split);
-  o->cols = prod(t->shape, split, t->ndim);
-  o->trans = false;
-  o->ld = ld(o->cols);
-  if (o->rows == 0 || o->cols == 0) return true;
-  const int64_t rs = collapsed_stride(t, 0, split), cs = collapsed_stride(t, split, t->ndim);
-  if (rs < 0 || cs < 0) return false;
-  if (o->cols == 1 || cs == 1) { /* row-major, rows rs apart */
-    if (o->rows == 1) return true;
-    o->ld = rs;
-    return rs >= o->cols;
-  }
-  if (o->rows == 1 || rs == 1) { /* column-major: its transpose row-major */
-    o->trans = true;
-    o->ld = o->cols == 1 ? ld(o->rows) : cs;
-    return o->ld >= o->rows;
-  }
-  return false;
-}
-
-/* The operand of d's local tensor, split before its last dim; d is packed
- * first (a graph buffer, counted in copies) when no GEMM reads it in
- * place. */
-static weft_status gemm_operand_packed(weft_graph *g, const weft_dtensor **d, gemm_operand *o) {
-  const weft_tensor *l = nn_local(*d);
-  if (gemm_operand_of(l, l->ndim - 1, o)) return WEFT_OK;
-  WEFT_CHECK(nn_graph_packed(g, *d, d));
-  l = nn_local(*d);
-  if (!gemm_operand_of(l, l->ndim - 1, o))
-    return weft_error(WEFT_ERR_INTERNAL, "matmul: a packed operand is no GEMM operand");
-  return WEFT_OK;
-}
-
-/* The backward reads a, b and dy through gemm_operand (transposed views
+/* The backward reads a, b and dy through nn_gemm_operand (transposed views
  * by the GEMM's transpose flags): da = dy b^T, db = a^T dy. */
 static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
                                    weft_dtensor **din) {
@@ -138,10 +74,10 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
   const weft_placement *A = weft_dtensor_placements(a), *B = weft_dtensor_placements(b),
                        *D = weft_dtensor_placements(dy);
   int k = weft_mesh_ndim(weft_dtensor_mesh(a)), last = weft_dtensor_ndim(a) - 1;
-  gemm_operand oa, ob, od;
-  WEFT_CHECK(gemm_operand_packed(g, &a, &oa));
-  WEFT_CHECK(gemm_operand_packed(g, &b, &ob));
-  WEFT_CHECK(gemm_operand_packed(g, &dy, &od));
+  nn_gemm_operand oa, ob, od;
+  WEFT_CHECK(nn_gemm_operand_packed(g, &a, &oa));
+  WEFT_CHECK(nn_gemm_operand_packed(g, &b, &ob));
+  WEFT_CHECK(nn_gemm_operand_packed(g, &dy, &od));
   const weft_tensor *al = nn_local(a);
   int64_t rows = oa.rows, kl = oa.cols, nl = ob.cols;
   if (od.rows != rows || od.cols != nl || ob.rows != kl)
@@ -201,12 +137,12 @@ static weft_status matmul_body(weft_var *a, weft_var *b, weft_var **out) {
   weft_var *in[2] = {a, b};
   weft_graph *g;
   /* a strided operand (a transpose, a split piece) is read in place where
-   * a GEMM can (gemm_operand_of), else through its contiguous copy */
+   * a GEMM can (nn_gemm_operand_of), else through its contiguous copy */
   WEFT_CHECK(nn_check_vars_views(name, in, 2, &g));
   for (int i = 0; i < 2; i++) {
     const weft_tensor *l = nn_local(nn_var_now(in[i]));
-    gemm_operand o;
-    if (l->ndim < 1 || !gemm_operand_of(l, l->ndim - 1, &o)) WEFT_CHECK(nn_var_contig(in[i]));
+    nn_gemm_operand o;
+    if (l->ndim < 1 || !nn_gemm_operand_of(l, l->ndim - 1, &o)) WEFT_CHECK(nn_var_contig(in[i]));
   }
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
@@ -249,9 +185,9 @@ static weft_status matmul_body(weft_var *a, weft_var *b, weft_var **out) {
   oshape[last] = bs->shape[1];
   weft_dtensor *y;
   WEFT_CHECK(nn_graph_tensor(g, weft_dtensor_mesh(av), as->dtype, na, oshape, opl, &y));
-  gemm_operand oa, ob;
-  WEFT_CHECK(gemm_operand_packed(g, &au, &oa)); /* in place: contig copies made above */
-  WEFT_CHECK(gemm_operand_packed(g, &bu, &ob));
+  nn_gemm_operand oa, ob;
+  WEFT_CHECK(nn_gemm_operand_packed(g, &au, &oa)); /* in place: contig copies made above */
+  WEFT_CHECK(nn_gemm_operand_packed(g, &bu, &ob));
   const weft_tensor *al = nn_local(au);
   int64_t rows = oa.rows, kl = oa.cols, nl = ob.cols;
   if (rows * nl != nn_numel(y) || ob.rows != kl)

@@ -398,6 +398,129 @@ Test(ops_shape, split_pieces_are_views_that_attention_reads_in_place_on_device) 
   split_view_case(true);
 }
 
+/* linear on strided inputs: the three pieces of p = split(1.5 x) (rows
+ * 3C apart) and t = transpose(0.5 a) (a transposed view) feed linear
+ * without a copy: its GEMM reads them through their leading dim and
+ * transpose flag, forward and backward. y = sum_j linear(piece_j, W_j,
+ * b_j) + linear(t, W3); the output and the grads of x, a, W_j, b_j and W3
+ * against float64. Copies: only split's backward (the pieces' grads are
+ * separate buffers), 3 (6 when linear copied its strided inputs, plus
+ * one for t). */
+static void linear_strided_case(bool on_device) {
+  if (on_device) WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  weft_mesh *mesh;
+  OK(oc_one_rank_mesh(on_device, &mesh));
+  enum { R = 6, C = 5, N = 7 };
+  uint64_t s = weft_test_rng_state(44);
+  const int64_t xs[2] = {R, 3 * C}, as[2] = {C, R}, ws[2] = {N, C}, bs[1] = {N}, ys[2] = {R, N};
+  weft_dtensor *dx = replicated_uniform(mesh, 2, xs, &s), *da = replicated_uniform(mesh, 2, as, &s);
+  weft_dtensor *dw[4], *db[3], *dr = replicated_uniform(mesh, 2, ys, &s);
+  for (int j = 0; j < 4; j++) dw[j] = replicated_uniform(mesh, 2, ws, &s);
+  for (int j = 0; j < 3; j++) db[j] = replicated_uniform(mesh, 1, bs, &s);
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  weft_var *vx, *va, *vw[4], *vb[3], *p, *pieces[3], *t, *y = NULL;
+  OK(weft_graph_input(g, dx, true, &vx));
+  OK(weft_graph_input(g, da, true, &va));
+  for (int j = 0; j < 4; j++) OK(weft_graph_input(g, dw[j], true, &vw[j]));
+  for (int j = 0; j < 3; j++) OK(weft_graph_input(g, db[j], true, &vb[j]));
+  const weft_op_stats before = weft_op_stats_get();
+  OK(weft_op_scale(vx, 1.5, &p));
+  const int64_t sizes[3] = {C, C, C};
+  OK(weft_op_split(p, 1, 3, sizes, pieces));
+  OK(weft_op_scale(va, 0.5, &t));
+  OK(weft_op_transpose(t, 0, 1, &t));
+  cr_assert(!weft_tensor_is_contiguous(weft_dtensor_local(weft_var_value(t))));
+  for (int j = 0; j < 4; j++) {
+    weft_var *yj;
+    OK(weft_op_linear(j < 3 ? pieces[j] : t, vw[j], j < 3 ? vb[j] : NULL, &yj));
+    if (y)
+      OK(weft_op_add(y, yj, &y));
+    else
+      y = yj;
+  }
+  OK(weft_backward_grad(y, dr));
+  const weft_op_stats after = weft_op_stats_get();
+  cr_expect_eq(after.copies - before.copies, 3, "%lld copies, want 3 (split's backward)",
+               (long long)(after.copies - before.copies));
+  int64_t n;
+  double *hx, *ha, *hr, *hw[4], *hb[3];
+  OK(oc_full_values(dx, &hx, &n));
+  OK(oc_full_values(da, &ha, &n));
+  OK(oc_full_values(dr, &hr, &n));
+  for (int j = 0; j < 4; j++) OK(oc_full_values(dw[j], &hw[j], &n));
+  for (int j = 0; j < 3; j++) OK(oc_full_values(db[j], &hb[j], &n));
+  /* in[j][r][c]: linear j's input */
+  double in[4][R][C], want_y[R][N] = {{0}}, gin[4][R][C] = {{{0}}}, gw[4][N][C] = {{{0}}},
+                      gb[3][N] = {{0}};
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      for (int j = 0; j < 3; j++) in[j][r][c] = 1.5 * hx[r * 3 * C + j * C + c];
+      in[3][r][c] = 0.5 * ha[c * R + r];
+    }
+  for (int j = 0; j < 4; j++)
+    for (int r = 0; r < R; r++)
+      for (int o = 0; o < N; o++) {
+        double acc = j < 3 ? hb[j][o] : 0;
+        for (int c = 0; c < C; c++) {
+          acc += in[j][r][c] * hw[j][o * C + c];
+          gin[j][r][c] += hr[r * N + o] * hw[j][o * C + c];
+          gw[j][o][c] += hr[r * N + o] * in[j][r][c];
+        }
+        want_y[r][o] += acc;
+        if (j < 3) gb[j][o] += hr[r * N + o];
+      }
+  double *got;
+  OK(oc_full_values(weft_var_value(y), &got, &n));
+  for (int i = 0; i < R * N; i++)
+    cr_assert_float_eq(got[i], want_y[i / N][i % N], 1e-5, "y[%d]", i);
+  free(got);
+  OK(oc_full_values(weft_var_grad(vx), &got, &n));
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < 3; j++)
+      for (int c = 0; c < C; c++)
+        cr_assert_float_eq(got[r * 3 * C + j * C + c], 1.5 * gin[j][r][c], 1e-5, "dx[%d][%d]", r,
+                           j * C + c);
+  free(got);
+  OK(oc_full_values(weft_var_grad(va), &got, &n));
+  for (int c = 0; c < C; c++)
+    for (int r = 0; r < R; r++)
+      cr_assert_float_eq(got[c * R + r], 0.5 * gin[3][r][c], 1e-5, "da[%d][%d]", c, r);
+  free(got);
+  for (int j = 0; j < 4; j++) {
+    OK(oc_full_values(weft_var_grad(vw[j]), &got, &n));
+    for (int i = 0; i < N * C; i++)
+      cr_assert_float_eq(got[i], gw[j][i / C][i % C], 1e-5, "dW%d[%d]", j, i);
+    free(got);
+  }
+  for (int j = 0; j < 3; j++) {
+    OK(oc_full_values(weft_var_grad(vb[j]), &got, &n));
+    for (int i = 0; i < N; i++) cr_assert_float_eq(got[i], gb[j][i], 1e-5, "db%d[%d]", j, i);
+    free(got);
+  }
+  free(hx);
+  free(ha);
+  free(hr);
+  for (int j = 0; j < 4; j++) {
+    free(hw[j]);
+    weft_dtensor_destroy(dw[j]);
+  }
+  for (int j = 0; j < 3; j++) {
+    free(hb[j]);
+    weft_dtensor_destroy(db[j]);
+  }
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(dx);
+  weft_dtensor_destroy(da);
+  weft_dtensor_destroy(dr);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
+}
+Test(ops_shape, linear_reads_split_pieces_and_transposes_in_place) { linear_strided_case(false); }
+Test(ops_shape, linear_reads_split_pieces_and_transposes_in_place_on_device) {
+  linear_strided_case(true);
+}
+
 /* ------------------------------------------- transpose as a view (issue 42) */
 
 /* A Replicate f32 DTensor on mesh with non-zero values in +-[0.5, 1.5)
