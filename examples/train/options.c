@@ -27,6 +27,9 @@ void train_opts_default(train_opts *o) {
   o->lr = 3e-3;
   o->min_lr = -1; /* lr / 10 */
   o->weight_decay = 0.0;
+  o->beta1 = 0.9; /* torch.optim.AdamW's (WEFT_ADAMW_DEFAULT) */
+  o->beta2 = 0.999;
+  o->eps = 1e-8;
   o->clip = 1.0;
   o->seed = 1234;
   o->reshard_after_forward = WEFT_FSDP_RESHARD_DEFAULT;
@@ -77,6 +80,10 @@ void train_print_help(const char *prog) {
       "  --lr X                  peak learning rate (3e-3); --min-lr X (lr/10): cosine floor\n"
       "  --warmup N              linear warmup steps (2), then cosine decay to min-lr\n"
       "  --weight-decay X        AdamW decoupled weight decay (0)\n"
+      "  --beta1 X, --beta2 X    AdamW's moment decays (0.9, 0.999; nanoGPT uses 0.95 for\n"
+      "                          beta2), in [0, 1)\n"
+      "  --eps X                 AdamW's denominator term (1e-8). On --resume the\n"
+      "                          checkpoint's betas and eps apply, as in torch\n"
       "  --clip X                gradient clipping max norm (1.0; 0 = no clipping)\n"
       "  --seed N                init seed (1234): same weights on every mesh\n"
       "  --on-nonfinite stop|skip  a step whose loss or gradient norm is NaN or Inf: stop\n"
@@ -321,6 +328,9 @@ static const field_flag int_flags[] = {FIELD("--steps", steps, 0, MAX_STEPS),
 static const field_flag dbl_flags[] = {FIELD("--lr", lr, 0, MAX_FLOAT_OPT),
                                        FIELD("--min-lr", min_lr, 0, MAX_FLOAT_OPT),
                                        FIELD("--weight-decay", weight_decay, 0, MAX_FLOAT_OPT),
+                                       FIELD("--beta1", beta1, 0, 1),
+                                       FIELD("--beta2", beta2, 0, 1),
+                                       FIELD("--eps", eps, 0, 1),
                                        FIELD("--clip", clip, 0, MAX_FLOAT_OPT),
                                        FIELD("--dropout", dropout, 0, 1),
                                        {NULL, 0, 0, 0}};
@@ -545,6 +555,9 @@ static int check_options(train_opts *o, char *err, size_t cap) {
     return perr(err, cap, "--dropout: the Llama model has no dropout (use a gpt2 preset)");
   if (o->dropout >= 1)
     return perr(err, cap, "--dropout %g: want a probability in [0, 1)", o->dropout);
+  if (o->beta1 >= 1 || o->beta2 >= 1)
+    return perr(err, cap, "--beta%d %g: want a number in [0, 1)", o->beta1 >= 1 ? 1 : 2,
+                o->beta1 >= 1 ? o->beta1 : o->beta2);
   if (o->data && o->text) return perr(err, cap, "give --data or --text, not both");
   if (o->val_data && !o->data) return perr(err, cap, "--val-data needs --data");
   if (o->save_every > 0 && !o->save_dir) return perr(err, cap, "--save-every needs --save DIR");

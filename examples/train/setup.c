@@ -271,6 +271,9 @@ static weft_status make_optimizer(run_state *s) {
   weft_adamw_params hp = WEFT_ADAMW_DEFAULT;
   hp.lr = (float)s->o->lr;
   hp.weight_decay = (float)s->o->weight_decay;
+  hp.beta1 = (float)s->o->beta1;
+  hp.beta2 = (float)s->o->beta2;
+  hp.eps = (float)s->o->eps;
   if (s->o->gpt2)
     WEFT_CHECK(weft_gpt2_adamw_create(s->model, &hp, &s->opt));
   else

@@ -55,6 +55,7 @@ typedef struct train_opts {
   double dropout;          /* GPT-2's dropout (0) */
   int64_t steps, batch, grad_accum, warmup;
   double lr, min_lr, weight_decay, clip;
+  double beta1, beta2, eps; /* AdamW (--beta1, --beta2, --eps): torch's 0.9, 0.999, 1e-8 */
   uint64_t seed;
   bool bf16;                 /* --dtype bf16: FSDP param_dtype bf16 */
   int reshard_after_forward; /* WEFT_FSDP_RESHARD_DEFAULT, 0, 1 or k */

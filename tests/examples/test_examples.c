@@ -333,6 +333,9 @@ Test(examples, train_help_documents_every_flag, .timeout = 30) {
                                       "--lr",
                                       "--warmup",
                                       "--weight-decay",
+                                      "--beta1",
+                                      "--beta2",
+                                      "--eps",
                                       "--clip",
                                       "--seed",
                                       "--dtype",
@@ -406,6 +409,56 @@ static const char *node_sh(const char *node_expr, char *buf, size_t cap) {
 static int read_json_losses(const char *path, double *loss, int cap);
 
 static bool can_emulate_nodes(void) { return system("unshare -u true >/dev/null 2>&1") == 0; }
+
+/* AdamW's --beta1, --beta2 and --eps (nanoGPT trains with beta2 0.95):
+ * torch's defaults given explicitly change no bit of the loss curve;
+ * beta2 0.95 and eps 1e-6 change it from step 3 on (AdamW's first step is
+ * sign-like, its bias corrections cancel the betas) and the checkpoint
+ * records them; a beta of 1 and a negative eps are refused. */
+Test(examples, train_adamw_betas_and_eps_flags, .timeout = 120) {
+  enum { STEPS = 3 };
+  const char *dir = tmp_file("betas-ckpt");
+  remove_tree(dir);
+  double loss[3][STEPS];
+  for (int v = 0; v < 3; v++) {
+    const char *j = tmp_file("betas.jsonl");
+    const char *a[16] = {"--steps", "3", "--val-every", "0", "--log-json", j};
+    int n = 6;
+    if (v == 1) {
+      const char *more[] = {"--beta1", "0.9", "--beta2", "0.999", "--eps", "1e-8"};
+      for (int k = 0; k < 6; k++) a[n++] = more[k];
+    } else if (v == 2) {
+      const char *more[] = {"--beta2", "0.95", "--eps", "1e-6", "--save", dir};
+      for (int k = 0; k < 6; k++) a[n++] = more[k];
+    }
+    a[n] = NULL;
+    run_out r = run(1, TRAIN, a, 60);
+    cr_assert_eq(r.rc, 0, "run %d: rc %d: %s", v, r.rc, r.err);
+    cr_assert_eq(read_json_losses(j, loss[v], STEPS), STEPS);
+    unlink(j);
+    run_free(&r);
+  }
+  for (int s = 0; s < STEPS; s++)
+    cr_expect_eq(loss[1][s], loss[0][s], "explicit defaults, step %d: %.17g vs %.17g", s + 1,
+                 loss[1][s], loss[0][s]);
+  cr_expect_neq(loss[2][STEPS - 1], loss[0][STEPS - 1], "beta2 0.95 left step %d's loss at %.17g",
+                STEPS, loss[0][STEPS - 1]);
+  char meta[512];
+  snprintf(meta, sizeof meta, "%s/metadata.json", dir);
+  char *text = slurp(meta);
+  cr_assert_not_null(text);
+  /* the f32 hyper-parameters as doubles: 0.95f (JSON), 1e-6f (hex) */
+  cr_expect(strstr(text, "0.949999988079071]") != NULL, "beta2 0.95 not in %s", meta);
+  cr_expect(strstr(text, "\"0x1.0c6f7ap-20\"") != NULL, "eps 1e-6 not in %s", meta);
+  free(text);
+  remove_tree(dir);
+  const char *b1[] = {"--beta1", "1", NULL};
+  expect_error(2, b1, "--beta1 1: want a number in [0, 1)");
+  const char *b2[] = {"--beta2", "2", NULL};
+  expect_error(2, b2, "--beta2: want a number in [0, 1]");
+  const char *e[] = {"--eps", "-1", NULL};
+  expect_error(2, e, "--eps: want a number in [0, 1]");
+}
 
 /* --tp-across-nodes lays tp outermost (tp groups {0, 2}, {1, 3} instead of
  * {0, 1}, {2, 3}); the per-step losses must not change (bitwise: the dims,
