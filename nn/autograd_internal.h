@@ -249,6 +249,7 @@ void nn_count_copies(int64_t n);
  * is f32), points its nodes back at the original vars and marks them
  * mixed. Both do nothing when no input is 16-bit. */
 typedef struct nn_mixed {
+  char func[48]; /* the public entry, "weft_op_<name>": heads the op's errors */
   weft_graph *g;
   bool active;
   weft_dtype dtype; /* the op's result dtype */

@@ -30,6 +30,7 @@
  *                    input's dtype (a parameter's grad, kept in f32, gets
  *                    that rounded contribution, as PyTorch's bf16 grad).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,9 +66,22 @@ weft_status nn_mixed_begin(nn_mixed *mx, const char *name, weft_var **in, int ni
   return nn_mixed_begin_kernel(mx, name, in, nin, same_dtype, WEFT_KERNEL_OP_COUNT);
 }
 
+static weft_status begin(nn_mixed *mx, const char *name, weft_var **in, int nin, bool same_dtype,
+                         weft_kernel_op kop);
+
+/* Every built-in op enters through begin and leaves through end: an error
+ * of either, or of the op between them, is headed by the public function
+ * the caller called (weft_op_<name>) and keeps where it arose as "at". */
 weft_status nn_mixed_begin_kernel(nn_mixed *mx, const char *name, weft_var **in, int nin,
                                   bool same_dtype, weft_kernel_op kop) {
   memset(mx, 0, sizeof *mx);
+  snprintf(mx->func, sizeof mx->func, "weft_op_%s", name);
+  weft_status st = begin(mx, name, in, nin, same_dtype, kop);
+  return st == WEFT_OK ? st : weft_error_trace(st, mx->func);
+}
+
+static weft_status begin(nn_mixed *mx, const char *name, weft_var **in, int nin, bool same_dtype,
+                         weft_kernel_op kop) {
   nn_count_ops(1); /* every built-in op enters here once */
   weft_dtype low = WEFT_DTYPE_COUNT;
   bool any_f32 = false;
@@ -132,7 +146,14 @@ static const weft_dtensor *swapped(const swap *sw, int n, const weft_dtensor *d)
   return d;
 }
 
+static weft_status end(nn_mixed *mx, weft_status st, weft_var **out, int nout);
+
 weft_status nn_mixed_end(nn_mixed *mx, weft_status st, weft_var **out, int nout) {
+  st = end(mx, st, out, nout);
+  return st == WEFT_OK ? st : weft_error_trace(st, mx->func);
+}
+
+static weft_status end(nn_mixed *mx, weft_status st, weft_var **out, int nout) {
   if (!mx->active) return st;
   weft_graph *g = mx->g;
   if (st != WEFT_OK) { /* the op failed: hand the widened copies back */

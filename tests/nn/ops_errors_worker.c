@@ -122,6 +122,10 @@ static void expect_op_error(weft_status st, weft_status want, const char *op, we
   snprintf(needle, sizeof needle, "%s:", op);
   WCHECK(strstr(weft_last_error(), needle), "%s: message does not name the op: %s", op,
          weft_last_error());
+  /* headed by the function the caller called: "[rank N] weft_op_<op>: " */
+  snprintf(needle, sizeof needle, "] weft_op_%s: ", op);
+  WCHECK(strstr(weft_last_error(), needle), "%s: message not headed by weft_op_%s: %s", op, op,
+         weft_last_error());
   for (int i = 0; i < nin; i++) {
     char d[384];
     weft_dtensor_spec_describe(weft_dtensor_get_spec(weft_var_value(in[i])), d, sizeof d);
