@@ -183,6 +183,10 @@ bool nn_gemm_operand_of(const weft_tensor *t, int split, nn_gemm_operand *o);
  * replaced by its packed copy first (a graph buffer, counted in copies)
  * when no GEMM reads it in place. */
 weft_status nn_gemm_operand_packed(weft_graph *g, const weft_dtensor **d, nn_gemm_operand *o);
+/* Makes v's contiguous copy (nn_var_contig) unless a GEMM reads its value
+ * in place, split before the last dim: matmul's and linear's forward,
+ * after nn_check_vars_views. */
+weft_status nn_var_gemm_ready(weft_var *v);
 /* An error naming the op and its inputs' shapes and placements, with a
  * reason, raised as from `func` (nn_op_error: the calling function, so an
  * op's own checks head the message with weft_op_<name>). Returns `code`. */
@@ -310,6 +314,14 @@ static inline bool nn_is_shard_any(weft_placement p) {
 static inline bool nn_is_linear_partial(weft_placement p) {
   return p.kind == WEFT_PLACE_PARTIAL && (p.op == WEFT_OP_SUM || p.op == WEFT_OP_AVG);
 }
+/* The product of shape dims [a, b) (1 when empty). */
+static inline int64_t nn_prod(const int64_t *s, int a, int b) {
+  int64_t r = 1;
+  for (int d = a; d < b; d++) r *= s[d];
+  return r;
+}
+/* A GEMM leading dim (>= 1, as BLAS wants even for empty operands). */
+static inline int64_t nn_ld(int64_t n) { return n > 1 ? n : 1; }
 /* Rows of a local tensor: the product of all dims but the last. */
 static inline int64_t nn_rows(const weft_tensor *t) {
   int64_t r = 1;

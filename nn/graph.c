@@ -526,12 +526,6 @@ weft_status nn_var_contig(weft_var *v) {
   return nn_graph_packed(v->g, v->value, &v->contig);
 }
 
-static int64_t span(const int64_t *s, int a, int b) {
-  int64_t r = 1;
-  for (int d = a; d < b; d++) r *= s[d];
-  return r;
-}
-
 /* ------------------------------------------------------ GEMM operands */
 
 /* The stride of dims [a, b) of t collapsed into one (size-1 dims do not
@@ -550,10 +544,10 @@ static int64_t collapsed_stride(const weft_tensor *t, int a, int b) {
 
 bool nn_gemm_operand_of(const weft_tensor *t, int split, nn_gemm_operand *o) {
   o->data = t->data;
-  o->rows = span(t->shape, 0, split);
-  o->cols = span(t->shape, split, t->ndim);
+  o->rows = nn_prod(t->shape, 0, split);
+  o->cols = nn_prod(t->shape, split, t->ndim);
   o->trans = false;
-  o->ld = (o->cols > 1 ? o->cols : 1);
+  o->ld = nn_ld(o->cols);
   if (o->rows == 0 || o->cols == 0) return true;
   const int64_t rs = collapsed_stride(t, 0, split), cs = collapsed_stride(t, split, t->ndim);
   if (rs < 0 || cs < 0) return false;
@@ -564,7 +558,7 @@ bool nn_gemm_operand_of(const weft_tensor *t, int split, nn_gemm_operand *o) {
   }
   if (o->rows == 1 || rs == 1) { /* column-major: its transpose row-major */
     o->trans = true;
-    o->ld = o->cols == 1 ? (o->rows > 1 ? o->rows : 1) : cs;
+    o->ld = o->cols == 1 ? nn_ld(o->rows) : cs;
     return o->ld >= o->rows;
   }
   return false;
@@ -578,6 +572,13 @@ weft_status nn_gemm_operand_packed(weft_graph *g, const weft_dtensor **d, nn_gem
   if (!nn_gemm_operand_of(l, l->ndim - 1, o))
     return weft_error(WEFT_ERR_INTERNAL, "a packed operand is no GEMM operand");
   return WEFT_OK;
+}
+
+weft_status nn_var_gemm_ready(weft_var *v) {
+  const weft_tensor *l = nn_local(nn_var_now(v));
+  nn_gemm_operand o;
+  if (l->ndim >= 1 && nn_gemm_operand_of(l, l->ndim - 1, &o)) return WEFT_OK;
+  return nn_var_contig(v);
 }
 
 double weft_var_item(const weft_var *v) {
@@ -1054,13 +1055,33 @@ static int release_cand_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Keeps d, and the buffer under d when d is a view. */
-static void release_keep(const weft_graph *g, release_cand *c, int n, const weft_dtensor *d) {
-  if (!d) return;
-  const weft_dtensor *base = view_base(g, d);
-  if (base) d = base;
+/* The live views of a release (those whose base is still a buffer),
+ * sorted by view: each reference resolves in a binary search, not a scan
+ * of the graph's view list. */
+typedef struct release_scan {
+  release_cand *c; /* the candidates, sorted by buffer */
+  int n;
+  view_entry *views; /* sorted by view */
+  int nviews;
+} release_scan;
+
+static int view_entry_cmp(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const view_entry *)a)->view,
+            y = (uintptr_t)((const view_entry *)b)->view;
+  return x < y ? -1 : x > y;
+}
+
+static release_cand *release_find(const release_scan *r, const weft_dtensor *d) {
   release_cand key = {d, 0, false};
-  release_cand *hit = bsearch(&key, c, (size_t)n, sizeof *c, release_cand_cmp);
+  return bsearch(&key, r->c, (size_t)r->n, sizeof *r->c, release_cand_cmp);
+}
+
+/* Keeps d, and the buffer under d when d is a view. */
+static void release_keep(const release_scan *r, const weft_dtensor *d) {
+  if (!d) return;
+  view_entry key = {(weft_dtensor *)d, NULL};
+  const view_entry *v = bsearch(&key, r->views, (size_t)r->nviews, sizeof key, view_entry_cmp);
+  release_cand *hit = release_find(r, v ? v->base : d);
   if (hit) hit->keep = true;
 }
 
@@ -1074,34 +1095,43 @@ static void release_keep(const weft_graph *g, release_cand *c, int n, const weft
  * masks, moved inputs: not a var's value) go back at once, so the grads of
  * the next nodes reuse them. */
 static weft_status release_unreferenced(weft_graph *g, uint64_t since) {
-  int n = 0;
+  int n = 0, nv = 0;
   for (int i = 0; i < g->npool; i++) n += g->pool[i].used && g->pool[i].handed >= since;
   if (n == 0) return WEFT_OK;
-  release_cand *c = malloc((size_t)n * sizeof *c);
-  if (!c) return weft_error(WEFT_ERR_OOM, "backward: out of memory");
-  n = 0;
+  for (int v = 0; v < g->nviews; v++) nv += g->views[v].base != NULL;
+  release_scan r = {malloc((size_t)n * sizeof *r.c), 0, malloc((size_t)(nv + 1) * sizeof *r.views),
+                    0};
+  if (!r.c || !r.views) {
+    free(r.c);
+    free(r.views);
+    return weft_error(WEFT_ERR_OOM, "backward: out of memory");
+  }
   for (int i = 0; i < g->npool; i++)
     if (g->pool[i].used && g->pool[i].handed >= since)
-      c[n++] = (release_cand){g->pool[i].dt, i, false};
-  qsort(c, (size_t)n, sizeof *c, release_cand_cmp);
+      r.c[r.n++] = (release_cand){g->pool[i].dt, i, false};
+  qsort(r.c, (size_t)r.n, sizeof *r.c, release_cand_cmp);
+  for (int v = 0; v < g->nviews; v++)
+    if (g->views[v].base) r.views[r.nviews++] = g->views[v];
+  qsort(r.views, (size_t)r.nviews, sizeof *r.views, view_entry_cmp);
   for (int i = 0; i < g->nvars; i++) {
-    release_keep(g, c, n, g->vars[i]->value);
-    release_keep(g, c, n, g->vars[i]->contig);
-    release_keep(g, c, n, g->vars[i]->grad);
+    release_keep(&r, g->vars[i]->value);
+    release_keep(&r, g->vars[i]->contig);
+    release_keep(&r, g->vars[i]->grad);
   }
   for (int i = 0; i < g->nnodes; i++) {
     const nn_node *nd = g->nodes[i];
     if (nd->ran_backward) continue;
-    for (int k = 0; k < NN_MAX_SAVED; k++) release_keep(g, c, n, nd->saved[k]);
-    for (int k = 0; k < NN_MAX_IN; k++) release_keep(g, c, n, nd->in_used[k]);
+    for (int k = 0; k < NN_MAX_SAVED; k++) release_keep(&r, nd->saved[k]);
+    for (int k = 0; k < NN_MAX_IN; k++) release_keep(&r, nd->in_used[k]);
   }
-  for (int i = 0; i < n; i++) {
-    if (c[i].keep) continue;
-    pool_return(g, &g->pool[c[i].idx]);
-    for (int v = 0; v < g->nviews; v++)
-      if (g->views[v].base == c[i].dt) g->views[v].base = NULL;
+  for (int i = 0; i < r.n; i++)
+    if (!r.c[i].keep) pool_return(g, &g->pool[r.c[i].idx]);
+  for (int v = 0; v < g->nviews; v++) {
+    const release_cand *b = g->views[v].base ? release_find(&r, g->views[v].base) : NULL;
+    if (b && !b->keep) g->views[v].base = NULL;
   }
-  free(c);
+  free(r.c);
+  free(r.views);
   return WEFT_OK;
 }
 

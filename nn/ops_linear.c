@@ -142,11 +142,7 @@ static weft_status linear_impl(weft_var *x, weft_var *w, weft_var *b, weft_var *
    * through their contiguous copies */
   WEFT_CHECK(nn_check_vars_views(name, in, nin, &g));
   for (int i = 1; i < nin; i++) WEFT_CHECK(nn_var_contig(in[i]));
-  {
-    const weft_tensor *l = nn_local(nn_var_now(x));
-    nn_gemm_operand o;
-    if (l->ndim < 1 || !nn_gemm_operand_of(l, l->ndim - 1, &o)) WEFT_CHECK(nn_var_contig(x));
-  }
+  WEFT_CHECK(nn_var_gemm_ready(x));
   const weft_dtensor *xv = nn_var_now(x), *wv = nn_var_now(w);
   const weft_dtensor_spec *xs = weft_dtensor_get_spec(xv), *ws = weft_dtensor_get_spec(wv);
   WEFT_CHECK(nn_check_kernel_dtype(name, in, nin, xv, "input", WEFT_KERNEL_GEMM));

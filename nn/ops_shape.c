@@ -21,21 +21,13 @@
 #include "autograd_internal.h"
 
 /* A GEMM leading dim (>= 1, as BLAS wants even for empty operands). */
-static int64_t ld(int64_t n) { return n > 1 ? n : 1; }
-
-static int64_t prod(const int64_t *s, int a, int b) {
-  int64_t r = 1;
-  for (int d = a; d < b; d++) r *= s[d];
-  return r;
-}
-
 /* A view of t's storage (t's dtype) starting `off` elements in, with the
  * given shape and strides (NULL: contiguous). An empty view points at t's
  * data. */
 static weft_status view_at(weft_tensor *v, const weft_tensor *t, int64_t off, int ndim,
                            const int64_t *shape, const int64_t *strides) {
   char *p = (char *)t->data;
-  if (p && prod(shape, 0, ndim) > 0) p += (size_t)off * weft_dtype_size(t->dtype);
+  if (p && nn_prod(shape, 0, ndim) > 0) p += (size_t)off * weft_dtype_size(t->dtype);
   return weft_tensor_view_init(v, p, t->dtype, t->device, ndim, shape, strides);
 }
 
@@ -102,7 +94,7 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
     WEFT_CHECK(nn_graph_like(g, a, p, &da));
     WEFT_CHECK(weft_backend_gemm_dt(dev, od.trans, !ob.trans, rows, kl, nl, 1.0f, al->dtype,
                                     od.data, od.ld, ob.data, ob.ld, 0.0f, al->dtype,
-                                    nn_local(da)->data, ld(kl), NULL));
+                                    nn_local(da)->data, nn_ld(kl), NULL));
     din[0] = da;
   }
   if (nn_node_wants(n, 1)) {
@@ -124,7 +116,7 @@ static weft_status matmul_backward(nn_node *n, const weft_dtensor *const *dout,
     WEFT_CHECK(nn_graph_like(g, b, p, &db));
     WEFT_CHECK(weft_backend_gemm_dt(dev, !oa.trans, od.trans, kl, nl, rows, 1.0f, al->dtype,
                                     oa.data, oa.ld, od.data, od.ld, 0.0f, al->dtype,
-                                    nn_local(db)->data, ld(nl), NULL));
+                                    nn_local(db)->data, nn_ld(nl), NULL));
     din[1] = db;
   }
   return WEFT_OK;
@@ -139,11 +131,7 @@ static weft_status matmul_body(weft_var *a, weft_var *b, weft_var **out) {
   /* a strided operand (a transpose, a split piece) is read in place where
    * a GEMM can (nn_gemm_operand_of), else through its contiguous copy */
   WEFT_CHECK(nn_check_vars_views(name, in, 2, &g));
-  for (int i = 0; i < 2; i++) {
-    const weft_tensor *l = nn_local(nn_var_now(in[i]));
-    nn_gemm_operand o;
-    if (l->ndim < 1 || !nn_gemm_operand_of(l, l->ndim - 1, &o)) WEFT_CHECK(nn_var_contig(in[i]));
-  }
+  for (int i = 0; i < 2; i++) WEFT_CHECK(nn_var_gemm_ready(in[i]));
   const weft_dtensor *av = nn_var_now(a), *bv = nn_var_now(b);
   const weft_dtensor_spec *as = weft_dtensor_get_spec(av), *bs = weft_dtensor_get_spec(bv);
   WEFT_CHECK(nn_check_kernel_dtype(name, in, 2, av, "a", WEFT_KERNEL_GEMM));
@@ -194,7 +182,7 @@ static weft_status matmul_body(weft_var *a, weft_var *b, weft_var **out) {
     return nn_op_error(WEFT_ERR_INTERNAL, name, in, 2, "local shapes disagree");
   WEFT_CHECK(weft_backend_gemm_dt(al->device, oa.trans, ob.trans, rows, nl, kl, 1.0f, al->dtype,
                                   oa.data, oa.ld, ob.data, ob.ld, 0.0f, al->dtype,
-                                  nn_local(y)->data, ld(nl), NULL));
+                                  nn_local(y)->data, nn_ld(nl), NULL));
   nn_node *node;
   WEFT_CHECK(
       nn_node_new(g, name, in, 2, (const weft_dtensor *const[]){au, bu}, matmul_backward, &node));
@@ -290,7 +278,7 @@ static int rs_shard_target(const int64_t *in, const int64_t *out, const rs_group
     for (int e = G->o0; e < G->o1 && fo < 0; e++)
       if (out[e] != 1) fo = e;
     if (fi != d || fo < 0) return -1;
-    int64_t inner_in = prod(in, d + 1, G->i1), inner_out = prod(out, fo + 1, G->o1);
+    int64_t inner_in = nn_prod(in, d + 1, G->i1), inner_out = nn_prod(out, fo + 1, G->o1);
     if (in[d] == out[fo] && inner_in == 1 && inner_out == 1) return fo; /* untouched */
     if (strided || M <= 0 || in[d] % M != 0) return -1;
     if (((in[d] / M) * inner_in) % inner_out != 0) return -1;
@@ -310,7 +298,7 @@ static weft_status reshape_body(weft_var *x, int ndim, const int64_t *shape, wef
   WEFT_CHECK(nn_check_kernel_dtype(name, &x, 1, xv, "input", WEFT_KERNEL_COPY));
   if (ndim < 0 || ndim > WEFT_MAX_DIMS || (ndim > 0 && !shape))
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1, "bad new shape (%d dims)", ndim);
-  int64_t numel = prod(xs->shape, 0, xs->ndim), known = 1;
+  int64_t numel = nn_prod(xs->shape, 0, xs->ndim), known = 1;
   int64_t oshape[WEFT_MAX_DIMS];
   int infer = -1;
   for (int d = 0; d < ndim; d++) {
@@ -332,10 +320,10 @@ static weft_status reshape_body(weft_var *x, int ndim, const int64_t *shape, wef
                          infer, (long long)numel);
     oshape[infer] = numel / known;
   }
-  if (prod(oshape, 0, ndim) != numel)
+  if (nn_prod(oshape, 0, ndim) != numel)
     return nn_op_error(WEFT_ERR_INVALID, name, &x, 1,
                        "the new shape has %lld elements, the input %lld",
-                       (long long)prod(oshape, 0, ndim), (long long)numel);
+                       (long long)nn_prod(oshape, 0, ndim), (long long)numel);
   rs_group gr[2 * WEFT_MAX_DIMS + 2];
   int ng = numel > 0 ? rs_groups(xs->shape, xs->ndim, oshape, ndim, gr) : -1;
   int k = xs->mesh_ndim;
@@ -887,7 +875,7 @@ static weft_status reduce_op(weft_var *x, int dim, bool keepdim, bool mean, weft
   const weft_tensor *xl = nn_local(xu);
   int64_t ks[WEFT_MAX_DIMS];
   for (int e = 0; e < nd; e++) ks[e] = e == d ? 1 : xl->shape[e];
-  if (prod(ks, 0, nd) != weft_tensor_numel(yl))
+  if (nn_prod(ks, 0, nd) != weft_tensor_numel(yl))
     return nn_op_error(WEFT_ERR_INTERNAL, name, &x, 1, "local sizes disagree");
   if (weft_tensor_numel(yl) > 0) {
     weft_tensor v;
