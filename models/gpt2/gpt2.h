@@ -93,6 +93,35 @@ WEFT_API weft_status weft_gpt2_tp_plan(bool sequence_parallel, weft_tp_plan_entr
 WEFT_API weft_status weft_gpt2_apply_tp(weft_module *model, weft_mesh *tp_mesh,
                                         bool sequence_parallel, weft_tp **out);
 
+/* ---------------------------------------------- Hugging Face weights */
+
+/* GPT-2 weights in Hugging Face transformers' layout, file to file
+ * (safetensors), so that a pretrained GPT-2 (the hub's gpt2/model.safetensors,
+ * or GPT2LMHeadModel.save_pretrained's) loads with
+ * weft_safetensors_import_model and a trained model goes back:
+ *   names     transformers: "wte.weight", "h.N.attn.c_attn.weight", ...
+ *             (GPT2LMHeadModel: the same under "transformer."); weft:
+ *             always under "transformer." (nanoGPT's names);
+ *   Conv1D    attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj hold their
+ *             weight as [in, out] in transformers (y = x W + b) and as
+ *             [out, in] in weft (y = x W^T + b): transposed;
+ *   buffers   transformers' causal masks "h.N.attn.bias" and
+ *             "h.N.attn.masked_bias" are not parameters: dropped;
+ *   lm_head   tied to wte: weft_gpt2_weft_to_hf writes no "lm_head.weight";
+ *             from HF it is kept under that name (the import reads it as
+ *             wte's alias and refuses a file whose two copies differ).
+ * Dtypes and values are kept bit for bit. The vocabulary is the file's
+ * (the hub's GPT-2 has 50257 rows: create the model with that vocab).
+ * Local: one rank calls it (the whole file is read into memory); the
+ * output is written to a temporary file and renamed into place
+ * (weft_safetensors_write). Errors name the file and the tensor. */
+WEFT_API weft_status weft_gpt2_hf_to_weft(const char *hf_path, const char *weft_path);
+WEFT_API weft_status weft_gpt2_weft_to_hf(const char *weft_path, const char *hf_path);
+/* *is_hf = whether the safetensors file at path holds GPT-2 in
+ * transformers' layout ("wte.weight" without the prefix, or c_attn's
+ * weight [D, 3 D]) rather than weft's. Local. */
+WEFT_API weft_status weft_gpt2_file_is_hf(const char *path, bool *is_hf);
+
 #ifdef __cplusplus
 }
 #endif

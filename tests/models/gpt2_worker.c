@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd.h"
 #include "dcp.h"
@@ -556,6 +557,113 @@ static void case_groups(void) {
   golden_free(&g);
 }
 
+/* Hugging Face weights (models/gpt2/hf.c): init_hf.safetensors is the
+ * golden init in transformers' GPT-2 layout, written and checked by
+ * tests/data/golden/make_gpt2_hf.py (Conv1D weights [in, out], names
+ * without "transformer.", causal-mask buffers, no lm_head). Converted on
+ * rank 0 and imported on layout L, the model gives PyTorch's loss and
+ * gradients; exported and converted back, every tensor of the HF file but
+ * the mask buffers comes back bit for bit. */
+static void run_hf(const char *what, layout L) {
+  golden g;
+  WOK(golden_load("gpt2_tiny", &g));
+  weft_gpt2_config cfg = gpt2_golden_config(&g, 0.0f);
+  placed P;
+  place_model(&L, &P);
+  weft_module *model = NULL;
+  WOK(weft_gpt2_create(&cfg, P.model, &model));
+  char hf[700], dir[64] = "/tmp/weft-gpt2-hf-XXXXXX", conv[128], back[128], out[128];
+  golden_path(&g, "init_hf.safetensors", hf, sizeof hf);
+  if (weft_worker_rank == 0) WREQUIRE(mkdtemp(dir), "mkdtemp");
+  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  snprintf(conv, sizeof conv, "%s/weft.safetensors", dir);
+  snprintf(out, sizeof out, "%s/export.safetensors", dir);
+  snprintf(back, sizeof back, "%s/hf.safetensors", dir);
+  bool is_hf = false;
+  WOK(weft_gpt2_file_is_hf(hf, &is_hf));
+  WCHECK(is_hf, "%s: init_hf.safetensors not recognised as transformers' layout", what);
+  if (weft_worker_rank == 0) WOK(weft_gpt2_hf_to_weft(hf, conv));
+  MPI_Barrier(MPI_COMM_WORLD);
+  WOK(weft_gpt2_file_is_hf(conv, &is_hf));
+  WCHECK(!is_hf, "%s: the converted file is still taken for transformers' layout", what);
+  WOK(weft_safetensors_import_model(model, conv, NULL, NULL, NULL));
+  shard_model(&L, &P, model);
+  int64_t nb = g.B / P.dp_total, r0 = P.dp_index * nb;
+  weft_dtensor *ids = NULL, *tgt = NULL;
+  WOK(golden_rows(P.model, g.tokens, r0, nb, &ids));
+  WOK(golden_rows(P.model, g.targets, r0, nb, &tgt));
+  weft_graph *gr = NULL;
+  WOK(weft_graph_create(&gr));
+  weft_var *loss = NULL;
+  WOK(weft_gpt2_loss(model, gr, ids, tgt, &loss, NULL));
+  double lv = world_mean(weft_var_item(loss)), lerr = fabs(lv - g.loss) / fabs(g.loss);
+  WCHECK(lerr < 1e-6, "%s: loss %.9f want %.9f (rel %.3g)", what, lv, g.loss, lerr);
+  WOK(weft_backward(loss));
+  weft_param *ps[256];
+  int np = 0;
+  WOK(weft_module_parameters(model, ps, 256, &np));
+  double worst_g = 0;
+  const char *worst_p = "";
+  WOK(golden_worst_grad_err(&g, ps, np, &worst_g, &worst_p));
+  WCHECK(worst_g < 1e-5, "%s: grad %s rel err %.3g", what, worst_p, worst_g);
+  WOK(weft_safetensors_export_model(model, out, WEFT_F32));
+  if (weft_worker_rank == 0) {
+    WOK(weft_gpt2_weft_to_hf(out, back));
+    weft_safetensors *a = NULL, *b = NULL;
+    WOK(weft_safetensors_open(hf, &a));
+    WOK(weft_safetensors_open(back, &b));
+    int64_t same = 0, masks = 0;
+    for (int64_t i = 0; i < weft_safetensors_count(a); i++) {
+      weft_safetensors_info ia, ib;
+      WOK(weft_safetensors_get(a, i, &ia));
+      if (strstr(ia.name, "attn.bias") && !strstr(ia.name, "c_attn")) {
+        masks++;
+        continue;
+      }
+      if (weft_safetensors_find(b, ia.name, &ib) != WEFT_OK) {
+        WCHECK(false, "%s: '%s' missing from the exported HF file", what, ia.name);
+        continue;
+      }
+      WCHECK(ib.ndim == ia.ndim && ib.dtype == ia.dtype &&
+                 !memcmp(ib.shape, ia.shape, sizeof ia.shape[0] * (size_t)ia.ndim),
+             "%s: '%s' comes back with another shape or dtype", what, ia.name);
+      char *x = malloc(ia.nbytes), *y = malloc(ib.nbytes);
+      WREQUIRE(x && y, "oom");
+      WOK(weft_safetensors_read(a, ia.name, ia.dtype, x, ia.numel));
+      WOK(weft_safetensors_read(b, ib.name, ib.dtype, y, ib.numel));
+      WCHECK(ia.nbytes == ib.nbytes && !memcmp(x, y, ia.nbytes), "%s: '%s' differs after export",
+             what, ia.name);
+      same += ia.nbytes == ib.nbytes && !memcmp(x, y, ia.nbytes);
+      free(x);
+      free(y);
+    }
+    WCHECK(masks == cfg.n_layers, "%s: %lld mask buffers in the HF file", what, (long long)masks);
+    WCHECK(same + masks == weft_safetensors_count(a) && same == weft_safetensors_count(b),
+           "%s: %lld of %lld tensors came back bit for bit (the export has %lld)", what,
+           (long long)same, (long long)weft_safetensors_count(a),
+           (long long)weft_safetensors_count(b));
+    weft_safetensors_close(a);
+    weft_safetensors_close(b);
+    /* a file that is not GPT-2 in either layout is a clear error at import */
+    weft_status st = weft_gpt2_hf_to_weft(dir, conv);
+    WCHECK(st != WEFT_OK && strstr(weft_last_error(), dir), "%s: converting a directory: %s", what,
+           weft_last_error());
+    weft_clear_error();
+    remove(conv);
+    remove(out);
+    remove(back);
+    rmdir(dir);
+  }
+  weft_graph_destroy(gr);
+  weft_dtensor_destroy(ids);
+  weft_dtensor_destroy(tgt);
+  unplace(&L, &P, model);
+}
+static void case_hf(void) { run_hf("hf 1 rank", (layout){.rep = 0, .dp = 1, .tp = 1}); }
+static void case_hf_2d(void) {
+  run_hf("hf dp=2 x tp=2", (layout){.rep = 0, .dp = 2, .tp = 2, .fsdp = true});
+}
+
 static const weft_worker_case cases[] = {
     {"golden", case_golden},
     {"golden_fsdp", case_golden_fsdp},
@@ -568,6 +676,8 @@ static const weft_worker_case cases[] = {
     {"golden_3d", case_golden_3d},
     {"groups", case_groups},
     {"dropout_curve", case_dropout_curve},
+    {"hf", case_hf},
+    {"hf_2d", case_hf_2d},
     {0, 0},
 };
 

@@ -111,3 +111,15 @@ Test(models, gpt2_dropout_loss_curve_on_2x2_equals_one_rank_on_device, .timeout 
   WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(weft_test_mpiexec_on_device(4, GPT2_WORKER, "dropout_curve", 160, NULL), 0);
 }
+
+/* Hugging Face transformers' GPT-2 layout (tests/data/golden/make_gpt2_hf.py):
+ * converted and imported, PyTorch's loss and gradients; exported back, the
+ * same bytes */
+Test(models, gpt2_from_hugging_face_layout_matches_pytorch_and_exports_back_bitwise,
+     .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(1, GPT2_WORKER, "hf", 100), 0);
+}
+
+Test(models, gpt2_from_hugging_face_layout_on_fsdp_x_tp_2x2_matches_pytorch, .timeout = 180) {
+  cr_assert_eq(weft_test_mpiexec(4, GPT2_WORKER, "hf_2d", 160), 0);
+}
