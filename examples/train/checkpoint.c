@@ -494,7 +494,23 @@ int train_save_if_due(run_state *s, int64_t done) {
 int train_export(run_state *s) {
   const char *path = s->o->export_path;
   if (!path || s->stopped) return 0;
-  if (weft_safetensors_export_model(s->model, path, WEFT_F32) != WEFT_OK)
+  if (!s->o->export_hf) {
+    if (weft_safetensors_export_model(s->model, path, WEFT_F32) != WEFT_OK)
+      return train_fail_all("--export-safetensors %s: %s", path, weft_last_error());
+    return 0;
+  }
+  /* --hf: weft's layout into a file beside the target (rank 0 writes
+   * both), converted into transformers' layout, then removed */
+  char tmp[1100];
+  snprintf(tmp, sizeof tmp, "%s.weft-%d", path, (int)getpid());
+  if (weft_safetensors_export_model(s->model, tmp, WEFT_F32) != WEFT_OK)
     return train_fail_all("--export-safetensors %s: %s", path, weft_last_error());
-  return 0;
+  bool bad = false;
+  char msg[1300] = "";
+  if (weft_world_rank() == 0) {
+    bad = weft_gpt2_weft_to_hf(tmp, path) != WEFT_OK;
+    if (bad) snprintf(msg, sizeof msg, "--export-safetensors %s --hf: %s", path, weft_last_error());
+    remove(tmp);
+  }
+  return train_agree_fail(bad, msg) ? 2 : 0;
 }

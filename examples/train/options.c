@@ -135,7 +135,10 @@ void train_print_help(const char *prog) {
       "  --resume DIR            continue from a checkpoint (any mesh): DIR is the newest;\n"
       "                          DIR.step-N an earlier one\n"
       "  --export-safetensors F  write the model as one safetensors file at the end\n"
-      "  --init-from F           initial weights from a safetensors file\n"
+      "  --hf                    GPT-2: export in Hugging Face transformers' layout (names\n"
+      "                          without 'transformer.', Conv1D weights [in, out], no lm_head)\n"
+      "  --init-from F           initial weights from a safetensors file (GPT-2: weft's or\n"
+      "                          transformers' layout, told apart by the names and shapes)\n"
       "output\n"
       "  --log-json FILE         one JSON object per step (rank 0)\n"
       "  --peak-tflops X         per-rank peak for MFU (0.1; with --device cuda the GPU's\n"
@@ -260,6 +263,7 @@ static const switch_flag switches[] = {
     {"--sequence-parallel", offsetof(train_opts, sequence_parallel), true},
     {"--no-loss-parallel", offsetof(train_opts, loss_parallel), false},
     {"--cpu-offload", offsetof(train_opts, cpu_offload), true},
+    {"--hf", offsetof(train_opts, export_hf), true},
     {"--profile", offsetof(train_opts, profile), true},
     {"--quiet", offsetof(train_opts, quiet), true},
     {"--tp-across-nodes", offsetof(train_opts, mesh.tp_across_nodes), true},
@@ -555,6 +559,10 @@ static int check_options(train_opts *o, char *err, size_t cap) {
     return perr(err, cap, "--dropout: the Llama model has no dropout (use a gpt2 preset)");
   if (o->dropout >= 1)
     return perr(err, cap, "--dropout %g: want a probability in [0, 1)", o->dropout);
+  if (o->export_hf && (!o->gpt2 || !o->export_path))
+    return perr(err, cap, "--hf: %s",
+                !o->gpt2 ? "transformers' layout is written for GPT-2 only (use a gpt2 preset)"
+                         : "it sets the layout of --export-safetensors F, which is not given");
   if (o->beta1 >= 1 || o->beta2 >= 1)
     return perr(err, cap, "--beta%d %g: want a number in [0, 1)", o->beta1 >= 1 ? 1 : 2,
                 o->beta1 >= 1 ? o->beta1 : o->beta2);

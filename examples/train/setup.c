@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "llama.h"
 #include "train_internal.h"
@@ -282,15 +283,38 @@ static weft_status make_optimizer(run_state *s) {
   return WEFT_OK;
 }
 
-/* --init-from: weights from a safetensors file. */
+/* --init-from: weights from a safetensors file. A GPT-2 file in Hugging
+ * Face transformers' layout (weft_gpt2_file_is_hf) is first converted by
+ * each rank into a file of its own under $TMPDIR (no shared temporary
+ * directory is assumed across nodes), imported, and removed. */
 static int import_weights(run_state *s) {
+  const char *path = s->o->init_from;
+  char conv[600] = "";
+  bool hf = false;
+  if (s->o->gpt2) {
+    bool bad = weft_gpt2_file_is_hf(path, &hf) != WEFT_OK;
+    if (!bad && hf) {
+      const char *tmp = getenv("TMPDIR");
+      snprintf(conv, sizeof conv, "%s/weft-train-hf-%d-%d.safetensors", tmp && *tmp ? tmp : "/tmp",
+               (int)getpid(), weft_world_rank());
+      bad = weft_gpt2_hf_to_weft(path, conv) != WEFT_OK;
+    }
+    char msg[1024];
+    snprintf(msg, sizeof msg, "--init-from %s: %s", path, weft_last_error());
+    if (train_agree_fail(bad, msg)) {
+      if (conv[0]) remove(conv);
+      return 2;
+    }
+  }
   weft_key_list missing = {0}, unexpected = {0};
   weft_status st =
-      weft_safetensors_import_model(s->model, s->o->init_from, NULL, &missing, &unexpected);
+      weft_safetensors_import_model(s->model, hf ? conv : path, NULL, &missing, &unexpected);
   weft_key_list_clear(&missing);
   weft_key_list_clear(&unexpected);
+  if (conv[0]) remove(conv);
   if (st != WEFT_OK)
-    return train_fail_all("--init-from %s: %s", s->o->init_from, weft_last_error());
+    return train_fail_all("--init-from %s%s: %s", path, hf ? " (transformers' GPT-2 layout)" : "",
+                          weft_last_error());
   return 0;
 }
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "backend.h" /* weft_device_count: is --device cuda runnable here */
+#include "safetensors.h"
 #include "harness.h"
 #include "stats.h" /* examples/plan: plan_ranks, plan_spearman */
 
@@ -909,6 +910,83 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
   run_free(&r);
   remove_tree(dir);
   unlink(st);
+}
+
+/* ------------------------------------------ Hugging Face GPT-2 weights */
+
+/* How many tensors of a (all but transformers' causal-mask buffers) are in
+ * b with the same dtype, shape and bytes; *masks = the buffers skipped. */
+static int64_t same_tensors(const char *a_path, const char *b_path, int64_t *masks, int64_t *nb) {
+  weft_safetensors *a = NULL, *b = NULL;
+  cr_assert_eq(weft_safetensors_open(a_path, &a), WEFT_OK, "%s", weft_last_error());
+  cr_assert_eq(weft_safetensors_open(b_path, &b), WEFT_OK, "%s", weft_last_error());
+  int64_t same = 0;
+  *masks = 0;
+  *nb = weft_safetensors_count(b);
+  for (int64_t i = 0; i < weft_safetensors_count(a); i++) {
+    weft_safetensors_info x, y;
+    cr_assert_eq(weft_safetensors_get(a, i, &x), WEFT_OK);
+    if (strstr(x.name, ".attn.bias") && !strstr(x.name, "c_attn")) {
+      (*masks)++;
+      continue;
+    }
+    if (weft_safetensors_find(b, x.name, &y) != WEFT_OK || x.nbytes != y.nbytes ||
+        x.dtype != y.dtype || x.ndim != y.ndim ||
+        memcmp(x.shape, y.shape, sizeof x.shape[0] * (size_t)x.ndim))
+      continue;
+    char *p = malloc(x.nbytes), *q = malloc(y.nbytes);
+    cr_assert(p && q);
+    cr_assert_eq(weft_safetensors_read(a, x.name, x.dtype, p, x.numel), WEFT_OK);
+    cr_assert_eq(weft_safetensors_read(b, y.name, y.dtype, q, y.numel), WEFT_OK);
+    same += memcmp(p, q, x.nbytes) == 0;
+    free(p);
+    free(q);
+  }
+  weft_safetensors_close(a);
+  weft_safetensors_close(b);
+  return same;
+}
+
+/* --init-from a GPT-2 in transformers' layout (tests/data/golden's
+ * init_hf.safetensors, made by PyTorch: make_gpt2_hf.py) on dp=2, then
+ * --export-safetensors --hf: every parameter comes back bit for bit; the
+ * export loads again in weft's own run; --hf is refused where it means
+ * nothing. */
+Test(examples, train_gpt2_from_hugging_face_weights_and_back_bitwise, .timeout = 120) {
+  const char *hf = WEFT_TEST_DATA_DIR "/golden/gpt2_tiny/init_hf.safetensors";
+  const char *out = tmp_file("hf_out.safetensors");
+  const char *a[] = {"--model",     "gpt2-demo", "--dim",
+                     "64",          "--layers",  "2",
+                     "--heads",     "4",         "--ffn-dim",
+                     "256",         "--vocab",   "96",
+                     "--seq-len",   "32",        "--mesh",
+                     "dp=2",        "--steps",   "0",
+                     "--init-from", hf,          "--export-safetensors",
+                     out,           "--hf",      NULL};
+  run_out r = run(2, TRAIN, a, 60);
+  cr_assert_eq(r.rc, 0, "--init-from an HF file and --hf export: %s", r.err);
+  run_free(&r);
+  int64_t masks = 0, nb = 0, same = same_tensors(hf, out, &masks, &nb);
+  cr_expect_eq(masks, 2, "mask buffers in the HF file: %lld", (long long)masks);
+  cr_expect_eq(same, nb, "%lld of the %lld exported tensors equal the HF file's", (long long)same,
+               (long long)nb);
+  cr_expect_eq(same, 28, "tensors back bit for bit: %lld of 28", (long long)same);
+  /* the exported file trains on from where it was (weft's own run, 2 steps) */
+  const char *b[] = {"--model",     "gpt2-demo", "--dim",   "64", "--layers",  "2",  "--heads", "4",
+                     "--ffn-dim",   "256",       "--vocab", "96", "--seq-len", "32", "--steps", "2",
+                     "--init-from", out,         NULL};
+  r = run(1, TRAIN, b, 60);
+  cr_expect_eq(r.rc, 0, "--init-from the --hf export: %s", r.err);
+  run_free(&r);
+  const char *c[] = {"--model", "gpt2-demo", "--hf", NULL};
+  expect_error(1, c, "--hf: it sets the layout of --export-safetensors");
+  const char *d[] = {"--model", "demo", "--hf", "--export-safetensors", out, NULL};
+  expect_error(1, d, "--hf: transformers' layout is written for GPT-2 only");
+  /* a model of another shape: the error names the user's file and the tensor */
+  const char *e[] = {"--model", "gpt2-demo", "--dim",       "32", "--seq-len", "32",
+                     "--steps", "1",         "--init-from", hf,   NULL};
+  expect_error(2, e, "(transformers' GPT-2 layout)");
+  unlink(out);
 }
 
 /* ------------------------------------------------- non-finite training */
