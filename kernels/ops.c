@@ -3,7 +3,10 @@
  * weft_axpy, weft_reduce_all, weft_reduce. Each checks its arguments the
  * same way for every device, then calls the member of the tensors' device
  * table (backend.h): the CPU's are in kernels/cpu (weft_cpu_*_), the
- * CUDA backend's in kernels/cuda. Local, no allocation of their own. */
+ * CUDA backend's in kernels/cuda. Local, no allocation of their own.
+ * Also weft_sgemm (host pointers: the CPU table's sgemm member) and the
+ * helpers of the layer kernels' parameters (weft_activation_name,
+ * weft_clip_coef), so that kernels/cpu defines no function of kernels.h. */
 #include <inttypes.h>
 #include <stddef.h>
 #include <string.h>
@@ -104,6 +107,16 @@ weft_status weft_gemm(bool trans_a, bool trans_b, float alpha, const weft_tensor
     WEFT_CHECK(weft_gemm_layout_(__func__, c, "C", false, &ld, &flip));
   }
   return weft_backend_trace_(be->gemm(trans_a, trans_b, alpha, a, b, beta, c), be, __func__);
+}
+
+/* weft_sgemm's contract is the sgemm member's on host memory; its errors
+ * (set, not returned) are headed by weft_sgemm as the other entry points'. */
+void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                int64_t ldc) {
+  weft_status st =
+      weft_backend_sgemm(WEFT_CPU, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (st != WEFT_OK) weft_error_trace(st, __func__);
 }
 
 /* --------------------------------------------------------- elementwise */
@@ -245,4 +258,26 @@ weft_status weft_reduce(const weft_tensor *t, weft_reduce_kind kind, int dim, we
   if ((t->ndim > 0 ? t->shape[d] : 1) == 0 && kind == WEFT_REDUCE_MAX)
     return weft_error(WEFT_ERR_INVALID, "max over dim %d of size 0 in %s is undefined", d, dt);
   return weft_backend_trace_(be->reduce(t, kind, d, out), be, __func__);
+}
+
+/* ---------------------------------------- parameters of the layer kernels */
+
+const char *weft_activation_name(weft_activation a) {
+  switch (a) {
+    case WEFT_ACT_GELU_TANH:
+      return "gelu_tanh";
+    case WEFT_ACT_GELU_ERF:
+      return "gelu_erf";
+    case WEFT_ACT_RELU:
+      return "relu";
+    case WEFT_ACT_SILU:
+      return "silu";
+    default:
+      return "?";
+  }
+}
+
+double weft_clip_coef(double total_norm, double max_norm) {
+  double c = max_norm / (total_norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
 }

@@ -1,6 +1,6 @@
 /* kernels/cpu/attention.c — CPU fp32 causal / non-causal grouped-query
  * attention (layers.h), forward and backward, over blocks of ATT_BLOCK
- * query rows: per (batch, head) item, S = scale Q K^T by weft_sgemm, a
+ * query rows: per (batch, head) item, S = scale Q K^T by gemm.c's sgemm, a
  * row softmax with simd.h's row helpers (exp sums in double; forward saves
  * the log-sum-exp), then P V; backward recomputes P from the saved lse and
  * accumulates dQ, dK, dV with five GEMMs per block. The items run through
@@ -98,7 +98,7 @@ static void att_forward_item(void *ctx, int64_t item, float *scratch) {
     const int64_t nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = a->causal ? t0 + nb : T;
     float *S = scratch; /* (nb, nk) */
     /* S = scale * Q[t0:t0+nb] K[0:nk]^T */
-    weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * lq, lq, kb, lk, 0.0f, S, nk);
+    weft_cpu_sgemm_run_(false, true, nb, nk, hd, scale, qb + t0 * lq, lq, kb, lk, 0.0f, S, nk);
     for (int64_t r = 0; r < nb; r++) {
       float *row = S + r * nk;
       const int64_t valid = a->causal ? t0 + r + 1 : T; /* keys 0..t, or all */
@@ -112,7 +112,7 @@ static void att_forward_item(void *ctx, int64_t item, float *scratch) {
       lb[t0 + r] = mx + (float)log(sum);
     }
     /* O[t0:t0+nb] = P V[0:nk] */
-    weft_sgemm(false, false, nb, hd, nk, 1.0f, S, nk, vb, lv, 0.0f, ob + t0 * ldo, ldo);
+    weft_cpu_sgemm_run_(false, false, nb, hd, nk, 1.0f, S, nk, vb, lv, 0.0f, ob + t0 * ldo, ldo);
   }
 }
 
@@ -136,9 +136,9 @@ static void att_backward_item(void *ctx, int64_t item, float *scratch) {
       float *P = scratch, *dP = scratch + bs * T; /* each (nb, nk) */
       /* recompute P = exp(scale * Q K^T - lse), zero above the diagonal
        * (causal) */
-      weft_sgemm(false, true, nb, nk, hd, scale, qb + t0 * lq, lq, kb, lk, 0.0f, P, nk);
+      weft_cpu_sgemm_run_(false, true, nb, nk, hd, scale, qb + t0 * lq, lq, kb, lk, 0.0f, P, nk);
       /* dP = dO V^T */
-      weft_sgemm(false, true, nb, nk, hd, 1.0f, dob + t0 * ldo, ldo, vb, lv, 0.0f, dP, nk);
+      weft_cpu_sgemm_run_(false, true, nb, nk, hd, 1.0f, dob + t0 * ldo, ldo, vb, lv, 0.0f, dP, nk);
       for (int64_t r = 0; r < nb; r++) {
         float *prow = P + r * nk, *drow = dP + r * nk;
         const int64_t valid = a->causal ? t0 + r + 1 : T;
@@ -159,11 +159,13 @@ static void att_backward_item(void *ctx, int64_t item, float *scratch) {
         memset(drow + valid, 0, (size_t)(nk - valid) * sizeof(float));
       }
       /* dV[0:nk] += P^T dO[t0:t0+nb] */
-      weft_sgemm(true, false, nk, hd, nb, 1.0f, P, nk, dob + t0 * ldo, ldo, 1.0f, dvb, ldv);
+      weft_cpu_sgemm_run_(true, false, nk, hd, nb, 1.0f, P, nk, dob + t0 * ldo, ldo, 1.0f, dvb,
+                          ldv);
       /* dQ[t0:t0+nb] = dS K[0:nk] */
-      weft_sgemm(false, false, nb, hd, nk, 1.0f, dP, nk, kb, lk, 0.0f, dqb + t0 * ldq, ldq);
+      weft_cpu_sgemm_run_(false, false, nb, hd, nk, 1.0f, dP, nk, kb, lk, 0.0f, dqb + t0 * ldq,
+                          ldq);
       /* dK[0:nk] += dS^T Q[t0:t0+nb] */
-      weft_sgemm(true, false, nk, hd, nb, 1.0f, dP, nk, qb + t0 * lq, lq, 1.0f, dkb, ldk);
+      weft_cpu_sgemm_run_(true, false, nk, hd, nb, 1.0f, dP, nk, qb + t0 * lq, lq, 1.0f, dkb, ldk);
     }
   }
 }

@@ -29,6 +29,13 @@ weft_status weft_cpu_gemm_(bool trans_a, bool trans_b, float alpha, const weft_t
 weft_status weft_cpu_sgemm_(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                             float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                             float beta, float *c, int64_t ldc);
+/* weft_sgemm's body on host pointers (its contract, kernels.h): bad sizes
+ * set weft_last_error() and leave C untouched, no status. The CPU layer
+ * kernels call it directly; weft_sgemm (kernels/ops.c) reaches it through
+ * the CPU table's sgemm member (weft_cpu_sgemm_). */
+void weft_cpu_sgemm_run_(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc);
 /* kernels/cpu/gemm_dt.c: the gemm_dt member (backend.h) */
 weft_status weft_cpu_gemm_dt_(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                               weft_dtype ab_dt, const void *a, int64_t lda, const void *b,

@@ -207,9 +207,9 @@ static void sgemm_part(void *ctx, int64_t i, float *scratch) {
 }
 #endif
 
-void weft_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                int64_t ldc) {
+void weft_cpu_sgemm_run_(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc) {
   if (weft_check_gemm_dims_("sgemm", trans_a, trans_b, m, n, k, lda, ldb, ldc) != WEFT_OK) return;
   if (m == 0 || n == 0) return;
   if (k == 0 || alpha == 0.0f) {
@@ -292,14 +292,15 @@ static weft_status to_f32(const weft_tensor *t, weft_tensor **buf) {
   return WEFT_OK;
 }
 
-/* The sgemm member: weft_sgemm with a status. */
+/* The sgemm member (weft_sgemm's CPU table entry): weft_cpu_sgemm_run_
+ * with a status. */
 weft_status weft_cpu_sgemm_(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                             float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                             float beta, float *c, int64_t ldc) {
   WEFT_CHECK(weft_check_gemm_dims_("sgemm", trans_a, trans_b, m, n, k, lda, ldb, ldc));
   if (m > 0 && n > 0 && (!c || (k > 0 && alpha != 0.0f && (!a || !b))))
     return weft_error_at(WEFT_ERR_INVALID, "sgemm", "NULL matrix pointer");
-  weft_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  weft_cpu_sgemm_run_(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   return WEFT_OK;
 }
 
@@ -348,7 +349,7 @@ weft_status weft_cpu_gemm_(bool trans_a, bool trans_b, float alpha, const weft_t
   WEFT_CHECK(weft_gemm_layout_("weft_gemm", c, "C", false, &ldc, &fc));
   const bool ta = trans_a != fa, tb = trans_b != fb;
   if (dt == WEFT_F32)
-    weft_sgemm(ta, tb, m, n, k, alpha, a->data, lda, b->data, ldb, beta, c->data, ldc);
+    weft_cpu_sgemm_run_(ta, tb, m, n, k, alpha, a->data, lda, b->data, ldb, beta, c->data, ldc);
   else
     dgemm(ta, tb, m, n, k, alpha, a->data, lda, b->data, ldb, beta, c->data, ldc);
   return WEFT_OK;

@@ -1,13 +1,14 @@
 /* kernels/cpu/linear.c — CPU fp32 linear layer (layers.h): forward
  * out = inp @ weight^T (+ bias) and backward (dinp, dweight, dbias), each
- * GEMM one weft_sgemm call (OpenBLAS or the blocked fallback of gemm.c);
- * forward's bias is the GEMM's C (beta = 1), backward's dbias summed row by
- * row in index order. */
+ * GEMM one call of gemm.c's weft_cpu_sgemm_run_ (OpenBLAS or the blocked
+ * fallback); forward's bias is the GEMM's C (beta = 1), backward's dbias
+ * summed row by row in index order. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "arg_checks.h"
+#include "cpu_internal.h"
 #include "kernels.h"
 #include "layers.h"
 #include "pool.h"
@@ -39,7 +40,8 @@ weft_status weft_linear_forward(float *out, const float *inp, const float *weigh
     weft_cpu_par_range_(N, weft_cpu_row_grain_(OC), bias_rows, &a);
   }
   /* out (N, OC) = inp (N, IC) @ weight^T (IC, OC) (+ the bias already in out) */
-  weft_sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, bias ? 1.0f : 0.0f, out, OC);
+  weft_cpu_sgemm_run_(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, bias ? 1.0f : 0.0f, out,
+                      OC);
   return WEFT_OK;
 }
 
@@ -52,13 +54,13 @@ weft_status weft_linear_backward(float *dinp, float *dweight, float *dbias, cons
   if (dweight) CHECK_PTR(inp, N * IC);
   if (dinp && N * IC > 0) {
     /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
-    weft_sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, accumulate_dinp ? 1.0f : 0.0f,
-               dinp, IC);
+    weft_cpu_sgemm_run_(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC,
+                        accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
   }
   if (dweight && OC * IC > 0) {
     /* dweight (OC, IC) = dout^T (OC, N) @ inp (N, IC) */
-    weft_sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, accumulate_dweight ? 1.0f : 0.0f,
-               dweight, IC);
+    weft_cpu_sgemm_run_(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC,
+                        accumulate_dweight ? 1.0f : 0.0f, dweight, IC);
   }
   if (dbias) {
     if (!accumulate_dweight) memset(dbias, 0, (size_t)OC * sizeof(float));

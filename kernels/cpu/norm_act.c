@@ -31,21 +31,6 @@
 /* Errors name the operation ("layernorm_forward: ..."), not the C function. */
 #define OP weft_op_name_(__func__)
 
-const char *weft_activation_name(weft_activation a) {
-  switch (a) {
-    case WEFT_ACT_GELU_TANH:
-      return "gelu_tanh";
-    case WEFT_ACT_GELU_ERF:
-      return "gelu_erf";
-    case WEFT_ACT_RELU:
-      return "relu";
-    case WEFT_ACT_SILU:
-      return "silu";
-    default:
-      return "?";
-  }
-}
-
 /* -------------------------------------------------------------- LayerNorm */
 
 typedef struct ln_args {

@@ -93,11 +93,6 @@ double weft_sumsq(const float *x, int64_t n) {
   return row_dot_d(x, x, n);
 }
 
-double weft_clip_coef(double total_norm, double max_norm) {
-  double c = max_norm / (total_norm + 1e-6);
-  return c < 1.0 ? c : 1.0;
-}
-
 void weft_scale_f32(float *x, int64_t n, float alpha) {
   if (!x) return;
   const vf4 a = vset(alpha);
