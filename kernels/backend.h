@@ -28,7 +28,8 @@
  * - Every operation has ONE argument list, the table member's, shared by
  *   every device (a backend whose function differs does not compile).
  *   Semantics, shapes and formulas of the compute operations are those of
- *   the CPU kernel of the same name in layers.h; pointers are the device's.
+ *   the CPU kernel of the same name in kernels/layers.h (weft's source
+ *   tree; private to kernels/, not installed); pointers are the device's.
  * - Members marked (optional) may be NULL; calling one gives
  *   WEFT_ERR_UNSUPPORTED "<op> is not supported on <device> (backend
  *   '<name>')", made in one place (backend.c). The others are required: a

@@ -51,7 +51,6 @@
 #include "harness.h"
 #include "kernels.h"
 #include "kernels_testutil.h"
-#include "layers.h"
 
 /* ================================================================ set-up */
 
