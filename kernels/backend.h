@@ -605,6 +605,17 @@ WEFT_API weft_status weft_device_model(weft_device dev, char *buf, size_t cap);
 
 /* --------------------------------------------------------------- events */
 
+/* A point in one of dev's streams (the table's members of these names):
+ * weft_event_record marks the current end of stream s (any weft_stream_id,
+ * the communication streams included); weft_stream_wait_event orders s's
+ * later work after it; _synchronize waits for it on the host; _query sets
+ * *done without waiting; _elapsed_ms is the time between two events;
+ * _destroy frees one (the device may still be passing it). Local, and
+ * callable from any thread: the CUDA backend makes this process's device
+ * current on a thread the first time (a fresh thread would use device 0).
+ * The CPU has no streams: WEFT_ERR_UNSUPPORTED. weft_device_stream_handle
+ * is the native handle of stream s (cudaStream_t, for NCCL), NULL before
+ * weft_device_init and on the CPU. */
 WEFT_API weft_status weft_event_record(weft_device dev, weft_stream_id s, weft_event **ev);
 WEFT_API weft_status weft_stream_wait_event(weft_device dev, weft_stream_id s, weft_event *ev);
 WEFT_API weft_status weft_event_synchronize(weft_device dev, weft_event *ev);

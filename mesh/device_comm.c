@@ -113,7 +113,7 @@ struct weft_dev_work {
   int ncopy;
   stage_copy *copies;
 #if WEFT_HAVE_NCCL
-  cudaEvent_t done; /* recorded on the comm stream after the NCCL call */
+  weft_event *done; /* recorded on the comm stream after the NCCL call */
   ncclComm_t nccl;
 #endif
   double t0;
@@ -418,6 +418,29 @@ static weft_status cuda_check(cudaError_t e, const char *func, const char *call,
                        cudaGetErrorString(e));
 }
 
+/* The reason of the error just set, without its "[rank r] head: " prefix
+ * and its trail: the backend's words ("invalid resource handle"). */
+static void last_reason(char *buf, size_t cap) {
+  const char *m = weft_last_error();
+  if (m[0] == '[') {
+    const char *r = strstr(m, "] ");
+    if (r) m = r + 2;
+  }
+  const char *c = strstr(m, ": ");
+  if (c) m = c + 2;
+  snprintf(buf, cap, "%.*s", (int)strcspn(m, "\n"), m);
+}
+
+/* A failed event operation of the backend (backend.h), reported as
+ * cuda_check reports a CUDA call: what it was for, the mesh dim, why. */
+static weft_status event_check(weft_status st, const char *func, const char *what,
+                               const mesh_dim *g) {
+  if (st == WEFT_OK) return WEFT_OK;
+  char why[256];
+  last_reason(why, sizeof why);
+  return weft_error_at(st, func, "%s on mesh dim '%s' failed: %s", what, g->name, why);
+}
+
 /* The id and whether coordinate 0 could make one. */
 typedef struct id_blob {
   int32_t ok;
@@ -699,29 +722,27 @@ static weft_status nccl_pre(mesh_dim *g, nccl_ctx *c, const char *func) {
   if (!c->comm || !c->comp)
     return weft_error_at(WEFT_ERR_NO_DEVICE, func,
                          "device collective on mesh dim '%s' before weft_cuda_init", g->name);
-  cudaEvent_t e;
-  WEFT_CHECK(
-      cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), func, "cudaEventCreate", g));
-  cudaError_t err = cudaEventRecord(e, c->comp);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(c->comm, e, 0);
-  cudaEventDestroy(e); /* released once the wait passed it */
-  return cuda_check(err, func, "ordering the comm stream after the compute stream", g);
+  weft_event *e;
+  WEFT_CHECK(event_check(weft_event_record(WEFT_CUDA, WEFT_STREAM_COMPUTE, &e), func,
+                         "recording an event on the compute stream", g));
+  weft_status st = weft_stream_wait_event(WEFT_CUDA, comm_stream, e);
+  weft_event_destroy(WEFT_CUDA, e); /* released once the wait passed it */
+  return event_check(st, func, "ordering the comm stream after the compute stream", g);
 }
 
 /* The watchdog's view of an NCCL call (watchdog.h): an event recorded
- * after it on the comm stream, queried on the watchdog's thread (with this
- * process's device made current there once). */
+ * after it on the comm stream, queried on the watchdog's thread (the
+ * backend makes this process's device current there). A failed query is
+ * the watchdog's "failed", not an error of that thread. */
 static int nccl_watch_query(void *ev) {
-  static __thread bool device_set;
-  if (!device_set) {
-    int ord = weft_device_current(WEFT_CUDA);
-    if (ord >= 0) cudaSetDevice(ord);
-    device_set = true;
+  bool done = false;
+  if (weft_event_query(WEFT_CUDA, ev, &done) != WEFT_OK) {
+    weft_clear_error();
+    return -1;
   }
-  cudaError_t q = cudaEventQuery((cudaEvent_t)ev);
-  return q == cudaSuccess ? 1 : q == cudaErrorNotReady ? 0 : -1;
+  return done ? 1 : 0;
 }
-static void nccl_watch_release(void *ev) { cudaEventDestroy((cudaEvent_t)ev); }
+static void nccl_watch_release(void *ev) { weft_event_destroy(WEFT_CUDA, ev); }
 /* ends the device work waiting on g's calls; the dim is broken from now on,
  * so nothing uses the communicator again */
 static void nccl_watch_abort(mesh_dim *g) {
@@ -732,16 +753,11 @@ static void nccl_watch_abort(mesh_dim *g) {
 static const weft_watch_ops nccl_watch_ops = {nccl_watch_query, nccl_watch_release,
                                               nccl_watch_abort};
 
-/* Hands the call just queued on c->comm to the watchdog. */
-static weft_status nccl_watch(const weft_work *w, mesh_dim *g, nccl_ctx *c, const char *func) {
-  cudaEvent_t ev;
-  WEFT_CHECK(cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), func,
-                        "cudaEventCreate (watchdog)", g));
-  cudaError_t err = cudaEventRecord(ev, c->comm);
-  if (err != cudaSuccess) {
-    cudaEventDestroy(ev);
-    return cuda_check(err, func, "cudaEventRecord (watchdog)", g);
-  }
+/* Hands the call just queued on the comm stream to the watchdog. */
+static weft_status nccl_watch(const weft_work *w, mesh_dim *g, const char *func) {
+  weft_event *ev;
+  WEFT_CHECK(event_check(weft_event_record(WEFT_CUDA, comm_stream, &ev), func,
+                         "recording the watchdog's event on the comm stream", g));
   char desc[112];
   weft__fingerprint_describe(&w->fp, desc, sizeof desc);
   return weft__watch(g, &nccl_watch_ops, (void *)ev, desc);
@@ -752,19 +768,14 @@ static weft_status nccl_watch(const weft_work *w, mesh_dim *g, nccl_ctx *c, cons
  * watchdog watches it. */
 static weft_status nccl_post(weft_work *w, mesh_dim *g, nccl_ctx *c, weft_work **out,
                              const char *func) {
-  WEFT_CHECK(nccl_watch(w, g, c, func));
-  cudaEvent_t done;
-  WEFT_CHECK(cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), func,
-                        "cudaEventCreate", g));
-  cudaError_t err = cudaEventRecord(done, c->comm);
-  if (err != cudaSuccess) {
-    cudaEventDestroy(done);
-    return cuda_check(err, func, "cudaEventRecord on the comm stream", g);
-  }
+  WEFT_CHECK(nccl_watch(w, g, func));
+  weft_event *done;
+  WEFT_CHECK(event_check(weft_event_record(WEFT_CUDA, comm_stream, &done), func,
+                         "recording the collective's event on the comm stream", g));
   if (!out) {
-    err = cudaStreamWaitEvent(c->comp, done, 0);
-    cudaEventDestroy(done);
-    WEFT_CHECK(cuda_check(err, func, "ordering the compute stream after the collective", g));
+    weft_status st = weft_stream_wait_event(WEFT_CUDA, WEFT_STREAM_COMPUTE, done);
+    weft_event_destroy(WEFT_CUDA, done);
+    WEFT_CHECK(event_check(st, func, "ordering the compute stream after the collective", g));
     ncclResult_t ae = ncclSuccess;
     ncclCommGetAsyncError(c->nc, &ae);
     return nccl_check(ae, func, "the NCCL communicator", g);
@@ -773,8 +784,9 @@ static weft_status nccl_post(weft_work *w, mesh_dim *g, nccl_ctx *c, weft_work *
   weft_work *h = dw ? malloc(sizeof *h) : NULL;
   if (!h) {
     free(dw);
-    cudaStreamWaitEvent(c->comp, done, 0);
-    cudaEventDestroy(done);
+    if (weft_stream_wait_event(WEFT_CUDA, WEFT_STREAM_COMPUTE, done) != WEFT_OK)
+      weft_clear_error(); /* the out-of-memory error below is the one to report */
+    weft_event_destroy(WEFT_CUDA, done);
     return weft_error_at(WEFT_ERR_OOM, func,
                          "no memory for a work handle (the collective is ordered before later "
                          "compute-stream work)");
@@ -805,9 +817,12 @@ static weft_status nccl_post(weft_work *w, mesh_dim *g, nccl_ctx *c, weft_work *
 
 static weft_status nccl_work_done(weft_work *w) {
   struct weft_dev_work *dw = w->dev;
-  cudaStream_t comp = (cudaStream_t)weft_device_stream_handle(WEFT_CUDA, WEFT_STREAM_COMPUTE);
-  cudaError_t err = comp ? cudaStreamWaitEvent(comp, dw->done, 0) : cudaSuccess;
-  cudaEventDestroy(dw->done);
+  /* (without the device's streams, after weft_device_shutdown, there is
+   * nothing left to order) */
+  weft_status err = weft_device_stream_handle(WEFT_CUDA, WEFT_STREAM_COMPUTE)
+                        ? weft_stream_wait_event(WEFT_CUDA, WEFT_STREAM_COMPUTE, dw->done)
+                        : WEFT_OK;
+  weft_event_destroy(WEFT_CUDA, dw->done);
   ncclResult_t ae = ncclSuccess;
   bool aborted = __atomic_load_n(&w->group->broken, __ATOMIC_ACQUIRE);
   if (!aborted) ncclCommGetAsyncError(dw->nccl, &ae); /* (an aborted communicator is gone) */
@@ -818,7 +833,7 @@ static weft_status nccl_work_done(weft_work *w) {
     return weft_error(WEFT_ERR_STATE, "mesh dim '%s' is unusable: %s", w->group->name,
                       w->group->broken_msg);
   WEFT_CHECK(
-      cuda_check(err, __func__, "ordering the compute stream after the collective", w->group));
+      event_check(err, __func__, "ordering the compute stream after the collective", w->group));
   return nccl_check(ae, __func__, "the NCCL communicator", w->group);
 }
 #endif
@@ -849,16 +864,19 @@ weft_status weft__device_work_test(weft_work *w, bool *done) {
     return stage_finish(dw, st);
   }
 #if WEFT_HAVE_NCCL
-  cudaError_t q = cudaEventQuery(dw->done);
-  if (q == cudaSuccess) {
+  bool passed = false;
+  weft_status q = weft_event_query(WEFT_CUDA, dw->done, &passed);
+  if (q == WEFT_OK && passed) {
     *done = true;
     return nccl_work_done(w);
   }
+  char why[256] = "";
+  if (q != WEFT_OK) last_reason(why, sizeof why);
   mesh_dim *g = w->group;
   ncclResult_t ae = ncclSuccess;
   if (__atomic_load_n(&g->broken, __ATOMIC_ACQUIRE)) { /* the watchdog gave up on the dim */
     *done = true;
-    cudaEventDestroy(dw->done);
+    weft_event_destroy(WEFT_CUDA, dw->done);
     free(dw);
     w->dev = NULL;
     if (w->async) w->root->inflight--;
@@ -867,7 +885,7 @@ weft_status weft__device_work_test(weft_work *w, bool *done) {
   ncclCommGetAsyncError(dw->nccl, &ae);
   double waited = weft__now() - dw->t0;
   bool nccl_ok = ae == ncclSuccess || ae == ncclInProgress;
-  if (q == cudaErrorNotReady && nccl_ok && waited <= weft__rt.settings.timeout_s) return WEFT_OK;
+  if (q == WEFT_OK && nccl_ok && waited <= weft__rt.settings.timeout_s) return WEFT_OK;
   char desc[256];
   weft__fingerprint_describe(&w->fp, desc, sizeof desc);
   g->broken = true;
@@ -876,14 +894,13 @@ weft_status weft__device_work_test(weft_work *w, bool *done) {
   if (!nccl_ok)
     st = weft_error(WEFT_ERR_NCCL, "%s on mesh dim '%s' failed: %s", desc, g->name,
                     ncclGetErrorString(ae));
-  else if (q != cudaErrorNotReady)
-    st = weft_error(WEFT_ERR_CUDA, "%s on mesh dim '%s' failed: %s", desc, g->name,
-                    cudaGetErrorString(q));
+  else if (q != WEFT_OK)
+    st = weft_error(q, "%s on mesh dim '%s' failed: %s", desc, g->name, why);
   else
     st = weft_error(WEFT_ERR_TIMEOUT, "%s on mesh dim '%s' did not complete within %g s (NCCL)",
                     desc, g->name, waited);
   snprintf(g->broken_msg, sizeof g->broken_msg, "%.160s failed", desc);
-  cudaEventDestroy(dw->done);
+  weft_event_destroy(WEFT_CUDA, dw->done);
   free(dw);
   w->dev = NULL;
   if (w->async) w->root->inflight--;

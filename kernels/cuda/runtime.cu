@@ -65,6 +65,21 @@ void mark_release(void *m, void *) { (void)cudaEventDestroy((cudaEvent_t)m); }
 
 bool valid_stream(weft_stream_id s) { return (unsigned)s < WEFT_CACHE_STREAMS; }
 
+/* The event operations may run on any thread (mesh's watchdog polls the
+ * events of NCCL calls on its own). A thread that has not used CUDA starts
+ * on device 0, and its first runtime call would make a context there (on
+ * every rank's device 0): so the first event operation on a thread makes
+ * this process's device current there, once. */
+thread_local int thread_device = -1;
+cudaError_t bind_thread_quiet() {
+  const int want = rt.device;
+  if (want < 0 || thread_device == want) return cudaSuccess;
+  cudaError_t err = cudaSetDevice(want);
+  if (err == cudaSuccess) thread_device = want;
+  return err;
+}
+weft_status bind_thread() { return weft_cuda_check_(bind_thread_quiet(), "cudaSetDevice"); }
+
 cudaMemcpyKind copy_kind(weft_copy_kind k) {
   switch (k) {
     case WEFT_COPY_H2D:
@@ -178,6 +193,7 @@ weft_status weft_cuda_init_(int local_rank, int *ordinal) {
   }
   rt.device = want;
   rt.initialized = true;
+  thread_device = want; /* made current above */
   pthread_mutex_unlock(&rt_mu);
   if (ordinal) *ordinal = want;
   return WEFT_OK;
@@ -277,6 +293,7 @@ weft_status weft_cuda_event_record_(weft_stream_id s, weft_event **ev) {
   WEFT_CHECK(weft_cuda_require_init_("event_record"));
   if (!valid_stream(s))
     return weft_error_at(WEFT_ERR_INVALID, "event_record", "unknown stream %d", (int)s);
+  WEFT_CHECK(bind_thread());
   weft_event *e = (weft_event *)calloc(1, sizeof *e);
   if (!e) return weft_error_at(WEFT_ERR_OOM, "event_record", "out of host memory");
   weft_status st = weft_cuda_check_(cudaEventCreate(&e->ev), "cudaEventCreate");
@@ -297,17 +314,20 @@ weft_status weft_cuda_stream_wait_event_(weft_stream_id s, weft_event *ev) {
   if (!valid_stream(s) || !ev)
     return weft_error_at(WEFT_ERR_INVALID, "stream_wait_event", "bad stream %d or NULL event",
                          (int)s);
+  WEFT_CHECK(bind_thread());
   return weft_cuda_check_(cudaStreamWaitEvent(rt.stream[s], ev->ev, 0), "cudaStreamWaitEvent");
 }
 
 weft_status weft_cuda_event_synchronize_(weft_event *ev) {
   if (!ev) return weft_error_at(WEFT_ERR_INVALID, "event_synchronize", "NULL event");
+  WEFT_CHECK(bind_thread());
   weft_device_count_(WEFT_DEV_HOST_SYNCS_, 1);
   return weft_cuda_check_(cudaEventSynchronize(ev->ev), "cudaEventSynchronize");
 }
 
 weft_status weft_cuda_event_query_(weft_event *ev, bool *done) {
   if (!ev || !done) return weft_error_at(WEFT_ERR_INVALID, "event_query", "NULL argument");
+  WEFT_CHECK(bind_thread());
   cudaError_t err = cudaEventQuery(ev->ev);
   if (err == cudaErrorNotReady) {
     /* not an error: must not stay as the last error (nor clear another) */
@@ -322,11 +342,15 @@ weft_status weft_cuda_event_query_(weft_event *ev, bool *done) {
 weft_status weft_cuda_event_elapsed_ms_(weft_event *start, weft_event *end, float *ms) {
   if (!start || !end || !ms)
     return weft_error_at(WEFT_ERR_INVALID, "event_elapsed_ms", "NULL argument");
+  WEFT_CHECK(bind_thread());
   return weft_cuda_check_(cudaEventElapsedTime(ms, start->ev, end->ev), "cudaEventElapsedTime");
 }
 
 void weft_cuda_event_destroy_(weft_event *ev) {
   if (!ev) return;
+  /* no status to report: a failed bind must not replace the caller's error
+   * (destroy often runs on a failure's way out) */
+  if (bind_thread_quiet() != cudaSuccess) (void)cudaGetLastError();
   (void)cudaEventDestroy(ev->ev);
   free(ev);
 }

@@ -2,7 +2,8 @@
  * through its CUDA runtime API (cuda_emu.h): fiber barriers, shuffles
  * (checked against CUDA's documented semantics), shared memory, atomics,
  * misuse and deadlock aborts, launch validation, the runtime API's memory
- * registry, devices, streams and events, the cuBLAS GEMMs against a
+ * registry, devices, streams and events (the backend's events too, on
+ * every stream and from a thread of their own), the cuBLAS GEMMs against a
  * double-precision reference on seeded random inputs, and the two honest
  * modes (cuda_emu.h): strict device memory (host access aborts) and
  * deferred per-stream work (a missing synchronization gives a stale
@@ -25,6 +26,9 @@
 #include <set>
 #include <vector>
 
+#include <pthread.h>
+
+#include "backend.h" /* the WEFT_CUDA table's events */
 #include "cuda_compat.h"
 #include "harness.h"
 #include "kernels.h" /* weft_f32_to_bf16 */
@@ -864,6 +868,53 @@ Test(emu, device_count_env) {
   cr_assert_eq(n, 1);
   cr_assert_str_eq(cudaGetErrorString(cudaErrorNoDevice), "no CUDA-capable device is detected");
   cr_assert_str_eq(cudaGetErrorName(cudaErrorInvalidValue), "cudaErrorInvalidValue");
+}
+
+/* What a thread other than weft_device_init's sees of the backend's events
+ * (mesh's watchdog polls NCCL calls' events on its own thread). */
+struct other_thread_view {
+  weft_event *ev[WEFT_STREAM_COUNT];
+  weft_status st[WEFT_STREAM_COUNT];
+  bool done[WEFT_STREAM_COUNT];
+  int device;
+};
+
+static void *query_on_another_thread(void *arg) {
+  auto *v = (other_thread_view *)arg;
+  for (int s = 0; s < WEFT_STREAM_COUNT; s++) {
+    v->st[s] = weft_event_query(WEFT_CUDA, v->ev[s], &v->done[s]);
+    weft_event_destroy(WEFT_CUDA, v->ev[s]);
+  }
+  v->device = -1;
+  (void)cudaGetDevice(&v->device);
+  return nullptr;
+}
+
+Test(emu, backend_events_work_on_every_stream_and_from_any_thread) {
+  /* two devices, this process on device 1: a fresh thread starts on 0 */
+  setenv("WEFT_EMU_DEVICES", "2", 1);
+  int ord = -1;
+  cr_assert_eq(weft_device_init(WEFT_CUDA, 1, &ord), WEFT_OK, "%s", weft_last_error());
+  cr_assert_eq(ord, 1);
+  other_thread_view v = {};
+  for (int s = 0; s < WEFT_STREAM_COUNT; s++)
+    cr_assert_eq(weft_event_record(WEFT_CUDA, (weft_stream_id)s, &v.ev[s]), WEFT_OK,
+                 "stream %s: %s", weft_stream_name((weft_stream_id)s), weft_last_error());
+  cr_assert_eq(weft_device_synchronize(WEFT_CUDA), WEFT_OK, "%s", weft_last_error());
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, nullptr, query_on_another_thread, &v), 0);
+  pthread_join(t, nullptr);
+  for (int s = 0; s < WEFT_STREAM_COUNT; s++) {
+    cr_expect_eq(v.st[s], WEFT_OK, "query on stream %s", weft_stream_name((weft_stream_id)s));
+    cr_expect(v.done[s], "stream %s passed its event", weft_stream_name((weft_stream_id)s));
+  }
+  cr_expect_eq(v.device, 1, "the querying thread was moved to the process's device, got %d",
+               v.device);
+  weft_event *bad = nullptr;
+  cr_expect_eq(weft_event_record(WEFT_CUDA, WEFT_STREAM_COUNT, &bad), WEFT_ERR_INVALID);
+  cr_expect_null(bad);
+  weft_device_shutdown(WEFT_CUDA);
+  unsetenv("WEFT_EMU_DEVICES");
 }
 
 Test(emu, streams_and_events) {
