@@ -486,14 +486,16 @@ static void log_step(run_state *s, const step_report *r, const run_totals *t) {
 static void print_banner(const run_state *s) {
   const train_opts *o = s->o;
   const weft_llama_config *c = &s->cfg;
-  char buf[512];
+  char buf[512], pos[48] = "";
   weft_mesh_describe(s->root, buf, sizeof buf);
+  if (train_positions(o) != c->max_seq_len)
+    snprintf(pos, sizeof pos, " positions=%lld", (long long)train_positions(o));
   printf(
-      "weft-train: model %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld, %.2fM params), "
-      "%s\n",
+      "weft-train: model %s (D=%lld L=%lld H=%lld Hkv=%lld F=%lld V=%lld T=%lld%s, %.2fM "
+      "params), %s\n",
       o->model_name, (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads,
       (long long)c->n_kv_heads, (long long)c->ffn_dim, (long long)c->vocab,
-      (long long)c->max_seq_len, train_count_params(c, o->gpt2, true) / 1e6, buf);
+      (long long)c->max_seq_len, pos, train_count_params(o, c, true) / 1e6, buf);
   printf(
       "  FSDP on %s, TP %s%s%s, data: %s, batch %lld x %lld tokens x %lld accum, %lld steps\n",
       s->dp_total > 1 ? (s->ndp == 2 ? "dp_replicate x dp_shard (HSDP)" : "dp") : "nothing (dp=1)",
@@ -518,7 +520,7 @@ static void print_summary(const run_state *s, const run_totals *t, double tps_av
   }
   printf("\nsummary\n");
   printf("  %-26s %s\n", "model", o->model_name);
-  printf("  %-26s %.3fM\n", "parameters", train_count_params(&s->cfg, o->gpt2, true) / 1e6);
+  printf("  %-26s %.3fM\n", "parameters", train_count_params(o, &s->cfg, true) / 1e6);
   printf("  %-26s %s (%d ranks%s)\n", "mesh", mbuf, s->world,
          o->mesh.tp_across_nodes ? ", tp outermost: --tp-across-nodes" : "");
   printf("  %-26s %lld (of %lld)\n", "steps run", (long long)t->steps_run, (long long)o->steps);
@@ -570,10 +572,10 @@ static int start_run(run_state *s, run_totals *t, train_result *res) {
   if (o->save_dir && (rc = train_save_check(s))) return rc;
   t->sched = (weft_lr_schedule){(float)o->lr, (float)o->min_lr, o->warmup, o->steps};
   t->tokens_per_step = o->batch * s->cfg.max_seq_len * o->grad_accum;
-  t->fpt = train_flops_per_token(&s->cfg, o->gpt2, s->cfg.max_seq_len);
+  t->fpt = train_flops_per_token(o, &s->cfg, s->cfg.max_seq_len);
   t->tty = s->rank == 0 && isatty(STDOUT_FILENO) && !o->quiet;
   t->first_loss = t->last_loss = t->vloss = t->vacc = t->first_vloss = NAN;
-  if (res) res->num_params = train_count_params(&s->cfg, o->gpt2, true);
+  if (res) res->num_params = train_count_params(o, &s->cfg, true);
   if (s->rank == 0 && !o->quiet) print_banner(s);
   return 0;
 }

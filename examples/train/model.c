@@ -55,7 +55,7 @@ bool train_gpt2_preset(const char *name, weft_llama_config *c) {
 weft_gpt2_config train_gpt2_config(const train_opts *o) {
   weft_gpt2_config g = WEFT_GPT2_CONFIG_INIT;
   g.vocab = o->model.vocab;
-  g.max_seq_len = o->model.max_seq_len;
+  g.max_seq_len = train_positions(o);
   g.dim = o->model.dim;
   g.n_layers = o->model.n_layers;
   g.n_heads = o->model.n_heads;
@@ -64,15 +64,15 @@ weft_gpt2_config train_gpt2_config(const train_opts *o) {
   return g;
 }
 
-int64_t train_count_params(const weft_llama_config *c, bool gpt2, bool with_embedding) {
-  if (gpt2) {
+int64_t train_count_params(const train_opts *o, const weft_llama_config *c, bool with_embedding) {
+  if (o->gpt2) {
     /* wte (tied to lm_head), wpe, blocks (ln_1, c_attn, c_proj, ln_2, c_fc,
      * c_proj, with biases), ln_f; without embedding: without wpe (nanoGPT's
      * count: wte works as the output layer) */
     int64_t D = c->dim, F = c->ffn_dim;
     int64_t per = 2 * D + 3 * D * D + 3 * D + D * D + D + 2 * D + F * D + F + D * F + D;
     int64_t n = c->vocab * D + c->n_layers * per + 2 * D;
-    return with_embedding ? n + c->max_seq_len * D : n;
+    return with_embedding ? n + train_positions(o) * D : n;
   }
   int64_t D = c->dim, hd = c->dim / c->n_heads, H = c->n_heads, Hk = c->n_kv_heads;
   int64_t per = D + H * hd * D + 2 * Hk * hd * D + D * H * hd + D + 3 * c->ffn_dim * D;
@@ -81,8 +81,12 @@ int64_t train_count_params(const weft_llama_config *c, bool gpt2, bool with_embe
   return n;
 }
 
-double train_flops_per_token(const weft_llama_config *c, bool gpt2, int64_t T) {
-  return 6.0 * (double)train_count_params(c, gpt2, false) +
+int64_t train_positions(const train_opts *o) {
+  return o->gpt2 && o->max_positions ? o->max_positions : o->model.max_seq_len;
+}
+
+double train_flops_per_token(const train_opts *o, const weft_llama_config *c, int64_t T) {
+  return 6.0 * (double)train_count_params(o, c, false) +
          12.0 * (double)c->n_layers * (double)c->dim * (double)T;
 }
 

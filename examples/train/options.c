@@ -73,6 +73,8 @@ void train_print_help(const char *prog) {
       "                          V=50304 T=1024)\n"
       "  --dim D  --layers L  --heads H  --kv-heads HKV  --ffn-dim F  --vocab V  --seq-len T\n"
       "  --dropout P             GPT-2 dropout (0); masks do not depend on the mesh\n"
+      "  --max-positions P       GPT-2: learned positions (wpe rows), from --seq-len up (default\n"
+      "                          --seq-len; a pretrained GPT-2 has 1024)\n"
       "training\n"
       "  --steps N               optimizer steps (20)\n"
       "  --batch B               global batch in sequences per micro-step, split over dp (8)\n"
@@ -328,6 +330,7 @@ static const field_flag int_flags[] = {FIELD("--steps", steps, 0, MAX_STEPS),
                                        FIELD("--save-every", save_every, 0, MAX_STEPS),
                                        FIELD("--keep-checkpoints", keep_checkpoints, 1, 1000),
                                        FIELD("--max-skipped-steps", max_skipped, 1, MAX_STEPS),
+                                       FIELD("--max-positions", max_positions, 1, 1 << 20),
                                        {NULL, 0, 0, 0}};
 static const field_flag dbl_flags[] = {FIELD("--lr", lr, 0, MAX_FLOAT_OPT),
                                        FIELD("--min-lr", min_lr, 0, MAX_FLOAT_OPT),
@@ -531,7 +534,7 @@ static int check_size(const train_opts *o, char *err, size_t cap) {
   const double split = (double)(m->dp_shard ? m->dp_shard : 1) * (m->tp ? m->tp : 1);
   const weft_llama_config *c = &o->model;
   const double rows = (double)o->batch * (double)c->max_seq_len;
-  const double need = 16.0 * (double)train_count_params(c, o->gpt2, true) / split +
+  const double need = 16.0 * (double)train_count_params(o, c, true) / split +
                       4.0 * rows * ((double)c->vocab + 4.0 * (double)c->dim * (double)c->n_layers);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   const double have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
@@ -540,7 +543,7 @@ static int check_size(const train_opts *o, char *err, size_t cap) {
                 "model and batch need at least %.1f GiB per rank (parameters, gradients and "
                 "AdamW moments of %lld parameters, and one micro-batch's activations), more "
                 "than this machine's %.1f GiB: use a smaller model or --batch",
-                need / 1073741824.0, (long long)train_count_params(c, o->gpt2, true),
+                need / 1073741824.0, (long long)train_count_params(o, c, true),
                 have / 1073741824.0);
   return 0;
 }
@@ -559,6 +562,12 @@ static int check_options(train_opts *o, char *err, size_t cap) {
     return perr(err, cap, "--dropout: the Llama model has no dropout (use a gpt2 preset)");
   if (o->dropout >= 1)
     return perr(err, cap, "--dropout %g: want a probability in [0, 1)", o->dropout);
+  if (o->max_positions && !o->gpt2)
+    return perr(err, cap, "--max-positions: the Llama model has no learned positions (RoPE)");
+  if (o->max_positions && o->max_positions < o->model.max_seq_len)
+    return perr(err, cap,
+                "--max-positions %lld is below --seq-len %lld: a sequence needs a position each",
+                (long long)o->max_positions, (long long)o->model.max_seq_len);
   if (o->export_hf && (!o->gpt2 || !o->export_path))
     return perr(err, cap, "--hf: %s",
                 !o->gpt2 ? "transformers' layout is written for GPT-2 only (use a gpt2 preset)"

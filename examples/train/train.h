@@ -60,6 +60,7 @@ typedef struct train_opts {
   bool bf16;                 /* --dtype bf16: FSDP param_dtype bf16 */
   int reshard_after_forward; /* WEFT_FSDP_RESHARD_DEFAULT, 0, 1 or k */
   bool cpu_offload;          /* --cpu-offload: FSDP offload_params */
+  int64_t max_positions;     /* --max-positions: GPT-2's learned positions (0: --seq-len) */
   bool export_hf;            /* --hf: --export-safetensors in transformers' GPT-2 layout */
   bool sequence_parallel;
   bool loss_parallel; /* default true with tp > 1 */

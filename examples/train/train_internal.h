@@ -154,8 +154,10 @@ int train_export(run_state *s);
 /* Parameters of the model (with or without the input embedding, a lookup
  * that costs no FLOPs) and training FLOPs per token (PaLM appendix B: 6 N
  * + 12 L D T for attention scores and values). */
-int64_t train_count_params(const weft_llama_config *c, bool gpt2, bool with_embedding);
-double train_flops_per_token(const weft_llama_config *c, bool gpt2, int64_t T);
+int64_t train_count_params(const train_opts *o, const weft_llama_config *c, bool with_embedding);
+/* GPT-2's learned positions: --max-positions, else --seq-len. */
+int64_t train_positions(const train_opts *o);
+double train_flops_per_token(const train_opts *o, const weft_llama_config *c, int64_t T);
 /* One micro-step on this rank's rows (s->tok_t, s->tgt_t): the mean loss,
  * then the backward when `train`. key numbers the micro-step (GPT-2: it
  * keys the dropout masks, the same on every mesh and on resume). *logits

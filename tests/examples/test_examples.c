@@ -950,8 +950,9 @@ static int64_t same_tensors(const char *a_path, const char *b_path, int64_t *mas
 /* --init-from a GPT-2 in transformers' layout (tests/data/golden's
  * init_hf.safetensors, made by PyTorch: make_gpt2_hf.py) on dp=2, then
  * --export-safetensors --hf: every parameter comes back bit for bit; the
- * export loads again in weft's own run; --hf is refused where it means
- * nothing. */
+ * export loads again in weft's own run; with --max-positions, a run on
+ * shorter sequences than the file's positions; --hf and --max-positions
+ * are refused where they mean nothing. */
 Test(examples, train_gpt2_from_hugging_face_weights_and_back_bitwise, .timeout = 120) {
   const char *hf = WEFT_TEST_DATA_DIR "/golden/gpt2_tiny/init_hf.safetensors";
   const char *out = tmp_file("hf_out.safetensors");
@@ -978,6 +979,24 @@ Test(examples, train_gpt2_from_hugging_face_weights_and_back_bitwise, .timeout =
   r = run(1, TRAIN, b, 60);
   cr_expect_eq(r.rc, 0, "--init-from the --hf export: %s", r.err);
   run_free(&r);
+  /* shorter sequences than the file's 32 positions: --max-positions */
+  const char *p[] = {"--model",     "gpt2-demo", "--dim",
+                     "64",          "--layers",  "2",
+                     "--heads",     "4",         "--ffn-dim",
+                     "256",         "--vocab",   "96",
+                     "--seq-len",   "16",        "--max-positions",
+                     "32",          "--steps",   "0",
+                     "--init-from", hf,          "--export-safetensors",
+                     out,           "--hf",      NULL};
+  r = run(1, TRAIN, p, 60);
+  cr_expect_eq(r.rc, 0, "--seq-len 16 --max-positions 32: %s", r.err);
+  cr_expect(strstr(r.out, "T=16 positions=32") != NULL, "run header: %s", r.out);
+  run_free(&r);
+  cr_expect_eq(same_tensors(hf, out, &masks, &nb), 28, "--max-positions 32: not all 28 back");
+  const char *p2[] = {"--model", "gpt2-demo", "--seq-len", "16", "--max-positions", "8", NULL};
+  expect_error(1, p2, "--max-positions 8 is below --seq-len 16");
+  const char *p3[] = {"--model", "demo", "--max-positions", "64", NULL};
+  expect_error(1, p3, "--max-positions: the Llama model has no learned positions");
   const char *c[] = {"--model", "gpt2-demo", "--hf", NULL};
   expect_error(1, c, "--hf: it sets the layout of --export-safetensors");
   const char *d[] = {"--model", "demo", "--hf", "--export-safetensors", out, NULL};
