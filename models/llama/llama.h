@@ -110,6 +110,38 @@ WEFT_API weft_status weft_llama_ops_parallelize(weft_module *model, weft_mesh *t
                                                 bool sequence_parallel, bool loss_parallel,
                                                 weft_tp **out);
 
+/* ---------------------------------------------- Hugging Face weights */
+
+/* Llama weights in Hugging Face transformers' layout, file to file
+ * (safetensors), so a transformers Llama checkpoint loads with
+ * weft_safetensors_import_model (into this model or nn.h's built-in one:
+ * the same FQNs) and a trained model goes back:
+ *   names  transformers: model.embed_tokens.weight, model.norm.weight,
+ *          lm_head.weight, model.layers.N.{input_layernorm,
+ *          post_attention_layernorm}.weight, .self_attn.{q,k,v,o}_proj.weight,
+ *          .mlp.{gate,up,down}_proj.weight; weft: the FQNs above (w1 = gate,
+ *          w3 = up, w2 = down);
+ *   RoPE   weft rotates interleaved pairs (x[2j], x[2j+1]) as Meta's code;
+ *          transformers rotates halves (x[j], x[j + hd/2]), so its q_proj
+ *          and k_proj rows are permuted per head (as its
+ *          convert_llama_weights_to_hf.py does): row h hd + 2j + s of weft's
+ *          wq (wk) is row h hd + s hd/2 + j of q_proj (k_proj); cfg gives
+ *          the heads (n_heads for q, n_kv_heads for k);
+ *   buffers  transformers' model.layers.N.self_attn.rotary_emb.inv_freq is
+ *          not a parameter: dropped.
+ * Dtypes and values are kept bit for bit; other names pass unchanged (the
+ * import then reports them). Local: one rank calls it (the whole file is
+ * read into memory); the output is written to a temporary file and renamed
+ * into place. Errors name the file and the tensor (a q_proj whose rows the
+ * heads do not split: a config that is not the file's). */
+WEFT_API weft_status weft_llama_hf_to_weft(const char *hf_path, const char *weft_path,
+                                           const weft_llama_config *cfg);
+WEFT_API weft_status weft_llama_weft_to_hf(const char *weft_path, const char *hf_path,
+                                           const weft_llama_config *cfg);
+/* *is_hf = whether the file holds transformers' names
+ * ("model.embed_tokens.weight"). Local. */
+WEFT_API weft_status weft_llama_file_is_hf(const char *path, bool *is_hf);
+
 #ifdef __cplusplus
 }
 #endif

@@ -28,8 +28,10 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "autograd.h"
+#include "dcp.h"
 #include "fsdp.h"
 #include "golden.h"
 #include "llama.h"
@@ -125,6 +127,97 @@ static bool is_shard(weft_placement p, int dim) {
 
 /* mode: 0 one rank, 1 tp over the world, 2 dp x tp (FSDP x TP); sp, lp:
  * sequence / loss parallel in the TP plan (modes 1 and 2). */
+/* Hugging Face weights (models/llama/hf.c): with hf_mode, run_golden
+ * loads <golden>/init_hf.safetensors (transformers' layout, q/k rows
+ * permuted for rotate_half, inv_freq buffers; written and checked by
+ * tests/data/golden/make_llama_hf.py) converted on rank 0, and, before the
+ * optimizer step, exports the model and converts it back: every tensor
+ * but the buffers must equal the HF file's bit for bit. */
+static bool hf_mode;
+static char hf_dir[64];
+
+static void hf_path_of(const golden *g, char *path, size_t cap) {
+  golden_path(g, "init_hf.safetensors", path, cap);
+}
+
+/* The init file run_golden loads: the golden one, or (hf_mode) the HF
+ * file converted into a temporary weft-layout file. */
+static void init_file(const golden *g, char *path, size_t cap) {
+  if (!hf_mode) {
+    golden_path(g, "init.safetensors", path, cap);
+    return;
+  }
+  char hf[700];
+  hf_path_of(g, hf, sizeof hf);
+  bool is_hf = false;
+  WOK(weft_llama_file_is_hf(hf, &is_hf));
+  WCHECK(is_hf, "init_hf.safetensors not taken for transformers' layout");
+  snprintf(hf_dir, sizeof hf_dir, "/tmp/weft-llama-hf-XXXXXX");
+  if (weft_worker_rank == 0) WREQUIRE(mkdtemp(hf_dir), "mkdtemp");
+  MPI_Bcast(hf_dir, sizeof hf_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  snprintf(path, cap, "%s/weft.safetensors", hf_dir);
+  if (weft_worker_rank == 0) WOK(weft_llama_hf_to_weft(hf, path, &g->cfg));
+  MPI_Barrier(MPI_COMM_WORLD);
+  WOK(weft_llama_file_is_hf(path, &is_hf));
+  WCHECK(!is_hf, "the converted file is still taken for transformers' layout");
+}
+
+static void hf_roundtrip(weft_module *model, const golden *g, const char *name) {
+  char hf[700], out[128], back[128], conv[128];
+  hf_path_of(g, hf, sizeof hf);
+  snprintf(out, sizeof out, "%s/export.safetensors", hf_dir);
+  snprintf(back, sizeof back, "%s/hf.safetensors", hf_dir);
+  snprintf(conv, sizeof conv, "%s/weft.safetensors", hf_dir);
+  WOK(weft_safetensors_export_model(model, out, WEFT_F32));
+  if (weft_worker_rank == 0) {
+    WOK(weft_llama_weft_to_hf(out, back, &g->cfg));
+    weft_safetensors *a = NULL, *b = NULL;
+    WOK(weft_safetensors_open(hf, &a));
+    WOK(weft_safetensors_open(back, &b));
+    int64_t same = 0, buffers = 0;
+    for (int64_t i = 0; i < weft_safetensors_count(a); i++) {
+      weft_safetensors_info x, y;
+      WOK(weft_safetensors_get(a, i, &x));
+      if (strstr(x.name, "rotary_emb.inv_freq")) {
+        buffers++;
+        continue;
+      }
+      if (weft_safetensors_find(b, x.name, &y) != WEFT_OK || x.nbytes != y.nbytes ||
+          memcmp(x.shape, y.shape, sizeof x.shape[0] * (size_t)x.ndim)) {
+        WCHECK(false, "%s: '%s' missing or reshaped in the exported HF file", name, x.name);
+        continue;
+      }
+      char *p = malloc(x.nbytes), *q = malloc(y.nbytes);
+      WREQUIRE(p && q, "oom");
+      WOK(weft_safetensors_read(a, x.name, x.dtype, p, x.numel));
+      WOK(weft_safetensors_read(b, y.name, y.dtype, q, y.numel));
+      WCHECK(!memcmp(p, q, x.nbytes), "%s: '%s' differs after export", name, x.name);
+      same += !memcmp(p, q, x.nbytes);
+      free(p);
+      free(q);
+    }
+    WCHECK(buffers == g->cfg.n_layers, "%s: %lld inv_freq buffers", name, (long long)buffers);
+    WCHECK(same + buffers == weft_safetensors_count(a) && same == weft_safetensors_count(b),
+           "%s: %lld of %lld tensors back bit for bit (the export has %lld)", name, (long long)same,
+           (long long)weft_safetensors_count(a), (long long)weft_safetensors_count(b));
+    weft_safetensors_close(a);
+    weft_safetensors_close(b);
+    /* a config whose heads do not split q_proj: named, nothing written */
+    weft_llama_config bad = g->cfg;
+    bad.n_heads = 3;
+    weft_status st = weft_llama_hf_to_weft(hf, conv, &bad);
+    WCHECK(st == WEFT_ERR_INVALID && strstr(weft_last_error(), "q_proj") &&
+               strstr(weft_last_error(), "3 heads"),
+           "%s: q_proj over 3 heads: %s", name, weft_last_error());
+    weft_clear_error();
+    remove(conv);
+    remove(out);
+    remove(back);
+    rmdir(hf_dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 static void run_golden(const char *name, int mode, bool sp, bool lp) {
   golden g;
   WOK(golden_load(name, &g));
@@ -157,7 +250,7 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
                    : is_shard(wq->spec.placements[0], 0),
          "%s mode %d: wq.weight not %s", name, mode, mode ? "Shard(0) (colwise)" : "Replicate");
   char path[700];
-  golden_path(&g, "init.safetensors", path, sizeof path);
+  init_file(&g, path, sizeof path);
   WOK(load_params(model, path));
   if (mode == 2) {
     shard(model, ms.dp);
@@ -224,6 +317,7 @@ static void run_golden(const char *name, int mode, bool sp, bool lp) {
   WOK(golden_worst_grad_err(&g, ps, np, &worst_g, &worst_p));
   WCHECK(worst_g < 1e-5, "%s mode %d sp %d lp %d: grad %s rel err %.3g", name, mode, sp, lp,
          worst_p, worst_g);
+  if (hf_mode) hf_roundtrip(model, &g, name);
   double norm = 0;
   WOK(weft_clip_grad_norm(model, g.clip, &norm));
   double nerr = fabs(norm - g.grad_norm) / g.grad_norm;
@@ -706,12 +800,24 @@ static void case_bench(void) {
   pair_free(&p);
 }
 
+static void case_hf(void) {
+  hf_mode = true;
+  run_golden("tiny_mha", 0, false, false);
+  run_golden("tiny_gqa", 0, false, false);
+}
+static void case_hf_2d(void) {
+  hf_mode = true;
+  run_golden("tiny_gqa", 2, true, true);
+}
+
 static const weft_worker_case cases[] = {
     {"golden", case_golden},
     {"golden_tp", case_golden_tp},
     {"golden_fsdp_tp", case_golden_fsdp_tp},
     {"builtin", case_builtin},
     {"bench", case_bench},
+    {"hf", case_hf},
+    {"hf_2d", case_hf_2d},
     {0, 0},
 };
 

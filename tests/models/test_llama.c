@@ -48,3 +48,15 @@ Test(models_llama, same_seed_same_weights_and_steps_as_builtin_llama_on_device, 
   WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(weft_test_mpiexec_on_device(1, LLAMA_WORKER, "builtin", 100, NULL), 0);
 }
+
+/* Hugging Face transformers' Llama layout (tests/data/golden/make_llama_hf.py:
+ * q/k rows permuted for rotate_half): converted and imported, PyTorch's loss,
+ * gradients and AdamW step (MHA and GQA); exported back, the same bytes */
+Test(models_llama, from_hugging_face_layout_matches_pytorch_and_exports_back_bitwise,
+     .timeout = 120) {
+  cr_assert_eq(weft_test_mpiexec(1, LLAMA_WORKER, "hf", 100), 0);
+}
+
+Test(models_llama, from_hugging_face_layout_on_fsdp_x_tp_2x2_matches_pytorch, .timeout = 180) {
+  cr_assert_eq(weft_test_mpiexec(4, LLAMA_WORKER, "hf_2d", 160), 0);
+}

@@ -1,0 +1,40 @@
+/* models/hf/hf_file.h — internal to models/: converting a safetensors file
+ * of one model between Hugging Face transformers' layout and weft's, tensor
+ * by tensor (names, and an optional change of layout per tensor). The
+ * models' public converters (gpt2.h, llama.h) are written on it. */
+#ifndef WEFT_MODELS_HF_FILE_H
+#define WEFT_MODELS_HF_FILE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "safetensors.h"
+
+/* What becomes of one tensor of [rows, cols] (ndim 2 unless HF_KEEP). */
+typedef enum hf_op {
+  HF_KEEP,            /* the bytes as they are */
+  HF_TRANSPOSE,       /* [rows, cols] -> [cols, rows] */
+  HF_PAIRS_TO_HALVES, /* per head of rows/heads rows: row 2j + s -> row s hd/2 + j */
+  HF_HALVES_TO_PAIRS, /* its inverse */
+} hf_op;
+
+/* The fate of one input tensor, filled by the caller's map. */
+typedef struct hf_rule {
+  bool skip;      /* drop it (buffers that are not parameters, a tied copy) */
+  char name[256]; /* its name in the output */
+  hf_op op;
+  int64_t heads; /* for the row permutations */
+} hf_rule;
+
+/* Sets *out for the tensor `info` (out->name starts as the input name,
+ * op HF_KEEP, skip false); a non-OK status stops the conversion. */
+typedef weft_status (*hf_map_fn)(const weft_safetensors_info *info, void *ctx, hf_rule *out);
+
+/* Reads every tensor of src, applies map's rule to each and writes dst
+ * (weft_safetensors_write: a temporary file renamed into place), the
+ * tensors in src's name order, dtypes kept. Errors are headed by func and
+ * name the file and the tensor. Local. */
+weft_status models_hf_convert(const char *func, const char *src, const char *dst, hf_map_fn map,
+                              void *ctx);
+
+#endif
