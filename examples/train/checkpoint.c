@@ -31,6 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "llama.h"
 #include "train_internal.h"
 
 static const char *family_of(const run_state *s) { return s->o->gpt2 ? "gpt2" : "llama"; }
@@ -508,7 +509,8 @@ int train_export(run_state *s) {
   bool bad = false;
   char msg[1300] = "";
   if (weft_world_rank() == 0) {
-    bad = weft_gpt2_weft_to_hf(tmp, path) != WEFT_OK;
+    bad = (s->o->gpt2 ? weft_gpt2_weft_to_hf(tmp, path)
+                      : weft_llama_weft_to_hf(tmp, path, &s->cfg)) != WEFT_OK;
     if (bad) snprintf(msg, sizeof msg, "--export-safetensors %s --hf: %s", path, weft_last_error());
     remove(tmp);
   }

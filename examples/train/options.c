@@ -137,10 +137,11 @@ void train_print_help(const char *prog) {
       "  --resume DIR            continue from a checkpoint (any mesh): DIR is the newest;\n"
       "                          DIR.step-N an earlier one\n"
       "  --export-safetensors F  write the model as one safetensors file at the end\n"
-      "  --hf                    GPT-2: export in Hugging Face transformers' layout (names\n"
-      "                          without 'transformer.', Conv1D weights [in, out], no lm_head)\n"
-      "  --init-from F           initial weights from a safetensors file (GPT-2: weft's or\n"
-      "                          transformers' layout, told apart by the names and shapes)\n"
+      "  --hf                    export in Hugging Face transformers' layout (GPT-2: names\n"
+      "                          without 'transformer.', Conv1D weights [in, out]; Llama:\n"
+      "                          model.layers.N..., q/k rows for rotate_half)\n"
+      "  --init-from F           initial weights from a safetensors file in weft's or\n"
+      "                          transformers' layout (told apart by the names and shapes)\n"
       "output\n"
       "  --log-json FILE         one JSON object per step (rank 0)\n"
       "  --peak-tflops X         per-rank peak for MFU (0.1; with --device cuda the GPU's\n"
@@ -568,10 +569,8 @@ static int check_options(train_opts *o, char *err, size_t cap) {
     return perr(err, cap,
                 "--max-positions %lld is below --seq-len %lld: a sequence needs a position each",
                 (long long)o->max_positions, (long long)o->model.max_seq_len);
-  if (o->export_hf && (!o->gpt2 || !o->export_path))
-    return perr(err, cap, "--hf: %s",
-                !o->gpt2 ? "transformers' layout is written for GPT-2 only (use a gpt2 preset)"
-                         : "it sets the layout of --export-safetensors F, which is not given");
+  if (o->export_hf && !o->export_path)
+    return perr(err, cap, "--hf: it sets the layout of --export-safetensors F, which is not given");
   if (o->beta1 >= 1 || o->beta2 >= 1)
     return perr(err, cap, "--beta%d %g: want a number in [0, 1)", o->beta1 >= 1 ? 1 : 2,
                 o->beta1 >= 1 ? o->beta1 : o->beta2);

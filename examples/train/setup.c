@@ -283,21 +283,25 @@ static weft_status make_optimizer(run_state *s) {
   return WEFT_OK;
 }
 
-/* --init-from: weights from a safetensors file. A GPT-2 file in Hugging
- * Face transformers' layout (weft_gpt2_file_is_hf) is first converted by
- * each rank into a file of its own under $TMPDIR (no shared temporary
- * directory is assumed across nodes), imported, and removed. */
+/* --init-from: weights from a safetensors file. A file in Hugging Face
+ * transformers' layout (weft_gpt2_file_is_hf, weft_llama_file_is_hf) is
+ * first converted by each rank into a file of its own under $TMPDIR (no
+ * shared temporary directory is assumed across nodes), imported, and
+ * removed. */
 static int import_weights(run_state *s) {
   const char *path = s->o->init_from;
   char conv[600] = "";
   bool hf = false;
-  if (s->o->gpt2) {
-    bool bad = weft_gpt2_file_is_hf(path, &hf) != WEFT_OK;
+  {
+    const bool gpt2 = s->o->gpt2;
+    bool bad =
+        (gpt2 ? weft_gpt2_file_is_hf(path, &hf) : weft_llama_file_is_hf(path, &hf)) != WEFT_OK;
     if (!bad && hf) {
       const char *tmp = getenv("TMPDIR");
       snprintf(conv, sizeof conv, "%s/weft-train-hf-%d-%d.safetensors", tmp && *tmp ? tmp : "/tmp",
                (int)getpid(), weft_world_rank());
-      bad = weft_gpt2_hf_to_weft(path, conv) != WEFT_OK;
+      bad = (gpt2 ? weft_gpt2_hf_to_weft(path, conv)
+                  : weft_llama_hf_to_weft(path, conv, &s->cfg)) != WEFT_OK;
     }
     char msg[1024];
     snprintf(msg, sizeof msg, "--init-from %s: %s", path, weft_last_error());
@@ -312,10 +316,15 @@ static int import_weights(run_state *s) {
   weft_key_list_clear(&missing);
   weft_key_list_clear(&unexpected);
   if (conv[0]) remove(conv);
-  if (st != WEFT_OK)
-    return train_fail_all("--init-from %s%s: %s", path, hf ? " (transformers' GPT-2 layout)" : "",
-                          weft_last_error());
-  return 0;
+  if (st == WEFT_OK) return 0;
+  /* the import names the converted file: name the user's instead */
+  char why[1024];
+  const char *m = weft_last_error(), *at = conv[0] ? strstr(m, conv) : NULL;
+  if (at)
+    snprintf(why, sizeof why, "%.*s%s%s", (int)(at - m), m, path, at + strlen(conv));
+  else
+    snprintf(why, sizeof why, "%s", m);
+  return train_fail_all("--init-from %s%s: %s", path, hf ? " (transformers' layout)" : "", why);
 }
 
 /* Library errors here come from arguments every rank passes alike: rank 0
