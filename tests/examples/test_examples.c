@@ -196,9 +196,9 @@ static const char *const RANK_EXIT_SH = "\"$0\" \"$@\"; rc=$?; echo \"rank-exit 
 /* One bad invocation: non-zero exit on every rank, one error line, no hang.
  * expect_error_sh runs each rank under its own sh -c script (it must run
  * "$0" "$@" and print "rank-exit <status>" as RANK_EXIT_SH does). */
-static void expect_error_sh(int nranks, const char *script, const char *const *args,
-                            const char *needle) {
-  const char *argv[40] = {"-c", script, TRAIN};
+static void expect_error_of(const char *prog, const char *prefix, int nranks, const char *script,
+                            const char *const *args, const char *needle) {
+  const char *argv[40] = {"-c", script, prog};
   int n = 3;
   for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
   argv[n] = NULL;
@@ -216,9 +216,12 @@ static void expect_error_sh(int nranks, const char *script, const char *const *a
   cr_expect(r.secs < 25, "[%s] took %.1f s", needle, r.secs);
   cr_expect_eq(count_lines(r.err), 1, "[%s] want one line on stderr, got:\n%s", needle, r.err);
   cr_expect(strstr(r.err, needle) != NULL, "[%s] not in stderr:\n%s", needle, r.err);
-  cr_expect(strstr(r.err, "weft-train: error:") != NULL, "[%s] no error prefix:\n%s", needle,
-            r.err);
+  cr_expect(strstr(r.err, prefix) != NULL, "[%s] no error prefix:\n%s", needle, r.err);
   run_free(&r);
+}
+static void expect_error_sh(int nranks, const char *script, const char *const *args,
+                            const char *needle) {
+  expect_error_of(TRAIN, "weft-train: error:", nranks, script, args, needle);
 }
 static void expect_error(int nranks, const char *const *args, const char *needle) {
   expect_error_sh(nranks, RANK_EXIT_SH, args, needle);
@@ -1025,6 +1028,157 @@ Test(examples, train_from_hugging_face_weights_and_back_bitwise, .timeout = 120)
                "'transformer.wte.weight' has shape [0:96, 0:64] in '" WEFT_TEST_DATA_DIR
                "/golden/gpt2_tiny/init_hf.safetensors'");
   unlink(out);
+}
+
+/* ------------------------------------------------------------ generation */
+
+#define GENERATE WEFT_EXAMPLES_DIR "/weft-generate"
+
+/* generate.json's prompt and greedy tokens as space-separated ids. */
+static void read_generate_json(const char *path, char *prompt, char *tokens, size_t cap) {
+  char *t = slurp(path);
+  cJSON *j = cJSON_Parse(t);
+  free(t);
+  cr_assert(j, "%s is not JSON", path);
+  const char *keys[2] = {"prompt", "tokens"};
+  char *outs[2] = {prompt, tokens};
+  for (int k = 0; k < 2; k++) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, keys[k]), *e;
+    cr_assert(cJSON_IsArray(a), "%s: no '%s'", path, keys[k]);
+    size_t n = 0;
+    outs[k][0] = 0;
+    cJSON_ArrayForEach(e, a) n +=
+        (size_t)snprintf(outs[k] + n, cap - n, n ? " %d" : "%d", e->valueint);
+  }
+  cJSON_Delete(j);
+}
+
+/* weft-generate's greedy tokens equal PyTorch's (tests/data/golden/
+ * make_generate.py: a model trained in PyTorch to count up by 3, its greedy
+ * continuation by a transformers-semantics forward, every margin > 5) for
+ * GPT-2 on 1, 2 and 4 ranks and for the GQA Llama on 1 and 2 (past its 16
+ * positions: the last 16 tokens); sampling gives the same tokens on every
+ * mesh for a seed; bad input is one clear line. */
+Test(examples, generate_greedy_equals_pytorch_on_every_tp_size, .timeout = 180) {
+  const char *gj = WEFT_TEST_DATA_DIR "/golden/gpt2_tiny/generate.json";
+  const char *lj = WEFT_TEST_DATA_DIR "/golden/tiny_gqa/generate.json";
+  char prompt[256], want[1024];
+  read_generate_json(gj, prompt, want, sizeof want);
+  const char *g[] = {"--model",
+                     "gpt2-demo",
+                     "--dim",
+                     "64",
+                     "--layers",
+                     "2",
+                     "--heads",
+                     "4",
+                     "--ffn-dim",
+                     "256",
+                     "--vocab",
+                     "96",
+                     "--seq-len",
+                     "32",
+                     "--init-from",
+                     WEFT_TEST_DATA_DIR "/golden/gpt2_tiny/gen_hf.safetensors",
+                     "--prompt",
+                     prompt,
+                     "--max-new-tokens",
+                     "24",
+                     NULL};
+  for (int n = 1; n <= 4; n *= 2) {
+    run_out r = run(n, GENERATE, g, 60);
+    cr_expect_eq(r.rc, 0, "GPT-2 on %d ranks: %s", n, r.err);
+    cr_expect(r.out && !strncmp(r.out, want, strlen(want)) && r.out[strlen(want)] == '\n',
+              "GPT-2 greedy on %d ranks:\n  got  %s  want %s", n, r.out ? r.out : "", want);
+    run_free(&r);
+  }
+  read_generate_json(lj, prompt, want, sizeof want);
+  const char *l[] = {
+      "--model",  "demo",        "--dim",
+      "64",       "--layers",    "2",
+      "--heads",  "4",           "--kv-heads",
+      "2",        "--ffn-dim",   "172",
+      "--vocab",  "96",          "--seq-len",
+      "16",       "--init-from", WEFT_TEST_DATA_DIR "/golden/tiny_gqa/gen_hf.safetensors",
+      "--prompt", prompt,        "--max-new-tokens",
+      "24",       NULL};
+  for (int n = 1; n <= 2; n++) {
+    run_out r = run(n, GENERATE, l, 60);
+    cr_expect_eq(r.rc, 0, "Llama on %d ranks: %s", n, r.err);
+    cr_expect(r.out && !strncmp(r.out, want, strlen(want)) && r.out[strlen(want)] == '\n',
+              "Llama greedy on %d ranks:\n  got  %s  want %s", n, r.out ? r.out : "", want);
+    run_free(&r);
+  }
+  /* --resume: a weft-train checkpoint of the Llama (the built-in fp32
+   * model wrote it; --lr 0 keeps the weights) on tp=2 */
+  const char *dir = tmp_file("gen_ckpt");
+  remove_tree(dir);
+  const char *t[] = {
+      "--dim",     "64",  "--layers",    "2",
+      "--heads",   "4",   "--kv-heads",  "2",
+      "--ffn-dim", "172", "--vocab",     "96",
+      "--seq-len", "16",  "--steps",     "1",
+      "--lr",      "0",   "--init-from", WEFT_TEST_DATA_DIR "/golden/tiny_gqa/gen_hf.safetensors",
+      "--save",    dir,   NULL};
+  run_out tr = run(1, TRAIN, t, 60);
+  cr_expect_eq(tr.rc, 0, "weft-train --save: %s", tr.err);
+  run_free(&tr);
+  const char *lr[] = {
+      "--model",    "demo", "--dim",     "64",   "--layers",         "2",  "--heads",   "4",
+      "--kv-heads", "2",    "--ffn-dim", "172",  "--vocab",          "96", "--seq-len", "16",
+      "--resume",   dir,    "--prompt",  prompt, "--max-new-tokens", "24", NULL};
+  tr = run(2, GENERATE, lr, 60);
+  cr_expect(tr.rc == 0 && tr.out && !strncmp(tr.out, want, strlen(want)),
+            "Llama --resume on 2 ranks:\n  got  %s  want %s%s", tr.out ? tr.out : "", want,
+            tr.err ? tr.err : "");
+  run_free(&tr);
+  remove_tree(dir);
+  /* sampling: a seed's tokens on 1 rank and on tp=2 alike */
+  const char *s[] = {"--model",
+                     "gpt2-demo",
+                     "--dim",
+                     "64",
+                     "--layers",
+                     "2",
+                     "--heads",
+                     "4",
+                     "--ffn-dim",
+                     "256",
+                     "--vocab",
+                     "96",
+                     "--seq-len",
+                     "32",
+                     "--init-from",
+                     WEFT_TEST_DATA_DIR "/golden/gpt2_tiny/init_hf.safetensors",
+                     "--prompt",
+                     "1 2 3",
+                     "--max-new-tokens",
+                     "12",
+                     "--temperature",
+                     "1.5",
+                     "--top-k",
+                     "20",
+                     "--seed",
+                     "7",
+                     NULL};
+  run_out a = run(1, GENERATE, s, 60), b = run(2, GENERATE, s, 60);
+  cr_expect(a.rc == 0 && b.rc == 0 && a.out && b.out && !strcmp(a.out, b.out),
+            "sampling differs between 1 and 2 ranks:\n  %s  %s%s%s", a.out ? a.out : "",
+            b.out ? b.out : "", a.err ? a.err : "", b.err ? b.err : "");
+  run_free(&a);
+  run_free(&b);
+  const char *e1[] = {"--model", "gpt2-demo", "--init-from", "x", NULL};
+  expect_error_of(GENERATE, "weft-generate: error:", 2, RANK_EXIT_SH, e1,
+                  "--prompt: give at least one token id");
+  const char *e2[] = {"--model", "gpt2-demo", "--prompt", "1 96", "--init-from", "x", NULL};
+  expect_error_of(GENERATE, "weft-generate: error:", 2, RANK_EXIT_SH, e2,
+                  "--prompt: id 96 at position 1 is not below the vocabulary size 64");
+  const char *e3[] = {"--model", "gpt2-demo", "--prompt", "1", NULL};
+  expect_error_of(GENERATE, "weft-generate: error:", 2, RANK_EXIT_SH, e3,
+                  "give the weights: --init-from F or --resume DIR");
+  const char *e4[] = {"--model", "gpt2-demo", "--prompt", "1", "--init-from", "/nonexistent", NULL};
+  expect_error_of(GENERATE, "weft-generate: error:", 2, RANK_EXIT_SH, e4,
+                  "--init-from /nonexistent:");
 }
 
 /* ------------------------------------------------- non-finite training */

@@ -59,6 +59,26 @@ def write_st(path, tensors):
         f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
 
 
+def gpt2_logits(t, ids, c):
+    """transformers' GPT-2 forward (Conv1D x @ W + b, GELU tanh, LayerNorm
+    eps 1e-5, causal mask) over ids [B, T], from HF-named tensors t."""
+    B, T = ids.shape
+    D, H = c["dim"], c["heads"]
+    ln = lambda x, p: F.layer_norm(x, (D,), t[p + ".weight"], t[p + ".bias"], 1e-5)
+    conv = lambda x, p: x @ t[p + ".weight"] + t[p + ".bias"]
+    x = t["wte.weight"][ids] + t["wpe.weight"][:T]
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    for i in range(c["layers"]):
+        p = "h.%d." % i
+        q, k, v = conv(ln(x, p + "ln_1"), p + "attn.c_attn").split(D, dim=2)
+        q, k, v = (z.view(B, T, H, D // H).transpose(1, 2) for z in (q, k, v))
+        a = ((q @ k.transpose(-2, -1)) / math.sqrt(D // H)).masked_fill(mask, float("-inf"))
+        x = x + conv((a.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D), p + "attn.c_proj")
+        x = x + conv(F.gelu(conv(ln(x, p + "ln_2"), p + "mlp.c_fc"), approximate="tanh"),
+                     p + "mlp.c_proj")
+    return ln(x, "ln_f") @ t["wte.weight"].t()
+
+
 def main():
     cfg = json.load(open(os.path.join(HERE, "expected.json")))
     c = cfg["config"]
@@ -77,21 +97,9 @@ def main():
     toks = open(os.path.join(HERE, "tokens.bin"), "rb").read()
     hdr = struct.unpack("<256i", toks[:1024])
     ids = torch.tensor(struct.unpack("<%dH" % hdr[2], toks[1024:1024 + 2 * hdr[2]]))
-    B, T, D, H = c["batch"], c["seq"], c["dim"], c["heads"]
+    B, T = c["batch"], c["seq"]
     x_ids, y_ids = ids[:B * T].view(B, T), ids[1:B * T + 1].view(B, T)
-    ln = lambda x, p: F.layer_norm(x, (D,), t[p + ".weight"], t[p + ".bias"], 1e-5)
-    conv = lambda x, p: x @ t[p + ".weight"] + t[p + ".bias"]
-    x = t["wte.weight"][x_ids] + t["wpe.weight"][:T]
-    for i in range(c["layers"]):
-        p = "h.%d." % i
-        q, k, v = conv(ln(x, p + "ln_1"), p + "attn.c_attn").split(D, dim=2)
-        q, k, v = (z.view(B, T, H, D // H).transpose(1, 2) for z in (q, k, v))
-        a = (q @ k.transpose(-2, -1)) / math.sqrt(D // H)
-        a = a.masked_fill(t[p + "attn.bias"][:, :, :T, :T] == 0, float("-inf")).softmax(-1)
-        x = x + conv((a @ v).transpose(1, 2).reshape(B, T, D), p + "attn.c_proj")
-        m = conv(ln(x, p + "ln_2"), p + "mlp.c_fc")
-        x = x + conv(F.gelu(m, approximate="tanh"), p + "mlp.c_proj")
-    logits = ln(x, "ln_f") @ t["wte.weight"].t()
+    logits = gpt2_logits(t, x_ids, c)
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y_ids.reshape(-1)).item()
     assert abs(loss - cfg["loss"]) <= 1e-6 * abs(cfg["loss"]), (loss, cfg["loss"])
     print("init_hf.safetensors: %d tensors, HF-layout forward loss %.12f (expected %.12f)" %

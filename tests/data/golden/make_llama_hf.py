@@ -22,6 +22,7 @@ files are known to be correct HF-layout Llamas independently of weft.
     /usr/bin/python3 tests/data/golden/make_llama_hf.py
 """
 import json
+import math
 import os
 import struct
 
@@ -70,6 +71,36 @@ def permute(w, heads):  # Meta's interleaved pairs -> transformers' halves
     return w.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
+def llama_logits(t, ids, c):
+    """transformers' Llama forward (rotate_half RoPE, repeat_kv, RMSNorm eps
+    1e-5, SwiGLU, causal) over ids [B, T], from HF-named tensors t."""
+    B, T = ids.shape
+    D, H, Hk = c["dim"], c["heads"], c["kv_heads"]
+    hd = D // H
+    rms = lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+    inv = 1.0 / THETA ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    rot = lambda x: torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    x = t["model.embed_tokens.weight"][ids]
+    for i in range(c["layers"]):
+        p = "model.layers.%d." % i
+        n = rms(x, t[p + "input_layernorm.weight"])
+        q = (n @ t[p + "self_attn.q_proj.weight"].t()).view(B, T, H, hd).transpose(1, 2)
+        k = (n @ t[p + "self_attn.k_proj.weight"].t()).view(B, T, Hk, hd).transpose(1, 2)
+        v = (n @ t[p + "self_attn.v_proj.weight"].t()).view(B, T, Hk, hd).transpose(1, 2)
+        q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+        k, v = k.repeat_interleave(H // Hk, 1), v.repeat_interleave(H // Hk, 1)
+        a = ((q @ k.transpose(-2, -1)) / math.sqrt(hd)).masked_fill(mask, float("-inf"))
+        x = x + (a.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D) @ \
+            t[p + "self_attn.o_proj.weight"].t()
+        n = rms(x, t[p + "post_attention_layernorm.weight"])
+        x = x + (F.silu(n @ t[p + "mlp.gate_proj.weight"].t()) *
+                 (n @ t[p + "mlp.up_proj.weight"].t())) @ t[p + "mlp.down_proj.weight"].t()
+    return rms(x, t["model.norm.weight"]) @ t["lm_head.weight"].t()
+
+
 def make(folder):
     d = os.path.join(HERE, folder)
     cfg = json.load(open(os.path.join(d, "expected.json")))
@@ -97,29 +128,7 @@ def make(folder):
     ids = torch.tensor(struct.unpack("<%dH" % hdr[2], toks[1024:1024 + 2 * hdr[2]]))
     B, T = c["batch"], c["seq"]
     x_ids, y_ids = ids[:B * T].view(B, T), ids[1:B * T + 1].view(B, T)
-    rms = lambda x, wt: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
-    inv = 1.0 / THETA ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
-    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
-    rot = lambda x: torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1)
-    x = t["model.embed_tokens.weight"][x_ids]
-    for i in range(L):
-        p = "model.layers.%d." % i
-        n = rms(x, t[p + "input_layernorm.weight"])
-        q = (n @ t[p + "self_attn.q_proj.weight"].t()).view(B, T, H, hd).transpose(1, 2)
-        k = (n @ t[p + "self_attn.k_proj.weight"].t()).view(B, T, Hk, hd).transpose(1, 2)
-        v = (n @ t[p + "self_attn.v_proj.weight"].t()).view(B, T, Hk, hd).transpose(1, 2)
-        q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
-        k, v = k.repeat_interleave(H // Hk, dim=1), v.repeat_interleave(H // Hk, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True) if hasattr(
-            F, "scaled_dot_product_attention") else \
-            ((q @ k.transpose(-2, -1)) / hd ** 0.5).masked_fill(
-                torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf")).softmax(-1) @ v
-        x = x + a.transpose(1, 2).reshape(B, T, D) @ t[p + "self_attn.o_proj.weight"].t()
-        n = rms(x, t[p + "post_attention_layernorm.weight"])
-        m = F.silu(n @ t[p + "mlp.gate_proj.weight"].t()) * (n @ t[p + "mlp.up_proj.weight"].t())
-        x = x + m @ t[p + "mlp.down_proj.weight"].t()
-    logits = rms(x, t["model.norm.weight"]) @ t["lm_head.weight"].t()
+    logits = llama_logits(t, x_ids, c)
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y_ids.reshape(-1)).item()
     assert abs(loss - cfg["loss"]) <= 1e-6 * abs(cfg["loss"]), (folder, loss, cfg["loss"])
     print("%s/init_hf.safetensors: %d tensors, HF-layout forward loss %.12f (expected %.12f)" %
