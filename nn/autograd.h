@@ -305,6 +305,35 @@ WEFT_API weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool ca
  * Output: a one-element Replicate var. */
 WEFT_API weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
                                            int32_t ignore_index, weft_var **out);
+/* How weft_op_cross_entropy_ex reduces the per-position losses of the kept
+ * positions. */
+typedef enum weft_reduction {
+  WEFT_REDUCTION_MEAN = 0, /* sum / their count (torch's 'mean'; nan when none is kept) */
+  WEFT_REDUCTION_SUM,      /* the sum (torch's 'sum'; 0 when none is kept) */
+  /* The mean over a data-parallel global batch whose other rows live on the
+   * other ranks of batch_mesh (each rank its own rows, e.g. FSDP's dp
+   * mesh): loss = this rank's sum x R / C, where C is the kept positions
+   * over all of batch_mesh's ranks (one all-reduce of two integers over
+   * it: collective) and R its number of ranks. The mean of the loss over
+   * batch_mesh's ranks, which is what data-parallel gradient averaging
+   * (FSDP, HSDP, DDP) and a loss averaged over the ranks compute, is then
+   * the global batch's mean, however the ignored positions fall on the
+   * ranks: the one-rank loss and gradients. */
+  WEFT_REDUCTION_MEAN_GLOBAL,
+} weft_reduction;
+typedef struct weft_cross_entropy_opts {
+  int32_t ignore_index;     /* -100 */
+  weft_reduction reduction; /* WEFT_REDUCTION_MEAN */
+  weft_mesh *batch_mesh;    /* WEFT_REDUCTION_MEAN_GLOBAL: the data-parallel mesh (borrowed) */
+} weft_cross_entropy_opts;
+#define WEFT_CROSS_ENTROPY_OPTS_INIT ((weft_cross_entropy_opts){-100, WEFT_REDUCTION_MEAN, NULL})
+/* weft_op_cross_entropy with a reduction (opts NULL: the defaults above,
+ * which is weft_op_cross_entropy(..., -100, ...)). With
+ * WEFT_REDUCTION_MEAN_GLOBAL every rank of batch_mesh must call it in the
+ * same step; a target outside [0, V) on any of them is an error on all of
+ * them (the rank that has it names it), not a hang. */
+WEFT_API weft_status weft_op_cross_entropy_ex(weft_var *logits, const weft_dtensor *targets,
+                                              const weft_cross_entropy_opts *opts, weft_var **out);
 /* Inverted dropout with probability p in [0, 1): the mask of element e is
  * uniform(seed, key(step, op index in the graph), global index of e) >= p,
  * so it is the same on any mesh and placements. Identity when p == 0 or

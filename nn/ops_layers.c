@@ -871,7 +871,9 @@ static weft_status sdpa_body(weft_var *q, weft_var *k, weft_var *v, bool causal,
 
 /* saved[0] = lse (rows, f32), saved[1] = the local rows' targets with
  * ignored ones as 0 (int32), saved[2] = 1 where the row counts, 0 where
- * ignored (int32); f[0] = the count of kept positions; i[0] = 1 when loss
+ * ignored (int32); f[0] = the divisor of the sum (the count of kept
+ * positions for the mean, 1 for the sum, C / R for the global mean:
+ * weft_reduction); i[0] = 1 when loss
  * parallel (vocab-sharded logits). The logits and their gradient are of
  * one dtype (f32, or bf16 / f16 when the device computes cross-entropy in
  * it: backend.h cross_entropy_*_dt), the statistics f32. */
@@ -896,8 +898,8 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
       return weft_error(WEFT_ERR_UNSUPPORTED, "cross_entropy backward: the loss gradient is %s",
                         weft_dtype_name(t->dtype));
   }
-  double count = n->f[0];
-  float scale = count > 0 ? (float)((double)(float)dloss / count) : 0.0f;
+  double divisor = n->f[0];
+  float scale = divisor > 0 ? (float)((double)(float)dloss / divisor) : 0.0f;
   weft_dtensor *dlog;
   WEFT_CHECK(nn_graph_like(g, logits, NULL, &dlog));
   const weft_tensor *ll = nn_local(logits);
@@ -943,10 +945,19 @@ static weft_status ce_backward(nn_node *n, const weft_dtensor *const *dout, weft
 }
 
 static weft_status cross_entropy_body(weft_var *logits, const weft_dtensor *targets,
-                                      int32_t ignore_index, weft_var **out) {
+                                      const weft_cross_entropy_opts *o, weft_var **out) {
   const char *name = "cross_entropy";
   if (!out) return weft_error(WEFT_ERR_INVALID, "cross_entropy: out is NULL");
   *out = NULL;
+  const int32_t ignore_index = o->ignore_index;
+  if (o->reduction != WEFT_REDUCTION_MEAN && o->reduction != WEFT_REDUCTION_SUM &&
+      o->reduction != WEFT_REDUCTION_MEAN_GLOBAL)
+    return weft_error(WEFT_ERR_INVALID, "cross_entropy: reduction %d is not a weft_reduction",
+                      (int)o->reduction);
+  if (o->reduction == WEFT_REDUCTION_MEAN_GLOBAL && !o->batch_mesh)
+    return weft_error(WEFT_ERR_INVALID,
+                      "cross_entropy: WEFT_REDUCTION_MEAN_GLOBAL needs the batch_mesh (the "
+                      "data-parallel mesh whose ranks hold the other rows)");
   weft_graph *g;
   WEFT_CHECK(nn_check_vars(name, &logits, 1, &g));
   if (!targets) return weft_error(WEFT_ERR_INVALID, "cross_entropy: targets are NULL");
@@ -989,16 +1000,43 @@ static weft_status cross_entropy_body(weft_var *logits, const weft_dtensor *targ
   void *ttmp;
   WEFT_CHECK(nn_host_get(tl->device, tl->data, (size_t)nt * sizeof(int32_t), &th, &ttmp));
   const int32_t *tg = th;
-  for (int64_t i = 0; i < nt; i++) {
+  int64_t bad_at = -1;
+  for (int64_t i = 0; i < nt && bad_at < 0; i++) {
     if (tg[i] == ignore_index) continue;
-    if (tg[i] < 0 || tg[i] >= V) {
-      int32_t bad = tg[i];
+    if (tg[i] < 0 || tg[i] >= V) bad_at = i;
+    count++;
+  }
+  /* the divisor of the sum: the kept positions (mean), 1 (sum), or the
+   * batch mesh's kept positions over its ranks (global mean); the batch
+   * mesh's ranks learn of a bad target on any of them in the same call */
+  double divisor = (double)count;
+  if (o->reduction == WEFT_REDUCTION_SUM) divisor = 1.0;
+  if (o->reduction == WEFT_REDUCTION_MEAN_GLOBAL) {
+    int64_t both[2] = {count, bad_at >= 0}, ranks = 1;
+    weft_status cs = WEFT_OK;
+    for (int d = 0; d < weft_mesh_ndim(o->batch_mesh) && cs == WEFT_OK; d++) {
+      ranks *= weft_mesh_dim_size(o->batch_mesh, d);
+      cs = weft_all_reduce(o->batch_mesh, d, both, both, 2, WEFT_I64, WEFT_OP_SUM, NULL);
+    }
+    if (cs != WEFT_OK) {
+      weft_free(ttmp);
+      return cs;
+    }
+    divisor = (double)both[0] / (double)ranks;
+    if (bad_at < 0 && both[1] > 0) {
       weft_free(ttmp);
       return nn_op_error(WEFT_ERR_INVALID, name, &logits, 1,
-                         "target %d at flat index %lld is outside [0, %lld) (ignore_index %d)", bad,
-                         (long long)i, (long long)V, ignore_index);
+                         "%lld other rank(s) of the batch mesh have a target outside [0, %lld) "
+                         "(ignore_index %d); their errors name it",
+                         (long long)both[1], (long long)V, ignore_index);
     }
-    count++;
+  }
+  if (bad_at >= 0) {
+    int32_t bad = tg[bad_at];
+    weft_free(ttmp);
+    return nn_op_error(WEFT_ERR_INVALID, name, &logits, 1,
+                       "target %d at flat index %lld is outside [0, %lld) (ignore_index %d)", bad,
+                       (long long)bad_at, (long long)V, ignore_index);
   }
   weft_sharding_option opts[WEFT_MESH_MAX_DIMS * NN_OPT_CAP];
   int nopt[WEFT_MESH_MAX_DIMS];
@@ -1127,7 +1165,7 @@ static weft_status cross_entropy_body(weft_var *logits, const weft_dtensor *targ
       WEFT_CHECK(weft_all_reduce(mesh, i, &sum, &sum, 1, WEFT_F64, WEFT_OP_SUM, NULL));
   /* torch: the mean over no position is 0/0 = nan */
   /* the loss in the logits' dtype, as PyTorch's: the f32 mean rounded once */
-  float loss = (float)(sum / (double)count);
+  float loss = (float)(sum / divisor);
   int64_t one = 1;
   uint64_t cell = 0;
   nn_scalar_store(ldt, &cell, loss);
@@ -1140,7 +1178,7 @@ static weft_status cross_entropy_body(weft_var *logits, const weft_dtensor *targ
     node->saved[0] = lse;
     node->saved[1] = tsafe;
     node->saved[2] = keep;
-    node->f[0] = (double)count;
+    node->f[0] = divisor;
     node->i[0] = vocab;
   }
   WEFT_CHECK(nn_var_new(g, y, node, out));
@@ -1293,12 +1331,20 @@ weft_status weft_op_sdpa(weft_var *q, weft_var *k, weft_var *v, bool causal, wef
   return nn_mixed_end(&mx, sdpa_body(in[0], in[1], in[2], causal, out), out, out ? 1 : 0);
 }
 
-weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
-                                  int32_t ignore_index, weft_var **out) {
+weft_status weft_op_cross_entropy_ex(weft_var *logits, const weft_dtensor *targets,
+                                     const weft_cross_entropy_opts *opts, weft_var **out) {
+  weft_cross_entropy_opts o = opts ? *opts : WEFT_CROSS_ENTROPY_OPTS_INIT;
   weft_var *in[1] = {logits};
   nn_mixed mx;
   WEFT_CHECK(nn_mixed_begin_kernel(&mx, "cross_entropy", in, 1, false, WEFT_KERNEL_CROSS_ENTROPY));
-  return nn_mixed_end(&mx, cross_entropy_body(in[0], targets, ignore_index, out), out, out ? 1 : 0);
+  return nn_mixed_end(&mx, cross_entropy_body(in[0], targets, &o, out), out, out ? 1 : 0);
+}
+
+weft_status weft_op_cross_entropy(weft_var *logits, const weft_dtensor *targets,
+                                  int32_t ignore_index, weft_var **out) {
+  weft_cross_entropy_opts o = WEFT_CROSS_ENTROPY_OPTS_INIT;
+  o.ignore_index = ignore_index;
+  return weft_op_cross_entropy_ex(logits, targets, &o, out);
 }
 
 weft_status weft_op_dropout(weft_var *x, float p, weft_var **out) {

@@ -894,6 +894,113 @@ static void case_ce_all_ignored(weft_mesh *mesh) {
   weft_dtensor_destroy(t);
 }
 
+/* weft_op_cross_entropy_ex's reductions on a data-parallel batch: the
+ * world is the batch mesh ("dp"), each rank a model mesh of its own with
+ * its rows of a global batch of 6 rows x 5 classes; rank 0's rows have 2
+ * of 3 targets ignored, rank 1's none. Against the one-rank float64
+ * reference over the 6 rows: the mean over ranks of MEAN_GLOBAL's loss is
+ * the global mean, and each rank's logits grad / R is the global mean's
+ * grad of its rows (what gradient averaging gives); SUM is the local sum
+ * with unscaled grads; a bad target on one rank is an error on every rank.
+ * (MEAN, the per-rank mean, differs here: 1 kept row on rank 0, 3 on 1.) */
+static void case_ce_global(void) {
+  const int R = weft_world_size(), rank = weft_worker_rank;
+  WREQUIRE(R == 2, "ce_global runs on 2 ranks");
+  const char *dn[1] = {"dp"}, *tn[1] = {"tp"};
+  int one = 1;
+  weft_mesh *dp = NULL, *self = NULL;
+  WOK(weft_mesh_create(1, &R, dn, &dp));
+  WOK(weft_mesh_create_from_comm(MPI_COMM_SELF, 1, &one, tn, &self));
+  weft_worker_mesh_on_device(self);
+  enum { ROWS = 6, V = 5, MINE = 3 };
+  double z[ROWS * V], tg[ROWS] = {2, -100, -100, 0, 4, 1};
+  for (int i = 0; i < ROWS * V; i++) z[i] = 3.0 * srand1();
+  /* the reference: softmax rows, loss and grad of the global mean */
+  double ref_loss = 0, ref_grad[ROWS * V] = {0}, sums[2] = {0, 0};
+  int kept = 0;
+  for (int r = 0; r < ROWS; r++) kept += tg[r] != -100;
+  for (int r = 0; r < ROWS; r++) {
+    if (tg[r] == -100) continue;
+    double mx = -INFINITY, se = 0;
+    for (int v = 0; v < V; v++) mx = fmax(mx, (double)(float)z[r * V + v]);
+    for (int v = 0; v < V; v++) se += exp((double)(float)z[r * V + v] - mx);
+    double l = mx + log(se) - (double)(float)z[r * V + (int)tg[r]];
+    ref_loss += l / kept;
+    sums[r / MINE] += l;
+    for (int v = 0; v < V; v++)
+      ref_grad[r * V + v] = (exp((double)(float)z[r * V + v] - mx) / se - (v == (int)tg[r])) / kept;
+  }
+  const int64_t ls[2] = {MINE, V}, ts[1] = {MINE};
+  weft_dtensor *l = mk_dt(self, WEFT_F32, 2, ls, z + rank * MINE * V, weft_replicate()),
+               *t = mk_dt(self, WEFT_I32, 1, ts, tg + rank * MINE, weft_replicate());
+  for (int red = 0; red < 2; red++) {
+    weft_graph *g;
+    WOK(weft_graph_create(&g));
+    weft_var *lv, *y = NULL;
+    WOK(weft_graph_input(g, l, true, &lv));
+    weft_cross_entropy_opts o = WEFT_CROSS_ENTROPY_OPTS_INIT;
+    o.reduction = red ? WEFT_REDUCTION_SUM : WEFT_REDUCTION_MEAN_GLOBAL;
+    o.batch_mesh = dp;
+    WOK(weft_op_cross_entropy_ex(lv, t, &o, &y));
+    double mine = weft_var_item(y), total = 0;
+    MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double want = red ? sums[rank] : ref_loss, got = red ? mine : total / R;
+    WCHECK(fabs(got - want) <= 1e-6 * fabs(want), "%s: loss %.9f want %.9f",
+           red ? "sum" : "mean_global", got, want);
+    WOK(weft_backward(y));
+    int64_t n = 0;
+    double *gr = fetch(weft_var_grad(lv), &n), worst = 0;
+    for (int64_t i = 0; gr && i < n; i++) {
+      double w = ref_grad[rank * MINE * V + i] * (red ? (double)kept : 1.0);
+      double gv = red ? gr[i] : gr[i] / R;
+      worst = fmax(worst, fabs(gv - w));
+    }
+    WCHECK(gr && n == MINE * V && worst < 1e-6, "%s: grad max error %.3g",
+           red ? "sum" : "mean_global", worst);
+    free(gr);
+    weft_graph_destroy(g);
+  }
+  /* per-rank means differ from the global mean here (the reason for it) */
+  {
+    weft_graph *g;
+    WOK(weft_graph_create(&g));
+    weft_var *lv, *y = NULL;
+    WOK(weft_graph_input(g, l, true, &lv));
+    WOK(weft_op_cross_entropy(lv, t, -100, &y));
+    double mine = weft_var_item(y), total = 0;
+    MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    WCHECK(fabs(total / R - ref_loss) > 1e-3, "the per-rank mean happens to be the global mean");
+    weft_graph_destroy(g);
+  }
+  /* a bad target on rank 1 only: an error on both ranks, no hang */
+  double tb[MINE] = {0, 1, 9};
+  weft_dtensor *bt = mk_dt(self, WEFT_I32, 1, ts, rank ? tb : tg, weft_replicate());
+  weft_graph *g;
+  WOK(weft_graph_create(&g));
+  weft_var *lv, *y = NULL;
+  WOK(weft_graph_input(g, l, true, &lv));
+  weft_cross_entropy_opts o = {-100, WEFT_REDUCTION_MEAN_GLOBAL, dp};
+  weft_status st = weft_op_cross_entropy_ex(lv, bt, &o, &y);
+  WCHECK(st == WEFT_ERR_INVALID &&
+             strstr(weft_last_error(), rank ? "target 9 at flat index 2" : "1 other rank(s)"),
+         "bad target on rank 1: %s", weft_last_error());
+  weft_clear_error();
+  o.batch_mesh = NULL;
+  WCHECK(weft_op_cross_entropy_ex(lv, t, &o, &y) == WEFT_ERR_INVALID &&
+             strstr(weft_last_error(), "batch_mesh"),
+         "MEAN_GLOBAL without a batch mesh: %s", weft_last_error());
+  weft_clear_error();
+  o.reduction = (weft_reduction)7;
+  WCHECK(weft_op_cross_entropy_ex(lv, t, &o, &y) == WEFT_ERR_INVALID, "reduction 7 accepted");
+  weft_clear_error();
+  weft_graph_destroy(g);
+  weft_dtensor_destroy(bt);
+  weft_dtensor_destroy(l);
+  weft_dtensor_destroy(t);
+  WOK(weft_mesh_destroy(self));
+  WOK(weft_mesh_destroy(dp));
+}
+
 /* ------------------------------------------------------------ bad input */
 
 static void expect_err(weft_status st, weft_status want, const char *what, const char *needle) {
@@ -1239,10 +1346,8 @@ static void case_bf16_2(void) {
   WOK(weft_mesh_destroy(mesh));
 }
 
-static const weft_worker_case cases[] = {{"ops1", case_ops1},
-                                         {"ops2", case_ops2},
-                                         {"bf16_1", case_bf16_1},
-                                         {"bf16_2", case_bf16_2},
-                                         {0}};
+static const weft_worker_case cases[] = {{"ops1", case_ops1},           {"ops2", case_ops2},
+                                         {"bf16_1", case_bf16_1},       {"bf16_2", case_bf16_2},
+                                         {"ce_global", case_ce_global}, {0}};
 
 int main(int argc, char **argv) { return weft_worker_main(argc, argv, cases); }

@@ -52,3 +52,11 @@ Test(nn_ops_layers, bf16_sharded_inputs_give_the_f32_results_rounded_on_device, 
   WEFT_TEST_REQUIRE_CUDA_DEVICE();
   cr_assert_eq(weft_test_mpiexec_on_device(2, OPS_WORKER, "bf16_2", 100, NULL), 0);
 }
+
+/* cross-entropy reduced over a data-parallel batch (WEFT_REDUCTION_MEAN_GLOBAL)
+ * gives the one-rank loss and gradients with ignored positions on one rank
+ * only; SUM; a bad target on one rank fails on both */
+Test(nn_ops_layers, cross_entropy_global_mean_over_the_batch_mesh_is_the_one_rank_mean,
+     .timeout = 60) {
+  cr_assert_eq(weft_test_mpiexec(2, OPS_WORKER, "ce_global", 50), 0);
+}
