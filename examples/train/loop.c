@@ -211,9 +211,12 @@ static int micro_steps(run_state *s, int64_t step, double *loss_sum) {
   *loss_sum = 0;
   for (int64_t micro = 0; micro < o->grad_accum; micro++) {
     int64_t key = step * o->grad_accum + micro;
-    int bad = train_data_batch(&s->data.train, true, o->seed, key, o->batch, s->cfg.max_seq_len,
-                               s->dp_index * s->rows, s->rows, s->tok, s->tgt, s->scratch,
-                               s->cfg.vocab, err, sizeof err);
+    /* --fixed-batch: every step reads the first step's batches (a model
+     * that cannot drive their loss towards 0 has a bug) */
+    int64_t data_key = o->fixed_batch ? micro : key;
+    int bad = train_data_batch(&s->data.train, true, o->seed, data_key, o->batch,
+                               s->cfg.max_seq_len, s->dp_index * s->rows, s->rows, s->tok, s->tgt,
+                               s->scratch, s->cfg.vocab, err, sizeof err);
     /* the embedded data is checked once (every token < V by construction) */
     if ((o->data || o->text) && train_agree_fail(bad != 0, err)) return 2;
     if (bad) return train_fail_all("%s", err);

@@ -79,6 +79,8 @@ void train_print_help(const char *prog) {
       "  --steps N               optimizer steps (20)\n"
       "  --batch B               global batch in sequences per micro-step, split over dp (8)\n"
       "  --grad-accum K          micro-steps per optimizer step (1)\n"
+      "  --fixed-batch           debug: every step trains on the first step's batch (and\n"
+      "                          micro-batches), so the loss should fall towards 0\n"
       "  --lr X                  peak learning rate (3e-3); --min-lr X (lr/10): cosine floor\n"
       "  --warmup N              linear warmup steps (2), then cosine decay to min-lr\n"
       "  --weight-decay X        AdamW decoupled weight decay (0)\n"
@@ -267,6 +269,7 @@ static const switch_flag switches[] = {
     {"--no-loss-parallel", offsetof(train_opts, loss_parallel), false},
     {"--cpu-offload", offsetof(train_opts, cpu_offload), true},
     {"--hf", offsetof(train_opts, export_hf), true},
+    {"--fixed-batch", offsetof(train_opts, fixed_batch), true},
     {"--profile", offsetof(train_opts, profile), true},
     {"--quiet", offsetof(train_opts, quiet), true},
     {"--tp-across-nodes", offsetof(train_opts, mesh.tp_across_nodes), true},
