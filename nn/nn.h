@@ -538,6 +538,15 @@ typedef struct weft_adamw_group {
 } weft_adamw_group;
 WEFT_API weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *groups,
                                               int ngroups, weft_optimizer **out);
+/* The usual two groups (nanoGPT's configure_optimizers): group 0 with
+ * hp->weight_decay holds every trainable parameter of 2 or more dims
+ * (linear weights, and the embedding tables unless decay_embeddings is
+ * false), group 1 with weight decay 0 the rest (biases, norm weights;
+ * embeddings when decay_embeddings is false). A tied parameter is one
+ * parameter (its owner's kind decides). Otherwise as
+ * weft_adamw_create_groups (create it after sharding). Local. */
+WEFT_API weft_status weft_adamw_create_decay_groups(weft_module *root, const weft_adamw_params *hp,
+                                                    bool decay_embeddings, weft_optimizer **out);
 /* Number of groups (1 without groups), and a group's hyper-parameters
  * (read for checkpoints; set on restore: amsgrad cannot change). */
 WEFT_API int weft_optimizer_num_groups(const weft_optimizer *opt);

@@ -174,6 +174,38 @@ weft_status weft_adamw_create(weft_module *root, const weft_adamw_params *hp,
   return WEFT_OK;
 }
 
+weft_status weft_adamw_create_decay_groups(weft_module *root, const weft_adamw_params *hp,
+                                           bool decay_embeddings, weft_optimizer **out) {
+  if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  if (!root || !hp) return weft_error(WEFT_ERR_INVALID, "AdamW decay groups: root or hp is NULL");
+  int n = 0;
+  WEFT_CHECK(weft_module_parameters(root, NULL, 0, &n));
+  weft_param **all = calloc((size_t)n + 1, sizeof *all);
+  weft_param **decay = calloc((size_t)n + 1, sizeof *decay);
+  weft_param **rest = calloc((size_t)n + 1, sizeof *rest);
+  weft_status st = all && decay && rest ? WEFT_OK : weft_error(WEFT_ERR_OOM, "AdamW decay groups");
+  int nd = 0, nr = 0;
+  if (st == WEFT_OK) st = weft_module_parameters(root, all, n, &n);
+  for (int i = 0; st == WEFT_OK && i < n; i++) {
+    if (!all[i]->requires_grad) continue;
+    bool embedding = weft_module_get_kind(all[i]->module) == WEFT_MODULE_EMBEDDING;
+    if (all[i]->spec.ndim >= 2 && (decay_embeddings || !embedding))
+      decay[nd++] = all[i];
+    else
+      rest[nr++] = all[i];
+  }
+  if (st == WEFT_OK) {
+    weft_adamw_group groups[2] = {{decay, nd, *hp}, {rest, nr, *hp}};
+    groups[1].hp.weight_decay = 0.0f;
+    st = weft_adamw_create_groups(root, groups, 2, out);
+  }
+  free(all);
+  free(decay);
+  free(rest);
+  return st;
+}
+
 weft_status weft_adamw_create_groups(weft_module *root, const weft_adamw_group *groups, int ngroups,
                                      weft_optimizer **out) {
   if (!out) return weft_error(WEFT_ERR_INVALID, "out is NULL");

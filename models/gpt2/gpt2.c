@@ -323,29 +323,7 @@ weft_status weft_gpt2_loss(weft_module *model, weft_graph *g, const weft_dtensor
 
 weft_status weft_gpt2_adamw_create(weft_module *model, const weft_adamw_params *hp,
                                    weft_optimizer **out) {
-  int n = 0;
-  WEFT_CHECK(weft_module_parameters(model, NULL, 0, &n));
-  weft_param **all = calloc((size_t)n + 1, sizeof *all);
-  weft_param **decay = calloc((size_t)n + 1, sizeof *decay);
-  weft_param **nodecay = calloc((size_t)n + 1, sizeof *nodecay);
-  weft_status st = WEFT_OK;
-  if (!all || !decay || !nodecay) st = weft_error(WEFT_ERR_OOM, "gpt2 groups");
-  int nd = 0, nn = 0;
-  if (!st) st = weft_module_parameters(model, all, n, &n);
-  for (int i = 0; !st && i < n; i++) {
-    if (!all[i]->requires_grad) continue;
-    if (all[i]->spec.ndim >= 2)
-      decay[nd++] = all[i];
-    else
-      nodecay[nn++] = all[i];
-  }
-  if (!st) {
-    weft_adamw_group groups[2] = {{decay, nd, *hp}, {nodecay, nn, *hp}};
-    groups[1].hp.weight_decay = 0.0f;
-    st = weft_adamw_create_groups(model, groups, 2, out);
-  }
-  free(all), free(decay), free(nodecay);
-  return st;
+  return weft_adamw_create_decay_groups(model, hp, true, out);
 }
 
 /* ------------------------------------------------------- tensor parallel */

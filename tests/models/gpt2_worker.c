@@ -551,6 +551,30 @@ static void case_groups(void) {
   WCHECK(got.lr == 1e-2f && again.lr == 1e-2f, "set_lr: groups at %g and %g", (double)got.lr,
          (double)again.lr);
   weft_optimizer_destroy(opt);
+  /* weft_adamw_create_decay_groups: matrices decay, biases and norms not;
+   * the embeddings (wte, tied to lm_head, and wpe) as asked */
+  for (int emb = 0; emb < 2; emb++) {
+    WOK(weft_adamw_create_decay_groups(model, &hp, emb, &opt));
+    int ndecay = 0;
+    for (int i = 0; i < np; i++) {
+      int grp = -1;
+      WOK(weft_optimizer_param_group(opt, ps[i]->fqn, &grp));
+      bool is_emb = strstr(ps[i]->fqn, ".wte.") || strstr(ps[i]->fqn, ".wpe.");
+      int want = ps[i]->spec.ndim >= 2 && (emb || !is_emb) ? 0 : 1;
+      WCHECK(grp == want, "decay_embeddings %d: '%s' in group %d, want %d", emb, ps[i]->fqn, grp,
+             want);
+      ndecay += grp == 0;
+    }
+    /* 4 linear weights per block, + wte and wpe when embeddings decay */
+    WCHECK(ndecay == 4 * (int)cfg.n_layers + (emb ? 2 : 0), "decay_embeddings %d: %d decayed", emb,
+           ndecay);
+    WOK(weft_optimizer_group_get(opt, 1, &got));
+    WOK(weft_optimizer_group_get(opt, 0, &again));
+    WCHECK(got.weight_decay == 0.0f && again.weight_decay == hp.weight_decay,
+           "decay groups' weight decay %g and %g", (double)again.weight_decay,
+           (double)got.weight_decay);
+    weft_optimizer_destroy(opt);
+  }
   WOK(weft_module_destroy(other));
   WOK(weft_module_destroy(model));
   WOK(weft_mesh_destroy(mesh));
