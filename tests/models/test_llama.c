@@ -60,3 +60,8 @@ Test(models_llama, from_hugging_face_layout_matches_pytorch_and_exports_back_bit
 Test(models_llama, from_hugging_face_layout_on_fsdp_x_tp_2x2_matches_pytorch, .timeout = 180) {
   cr_assert_eq(weft_test_mpiexec(4, LLAMA_WORKER, "hf_2d", 160), 0);
 }
+
+Test(models_llama, from_hugging_face_layout_matches_pytorch_on_device, .timeout = 120) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(1, LLAMA_WORKER, "hf", 100, NULL), 0);
+}

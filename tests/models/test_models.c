@@ -123,3 +123,8 @@ Test(models, gpt2_from_hugging_face_layout_matches_pytorch_and_exports_back_bitw
 Test(models, gpt2_from_hugging_face_layout_on_fsdp_x_tp_2x2_matches_pytorch, .timeout = 180) {
   cr_assert_eq(weft_test_mpiexec(4, GPT2_WORKER, "hf_2d", 160), 0);
 }
+
+Test(models, gpt2_from_hugging_face_layout_on_fsdp_x_tp_2x2_on_device, .timeout = 180) {
+  WEFT_TEST_REQUIRE_CUDA_DEVICE();
+  cr_assert_eq(weft_test_mpiexec_on_device(4, GPT2_WORKER, "hf_2d", 160, NULL), 0);
+}
