@@ -110,6 +110,8 @@ WEFT_API weft_status weft_gpt2_apply_tp(weft_module *model, weft_mesh *tp_mesh,
  *   lm_head   tied to wte: weft_gpt2_weft_to_hf writes no "lm_head.weight";
  *             from HF it is kept under that name (the import reads it as
  *             wte's alias and refuses a file whose two copies differ).
+ * hf_path may also be a sharded set's index ("model.safetensors.index.json":
+ * its weight_map's files, beside it, are read; one file is written).
  * Dtypes and values are kept bit for bit. The vocabulary is the file's
  * (the hub's GPT-2 has 50257 rows: create the model with that vocab).
  * Local: one rank calls it (the whole file is read into memory); the
@@ -119,7 +121,8 @@ WEFT_API weft_status weft_gpt2_hf_to_weft(const char *hf_path, const char *weft_
 WEFT_API weft_status weft_gpt2_weft_to_hf(const char *weft_path, const char *hf_path);
 /* *is_hf = whether the safetensors file at path holds GPT-2 in
  * transformers' layout ("wte.weight" without the prefix, or c_attn's
- * weight [D, 3 D]) rather than weft's. Local. */
+ * weight [D, 3 D]) rather than weft's; a sharded set's index (a path
+ * ending in ".json") is transformers'. Local. */
 WEFT_API weft_status weft_gpt2_file_is_hf(const char *path, bool *is_hf);
 
 #ifdef __cplusplus

@@ -2,6 +2,7 @@
  * layout and weft's (nanoGPT's / llm.c's), file to file (gpt2.h). */
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpt2.h"
@@ -60,17 +61,25 @@ weft_status weft_gpt2_weft_to_hf(const char *weft_path, const char *hf_path) {
 weft_status weft_gpt2_file_is_hf(const char *path, bool *is_hf) {
   if (!is_hf) return weft_error(WEFT_ERR_INVALID, "weft_gpt2_file_is_hf: is_hf is NULL");
   *is_hf = false;
+  if (models_hf_is_index(path)) { /* a sharded set: transformers' only */
+    char **files = NULL;
+    int n = 0;
+    WEFT_CHECK(models_hf_index_files(path, &files, &n));
+    for (int k = 0; k < n; k++) free(files[k]);
+    free(files);
+    *is_hf = true;
+    return WEFT_OK;
+  }
   weft_safetensors *f = NULL;
   WEFT_CHECK(weft_safetensors_open(path, &f));
+  weft_safetensors_close(f);
   weft_safetensors_info a, w;
-  if (weft_safetensors_find(f, "wte.weight", &w) == WEFT_OK) {
+  if (models_hf_has(path, "wte.weight", &w)) {
     *is_hf = true; /* weft's names all start with "transformer." */
-  } else if (weft_safetensors_find(f, PREFIX "wte.weight", &w) == WEFT_OK &&
-             weft_safetensors_find(f, PREFIX "h.0.attn.c_attn.weight", &a) == WEFT_OK) {
+  } else if (models_hf_has(path, PREFIX "wte.weight", &w) &&
+             models_hf_has(path, PREFIX "h.0.attn.c_attn.weight", &a)) {
     /* GPT2LMHeadModel's names: told apart by c_attn's [in, 3 in] */
     *is_hf = a.ndim == 2 && w.ndim == 2 && a.shape[0] == w.shape[1] && a.shape[1] != w.shape[1];
   }
-  weft_clear_error();
-  weft_safetensors_close(f);
   return WEFT_OK;
 }

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 /* One output tensor: its name, shape and bytes (owned). */
 typedef struct out_tensor {
   hf_rule rule;
@@ -55,19 +57,15 @@ static weft_status check_rule(const char *func, const char *src, const weft_safe
   return WEFT_OK;
 }
 
-weft_status models_hf_convert(const char *func, const char *src, const char *dst, hf_map_fn map,
-                              void *ctx) {
-  if (!src || !dst) return weft_error(WEFT_ERR_INVALID, "%s: a path is NULL", func);
-  weft_safetensors *f = NULL;
-  WEFT_CHECK(weft_safetensors_open(src, &f));
-  int64_t n = weft_safetensors_count(f), m = 0;
-  out_tensor *t = calloc((size_t)(n ? n : 1), sizeof *t);
-  weft_safetensors_entry *e = calloc((size_t)(n ? n : 1), sizeof *e);
-  weft_status st = t && e ? WEFT_OK : weft_error(WEFT_ERR_OOM, "%s: %" PRId64 " tensors", func, n);
+/* The tensors of one open file src through map into t[*m...]. */
+static weft_status convert_file(const char *func, const char *src, weft_safetensors *f,
+                                hf_map_fn map, void *ctx, out_tensor *t, int64_t *m) {
+  weft_status st = WEFT_OK;
+  int64_t n = weft_safetensors_count(f);
   for (int64_t i = 0; i < n && st == WEFT_OK; i++) {
     weft_safetensors_info in;
     if ((st = weft_safetensors_get(f, i, &in)) != WEFT_OK) break;
-    out_tensor *o = &t[m];
+    out_tensor *o = &t[*m];
     memset(&o->rule, 0, sizeof o->rule);
     snprintf(o->rule.name, sizeof o->rule.name, "%s", in.name);
     if ((st = map(&in, ctx, &o->rule)) != WEFT_OK) break;
@@ -84,7 +82,7 @@ weft_status models_hf_convert(const char *func, const char *src, const char *dst
       st = weft_error(WEFT_ERR_OOM, "%s: '%s' (%" PRIu64 " bytes)", func, in.name, in.nbytes);
       break;
     }
-    m++;
+    (*m)++;
     st = weft_safetensors_read(f, in.name, in.dtype, raw, in.numel);
     if (st == WEFT_OK && change) {
       apply(o->data, raw, o->rule.op, o->rule.heads, in.shape[0], in.shape[1],
@@ -96,7 +94,141 @@ weft_status models_hf_convert(const char *func, const char *src, const char *dst
     }
     if (change) free(raw);
   }
-  weft_safetensors_close(f);
+  return st;
+}
+
+bool models_hf_is_index(const char *path) {
+  size_t n = path ? strlen(path) : 0;
+  return n > 5 && !strcmp(path + n - 5, ".json");
+}
+
+weft_status models_hf_index_files(const char *path, char ***files, int *n) {
+  *files = NULL;
+  *n = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return weft_error(WEFT_ERR_IO, "cannot open the index '%s'", path);
+  char *text = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len + 4096 + 1 > cap) {
+      cap = cap ? 2 * cap : 65536;
+      char *t = realloc(text, cap);
+      if (!t) {
+        free(text);
+        fclose(f);
+        return weft_error(WEFT_ERR_OOM, "reading the index '%s'", path);
+      }
+      text = t;
+    }
+    size_t r = fread(text + len, 1, 4096, f);
+    len += r;
+    if (r < 4096) break;
+  }
+  fclose(f);
+  text[len] = 0;
+  cJSON *j = cJSON_Parse(text);
+  free(text);
+  const cJSON *map = j ? cJSON_GetObjectItemCaseSensitive(j, "weight_map") : NULL;
+  if (!cJSON_IsObject(map)) {
+    cJSON_Delete(j);
+    return weft_error(WEFT_ERR_CORRUPT,
+                      "'%s' is not a safetensors index (a JSON object with a \"weight_map\")",
+                      path);
+  }
+  const char *slash = strrchr(path, '/');
+  int dir = slash ? (int)(slash - path) + 1 : 0;
+  int cnt = cJSON_GetArraySize(map);
+  char **out = calloc((size_t)(cnt ? cnt : 1), sizeof *out);
+  weft_status st = out ? WEFT_OK : weft_error(WEFT_ERR_OOM, "index '%s'", path);
+  int m = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, map) {
+    if (st != WEFT_OK) break;
+    if (!cJSON_IsString(e) || !e->valuestring[0] || strchr(e->valuestring, '/')) {
+      st = weft_error(WEFT_ERR_CORRUPT, "index '%s': tensor '%s' maps to %s%s%s", path,
+                      e->string ? e->string : "?", cJSON_IsString(e) ? "'" : "no file name",
+                      cJSON_IsString(e) ? e->valuestring : "", cJSON_IsString(e) ? "'" : "");
+      break;
+    }
+    bool seen = false;
+    for (int k = 0; k < m && !seen; k++) seen = !strcmp(out[k] + dir, e->valuestring);
+    if (seen) continue;
+    size_t need = (size_t)dir + strlen(e->valuestring) + 1;
+    out[m] = malloc(need);
+    if (!out[m]) {
+      st = weft_error(WEFT_ERR_OOM, "index '%s'", path);
+      break;
+    }
+    snprintf(out[m], need, "%.*s%s", dir, path, e->valuestring);
+    m++;
+  }
+  cJSON_Delete(j);
+  if (st == WEFT_OK && m == 0)
+    st = weft_error(WEFT_ERR_CORRUPT, "index '%s' names no tensor", path);
+  if (st != WEFT_OK) {
+    for (int k = 0; k < m; k++) free(out[k]);
+    free(out);
+    return st;
+  }
+  *files = out;
+  *n = m;
+  return WEFT_OK;
+}
+
+static void free_files(char **files, int n) {
+  for (int k = 0; k < n; k++) free(files[k]);
+  free(files);
+}
+
+bool models_hf_has(const char *src, const char *name, weft_safetensors_info *info) {
+  char **files = NULL;
+  int nf = 1;
+  char *one[1] = {(char *)src};
+  if (models_hf_is_index(src)) {
+    if (models_hf_index_files(src, &files, &nf) != WEFT_OK) {
+      weft_clear_error();
+      return false;
+    }
+  }
+  bool found = false;
+  for (int k = 0; k < nf && !found; k++) {
+    weft_safetensors *f = NULL;
+    if (weft_safetensors_open(files ? files[k] : one[0], &f) != WEFT_OK) break;
+    found = weft_safetensors_find(f, name, info) == WEFT_OK;
+    weft_safetensors_close(f);
+  }
+  weft_clear_error();
+  if (files) free_files(files, nf);
+  return found;
+}
+
+weft_status models_hf_convert(const char *func, const char *src, const char *dst, hf_map_fn map,
+                              void *ctx) {
+  if (!src || !dst) return weft_error(WEFT_ERR_INVALID, "%s: a path is NULL", func);
+  char **files = NULL;
+  int nf = 1;
+  if (models_hf_is_index(src)) WEFT_CHECK(models_hf_index_files(src, &files, &nf));
+  /* every tensor of every file: counted first */
+  int64_t n = 0, m = 0;
+  weft_status st = WEFT_OK;
+  for (int k = 0; k < nf && st == WEFT_OK; k++) {
+    weft_safetensors *f = NULL;
+    st = weft_safetensors_open(files ? files[k] : src, &f);
+    if (st == WEFT_OK) n += weft_safetensors_count(f);
+    weft_safetensors_close(f);
+  }
+  out_tensor *t = st == WEFT_OK ? calloc((size_t)(n ? n : 1), sizeof *t) : NULL;
+  weft_safetensors_entry *e = st == WEFT_OK ? calloc((size_t)(n ? n : 1), sizeof *e) : NULL;
+  if (st == WEFT_OK && (!t || !e))
+    st = weft_error(WEFT_ERR_OOM, "%s: %" PRId64 " tensors", func, n);
+  for (int k = 0; k < nf && st == WEFT_OK; k++) {
+    const char *path = files ? files[k] : src;
+    weft_safetensors *f = NULL;
+    if ((st = weft_safetensors_open(path, &f)) != WEFT_OK) break;
+    st = convert_file(func, path, f, map, ctx, t, &m);
+    weft_safetensors_close(f);
+  }
+  /* a name twice (two files of a set): the writer names it */
   for (int64_t i = 0; i < m; i++)
     e[i] = (weft_safetensors_entry){t[i].rule.name, t[i].dtype, t[i].ndim, t[i].shape, t[i].data};
   static const char *const meta[] = {"format", "pt", NULL};
@@ -104,6 +236,7 @@ weft_status models_hf_convert(const char *func, const char *src, const char *dst
   for (int64_t i = 0; i < m; i++) free(t[i].data);
   free(t);
   free(e);
+  if (files) free_files(files, nf);
   if (st != WEFT_OK) return weft_error_trace(st, func);
   return WEFT_OK;
 }

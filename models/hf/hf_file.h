@@ -30,11 +30,24 @@ typedef struct hf_rule {
  * op HF_KEEP, skip false); a non-OK status stops the conversion. */
 typedef weft_status (*hf_map_fn)(const weft_safetensors_info *info, void *ctx, hf_rule *out);
 
-/* Reads every tensor of src, applies map's rule to each and writes dst
- * (weft_safetensors_write: a temporary file renamed into place), the
- * tensors in src's name order, dtypes kept. Errors are headed by func and
- * name the file and the tensor. Local. */
+/* Reads every tensor of src (one safetensors file, or a sharded set's
+ * index: models_hf_is_index, every file it names), applies map's rule to
+ * each and writes dst, one file (weft_safetensors_write: a temporary file
+ * renamed into place), the tensors in each file's name order, dtypes kept.
+ * Errors are headed by func and name the file and the tensor (a name in
+ * two files of a set: the writer's duplicate-name error). Local. */
 weft_status models_hf_convert(const char *func, const char *src, const char *dst, hf_map_fn map,
                               void *ctx);
+
+/* Whether path names a sharded set's index (it ends in ".json"), as
+ * transformers writes "model.safetensors.index.json": {"weight_map":
+ * {"<tensor>": "<file>", ...}} with the files beside it. */
+bool models_hf_is_index(const char *path);
+/* The distinct files of the index at path, in first-mention order, as
+ * paths beside it: *files (n of them; free each and the array). Errors
+ * name the index: not JSON, no weight_map, a file name with a '/'. */
+weft_status models_hf_index_files(const char *path, char ***files, int *n);
+/* Whether src (a file or an index) holds a tensor named `name`; local. */
+bool models_hf_has(const char *src, const char *name, weft_safetensors_info *info);
 
 #endif

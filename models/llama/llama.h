@@ -129,6 +129,8 @@ WEFT_API weft_status weft_llama_ops_parallelize(weft_module *model, weft_mesh *t
  *          the heads (n_heads for q, n_kv_heads for k);
  *   buffers  transformers' model.layers.N.self_attn.rotary_emb.inv_freq is
  *          not a parameter: dropped.
+ * hf_path may also be a sharded set's index ("model.safetensors.index.json":
+ * its weight_map's files, beside it, are read; one file is written).
  * Dtypes and values are kept bit for bit; other names pass unchanged (the
  * import then reports them). Local: one rank calls it (the whole file is
  * read into memory); the output is written to a temporary file and renamed
@@ -139,7 +141,8 @@ WEFT_API weft_status weft_llama_hf_to_weft(const char *hf_path, const char *weft
 WEFT_API weft_status weft_llama_weft_to_hf(const char *weft_path, const char *hf_path,
                                            const weft_llama_config *cfg);
 /* *is_hf = whether the file holds transformers' names
- * ("model.embed_tokens.weight"). Local. */
+ * ("model.embed_tokens.weight"); a sharded set's index (a path ending in
+ * ".json") is transformers'. Local. */
 WEFT_API weft_status weft_llama_file_is_hf(const char *path, bool *is_hf);
 
 #ifdef __cplusplus

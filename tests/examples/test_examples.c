@@ -1020,6 +1020,27 @@ Test(examples, train_from_hugging_face_weights_and_back_bitwise, .timeout = 120)
   run_free(&r);
   cr_expect_eq(same_tensors(lh, out, &masks, &nb), 21,
                "Llama: not all 21 parameters back bit for bit (of %lld)", (long long)nb);
+  /* the same Llama as a sharded set (model.safetensors.index.json + 2 files) */
+  const char *ix = WEFT_TEST_DATA_DIR "/golden/tiny_gqa/hf_sharded/model.safetensors.index.json";
+  int at = 0;
+  while (d[at] && strcmp(d[at], "--init-from") != 0) at++;
+  cr_assert(d[at]);
+  d[at + 1] = ix;
+  r = run(2, TRAIN, d, 60);
+  cr_expect_eq(r.rc, 0, "Llama --init-from a sharded set: %s", r.err);
+  run_free(&r);
+  cr_expect_eq(same_tensors(lh, out, &masks, &nb), 21,
+               "Llama from a sharded set: not all 21 parameters bit for bit (of %lld)",
+               (long long)nb);
+  /* an index naming a file that is not there */
+  const char *badix = tmp_file("bad.index.json");
+  FILE *bf = fopen(badix, "w");
+  cr_assert(bf);
+  fputs("{\"weight_map\": {\"model.norm.weight\": \"absent.safetensors\"}}", bf);
+  fclose(bf);
+  d[at + 1] = badix;
+  expect_error(2, d, "absent.safetensors");
+  unlink(badix);
   /* a model of another shape: the error names the user's file and the tensor */
   const char *e[] = {"--model", "gpt2-demo", "--dim",       "32", "--seq-len", "32",
                      "--steps", "1",         "--init-from", hf,   NULL};

@@ -12,7 +12,9 @@ transformers' convert_llama_weights_to_hf.py writes them from Meta's:
     (x[2j], x[2j+1]) (Meta's, weft's) to transformers' rotate_half halves
     (x[j], x[j + hd/2]): w.view(heads, hd/2, 2, D).transpose(1, 2);
   - each layer's "model.layers.N.self_attn.rotary_emb.inv_freq" buffer, as
-    older transformers versions save it.
+    older transformers versions save it;
+  - tiny_gqa also as a sharded set (hf_sharded/: two files and
+    model.safetensors.index.json), as save_pretrained writes big models.
 
 It then runs a transformers-semantics Llama forward (rotate_half RoPE,
 repeat_kv, RMSNorm eps 1e-5, SwiGLU) in float64 over the golden batch from
@@ -121,6 +123,19 @@ def make(folder):
         hf["model.layers.%d.self_attn.rotary_emb.inv_freq" % i] = \
             (1.0 / THETA ** (torch.arange(0, hd, 2).float() / hd))
     write_st(os.path.join(d, "init_hf.safetensors"), dict(sorted(hf.items())))
+    if folder == "tiny_gqa":  # also as a sharded set, as save_pretrained splits big models
+        sd = os.path.join(d, "hf_sharded")
+        os.makedirs(sd, exist_ok=True)
+        names = sorted(hf)
+        parts = [names[:len(names) // 2], names[len(names) // 2:]]
+        weight_map = {}
+        for k, part in enumerate(parts):
+            fn = "model-%05d-of-%05d.safetensors" % (k + 1, len(parts))
+            write_st(os.path.join(sd, fn), {n: hf[n] for n in part})
+            weight_map.update({n: fn for n in part})
+        json.dump({"metadata": {"total_size": sum(t.numel() * 4 for t in hf.values())},
+                   "weight_map": weight_map},
+                  open(os.path.join(sd, "model.safetensors.index.json"), "w"), indent=2)
 
     t = {k: v.double() for k, v in read_st(os.path.join(d, "init_hf.safetensors")).items()}
     toks = open(os.path.join(d, "tokens.bin"), "rb").read()
