@@ -180,6 +180,14 @@ static void free_files(char **files, int n) {
   free(files);
 }
 
+weft_status models_hf_check_index(const char *path) {
+  char **files = NULL;
+  int n = 0;
+  WEFT_CHECK(models_hf_index_files(path, &files, &n));
+  free_files(files, n);
+  return WEFT_OK;
+}
+
 bool models_hf_has(const char *src, const char *name, weft_safetensors_info *info) {
   char **files = NULL;
   int nf = 1;

@@ -101,11 +101,7 @@ weft_status weft_llama_file_is_hf(const char *path, bool *is_hf) {
   if (!is_hf) return weft_error(WEFT_ERR_INVALID, "weft_llama_file_is_hf: is_hf is NULL");
   *is_hf = false;
   if (models_hf_is_index(path)) { /* a sharded set: transformers' only */
-    char **files = NULL;
-    int n = 0;
-    WEFT_CHECK(models_hf_index_files(path, &files, &n));
-    for (int k = 0; k < n; k++) free(files[k]);
-    free(files);
+    WEFT_CHECK(models_hf_check_index(path));
     *is_hf = true;
     return WEFT_OK;
   }
