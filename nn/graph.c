@@ -1176,6 +1176,15 @@ static weft_status run_node(weft_graph *g, nn_node *n) {
     st = accumulate(g, n->in[i], din[i], din_shared(n, din, i));
     if (st != WEFT_OK) return weft_error_trace(st, n->name);
   }
+  /* note: a boundary's backward hooks may have replaced the grad (TP moves
+   * it back to the forward input's layout); accumulate copied it into a
+   * buffer of the pool, so the replacement is dead now. Left to the module,
+   * it would stay allocated until the hook runs again in the next step's
+   * backward: one grad per hooked module, held through the next forward. */
+  if (n->kind == NN_NODE_MODULE_BEGIN)
+    nn_module_drop_replacements(n->module, WEFT_HOOK_POST_BACKWARD);
+  else if (n->kind == NN_NODE_MODULE_END)
+    nn_module_drop_replacements(n->module, WEFT_HOOK_PRE_BACKWARD);
   /* outputs' grads are consumed (kept only where the user asked), and
    * every buffer of this step that nothing refers to any more (this
    * node's saved and redistributed inputs now among them, unless a var's

@@ -569,6 +569,10 @@ weft_status nn_module_hooks(weft_module *m, weft_hook_kind kind, const weft_dten
   return run_hooks(m, kind, t);
 }
 
+void nn_module_drop_replacements(weft_module *m, weft_hook_kind kind) {
+  owned_clear(&m->owned[kind]);
+}
+
 weft_status weft_module_forward(weft_module *m, const weft_dtensor *in, const weft_dtensor **out) {
   if (!m || !out) return weft_error(WEFT_ERR_INVALID, "module or out is NULL");
   *out = NULL;

@@ -38,7 +38,9 @@ typedef struct nn_hook {
 } nn_hook;
 
 /* DTensors a module took over from hook replacements (freed at the next
- * run of the same hook point). Heap array that only grows. */
+ * run of the same hook point; a backward one in a graph as soon as the
+ * graph consumed it: nn_module_drop_replacements). Heap array that only
+ * grows. */
 typedef struct nn_owned {
   weft_dtensor **v;
   int n;
@@ -102,6 +104,10 @@ weft_status nn_param_data(const weft_module *m, const weft_param *p, const weft_
 /* Runs m's hooks of one kind on *t (graph module boundaries, autograd.c):
  * the replacements of the previous run of that point are freed first. */
 weft_status nn_module_hooks(weft_module *m, weft_hook_kind kind, const weft_dtensor **t);
+
+/* Frees the replacements m's hooks of one kind made at their last run
+ * (graph backward, once the grad they replaced has been consumed). */
+void nn_module_drop_replacements(weft_module *m, weft_hook_kind kind);
 
 /* ------------------------------------------------------------ util.c */
 

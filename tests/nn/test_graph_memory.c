@@ -16,10 +16,16 @@
  * for backward, but not the kernel's scratch: every layer, forward and
  * backward, works in the one scratch buffer the pool hands out again; and
  * each log-sum-exp goes back to the pool once its layer's backward ran.
+ * A chain of modules whose backward hooks replace the grad (as TP's do
+ * when they move it back to the forward input's layout) leaves nothing
+ * of a step allocated once the graph is gone: the graph copies each
+ * replacement into its pool and the module lets it go at once, not at the
+ * hook's next run a step later.
  * The _on_device variant puts the mesh on WEFT_CUDA and skips, saying why,
  * without a CUDA device. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -217,4 +223,83 @@ Test(graph_memory, attention_layers_share_one_scratch_forward_and_backward, .tim
 Test(graph_memory, attention_layers_share_one_scratch_forward_and_backward_on_device,
      .timeout = 60) {
   attention_stack_case(true);
+}
+
+/* y = 2 x, in a module of its own (so that its hooks fire in backward). */
+static weft_status twice_forward(weft_module *m, void *ctx, weft_var *const *in, int nin,
+                                 weft_var **out, int nout) {
+  (void)m, (void)ctx, (void)nin, (void)nout;
+  return weft_op_scale(in[0], 2.0, out);
+}
+
+/* A backward hook that replaces the grad by a new tensor of 1.5 x it. */
+static weft_status grad_hook(weft_module *m, weft_hook_kind kind, const weft_dtensor *t,
+                             weft_dtensor **replace, void *ctx) {
+  (void)m, (void)kind;
+  int *calls = ctx;
+  ++*calls;
+  const weft_dtensor_spec *s = weft_dtensor_get_spec(t);
+  WEFT_CHECK(weft_dtensor_empty(weft_dtensor_mesh(t), s->dtype, s->ndim, s->shape, s->placements,
+                                s->mesh_ndim, replace));
+  WEFT_CHECK(weft_tensor_copy(weft_dtensor_local(*replace), weft_dtensor_local(t)));
+  return weft_scale(weft_dtensor_local(*replace), 1.5);
+}
+
+Test(graph_memory, backward_hook_replacements_are_freed_once_consumed, .timeout = 60) {
+  enum { MODS = 6 };
+  weft_mesh *mesh;
+  OK(oc_one_rank_mesh(false, &mesh));
+  const int64_t n = (int64_t)ROWS * COLS, buf = n * (int64_t)sizeof(float);
+  uint64_t s = weft_test_rng_state(11);
+  double *hx = malloc(sizeof(double) * (size_t)n), *hr = malloc(sizeof(double) * (size_t)n);
+  for (int64_t e = 0; e < n; e++) {
+    hx[e] = 2 * weft_test_rng_unit(&s) - 1;
+    hr[e] = 2 * weft_test_rng_unit(&s) - 1;
+  }
+  weft_dtensor *dx = replicated(mesh, hx), *dr = replicated(mesh, hr);
+  static const weft_module_def def = {"twice", twice_forward, NULL};
+  weft_module *mods[MODS];
+  weft_hook_handle h[MODS];
+  int calls = 0;
+  for (int i = 0; i < MODS; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "m%d", i);
+    OK(weft_module_create(mesh, name, &def, NULL, &mods[i]));
+    /* both backward hook points: the END node's and the BEGIN node's */
+    weft_hook_kind kind = i % 2 ? WEFT_HOOK_PRE_BACKWARD : WEFT_HOOK_POST_BACKWARD;
+    OK(weft_module_register_hook(mods[i], kind, grad_hook, &calls, &h[i]));
+  }
+  const int64_t base = weft_mem_get(WEFT_CPU).current_bytes;
+  weft_graph *g;
+  OK(weft_graph_create(&g));
+  for (int step = 0; step < 2; step++) {
+    weft_var *x, *y;
+    OK(weft_graph_input(g, dx, true, &x));
+    y = x;
+    for (int i = 0; i < MODS; i++) OK(weft_module_call1(mods[i], y, &y));
+    OK(weft_backward_grad(y, dr));
+    cr_assert_eq(calls, (step + 1) * MODS, "step %d: %d hook calls", step, calls);
+    /* dx = (2 * 1.5)^MODS r: every replacement was read before it went */
+    double *got = values(weft_var_grad(x)), worst = 0, f = pow(3.0, MODS);
+    for (int64_t e = 0; e < n; e++) {
+      double err = fabs(got[e] - f * hr[e]) / (fabs(f * hr[e]) + 1e-3);
+      if (err > worst) worst = err;
+    }
+    cr_assert_leq(worst, 1e-5, "step %d: dx rel err %.3g", step, worst);
+    free(got);
+    OK(weft_graph_reset(g));
+  }
+  weft_graph_destroy(g);
+  /* the pool went with the graph; held by the modules until their hooks'
+   * next run, the replacements would be MODS buffers more */
+  const int64_t left = weft_mem_get(WEFT_CPU).current_bytes - base;
+  cr_assert_eq(left, 0, "%lld bytes left after the graph is gone (%lld per replacement)",
+               (long long)left, (long long)buf);
+  for (int i = 0; i < MODS; i++) weft_module_destroy(mods[i]);
+  weft_dtensor_destroy(dx);
+  weft_dtensor_destroy(dr);
+  free(hx);
+  free(hr);
+  weft_mesh_destroy(mesh);
+  weft_finalize();
 }
