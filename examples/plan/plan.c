@@ -25,7 +25,8 @@
  *              N*D: attention and feed-forward inputs per block + output's input
  *     backward the mirror (every all-gather becomes a reduce-scatter and the
  *              other way round) + the norm weight grads' all-reduces of D
- *   loss parallel: all-reduce (max) of N floats, all-reduce (sum) of 2N;
+ *   loss parallel: all-reduce (max) of N floats, two all-reduces (sum) of N
+ *   (the target's logit, the sum of exponentials);
  *   without it: all-gather of the logits N*V.
  *   FSDP, per group (each block, [norm, output], the root = tok_embeddings):
  *     all-gather of the group's padded flat buffer (param dtype) in forward,
@@ -34,6 +35,19 @@
  *     HSDP an all-reduce of the reduced shard over dp_replicate.
  *   grad clipping: one all-reduce of one double per (placement group,
  *     sharded mesh dim) (nn's clip_grad_norm).
+ *
+ * The memory model (per rank, at the step's peak): fp32 master params,
+ * grads and AdamW's two moments over the local shard; FSDP's unsharded
+ * buffers of the largest group; and what the op graph holds (models/llama
+ * on nn's ops, f32, per local token): every op's output of the forward
+ * (kept until the next step), the grads of one block's backward (the
+ * graph's pool keys buffers by shape and placement, so each block's
+ * backward reuses the previous one's), one pool buffer per distinct
+ * weight-grad shape, and TP's redistributed copies (the tp/ hooks' moves
+ * of Partial outputs and SP's gathered inputs). No term is fitted to
+ * measured bytes: each counts buffers (plan_predict says which); the
+ * pool keeps its buffers across steps, so its whole size counts at the
+ * peak.
  *
  * The time model (per step, per rank; every input is either the cluster's
  * -- a preset, flags, or what the probe measured: --measure, --calibrate --
@@ -217,14 +231,62 @@ void plan_predict(const plan_opts *o, plan_config *k) {
   double gmax = blk.numel > last.numel ? blk.numel : last.numel;
   double gpad = blk.padded > last.padded ? blk.padded : last.padded;
   k->m_unsharded = fsdp ? (gpad * S * pdt + 4 * gmax) + (gpad * S * rdt + 4 * gmax) : 0;
-  /* activations kept for backward and the grads of the inputs, per rank
-   * (f32): per block the outputs of each module and the grads of their
-   * inputs; s = t for the tensors sequence parallel shards. */
+  /* activations: what the op graph (models/llama on nn's ops) holds at
+   * the step's peak, per rank, f32, in floats per local token (see the
+   * head comment's memory model); s = t for what sequence parallel shards */
   double s = (o->sp && t > 1) ? t : 1;
-  double qkv = (double)(H + 2 * Hk) * hd / t, att = (double)H * hd / t;
-  double per_tok_block = 9.0 * D / s + (t > 1 ? 2.0 * D : 0) + (o->sp && t > 1 ? 4.5 * D : 0) +
-                         qkv + att + 3.0 * F / t + (double)H / t;
-  double act = 2.0 * 4.0 * N * (L * per_tok_block + 3.0 * D / s + 2.0 * (double)V / t);
+  double Dd = (double)D, Fd = (double)F, Vd = (double)V, Hd = (double)H, Hkd = (double)Hk;
+  /* forward, kept until the next step: per block the two norms' outputs
+   * and rstd, the two residual adds, wo's and w2's outputs (Partial under
+   * TP, before the moves below), wq/wk/wv's outputs, RoPE'd q and k, the
+   * attention's output and log-sum-exp, w1/w3's outputs and SwiGLU's */
+  double fwd_block =
+      4.0 * Dd / s + 2.0 * Dd + 2.0 / s + 3.0 * (Hd + Hkd) * hd / t + Hd / t + 3.0 * Fd / t;
+  /* the head: the embedding's output, the final norm's (and rstd), logits */
+  double fwd_head = Dd + Dd / s + 1.0 / s + Vd / t;
+  /* TP's moves (the tp/ hooks' redistributed copies, outside the graph's
+   * pool): Partial -> Replicate of the embedding's, wo's and w2's outputs,
+   * or with SP their reduce-scatters plus the all-gathered inputs of
+   * attention, feed-forward and output; without loss parallel the
+   * gathered logits; and one grad being moved back in backward */
+  double moves = 0;
+  if (t > 1) {
+    moves = o->sp ? 2.0 * L * Dd + (1.0 + 2.0 * L) * Dd / t + Dd : (1.0 + 2.0 * L) * Dd;
+    if (!o->lp) moves += Vd;
+    moves += Dd;
+  }
+  /* backward: the pool's buffers are keyed by shape and placement, and
+   * every block's grads have the same keys, so one block's grads stay
+   * allocated (each key at its most in flight): SwiGLU's output grad and
+   * its two input grads; the attention's output grad, dq, dk, dv and one
+   * RoPE'd grad (the other reuses the buffer sdpa's dq or dk left); the
+   * residual stream's: the grad in, shared by the residual add, and their
+   * sum. Under TP the colwise inputs' grads arrive Partial, a key of its
+   * own: two more; under SP the norms' grads are sequence shards (three)
+   * beside the Partial ones (two) and the gathered input's (one); these
+   * residual counts are read off the pool's keys after a step (weft-train
+   * demo, tiny). Without loss parallel: the gathered logits' grad. */
+  double resid = t == 1 ? 2.0 * Dd : (o->sp ? 3.0 * Dd + 3.0 * Dd / t : 4.0 * Dd);
+  double bwd = 3.0 * Fd / t + (2.0 * Hd + 3.0 * Hkd) * hd / t + resid + (t > 1 && !o->lp ? Vd : 0);
+  /* each weight's grad is computed into a pool buffer and added into the
+   * parameter's: one buffer per distinct (shape, placement) of wq, wk
+   * (= wv), wo, w1 (= w3), w2, output and tok_embeddings (both Shard(0)
+   * under TP), with the norm weights' (Partial and Replicate under TP) */
+  struct {
+    int64_t r, c;
+    int how;
+  } wkey[6] = {{H * hd, D, 1}, {Hk * hd, D, 1}, {D, H * hd, 2}, {F, D, 1}, {D, F, 2}, {V, D, 1}};
+  double wtemp = (t > 1 ? 2.0 : 1.0) * Dd;
+  for (int i = 0; i < 6; i++) {
+    bool seen = false;
+    for (int j = 0; j < i; j++)
+      seen = seen || (wkey[j].r == wkey[i].r && wkey[j].c == wkey[i].c &&
+                      (t == 1 || wkey[j].how == wkey[i].how));
+    if (seen) continue;
+    pshape w = tp_local(wkey[i].r, wkey[i].c, wkey[i].how, t);
+    wtemp += (double)w.rows * (double)w.cols;
+  }
+  double act = 4.0 * N * ((double)L * fwd_block + fwd_head + moves + bwd) + 4.0 * wtemp;
   k->m_act = act;
   k->m_total = k->m_params + k->m_grads + k->m_optim + k->m_unsharded + k->m_act;
   k->fits = k->m_total <= o->c.mem;
@@ -267,8 +329,7 @@ void plan_predict(const plan_opts *o, plan_config *k) {
     }
     ADD(2, AR, acc * (2 * L + 1), 4.0 * D); /* norm weight grads */
     if (o->lp) {
-      ADD(2, AR, acc, 4 * N);
-      ADD(2, AR, acc, 8 * N);
+      ADD(2, AR, 3 * acc, 4 * N); /* max, target logit, sum of exponentials */
     } else {
       ADD(2, AG, acc, 4 * N * V);
     }

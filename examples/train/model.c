@@ -90,7 +90,7 @@ double train_flops_per_token(const train_opts *o, const weft_llama_config *c, in
          12.0 * (double)c->n_layers * (double)c->dim * (double)T;
 }
 
-/* A model on the op graph (GPT-2, or models/llama under --dtype bf16): the
+/* A model on the op graph (GPT-2, or Llama as models/llama writes it): the
  * graph's inputs are Replicate DTensors of this rank's rows on the model
  * mesh, kept until the next reset (the tape refers to them). */
 static weft_status graph_step(run_state *s, bool train, int64_t key, double *loss,

@@ -183,7 +183,7 @@ static weft_status make_meshes(run_state *s) {
 /* The model's shapes (no storage yet), then its TP plan on the tp mesh. */
 static weft_status make_model(run_state *s) {
   const train_opts *o = s->o;
-  s->on_graph = o->gpt2 || o->bf16;
+  s->on_graph = true;
   if (s->on_graph) {
     if (o->gpt2) {
       weft_gpt2_config g = train_gpt2_config(o);
