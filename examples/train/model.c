@@ -1,9 +1,10 @@
-/* examples/train/model.c — the two model families weft-train trains: the
- * Llama (nn.h's weft_llama_*, whose forward and backward are one call each)
- * and GPT-2 (models/gpt2, written on the op layer: a graph forward whose
- * loss is backpropagated through the tape). Here are their presets, GPT-2's
- * config, their parameter and FLOP counts (for MFU), and one micro-step of
- * each: forward (+ backward when training) on this rank's rows. */
+/* examples/train/model.c — the two model families weft-train trains, both
+ * written on the op layer as a user would (a graph forward whose loss is
+ * backpropagated through the tape): the Llama (models/llama; its
+ * checkpoints are the FQNs nn.h's built-in weft_llama_* wrote, so theirs
+ * load) and GPT-2 (models/gpt2). Here are their presets, GPT-2's config,
+ * their parameter and FLOP counts (for MFU), and one micro-step: forward
+ * (+ backward when training) on this rank's rows. */
 #include <string.h>
 
 #include "llama.h"
@@ -121,9 +122,5 @@ static weft_status graph_step(run_state *s, bool train, int64_t key, double *los
 
 weft_status train_model_step(run_state *s, bool train, int64_t key, double *loss,
                              const weft_dtensor **logits) {
-  if (s->on_graph) return graph_step(s, train, key, loss, logits);
-  weft_status st = weft_llama_forward(s->model, s->tok_t, s->tgt_t, loss);
-  if (st == WEFT_OK && train) st = weft_llama_backward(s->model);
-  if (st == WEFT_OK && logits) *logits = weft_llama_logits(s->model);
-  return st;
+  return graph_step(s, train, key, loss, logits);
 }

@@ -183,30 +183,22 @@ static weft_status make_meshes(run_state *s) {
 /* The model's shapes (no storage yet), then its TP plan on the tp mesh. */
 static weft_status make_model(run_state *s) {
   const train_opts *o = s->o;
-  s->on_graph = true;
-  if (s->on_graph) {
-    if (o->gpt2) {
-      weft_gpt2_config g = train_gpt2_config(o);
-      WEFT_CHECK(weft_gpt2_create(&g, s->model_mesh, &s->model));
-    } else {
-      WEFT_CHECK(weft_llama_ops_create(&s->cfg, s->model_mesh, &s->model));
-    }
-    WEFT_CHECK(weft_graph_create(&s->graph));
-    weft_graph_set_seed(s->graph, o->seed);
-    /* dropout masks of the global batch: this rank's rows are its slice */
-    WEFT_CHECK(weft_graph_set_batch_slice(s->graph, (int64_t)s->dp_index * (o->batch / s->dp_total),
-                                          o->batch));
+  if (o->gpt2) {
+    weft_gpt2_config g = train_gpt2_config(o);
+    WEFT_CHECK(weft_gpt2_create(&g, s->model_mesh, &s->model));
   } else {
-    WEFT_CHECK(weft_llama_create(&s->cfg, s->model_mesh, &s->model));
+    WEFT_CHECK(weft_llama_ops_create(&s->cfg, s->model_mesh, &s->model));
   }
+  WEFT_CHECK(weft_graph_create(&s->graph));
+  weft_graph_set_seed(s->graph, o->seed);
+  /* dropout masks of the global batch: this rank's rows are its slice */
+  WEFT_CHECK(weft_graph_set_batch_slice(s->graph, (int64_t)s->dp_index * (o->batch / s->dp_total),
+                                        o->batch));
   if (s->tp_size > 1 && o->gpt2)
     WEFT_CHECK(weft_gpt2_apply_tp(s->model, s->model_mesh, o->sequence_parallel, &s->tp));
-  else if (s->tp_size > 1 && s->on_graph)
+  else if (s->tp_size > 1)
     WEFT_CHECK(weft_llama_ops_parallelize(s->model, s->model_mesh, o->sequence_parallel,
                                           o->loss_parallel, &s->tp));
-  else if (s->tp_size > 1)
-    WEFT_CHECK(weft_tp_apply_llama_plan(s->model, s->model_mesh, o->sequence_parallel,
-                                        o->loss_parallel, &s->tp));
   return WEFT_OK;
 }
 

@@ -63,9 +63,9 @@ typedef struct train_opts {
   int64_t max_positions;     /* --max-positions: GPT-2's learned positions (0: --seq-len) */
   bool export_hf;
   bool fixed_batch;
-      /* --fixed-batch: every step trains on the first step's batch */ /* --hf: --export-safetensors
-                                                                          in transformers' GPT-2
-                                                                          layout */
+  /* --fixed-batch: every step trains on the first step's batch */ /* --hf: --export-safetensors
+                                                                      in transformers' GPT-2
+                                                                      layout */
   bool sequence_parallel;
   bool loss_parallel; /* default true with tp > 1 */
   bool cuda;          /* --device cuda */

@@ -106,9 +106,8 @@ typedef struct run_state {
   /* The model runs on the op graph: GPT-2, and the Llama under --dtype bf16
    * (models/llama: the built-in Llama's parameters and names, written with
    * ops, so FSDP keeps its parameters and activations in bf16). */
-  bool on_graph;
-  weft_graph *graph;           /* on_graph: the tape its forward records */
-  weft_dtensor *ids, *targets; /* on_graph: the graph's inputs until its next reset */
+  weft_graph *graph;           /* the tape the model's forward records */
+  weft_dtensor *ids, *targets; /* the graph's inputs until its next reset */
   /* this rank's batch: rows = B / dp_total rows of T tokens */
   int64_t rows;
   int32_t *tok, *tgt, *scratch;

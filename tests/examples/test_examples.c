@@ -1229,6 +1229,57 @@ Test(examples, generate_greedy_equals_pytorch_on_every_tp_size, .timeout = 180) 
                   "--init-from /nonexistent:");
 }
 
+/* A checkpoint written before weft-train's Llama moved onto models/llama
+ * (tests/data/ckpt_llama_v0: main at 9ac8ae5, the built-in nn/ Llama, 3
+ * steps of a 2-layer GQA model) still resumes: steps 4 and 5 and the
+ * held-out loss are what that build computed resuming it (step 4
+ * 4.0711473227, step 5 3.9672910226, held-out 3.9136079414), on 1 rank and
+ * on tp=2. */
+Test(examples, train_resumes_a_checkpoint_of_the_builtin_llama, .timeout = 120) {
+  const char *dir = tmp_file("ckpt_v0");
+  char cmd[1200];
+  remove_tree(dir);
+  snprintf(cmd, sizeof cmd, "cp -r '%s/ckpt_llama_v0' '%s'", WEFT_TEST_DATA_DIR, dir);
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+  const double want[2] = {4.0711473227413038, 3.967291022567383}, want_val = 3.91360794142729;
+  for (int tp = 1; tp <= 2; tp++) {
+    const char *j = tmp_file("v0.jsonl");
+    const char *a[] = {"--dim",      "32",
+                       "--layers",   "2",
+                       "--heads",    "4",
+                       "--kv-heads", "2",
+                       "--ffn-dim",  "64",
+                       "--vocab",    "64",
+                       "--seq-len",  "16",
+                       "--batch",    "4",
+                       "--seed",     "5",
+                       "--warmup",   "0",
+                       "--steps",    "5",
+                       "--resume",   dir,
+                       "--mesh",     tp == 1 ? "tp=1" : "tp=2",
+                       "--log-json", j,
+                       NULL};
+    run_out r = run(tp, TRAIN, a, 60);
+    cr_expect_eq(r.rc, 0, "resume on tp=%d: %s", tp, r.err);
+    cr_expect(r.out && strstr(r.out, "at step 3"), "tp=%d: %s", tp, r.out ? r.out : "");
+    run_free(&r);
+    char *t = slurp(j);
+    int k = 0;
+    for (char *p = t; p && (p = strstr(p, "\"loss\":")) && k < 2; p += 7, k++) {
+      double l = strtod(p + 7, NULL);
+      cr_expect(fabs(l - want[k]) <= 1e-5 * want[k], "tp=%d step %d: loss %.10f want %.10f", tp,
+                4 + k, l, want[k]);
+    }
+    cr_expect_eq(k, 2, "tp=%d: %d steps logged", tp, k);
+    char *v = t ? strstr(t, "\"val_loss\":") : NULL;
+    cr_expect(v && fabs(strtod(v + 11, NULL) - want_val) <= 1e-5 * want_val,
+              "tp=%d: held-out loss %s", tp, v ? v : "(none)");
+    free(t);
+    unlink(j);
+  }
+  remove_tree(dir);
+}
+
 /* ------------------------------------------------- non-finite training */
 
 static bool is_dir(const char *path) {
