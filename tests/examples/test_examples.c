@@ -2709,7 +2709,14 @@ Test(examples, train_checkpoint_moves_between_the_device_and_the_cpu, .timeout =
 
 /* FSDP on the device: with dp=2 the per-rank device peak (weft-train's
  * peak_bytes_max: weft_alloc's accounting for the device) of the tiny
- * config is at most 0.6x the 1-rank peak, as on the CPU. */
+ * config at batch 2 is at most 0.65x the 1-rank peak. dp=2 halves the
+ * sharded state (params, grads, AdamW: ~50 MiB on one rank) and the
+ * activations (one row each) and adds one block's unsharded parameters,
+ * grads and reduce-scatter buffer (~3 x 3.2 MB). The bound was 0.6 while
+ * weft-train's Llama was nn/'s hand-written one; models/llama keeps fewer
+ * activations, so the 1-rank peak fell (108.7 MiB on the emulated device)
+ * and the fixed block buffers weigh more: measured 0.605 on the emulated
+ * device and 0.614 on the CPU (2026-12-08). */
 Test(examples, train_fsdp_halves_the_device_peak_memory, .timeout = 300) {
   SKIP_WITHOUT_DEVICE();
   double peak[2][1];
@@ -2725,8 +2732,8 @@ Test(examples, train_fsdp_halves_the_device_peak_memory, .timeout = 300) {
     cr_assert_eq(read_json_values(j, "\"peak_bytes_max\":", peak[k], 1), 1);
     unlink(j);
   }
-  cr_expect(peak[1][0] <= 0.6 * peak[0][0],
-            "device peak per rank with FSDP dp=2: %.1f MiB, 1 rank: %.1f MiB (ratio %.3f > 0.6)",
+  cr_expect(peak[1][0] <= 0.65 * peak[0][0],
+            "device peak per rank with FSDP dp=2: %.1f MiB, 1 rank: %.1f MiB (ratio %.3f > 0.65)",
             peak[1][0] / 1048576, peak[0][0] / 1048576, peak[1][0] / peak[0][0]);
   cr_log_info("device peak per rank: dp=2 %.1f MiB, 1 rank %.1f MiB (ratio %.3f)",
               peak[1][0] / 1048576, peak[0][0] / 1048576, peak[1][0] / peak[0][0]);
