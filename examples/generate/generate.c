@@ -26,10 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "llama.h"
-#include "train.h"
+#include "train_internal.h"
 #include "weft.h"
 
 #define MAX_TOKENS 65536
@@ -200,21 +199,11 @@ static int load_weights(const gen_opts *o, weft_module *model) {
     weft_state_dict_destroy(sd);
     return st == WEFT_OK ? 0 : fail("--resume %s: %s", o->resume, weft_last_error());
   }
-  const char *path = o->init_from;
-  bool hf = false;
-  char conv[600] = "";
-  weft_status st = o->gpt2 ? weft_gpt2_file_is_hf(path, &hf) : weft_llama_file_is_hf(path, &hf);
-  if (st == WEFT_OK && hf) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(conv, sizeof conv, "%s/weft-generate-hf-%d-%d.safetensors", tmp && *tmp ? tmp : "/tmp",
-             (int)getpid(), weft_world_rank());
-    st = o->gpt2 ? weft_gpt2_hf_to_weft(path, conv) : weft_llama_hf_to_weft(path, conv, &o->shape);
-  }
-  int who = -1;
-  st = weft_agree_status(MPI_COMM_WORLD, st, weft_last_error(), "weft-generate", &who);
-  if (st == WEFT_OK) st = weft_safetensors_import_model(model, hf ? conv : path, NULL, NULL, NULL);
-  if (conv[0]) remove(conv);
-  return st == WEFT_OK ? 0 : fail("--init-from %s: %s", path, weft_last_error());
+  char why[1024];
+  if (train_import_weights(model, o->init_from, o->gpt2, &o->shape, NULL, why, sizeof why) ==
+      WEFT_OK)
+    return 0;
+  return fail("--init-from %s: %s", o->init_from, why);
 }
 
 /* The next token from the last position's logits (V floats), alike on

@@ -5,7 +5,10 @@
  * load) and GPT-2 (models/gpt2). Here are their presets, GPT-2's config,
  * their parameter and FLOP counts (for MFU), and one micro-step: forward
  * (+ backward when training) on this rank's rows. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "llama.h"
 #include "train_internal.h"
@@ -123,4 +126,30 @@ static weft_status graph_step(run_state *s, bool train, int64_t key, double *los
 weft_status train_model_step(run_state *s, bool train, int64_t key, double *loss,
                              const weft_dtensor **logits) {
   return graph_step(s, train, key, loss, logits);
+}
+
+weft_status train_import_weights(weft_module *model, const char *path, bool gpt2,
+                                 const weft_llama_config *cfg, bool *hf, char *why, size_t cap) {
+  bool is_hf = false;
+  char conv[600] = "";
+  weft_status st = gpt2 ? weft_gpt2_file_is_hf(path, &is_hf) : weft_llama_file_is_hf(path, &is_hf);
+  if (st == WEFT_OK && is_hf) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(conv, sizeof conv, "%s/weft-hf-%d-%d.safetensors", tmp && *tmp ? tmp : "/tmp",
+             (int)getpid(), weft_world_rank());
+    st = gpt2 ? weft_gpt2_hf_to_weft(path, conv) : weft_llama_hf_to_weft(path, conv, cfg);
+  }
+  st = weft_agree_status(MPI_COMM_WORLD, st, NULL, "the conversion", NULL);
+  if (st == WEFT_OK)
+    st = weft_safetensors_import_model(model, is_hf ? conv : path, NULL, NULL, NULL);
+  if (conv[0]) remove(conv);
+  if (hf) *hf = is_hf;
+  if (st == WEFT_OK) return WEFT_OK;
+  /* the import names the converted file: name the user's instead */
+  const char *m = weft_last_error(), *at = conv[0] ? strstr(m, conv) : NULL;
+  if (at)
+    snprintf(why, cap, "%.*s%s%s", (int)(at - m), m, path, at + strlen(conv));
+  else
+    snprintf(why, cap, "%s", m);
+  return st;
 }

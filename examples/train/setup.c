@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "llama.h"
 #include "train_internal.h"
@@ -275,48 +274,15 @@ static weft_status make_optimizer(run_state *s) {
   return WEFT_OK;
 }
 
-/* --init-from: weights from a safetensors file. A file in Hugging Face
- * transformers' layout (weft_gpt2_file_is_hf, weft_llama_file_is_hf) is
- * first converted by each rank into a file of its own under $TMPDIR (no
- * shared temporary directory is assumed across nodes), imported, and
- * removed. */
+/* --init-from: weights from a safetensors file (train_import_weights). */
 static int import_weights(run_state *s) {
-  const char *path = s->o->init_from;
-  char conv[600] = "";
-  bool hf = false;
-  {
-    const bool gpt2 = s->o->gpt2;
-    bool bad =
-        (gpt2 ? weft_gpt2_file_is_hf(path, &hf) : weft_llama_file_is_hf(path, &hf)) != WEFT_OK;
-    if (!bad && hf) {
-      const char *tmp = getenv("TMPDIR");
-      snprintf(conv, sizeof conv, "%s/weft-train-hf-%d-%d.safetensors", tmp && *tmp ? tmp : "/tmp",
-               (int)getpid(), weft_world_rank());
-      bad = (gpt2 ? weft_gpt2_hf_to_weft(path, conv)
-                  : weft_llama_hf_to_weft(path, conv, &s->cfg)) != WEFT_OK;
-    }
-    char msg[1024];
-    snprintf(msg, sizeof msg, "--init-from %s: %s", path, weft_last_error());
-    if (train_agree_fail(bad, msg)) {
-      if (conv[0]) remove(conv);
-      return 2;
-    }
-  }
-  weft_key_list missing = {0}, unexpected = {0};
-  weft_status st =
-      weft_safetensors_import_model(s->model, hf ? conv : path, NULL, &missing, &unexpected);
-  weft_key_list_clear(&missing);
-  weft_key_list_clear(&unexpected);
-  if (conv[0]) remove(conv);
-  if (st == WEFT_OK) return 0;
-  /* the import names the converted file: name the user's instead */
   char why[1024];
-  const char *m = weft_last_error(), *at = conv[0] ? strstr(m, conv) : NULL;
-  if (at)
-    snprintf(why, sizeof why, "%.*s%s%s", (int)(at - m), m, path, at + strlen(conv));
-  else
-    snprintf(why, sizeof why, "%s", m);
-  return train_fail_all("--init-from %s%s: %s", path, hf ? " (transformers' layout)" : "", why);
+  bool hf = false;
+  if (train_import_weights(s->model, s->o->init_from, s->o->gpt2, &s->cfg, &hf, why, sizeof why) ==
+      WEFT_OK)
+    return 0;
+  return train_fail_all("--init-from %s%s: %s", s->o->init_from,
+                        hf ? " (transformers' layout)" : "", why);
 }
 
 /* Library errors here come from arguments every rank passes alike: rank 0

@@ -154,6 +154,17 @@ int train_export(run_state *s);
  * that costs no FLOPs) and training FLOPs per token (PaLM appendix B: 6 N
  * + 12 L D T for attention scores and values). */
 int64_t train_count_params(const train_opts *o, const weft_llama_config *c, bool with_embedding);
+/* --init-from of weft-train and weft-generate: the weights of a
+ * safetensors file (or a sharded set's index) in weft's or transformers'
+ * layout (weft_gpt2_file_is_hf, weft_llama_file_is_hf: GPT-2 when gpt2,
+ * else the Llama of cfg) into model. A transformers file is converted by
+ * each rank into a file of its own under $TMPDIR (no shared temporary
+ * directory is assumed across nodes), the ranks agree on the conversion,
+ * then it is imported and removed. *hf (may be NULL) = the layout found;
+ * on error why[cap] holds the message, naming path, never the temporary
+ * file. Collective over the world. */
+weft_status train_import_weights(weft_module *model, const char *path, bool gpt2,
+                                 const weft_llama_config *cfg, bool *hf, char *why, size_t cap);
 /* GPT-2's learned positions: --max-positions, else --seq-len. */
 int64_t train_positions(const train_opts *o);
 double train_flops_per_token(const train_opts *o, const weft_llama_config *c, int64_t T);
