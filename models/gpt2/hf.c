@@ -60,22 +60,19 @@ weft_status weft_gpt2_weft_to_hf(const char *weft_path, const char *hf_path) {
 
 weft_status weft_gpt2_file_is_hf(const char *path, bool *is_hf) {
   if (!is_hf) return weft_error(WEFT_ERR_INVALID, "weft_gpt2_file_is_hf: is_hf is NULL");
-  *is_hf = false;
-  if (models_hf_is_index(path)) { /* a sharded set: transformers' only */
-    WEFT_CHECK(models_hf_check_index(path));
-    *is_hf = true;
-    return WEFT_OK;
-  }
   weft_safetensors *f = NULL;
-  WEFT_CHECK(weft_safetensors_open(path, &f));
-  weft_safetensors_close(f);
+  WEFT_CHECK(models_hf_open_probe(path, &f));
+  *is_hf = !f; /* a sharded set's index: transformers' */
   weft_safetensors_info a, w;
-  if (models_hf_has(path, "wte.weight", &w)) {
+  if (!f) return WEFT_OK;
+  if (weft_safetensors_find(f, "wte.weight", &w) == WEFT_OK) {
     *is_hf = true; /* weft's names all start with "transformer." */
-  } else if (models_hf_has(path, PREFIX "wte.weight", &w) &&
-             models_hf_has(path, PREFIX "h.0.attn.c_attn.weight", &a)) {
+  } else if (weft_safetensors_find(f, PREFIX "wte.weight", &w) == WEFT_OK &&
+             weft_safetensors_find(f, PREFIX "h.0.attn.c_attn.weight", &a) == WEFT_OK) {
     /* GPT2LMHeadModel's names: told apart by c_attn's [in, 3 in] */
     *is_hf = a.ndim == 2 && w.ndim == 2 && a.shape[0] == w.shape[1] && a.shape[1] != w.shape[1];
   }
+  weft_clear_error(); /* a name not found is an answer, not a failure */
+  weft_safetensors_close(f);
   return WEFT_OK;
 }

@@ -180,34 +180,14 @@ static void free_files(char **files, int n) {
   free(files);
 }
 
-weft_status models_hf_check_index(const char *path) {
+weft_status models_hf_open_probe(const char *path, weft_safetensors **f) {
+  *f = NULL;
+  if (!models_hf_is_index(path)) return weft_safetensors_open(path, f);
   char **files = NULL;
   int n = 0;
   WEFT_CHECK(models_hf_index_files(path, &files, &n));
   free_files(files, n);
   return WEFT_OK;
-}
-
-bool models_hf_has(const char *src, const char *name, weft_safetensors_info *info) {
-  char **files = NULL;
-  int nf = 1;
-  char *one[1] = {(char *)src};
-  if (models_hf_is_index(src)) {
-    if (models_hf_index_files(src, &files, &nf) != WEFT_OK) {
-      weft_clear_error();
-      return false;
-    }
-  }
-  bool found = false;
-  for (int k = 0; k < nf && !found; k++) {
-    weft_safetensors *f = NULL;
-    if (weft_safetensors_open(files ? files[k] : one[0], &f) != WEFT_OK) break;
-    found = weft_safetensors_find(f, name, info) == WEFT_OK;
-    weft_safetensors_close(f);
-  }
-  weft_clear_error();
-  if (files) free_files(files, nf);
-  return found;
 }
 
 weft_status models_hf_convert(const char *func, const char *src, const char *dst, hf_map_fn map,

@@ -47,9 +47,10 @@ bool models_hf_is_index(const char *path);
  * paths beside it: *files (n of them; free each and the array). Errors
  * name the index: not JSON, no weight_map, a file name with a '/'. */
 weft_status models_hf_index_files(const char *path, char ***files, int *n);
-/* OK when the index at path reads (models_hf_index_files' errors). */
-weft_status models_hf_check_index(const char *path);
-/* Whether src (a file or an index) holds a tensor named `name`; local. */
-bool models_hf_has(const char *src, const char *name, weft_safetensors_info *info);
+/* For the models' layout checks: a sharded set's index (models_hf_is_index,
+ * read and checked: transformers' layout by definition) gives *f = NULL;
+ * else *f = the open file (close it). Errors: the index's, or the file's
+ * (it cannot be opened or is not safetensors). Local. */
+weft_status models_hf_open_probe(const char *path, weft_safetensors **f);
 
 #endif

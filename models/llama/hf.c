@@ -99,16 +99,11 @@ weft_status weft_llama_weft_to_hf(const char *weft_path, const char *hf_path,
 
 weft_status weft_llama_file_is_hf(const char *path, bool *is_hf) {
   if (!is_hf) return weft_error(WEFT_ERR_INVALID, "weft_llama_file_is_hf: is_hf is NULL");
-  *is_hf = false;
-  if (models_hf_is_index(path)) { /* a sharded set: transformers' only */
-    WEFT_CHECK(models_hf_check_index(path));
-    *is_hf = true;
-    return WEFT_OK;
-  }
   weft_safetensors *f = NULL;
-  WEFT_CHECK(weft_safetensors_open(path, &f));
-  weft_safetensors_close(f);
+  WEFT_CHECK(models_hf_open_probe(path, &f));
   weft_safetensors_info w;
-  *is_hf = models_hf_has(path, "model.embed_tokens.weight", &w);
+  *is_hf = !f || weft_safetensors_find(f, "model.embed_tokens.weight", &w) == WEFT_OK;
+  weft_clear_error(); /* a name not found is an answer, not a failure */
+  weft_safetensors_close(f);
   return WEFT_OK;
 }
