@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "backend.h" /* weft_device_count: is --device cuda runnable here */
-#include "safetensors.h"
+#include "golden.h"
 #include "harness.h"
 #include "stats.h" /* examples/plan: plan_ranks, plan_spearman */
 
@@ -917,38 +917,14 @@ Test(examples, train_checkpoint_resumes_on_another_mesh_and_rejects_another_mode
 
 /* ------------------------------------------ Hugging Face GPT-2 weights */
 
-/* How many tensors of a (all but transformers' buffers: GPT-2's causal
- * masks, Llama's rotary inv_freq) are in b with the same dtype, shape and
- * bytes; *masks = the buffers skipped. */
+/* How many tensors of a (all but transformers' buffers, counted in
+ * *masks) are in b with the same dtype, shape and bytes
+ * (golden_same_params). */
 static int64_t same_tensors(const char *a_path, const char *b_path, int64_t *masks, int64_t *nb) {
-  weft_safetensors *a = NULL, *b = NULL;
-  cr_assert_eq(weft_safetensors_open(a_path, &a), WEFT_OK, "%s", weft_last_error());
-  cr_assert_eq(weft_safetensors_open(b_path, &b), WEFT_OK, "%s", weft_last_error());
   int64_t same = 0;
-  *masks = 0;
-  *nb = weft_safetensors_count(b);
-  for (int64_t i = 0; i < weft_safetensors_count(a); i++) {
-    weft_safetensors_info x, y;
-    cr_assert_eq(weft_safetensors_get(a, i, &x), WEFT_OK);
-    if ((strstr(x.name, ".attn.bias") && !strstr(x.name, "c_attn")) ||
-        strstr(x.name, "rotary_emb.inv_freq")) {
-      (*masks)++;
-      continue;
-    }
-    if (weft_safetensors_find(b, x.name, &y) != WEFT_OK || x.nbytes != y.nbytes ||
-        x.dtype != y.dtype || x.ndim != y.ndim ||
-        memcmp(x.shape, y.shape, sizeof x.shape[0] * (size_t)x.ndim))
-      continue;
-    char *p = malloc(x.nbytes), *q = malloc(y.nbytes);
-    cr_assert(p && q);
-    cr_assert_eq(weft_safetensors_read(a, x.name, x.dtype, p, x.numel), WEFT_OK);
-    cr_assert_eq(weft_safetensors_read(b, y.name, y.dtype, q, y.numel), WEFT_OK);
-    same += memcmp(p, q, x.nbytes) == 0;
-    free(p);
-    free(q);
-  }
-  weft_safetensors_close(a);
-  weft_safetensors_close(b);
+  char first[256];
+  cr_assert_eq(golden_same_params(a_path, b_path, &same, masks, nb, first, sizeof first), WEFT_OK,
+               "%s", weft_last_error());
   return same;
 }
 

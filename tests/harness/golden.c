@@ -249,3 +249,42 @@ weft_status read_f64(weft_safetensors *f, const char *name, double **out, int64_
   *n = info.numel;
   return WEFT_OK;
 }
+
+weft_status golden_same_params(const char *a_path, const char *b_path, int64_t *same,
+                               int64_t *buffers, int64_t *nb, char *first_diff, size_t cap) {
+  *same = *buffers = *nb = 0;
+  first_diff[0] = 0;
+  weft_safetensors *a = NULL, *b = NULL;
+  weft_status st = weft_safetensors_open(a_path, &a);
+  if (st == WEFT_OK) st = weft_safetensors_open(b_path, &b);
+  if (st == WEFT_OK) *nb = weft_safetensors_count(b);
+  for (int64_t i = 0; st == WEFT_OK && i < weft_safetensors_count(a); i++) {
+    weft_safetensors_info x, y;
+    if ((st = weft_safetensors_get(a, i, &x)) != WEFT_OK) break;
+    if (strstr(x.name, ".attn.bias") || strstr(x.name, ".attn.masked_bias") ||
+        strstr(x.name, "rotary_emb.inv_freq")) {
+      (*buffers)++;
+      continue;
+    }
+    bool equal = weft_safetensors_find(b, x.name, &y) == WEFT_OK && x.nbytes == y.nbytes &&
+                 x.dtype == y.dtype && x.ndim == y.ndim &&
+                 !memcmp(x.shape, y.shape, sizeof x.shape[0] * (size_t)x.ndim);
+    weft_clear_error();
+    if (equal) {
+      char *p = malloc(x.nbytes ? x.nbytes : 1), *q = malloc(y.nbytes ? y.nbytes : 1);
+      if (!p || !q) st = weft_error(WEFT_ERR_OOM, "golden_same_params: '%s'", x.name);
+      if (st == WEFT_OK) st = weft_safetensors_read(a, x.name, x.dtype, p, x.numel);
+      if (st == WEFT_OK) st = weft_safetensors_read(b, y.name, y.dtype, q, y.numel);
+      equal = st == WEFT_OK && !memcmp(p, q, x.nbytes);
+      free(p);
+      free(q);
+    }
+    if (equal)
+      (*same)++;
+    else if (!first_diff[0])
+      snprintf(first_diff, cap, "%s", x.name);
+  }
+  weft_safetensors_close(a);
+  weft_safetensors_close(b);
+  return st;
+}

@@ -36,6 +36,16 @@ void golden_free(golden *g);
 /* "<dir>/<file>" */
 void golden_path(const golden *g, const char *file, char *buf, size_t cap);
 
+/* Two safetensors files of one model, tensor by tensor (a Hugging Face
+ * file against the one a model exported back): *same = a's tensors found
+ * in b with the same name, dtype, shape and bytes; *buffers = a's
+ * transformers buffers, which are no parameters and are not compared
+ * (GPT-2's h.N.attn.bias / attn.masked_bias, Llama's rotary_emb.inv_freq);
+ * *nb = b's tensor count; first_diff[cap] = the name of a's first other
+ * tensor that is missing from b or differs ("" if none). Local. */
+weft_status golden_same_params(const char *a, const char *b, int64_t *same, int64_t *buffers,
+                               int64_t *nb, char *first_diff, size_t cap);
+
 /* Loads every parameter of `root` from a safetensors file (names = FQNs),
  * each rank keeping its slice (weft_param_load). */
 weft_status load_params(weft_module *root, const char *path);

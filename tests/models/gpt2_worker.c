@@ -633,41 +633,13 @@ static void run_hf(const char *what, layout L) {
   WOK(weft_safetensors_export_model(model, out, WEFT_F32));
   if (weft_worker_rank == 0) {
     WOK(weft_gpt2_weft_to_hf(out, back));
-    weft_safetensors *a = NULL, *b = NULL;
-    WOK(weft_safetensors_open(hf, &a));
-    WOK(weft_safetensors_open(back, &b));
-    int64_t same = 0, masks = 0;
-    for (int64_t i = 0; i < weft_safetensors_count(a); i++) {
-      weft_safetensors_info ia, ib;
-      WOK(weft_safetensors_get(a, i, &ia));
-      if (strstr(ia.name, "attn.bias") && !strstr(ia.name, "c_attn")) {
-        masks++;
-        continue;
-      }
-      if (weft_safetensors_find(b, ia.name, &ib) != WEFT_OK) {
-        WCHECK(false, "%s: '%s' missing from the exported HF file", what, ia.name);
-        continue;
-      }
-      WCHECK(ib.ndim == ia.ndim && ib.dtype == ia.dtype &&
-                 !memcmp(ib.shape, ia.shape, sizeof ia.shape[0] * (size_t)ia.ndim),
-             "%s: '%s' comes back with another shape or dtype", what, ia.name);
-      char *x = malloc(ia.nbytes), *y = malloc(ib.nbytes);
-      WREQUIRE(x && y, "oom");
-      WOK(weft_safetensors_read(a, ia.name, ia.dtype, x, ia.numel));
-      WOK(weft_safetensors_read(b, ib.name, ib.dtype, y, ib.numel));
-      WCHECK(ia.nbytes == ib.nbytes && !memcmp(x, y, ia.nbytes), "%s: '%s' differs after export",
-             what, ia.name);
-      same += ia.nbytes == ib.nbytes && !memcmp(x, y, ia.nbytes);
-      free(x);
-      free(y);
-    }
+    int64_t same = 0, masks = 0, nb = 0;
+    char first[256];
+    WOK(golden_same_params(hf, back, &same, &masks, &nb, first, sizeof first));
     WCHECK(masks == cfg.n_layers, "%s: %lld mask buffers in the HF file", what, (long long)masks);
-    WCHECK(same + masks == weft_safetensors_count(a) && same == weft_safetensors_count(b),
-           "%s: %lld of %lld tensors came back bit for bit (the export has %lld)", what,
-           (long long)same, (long long)weft_safetensors_count(a),
-           (long long)weft_safetensors_count(b));
-    weft_safetensors_close(a);
-    weft_safetensors_close(b);
+    WCHECK(!first[0], "%s: '%s' is missing or differs after export", what, first);
+    WCHECK(same == nb, "%s: %lld tensors came back bit for bit, the export has %lld", what,
+           (long long)same, (long long)nb);
     /* a file that is not GPT-2 in either layout is a clear error at import */
     weft_status st = weft_gpt2_hf_to_weft(dir, conv);
     WCHECK(st != WEFT_OK && strstr(weft_last_error(), dir), "%s: converting a directory: %s", what,
