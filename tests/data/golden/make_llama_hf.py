@@ -31,6 +31,8 @@ import struct
 import torch
 import torch.nn.functional as F
 
+from make_gpt2_hf import read_st, write_st  # the safetensors reader and writer
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 THETA, EPS = 10000.0, 1e-5
 NAMES = {"attention_norm": "input_layernorm", "attention.wq": "self_attn.q_proj",
@@ -38,34 +40,6 @@ NAMES = {"attention_norm": "input_layernorm", "attention.wq": "self_attn.q_proj"
          "attention.wo": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
          "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
          "feed_forward.w2": "mlp.down_proj"}
-
-
-def read_st(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    out = {}
-    for k, v in h.items():
-        if k == "__metadata__":
-            continue
-        s, e = v["data_offsets"]
-        dt = {"F32": torch.float32, "F64": torch.float64}[v["dtype"]]
-        out[k] = torch.frombuffer(bytearray(b[8 + n + s:8 + n + e]), dtype=dt).reshape(v["shape"]).clone()
-    return out
-
-
-def write_st(path, tensors):
-    header, blobs, off = {}, [], 0
-    for k, t in tensors.items():
-        raw = t.contiguous().numpy().tobytes()
-        header[k] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    header["__metadata__"] = {"format": "pt"}
-    hb = json.dumps(header, separators=(",", ":")).encode()
-    hb += b" " * ((8 - len(hb) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
 
 
 def permute(w, heads):  # Meta's interleaved pairs -> transformers' halves
